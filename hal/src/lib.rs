@@ -1,0 +1,117 @@
+//! Hardware abstraction for the `bareverbs` RDMA driver.
+//!
+//! The driver reaches hardware through three seams, all chosen by the embedder at compile time
+//! (generic parameters, monomorphised: no `dyn`, no cost):
+//!
+//! - [`Hal`]: page-granular, zeroed, physically contiguous DMA memory, and mapping of device
+//!   register windows (PCI BARs) as [`Mmio`] regions;
+//! - [`Mmio`]: 32-bit register and doorbell access at an offset of a mapped BAR. The real
+//!   implementation ([`MmioRegion`]) is a volatile access; a software model of a device can
+//!   instead react inside the write, as an emulator does;
+//! - PCI configuration space through [`pci_types::ConfigRegionAccess`] (re-exported here).
+//!
+//! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
+//! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
+//! and, with the `x86_64` feature, [`x86::PortIoConfig`] (configuration mechanism #1 over
+//! ports 0xCF8/0xCFC).
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn, missing_docs, clippy::undocumented_unsafe_blocks)]
+
+mod region;
+#[cfg(feature = "x86_64")]
+pub mod x86;
+
+use core::ptr::NonNull;
+
+pub use pci_types::{ConfigRegionAccess, PciAddress};
+pub use region::{DmaRegion, IdentityHal, MmioRegion};
+
+/// The size of a DMA page, in bytes. Every DMA allocation is a whole number of these.
+pub const PAGE_SIZE: usize = 4096;
+
+/// A block of DMA-coherent memory as a [`Hal`] hands it out.
+///
+/// A plain description, with no ownership semantics of its own: the driver wraps it in an RAII
+/// owner that returns it with [`Hal::dma_dealloc`] when dropped.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DmaBlock {
+    /// Physical (bus) address of the first byte, page-aligned and never 0.
+    pub paddr: u64,
+    /// Where the CPU reaches the first byte, page-aligned.
+    pub vaddr: NonNull<u8>,
+    /// Length in pages.
+    pub pages: usize,
+}
+
+/// Why a DMA allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaError {
+    /// No run of free pages as long as the request is left.
+    Exhausted {
+        /// Pages asked for.
+        requested: usize,
+    },
+    /// A request of zero pages.
+    ZeroSize,
+}
+
+/// Memory and MMIO services the driver needs from its environment.
+///
+/// The trait is implemented by a cheap handle (a reference or a small `Copy` value): the driver
+/// clones it into every object that owns DMA memory, so that the memory can be returned when
+/// that object is dropped.
+///
+/// # Safety
+///
+/// Implementers promise:
+/// - [`dma_alloc`](Hal::dma_alloc) returns blocks of exactly the requested number of pages,
+///   physically contiguous, page-aligned, zero-filled, with a non-zero physical address that the
+///   device can reach by DMA and a virtual address at which the CPU sees the same bytes
+///   (DMA-coherent: no cache maintenance is needed on this architecture or the implementation
+///   does it). A block is never handed out twice before it is deallocated.
+/// - [`map_mmio`](Hal::map_mmio) returns a region through which accesses reach the device's
+///   registers uncached, in program order with respect to each other.
+pub unsafe trait Hal: Clone {
+    /// A mapped register window.
+    type Mmio: Mmio;
+
+    /// Allocates `pages` zeroed, physically contiguous pages.
+    ///
+    /// Failure is a value: an implementation never panics and never returns address 0.
+    fn dma_alloc(&self, pages: usize) -> Result<DmaBlock, DmaError>;
+
+    /// Returns a block to the allocator.
+    ///
+    /// # Safety
+    ///
+    /// Callers: `block` came from `dma_alloc` of this HAL (or a clone of it), is returned once,
+    /// and neither the CPU nor the device will access it afterwards.
+    unsafe fn dma_dealloc(&self, block: DmaBlock);
+
+    /// Maps `size` bytes of device registers at physical address `paddr`.
+    ///
+    /// Returns `None` when the window cannot be mapped.
+    ///
+    /// # Safety
+    ///
+    /// Callers: `paddr..paddr + size` is a register window of a device (a memory BAR with
+    /// decoding enabled) that no other code drives at the same time.
+    unsafe fn map_mmio(&self, paddr: u64, size: usize) -> Option<Self::Mmio>;
+}
+
+/// 32-bit access to a mapped register window (a PCI memory BAR).
+///
+/// # Safety
+///
+/// Implementers promise that both methods are sound for *any* `offset`: an access with
+/// `offset + 4 > size()` or an unaligned offset must be refused (a read then returns
+/// `0xFFFF_FFFF`, as a master abort does, and a write does nothing) rather than reach memory
+/// outside the window. Accesses are performed in program order and are not merged or elided.
+pub unsafe trait Mmio {
+    /// The window's length in bytes.
+    fn size(&self) -> usize;
+    /// Reads the 32-bit register at byte `offset`.
+    fn read32(&self, offset: usize) -> u32;
+    /// Writes the 32-bit register at byte `offset`. A device may act synchronously inside it.
+    fn write32(&self, offset: usize, value: u32);
+}
