@@ -15,7 +15,11 @@
 //! and, with the `x86_64` feature, [`x86::PortIoConfig`] (configuration mechanism #1 over
 //! ports 0xCF8/0xCFC).
 #![no_std]
-#![deny(unsafe_op_in_unsafe_fn, missing_docs, clippy::undocumented_unsafe_blocks)]
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    missing_docs,
+    clippy::undocumented_unsafe_blocks
+)]
 
 mod region;
 #[cfg(feature = "x86_64")]

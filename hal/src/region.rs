@@ -264,7 +264,10 @@ mod tests {
             r.dealloc(p0);
             r.dealloc(p2);
         }
-        assert!(r.alloc(2).is_err(), "pages 0 and 2 are free but not adjacent");
+        assert!(
+            r.alloc(2).is_err(),
+            "pages 0 and 2 are free but not adjacent"
+        );
         // SAFETY: as above.
         unsafe { r.dealloc(p1) };
         assert_eq!(r.alloc(3).unwrap().paddr, 0x10_0000);

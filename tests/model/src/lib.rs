@@ -1,0 +1,407 @@
+//! A software PVRDMA device with QEMU 7.2's observable behaviour, for firmware-style tests of
+//! `bareverbs` on the host.
+//!
+//! [`Model`] is at once the machine's memory (it implements [`Hal`]: DMA pages come from it and
+//! have "physical" addresses above 4 GiB), its PCI configuration space
+//! ([`ConfigRegionAccess`]: a host bridge, a vmxnet3 at 00:10.0 and the PVRDMA at 00:10.1), and
+//! the device: register writes run synchronously inside [`Mmio::write32`], as QEMU runs a
+//! command inside the REQUEST write.
+//!
+//! The model encodes the device interface from `shared/pvrdma-abi.md` on its own, with byte
+//! offsets rather than the driver's structs, so a layout mistake on either side shows.
+//!
+//! It also keeps watch: [`Model::violations`] lists everything the driver did that real QEMU
+//! would have mishandled (a table overflow that corrupts QEMU's heap, a ring smaller than its
+//! element count, BARs sized with decoding on, memory freed while the device still maps it, an
+//! access to memory that is not allocated…). Tests assert that list stays empty.
+//!
+//! Fault injection: the n-th command fails with an errno ([`Model::fail_command`]), the n-th DMA
+//! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
+//! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
+
+mod device;
+mod mem;
+mod pci;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
+
+use device::Device;
+pub use device::ObjectCounts;
+use mem::Memory;
+use pci::Pci;
+
+/// What sits at function 0 of the PVRDMA's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fn0 {
+    /// A vmxnet3 (15ad:07b0), as QEMU requires.
+    Vmxnet3,
+    /// Another device (an e1000, 8086:100e).
+    Other,
+    /// Nothing.
+    Absent,
+}
+
+/// Capabilities the device reports (QEMU 7.2 defaults over an rxe backend).
+#[derive(Clone, Copy, Debug)]
+pub struct CapsConfig {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_ah: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_mr_size: u64,
+    pub gid_tbl_len: u32,
+    pub phys_port_cnt: u8,
+    /// 0 RoCE, 1 iWARP, 2 IB.
+    pub mode: u8,
+    /// OR-ed into whatever the driver left in the field (QEMU ORs 1).
+    pub gid_types: u8,
+}
+
+impl Default for CapsConfig {
+    fn default() -> Self {
+        let max_sge = 4;
+        CapsConfig {
+            max_qp: 1024,
+            max_qp_wr: 2_097_152 / (80 + 16 * max_sge) - 4096,
+            max_sge,
+            max_cq: 2048,
+            max_cqe: 2_097_152 / 64 - 4096,
+            max_mr: 1024,
+            max_pd: 1024,
+            max_ah: 64,
+            max_srq: 512,
+            max_srq_wr: 2_097_152 / (32 * max_sge) - 4096,
+            max_srq_sge: max_sge,
+            max_mr_size: 0x800_0000,
+            gid_tbl_len: 255,
+            phys_port_cnt: 1,
+            mode: 0,
+            gid_types: 1,
+        }
+    }
+}
+
+/// How the model is built.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelConfig {
+    /// The VERSION register (QEMU: 17).
+    pub version: u32,
+    /// What is at function 0.
+    pub fn0: Fn0,
+    /// Make BAR2 a 64-bit BAR placed above 4 GiB (VMware's hardware, per L-API).
+    pub bar2_64bit: bool,
+    /// The vmxnet3's MAC (the node GUID is derived from it).
+    pub mac: [u8; 6],
+    /// Whether the port reads ACTIVE (QEMU: only once the guest's vmxnet3 driver is up).
+    pub port_active: bool,
+    /// The capabilities.
+    pub caps: CapsConfig,
+    /// Refuse to load the shared region (QEMU cannot map it: nothing is written back).
+    pub refuse_dsr: bool,
+    /// ERR value ACTIVATE leaves (QEMU: 0).
+    pub activate_err: u32,
+    /// Total DMA pages the machine has.
+    pub dma_pages: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            version: 17,
+            fn0: Fn0::Vmxnet3,
+            bar2_64bit: false,
+            mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x57],
+            port_active: true,
+            caps: CapsConfig::default(),
+            refuse_dsr: false,
+            activate_err: 0,
+            dma_pages: 1 << 20,
+        }
+    }
+}
+
+/// How the next response is garbled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Garbage {
+    /// The whole response slot, header included, is overwritten with 0xA5 bytes.
+    Everything,
+    /// The header is right; the payload is overwritten with 0xA5 bytes.
+    Payload,
+}
+
+struct Inner {
+    cfg: ModelConfig,
+    mem: Memory,
+    pci: Pci,
+    dev: Device,
+    violations: Vec<String>,
+}
+
+/// The machine: memory, PCI configuration space and the PVRDMA device. Clones share it.
+#[derive(Clone)]
+pub struct Model {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model::new(ModelConfig::default())
+    }
+}
+
+/// The PCI address of the PVRDMA function.
+pub const PVRDMA_ADDRESS: (u8, u8, u8) = (0, 0x10, 1);
+
+impl Model {
+    /// A machine built as `cfg` says.
+    pub fn new(cfg: ModelConfig) -> Self {
+        Model {
+            inner: Arc::new(Mutex::new(Inner {
+                mem: Memory::new(cfg.dma_pages),
+                pci: Pci::new(&cfg),
+                dev: Device::new(&cfg),
+                cfg,
+                violations: Vec::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A test that panicked while holding the lock poisons it; the state is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// DMA pages allocated and not yet returned.
+    pub fn outstanding_pages(&self) -> usize {
+        self.lock().mem.outstanding_pages()
+    }
+
+    /// Everything the driver did that QEMU would have mishandled.
+    pub fn violations(&self) -> Vec<String> {
+        self.lock().violations.clone()
+    }
+
+    /// Live objects in the device's tables.
+    pub fn objects(&self) -> ObjectCounts {
+        self.lock().dev.counts()
+    }
+
+    /// Commands the device has run (rejected ones included).
+    pub fn commands(&self) -> u64 {
+        self.lock().dev.commands
+    }
+
+    /// Makes the `nth` command from now (1 = the next) fail with `errno`.
+    pub fn fail_command(&self, nth: u64, errno: u32) {
+        let mut g = self.lock();
+        let at = g.dev.commands + nth;
+        g.dev.fail_at = Some((at, errno));
+    }
+
+    /// Makes the `nth` DMA allocation from now (1 = the next) fail.
+    pub fn fail_dma_alloc(&self, nth: u64) {
+        self.lock().mem.fail_nth(nth);
+    }
+
+    /// DMA allocations made so far.
+    pub fn dma_allocs(&self) -> u64 {
+        self.lock().mem.allocs
+    }
+
+    /// A silent device ignores REQUEST writes: no response, ERR untouched.
+    pub fn set_silent(&self, silent: bool) {
+        self.lock().dev.silent = silent;
+    }
+
+    /// Rejects the next command before running it (ERR = 0xFFFF, no response), as QEMU does
+    /// an unknown opcode.
+    pub fn reject_next(&self) {
+        self.lock().dev.reject_next = true;
+    }
+
+    /// Garbles the next command's response.
+    pub fn garbage_next(&self, how: Garbage) {
+        self.lock().dev.garbage = Some(how);
+    }
+
+    /// The 280 bytes of the shared region as the driver had written them when it wrote
+    /// DSRHIGH, before the device filled in the capabilities.
+    pub fn dsr_as_written(&self) -> Option<Vec<u8>> {
+        self.lock().dev.dsr_written.clone()
+    }
+
+    /// Physical address of the shared region, once loaded.
+    pub fn dsr_paddr(&self) -> Option<u64> {
+        self.lock().dev.loaded.map(|l| l.dsr)
+    }
+
+    /// Reads `len` bytes of machine memory (None if not all allocated).
+    pub fn read_phys(&self, pa: u64, len: usize) -> Option<Vec<u8>> {
+        self.lock().mem.read(pa, len)
+    }
+
+    /// Whether `pa` is the start of a page that is allocated now.
+    pub fn is_allocated(&self, pa: u64) -> bool {
+        self.lock().mem.read(pa, 1).is_some()
+    }
+
+    /// The current BAR addresses of the PVRDMA function: (BAR1, BAR2).
+    pub fn bar_addresses(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.pci.pvrdma_bar(1), g.pci.pvrdma_bar(2))
+    }
+
+    /// The PCI command register of the PVRDMA function.
+    pub fn pci_command(&self) -> u16 {
+        self.lock().pci.pvrdma_command()
+    }
+
+    /// The GID bound at `index`, if any.
+    pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
+        self.lock().dev.gids.get(index).copied().flatten()
+    }
+
+    /// Whether the device is active (ACTIVATE seen, no RESET since).
+    pub fn active(&self) -> bool {
+        self.lock().dev.active
+    }
+
+    /// The last value written to a register of BAR1.
+    pub fn reg(&self, offset: usize) -> u32 {
+        self.lock().dev.regs[offset / 4]
+    }
+
+    /// The configuration the model was built with.
+    pub fn config(&self) -> ModelConfig {
+        self.lock().cfg
+    }
+}
+
+// SAFETY: blocks come from `Memory`, which allocates page-aligned, zeroed, exclusively owned
+// host memory and gives each a distinct non-zero "physical" address; MMIO goes to the model.
+unsafe impl Hal for Model {
+    type Mmio = ModelMmio;
+
+    fn dma_alloc(&self, pages: usize) -> Result<DmaBlock, DmaError> {
+        self.lock().mem.alloc(pages)
+    }
+
+    unsafe fn dma_dealloc(&self, block: DmaBlock) {
+        let mut g = self.lock();
+        let Inner {
+            mem,
+            dev,
+            violations,
+            ..
+        } = &mut *g;
+        for range in dev.pages_in_use() {
+            let end = block.paddr + (block.pages * 4096) as u64;
+            if range.0 < end && block.paddr < range.1 {
+                violations.push(format!(
+                    "freed DMA block {:#x} (+{} pages) while the device still uses {:#x}..{:#x}",
+                    block.paddr, block.pages, range.0, range.1
+                ));
+            }
+        }
+        if let Err(v) = mem.free(block) {
+            violations.push(v);
+        }
+    }
+
+    unsafe fn map_mmio(&self, paddr: u64, size: usize) -> Option<ModelMmio> {
+        let g = self.lock();
+        for bar in [1usize, 2] {
+            let base = g.pci.pvrdma_bar(bar);
+            if base != 0 && paddr == base && size as u64 <= g.pci.pvrdma_bar_size(bar) {
+                return Some(ModelMmio {
+                    model: self.clone(),
+                    bar,
+                    size,
+                });
+            }
+        }
+        None
+    }
+}
+
+impl ConfigRegionAccess for Model {
+    unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
+        self.lock().pci.read(address, offset)
+    }
+
+    unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
+        let mut g = self.lock();
+        let Inner {
+            pci, violations, ..
+        } = &mut *g;
+        pci.write(address, offset, value, violations);
+    }
+}
+
+/// A mapped BAR of the model's PVRDMA: writes act synchronously, as in QEMU.
+pub struct ModelMmio {
+    model: Model,
+    bar: usize,
+    size: usize,
+}
+
+// SAFETY: accesses outside the window or unaligned are refused (reads give all-ones).
+unsafe impl Mmio for ModelMmio {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn read32(&self, offset: usize) -> u32 {
+        if !offset.is_multiple_of(4) || offset + 4 > self.size {
+            return u32::MAX;
+        }
+        let mut g = self.model.lock();
+        if !g.pci.pvrdma_decodes() {
+            g.violations
+                .push(format!("BAR{} read with memory decoding off", self.bar));
+            return u32::MAX;
+        }
+        match self.bar {
+            1 => g.dev.reg_read(offset),
+            _ => u32::MAX,
+        }
+    }
+
+    fn write32(&self, offset: usize, value: u32) {
+        if !offset.is_multiple_of(4) || offset + 4 > self.size {
+            return;
+        }
+        let mut g = self.model.lock();
+        let Inner {
+            cfg,
+            mem,
+            pci,
+            dev,
+            violations,
+        } = &mut *g;
+        if !pci.pvrdma_decodes() {
+            violations.push(format!("BAR{} write with memory decoding off", self.bar));
+            return;
+        }
+        let bus_master = pci.pvrdma_bus_master();
+        let mut ctx = device::Ctx {
+            cfg,
+            mem,
+            violations,
+            bus_master,
+        };
+        match self.bar {
+            1 => dev.reg_write(&mut ctx, offset, value),
+            _ => dev.doorbell(&mut ctx, offset, value),
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Device-specific providers. Each submodule holds every hardware fact of one device.
+
+pub mod pvrdma;

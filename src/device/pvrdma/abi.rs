@@ -1,0 +1,348 @@
+//! PVRDMA shared-memory layouts: the device shared region (DSR), capabilities, command and
+//! response slots. Field names as L-API names them; every struct's size is asserted.
+//!
+//! Sources: Linux `pvrdma_dev_api.h` (L-API) and `pvrdma_verbs.h` (L-VRB), checked against the
+//! pahole offsets of `shared/pvrdma-abi.md` §3 and §5.3.
+
+#![allow(dead_code)] // A complete hardware layout: fields exist for their offsets, not all are read.
+
+use crate::dma::pod;
+
+/// Driver interface version written into the DSR (L-MAIN writes 20; QEMU ignores it).
+pub const DRIVER_VERSION: u32 = 20;
+/// gos_info word: 64-bit (gos_bits = 2), Linux-compatible (gos_type = 1 at bit 2), version 1
+/// (gos_ver at bit 6) — what L-MAIN writes.
+pub const GOS_INFO: u32 = 2 | (1 << 2) | (1 << 6);
+
+/// Device versions this driver speaks (L-API `PVRDMA_*_VERSION`).
+pub const VERSION_ROCEV1: u32 = 17;
+/// RoCEv2 capable.
+pub const VERSION_ROCEV2: u32 = 18;
+/// 64-bit PFNs (uar_pfn64, CREATE_UC pfn64).
+pub const VERSION_PPN64: u32 = 19;
+/// Separate QP handle in the CREATE_QP response.
+pub const VERSION_QP_HANDLE: u32 = 20;
+
+/// caps.mode value for RoCE.
+pub const MODE_ROCE: u8 = 0;
+/// gid_types bit: RoCEv1.
+pub const GID_TYPE_ROCE_V1: u8 = 1;
+/// gid_types bit: RoCEv2.
+pub const GID_TYPE_ROCE_V2: u8 = 2;
+
+/// Page count of each notification ring, including its state page. QEMU uses (n − 1)·1024
+/// 4-byte slots; 2 pages give a power-of-two ring (1024 slots), unlike Linux's 4 (§7).
+pub const NOTIFY_RING_PAGES: u32 = 2;
+
+/// Size of the command slot QEMU maps (the request union, equal to MODIFY_QP).
+pub const CMD_SLOT_SIZE: usize = 184;
+/// Size of the response slot QEMU maps (the response union, equal to the QUERY_QP response).
+pub const RESP_SLOT_SIZE: usize = 176;
+/// Offset of the response slot in the driver's command page.
+pub const RESP_SLOT_OFFSET: usize = 2048;
+
+/// A ring's page count and page directory (L-API `pvrdma_ring_page_info`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RingPageInfo {
+    pub num_pages: u32,
+    pub reserved: u32,
+    pub pdir_dma: u64,
+}
+
+/// Device capabilities, written by the device into the DSR (L-API `pvrdma_device_caps`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    pub fw_ver: u64,
+    /// Big-endian.
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub atomic_arg_sizes: u64,
+    pub ex_comp_mask: u32,
+    pub device_cap_flags2: u32,
+    pub max_fa_bit_boundary: u32,
+    pub log_max_atomic_inline_arg: u32,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_ee_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_ee_init_rd_atom: u32,
+    pub max_ee: u32,
+    pub max_rdd: u32,
+    pub max_mw: u32,
+    pub max_raw_ipv6_qp: u32,
+    pub max_raw_ethy_qp: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
+    pub max_ah: u32,
+    pub max_fmr: u32,
+    pub max_map_per_fmr: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_uar: u32,
+    pub gid_tbl_len: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+    pub mode: u8,
+    pub atomic_ops: u8,
+    pub bmme_flags: u8,
+    pub gid_types: u8,
+    pub max_fast_reg_page_list_len: u32,
+}
+
+/// The device shared region (L-API `pvrdma_device_shared_region`), 280 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dsr {
+    pub driver_version: u32,
+    pub pad: u32,
+    pub gos_info: u32,
+    pub gos_pad: u32,
+    pub cmd_slot_dma: u64,
+    pub resp_slot_dma: u64,
+    pub async_ring_pages: RingPageInfo,
+    pub cq_ring_pages: RingPageInfo,
+    /// `uar_pfn` (u32) below version 19, `uar_pfn64` from 19 on; the same bytes for PFNs that
+    /// fit 32 bits.
+    pub uar_pfn64: u64,
+    pub caps: Caps,
+}
+
+/// Offset of `caps` in the DSR.
+pub const DSR_CAPS_OFFSET: usize = 0x48;
+
+/// Command request header (L-API `pvrdma_cmd_hdr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CmdHdr {
+    /// Cookie the device echoes in the response.
+    pub response: u64,
+    pub cmd: u32,
+    pub reserved: u32,
+}
+
+/// Command response header (L-API `pvrdma_cmd_resp_hdr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RespHdr {
+    pub response: u64,
+    pub ack: u32,
+    pub err: u8,
+    pub reserved: [u8; 3],
+}
+
+/// Command opcodes (L-API `enum pvrdma_cmd_typ`); the ack is `0x8000_0000 | opcode`.
+pub mod opcode {
+    pub const QUERY_PORT: u32 = 0;
+    pub const QUERY_PKEY: u32 = 1;
+    pub const CREATE_PD: u32 = 2;
+    pub const DESTROY_PD: u32 = 3;
+    pub const CREATE_MR: u32 = 4;
+    pub const DESTROY_MR: u32 = 5;
+    pub const CREATE_CQ: u32 = 6;
+    pub const DESTROY_CQ: u32 = 8;
+    pub const CREATE_QP: u32 = 9;
+    pub const MODIFY_QP: u32 = 10;
+    pub const QUERY_QP: u32 = 11;
+    pub const DESTROY_QP: u32 = 12;
+    pub const CREATE_BIND: u32 = 15;
+    pub const DESTROY_BIND: u32 = 16;
+    pub const CREATE_SRQ: u32 = 17;
+    pub const DESTROY_SRQ: u32 = 20;
+    /// Bit set in the ack of every response.
+    pub const ACK_BIT: u32 = 0x8000_0000;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryPort {
+    pub hdr: CmdHdr,
+    pub port_num: u8,
+    pub reserved: [u8; 7],
+}
+
+/// Port attributes (L-VRB `pvrdma_port_attr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortAttr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub reserved: [u8; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryPortResp {
+    pub hdr: RespHdr,
+    pub attrs: PortAttr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryPkey {
+    pub hdr: CmdHdr,
+    pub port_num: u8,
+    pub index: u8,
+    pub reserved: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryPkeyResp {
+    pub hdr: RespHdr,
+    pub pkey: u16,
+    pub reserved: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreatePd {
+    pub hdr: CmdHdr,
+    pub ctx_handle: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreatePdResp {
+    pub hdr: RespHdr,
+    pub pd_handle: u32,
+    pub reserved: u32,
+}
+
+/// Any destroy command that names one handle (DESTROY_PD/CQ/QP/SRQ/MR).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DestroyHandle {
+    pub hdr: CmdHdr,
+    pub handle: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateCq {
+    pub hdr: CmdHdr,
+    pub pdir_dma: u64,
+    pub ctx_handle: u32,
+    pub cqe: u32,
+    pub nchunks: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateCqResp {
+    pub hdr: RespHdr,
+    pub cq_handle: u32,
+    pub cqe: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateBind {
+    pub hdr: CmdHdr,
+    pub mtu: u32,
+    pub vlan: u32,
+    pub index: u32,
+    pub new_gid: [u8; 16],
+    pub gid_type: u8,
+    pub reserved: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DestroyBind {
+    pub hdr: CmdHdr,
+    pub index: u32,
+    pub dest_gid: [u8; 16],
+    pub reserved: u32,
+}
+
+pod!(
+    RingPageInfo,
+    Caps,
+    Dsr,
+    CmdHdr,
+    RespHdr,
+    QueryPort,
+    PortAttr,
+    QueryPortResp,
+    QueryPkey,
+    QueryPkeyResp,
+    CreatePd,
+    CreatePdResp,
+    DestroyHandle,
+    CreateCq,
+    CreateCqResp,
+    CreateBind,
+    DestroyBind,
+);
+
+macro_rules! assert_size {
+    ($($t:ty => $n:expr),* $(,)?) => { $( const _: () = assert!(size_of::<$t>() == $n); )* };
+}
+assert_size!(
+    RingPageInfo => 16,
+    Caps => 208,
+    Dsr => 280,
+    CmdHdr => 16,
+    RespHdr => 16,
+    QueryPort => 24,
+    PortAttr => 48,
+    QueryPortResp => 64,
+    QueryPkey => 24,
+    QueryPkeyResp => 24,
+    CreatePd => 24,
+    CreatePdResp => 24,
+    DestroyHandle => 24,
+    CreateCq => 40,
+    CreateCqResp => 24,
+    CreateBind => 48,
+    DestroyBind => 40,
+);
+const _: () = assert!(core::mem::offset_of!(Dsr, caps) == DSR_CAPS_OFFSET);
+const _: () = assert!(core::mem::offset_of!(Dsr, uar_pfn64) == 0x40);
+const _: () = assert!(core::mem::offset_of!(Caps, max_qp) == 0x4C);
+const _: () = assert!(core::mem::offset_of!(Caps, max_ah) == 0xA4);
+const _: () = assert!(core::mem::offset_of!(Caps, gid_tbl_len) == 0xC0);
+const _: () = assert!(core::mem::offset_of!(Caps, gid_types) == 0xCB);
+const _: () = assert!(core::mem::offset_of!(PortAttr, active_width) == 0x2B);
+const _: () = assert!(core::mem::offset_of!(CreateBind, gid_type) == 0x2C);
+const _: () =
+    assert!(RESP_SLOT_OFFSET >= CMD_SLOT_SIZE && RESP_SLOT_OFFSET + RESP_SLOT_SIZE <= 4096);

@@ -1,0 +1,135 @@
+//! The command channel: one command slot and one response slot, one command at a time.
+//!
+//! Protocol (L-CMD `pvrdma_cmd_post`, Q-MAIN/Q-CMD; `shared/pvrdma-abi.md` §5.1): write the
+//! request, barrier, write 0 to REQUEST; the device runs the command (QEMU: synchronously
+//! inside that write), writes the response header (echoed cookie, ack, err) and sets ERR to 0
+//! or a negative errno. ERR = 0xFFFF means it was rejected before running, with no response.
+
+use core::sync::atomic::{Ordering, fence};
+
+use bareverbs_hal::{Hal, Mmio};
+
+use super::abi::{CMD_SLOT_SIZE, CmdHdr, RESP_SLOT_OFFSET, RESP_SLOT_SIZE, RespHdr, opcode};
+use super::regs::{ERR_REJECTED, reg};
+use crate::dma::{Dma, Pod};
+use crate::error::{DeviceStatus, Error, Fault, Op, Result};
+
+/// A request: a Pod struct starting with [`CmdHdr`].
+pub(crate) trait Request: Pod {
+    fn hdr_mut(&mut self) -> &mut CmdHdr;
+}
+
+/// A response: a Pod struct starting with [`RespHdr`].
+pub(crate) trait Response: Pod {}
+
+macro_rules! messages {
+    (requests: $($q:ty),*; responses: $($r:ty),*) => {
+        $( impl Request for $q { fn hdr_mut(&mut self) -> &mut CmdHdr { &mut self.hdr } } )*
+        $( impl Response for $r {} )*
+    };
+}
+use super::abi::*;
+messages!(
+    requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind;
+    responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp
+);
+
+/// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie.
+pub(crate) struct Channel<H: Hal> {
+    page: Dma<H>,
+    cookie: u64,
+    poll_limit: u32,
+}
+
+impl<H: Hal> Channel<H> {
+    pub(crate) fn new(hal: &H, poll_limit: u32) -> Result<Self> {
+        Ok(Channel {
+            page: Dma::new(hal, 1)?,
+            cookie: 0,
+            poll_limit: poll_limit.max(1),
+        })
+    }
+
+    /// Physical address of the command slot.
+    pub(crate) fn cmd_paddr(&self) -> u64 {
+        self.page.paddr()
+    }
+
+    /// Physical address of the response slot.
+    pub(crate) fn resp_paddr(&self) -> u64 {
+        self.page.paddr() + RESP_SLOT_OFFSET as u64
+    }
+
+    /// Runs one command and returns its response, checked: the ack names this command, the
+    /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit.
+    pub(crate) fn exec<Q: Request, R: Response>(
+        &mut self,
+        regs: &impl Mmio,
+        op: Op,
+        code: u32,
+        mut req: Q,
+    ) -> Result<R> {
+        self.cookie = self.cookie.wrapping_add(1);
+        *req.hdr_mut() = CmdHdr {
+            response: self.cookie,
+            cmd: code,
+            reserved: 0,
+        };
+        self.page.zero(0, CMD_SLOT_SIZE);
+        self.page.write(0, req);
+        // A zero ack marks "no response yet".
+        self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
+        // The request and the cleared response slot must be in memory before the device is told
+        // to read the one and write the other.
+        fence(Ordering::SeqCst);
+        regs.write32(reg::REQUEST, 0);
+
+        if regs.read32(reg::ERR) == ERR_REJECTED {
+            return Err(Error::Device {
+                op,
+                status: DeviceStatus::Rejected,
+            });
+        }
+        let mut spins = 0;
+        let hdr = loop {
+            let hdr: RespHdr = self.page.read(RESP_SLOT_OFFSET);
+            if hdr.ack != 0 {
+                break hdr;
+            }
+            spins += 1;
+            if spins >= self.poll_limit {
+                return Err(Error::Timeout { op });
+            }
+            core::hint::spin_loop();
+        };
+        // The payload is read after the ack that announced it.
+        fence(Ordering::Acquire);
+        let err = regs.read32(reg::ERR);
+        if err != 0 {
+            // ERR holds a negative errno in two's complement.
+            let errno = err.wrapping_neg();
+            if errno == 0 || errno > 4095 {
+                let value = u64::from(err);
+                let fault = Fault::Value {
+                    field: "ERR",
+                    value,
+                };
+                return Err(Error::Protocol { op, fault });
+            }
+            return Err(Error::from_errno(op, errno));
+        }
+        let expected = opcode::ACK_BIT | code;
+        if hdr.ack != expected {
+            let fault = Fault::Ack {
+                expected,
+                found: hdr.ack,
+            };
+            return Err(Error::Protocol { op, fault });
+        }
+        if hdr.response != self.cookie {
+            let fault = Fault::Cookie;
+            return Err(Error::Protocol { op, fault });
+        }
+        Ok(self.page.read(RESP_SLOT_OFFSET))
+    }
+}

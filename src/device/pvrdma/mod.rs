@@ -1,0 +1,621 @@
+//! The VMware paravirtual RDMA device (PVRDMA, PCI 15ad:0820), as QEMU 7.2–9.0 emulates it.
+//!
+//! Every PVRDMA fact of the crate lives in this folder: [`regs`] (registers and doorbells),
+//! `abi` (shared-memory layouts), `pdir` (page directories), `cmd` (the command channel).
+//! Facts and their sources: `shared/pvrdma-abi.md`.
+//!
+//! Bring-up ([`Pvrdma::new`]) follows the Linux driver's order (L-MAIN `pvrdma_pci_probe`):
+//! check the paired vmxnet3 at function 0, size and map BAR1 (registers) and BAR2 (UAR), enable
+//! memory decoding and bus mastering, read VERSION, build the shared region (DSR) with the
+//! command/response slots and the two notification rings, write DSRLOW then DSRHIGH (the device
+//! loads it and writes its capabilities back), validate them, mask interrupts (this driver
+//! polls), ACTIVATE, and require ERR = 0.
+
+mod abi;
+mod cmd;
+mod pdir;
+pub mod regs;
+
+use core::mem::offset_of;
+use core::sync::atomic::{Ordering, fence};
+
+use bareverbs_hal::{ConfigRegionAccess, Hal, Mmio, PciAddress};
+
+use self::abi::{Caps, Dsr, RingPageInfo};
+use self::cmd::Channel;
+use self::pdir::QueueMem;
+use self::regs::{BAR_REGS, BAR_UAR, ctl, reg};
+use crate::error::{
+    DeviceStatus, EBUSY, Error, NotFound, Object, Op, Param, Resource, Result, Unsupported,
+};
+use crate::pci;
+use crate::verbs::{DeviceCaps, Gid, Mtu, PortAttr, PortState, Provider, types::bad_value};
+
+/// Bring-up options.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// How many times a wait for the device (a command's response) polls before it gives up
+    /// with [`Error::Timeout`].
+    pub poll_limit: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            poll_limit: 1 << 22,
+        }
+    }
+}
+
+/// Number of CQEs that fit one page (64-byte CQEs).
+const CQES_PER_PAGE: u32 = 64;
+/// QEMU accepts at most this many pages (ring-state page included) per CQ, QP queue or SRQ
+/// (Q-CMD `create_cq_ring`, `create_qp_rings`).
+const MAX_RING_PAGES: u32 = 128;
+
+/// A PVRDMA function, brought up and active.
+pub struct Pvrdma<H: Hal> {
+    hal: H,
+    regs: H::Mmio,
+    uar: H::Mmio,
+    pci: PciAddress,
+    version: u32,
+    caps: DeviceCaps,
+    state: spin::Mutex<State<H>>,
+    dsr: Dma<H>,
+    _async_ring: QueueMem<H>,
+    _cq_notify_ring: QueueMem<H>,
+}
+
+use crate::dma::Dma;
+
+/// What the command lock protects: the channel, and the driver's count of device objects (the
+/// driver counts so that it never asks QEMU for one object more than its tables hold: QEMU's
+/// allocator corrupts its heap instead of failing).
+struct State<H: Hal> {
+    chan: Channel<H>,
+    pds: u32,
+    cqs: u32,
+    gids: [u64; 4],
+}
+
+/// A protection domain handle on a PVRDMA device.
+#[derive(Debug)]
+pub struct Pd {
+    handle: u32,
+}
+
+impl Pd {
+    /// The device's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+}
+
+/// A completion queue on a PVRDMA device: its ring (ring-state page + CQE pages) and handle.
+pub struct Cq<H: Hal> {
+    handle: u32,
+    entries: u32,
+    mem: QueueMem<H>,
+}
+
+impl<H: Hal> Cq<H> {
+    /// The device's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Pages of ring memory, the ring-state page included.
+    pub fn pages(&self) -> usize {
+        self.mem.data.pages()
+    }
+}
+
+/// The first PVRDMA function on the bus.
+pub fn find<C: ConfigRegionAccess>(pci: &C) -> Option<PciAddress> {
+    pci::scan(pci)
+        .find(|f| f.vendor == regs::VENDOR_VMWARE && f.device == regs::DEVICE_PVRDMA)
+        .map(|f| f.address)
+}
+
+impl<H: Hal> Pvrdma<H> {
+    /// Finds the first PVRDMA function on the bus and brings it up ([`Pvrdma::new`]).
+    pub fn probe<C: ConfigRegionAccess>(hal: H, pci: &C, config: Config) -> Result<Self> {
+        let address = find(pci).ok_or(Error::NotFound(NotFound::Device))?;
+        Self::new(hal, pci, address, config)
+    }
+
+    /// Brings up the PVRDMA function at `address`.
+    ///
+    /// # Errors
+    ///
+    /// [`NotFound::Device`] when no PVRDMA answers there, [`NotFound::PairedFunction`] without
+    /// a vmxnet3 at function 0 of the slot, [`NotFound::Bar`] / [`Unsupported::BarType`] for
+    /// missing or odd BARs, [`Unsupported::DeviceVersion`], [`Unsupported::TransportMode`] and
+    /// [`Unsupported::GidTypes`] for a device this driver cannot speak to, a
+    /// [`DeviceStatus::Rejected`] from [`Op::LoadSharedRegion`] when the device did not take
+    /// the shared region, [`Resource::Dma`] when DMA memory runs out. Everything allocated is
+    /// returned on failure.
+    pub fn new<C: ConfigRegionAccess>(
+        hal: H,
+        pci: &C,
+        address: PciAddress,
+        config: Config,
+    ) -> Result<Self> {
+        match pci::function(pci, address) {
+            Some(f) if f.vendor == regs::VENDOR_VMWARE && f.device == regs::DEVICE_PVRDMA => {}
+            _ => return Err(Error::NotFound(NotFound::Device)),
+        }
+        let fn0 = PciAddress::new(address.segment(), address.bus(), address.device(), 0);
+        match pci::function(pci, fn0) {
+            Some(f) if f.vendor == regs::VENDOR_VMWARE && f.device == regs::DEVICE_VMXNET3 => {}
+            _ => return Err(Error::NotFound(NotFound::PairedFunction)),
+        }
+        let bars = pci::size_bars(pci, address)?;
+        let (regs_pa, regs_len) = pci::memory_bar(&bars, BAR_REGS, regs::REGS_MIN_SIZE)?;
+        let (uar_pa, _) = pci::memory_bar(&bars, BAR_UAR, regs::UAR_MIN_SIZE)?;
+        pci::enable_mmio_and_dma(pci, address);
+        let map = |pa: u64, len: u64, bar: u8| {
+            let len = usize::try_from(len).map_err(|_| Error::NotFound(NotFound::Bar { bar }))?;
+            // SAFETY: `pa..pa + len` is the function's memory BAR, decoding was just enabled,
+            // and this driver is the function's only user.
+            unsafe { hal.map_mmio(pa, len) }.ok_or(Error::NotFound(NotFound::Bar { bar }))
+        };
+        let regs = map(regs_pa, regs_len, BAR_REGS)?;
+        // The driver's doorbells use UAR page 0 (the kernel's page in L-MAIN).
+        let uar = map(uar_pa, regs::UAR_MIN_SIZE, BAR_UAR)?;
+
+        let version = regs.read32(reg::VERSION);
+        if !(abi::VERSION_ROCEV1..=abi::VERSION_QP_HANDLE).contains(&version) {
+            return Err(Error::Unsupported(Unsupported::DeviceVersion(version)));
+        }
+        let uar_pfn = uar_pa >> 12;
+        if version < abi::VERSION_PPN64 && uar_pfn > u64::from(u32::MAX) {
+            return Err(Error::Unsupported(Unsupported::BarType { bar: BAR_UAR }));
+        }
+
+        let chan = Channel::new(&hal, config.poll_limit)?;
+        let dsr = Dma::new(&hal, 1)?;
+        let async_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
+        let cq_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
+
+        let w = |off: usize, v: u64| dsr.write(off, v);
+        dsr.write(offset_of!(Dsr, driver_version), abi::DRIVER_VERSION);
+        dsr.write(offset_of!(Dsr, gos_info), abi::GOS_INFO);
+        w(offset_of!(Dsr, cmd_slot_dma), chan.cmd_paddr());
+        w(offset_of!(Dsr, resp_slot_dma), chan.resp_paddr());
+        let ring = |r: &QueueMem<H>| RingPageInfo {
+            num_pages: abi::NOTIFY_RING_PAGES,
+            reserved: 0,
+            pdir_dma: r.pdir.paddr(),
+        };
+        dsr.write(offset_of!(Dsr, async_ring_pages), ring(&async_ring));
+        dsr.write(offset_of!(Dsr, cq_ring_pages), ring(&cq_ring));
+        w(offset_of!(Dsr, uar_pfn64), uar_pfn);
+
+        // From here on the device holds addresses of our memory: build the value now, so that
+        // any failure below runs Drop (which stops the device) before the memory is freed.
+        let mut dev = Pvrdma {
+            hal,
+            regs,
+            uar,
+            pci: address,
+            version,
+            caps: caps_from_raw(&zeroed_caps()),
+            state: spin::Mutex::new(State {
+                chan,
+                pds: 0,
+                cqs: 0,
+                gids: [0; 4],
+            }),
+            dsr,
+            _async_ring: async_ring,
+            _cq_notify_ring: cq_ring,
+        };
+        dev.load_and_activate()?;
+        Ok(dev)
+    }
+
+    fn load_and_activate(&mut self) -> Result<()> {
+        let pa = self.dsr.paddr();
+        // The shared region (and the rings it points to) must be in memory before the device
+        // is told where it is.
+        fence(Ordering::SeqCst);
+        self.regs.write32(reg::DSR_LOW, pa as u32);
+        self.regs.write32(reg::DSR_HIGH, (pa >> 32) as u32);
+        // The device wrote the caps during the DSRHIGH write: read them after it.
+        fence(Ordering::SeqCst);
+        let raw: Caps = self.dsr.read(abi::DSR_CAPS_OFFSET);
+        validate_caps(self.version, &raw)?;
+        self.caps = caps_from_raw(&raw);
+
+        // This driver polls: mask every interrupt vector.
+        self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
+        self.regs.write32(reg::CTL, ctl::ACTIVATE);
+        fence(Ordering::SeqCst);
+        match self.regs.read32(reg::ERR) {
+            0 => Ok(()),
+            err => Err(Error::Device {
+                op: Op::Activate,
+                status: DeviceStatus::NotActive(err),
+            }),
+        }
+    }
+
+    /// The device's interface version (QEMU: 17).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Where the function sits on the bus.
+    pub fn pci_address(&self) -> PciAddress {
+        self.pci
+    }
+
+    /// Runs a command under the channel lock.
+    fn exec<Q: cmd::Request, R: cmd::Response>(&self, op: Op, code: u32, req: Q) -> Result<R> {
+        self.state.lock().chan.exec(&self.regs, op, code, req)
+    }
+
+    /// The largest CQ this driver can create on the device: a power of two within the device's
+    /// `max_cqe` and QEMU's per-ring page limit.
+    pub fn max_cq_entries(&self) -> u32 {
+        let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
+        prev_power_of_two(self.caps.max_cqe.min(by_pages))
+    }
+
+    #[allow(dead_code)] // used by the data path
+    fn uar(&self) -> &H::Mmio {
+        &self.uar
+    }
+}
+
+/// Whether a command that failed with `e` may nevertheless have taken effect on the device.
+fn outcome_unknown(e: &Error) -> bool {
+    matches!(e, Error::Timeout { .. } | Error::Protocol { .. })
+}
+
+/// Frees `mem` when the device clearly refused the command that would have used it; keeps it
+/// (leaks it, with a warning) when the outcome is unknown — no answer, or an answer that cannot
+/// be trusted — because the device may then have created the object and write into that memory.
+fn quarantine_if_unknown<T>(e: &Error, mem: T) {
+    if outcome_unknown(e) {
+        log::warn!("bareverbs: {e}; keeping the object's DMA memory, the device may use it");
+        core::mem::forget(mem);
+    }
+}
+
+fn prev_power_of_two(n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        1 << (31 - n.leading_zeros())
+    }
+}
+
+fn zeroed_caps() -> Caps {
+    // Built field by field from zero bytes: Caps is Pod (integers only).
+    let bytes = [0u8; size_of::<Caps>()];
+    // SAFETY: Caps is #[repr(C)] of integers only, so all-zero bytes are a valid value, and the
+    // array has exactly its size (read_unaligned needs no alignment).
+    unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<Caps>()) }
+}
+
+/// Checks what the device wrote into the DSR: that it loaded it at all, that it is a RoCE
+/// device this driver speaks to, and that the limits it reports are usable.
+fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
+    let op = Op::LoadSharedRegion;
+    if caps.gid_types == 0 && caps.max_qp == 0 && caps.phys_port_cnt == 0 {
+        // QEMU leaves the region untouched when it cannot map it, with no error register set.
+        return Err(Error::Device {
+            op,
+            status: DeviceStatus::Rejected,
+        });
+    }
+    if caps.mode != abi::MODE_ROCE {
+        return Err(Error::Unsupported(Unsupported::TransportMode(caps.mode)));
+    }
+    let ok_types = match version {
+        abi::VERSION_ROCEV1 => caps.gid_types == abi::GID_TYPE_ROCE_V1,
+        _ => matches!(
+            caps.gid_types,
+            abi::GID_TYPE_ROCE_V1 | abi::GID_TYPE_ROCE_V2
+        ),
+    };
+    if !ok_types {
+        return Err(Error::Unsupported(Unsupported::GidTypes(caps.gid_types)));
+    }
+    let nonzero: [(&'static str, u32); 8] = [
+        ("max_qp", caps.max_qp),
+        ("max_qp_wr", caps.max_qp_wr),
+        ("max_sge", caps.max_sge),
+        ("max_cq", caps.max_cq),
+        ("max_cqe", caps.max_cqe),
+        ("max_pd", caps.max_pd),
+        ("gid_tbl_len", caps.gid_tbl_len),
+        ("phys_port_cnt", u32::from(caps.phys_port_cnt)),
+    ];
+    for (field, value) in nonzero {
+        if value == 0 {
+            return Err(bad_value(op, field, value));
+        }
+    }
+    Ok(())
+}
+
+fn caps_from_raw(c: &Caps) -> DeviceCaps {
+    DeviceCaps {
+        fw_ver: c.fw_ver,
+        node_guid: c.node_guid,
+        sys_image_guid: c.sys_image_guid,
+        max_mr_size: c.max_mr_size,
+        vendor_part_id: c.vendor_part_id,
+        max_qp: c.max_qp,
+        max_qp_wr: c.max_qp_wr,
+        max_sge: c.max_sge,
+        max_cq: c.max_cq,
+        max_cqe: c.max_cqe,
+        max_mr: c.max_mr,
+        max_pd: c.max_pd,
+        max_qp_rd_atom: c.max_qp_rd_atom,
+        max_qp_init_rd_atom: c.max_qp_init_rd_atom,
+        max_mcast_grp: c.max_mcast_grp,
+        max_ah: c.max_ah,
+        max_srq: c.max_srq,
+        max_srq_wr: c.max_srq_wr,
+        max_srq_sge: c.max_srq_sge,
+        gid_tbl_len: c.gid_tbl_len,
+        max_pkeys: c.max_pkeys,
+        phys_port_cnt: c.phys_port_cnt,
+        device_cap_flags: c.device_cap_flags,
+        atomic_ops: c.atomic_ops,
+    }
+}
+
+impl<H: Hal> Drop for Pvrdma<H> {
+    fn drop(&mut self) {
+        // L-MAIN teardown order: mask interrupts, then RESET, then free the memory (the fields'
+        // own drops, after this). QEMU keeps the shared region mapped but only reads the
+        // command slot on a REQUEST write, which no one can issue any more.
+        self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
+        self.regs.write32(reg::CTL, ctl::RESET);
+        fence(Ordering::SeqCst);
+    }
+}
+
+impl<H: Hal> Provider for Pvrdma<H> {
+    type Pd = Pd;
+    type Cq = Cq<H>;
+
+    fn caps(&self) -> &DeviceCaps {
+        &self.caps
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port == 0 || port > self.caps.phys_port_cnt {
+            return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));
+        }
+        let op = Op::QueryPort;
+        let req = abi::QueryPort {
+            port_num: port,
+            ..Default::default()
+        };
+        let r: abi::QueryPortResp = self.exec(op, abi::opcode::QUERY_PORT, req)?;
+        let a = r.attrs;
+        Ok(PortAttr {
+            state: PortState::from_raw(op, a.state)?,
+            max_mtu: Mtu::from_raw(op, "max_mtu", a.max_mtu)?,
+            active_mtu: Mtu::from_raw(op, "active_mtu", a.active_mtu)?,
+            gid_tbl_len: a.gid_tbl_len,
+            port_cap_flags: a.port_cap_flags,
+            max_msg_sz: a.max_msg_sz,
+            pkey_tbl_len: a.pkey_tbl_len,
+            active_width: a.active_width,
+            active_speed: a.active_speed,
+            phys_state: a.phys_state,
+        })
+    }
+
+    fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        if port == 0 || port > self.caps.phys_port_cnt {
+            return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));
+        }
+        let max = self.caps.max_pkeys.saturating_sub(1);
+        if index > max || index > u16::from(u8::MAX) {
+            return Err(Error::invalid(Param::PkeyIndex, index, max));
+        }
+        let req = abi::QueryPkey {
+            port_num: port,
+            index: index as u8,
+            ..Default::default()
+        };
+        let r: abi::QueryPkeyResp = self.exec(Op::QueryPkey, abi::opcode::QUERY_PKEY, req)?;
+        Ok(r.pkey)
+    }
+
+    unsafe fn create_pd(&self) -> Result<Pd> {
+        let op = Op::CreatePd;
+        let mut st = self.state.lock();
+        if st.pds >= self.caps.max_pd {
+            let limit = self.caps.max_pd;
+            return Err(Error::Resource(Resource::Objects {
+                object: Object::Pd,
+                limit,
+            }));
+        }
+        let r: abi::CreatePdResp = match st.chan.exec(
+            &self.regs,
+            op,
+            abi::opcode::CREATE_PD,
+            abi::CreatePd::default(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                // The device may hold a PD the driver cannot name: keep counting it.
+                st.pds += u32::from(outcome_unknown(&e));
+                return Err(e);
+            }
+        };
+        if r.pd_handle > regs::db::HANDLE_MASK {
+            // Handles travel in 24-bit fields (doorbells, address vectors): this one is garbage.
+            st.pds += 1; // the device made a PD the driver cannot name
+            return Err(bad_value(op, "pd_handle", r.pd_handle));
+        }
+        st.pds += 1;
+        Ok(Pd {
+            handle: r.pd_handle,
+        })
+    }
+
+    fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
+        let mut st = self.state.lock();
+        let req = abi::DestroyHandle {
+            handle: pd.handle,
+            ..Default::default()
+        };
+        match st.chan.exec::<_, abi::RespHdr>(
+            &self.regs,
+            Op::DestroyPd,
+            abi::opcode::DESTROY_PD,
+            req,
+        ) {
+            Ok(_) => {
+                st.pds -= 1;
+                Ok(())
+            }
+            Err(e) => Err((pd, e)),
+        }
+    }
+
+    unsafe fn create_cq(&self, entries: u32) -> Result<Cq<H>> {
+        let op = Op::CreateCq;
+        let max = self.max_cq_entries();
+        if entries > max {
+            return Err(Error::invalid(Param::CqEntries, entries, max));
+        }
+        // A power of two (QEMU and Linux require it), at least 1.
+        let cqe = entries.max(1).next_power_of_two();
+        let pages = 1 + cqe.div_ceil(CQES_PER_PAGE);
+        let mut st = self.state.lock();
+        if st.cqs >= self.caps.max_cq {
+            let limit = self.caps.max_cq;
+            return Err(Error::Resource(Resource::Objects {
+                object: Object::Cq,
+                limit,
+            }));
+        }
+        let mem = QueueMem::new(&self.hal, pages as usize)?;
+        let req = abi::CreateCq {
+            pdir_dma: mem.pdir.paddr(),
+            ctx_handle: 0,
+            cqe,
+            nchunks: pages,
+            ..Default::default()
+        };
+        let r: abi::CreateCqResp = match st.chan.exec(&self.regs, op, abi::opcode::CREATE_CQ, req) {
+            Ok(r) => r,
+            Err(e) => {
+                st.cqs += u32::from(outcome_unknown(&e));
+                quarantine_if_unknown(&e, mem);
+                return Err(e);
+            }
+        };
+        let cq = Cq {
+            handle: r.cq_handle,
+            entries: cqe,
+            mem,
+        };
+        st.cqs += 1;
+        if r.cqe != cqe || r.cq_handle > regs::db::HANDLE_MASK {
+            // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
+            drop(st);
+            let (field, value) = if r.cqe != cqe {
+                ("cqe", r.cqe)
+            } else {
+                ("cq_handle", r.cq_handle)
+            };
+            if let Err((cq, _)) = self.destroy_cq(cq) {
+                core::mem::forget(cq);
+            }
+            return Err(bad_value(op, field, value));
+        }
+        Ok(cq)
+    }
+
+    fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
+        let mut st = self.state.lock();
+        let req = abi::DestroyHandle {
+            handle: cq.handle,
+            ..Default::default()
+        };
+        match st.chan.exec::<_, abi::RespHdr>(
+            &self.regs,
+            Op::DestroyCq,
+            abi::opcode::DESTROY_CQ,
+            req,
+        ) {
+            Ok(_) => {
+                st.cqs -= 1;
+                Ok(())
+            }
+            Err(e) => Err((cq, e)),
+        }
+    }
+
+    fn cq_entries(&self, cq: &Cq<H>) -> u32 {
+        cq.entries
+    }
+
+    fn bind_gid(&self, index: u32, gid: Gid) -> Result<()> {
+        // QEMU refuses index >= 255 (its table size) whatever gid_tbl_len says.
+        let max = self.caps.gid_tbl_len.min(255) - 1;
+        if index > max {
+            return Err(Error::invalid(Param::GidIndex, index, max));
+        }
+        let (word, bit) = (index as usize / 64, 1u64 << (index % 64));
+        let mut st = self.state.lock();
+        if st.gids[word] & bit != 0 {
+            return Err(Error::from_errno(Op::BindGid, EBUSY));
+        }
+        let gid_type = if self
+            .dsr
+            .read::<u8>(abi::DSR_CAPS_OFFSET + offset_of!(Caps, gid_types))
+            & abi::GID_TYPE_ROCE_V1
+            != 0
+        {
+            abi::GID_TYPE_ROCE_V1
+        } else {
+            abi::GID_TYPE_ROCE_V2
+        };
+        let req = abi::CreateBind {
+            mtu: 1024,
+            vlan: 0xFFF,
+            index,
+            new_gid: gid.0,
+            gid_type,
+            ..Default::default()
+        };
+        st.chan
+            .exec::<_, abi::RespHdr>(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
+        st.gids[word] |= bit;
+        Ok(())
+    }
+
+    fn unbind_gid(&self, index: u32, gid: Gid) -> Result<()> {
+        let (word, bit) = (index as usize / 64 % 4, 1u64 << (index % 64));
+        let mut st = self.state.lock();
+        let req = abi::DestroyBind {
+            index,
+            dest_gid: gid.0,
+            ..Default::default()
+        };
+        st.chan.exec::<_, abi::RespHdr>(
+            &self.regs,
+            Op::UnbindGid,
+            abi::opcode::DESTROY_BIND,
+            req,
+        )?;
+        st.gids[word] &= !bit;
+        Ok(())
+    }
+}

@@ -1,0 +1,392 @@
+//! The one error type of the crate: `Copy`, no allocation, with enough detail to act on.
+
+use core::fmt;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Everything that can go wrong, by class (after the ibverbs seed crate) with the detail that
+/// lets a caller act: which parameter and which limit, which operation and which status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A parameter is outside what the device (or the driver's fixed capacity) accepts.
+    /// Nothing was sent to the device.
+    InvalidInput {
+        /// The parameter.
+        param: Param,
+        /// The value given (after the documented rounding, if any).
+        value: u64,
+        /// The largest value accepted.
+        max: u64,
+    },
+    /// A required attribute for an operation was not given.
+    MissingAttribute {
+        /// The operation.
+        op: Op,
+        /// The attribute.
+        attr: Attr,
+    },
+    /// A resource ran out.
+    Resource(Resource),
+    /// The device refused the operation for lack of permission (EPERM).
+    Permission {
+        /// The operation.
+        op: Op,
+    },
+    /// The device failed an operation.
+    Device {
+        /// The operation.
+        op: Op,
+        /// What the device reported.
+        status: DeviceStatus,
+    },
+    /// The device answered with something that cannot be right (garbage): the answer was not
+    /// used.
+    Protocol {
+        /// The operation.
+        op: Op,
+        /// What was wrong with the answer.
+        fault: Fault,
+    },
+    /// The device did not answer within the poll bound.
+    Timeout {
+        /// The operation that was waiting.
+        op: Op,
+    },
+    /// The device or driver does not support what was asked.
+    Unsupported(Unsupported),
+    /// Something looked for is absent.
+    NotFound(NotFound),
+    /// The object is in use (for example still attached to a multicast group).
+    Busy {
+        /// The operation.
+        op: Op,
+    },
+}
+
+/// The class of an [`Error`], for callers that only branch on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// [`Error::InvalidInput`] or [`Error::MissingAttribute`].
+    InvalidInput,
+    /// [`Error::Resource`].
+    Resource,
+    /// [`Error::Permission`].
+    Permission,
+    /// [`Error::Device`] or [`Error::Protocol`].
+    Device,
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::NotFound`].
+    NotFound,
+    /// [`Error::Busy`].
+    Busy,
+}
+
+impl Error {
+    /// The class of the error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidInput { .. } | Error::MissingAttribute { .. } => ErrorKind::InvalidInput,
+            Error::Resource(_) => ErrorKind::Resource,
+            Error::Permission { .. } => ErrorKind::Permission,
+            Error::Device { .. } | Error::Protocol { .. } => ErrorKind::Device,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Busy { .. } => ErrorKind::Busy,
+        }
+    }
+
+    /// An [`Error::InvalidInput`].
+    pub(crate) fn invalid(param: Param, value: impl Into<u64>, max: impl Into<u64>) -> Self {
+        Error::InvalidInput {
+            param,
+            value: value.into(),
+            max: max.into(),
+        }
+    }
+
+    /// The error for a device's negative-errno status on `op`.
+    pub(crate) fn from_errno(op: Op, errno: u32) -> Self {
+        match errno {
+            EPERM => Error::Permission { op },
+            ENOMEM | EAGAIN | ENOSPC => Error::Resource(Resource::Device { op, errno }),
+            EBUSY => Error::Busy { op },
+            _ => Error::Device {
+                op,
+                status: DeviceStatus::Errno(errno),
+            },
+        }
+    }
+}
+
+/// errno values a device reports (Linux numbering).
+pub(crate) const EPERM: u32 = 1;
+pub(crate) const EAGAIN: u32 = 11;
+pub(crate) const ENOMEM: u32 = 12;
+pub(crate) const EBUSY: u32 = 16;
+pub(crate) const ENOSPC: u32 = 28;
+
+/// A parameter named by [`Error::InvalidInput`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Param {
+    /// Completion queue entries.
+    CqEntries,
+    /// Port number.
+    Port,
+    /// P_Key table index.
+    PkeyIndex,
+    /// GID table index.
+    GidIndex,
+    /// `max_send_wr`.
+    MaxSendWr,
+    /// `max_recv_wr`.
+    MaxRecvWr,
+    /// `max_send_sge`.
+    MaxSendSge,
+    /// `max_recv_sge`.
+    MaxRecvSge,
+    /// `max_inline_data`.
+    MaxInlineData,
+    /// Send queue size in pages (the device's per-queue page limit).
+    SendQueuePages,
+    /// Receive queue size in pages (the device's per-queue page limit).
+    RecvQueuePages,
+    /// Shared receive queue `max_wr`.
+    SrqMaxWr,
+    /// Shared receive queue `max_sge`.
+    SrqMaxSge,
+    /// Shared receive queue size in pages.
+    SrqPages,
+    /// Shared receive queue limit (low watermark).
+    SrqLimit,
+    /// Maximum outstanding RDMA reads/atomics.
+    MaxRdAtomic,
+    /// Path MTU.
+    PathMtu,
+    /// A queue pair number (24 bits).
+    QpNumber,
+    /// A packet sequence number (24 bits).
+    Psn,
+}
+
+/// An attribute named by [`Error::MissingAttribute`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Attr {
+    /// The destination GID / address vector.
+    Address,
+    /// The destination QP number.
+    DestQpn,
+    /// The Q_Key.
+    Qkey,
+}
+
+/// What ran out, in an [`Error::Resource`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resource {
+    /// The HAL had no run of free DMA pages this long.
+    Dma {
+        /// Pages requested.
+        pages: usize,
+    },
+    /// The device's table for this kind of object is full (counted by the driver: the device is
+    /// not asked).
+    Objects {
+        /// Which table.
+        object: Object,
+        /// Its capacity.
+        limit: u32,
+    },
+    /// The device reported a lack of resources (ENOMEM, EAGAIN, ENOSPC).
+    Device {
+        /// The operation.
+        op: Op,
+        /// The errno the device reported.
+        errno: u32,
+    },
+}
+
+/// A kind of device object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// Protection domain.
+    Pd,
+    /// Completion queue.
+    Cq,
+    /// Queue pair.
+    Qp,
+    /// Shared receive queue.
+    Srq,
+    /// Memory region.
+    Mr,
+    /// GID table entry.
+    Gid,
+}
+
+/// An operation, as named in errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// PCI probe and BAR setup.
+    Probe,
+    /// Handing the device its shared region and reading its capabilities.
+    LoadSharedRegion,
+    /// Activating the device.
+    Activate,
+    /// Querying a port.
+    QueryPort,
+    /// Querying a P_Key.
+    QueryPkey,
+    /// Creating a protection domain.
+    CreatePd,
+    /// Destroying a protection domain.
+    DestroyPd,
+    /// Creating a completion queue.
+    CreateCq,
+    /// Destroying a completion queue.
+    DestroyCq,
+    /// Creating a queue pair.
+    CreateQp,
+    /// Modifying a queue pair.
+    ModifyQp,
+    /// Querying a queue pair.
+    QueryQp,
+    /// Destroying a queue pair.
+    DestroyQp,
+    /// Creating a shared receive queue.
+    CreateSrq,
+    /// Destroying a shared receive queue.
+    DestroySrq,
+    /// Registering a memory region.
+    CreateMr,
+    /// Deregistering a memory region.
+    DestroyMr,
+    /// Adding a GID to the port's table.
+    BindGid,
+    /// Removing a GID from the port's table.
+    UnbindGid,
+}
+
+/// What a device reported in an [`Error::Device`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceStatus {
+    /// A (positive) errno value.
+    Errno(u32),
+    /// The device rejected the command before running it (no shared region loaded, or an
+    /// opcode it does not implement).
+    Rejected,
+    /// The device's error register was not 0 after activation.
+    NotActive(u32),
+}
+
+/// Why a device's answer was not used, in an [`Error::Protocol`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The response acknowledged another command.
+    Ack {
+        /// The acknowledgement expected.
+        expected: u32,
+        /// The acknowledgement found.
+        found: u32,
+    },
+    /// The response did not echo the request's cookie.
+    Cookie,
+    /// A field held an impossible value.
+    Value {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+}
+
+/// What is unsupported, in an [`Error::Unsupported`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unsupported {
+    /// The device reports an interface version this driver does not speak.
+    DeviceVersion(u32),
+    /// The device's transport mode (PVRDMA: 0 = RoCE, 1 = iWARP, 2 = IB) is not RoCE.
+    TransportMode(u8),
+    /// The device's GID types do not fit its version.
+    GidTypes(u8),
+    /// A BAR of a reserved or unexpected type.
+    BarType {
+        /// BAR index.
+        bar: u8,
+    },
+    /// A queue pair type the device does not implement.
+    QpType,
+    /// An optional feature of the verbs API (an `_ex` field, inline data, atomics…).
+    Feature(Feature),
+}
+
+/// An optional verbs feature, in [`Unsupported::Feature`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Feature {
+    /// `ibv_qp_init_attr_ex.create_flags`.
+    CreateFlags,
+    /// `source_qpn`.
+    SourceQpn,
+    /// RSS (`rx_hash_conf` / `rwq_ind_tbl`).
+    Rss,
+    /// `max_tso_header`.
+    Tso,
+    /// An XRC domain.
+    Xrc,
+    /// Inline data in send WQEs.
+    InlineData,
+    /// A shared receive queue on a queue pair type that cannot use one.
+    SrqOnQpType,
+    /// Atomic operations.
+    Atomics,
+    /// Multicast.
+    Multicast,
+    /// The device's own completion-queue resize.
+    ResizeCq,
+}
+
+/// What was not found, in an [`Error::NotFound`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotFound {
+    /// No device of the supported kind on the bus.
+    Device,
+    /// The network function the RDMA function must be paired with (PVRDMA: a vmxnet3 at
+    /// function 0 of the same slot) is absent.
+    PairedFunction,
+    /// A BAR the device needs is not implemented or is too small.
+    Bar {
+        /// BAR index.
+        bar: u8,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidInput { param, value, max } => {
+                write!(f, "invalid {param:?}: {value} (at most {max})")
+            }
+            Error::MissingAttribute { op, attr } => write!(f, "{op:?} needs {attr:?}"),
+            Error::Resource(r) => write!(f, "out of resources: {r:?}"),
+            Error::Permission { op } => write!(f, "{op:?}: permission denied"),
+            Error::Device { op, status } => write!(f, "{op:?} failed: {status:?}"),
+            Error::Protocol { op, fault } => write!(f, "{op:?}: bad answer from device: {fault:?}"),
+            Error::Timeout { op } => write!(f, "{op:?}: device did not answer"),
+            Error::Unsupported(u) => write!(f, "unsupported: {u:?}"),
+            Error::NotFound(n) => write!(f, "not found: {n:?}"),
+            Error::Busy { op } => write!(f, "{op:?}: object busy"),
+        }
+    }
+}
+
+impl core::error::Error for Error {}

@@ -1,0 +1,250 @@
+//! The verbs objects: a [`Context`] over a device provider, and the protection domains,
+//! completion queues and GID bindings it creates. Device-agnostic: every hardware fact is behind
+//! the [`Provider`] trait.
+//!
+//! Objects borrow the context (and, for queue pairs, their PD and CQs), so the compiler keeps
+//! a device alive while anything uses it. Each object has `destroy(self)`, which hands the
+//! object back with the error when the device refuses, and a `Drop` that destroys on a best-effort
+//! basis and never panics.
+
+pub(crate) mod types;
+
+use core::mem::ManuallyDrop;
+
+pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
+
+use crate::error::{Error, Result};
+
+/// What a device driver implements to be driven by the verbs layer.
+///
+/// The `unsafe` creation methods return device objects whose memory the device may use until
+/// they are destroyed; [`Context`] and the object types uphold their contract with lifetimes,
+/// so users never call them directly.
+pub trait Provider {
+    /// A protection domain on the device.
+    type Pd;
+    /// A completion queue on the device.
+    type Cq;
+
+    /// The device's capabilities (read once at bring-up).
+    fn caps(&self) -> &DeviceCaps;
+    /// Queries port `port` (1-based).
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// Reads P_Key `index` of port `port`.
+    fn query_pkey(&self, port: u8, index: u16) -> Result<u16>;
+
+    /// Creates a protection domain.
+    ///
+    /// # Safety
+    ///
+    /// The PD is passed to [`destroy_pd`](Self::destroy_pd) of this provider (or leaked) before
+    /// the provider is dropped.
+    unsafe fn create_pd(&self) -> Result<Self::Pd>;
+    /// Destroys a protection domain; on failure hands it back with the error.
+    fn destroy_pd(&self, pd: Self::Pd) -> Result<(), (Self::Pd, Error)>;
+
+    /// Creates a completion queue of at least `entries` entries.
+    ///
+    /// # Safety
+    ///
+    /// As for [`create_pd`](Self::create_pd): destroyed through this provider, or leaked, before
+    /// the provider is dropped (the device writes into its ring until then).
+    unsafe fn create_cq(&self, entries: u32) -> Result<Self::Cq>;
+    /// Destroys a completion queue; on failure hands it back with the error.
+    fn destroy_cq(&self, cq: Self::Cq) -> Result<(), (Self::Cq, Error)>;
+    /// The number of entries the completion queue actually has.
+    fn cq_entries(&self, cq: &Self::Cq) -> u32;
+
+    /// Adds `gid` at `index` of port 1's GID table.
+    fn bind_gid(&self, index: u32, gid: Gid) -> Result<()>;
+    /// Removes the GID at `index`.
+    fn unbind_gid(&self, index: u32, gid: Gid) -> Result<()>;
+}
+
+/// A device opened for verbs: owns the provider; every object borrows it.
+pub struct Context<P: Provider> {
+    provider: P,
+}
+
+impl<P: Provider> Context<P> {
+    /// Wraps a device.
+    pub fn new(provider: P) -> Self {
+        Context { provider }
+    }
+
+    /// The device driver.
+    pub fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    /// Gives the device back (no object can be alive: they all borrow the context).
+    pub fn into_provider(self) -> P {
+        self.provider
+    }
+
+    /// The device's capabilities (`ibv_query_device`).
+    pub fn caps(&self) -> &DeviceCaps {
+        self.provider.caps()
+    }
+
+    /// Port attributes (`ibv_query_port`); ports are numbered from 1.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.provider.query_port(port)
+    }
+
+    /// A P_Key (`ibv_query_pkey`).
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.provider.query_pkey(port, index)
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain<'_, P>> {
+        // SAFETY: the PD is held by a ProtectionDomain borrowing this context; it is destroyed
+        // (or deliberately leaked) when that is dropped, before the context can be.
+        let raw = unsafe { self.provider.create_pd()? };
+        Ok(ProtectionDomain {
+            ctx: self,
+            raw: ManuallyDrop::new(raw),
+        })
+    }
+
+    /// Creates a completion queue of at least `entries` entries (`ibv_create_cq`); the actual
+    /// size is [`CompletionQueue::entries`].
+    pub fn create_cq(&self, entries: u32) -> Result<CompletionQueue<'_, P>> {
+        // SAFETY: as in `alloc_pd`: owned by a CompletionQueue that borrows this context.
+        let raw = unsafe { self.provider.create_cq(entries)? };
+        Ok(CompletionQueue {
+            ctx: self,
+            raw: ManuallyDrop::new(raw),
+        })
+    }
+
+    /// Adds `gid` to port 1's GID table at `index`; dropping the binding removes it.
+    pub fn bind_gid(&self, index: u32, gid: Gid) -> Result<GidBinding<'_, P>> {
+        self.provider.bind_gid(index, gid)?;
+        Ok(GidBinding {
+            ctx: self,
+            index,
+            gid,
+        })
+    }
+}
+
+/// Defines `destroy(self)` and a best-effort, never-panicking `Drop` for a verbs object.
+macro_rules! destroy_and_drop {
+    ($ty:ident, $destroy:ident, $what:literal) => {
+        impl<'c, P: Provider> $ty<'c, P> {
+            /// Destroys the object. When the device refuses, the object is handed back with the
+            /// error, unchanged, so the caller may retry.
+            pub fn destroy(mut self) -> Result<(), (Self, Error)> {
+                // SAFETY: `raw` is taken once; `self` is forgotten on success, or rebuilt
+                // around the returned raw object on failure, so it is never used again.
+                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+                let ctx = self.ctx;
+                core::mem::forget(self);
+                match ctx.provider.$destroy(raw) {
+                    Ok(()) => Ok(()),
+                    Err((raw, e)) => Err((
+                        $ty {
+                            ctx,
+                            raw: ManuallyDrop::new(raw),
+                        },
+                        e,
+                    )),
+                }
+            }
+        }
+
+        impl<P: Provider> Drop for $ty<'_, P> {
+            fn drop(&mut self) {
+                // SAFETY: `raw` is taken once, here, and `self` is gone afterwards.
+                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+                if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
+                    // The device may still use the object's memory: keep it from being reused.
+                    log::warn!(
+                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
+                        e
+                    );
+                    core::mem::forget(raw);
+                }
+            }
+        }
+    };
+}
+
+/// A protection domain (`ibv_pd`).
+pub struct ProtectionDomain<'c, P: Provider> {
+    ctx: &'c Context<P>,
+    raw: ManuallyDrop<P::Pd>,
+}
+
+impl<'c, P: Provider> ProtectionDomain<'c, P> {
+    /// The context it belongs to.
+    pub fn context(&self) -> &'c Context<P> {
+        self.ctx
+    }
+
+    /// The provider's object.
+    pub fn raw(&self) -> &P::Pd {
+        &self.raw
+    }
+}
+destroy_and_drop!(ProtectionDomain, destroy_pd, "protection domain");
+
+/// A completion queue (`ibv_cq`).
+pub struct CompletionQueue<'c, P: Provider> {
+    ctx: &'c Context<P>,
+    raw: ManuallyDrop<P::Cq>,
+}
+
+impl<'c, P: Provider> CompletionQueue<'c, P> {
+    /// The number of entries (≥ the request: devices round up).
+    pub fn entries(&self) -> u32 {
+        self.ctx.provider.cq_entries(&self.raw)
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &'c Context<P> {
+        self.ctx
+    }
+
+    /// The provider's object.
+    pub fn raw(&self) -> &P::Cq {
+        &self.raw
+    }
+}
+destroy_and_drop!(CompletionQueue, destroy_cq, "completion queue");
+
+/// A GID added to the port's table; removed when dropped.
+pub struct GidBinding<'c, P: Provider> {
+    ctx: &'c Context<P>,
+    index: u32,
+    gid: Gid,
+}
+
+impl<P: Provider> GidBinding<'_, P> {
+    /// The GID table index (the `sgid_index` to use in address vectors).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The GID.
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    /// Removes the GID, reporting failure (dropping does the same and only logs it).
+    pub fn unbind(self) -> Result<()> {
+        let r = self.ctx.provider.unbind_gid(self.index, self.gid);
+        core::mem::forget(self);
+        r
+    }
+}
+
+impl<P: Provider> Drop for GidBinding<'_, P> {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.provider.unbind_gid(self.index, self.gid) {
+            log::warn!("bareverbs: GID {} not unbound: {}", self.index, e);
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Shared helpers of the firmware-style tests: a model machine and a driver brought up on it.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use bareverbs::Context;
+use bareverbs::device::pvrdma::{Config, Pvrdma};
+use bareverbs_model::{Model, ModelConfig};
+
+pub type Ctx = Context<Pvrdma<Model>>;
+
+/// A poll bound small enough that a silent device fails fast in tests.
+pub const CONFIG: Config = Config { poll_limit: 10_000 };
+
+/// Pages the driver holds while a device is up and no object exists: the DSR, the command page,
+/// and two notification rings of 2 pages, each with a directory and a table page.
+pub const DEVICE_PAGES: usize = 1 + 1 + 2 * (2 + 2);
+
+pub fn model() -> Model {
+    Model::new(ModelConfig::default())
+}
+
+pub fn up(model: &Model) -> Ctx {
+    Context::new(Pvrdma::probe(model.clone(), model, CONFIG).expect("bring-up"))
+}
+
+/// The machine is clean: nothing QEMU would mishandle happened.
+pub fn assert_clean(model: &Model) {
+    let v = model.violations();
+    assert!(v.is_empty(), "violations: {v:#?}");
+}
+
+/// Tears the context down and checks that every DMA page came back and nothing went wrong.
+pub fn teardown(model: &Model, ctx: Ctx) {
+    drop(ctx);
+    assert_eq!(model.outstanding_pages(), 0, "DMA pages leaked");
+    assert!(!model.active(), "device not reset at teardown");
+    assert_clean(model);
+}

@@ -1,0 +1,161 @@
+//! The model's PCI configuration space: a host bridge at 00:00.0, function 0 of slot 0x10 (a
+//! vmxnet3 unless configured otherwise) and the PVRDMA at 00:10.1, with BARs that size as real
+//! ones do (Q-MAIN `pvrdma_realize`, `shared/pvrdma-abi.md` §1).
+
+use bareverbs_hal::PciAddress;
+
+use crate::{Fn0, ModelConfig};
+
+struct Func {
+    addr: (u8, u8, u8),
+    cfg: [u32; 64],
+    /// Size of each BAR (0: not implemented). A 64-bit BAR has its size in the low slot.
+    bar_size: [u64; 6],
+    bar64: [bool; 6],
+}
+
+impl Func {
+    fn new(addr: (u8, u8, u8), vendor: u16, device: u16, class: u32, multi: bool) -> Self {
+        let mut cfg = [0u32; 64];
+        cfg[0] = u32::from(vendor) | (u32::from(device) << 16);
+        cfg[2] = class << 8; // revision 0
+        cfg[3] = if multi { 0x80 << 16 } else { 0 };
+        Func {
+            addr,
+            cfg,
+            bar_size: [0; 6],
+            bar64: [false; 6],
+        }
+    }
+
+    fn bar(mut self, i: usize, addr: u64, size: u64, is64: bool) -> Self {
+        self.bar_size[i] = size;
+        self.bar64[i] = is64;
+        self.cfg[4 + i] = (addr as u32 & !0xF) | if is64 { 0x4 } else { 0 };
+        if is64 {
+            self.cfg[5 + i] = (addr >> 32) as u32;
+        }
+        self
+    }
+
+    fn decodes(&self) -> bool {
+        self.cfg[1] & 0x2 != 0
+    }
+}
+
+pub(crate) struct Pci {
+    funcs: Vec<Func>,
+}
+
+const PVRDMA: (u8, u8, u8) = crate::PVRDMA_ADDRESS;
+
+impl Pci {
+    pub(crate) fn new(cfg: &ModelConfig) -> Self {
+        let mut funcs = vec![Func::new((0, 0, 0), 0x8086, 0x29C0, 0x06_00_00, false)];
+        match cfg.fn0 {
+            Fn0::Vmxnet3 => funcs.push(
+                Func::new((0, 0x10, 0), 0x15AD, 0x07B0, 0x02_00_00, true)
+                    .bar(0, 0xFEB5_0000, 0x1000, false)
+                    .bar(1, 0xFEB5_1000, 0x1000, false),
+            ),
+            Fn0::Other => funcs.push(
+                Func::new((0, 0x10, 0), 0x8086, 0x100E, 0x02_00_00, true).bar(
+                    0,
+                    0xFEB6_0000,
+                    0x2_0000,
+                    false,
+                ),
+            ),
+            Fn0::Absent => {}
+        }
+        let mut pvrdma = Func::new(PVRDMA, 0x15AD, 0x0820, 0x02_80_00, false)
+            .bar(0, 0xFEB4_0000, 0x4000, false)
+            .bar(1, 0xFEB4_4000, 0x100, false);
+        pvrdma = if cfg.bar2_64bit {
+            pvrdma.bar(2, 0x80_0000_0000, 0x80_0000, true)
+        } else {
+            pvrdma.bar(2, 0xFE00_0000, 0x80_0000, false)
+        };
+        pvrdma.cfg[11] = 0x1100_1AF4; // subsystem: QEMU's default
+        pvrdma.cfg[15] = 0x0100; // interrupt pin INTA#
+        funcs.push(pvrdma);
+        Pci { funcs }
+    }
+
+    fn find(&self, a: PciAddress) -> Option<&Func> {
+        let key = (a.bus(), a.device(), a.function());
+        (a.segment() == 0).then_some(())?;
+        self.funcs.iter().find(|f| f.addr == key)
+    }
+
+    fn pvrdma(&self) -> &Func {
+        self.funcs
+            .iter()
+            .find(|f| f.addr == PVRDMA)
+            .expect("pvrdma")
+    }
+
+    pub(crate) fn read(&self, a: PciAddress, offset: u16) -> u32 {
+        match self.find(a) {
+            Some(f) if offset < 256 => f.cfg[usize::from(offset / 4)],
+            _ => u32::MAX,
+        }
+    }
+
+    pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Vec<String>) {
+        let key = (a.bus(), a.device(), a.function());
+        let Some(f) = self
+            .funcs
+            .iter_mut()
+            .find(|f| f.addr == key && a.segment() == 0)
+        else {
+            return;
+        };
+        let idx = usize::from(offset / 4);
+        match idx {
+            1 => f.cfg[1] = (f.cfg[1] & 0xFFFF_0000) | (value & 0xFFFF),
+            4..=9 => {
+                let bar = idx - 4;
+                if value == u32::MAX && f.decodes() && f.bar_size[bar] != 0 {
+                    v.push(format!(
+                        "BAR{bar} of {:?} sized with memory decoding on",
+                        f.addr
+                    ));
+                }
+                if f.bar_size[bar] != 0 {
+                    let mask = !(f.bar_size[bar] - 1) as u32 & !0xF;
+                    f.cfg[idx] = (value & mask) | if f.bar64[bar] { 0x4 } else { 0 };
+                } else if bar > 0 && f.bar64[bar - 1] {
+                    f.cfg[idx] = value & !((f.bar_size[bar - 1] - 1) >> 32) as u32;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn pvrdma_bar(&self, bar: usize) -> u64 {
+        let f = self.pvrdma();
+        let lo = u64::from(f.cfg[4 + bar] & !0xF);
+        if f.bar64[bar] {
+            lo | (u64::from(f.cfg[5 + bar]) << 32)
+        } else {
+            lo
+        }
+    }
+
+    pub(crate) fn pvrdma_bar_size(&self, bar: usize) -> u64 {
+        self.pvrdma().bar_size[bar]
+    }
+
+    pub(crate) fn pvrdma_command(&self) -> u16 {
+        self.pvrdma().cfg[1] as u16
+    }
+
+    pub(crate) fn pvrdma_decodes(&self) -> bool {
+        self.pvrdma().decodes()
+    }
+
+    pub(crate) fn pvrdma_bus_master(&self) -> bool {
+        self.pvrdma().cfg[1] & 0x4 != 0
+    }
+}
