@@ -173,6 +173,8 @@ pub enum Param {
     QpNumber,
     /// A packet sequence number (24 bits).
     Psn,
+    /// An IPv6 flow label (20 bits).
+    FlowLabel,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -185,6 +187,8 @@ pub enum Attr {
     DestQpn,
     /// The Q_Key.
     Qkey,
+    /// A bound source GID: the device needs one to reach RTR.
+    SourceGid,
 }
 
 /// What ran out, in an [`Error::Resource`].
@@ -323,7 +327,7 @@ pub enum Unsupported {
         bar: u8,
     },
     /// A queue pair type the device does not implement.
-    QpType,
+    QpType(crate::verbs::QpType),
     /// An optional feature of the verbs API (an `_ex` field, inline data, atomics…).
     Feature(Feature),
 }

@@ -7,10 +7,21 @@
 //! object back with the error when the device refuses, and a `Drop` that destroys on a best-effort
 //! basis and never panics.
 
+mod qp;
+mod qp_types;
 pub(crate) mod types;
 
 use core::mem::ManuallyDrop;
 
+pub use qp::{
+    ConnectedInit, ConnectedRtr, ConnectedRts, Datagram, DatagramInit, DatagramRts, ErrState, Gsi,
+    Init, QpBuilder, QueuePair, RawPacket, Rc, Reset, Rtr, Rts, SharedReceiveQueue, State,
+    Transport, Uc, Ud,
+};
+pub use qp_types::{
+    AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
+    QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
+};
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
 
 use crate::error::{Error, Result};
@@ -59,6 +70,58 @@ pub trait Provider {
     fn bind_gid(&self, index: u32, gid: Gid) -> Result<()>;
     /// Removes the GID at `index`.
     fn unbind_gid(&self, index: u32, gid: Gid) -> Result<()>;
+
+    /// A queue pair on the device.
+    type Qp;
+    /// A shared receive queue on the device.
+    type Srq;
+
+    /// The capacities a queue pair created with `init` would actually have, or why it cannot
+    /// be created (limits, unsupported types and features); touches nothing.
+    fn plan_qp(&self, init: &QpInit<'_>) -> Result<QpCaps>;
+    /// Creates a queue pair (in RESET).
+    ///
+    /// # Safety
+    ///
+    /// The PD, CQs and SRQ outlive the QP, and the QP is destroyed through
+    /// [`destroy_qp`](Self::destroy_qp) (or leaked) before the provider is dropped.
+    unsafe fn create_qp(
+        &self,
+        pd: &Self::Pd,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        srq: Option<&Self::Srq>,
+        init: &QpInit<'_>,
+    ) -> Result<Self::Qp>;
+    /// The QP number.
+    fn qp_num(&self, qp: &Self::Qp) -> u32;
+    /// The actual capacities.
+    fn qp_caps(&self, qp: &Self::Qp) -> QpCaps;
+    /// Applies a modify (the typestate layer has checked the transition and the limits).
+    fn modify_qp(&self, qp: &mut Self::Qp, attr: &ModifyAttr) -> Result<()>;
+    /// Queries a queue pair.
+    fn query_qp(&self, qp: &Self::Qp) -> Result<QpAttr>;
+    /// Destroys a queue pair; on failure hands it back with the error.
+    fn destroy_qp(&self, qp: Self::Qp) -> Result<(), (Self::Qp, Error)>;
+    /// Attaches a queue pair to a multicast group.
+    fn attach_mcast(&self, qp: &Self::Qp, gid: Gid, lid: u16) -> Result<()>;
+    /// Detaches a queue pair from a multicast group.
+    fn detach_mcast(&self, qp: &Self::Qp, gid: Gid, lid: u16) -> Result<()>;
+
+    /// The attributes a shared receive queue created with `attr` would actually have; touches
+    /// nothing.
+    fn plan_srq(&self, attr: &SrqAttr) -> Result<SrqAttr>;
+    /// Creates a shared receive queue.
+    ///
+    /// # Safety
+    ///
+    /// The PD outlives it, and it is destroyed through [`destroy_srq`](Self::destroy_srq) (or
+    /// leaked) before the provider is dropped.
+    unsafe fn create_srq(&self, pd: &Self::Pd, attr: &SrqAttr) -> Result<Self::Srq>;
+    /// The actual attributes.
+    fn srq_attr(&self, srq: &Self::Srq) -> SrqAttr;
+    /// Destroys a shared receive queue; on failure hands it back with the error.
+    fn destroy_srq(&self, srq: Self::Srq) -> Result<(), (Self::Srq, Error)>;
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.

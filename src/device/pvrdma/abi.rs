@@ -294,6 +294,198 @@ pub struct DestroyBind {
     pub reserved: u32,
 }
 
+/// QP types (L-VRB `enum pvrdma_qp_type`, IB numbering).
+pub mod qp_type {
+    pub const GSI: u8 = 1;
+    pub const RC: u8 = 2;
+    pub const UD: u8 = 4;
+}
+
+/// QP access flag LOCAL_WRITE (L-VRB `PVRDMA_ACCESS_LOCAL_WRITE`), what Linux sends at create.
+pub const ACCESS_LOCAL_WRITE: u32 = 1;
+/// ah_flags bit: the address has a GRH (L-VRB `PVRDMA_AH_GRH`).
+pub const AH_GRH: u8 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateQp {
+    pub hdr: CmdHdr,
+    pub pdir_dma: u64,
+    pub pd_handle: u32,
+    pub send_cq_handle: u32,
+    pub recv_cq_handle: u32,
+    pub srq_handle: u32,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub lkey: u32,
+    pub access_flags: u32,
+    pub total_chunks: u16,
+    pub send_chunks: u16,
+    pub max_atomic_arg: u16,
+    pub sq_sig_all: u8,
+    pub qp_type: u8,
+    pub is_srq: u8,
+    pub reserved: [u8; 3],
+}
+
+/// CREATE_QP response below version 20 (QEMU): the QP number is the handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateQpRespV1 {
+    pub hdr: RespHdr,
+    pub qpn: u32,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// CREATE_QP response from version 20: a separate handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateQpRespV2 {
+    pub hdr: RespHdr,
+    pub qpn: u32,
+    pub qp_handle: u32,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub reserved: u32,
+}
+
+/// Global route header of an address (L-VRB `pvrdma_global_route`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GlobalRoute {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reserved: u8,
+}
+
+/// Address attributes (L-VRB `pvrdma_ah_attr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AhAttr {
+    pub grh: GlobalRoute,
+    pub dlid: u16,
+    pub vlan_id: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub ah_flags: u8,
+    pub port_num: u8,
+    pub dmac: [u8; 6],
+    pub reserved: u8,
+}
+
+/// QP capacities (L-VRB `pvrdma_qp_cap`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub reserved: u32,
+}
+
+/// QP attributes (L-VRB `pvrdma_qp_attr`), 160 bytes. In QEMU's QUERY_QP answer only the
+/// fields up to `qp_access_flags` (offset 0x20) have this layout (§5.3).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QpAttr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub reserved: [u8; 5],
+    pub cap: QpCap,
+    pub ah_attr: AhAttr,
+    pub alt_ah_attr: AhAttr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModifyQp {
+    pub hdr: CmdHdr,
+    pub qp_handle: u32,
+    pub attr_mask: u32,
+    pub attrs: QpAttr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryQp {
+    pub hdr: CmdHdr,
+    pub qp_handle: u32,
+    pub attr_mask: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryQpResp {
+    pub hdr: RespHdr,
+    pub attrs: QpAttr,
+}
+
+/// SRQ attributes (L-VRB `pvrdma_srq_attr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateSrq {
+    pub hdr: CmdHdr,
+    pub pdir_dma: u64,
+    pub pd_handle: u32,
+    pub nchunks: u32,
+    pub attrs: SrqAttr,
+    pub srq_type: u8,
+    pub reserved: [u8; 7],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateSrqResp {
+    pub hdr: RespHdr,
+    pub srqn: u32,
+    pub reserved: u32,
+}
+
 pod!(
     RingPageInfo,
     Caps,
@@ -312,6 +504,19 @@ pod!(
     CreateCqResp,
     CreateBind,
     DestroyBind,
+    CreateQp,
+    CreateQpRespV1,
+    CreateQpRespV2,
+    GlobalRoute,
+    AhAttr,
+    QpCap,
+    QpAttr,
+    ModifyQp,
+    QueryQp,
+    QueryQpResp,
+    SrqAttr,
+    CreateSrq,
+    CreateSrqResp,
 );
 
 macro_rules! assert_size {
@@ -335,7 +540,31 @@ assert_size!(
     CreateCqResp => 24,
     CreateBind => 48,
     DestroyBind => 40,
+    CreateQp => 80,
+    CreateQpRespV1 => 40,
+    CreateQpRespV2 => 48,
+    GlobalRoute => 24,
+    AhAttr => 40,
+    QpCap => 24,
+    QpAttr => 160,
+    ModifyQp => 184,
+    QueryQp => 24,
+    QueryQpResp => 176,
+    SrqAttr => 16,
+    CreateSrq => 56,
+    CreateSrqResp => 24,
 );
+const _: () = assert!(core::mem::offset_of!(CreateQp, total_chunks) == 0x44);
+const _: () = assert!(core::mem::offset_of!(CreateQp, is_srq) == 0x4C);
+const _: () = assert!(core::mem::offset_of!(QpAttr, cap) == 0x38);
+const _: () = assert!(core::mem::offset_of!(QpAttr, ah_attr) == 0x50);
+const _: () = assert!(core::mem::offset_of!(QpAttr, timeout) == 0x2E);
+const _: () = assert!(core::mem::offset_of!(AhAttr, ah_flags) == 0x1F);
+const _: () = assert!(core::mem::offset_of!(AhAttr, dmac) == 0x21);
+const _: () = assert!(core::mem::offset_of!(ModifyQp, attrs) == 0x18);
+const _: () = assert!(core::mem::offset_of!(CreateSrq, srq_type) == 0x30);
+const _: () = assert!(size_of::<ModifyQp>() == CMD_SLOT_SIZE);
+const _: () = assert!(size_of::<QueryQpResp>() == RESP_SLOT_SIZE);
 const _: () = assert!(core::mem::offset_of!(Dsr, caps) == DSR_CAPS_OFFSET);
 const _: () = assert!(core::mem::offset_of!(Dsr, uar_pfn64) == 0x40);
 const _: () = assert!(core::mem::offset_of!(Caps, max_qp) == 0x4C);

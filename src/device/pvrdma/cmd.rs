@@ -30,8 +30,10 @@ macro_rules! messages {
 }
 use super::abi::*;
 messages!(
-    requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind;
-    responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp
+    requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind,
+        CreateQp, ModifyQp, QueryQp, CreateSrq;
+    responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp,
+        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp
 );
 
 /// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie.

@@ -14,7 +14,10 @@
 mod abi;
 mod cmd;
 mod pdir;
+mod qp;
 pub mod regs;
+
+pub use qp::{Qp, Srq};
 
 use core::mem::offset_of;
 use core::sync::atomic::{Ordering, fence};
@@ -26,10 +29,13 @@ use self::cmd::Channel;
 use self::pdir::QueueMem;
 use self::regs::{BAR_REGS, BAR_UAR, ctl, reg};
 use crate::error::{
-    DeviceStatus, EBUSY, Error, NotFound, Object, Op, Param, Resource, Result, Unsupported,
+    DeviceStatus, EBUSY, Error, Feature, NotFound, Object, Op, Param, Resource, Result, Unsupported,
 };
 use crate::pci;
-use crate::verbs::{DeviceCaps, Gid, Mtu, PortAttr, PortState, Provider, types::bad_value};
+use crate::verbs::{
+    DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpInit,
+    SrqAttr, types::bad_value,
+};
 
 /// Bring-up options.
 #[derive(Clone, Copy, Debug)]
@@ -76,7 +82,21 @@ struct State<H: Hal> {
     chan: Channel<H>,
     pds: u32,
     cqs: u32,
+    qps: u32,
+    srqs: u32,
+    /// Whether the GSI QP (QP1) exists.
+    gsi: bool,
     gids: [u64; 4],
+}
+
+impl<H: Hal> State<H> {
+    fn gid_bound(&self, index: u32) -> bool {
+        index < 256 && self.gids[index as usize / 64] & (1 << (index % 64)) != 0
+    }
+
+    fn lowest_gid(&self) -> Option<u32> {
+        (0..256).find(|&i| self.gid_bound(i))
+    }
 }
 
 /// A protection domain handle on a PVRDMA device.
@@ -206,6 +226,9 @@ impl<H: Hal> Pvrdma<H> {
                 chan,
                 pds: 0,
                 cqs: 0,
+                qps: 0,
+                srqs: 0,
+                gsi: false,
                 gids: [0; 4],
             }),
             dsr,
@@ -386,6 +409,74 @@ impl<H: Hal> Drop for Pvrdma<H> {
 impl<H: Hal> Provider for Pvrdma<H> {
     type Pd = Pd;
     type Cq = Cq<H>;
+    type Qp = Qp<H>;
+    type Srq = Srq<H>;
+
+    fn plan_qp(&self, init: &QpInit<'_>) -> Result<QpCaps> {
+        let (sq, rq) = self.qp_layout(init)?;
+        Ok(Self::caps_of(&sq, &rq))
+    }
+
+    unsafe fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq<H>,
+        recv_cq: &Cq<H>,
+        srq: Option<&Srq<H>>,
+        init: &QpInit<'_>,
+    ) -> Result<Qp<H>> {
+        self.create_qp_impl(pd, send_cq, recv_cq, srq, init)
+    }
+
+    fn qp_num(&self, qp: &Qp<H>) -> u32 {
+        Self::qp_num_of(qp)
+    }
+
+    fn qp_caps(&self, qp: &Qp<H>) -> QpCaps {
+        Self::qp_caps_of(qp)
+    }
+
+    fn modify_qp(&self, qp: &mut Qp<H>, attr: &ModifyAttr) -> Result<()> {
+        self.modify_qp_impl(qp, attr)
+    }
+
+    fn query_qp(&self, qp: &Qp<H>) -> Result<QpAttr> {
+        self.query_qp_impl(qp)
+    }
+
+    fn destroy_qp(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+        self.destroy_qp_impl(qp)
+    }
+
+    fn attach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
+        // PVRDMA has no multicast command (max_mcast_grp = 0 on QEMU).
+        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    }
+
+    fn detach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
+        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    }
+
+    fn plan_srq(&self, attr: &SrqAttr) -> Result<SrqAttr> {
+        let l = self.srq_layout(attr)?;
+        Ok(SrqAttr {
+            max_wr: l.slots,
+            max_sge: l.sge,
+            srq_limit: attr.srq_limit,
+        })
+    }
+
+    unsafe fn create_srq(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
+        self.create_srq_impl(pd, attr)
+    }
+
+    fn srq_attr(&self, srq: &Srq<H>) -> SrqAttr {
+        Self::srq_attr_of(srq)
+    }
+
+    fn destroy_srq(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
+        self.destroy_srq_impl(srq)
+    }
 
     fn caps(&self) -> &DeviceCaps {
         &self.caps

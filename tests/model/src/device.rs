@@ -107,11 +107,51 @@ struct Cq {
     pages: Vec<u64>,
 }
 
+/// A queue pair as the model keeps it: QEMU's record (`state`) and the host QP behind it
+/// (`host_state`, `qkey`, PSNs…), which only INIT/RTR/RTS reach (§8.3).
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: u8,
+    pd: u32,
+    scq: u32,
+    rcq: u32,
+    srq: Option<u32>,
+    pages: Vec<u64>,
+    pub(crate) state: u32,
+    pub(crate) host_state: u32,
+    pub(crate) qkey: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) dest_qpn: u32,
+    pub(crate) sgid_index: u8,
+    pub(crate) dgid: [u8; 16],
+    pub(crate) caps: [u32; 5],
+    pub(crate) sq_sig_all: bool,
+}
+
+struct Srq {
+    pd: u32,
+    pages: Vec<u64>,
+}
+
+const QPT_SMI: u8 = 0;
+const QPT_GSI: u8 = 1;
+const QPT_RC: u8 = 2;
+const QPT_UD: u8 = 4;
+const QPS_RESET: u32 = 0;
+const QPS_INIT: u32 = 1;
+const QPS_RTR: u32 = 2;
+const QPS_RTS: u32 = 3;
+const MASK_STATE: u32 = 1 << 0;
+const MASK_QKEY: u32 = 1 << 6;
+
 /// Live objects in the device's tables.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ObjectCounts {
     pub pds: usize,
     pub cqs: usize,
+    pub qps: usize,
+    pub srqs: usize,
     pub gids: usize,
 }
 
@@ -123,6 +163,9 @@ pub(crate) struct Device {
     ring_pages: Vec<u64>,
     pds: Vec<bool>,
     cqs: Vec<Option<Cq>>,
+    pub(crate) qps: Vec<Option<Qp>>,
+    srqs: Vec<Option<Srq>>,
+    next_qpn: u32,
     pub(crate) gids: Vec<Option<[u8; 16]>>,
     pub(crate) commands: u64,
     pub(crate) fail_at: Option<(u64, u32)>,
@@ -166,6 +209,9 @@ impl Device {
             ring_pages: Vec::new(),
             pds: Vec::new(),
             cqs: Vec::new(),
+            qps: Vec::new(),
+            srqs: Vec::new(),
+            next_qpn: 0x11,
             gids: vec![None; 255],
             commands: 0,
             fail_at: None,
@@ -180,6 +226,8 @@ impl Device {
         ObjectCounts {
             pds: self.pds.iter().filter(|&&b| b).count(),
             cqs: self.cqs.iter().flatten().count(),
+            qps: self.qps.iter().flatten().count(),
+            srqs: self.srqs.iter().flatten().count(),
             gids: self.gids.iter().flatten().count(),
         }
     }
@@ -191,6 +239,12 @@ impl Device {
         let mut add = |pa: u64| v.push((pa, pa + PAGE));
         for cq in self.cqs.iter().flatten() {
             cq.pages.iter().copied().for_each(&mut add);
+        }
+        for qp in self.qps.iter().flatten() {
+            qp.pages.iter().copied().for_each(&mut add);
+        }
+        for srq in self.srqs.iter().flatten() {
+            srq.pages.iter().copied().for_each(&mut add);
         }
         if let (Some(l), true) = (self.loaded, self.active) {
             for pa in [l.dsr, l.cmd, l.resp] {
@@ -415,7 +469,14 @@ impl Device {
             }
             3 => {
                 // DESTROY_PD: always succeeds
-                if let Some(p) = self.pds.get_mut(le32(req, 0x10) as usize) {
+                let h = le32(req, 0x10);
+                if self.qps.iter().flatten().any(|q| q.pd == h)
+                    || self.srqs.iter().flatten().any(|s| s.pd == h)
+                {
+                    ctx.violations
+                        .push(format!("PD {h} destroyed while a QP or SRQ uses it"));
+                }
+                if let Some(p) = self.pds.get_mut(h as usize) {
                     *p = false;
                 }
                 Ok(())
@@ -424,6 +485,15 @@ impl Device {
             8 => {
                 // DESTROY_CQ
                 let h = le32(req, 0x10) as usize;
+                if self
+                    .qps
+                    .iter()
+                    .flatten()
+                    .any(|q| q.scq as usize == h || q.rcq as usize == h)
+                {
+                    ctx.violations
+                        .push(format!("CQ {h} destroyed while a QP uses it"));
+                }
                 match self.cqs.get_mut(h) {
                     Some(slot @ Some(_)) => {
                         *slot = None;
@@ -449,6 +519,31 @@ impl Device {
                 }
                 self.gids[index] = None;
                 Ok(())
+            }
+            9 => self.create_qp(ctx, req, resp),
+            10 => self.modify_qp(ctx, req),
+            11 => self.query_qp(req, resp),
+            12 => {
+                // DESTROY_QP (events_reported is left stale, as QEMU does)
+                let i = self.qp_index(le32(req, 0x10)).ok_or(EINVAL)?;
+                self.qps[i] = None;
+                Ok(())
+            }
+            17 => self.create_srq(ctx, req, resp),
+            20 => {
+                // DESTROY_SRQ
+                let h = le32(req, 0x10);
+                if self.qps.iter().flatten().any(|q| q.srq == Some(h)) {
+                    ctx.violations
+                        .push(format!("SRQ {h} destroyed while a QP uses it"));
+                }
+                match self.srqs.get_mut(h as usize) {
+                    Some(slot @ Some(_)) => {
+                        *slot = None;
+                        Ok(())
+                    }
+                    _ => Err(EINVAL),
+                }
             }
             other => {
                 ctx.violations
@@ -480,6 +575,254 @@ impl Device {
         self.cqs[slot] = Some(Cq { pages });
         put32(resp, 0x10, slot as u32);
         put32(resp, 0x14, cqe);
+        Ok(())
+    }
+}
+
+/// Maps a ring as QEMU's `pvrdma_ring_init` would and checks what QEMU does not: that the
+/// element count is a power of two and the pages hold `elems` WQEs of the stride QEMU derives.
+fn check_ring(v: &mut Vec<String>, what: &str, elems: u32, hdr: u32, sge: u32, pages: u32) {
+    // QEMU: pow2ceil(hdr + 16 * sge - 1).
+    let stride = u64::from((hdr + 16 * sge - 1).next_power_of_two());
+    if !elems.is_power_of_two() {
+        v.push(format!("{what}: {elems} elements is not a power of two"));
+    }
+    if u64::from(elems) * stride > u64::from(pages) * PAGE {
+        v.push(format!(
+            "{what}: {elems} x {stride} B in {pages} pages: QEMU would index out of bounds"
+        ));
+    }
+}
+
+impl Device {
+    fn qp_index(&self, qpn: u32) -> Option<usize> {
+        self.qps
+            .iter()
+            .position(|q| q.as_ref().is_some_and(|q| q.qpn == qpn))
+    }
+
+    fn cq_live(&self, h: u32) -> bool {
+        matches!(self.cqs.get(h as usize), Some(Some(_)))
+    }
+
+    fn create_qp(&mut self, ctx: &mut Ctx<'_>, req: &[u8], resp: &mut [u8]) -> Result<(), u32> {
+        let caps = ctx.cfg.caps;
+        let (pd, scq, rcq, srq_h) = (
+            le32(req, 0x18),
+            le32(req, 0x1C),
+            le32(req, 0x20),
+            le32(req, 0x24),
+        );
+        let wr = [
+            le32(req, 0x28),
+            le32(req, 0x2C),
+            le32(req, 0x30),
+            le32(req, 0x34),
+            le32(req, 0x38),
+        ];
+        let total = u32::from(u16::from_le_bytes([req[0x44], req[0x45]]));
+        let send = u32::from(u16::from_le_bytes([req[0x46], req[0x47]]));
+        let (sq_sig_all, qp_type, is_srq) = (req[0x4A] != 0, req[0x4B], req[0x4C] != 0);
+        // create_qp_rings
+        let recv = total.saturating_sub(send + 1);
+        if send == 0 || send > MAX_CHUNKS || (!is_srq && (recv == 0 || recv > MAX_CHUNKS)) {
+            return Err(EINVAL);
+        }
+        let pages = ctx.map_pdir(le64(req, 0x10), total).ok_or(EINVAL)?;
+        check_ring(ctx.violations, "SQ", wr[0], 80, wr[2], send);
+        if !is_srq {
+            check_ring(ctx.violations, "RQ", wr[1], 16, wr[3], recv);
+        }
+        // rdma_rm_alloc_qp
+        if !matches!(self.pds.get(pd as usize), Some(true))
+            || !self.cq_live(scq)
+            || !self.cq_live(rcq)
+        {
+            return Err(EINVAL);
+        }
+        if is_srq && !matches!(self.srqs.get(srq_h as usize), Some(Some(_))) {
+            return Err(EINVAL);
+        }
+        if wr[2] > caps.max_sge
+            || wr[3] > caps.max_sge
+            || wr[0] > caps.max_qp_wr.next_power_of_two()
+        {
+            return Err(EIO); // the host refuses
+        }
+        let qpn = match qp_type {
+            QPT_RC | QPT_UD | QPT_SMI => {
+                self.next_qpn += 1;
+                self.next_qpn - 1
+            }
+            QPT_GSI => {
+                if self.qps.iter().flatten().any(|q| q.qp_type == QPT_GSI) {
+                    ctx.violations
+                        .push("a second GSI QP: QEMU would register QP1 twice".into());
+                }
+                1
+            }
+            _ => return Err(EIO),
+        };
+        let slot = alloc_slot(&mut self.qps, caps.max_qp, "QP", ctx.violations).ok_or(ENOMEM)?;
+        self.qps[slot] = Some(Qp {
+            qpn,
+            qp_type,
+            pd,
+            scq,
+            rcq,
+            srq: is_srq.then_some(srq_h),
+            pages,
+            state: QPS_RESET,
+            host_state: QPS_RESET,
+            qkey: 0,
+            sq_psn: 0,
+            rq_psn: 0,
+            dest_qpn: 0,
+            sgid_index: 0,
+            dgid: [0; 16],
+            caps: wr,
+            sq_sig_all,
+        });
+        put32(resp, 0x10, qpn);
+        let caps_at = if ctx.cfg.version >= 20 {
+            put32(resp, 0x14, qpn); // qp_handle: QEMU's handle is the QP number
+            0x18
+        } else {
+            0x14
+        };
+        for (i, v) in wr.iter().enumerate() {
+            put32(resp, caps_at + 4 * i, *v);
+        }
+        Ok(())
+    }
+
+    fn modify_qp(&mut self, ctx: &mut Ctx<'_>, req: &[u8]) -> Result<(), u32> {
+        let i = self.qp_index(le32(req, 0x10)).ok_or(EINVAL)?;
+        let mask = le32(req, 0x14);
+        let gids = self.gids.clone();
+        let qp = self.qps[i].as_mut().expect("indexed");
+        match qp.qp_type {
+            QPT_SMI => return Err(1),
+            QPT_GSI => return Ok(()),
+            _ => {}
+        }
+        if mask & MASK_STATE == 0 {
+            return Ok(());
+        }
+        let a = 0x18;
+        let target = le32(req, a);
+        let qkey = le32(req, a + 0x10);
+        let use_qkey = mask & MASK_QKEY != 0;
+        qp.state = target;
+        // The host QP takes only INIT/RTR/RTS, and only along ibverbs' legal transitions.
+        let host_ok = |from: u32, to: u32| {
+            matches!(
+                (from, to),
+                (QPS_RESET | QPS_INIT, QPS_INIT)
+                    | (QPS_INIT, QPS_RTR)
+                    | (QPS_RTR | QPS_RTS, QPS_RTS)
+            )
+        };
+        match target {
+            QPS_INIT => {
+                if !host_ok(qp.host_state, target) {
+                    return Err(EIO);
+                }
+                if qp.qp_type == QPT_UD {
+                    qp.qkey = qkey;
+                }
+                qp.host_state = target;
+            }
+            QPS_RTR => {
+                let sgid = req[a + 0x50 + 0x14];
+                // A guest GID index maps to a backend index >= 1 only if it was bound.
+                if gids.get(usize::from(sgid)).copied().flatten().is_none() {
+                    return Err(EIO);
+                }
+                if !host_ok(qp.host_state, target) {
+                    return Err(EIO);
+                }
+                qp.sgid_index = sgid;
+                if qp.qp_type == QPT_RC {
+                    qp.dest_qpn = le32(req, a + 0x1C);
+                    qp.rq_psn = le32(req, a + 0x14);
+                    qp.dgid = req[a + 0x50..a + 0x60].try_into().expect("16 bytes");
+                } else if use_qkey {
+                    qp.qkey = qkey;
+                }
+                qp.host_state = target;
+            }
+            QPS_RTS => {
+                if !host_ok(qp.host_state, target) {
+                    return Err(EIO);
+                }
+                qp.sq_psn = le32(req, a + 0x18);
+                if qp.qp_type == QPT_UD && use_qkey {
+                    qp.qkey = qkey;
+                }
+                qp.host_state = target;
+            }
+            _ => {} // RESET, ERR, SQD, SQE: recorded only
+        }
+        let _ = ctx;
+        Ok(())
+    }
+
+    fn query_qp(&mut self, req: &[u8], resp: &mut [u8]) -> Result<(), u32> {
+        let i = self.qp_index(le32(req, 0x10)).ok_or(EINVAL)?;
+        let qp = self.qps[i].as_ref().expect("indexed");
+        // The host's struct ibv_qp_attr layout (§5.3).
+        let state = if qp.qp_type == QPT_GSI {
+            QPS_RTS
+        } else {
+            qp.host_state
+        };
+        let mtu = if qp.qp_type == QPT_RC && qp.host_state >= QPS_RTR {
+            3
+        } else {
+            0
+        };
+        for (off, v) in [
+            (0x10, state),
+            (0x14, state),
+            (0x18, mtu),
+            (0x1C, 0),
+            (0x20, qp.qkey),
+            (0x24, qp.rq_psn),
+            (0x28, qp.sq_psn),
+            (0x2C, qp.dest_qpn),
+            (0x30, 0),
+        ] {
+            put32(resp, off, v);
+        }
+        // Then the host's ibv_qp_cap and ibv_ah_attr, which do not line up with PVRDMA's
+        // fields: a driver reading PVRDMA's `cap` at 0x48 gets these bytes.
+        for (k, v) in qp.caps.iter().enumerate() {
+            put32(resp, 0x34 + 4 * k, *v);
+        }
+        resp[0x48..].fill(0x5A);
+        Ok(())
+    }
+
+    fn create_srq(&mut self, ctx: &mut Ctx<'_>, req: &[u8], resp: &mut [u8]) -> Result<(), u32> {
+        let pd = le32(req, 0x18);
+        let nchunks = le32(req, 0x1C);
+        let (max_wr, max_sge) = (le32(req, 0x20), le32(req, 0x24));
+        if nchunks == 0 || nchunks > MAX_CHUNKS {
+            return Err(EINVAL);
+        }
+        let pages = ctx.map_pdir(le64(req, 0x10), nchunks).ok_or(EINVAL)?;
+        check_ring(ctx.violations, "SRQ", max_wr, 16, max_sge, nchunks - 1);
+        if !matches!(self.pds.get(pd as usize), Some(true)) {
+            return Err(EINVAL);
+        }
+        let caps = ctx.cfg.caps;
+        if max_wr > caps.max_srq_wr.next_power_of_two() || max_sge > caps.max_srq_sge {
+            return Err(EIO);
+        }
+        let slot = alloc_slot(&mut self.srqs, caps.max_srq, "SRQ", ctx.violations).ok_or(ENOMEM)?;
+        self.srqs[slot] = Some(Srq { pd, pages });
+        put32(resp, 0x10, slot as u32);
         Ok(())
     }
 }

@@ -32,6 +32,26 @@ pub use device::ObjectCounts;
 use mem::Memory;
 use pci::Pci;
 
+/// The model's view of one QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpView {
+    /// PVRDMA type number (1 GSI, 2 RC, 4 UD).
+    pub qp_type: u8,
+    /// The state QEMU recorded.
+    pub state: u32,
+    /// The host QP's state (only INIT/RTR/RTS reach it).
+    pub host_state: u32,
+    pub qkey: u32,
+    pub sq_psn: u32,
+    pub rq_psn: u32,
+    pub dest_qpn: u32,
+    pub sgid_index: u8,
+    pub dgid: [u8; 16],
+    pub sq_sig_all: bool,
+    /// max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data as created.
+    pub caps: [u32; 5],
+}
+
 /// What sits at function 0 of the PVRDMA's slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fn0 {
@@ -263,6 +283,30 @@ impl Model {
     /// The PCI command register of the PVRDMA function.
     pub fn pci_command(&self) -> u16 {
         self.lock().pci.pvrdma_command()
+    }
+
+    /// What the model knows of the QP numbered `qpn`: (recorded state, host state, qkey,
+    /// sq_psn, rq_psn, dest_qpn, sgid_index, sq_sig_all, caps as created).
+    pub fn qp(&self, qpn: u32) -> Option<QpView> {
+        let g = self.lock();
+        g.dev
+            .qps
+            .iter()
+            .flatten()
+            .find(|q| q.qpn == qpn)
+            .map(|q| QpView {
+                qp_type: q.qp_type,
+                state: q.state,
+                host_state: q.host_state,
+                qkey: q.qkey,
+                sq_psn: q.sq_psn,
+                rq_psn: q.rq_psn,
+                dest_qpn: q.dest_qpn,
+                sgid_index: q.sgid_index,
+                dgid: q.dgid,
+                sq_sig_all: q.sq_sig_all,
+                caps: q.caps,
+            })
     }
 
     /// The GID bound at `index`, if any.

@@ -1,0 +1,572 @@
+//! Queue pairs and shared receive queues on PVRDMA: sizing as the device computes it, and the
+//! CREATE/MODIFY/QUERY/DESTROY_QP and CREATE/DESTROY_SRQ commands.
+//!
+//! Sizing (L-QP `pvrdma_set_sq_size`/`pvrdma_set_rq_size`, Q-CMD `create_qp_rings`,
+//! `shared/pvrdma-abi.md` §6, §8.4): work-request counts are powers of two (at least 1);
+//! scatter/gather counts at least 1; send WQE stride pow2(80 + 16·sge), receive stride
+//! pow2(16 + 16·sge); each queue's data pages ≤ 128 (QEMU), SRQ pages ≤ 128 including its
+//! ring-state page. Page 0 of a QP's memory is the ring state (SQ at +0, RQ at +8), then the
+//! send pages, then the receive pages.
+
+use bareverbs_hal::{Hal, PAGE_SIZE};
+
+use super::abi::{self, opcode};
+use super::pdir::QueueMem;
+use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, outcome_unknown, quarantine_if_unknown, regs};
+use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
+use crate::verbs::types::bad_value;
+use crate::verbs::{
+    AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, SrqAttr,
+};
+
+/// Send WQE header size (L-ABI `pvrdma_sq_wqe_hdr`).
+const SQ_WQE_HDR: u32 = 80;
+/// Receive WQE header size (L-ABI `pvrdma_rq_wqe_hdr`).
+const RQ_WQE_HDR: u32 = 16;
+/// Scatter/gather entry size (L-ABI `pvrdma_sge`).
+const SGE_SIZE: u32 = 16;
+
+/// Where each queue of a QP lives and how big it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QueueLayout {
+    /// Ring slots (a power of two; 0 for an absent receive queue).
+    pub(crate) slots: u32,
+    /// Scatter/gather entries per WQE.
+    pub(crate) sge: u32,
+    /// Bytes per WQE.
+    pub(crate) stride: u32,
+    /// Data pages.
+    pub(crate) pages: u32,
+}
+
+impl QueueLayout {
+    fn empty() -> Self {
+        QueueLayout {
+            slots: 0,
+            sge: 0,
+            stride: 0,
+            pages: 0,
+        }
+    }
+}
+
+/// Lays out one work queue of `wr` requests of `sge` entries with `hdr`-byte headers, within
+/// `max_wr`, `max_sge` and `max_pages` data pages; errors name the parameter and its limit.
+fn layout(
+    (wr, wr_param, max_wr): (u32, Param, u32),
+    (sge, sge_param, max_sge): (u32, Param, u32),
+    hdr: u32,
+    max_pages: u32,
+) -> Result<QueueLayout> {
+    if sge > max_sge {
+        return Err(Error::invalid(sge_param, sge, max_sge));
+    }
+    let sge = sge.max(1);
+    let stride = (hdr + SGE_SIZE * sge).next_power_of_two();
+    // The most requests whose (power-of-two) ring fits the page limit.
+    let fit = super::prev_power_of_two(max_pages * PAGE_SIZE as u32 / stride);
+    let limit = max_wr.min(fit);
+    if wr > limit {
+        return Err(Error::invalid(wr_param, wr, limit));
+    }
+    let slots = wr.max(1).next_power_of_two();
+    Ok(QueueLayout {
+        slots,
+        sge,
+        stride,
+        pages: (slots * stride).div_ceil(PAGE_SIZE as u32),
+    })
+}
+
+/// A queue pair on a PVRDMA device.
+pub struct Qp<H: Hal> {
+    handle: u32,
+    qpn: u32,
+    qp_type: QpType,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
+    state: QpState,
+    pub(crate) sq: QueueLayout,
+    pub(crate) rq: QueueLayout,
+    mem: QueueMem<H>,
+}
+
+impl<H: Hal> Qp<H> {
+    /// The device's handle (the QP number on devices below version 20).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Pages of ring memory, the ring-state page included.
+    pub fn pages(&self) -> usize {
+        self.mem.data.pages()
+    }
+
+    /// Send and receive queue data pages, as the device was told.
+    pub fn queue_pages(&self) -> (u32, u32) {
+        (self.sq.pages, self.rq.pages)
+    }
+
+    /// Send and receive WQE strides in bytes.
+    pub fn strides(&self) -> (u32, u32) {
+        (self.sq.stride, self.rq.stride)
+    }
+}
+
+/// A shared receive queue on a PVRDMA device.
+pub struct Srq<H: Hal> {
+    handle: u32,
+    attr: SrqAttr,
+    pub(crate) layout: QueueLayout,
+    mem: QueueMem<H>,
+}
+
+impl<H: Hal> Srq<H> {
+    /// The device's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Pages of ring memory, the ring-state page included.
+    pub fn pages(&self) -> usize {
+        self.mem.data.pages()
+    }
+
+    /// WQE stride in bytes.
+    pub fn stride(&self) -> u32 {
+        self.layout.stride
+    }
+}
+
+fn pvrdma_qp_type(t: QpType) -> Result<u8> {
+    match t {
+        QpType::Rc => Ok(abi::qp_type::RC),
+        QpType::Ud => Ok(abi::qp_type::UD),
+        QpType::Gsi => Ok(abi::qp_type::GSI),
+        // UC makes QEMU answer EIO; raw and XRC QPs do not exist on PVRDMA (§8.1).
+        other => Err(Error::Unsupported(Unsupported::QpType(other))),
+    }
+}
+
+/// PVRDMA's attribute-mask bits (L-VRB `enum pvrdma_qp_attr_mask`): IB numbering.
+fn pvrdma_mask(m: QpAttrMask) -> u32 {
+    const MAP: [(QpAttrMask, u32); 21] = [
+        (QpAttrMask::STATE, 1 << 0),
+        (QpAttrMask::CUR_STATE, 1 << 1),
+        (QpAttrMask::EN_SQD_ASYNC_NOTIFY, 1 << 2),
+        (QpAttrMask::ACCESS_FLAGS, 1 << 3),
+        (QpAttrMask::PKEY_INDEX, 1 << 4),
+        (QpAttrMask::PORT, 1 << 5),
+        (QpAttrMask::QKEY, 1 << 6),
+        (QpAttrMask::AV, 1 << 7),
+        (QpAttrMask::PATH_MTU, 1 << 8),
+        (QpAttrMask::TIMEOUT, 1 << 9),
+        (QpAttrMask::RETRY_CNT, 1 << 10),
+        (QpAttrMask::RNR_RETRY, 1 << 11),
+        (QpAttrMask::RQ_PSN, 1 << 12),
+        (QpAttrMask::MAX_QP_RD_ATOMIC, 1 << 13),
+        (QpAttrMask::ALT_PATH, 1 << 14),
+        (QpAttrMask::MIN_RNR_TIMER, 1 << 15),
+        (QpAttrMask::SQ_PSN, 1 << 16),
+        (QpAttrMask::MAX_DEST_RD_ATOMIC, 1 << 17),
+        (QpAttrMask::PATH_MIG_STATE, 1 << 18),
+        (QpAttrMask::CAP, 1 << 19),
+        (QpAttrMask::DEST_QPN, 1 << 20),
+    ];
+    MAP.iter()
+        .filter(|(f, _)| m.contains(*f))
+        .fold(0, |acc, (_, b)| acc | b)
+}
+
+/// PVRDMA's access bits (L-VRB `enum pvrdma_access_flags`).
+fn pvrdma_access(a: AccessFlags) -> u32 {
+    const MAP: [(AccessFlags, u32); 5] = [
+        (AccessFlags::LOCAL_WRITE, 1 << 0),
+        (AccessFlags::REMOTE_WRITE, 1 << 1),
+        (AccessFlags::REMOTE_READ, 1 << 2),
+        (AccessFlags::REMOTE_ATOMIC, 1 << 3),
+        (AccessFlags::MW_BIND, 1 << 4),
+    ];
+    MAP.iter()
+        .filter(|(f, _)| a.contains(*f))
+        .fold(0, |acc, (_, b)| acc | b)
+}
+
+impl<H: Hal> Pvrdma<H> {
+    /// The queue layouts a QP created with `init` gets, or why it cannot be created.
+    pub(crate) fn qp_layout(&self, init: &QpInit<'_>) -> Result<(QueueLayout, QueueLayout)> {
+        pvrdma_qp_type(init.qp_type)?;
+        let ex = &init.ex;
+        let unsupported = |f| Err(Error::Unsupported(Unsupported::Feature(f)));
+        if !ex.create_flags.is_empty() {
+            return unsupported(Feature::CreateFlags);
+        }
+        if ex.source_qpn.is_some() {
+            return unsupported(Feature::SourceQpn);
+        }
+        if ex.rx_hash.is_some() {
+            return unsupported(Feature::Rss);
+        }
+        if ex.max_tso_header != 0 {
+            return unsupported(Feature::Tso);
+        }
+        if ex.xrcd.is_some() {
+            return unsupported(Feature::Xrc);
+        }
+        // PVRDMA has no inline data (L-QP forces it to 0): refuse rather than under-deliver.
+        if init.caps.max_inline_data != 0 {
+            return unsupported(Feature::InlineData);
+        }
+        let c = &self.caps;
+        let sq = layout(
+            (init.caps.max_send_wr, Param::MaxSendWr, c.max_qp_wr),
+            (init.caps.max_send_sge, Param::MaxSendSge, c.max_sge),
+            SQ_WQE_HDR,
+            MAX_RING_PAGES,
+        )?;
+        let rq = if init.has_srq {
+            QueueLayout::empty()
+        } else {
+            layout(
+                (init.caps.max_recv_wr, Param::MaxRecvWr, c.max_qp_wr),
+                (init.caps.max_recv_sge, Param::MaxRecvSge, c.max_sge),
+                RQ_WQE_HDR,
+                MAX_RING_PAGES,
+            )?
+        };
+        Ok((sq, rq))
+    }
+
+    pub(crate) fn caps_of(sq: &QueueLayout, rq: &QueueLayout) -> QpCaps {
+        QpCaps {
+            max_send_wr: sq.slots,
+            max_recv_wr: rq.slots,
+            max_send_sge: sq.sge,
+            max_recv_sge: rq.sge,
+            max_inline_data: 0,
+        }
+    }
+
+    pub(crate) fn create_qp_impl(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq<H>,
+        recv_cq: &Cq<H>,
+        srq: Option<&Srq<H>>,
+        init: &QpInit<'_>,
+    ) -> Result<Qp<H>> {
+        let op = Op::CreateQp;
+        let (sq, rq) = self.qp_layout(init)?;
+        let qp_type = init.qp_type;
+        let mut st = self.state.lock();
+        if st.qps >= self.caps.max_qp {
+            let limit = self.caps.max_qp;
+            return Err(Error::Resource(Resource::Objects {
+                object: Object::Qp,
+                limit,
+            }));
+        }
+        if qp_type == QpType::Gsi && st.gsi {
+            // One QP1 a port: QEMU would register a second under the same number.
+            return Err(Error::from_errno(op, EBUSY));
+        }
+        let total = 1 + sq.pages + rq.pages;
+        let mem = QueueMem::new(&self.hal, total as usize)?;
+        let req = abi::CreateQp {
+            pdir_dma: mem.pdir.paddr(),
+            pd_handle: pd.handle,
+            send_cq_handle: send_cq.handle,
+            recv_cq_handle: recv_cq.handle,
+            srq_handle: srq.map_or(0, |s| s.handle),
+            max_send_wr: sq.slots,
+            max_recv_wr: rq.slots,
+            max_send_sge: sq.sge,
+            max_recv_sge: rq.sge,
+            max_inline_data: 0,
+            lkey: 0,
+            access_flags: abi::ACCESS_LOCAL_WRITE,
+            total_chunks: total as u16,
+            send_chunks: sq.pages as u16,
+            max_atomic_arg: 0,
+            sq_sig_all: u8::from(init.sq_sig_all),
+            qp_type: pvrdma_qp_type(qp_type)?,
+            is_srq: u8::from(srq.is_some()),
+            ..Default::default()
+        };
+        let code = opcode::CREATE_QP;
+        // (qpn, handle, the five caps the device echoes)
+        let answer = if self.version >= abi::VERSION_QP_HANDLE {
+            st.chan
+                .exec::<_, abi::CreateQpRespV2>(&self.regs, op, code, req)
+                .map(|r| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    (r.qpn, r.qp_handle, c, r.max_inline_data)
+                })
+        } else {
+            st.chan
+                .exec::<_, abi::CreateQpRespV1>(&self.regs, op, code, req)
+                .map(|r| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    (r.qpn, r.qpn, c, r.max_inline_data)
+                })
+        };
+        let (qpn, handle, echoed, inline) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                st.qps += u32::from(outcome_unknown(&e));
+                quarantine_if_unknown(&e, mem);
+                return Err(e);
+            }
+        };
+        st.qps += 1;
+        st.gsi |= qp_type == QpType::Gsi;
+        let qp = Qp {
+            handle,
+            qpn,
+            qp_type,
+            caps: Self::caps_of(&sq, &rq),
+            sq_sig_all: init.sq_sig_all,
+            state: QpState::Reset,
+            sq,
+            rq,
+            mem,
+        };
+        // The device must describe the QP we laid out: anything else is garbage.
+        let mask = regs::db::HANDLE_MASK;
+        let bad = if qpn > mask {
+            Some(("qpn", qpn))
+        } else if handle > mask {
+            Some(("qp_handle", handle))
+        } else if echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0 {
+            Some(("qp caps", echoed[0]))
+        } else {
+            None
+        };
+        drop(st);
+        if let Some((field, value)) = bad {
+            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
+                core::mem::forget(qp);
+            }
+            return Err(bad_value(op, field, value));
+        }
+        Ok(qp)
+    }
+
+    pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
+        let op = Op::ModifyQp;
+        let mut st = self.state.lock();
+        let mut attrs = abi::QpAttr {
+            qp_state: m.state.to_raw(),
+            path_mtu: m.path_mtu as u32,
+            qkey: m.qkey,
+            rq_psn: m.rq_psn,
+            sq_psn: m.sq_psn,
+            dest_qp_num: m.dest_qpn,
+            qp_access_flags: pvrdma_access(m.access),
+            pkey_index: m.pkey_index,
+            max_rd_atomic: m.max_rd_atomic,
+            max_dest_rd_atomic: m.max_dest_rd_atomic,
+            min_rnr_timer: m.min_rnr_timer,
+            port_num: m.port,
+            timeout: m.timeout,
+            retry_cnt: m.retry_cnt,
+            rnr_retry: m.rnr_retry,
+            ..Default::default()
+        };
+        if let Some(av) = m.av {
+            attrs.ah_attr = abi::AhAttr {
+                grh: abi::GlobalRoute {
+                    dgid: av.dgid.0,
+                    flow_label: av.flow_label,
+                    sgid_index: av.sgid_index,
+                    hop_limit: av.hop_limit,
+                    traffic_class: av.traffic_class,
+                    reserved: 0,
+                },
+                sl: av.sl,
+                ah_flags: abi::AH_GRH,
+                port_num: m.port,
+                ..Default::default()
+            };
+        }
+        let mut mask = pvrdma_mask(m.mask);
+        if m.state == QpState::Rtr && qp.qp_type != QpType::Gsi {
+            // QEMU resolves the source GID at RTR for every QP type and fails (EIO) unless it
+            // is a GID this device bound (§8.3). For datagram QPs, which carry no address at
+            // RTR, the driver supplies its lowest bound GID.
+            let sgid = match m.av {
+                Some(av) => Some(av.sgid_index).filter(|&i| st.gid_bound(u32::from(i))),
+                None => st.lowest_gid().map(|i| i as u8),
+            };
+            let Some(sgid) = sgid else {
+                return Err(Error::MissingAttribute {
+                    op,
+                    attr: Attr::SourceGid,
+                });
+            };
+            attrs.ah_attr.grh.sgid_index = sgid;
+            mask |= pvrdma_mask(QpAttrMask::AV);
+        }
+        let req = abi::ModifyQp {
+            qp_handle: qp.handle,
+            attr_mask: mask,
+            attrs,
+            ..Default::default()
+        };
+        st.chan
+            .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
+        qp.state = m.state;
+        Ok(())
+    }
+
+    pub(crate) fn query_qp_impl(&self, qp: &Qp<H>) -> Result<QpAttr> {
+        let op = Op::QueryQp;
+        let req = abi::QueryQp {
+            qp_handle: qp.handle,
+            attr_mask: !0,
+            ..Default::default()
+        };
+        let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;
+        let a = r.attrs;
+        let reported =
+            QpState::from_raw(a.qp_state).ok_or_else(|| bad_value(op, "qp_state", a.qp_state))?;
+        // QEMU only records RESET/ERR/SQD/SQE (the host QP keeps its state) and reports RTS for
+        // its emulated GSI QP: in those cases the state last commanded is the true one.
+        let state = match qp.state {
+            QpState::Reset | QpState::Err | QpState::Sqd | QpState::Sqe => qp.state,
+            _ if qp.qp_type == QpType::Gsi => qp.state,
+            _ => reported,
+        };
+        Ok(QpAttr {
+            state,
+            // QEMU answers in the host's struct layout beyond qp_access_flags (§5.3): the caps
+            // come from the driver's record of what it created.
+            caps: qp.caps,
+            qp_num: qp.qpn,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qpn: a.dest_qp_num,
+            sq_sig_all: qp.sq_sig_all,
+        })
+    }
+
+    pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+        let mut st = self.state.lock();
+        let req = abi::DestroyHandle {
+            handle: qp.handle,
+            ..Default::default()
+        };
+        match st
+            .chan
+            .exec::<_, abi::RespHdr>(&self.regs, Op::DestroyQp, opcode::DESTROY_QP, req)
+        {
+            Ok(_) => {
+                st.qps -= 1;
+                if qp.qp_type == QpType::Gsi {
+                    st.gsi = false;
+                }
+                Ok(())
+            }
+            Err(e) => Err((qp, e)),
+        }
+    }
+
+    pub(crate) fn srq_layout(&self, attr: &SrqAttr) -> Result<QueueLayout> {
+        let c = &self.caps;
+        let l = layout(
+            (attr.max_wr, Param::SrqMaxWr, c.max_srq_wr),
+            (attr.max_sge, Param::SrqMaxSge, c.max_srq_sge),
+            RQ_WQE_HDR,
+            MAX_RING_PAGES - 1,
+        )?;
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::invalid(Param::SrqLimit, attr.srq_limit, attr.max_wr));
+        }
+        Ok(l)
+    }
+
+    pub(crate) fn create_srq_impl(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
+        let op = Op::CreateSrq;
+        let layout = self.srq_layout(attr)?;
+        let mut st = self.state.lock();
+        if st.srqs >= self.caps.max_srq {
+            let limit = self.caps.max_srq;
+            return Err(Error::Resource(Resource::Objects {
+                object: Object::Srq,
+                limit,
+            }));
+        }
+        let nchunks = 1 + layout.pages;
+        let mem = QueueMem::new(&self.hal, nchunks as usize)?;
+        let actual = SrqAttr {
+            max_wr: layout.slots,
+            max_sge: layout.sge,
+            srq_limit: attr.srq_limit,
+        };
+        let req = abi::CreateSrq {
+            pdir_dma: mem.pdir.paddr(),
+            pd_handle: pd.handle,
+            nchunks,
+            attrs: abi::SrqAttr {
+                max_wr: actual.max_wr,
+                max_sge: actual.max_sge,
+                srq_limit: actual.srq_limit,
+                reserved: 0,
+            },
+            ..Default::default()
+        };
+        let r: abi::CreateSrqResp = match st.chan.exec(&self.regs, op, opcode::CREATE_SRQ, req) {
+            Ok(r) => r,
+            Err(e) => {
+                st.srqs += u32::from(outcome_unknown(&e));
+                quarantine_if_unknown(&e, mem);
+                return Err(e);
+            }
+        };
+        st.srqs += 1;
+        let srq = Srq {
+            handle: r.srqn,
+            attr: actual,
+            layout,
+            mem,
+        };
+        if r.srqn > regs::db::HANDLE_MASK {
+            // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.
+            core::mem::forget(srq);
+            return Err(bad_value(op, "srqn", r.srqn));
+        }
+        Ok(srq)
+    }
+
+    pub(crate) fn destroy_srq_impl(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
+        let mut st = self.state.lock();
+        let req = abi::DestroyHandle {
+            handle: srq.handle,
+            ..Default::default()
+        };
+        match st
+            .chan
+            .exec::<_, abi::RespHdr>(&self.regs, Op::DestroySrq, opcode::DESTROY_SRQ, req)
+        {
+            Ok(_) => {
+                st.srqs -= 1;
+                Ok(())
+            }
+            Err(e) => Err((srq, e)),
+        }
+    }
+
+    pub(crate) fn qp_num_of(qp: &Qp<H>) -> u32 {
+        qp.qpn
+    }
+
+    pub(crate) fn qp_caps_of(qp: &Qp<H>) -> QpCaps {
+        qp.caps
+    }
+
+    pub(crate) fn srq_attr_of(srq: &Srq<H>) -> SrqAttr {
+        srq.attr
+    }
+}

@@ -1,0 +1,979 @@
+//! Queue pairs and shared receive queues: the `ibv_create_qp` / `ibv_create_qp_ex` /
+//! `ibv_destroy_qp` contract (shared/verbs-semantics.md, acceptance cases 1–7, 9, 10; case 8 is
+//! posting, which the data path covers), PVRDMA's sizing rules, limits, and every failure path.
+
+mod common;
+
+use bareverbs::Error;
+use bareverbs::device::pvrdma::Pvrdma;
+use bareverbs::error::{Attr, DeviceStatus, Feature, Object, Op, Param, Resource, Unsupported};
+use bareverbs::verbs::*;
+use bareverbs_model::{Garbage, Model, ModelConfig};
+use common::*;
+
+type P = Pvrdma<Model>;
+
+fn caps(sw: u32, rw: u32, ss: u32, rs: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: sw,
+        max_recv_wr: rw,
+        max_send_sge: ss,
+        max_recv_sge: rs,
+        max_inline_data: 0,
+    }
+}
+
+fn invalid(param: Param, value: u64, max: u64) -> Error {
+    Error::InvalidInput { param, value, max }
+}
+
+fn unsupported_feature(f: Feature) -> Error {
+    Error::Unsupported(Unsupported::Feature(f))
+}
+
+/// Binds the port's GID at index 0 (what a RoCE port has for its MAC).
+fn gid(ctx: &Ctx) -> GidBinding<'_, P> {
+    let g = Gid::link_local_from_mac(model().config().mac);
+    ctx.bind_gid(0, g).unwrap()
+}
+
+use bareverbs::verbs::GidBinding;
+
+#[test]
+fn case1_rc_and_ud_are_created_in_reset_uc_raw_and_xrc_are_unsupported() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let rc = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let ud = pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap();
+    for (qpn, ty) in [(rc.qp_num(), 2), (ud.qp_num(), 4)] {
+        let m = model.qp(qpn).expect("on the device");
+        assert_eq!((m.qp_type, m.state, m.host_state), (ty, 0, 0));
+    }
+    assert_ne!(rc.qp_num(), ud.qp_num());
+    assert_eq!((rc.state(), rc.qp_type()), (QpState::Reset, QpType::Rc));
+    assert_eq!(rc.query().unwrap().state, QpState::Reset);
+    assert_eq!(ud.query().unwrap().state, QpState::Reset);
+
+    let before = (model.commands(), model.outstanding_pages());
+    let e = pd.qp_builder(&cq, &cq).build::<Uc, 16, 16>().err();
+    assert_eq!(e, Some(Error::Unsupported(Unsupported::QpType(QpType::Uc))));
+    let e = pd.qp_builder(&cq, &cq).build::<RawPacket, 16, 16>().err();
+    assert_eq!(
+        e,
+        Some(Error::Unsupported(Unsupported::QpType(QpType::RawPacket)))
+    );
+    let xrc = QpInitEx {
+        xrcd: Some(1),
+        ..Default::default()
+    };
+    let e = pd.qp_builder(&cq, &cq).ex(xrc).build::<Rc, 16, 16>().err();
+    assert_eq!(e, Some(unsupported_feature(Feature::Xrc)));
+    assert_eq!(
+        (model.commands(), model.outstanding_pages()),
+        before,
+        "the device never asked"
+    );
+    drop(rc);
+    drop(ud);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case2_rc_reaches_init_ud_reaches_rts() {
+    let model = model();
+    let ctx = up(&model);
+    let _gid = gid(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let rc = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let rc = rc
+        .init(&ConnectedInit {
+            access,
+            ..Default::default()
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert_eq!(rc.state(), QpState::Init);
+    assert_eq!(rc.query().unwrap().state, QpState::Init);
+    assert_eq!(model.qp(rc.qp_num()).unwrap().host_state, 1);
+
+    let ud = pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap();
+    let ud = ud.ready(0x1111_1111, 77).map_err(|(_, e)| e).unwrap();
+    assert_eq!(ud.state(), QpState::Rts);
+    let m = model.qp(ud.qp_num()).unwrap();
+    assert_eq!(
+        (m.state, m.host_state, m.qkey, m.sq_psn),
+        (3, 3, 0x1111_1111, 77)
+    );
+    assert_eq!(m.sgid_index, 0, "the driver supplied its bound GID for RTR");
+    drop(rc);
+    drop(ud);
+    drop(cq);
+    drop(pd);
+    drop(_gid);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn ud_rtr_without_a_bound_gid_says_so_and_hands_the_qp_back_in_reset() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let ud = pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap();
+    let (ud, e) = ud.ready(1, 0).err().unwrap();
+    assert_eq!(
+        e,
+        Error::MissingAttribute {
+            op: Op::ModifyQp,
+            attr: Attr::SourceGid
+        }
+    );
+    assert_eq!(ud.state(), QpState::Reset);
+    assert_eq!(
+        model.qp(ud.qp_num()).unwrap().state,
+        0,
+        "reset again on the device"
+    );
+    drop(ud);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case3_ex_attributes_are_refused_typed_never_ignored() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let key = [0u8; 40];
+    let cases: [(QpInitEx<'_>, Feature); 5] = [
+        (
+            QpInitEx {
+                create_flags: CreateFlags::SCATTER_FCS,
+                ..Default::default()
+            },
+            Feature::CreateFlags,
+        ),
+        (
+            QpInitEx {
+                create_flags: CreateFlags::SOURCE_QPN,
+                source_qpn: Some(0x42),
+                ..Default::default()
+            },
+            Feature::CreateFlags,
+        ),
+        (
+            QpInitEx {
+                source_qpn: Some(0x42),
+                ..Default::default()
+            },
+            Feature::SourceQpn,
+        ),
+        (
+            QpInitEx {
+                rx_hash: Some(RxHashConf {
+                    function: 1,
+                    key: &key,
+                    fields_mask: 0x3,
+                    ind_table: 0,
+                }),
+                ..Default::default()
+            },
+            Feature::Rss,
+        ),
+        (
+            QpInitEx {
+                max_tso_header: 64,
+                ..Default::default()
+            },
+            Feature::Tso,
+        ),
+    ];
+    let commands = model.commands();
+    for (ex, feature) in cases {
+        let e = pd.qp_builder(&cq, &cq).ex(ex).build::<Ud, 16, 16>().err();
+        assert_eq!(e, Some(unsupported_feature(feature)), "{ex:?}");
+    }
+    assert_eq!(model.commands(), commands);
+    // sq_sig_all, drawn at random as the rdma-core test does, goes to the device and back.
+    let mut seed = 0x9E37_79B9u32;
+    for _ in 0..8 {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        let sig = seed & 1 == 1;
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .sq_sig_all(sig)
+            .ex(QpInitEx::default())
+            .user_context(u64::from(seed))
+            .build::<Rc, 16, 16>()
+            .unwrap();
+        assert_eq!(qp.query().unwrap().sq_sig_all, sig);
+        assert_eq!(model.qp(qp.qp_num()).unwrap().sq_sig_all, sig);
+        assert_eq!(qp.user_context(), u64::from(seed));
+    }
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case4_illegal_caps_fail_before_the_device_is_touched() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let before = (model.commands(), model.outstanding_pages());
+    let try_caps = |c: QpCaps| {
+        pd.qp_builder(&cq, &cq)
+            .caps(c)
+            .build::<Rc, 4096, 4096>()
+            .err()
+    };
+    // max_qp_wr is 10467, but a 1-SGE send queue (128-byte WQEs) fits 4096 in 128 pages.
+    assert_eq!(
+        try_caps(caps(u32::MAX, 1, 1, 1)),
+        Some(invalid(Param::MaxSendWr, u32::MAX.into(), 4096))
+    );
+    assert_eq!(
+        try_caps(caps(1, u32::MAX, 1, 1)),
+        Some(invalid(Param::MaxRecvWr, u32::MAX.into(), 10467))
+    );
+    assert_eq!(
+        try_caps(caps(1, 1, 0xFFFF, 1)),
+        Some(invalid(Param::MaxSendSge, 0xFFFF, 4))
+    );
+    assert_eq!(
+        try_caps(caps(1, 1, 1, 0xFFFF)),
+        Some(invalid(Param::MaxRecvSge, 0xFFFF, 4))
+    );
+    assert_eq!(
+        try_caps(caps(1, 1, 5, 1)),
+        Some(invalid(Param::MaxSendSge, 5, 4))
+    );
+    // QEMU's 128 data pages per queue: 4 SGEs make 256-byte WQEs, so 2048 send WRs at most.
+    assert_eq!(
+        try_caps(caps(2049, 1, 4, 1)),
+        Some(invalid(Param::MaxSendWr, 2049, 2048))
+    );
+    assert!(
+        pd.qp_builder(&cq, &cq)
+            .caps(caps(2048, 1, 4, 1))
+            .build::<Rc, 2048, 16>()
+            .is_ok()
+    );
+    // The driver's own compile-time capacity is a limit too, and says so.
+    assert_eq!(
+        pd.qp_builder(&cq, &cq)
+            .caps(caps(17, 1, 1, 1))
+            .build::<Rc, 16, 16>()
+            .err(),
+        Some(invalid(Param::MaxSendWr, 17, 16))
+    );
+    assert_eq!(
+        pd.qp_builder(&cq, &cq)
+            .caps(caps(1, 33, 1, 1))
+            .build::<Rc, 16, 32>()
+            .err(),
+        Some(invalid(Param::MaxRecvWr, 33, 32))
+    );
+    // No inline data on PVRDMA: a request for any is refused, not silently dropped.
+    assert_eq!(
+        try_caps(QpCaps {
+            max_inline_data: 1,
+            ..caps(1, 1, 1, 1)
+        }),
+        Some(unsupported_feature(Feature::InlineData))
+    );
+    assert_eq!(
+        model.commands(),
+        before.0 + 2,
+        "only the one valid create (and its destroy)"
+    );
+    assert_eq!(model.outstanding_pages(), before.1);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+/// The exact PVRDMA sizing: (requested wr, sge) → (slots, sge, stride, data pages).
+#[test]
+fn pvrdma_rounding_is_exact() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    // send: stride pow2(80 + 16 sge); recv: stride pow2(16 + 16 sge)
+    let table = [
+        // (swr, ssge, rwr, rsge) => (sslots, sstride, spages, rslots, rstride, rpages)
+        ((0, 0, 0, 0), (1, 128, 1, 1, 32, 1)),
+        ((1, 1, 1, 1), (1, 128, 1, 1, 32, 1)),
+        ((3, 2, 3, 2), (4, 128, 1, 4, 64, 1)),
+        ((3, 3, 5, 3), (4, 128, 1, 8, 64, 1)),
+        ((100, 4, 100, 4), (128, 256, 8, 128, 128, 4)),
+        ((33, 1, 1000, 1), (64, 128, 2, 1024, 32, 8)),
+        ((2048, 4, 4096, 4), (2048, 256, 128, 4096, 128, 128)),
+    ];
+    for ((sw, ss, rw, rs), (sslots, sstride, spages, rslots, rstride, rpages)) in table {
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .caps(caps(sw, rw, ss, rs))
+            .build::<Rc, 4096, 4096>()
+            .unwrap();
+        let c = qp.caps();
+        assert_eq!(
+            (c.max_send_wr, c.max_send_sge, c.max_recv_wr, c.max_recv_sge),
+            (sslots, ss.max(1), rslots, rs.max(1)),
+            "request {:?}",
+            (sw, ss, rw, rs)
+        );
+        assert_eq!(qp.raw().strides(), (sstride, rstride));
+        assert_eq!(qp.raw().queue_pages(), (spages, rpages));
+        assert_eq!(
+            qp.raw().pages() as u32,
+            1 + spages + rpages,
+            "ring-state page included"
+        );
+        assert_eq!(qp.work_queue_slots(), (sslots, rslots));
+        let m = model.qp(qp.qp_num()).unwrap();
+        assert_eq!(
+            m.caps,
+            [sslots, rslots, ss.max(1), rs.max(1), 0],
+            "what the device was told"
+        );
+    }
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case5_query_after_create_is_reset_with_caps_at_least_the_request() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let req = caps(10, 20, 3, 2);
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .caps(req)
+        .build::<Rc, 32, 32>()
+        .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(a.state, QpState::Reset);
+    assert_eq!(a.qp_num, qp.qp_num());
+    // QEMU answers the query in the host's layout beyond offset 0x33: the caps must come from
+    // what the driver created, not from those bytes.
+    assert_eq!(a.caps, qp.caps());
+    assert!(a.caps.max_send_wr >= 10 && a.caps.max_recv_wr >= 20);
+    assert!(a.caps.max_send_sge >= 3 && a.caps.max_recv_sge >= 2);
+    assert_eq!(a.caps.max_inline_data, 0);
+    drop(qp);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+/// rdma-core's random-caps test: wr ∈ [1, max_qp_wr/8], sge ∈ [1, max_sge/2] always succeed,
+/// with actual ≥ requested and PVRDMA's exact rounding.
+#[test]
+fn case6_random_caps_always_succeed_with_exact_rounding() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    let dc = *ctx.caps();
+    let (wr_max, sge_max) = (dc.max_qp_wr / 8, dc.max_sge / 2);
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut draw = |lo: u32, hi: u32| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        lo + (s % u64::from(hi - lo + 1)) as u32
+    };
+    for _ in 0..300 {
+        let req = caps(
+            draw(1, wr_max),
+            draw(1, wr_max),
+            draw(1, sge_max),
+            draw(1, sge_max),
+        );
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .caps(req)
+            .build::<Ud, 2048, 2048>()
+            .unwrap_or_else(|e| panic!("{req:?}: {e}"));
+        let c = qp.caps();
+        assert_eq!(c.max_send_wr, req.max_send_wr.next_power_of_two());
+        assert_eq!(c.max_recv_wr, req.max_recv_wr.next_power_of_two());
+        assert_eq!(
+            (c.max_send_sge, c.max_recv_sge),
+            (req.max_send_sge, req.max_recv_sge)
+        );
+        let sstride = (80 + 16 * c.max_send_sge).next_power_of_two();
+        let rstride = (16 + 16 * c.max_recv_sge).next_power_of_two();
+        assert_eq!(qp.raw().strides(), (sstride, rstride));
+        assert_eq!(
+            qp.raw().queue_pages(),
+            (
+                (c.max_send_wr * sstride).div_ceil(4096),
+                (c.max_recv_wr * rstride).div_ceil(4096)
+            )
+        );
+        qp.destroy().map_err(|(_, e)| e).unwrap();
+    }
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case7_ud_qkey_and_sq_psn_read_back_and_rts_to_reset_works() {
+    let model = model();
+    let ctx = up(&model);
+    let _g = gid(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let ud = pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap();
+    let ud = ud
+        .init(&DatagramInit::new(0xABCD))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert_eq!(ud.query().unwrap().qkey, 0xABCD);
+    let ud = ud.rtr(&()).map_err(|(_, e)| e).unwrap();
+    let ud = ud
+        .rts(&DatagramRts { sq_psn: 0x12_3456 })
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let a = ud.query().unwrap();
+    assert_eq!(
+        (a.state, a.qkey, a.sq_psn),
+        (QpState::Rts, 0xABCD, 0x12_3456)
+    );
+    let ud = ud.reset().map_err(|(_, e)| e).unwrap();
+    assert_eq!(ud.state(), QpState::Reset);
+    // QEMU only records RESET (its host QP stays in RTS); the query still says RESET.
+    let m = model.qp(ud.qp_num()).unwrap();
+    assert_eq!((m.state, m.host_state), (0, 3));
+    assert_eq!(ud.query().unwrap().state, QpState::Reset);
+    let ud = ud.to_error().map_err(|(_, e)| e).unwrap();
+    assert_eq!(ud.query().unwrap().state, QpState::Err);
+    drop(ud);
+    drop(cq);
+    drop(pd);
+    drop(_g);
+    teardown(&model, ctx);
+}
+
+fn connect<'a>(
+    qp: QueuePair<'a, P, Rc, Reset, 16, 16>,
+    peer: u32,
+    psn: u32,
+    gid: Gid,
+) -> QueuePair<'a, P, Rc, Rts, 16, 16> {
+    let av = AddressVector::new(gid, 0);
+    let qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let qp = qp
+        .rtr(&ConnectedRtr::new(peer, psn, av))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    qp.rts(&ConnectedRts::new(psn)).map_err(|(_, e)| e).unwrap()
+}
+
+#[test]
+fn rc_pair_connects_over_roce() {
+    let model = model();
+    let ctx = up(&model);
+    let g = gid(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let a = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let b = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let (qa, qb) = (a.qp_num(), b.qp_num());
+    let connect = |qp, peer, psn| connect(qp, peer, psn, g.gid());
+    let a = connect(a, qb, 100);
+    let b = connect(b, qa, 200);
+    for (qp, peer, psn) in [(&a, qb, 100), (&b, qa, 200)] {
+        let m = model.qp(qp.qp_num()).unwrap();
+        assert_eq!((m.state, m.host_state), (3, 3));
+        assert_eq!((m.dest_qpn, m.rq_psn, m.sq_psn), (peer, psn, psn));
+        assert_eq!(m.dgid, g.gid().0);
+        let q = qp.query().unwrap();
+        assert_eq!((q.state, q.dest_qpn), (QpState::Rts, peer));
+    }
+    drop(a);
+    drop(b);
+    drop(cq);
+    drop(pd);
+    drop(g);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let (qp, e) = qp
+        .init(&ConnectedInit {
+            port: 2,
+            ..Default::default()
+        })
+        .err()
+        .unwrap();
+    assert_eq!(e, invalid(Param::Port, 2, 1));
+    let qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let dgid = Gid([7; 16]);
+    // No GID bound yet: the device could not resolve the source GID.
+    let (qp, e) = qp
+        .rtr(&ConnectedRtr::new(5, 0, AddressVector::new(dgid, 0)))
+        .err()
+        .unwrap();
+    assert_eq!(
+        e,
+        Error::MissingAttribute {
+            op: Op::ModifyQp,
+            attr: Attr::SourceGid
+        }
+    );
+    let (qp, e) = qp
+        .rtr(&ConnectedRtr::new(
+            0x100_0000,
+            0,
+            AddressVector::new(dgid, 0),
+        ))
+        .err()
+        .unwrap();
+    assert_eq!(e, invalid(Param::QpNumber, 0x100_0000, 0xFF_FFFF));
+    let mut rtr = ConnectedRtr::new(5, 0, AddressVector::new(dgid, 0));
+    rtr.max_dest_rd_atomic = 1;
+    let (qp, e) = qp.rtr(&rtr).err().unwrap();
+    assert_eq!(
+        e,
+        invalid(Param::MaxRdAtomic, 1, 0),
+        "QEMU reports no RDMA-read resources"
+    );
+    let g = ctx.bind_gid(3, Gid::from_ipv4([10, 0, 2, 15])).unwrap();
+    let (qp, e) = qp
+        .rtr(&ConnectedRtr::new(
+            5,
+            0x100_0000,
+            AddressVector::new(dgid, 3),
+        ))
+        .err()
+        .unwrap();
+    assert_eq!(e, invalid(Param::Psn, 0x100_0000, 0xFF_FFFF));
+    model.fail_command(1, 5);
+    let (qp, e) = qp
+        .rtr(&ConnectedRtr::new(5, 0, AddressVector::new(dgid, 3)))
+        .err()
+        .unwrap();
+    assert_eq!(
+        e,
+        Error::Device {
+            op: Op::ModifyQp,
+            status: DeviceStatus::Errno(5)
+        }
+    );
+    assert_eq!(qp.state(), QpState::Init, "handed back unchanged");
+    let qp = qp
+        .rtr(&ConnectedRtr::new(5, 0, AddressVector::new(dgid, 3)))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert_eq!(model.qp(qp.qp_num()).unwrap().sgid_index, 3);
+    drop(qp);
+    drop(g);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let srq = pd
+        .create_srq::<128>(SrqAttr {
+            max_wr: 100,
+            max_sge: 3,
+            srq_limit: 0,
+        })
+        .unwrap();
+    assert_eq!(
+        srq.attr(),
+        SrqAttr {
+            max_wr: 128,
+            max_sge: 3,
+            srq_limit: 0
+        }
+    );
+    assert_eq!(srq.raw().stride(), 64);
+    assert_eq!(
+        srq.raw().pages(),
+        1 + 2,
+        "128 x 64 B = 2 data pages + the ring-state page"
+    );
+    let a = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .caps(caps(8, 1000, 1, 4)) // receive caps are ignored with an SRQ
+        .build::<Rc, 16, 16>()
+        .unwrap();
+    let b = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .build::<Rc, 16, 16>()
+        .unwrap();
+    let u = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .build::<Ud, 16, 16>()
+        .unwrap();
+    for qp_caps in [a.caps(), b.caps(), u.caps()] {
+        assert_eq!((qp_caps.max_recv_wr, qp_caps.max_recv_sge), (0, 0));
+    }
+    assert_eq!(a.raw().queue_pages().1, 0, "no receive ring");
+    assert_eq!(model.objects().srqs, 1);
+    let e = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .build::<Gsi, 16, 16>()
+        .err();
+    assert_eq!(e, Some(unsupported_feature(Feature::SrqOnQpType)));
+    // SRQ limits.
+    let e = pd.create_srq::<128>(SrqAttr {
+        max_wr: 12289,
+        max_sge: 1,
+        srq_limit: 0,
+    });
+    assert_eq!(e.err(), Some(invalid(Param::SrqMaxWr, 12289, 8192)));
+    let e = pd.create_srq::<128>(SrqAttr {
+        max_wr: 16,
+        max_sge: 5,
+        srq_limit: 0,
+    });
+    assert_eq!(e.err(), Some(invalid(Param::SrqMaxSge, 5, 4)));
+    let e = pd.create_srq::<64>(SrqAttr {
+        max_wr: 65,
+        max_sge: 1,
+        srq_limit: 0,
+    });
+    assert_eq!(e.err(), Some(invalid(Param::SrqMaxWr, 65, 64)));
+    let e = pd.create_srq::<64>(SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 17,
+    });
+    assert_eq!(e.err(), Some(invalid(Param::SrqLimit, 17, 16)));
+    drop(a);
+    drop(b);
+    drop(u);
+    srq.destroy().map_err(|(_, e)| e).unwrap();
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn gsi_is_offered_once() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let gsi = pd.qp_builder(&cq, &cq).build::<Gsi, 16, 16>().unwrap();
+    assert_eq!(gsi.qp_num(), 1);
+    let e = pd.qp_builder(&cq, &cq).build::<Gsi, 16, 16>().err();
+    assert_eq!(e, Some(Error::Busy { op: Op::CreateQp }));
+    let gsi = gsi.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    assert_eq!(gsi.query().unwrap().state, QpState::Rts);
+    drop(gsi);
+    let again = pd.qp_builder(&cq, &cq).build::<Gsi, 16, 16>().unwrap();
+    drop(again);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn case10_create_destroy_loops_of_pds_cqs_srqs_and_qps_leave_nothing() {
+    let model = model();
+    let ctx = up(&model);
+    for n in 1..=200usize {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(32).unwrap();
+        let srq = pd
+            .create_srq::<16>(SrqAttr {
+                max_wr: 16,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let k = 1 + n % 7;
+        let qps: Vec<_> = (0..k)
+            .map(|i| {
+                let b = pd
+                    .qp_builder(&cq, &cq)
+                    .caps(caps(4, 4, 1 + (i as u32 % 4), 1));
+                if i % 2 == 0 {
+                    b.build::<Rc, 16, 16>().unwrap().qp_num()
+                } else {
+                    b.srq(&srq).build::<Rc, 16, 16>().unwrap().qp_num()
+                }
+            })
+            .collect();
+        // Each QP above was dropped (destroyed) at the end of its closure call.
+        assert_eq!(qps.len(), k);
+        assert_eq!(model.objects().qps, 0);
+        srq.destroy().map_err(|(_, e)| e).unwrap();
+        drop(cq);
+        drop(pd);
+        assert_eq!(model.outstanding_pages(), DEVICE_PAGES, "loop {n}");
+    }
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    for n in [1usize, 17, 200] {
+        let qps: Vec<_> = (0..n)
+            .map(|_| pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap())
+            .collect();
+        assert_eq!(model.objects().qps, n);
+        for qp in qps {
+            qp.destroy().map_err(|(_, e)| e).unwrap();
+        }
+        assert_eq!(model.objects().qps, 0);
+    }
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn the_devices_1024_qps_can_be_created_and_the_next_is_refused_cleanly() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    let qps: Vec<_> = (0..1024)
+        .map(|_| pd.qp_builder(&cq, &cq).build::<Ud, 1, 1>().unwrap())
+        .collect();
+    assert_eq!(model.objects().qps, 1024);
+    let (commands, pages) = (model.commands(), model.outstanding_pages());
+    let e = pd.qp_builder(&cq, &cq).build::<Ud, 1, 1>().err();
+    assert_eq!(
+        e,
+        Some(Error::Resource(Resource::Objects {
+            object: Object::Qp,
+            limit: 1024
+        }))
+    );
+    assert_eq!(
+        (model.commands(), model.outstanding_pages()),
+        (commands, pages)
+    );
+    drop(qps);
+    assert_eq!(model.objects().qps, 0);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx); // no table overflow was ever asked of the device
+}
+
+#[test]
+fn every_failure_of_qp_creation_leaves_nothing_behind() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    let base = model.outstanding_pages();
+    let build = || {
+        pd.qp_builder(&cq, &cq)
+            .caps(caps(64, 64, 2, 2))
+            .build::<Rc, 64, 64>()
+    };
+    // Each DMA allocation of the create: the ring pages, then their directory.
+    for nth in 1..=2 {
+        model.fail_dma_alloc(nth);
+        assert!(matches!(
+            build().err(),
+            Some(Error::Resource(Resource::Dma { .. }))
+        ));
+        assert_eq!(model.outstanding_pages(), base);
+    }
+    // The one command of the create, with each errno.
+    for (errno, want) in [
+        (
+            22,
+            Error::Device {
+                op: Op::CreateQp,
+                status: DeviceStatus::Errno(22),
+            },
+        ),
+        (
+            5,
+            Error::Device {
+                op: Op::CreateQp,
+                status: DeviceStatus::Errno(5),
+            },
+        ),
+        (
+            12,
+            Error::Resource(Resource::Device {
+                op: Op::CreateQp,
+                errno: 12,
+            }),
+        ),
+        (1, Error::Permission { op: Op::CreateQp }),
+    ] {
+        model.fail_command(1, errno);
+        assert_eq!(build().err(), Some(want));
+        assert_eq!(model.outstanding_pages(), base);
+        assert_eq!(model.objects().qps, 0);
+    }
+    // The same for an SRQ.
+    for nth in 1..=2 {
+        model.fail_dma_alloc(nth);
+        let e = pd.create_srq::<16>(SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        });
+        assert!(matches!(
+            e.err(),
+            Some(Error::Resource(Resource::Dma { .. }))
+        ));
+    }
+    model.fail_command(1, 22);
+    assert!(
+        pd.create_srq::<16>(SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0
+        })
+        .is_err()
+    );
+    assert_eq!((model.outstanding_pages(), model.objects().srqs), (base, 0));
+    // A create that still succeeds afterwards: the driver's counts are right.
+    drop(build().unwrap());
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
+
+#[test]
+fn destroy_failures_hand_the_qp_back_and_drop_never_panics() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    let qpn = qp.qp_num();
+    model.fail_command(1, 16);
+    let (qp, e) = qp.destroy().expect_err("busy");
+    assert_eq!(e, Error::Busy { op: Op::DestroyQp });
+    assert_eq!(qp.qp_num(), qpn);
+    qp.destroy().map_err(|(_, e)| e).unwrap();
+    assert_eq!(model.objects().qps, 0);
+
+    // Multicast does not exist on PVRDMA, so a QP is never attached.
+    let mut qp = pd.qp_builder(&cq, &cq).build::<Ud, 16, 16>().unwrap();
+    assert_eq!(
+        qp.attach_mcast(Gid([0xFF; 16]), 0).err(),
+        Some(unsupported_feature(Feature::Multicast))
+    );
+    // A silent device: Drop cannot destroy, keeps the ring, and does not panic.
+    let ring = qp.raw().pages() + 2;
+    model.set_silent(true);
+    drop(qp);
+    model.set_silent(false);
+    assert_eq!(model.objects().qps, 1);
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    assert_eq!(
+        model.outstanding_pages(),
+        ring,
+        "only the undestroyable QP's ring is kept"
+    );
+}
+
+#[test]
+fn garbage_from_create_qp_is_refused_and_never_trusted() {
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    model.garbage_next(Garbage::Payload);
+    let e = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().err();
+    assert_eq!(
+        e,
+        Some(Error::Protocol {
+            op: Op::CreateQp,
+            fault: bareverbs::error::Fault::Value {
+                field: "qpn",
+                value: 0xA5A5_A5A5
+            }
+        })
+    );
+    // A garbled query is refused too.
+    let qp = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>().unwrap();
+    model.garbage_next(Garbage::Payload);
+    assert!(matches!(
+        qp.query(),
+        Err(Error::Protocol {
+            op: Op::QueryQp,
+            ..
+        })
+    ));
+    drop(qp);
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    // The device made the first QP, under a number the driver never learned: its ring stays,
+    // and nothing can destroy it before its PD and CQ go. Those are the only consequences.
+    assert_eq!(model.objects().qps, 1);
+    assert_eq!(
+        model.violations(),
+        vec![
+            "CQ 0 destroyed while a QP uses it".to_string(),
+            "PD 0 destroyed while a QP or SRQ uses it".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn version_20_devices_answer_with_a_separate_handle() {
+    let model = Model::new(ModelConfig {
+        version: 20,
+        ..Default::default()
+    });
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32).unwrap();
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .caps(caps(8, 8, 2, 2))
+        .build::<Rc, 16, 16>()
+        .unwrap();
+    assert_eq!(qp.raw().handle(), qp.qp_num());
+    assert_eq!(qp.caps(), caps(8, 8, 2, 2));
+    drop(qp);
+    drop(cq);
+    drop(pd);
+    teardown(&model, ctx);
+}
