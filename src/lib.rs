@@ -27,4 +27,9 @@ pub mod verbs;
 
 pub use bareverbs_hal as hal;
 pub use error::{Error, ErrorKind, Result};
-pub use verbs::{CompletionQueue, Context, Gid, ProtectionDomain, Provider};
+pub use verbs::{CompletionQueue, Context, Gid, ProtectionDomain, Provider, QueuePair};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

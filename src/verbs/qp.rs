@@ -17,6 +17,20 @@
 //! drop(qp);
 //! # Ok(()) }
 //! ```
+//!
+//! and a transition exists only from the state it starts in:
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(16)?;
+//! let qp = pd.qp_builder(&cq, &cq).build::<Rc, 16, 16>()?;
+//! let qp = qp.rts(&ConnectedRts::new(0)); // error: no `rts` on a QP in RESET
+//! # Ok(()) }
+//! ```
+//!
+//! (The README's lifecycle example is the compiling counterpart of both.)
 
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
