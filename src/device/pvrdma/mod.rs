@@ -80,16 +80,88 @@ use crate::dma::Dma;
 /// allocator corrupts its heap instead of failing).
 struct State<H: Hal> {
     chan: Channel<H>,
-    pds: u32,
-    cqs: u32,
-    qps: u32,
-    srqs: u32,
+    /// Live objects of each kind, by [`State::slot`].
+    counts: [u32; 5],
     /// Whether the GSI QP (QP1) exists.
     gsi: bool,
     gids: [u64; 4],
 }
 
 impl<H: Hal> State<H> {
+    fn slot(kind: Object) -> usize {
+        match kind {
+            Object::Pd => 0,
+            Object::Cq => 1,
+            Object::Qp => 2,
+            Object::Srq => 3,
+            Object::Mr | Object::Gid => 4,
+        }
+    }
+
+    /// Refuses a create when the device's table for `kind` is full (`limit` entries): the
+    /// driver counts so that it never asks QEMU to overflow a table.
+    fn room_for(&self, kind: Object, limit: u32) -> Result<()> {
+        if self.counts[Self::slot(kind)] >= limit {
+            return Err(Error::Resource(Resource::Objects {
+                object: kind,
+                limit,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Runs a create command. On success the object counts against its table. On failure,
+    /// `keep` (the memory the device was given for the object) is freed when the device clearly
+    /// refused, and kept — with the object still counted — when the outcome is unknown.
+    fn create<Q: cmd::Request, R: cmd::Response, M>(
+        &mut self,
+        regs: &impl Mmio,
+        kind: Object,
+        (op, code): (Op, u32),
+        req: Q,
+        keep: M,
+    ) -> Result<(R, M)> {
+        match self.chan.exec(regs, op, code, req) {
+            Ok(r) => {
+                self.counts[Self::slot(kind)] += 1;
+                Ok((r, keep))
+            }
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    self.counts[Self::slot(kind)] += 1;
+                    log::warn!(
+                        "bareverbs: {e}; keeping the object's DMA memory, the device may use it"
+                    );
+                    core::mem::forget(keep);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the destroy command `code` for `obj`, whose device handle is `handle`; on success
+    /// it leaves its table's count, on failure it is handed back with the error.
+    fn destroy<T>(
+        &mut self,
+        regs: &impl Mmio,
+        kind: Object,
+        (op, code): (Op, u32),
+        handle: u32,
+        obj: T,
+    ) -> Result<(), (T, Error)> {
+        let req = abi::DestroyHandle {
+            handle,
+            ..Default::default()
+        };
+        match self.chan.exec::<_, abi::RespHdr>(regs, op, code, req) {
+            Ok(_) => {
+                self.counts[Self::slot(kind)] -= 1;
+                Ok(())
+            }
+            Err(e) => Err((obj, e)),
+        }
+    }
+
     fn gid_bound(&self, index: u32) -> bool {
         index < 256 && self.gids[index as usize / 64] & (1 << (index % 64)) != 0
     }
@@ -224,10 +296,7 @@ impl<H: Hal> Pvrdma<H> {
             caps: caps_from_raw(&zeroed_caps()),
             state: spin::Mutex::new(State {
                 chan,
-                pds: 0,
-                cqs: 0,
-                qps: 0,
-                srqs: 0,
+                counts: [0; 5],
                 gsi: false,
                 gids: [0; 4],
             }),
@@ -296,16 +365,6 @@ impl<H: Hal> Pvrdma<H> {
 /// Whether a command that failed with `e` may nevertheless have taken effect on the device.
 fn outcome_unknown(e: &Error) -> bool {
     matches!(e, Error::Timeout { .. } | Error::Protocol { .. })
-}
-
-/// Frees `mem` when the device clearly refused the command that would have used it; keeps it
-/// (leaks it, with a warning) when the outcome is unknown — no answer, or an answer that cannot
-/// be trusted — because the device may then have created the object and write into that memory.
-fn quarantine_if_unknown<T>(e: &Error, mem: T) {
-    if outcome_unknown(e) {
-        log::warn!("bareverbs: {e}; keeping the object's DMA memory, the device may use it");
-        core::mem::forget(mem);
-    }
 }
 
 fn prev_power_of_two(n: u32) -> u32 {
@@ -527,55 +586,31 @@ impl<H: Hal> Provider for Pvrdma<H> {
     unsafe fn create_pd(&self) -> Result<Pd> {
         let op = Op::CreatePd;
         let mut st = self.state.lock();
-        if st.pds >= self.caps.max_pd {
-            let limit = self.caps.max_pd;
-            return Err(Error::Resource(Resource::Objects {
-                object: Object::Pd,
-                limit,
-            }));
-        }
-        let r: abi::CreatePdResp = match st.chan.exec(
+        st.room_for(Object::Pd, self.caps.max_pd)?;
+        let req = abi::CreatePd::default();
+        let (r, ()): (abi::CreatePdResp, ()) = st.create(
             &self.regs,
-            op,
-            abi::opcode::CREATE_PD,
-            abi::CreatePd::default(),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                // The device may hold a PD the driver cannot name: keep counting it.
-                st.pds += u32::from(outcome_unknown(&e));
-                return Err(e);
-            }
-        };
+            Object::Pd,
+            (op, abi::opcode::CREATE_PD),
+            req,
+            (),
+        )?;
         if r.pd_handle > regs::db::HANDLE_MASK {
             // Handles travel in 24-bit fields (doorbells, address vectors): this one is garbage.
-            st.pds += 1; // the device made a PD the driver cannot name
+            // The device made a PD the driver cannot name; it stays counted.
             return Err(bad_value(op, "pd_handle", r.pd_handle));
         }
-        st.pds += 1;
         Ok(Pd {
             handle: r.pd_handle,
         })
     }
 
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
-        let mut st = self.state.lock();
-        let req = abi::DestroyHandle {
-            handle: pd.handle,
-            ..Default::default()
-        };
-        match st.chan.exec::<_, abi::RespHdr>(
-            &self.regs,
-            Op::DestroyPd,
-            abi::opcode::DESTROY_PD,
-            req,
-        ) {
-            Ok(_) => {
-                st.pds -= 1;
-                Ok(())
-            }
-            Err(e) => Err((pd, e)),
-        }
+        let code = (Op::DestroyPd, abi::opcode::DESTROY_PD);
+        let handle = pd.handle;
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Pd, code, handle, pd)
     }
 
     unsafe fn create_cq(&self, entries: u32) -> Result<Cq<H>> {
@@ -588,13 +623,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         let cqe = entries.max(1).next_power_of_two();
         let pages = 1 + cqe.div_ceil(CQES_PER_PAGE);
         let mut st = self.state.lock();
-        if st.cqs >= self.caps.max_cq {
-            let limit = self.caps.max_cq;
-            return Err(Error::Resource(Resource::Objects {
-                object: Object::Cq,
-                limit,
-            }));
-        }
+        st.room_for(Object::Cq, self.caps.max_cq)?;
         let mem = QueueMem::new(&self.hal, pages as usize)?;
         let req = abi::CreateCq {
             pdir_dma: mem.pdir.paddr(),
@@ -603,20 +632,13 @@ impl<H: Hal> Provider for Pvrdma<H> {
             nchunks: pages,
             ..Default::default()
         };
-        let r: abi::CreateCqResp = match st.chan.exec(&self.regs, op, abi::opcode::CREATE_CQ, req) {
-            Ok(r) => r,
-            Err(e) => {
-                st.cqs += u32::from(outcome_unknown(&e));
-                quarantine_if_unknown(&e, mem);
-                return Err(e);
-            }
-        };
+        let code = (op, abi::opcode::CREATE_CQ);
+        let (r, mem): (abi::CreateCqResp, _) = st.create(&self.regs, Object::Cq, code, req, mem)?;
         let cq = Cq {
             handle: r.cq_handle,
             entries: cqe,
             mem,
         };
-        st.cqs += 1;
         if r.cqe != cqe || r.cq_handle > regs::db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
             drop(st);
@@ -634,23 +656,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
-        let mut st = self.state.lock();
-        let req = abi::DestroyHandle {
-            handle: cq.handle,
-            ..Default::default()
-        };
-        match st.chan.exec::<_, abi::RespHdr>(
-            &self.regs,
-            Op::DestroyCq,
-            abi::opcode::DESTROY_CQ,
-            req,
-        ) {
-            Ok(_) => {
-                st.cqs -= 1;
-                Ok(())
-            }
-            Err(e) => Err((cq, e)),
-        }
+        let code = (Op::DestroyCq, abi::opcode::DESTROY_CQ);
+        let handle = cq.handle;
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Cq, code, handle, cq)
     }
 
     fn cq_entries(&self, cq: &Cq<H>) -> u32 {

@@ -12,8 +12,8 @@ use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi::{self, opcode};
 use super::pdir::QueueMem;
-use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, outcome_unknown, quarantine_if_unknown, regs};
-use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
+use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, regs};
+use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
 use crate::verbs::types::bad_value;
 use crate::verbs::{
     AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, SrqAttr,
@@ -260,13 +260,7 @@ impl<H: Hal> Pvrdma<H> {
         let (sq, rq) = self.qp_layout(init)?;
         let qp_type = init.qp_type;
         let mut st = self.state.lock();
-        if st.qps >= self.caps.max_qp {
-            let limit = self.caps.max_qp;
-            return Err(Error::Resource(Resource::Objects {
-                object: Object::Qp,
-                limit,
-            }));
-        }
+        st.room_for(Object::Qp, self.caps.max_qp)?;
         if qp_type == QpType::Gsi && st.gsi {
             // One QP1 a port: QEMU would register a second under the same number.
             return Err(Error::from_errno(op, EBUSY));
@@ -294,32 +288,19 @@ impl<H: Hal> Pvrdma<H> {
             is_srq: u8::from(srq.is_some()),
             ..Default::default()
         };
-        let code = opcode::CREATE_QP;
-        // (qpn, handle, the five caps the device echoes)
-        let answer = if self.version >= abi::VERSION_QP_HANDLE {
-            st.chan
-                .exec::<_, abi::CreateQpRespV2>(&self.regs, op, code, req)
-                .map(|r| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    (r.qpn, r.qp_handle, c, r.max_inline_data)
-                })
+        let code = (op, opcode::CREATE_QP);
+        // (qpn, handle, the four caps the device echoes, inline data)
+        let ((qpn, handle, echoed, inline), mem) = if self.version >= abi::VERSION_QP_HANDLE {
+            let (r, mem): (abi::CreateQpRespV2, _) =
+                st.create(&self.regs, Object::Qp, code, req, mem)?;
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
         } else {
-            st.chan
-                .exec::<_, abi::CreateQpRespV1>(&self.regs, op, code, req)
-                .map(|r| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    (r.qpn, r.qpn, c, r.max_inline_data)
-                })
+            let (r, mem): (abi::CreateQpRespV1, _) =
+                st.create(&self.regs, Object::Qp, code, req, mem)?;
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            ((r.qpn, r.qpn, c, r.max_inline_data), mem)
         };
-        let (qpn, handle, echoed, inline) = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                st.qps += u32::from(outcome_unknown(&e));
-                quarantine_if_unknown(&e, mem);
-                return Err(e);
-            }
-        };
-        st.qps += 1;
         st.gsi |= qp_type == QpType::Gsi;
         let qp = Qp {
             handle,
@@ -454,23 +435,13 @@ impl<H: Hal> Pvrdma<H> {
 
     pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
         let mut st = self.state.lock();
-        let req = abi::DestroyHandle {
-            handle: qp.handle,
-            ..Default::default()
-        };
-        match st
-            .chan
-            .exec::<_, abi::RespHdr>(&self.regs, Op::DestroyQp, opcode::DESTROY_QP, req)
-        {
-            Ok(_) => {
-                st.qps -= 1;
-                if qp.qp_type == QpType::Gsi {
-                    st.gsi = false;
-                }
-                Ok(())
-            }
-            Err(e) => Err((qp, e)),
+        let (handle, gsi) = (qp.handle, qp.qp_type == QpType::Gsi);
+        let code = (Op::DestroyQp, opcode::DESTROY_QP);
+        st.destroy(&self.regs, Object::Qp, code, handle, qp)?;
+        if gsi {
+            st.gsi = false;
         }
+        Ok(())
     }
 
     pub(crate) fn srq_layout(&self, attr: &SrqAttr) -> Result<QueueLayout> {
@@ -491,13 +462,7 @@ impl<H: Hal> Pvrdma<H> {
         let op = Op::CreateSrq;
         let layout = self.srq_layout(attr)?;
         let mut st = self.state.lock();
-        if st.srqs >= self.caps.max_srq {
-            let limit = self.caps.max_srq;
-            return Err(Error::Resource(Resource::Objects {
-                object: Object::Srq,
-                limit,
-            }));
-        }
+        st.room_for(Object::Srq, self.caps.max_srq)?;
         let nchunks = 1 + layout.pages;
         let mem = QueueMem::new(&self.hal, nchunks as usize)?;
         let actual = SrqAttr {
@@ -517,15 +482,9 @@ impl<H: Hal> Pvrdma<H> {
             },
             ..Default::default()
         };
-        let r: abi::CreateSrqResp = match st.chan.exec(&self.regs, op, opcode::CREATE_SRQ, req) {
-            Ok(r) => r,
-            Err(e) => {
-                st.srqs += u32::from(outcome_unknown(&e));
-                quarantine_if_unknown(&e, mem);
-                return Err(e);
-            }
-        };
-        st.srqs += 1;
+        let code = (op, opcode::CREATE_SRQ);
+        let (r, mem): (abi::CreateSrqResp, _) =
+            st.create(&self.regs, Object::Srq, code, req, mem)?;
         let srq = Srq {
             handle: r.srqn,
             attr: actual,
@@ -541,21 +500,11 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     pub(crate) fn destroy_srq_impl(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
-        let mut st = self.state.lock();
-        let req = abi::DestroyHandle {
-            handle: srq.handle,
-            ..Default::default()
-        };
-        match st
-            .chan
-            .exec::<_, abi::RespHdr>(&self.regs, Op::DestroySrq, opcode::DESTROY_SRQ, req)
-        {
-            Ok(_) => {
-                st.srqs -= 1;
-                Ok(())
-            }
-            Err(e) => Err((srq, e)),
-        }
+        let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
+        let handle = srq.handle;
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Srq, code, handle, srq)
     }
 
     pub(crate) fn qp_num_of(qp: &Qp<H>) -> u32 {
