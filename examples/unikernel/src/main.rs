@@ -1,0 +1,115 @@
+//! The bareverbs unikernel: boots under QEMU (`-kernel`, PVH), prints what it finds on PCI,
+//! and drives a PVRDMA through bareverbs if there is one (see the library for the demo).
+//! Ends with `bareverbs: PASS`, `bareverbs: FAIL <reason>`, or a plain "no device" line, and
+//! exits QEMU through isa-debug-exit with a code for each.
+#![no_std]
+#![no_main]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod boot;
+mod console;
+
+use core::fmt::Write;
+use core::ptr::NonNull;
+
+use bareverbs::device::pvrdma::Config;
+use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs_unikernel::{Verdict, run};
+use console::{Exit, Serial, exit};
+
+unsafe extern "C" {
+    static __image_end: u8;
+}
+
+/// DMA memory given to the driver at most (the region's bitmap limit is 128 MiB).
+const DMA_MAX_PAGES: usize = 16 * 1024;
+
+/// The largest RAM range above the kernel image from the PVH memory map, page-aligned:
+/// (physical address, pages).
+fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
+    // Only the address of the linker-defined symbol is taken.
+    let image_end = core::ptr::addr_of!(__image_end) as u64;
+    let info = start_info as usize as *const u8;
+    // hvm_start_info: magic at 0 (0x336ec578), memmap_paddr at 40, memmap_entries at 48.
+    // SAFETY: QEMU hands over a valid hvm_start_info at `ebx`; memory is identity-mapped.
+    let (magic, memmap, entries) = unsafe {
+        (
+            info.cast::<u32>().read_unaligned(),
+            info.add(40).cast::<u64>().read_unaligned(),
+            info.add(48).cast::<u32>().read_unaligned(),
+        )
+    };
+    if magic != 0x336E_C578 {
+        return None;
+    }
+    let mut best: Option<(u64, u64)> = None;
+    for i in 0..entries.min(128) as usize {
+        // hvm_memmap_table_entry: addr u64, size u64, type u32 (1 = RAM), reserved u32.
+        // SAFETY: the table QEMU built, `entries` entries of 24 bytes, identity-mapped.
+        let (addr, size, ty) = unsafe {
+            let e = (memmap as usize + i * 24) as *const u8;
+            (
+                e.cast::<u64>().read_unaligned(),
+                e.add(8).cast::<u64>().read_unaligned(),
+                e.add(16).cast::<u32>().read_unaligned(),
+            )
+        };
+        let start = addr.max(image_end).next_multiple_of(PAGE_SIZE as u64);
+        let end = (addr + size).min(0xC000_0000) & !(PAGE_SIZE as u64 - 1);
+        if ty == 1 && end > start && best.is_none_or(|(s, e)| end - start > e - s) {
+            best = Some((start, end));
+        }
+    }
+    best.map(|(s, e)| {
+        (
+            s,
+            (((e - s) / PAGE_SIZE as u64) as usize).min(DMA_MAX_PAGES),
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn kmain(start_info: u32) -> ! {
+    console::init();
+    console::init_log();
+    let _ = writeln!(
+        Serial,
+        "bareverbs unikernel: x86_64, PVH entry, polling driver"
+    );
+    let Some((pa, pages)) = dma_memory(start_info) else {
+        let _ = writeln!(
+            Serial,
+            "bareverbs: FAIL no usable RAM in the PVH memory map"
+        );
+        exit(Exit::Fail)
+    };
+    let _ = writeln!(Serial, "DMA region: {pa:#x}, {pages} pages");
+    let Some(vaddr) = NonNull::new(pa as usize as *mut u8) else {
+        exit(Exit::Fail)
+    };
+    // SAFETY: RAM above the image from the firmware's memory map, identity-mapped, used for
+    // nothing else.
+    let dma = unsafe { DmaRegion::new(pa, vaddr, pages) };
+    // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
+    // BARs lie in that hole.
+    let hal = unsafe { IdentityHal::new(&dma, 0) };
+    // SAFETY: a PC has configuration mechanism #1; this kernel is the only user of the ports.
+    let pci = unsafe { PortIoConfig::new() };
+    match run(hal, &pci, &mut Serial, Config::default()) {
+        Ok(Verdict::NoDevice) => exit(Exit::NoDevice),
+        Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            let _ = writeln!(Serial, "bareverbs: PASS");
+            exit(Exit::Pass)
+        }
+        Ok(Verdict::Pass) => {
+            let left = dma.total_pages() - dma.free_pages();
+            let _ = writeln!(Serial, "bareverbs: FAIL {left} DMA pages not returned");
+            exit(Exit::Fail)
+        }
+        Err(f) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL {f}");
+            exit(Exit::Fail)
+        }
+    }
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Boots the bareverbs unikernel in plain QEMU (TCG) and turns its verdict into an exit status.
+#
+#   qemu/boot.sh KERNEL [--require-device] [extra QEMU arguments...]
+#
+# The machine: q35, 256 MiB, serial on stdout, isa-debug-exit, and a vmxnet3 at 00:10.0 (the
+# function a PVRDMA pairs with). Plain QEMU cannot realize -device pvrdma without a host RDMA
+# device (see qemu/lab/ for that), so here the kernel shows the PCI probe and its clean "no
+# device" path. Status: 0 for PASS (and for "no device" unless --require-device), 1 otherwise.
+set -uo pipefail
+kernel=$1; shift
+require=0
+if [ "${1:-}" = "--require-device" ]; then require=1; shift; fi
+if ! command -v qemu-system-x86_64 >/dev/null; then
+  echo "qemu-system-x86_64 not found: apt-get install qemu-system-x86" >&2
+  exit 1
+fi
+timeout 60 qemu-system-x86_64 \
+  -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot -serial stdio \
+  -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+  -netdev user,id=n0,restrict=on \
+  -device vmxnet3,netdev=n0,addr=0x10.0,multifunction=on,mac=52:54:00:12:34:57,romfile= \
+  -kernel "$kernel" "$@"
+status=$?
+case $status in
+  33) echo "[boot.sh] verdict: PASS"; exit 0 ;;
+  35) echo "[boot.sh] verdict: FAIL"; exit 1 ;;
+  37) echo "[boot.sh] verdict: no PVRDMA device"; exit $((require)) ;;
+  124) echo "[boot.sh] verdict: timed out after 60 s"; exit 1 ;;
+  *) echo "[boot.sh] verdict: QEMU exited with $status (crash or triple fault)"; exit 1 ;;
+esac
