@@ -63,6 +63,26 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// A queue has no room for the whole batch: nothing was posted.
+    QueueFull {
+        /// Which queue.
+        queue: Queue,
+        /// How many entries it has free.
+        free: u32,
+    },
+}
+
+/// A queue named by [`Error::QueueFull`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queue {
+    /// A QP's send queue (ring slots, or the safe path's buffer slots).
+    Send,
+    /// A QP's receive queue.
+    Recv,
+    /// A shared receive queue.
+    Srq,
+    /// A completion queue that would overflow (the device drops CQEs silently when full).
+    Cq,
 }
 
 /// The class of an [`Error`], for callers that only branch on it.
@@ -98,6 +118,7 @@ impl Error {
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Busy { .. } => ErrorKind::Busy,
+            Error::QueueFull { .. } => ErrorKind::Resource,
         }
     }
 
@@ -175,6 +196,14 @@ pub enum Param {
     Psn,
     /// An IPv6 flow label (20 bits).
     FlowLabel,
+    /// Scatter/gather entries in one work request.
+    NumSge,
+    /// A buffer range beyond its memory region.
+    BufferRange,
+    /// Memory region length.
+    MrLength,
+    /// A work request ID (bit 63 is reserved for the safe path).
+    WrId,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -189,6 +218,8 @@ pub enum Attr {
     Qkey,
     /// A bound source GID: the device needs one to reach RTR.
     SourceGid,
+    /// A UD destination (address vector, remote QPN and Q_Key) on a UD send.
+    UdDest,
 }
 
 /// What ran out, in an [`Error::Resource`].
@@ -276,6 +307,12 @@ pub enum Op {
     BindGid,
     /// Removing a GID from the port's table.
     UnbindGid,
+    /// Posting send work requests.
+    PostSend,
+    /// Posting receive work requests.
+    PostRecv,
+    /// Polling a completion queue.
+    PollCq,
 }
 
 /// What a device reported in an [`Error::Device`].
@@ -356,6 +393,8 @@ pub enum Feature {
     Multicast,
     /// The device's own completion-queue resize.
     ResizeCq,
+    /// An operation the QP's transport cannot carry (e.g. RDMA on UD).
+    OpcodeForQpType,
 }
 
 /// What was not found, in an [`Error::NotFound`].
@@ -389,6 +428,12 @@ impl fmt::Display for Error {
             Error::Unsupported(u) => write!(f, "unsupported: {u:?}"),
             Error::NotFound(n) => write!(f, "not found: {n:?}"),
             Error::Busy { op } => write!(f, "{op:?}: object busy"),
+            Error::QueueFull { queue, free } => {
+                write!(
+                    f,
+                    "{queue:?} queue full: {free} entries free, nothing posted"
+                )
+            }
         }
     }
 }

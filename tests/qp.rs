@@ -227,132 +227,136 @@ fn case3_ex_attributes_are_refused_typed_never_ignored() {
 
 #[test]
 fn case4_illegal_caps_fail_before_the_device_is_touched() {
-    let model = model();
-    let ctx = up(&model);
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    let before = (model.commands(), model.outstanding_pages());
-    let try_caps = |c: QpCaps| {
-        pd.qp_builder(&cq, &cq)
-            .caps(c)
-            .build::<Rc, 4096, 4096>()
-            .err()
-    };
-    // max_qp_wr is 10467, but a 1-SGE send queue (128-byte WQEs) fits 4096 in 128 pages.
-    assert_eq!(
-        try_caps(caps(u32::MAX, 1, 1, 1)),
-        Some(invalid(Param::MaxSendWr, u32::MAX.into(), 4096))
-    );
-    assert_eq!(
-        try_caps(caps(1, u32::MAX, 1, 1)),
-        Some(invalid(Param::MaxRecvWr, u32::MAX.into(), 10467))
-    );
-    assert_eq!(
-        try_caps(caps(1, 1, 0xFFFF, 1)),
-        Some(invalid(Param::MaxSendSge, 0xFFFF, 4))
-    );
-    assert_eq!(
-        try_caps(caps(1, 1, 1, 0xFFFF)),
-        Some(invalid(Param::MaxRecvSge, 0xFFFF, 4))
-    );
-    assert_eq!(
-        try_caps(caps(1, 1, 5, 1)),
-        Some(invalid(Param::MaxSendSge, 5, 4))
-    );
-    // QEMU's 128 data pages per queue: 4 SGEs make 256-byte WQEs, so 2048 send WRs at most.
-    assert_eq!(
-        try_caps(caps(2049, 1, 4, 1)),
-        Some(invalid(Param::MaxSendWr, 2049, 2048))
-    );
-    assert!(
-        pd.qp_builder(&cq, &cq)
-            .caps(caps(2048, 1, 4, 1))
-            .build::<Rc, 2048, 16>()
-            .is_ok()
-    );
-    // The driver's own compile-time capacity is a limit too, and says so.
-    assert_eq!(
-        pd.qp_builder(&cq, &cq)
-            .caps(caps(17, 1, 1, 1))
-            .build::<Rc, 16, 16>()
-            .err(),
-        Some(invalid(Param::MaxSendWr, 17, 16))
-    );
-    assert_eq!(
-        pd.qp_builder(&cq, &cq)
-            .caps(caps(1, 33, 1, 1))
-            .build::<Rc, 16, 32>()
-            .err(),
-        Some(invalid(Param::MaxRecvWr, 33, 32))
-    );
-    // No inline data on PVRDMA: a request for any is refused, not silently dropped.
-    assert_eq!(
-        try_caps(QpCaps {
-            max_inline_data: 1,
-            ..caps(1, 1, 1, 1)
-        }),
-        Some(unsupported_feature(Feature::InlineData))
-    );
-    assert_eq!(
-        model.commands(),
-        before.0 + 2,
-        "only the one valid create (and its destroy)"
-    );
-    assert_eq!(model.outstanding_pages(), before.1);
-    drop(cq);
-    drop(pd);
-    teardown(&model, ctx);
+    big_stack(|| {
+        let model = model();
+        let ctx = up(&model);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let before = (model.commands(), model.outstanding_pages());
+        let try_caps = |c: QpCaps| {
+            pd.qp_builder(&cq, &cq)
+                .caps(c)
+                .build::<Rc, 4096, 4096>()
+                .err()
+        };
+        // max_qp_wr is 10467, but a 1-SGE send queue (128-byte WQEs) fits 4096 in 128 pages.
+        assert_eq!(
+            try_caps(caps(u32::MAX, 1, 1, 1)),
+            Some(invalid(Param::MaxSendWr, u32::MAX.into(), 4096))
+        );
+        assert_eq!(
+            try_caps(caps(1, u32::MAX, 1, 1)),
+            Some(invalid(Param::MaxRecvWr, u32::MAX.into(), 10467))
+        );
+        assert_eq!(
+            try_caps(caps(1, 1, 0xFFFF, 1)),
+            Some(invalid(Param::MaxSendSge, 0xFFFF, 4))
+        );
+        assert_eq!(
+            try_caps(caps(1, 1, 1, 0xFFFF)),
+            Some(invalid(Param::MaxRecvSge, 0xFFFF, 4))
+        );
+        assert_eq!(
+            try_caps(caps(1, 1, 5, 1)),
+            Some(invalid(Param::MaxSendSge, 5, 4))
+        );
+        // QEMU's 128 data pages per queue: 4 SGEs make 256-byte WQEs, so 2048 send WRs at most.
+        assert_eq!(
+            try_caps(caps(2049, 1, 4, 1)),
+            Some(invalid(Param::MaxSendWr, 2049, 2048))
+        );
+        assert!(
+            pd.qp_builder(&cq, &cq)
+                .caps(caps(2048, 1, 4, 1))
+                .build::<Rc, 2048, 16>()
+                .is_ok()
+        );
+        // The driver's own compile-time capacity is a limit too, and says so.
+        assert_eq!(
+            pd.qp_builder(&cq, &cq)
+                .caps(caps(17, 1, 1, 1))
+                .build::<Rc, 16, 16>()
+                .err(),
+            Some(invalid(Param::MaxSendWr, 17, 16))
+        );
+        assert_eq!(
+            pd.qp_builder(&cq, &cq)
+                .caps(caps(1, 33, 1, 1))
+                .build::<Rc, 16, 32>()
+                .err(),
+            Some(invalid(Param::MaxRecvWr, 33, 32))
+        );
+        // No inline data on PVRDMA: a request for any is refused, not silently dropped.
+        assert_eq!(
+            try_caps(QpCaps {
+                max_inline_data: 1,
+                ..caps(1, 1, 1, 1)
+            }),
+            Some(unsupported_feature(Feature::InlineData))
+        );
+        assert_eq!(
+            model.commands(),
+            before.0 + 2,
+            "only the one valid create (and its destroy)"
+        );
+        assert_eq!(model.outstanding_pages(), before.1);
+        drop(cq);
+        drop(pd);
+        teardown(&model, ctx);
+    });
 }
 
 /// The exact PVRDMA sizing: (requested wr, sge) → (slots, sge, stride, data pages).
 #[test]
 fn pvrdma_rounding_is_exact() {
-    let model = model();
-    let ctx = up(&model);
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    // send: stride pow2(80 + 16 sge); recv: stride pow2(16 + 16 sge)
-    let table = [
-        // (swr, ssge, rwr, rsge) => (sslots, sstride, spages, rslots, rstride, rpages)
-        ((0, 0, 0, 0), (1, 128, 1, 1, 32, 1)),
-        ((1, 1, 1, 1), (1, 128, 1, 1, 32, 1)),
-        ((3, 2, 3, 2), (4, 128, 1, 4, 64, 1)),
-        ((3, 3, 5, 3), (4, 128, 1, 8, 64, 1)),
-        ((100, 4, 100, 4), (128, 256, 8, 128, 128, 4)),
-        ((33, 1, 1000, 1), (64, 128, 2, 1024, 32, 8)),
-        ((2048, 4, 4096, 4), (2048, 256, 128, 4096, 128, 128)),
-    ];
-    for ((sw, ss, rw, rs), (sslots, sstride, spages, rslots, rstride, rpages)) in table {
-        let qp = pd
-            .qp_builder(&cq, &cq)
-            .caps(caps(sw, rw, ss, rs))
-            .build::<Rc, 4096, 4096>()
-            .unwrap();
-        let c = qp.caps();
-        assert_eq!(
-            (c.max_send_wr, c.max_send_sge, c.max_recv_wr, c.max_recv_sge),
-            (sslots, ss.max(1), rslots, rs.max(1)),
-            "request {:?}",
-            (sw, ss, rw, rs)
-        );
-        assert_eq!(qp.raw().strides(), (sstride, rstride));
-        assert_eq!(qp.raw().queue_pages(), (spages, rpages));
-        assert_eq!(
-            qp.raw().pages() as u32,
-            1 + spages + rpages,
-            "ring-state page included"
-        );
-        assert_eq!(qp.work_queue_slots(), (sslots, rslots));
-        let m = model.qp(qp.qp_num()).unwrap();
-        assert_eq!(
-            m.caps,
-            [sslots, rslots, ss.max(1), rs.max(1), 0],
-            "what the device was told"
-        );
-    }
-    drop(cq);
-    drop(pd);
-    teardown(&model, ctx);
+    big_stack(|| {
+        let model = model();
+        let ctx = up(&model);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        // send: stride pow2(80 + 16 sge); recv: stride pow2(16 + 16 sge)
+        let table = [
+            // (swr, ssge, rwr, rsge) => (sslots, sstride, spages, rslots, rstride, rpages)
+            ((0, 0, 0, 0), (1, 128, 1, 1, 32, 1)),
+            ((1, 1, 1, 1), (1, 128, 1, 1, 32, 1)),
+            ((3, 2, 3, 2), (4, 128, 1, 4, 64, 1)),
+            ((3, 3, 5, 3), (4, 128, 1, 8, 64, 1)),
+            ((100, 4, 100, 4), (128, 256, 8, 128, 128, 4)),
+            ((33, 1, 1000, 1), (64, 128, 2, 1024, 32, 8)),
+            ((2048, 4, 4096, 4), (2048, 256, 128, 4096, 128, 128)),
+        ];
+        for ((sw, ss, rw, rs), (sslots, sstride, spages, rslots, rstride, rpages)) in table {
+            let qp = pd
+                .qp_builder(&cq, &cq)
+                .caps(caps(sw, rw, ss, rs))
+                .build::<Rc, 4096, 4096>()
+                .unwrap();
+            let c = qp.caps();
+            assert_eq!(
+                (c.max_send_wr, c.max_send_sge, c.max_recv_wr, c.max_recv_sge),
+                (sslots, ss.max(1), rslots, rs.max(1)),
+                "request {:?}",
+                (sw, ss, rw, rs)
+            );
+            assert_eq!(qp.raw().strides(), (sstride, rstride));
+            assert_eq!(qp.raw().queue_pages(), (spages, rpages));
+            assert_eq!(
+                qp.raw().pages() as u32,
+                1 + spages + rpages,
+                "ring-state page included"
+            );
+            assert_eq!(qp.work_queue_slots(), (sslots, rslots));
+            let m = model.qp(qp.qp_num()).unwrap();
+            assert_eq!(
+                m.caps,
+                [sslots, rslots, ss.max(1), rs.max(1), 0],
+                "what the device was told"
+            );
+        }
+        drop(cq);
+        drop(pd);
+        teardown(&model, ctx);
+    });
 }
 
 #[test]
@@ -386,53 +390,55 @@ fn case5_query_after_create_is_reset_with_caps_at_least_the_request() {
 /// with actual ≥ requested and PVRDMA's exact rounding.
 #[test]
 fn case6_random_caps_always_succeed_with_exact_rounding() {
-    let model = model();
-    let ctx = up(&model);
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4096).unwrap();
-    let dc = *ctx.caps();
-    let (wr_max, sge_max) = (dc.max_qp_wr / 8, dc.max_sge / 2);
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let mut draw = |lo: u32, hi: u32| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        lo + (s % u64::from(hi - lo + 1)) as u32
-    };
-    for _ in 0..300 {
-        let req = caps(
-            draw(1, wr_max),
-            draw(1, wr_max),
-            draw(1, sge_max),
-            draw(1, sge_max),
-        );
-        let qp = pd
-            .qp_builder(&cq, &cq)
-            .caps(req)
-            .build::<Ud, 2048, 2048>()
-            .unwrap_or_else(|e| panic!("{req:?}: {e}"));
-        let c = qp.caps();
-        assert_eq!(c.max_send_wr, req.max_send_wr.next_power_of_two());
-        assert_eq!(c.max_recv_wr, req.max_recv_wr.next_power_of_two());
-        assert_eq!(
-            (c.max_send_sge, c.max_recv_sge),
-            (req.max_send_sge, req.max_recv_sge)
-        );
-        let sstride = (80 + 16 * c.max_send_sge).next_power_of_two();
-        let rstride = (16 + 16 * c.max_recv_sge).next_power_of_two();
-        assert_eq!(qp.raw().strides(), (sstride, rstride));
-        assert_eq!(
-            qp.raw().queue_pages(),
-            (
-                (c.max_send_wr * sstride).div_ceil(4096),
-                (c.max_recv_wr * rstride).div_ceil(4096)
-            )
-        );
-        qp.destroy().map_err(|(_, e)| e).unwrap();
-    }
-    drop(cq);
-    drop(pd);
-    teardown(&model, ctx);
+    big_stack(|| {
+        let model = model();
+        let ctx = up(&model);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4096).unwrap();
+        let dc = *ctx.caps();
+        let (wr_max, sge_max) = (dc.max_qp_wr / 8, dc.max_sge / 2);
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut draw = |lo: u32, hi: u32| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lo + (s % u64::from(hi - lo + 1)) as u32
+        };
+        for _ in 0..300 {
+            let req = caps(
+                draw(1, wr_max),
+                draw(1, wr_max),
+                draw(1, sge_max),
+                draw(1, sge_max),
+            );
+            let qp = pd
+                .qp_builder(&cq, &cq)
+                .caps(req)
+                .build::<Ud, 2048, 2048>()
+                .unwrap_or_else(|e| panic!("{req:?}: {e}"));
+            let c = qp.caps();
+            assert_eq!(c.max_send_wr, req.max_send_wr.next_power_of_two());
+            assert_eq!(c.max_recv_wr, req.max_recv_wr.next_power_of_two());
+            assert_eq!(
+                (c.max_send_sge, c.max_recv_sge),
+                (req.max_send_sge, req.max_recv_sge)
+            );
+            let sstride = (80 + 16 * c.max_send_sge).next_power_of_two();
+            let rstride = (16 + 16 * c.max_recv_sge).next_power_of_two();
+            assert_eq!(qp.raw().strides(), (sstride, rstride));
+            assert_eq!(
+                qp.raw().queue_pages(),
+                (
+                    (c.max_send_wr * sstride).div_ceil(4096),
+                    (c.max_recv_wr * rstride).div_ceil(4096)
+                )
+            );
+            qp.destroy().map_err(|(_, e)| e).unwrap();
+        }
+        drop(cq);
+        drop(pd);
+        teardown(&model, ctx);
+    });
 }
 
 #[test]

@@ -10,6 +10,10 @@ use common::*;
 
 #[test]
 fn the_demo_passes_on_the_model_and_returns_every_page() {
+    big_stack(demo_passes);
+}
+
+fn demo_passes() {
     let model = model();
     let mut out = String::new();
     let verdict = run(model.clone(), &model, &mut out, CONFIG);
@@ -53,6 +57,10 @@ fn the_demo_passes_on_the_model_and_returns_every_page() {
 
 #[test]
 fn the_demo_reports_a_failure_with_its_step() {
+    big_stack(demo_reports_failure);
+}
+
+fn demo_reports_failure() {
     let model = model();
     let mut out = String::new();
     model.fail_command(3, 5); // QUERY_PORT, QUERY_PKEY, then CREATE_BIND
@@ -67,6 +75,10 @@ fn the_demo_reports_a_failure_with_its_step() {
 
 #[test]
 fn without_a_pvrdma_the_demo_says_so() {
+    big_stack(no_pvrdma);
+}
+
+fn no_pvrdma() {
     // A model whose PVRDMA is not paired cannot be brought up; a machine without one at all is
     // what plain QEMU gives (checked by booting the kernel there).
     let model = Model::new(ModelConfig {

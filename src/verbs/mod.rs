@@ -7,12 +7,16 @@
 //! object back with the error when the device refuses, and a `Drop` that destroys on a best-effort
 //! basis and never panics.
 
+mod mr;
 mod qp;
 mod qp_types;
 pub(crate) mod types;
+mod wr;
 
 use core::mem::ManuallyDrop;
 
+pub use mr::MemoryRegion;
+pub use qp::{CanRecv, Completion, RecvRequest, SendRequest};
 pub use qp::{
     ConnectedInit, ConnectedRtr, ConnectedRts, Datagram, DatagramInit, DatagramRts, ErrState, Gsi,
     Init, QpBuilder, QueuePair, RawPacket, Rc, Reset, Rtr, Rts, SharedReceiveQueue, State,
@@ -23,6 +27,9 @@ pub use qp_types::{
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
+pub use wr::{
+    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use crate::error::{Error, Result};
 
@@ -122,6 +129,54 @@ pub trait Provider {
     fn srq_attr(&self, srq: &Self::Srq) -> SrqAttr;
     /// Destroys a shared receive queue; on failure hands it back with the error.
     fn destroy_srq(&self, srq: Self::Srq) -> Result<(), (Self::Srq, Error)>;
+
+    /// A registered memory region (with the memory it covers).
+    type Mr;
+    /// Allocates `len` bytes of DMA memory and registers them in `pd` with `access`.
+    ///
+    /// # Safety
+    ///
+    /// The PD outlives the region, and it is destroyed through [`destroy_mr`](Self::destroy_mr)
+    /// (or leaked) before the provider is dropped.
+    unsafe fn create_mr(&self, pd: &Self::Pd, len: usize, access: AccessFlags) -> Result<Self::Mr>;
+    /// Deregisters a memory region and frees its memory; on failure hands it back.
+    fn destroy_mr(&self, mr: Self::Mr) -> Result<(), (Self::Mr, Error)>;
+    /// (address in the region's address space, length, local key, remote key).
+    fn mr_info(&self, mr: &Self::Mr) -> (u64, usize, u32, u32);
+    /// Where the CPU reaches the region's bytes.
+    fn mr_ptr(&self, mr: &Self::Mr) -> core::ptr::NonNull<u8>;
+
+    /// The device's handle of a QP, as completions name it.
+    fn qp_handle(&self, qp: &Self::Qp) -> u32;
+    /// Posts send work requests, all or none, with one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer the requests name stays allocated, registered and untouched by the CPU
+    /// until its completion has been polled (or the QP is destroyed).
+    unsafe fn post_send(&self, qp: &mut Self::Qp, wrs: &[SendWr<'_>]) -> Result<()>;
+    /// Posts receive work requests, all or none, with one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// As for [`post_send`](Self::post_send).
+    unsafe fn post_recv(&self, qp: &mut Self::Qp, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// Posts receive work requests to a shared receive queue, all or none.
+    ///
+    /// # Safety
+    ///
+    /// As for [`post_send`](Self::post_send).
+    unsafe fn post_srq_recv(&self, srq: &Self::Srq, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// Polls up to `out.len()` completions; with `only`, stops at the first completion of
+    /// another QP (leaving it for that QP's poll).
+    fn poll_cq(
+        &self,
+        cq: &Self::Cq,
+        only: Option<&Self::Qp>,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize>;
+    /// Requests an interrupt for the next completion (`solicited_only`: the next solicited).
+    fn arm_cq(&self, cq: &Self::Cq, solicited_only: bool);
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.
@@ -261,6 +316,18 @@ pub struct CompletionQueue<'c, P: Provider> {
 }
 
 impl<'c, P: Provider> CompletionQueue<'c, P> {
+    /// Polls up to `out.len()` completions of any QP into `out` (`ibv_poll_cq`); returns how
+    /// many. Completions of safe posts should be polled through their QP instead, which hands
+    /// the buffers back.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.ctx.provider.poll_cq(&self.raw, None, out)
+    }
+
+    /// Requests an interrupt for the next completion (`ibv_req_notify_cq`).
+    pub fn arm(&self, solicited_only: bool) {
+        self.ctx.provider.arm_cq(&self.raw, solicited_only)
+    }
+
     /// The number of entries (≥ the request: devices round up).
     pub fn entries(&self) -> u32 {
         self.ctx.provider.cq_entries(&self.raw)

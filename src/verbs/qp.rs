@@ -36,8 +36,9 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 use super::qp_types::*;
-use super::{CompletionQueue, Context, Gid, Mtu, ProtectionDomain, Provider};
-use crate::error::{Error, Feature, Op, Param, Result, Unsupported};
+use super::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WorkCompletion};
+use super::{CompletionQueue, Context, Gid, MemoryRegion, Mtu, ProtectionDomain, Provider};
+use crate::error::{Error, Fault, Feature, Op, Param, Queue, Result, Unsupported};
 
 /// Largest packet sequence number or QP number (24 bits).
 const MAX_24BIT: u32 = 0x00FF_FFFF;
@@ -299,29 +300,126 @@ states!(
     ErrState => QpState::Err
 );
 
-/// Driver-side bookkeeping of one work queue: the `wr_id` of each ring slot, in fixed storage.
-pub(crate) struct WorkQueue<const N: usize> {
-    /// Filled by the data path: the `wr_id` posted in each slot.
-    #[allow(dead_code)]
-    wr_id: [u64; N],
-    /// Slots in use (the device ring's size, ≤ N).
-    slots: u32,
+/// `wr_id` bit marking a work request posted by the safe path: the rest is a storage slot.
+const SAFE: u64 = 1 << 63;
+/// With [`SAFE`]: the slot is a receive queue's.
+const SAFE_RECV: u64 = 1 << 62;
+
+/// A buffer the device may use, held until its completion.
+struct Posted<'a, P: Provider> {
+    wr_id: u64,
+    mr: MemoryRegion<'a, P>,
 }
 
-impl<const N: usize> WorkQueue<N> {
+/// Driver-side bookkeeping of one work queue: storage for `N` posted buffers (fixed, no heap).
+struct Slots<'a, P: Provider, const N: usize> {
+    held: [Option<Posted<'a, P>>; N],
+    /// Where the search for a free slot starts.
+    next: usize,
+    /// Ring slots of the device queue (≤ N).
+    ring: u32,
+}
+
+impl<'a, P: Provider, const N: usize> Slots<'a, P, N> {
     const POWER_OF_TWO: () = assert!(
         N.is_power_of_two() && N <= 1 << 24,
         "work-queue capacity must be a power of two"
     );
 
-    fn new(slots: u32) -> Self {
+    fn new(ring: u32) -> Self {
         let () = Self::POWER_OF_TWO;
-        WorkQueue {
-            wr_id: [0; N],
-            slots,
+        Slots {
+            held: core::array::from_fn(|_| None),
+            next: 0,
+            ring,
+        }
+    }
+
+    /// Finds `K` free slots (all or none).
+    fn free<const K: usize>(&mut self) -> Option<[usize; K]> {
+        let mut found = [0; K];
+        let mut n = 0;
+        for i in 0..N {
+            if n == K {
+                break;
+            }
+            let slot = (self.next + i) % N;
+            if self.held[slot].is_none() {
+                found[n] = slot;
+                n += 1;
+            }
+        }
+        (n == K).then(|| {
+            self.next = (found[K.saturating_sub(1)] + 1) % N;
+            found
+        })
+    }
+
+    fn free_count(&self) -> u32 {
+        self.held.iter().filter(|h| h.is_none()).count() as u32
+    }
+}
+
+/// A safe send: the buffer (a whole memory region) moves into the queue pair and comes back
+/// with the completion.
+pub struct SendRequest<'a, P: Provider> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The buffer.
+    pub mr: MemoryRegion<'a, P>,
+    /// First byte sent.
+    pub offset: u32,
+    /// Bytes sent (for RDMA READ: received).
+    pub len: u32,
+    /// The operation.
+    pub op: SendOp,
+    /// Flags (the safe path always adds SIGNALED: every buffer comes back).
+    pub flags: SendFlags,
+    /// UD destination.
+    pub ud: Option<UdDest>,
+}
+
+impl<'a, P: Provider> SendRequest<'a, P> {
+    /// A SEND of `len` bytes of `mr` from `offset`.
+    pub fn send(wr_id: u64, mr: MemoryRegion<'a, P>, offset: u32, len: u32) -> Self {
+        SendRequest {
+            wr_id,
+            mr,
+            offset,
+            len,
+            op: SendOp::Send,
+            flags: SendFlags::empty(),
+            ud: None,
         }
     }
 }
+
+/// A safe receive: the buffer moves into the queue pair and comes back with the completion.
+pub struct RecvRequest<'a, P: Provider> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The buffer.
+    pub mr: MemoryRegion<'a, P>,
+    /// First byte written.
+    pub offset: u32,
+    /// Room for this many bytes.
+    pub len: u32,
+}
+
+/// A completion from [`QueuePair::poll`]: the work completion and, for a safe post, its
+/// buffer handed back.
+pub struct Completion<'a, P: Provider> {
+    /// The work completion (`wr_id` as the request gave it).
+    pub wc: WorkCompletion,
+    /// The buffer, for work requests posted by the safe path.
+    pub mr: Option<MemoryRegion<'a, P>>,
+}
+
+/// States in which receives may be posted (INIT, RTR, RTS).
+pub trait CanRecv: State {}
+impl CanRecv for Init {}
+impl CanRecv for Rtr {}
+impl CanRecv for Rts {}
 
 /// Builds a queue pair (`ibv_create_qp` / `ibv_create_qp_ex`).
 pub struct QpBuilder<'a, P: Provider> {
@@ -382,7 +480,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
             ctx,
             raw: ManuallyDrop::new(raw),
             _pd: PhantomData,
-            _rq: WorkQueue::new(actual.max_wr),
+            _capacity: PhantomData,
         })
     }
 }
@@ -471,8 +569,10 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
                 caps,
                 user_context: self.user_context,
                 mcast: 0,
-                sq: WorkQueue::new(caps.max_send_wr),
-                rq: WorkQueue::new(caps.max_recv_wr),
+                send_cq: self.send_cq,
+                recv_cq: self.recv_cq,
+                sq: ManuallyDrop::new(Slots::new(caps.max_send_wr)),
+                rq: ManuallyDrop::new(Slots::new(caps.max_recv_wr)),
                 _borrows: PhantomData,
             },
             _t: PhantomData,
@@ -480,25 +580,51 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     }
 }
 
-/// The state-independent part of a queue pair; it owns the device object.
+/// The state-independent part of a queue pair; it owns the device object and the buffers
+/// posted by the safe path.
 struct QpInner<'a, P: Provider, const SQ: usize, const RQ: usize> {
     ctx: &'a Context<P>,
     raw: ManuallyDrop<P::Qp>,
     caps: QpCaps,
     user_context: u64,
     mcast: u32,
-    sq: WorkQueue<SQ>,
-    rq: WorkQueue<RQ>,
-    _borrows: PhantomData<(&'a P::Pd, &'a P::Cq, &'a P::Srq)>,
+    send_cq: &'a P::Cq,
+    recv_cq: &'a P::Cq,
+    sq: ManuallyDrop<Slots<'a, P, SQ>>,
+    rq: ManuallyDrop<Slots<'a, P, RQ>>,
+    _borrows: PhantomData<(&'a P::Pd, &'a P::Srq)>,
+}
+
+impl<'a, P: Provider, const SQ: usize, const RQ: usize> QpInner<'a, P, SQ, RQ> {
+    /// Destroys the device QP; then (only then) the held buffers may go. On failure the QP is
+    /// handed back with its buffers.
+    fn destroy_raw(&mut self) -> Result<(), Error> {
+        // SAFETY: `raw` is taken here and put back on failure; on success the caller never
+        // touches it again (it forgets or drops `self` without running Drop's destroy).
+        let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+        match self.ctx.provider().destroy_qp(raw) {
+            Ok(()) => {
+                // SAFETY: the device no longer uses the QP, so its buffers may be freed; each
+                // field is dropped once and never used again.
+                unsafe {
+                    ManuallyDrop::drop(&mut self.sq);
+                    ManuallyDrop::drop(&mut self.rq);
+                }
+                Ok(())
+            }
+            Err((raw, e)) => {
+                self.raw = ManuallyDrop::new(raw);
+                Err(e)
+            }
+        }
+    }
 }
 
 impl<P: Provider, const SQ: usize, const RQ: usize> Drop for QpInner<'_, P, SQ, RQ> {
     fn drop(&mut self) {
-        // SAFETY: `raw` is taken once, here; `self` is gone afterwards.
-        let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
-        if let Err((raw, e)) = self.ctx.provider().destroy_qp(raw) {
+        if let Err(e) = self.destroy_raw() {
+            // The device may still use the rings and the posted buffers: keep them all.
             log::warn!("bareverbs: queue pair not destroyed ({e}); its memory is leaked");
-            core::mem::forget(raw);
         }
     }
 }
@@ -540,7 +666,72 @@ impl<'a, P: Provider, T: Transport, S: State, const SQ: usize, const RQ: usize>
 
     /// Ring slots of the send and receive queues (≤ `SQ`, `RQ`).
     pub fn work_queue_slots(&self) -> (u32, u32) {
-        (self.inner.sq.slots, self.inner.rq.slots)
+        (self.inner.sq.ring, self.inner.rq.ring)
+    }
+
+    /// Polls this QP's completions (from its send CQ, then its receive CQ), handing back the
+    /// buffers of safe posts. Completions of other QPs sharing a CQ are left for them: polling
+    /// stops at the first one.
+    pub fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
+        let provider = self.inner.ctx.provider();
+        let cqs = [self.inner.send_cq, self.inner.recv_cq];
+        let same = core::ptr::eq(cqs[0], cqs[1]);
+        for cq in &cqs[..if same { 1 } else { 2 }] {
+            let mut wc = [WorkCompletion::default()];
+            if provider.poll_cq(cq, Some(&self.inner.raw), &mut wc)? == 1 {
+                return self.resolve(wc[0]).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Polls up to `K` completions into `out` (appended); returns how many.
+    pub fn poll<const K: usize>(
+        &mut self,
+        out: &mut heapless::Vec<Completion<'a, P>, K>,
+    ) -> Result<usize> {
+        let mut n = 0;
+        while !out.is_full() {
+            match self.poll_one()? {
+                Some(c) => {
+                    // Cannot fail: checked `is_full` above.
+                    let _ = out.push(c);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
+    /// Maps a completion back to its request: a safe post's slot gives back the `wr_id` and
+    /// the buffer. A slot that is out of range or not in use is the device's error, never an
+    /// index.
+    fn resolve(&mut self, mut wc: WorkCompletion) -> Result<Completion<'a, P>> {
+        if wc.wr_id & SAFE == 0 {
+            return Ok(Completion { wc, mr: None });
+        }
+        let slot = (wc.wr_id & !(SAFE | SAFE_RECV)) as usize;
+        let held = if wc.wr_id & SAFE_RECV != 0 {
+            self.inner.rq.held.get_mut(slot)
+        } else {
+            self.inner.sq.held.get_mut(slot)
+        };
+        let Some(posted) = held.and_then(Option::take) else {
+            let fault = Fault::Value {
+                field: "completion wr_id",
+                value: wc.wr_id,
+            };
+            return Err(Error::Protocol {
+                op: Op::PollCq,
+                fault,
+            });
+        };
+        wc.wr_id = posted.wr_id;
+        Ok(Completion {
+            wc,
+            mr: Some(posted.mr),
+        })
     }
 
     /// The provider's object.
@@ -580,16 +771,10 @@ impl<'a, P: Provider, T: Transport, S: State, const SQ: usize, const RQ: usize>
             return Err((self, Error::Busy { op: Op::DestroyQp }));
         }
         let mut this = ManuallyDrop::new(self);
-        // SAFETY: `raw` is taken once; `this` is never dropped as a whole (ManuallyDrop), its
-        // other fields are read out exactly once below or it is rebuilt with the raw QP.
-        let raw = unsafe { ManuallyDrop::take(&mut this.inner.raw) };
-        let provider = this.inner.ctx.provider();
-        match provider.destroy_qp(raw) {
+        match this.inner.destroy_raw() {
+            // Destroyed, buffers freed: forget the rest (references and counters only).
             Ok(()) => Ok(()),
-            Err((raw, e)) => {
-                this.inner.raw = ManuallyDrop::new(raw);
-                Err((ManuallyDrop::into_inner(this), e))
-            }
+            Err(e) => Err((ManuallyDrop::into_inner(this), e)),
         }
     }
 
@@ -618,6 +803,151 @@ impl<'a, P: Provider, T: Transport, S: State, const SQ: usize, const RQ: usize>
     /// Any state → ERROR (outstanding work requests complete flushed).
     pub fn to_error(self) -> Result<QueuePair<'a, P, T, ErrState, SQ, RQ>, (Self, Error)> {
         self.modify(&ModifyAttr::to_state(QpState::Err))
+    }
+}
+
+impl<'a, P: Provider, T: Transport, const SQ: usize, const RQ: usize>
+    QueuePair<'a, P, T, Rts, SQ, RQ>
+{
+    /// Posts send work requests as given (`ibv_post_send`): all or none, written to the ring
+    /// and published with one index store and one doorbell.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::QueueFull`] when the batch does not fit (nothing posted), `InvalidInput` for
+    /// more SGEs than the QP's `max_send_sge` or a `wr_id` with bit 63 set (reserved for the
+    /// safe path), `Unsupported` for operations the device or transport lacks.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer the requests name stays allocated, registered, and untouched by the CPU
+    /// until its completion has been polled (or the QP destroyed).
+    pub unsafe fn post_send_raw(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if let Some(wr) = wrs.iter().find(|w| w.wr_id & SAFE != 0) {
+            return Err(Error::invalid(Param::WrId, wr.wr_id, SAFE - 1));
+        }
+        // SAFETY: forwarded from our caller.
+        unsafe {
+            self.inner
+                .ctx
+                .provider()
+                .post_send(&mut self.inner.raw, wrs)
+        }
+    }
+
+    /// Posts one safe send: the buffer moves into the QP until its completion.
+    pub fn post_send(
+        &mut self,
+        req: SendRequest<'a, P>,
+    ) -> Result<(), (SendRequest<'a, P>, Error)> {
+        self.post_send_batch([req]).map_err(|([r], e)| (r, e))
+    }
+
+    /// Posts `K` safe sends with one doorbell, all or none: on failure every request (with its
+    /// buffer) is handed back.
+    pub fn post_send_batch<const K: usize>(
+        &mut self,
+        reqs: [SendRequest<'a, P>; K],
+    ) -> Result<(), ([SendRequest<'a, P>; K], Error)> {
+        let Some(slots) = self.inner.sq.free::<K>() else {
+            let free = self.inner.sq.free_count();
+            return Err((
+                reqs,
+                Error::QueueFull {
+                    queue: Queue::Send,
+                    free,
+                },
+            ));
+        };
+        let mut sges = [Sge::default(); K];
+        for (sge, r) in sges.iter_mut().zip(&reqs) {
+            match r.mr.sge(r.offset, r.len) {
+                Ok(s) => *sge = s,
+                Err(e) => return Err((reqs, e)),
+            }
+        }
+        let wrs: [SendWr<'_>; K] = core::array::from_fn(|i| SendWr {
+            wr_id: SAFE | slots[i] as u64,
+            sg_list: core::slice::from_ref(&sges[i]),
+            op: reqs[i].op,
+            flags: reqs[i].flags | SendFlags::SIGNALED,
+            ud: reqs[i].ud,
+        });
+        let provider = self.inner.ctx.provider();
+        // SAFETY: each buffer moves into the QP's storage below, before anything else can
+        // reach it, and leaves it only with its completion (or after the QP is destroyed).
+        if let Err(e) = unsafe { provider.post_send(&mut self.inner.raw, &wrs) } {
+            return Err((reqs, e));
+        }
+        for (slot, r) in slots.into_iter().zip(reqs) {
+            self.inner.sq.held[slot] = Some(Posted {
+                wr_id: r.wr_id,
+                mr: r.mr,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<'a, P: Provider, T: Transport, S: CanRecv, const SQ: usize, const RQ: usize>
+    QueuePair<'a, P, T, S, SQ, RQ>
+{
+    /// Posts receive work requests as given (`ibv_post_recv`): all or none, one doorbell.
+    ///
+    /// # Errors
+    ///
+    /// As [`post_send_raw`](QueuePair::post_send_raw), for the receive queue.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send_raw`](QueuePair::post_send_raw).
+    pub unsafe fn post_recv_raw(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if let Some(wr) = wrs.iter().find(|w| w.wr_id & SAFE != 0) {
+            return Err(Error::invalid(Param::WrId, wr.wr_id, SAFE - 1));
+        }
+        // SAFETY: forwarded from our caller.
+        unsafe {
+            self.inner
+                .ctx
+                .provider()
+                .post_recv(&mut self.inner.raw, wrs)
+        }
+    }
+
+    /// Posts one safe receive: the buffer moves into the QP until its completion.
+    pub fn post_recv(
+        &mut self,
+        req: RecvRequest<'a, P>,
+    ) -> Result<(), (RecvRequest<'a, P>, Error)> {
+        let Some([slot]) = self.inner.rq.free::<1>() else {
+            let free = self.inner.rq.free_count();
+            return Err((
+                req,
+                Error::QueueFull {
+                    queue: Queue::Recv,
+                    free,
+                },
+            ));
+        };
+        let sge = match req.mr.sge(req.offset, req.len) {
+            Ok(s) => s,
+            Err(e) => return Err((req, e)),
+        };
+        let wr = RecvWr {
+            wr_id: SAFE | SAFE_RECV | slot as u64,
+            sg_list: core::slice::from_ref(&sge),
+        };
+        let provider = self.inner.ctx.provider();
+        // SAFETY: the buffer moves into the QP's storage right after, and leaves it only with
+        // its completion (or after the QP is destroyed).
+        if let Err(e) = unsafe { provider.post_recv(&mut self.inner.raw, &[wr]) } {
+            return Err((req, e));
+        }
+        self.inner.rq.held[slot] = Some(Posted {
+            wr_id: req.wr_id,
+            mr: req.mr,
+        });
+        Ok(())
     }
 }
 
@@ -740,7 +1070,7 @@ pub struct SharedReceiveQueue<'a, P: Provider, const N: usize> {
     ctx: &'a Context<P>,
     raw: ManuallyDrop<P::Srq>,
     _pd: PhantomData<&'a P::Pd>,
-    _rq: WorkQueue<N>,
+    _capacity: PhantomData<[u64; N]>,
 }
 
 impl<'a, P: Provider, const N: usize> SharedReceiveQueue<'a, P, N> {
@@ -752,6 +1082,16 @@ impl<'a, P: Provider, const N: usize> SharedReceiveQueue<'a, P, N> {
     /// The provider's object.
     pub fn raw(&self) -> &P::Srq {
         &self.raw
+    }
+
+    /// Posts receive work requests (`ibv_post_srq_recv`): all or none, one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post_send_raw`].
+    pub unsafe fn post_recv_raw(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.ctx.provider().post_srq_recv(&self.raw, wrs) }
     }
 
     /// Destroys the SRQ (`ibv_destroy_srq`), handing it back on failure.

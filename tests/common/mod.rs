@@ -35,3 +35,14 @@ pub fn teardown(model: &Model, ctx: Ctx) {
     assert!(!model.active(), "device not reset at teardown");
     assert_clean(model);
 }
+
+/// Runs `f` on a thread with a large stack: queue pairs keep their safe-path buffer storage
+/// inline (no heap), about 120 bytes a slot, and tests use capacities of thousands.
+pub fn big_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(f)
+        .expect("spawn")
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}

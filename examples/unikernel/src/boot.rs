@@ -95,7 +95,7 @@ boot_gdt_ptr:
 boot_pml4: .skip 4096
 boot_pdpt: .skip 4096
 boot_pd:   .skip 4096 * 4
-boot_stack: .skip 256 * 1024
+boot_stack: .skip 4 * 1024 * 1024
 boot_stack_top:
 "#,
     options(att_syntax)

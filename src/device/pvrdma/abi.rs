@@ -486,6 +486,142 @@ pub struct CreateSrqResp {
     pub reserved: u32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateMr {
+    pub hdr: CmdHdr,
+    pub start: u64,
+    pub length: u64,
+    pub pdir_dma: u64,
+    pub pd_handle: u32,
+    pub access_flags: u32,
+    pub flags: u32,
+    pub nchunks: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateMrResp {
+    pub hdr: RespHdr,
+    pub mr_handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub reserved: u32,
+}
+
+/// Send WQE header (L-ABI `pvrdma_sq_wqe_hdr`), 80 bytes; the SGEs follow. `wr` is the
+/// 48-byte union: RDMA (remote_addr, rkey), atomics, or UD (remote_qpn, remote_qkey, av).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SqWqeHdr {
+    pub wr_id: u64,
+    pub num_sge: u32,
+    pub total_len: u32,
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub ex: u32,
+    pub reserved: u32,
+    pub wr: [u32; 12],
+}
+
+/// Word indices into [`SqWqeHdr::wr`] (byte offset 0x20 + 4·i of the WQE).
+pub mod wr {
+    /// rdma / atomic: remote_addr (2 words).
+    pub const REMOTE_ADDR: usize = 0;
+    /// rdma: rkey.
+    pub const RDMA_RKEY: usize = 2;
+    /// ud: remote_qpn.
+    pub const UD_REMOTE_QPN: usize = 0;
+    /// ud: remote_qkey.
+    pub const UD_REMOTE_QKEY: usize = 1;
+    /// ud av: port_pd (pd handle bits 0–23, port bits 24–31).
+    pub const AV_PORT_PD: usize = 2;
+    /// ud av: sl_tclass_flowlabel (traffic class from bit 20, flow label below).
+    pub const AV_SL_TCLASS_FLOW: usize = 3;
+    /// ud av: dgid (4 words).
+    pub const AV_DGID: usize = 4;
+    /// av: src_path_bits, gid_index (byte 0x41 of the WQE: QEMU reads it for every QP type),
+    /// stat_rate, hop_limit.
+    pub const AV_GID_WORD: usize = 8;
+}
+
+/// Send WQE opcodes (L-ABI `enum pvrdma_wr_opcode`).
+pub mod wr_opcode {
+    pub const RDMA_WRITE: u32 = 0;
+    pub const RDMA_WRITE_WITH_IMM: u32 = 1;
+    pub const SEND: u32 = 2;
+    pub const SEND_WITH_IMM: u32 = 3;
+    pub const RDMA_READ: u32 = 4;
+}
+
+/// Send flags (L-ABI `enum pvrdma_send_flags`).
+pub mod send_flags {
+    pub const FENCE: u32 = 1;
+    pub const SIGNALED: u32 = 2;
+    pub const SOLICITED: u32 = 4;
+}
+
+/// Receive WQE header (L-ABI `pvrdma_rq_wqe_hdr`), 16 bytes; the SGEs follow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RqWqeHdr {
+    pub wr_id: u64,
+    pub num_sge: u32,
+    pub total_len: u32,
+}
+
+/// Scatter/gather entry (L-ABI `pvrdma_sge`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WqeSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Completion queue entry (L-ABI `pvrdma_cqe`), 64 bytes. No valid bit: only the ring's
+/// prod_tail says it is ready.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cqe {
+    pub wr_id: u64,
+    pub qp: u64,
+    pub opcode: u32,
+    pub status: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub vendor_err: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    pub port_num: u8,
+    pub smac: [u8; 6],
+    pub network_hdr_type: u8,
+    pub reserved: [u8; 6],
+}
+
+/// CQE opcodes (L-ABI `enum pvrdma_wc_opcode`).
+pub mod wc_opcode {
+    pub const SEND: u32 = 0;
+    pub const RDMA_WRITE: u32 = 1;
+    pub const RDMA_READ: u32 = 2;
+    pub const COMP_SWAP: u32 = 3;
+    pub const FETCH_ADD: u32 = 4;
+    pub const RECV: u32 = 128;
+    pub const RECV_RDMA_WITH_IMM: u32 = 129;
+}
+
+/// Ring-state offsets in a queue's page 0 (L-RING, §7): the SQ's at 0; the RQ's, an SRQ's and
+/// a CQ's at 8. Each is prod_tail then cons_head.
+pub const RING_STATE_TX: usize = 0;
+/// See [`RING_STATE_TX`].
+pub const RING_STATE_RX: usize = 8;
+/// CQE size.
+pub const CQE_SIZE: usize = 64;
+
 pod!(
     RingPageInfo,
     Caps,
@@ -517,6 +653,12 @@ pod!(
     SrqAttr,
     CreateSrq,
     CreateSrqResp,
+    CreateMr,
+    CreateMrResp,
+    SqWqeHdr,
+    RqWqeHdr,
+    WqeSge,
+    Cqe,
 );
 
 macro_rules! assert_size {
@@ -553,7 +695,17 @@ assert_size!(
     SrqAttr => 16,
     CreateSrq => 56,
     CreateSrqResp => 24,
+    CreateMr => 56,
+    CreateMrResp => 32,
+    SqWqeHdr => 80,
+    RqWqeHdr => 16,
+    WqeSge => 16,
+    Cqe => 64,
 );
+const _: () = assert!(core::mem::offset_of!(SqWqeHdr, wr) == 0x20);
+const _: () = assert!(core::mem::offset_of!(CreateMr, nchunks) == 0x34);
+const _: () = assert!(core::mem::offset_of!(Cqe, vendor_err) == 0x28);
+const _: () = assert!(core::mem::offset_of!(Cqe, network_hdr_type) == 0x39);
 const _: () = assert!(core::mem::offset_of!(CreateQp, total_chunks) == 0x44);
 const _: () = assert!(core::mem::offset_of!(CreateQp, is_srq) == 0x4C);
 const _: () = assert!(core::mem::offset_of!(QpAttr, cap) == 0x38);

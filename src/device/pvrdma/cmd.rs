@@ -31,9 +31,9 @@ macro_rules! messages {
 use super::abi::*;
 messages!(
     requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind,
-        CreateQp, ModifyQp, QueryQp, CreateSrq;
+        CreateQp, ModifyQp, QueryQp, CreateSrq, CreateMr;
     responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp,
-        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp
+        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp, CreateMrResp
 );
 
 /// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie.

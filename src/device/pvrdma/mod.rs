@@ -13,10 +13,12 @@
 
 mod abi;
 mod cmd;
+mod datapath;
 mod pdir;
 mod qp;
 pub mod regs;
 
+pub use datapath::Mr;
 pub use qp::{Qp, Srq};
 
 use core::mem::offset_of;
@@ -33,8 +35,8 @@ use crate::error::{
 };
 use crate::pci;
 use crate::verbs::{
-    DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpInit,
-    SrqAttr, types::bad_value,
+    AccessFlags, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps,
+    QpInit, RecvWr, SendWr, SrqAttr, WorkCompletion, types::bad_value,
 };
 
 /// Bring-up options.
@@ -189,6 +191,11 @@ pub struct Cq<H: Hal> {
     handle: u32,
     entries: u32,
     mem: QueueMem<H>,
+    /// CQEs the posted work requests will produce and that have not been polled: posts that
+    /// would overflow the CQ are refused (the device drops CQEs silently when it is full).
+    pending: core::sync::atomic::AtomicU32,
+    /// Makes polling exclusive (it advances the consumer index).
+    poll_lock: spin::Mutex<()>,
 }
 
 impl<H: Hal> Cq<H> {
@@ -200,6 +207,11 @@ impl<H: Hal> Cq<H> {
     /// Pages of ring memory, the ring-state page included.
     pub fn pages(&self) -> usize {
         self.mem.data.pages()
+    }
+
+    /// CQEs that posted work requests will still produce.
+    pub fn pending(&self) -> u32 {
+        self.pending.load(core::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -354,11 +366,6 @@ impl<H: Hal> Pvrdma<H> {
     pub fn max_cq_entries(&self) -> u32 {
         let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
         prev_power_of_two(self.caps.max_cqe.min(by_pages))
-    }
-
-    #[allow(dead_code)] // used by the data path
-    fn uar(&self) -> &H::Mmio {
-        &self.uar
     }
 }
 
@@ -537,6 +544,56 @@ impl<H: Hal> Provider for Pvrdma<H> {
         self.destroy_srq_impl(srq)
     }
 
+    type Mr = Mr<H>;
+
+    unsafe fn create_mr(&self, pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr<H>> {
+        self.create_mr_impl(pd, len, access)
+    }
+
+    fn destroy_mr(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
+        self.destroy_mr_impl(mr)
+    }
+
+    fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
+        Self::mr_info_of(mr)
+    }
+
+    fn mr_ptr(&self, mr: &Mr<H>) -> core::ptr::NonNull<u8> {
+        Self::mr_ptr_of(mr)
+    }
+
+    fn qp_handle(&self, qp: &Qp<H>) -> u32 {
+        qp.handle()
+    }
+
+    unsafe fn post_send(&self, qp: &mut Qp<H>, wrs: &[SendWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_impl(qp, wrs) }
+    }
+
+    unsafe fn post_recv(&self, qp: &mut Qp<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_recv_impl(qp, wrs) }
+    }
+
+    unsafe fn post_srq_recv(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_srq_recv_impl(srq, wrs) }
+    }
+
+    fn poll_cq(
+        &self,
+        cq: &Cq<H>,
+        only: Option<&Qp<H>>,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize> {
+        self.poll_cq_impl(cq, only.map(|q| q.handle()), out)
+    }
+
+    fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {
+        self.arm_cq_impl(cq, solicited_only)
+    }
+
     fn caps(&self) -> &DeviceCaps {
         &self.caps
     }
@@ -638,6 +695,8 @@ impl<H: Hal> Provider for Pvrdma<H> {
             handle: r.cq_handle,
             entries: cqe,
             mem,
+            pending: core::sync::atomic::AtomicU32::new(0),
+            poll_lock: spin::Mutex::new(()),
         };
         if r.cqe != cqe || r.cq_handle > regs::db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.

@@ -8,6 +8,9 @@
 //! ring-state page. Page 0 of a QP's memory is the ring state (SQ at +0, RQ at +8), then the
 //! send pages, then the receive pages.
 
+use core::ptr::NonNull;
+use core::sync::atomic::AtomicU32;
+
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi::{self, opcode};
@@ -82,18 +85,37 @@ fn layout(
 pub struct Qp<H: Hal> {
     handle: u32,
     qpn: u32,
-    qp_type: QpType,
+    pub(crate) qp_type: QpType,
     caps: QpCaps,
     sq_sig_all: bool,
     /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
     state: QpState,
     pub(crate) sq: QueueLayout,
     pub(crate) rq: QueueLayout,
-    mem: QueueMem<H>,
+    pub(crate) mem: QueueMem<H>,
+    /// The driver's producer indices.
+    pub(crate) sq_tail: u32,
+    pub(crate) rq_tail: u32,
+    /// The Q_Key last set (UD sends with a remote Q_Key of bit 31 use it).
+    pub(crate) qkey: u32,
+    /// The source GID index set at RTR (QEMU reads one in every send WQE).
+    pub(crate) sgid_index: u8,
+    pub(crate) pd_handle: u32,
+    pub(crate) has_srq: bool,
+    /// The send and receive CQs' completion budgets: (pending counter, entries).
+    pub(crate) send_cq: (NonNull<AtomicU32>, u32),
+    pub(crate) recv_cq: (NonNull<AtomicU32>, u32),
 }
 
+// SAFETY: the pointers name the CQs' atomic counters, which outlive the QP (the provider
+// contract of create_qp) and are only touched atomically; the rest is owned data.
+unsafe impl<H: Hal + Send> Send for Qp<H> {}
+// SAFETY: as above; shared access reads plain fields and touches the counters atomically.
+unsafe impl<H: Hal + Sync> Sync for Qp<H> {}
+
 impl<H: Hal> Qp<H> {
-    /// The device's handle (the QP number on devices below version 20).
+    /// The device's handle (the QP number on devices below version 20), as doorbells and
+    /// completions name it.
     pub fn handle(&self) -> u32 {
         self.handle
     }
@@ -120,6 +142,9 @@ pub struct Srq<H: Hal> {
     attr: SrqAttr,
     pub(crate) layout: QueueLayout,
     mem: QueueMem<H>,
+    /// The driver's producer index, and the lock that makes posting exclusive.
+    pub(crate) tail: AtomicU32,
+    pub(crate) lock: spin::Mutex<()>,
 }
 
 impl<H: Hal> Srq<H> {
@@ -136,6 +161,10 @@ impl<H: Hal> Srq<H> {
     /// WQE stride in bytes.
     pub fn stride(&self) -> u32 {
         self.layout.stride
+    }
+
+    pub(crate) fn data(&self) -> &crate::dma::Dma<H> {
+        &self.mem.data
     }
 }
 
@@ -180,7 +209,7 @@ fn pvrdma_mask(m: QpAttrMask) -> u32 {
 }
 
 /// PVRDMA's access bits (L-VRB `enum pvrdma_access_flags`).
-fn pvrdma_access(a: AccessFlags) -> u32 {
+pub(crate) fn pvrdma_access(a: AccessFlags) -> u32 {
     const MAP: [(AccessFlags, u32); 5] = [
         (AccessFlags::LOCAL_WRITE, 1 << 0),
         (AccessFlags::REMOTE_WRITE, 1 << 1),
@@ -312,6 +341,14 @@ impl<H: Hal> Pvrdma<H> {
             sq,
             rq,
             mem,
+            sq_tail: 0,
+            rq_tail: 0,
+            qkey: 0,
+            sgid_index: 0,
+            pd_handle: pd.handle,
+            has_srq: srq.is_some(),
+            send_cq: (NonNull::from(&send_cq.pending), send_cq.entries),
+            recv_cq: (NonNull::from(&recv_cq.pending), recv_cq.entries),
         };
         // The device must describe the QP we laid out: anything else is garbage.
         let mask = regs::db::HANDLE_MASK;
@@ -398,6 +435,18 @@ impl<H: Hal> Pvrdma<H> {
         st.chan
             .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
         qp.state = m.state;
+        if m.mask.contains(QpAttrMask::QKEY) {
+            qp.qkey = m.qkey;
+        }
+        if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
+            qp.sgid_index = attrs.ah_attr.grh.sgid_index;
+        }
+        if m.state == QpState::Reset {
+            // The driver restarts its rings with the QP (as Linux and rdma-core do).
+            qp.sq_tail = 0;
+            qp.rq_tail = 0;
+            qp.mem.data.zero(0, 16);
+        }
         Ok(())
     }
 
@@ -490,6 +539,8 @@ impl<H: Hal> Pvrdma<H> {
             attr: actual,
             layout,
             mem,
+            tail: AtomicU32::new(0),
+            lock: spin::Mutex::new(()),
         };
         if r.srqn > regs::db::HANDLE_MASK {
             // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.

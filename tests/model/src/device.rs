@@ -1,6 +1,7 @@
 //! The PVRDMA device proper: registers, shared-region load, command execution with QEMU's
 //! validation (Q-MAIN, Q-CMD, Q-RM; `shared/pvrdma-abi.md` §2–§6, §11).
 
+use crate::datapath::{Mr, QpData, RingGeo, SrqData};
 use crate::mem::Memory;
 use crate::{Garbage, ModelConfig};
 
@@ -80,6 +81,28 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// Maps `n` pages through every table of a page directory (memory regions, §6).
+    pub(crate) fn map_pdir_multi(&mut self, pdir: u64, n: u32) -> Option<Vec<u64>> {
+        if pdir == 0 {
+            return None;
+        }
+        let mut pages = Vec::with_capacity(n as usize);
+        for i in 0..u64::from(n) {
+            let table = self.rd64(pdir + 8 * (i >> 9))?;
+            let pa = self.rd64(table + 8 * (i & 511))?;
+            if pa == 0 {
+                self.violations
+                    .push(format!("MR page table entry {i} is 0"));
+                return None;
+            }
+            self.rd(pa, PAGE as usize)?;
+            pages.push(pa);
+        }
+        Some(pages)
+    }
+}
+
 pub(crate) fn le32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
 }
@@ -103,8 +126,10 @@ pub(crate) struct Loaded {
     resp: u64,
 }
 
-struct Cq {
-    pages: Vec<u64>,
+pub(crate) struct Cq {
+    pub(crate) pages: Vec<u64>,
+    pub(crate) cqe: u32,
+    pub(crate) armed: bool,
 }
 
 /// A queue pair as the model keeps it: QEMU's record (`state`) and the host QP behind it
@@ -112,11 +137,12 @@ struct Cq {
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) qp_type: u8,
-    pd: u32,
-    scq: u32,
-    rcq: u32,
-    srq: Option<u32>,
+    pub(crate) pd: u32,
+    pub(crate) scq: u32,
+    pub(crate) rcq: u32,
+    pub(crate) srq: Option<u32>,
     pages: Vec<u64>,
+    pub(crate) data: QpData,
     pub(crate) state: u32,
     pub(crate) host_state: u32,
     pub(crate) qkey: u32,
@@ -129,15 +155,16 @@ pub(crate) struct Qp {
     pub(crate) sq_sig_all: bool,
 }
 
-struct Srq {
+pub(crate) struct Srq {
     pd: u32,
     pages: Vec<u64>,
+    pub(crate) data: SrqData,
 }
 
-const QPT_SMI: u8 = 0;
-const QPT_GSI: u8 = 1;
-const QPT_RC: u8 = 2;
-const QPT_UD: u8 = 4;
+pub(crate) const QPT_SMI: u8 = 0;
+pub(crate) const QPT_GSI: u8 = 1;
+pub(crate) const QPT_RC: u8 = 2;
+pub(crate) const QPT_UD: u8 = 4;
 const QPS_RESET: u32 = 0;
 const QPS_INIT: u32 = 1;
 const QPS_RTR: u32 = 2;
@@ -152,6 +179,7 @@ pub struct ObjectCounts {
     pub cqs: usize,
     pub qps: usize,
     pub srqs: usize,
+    pub mrs: usize,
     pub gids: usize,
 }
 
@@ -160,11 +188,12 @@ pub(crate) struct Device {
     pub(crate) loaded: Option<Loaded>,
     pub(crate) active: bool,
     pub(crate) dsr_written: Option<Vec<u8>>,
-    ring_pages: Vec<u64>,
-    pds: Vec<bool>,
-    cqs: Vec<Option<Cq>>,
+    pub(crate) ring_pages: Vec<u64>,
+    pub(crate) pds: Vec<bool>,
+    pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) qps: Vec<Option<Qp>>,
-    srqs: Vec<Option<Srq>>,
+    pub(crate) srqs: Vec<Option<Srq>>,
+    pub(crate) mrs: Vec<Option<Mr>>,
     next_qpn: u32,
     pub(crate) gids: Vec<Option<[u8; 16]>>,
     pub(crate) commands: u64,
@@ -172,12 +201,14 @@ pub(crate) struct Device {
     pub(crate) silent: bool,
     pub(crate) garbage: Option<Garbage>,
     pub(crate) reject_next: bool,
-    pub(crate) doorbells: Vec<(usize, u32)>,
+    pub(crate) doorbells: u64,
+    pub(crate) cqes: u64,
+    pub(crate) interrupts: u64,
 }
 
 /// Lowest free slot of a table of `cap` entries, or a violation: QEMU's allocator would have
 /// written past its table (`shared/pvrdma-abi.md` §11).
-fn alloc_slot<T>(
+pub(crate) fn alloc_slot<T>(
     table: &mut Vec<Option<T>>,
     cap: u32,
     what: &str,
@@ -211,6 +242,7 @@ impl Device {
             cqs: Vec::new(),
             qps: Vec::new(),
             srqs: Vec::new(),
+            mrs: Vec::new(),
             next_qpn: 0x11,
             gids: vec![None; 255],
             commands: 0,
@@ -218,7 +250,9 @@ impl Device {
             silent: false,
             garbage: None,
             reject_next: false,
-            doorbells: Vec::new(),
+            doorbells: 0,
+            cqes: 0,
+            interrupts: 0,
         }
     }
 
@@ -228,6 +262,7 @@ impl Device {
             cqs: self.cqs.iter().flatten().count(),
             qps: self.qps.iter().flatten().count(),
             srqs: self.srqs.iter().flatten().count(),
+            mrs: self.mrs.iter().flatten().count(),
             gids: self.gids.iter().flatten().count(),
         }
     }
@@ -245,6 +280,9 @@ impl Device {
         }
         for srq in self.srqs.iter().flatten() {
             srq.pages.iter().copied().for_each(&mut add);
+        }
+        for mr in self.mrs.iter().flatten() {
+            mr.pages.iter().copied().for_each(&mut add);
         }
         if let (Some(l), true) = (self.loaded, self.active) {
             for pa in [l.dsr, l.cmd, l.resp] {
@@ -280,10 +318,6 @@ impl Device {
             REG_REQUEST if value == 0 => self.exec(ctx),
             _ => {}
         }
-    }
-
-    pub(crate) fn doorbell(&mut self, _ctx: &mut Ctx<'_>, offset: usize, value: u32) {
-        self.doorbells.push((offset & 0xFFF, value));
     }
 
     fn load_dsr(&mut self, ctx: &mut Ctx<'_>) {
@@ -481,6 +515,14 @@ impl Device {
                 }
                 Ok(())
             }
+            4 => self.create_mr(ctx, req, resp),
+            5 => {
+                // DESTROY_MR: always succeeds
+                if let Some(slot) = self.mrs.get_mut(le32(req, 0x10) as usize) {
+                    *slot = None;
+                }
+                Ok(())
+            }
             6 => self.create_cq(ctx, req, resp),
             8 => {
                 // DESTROY_CQ
@@ -572,7 +614,11 @@ impl Device {
         }
         let max = ctx.cfg.caps.max_cq;
         let slot = alloc_slot(&mut self.cqs, max, "CQ", ctx.violations).ok_or(ENOMEM)?;
-        self.cqs[slot] = Some(Cq { pages });
+        self.cqs[slot] = Some(Cq {
+            pages,
+            cqe,
+            armed: false,
+        });
         put32(resp, 0x10, slot as u32);
         put32(resp, 0x14, cqe);
         Ok(())
@@ -595,7 +641,7 @@ fn check_ring(v: &mut Vec<String>, what: &str, elems: u32, hdr: u32, sge: u32, p
 }
 
 impl Device {
-    fn qp_index(&self, qpn: u32) -> Option<usize> {
+    pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
         self.qps
             .iter()
             .position(|q| q.as_ref().is_some_and(|q| q.qpn == qpn))
@@ -664,7 +710,30 @@ impl Device {
             _ => return Err(EIO),
         };
         let slot = alloc_slot(&mut self.qps, caps.max_qp, "QP", ctx.violations).ok_or(ENOMEM)?;
+        let stride = |hdr: u32, sge: u32| u64::from((hdr + 16 * sge - 1).next_power_of_two());
+        let data = QpData {
+            sq: RingGeo {
+                state: pages[0],
+                state_off: 0,
+                slots: wr[0],
+                stride: stride(80, wr[2]),
+                pages: pages[1..=send as usize].to_vec(),
+            },
+            rq: if is_srq {
+                RingGeo::default()
+            } else {
+                RingGeo {
+                    state: pages[0],
+                    state_off: 8,
+                    slots: wr[1],
+                    stride: stride(16, wr[3]),
+                    pages: pages[1 + send as usize..].to_vec(),
+                }
+            },
+            ..Default::default()
+        };
         self.qps[slot] = Some(Qp {
+            data,
             qpn,
             qp_type,
             pd,
@@ -821,7 +890,21 @@ impl Device {
             return Err(EIO);
         }
         let slot = alloc_slot(&mut self.srqs, caps.max_srq, "SRQ", ctx.violations).ok_or(ENOMEM)?;
-        self.srqs[slot] = Some(Srq { pd, pages });
+        let ring = RingGeo {
+            state: pages[0],
+            state_off: 8,
+            slots: max_wr,
+            stride: u64::from((16 + 16 * max_sge - 1).next_power_of_two()),
+            pages: pages[1..].to_vec(),
+        };
+        self.srqs[slot] = Some(Srq {
+            pd,
+            pages,
+            data: SrqData {
+                ring,
+                ..Default::default()
+            },
+        });
         put32(resp, 0x10, slot as u32);
         Ok(())
     }

@@ -19,10 +19,12 @@
 //! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
 //! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
 
+mod datapath;
 mod device;
 mod mem;
 mod pci;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
@@ -131,6 +133,8 @@ pub struct ModelConfig {
     pub activate_err: u32,
     /// Total DMA pages the machine has.
     pub dma_pages: usize,
+    /// How send work requests execute.
+    pub semantics: Semantics,
 }
 
 impl Default for ModelConfig {
@@ -145,8 +149,21 @@ impl Default for ModelConfig {
             refuse_dsr: false,
             activate_err: 0,
             dma_pages: 1 << 20,
+            semantics: Semantics::Verbs,
         }
     }
+}
+
+/// How the device executes send work requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Semantics {
+    /// As the verbs specify: every opcode with its meaning, keys and access rights checked,
+    /// SIGNALED honoured, immediate data delivered.
+    #[default]
+    Verbs,
+    /// As QEMU 7.2 does (§8.6, §8.8): every opcode runs as a SEND, every send WQE completes,
+    /// immediate data is not delivered, memory regions get rkey 0xFFFFFFFF.
+    Qemu,
 }
 
 /// How the next response is garbled.
@@ -170,6 +187,7 @@ struct Inner {
 #[derive(Clone)]
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
+    free_doorbells: Arc<AtomicBool>,
 }
 
 impl Default for Model {
@@ -192,6 +210,7 @@ impl Model {
                 cfg,
                 violations: Vec::new(),
             })),
+            free_doorbells: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -309,6 +328,51 @@ impl Model {
             })
     }
 
+    /// Doorbell writes, CQEs posted, and interrupts raised so far.
+    pub fn counters(&self) -> (u64, u64, u64) {
+        let g = self.lock();
+        (g.dev.doorbells, g.dev.cqes, g.dev.interrupts)
+    }
+
+    /// Makes doorbell writes free (ignored without locking the model): for benchmarks that
+    /// count the driver's instructions, with completions put in place by [`Model::inject_cqe`].
+    pub fn set_free_doorbells(&self, free: bool) {
+        self.free_doorbells.store(free, Ordering::Relaxed);
+    }
+
+    /// Posts a successful SEND completion for `qpn` with `wr_id` to CQ `cq`.
+    pub fn inject_cqe(&self, cq: u32, qpn: u32, wr_id: u64) {
+        let mut g = self.lock();
+        let Inner {
+            cfg,
+            mem,
+            dev,
+            violations,
+            ..
+        } = &mut *g;
+        let mut ctx = device::Ctx {
+            cfg,
+            mem,
+            violations,
+            bus_master: true,
+        };
+        dev.inject_cqe(&mut ctx, cq, qpn, wr_id);
+    }
+
+    /// Writes raw bytes into a CQ's next CQE slot and publishes it (garbage-CQE tests).
+    pub fn inject_raw_cqe(&self, cq: u32, bytes: [u8; 64]) {
+        let mut g = self.lock();
+        let Inner { mem, dev, .. } = &mut *g;
+        dev.inject_raw_cqe(mem, cq, bytes);
+    }
+
+    /// Overwrites a CQ's producer index (garbage-index tests).
+    pub fn set_cq_prod(&self, cq: u32, value: u32) {
+        let mut g = self.lock();
+        let Inner { mem, dev, .. } = &mut *g;
+        dev.set_cq_prod(mem, cq, value);
+    }
+
     /// The GID bound at `index`, if any.
     pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
         self.lock().dev.gids.get(index).copied().flatten()
@@ -422,6 +486,9 @@ unsafe impl Mmio for ModelMmio {
 
     fn write32(&self, offset: usize, value: u32) {
         if !offset.is_multiple_of(4) || offset + 4 > self.size {
+            return;
+        }
+        if self.bar == 2 && self.model.free_doorbells.load(Ordering::Relaxed) {
             return;
         }
         let mut g = self.model.lock();

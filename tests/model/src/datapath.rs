@@ -1,0 +1,704 @@
+//! The model's data path: memory regions, and the SQ/RQ/SRQ rings executed inside the
+//! doorbell write (Q-QPO, Q-BE; `shared/pvrdma-abi.md` §7–§10), in loopback: an RC QP's peer is
+//! the QP named by its destination QPN, a UD send goes to the QP named in the WQE if the Q_Key
+//! matches.
+
+use std::collections::VecDeque;
+
+use crate::Semantics;
+use crate::device::{Ctx, Device, le32, le64, put32};
+
+const PAGE: u64 = 4096;
+
+/// A registered memory region.
+pub(crate) struct Mr {
+    pub(crate) pd: u32,
+    pub(crate) iova: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) pages: Vec<u64>,
+}
+
+/// A receive WQE the device has taken from a ring (QEMU posts it to the host at once).
+#[derive(Clone, Debug)]
+pub(crate) struct Recv {
+    wr_id: u64,
+    sges: Vec<(u64, u32, u32)>,
+}
+
+/// Per-queue ring geometry, as QEMU derives it from CREATE_QP / CREATE_SRQ.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RingGeo {
+    pub(crate) state: u64,
+    pub(crate) state_off: u64,
+    pub(crate) slots: u32,
+    pub(crate) stride: u64,
+    pub(crate) pages: Vec<u64>,
+}
+
+impl RingGeo {
+    fn wqe(&self, slot: u32) -> u64 {
+        let off = u64::from(slot) * self.stride;
+        self.pages[(off / PAGE) as usize] + off % PAGE
+    }
+}
+
+/// Data-path state of a QP.
+#[derive(Default)]
+pub(crate) struct QpData {
+    pub(crate) sq: RingGeo,
+    pub(crate) rq: RingGeo,
+    pub(crate) recvs: VecDeque<Recv>,
+    pub(crate) hung: bool,
+}
+
+/// Data-path state of an SRQ.
+#[derive(Default)]
+pub(crate) struct SrqData {
+    pub(crate) ring: RingGeo,
+    pub(crate) recvs: VecDeque<Recv>,
+}
+
+const ACC_LOCAL_WRITE: u32 = 1;
+const ACC_REMOTE_WRITE: u32 = 2;
+const ACC_REMOTE_READ: u32 = 4;
+
+// CQE status values (IB numbering).
+const ST_OK: u32 = 0;
+const ST_LOC_LEN: u32 = 1;
+const ST_LOC_PROT: u32 = 4;
+const ST_REM_INV_REQ: u32 = 9;
+const ST_REM_ACCESS: u32 = 10;
+const ST_RNR: u32 = 13;
+
+struct Cqe {
+    wr_id: u64,
+    qp: u32,
+    opcode: u32,
+    status: u32,
+    byte_len: u32,
+    imm: u32,
+    src_qp: u32,
+    flags: u32,
+}
+
+impl Device {
+    pub(crate) fn create_mr(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        req: &[u8],
+        resp: &mut [u8],
+    ) -> Result<(), u32> {
+        let (start, length, pdir) = (le64(req, 0x10), le64(req, 0x18), le64(req, 0x20));
+        let (pd, access, flags, nchunks) = (
+            le32(req, 0x28),
+            le32(req, 0x2C),
+            le32(req, 0x30),
+            le32(req, 0x34),
+        );
+        if !matches!(self.pds.get(pd as usize), Some(true)) {
+            return Err(crate::device::EINVAL);
+        }
+        let pages = if flags & 1 != 0 {
+            Vec::new() // DMA MR: no mapping, lkey 0 (useless for data, §8.8)
+        } else {
+            if u64::from(nchunks) * PAGE != length.div_ceil(PAGE) * PAGE || nchunks == 0 {
+                return Err(crate::device::EINVAL);
+            }
+            ctx.map_pdir_multi(pdir, nchunks)
+                .ok_or(crate::device::EINVAL)?
+        };
+        let max = ctx.cfg.caps.max_mr;
+        let slot = crate::device::alloc_slot(&mut self.mrs, max, "MR", ctx.violations)
+            .ok_or(crate::device::ENOMEM)?;
+        let lkey = if flags & 1 != 0 {
+            0
+        } else {
+            (slot as u32) << 8 | 0x11
+        };
+        let rkey = match ctx.cfg.semantics {
+            Semantics::Qemu => 0xFFFF_FFFF,
+            Semantics::Verbs => (slot as u32) << 8 | 0x77,
+        };
+        self.mrs[slot] = Some(Mr {
+            pd,
+            iova: start,
+            len: length,
+            access,
+            lkey,
+            rkey,
+            pages,
+        });
+        put32(resp, 0x10, slot as u32);
+        put32(resp, 0x14, lkey);
+        put32(resp, 0x18, rkey);
+        Ok(())
+    }
+
+    /// Translates `len` bytes at `addr` of the MR keyed `key` (by lkey, or rkey when
+    /// `remote`), requiring `access`; returns physical pieces.
+    fn translate(
+        &self,
+        key: u32,
+        remote: bool,
+        addr: u64,
+        len: u32,
+        access: u32,
+        pd: Option<u32>,
+    ) -> Option<Vec<(u64, usize)>> {
+        let mr = self.mrs.iter().flatten().find(|m| {
+            if remote {
+                m.rkey == key && m.rkey != 0xFFFF_FFFF
+            } else {
+                m.lkey == key && key != 0
+            }
+        })?;
+        if pd.is_some_and(|p| p != mr.pd) || (access != 0 && mr.access & access == 0) {
+            return None;
+        }
+        let end = addr.checked_add(u64::from(len))?;
+        if addr < mr.iova || end > mr.iova + mr.len {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut off = addr - mr.iova + (mr.iova % PAGE);
+        let mut left = u64::from(len);
+        while left > 0 {
+            let page = *mr.pages.get((off / PAGE) as usize)?;
+            let n = (PAGE - off % PAGE).min(left);
+            out.push((page + off % PAGE, n as usize));
+            off += n;
+            left -= n;
+        }
+        Some(out)
+    }
+
+    fn gather(&self, ctx: &mut Ctx<'_>, sges: &[(u64, u32, u32)], pd: u32) -> Option<Vec<u8>> {
+        let mut data = Vec::new();
+        for &(addr, len, lkey) in sges {
+            for (pa, n) in self.translate(lkey, false, addr, len, 0, Some(pd))? {
+                data.extend(ctx.mem.read(pa, n)?);
+            }
+        }
+        Some(data)
+    }
+
+    /// Writes `data` across `sges` (which need LOCAL_WRITE); `None` if they are too small or
+    /// invalid.
+    fn scatter(
+        &self,
+        ctx: &mut Ctx<'_>,
+        sges: &[(u64, u32, u32)],
+        pd: u32,
+        data: &[u8],
+    ) -> Result<(), u32> {
+        let room: u64 = sges.iter().map(|s| u64::from(s.1)).sum();
+        if room < data.len() as u64 {
+            return Err(ST_LOC_LEN);
+        }
+        let mut rest = data;
+        for &(addr, len, lkey) in sges {
+            if rest.is_empty() {
+                break;
+            }
+            let take = (len as usize).min(rest.len());
+            let pieces = self
+                .translate(lkey, false, addr, take as u32, ACC_LOCAL_WRITE, Some(pd))
+                .ok_or(ST_LOC_PROT)?;
+            for (pa, n) in pieces {
+                ctx.mem.write(pa, &rest[..n]);
+                rest = &rest[n..];
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn doorbell(&mut self, ctx: &mut Ctx<'_>, offset: usize, value: u32) {
+        self.doorbells += 1;
+        let handle = value & 0x00FF_FFFF;
+        match offset & 0xFFF {
+            0x0 => {
+                let Some(i) = self.qp_index(handle) else {
+                    ctx.violations
+                        .push(format!("QP doorbell for unknown QP {handle}"));
+                    return;
+                };
+                if value & (1 << 31) != 0 {
+                    self.take_recvs(ctx, i);
+                }
+                if value & (1 << 30) != 0 {
+                    self.run_sq(ctx, i);
+                }
+            }
+            0x4 => {
+                let Some(cq) = self.cqs.get_mut(handle as usize).and_then(Option::as_mut) else {
+                    ctx.violations
+                        .push(format!("CQ doorbell for unknown CQ {handle}"));
+                    return;
+                };
+                match (value >> 29) & 0x3 {
+                    0b11 => cq.armed = true,
+                    0b10 => cq.armed = false, // bit 30 alone disarms on QEMU
+                    _ => {}                   // POLL, or bit 29 alone (ignored)
+                }
+            }
+            0x8 => self.take_srq_recvs(ctx, handle),
+            other => ctx
+                .violations
+                .push(format!("doorbell at unknown offset {other:#x}")),
+        }
+    }
+
+    /// Reads the ring's indices; `None` (and a violation) when they are invalid.
+    fn ring_indices(ctx: &mut Ctx<'_>, g: &RingGeo) -> Option<(u32, u32)> {
+        let b = ctx.mem.read(g.state + g.state_off, 8)?;
+        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
+        if prod >= 2 * g.slots || cons >= 2 * g.slots {
+            ctx.violations
+                .push(format!("ring index out of range: prod {prod} cons {cons}"));
+            return None;
+        }
+        Some((prod, cons))
+    }
+
+    fn set_cons(ctx: &mut Ctx<'_>, g: &RingGeo, cons: u32) {
+        ctx.mem
+            .write(g.state + g.state_off + 4, &cons.to_le_bytes());
+    }
+
+    fn read_recv(ctx: &mut Ctx<'_>, g: &RingGeo, slot: u32, max_sge: u32) -> Result<Recv, String> {
+        let hdr = ctx.mem.read(g.wqe(slot), 16).ok_or("unreadable WQE")?;
+        let n = le32(&hdr, 8);
+        if n > max_sge {
+            return Err(format!(
+                "receive WQE with {n} SGEs > max_sge {max_sge}: QEMU loops forever"
+            ));
+        }
+        let b = ctx
+            .mem
+            .read(g.wqe(slot) + 16, 16 * n as usize)
+            .ok_or("unreadable SGEs")?;
+        let sges = (0..n as usize)
+            .map(|k| {
+                (
+                    le64(&b, 16 * k),
+                    le32(&b, 16 * k + 8),
+                    le32(&b, 16 * k + 12),
+                )
+            })
+            .collect();
+        Ok(Recv {
+            wr_id: le64(&hdr, 0),
+            sges,
+        })
+    }
+
+    fn take_recvs(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+        let max_sge = ctx.cfg.caps.max_sge;
+        let qp = self.qps[i].as_mut().expect("indexed");
+        if qp.srq.is_some() {
+            ctx.violations
+                .push("RECV doorbell on a QP with an SRQ: QEMU reads past its allocation".into());
+            return;
+        }
+        let g = qp.data.rq.clone();
+        let Some((prod, mut cons)) = Self::ring_indices(ctx, &g) else {
+            return;
+        };
+        while cons != prod {
+            match Self::read_recv(ctx, &g, cons & (g.slots - 1), max_sge) {
+                Ok(r) => qp.data.recvs.push_back(r),
+                Err(v) => {
+                    ctx.violations.push(v);
+                    return;
+                }
+            }
+            cons = (cons + 1) & (2 * g.slots - 1);
+        }
+        Self::set_cons(ctx, &g, cons);
+    }
+
+    fn take_srq_recvs(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
+        let max_sge = ctx.cfg.caps.max_srq_sge;
+        let Some(srq) = self.srqs.get_mut(handle as usize).and_then(Option::as_mut) else {
+            ctx.violations
+                .push(format!("SRQ doorbell for unknown SRQ {handle}"));
+            return;
+        };
+        let g = srq.data.ring.clone();
+        let Some((prod, mut cons)) = Self::ring_indices(ctx, &g) else {
+            return;
+        };
+        while cons != prod {
+            match Self::read_recv(ctx, &g, cons & (g.slots - 1), max_sge) {
+                Ok(r) => srq.data.recvs.push_back(r),
+                Err(v) => {
+                    ctx.violations.push(v);
+                    return;
+                }
+            }
+            cons = (cons + 1) & (2 * g.slots - 1);
+        }
+        Self::set_cons(ctx, &g, cons);
+    }
+
+    /// Takes the next receive of QP `i` (from its SRQ if it has one).
+    fn pop_recv(&mut self, i: usize) -> Option<Recv> {
+        let qp = self.qps[i].as_mut()?;
+        match qp.srq {
+            Some(s) => self
+                .srqs
+                .get_mut(s as usize)?
+                .as_mut()?
+                .data
+                .recvs
+                .pop_front(),
+            None => qp.data.recvs.pop_front(),
+        }
+    }
+
+    fn run_sq(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+        let qp = self.qps[i].as_ref().expect("indexed");
+        if qp.data.hung {
+            return;
+        }
+        let g = qp.data.sq.clone();
+        let Some((prod, mut cons)) = Self::ring_indices(ctx, &g) else {
+            return;
+        };
+        while cons != prod {
+            let addr = g.wqe(cons & (g.slots - 1));
+            let Some(hdr) = ctx.mem.read(addr, 80) else {
+                return;
+            };
+            let num_sge = le32(&hdr, 0x08);
+            let gid_index = hdr[0x41];
+            let qp = self.qps[i].as_ref().expect("indexed");
+            let gsi = qp.qp_type == crate::device::QPT_GSI;
+            // QEMU's checks; on failure it posts an error CQE and does not advance: it hangs.
+            if !gsi
+                && self
+                    .gids
+                    .get(usize::from(gid_index))
+                    .copied()
+                    .flatten()
+                    .is_none()
+            {
+                ctx.violations.push(format!(
+                    "send WQE with unbound GID index {gid_index}: QEMU loops forever"
+                ));
+                self.qps[i].as_mut().expect("indexed").data.hung = true;
+                return;
+            }
+            if num_sge > ctx.cfg.caps.max_sge {
+                ctx.violations.push(format!(
+                    "send WQE with {num_sge} SGEs > max_sge: QEMU loops forever"
+                ));
+                self.qps[i].as_mut().expect("indexed").data.hung = true;
+                return;
+            }
+            let Some(sb) = ctx.mem.read(addr + 80, 16 * num_sge as usize) else {
+                return;
+            };
+            let sges: Vec<_> = (0..num_sge as usize)
+                .map(|k| {
+                    (
+                        le64(&sb, 16 * k),
+                        le32(&sb, 16 * k + 8),
+                        le32(&sb, 16 * k + 12),
+                    )
+                })
+                .collect();
+            self.execute(ctx, i, &hdr, &sges);
+            cons = (cons + 1) & (2 * g.slots - 1);
+            Self::set_cons(ctx, &g, cons);
+        }
+    }
+
+    /// Runs one send WQE of QP `i`.
+    fn execute(&mut self, ctx: &mut Ctx<'_>, i: usize, hdr: &[u8], sges: &[(u64, u32, u32)]) {
+        let qp = self.qps[i].as_ref().expect("indexed");
+        let (me, pd, scq, sq_sig_all, ty) = (qp.qpn, qp.pd, qp.scq, qp.sq_sig_all, qp.qp_type);
+        let wr_id = le64(hdr, 0);
+        let qemu = ctx.cfg.semantics == Semantics::Qemu;
+        let mut opcode = le32(hdr, 0x10);
+        let signaled = qemu || sq_sig_all || le32(hdr, 0x14) & 2 != 0;
+        if qemu {
+            opcode = 2; // every opcode runs as SEND (§8.6)
+        }
+        let imm = if qemu { 0 } else { le32(hdr, 0x18) };
+        let (remote_addr, rkey) = (le64(hdr, 0x20), le32(hdr, 0x28));
+        let done = |dev: &mut Device, ctx: &mut Ctx<'_>, status: u32, wc_op: u32, byte_len: u32| {
+            if signaled || status != ST_OK {
+                dev.post_cqe(
+                    ctx,
+                    scq,
+                    Cqe {
+                        wr_id,
+                        qp: me,
+                        opcode: wc_op,
+                        status,
+                        byte_len,
+                        imm: 0,
+                        src_qp: 0,
+                        flags: 0,
+                    },
+                );
+            }
+        };
+        let Some(data) = (if opcode == 4 {
+            Some(Vec::new())
+        } else {
+            self.gather(ctx, sges, pd)
+        }) else {
+            return done(self, ctx, ST_LOC_PROT, 0, 0);
+        };
+        // The destination QP.
+        let (dest, ud) = match ty {
+            crate::device::QPT_UD => (le32(hdr, 0x20), true),
+            crate::device::QPT_GSI => return done(self, ctx, ST_OK, 0, 0), // MADs are not modelled
+            _ => (self.qps[i].as_ref().expect("indexed").dest_qpn, false),
+        };
+        let Some(j) = self.qp_index(dest) else {
+            // UD to nowhere is dropped; an RC peer that does not exist never acknowledges.
+            return done(self, ctx, if ud { ST_OK } else { 12 }, 0, 0);
+        };
+        if ud {
+            let qkey = le32(hdr, 0x24);
+            let d = self.qps[j].as_ref().expect("indexed");
+            if d.qp_type != crate::device::QPT_UD || d.qkey != qkey {
+                return done(self, ctx, ST_OK, 0, 0); // dropped on the wire
+            }
+        }
+        let dest_pd = self.qps[j].as_ref().expect("indexed").pd;
+        let dest_rcq = self.qps[j].as_ref().expect("indexed").rcq;
+        match opcode {
+            0 | 1 => {
+                // RDMA WRITE (with immediate)
+                let Some(pieces) = self.translate(
+                    rkey,
+                    true,
+                    remote_addr,
+                    data.len() as u32,
+                    ACC_REMOTE_WRITE,
+                    Some(dest_pd),
+                ) else {
+                    return done(self, ctx, ST_REM_ACCESS, 1, 0);
+                };
+                if opcode == 1 {
+                    let Some(r) = self.pop_recv(j) else {
+                        return done(self, ctx, ST_RNR, 1, 0);
+                    };
+                    self.post_cqe(
+                        ctx,
+                        dest_rcq,
+                        Cqe {
+                            wr_id: r.wr_id,
+                            qp: dest,
+                            opcode: 129,
+                            status: ST_OK,
+                            byte_len: data.len() as u32,
+                            imm,
+                            src_qp: me,
+                            flags: 2,
+                        },
+                    );
+                }
+                let mut rest = &data[..];
+                for (pa, n) in pieces {
+                    ctx.mem.write(pa, &rest[..n]);
+                    rest = &rest[n..];
+                }
+                done(self, ctx, ST_OK, 1, 0)
+            }
+            4 => {
+                // RDMA READ
+                let len: u32 = sges.iter().map(|s| s.1).sum();
+                let Some(pieces) =
+                    self.translate(rkey, true, remote_addr, len, ACC_REMOTE_READ, Some(dest_pd))
+                else {
+                    return done(self, ctx, ST_REM_ACCESS, 2, 0);
+                };
+                let mut bytes = Vec::new();
+                for (pa, n) in pieces {
+                    bytes.extend(ctx.mem.read(pa, n).unwrap_or_default());
+                }
+                match self.scatter(ctx, sges, pd, &bytes) {
+                    Ok(()) => done(self, ctx, ST_OK, 2, len),
+                    Err(st) => done(self, ctx, st, 2, 0),
+                }
+            }
+            _ => {
+                // SEND (with immediate)
+                let Some(r) = self.pop_recv(j) else {
+                    return done(self, ctx, if ud { ST_OK } else { ST_RNR }, 0, 0);
+                };
+                let mut payload = Vec::new();
+                let mut flags = if opcode == 3 && !qemu { 2 } else { 0 };
+                if ud {
+                    // The first 40 bytes of a UD receive hold the GRH.
+                    let mut grh = [0u8; 40];
+                    grh[0] = 0x60;
+                    grh[4..6].copy_from_slice(&(data.len() as u16).to_be_bytes());
+                    grh[6] = 0x1B;
+                    grh[7] = 1;
+                    grh[8..24].copy_from_slice(&hdr[0x30..0x40]);
+                    grh[24..40].copy_from_slice(&hdr[0x30..0x40]);
+                    payload.extend_from_slice(&grh);
+                    flags |= 1;
+                }
+                payload.extend_from_slice(&data);
+                match self.scatter(ctx, &r.sges, dest_pd, &payload) {
+                    Ok(()) => {
+                        self.post_cqe(
+                            ctx,
+                            dest_rcq,
+                            Cqe {
+                                wr_id: r.wr_id,
+                                qp: dest,
+                                opcode: 128,
+                                status: ST_OK,
+                                byte_len: payload.len() as u32,
+                                imm: if flags & 2 != 0 { imm } else { 0 },
+                                src_qp: me,
+                                flags,
+                            },
+                        );
+                        done(self, ctx, ST_OK, 0, 0)
+                    }
+                    Err(st) => {
+                        self.post_cqe(
+                            ctx,
+                            dest_rcq,
+                            Cqe {
+                                wr_id: r.wr_id,
+                                qp: dest,
+                                opcode: 128,
+                                status: st,
+                                byte_len: 0,
+                                imm: 0,
+                                src_qp: me,
+                                flags: 0,
+                            },
+                        );
+                        done(self, ctx, ST_REM_INV_REQ, 0, 0)
+                    }
+                }
+            }
+        }
+    }
+
+    fn post_cqe(&mut self, ctx: &mut Ctx<'_>, cq_handle: u32, c: Cqe) {
+        let Some(cq) = self
+            .cqs
+            .get_mut(cq_handle as usize)
+            .and_then(Option::as_mut)
+        else {
+            ctx.violations
+                .push(format!("CQE for unknown CQ {cq_handle}"));
+            return;
+        };
+        let n = cq.cqe;
+        let state = cq.pages[0] + 8;
+        let Some(b) = ctx.mem.read(state, 8) else {
+            return;
+        };
+        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
+        if prod >= 2 * n || cons >= 2 * n {
+            ctx.violations
+                .push(format!("CQ {cq_handle} indices out of range"));
+            return;
+        }
+        if prod == cons ^ n {
+            ctx.violations
+                .push(format!("CQ {cq_handle} full: QEMU drops the CQE silently"));
+            return;
+        }
+        let slot = u64::from(prod & (n - 1));
+        let pa = cq.pages[1 + (slot / 64) as usize] + (slot % 64) * 64;
+        let mut e = [0u8; 64];
+        e[0..8].copy_from_slice(&c.wr_id.to_le_bytes());
+        e[8..16].copy_from_slice(&u64::from(c.qp).to_le_bytes());
+        for (off, v) in [
+            (0x10, c.opcode),
+            (0x14, c.status),
+            (0x18, c.byte_len),
+            (0x1C, c.imm),
+            (0x20, c.src_qp),
+            (0x24, c.flags),
+        ] {
+            put32(&mut e, off, v);
+        }
+        if c.status != ST_OK {
+            put32(&mut e, 0x28, 0x201);
+        }
+        ctx.mem.write(pa, &e);
+        ctx.mem
+            .write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
+        self.cqes += 1;
+        // The CQ-notification ring gets the CQ handle; an armed CQ raises vector 2, once.
+        if let Some(&ring_state) = self.ring_pages.first() {
+            let slots = 1024u32;
+            if let Some(b) = ctx.mem.read(ring_state + 8, 8) {
+                let (p, q) = (le32(&b, 0), le32(&b, 4));
+                if p < 2 * slots && p != q ^ slots {
+                    let data = self.ring_pages[1] + u64::from(p & (slots - 1)) * 4;
+                    ctx.mem.write(data, &cq_handle.to_le_bytes());
+                    ctx.mem
+                        .write(ring_state + 8, &((p + 1) & (2 * slots - 1)).to_le_bytes());
+                }
+            }
+        }
+        if cq.armed {
+            cq.armed = false;
+            self.interrupts += 1;
+        }
+    }
+
+    pub(crate) fn inject_raw_cqe(
+        &mut self,
+        mem: &mut crate::mem::Memory,
+        cq: u32,
+        bytes: [u8; 64],
+    ) {
+        let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let n = cq.cqe;
+        let state = cq.pages[0] + 8;
+        let Some(b) = mem.read(state, 4) else { return };
+        let prod = le32(&b, 0);
+        let slot = u64::from(prod & (n - 1));
+        mem.write(
+            cq.pages[1 + (slot / 64) as usize] + (slot % 64) * 64,
+            &bytes,
+        );
+        mem.write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
+    }
+
+    pub(crate) fn set_cq_prod(&mut self, mem: &mut crate::mem::Memory, cq: u32, value: u32) {
+        if let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) {
+            mem.write(cq.pages[0] + 8, &value.to_le_bytes());
+        }
+    }
+
+    /// Writes a CQE straight into a CQ (benchmarks: completions without a doorbell).
+    pub(crate) fn inject_cqe(&mut self, ctx: &mut Ctx<'_>, cq: u32, qpn: u32, wr_id: u64) {
+        self.post_cqe(
+            ctx,
+            cq,
+            Cqe {
+                wr_id,
+                qp: qpn,
+                opcode: 0,
+                status: ST_OK,
+                byte_len: 0,
+                imm: 0,
+                src_qp: 0,
+                flags: 0,
+            },
+        );
+    }
+}
