@@ -451,17 +451,33 @@ impl<H: Hal> Pvrdma<H> {
             if only.is_some_and(|q| q != qpn) {
                 break;
             }
-            out[count] = decode(&c, qpn)?;
+            match decode(&c, qpn) {
+                Ok(wc) => out[count] = wc,
+                // A CQE that cannot be right: first return the good ones before it; when it is
+                // first, consume it (so the CQ can go on) and report it.
+                Err(_) if count > 0 => break,
+                Err(e) => {
+                    cons.store((head + 1) & mask2, Ordering::Release);
+                    Self::consumed(cq, 1);
+                    return Err(e);
+                }
+            }
             head = (head + 1) & mask2;
             count += 1;
         }
         // The CQEs were read before the slots are handed back.
         cons.store(head, Ordering::Release);
-        cq.pending.fetch_sub(
-            (count as u32).min(cq.pending.load(Ordering::Relaxed)),
-            Ordering::Relaxed,
-        );
+        Self::consumed(cq, count as u32);
         Ok(count)
+    }
+
+    /// `n` CQEs left the CQ: they no longer count against its budget.
+    fn consumed(cq: &Cq<H>, n: u32) {
+        let _ = cq
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                Some(p.saturating_sub(n))
+            });
     }
 
     pub(crate) fn arm_cq_impl(&self, cq: &Cq<H>, solicited_only: bool) {
