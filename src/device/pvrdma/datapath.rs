@@ -21,7 +21,7 @@ use crate::dma::Dma;
 use crate::error::{Attr, Error, Feature, Object, Op, Param, Queue, Result, Unsupported};
 use crate::verbs::types::bad_value;
 use crate::verbs::{
-    AccessFlags, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
@@ -42,27 +42,62 @@ impl<H: Hal> Mr<H> {
     }
 }
 
-/// One producer ring: slots, stride, where page 0's state and the first WQE are.
-struct Ring {
+/// A work-queue ring as the producer sees it: the ring-state words and the WQE slots, located
+/// once when the queue is created (DMA memory never moves).
+#[derive(Clone, Copy)]
+pub(crate) struct RawRing {
+    /// prod_tail; cons_head is the next word.
+    state: NonNull<AtomicU32>,
+    data: NonNull<u8>,
     slots: u32,
-    stride: usize,
-    state: usize,
-    data: usize,
+    /// log2 of the WQE stride.
+    shift: u32,
 }
 
-impl Ring {
-    fn of(l: &QueueLayout, state: usize, data_page: usize) -> Self {
-        Ring {
-            slots: l.slots,
-            stride: l.stride as usize,
-            state,
-            data: data_page * PAGE_SIZE,
+impl RawRing {
+    /// The ring of `l` in `mem`: state at byte `state`, WQEs from page `data_page`.
+    pub(crate) fn new(
+        mem: &Dma<impl Hal>,
+        l: &QueueLayout,
+        state: usize,
+        data_page: usize,
+    ) -> Self {
+        // Checked once here: both state words and every slot lie inside `mem`.
+        let _ = mem.atomic_u32(state + 4);
+        let end = data_page * PAGE_SIZE + (l.slots * l.stride) as usize;
+        assert!(
+            l.slots == 0 || end <= mem.pages() * PAGE_SIZE,
+            "ring outside its memory"
+        );
+        // SAFETY: offsets checked just above.
+        let (st, data) = unsafe {
+            (
+                mem.base().add(state).cast::<AtomicU32>(),
+                mem.base().add(data_page * PAGE_SIZE),
+            )
+        };
+        RawRing {
+            state: st,
+            data,
+            slots: l.slots.max(1),
+            shift: l.stride.max(1).trailing_zeros(),
         }
     }
 
+    fn prod(&self) -> &AtomicU32 {
+        // SAFETY: checked in `new`; the memory lives as long as the queue.
+        unsafe { self.state.as_ref() }
+    }
+
+    fn cons(&self) -> &AtomicU32 {
+        // SAFETY: as in `prod`: the word after it.
+        unsafe { &*self.state.as_ptr().add(1) }
+    }
+
     /// Free slots, from the driver's tail and the device's head; the head is checked.
-    fn free(&self, mem: &Dma<impl Hal>, tail: u32, op: Op) -> Result<u32> {
-        let head = mem.atomic_u32(self.state + 4).load(Ordering::Acquire);
+    #[inline]
+    fn free(&self, tail: u32, op: Op) -> Result<u32> {
+        let head = self.cons().load(Ordering::Acquire);
         let used = tail.wrapping_sub(head) & (2 * self.slots - 1);
         if head >= 2 * self.slots || used > self.slots {
             return Err(bad_value(op, "ring cons_head", head));
@@ -70,19 +105,89 @@ impl Ring {
         Ok(self.slots - used)
     }
 
-    /// Pointer to the WQE for index `idx` (masked to a slot).
-    fn wqe(&self, base: NonNull<u8>, idx: u32) -> *mut u8 {
-        let off = self.data + (idx & (self.slots - 1)) as usize * self.stride;
-        // SAFETY: slot < slots and slots · stride ≤ the ring's pages (the layout), so the
-        // offset lies inside the queue's memory.
-        unsafe { base.as_ptr().add(off) }
+    /// The WQE of index `idx`, masked to a slot.
+    #[inline]
+    fn wqe(&self, idx: u32) -> *mut u8 {
+        // SAFETY: slot < slots, and slots · stride bytes lie inside the memory (`new`).
+        unsafe {
+            self.data
+                .as_ptr()
+                .add(((idx & (self.slots - 1)) as usize) << self.shift)
+        }
+    }
+
+    #[inline]
+    fn next(&self, idx: u32) -> u32 {
+        (idx + 1) & (2 * self.slots - 1)
     }
 
     /// Publishes the WQEs up to `tail`.
-    fn publish(&self, mem: &Dma<impl Hal>, tail: u32) {
+    #[inline]
+    fn publish(&self, tail: u32) {
         // The WQEs must be visible to the device before the index that announces them.
-        mem.atomic_u32(self.state).store(tail, Ordering::Release);
+        self.prod().store(tail, Ordering::Release);
     }
+}
+
+/// A completion queue's budget: CQEs that posted work requests will produce (`posted`) and CQEs
+/// polled (`polled`), both wrapping counters. The device drops CQEs silently when a CQ is
+/// full, so posts that could overflow it are refused.
+pub(crate) struct CqBudget {
+    posted: AtomicU32,
+    polled: AtomicU32,
+    entries: u32,
+}
+
+impl CqBudget {
+    pub(crate) fn new(entries: u32) -> Self {
+        CqBudget {
+            posted: AtomicU32::new(0),
+            polled: AtomicU32::new(0),
+            entries,
+        }
+    }
+
+    /// CQEs still to come.
+    pub(crate) fn pending(&self) -> u32 {
+        let p = self.posted.load(Ordering::Relaxed);
+        p.wrapping_sub(self.polled.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn reserve(&self, n: u32) -> Result<()> {
+        let before = self.posted.fetch_add(n, Ordering::Relaxed);
+        let outstanding = before.wrapping_sub(self.polled.load(Ordering::Relaxed));
+        if outstanding.wrapping_add(n) > self.entries || outstanding > self.entries {
+            // (A device that produced more CQEs than were posted makes `outstanding` wrap: the
+            // budget then refuses everything — failing safe.)
+            self.posted.fetch_sub(n, Ordering::Relaxed);
+            let free = self.entries.saturating_sub(outstanding);
+            return Err(Error::QueueFull {
+                queue: Queue::Cq,
+                free,
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn unreserve(&self, n: u32) {
+        self.posted.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Only the poller (under the CQ's poll lock) adds here.
+    #[inline]
+    fn take(&self, n: u32) {
+        let p = self.polled.load(Ordering::Relaxed);
+        self.polled.store(p.wrapping_add(n), Ordering::Relaxed);
+    }
+}
+
+/// A volatile store to one field of a WQE or CQE.
+macro_rules! put {
+    ($p:expr, $field:ident, $v:expr) => {
+        core::ptr::addr_of_mut!((*$p).$field).write_volatile($v)
+    };
 }
 
 /// Writes the SGEs of a WQE at `p`.
@@ -90,15 +195,16 @@ impl Ring {
 /// # Safety
 ///
 /// `p` points at the SGE array of a WQE whose stride holds `sges.len()` entries.
+#[inline]
 unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
+    let e = p.cast::<abi::WqeSge>();
     for (i, s) in sges.iter().enumerate() {
-        let e = abi::WqeSge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        };
         // SAFETY: the caller's contract: room for every entry.
-        unsafe { p.cast::<abi::WqeSge>().add(i).write_volatile(e) };
+        unsafe {
+            put!(e.add(i), addr, s.addr);
+            put!(e.add(i), length, s.length);
+            put!(e.add(i), lkey, s.lkey);
+        }
     }
 }
 
@@ -108,21 +214,6 @@ impl<H: Hal> Pvrdma<H> {
     fn ring_doorbell(&self, offset: usize, value: u32) {
         fence(Ordering::SeqCst);
         self.uar.write32(offset, value);
-    }
-
-    /// Reserves `n` completion slots of the CQ whose counter is `pending` (holding `entries`):
-    /// the device drops CQEs silently when a CQ is full.
-    fn reserve_cqes(pending: &AtomicU32, entries: u32, n: u32) -> Result<()> {
-        let before = pending.fetch_add(n, Ordering::Relaxed);
-        if before + n > entries {
-            pending.fetch_sub(n, Ordering::Relaxed);
-            let free = entries.saturating_sub(before);
-            return Err(Error::QueueFull {
-                queue: Queue::Cq,
-                free,
-            });
-        }
-        Ok(())
     }
 
     pub(crate) fn create_mr_impl(&self, pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr<H>> {
@@ -187,41 +278,8 @@ impl<H: Hal> Pvrdma<H> {
         if n == 0 {
             return Ok(());
         }
-        let datagram = matches!(qp.qp_type, QpType::Ud | QpType::Gsi);
-        for w in wrs {
-            if w.sg_list.len() > qp.sq.sge as usize {
-                return Err(Error::invalid(
-                    Param::NumSge,
-                    w.sg_list.len() as u64,
-                    qp.sq.sge,
-                ));
-            }
-            if w.flags.contains(SendFlags::INLINE) {
-                return Err(Error::Unsupported(Unsupported::Feature(
-                    Feature::InlineData,
-                )));
-            }
-            match (w.op, datagram) {
-                (SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. }, _) => {
-                    // The device advertises no atomics (QEMU: atomic_ops = 0).
-                    return Err(Error::Unsupported(Unsupported::Feature(Feature::Atomics)));
-                }
-                (SendOp::Send | SendOp::SendWithImm(_), true) if w.ud.is_none() => {
-                    return Err(Error::MissingAttribute {
-                        op,
-                        attr: Attr::UdDest,
-                    });
-                }
-                (SendOp::Send | SendOp::SendWithImm(_), _) | (_, false) => {}
-                (_, true) => {
-                    let f = Feature::OpcodeForQpType;
-                    return Err(Error::Unsupported(Unsupported::Feature(f)));
-                }
-            }
-        }
-        let ring = Ring::of(&qp.sq, abi::RING_STATE_TX, 1);
-        let mem = &qp.mem.data;
-        let free = ring.free(mem, qp.sq_tail, op)?;
+        let ring = qp.sq_ring;
+        let free = ring.free(qp.sq_tail, op)?;
         if n > free {
             return Err(Error::QueueFull {
                 queue: Queue::Send,
@@ -229,119 +287,147 @@ impl<H: Hal> Pvrdma<H> {
             });
         }
         // SAFETY: the CQ outlives the QP (the provider contract of create_qp).
-        let (pending, entries) = unsafe { (qp.send_cq.0.as_ref(), qp.send_cq.1) };
-        Self::reserve_cqes(pending, entries, n)?;
-
-        let base = mem.base();
+        let budget = unsafe { qp.send_cq.as_ref() };
+        budget.reserve(n)?;
+        // WQEs are written past the published index, where the device does not look: a request
+        // refused half-way leaves the ring as it was.
         let mut tail = qp.sq_tail;
         for w in wrs {
-            let mut h = abi::SqWqeHdr {
-                wr_id: w.wr_id,
-                num_sge: w.sg_list.len() as u32,
-                // Every send WQE completes on PVRDMA (QEMU ignores the flag); saying so keeps
-                // the CQ budget exact.
-                send_flags: send_flags::SIGNALED
-                    | if w.flags.contains(SendFlags::FENCE) {
-                        send_flags::FENCE
-                    } else {
-                        0
-                    }
-                    | if w.flags.contains(SendFlags::SOLICITED) {
-                        send_flags::SOLICITED
-                    } else {
-                        0
-                    },
-                ..Default::default()
-            };
-            let (code, imm) = match w.op {
-                SendOp::Send => (wr_opcode::SEND, 0),
-                SendOp::SendWithImm(imm) => (wr_opcode::SEND_WITH_IMM, imm),
-                SendOp::RdmaWrite { remote_addr, rkey } => {
-                    h.wr[wr::REMOTE_ADDR] = remote_addr as u32;
-                    h.wr[wr::REMOTE_ADDR + 1] = (remote_addr >> 32) as u32;
-                    h.wr[wr::RDMA_RKEY] = rkey;
-                    (wr_opcode::RDMA_WRITE, 0)
-                }
-                SendOp::RdmaWriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                } => {
-                    h.wr[wr::REMOTE_ADDR] = remote_addr as u32;
-                    h.wr[wr::REMOTE_ADDR + 1] = (remote_addr >> 32) as u32;
-                    h.wr[wr::RDMA_RKEY] = rkey;
-                    (wr_opcode::RDMA_WRITE_WITH_IMM, imm)
-                }
-                SendOp::RdmaRead { remote_addr, rkey } => {
-                    h.wr[wr::REMOTE_ADDR] = remote_addr as u32;
-                    h.wr[wr::REMOTE_ADDR + 1] = (remote_addr >> 32) as u32;
-                    h.wr[wr::RDMA_RKEY] = rkey;
-                    (wr_opcode::RDMA_READ, 0)
-                }
-                // Refused above.
-                SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. } => (0, 0),
-            };
-            h.opcode = code;
-            h.ex = imm;
-            let mut gid_index = qp.sgid_index;
-            if let (true, Some(ud)) = (datagram, w.ud) {
-                h.wr[wr::UD_REMOTE_QPN] = ud.remote_qpn;
-                h.wr[wr::UD_REMOTE_QKEY] = if ud.remote_qkey & 0x8000_0000 != 0 {
-                    qp.qkey
-                } else {
-                    ud.remote_qkey
-                };
-                h.wr[wr::AV_PORT_PD] = qp.pd_handle | (1 << 24);
-                h.wr[wr::AV_SL_TCLASS_FLOW] =
-                    (u32::from(ud.av.traffic_class) << 20) | (ud.av.flow_label & 0xF_FFFF);
-                for (k, c) in ud.av.dgid.0.chunks_exact(4).enumerate() {
-                    h.wr[wr::AV_DGID + k] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-                gid_index = ud.av.sgid_index;
-                h.wr[wr::AV_GID_WORD] = (u32::from(ud.av.hop_limit) << 24) | 0x80;
+            if let Err(e) = self.write_send(qp, w, tail) {
+                budget.unreserve(n);
+                return Err(e);
             }
-            // QEMU reads the source GID index at byte 0x41 for every QP type (§8.6).
-            h.wr[wr::AV_GID_WORD] |= u32::from(gid_index) << 8;
-            let p = ring.wqe(base, tail);
-            // SAFETY: `p` is this slot's WQE (inside the ring); the stride holds the header and
-            // max_send_sge SGEs, and the count was checked against max_send_sge.
-            unsafe {
-                p.cast::<abi::SqWqeHdr>().write_volatile(h);
-                write_sges(p.add(size_of::<abi::SqWqeHdr>()), w.sg_list);
-            }
-            tail = (tail + 1) & (2 * ring.slots - 1);
+            tail = ring.next(tail);
         }
-        ring.publish(mem, tail);
+        ring.publish(tail);
         qp.sq_tail = tail;
         self.ring_doorbell(db::QP, qp.handle() | db::QP_SEND);
         Ok(())
     }
 
-    /// Writes receive WQEs to `ring` in `mem` from `tail`; returns the new tail.
+    /// Checks one send request and writes its WQE at index `idx` of the send ring.
+    #[inline]
+    fn write_send(&self, qp: &Qp<H>, w: &SendWr<'_>, idx: u32) -> Result<()> {
+        let nsge = w.sg_list.len();
+        if nsge > qp.sq.sge as usize {
+            return Err(Error::invalid(Param::NumSge, nsge as u64, qp.sq.sge));
+        }
+        if w.flags.contains(SendFlags::INLINE) {
+            return Err(Error::Unsupported(Unsupported::Feature(
+                Feature::InlineData,
+            )));
+        }
+        let datagram = qp.datagram;
+        let (code, imm, remote) = match w.op {
+            SendOp::Send => (wr_opcode::SEND, 0, None),
+            SendOp::SendWithImm(imm) => (wr_opcode::SEND_WITH_IMM, imm, None),
+            _ if datagram => {
+                let f = Feature::OpcodeForQpType;
+                return Err(Error::Unsupported(Unsupported::Feature(f)));
+            }
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                (wr_opcode::RDMA_WRITE, 0, Some((remote_addr, rkey)))
+            }
+            SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (
+                wr_opcode::RDMA_WRITE_WITH_IMM,
+                imm,
+                Some((remote_addr, rkey)),
+            ),
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                (wr_opcode::RDMA_READ, 0, Some((remote_addr, rkey)))
+            }
+            // The device advertises no atomics (QEMU: atomic_ops = 0).
+            SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. } => {
+                return Err(Error::Unsupported(Unsupported::Feature(Feature::Atomics)));
+            }
+        };
+        let ud = match (datagram, w.ud) {
+            (true, None) => {
+                return Err(Error::MissingAttribute {
+                    op: Op::PostSend,
+                    attr: Attr::UdDest,
+                });
+            }
+            (true, Some(ud)) => Some(ud),
+            (false, _) => None,
+        };
+        // Every send WQE completes on PVRDMA (QEMU ignores the flag); saying so keeps the CQ
+        // budget exact.
+        let mut flags = send_flags::SIGNALED;
+        if w.flags.contains(SendFlags::FENCE) {
+            flags |= send_flags::FENCE;
+        }
+        if w.flags.contains(SendFlags::SOLICITED) {
+            flags |= send_flags::SOLICITED;
+        }
+        let h = qp.sq_ring.wqe(idx).cast::<abi::SqWqeHdr>();
+        // SAFETY: `h` is this slot's WQE, inside the ring and not published yet; the stride
+        // holds the header and max_send_sge SGEs, and the count was checked above.
+        unsafe {
+            put!(h, wr_id, w.wr_id);
+            put!(h, num_sge, nsge as u32);
+            put!(h, total_len, 0);
+            put!(h, opcode, code);
+            put!(h, send_flags, flags);
+            put!(h, ex, imm);
+            let wr = core::ptr::addr_of_mut!((*h).wr).cast::<u32>();
+            if let Some((addr, rkey)) = remote {
+                wr.add(wr::REMOTE_ADDR).cast::<u64>().write_unaligned(addr);
+                wr.add(wr::RDMA_RKEY).write_volatile(rkey);
+            }
+            // QEMU reads the source GID index at byte 0x41 for every QP type (§8.6).
+            let mut gid_word = u32::from(qp.sgid_index) << 8;
+            if let Some(ud) = ud {
+                let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                    qp.qkey
+                } else {
+                    ud.remote_qkey
+                };
+                wr.add(wr::UD_REMOTE_QPN).write_volatile(ud.remote_qpn);
+                wr.add(wr::UD_REMOTE_QKEY).write_volatile(qkey);
+                wr.add(wr::AV_PORT_PD)
+                    .write_volatile(qp.pd_handle | (1 << 24));
+                let tf = (u32::from(ud.av.traffic_class) << 20) | (ud.av.flow_label & 0xF_FFFF);
+                wr.add(wr::AV_SL_TCLASS_FLOW).write_volatile(tf);
+                wr.add(wr::AV_DGID)
+                    .cast::<[u8; 16]>()
+                    .write_unaligned(ud.av.dgid.0);
+                gid_word =
+                    (u32::from(ud.av.hop_limit) << 24) | (u32::from(ud.av.sgid_index) << 8) | 0x80;
+            }
+            wr.add(wr::AV_GID_WORD).write_volatile(gid_word);
+            write_sges(h.cast::<u8>().add(size_of::<abi::SqWqeHdr>()), w.sg_list);
+        }
+        Ok(())
+    }
+
+    /// Writes receive WQEs to `ring` from `tail`; returns the new tail.
     ///
     /// # Safety
     ///
-    /// `ring` describes `mem`; every request has at most `max_sge` entries (checked by the
-    /// caller against the ring's stride).
-    unsafe fn write_recvs(ring: &Ring, mem: &Dma<H>, mut tail: u32, wrs: &[RecvWr<'_>]) -> u32 {
-        let base = mem.base();
+    /// `ring` is a receive ring whose stride holds `max_sge` SGEs, and every request has at
+    /// most `max_sge` (checked by the caller).
+    #[inline]
+    unsafe fn write_recvs(ring: &RawRing, mut tail: u32, wrs: &[RecvWr<'_>]) -> u32 {
         for w in wrs {
-            let h = abi::RqWqeHdr {
-                wr_id: w.wr_id,
-                num_sge: w.sg_list.len() as u32,
-                total_len: 0,
-            };
-            let p = ring.wqe(base, tail);
-            // SAFETY: this slot's WQE; the stride holds the header and the SGEs (caller).
+            let h = ring.wqe(tail).cast::<abi::RqWqeHdr>();
+            // SAFETY: this slot's WQE, not yet published; the stride holds the header and the
+            // SGEs (caller).
             unsafe {
-                p.cast::<abi::RqWqeHdr>().write_volatile(h);
-                write_sges(p.add(size_of::<abi::RqWqeHdr>()), w.sg_list);
+                put!(h, wr_id, w.wr_id);
+                put!(h, num_sge, w.sg_list.len() as u32);
+                write_sges(h.cast::<u8>().add(size_of::<abi::RqWqeHdr>()), w.sg_list);
             }
-            tail = (tail + 1) & (2 * ring.slots - 1);
+            tail = ring.next(tail);
         }
         tail
     }
 
+    #[inline]
     fn check_recvs(wrs: &[RecvWr<'_>], max_sge: u32) -> Result<()> {
         match wrs.iter().find(|w| w.sg_list.len() > max_sge as usize) {
             Some(w) => Err(Error::invalid(
@@ -357,7 +443,6 @@ impl<H: Hal> Pvrdma<H> {
     ///
     /// The buffers named stay valid until their completions (the provider contract).
     pub(crate) unsafe fn post_recv_impl(&self, qp: &mut Qp<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let op = Op::PostRecv;
         if qp.has_srq {
             // Receives go to the SRQ; QEMU would read past its allocation (§12.3).
             return Err(Error::QueueFull {
@@ -370,9 +455,8 @@ impl<H: Hal> Pvrdma<H> {
             return Ok(());
         }
         Self::check_recvs(wrs, qp.rq.sge)?;
-        let ring = Ring::of(&qp.rq, abi::RING_STATE_RX, 1 + qp.sq.pages as usize);
-        let mem = &qp.mem.data;
-        let free = ring.free(mem, qp.rq_tail, op)?;
+        let ring = qp.rq_ring;
+        let free = ring.free(qp.rq_tail, Op::PostRecv)?;
         if n > free {
             return Err(Error::QueueFull {
                 queue: Queue::Recv,
@@ -380,11 +464,10 @@ impl<H: Hal> Pvrdma<H> {
             });
         }
         // SAFETY: the CQ outlives the QP (the provider contract of create_qp).
-        let (pending, entries) = unsafe { (qp.recv_cq.0.as_ref(), qp.recv_cq.1) };
-        Self::reserve_cqes(pending, entries, n)?;
-        // SAFETY: the ring is the QP's receive queue; SGE counts checked above.
-        let tail = unsafe { Self::write_recvs(&ring, mem, qp.rq_tail, wrs) };
-        ring.publish(mem, tail);
+        unsafe { qp.recv_cq.as_ref() }.reserve(n)?;
+        // SAFETY: the QP's receive ring; SGE counts checked above.
+        let tail = unsafe { Self::write_recvs(&ring, qp.rq_tail, wrs) };
+        ring.publish(tail);
         qp.rq_tail = tail;
         self.ring_doorbell(db::QP, qp.handle() | db::QP_RECV);
         Ok(())
@@ -397,19 +480,18 @@ impl<H: Hal> Pvrdma<H> {
         let op = Op::PostRecv;
         Self::check_recvs(wrs, srq.layout.sge)?;
         let _guard = srq.lock.try_lock().ok_or(Error::Busy { op })?;
-        let ring = Ring::of(&srq.layout, abi::RING_STATE_RX, 1);
-        let mem = srq.data();
+        let ring = srq.ring;
         let tail0 = srq.tail.load(Ordering::Relaxed);
-        let free = ring.free(mem, tail0, op)?;
+        let free = ring.free(tail0, op)?;
         if wrs.len() as u32 > free {
             return Err(Error::QueueFull {
                 queue: Queue::Srq,
                 free,
             });
         }
-        // SAFETY: the ring is the SRQ's; SGE counts checked above.
-        let tail = unsafe { Self::write_recvs(&ring, mem, tail0, wrs) };
-        ring.publish(mem, tail);
+        // SAFETY: the SRQ's ring; SGE counts checked above.
+        let tail = unsafe { Self::write_recvs(&ring, tail0, wrs) };
+        ring.publish(tail);
         srq.tail.store(tail, Ordering::Relaxed);
         self.ring_doorbell(db::SRQ, srq.handle() | db::SRQ_RECV);
         Ok(())
@@ -423,61 +505,43 @@ impl<H: Hal> Pvrdma<H> {
     ) -> Result<usize> {
         let op = Op::PollCq;
         let _guard = cq.poll_lock.try_lock().ok_or(Error::Busy { op })?;
-        let mem = &cq.mem.data;
-        let (prod, cons) = (
-            mem.atomic_u32(abi::RING_STATE_RX),
-            mem.atomic_u32(abi::RING_STATE_RX + 4),
-        );
-        let n = cq.entries;
-        let mask2 = 2 * n - 1;
-        let mut head = cons.load(Ordering::Relaxed);
-        let mut tail = prod.load(Ordering::Acquire);
+        let ring = &cq.ring;
+        let (n, mask2) = (ring.slots, 2 * ring.slots - 1);
+        let mut head = ring.cons().load(Ordering::Relaxed);
+        let mut tail = ring.prod().load(Ordering::Acquire);
         if tail == head {
             // Looks empty: let the device harvest what it has, then look again (§10.3).
-            self.uar.write32(db::CQ, cq.handle() | db::CQ_POLL);
-            tail = prod.load(Ordering::Acquire);
+            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
+            tail = ring.prod().load(Ordering::Acquire);
         }
         if tail > mask2 || (tail.wrapping_sub(head) & mask2) > n {
             return Err(bad_value(op, "CQ prod_tail", tail));
         }
-        let base = mem.base();
         let mut count = 0;
         while count < out.len() && head != tail {
-            let off = PAGE_SIZE + (head & (n - 1)) as usize * abi::CQE_SIZE;
-            // SAFETY: slot < entries and the ring's pages hold `entries` CQEs; the CQE was
-            // published by the prod_tail read (acquire) above.
-            let c = unsafe { base.as_ptr().add(off).cast::<abi::Cqe>().read_volatile() };
-            let qpn = c.qp as u32 & db::HANDLE_MASK;
-            if only.is_some_and(|q| q != qpn) {
-                break;
-            }
-            match decode(&c, qpn) {
+            let c = ring.wqe(head).cast::<abi::Cqe>();
+            // SAFETY: a CQE slot of the ring (masked index), published by the prod_tail read
+            // (acquire) above; every field is read as plain data.
+            let wc = unsafe { read_cqe(c) };
+            match wc {
+                Ok(wc) if only.is_some_and(|q| q != wc.qp_num) => break,
                 Ok(wc) => out[count] = wc,
                 // A CQE that cannot be right: first return the good ones before it; when it is
                 // first, consume it (so the CQ can go on) and report it.
                 Err(_) if count > 0 => break,
                 Err(e) => {
-                    cons.store((head + 1) & mask2, Ordering::Release);
-                    Self::consumed(cq, 1);
+                    ring.cons().store((head + 1) & mask2, Ordering::Release);
+                    cq.budget.take(1);
                     return Err(e);
                 }
             }
             head = (head + 1) & mask2;
             count += 1;
         }
-        // The CQEs were read before the slots are handed back.
-        cons.store(head, Ordering::Release);
-        Self::consumed(cq, count as u32);
+        // The CQEs were read before their slots are handed back.
+        ring.cons().store(head, Ordering::Release);
+        cq.budget.take(count as u32);
         Ok(count)
-    }
-
-    /// `n` CQEs left the CQ: they no longer count against its budget.
-    fn consumed(cq: &Cq<H>, n: u32) {
-        let _ = cq
-            .pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                Some(p.saturating_sub(n))
-            });
     }
 
     pub(crate) fn arm_cq_impl(&self, cq: &Cq<H>, solicited_only: bool) {
@@ -491,10 +555,22 @@ impl<H: Hal> Pvrdma<H> {
     }
 }
 
-/// A CQE as a work completion; values outside the ABI are an error, never trusted.
-fn decode(c: &abi::Cqe, qpn: u32) -> Result<WorkCompletion> {
+/// Reads a CQE as a work completion; values outside the ABI are an error, never trusted.
+///
+/// # Safety
+///
+/// `c` points at a CQE in the ring's memory.
+#[inline]
+unsafe fn read_cqe(c: *const abi::Cqe) -> Result<WorkCompletion> {
+    macro_rules! get {
+        ($f:ident) => {
+            // SAFETY: the caller's contract.
+            unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+        };
+    }
     let op = Op::PollCq;
-    let opcode = match c.opcode {
+    let raw_op = get!(opcode);
+    let opcode = match raw_op {
         wc_opcode::SEND => WcOpcode::Send,
         wc_opcode::RDMA_WRITE => WcOpcode::RdmaWrite,
         wc_opcode::RDMA_READ => WcOpcode::RdmaRead,
@@ -504,23 +580,24 @@ fn decode(c: &abi::Cqe, qpn: u32) -> Result<WorkCompletion> {
         wc_opcode::RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         other => return Err(bad_value(op, "CQE opcode", other)),
     };
+    let raw_status = get!(status);
     let status =
-        WcStatus::from_raw(c.status).ok_or_else(|| bad_value(op, "CQE status", c.status))?;
+        WcStatus::from_raw(raw_status).ok_or_else(|| bad_value(op, "CQE status", raw_status))?;
     // QEMU passes the host's flags: bits 0–1 agree with PVRDMA's, the rest do not (§10.1).
-    let flags = WcFlags::from_bits_truncate(c.wc_flags & 0x3);
+    let flags = WcFlags::from_bits_truncate(get!(wc_flags) & 0x3);
     Ok(WorkCompletion {
-        wr_id: c.wr_id,
+        wr_id: get!(wr_id),
         status,
         opcode,
-        byte_len: c.byte_len,
+        byte_len: get!(byte_len),
         imm: if flags.contains(WcFlags::WITH_IMM) {
-            c.imm_data
+            get!(imm_data)
         } else {
             0
         },
-        qp_num: qpn,
-        src_qp: c.src_qp,
+        qp_num: get!(qp) as u32 & db::HANDLE_MASK,
+        src_qp: get!(src_qp),
         flags,
-        vendor_err: c.vendor_err,
+        vendor_err: get!(vendor_err),
     })
 }

@@ -191,12 +191,19 @@ pub struct Cq<H: Hal> {
     handle: u32,
     entries: u32,
     mem: QueueMem<H>,
-    /// CQEs the posted work requests will produce and that have not been polled: posts that
-    /// would overflow the CQ are refused (the device drops CQEs silently when it is full).
-    pending: core::sync::atomic::AtomicU32,
+    /// The CQE ring (its memory is `mem`).
+    ring: datapath::RawRing,
+    /// CQEs posted work requests will produce, against CQEs polled.
+    budget: datapath::CqBudget,
     /// Makes polling exclusive (it advances the consumer index).
     poll_lock: spin::Mutex<()>,
 }
+
+// SAFETY: the ring points into the CQ's own DMA memory; its consumer index is written only
+// under `poll_lock`, the budget is atomic.
+unsafe impl<H: Hal + Send> Send for Cq<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
 
 impl<H: Hal> Cq<H> {
     /// The device's handle.
@@ -211,7 +218,7 @@ impl<H: Hal> Cq<H> {
 
     /// CQEs that posted work requests will still produce.
     pub fn pending(&self) -> u32 {
-        self.pending.load(core::sync::atomic::Ordering::Relaxed)
+        self.budget.pending()
     }
 }
 
@@ -691,11 +698,18 @@ impl<H: Hal> Provider for Pvrdma<H> {
         };
         let code = (op, abi::opcode::CREATE_CQ);
         let (r, mem): (abi::CreateCqResp, _) = st.create(&self.regs, Object::Cq, code, req, mem)?;
+        let layout = qp::QueueLayout {
+            slots: cqe,
+            sge: 0,
+            stride: abi::CQE_SIZE as u32,
+            pages: pages - 1,
+        };
         let cq = Cq {
             handle: r.cq_handle,
             entries: cqe,
+            ring: datapath::RawRing::new(&mem.data, &layout, abi::RING_STATE_RX, 1),
+            budget: datapath::CqBudget::new(cqe),
             mem,
-            pending: core::sync::atomic::AtomicU32::new(0),
             poll_lock: spin::Mutex::new(()),
         };
         if r.cqe != cqe || r.cq_handle > regs::db::HANDLE_MASK {

@@ -14,6 +14,7 @@ use core::sync::atomic::AtomicU32;
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi::{self, opcode};
+use super::datapath::{CqBudget, RawRing};
 use super::pdir::QueueMem;
 use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
@@ -102,13 +103,18 @@ pub struct Qp<H: Hal> {
     pub(crate) sgid_index: u8,
     pub(crate) pd_handle: u32,
     pub(crate) has_srq: bool,
-    /// The send and receive CQs' completion budgets: (pending counter, entries).
-    pub(crate) send_cq: (NonNull<AtomicU32>, u32),
-    pub(crate) recv_cq: (NonNull<AtomicU32>, u32),
+    /// UD or GSI: sends carry an address vector.
+    pub(crate) datagram: bool,
+    pub(crate) sq_ring: RawRing,
+    pub(crate) rq_ring: RawRing,
+    /// The send and receive CQs' completion budgets.
+    pub(crate) send_cq: NonNull<CqBudget>,
+    pub(crate) recv_cq: NonNull<CqBudget>,
 }
 
-// SAFETY: the pointers name the CQs' atomic counters, which outlive the QP (the provider
-// contract of create_qp) and are only touched atomically; the rest is owned data.
+// SAFETY: the budget pointers name the CQs' atomic counters, which outlive the QP (the provider
+// contract of create_qp) and are only touched atomically; the rings point into the QP's own DMA
+// memory, written only through `&mut Qp`.
 unsafe impl<H: Hal + Send> Send for Qp<H> {}
 // SAFETY: as above; shared access reads plain fields and touches the counters atomically.
 unsafe impl<H: Hal + Sync> Sync for Qp<H> {}
@@ -145,7 +151,13 @@ pub struct Srq<H: Hal> {
     /// The driver's producer index, and the lock that makes posting exclusive.
     pub(crate) tail: AtomicU32,
     pub(crate) lock: spin::Mutex<()>,
+    pub(crate) ring: RawRing,
 }
+
+// SAFETY: the ring points into the SRQ's own DMA memory, written only under `lock`.
+unsafe impl<H: Hal + Send> Send for Srq<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
 
 impl<H: Hal> Srq<H> {
     /// The device's handle.
@@ -161,10 +173,6 @@ impl<H: Hal> Srq<H> {
     /// WQE stride in bytes.
     pub fn stride(&self) -> u32 {
         self.layout.stride
-    }
-
-    pub(crate) fn data(&self) -> &crate::dma::Dma<H> {
-        &self.mem.data
     }
 }
 
@@ -340,15 +348,18 @@ impl<H: Hal> Pvrdma<H> {
             state: QpState::Reset,
             sq,
             rq,
-            mem,
             sq_tail: 0,
             rq_tail: 0,
             qkey: 0,
             sgid_index: 0,
             pd_handle: pd.handle,
             has_srq: srq.is_some(),
-            send_cq: (NonNull::from(&send_cq.pending), send_cq.entries),
-            recv_cq: (NonNull::from(&recv_cq.pending), recv_cq.entries),
+            datagram: matches!(qp_type, QpType::Ud | QpType::Gsi),
+            sq_ring: RawRing::new(&mem.data, &sq, abi::RING_STATE_TX, 1),
+            rq_ring: RawRing::new(&mem.data, &rq, abi::RING_STATE_RX, 1 + sq.pages as usize),
+            send_cq: NonNull::from(&send_cq.budget),
+            recv_cq: NonNull::from(&recv_cq.budget),
+            mem,
         };
         // The device must describe the QP we laid out: anything else is garbage.
         let mask = regs::db::HANDLE_MASK;
@@ -538,9 +549,10 @@ impl<H: Hal> Pvrdma<H> {
             handle: r.srqn,
             attr: actual,
             layout,
-            mem,
             tail: AtomicU32::new(0),
             lock: spin::Mutex::new(()),
+            ring: RawRing::new(&mem.data, &layout, abi::RING_STATE_RX, 1),
+            mem,
         };
         if r.srqn > regs::db::HANDLE_MASK {
             // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.

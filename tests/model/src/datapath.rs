@@ -678,6 +678,19 @@ impl Device {
         mem.write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
     }
 
+    pub(crate) fn consume_rings(&mut self, mem: &mut crate::mem::Memory, qpn: u32) {
+        let Some(i) = self.qp_index(qpn) else { return };
+        let qp = self.qps[i].as_ref().expect("indexed");
+        for g in [&qp.data.sq, &qp.data.rq] {
+            if g.slots == 0 {
+                continue;
+            }
+            if let Some(b) = mem.read(g.state + g.state_off, 4) {
+                mem.write(g.state + g.state_off + 4, &b);
+            }
+        }
+    }
+
     pub(crate) fn set_cq_prod(&mut self, mem: &mut crate::mem::Memory, cq: u32, value: u32) {
         if let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) {
             mem.write(cq.pages[0] + 8, &value.to_le_bytes());
