@@ -30,7 +30,32 @@
 //! # Ok(()) }
 //! ```
 //!
-//! (The README's lifecycle example is the compiling counterpart of both.)
+//! Posting exists only in the states that allow it: sends in RTS, receives from INIT on
+//! (case 8 of the acceptance list — posting in RESET fails — at compile time):
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<'a, P: Provider>(
+//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     mut qp: QueuePair<'a, P, Rc, Reset, 16, 16>,
+//! # ) -> bareverbs::Result<()> {
+//! let mr = pd.register(64, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_recv(RecvRequest { wr_id: 1, mr, offset: 0, len: 64 }).map_err(|(_, e)| e)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<'a, P: Provider>(
+//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     mut qp: QueuePair<'a, P, Rc, Init, 16, 16>,
+//! # ) -> bareverbs::Result<()> {
+//! let mr = pd.register(64, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::send(1, mr, 0, 64)).map_err(|(_, e)| e)?;
+//! # Ok(()) }
+//! ```
+//!
+//! (The README's lifecycle example is the compiling counterpart of all of these.)
 
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
