@@ -38,7 +38,9 @@ fn demo_passes() {
         "UC: unsupported on PVRDMA (as expected)",
         "GSI QP: qpn 1",
         "SRQ: max_wr 256 max_sge 2; RC QP 25 receives from it (recv caps 0/0)",
+        "RC SEND 26 -> 27: 1000 bytes received, payload checked; send status Success",
         "UD QP 28: Rts, qkey 0x11111111, sq_psn 0x42",
+        "UD SEND 28 -> 29: 552 bytes received (40 GRH + 512), payload checked; send status Success",
         "UD QP after reset: Reset",
     ] {
         assert!(
