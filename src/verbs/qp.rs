@@ -330,6 +330,15 @@ const SAFE: u64 = 1 << 63;
 /// With [`SAFE`]: the slot is a receive queue's.
 const SAFE_RECV: u64 = 1 << 62;
 
+/// Refuses `wr_id`s that the safe path reserves (bit 63 set): a raw completion must never be
+/// taken for a safe slot.
+fn raw_wr_ids(mut ids: impl Iterator<Item = u64>) -> Result<()> {
+    match ids.find(|id| id & SAFE != 0) {
+        Some(id) => Err(Error::invalid(Param::WrId, id, SAFE - 1)),
+        None => Ok(()),
+    }
+}
+
 /// A buffer the device may use, held until its completion.
 struct Posted<'a, P: Provider> {
     wr_id: u64,
@@ -848,9 +857,7 @@ impl<'a, P: Provider, T: Transport, const SQ: usize, const RQ: usize>
     /// Every buffer the requests name stays allocated, registered, and untouched by the CPU
     /// until its completion has been polled (or the QP destroyed).
     pub unsafe fn post_send_raw(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if let Some(wr) = wrs.iter().find(|w| w.wr_id & SAFE != 0) {
-            return Err(Error::invalid(Param::WrId, wr.wr_id, SAFE - 1));
-        }
+        raw_wr_ids(wrs.iter().map(|w| w.wr_id))?;
         // SAFETY: forwarded from our caller.
         unsafe {
             self.inner
@@ -927,9 +934,7 @@ impl<'a, P: Provider, T: Transport, S: CanRecv, const SQ: usize, const RQ: usize
     ///
     /// As [`post_send_raw`](QueuePair::post_send_raw).
     pub unsafe fn post_recv_raw(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if let Some(wr) = wrs.iter().find(|w| w.wr_id & SAFE != 0) {
-            return Err(Error::invalid(Param::WrId, wr.wr_id, SAFE - 1));
-        }
+        raw_wr_ids(wrs.iter().map(|w| w.wr_id))?;
         // SAFETY: forwarded from our caller.
         unsafe {
             self.inner

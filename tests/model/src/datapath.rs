@@ -295,6 +295,25 @@ impl Device {
         })
     }
 
+    /// Moves every receive WQE of ring `g` into `into`, as QEMU posts them to the host at the
+    /// doorbell, and advances the ring.
+    fn drain_recvs(ctx: &mut Ctx<'_>, g: &RingGeo, max_sge: u32, into: &mut VecDeque<Recv>) {
+        let Some((prod, mut cons)) = Self::ring_indices(ctx, g) else {
+            return;
+        };
+        while cons != prod {
+            match Self::read_recv(ctx, g, cons & (g.slots - 1), max_sge) {
+                Ok(r) => into.push_back(r),
+                Err(v) => {
+                    ctx.violations.push(v);
+                    return;
+                }
+            }
+            cons = (cons + 1) & (2 * g.slots - 1);
+        }
+        Self::set_cons(ctx, g, cons);
+    }
+
     fn take_recvs(&mut self, ctx: &mut Ctx<'_>, i: usize) {
         let max_sge = ctx.cfg.caps.max_sge;
         let qp = self.qps[i].as_mut().expect("indexed");
@@ -304,20 +323,7 @@ impl Device {
             return;
         }
         let g = qp.data.rq.clone();
-        let Some((prod, mut cons)) = Self::ring_indices(ctx, &g) else {
-            return;
-        };
-        while cons != prod {
-            match Self::read_recv(ctx, &g, cons & (g.slots - 1), max_sge) {
-                Ok(r) => qp.data.recvs.push_back(r),
-                Err(v) => {
-                    ctx.violations.push(v);
-                    return;
-                }
-            }
-            cons = (cons + 1) & (2 * g.slots - 1);
-        }
-        Self::set_cons(ctx, &g, cons);
+        Self::drain_recvs(ctx, &g, max_sge, &mut qp.data.recvs);
     }
 
     fn take_srq_recvs(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
@@ -328,20 +334,7 @@ impl Device {
             return;
         };
         let g = srq.data.ring.clone();
-        let Some((prod, mut cons)) = Self::ring_indices(ctx, &g) else {
-            return;
-        };
-        while cons != prod {
-            match Self::read_recv(ctx, &g, cons & (g.slots - 1), max_sge) {
-                Ok(r) => srq.data.recvs.push_back(r),
-                Err(v) => {
-                    ctx.violations.push(v);
-                    return;
-                }
-            }
-            cons = (cons + 1) & (2 * g.slots - 1);
-        }
-        Self::set_cons(ctx, &g, cons);
+        Self::drain_recvs(ctx, &g, max_sge, &mut srq.data.recvs);
     }
 
     /// Takes the next receive of QP `i` (from its SRQ if it has one).
