@@ -465,7 +465,9 @@ impl<H: Hal> Pvrdma<H> {
         let op = Op::QueryQp;
         let req = abi::QueryQp {
             qp_handle: qp.handle,
-            attr_mask: !0,
+            // Every defined attribute, and only those: QEMU hands the mask to the host's
+            // ibv_query_qp, which refuses unknown bits (EOPNOTSUPP, seen on QEMU over rxe).
+            attr_mask: pvrdma_mask(QpAttrMask::all()),
             ..Default::default()
         };
         let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;

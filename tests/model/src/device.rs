@@ -8,6 +8,11 @@ use crate::{Garbage, ModelConfig};
 pub(crate) const EIO: u32 = 5;
 pub(crate) const ENOMEM: u32 = 12;
 pub(crate) const EINVAL: u32 = 22;
+const EOPNOTSUPP: u32 = 95;
+/// Marks an errno that QEMU passes through from a host verbs call as is (positive in ERR).
+const HOST_ERRNO: u32 = 1 << 31;
+/// The attribute-mask bits the host's verbs know (IB_QP_STATE … IB_QP_DEST_QPN).
+const STANDARD_QP_ATTR_MASK: u32 = (1 << 21) - 1;
 
 const REG_VERSION: usize = 0x00;
 const REG_DSR_LOW: usize = 0x04;
@@ -435,7 +440,7 @@ impl Device {
         };
         resp[0..8].copy_from_slice(&req[0..8]);
         put32(&mut resp, 8, ack);
-        resp[12] = rc.err().unwrap_or(0) as u8;
+        resp[12] = rc.err().map_or(0, |e| (e & !HOST_ERRNO) as u8);
         match self.garbage.take() {
             Some(Garbage::Everything) => resp.fill(0xA5),
             Some(Garbage::Payload) => resp[16..].fill(0xA5),
@@ -444,6 +449,8 @@ impl Device {
         ctx.wr(l.resp, &resp);
         self.regs[REG_ERR / 4] = match rc {
             Ok(()) => 0,
+            // A host verbs return passed through unchanged: a positive errno.
+            Err(e) if e & HOST_ERRNO != 0 => e & !HOST_ERRNO,
             Err(errno) => errno.wrapping_neg(),
         };
     }
@@ -839,6 +846,10 @@ impl Device {
 
     fn query_qp(&mut self, req: &[u8], resp: &mut [u8]) -> Result<(), u32> {
         let i = self.qp_index(le32(req, 0x10)).ok_or(EINVAL)?;
+        if le32(req, 0x14) & !STANDARD_QP_ATTR_MASK != 0 {
+            // The host's ibv_query_qp refuses unknown mask bits; QEMU returns its errno as is.
+            return Err(HOST_ERRNO | EOPNOTSUPP);
+        }
         let qp = self.qps[i].as_ref().expect("indexed");
         // The host's struct ibv_qp_attr layout (§5.3).
         let state = if qp.qp_type == QPT_GSI {

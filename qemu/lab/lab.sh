@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The nested lab: QEMU's real pvrdma device, with the bareverbs unikernel as its guest.
+#
+#   qemu/lab/lab.sh            build what is missing (cached), boot, print the verdict
+#
+# QEMU 7.2's pvrdma realizes only over a host RDMA device, which this machine's kernel lacks.
+# So an outer QEMU (TCG) boots Debian's own kernel with a busybox initramfs that mounts this
+# machine's root read-only over 9p and chroots into it; there qemu/lab/inner.sh loads rdma_rxe
+# on the outer eth0, starts QEMU's rdmacm-mux (built from Debian's qemu source package), and runs
+# the inner QEMU with vmxnet3 + pvrdma and our kernel. Every stage is timed; the exit status is
+# the kernel's verdict (0 PASS). Anything that cannot be built fails loudly.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${BAREVERBS_LAB_CACHE:-$here/.cache}
+mkdir -p "$cache"
+t0=$(date +%s)
+stage() { echo "[lab +$(( $(date +%s) - t0 ))s] $*"; }
+
+# --- host packages -------------------------------------------------------------------------
+need=()
+for p in qemu-system-x86 busybox-static kmod libibumad-dev libibverbs-dev libglib2.0-dev \
+         rdma-core iproute2 pkg-config cpio; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  stage "installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# --- the outer guest's kernel (Debian bookworm's), with modules.dep ----------------------------
+if [ ! -f "$cache/kernel.ok" ]; then
+  stage "fetching Debian's linux-image"
+  rm -rf "$cache/kroot" "$cache"/linux-image-*.deb
+  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  (cd "$cache" && apt-get download "$pkg" >/dev/null)
+  dpkg -x "$cache"/linux-image-*.deb "$cache/kroot"
+  rm -f "$cache"/linux-image-*.deb
+  kver=$(ls "$cache/kroot/lib/modules")
+  depmod -b "$cache/kroot" "$kver"
+  touch "$cache/kernel.ok"
+fi
+kver=$(ls "$cache/kroot/lib/modules")
+kmods="$cache/kroot/lib/modules/$kver"
+
+# --- rdmacm-mux, from Debian's qemu 7.2 source package ----------------------------------------
+if [ ! -x "$cache/rdmacm-mux" ]; then
+  stage "building rdmacm-mux from Debian's qemu source package"
+  src=/etc/apt/sources.list.d/bareverbs-lab-src.sources
+  if ! apt-cache showsrc qemu >/dev/null 2>&1 || [ -z "$(apt-cache showsrc qemu 2>/dev/null)" ]; then
+    sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$src"
+    apt-get update -qq
+  fi
+  work="$cache/qemu-src"
+  rm -rf "$work" && mkdir -p "$work/shim/qemu"
+  (cd "$work" && apt-get source --download-only qemu >/dev/null)
+  tar -C "$work" -xJf "$work"/qemu_*.orig.tar.xz --wildcards '*/contrib/rdmacm-mux/*'
+  mux=$(dirname "$(find "$work" -path '*contrib/rdmacm-mux/main.c')")
+  # QEMU's osdep.h only gathers system headers and a few macros for this tool.
+  cat > "$work/shim/qemu/osdep.h" <<'H'
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <string.h>
+#include <errno.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <glib.h>
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+H
+  gcc -O2 -w -I"$work/shim" -I"$mux" -o "$cache/rdmacm-mux" "$mux/main.c" \
+    $(pkg-config --cflags --libs glib-2.0) -libumad -libverbs -lpthread
+  rm -rf "$work"
+fi
+
+# --- the initramfs: busybox, the virtio/9p modules, /init --------------------------------------
+if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$here/init.sh" -nt "$cache/initramfs.cpio.gz" ]; then
+  stage "building the initramfs"
+  ir="$cache/initramfs"
+  rm -rf "$ir" && mkdir -p "$ir"/{bin,proc,sys,dev,mnt/root,modules}
+  cp /bin/busybox "$ir/bin/busybox"
+  order=()
+  add() { # a module and, first, its dependencies (modules.dep order)
+    local m=$1 d
+    for d in $(awk -v m="$m:" '$1 == m { $1 = ""; print }' "$kmods/modules.dep"); do add "$d"; done
+    case " ${order[*]} " in *" $m "*) ;; *) order+=("$m") ;; esac
+  }
+  for m in kernel/drivers/virtio/virtio_pci.ko kernel/drivers/net/virtio_net.ko \
+           kernel/net/9p/9pnet_virtio.ko kernel/fs/9p/9p.ko; do add "$m"; done
+  for m in "${order[@]}"; do cp "$kmods/$m" "$ir/modules/"; basename "$m" >> "$ir/modules/order"; done
+  cp "$here/init.sh" "$ir/init"
+  chmod +x "$ir/init"
+  (cd "$ir" && find . | cpio -o -H newc 2>/dev/null | gzip -1) > "$cache/initramfs.tmp"
+  mv "$cache/initramfs.tmp" "$cache/initramfs.cpio.gz"
+fi
+
+# --- the unikernel ----------------------------------------------------------------------------
+stage "building the unikernel"
+(cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
+kernel="$repo/target/release/bareverbs-unikernel"
+
+# --- boot ---------------------------------------------------------------------------------------
+stage "booting the outer guest (TCG)"
+log="$cache/last-run.log"
+set +e
+timeout "${BAREVERBS_LAB_TIMEOUT:-900}" qemu-system-x86_64 \
+  -machine q35 -cpu max -smp 2 -m 2048 -nographic -no-reboot \
+  -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
+  -append "console=ttyS0 panic=-1 quiet bvlab.kver=$kver bvlab.kroot=$cache/kroot bvlab.inner=$here/inner.sh bvlab.mux=$cache/rdmacm-mux bvlab.kernel=$kernel" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
+  -netdev user,id=n0 -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56 \
+  2>&1 | tee "$log"
+set -e
+stage "done"
+verdict=$(grep -a -o 'bvlab: inner status [0-9]*' "$log" | tail -1 | awk '{print $4}')
+case "$verdict" in
+  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma)"; exit 0 ;;
+  35) echo "[lab] verdict: FAIL (the unikernel said so)"; exit 1 ;;
+  37) echo "[lab] verdict: FAIL (the unikernel saw no PVRDMA: the device did not realize)"; exit 1 ;;
+  "") echo "[lab] verdict: FAIL (no verdict: the lab did not get to run the unikernel)"; exit 1 ;;
+  *) echo "[lab] verdict: FAIL (inner QEMU status $verdict)"; exit 1 ;;
+esac
