@@ -9,8 +9,10 @@ arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvlab.$1=//p"; }
 r=/mnt/root
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $r || {
   echo "bvlab: cannot mount the host root"; poweroff -f; }
-mount -t tmpfs tmp $r/tmp
+# Writable scratch only under /run: the repository and the lab's cache may live anywhere else
+# (/tmp included), and must stay visible.
 mount -t tmpfs run $r/run
+mkdir -p $r/run/tmp
 mount -t proc proc $r/proc
 mount -t sysfs sys $r/sys
 mount -t devtmpfs dev $r/dev
@@ -19,6 +21,6 @@ mount -t devtmpfs dev $r/dev
 printf '#!/bin/sh\nexec chroot /mnt/root /sbin/modprobe -d %s "$@"\n' "$(arg kroot)" > /modprobe-chroot
 chmod +x /modprobe-chroot
 echo /modprobe-chroot > /proc/sys/kernel/modprobe
-chroot $r /bin/bash "$(arg inner)" "$(arg kroot)" "$(arg mux)" "$(arg kernel)"
+TMPDIR=/run/tmp chroot $r /bin/bash "$(arg inner)" "$(arg kroot)" "$(arg mux)" "$(arg kernel)"
 echo "bvlab: inner script exited $?"
 poweroff -f
