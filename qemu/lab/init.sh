@@ -21,6 +21,6 @@ mount -t devtmpfs dev $r/dev
 printf '#!/bin/sh\nexec chroot /mnt/root /sbin/modprobe -d %s "$@"\n' "$(arg kroot)" > /modprobe-chroot
 chmod +x /modprobe-chroot
 echo /modprobe-chroot > /proc/sys/kernel/modprobe
-TMPDIR=/run/tmp chroot $r /bin/bash "$(arg inner)" "$(arg kroot)" "$(arg mux)" "$(arg kernel)"
+TMPDIR=/run/tmp chroot $r /bin/bash "$(arg inner)" "$(arg kroot)" "$(arg mux)" "$(arg kernel)" "$(arg initrd)"
 echo "bvlab: inner script exited $?"
 poweroff -f

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Runs inside the outer guest (chrooted into this machine's root): rxe on eth0, the MAD
 # multiplexer, and the inner QEMU with QEMU's real pvrdma and the bareverbs unikernel.
-#   inner.sh KROOT RDMACM_MUX KERNEL
+#   inner.sh KROOT RDMACM_MUX KERNEL INITRD     (INITRD "none": the unikernel)
 set -u
-kroot=$1 mux=$2 kernel=$3
+kroot=$1 mux=$2 kernel=$3 initrd=${4:-none}
 t0=$(date +%s)
 stage() { echo "bvlab +$(( $(date +%s) - t0 ))s: $*"; }
 # The inner vmxnet3's MAC: its link-local GID must sit in rxe's table at index >= 1 (QEMU
@@ -31,16 +31,24 @@ stage "starting rdmacm-mux"
 for i in $(seq 1 50); do [ -S /var/run/rdmacm-mux-rxe0-1 ] && break; sleep 0.2; done
 [ -S /var/run/rdmacm-mux-rxe0-1 ] || { echo "bvlab: rdmacm-mux did not start"; exit 1; }
 
-stage "inner QEMU: vmxnet3 + pvrdma (ibdev rxe0) + the bareverbs unikernel"
-timeout 600 qemu-system-x86_64 \
-  -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot -serial stdio \
-  -object memory-backend-ram,id=mb1,size=256M,share=on -numa node,memdev=mb1 \
+if [ "$initrd" = none ]; then
+  stage "inner QEMU: vmxnet3 + pvrdma (ibdev rxe0) + the bareverbs unikernel"
+  guest=(-m 256M -kernel "$kernel")
+  mem=256M
+else
+  stage "inner QEMU: vmxnet3 + pvrdma (ibdev rxe0) + Linux with vmw_pvrdma (reference)"
+  guest=(-m 512M -kernel "$kernel" -initrd "$initrd" -append "console=ttyS0 panic=-1 quiet")
+  mem=512M
+fi
+timeout 900 qemu-system-x86_64 \
+  -machine q35 -nodefaults -vga none -display none -no-reboot -serial stdio \
+  -object memory-backend-ram,id=mb1,size=$mem,share=on -numa node,memdev=mb1 \
   -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
   -netdev user,id=n1,restrict=on \
   -device vmxnet3,netdev=n1,addr=0x10.0,multifunction=on,mac=$inner_mac,romfile= \
   -chardev socket,path=/var/run/rdmacm-mux-rxe0-1,id=mads \
   -device pvrdma,addr=0x10.1,ibdev=rxe0,netdev=eth0,mad-chardev=mads \
-  -kernel "$kernel"
+  "${guest[@]}"
 status=$?
 stage "inner QEMU exited"
 echo "bvlab: inner status $status"

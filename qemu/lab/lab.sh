@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The nested lab: QEMU's real pvrdma device, with the bareverbs unikernel as its guest.
 #
-#   qemu/lab/lab.sh            build what is missing (cached), boot, print the verdict
+#   qemu/lab/lab.sh              build what is missing (cached), boot, print the verdict
+#   qemu/lab/lab.sh --reference  the same device with Linux's own vmw_pvrdma driver as the inner
+#                                guest (built out of tree from Debian's linux-source), printing
+#                                what it reports in the unikernel's format (see compare.sh)
 #
 # QEMU 7.2's pvrdma realizes only over a host RDMA device, which this machine's kernel lacks.
 # So an outer QEMU (TCG) boots Debian's own kernel with a busybox initramfs that mounts this
@@ -10,6 +13,8 @@
 # the inner QEMU with vmxnet3 + pvrdma and our kernel. Every stage is timed; the exit status is
 # the kernel's verdict (0 PASS). Anything that cannot be built fails loudly.
 set -euo pipefail
+mode=unikernel
+[ "${1:-}" = "--reference" ] && mode=reference
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${BAREVERBS_LAB_CACHE:-$here/.cache}
@@ -80,6 +85,12 @@ H
   rm -rf "$work"
 fi
 
+add() { # a module and, first, its dependencies (modules.dep order), into $order
+  local m=$1 d
+  for d in $(awk -v m="$m:" '$1 == m { $1 = ""; print }' "$kmods/modules.dep"); do add "$d"; done
+  case " ${order[*]} " in *" $m "*) ;; *) order+=("$m") ;; esac
+}
+
 # --- the initramfs: busybox, the virtio/9p modules, /init --------------------------------------
 if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$here/init.sh" -nt "$cache/initramfs.cpio.gz" ]; then
   stage "building the initramfs"
@@ -87,11 +98,6 @@ if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$here/init.sh" -nt "$cache/initramf
   rm -rf "$ir" && mkdir -p "$ir"/{bin,proc,sys,dev,mnt/root,modules}
   cp /bin/busybox "$ir/bin/busybox"
   order=()
-  add() { # a module and, first, its dependencies (modules.dep order)
-    local m=$1 d
-    for d in $(awk -v m="$m:" '$1 == m { $1 = ""; print }' "$kmods/modules.dep"); do add "$d"; done
-    case " ${order[*]} " in *" $m "*) ;; *) order+=("$m") ;; esac
-  }
   for m in kernel/drivers/virtio/virtio_pci.ko kernel/drivers/net/virtio_net.ko \
            kernel/net/9p/9pnet_virtio.ko kernel/fs/9p/9p.ko; do add "$m"; done
   for m in "${order[@]}"; do cp "$kmods/$m" "$ir/modules/"; basename "$m" >> "$ir/modules/order"; done
@@ -101,24 +107,75 @@ if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$here/init.sh" -nt "$cache/initramf
   mv "$cache/initramfs.tmp" "$cache/initramfs.cpio.gz"
 fi
 
-# --- the unikernel ----------------------------------------------------------------------------
-stage "building the unikernel"
-(cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
-kernel="$repo/target/release/bareverbs-unikernel"
+# --- the inner guest: the unikernel, or Linux with its own vmw_pvrdma (--reference) -----------
+if [ "$mode" = unikernel ]; then
+  stage "building the unikernel"
+  (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
+  inner_kernel="$repo/target/release/bareverbs-unikernel"
+  inner_initrd=none
+else
+  if [ ! -f "$cache/vmw_pvrdma.ko" ]; then
+    stage "building Linux's vmw_pvrdma out of tree (Debian's config leaves it off)"
+    for p in "linux-headers-$kver" linux-source-6.1; do
+      dpkg -s "$p" >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$p" >/dev/null
+    done
+    work="$cache/pvrdma-src"
+    rm -rf "$work" && mkdir -p "$work"
+    tar -C "$work" -xJf /usr/src/linux-source-6.1.tar.xz --wildcards '*/drivers/infiniband/hw/vmw_pvrdma/*'
+    dir=$(dirname "$(find "$work" -name pvrdma_main.c)")
+    make -s -C "/usr/src/linux-headers-$kver" M="$dir" CONFIG_INFINIBAND_VMWARE_PVRDMA=m modules >/dev/null 2>&1
+    cp "$dir/vmw_pvrdma.ko" "$cache/vmw_pvrdma.ko"
+    rm -rf "$work"
+  fi
+  if [ ! -x "$cache/refqp" ] || [ "$here/refqp.c" -nt "$cache/refqp" ]; then
+    stage "building refqp (libibverbs)"
+    gcc -O2 -Wall -o "$cache/refqp" "$here/refqp.c" -libverbs
+  fi
+  if [ ! -f "$cache/ref-initramfs.cpio.gz" ] || [ "$here/ref-init.sh" -nt "$cache/ref-initramfs.cpio.gz" ]; then
+    stage "building the reference guest's initramfs"
+    ir="$cache/ref-initramfs"
+    rm -rf "$ir" && mkdir -p "$ir"/{bin,proc,sys,dev,modules,etc/libibverbs.d,lib64,usr/lib/x86_64-linux-gnu/libibverbs}
+    cp /bin/busybox "$ir/bin/busybox"
+    order=()
+    for m in kernel/drivers/net/vmxnet3/vmxnet3.ko kernel/drivers/infiniband/core/ib_uverbs.ko; do add "$m"; done
+    for m in "${order[@]}"; do cp "$kmods/$m" "$ir/modules/"; basename "$m" >> "$ir/modules/order"; done
+    cp "$cache/vmw_pvrdma.ko" "$ir/modules/"
+    echo vmw_pvrdma.ko >> "$ir/modules/order"
+    cp "$cache/refqp" "$ir/bin/refqp"
+    prov=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so)
+    cp "$prov" "$ir/usr/lib/x86_64-linux-gnu/libibverbs/"
+    cp /etc/libibverbs.d/vmw_pvrdma.driver "$ir/etc/libibverbs.d/" 2>/dev/null || true
+    for lib in $( (ldd "$cache/refqp"; ldd "$prov") | awk '/=> \// {print $3} /ld-linux/ {print $1}' | sort -u); do
+      mkdir -p "$ir$(dirname "$lib")"
+      cp -L "$lib" "$ir$lib"
+    done
+    cp "$here/ref-init.sh" "$ir/init"
+    chmod +x "$ir/init"
+    (cd "$ir" && find . | cpio -o -H newc 2>/dev/null | gzip -1) > "$cache/ref-initramfs.tmp"
+    mv "$cache/ref-initramfs.tmp" "$cache/ref-initramfs.cpio.gz"
+  fi
+  inner_kernel="$cache/kroot/boot/vmlinuz-$kver"
+  inner_initrd="$cache/ref-initramfs.cpio.gz"
+fi
 
 # --- boot ---------------------------------------------------------------------------------------
 stage "booting the outer guest (TCG)"
-log="$cache/last-run.log"
+log="$cache/$mode.log"
 set +e
 timeout "${BAREVERBS_LAB_TIMEOUT:-900}" qemu-system-x86_64 \
   -machine q35 -cpu max -smp 2 -m 2048 -nographic -no-reboot \
   -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-  -append "console=ttyS0 panic=-1 quiet bvlab.kver=$kver bvlab.kroot=$cache/kroot bvlab.inner=$here/inner.sh bvlab.mux=$cache/rdmacm-mux bvlab.kernel=$kernel" \
+  -append "console=ttyS0 panic=-1 quiet bvlab.kver=$kver bvlab.kroot=$cache/kroot bvlab.inner=$here/inner.sh bvlab.mux=$cache/rdmacm-mux bvlab.kernel=$inner_kernel bvlab.initrd=$inner_initrd" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
   -netdev user,id=n0 -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56 \
   2>&1 | tee "$log"
 set -e
 stage "done"
+if [ "$mode" = reference ]; then
+  grep -a -q "reference: done" "$log" || { echo "[lab] reference: FAIL (Linux's driver did not report)"; exit 1; }
+  echo "[lab] reference: done (the report is in $log)"
+  exit 0
+fi
 verdict=$(grep -a -o 'bvlab: inner status [0-9]*' "$log" | tail -1 | awk '{print $4}')
 case "$verdict" in
   33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma)"; exit 0 ;;
