@@ -28,7 +28,7 @@ pub mod x86;
 use core::ptr::NonNull;
 
 pub use pci_types::{ConfigRegionAccess, PciAddress};
-pub use region::{DmaRegion, IdentityHal, MmioRegion};
+pub use region::{DmaRegion, IdentityHal, MAX_REGION_PAGES, MmioRegion};
 
 /// The size of a DMA page, in bytes. Every DMA allocation is a whole number of these.
 pub const PAGE_SIZE: usize = 4096;

@@ -90,7 +90,8 @@ pub trait Provider {
     ///
     /// # Safety
     ///
-    /// The PD, CQs and SRQ outlive the QP, and the QP is destroyed through
+    /// The PD, CQs and SRQ outlive the QP and stay where they are (are not moved) while it
+    /// exists — a provider may keep pointers to them — and the QP is destroyed through
     /// [`destroy_qp`](Self::destroy_qp) (or leaked) before the provider is dropped.
     unsafe fn create_qp(
         &self,
