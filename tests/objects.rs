@@ -195,3 +195,22 @@ fn the_provider_reports_the_same_caps_as_the_context() {
     assert_eq!(model.outstanding_pages(), 0);
     assert_clean(&model);
 }
+
+/// The verbs objects can be shared between threads, as `ibverbs` users expect (`Send + Sync`):
+/// checked at compile time.
+#[test]
+fn verbs_objects_are_send_and_sync() {
+    use bareverbs::device::pvrdma::Pvrdma;
+    use bareverbs::verbs::*;
+    fn send_sync<T: Send + Sync>() {}
+    type P = Pvrdma<Model>;
+    send_sync::<Context<P>>();
+    send_sync::<ProtectionDomain<'static, P>>();
+    send_sync::<CompletionQueue<'static, P>>();
+    send_sync::<QueuePair<'static, P, Rc, Rts, 16, 16>>();
+    send_sync::<QueuePair<'static, P, Ud, Reset, 16, 16>>();
+    send_sync::<SharedReceiveQueue<'static, P, 16>>();
+    send_sync::<MemoryRegion<'static, P>>();
+    send_sync::<GidBinding<'static, P>>();
+    send_sync::<bareverbs::Error>();
+}

@@ -157,7 +157,8 @@ impl<H: Hal> State<H> {
         };
         match self.chan.exec::<_, abi::RespHdr>(regs, op, code, req) {
             Ok(_) => {
-                self.counts[Self::slot(kind)] -= 1;
+                let c = &mut self.counts[Self::slot(kind)];
+                *c = c.saturating_sub(1);
                 Ok(())
             }
             Err(e) => Err((obj, e)),
