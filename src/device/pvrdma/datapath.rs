@@ -497,7 +497,30 @@ impl<H: Hal> Pvrdma<H> {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn poll_cq_impl(
+        &self,
+        cq: &Cq<H>,
+        only: Option<u32>,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize> {
+        // The empty case, without the lock: the indices are atomics and a racing poller can
+        // only make this poll find nothing, as any poll may.
+        let ring = &cq.ring;
+        let head = ring.cons().load(Ordering::Relaxed);
+        if ring.prod().load(Ordering::Acquire) == head {
+            // Looks empty: let the device harvest what it has, then look again (§10.3).
+            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
+            if ring.prod().load(Ordering::Acquire) == head {
+                return Ok(0);
+            }
+        }
+        self.harvest(cq, only, out)
+    }
+
+    /// Takes the CQEs that are there (the CQ is not empty, or was not a moment ago).
+    #[inline(never)]
+    fn harvest(
         &self,
         cq: &Cq<H>,
         only: Option<u32>,
@@ -508,12 +531,7 @@ impl<H: Hal> Pvrdma<H> {
         let ring = &cq.ring;
         let (n, mask2) = (ring.slots, 2 * ring.slots - 1);
         let mut head = ring.cons().load(Ordering::Relaxed);
-        let mut tail = ring.prod().load(Ordering::Acquire);
-        if tail == head {
-            // Looks empty: let the device harvest what it has, then look again (§10.3).
-            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
-            tail = ring.prod().load(Ordering::Acquire);
-        }
+        let tail = ring.prod().load(Ordering::Acquire);
         if tail > mask2 || (tail.wrapping_sub(head) & mask2) > n {
             return Err(bad_value(op, "CQ prod_tail", tail));
         }
