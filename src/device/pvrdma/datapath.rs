@@ -520,12 +520,7 @@ impl<H: Hal> Pvrdma<H> {
 
     /// Takes the CQEs that are there (the CQ is not empty, or was not a moment ago).
     #[inline(never)]
-    fn harvest(
-        &self,
-        cq: &Cq<H>,
-        only: Option<u32>,
-        out: &mut [WorkCompletion],
-    ) -> Result<usize> {
+    fn harvest(&self, cq: &Cq<H>, only: Option<u32>, out: &mut [WorkCompletion]) -> Result<usize> {
         let op = Op::PollCq;
         let _guard = cq.poll_lock.try_lock().ok_or(Error::Busy { op })?;
         let ring = &cq.ring;
