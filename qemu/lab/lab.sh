@@ -166,7 +166,7 @@ timeout "${BAREVERBS_LAB_TIMEOUT:-900}" qemu-system-x86_64 \
   -machine q35 -cpu max -smp 2 -m 2048 -nographic -no-reboot \
   -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
   -append "console=ttyS0 panic=-1 quiet bvlab.kver=$kver bvlab.kroot=$cache/kroot bvlab.inner=$here/inner.sh bvlab.mux=$cache/rdmacm-mux bvlab.kernel=$inner_kernel bvlab.initrd=$inner_initrd" \
-  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -netdev user,id=n0 -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56 \
   2>&1 | tee "$log"
 set -e
@@ -177,8 +177,19 @@ if [ "$mode" = reference ]; then
   exit 0
 fi
 verdict=$(grep -a -o 'bvlab: inner status [0-9]*' "$log" | tail -1 | awk '{print $4}')
+# The caps the unikernel read must be the device's: QEMU's defaults clamped by rxe, as
+# shared/pvrdma-abi.md §3.1 derives them (and as Linux's own driver reads them: compare.sh).
+expected=(
+  "caps: max_qp 1024 max_qp_wr 10467 max_sge 4 max_cq 2048 max_cqe 28672 max_mr 1024 max_pd 1024"
+  "caps: max_srq 512 max_srq_wr 12288 max_srq_sge 4 max_ah 64 gid_tbl_len 255 max_pkeys 1 ports 1"
+)
+if [ "$verdict" = 33 ]; then
+  for line in "${expected[@]}"; do
+    grep -a -q -F "$line" "$log" || { echo "[lab] verdict: FAIL (caps differ from the device's: want '$line')"; exit 1; }
+  done
+fi
 case "$verdict" in
-  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma)"; exit 0 ;;
+  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma; caps as the device reports)"; exit 0 ;;
   35) echo "[lab] verdict: FAIL (the unikernel said so)"; exit 1 ;;
   37) echo "[lab] verdict: FAIL (the unikernel saw no PVRDMA: the device did not realize)"; exit 1 ;;
   "") echo "[lab] verdict: FAIL (no verdict: the lab did not get to run the unikernel)"; exit 1 ;;
