@@ -6,11 +6,10 @@ mod common;
 
 use bareverbs::Error;
 use bareverbs::error::{DeviceStatus, Fault, Op, Resource};
-use bareverbs::{CompletionQueue, Gid, ProtectionDomain};
+use bareverbs::{CompletionQueue, Gid};
 use bareverbs_model::Garbage;
 use common::*;
 
-type Pd<'a> = ProtectionDomain<'a, bareverbs::device::pvrdma::Pvrdma<bareverbs_model::Model>>;
 type Cq<'a> = CompletionQueue<'a, bareverbs::device::pvrdma::Pvrdma<bareverbs_model::Model>>;
 
 /// The error each injected errno must become, for an operation `op`.
@@ -155,7 +154,6 @@ fn a_device_that_stops_answering_times_out_everywhere() {
     assert_eq!(e, Error::Timeout { op: Op::DestroyCq });
     // The device comes back: the objects handed back can be destroyed.
     model.set_silent(false);
-    let _: Pd<'_> = pd;
     drop(pd);
     cq.destroy().map_err(|(_, e)| e).unwrap();
     drop(ctx);

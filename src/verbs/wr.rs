@@ -118,30 +118,51 @@ pub struct RecvWr<'s> {
 
 /// Completion status (`enum ibv_wc_status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
 pub enum WcStatus {
     #[default]
+    /// The work request completed.
     Success,
+    /// Local length error (a receive too small, a message too long).
     LocLenErr,
+    /// Local QP operation error.
     LocQpOpErr,
+    /// Local EE context operation error.
     LocEecOpErr,
+    /// Local protection error (a bad lkey or address).
     LocProtErr,
+    /// Flushed: the QP went to the error state.
     WrFlushErr,
+    /// Memory window bind error.
     MwBindErr,
+    /// Bad response from the peer.
     BadRespErr,
+    /// Local access error.
     LocAccessErr,
+    /// The peer found the request invalid.
     RemInvReqErr,
+    /// Remote access error (a bad rkey, address or right).
     RemAccessErr,
+    /// The peer could not complete the operation.
     RemOpErr,
+    /// Transport retries exhausted.
     RetryExcErr,
+    /// Receiver-not-ready retries exhausted (no receive posted at the peer).
     RnrRetryExcErr,
+    /// Local RDD violation.
     LocRddViolErr,
+    /// The peer found an RDMA read request invalid.
     RemInvRdReqErr,
+    /// The peer aborted.
     RemAbortErr,
+    /// Invalid EE context number.
     InvEecnErr,
+    /// Invalid EE context state.
     InvEecStateErr,
+    /// Fatal error.
     FatalErr,
+    /// Response timeout.
     RespTimeoutErr,
+    /// General error (the device's detail is in `vendor_err`).
     GeneralErr,
 }
 

@@ -30,6 +30,7 @@ use self::abi::{Caps, Dsr, RingPageInfo};
 use self::cmd::Channel;
 use self::pdir::QueueMem;
 use self::regs::{BAR_REGS, BAR_UAR, ctl, reg};
+use crate::dma::Dma;
 use crate::error::{
     DeviceStatus, EBUSY, Error, Feature, NotFound, Object, Op, Param, Resource, Result, Unsupported,
 };
@@ -74,8 +75,6 @@ pub struct Pvrdma<H: Hal> {
     _async_ring: QueueMem<H>,
     _cq_notify_ring: QueueMem<H>,
 }
-
-use crate::dma::Dma;
 
 /// What the command lock protects: the channel, and the driver's count of device objects (the
 /// driver counts so that it never asks QEMU for one object more than its tables hold: QEMU's
