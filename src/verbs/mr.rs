@@ -96,10 +96,9 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         let ptr = self.ctx.provider().mr_ptr(&self.raw);
-        // SAFETY: the provider's memory is `len()` bytes, allocated for as long as the region
-        // exists. The device writes it only for work requests that name it: posted safely, the
-        // region is moved into the QP and unreachable; posted raw, the poster promised not to
-        // touch it until completion.
+        // The device writes these bytes only for work requests that name them: a safe post moves
+        // the region into the QP (unreachable here), a raw poster promised not to touch it.
+        // SAFETY: the provider's memory is `len()` bytes, allocated while the region exists.
         unsafe { core::slice::from_raw_parts(ptr.as_ptr(), self.len()) }
     }
 
