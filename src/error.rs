@@ -131,6 +131,15 @@ impl Error {
         }
     }
 
+    /// An [`Error::Protocol`]: the device answered `value` in `field`, which cannot be right.
+    pub(crate) fn bad_value(op: Op, field: &'static str, value: impl Into<u64>) -> Self {
+        let value = value.into();
+        Error::Protocol {
+            op,
+            fault: Fault::Value { field, value },
+        }
+    }
+
     /// The error for a device's negative-errno status on `op`.
     pub(crate) fn from_errno(op: Op, errno: u32) -> Self {
         match errno {

@@ -1,7 +1,5 @@
 //! Device-agnostic verbs values: GIDs, device capabilities, port attributes.
 
-use crate::error::{Error, Fault, Op, Result};
-
 /// A 128-bit global identifier (an IPv6 address for RoCE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Gid(pub [u8; 16]);
@@ -128,37 +126,31 @@ impl Mtu {
         128 << self as u32
     }
 
-    pub(crate) fn from_raw(op: Op, field: &'static str, raw: u32) -> Result<Mtu> {
-        Ok(match raw {
+    /// From `enum ibv_mtu` numbering; `None` outside it.
+    pub fn from_raw(raw: u32) -> Option<Mtu> {
+        Some(match raw {
             1 => Mtu::Mtu256,
             2 => Mtu::Mtu512,
             3 => Mtu::Mtu1024,
             4 => Mtu::Mtu2048,
             5 => Mtu::Mtu4096,
-            _ => return Err(bad_value(op, field, raw)),
+            _ => return None,
         })
     }
 }
 
 impl PortState {
-    pub(crate) fn from_raw(op: Op, raw: u32) -> Result<PortState> {
-        Ok(match raw {
+    /// From `enum ibv_port_state` numbering; `None` outside it.
+    pub fn from_raw(raw: u32) -> Option<PortState> {
+        Some(match raw {
             0 => PortState::Nop,
             1 => PortState::Down,
             2 => PortState::Init,
             3 => PortState::Armed,
             4 => PortState::Active,
             5 => PortState::ActiveDefer,
-            _ => return Err(bad_value(op, "port state", raw)),
+            _ => return None,
         })
-    }
-}
-
-pub(crate) fn bad_value(op: Op, field: &'static str, value: impl Into<u64>) -> Error {
-    let value = value.into();
-    Error::Protocol {
-        op,
-        fault: Fault::Value { field, value },
     }
 }
 

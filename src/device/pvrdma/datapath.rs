@@ -19,7 +19,6 @@ use super::regs::db;
 use super::{Cq, Pd, Pvrdma};
 use crate::dma::Dma;
 use crate::error::{Attr, Error, Feature, Object, Op, Param, Queue, Result, Unsupported};
-use crate::verbs::types::bad_value;
 use crate::verbs::{
     AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
@@ -100,7 +99,7 @@ impl RawRing {
         let head = self.cons().load(Ordering::Acquire);
         let used = tail.wrapping_sub(head) & (2 * self.slots - 1);
         if head >= 2 * self.slots || used > self.slots {
-            return Err(bad_value(op, "ring cons_head", head));
+            return Err(Error::bad_value(op, "ring cons_head", head));
         }
         Ok(self.slots - used)
     }
@@ -528,7 +527,7 @@ impl<H: Hal> Pvrdma<H> {
         let mut head = ring.cons().load(Ordering::Relaxed);
         let tail = ring.prod().load(Ordering::Acquire);
         if tail > mask2 || (tail.wrapping_sub(head) & mask2) > n {
-            return Err(bad_value(op, "CQ prod_tail", tail));
+            return Err(Error::bad_value(op, "CQ prod_tail", tail));
         }
         let mut count = 0;
         while count < out.len() && head != tail {
@@ -591,11 +590,12 @@ unsafe fn read_cqe(c: *const abi::Cqe) -> Result<WorkCompletion> {
         wc_opcode::FETCH_ADD => WcOpcode::FetchAdd,
         wc_opcode::RECV => WcOpcode::Recv,
         wc_opcode::RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
-        other => return Err(bad_value(op, "CQE opcode", other)),
+        other => return Err(Error::bad_value(op, "CQE opcode", other)),
     };
+    // CQE status values are InfiniBand's (L-ABI `enum pvrdma_wc_status`).
     let raw_status = get!(status);
-    let status =
-        WcStatus::from_raw(raw_status).ok_or_else(|| bad_value(op, "CQE status", raw_status))?;
+    let status = WcStatus::from_raw(raw_status)
+        .ok_or_else(|| Error::bad_value(op, "CQE status", raw_status))?;
     // QEMU passes the host's flags: bits 0–1 agree with PVRDMA's, the rest do not (§10.1).
     let flags = WcFlags::from_bits_truncate(get!(wc_flags) & 0x3);
     Ok(WorkCompletion {

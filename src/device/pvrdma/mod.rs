@@ -37,7 +37,7 @@ use crate::error::{
 use crate::pci;
 use crate::verbs::{
     AccessFlags, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps,
-    QpInit, RecvWr, SendWr, SrqAttr, WorkCompletion, types::bad_value,
+    QpInit, RecvWr, SendWr, SrqAttr, WorkCompletion,
 };
 
 /// Bring-up options.
@@ -433,7 +433,7 @@ fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
     ];
     for (field, value) in nonzero {
         if value == 0 {
-            return Err(bad_value(op, field, value));
+            return Err(Error::bad_value(op, field, value));
         }
     }
     Ok(())
@@ -616,10 +616,16 @@ impl<H: Hal> Provider for Pvrdma<H> {
         };
         let r: abi::QueryPortResp = self.exec(op, abi::opcode::QUERY_PORT, req)?;
         let a = r.attrs;
+        // L-VRB numbers port states and MTUs as InfiniBand (and ibverbs) do.
+        let mtu = |field, raw| Mtu::from_raw(raw).ok_or(Error::bad_value(op, field, raw));
         Ok(PortAttr {
-            state: PortState::from_raw(op, a.state)?,
-            max_mtu: Mtu::from_raw(op, "max_mtu", a.max_mtu)?,
-            active_mtu: Mtu::from_raw(op, "active_mtu", a.active_mtu)?,
+            state: PortState::from_raw(a.state).ok_or(Error::bad_value(
+                op,
+                "port state",
+                a.state,
+            ))?,
+            max_mtu: mtu("max_mtu", a.max_mtu)?,
+            active_mtu: mtu("active_mtu", a.active_mtu)?,
             gid_tbl_len: a.gid_tbl_len,
             port_cap_flags: a.port_cap_flags,
             max_msg_sz: a.max_msg_sz,
@@ -662,7 +668,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         if r.pd_handle > regs::db::HANDLE_MASK {
             // Handles travel in 24-bit fields (doorbells, address vectors): this one is garbage.
             // The device made a PD the driver cannot name; it stays counted.
-            return Err(bad_value(op, "pd_handle", r.pd_handle));
+            return Err(Error::bad_value(op, "pd_handle", r.pd_handle));
         }
         Ok(Pd {
             handle: r.pd_handle,
@@ -723,7 +729,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
             if let Err((cq, _)) = self.destroy_cq(cq) {
                 core::mem::forget(cq);
             }
-            return Err(bad_value(op, field, value));
+            return Err(Error::bad_value(op, field, value));
         }
         Ok(cq)
     }

@@ -18,7 +18,6 @@ use super::datapath::{CqBudget, RawRing};
 use super::pdir::QueueMem;
 use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
-use crate::verbs::types::bad_value;
 use crate::verbs::{
     AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, SrqAttr,
 };
@@ -377,7 +376,7 @@ impl<H: Hal> Pvrdma<H> {
             if let Err((qp, _)) = self.destroy_qp_impl(qp) {
                 core::mem::forget(qp);
             }
-            return Err(bad_value(op, field, value));
+            return Err(Error::bad_value(op, field, value));
         }
         Ok(qp)
     }
@@ -385,6 +384,7 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
         let op = Op::ModifyQp;
         let mut st = self.state.lock();
+        // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
         let mut attrs = abi::QpAttr {
             qp_state: m.state.to_raw(),
             path_mtu: m.path_mtu as u32,
@@ -472,8 +472,8 @@ impl<H: Hal> Pvrdma<H> {
         };
         let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;
         let a = r.attrs;
-        let reported =
-            QpState::from_raw(a.qp_state).ok_or_else(|| bad_value(op, "qp_state", a.qp_state))?;
+        let reported = QpState::from_raw(a.qp_state)
+            .ok_or_else(|| Error::bad_value(op, "qp_state", a.qp_state))?;
         // QEMU only records RESET/ERR/SQD/SQE (the host QP keeps its state) and reports RTS for
         // its emulated GSI QP: in those cases the state last commanded is the true one.
         let state = match qp.state {
@@ -559,7 +559,7 @@ impl<H: Hal> Pvrdma<H> {
         if r.srqn > regs::db::HANDLE_MASK {
             // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.
             core::mem::forget(srq);
-            return Err(bad_value(op, "srqn", r.srqn));
+            return Err(Error::bad_value(op, "srqn", r.srqn));
         }
         Ok(srq)
     }
