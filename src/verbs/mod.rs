@@ -10,7 +10,7 @@
 mod mr;
 mod qp;
 mod qp_types;
-pub(crate) mod types;
+mod types;
 mod wr;
 
 use core::mem::ManuallyDrop;

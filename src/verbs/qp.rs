@@ -983,8 +983,7 @@ impl<'a, P: Provider, T: Transport, S: CanRecv, const SQ: usize, const RQ: usize
 
 /// Checks a modify's values against the device's limits before the device sees them.
 fn validate(caps: &super::DeviceCaps, m: &ModifyAttr) -> Result<()> {
-    let q = QpAttrMask::empty();
-    let has = |bit: QpAttrMask| m.mask.contains(bit) && bit != q;
+    let has = |bit: QpAttrMask| m.mask.contains(bit);
     if has(QpAttrMask::PORT) && (m.port == 0 || m.port > caps.phys_port_cnt) {
         return Err(Error::invalid(Param::Port, m.port, caps.phys_port_cnt));
     }

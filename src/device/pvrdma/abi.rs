@@ -52,7 +52,7 @@ pub struct RingPageInfo {
 
 /// Device capabilities, written by the device into the DSR (L-API `pvrdma_device_caps`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Caps {
     pub fw_ver: u64,
     /// Big-endian.

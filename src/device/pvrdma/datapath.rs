@@ -27,10 +27,10 @@ use crate::verbs::{
 /// A memory region on a PVRDMA device, with the memory it covers.
 pub struct Mr<H: Hal> {
     handle: u32,
-    lkey: u32,
-    rkey: u32,
-    len: usize,
-    mem: Dma<H>,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) len: usize,
+    pub(crate) mem: Dma<H>,
     _pdir: PageDir<H>,
 }
 
@@ -258,14 +258,6 @@ impl<H: Hal> Pvrdma<H> {
         self.state
             .lock()
             .destroy(&self.regs, Object::Mr, code, handle, mr)
-    }
-
-    pub(crate) fn mr_info_of(mr: &Mr<H>) -> (u64, usize, u32, u32) {
-        (mr.mem.paddr(), mr.len, mr.lkey, mr.rkey)
-    }
-
-    pub(crate) fn mr_ptr_of(mr: &Mr<H>) -> NonNull<u8> {
-        mr.mem.base()
     }
 
     /// # Safety

@@ -312,7 +312,7 @@ impl<H: Hal> Pvrdma<H> {
             uar,
             pci: address,
             version,
-            caps: caps_from_raw(&zeroed_caps()),
+            caps: caps_from_raw(&Caps::default()),
             state: spin::Mutex::new(State {
                 chan,
                 counts: [0; 5],
@@ -387,14 +387,6 @@ fn prev_power_of_two(n: u32) -> u32 {
     } else {
         1 << (31 - n.leading_zeros())
     }
-}
-
-fn zeroed_caps() -> Caps {
-    // Built field by field from zero bytes: Caps is Pod (integers only).
-    let bytes = [0u8; size_of::<Caps>()];
-    // SAFETY: Caps is #[repr(C)] of integers only, so all-zero bytes are a valid value, and the
-    // array has exactly its size (read_unaligned needs no alignment).
-    unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<Caps>()) }
 }
 
 /// Checks what the device wrote into the DSR: that it loaded it at all, that it is a RoCE
@@ -487,7 +479,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
 
     fn plan_qp(&self, init: &QpInit<'_>) -> Result<QpCaps> {
         let (sq, rq) = self.qp_layout(init)?;
-        Ok(Self::caps_of(&sq, &rq))
+        Ok(qp::caps_of(&sq, &rq))
     }
 
     unsafe fn create_qp(
@@ -502,11 +494,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn qp_num(&self, qp: &Qp<H>) -> u32 {
-        Self::qp_num_of(qp)
+        qp.qpn
     }
 
     fn qp_caps(&self, qp: &Qp<H>) -> QpCaps {
-        Self::qp_caps_of(qp)
+        qp.caps
     }
 
     fn modify_qp(&self, qp: &mut Qp<H>, attr: &ModifyAttr) -> Result<()> {
@@ -544,7 +536,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn srq_attr(&self, srq: &Srq<H>) -> SrqAttr {
-        Self::srq_attr_of(srq)
+        srq.attr
     }
 
     fn destroy_srq(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
@@ -562,11 +554,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
-        Self::mr_info_of(mr)
+        (mr.mem.paddr(), mr.len, mr.lkey, mr.rkey)
     }
 
     fn mr_ptr(&self, mr: &Mr<H>) -> core::ptr::NonNull<u8> {
-        Self::mr_ptr_of(mr)
+        mr.mem.base()
     }
 
     fn qp_handle(&self, qp: &Qp<H>) -> u32 {

@@ -81,12 +81,23 @@ fn layout(
     })
 }
 
+/// The capacities a QP with these queues has (no inline data on PVRDMA).
+pub(crate) fn caps_of(sq: &QueueLayout, rq: &QueueLayout) -> QpCaps {
+    QpCaps {
+        max_send_wr: sq.slots,
+        max_recv_wr: rq.slots,
+        max_send_sge: sq.sge,
+        max_recv_sge: rq.sge,
+        max_inline_data: 0,
+    }
+}
+
 /// A queue pair on a PVRDMA device.
 pub struct Qp<H: Hal> {
     handle: u32,
-    qpn: u32,
+    pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
-    caps: QpCaps,
+    pub(crate) caps: QpCaps,
     sq_sig_all: bool,
     /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
     state: QpState,
@@ -144,7 +155,7 @@ impl<H: Hal> Qp<H> {
 /// A shared receive queue on a PVRDMA device.
 pub struct Srq<H: Hal> {
     handle: u32,
-    attr: SrqAttr,
+    pub(crate) attr: SrqAttr,
     pub(crate) layout: QueueLayout,
     mem: QueueMem<H>,
     /// The driver's producer index, and the lock that makes posting exclusive.
@@ -274,16 +285,6 @@ impl<H: Hal> Pvrdma<H> {
         Ok((sq, rq))
     }
 
-    pub(crate) fn caps_of(sq: &QueueLayout, rq: &QueueLayout) -> QpCaps {
-        QpCaps {
-            max_send_wr: sq.slots,
-            max_recv_wr: rq.slots,
-            max_send_sge: sq.sge,
-            max_recv_sge: rq.sge,
-            max_inline_data: 0,
-        }
-    }
-
     pub(crate) fn create_qp_impl(
         &self,
         pd: &Pd,
@@ -342,7 +343,7 @@ impl<H: Hal> Pvrdma<H> {
             handle,
             qpn,
             qp_type,
-            caps: Self::caps_of(&sq, &rq),
+            caps: caps_of(&sq, &rq),
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
             sq,
@@ -570,17 +571,5 @@ impl<H: Hal> Pvrdma<H> {
         self.state
             .lock()
             .destroy(&self.regs, Object::Srq, code, handle, srq)
-    }
-
-    pub(crate) fn qp_num_of(qp: &Qp<H>) -> u32 {
-        qp.qpn
-    }
-
-    pub(crate) fn qp_caps_of(qp: &Qp<H>) -> QpCaps {
-        qp.caps
-    }
-
-    pub(crate) fn srq_attr_of(srq: &Srq<H>) -> SrqAttr {
-        srq.attr
     }
 }

@@ -609,8 +609,7 @@ impl Device {
                 .push(format!("CQ {cq_handle} full: QEMU drops the CQE silently"));
             return;
         }
-        let slot = u64::from(prod & (n - 1));
-        let pa = cq.pages[1 + (slot / 64) as usize] + (slot % 64) * 64;
+        let pa = cq.cqe_addr(prod);
         let mut e = [0u8; 64];
         e[0..8].copy_from_slice(&c.wr_id.to_le_bytes());
         e[8..16].copy_from_slice(&u64::from(c.qp).to_le_bytes());
@@ -663,11 +662,7 @@ impl Device {
         let state = cq.pages[0] + 8;
         let Some(b) = mem.read(state, 4) else { return };
         let prod = le32(&b, 0);
-        let slot = u64::from(prod & (n - 1));
-        mem.write(
-            cq.pages[1 + (slot / 64) as usize] + (slot % 64) * 64,
-            &bytes,
-        );
+        mem.write(cq.cqe_addr(prod), &bytes);
         mem.write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
     }
 

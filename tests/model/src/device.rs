@@ -137,6 +137,14 @@ pub(crate) struct Cq {
     pub(crate) armed: bool,
 }
 
+impl Cq {
+    /// Where CQE `index` (masked to a slot) lies: 64 CQEs a page after the ring-state page.
+    pub(crate) fn cqe_addr(&self, index: u32) -> u64 {
+        let slot = u64::from(index & (self.cqe - 1));
+        self.pages[1 + (slot / 64) as usize] + (slot % 64) * 64
+    }
+}
+
 /// A queue pair as the model keeps it: QEMU's record (`state`) and the host QP behind it
 /// (`host_state`, `qkey`, PSNs…), which only INIT/RTR/RTS reach (§8.3).
 pub(crate) struct Qp {
