@@ -81,14 +81,6 @@ impl<H: Hal> Dma<H> {
         self.vaddr
     }
 
-    /// The u32 at byte `offset` as an atomic shared with the device (ring indices).
-    pub(crate) fn atomic_u32(&self, offset: usize) -> &core::sync::atomic::AtomicU32 {
-        let p = self.ptr::<u32>(offset);
-        // SAFETY: in bounds and 4-aligned (checked by `ptr`); the memory lives as long as
-        // `self`, and AtomicU32 has u32's layout and allows shared mutation.
-        unsafe { &*p.cast::<core::sync::atomic::AtomicU32>() }
-    }
-
     fn ptr<T>(&self, offset: usize) -> *mut T {
         // Offsets are computed by the driver from validated sizes, never taken from the device:
         // a violation is a driver bug.

@@ -211,8 +211,14 @@ pub enum Param {
     BufferRange,
     /// Memory region length.
     MrLength,
-    /// A work request ID (bit 63 is reserved for the safe path).
-    WrId,
+    /// Access flags (remote write or atomics need local write).
+    AccessFlags,
+    /// A buffer of another pool than the queue pair's (or a QP without a pool).
+    Pool,
+    /// Buffers in a pool.
+    PoolBuffers,
+    /// Bytes per buffer of a pool.
+    BufferSize,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -373,7 +379,7 @@ pub enum Unsupported {
         bar: u8,
     },
     /// A queue pair type the device does not implement.
-    QpType(crate::verbs::QpType),
+    QpType(crate::verbs::qp_types::QpType),
     /// An optional feature of the verbs API (an `_ex` field, inline data, atomics…).
     Feature(Feature),
 }
@@ -404,6 +410,14 @@ pub enum Feature {
     ResizeCq,
     /// An operation the QP's transport cannot carry (e.g. RDMA on UD).
     OpcodeForQpType,
+    /// An operation the device would not execute faithfully (QEMU's PVRDMA runs every send
+    /// as a plain SEND); see `device::pvrdma::Opcodes`.
+    NotExecutedByDevice,
+    /// RESET → INIT of a QP that was taken back to RESET (QEMU's PVRDMA only records RESET;
+    /// destroy and create the QP instead).
+    ReinitAfterReset,
+    /// Registering memory the embedder owns (the HAL cannot translate its addresses).
+    UserMemory,
 }
 
 /// What was not found, in an [`Error::NotFound`].

@@ -75,6 +75,8 @@ pub enum DmaError {
 ///   does it). A block is never handed out twice before it is deallocated.
 /// - [`map_mmio`](Hal::map_mmio) returns a region through which accesses reach the device's
 ///   registers uncached, in program order with respect to each other.
+/// - [`virt_to_phys`](Hal::virt_to_phys), when it answers, gives the address at which DMA
+///   reaches the very byte the CPU sees at that address, for as long as the mapping lasts.
 pub unsafe trait Hal: Clone {
     /// A mapped register window.
     type Mmio: Mmio;
@@ -101,6 +103,17 @@ pub unsafe trait Hal: Clone {
     /// Callers: `paddr..paddr + size` is a register window of a device (a memory BAR with
     /// decoding enabled) that no other code drives at the same time.
     unsafe fn map_mmio(&self, paddr: u64, size: usize) -> Option<Self::Mmio>;
+
+    /// The physical (bus) address at which a device reaches the byte the CPU reaches at
+    /// `vaddr`: how the driver registers memory the embedder owns (zero-copy buffers). `None`
+    /// when the HAL cannot tell; the default knows nothing, and registration is then refused.
+    ///
+    /// Implementations answer for any address (a wrong answer would let the device reach
+    /// memory the embedder did not register: part of the trait's safety contract).
+    fn virt_to_phys(&self, vaddr: NonNull<u8>) -> Option<u64> {
+        let _ = vaddr;
+        None
+    }
 }
 
 /// 32-bit access to a mapped register window (a PCI memory BAR).

@@ -124,7 +124,9 @@ impl<'a> IdentityHal<'a> {
     /// # Safety
     ///
     /// Every physical MMIO address the driver will map (the device's BARs) is mapped, uncached,
-    /// at `paddr + phys_offset` in the current address space for as long as the HAL is used.
+    /// at `paddr + phys_offset` in the current address space for as long as the HAL is used;
+    /// and RAM the embedder registers (outside `dma`) is mapped the same way: the CPU reaches
+    /// physical address `p` at `p + phys_offset`.
     pub unsafe fn new(dma: &'a DmaRegion, phys_offset: usize) -> Self {
         IdentityHal { dma, phys_offset }
     }
@@ -156,6 +158,17 @@ unsafe impl Hal for IdentityHal<'_> {
         // SAFETY: the caller promises a real register window; `IdentityHal::new`'s contract
         // promises it is mapped uncached at this address.
         Some(unsafe { MmioRegion::new(base, size) })
+    }
+
+    fn virt_to_phys(&self, vaddr: NonNull<u8>) -> Option<u64> {
+        let v = vaddr.as_ptr() as usize;
+        let base = self.dma.vaddr.as_ptr() as usize;
+        if (base..base + self.dma.pages * PAGE_SIZE).contains(&v) {
+            return Some(self.dma.paddr + (v - base) as u64);
+        }
+        v.checked_sub(self.phys_offset)
+            .filter(|&p| p != 0)
+            .map(|p| p as u64)
     }
 }
 

@@ -7,28 +7,79 @@
 //! object back with the error when the device refuses, and a `Drop` that destroys on a best-effort
 //! basis and never panics.
 
+/// Defines `destroy(self)` and a best-effort, never-panicking `Drop` for a verbs object.
+macro_rules! destroy_and_drop {
+    ($ty:ident, $destroy:ident, $what:literal) => {
+        impl<'c, P: Provider> $ty<'c, P> {
+            /// Destroys the object. When the device refuses, the object is handed back with the
+            /// error, unchanged, so the caller may retry.
+            pub fn destroy(mut self) -> Result<(), (Self, $crate::error::Error)> {
+                // SAFETY: `raw` is taken once; `self` is forgotten on success, or rebuilt
+                // around the returned raw object on failure, so it is never used again.
+                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+                let ctx = self.ctx;
+                core::mem::forget(self);
+                match ctx.provider.$destroy(raw) {
+                    Ok(()) => Ok(()),
+                    Err((raw, e)) => Err((
+                        $ty {
+                            ctx,
+                            raw: ManuallyDrop::new(raw),
+                        },
+                        e,
+                    )),
+                }
+            }
+        }
+
+        impl<P: Provider> Drop for $ty<'_, P> {
+            fn drop(&mut self) {
+                // SAFETY: `raw` is taken once, here, and `self` is gone afterwards.
+                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+                if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
+                    // The device may still use the object's memory: keep it from being reused.
+                    log::warn!(
+                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
+                        e
+                    );
+                    core::mem::forget(raw);
+                }
+            }
+        }
+    };
+}
+
+mod ah;
+mod cq;
 mod mr;
+mod pool;
 mod qp;
-mod qp_types;
+pub(crate) mod qp_types;
+mod srq;
 mod types;
 mod wr;
 
 use core::mem::ManuallyDrop;
+use core::ptr::NonNull;
 
+pub use ah::AddressHandle;
+pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use mr::MemoryRegion;
-pub use qp::{CanRecv, Completion, RecvRequest, SendRequest};
+pub use pool::{Buf, BufRelease, BufferPool};
 pub use qp::{
-    ConnectedInit, ConnectedRtr, ConnectedRts, Datagram, DatagramInit, DatagramRts, ErrState, Gsi,
-    Init, QpBuilder, QueuePair, RawPacket, Rc, Reset, Rtr, Rts, SharedReceiveQueue, State,
-    Transport, Uc, Ud,
+    CanRecv, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram, DatagramInit,
+    DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch, Reset, Rtr,
+    Rts, SendBatch, State, Transport, Uc, Ud,
 };
 pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
+pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
 pub use wr::{
-    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, SendFlags, SendWqe, Sge, UdTarget, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
 };
 
 use crate::error::{Error, Result};
@@ -131,7 +182,7 @@ pub trait Provider {
     /// Destroys a shared receive queue; on failure hands it back with the error.
     fn destroy_srq(&self, srq: Self::Srq) -> Result<(), (Self::Srq, Error)>;
 
-    /// A registered memory region (with the memory it covers).
+    /// A registered memory region (with the memory it covers, when the driver allocated it).
     type Mr;
     /// Allocates `len` bytes of DMA memory and registers them in `pd` with `access`.
     ///
@@ -140,42 +191,78 @@ pub trait Provider {
     /// The PD outlives the region, and it is destroyed through [`destroy_mr`](Self::destroy_mr)
     /// (or leaked) before the provider is dropped.
     unsafe fn create_mr(&self, pd: &Self::Pd, len: usize, access: AccessFlags) -> Result<Self::Mr>;
+    /// Registers `len` bytes of the embedder's own memory at `addr` in `pd` with `access`; the
+    /// region's addresses are the CPU's (`addr` is the first SGE address).
+    ///
+    /// # Safety
+    ///
+    /// As for [`create_mr`](Self::create_mr); and the memory stays allocated, and is not used
+    /// for anything else the device could be told about, until the region is destroyed.
+    unsafe fn create_user_mr(
+        &self,
+        pd: &Self::Pd,
+        addr: NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self::Mr>;
     /// Deregisters a memory region and frees its memory; on failure hands it back.
     fn destroy_mr(&self, mr: Self::Mr) -> Result<(), (Self::Mr, Error)>;
     /// (address in the region's address space, length, local key, remote key).
     fn mr_info(&self, mr: &Self::Mr) -> (u64, usize, u32, u32);
     /// Where the CPU reaches the region's bytes.
-    fn mr_ptr(&self, mr: &Self::Mr) -> core::ptr::NonNull<u8>;
+    fn mr_ptr(&self, mr: &Self::Mr) -> NonNull<u8>;
 
-    /// The device's handle of a QP, as completions name it.
-    fn qp_handle(&self, qp: &Self::Qp) -> u32;
-    /// Posts send work requests, all or none, with one doorbell.
+    /// Driver-private memory (bookkeeping the device never sees), freed when dropped.
+    type Mem;
+    /// Allocates `bytes` of zeroed driver-private memory (it never moves).
+    fn alloc_mem(&self, bytes: usize) -> Result<Self::Mem>;
+    /// Where it is.
+    fn mem_ptr(&self, mem: &Self::Mem) -> NonNull<u8>;
+
+    /// A UD destination prepared once (`ibv_ah`).
+    type Ah;
+    /// Prepares an address handle in `pd` (checks the source GID index).
+    fn create_ah(&self, pd: &Self::Pd, av: &AddressVector) -> Result<Self::Ah>;
+
+    /// Writes one send work request into the QP's send queue, not yet visible to the device.
     ///
     /// # Safety
     ///
-    /// Every buffer the requests name stays allocated, registered and untouched by the CPU
-    /// until its completion has been polled (or the QP is destroyed).
-    unsafe fn post_send(&self, qp: &mut Self::Qp, wrs: &[SendWr<'_>]) -> Result<()>;
-    /// Posts receive work requests, all or none, with one doorbell.
+    /// Every buffer the request names stays allocated, registered, and untouched by the CPU
+    /// until its completion has been polled (or the QP is reset or destroyed).
+    unsafe fn sq_write(&self, qp: &mut Self::Qp, wqe: &SendWqe<'_, Self::Ah>) -> Result<()>;
+    /// Makes the send requests written since the last commit visible, with one doorbell.
+    fn sq_commit(&self, qp: &mut Self::Qp);
+    /// Forgets the send requests written since the last commit.
+    fn sq_abort(&self, qp: &mut Self::Qp);
+    /// Writes one receive work request (with the safe path's buffer tag + 1, or 0).
     ///
     /// # Safety
     ///
-    /// As for [`post_send`](Self::post_send).
-    unsafe fn post_recv(&self, qp: &mut Self::Qp, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// As for [`sq_write`](Self::sq_write).
+    unsafe fn rq_write(&self, qp: &mut Self::Qp, wr_id: u64, sges: &[Sge], tag: u32) -> Result<()>;
+    /// Makes the receive requests written since the last commit visible, one doorbell.
+    fn rq_commit(&self, qp: &mut Self::Qp);
+    /// Forgets the receive requests written since the last commit.
+    fn rq_abort(&self, qp: &mut Self::Qp);
     /// Posts receive work requests to a shared receive queue, all or none.
     ///
     /// # Safety
     ///
-    /// As for [`post_send`](Self::post_send).
+    /// As for [`sq_write`](Self::sq_write).
     unsafe fn post_srq_recv(&self, srq: &Self::Srq, wrs: &[RecvWr<'_>]) -> Result<()>;
-    /// Polls up to `out.len()` completions; with `only`, stops at the first completion of
-    /// another QP (leaving it for that QP's poll).
-    fn poll_cq(
-        &self,
-        cq: &Self::Cq,
+
+    /// A poll in progress on a CQ.
+    type Poll<'c>: PollCq
+    where
+        Self: 'c;
+    /// Starts polling `cq` (`ibv_start_poll`); `None` when nothing is there. With `only`, the
+    /// poll stops at the first completion of another QP (leaving it for that QP's poll).
+    fn start_poll<'c>(
+        &'c self,
+        cq: &'c Self::Cq,
         only: Option<&Self::Qp>,
-        out: &mut [WorkCompletion],
-    ) -> Result<usize>;
+    ) -> Result<Option<Self::Poll<'c>>>;
     /// Requests an interrupt for the next completion (`solicited_only`: the next solicited).
     fn arm_cq(&self, cq: &Self::Cq, solicited_only: bool);
 }
@@ -249,48 +336,6 @@ impl<P: Provider> Context<P> {
     }
 }
 
-/// Defines `destroy(self)` and a best-effort, never-panicking `Drop` for a verbs object.
-macro_rules! destroy_and_drop {
-    ($ty:ident, $destroy:ident, $what:literal) => {
-        impl<'c, P: Provider> $ty<'c, P> {
-            /// Destroys the object. When the device refuses, the object is handed back with the
-            /// error, unchanged, so the caller may retry.
-            pub fn destroy(mut self) -> Result<(), (Self, Error)> {
-                // SAFETY: `raw` is taken once; `self` is forgotten on success, or rebuilt
-                // around the returned raw object on failure, so it is never used again.
-                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
-                let ctx = self.ctx;
-                core::mem::forget(self);
-                match ctx.provider.$destroy(raw) {
-                    Ok(()) => Ok(()),
-                    Err((raw, e)) => Err((
-                        $ty {
-                            ctx,
-                            raw: ManuallyDrop::new(raw),
-                        },
-                        e,
-                    )),
-                }
-            }
-        }
-
-        impl<P: Provider> Drop for $ty<'_, P> {
-            fn drop(&mut self) {
-                // SAFETY: `raw` is taken once, here, and `self` is gone afterwards.
-                let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
-                if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
-                    // The device may still use the object's memory: keep it from being reused.
-                    log::warn!(
-                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
-                        e
-                    );
-                    core::mem::forget(raw);
-                }
-            }
-        }
-    };
-}
-
 /// A protection domain (`ibv_pd`).
 pub struct ProtectionDomain<'c, P: Provider> {
     ctx: &'c Context<P>,
@@ -309,42 +354,6 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     }
 }
 destroy_and_drop!(ProtectionDomain, destroy_pd, "protection domain");
-
-/// A completion queue (`ibv_cq`).
-pub struct CompletionQueue<'c, P: Provider> {
-    ctx: &'c Context<P>,
-    raw: ManuallyDrop<P::Cq>,
-}
-
-impl<'c, P: Provider> CompletionQueue<'c, P> {
-    /// Polls up to `out.len()` completions of any QP into `out` (`ibv_poll_cq`); returns how
-    /// many. Completions of safe posts should be polled through their QP instead, which hands
-    /// the buffers back.
-    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        self.ctx.provider.poll_cq(&self.raw, None, out)
-    }
-
-    /// Requests an interrupt for the next completion (`ibv_req_notify_cq`).
-    pub fn arm(&self, solicited_only: bool) {
-        self.ctx.provider.arm_cq(&self.raw, solicited_only)
-    }
-
-    /// The number of entries (≥ the request: devices round up).
-    pub fn entries(&self) -> u32 {
-        self.ctx.provider.cq_entries(&self.raw)
-    }
-
-    /// The context it belongs to.
-    pub fn context(&self) -> &'c Context<P> {
-        self.ctx
-    }
-
-    /// The provider's object.
-    pub fn raw(&self) -> &P::Cq {
-        &self.raw
-    }
-}
-destroy_and_drop!(CompletionQueue, destroy_cq, "completion queue");
 
 /// A GID added to the port's table; removed when dropped.
 pub struct GidBinding<'c, P: Provider> {

@@ -10,24 +10,11 @@ use crate::error::{Error, Param, Result};
 /// device can reach through the region's keys.
 ///
 /// The CPU reaches the bytes through [`as_slice`](Self::as_slice) /
-/// [`as_mut_slice`](Self::as_mut_slice). A region moved into a queue pair by a safe post
-/// ([`QueuePair::post_send`](super::QueuePair::post_send)) is out of reach until its
-/// completion hands it back:
-///
-/// ```compile_fail
-/// # use bareverbs::verbs::*;
-/// # fn f<'a, P: Provider>(
-/// #     pd: &'a ProtectionDomain<'a, P>,
-/// #     mut qp: QueuePair<'a, P, Rc, Rts, 16, 16>,
-/// # ) -> bareverbs::Result<()> {
-/// let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE)?;
-/// mr.as_mut_slice()[..5].copy_from_slice(b"hello");
-/// qp.post_send(SendRequest::send(1, mr, 0, 5)).map_err(|(_, e)| e)?;
-/// mr.as_mut_slice()[0] = b'j'; // error: `mr` was moved into the queue pair
-/// # Ok(()) }
-/// ```
+/// [`as_mut_slice`](Self::as_mut_slice) (regions over the embedder's memory: through that
+/// memory). Work requests name them by [`sge`](Self::sge) on the raw path; the safe path uses
+/// a [`BufferPool`](super::BufferPool), whose buffers move into a queue pair when posted.
 pub struct MemoryRegion<'a, P: Provider> {
-    ctx: &'a Context<P>,
+    pub(super) ctx: &'a Context<P>,
     raw: ManuallyDrop<P::Mr>,
     _pd: PhantomData<&'a P::Pd>,
 }
@@ -43,6 +30,56 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
         // SAFETY: owned by a MemoryRegion that borrows this PD and the context; destroyed or
         // leaked when it is dropped.
         let raw = unsafe { ctx.provider().create_mr(self.raw(), len, access)? };
+        Ok(MemoryRegion {
+            ctx,
+            raw: ManuallyDrop::new(raw),
+            _pd: PhantomData,
+        })
+    }
+}
+
+impl<'c, P: Provider> ProtectionDomain<'c, P> {
+    /// Registers memory the embedder owns for as long as the program runs (zero-copy), with
+    /// `access`; SGEs name it by its CPU addresses ([`MemoryRegion::addr`] is `buf`'s). The
+    /// HAL translates each page ([`Hal::virt_to_phys`](crate::hal::Hal::virt_to_phys)).
+    pub fn register_static(
+        &self,
+        buf: &'static mut [u8],
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'_, P>> {
+        let Some(ptr) = core::ptr::NonNull::new(buf.as_mut_ptr()) else {
+            return Err(Error::invalid(Param::MrLength, 0u64, u64::MAX));
+        };
+        // SAFETY: the memory is `'static` and exclusively ours (the `&mut` is given up here
+        // for good): it outlives the region and nothing else uses it.
+        unsafe { self.register_user(ptr, buf.len(), access) }
+    }
+
+    /// Registers `len` bytes of the embedder's memory at `addr` with `access`
+    /// (`ibv_reg_mr`); SGEs name it by its CPU addresses.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays allocated and is not reached by the CPU in ways that race with the
+    /// device (no access to bytes a posted work request names until its completion) until the
+    /// region is destroyed; [`MemoryRegion::as_slice`] must not be used while such a request
+    /// is outstanding.
+    pub unsafe fn register_user(
+        &self,
+        addr: core::ptr::NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'_, P>> {
+        if len == 0 {
+            return Err(Error::invalid(Param::MrLength, 0u64, u64::MAX));
+        }
+        let ctx = self.context();
+        // SAFETY: the caller's contract covers the memory; the region is owned by a
+        // MemoryRegion borrowing this PD and is destroyed or leaked when that is dropped.
+        let raw = unsafe {
+            ctx.provider()
+                .create_user_mr(self.raw(), addr, len, access)?
+        };
         Ok(MemoryRegion {
             ctx,
             raw: ManuallyDrop::new(raw),

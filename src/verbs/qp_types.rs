@@ -318,7 +318,7 @@ pub struct QpInitEx<'a> {
 }
 
 /// Everything a provider needs to create a queue pair, as the builder gathers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct QpInit<'a> {
     /// Transport.
     pub qp_type: QpType,
@@ -330,6 +330,9 @@ pub struct QpInit<'a> {
     pub has_srq: bool,
     /// The `_ex` attributes.
     pub ex: QpInitEx<'a>,
+    /// The safe path: where the buffers of completed safe requests go back (the provider
+    /// keeps a per-slot record of `wr_id` and buffer); `None` for a raw-only QP.
+    pub safe: Option<super::BufRelease>,
 }
 
 /// Shared receive queue attributes (`struct ibv_srq_attr`).

@@ -1,7 +1,5 @@
 //! Work requests and completions (`ibv_send_wr`, `ibv_recv_wr`, `ibv_wc`), device-agnostic.
 
-use super::AddressVector;
-
 /// A scatter/gather entry: `length` bytes at `addr` of the memory region whose local key is
 /// `lkey` (`struct ibv_sge`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -14,56 +12,24 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// What a send work request does (`ibv_wr_opcode` with its operands).
+/// A send operation (`enum ibv_wr_opcode`), as the batch methods of
+/// [`SendBatch`](super::SendBatch) write it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendOp {
+pub enum WrOpcode {
     /// SEND.
     Send,
     /// SEND with 32-bit immediate data.
-    SendWithImm(u32),
-    /// RDMA WRITE to `remote_addr` in the region keyed `rkey`.
-    RdmaWrite {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
+    SendWithImm,
+    /// RDMA WRITE.
+    RdmaWrite,
     /// RDMA WRITE with immediate data (consumes a receive at the peer).
-    RdmaWriteWithImm {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Immediate data.
-        imm: u32,
-    },
-    /// RDMA READ from `remote_addr` into the local scatter list.
-    RdmaRead {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
-    /// Atomic compare-and-swap of the 8 bytes at `remote_addr`.
-    AtomicCmpSwap {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Compared with.
-        compare: u64,
-        /// Stored when equal.
-        swap: u64,
-    },
-    /// Atomic fetch-and-add of the 8 bytes at `remote_addr`.
-    AtomicFetchAdd {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Added.
-        add: u64,
-    },
+    RdmaWriteWithImm,
+    /// RDMA READ into the local scatter list.
+    RdmaRead,
+    /// Atomic compare-and-swap of 8 remote bytes.
+    AtomicCmpSwap,
+    /// Atomic fetch-and-add of 8 remote bytes.
+    AtomicFetchAdd,
 }
 
 bitflags::bitflags! {
@@ -81,30 +47,65 @@ bitflags::bitflags! {
     }
 }
 
-/// Where a UD send goes: the address, the remote QP number and its Q_Key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UdDest {
-    /// The path (GRH: destination GID, source GID index…).
-    pub av: AddressVector,
+/// Where a UD send goes: an address handle, the remote QP number and its Q_Key.
+#[derive(Clone, Copy, Debug)]
+pub struct UdTarget<'w, A> {
+    /// The prepared address.
+    pub ah: &'w A,
     /// Destination QP number.
     pub remote_qpn: u32,
     /// Destination Q_Key (bit 31 set: use the QP's own Q_Key).
     pub remote_qkey: u32,
 }
 
-/// A send work request (`ibv_send_wr`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SendWr<'s> {
+/// One send work request as the verbs layer hands it to a provider, to be written into the
+/// ring at once (the batch methods build it from constants, so the provider's dispatch on
+/// `op` folds away).
+#[derive(Clone, Copy, Debug)]
+pub struct SendWqe<'w, A> {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// The gather list.
-    pub sg_list: &'s [Sge],
     /// The operation.
-    pub op: SendOp,
+    pub op: WrOpcode,
     /// Flags.
     pub flags: SendFlags,
-    /// UD destination (UD and GSI QPs only).
-    pub ud: Option<UdDest>,
+    /// The gather list.
+    pub sges: &'w [Sge],
+    /// RDMA and atomics: the remote address.
+    pub remote_addr: u64,
+    /// RDMA and atomics: the remote key.
+    pub rkey: u32,
+    /// Immediate data (the `_WITH_IMM` operations).
+    pub imm: u32,
+    /// Compare-and-swap: the value compared; fetch-and-add: the value added.
+    pub compare_add: u64,
+    /// Compare-and-swap: the value stored when equal.
+    pub swap: u64,
+    /// UD: the destination.
+    pub ud: Option<UdTarget<'w, A>>,
+    /// The safe path's buffer tag + 1 (0: none).
+    #[doc(hidden)]
+    pub tag: u32,
+}
+
+impl<'w, A> SendWqe<'w, A> {
+    /// A request of `op` with nothing else set.
+    #[inline(always)]
+    pub fn new(wr_id: u64, op: WrOpcode, flags: SendFlags, sges: &'w [Sge]) -> Self {
+        SendWqe {
+            wr_id,
+            op,
+            flags,
+            sges,
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+            compare_add: 0,
+            swap: 0,
+            ud: None,
+            tag: 0,
+        }
+    }
 }
 
 /// A receive work request (`ibv_recv_wr`).
@@ -118,6 +119,7 @@ pub struct RecvWr<'s> {
 
 /// Completion status (`enum ibv_wc_status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(u8)]
 pub enum WcStatus {
     #[default]
     /// The work request completed.
@@ -200,6 +202,7 @@ impl WcStatus {
 
 /// What completed (`enum ibv_wc_opcode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(u8)]
 pub enum WcOpcode {
     /// A SEND (with or without immediate).
     #[default]
@@ -221,7 +224,7 @@ pub enum WcOpcode {
 bitflags::bitflags! {
     /// Completion flags (`enum ibv_wc_flags`).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    pub struct WcFlags: u32 {
+    pub struct WcFlags: u8 {
         /// A GRH is in the first 40 bytes of the receive buffer (UD).
         const GRH = 1 << 0;
         /// `imm` is valid.
@@ -229,25 +232,24 @@ bitflags::bitflags! {
     }
 }
 
-/// A work completion (`struct ibv_wc`).
+/// A work completion (`struct ibv_wc`), 32 bytes. The device's detail of an error
+/// (`vendor_err`) is read through a [`PollCursor`](super::PollCursor).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The work request's `wr_id`.
     pub wr_id: u64,
-    /// Status.
-    pub status: WcStatus,
-    /// Operation.
-    pub opcode: WcOpcode,
     /// Bytes received (receives, RDMA READ).
     pub byte_len: u32,
     /// Immediate data, when [`WcFlags::WITH_IMM`].
     pub imm: u32,
-    /// The local QP number, as the device reported it.
+    /// The local QP number.
     pub qp_num: u32,
     /// The sender's QP number (UD receives).
     pub src_qp: u32,
+    /// Status.
+    pub status: WcStatus,
+    /// Operation.
+    pub opcode: WcOpcode,
     /// Flags.
     pub flags: WcFlags,
-    /// Device-specific detail of an error.
-    pub vendor_err: u32,
 }

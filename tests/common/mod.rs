@@ -2,13 +2,17 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use bareverbs::Context;
-use bareverbs::device::pvrdma::{Config, Pvrdma};
+use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
 use bareverbs_model::{Model, ModelConfig};
 
 pub type Ctx = Context<Pvrdma<Model>>;
 
-/// A poll bound small enough that a silent device fails fast in tests.
-pub const CONFIG: Config = Config { poll_limit: 10_000 };
+/// A poll bound small enough that a silent device fails fast in tests; every opcode posted
+/// (the model executes them all under `Semantics::Verbs`).
+pub const CONFIG: Config = Config {
+    poll_limit: 10_000,
+    opcodes: Opcodes::All,
+};
 
 /// Pages the driver holds while a device is up and no object exists: the DSR, the command page,
 /// and two notification rings of 2 pages, each with a directory and a table page.

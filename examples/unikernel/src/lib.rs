@@ -5,7 +5,7 @@
 //! device's caps and port, creates a PD and CQs, creates QPs of each supported type with several
 //! cap sets (printing requested vs actual caps and the QP number), drives RC and UD QPs through
 //! their state transitions (binding the port GID first), moves data (SEND/RECV between two RC
-//! QPs and over UD, payloads checked byte for byte), destroys everything, and says whether it
+//! QPs and over UD through a registered buffer pool, payloads checked byte for byte), destroys everything, and says whether it
 //! all worked.
 #![no_std]
 #![deny(
@@ -173,14 +173,14 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
             max_inline_data: 0,
         };
         let b = || pd.qp_builder(&send_cq, &recv_cq).caps(want);
-        let rc = b().build::<Rc, 2048, 2048>().at("create RC QP")?;
+        let rc = b().build::<Rc>().at("create RC QP")?;
         report_qp(out, "RC", &want, rc.qp_num(), rc.caps());
-        let ud = b().build::<Ud, 2048, 2048>().at("create UD QP")?;
+        let ud = b().build::<Ud>().at("create UD QP")?;
         report_qp(out, "UD", &want, ud.qp_num(), ud.caps());
         rc.destroy().at("destroy RC QP")?;
         ud.destroy().at("destroy UD QP")?;
     }
-    match pd.qp_builder(&send_cq, &recv_cq).build::<Uc, 16, 16>() {
+    match pd.qp_builder(&send_cq, &recv_cq).build::<Uc>() {
         Err(Error::Unsupported(Unsupported::QpType(QpType::Uc))) => {
             let _ = writeln!(out, "UC: unsupported on PVRDMA (as expected)");
         }
@@ -200,21 +200,24 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     }
     let gsi = pd
         .qp_builder(&send_cq, &recv_cq)
-        .build::<Gsi, 16, 16>()
+        .build::<Gsi>()
         .at("create GSI QP")?;
     let _ = writeln!(out, "GSI QP: qpn {}", gsi.qp_num());
 
+    // The SRQ's QP completes to a CQ of its own: every request it may receive is reserved
+    // there (256 slots).
+    let srq_cq = ctx.create_cq(256).at("create SRQ CQ")?;
     let srq = pd
-        .create_srq::<256>(SrqAttr {
+        .create_srq(SrqAttr {
             max_wr: 200,
             max_sge: 2,
             srq_limit: 0,
         })
         .at("create SRQ")?;
     let on_srq = pd
-        .qp_builder(&send_cq, &recv_cq)
+        .qp_builder(&send_cq, &srq_cq)
         .srq(&srq)
-        .build::<Rc, 16, 16>()
+        .build::<Rc>()
         .at("create RC QP on SRQ")?;
     let _ = writeln!(
         out,
@@ -226,14 +229,18 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
         on_srq.caps().max_recv_sge
     );
 
+    // The safe path's buffers: one registered region carved into 4 KiB buffers.
+    let pool = pd.buffer_pool(8, 4096).at("register buffer pool")?;
     // An RC pair connected to each other, through RESET → INIT → RTR → RTS.
     let a = pd
         .qp_builder(&send_cq, &recv_cq)
-        .build::<Rc, 64, 64>()
+        .pool(&pool)
+        .build::<Rc>()
         .at("create RC a")?;
     let b = pd
         .qp_builder(&send_cq, &recv_cq)
-        .build::<Rc, 64, 64>()
+        .pool(&pool)
+        .build::<Rc>()
         .at("create RC b")?;
     let (qa, qb) = (a.qp_num(), b.qp_num());
     let av = AddressVector::new(gid.gid(), gid.index() as u8);
@@ -259,22 +266,20 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
 
     // Data: SEND/RECV between the pair, checked byte for byte.
     let (mut a, mut b) = (a, b);
-    let rw = AccessFlags::LOCAL_WRITE;
     let pattern = |i: usize| (i * 7 + 3) as u8;
-    let inbox = pd.register(4096, rw).at("register RC inbox")?;
-    b.post_recv(RecvRequest {
-        wr_id: 1,
-        mr: inbox,
-        offset: 0,
-        len: 4096,
-    })
-    .at("RC post_recv")?;
-    let mut outbox = pd.register(4096, rw).at("register RC outbox")?;
-    for (i, x) in outbox.as_mut_slice()[..1000].iter_mut().enumerate() {
+    let take = || {
+        pool.alloc().ok_or(Failure {
+            step: "buffer pool",
+            error: Error::Resource(bareverbs::error::Resource::Dma { pages: 1 }),
+        })
+    };
+    b.post_recv(1, take()?).at("RC post_recv")?;
+    let mut outbox = take()?;
+    outbox.set_len(1000).at("RC buffer length")?;
+    for (i, x) in outbox.as_mut_slice().iter_mut().enumerate() {
         *x = pattern(i);
     }
-    a.post_send(SendRequest::send(2, outbox, 0, 1000))
-        .at("RC post_send")?;
+    a.post_send(2, outbox).at("RC post_send")?;
     let got = wait(&mut b, "RC receive")?;
     let sent = wait(&mut a, "RC send completion")?;
     check(&got, 1000, 0, pattern, "RC payload")?;
@@ -288,7 +293,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     // UD straight to RTS; the qkey and sq_psn read back; RTS → RESET.
     let ud = pd
         .qp_builder(&send_cq, &recv_cq)
-        .build::<Ud, 64, 64>()
+        .pool(&pool)
+        .build::<Ud>()
         .at("create UD")?;
     let ud = ud.ready(0x1111_1111, 0x42).at("UD to RTS")?;
     let q = ud.query().at("query UD")?;
@@ -303,29 +309,20 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     // Data over UD: to a second UD QP; the receive buffer starts with the 40-byte GRH.
     let ud2 = pd
         .qp_builder(&send_cq, &recv_cq)
-        .build::<Ud, 64, 64>()
+        .pool(&pool)
+        .build::<Ud>()
         .at("create UD 2")?;
     let mut ud2 = ud2.ready(0x2222_2222, 0).at("UD 2 to RTS")?;
     let mut ud = ud;
-    let inbox = pd.register(4096, rw).at("register UD inbox")?;
-    ud2.post_recv(RecvRequest {
-        wr_id: 3,
-        mr: inbox,
-        offset: 0,
-        len: 4096,
-    })
-    .at("UD post_recv")?;
-    let mut outbox = pd.register(4096, rw).at("register UD outbox")?;
-    for (i, x) in outbox.as_mut_slice()[..512].iter_mut().enumerate() {
+    ud2.post_recv(3, take()?).at("UD post_recv")?;
+    let mut outbox = take()?;
+    outbox.set_len(512).at("UD buffer length")?;
+    for (i, x) in outbox.as_mut_slice().iter_mut().enumerate() {
         *x = pattern(i);
     }
-    let mut req = SendRequest::send(4, outbox, 0, 512);
-    req.ud = Some(UdDest {
-        av,
-        remote_qpn: ud2.qp_num(),
-        remote_qkey: 0x2222_2222,
-    });
-    ud.post_send(req).at("UD post_send")?;
+    let ah = pd.create_ah(&av).at("create address handle")?;
+    ud.post_send_to(4, outbox, (&ah, ud2.qp_num(), 0x2222_2222))
+        .at("UD post_send")?;
     let got = wait(&mut ud2, "UD receive")?;
     let sent = wait(&mut ud, "UD send completion")?;
     check(&got, 40 + 512, 40, pattern, "UD payload")?;
@@ -352,7 +349,19 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     b.destroy().at("destroy RC b")?;
     on_srq.destroy().at("destroy RC on SRQ")?;
     srq.destroy().at("destroy SRQ")?;
+    srq_cq.destroy().at("destroy SRQ CQ")?;
     gsi.destroy().at("destroy GSI")?;
+    drop(ah);
+    if pool.free_count() != pool.count() {
+        let error = Error::Busy {
+            op: bareverbs::error::Op::DestroyMr,
+        };
+        return Err(Failure {
+            step: "every pool buffer back",
+            error,
+        });
+    }
+    drop(pool);
     recv_cq.destroy().at("destroy recv CQ")?;
     send_cq.destroy().at("destroy send CQ")?;
     pd.destroy().at("destroy PD")?;
@@ -362,8 +371,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
 }
 
 /// Polls `qp` until a completion arrives (QEMU completes asynchronously), bounded.
-fn wait<'a, P: Provider, T: Transport, S: State, const SQ: usize, const RQ: usize>(
-    qp: &mut QueuePair<'a, P, T, S, SQ, RQ>,
+fn wait<'a, P: Provider, T: Transport, S: State>(
+    qp: &mut QueuePair<'a, P, T, S>,
     step: &'static str,
 ) -> Result<Completion<'a, P>, Failure> {
     for _ in 0..10_000_000 {
@@ -399,10 +408,10 @@ fn check<P: Provider>(
     if c.wc.byte_len != len {
         return Err(bad("byte_len", u64::from(c.wc.byte_len)));
     }
-    let Some(mr) = &c.mr else {
+    let Some(buf) = &c.buf else {
         return Err(bad("buffer", 0));
     };
-    let data = &mr.as_slice()[offset..len as usize];
+    let data = &buf.as_slice()[offset..len as usize];
     match data.iter().enumerate().find(|&(i, &x)| x != pattern(i)) {
         Some((i, _)) => Err(bad("payload byte", i as u64)),
         None => Ok(()),

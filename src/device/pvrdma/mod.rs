@@ -12,14 +12,23 @@
 //! polls), ACTIVATE, and require ERR = 0.
 
 mod abi;
+mod ah;
 mod cmd;
-mod datapath;
+mod cq;
+mod mr;
 mod pdir;
 mod qp;
+mod qptable;
 pub mod regs;
+mod ring;
+mod srq;
+mod wqe;
 
-pub use datapath::Mr;
-pub use qp::{Qp, Srq};
+pub use ah::Ah;
+pub use cq::{Cq, Poll};
+pub use mr::Mr;
+pub use qp::Qp;
+pub use srq::Srq;
 
 use core::mem::offset_of;
 use core::sync::atomic::{Ordering, fence};
@@ -29,6 +38,7 @@ use bareverbs_hal::{ConfigRegionAccess, Hal, Mmio, PciAddress};
 use self::abi::{Caps, Dsr, RingPageInfo};
 use self::cmd::Channel;
 use self::pdir::QueueMem;
+use self::qptable::QpTable;
 use self::regs::{BAR_REGS, BAR_UAR, ctl, reg};
 use crate::dma::Dma;
 use crate::error::{
@@ -36,8 +46,8 @@ use crate::error::{
 };
 use crate::pci;
 use crate::verbs::{
-    AccessFlags, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps,
-    QpInit, RecvWr, SendWr, SrqAttr, WorkCompletion,
+    AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
+    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr,
 };
 
 /// Bring-up options.
@@ -46,15 +56,38 @@ pub struct Config {
     /// How many times a wait for the device (a command's response) polls before it gives up
     /// with [`Error::Timeout`].
     pub poll_limit: u32,
+    /// Which send operations the driver posts.
+    pub opcodes: Opcodes,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             poll_limit: 1 << 22,
+            opcodes: Opcodes::SendOnly,
         }
     }
 }
+
+/// Which send operations the driver posts (QEMU's PVRDMA executes every send WQE as a plain
+/// SEND: the opcode, immediate data and RDMA fields are ignored, §8.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opcodes {
+    /// Only what QEMU executes faithfully: SEND (and receives). RDMA WRITE/READ and the
+    /// immediate-data forms are refused with
+    /// [`Feature::NotExecutedByDevice`](crate::error::Feature::NotExecutedByDevice).
+    SendOnly,
+    /// Every operation the PVRDMA ABI has, written as the ABI says: for a device that executes
+    /// them (VMware's), or knowingly on QEMU, where they run as SEND.
+    All,
+}
+
+/// Driver-private memory from the HAL (zeroed pages the device is never told about), freed
+/// when dropped.
+pub struct PrivateMem<H: Hal>(Dma<H>);
+
+/// Most QPs alive at once (the QP table is sized for twice as many).
+const MAX_LIVE_QPS: u32 = 1024;
 
 /// Number of CQEs that fit one page (64-byte CQEs).
 const CQES_PER_PAGE: u32 = 64;
@@ -74,6 +107,8 @@ pub struct Pvrdma<H: Hal> {
     dsr: Dma<H>,
     _async_ring: QueueMem<H>,
     _cq_notify_ring: QueueMem<H>,
+    qps: QpTable<H>,
+    opcodes: Opcodes,
 }
 
 /// What the command lock protects: the channel, and the driver's count of device objects (the
@@ -177,48 +212,14 @@ impl<H: Hal> State<H> {
 #[derive(Debug)]
 pub struct Pd {
     handle: u32,
+    /// Memory regions and QPs in it.
+    users: core::sync::atomic::AtomicU32,
 }
 
 impl Pd {
     /// The device's handle.
     pub fn handle(&self) -> u32 {
         self.handle
-    }
-}
-
-/// A completion queue on a PVRDMA device: its ring (ring-state page + CQE pages) and handle.
-pub struct Cq<H: Hal> {
-    handle: u32,
-    entries: u32,
-    mem: QueueMem<H>,
-    /// The CQE ring (its memory is `mem`).
-    ring: datapath::RawRing,
-    /// CQEs posted work requests will produce, against CQEs polled.
-    budget: datapath::CqBudget,
-    /// Makes polling exclusive (it advances the consumer index).
-    poll_lock: spin::Mutex<()>,
-}
-
-// SAFETY: the ring points into the CQ's own DMA memory; its consumer index is written only
-// under `poll_lock`, the budget is atomic.
-unsafe impl<H: Hal + Send> Send for Cq<H> {}
-// SAFETY: as above.
-unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
-
-impl<H: Hal> Cq<H> {
-    /// The device's handle.
-    pub fn handle(&self) -> u32 {
-        self.handle
-    }
-
-    /// Pages of ring memory, the ring-state page included.
-    pub fn pages(&self) -> usize {
-        self.mem.data.pages()
-    }
-
-    /// CQEs that posted work requests will still produce.
-    pub fn pending(&self) -> u32 {
-        self.budget.pending()
     }
 }
 
@@ -287,6 +288,7 @@ impl<H: Hal> Pvrdma<H> {
 
         let chan = Channel::new(&hal, config.poll_limit)?;
         let dsr = Dma::new(&hal, 1)?;
+        let qps = QpTable::new(&hal, MAX_LIVE_QPS)?;
         let async_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
         let cq_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
 
@@ -322,6 +324,8 @@ impl<H: Hal> Pvrdma<H> {
             dsr,
             _async_ring: async_ring,
             _cq_notify_ring: cq_ring,
+            qps,
+            opcodes: config.opcodes,
         };
         dev.load_and_activate()?;
         Ok(dev)
@@ -554,43 +558,100 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
-        (mr.mem.paddr(), mr.len, mr.lkey, mr.rkey)
+        (mr.addr, mr.len, mr.lkey, mr.rkey)
     }
 
     fn mr_ptr(&self, mr: &Mr<H>) -> core::ptr::NonNull<u8> {
-        mr.mem.base()
+        mr.ptr
     }
 
-    fn qp_handle(&self, qp: &Qp<H>) -> u32 {
-        qp.handle()
+    unsafe fn create_user_mr(
+        &self,
+        pd: &Pd,
+        addr: core::ptr::NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<H>> {
+        self.create_user_mr_impl(pd, addr, len, access)
     }
 
-    unsafe fn post_send(&self, qp: &mut Qp<H>, wrs: &[SendWr<'_>]) -> Result<()> {
+    type Mem = PrivateMem<H>;
+
+    fn alloc_mem(&self, bytes: usize) -> Result<PrivateMem<H>> {
+        let pages = bytes.max(1).div_ceil(bareverbs_hal::PAGE_SIZE);
+        Ok(PrivateMem(Dma::new(&self.hal, pages)?))
+    }
+
+    fn mem_ptr(&self, mem: &PrivateMem<H>) -> core::ptr::NonNull<u8> {
+        mem.0.base()
+    }
+
+    type Ah = Ah;
+
+    fn create_ah(&self, pd: &Pd, av: &AddressVector) -> Result<Ah> {
+        self.create_ah_impl(pd, av)
+    }
+
+    #[inline(always)]
+    unsafe fn sq_write(&self, qp: &mut Qp<H>, wqe: &SendWqe<'_, Ah>) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.post_send_impl(qp, wrs) }
+        unsafe { Pvrdma::sq_write(self, qp, wqe) }
     }
 
-    unsafe fn post_recv(&self, qp: &mut Qp<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+    #[inline(always)]
+    fn sq_commit(&self, qp: &mut Qp<H>) {
+        Pvrdma::sq_commit(self, qp)
+    }
+
+    #[inline]
+    fn sq_abort(&self, qp: &mut Qp<H>) {
+        Pvrdma::sq_abort(self, qp)
+    }
+
+    #[inline(always)]
+    unsafe fn rq_write(&self, qp: &mut Qp<H>, wr_id: u64, sges: &[Sge], tag: u32) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.post_recv_impl(qp, wrs) }
+        unsafe { Pvrdma::rq_write(self, qp, wr_id, sges, tag) }
+    }
+
+    #[inline(always)]
+    fn rq_commit(&self, qp: &mut Qp<H>) {
+        Pvrdma::rq_commit(self, qp)
+    }
+
+    #[inline]
+    fn rq_abort(&self, qp: &mut Qp<H>) {
+        Pvrdma::rq_abort(self, qp)
     }
 
     unsafe fn post_srq_recv(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.post_srq_recv_impl(srq, wrs) }
+        unsafe { self.srq_post(srq, wrs) }
     }
 
-    fn poll_cq(
-        &self,
-        cq: &Cq<H>,
+    type Poll<'c>
+        = Poll<'c, H>
+    where
+        H: 'c;
+
+    #[inline]
+    fn start_poll<'c>(
+        &'c self,
+        cq: &'c Cq<H>,
         only: Option<&Qp<H>>,
-        out: &mut [WorkCompletion],
-    ) -> Result<usize> {
-        self.poll_cq_impl(cq, only.map(|q| q.handle()), out)
+    ) -> Result<Option<Poll<'c, H>>> {
+        Pvrdma::start_poll(self, cq, only.map(|q| q.handle()))
     }
 
     fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {
-        self.arm_cq_impl(cq, solicited_only)
+        // QEMU arms only when bits 30 and 29 are both set; bit 30 alone disarms (§9).
+        let bits = if solicited_only {
+            regs::db::CQ_ARM_SOL
+        } else {
+            regs::db::CQ_ARM | regs::db::CQ_ARM_SOL
+        };
+        wqe::before_doorbell();
+        self.uar.write32(regs::db::CQ, cq.handle() | bits);
     }
 
     fn caps(&self) -> &DeviceCaps {
@@ -664,10 +725,15 @@ impl<H: Hal> Provider for Pvrdma<H> {
         }
         Ok(Pd {
             handle: r.pd_handle,
+            users: core::sync::atomic::AtomicU32::new(0),
         })
     }
 
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
+        if pd.users.load(core::sync::atomic::Ordering::Relaxed) != 0 {
+            // A region or QP (perhaps leaked with mem::forget) still uses it.
+            return Err((pd, Error::Busy { op: Op::DestroyPd }));
+        }
         let code = (Op::DestroyPd, abi::opcode::DESTROY_PD);
         let handle = pd.handle;
         self.state
@@ -676,62 +742,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     unsafe fn create_cq(&self, entries: u32) -> Result<Cq<H>> {
-        let op = Op::CreateCq;
-        let max = self.max_cq_entries();
-        if entries > max {
-            return Err(Error::invalid(Param::CqEntries, entries, max));
-        }
-        // A power of two (QEMU and Linux require it), at least 1.
-        let cqe = entries.max(1).next_power_of_two();
-        let pages = 1 + cqe.div_ceil(CQES_PER_PAGE);
-        let mut st = self.state.lock();
-        st.room_for(Object::Cq, self.caps.max_cq)?;
-        let mem = QueueMem::new(&self.hal, pages as usize)?;
-        let req = abi::CreateCq {
-            pdir_dma: mem.pdir.paddr(),
-            ctx_handle: 0,
-            cqe,
-            nchunks: pages,
-            ..Default::default()
-        };
-        let code = (op, abi::opcode::CREATE_CQ);
-        let (r, mem): (abi::CreateCqResp, _) = st.create(&self.regs, Object::Cq, code, req, mem)?;
-        let layout = qp::QueueLayout {
-            slots: cqe,
-            sge: 0,
-            stride: abi::CQE_SIZE as u32,
-            pages: pages - 1,
-        };
-        let cq = Cq {
-            handle: r.cq_handle,
-            entries: cqe,
-            ring: datapath::RawRing::new(&mem.data, &layout, abi::RING_STATE_RX, 1),
-            budget: datapath::CqBudget::new(cqe),
-            mem,
-            poll_lock: spin::Mutex::new(()),
-        };
-        if r.cqe != cqe || r.cq_handle > regs::db::HANDLE_MASK {
-            // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
-            drop(st);
-            let (field, value) = if r.cqe != cqe {
-                ("cqe", r.cqe)
-            } else {
-                ("cq_handle", r.cq_handle)
-            };
-            if let Err((cq, _)) = self.destroy_cq(cq) {
-                core::mem::forget(cq);
-            }
-            return Err(Error::bad_value(op, field, value));
-        }
-        Ok(cq)
+        self.create_cq_impl(entries)
     }
 
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
-        let code = (Op::DestroyCq, abi::opcode::DESTROY_CQ);
-        let handle = cq.handle;
-        self.state
-            .lock()
-            .destroy(&self.regs, Object::Cq, code, handle, cq)
+        self.destroy_cq_impl(cq)
     }
 
     fn cq_entries(&self, cq: &Cq<H>) -> u32 {

@@ -24,18 +24,19 @@ pub(crate) struct PageDir<H: Hal> {
 impl<H: Hal> PageDir<H> {
     /// A directory over every page of `data`, in order.
     pub(crate) fn new(hal: &H, data: &Dma<H>) -> Result<Self> {
-        let npages = data.pages();
-        debug_assert!(npages <= MAX_PAGES);
+        Self::over(hal, data.pages(), |i| data.page_paddr(i))
+    }
+
+    /// A directory over `npages` pages (≤ [`MAX_PAGES`]), page `i` at `paddr(i)`.
+    pub(crate) fn over(hal: &H, npages: usize, paddr: impl Fn(usize) -> u64) -> Result<Self> {
+        assert!(npages <= MAX_PAGES, "page directory too large");
         let tables = npages.div_ceil(ENTRIES);
         let dma = Dma::new(hal, 1 + tables)?;
         for t in 0..tables {
             dma.write::<u64>(t * 8, dma.page_paddr(1 + t));
         }
         for i in 0..npages {
-            dma.write::<u64>(
-                (1 + i / ENTRIES) * PAGE_SIZE + (i % ENTRIES) * 8,
-                data.page_paddr(i),
-            );
+            dma.write::<u64>((1 + i / ENTRIES) * PAGE_SIZE + (i % ENTRIES) * 8, paddr(i));
         }
         Ok(PageDir { dma })
     }

@@ -9,23 +9,25 @@
 //! send pages, then the receive pages.
 
 use core::ptr::NonNull;
-use core::sync::atomic::AtomicU32;
+use core::sync::atomic::Ordering;
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi::{self, opcode};
-use super::datapath::{CqBudget, RawRing};
+use super::cq::Cq;
 use super::pdir::QueueMem;
-use super::{Cq, MAX_RING_PAGES, Pd, Pvrdma, regs};
+use super::qptable::QpCtlMem;
+use super::ring::Ring;
+use super::srq::Srq;
+use super::wqe::Producer;
+use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
-use crate::verbs::{
-    AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, SrqAttr,
-};
+use crate::verbs::{AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType};
 
 /// Send WQE header size (L-ABI `pvrdma_sq_wqe_hdr`).
 const SQ_WQE_HDR: u32 = 80;
 /// Receive WQE header size (L-ABI `pvrdma_rq_wqe_hdr`).
-const RQ_WQE_HDR: u32 = 16;
+pub(crate) const RQ_WQE_HDR: u32 = 16;
 /// Scatter/gather entry size (L-ABI `pvrdma_sge`).
 const SGE_SIZE: u32 = 16;
 
@@ -55,12 +57,15 @@ impl QueueLayout {
 
 /// Lays out one work queue of `wr` requests of `sge` entries with `hdr`-byte headers, within
 /// `max_wr`, `max_sge` and `max_pages` data pages; errors name the parameter and its limit.
-fn layout(
+pub(crate) fn layout(
     (wr, wr_param, max_wr): (u32, Param, u32),
     (sge, sge_param, max_sge): (u32, Param, u32),
     hdr: u32,
     max_pages: u32,
 ) -> Result<QueueLayout> {
+    // The device's max_sge is only trusted as far as a WQE of that many SGEs fits the
+    // driver's ring limit: a larger value must not grow (or overflow) the stride.
+    let max_sge = max_sge.min((max_pages * PAGE_SIZE as u32 - hdr) / SGE_SIZE);
     if sge > max_sge {
         return Err(Error::invalid(sge_param, sge, max_sge));
     }
@@ -101,12 +106,16 @@ pub struct Qp<H: Hal> {
     sq_sig_all: bool,
     /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
     state: QpState,
+    /// Whether the QP has been taken back to RESET after leaving it (QEMU cannot re-INIT).
+    was_reset: bool,
+    /// The device answered the create with a handle the driver cannot use.
+    handle_unusable: bool,
     pub(crate) sq: QueueLayout,
     pub(crate) rq: QueueLayout,
     pub(crate) mem: QueueMem<H>,
-    /// The driver's producer indices.
-    pub(crate) sq_tail: u32,
-    pub(crate) rq_tail: u32,
+    pub(crate) ctl: QpCtlMem<H>,
+    pub(crate) sq_prod: Producer,
+    pub(crate) rq_prod: Producer,
     /// The Q_Key last set (UD sends with a remote Q_Key of bit 31 use it).
     pub(crate) qkey: u32,
     /// The source GID index set at RTR (QEMU reads one in every send WQE).
@@ -115,18 +124,23 @@ pub struct Qp<H: Hal> {
     pub(crate) has_srq: bool,
     /// UD or GSI: sends carry an address vector.
     pub(crate) datagram: bool,
-    pub(crate) sq_ring: RawRing,
-    pub(crate) rq_ring: RawRing,
-    /// The send and receive CQs' completion budgets.
-    pub(crate) send_cq: NonNull<CqBudget>,
-    pub(crate) recv_cq: NonNull<CqBudget>,
+    pub(crate) sq_ring: Ring,
+    pub(crate) rq_ring: Ring,
+    /// The send and receive CQs, the SRQ and the PD (they outlive the QP and do not move: the
+    /// provider contract of create_qp).
+    send_cq: NonNull<Cq<H>>,
+    recv_cq: NonNull<Cq<H>>,
+    srq: Option<NonNull<Srq<H>>>,
+    pd: NonNull<Pd>,
+    /// CQEs reserved on the send and receive CQ.
+    reserved: (u32, u32),
 }
 
-// SAFETY: the budget pointers name the CQs' atomic counters, which outlive the QP (the provider
-// contract of create_qp) and are only touched atomically; the rings point into the QP's own DMA
-// memory, written only through `&mut Qp`.
+// SAFETY: the CQ/SRQ/PD pointers name objects that outlive the QP (the provider contract of
+// create_qp), touched only through their locks and atomics; the rings and the control block
+// are the QP's own memory, written through `&mut Qp` or atomically.
 unsafe impl<H: Hal + Send> Send for Qp<H> {}
-// SAFETY: as above; shared access reads plain fields and touches the counters atomically.
+// SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Qp<H> {}
 
 impl<H: Hal> Qp<H> {
@@ -149,40 +163,6 @@ impl<H: Hal> Qp<H> {
     /// Send and receive WQE strides in bytes.
     pub fn strides(&self) -> (u32, u32) {
         (self.sq.stride, self.rq.stride)
-    }
-}
-
-/// A shared receive queue on a PVRDMA device.
-pub struct Srq<H: Hal> {
-    handle: u32,
-    pub(crate) attr: SrqAttr,
-    pub(crate) layout: QueueLayout,
-    mem: QueueMem<H>,
-    /// The driver's producer index, and the lock that makes posting exclusive.
-    pub(crate) tail: AtomicU32,
-    pub(crate) lock: spin::Mutex<()>,
-    pub(crate) ring: RawRing,
-}
-
-// SAFETY: the ring points into the SRQ's own DMA memory, written only under `lock`.
-unsafe impl<H: Hal + Send> Send for Srq<H> {}
-// SAFETY: as above.
-unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
-
-impl<H: Hal> Srq<H> {
-    /// The device's handle.
-    pub fn handle(&self) -> u32 {
-        self.handle
-    }
-
-    /// Pages of ring memory, the ring-state page included.
-    pub fn pages(&self) -> usize {
-        self.mem.data.pages()
-    }
-
-    /// WQE stride in bytes.
-    pub fn stride(&self) -> u32 {
-        self.layout.stride
     }
 }
 
@@ -295,21 +275,103 @@ impl<H: Hal> Pvrdma<H> {
     ) -> Result<Qp<H>> {
         let op = Op::CreateQp;
         let (sq, rq) = self.qp_layout(init)?;
+        // Every request the QP can have outstanding must have room for its CQE (QEMU drops
+        // CQEs silently on a full CQ): reserved now, for the QP's life.
+        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+        send_cq.reserve(sq.slots)?;
+        if let Err(e) = recv_cq.reserve(rq_slots) {
+            send_cq.unreserve(sq.slots);
+            return Err(e);
+        }
+        let unreserve = || {
+            send_cq.unreserve(sq.slots);
+            recv_cq.unreserve(rq_slots);
+        };
+        let r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
+        let qp = match r {
+            Ok(qp) => qp,
+            Err(e) => {
+                unreserve();
+                return Err(e);
+            }
+        };
+        let mut qp = Qp {
+            reserved: (sq.slots, rq_slots),
+            ..qp
+        };
+        pd.users.fetch_add(1, Ordering::Relaxed);
+        for c in [send_cq, recv_cq] {
+            c.users.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(s) = srq {
+            s.users.fetch_add(1, Ordering::Relaxed);
+        }
+        // The device must describe the QP we laid out, under a handle no live QP has.
+        let mask = regs::db::HANDLE_MASK;
+        let bad = if qp.qpn > mask {
+            Some(("qpn", qp.qpn))
+        } else if qp.handle > mask {
+            Some(("qp_handle", qp.handle))
+        } else {
+            None
+        };
+        let inserted = match bad {
+            Some((field, value)) => Err(Error::bad_value(op, field, value)),
+            None => self.with_cqs(&qp, |_, _| {
+                let ids = (send_cq.id(), recv_cq.id());
+                self.qps.insert(qp.handle, ids, qp.ctl.ptr())
+            }),
+        };
+        if let Err(e) = inserted {
+            qp.handle_unusable = true;
+            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
+                core::mem::forget(qp);
+            }
+            return Err(e);
+        }
+        Ok(qp)
+    }
+
+    /// CREATE_QP: the command, and the QP as the device answered.
+    fn create_qp_cmd(
+        &self,
+        pd: &Pd,
+        (send_cq, recv_cq): (&Cq<H>, &Cq<H>),
+        srq: Option<&Srq<H>>,
+        init: &QpInit<'_>,
+        (sq, rq): (QueueLayout, QueueLayout),
+    ) -> Result<Qp<H>> {
+        let op = Op::CreateQp;
         let qp_type = init.qp_type;
         let mut st = self.state.lock();
-        st.room_for(Object::Qp, self.caps.max_qp)?;
+        st.room_for(Object::Qp, self.caps.max_qp.min(super::MAX_LIVE_QPS))?;
         if qp_type == QpType::Gsi && st.gsi {
             // One QP1 a port: QEMU would register a second under the same number.
             return Err(Error::from_errno(op, EBUSY));
         }
         let total = 1 + sq.pages + rq.pages;
         let mem = QueueMem::new(&self.hal, total as usize)?;
+        let sq_ring = Ring::new(&mem.data, abi::RING_STATE_TX, 1, sq.slots, sq.stride);
+        // Without a receive queue (an SRQ feeds the QP) the ring is a placeholder of one byte
+        // in the state page that nothing writes (the queue has no credit).
+        let rq_page = if rq.slots == 0 {
+            0
+        } else {
+            1 + sq.pages as usize
+        };
+        let rq_ring = Ring::new(
+            &mem.data,
+            abi::RING_STATE_RX,
+            rq_page,
+            rq.slots.max(1),
+            rq.stride.max(1),
+        );
         let req = abi::CreateQp {
             pdir_dma: mem.pdir.paddr(),
             pd_handle: pd.handle,
             send_cq_handle: send_cq.handle,
             recv_cq_handle: recv_cq.handle,
-            srq_handle: srq.map_or(0, |s| s.handle),
+            srq_handle: srq.map_or(0, |s| s.handle()),
             max_send_wr: sq.slots,
             max_recv_wr: rq.slots,
             max_send_sge: sq.sge,
@@ -339,51 +401,139 @@ impl<H: Hal> Pvrdma<H> {
             ((r.qpn, r.qpn, c, r.max_inline_data), mem)
         };
         st.gsi |= qp_type == QpType::Gsi;
-        let qp = Qp {
+        drop(st);
+        let ctl = QpCtlMem::new(&self.hal, (sq_ring, rq_ring), qpn, srq.is_some(), init.safe);
+        let qp = |ctl| Qp {
             handle,
             qpn,
             qp_type,
             caps: caps_of(&sq, &rq),
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
+            was_reset: false,
+            handle_unusable: false,
             sq,
             rq,
-            sq_tail: 0,
-            rq_tail: 0,
+            ctl,
+            sq_prod: Producer {
+                credit: sq.slots,
+                ..Producer::default()
+            },
+            rq_prod: Producer {
+                credit: rq.slots,
+                ..Producer::default()
+            },
             qkey: 0,
             sgid_index: 0,
             pd_handle: pd.handle,
             has_srq: srq.is_some(),
             datagram: matches!(qp_type, QpType::Ud | QpType::Gsi),
-            sq_ring: RawRing::new(&mem.data, &sq, abi::RING_STATE_TX, 1),
-            rq_ring: RawRing::new(&mem.data, &rq, abi::RING_STATE_RX, 1 + sq.pages as usize),
-            send_cq: NonNull::from(&send_cq.budget),
-            recv_cq: NonNull::from(&recv_cq.budget),
+            sq_ring,
+            rq_ring,
+            send_cq: NonNull::from(send_cq),
+            recv_cq: NonNull::from(recv_cq),
+            srq: srq.map(NonNull::from),
+            pd: NonNull::from(pd),
+            reserved: (0, 0),
             mem,
         };
-        // The device must describe the QP we laid out: anything else is garbage.
-        let mask = regs::db::HANDLE_MASK;
-        let bad = if qpn > mask {
-            Some(("qpn", qpn))
-        } else if handle > mask {
-            Some(("qp_handle", handle))
-        } else if echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0 {
-            Some(("qp caps", echoed[0]))
-        } else {
-            None
-        };
-        drop(st);
-        if let Some((field, value)) = bad {
-            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
-                core::mem::forget(qp);
+        let qp = match ctl {
+            Ok(ctl) => qp(ctl),
+            Err(e) => {
+                // The device made a QP the driver cannot keep track of: destroy it.
+                log::warn!("bareverbs: no memory for a QP's control block: {e}");
+                let _ = self.state.lock().destroy(
+                    &self.regs,
+                    Object::Qp,
+                    (Op::DestroyQp, opcode::DESTROY_QP),
+                    handle,
+                    (),
+                );
+                return Err(e);
             }
-            return Err(Error::bad_value(op, field, value));
+        };
+        if echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0 {
+            // The device did not make the QP we asked for: garbage.
+            return Err(Error::bad_value(op, "qp caps", echoed[0])).or_else(|e| {
+                if let Err((qp, _)) = self.destroy_qp_cmd(qp) {
+                    core::mem::forget(qp);
+                }
+                Err(e)
+            });
         }
         Ok(qp)
     }
 
+    /// Runs `f` with the poll locks of the QP's CQs held (the QP table's write rule).
+    pub(crate) fn with_cqs<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, &Cq<H>) -> R) -> R {
+        // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
+        let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
+        let mut g1 = s.poll.lock();
+        let mut g2 = (!core::ptr::eq(s, r)).then(|| r.poll.lock());
+        g1.forget(qp.ctl.ptr());
+        if let Some(g) = g2.as_mut() {
+            g.forget(qp.ctl.ptr());
+        }
+        f(s, r)
+    }
+
+    /// The QP's outstanding requests are to complete flushed (it went to ERR).
+    fn start_flush(&self, qp: &Qp<H>) {
+        let ctl = qp.ctl.ctl();
+        self.with_cqs(qp, |s, r| {
+            for (q, cq, on) in [(&ctl.sq, s, true), (&ctl.rq, r, !ctl.srq)] {
+                if on && q.ctl.flush.swap(1, Ordering::AcqRel) == 0 {
+                    cq.flushing.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        });
+    }
+
+    /// Drops the QP's outstanding requests without completions (RESET, destroy): their safe
+    /// buffers go back to the pool; the counters restart at 0.
+    fn discard(&self, qp: &mut Qp<H>) {
+        let ctl = qp.ctl.ctl();
+        self.with_cqs(qp, |s, r| {
+            for (q, cq) in [(&ctl.sq, s), (&ctl.rq, r)] {
+                let (mut done, tail) = (
+                    q.ctl.done.load(Ordering::Relaxed),
+                    q.ctl.tail.load(Ordering::Relaxed),
+                );
+                while done != tail {
+                    let (_, tag) = q.posted(done);
+                    if let (Some(rel), Some(i)) = (ctl.release, tag.checked_sub(1)) {
+                        // SAFETY: a safe request of this QP that will never complete now: its
+                        // buffer goes back once, here.
+                        unsafe { rel.release(i) };
+                    }
+                    done = done.wrapping_add(1);
+                }
+                q.ctl.done.store(0, Ordering::Relaxed);
+                q.ctl.tail.store(0, Ordering::Relaxed);
+                if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
+                    cq.flushing.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        });
+        qp.sq_prod = Producer {
+            credit: qp.sq.slots,
+            ..Producer::default()
+        };
+        qp.rq_prod = Producer {
+            credit: qp.rq.slots,
+            ..Producer::default()
+        };
+    }
+
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
         let op = Op::ModifyQp;
+        if m.state == QpState::Init && qp.was_reset {
+            // QEMU only records RESET: its host QP stays where it was, and INIT then fails
+            // with EIO (§8.3). No command sequence brings it back: refuse before the device.
+            return Err(Error::Unsupported(Unsupported::Feature(
+                Feature::ReinitAfterReset,
+            )));
+        }
         let mut st = self.state.lock();
         // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
         let mut attrs = abi::QpAttr {
@@ -453,11 +603,16 @@ impl<H: Hal> Pvrdma<H> {
         if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
             qp.sgid_index = attrs.ah_attr.grh.sgid_index;
         }
-        if m.state == QpState::Reset {
-            // The driver restarts its rings with the QP (as Linux and rdma-core do).
-            qp.sq_tail = 0;
-            qp.rq_tail = 0;
-            qp.mem.data.zero(0, 16);
+        drop(st);
+        match m.state {
+            QpState::Reset => {
+                // The driver restarts its rings with the QP (as Linux and rdma-core do).
+                self.discard(qp);
+                qp.mem.data.zero(0, 16);
+                qp.was_reset = true;
+            }
+            QpState::Err => self.start_flush(qp),
+            _ => {}
         }
         Ok(())
     }
@@ -496,7 +651,8 @@ impl<H: Hal> Pvrdma<H> {
         })
     }
 
-    pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+    /// DESTROY_QP only; the QP comes back on failure.
+    fn destroy_qp_cmd(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
         let mut st = self.state.lock();
         let (handle, gsi) = (qp.handle, qp.qp_type == QpType::Gsi);
         let code = (Op::DestroyQp, opcode::DESTROY_QP);
@@ -507,69 +663,46 @@ impl<H: Hal> Pvrdma<H> {
         Ok(())
     }
 
-    pub(crate) fn srq_layout(&self, attr: &SrqAttr) -> Result<QueueLayout> {
-        let c = &self.caps;
-        let l = layout(
-            (attr.max_wr, Param::SrqMaxWr, c.max_srq_wr),
-            (attr.max_sge, Param::SrqMaxSge, c.max_srq_sge),
-            RQ_WQE_HDR,
-            MAX_RING_PAGES - 1,
-        )?;
-        if attr.srq_limit > attr.max_wr {
-            return Err(Error::invalid(Param::SrqLimit, attr.srq_limit, attr.max_wr));
+    pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+        let (pd, srq, cqs, reserved) = (qp.pd, qp.srq, (qp.send_cq, qp.recv_cq), qp.reserved);
+        let (handle, unusable) = (qp.handle, qp.handle_unusable);
+        let ctl = qp.ctl.ptr();
+        if unusable {
+            // A handle the device answered garbage with: nothing to tell the device, keep it.
+            log::warn!("bareverbs: QP with an unusable handle kept (its memory is leaked)");
+            core::mem::forget(qp);
+            return Ok(());
         }
-        Ok(l)
-    }
-
-    pub(crate) fn create_srq_impl(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
-        let op = Op::CreateSrq;
-        let layout = self.srq_layout(attr)?;
-        let mut st = self.state.lock();
-        st.room_for(Object::Srq, self.caps.max_srq)?;
-        let nchunks = 1 + layout.pages;
-        let mem = QueueMem::new(&self.hal, nchunks as usize)?;
-        let actual = SrqAttr {
-            max_wr: layout.slots,
-            max_sge: layout.sge,
-            srq_limit: attr.srq_limit,
-        };
-        let req = abi::CreateSrq {
-            pdir_dma: mem.pdir.paddr(),
-            pd_handle: pd.handle,
-            nchunks,
-            attrs: abi::SrqAttr {
-                max_wr: actual.max_wr,
-                max_sge: actual.max_sge,
-                srq_limit: actual.srq_limit,
-                reserved: 0,
-            },
-            ..Default::default()
-        };
-        let code = (op, opcode::CREATE_SRQ);
-        let (r, mem): (abi::CreateSrqResp, _) =
-            st.create(&self.regs, Object::Srq, code, req, mem)?;
-        let srq = Srq {
-            handle: r.srqn,
-            attr: actual,
-            layout,
-            tail: AtomicU32::new(0),
-            lock: spin::Mutex::new(()),
-            ring: RawRing::new(&mem.data, &layout, abi::RING_STATE_RX, 1),
-            mem,
-        };
-        if r.srqn > regs::db::HANDLE_MASK {
-            // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.
-            core::mem::forget(srq);
-            return Err(Error::bad_value(op, "srqn", r.srqn));
+        let mut qp = qp;
+        // Out of the table first (no poller may reach its control block after this), and its
+        // outstanding safe buffers back to their pool; then the device.
+        self.with_cqs(&qp, |_, _| {
+            if self.qps.lookup_ctl(handle) == Some(ctl) {
+                self.qps.remove(handle);
+            }
+        });
+        self.discard(&mut qp);
+        match self.destroy_qp_cmd(qp) {
+            Ok(()) => {}
+            Err((qp, e)) => {
+                // Back in the table: the QP still exists.
+                let ids = self.with_cqs(&qp, |s, r| (s.id(), r.id()));
+                let _ = self.with_cqs(&qp, |_, _| self.qps.insert(handle, ids, ctl));
+                return Err((qp, e));
+            }
         }
-        Ok(srq)
-    }
-
-    pub(crate) fn destroy_srq_impl(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
-        let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
-        let handle = srq.handle;
-        self.state
-            .lock()
-            .destroy(&self.regs, Object::Srq, code, handle, srq)
+        // SAFETY: the PD, CQs and SRQ outlive the QP (the provider contract of create_qp).
+        unsafe {
+            pd.as_ref().users.fetch_sub(1, Ordering::Relaxed);
+            let (s, r) = (cqs.0.as_ref(), cqs.1.as_ref());
+            s.unreserve(reserved.0);
+            r.unreserve(reserved.1);
+            s.users.fetch_sub(1, Ordering::Relaxed);
+            r.users.fetch_sub(1, Ordering::Relaxed);
+            if let Some(srq) = srq {
+                srq.as_ref().users.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 }

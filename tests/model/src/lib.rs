@@ -447,6 +447,10 @@ unsafe impl Hal for Model {
         }
         None
     }
+
+    fn virt_to_phys(&self, vaddr: std::ptr::NonNull<u8>) -> Option<u64> {
+        self.lock().mem.virt_to_phys(vaddr.as_ptr())
+    }
 }
 
 impl ConfigRegionAccess for Model {

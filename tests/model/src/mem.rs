@@ -94,6 +94,17 @@ impl Memory {
             .then(|| unsafe { b.ptr.as_ptr().add(off) })
     }
 
+    /// The "physical" address of a host pointer inside an allocated block.
+    pub(crate) fn virt_to_phys(&self, v: *const u8) -> Option<u64> {
+        self.blocks.iter().find_map(|(&pa, b)| {
+            let base = b.ptr.as_ptr() as usize;
+            let v = v as usize;
+            (base..base + b.pages * PAGE)
+                .contains(&v)
+                .then(|| pa + (v - base) as u64)
+        })
+    }
+
     pub(crate) fn read(&self, pa: u64, len: usize) -> Option<Vec<u8>> {
         let p = self.ptr(pa, len)?;
         let mut v = vec![0u8; len];

@@ -1,0 +1,188 @@
+//! Memory regions (CREATE_MR / DESTROY_MR; `shared/pvrdma-abi.md` §5.3, §8.8): a page
+//! directory over the region's pages, `start` the address SGEs use.
+
+use core::ptr::NonNull;
+
+use bareverbs_hal::{Hal, PAGE_SIZE};
+
+use super::abi::{self, opcode};
+use super::pdir::{self, PageDir};
+use super::qp::pvrdma_access;
+use super::{Pd, Pvrdma, regs};
+use crate::dma::Dma;
+use crate::error::{Error, Feature, Object, Op, Param, Result, Unsupported};
+use crate::verbs::AccessFlags;
+
+/// A memory region on a PVRDMA device, with the memory it covers when the driver allocated it.
+pub struct Mr<H: Hal> {
+    handle: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) len: usize,
+    /// The region's first address (what SGEs use).
+    pub(crate) addr: u64,
+    /// Where the CPU reaches it.
+    pub(crate) ptr: NonNull<u8>,
+    _mem: Option<Dma<H>>,
+    _pdir: PageDir<H>,
+    pd: NonNull<Pd>,
+}
+
+// SAFETY: the region's memory is owned (or, for the embedder's memory, was promised) for as
+// long as the region exists; `pd` is only used to count users, atomically.
+unsafe impl<H: Hal + Send> Send for Mr<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Mr<H> {}
+
+impl<H: Hal> Mr<H> {
+    /// The device's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+}
+
+impl<H: Hal> Pvrdma<H> {
+    fn mr_limit(&self, len: usize) -> Result<()> {
+        let max = self
+            .caps
+            .max_mr_size
+            .min((pdir::MAX_PAGES * PAGE_SIZE) as u64);
+        if len == 0 || len as u64 > max {
+            return Err(Error::invalid(Param::MrLength, len as u64, max));
+        }
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `addr` (the region's first address; page `i` of the region at
+    /// `pages(i)`), with the memory `mem` if the driver owns it.
+    fn register(
+        &self,
+        pd: &Pd,
+        (addr, ptr, len): (u64, NonNull<u8>, usize),
+        pdir: PageDir<H>,
+        npages: usize,
+        mem: Option<Dma<H>>,
+        access: AccessFlags,
+    ) -> Result<Mr<H>> {
+        let op = Op::CreateMr;
+        check_access(access)?;
+        let mut st = self.state.lock();
+        st.room_for(Object::Mr, self.caps.max_mr)?;
+        let req = abi::CreateMr {
+            start: addr,
+            length: len as u64,
+            pdir_dma: pdir.paddr(),
+            pd_handle: pd.handle,
+            access_flags: pvrdma_access(access),
+            flags: 0,
+            nchunks: npages as u32,
+            ..Default::default()
+        };
+        let code = (op, opcode::CREATE_MR);
+        let (r, (mem, pdir)): (abi::CreateMrResp, _) =
+            st.create(&self.regs, Object::Mr, code, req, (mem, pdir))?;
+        let mr = Mr {
+            handle: r.mr_handle,
+            lkey: r.lkey,
+            rkey: r.rkey,
+            len,
+            addr,
+            ptr,
+            _mem: mem,
+            _pdir: pdir,
+            pd: NonNull::from(pd),
+        };
+        pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        drop(st);
+        if r.mr_handle > regs::db::HANDLE_MASK {
+            // Garbage: the region cannot be named (nor destroyed); the device may map it.
+            self.quarantine(mr);
+            return Err(Error::bad_value(op, "mr_handle", r.mr_handle));
+        }
+        Ok(mr)
+    }
+
+    /// Keeps a region whose outcome is unknown: its memory stays allocated (the device may
+    /// use it), it stays counted, and its PD stays in use.
+    fn quarantine(&self, mr: Mr<H>) {
+        log::warn!("bareverbs: a memory region the device answered garbage for is kept");
+        core::mem::forget(mr);
+    }
+
+    pub(crate) fn create_mr_impl(&self, pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr<H>> {
+        self.mr_limit(len)?;
+        check_access(access)?;
+        let pages = len.div_ceil(PAGE_SIZE);
+        let mem = Dma::new(&self.hal, pages)?;
+        let pdir = PageDir::new(&self.hal, &mem)?;
+        let (addr, ptr) = (mem.paddr(), mem.base());
+        self.register(pd, (addr, ptr, len), pdir, pages, Some(mem), access)
+    }
+
+    pub(crate) fn create_user_mr_impl(
+        &self,
+        pd: &Pd,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<H>> {
+        self.mr_limit(len)?;
+        check_access(access)?;
+        let unsupported = Error::Unsupported(Unsupported::Feature(Feature::UserMemory));
+        // The device maps whole pages: the region starts at its first page, the SGEs use the
+        // CPU's addresses (as user-space verbs do), and QEMU wants a page-aligned start.
+        let v = ptr.as_ptr() as usize;
+        let first = v & !(PAGE_SIZE - 1);
+        let Some(end) = v.checked_add(len) else {
+            return Err(Error::invalid(Param::MrLength, len as u64, 0u64));
+        };
+        let npages = (end - first).div_ceil(PAGE_SIZE);
+        if npages > pdir::MAX_PAGES {
+            return Err(Error::invalid(Param::MrLength, len as u64, 0u64));
+        }
+        let phys = |i: usize| {
+            let page = NonNull::new((first + i * PAGE_SIZE) as *mut u8)?;
+            self.hal
+                .virt_to_phys(page)
+                .filter(|p| p % PAGE_SIZE as u64 == 0 && *p != 0)
+        };
+        // Every page must translate before the device hears of any.
+        for i in 0..npages {
+            phys(i).ok_or(unsupported)?;
+        }
+        let pdir = PageDir::over(&self.hal, npages, |i| phys(i).unwrap_or(0))?;
+        let span = (first as u64, ptr, end - first);
+        self.register(pd, span, pdir, npages, None, access)
+            .map(|mut mr| {
+                // SGEs name the embedder's bytes by their CPU addresses, from `ptr`.
+                (mr.addr, mr.len) = (v as u64, len);
+                mr
+            })
+    }
+
+    pub(crate) fn destroy_mr_impl(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
+        let code = (Op::DestroyMr, opcode::DESTROY_MR);
+        let (handle, pd) = (mr.handle, mr.pd);
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Mr, code, handle, mr)?;
+        // SAFETY: the PD outlives its regions (the provider contract of create_mr).
+        unsafe { pd.as_ref() }
+            .users
+            .fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Remote write or atomic access needs local write (libibverbs and Linux refuse it, EINVAL).
+pub(crate) fn check_access(access: AccessFlags) -> Result<()> {
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::invalid(
+            Param::AccessFlags,
+            access.bits(),
+            (access | AccessFlags::LOCAL_WRITE).bits(),
+        ));
+    }
+    Ok(())
+}

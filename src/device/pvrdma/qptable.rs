@@ -1,0 +1,308 @@
+//! The driver's table of live queue pairs, by device handle, and each QP's control block: what
+//! a completion-queue poller needs to match a CQE to the work request it completes.
+//!
+//! A CQE names its QP by handle (`shared/pvrdma-abi.md` §10.1) and nothing else: no WQE index.
+//! Work requests of one work queue complete in the order they were posted (RC and UD), so the
+//! driver counts, per queue, the requests it published (`tail`) and the completions it took
+//! (`done`); the CQE for a queue must be the one for request `done`, and its `wr_id` must be
+//! the one the driver wrote there. That check is what lets the driver:
+//! - give the send/receive credit back only for requests that have completed (the ring never
+//!   holds more outstanding requests than `max_send_wr` / `max_recv_wr`),
+//! - hand back a safe-path buffer whichever poller takes its completion,
+//! - flush every outstanding request exactly once when the QP goes to the error state, and
+//!   drop a late CQE for a request already flushed,
+//! - refuse a CQE the device invented (wrong QP, nothing outstanding, wrong `wr_id`).
+//!
+//! Control blocks and the table live in driver-private DMA memory (never moved, never shown to
+//! the device). The table is written under the command lock *and* the poll locks of the QP's
+//! CQs; a poller holding its CQ's lock reads it without further locking and dereferences a
+//! control block only when the entry names that same CQ, so a QP cannot be destroyed under it.
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use bareverbs_hal::{Hal, PAGE_SIZE};
+
+use super::ring::Ring;
+use crate::dma::Dma;
+use crate::error::{Error, Op, Result};
+use crate::verbs::BufRelease;
+
+/// One work queue's counters, shared by its poster and the poller of its CQ.
+#[repr(C)]
+pub(crate) struct QueueCtl {
+    /// Completions taken, free-running; written by the poller (release).
+    pub(crate) done: AtomicU32,
+    /// Requests published, free-running; written by the poster (release).
+    pub(crate) tail: AtomicU32,
+    /// 1 while the outstanding requests are to complete flushed (the QP is in ERR).
+    pub(crate) flush: AtomicU32,
+    _pad: u32,
+}
+
+/// What the driver keeps for one safe-path slot: the caller's `wr_id` and the buffer tag.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Shadow {
+    pub(crate) wr_id: u64,
+    /// The buffer's tag + 1; 0 for a request posted without a buffer.
+    pub(crate) tag: u32,
+    _pad: u32,
+}
+
+/// One queue as a poller sees it.
+pub(crate) struct QueueView {
+    pub(crate) ctl: QueueCtl,
+    pub(crate) ring: Ring,
+    /// The safe path's per-slot record (one per ring slot), when the QP has one.
+    pub(crate) shadow: Option<NonNull<Shadow>>,
+}
+
+/// A QP's control block.
+pub(crate) struct QpCtl {
+    pub(crate) sq: QueueView,
+    pub(crate) rq: QueueView,
+    /// The QP number completions report.
+    pub(crate) qpn: u32,
+    /// Receives come from a shared receive queue (their completions are not the RQ's).
+    pub(crate) srq: bool,
+    /// Where a safe buffer goes back when a completion is taken by a raw poll, a flush or a
+    /// destroy.
+    pub(crate) release: Option<BufRelease>,
+}
+
+// The control block is created in place by `QpCtlMem::new` and dropped with its memory.
+impl QueueView {
+    fn new(ring: Ring, shadow: Option<NonNull<Shadow>>) -> Self {
+        QueueView {
+            ctl: QueueCtl {
+                done: AtomicU32::new(0),
+                tail: AtomicU32::new(0),
+                flush: AtomicU32::new(0),
+                _pad: 0,
+            },
+            ring,
+            shadow,
+        }
+    }
+
+    /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
+    #[inline]
+    pub(crate) fn posted(&self, n: u32) -> (u64, u32) {
+        match self.shadow {
+            Some(s) => {
+                let i = (n & (self.ring.slots() - 1)) as usize;
+                // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots.
+                let e = unsafe { s.as_ptr().add(i).read() };
+                (e.wr_id, e.tag)
+            }
+            // Both WQE headers start with the wr_id (L-ABI `pvrdma_sq_wqe_hdr`, `_rq_`).
+            // SAFETY: the slot lies inside the ring's memory (`Ring::slot`).
+            None => (
+                unsafe { self.ring.slot(n).cast::<u64>().read_volatile() },
+                0,
+            ),
+        }
+    }
+
+    /// Records request `n`'s `wr_id` and tag in the shadow, if there is one.
+    #[inline]
+    pub(crate) fn record(&self, n: u32, wr_id: u64, tag: u32) {
+        if let Some(s) = self.shadow {
+            let i = (n & (self.ring.slots() - 1)) as usize;
+            // SAFETY: as in `posted`; only the (exclusive) poster writes unpublished slots.
+            unsafe {
+                s.as_ptr().add(i).write(Shadow {
+                    wr_id,
+                    tag,
+                    _pad: 0,
+                })
+            };
+        }
+    }
+}
+
+/// A control block and its shadows in driver-private DMA memory.
+pub(crate) struct QpCtlMem<H: Hal> {
+    mem: Dma<H>,
+}
+
+impl<H: Hal> QpCtlMem<H> {
+    /// Allocates and initialises a control block for the rings `sq` and `rq`, with a shadow
+    /// slot per ring slot when `safe`.
+    pub(crate) fn new(
+        hal: &H,
+        (sq, rq): (Ring, Ring),
+        qpn: u32,
+        srq: bool,
+        release: Option<BufRelease>,
+    ) -> Result<Self> {
+        let head = size_of::<QpCtl>().next_multiple_of(16);
+        let shadows = if release.is_some() {
+            (sq.slots() + rq.slots()) as usize * size_of::<Shadow>()
+        } else {
+            0
+        };
+        let pages = (head + shadows).div_ceil(PAGE_SIZE);
+        let mem = Dma::new(hal, pages)?;
+        let base = mem.base();
+        let (sq_shadow, rq_shadow) = if release.is_some() {
+            // SAFETY: both offsets lie inside the `pages` pages just allocated.
+            unsafe {
+                let s = base.add(head).cast::<Shadow>();
+                (Some(s), Some(s.add(sq.slots() as usize)))
+            }
+        } else {
+            (None, None)
+        };
+        let ctl = QpCtl {
+            sq: QueueView::new(sq, sq_shadow),
+            rq: QueueView::new(rq, rq_shadow),
+            qpn,
+            srq,
+            release,
+        };
+        // SAFETY: the memory is ours, page-aligned (so aligned for QpCtl) and large enough.
+        unsafe { base.cast::<QpCtl>().write(ctl) };
+        Ok(QpCtlMem { mem })
+    }
+
+    /// The control block (it never moves).
+    #[inline]
+    pub(crate) fn ctl(&self) -> &QpCtl {
+        // SAFETY: initialised in `new`; lives as long as `self`; only atomics are mutated
+        // through shared references.
+        unsafe { self.mem.base().cast::<QpCtl>().as_ref() }
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<QpCtl> {
+        self.mem.base().cast()
+    }
+}
+
+/// Sentinels for a table entry's handle (device handles have 24 bits).
+const EMPTY: u32 = u32::MAX;
+const GONE: u32 = u32::MAX - 1;
+
+#[repr(C)]
+struct Entry {
+    handle: AtomicU32,
+    _pad: u32,
+    /// The identities of the send and receive CQ ([`super::cq::Cq::id`]).
+    send_cq: AtomicU64,
+    recv_cq: AtomicU64,
+    ctl: AtomicPtr<QpCtl>,
+}
+
+/// Open-addressed table of live QPs by handle (linear probing, tombstones).
+pub(crate) struct QpTable<H: Hal> {
+    mem: Dma<H>,
+    mask: u32,
+}
+
+impl<H: Hal> QpTable<H> {
+    /// A table for at least `max_qp` live QPs (twice as many entries, a power of two).
+    pub(crate) fn new(hal: &H, max_qp: u32) -> Result<Self> {
+        let n = (max_qp.clamp(1, 1 << 16) * 2).next_power_of_two();
+        let mem = Dma::new(hal, (n as usize * size_of::<Entry>()).div_ceil(PAGE_SIZE))?;
+        let t = QpTable { mem, mask: n - 1 };
+        for i in 0..n {
+            t.entry(i).handle.store(EMPTY, Ordering::Relaxed);
+        }
+        Ok(t)
+    }
+
+    fn entry(&self, i: u32) -> &Entry {
+        let i = (i & self.mask) as usize;
+        // SAFETY: i ≤ mask, and mask + 1 entries fit the memory (`new`); Entry is atomics only.
+        unsafe { &*self.mem.base().as_ptr().cast::<Entry>().add(i) }
+    }
+
+    fn start(&self, handle: u32) -> u32 {
+        handle.wrapping_mul(0x9E37_79B1) >> 8
+    }
+
+    /// Adds a QP. A handle already present is the device's error (two live QPs cannot share
+    /// one). The caller holds the command lock and the poll locks of both CQs.
+    pub(crate) fn insert(
+        &self,
+        handle: u32,
+        (send_cq, recv_cq): (u64, u64),
+        ctl: NonNull<QpCtl>,
+    ) -> Result<()> {
+        if self.find(handle).is_some() {
+            return Err(Error::bad_value(Op::CreateQp, "qp_handle (in use)", handle));
+        }
+        let s = self.start(handle);
+        for i in 0..=self.mask {
+            let e = self.entry(s.wrapping_add(i));
+            let h = e.handle.load(Ordering::Relaxed);
+            if h == EMPTY || h == GONE {
+                e.ctl.store(ctl.as_ptr(), Ordering::Relaxed);
+                e.send_cq.store(send_cq, Ordering::Relaxed);
+                e.recv_cq.store(recv_cq, Ordering::Relaxed);
+                e.handle.store(handle, Ordering::Release);
+                return Ok(());
+            }
+        }
+        // Cannot happen: the table has twice the entries of the QPs the driver lets live.
+        Err(Error::bad_value(Op::CreateQp, "qp table full", handle))
+    }
+
+    fn find(&self, handle: u32) -> Option<&Entry> {
+        let s = self.start(handle);
+        for i in 0..=self.mask {
+            let e = self.entry(s.wrapping_add(i));
+            match e.handle.load(Ordering::Acquire) {
+                h if h == handle => return Some(e),
+                EMPTY => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The control block of QP `handle`, whatever its CQs.
+    pub(crate) fn lookup_ctl(&self, handle: u32) -> Option<NonNull<QpCtl>> {
+        NonNull::new(self.find(handle)?.ctl.load(Ordering::Relaxed))
+    }
+
+    /// Removes a QP (the caller holds the locks of `insert`).
+    pub(crate) fn remove(&self, handle: u32) {
+        if let Some(e) = self.find(handle) {
+            e.handle.store(GONE, Ordering::Release);
+        }
+    }
+
+    /// The control block of QP `handle` when it completes to CQ `cq` as a sender (`recv`
+    /// false) or receiver; `None` for a QP that does not exist or belongs to other CQs.
+    #[inline]
+    pub(crate) fn lookup(&self, handle: u32, cq: u64, recv: bool) -> Option<NonNull<QpCtl>> {
+        let e = self.find(handle)?;
+        let owner = if recv { &e.recv_cq } else { &e.send_cq };
+        if owner.load(Ordering::Relaxed) != cq {
+            return None;
+        }
+        NonNull::new(e.ctl.load(Ordering::Relaxed))
+    }
+
+    /// Calls `f` with each live QP completing to CQ `cq` (either role).
+    pub(crate) fn for_each_on(&self, cq: u64, mut f: impl FnMut(&QpCtl, bool, bool)) {
+        for i in 0..=self.mask {
+            let e = self.entry(i);
+            let h = e.handle.load(Ordering::Acquire);
+            if h == EMPTY || h == GONE {
+                continue;
+            }
+            let (s, r) = (
+                e.send_cq.load(Ordering::Relaxed) == cq,
+                e.recv_cq.load(Ordering::Relaxed) == cq,
+            );
+            if let (true, Some(p)) = (s || r, NonNull::new(e.ctl.load(Ordering::Relaxed))) {
+                // SAFETY: an entry naming `cq` stays valid while the caller holds that CQ's
+                // poll lock (the module's locking rule).
+                f(unsafe { p.as_ref() }, s, r);
+            }
+        }
+    }
+}

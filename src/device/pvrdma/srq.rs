@@ -1,0 +1,130 @@
+//! Shared receive queues (CREATE_SRQ / DESTROY_SRQ; `shared/pvrdma-abi.md` §5.2, §8.4):
+//! sized as a receive queue, its ring state at +8 of page 0.
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use bareverbs_hal::Hal;
+
+use super::abi::{self, opcode};
+use super::pdir::QueueMem;
+use super::qp::{QueueLayout, RQ_WQE_HDR, layout};
+use super::ring::Ring;
+use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
+use crate::error::{Error, Object, Op, Param, Result};
+use crate::verbs::SrqAttr;
+
+/// A shared receive queue on a PVRDMA device.
+pub struct Srq<H: Hal> {
+    handle: u32,
+    pub(crate) attr: SrqAttr,
+    pub(crate) layout: QueueLayout,
+    mem: QueueMem<H>,
+    /// The driver's producer counter (free-running), and the lock that makes posting
+    /// exclusive.
+    pub(crate) tail: AtomicU32,
+    pub(crate) lock: spin::Mutex<()>,
+    pub(crate) ring: Ring,
+    /// QPs that receive from it.
+    pub(crate) users: AtomicU32,
+}
+
+// SAFETY: the ring points into the SRQ's own DMA memory, written only under `lock`.
+unsafe impl<H: Hal + Send> Send for Srq<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
+
+impl<H: Hal> Srq<H> {
+    /// The device's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Pages of ring memory, the ring-state page included.
+    pub fn pages(&self) -> usize {
+        self.mem.data.pages()
+    }
+
+    /// WQE stride in bytes.
+    pub fn stride(&self) -> u32 {
+        self.layout.stride
+    }
+}
+
+impl<H: Hal> Pvrdma<H> {
+    pub(crate) fn srq_layout(&self, attr: &SrqAttr) -> Result<QueueLayout> {
+        let c = &self.caps;
+        let l = layout(
+            (attr.max_wr, Param::SrqMaxWr, c.max_srq_wr),
+            (attr.max_sge, Param::SrqMaxSge, c.max_srq_sge),
+            RQ_WQE_HDR,
+            MAX_RING_PAGES - 1,
+        )?;
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::invalid(Param::SrqLimit, attr.srq_limit, attr.max_wr));
+        }
+        Ok(l)
+    }
+
+    pub(crate) fn create_srq_impl(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
+        let op = Op::CreateSrq;
+        let layout = self.srq_layout(attr)?;
+        let mut st = self.state.lock();
+        st.room_for(Object::Srq, self.caps.max_srq)?;
+        let nchunks = 1 + layout.pages;
+        let mem = QueueMem::new(&self.hal, nchunks as usize)?;
+        let actual = SrqAttr {
+            max_wr: layout.slots,
+            max_sge: layout.sge,
+            srq_limit: attr.srq_limit,
+        };
+        let req = abi::CreateSrq {
+            pdir_dma: mem.pdir.paddr(),
+            pd_handle: pd.handle,
+            nchunks,
+            attrs: abi::SrqAttr {
+                max_wr: actual.max_wr,
+                max_sge: actual.max_sge,
+                srq_limit: actual.srq_limit,
+                reserved: 0,
+            },
+            ..Default::default()
+        };
+        let code = (op, opcode::CREATE_SRQ);
+        let (r, mem): (abi::CreateSrqResp, _) =
+            st.create(&self.regs, Object::Srq, code, req, mem)?;
+        let srq = Srq {
+            handle: r.srqn,
+            attr: actual,
+            layout,
+            tail: AtomicU32::new(0),
+            lock: spin::Mutex::new(()),
+            ring: Ring::new(
+                &mem.data,
+                abi::RING_STATE_RX,
+                1,
+                layout.slots,
+                layout.stride,
+            ),
+            users: AtomicU32::new(0),
+            mem,
+        };
+        if r.srqn > regs::db::HANDLE_MASK {
+            // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.
+            core::mem::forget(srq);
+            return Err(Error::bad_value(op, "srqn", r.srqn));
+        }
+        Ok(srq)
+    }
+
+    pub(crate) fn destroy_srq_impl(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
+        if srq.users.load(Ordering::Relaxed) != 0 {
+            // A QP (perhaps one leaked with mem::forget) still receives from it.
+            return Err((srq, Error::Busy { op: Op::DestroySrq }));
+        }
+        let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
+        let handle = srq.handle;
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Srq, code, handle, srq)
+    }
+}

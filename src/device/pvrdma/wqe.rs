@@ -1,0 +1,329 @@
+//! Posting: send and receive WQEs written straight into their ring slots
+//! (`shared/pvrdma-abi.md` §8.5), published with one index store and one doorbell per batch.
+//!
+//! The credit of a work queue is its ring slots minus the requests not yet completed; it is
+//! cached in the QP and recomputed from the poller's completion counter only when it runs out.
+//! WQEs are written past the published index, where the device does not look: a batch that is
+//! abandoned leaves the ring as it was.
+
+use core::sync::atomic::Ordering;
+
+use bareverbs_hal::{Hal, Mmio};
+
+use super::abi::{self, send_flags, wr, wr_opcode};
+use super::qp::Qp;
+use super::regs::db;
+use super::srq::Srq;
+use super::{Opcodes, Pvrdma};
+use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
+use crate::verbs::{RecvWr, SendFlags, SendWqe, Sge, WrOpcode};
+
+/// A volatile store to one field of a WQE.
+macro_rules! put {
+    ($p:expr, $field:ident, $v:expr) => {
+        core::ptr::addr_of_mut!((*$p).$field).write_volatile($v)
+    };
+}
+
+/// Orders the ring's index store before the doorbell's MMIO write: the one place the data path
+/// orders memory against MMIO. On x86-64 stores are not reordered with other stores and an
+/// uncached MMIO store follows earlier stores, so only the compiler must keep the order
+/// (Linux's `wmb()` is a compiler barrier there too); elsewhere, a full fence.
+#[inline(always)]
+pub(crate) fn before_doorbell() {
+    #[cfg(target_arch = "x86_64")]
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    #[cfg(not(target_arch = "x86_64"))]
+    core::sync::atomic::fence(Ordering::SeqCst);
+}
+
+/// The producer side of one work queue, kept in the QP (moved with it; only `&mut` touches it).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Producer {
+    /// Requests written, free-running (≥ `published`).
+    pub(crate) tail: u32,
+    /// Requests published to the device.
+    pub(crate) published: u32,
+    /// Slots known free.
+    pub(crate) credit: u32,
+}
+
+/// Writes the SGEs of a WQE at `p`.
+///
+/// # Safety
+///
+/// `p` points at the SGE array of a WQE whose stride holds `sges.len()` entries.
+#[inline(always)]
+unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
+    let e = p.cast::<abi::WqeSge>();
+    for (i, s) in sges.iter().enumerate() {
+        // SAFETY: the caller's contract: room for every entry.
+        unsafe {
+            put!(e.add(i), addr, s.addr);
+            put!(e.add(i), length, s.length);
+            put!(e.add(i), lkey, s.lkey);
+        }
+    }
+}
+
+/// Recomputes a work queue's credit from the completions taken; `QueueFull` when none.
+#[cold]
+#[inline(never)]
+fn refill(p: &mut Producer, done: u32, slots: u32, queue: Queue) -> Result<()> {
+    p.credit = slots.saturating_sub(p.tail.wrapping_sub(done));
+    if p.credit == 0 {
+        return Err(Error::QueueFull { queue, free: 0 });
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_sges(n: usize, max: u32) -> Error {
+    Error::invalid(Param::NumSge, n as u64, max)
+}
+
+#[cold]
+#[inline(never)]
+fn unsupported(f: Feature) -> Error {
+    Error::Unsupported(Unsupported::Feature(f))
+}
+
+impl<H: Hal> Pvrdma<H> {
+    /// Writes one send WQE at the send queue's next slot (not yet published).
+    ///
+    /// # Safety
+    ///
+    /// The buffers named stay valid until the request completes (the provider contract).
+    #[inline(always)]
+    pub(crate) unsafe fn sq_write(&self, qp: &mut Qp<H>, w: &SendWqe<'_, super::Ah>) -> Result<()> {
+        if qp.sq_prod.credit == 0 {
+            let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+            refill(&mut qp.sq_prod, done, qp.sq.slots, Queue::Send)?;
+        }
+        let nsge = w.sges.len();
+        if nsge > qp.sq.sge as usize {
+            return Err(too_many_sges(nsge, qp.sq.sge));
+        }
+        if w.flags.contains(SendFlags::INLINE) {
+            // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
+            return Err(unsupported(Feature::InlineData));
+        }
+        let (code, faithful) = match w.op {
+            WrOpcode::Send => (wr_opcode::SEND, true),
+            WrOpcode::SendWithImm => (wr_opcode::SEND_WITH_IMM, false),
+            WrOpcode::RdmaWrite => (wr_opcode::RDMA_WRITE, false),
+            WrOpcode::RdmaWriteWithImm => (wr_opcode::RDMA_WRITE_WITH_IMM, false),
+            WrOpcode::RdmaRead => (wr_opcode::RDMA_READ, false),
+            // The device advertises no atomics (QEMU: atomic_ops = 0).
+            WrOpcode::AtomicCmpSwap | WrOpcode::AtomicFetchAdd => {
+                return Err(unsupported(Feature::Atomics));
+            }
+        };
+        if !faithful && self.opcodes == Opcodes::SendOnly {
+            // QEMU runs every send WQE as a plain SEND (§8.6): refuse what it would fake.
+            return Err(unsupported(Feature::NotExecutedByDevice));
+        }
+        let ud = match (qp.datagram, &w.ud) {
+            (true, None) => {
+                let (op, attr) = (Op::PostSend, Attr::UdDest);
+                return Err(Error::MissingAttribute { op, attr });
+            }
+            (false, Some(_)) => return Err(unsupported(Feature::OpcodeForQpType)),
+            (true, Some(_)) if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM => {
+                return Err(unsupported(Feature::OpcodeForQpType));
+            }
+            (_, ud) => ud,
+        };
+        let n = qp.sq_prod.tail;
+        let h = qp.sq_ring.slot(n).cast::<abi::SqWqeHdr>();
+        // Every send WQE completes on PVRDMA (QEMU ignores the flag): saying so keeps the
+        // driver's completion count exact.
+        let mut flags = send_flags::SIGNALED;
+        if w.flags.contains(SendFlags::FENCE) {
+            flags |= send_flags::FENCE;
+        }
+        if w.flags.contains(SendFlags::SOLICITED) {
+            flags |= send_flags::SOLICITED;
+        }
+        // SAFETY: `h` is this slot's WQE, inside the ring and not published; the stride holds
+        // the header and max_send_sge SGEs, and the count was checked above.
+        unsafe {
+            put!(h, wr_id, w.wr_id);
+            put!(h, num_sge, nsge as u32);
+            put!(h, opcode, code);
+            put!(h, send_flags, flags);
+            put!(h, ex, w.imm);
+            let words = core::ptr::addr_of_mut!((*h).wr).cast::<u32>();
+            // QEMU reads the source GID index at byte 0x41 for every QP type (§8.6).
+            let mut gid_word = u32::from(qp.sgid_index) << 8;
+            if let Some(ud) = ud {
+                let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                    qp.qkey
+                } else {
+                    ud.remote_qkey
+                };
+                words.add(wr::UD_REMOTE_QPN).write_volatile(ud.remote_qpn);
+                words.add(wr::UD_REMOTE_QKEY).write_volatile(qkey);
+                let av = &ud.ah.words;
+                words
+                    .add(wr::AV_PORT_PD)
+                    .write_volatile(qp.pd_handle | (1 << 24));
+                words.add(wr::AV_SL_TCLASS_FLOW).write_volatile(av[0]);
+                for (i, &g) in av[1..5].iter().enumerate() {
+                    words.add(wr::AV_DGID + i).write_volatile(g);
+                }
+                gid_word = av[5];
+            } else if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM {
+                words
+                    .add(wr::REMOTE_ADDR)
+                    .cast::<u64>()
+                    .write_unaligned(w.remote_addr);
+                words.add(wr::RDMA_RKEY).write_volatile(w.rkey);
+            }
+            words.add(wr::AV_GID_WORD).write_volatile(gid_word);
+            write_sges(h.cast::<u8>().add(size_of::<abi::SqWqeHdr>()), w.sges);
+        }
+        qp.ctl.ctl().sq.record(n, w.wr_id, w.tag);
+        qp.sq_prod.tail = n.wrapping_add(1);
+        qp.sq_prod.credit -= 1;
+        Ok(())
+    }
+
+    /// Publishes the send WQEs written since the last commit, with one doorbell.
+    #[inline(always)]
+    pub(crate) fn sq_commit(&self, qp: &mut Qp<H>) {
+        let tail = qp.sq_prod.tail;
+        if tail == qp.sq_prod.published {
+            return;
+        }
+        qp.sq_prod.published = tail;
+        qp.ctl.ctl().sq.ctl.tail.store(tail, Ordering::Release);
+        qp.sq_ring.publish(tail);
+        before_doorbell();
+        self.uar.write32(db::QP, qp.handle() | db::QP_SEND);
+    }
+
+    /// Forgets the send WQEs written since the last commit.
+    #[inline]
+    pub(crate) fn sq_abort(&self, qp: &mut Qp<H>) {
+        let p = &mut qp.sq_prod;
+        p.credit += p.tail.wrapping_sub(p.published);
+        p.tail = p.published;
+    }
+
+    /// Writes one receive WQE at the receive queue's next slot (not yet published).
+    ///
+    /// # Safety
+    ///
+    /// As [`sq_write`](Self::sq_write).
+    #[inline(always)]
+    pub(crate) unsafe fn rq_write(
+        &self,
+        qp: &mut Qp<H>,
+        wr_id: u64,
+        sges: &[Sge],
+        tag: u32,
+    ) -> Result<()> {
+        if qp.rq_prod.credit == 0 {
+            if qp.has_srq {
+                // Receives go to the SRQ; QEMU would read past its allocation (§12.3).
+                return Err(Error::QueueFull {
+                    queue: Queue::Recv,
+                    free: 0,
+                });
+            }
+            let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
+            refill(&mut qp.rq_prod, done, qp.rq.slots, Queue::Recv)?;
+        }
+        if sges.len() > qp.rq.sge as usize {
+            return Err(too_many_sges(sges.len(), qp.rq.sge));
+        }
+        let n = qp.rq_prod.tail;
+        let h = qp.rq_ring.slot(n).cast::<abi::RqWqeHdr>();
+        // SAFETY: this slot's WQE, not yet published; the stride holds the header and
+        // max_recv_sge SGEs, the count was checked above.
+        unsafe {
+            put!(h, wr_id, wr_id);
+            put!(h, num_sge, sges.len() as u32);
+            write_sges(h.cast::<u8>().add(size_of::<abi::RqWqeHdr>()), sges);
+        }
+        qp.ctl.ctl().rq.record(n, wr_id, tag);
+        qp.rq_prod.tail = n.wrapping_add(1);
+        qp.rq_prod.credit -= 1;
+        Ok(())
+    }
+
+    /// Publishes the receive WQEs written since the last commit, with one doorbell.
+    #[inline(always)]
+    pub(crate) fn rq_commit(&self, qp: &mut Qp<H>) {
+        let tail = qp.rq_prod.tail;
+        if tail == qp.rq_prod.published {
+            return;
+        }
+        qp.rq_prod.published = tail;
+        qp.ctl.ctl().rq.ctl.tail.store(tail, Ordering::Release);
+        qp.rq_ring.publish(tail);
+        before_doorbell();
+        self.uar.write32(db::QP, qp.handle() | db::QP_RECV);
+    }
+
+    /// Forgets the receive WQEs written since the last commit.
+    #[inline]
+    pub(crate) fn rq_abort(&self, qp: &mut Qp<H>) {
+        let p = &mut qp.rq_prod;
+        p.credit += p.tail.wrapping_sub(p.published);
+        p.tail = p.published;
+    }
+
+    /// Posts receive work requests to a shared receive queue, all or none, one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// As [`sq_write`](Self::sq_write).
+    pub(crate) unsafe fn srq_post(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let op = Op::PostRecv;
+        if let Some(w) = wrs
+            .iter()
+            .find(|w| w.sg_list.len() > srq.layout.sge as usize)
+        {
+            return Err(too_many_sges(w.sg_list.len(), srq.layout.sge));
+        }
+        let _guard = srq.lock.try_lock().ok_or(Error::Busy { op })?;
+        let ring = srq.ring;
+        let tail0 = srq.tail.load(Ordering::Relaxed);
+        // SRQ requests complete out of order (across QPs): the credit is what the device has
+        // consumed, its cons_head (checked).
+        let head = ring.cons().load(Ordering::Acquire);
+        let wrap = 2 * ring.slots() - 1;
+        let used = ring.index(tail0).wrapping_sub(head) & wrap;
+        if head & !wrap != 0 || used > ring.slots() {
+            return Err(Error::bad_value(op, "SRQ cons_head", head));
+        }
+        let free = ring.slots() - used;
+        if wrs.len() as u32 > free {
+            return Err(Error::QueueFull {
+                queue: Queue::Srq,
+                free,
+            });
+        }
+        let mut n = tail0;
+        for w in wrs {
+            let h = ring.slot(n).cast::<abi::RqWqeHdr>();
+            // SAFETY: this slot's WQE, not yet published; SGE counts checked above.
+            unsafe {
+                put!(h, wr_id, w.wr_id);
+                put!(h, num_sge, w.sg_list.len() as u32);
+                write_sges(h.cast::<u8>().add(size_of::<abi::RqWqeHdr>()), w.sg_list);
+            }
+            n = n.wrapping_add(1);
+        }
+        if n != tail0 {
+            ring.publish(n);
+            srq.tail.store(n, Ordering::Relaxed);
+            before_doorbell();
+            self.uar.write32(db::SRQ, srq.handle() | db::SRQ_RECV);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! Completion queues: polling into a slice of small completions (`ibv_poll_cq`), or through a
+//! cursor that reads each field on demand (`ibv_start_poll` / `ibv_next_poll` /
+//! `ibv_end_poll` with the `ibv_wc_read_*` accessors).
+
+use core::mem::ManuallyDrop;
+
+use super::{Context, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::error::Result;
+
+/// What a provider's poll in progress offers; the verbs layer wraps it in [`PollCursor`].
+pub trait PollCq {
+    /// Moves to the next completion; `false` when there is none (for now).
+    fn advance(&mut self) -> Result<bool>;
+    /// The current completion's `wr_id`.
+    fn wr_id(&self) -> u64;
+    /// Its status.
+    fn status(&self) -> WcStatus;
+    /// Its operation.
+    fn opcode(&self) -> WcOpcode;
+    /// The local QP number.
+    fn qp_num(&self) -> u32;
+    /// Bytes received.
+    fn byte_len(&self) -> u32;
+    /// Flags.
+    fn flags(&self) -> WcFlags;
+    /// Immediate data (0 without [`WcFlags::WITH_IMM`]).
+    fn imm(&self) -> u32;
+    /// The sender's QP number (UD receives).
+    fn src_qp(&self) -> u32;
+    /// The device's detail of an error.
+    fn vendor_err(&self) -> u32;
+    /// Takes the safe path's buffer tag of the current completion (else the provider hands
+    /// the buffer back to its pool when the cursor moves on).
+    #[doc(hidden)]
+    fn take_tag(&mut self) -> Option<u32>;
+}
+
+/// A completion queue (`ibv_cq`).
+pub struct CompletionQueue<'c, P: Provider> {
+    pub(super) ctx: &'c Context<P>,
+    pub(super) raw: ManuallyDrop<P::Cq>,
+}
+
+impl<'c, P: Provider> CompletionQueue<'c, P> {
+    /// Polls up to `out.len()` completions of any QP into `out` (`ibv_poll_cq`); returns how
+    /// many. A safe post's buffer whose completion is polled here goes back to its pool.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`](crate::Error::Protocol) for a CQE that cannot be right (consumed;
+    /// reported by the poll after the one that returned the good completions before it),
+    /// [`Error::Busy`](crate::Error::Busy) while another thread polls this CQ.
+    #[inline]
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let Some(mut p) = self.ctx.provider().start_poll(&self.raw, None)? else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        while n < out.len() {
+            // A provider reports a refused CQE only before any good one of the same poll
+            // (after good ones, at the next poll): nothing taken is lost.
+            if !p.advance()? {
+                break;
+            }
+            out[n] = WorkCompletion {
+                wr_id: p.wr_id(),
+                byte_len: p.byte_len(),
+                imm: p.imm(),
+                qp_num: p.qp_num(),
+                src_qp: p.src_qp(),
+                status: p.status(),
+                opcode: p.opcode(),
+                flags: p.flags(),
+            };
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Starts a poll (`ibv_start_poll`): `None` when there is nothing to poll, else a cursor on
+    /// the first completion. Fields are read from the device's entry only when asked.
+    pub fn start_poll(&self) -> Result<Option<PollCursor<'_, P>>> {
+        let Some(mut p) = self.ctx.provider().start_poll(&self.raw, None)? else {
+            return Ok(None);
+        };
+        Ok(p.advance()?.then_some(PollCursor { p }))
+    }
+
+    /// Requests an interrupt for the next completion (`ibv_req_notify_cq`).
+    pub fn arm(&self, solicited_only: bool) {
+        self.ctx.provider().arm_cq(&self.raw, solicited_only)
+    }
+
+    /// The number of entries (≥ the request: devices round up).
+    pub fn entries(&self) -> u32 {
+        self.ctx.provider().cq_entries(&self.raw)
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &'c Context<P> {
+        self.ctx
+    }
+
+    /// The provider's object.
+    pub fn raw(&self) -> &P::Cq {
+        &self.raw
+    }
+}
+destroy_and_drop!(CompletionQueue, destroy_cq, "completion queue");
+
+/// A poll in progress (`ibv_start_poll` … `ibv_end_poll`), on one completion at a time. The
+/// entries read are handed back to the device when it is dropped.
+pub struct PollCursor<'c, P: Provider + 'c> {
+    p: P::Poll<'c>,
+}
+
+impl<'c, P: Provider + 'c> PollCursor<'c, P> {
+    /// Moves to the next completion (`ibv_next_poll`); `false` when there is none.
+    pub fn next(&mut self) -> Result<bool> {
+        self.p.advance()
+    }
+
+    /// `wr_id` of the current completion.
+    pub fn wr_id(&self) -> u64 {
+        self.p.wr_id()
+    }
+
+    /// Status.
+    pub fn status(&self) -> WcStatus {
+        self.p.status()
+    }
+
+    /// Operation.
+    pub fn opcode(&self) -> WcOpcode {
+        self.p.opcode()
+    }
+
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.p.qp_num()
+    }
+
+    /// Bytes received.
+    pub fn byte_len(&self) -> u32 {
+        self.p.byte_len()
+    }
+
+    /// Flags.
+    pub fn flags(&self) -> WcFlags {
+        self.p.flags()
+    }
+
+    /// Immediate data (0 without [`WcFlags::WITH_IMM`]).
+    pub fn imm(&self) -> u32 {
+        self.p.imm()
+    }
+
+    /// The sender's QP number (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.p.src_qp()
+    }
+
+    /// The device's detail of an error.
+    pub fn vendor_err(&self) -> u32 {
+        self.p.vendor_err()
+    }
+}

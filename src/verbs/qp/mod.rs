@@ -1,0 +1,276 @@
+//! Queue pairs and shared receive queues: `ibv_create_qp[_ex]` / `ibv_destroy_qp` semantics with
+//! the connection state machine as typestate.
+//!
+//! A [`QueuePair`] is typed by its transport (`T`: [`Rc`], [`Uc`], [`Ud`], [`Gsi`],
+//! [`RawPacket`]) and its state (`S`: [`Reset`], [`Init`], [`Rtr`], [`Rts`], [`ErrState`]); its
+//! size does not depend on its queue depth (the queues live in memory from the HAL). It borrows
+//! its protection domain, completion queues, shared receive queue and buffer pool, so none of
+//! them can be destroyed while it exists:
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(16)?;
+//! let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
+//! drop(pd); // error: `pd` is borrowed by `qp`
+//! drop(qp);
+//! # Ok(()) }
+//! ```
+//!
+//! and a transition exists only from the state it starts in:
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(16)?;
+//! let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
+//! let qp = qp.rts(&ConnectedRts::new(0)); // error: no `rts` on a QP in RESET
+//! # Ok(()) }
+//! ```
+//!
+//! Posting exists only in the states that allow it: sends in RTS, receives from INIT on
+//! (case 8 of the acceptance list — posting in RESET fails — at compile time):
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<'a, P: Provider>(
+//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     mut qp: QueuePair<'a, P, Rc, Reset>,
+//! # ) -> bareverbs::Result<()> {
+//! let pool = pd.buffer_pool(4, 64)?;
+//! let buf = pool.alloc().unwrap();
+//! qp.post_recv(1, buf).map_err(|(_, e)| e)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! # use bareverbs::verbs::*;
+//! # fn f<'a, P: Provider>(
+//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     mut qp: QueuePair<'a, P, Rc, Init>,
+//! # ) -> bareverbs::Result<()> {
+//! let pool = pd.buffer_pool(4, 64)?;
+//! let buf = pool.alloc().unwrap();
+//! qp.post_send(1, buf).map_err(|(_, e)| e)?;
+//! # Ok(()) }
+//! ```
+//!
+//! (The README's lifecycle example is the compiling counterpart of all of these.)
+
+mod builder;
+mod post;
+mod safe;
+mod typestate;
+
+use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
+
+pub use builder::QpBuilder;
+pub use post::{RecvBatch, SendBatch};
+pub use safe::Completion;
+pub use typestate::*;
+
+use super::qp_types::*;
+use super::{BufferPool, Context, Gid, Provider};
+use crate::error::{Error, Op, Result};
+
+/// The state-independent part of a queue pair; it owns the device object.
+struct QpInner<'a, P: Provider> {
+    ctx: &'a Context<P>,
+    raw: ManuallyDrop<P::Qp>,
+    caps: QpCaps,
+    user_context: u64,
+    mcast: u32,
+    send_cq: &'a P::Cq,
+    recv_cq: &'a P::Cq,
+    pool: Option<&'a BufferPool<'a, P>>,
+    _borrows: PhantomData<(&'a P::Pd, &'a P::Srq)>,
+}
+
+impl<P: Provider> QpInner<'_, P> {
+    /// Destroys the device QP (its outstanding safe buffers go back to their pool). On
+    /// failure the QP is kept.
+    fn destroy_raw(&mut self) -> Result<(), Error> {
+        // SAFETY: `raw` is taken here and put back on failure; on success the caller never
+        // touches it again (it forgets or drops `self` without running Drop's destroy).
+        let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
+        match self.ctx.provider().destroy_qp(raw) {
+            Ok(()) => Ok(()),
+            Err((raw, e)) => {
+                self.raw = ManuallyDrop::new(raw);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<P: Provider> Drop for QpInner<'_, P> {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy_raw() {
+            // The device may still use the rings and the posted buffers: keep them all.
+            log::warn!("bareverbs: queue pair not destroyed ({e}); its memory is leaked");
+        }
+    }
+}
+
+/// A queue pair of transport `T` in state `S`.
+pub struct QueuePair<'a, P: Provider, T: Transport, S: State> {
+    inner: QpInner<'a, P>,
+    _t: PhantomData<(T, S)>,
+}
+
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
+    /// The QP number (`qp_num`).
+    pub fn qp_num(&self) -> u32 {
+        self.inner.ctx.provider().qp_num(&self.inner.raw)
+    }
+
+    /// The actual capacities, each ≥ the request.
+    pub fn caps(&self) -> QpCaps {
+        self.inner.caps
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        T::TYPE
+    }
+
+    /// The state, as the type says.
+    pub fn state(&self) -> QpState {
+        S::STATE
+    }
+
+    /// The value given to [`QpBuilder::user_context`].
+    pub fn user_context(&self) -> u64 {
+        self.inner.user_context
+    }
+
+    /// The provider's object.
+    pub fn raw(&self) -> &P::Qp {
+        &self.inner.raw
+    }
+
+    /// Queries the device (`ibv_query_qp`).
+    pub fn query(&self) -> Result<QpAttr> {
+        self.inner.ctx.provider().query_qp(&self.inner.raw)
+    }
+
+    /// Joins a multicast group (`ibv_attach_mcast`).
+    pub fn attach_mcast(&mut self, gid: Gid, lid: u16) -> Result<()> {
+        self.inner
+            .ctx
+            .provider()
+            .attach_mcast(&self.inner.raw, gid, lid)?;
+        self.inner.mcast += 1;
+        Ok(())
+    }
+
+    /// Leaves a multicast group (`ibv_detach_mcast`).
+    pub fn detach_mcast(&mut self, gid: Gid, lid: u16) -> Result<()> {
+        self.inner
+            .ctx
+            .provider()
+            .detach_mcast(&self.inner.raw, gid, lid)?;
+        self.inner.mcast = self.inner.mcast.saturating_sub(1);
+        Ok(())
+    }
+
+    /// Destroys the queue pair (`ibv_destroy_qp`). Fails with [`Error::Busy`] while it is
+    /// attached to a multicast group, or with the device's error, handing the QP back.
+    pub fn destroy(self) -> Result<(), (Self, Error)> {
+        if self.inner.mcast > 0 {
+            return Err((self, Error::Busy { op: Op::DestroyQp }));
+        }
+        let mut this = ManuallyDrop::new(self);
+        match this.inner.destroy_raw() {
+            // Destroyed: forget the rest (references and counters only).
+            Ok(()) => Ok(()),
+            Err(e) => Err((ManuallyDrop::into_inner(this), e)),
+        }
+    }
+
+    fn modify<S2: State>(
+        mut self,
+        attr: &ModifyAttr,
+    ) -> Result<QueuePair<'a, P, T, S2>, (Self, Error)> {
+        let provider = self.inner.ctx.provider();
+        if let Err(e) = validate(provider.caps(), attr) {
+            return Err((self, e));
+        }
+        match provider.modify_qp(&mut self.inner.raw, attr) {
+            Ok(()) => Ok(QueuePair {
+                inner: self.inner,
+                _t: PhantomData,
+            }),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Any state → RESET: outstanding work requests are discarded without completions (their
+    /// safe buffers go back to the pool).
+    pub fn reset(self) -> Result<QueuePair<'a, P, T, Reset>, (Self, Error)> {
+        self.modify(&ModifyAttr::to_state(QpState::Reset))
+    }
+
+    /// Any state → ERROR: every outstanding work request completes with
+    /// [`WcStatus::WrFlushErr`](super::WcStatus::WrFlushErr), once.
+    pub fn to_error(self) -> Result<QueuePair<'a, P, T, ErrState>, (Self, Error)> {
+        self.modify(&ModifyAttr::to_state(QpState::Err))
+    }
+}
+
+impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Reset> {
+    /// RESET → INIT.
+    pub fn init(self, attr: &T::InitAttr) -> Result<QueuePair<'a, P, T, Init>, (Self, Error)> {
+        self.modify(&T::init_modify(attr))
+    }
+}
+
+impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Init> {
+    /// INIT → RTR.
+    pub fn rtr(self, attr: &T::RtrAttr) -> Result<QueuePair<'a, P, T, Rtr>, (Self, Error)> {
+        self.modify(&T::rtr_modify(attr))
+    }
+}
+
+impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rtr> {
+    /// RTR → RTS.
+    pub fn rts(self, attr: &T::RtsAttr) -> Result<QueuePair<'a, P, T, Rts>, (Self, Error)> {
+        self.modify(&T::rts_modify(attr))
+    }
+}
+
+impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Reset> {
+    /// RESET → INIT → RTR → RTS in one call, for datagram QPs (port 1, P_Key index 0).
+    /// On failure the QP is reset and handed back in RESET.
+    pub fn ready(self, qkey: u32, sq_psn: u32) -> Result<QueuePair<'a, P, T, Rts>, (Self, Error)> {
+        let init = self.init(&DatagramInit::new(qkey))?;
+        let rtr = match init.rtr(&()) {
+            Ok(q) => q,
+            Err((q, e)) => return Err((back_to_reset(q), e)),
+        };
+        match rtr.rts(&DatagramRts { sq_psn }) {
+            Ok(q) => Ok(q),
+            Err((q, e)) => Err((back_to_reset(q), e)),
+        }
+    }
+}
+
+/// Resets a QP whose multi-step transition failed half-way. If even that fails the QP is
+/// returned typed as RESET anyway (the caller only gets a QP that it can destroy or retry).
+fn back_to_reset<'a, P: Provider, T: Transport, S: State>(
+    qp: QueuePair<'a, P, T, S>,
+) -> QueuePair<'a, P, T, Reset> {
+    match qp.reset() {
+        Ok(q) => q,
+        Err((q, e)) => {
+            log::warn!("bareverbs: QP could not be reset after a failed transition: {e}");
+            QueuePair {
+                inner: q.inner,
+                _t: PhantomData,
+            }
+        }
+    }
+}

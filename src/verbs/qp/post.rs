@@ -1,0 +1,386 @@
+//! The raw fast path, after `ibv_wr_*`: a batch borrows the queue pair, each per-opcode method
+//! writes its request straight into the ring slot, and [`SendBatch::finish`] publishes the
+//! batch with one doorbell. A batch dropped unfinished posts nothing. `wr_id` is the caller's,
+//! all 64 bits.
+//!
+//! The methods are `unsafe` because the device reads and writes the named memory after they
+//! return: every buffer stays allocated, registered and untouched by the CPU until its
+//! completion has been polled (or the QP reset or destroyed).
+
+use core::marker::PhantomData;
+
+use super::super::{AddressHandle, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
+use super::{CanRecv, Datagram, QueuePair, Rc, Rts, Transport, Uc};
+use crate::error::Result;
+
+/// Send requests being written into a queue pair's send queue (`ibv_wr_start` …
+/// `ibv_wr_complete`).
+pub struct SendBatch<'q, P: Provider, T> {
+    provider: &'q P,
+    qp: &'q mut P::Qp,
+    _t: PhantomData<T>,
+}
+
+impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
+    /// Starts a batch of send requests (`ibv_wr_start`).
+    #[inline]
+    pub fn send_batch(&mut self) -> SendBatch<'_, P, T> {
+        SendBatch {
+            provider: self.inner.ctx.provider(),
+            qp: &mut self.inner.raw,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<P: Provider, T> SendBatch<'_, P, T> {
+    /// Writes one request.
+    ///
+    /// # Safety
+    ///
+    /// The module's contract for the buffers named.
+    #[inline(always)]
+    unsafe fn push(&mut self, w: SendWqe<'_, P::Ah>) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.provider.sq_write(self.qp, &w) }
+    }
+
+    /// Publishes every request written, with one doorbell (`ibv_wr_complete`).
+    #[inline]
+    pub fn finish(self) {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        this.provider.sq_commit(this.qp);
+    }
+}
+
+impl<P: Provider, T> Drop for SendBatch<'_, P, T> {
+    fn drop(&mut self) {
+        self.provider.sq_abort(self.qp);
+    }
+}
+
+/// Transports whose sends name no destination (connected: RC, UC).
+pub trait Connected: Transport {}
+impl Connected for Rc {}
+impl Connected for Uc {}
+
+impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
+    /// SEND of the bytes in `sges`.
+    ///
+    /// # Safety
+    ///
+    /// See the [module](self): the buffers stay untouched until the completion.
+    #[inline(always)]
+    pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(SendWqe::new(wr_id, WrOpcode::Send, flags, sges)) }
+    }
+
+    /// SEND with immediate data.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn send_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        imm: u32,
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            imm,
+            ..SendWqe::new(wr_id, WrOpcode::SendWithImm, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// RDMA WRITE of `sges` to `remote_addr` in the peer's region keyed `rkey`.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn rdma_write(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (remote_addr, rkey): (u64, u32),
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            remote_addr,
+            rkey,
+            ..SendWqe::new(wr_id, WrOpcode::RdmaWrite, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn rdma_write_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (remote_addr, rkey): (u64, u32),
+        imm: u32,
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            remote_addr,
+            rkey,
+            imm,
+            ..SendWqe::new(wr_id, WrOpcode::RdmaWriteWithImm, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// RDMA READ from `remote_addr` (keyed `rkey`) into `sges`.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn rdma_read(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (remote_addr, rkey): (u64, u32),
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            remote_addr,
+            rkey,
+            ..SendWqe::new(wr_id, WrOpcode::RdmaRead, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// Atomic compare-and-swap of the 8 bytes at `remote_addr`; the old value lands in `sge`.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn atomic_cmp_swp(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (remote_addr, rkey): (u64, u32),
+        (compare, swap): (u64, u64),
+        sge: &Sge,
+    ) -> Result<()> {
+        let w = SendWqe {
+            remote_addr,
+            rkey,
+            compare_add: compare,
+            swap,
+            ..SendWqe::new(
+                wr_id,
+                WrOpcode::AtomicCmpSwap,
+                flags,
+                core::slice::from_ref(sge),
+            )
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// Atomic fetch-and-add of `add` to the 8 bytes at `remote_addr`; the old value lands in
+    /// `sge`.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    #[inline(always)]
+    pub unsafe fn atomic_fetch_add(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (remote_addr, rkey): (u64, u32),
+        add: u64,
+        sge: &Sge,
+    ) -> Result<()> {
+        let w = SendWqe {
+            remote_addr,
+            rkey,
+            compare_add: add,
+            ..SendWqe::new(
+                wr_id,
+                WrOpcode::AtomicFetchAdd,
+                flags,
+                core::slice::from_ref(sge),
+            )
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// SEND of `data` copied into the request (inline): safe, the bytes are the device's as
+    /// soon as this returns.
+    #[inline]
+    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> Result<()> {
+        let sge = Sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let w = SendWqe::new(
+            wr_id,
+            WrOpcode::Send,
+            flags | SendFlags::INLINE,
+            core::slice::from_ref(&sge),
+        );
+        // SAFETY: an inline request copies its bytes into the WQE before `sq_write` returns
+        // (a provider without inline data refuses it without reading them).
+        unsafe { self.push(w) }
+    }
+}
+
+impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
+    /// SEND of `sges` to QP `remote_qpn` (Q_Key `remote_qkey`; bit 31 set: the QP's own) at
+    /// the address `ah`.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](SendBatch::send).
+    #[inline(always)]
+    pub unsafe fn send_to(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            ud: Some(UdTarget {
+                ah: ah.raw(),
+                remote_qpn,
+                remote_qkey,
+            }),
+            ..SendWqe::new(wr_id, WrOpcode::Send, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+
+    /// SEND with immediate data to a UD destination.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](SendBatch::send).
+    #[inline(always)]
+    pub unsafe fn send_to_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
+        imm: u32,
+        sges: &[Sge],
+    ) -> Result<()> {
+        let w = SendWqe {
+            imm,
+            ud: Some(UdTarget {
+                ah: ah.raw(),
+                remote_qpn,
+                remote_qkey,
+            }),
+            ..SendWqe::new(wr_id, WrOpcode::SendWithImm, flags, sges)
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+}
+
+/// Receive requests being written into a queue pair's receive queue.
+pub struct RecvBatch<'q, P: Provider> {
+    provider: &'q P,
+    qp: &'q mut P::Qp,
+}
+
+impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
+    /// Starts a batch of receive requests.
+    #[inline]
+    pub fn recv_batch(&mut self) -> RecvBatch<'_, P> {
+        RecvBatch {
+            provider: self.inner.ctx.provider(),
+            qp: &mut self.inner.raw,
+        }
+    }
+
+    /// Posts one receive request (`ibv_post_recv` of one WR).
+    ///
+    /// # Safety
+    ///
+    /// As [`SendBatch::send`].
+    #[inline]
+    pub unsafe fn post_recv_raw(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        let mut b = self.recv_batch();
+        // SAFETY: forwarded from our caller.
+        unsafe { b.recv(wr_id, sges)? };
+        b.finish();
+        Ok(())
+    }
+}
+
+impl<P: Provider> RecvBatch<'_, P> {
+    /// A receive into `sges`.
+    ///
+    /// # Safety
+    ///
+    /// As [`SendBatch::send`]: the buffers stay untouched until the completion.
+    #[inline(always)]
+    pub unsafe fn recv(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.provider.rq_write(self.qp, wr_id, sges, 0) }
+    }
+
+    /// A receive with the safe path's tag.
+    ///
+    /// # Safety
+    ///
+    /// As [`recv`](Self::recv).
+    #[inline(always)]
+    pub(crate) unsafe fn recv_tagged(&mut self, wr_id: u64, sge: &Sge, tag: u32) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe {
+            self.provider
+                .rq_write(self.qp, wr_id, core::slice::from_ref(sge), tag)
+        }
+    }
+
+    /// Publishes every request written, with one doorbell.
+    #[inline]
+    pub fn finish(self) {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        this.provider.rq_commit(this.qp);
+    }
+}
+
+impl<P: Provider> Drop for RecvBatch<'_, P> {
+    fn drop(&mut self) {
+        self.provider.rq_abort(self.qp);
+    }
+}
+
+impl<P: Provider, T> SendBatch<'_, P, T> {
+    /// A send with the safe path's tag.
+    ///
+    /// # Safety
+    ///
+    /// As [`push`](Self::push).
+    #[inline(always)]
+    pub(crate) unsafe fn send_tagged(&mut self, w: SendWqe<'_, P::Ah>) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push(w) }
+    }
+}

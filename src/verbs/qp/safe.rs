@@ -1,0 +1,160 @@
+//! The safe path: buffers of the QP's [`BufferPool`](super::super::BufferPool) move into the
+//! queue pair when posted and come back with their completion, polled through the QP.
+//!
+//! Completions of other QPs sharing a CQ are left for them: a QP's poll stops at the first one
+//! (one CQ per safe QP avoids that head-of-line wait).
+
+use super::super::{AddressHandle, UdTarget};
+use super::super::{Buf, PollCq, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
+use super::{CanRecv, Datagram, QueuePair, Rts, Transport};
+use crate::error::{Error, Param, Result};
+
+/// A completion from [`QueuePair::poll_one`]: the work completion and, for a safe post, its
+/// buffer handed back (after a receive, its length is what arrived; after a send, the whole
+/// buffer).
+pub struct Completion<'p, P: Provider> {
+    /// The work completion (`wr_id` as the request gave it).
+    pub wc: WorkCompletion,
+    /// The buffer, for work requests posted by the safe path.
+    pub buf: Option<Buf<'p, P>>,
+}
+
+impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
+    /// Checks that `buf` comes from this QP's pool.
+    fn own(&self, buf: &Buf<'a, P>) -> Result<()> {
+        match self.inner.pool {
+            Some(p) if core::ptr::eq(p, buf.pool()) => Ok(()),
+            _ => Err(Error::invalid(Param::Pool, buf.index(), 0u32)),
+        }
+    }
+
+    /// Polls this QP's next completion (from its send CQ, then its receive CQ), handing back
+    /// the buffer of a safe post.
+    pub fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
+        let provider = self.inner.ctx.provider();
+        let cqs = [self.inner.send_cq, self.inner.recv_cq];
+        let same = core::ptr::eq(cqs[0], cqs[1]);
+        for cq in &cqs[..if same { 1 } else { 2 }] {
+            let Some(mut p) = provider.start_poll(cq, Some(&self.inner.raw))? else {
+                continue;
+            };
+            if !p.advance()? {
+                continue;
+            }
+            let wc = WorkCompletion {
+                wr_id: p.wr_id(),
+                byte_len: p.byte_len(),
+                imm: p.imm(),
+                qp_num: p.qp_num(),
+                src_qp: p.src_qp(),
+                status: p.status(),
+                opcode: p.opcode(),
+                flags: p.flags(),
+            };
+            let buf = match (p.take_tag(), self.inner.pool) {
+                (Some(i), Some(pool)) => {
+                    let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                    let len = if recv { wc.byte_len } else { pool.buf_size() };
+                    pool.reclaim(i, len)
+                }
+                _ => None,
+            };
+            return Ok(Some(Completion { wc, buf }));
+        }
+        Ok(None)
+    }
+
+    /// Polls up to `K - out.len()` completions into `out`; returns how many.
+    pub fn poll<const K: usize>(
+        &mut self,
+        out: &mut heapless::Vec<Completion<'a, P>, K>,
+    ) -> Result<usize> {
+        let mut n = 0;
+        while !out.is_full() {
+            match self.poll_one()? {
+                Some(c) => {
+                    // Cannot fail: checked `is_full` above.
+                    let _ = out.push(c);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
+    fn post_send_wqe(
+        &mut self,
+        wr_id: u64,
+        buf: Buf<'a, P>,
+        ud: Option<UdTarget<'_, P::Ah>>,
+    ) -> Result<(), (Buf<'a, P>, Error)> {
+        if let Err(e) = self.own(&buf) {
+            return Err((buf, e));
+        }
+        let sge = buf.sge();
+        let w = SendWqe {
+            ud,
+            tag: buf.index() + 1,
+            ..SendWqe::new(
+                wr_id,
+                WrOpcode::Send,
+                SendFlags::SIGNALED,
+                core::slice::from_ref(&sge),
+            )
+        };
+        let mut b = self.send_batch();
+        // SAFETY: the buffer moves into the QP right after (its handle is given up), so the
+        // CPU no longer reaches it; it comes back only with its completion.
+        if let Err(e) = unsafe { b.send_tagged(w) } {
+            return Err((buf, e));
+        }
+        b.finish();
+        buf.into_tag();
+        Ok(())
+    }
+
+    /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
+    /// until its completion. On failure the buffer is handed back with the error.
+    pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+        self.post_send_wqe(wr_id, buf, None)
+    }
+}
+
+impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
+    /// Posts a SEND of the buffer's bytes to QP `remote_qpn` (Q_Key `remote_qkey`) at `ah`.
+    pub fn post_send_to(
+        &mut self,
+        wr_id: u64,
+        buf: Buf<'a, P>,
+        (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
+    ) -> Result<(), (Buf<'a, P>, Error)> {
+        let ud = UdTarget {
+            ah: ah.raw(),
+            remote_qpn,
+            remote_qkey,
+        };
+        self.post_send_wqe(wr_id, buf, Some(ud))
+    }
+}
+
+impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
+    /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
+    /// failure the buffer is handed back with the error.
+    pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+        if let Err(e) = self.own(&buf) {
+            return Err((buf, e));
+        }
+        let sge = buf.room();
+        let mut b = self.recv_batch();
+        // SAFETY: as in `post_send_wqe`: the buffer moves into the QP right after.
+        if let Err(e) = unsafe { b.recv_tagged(wr_id, &sge, buf.index() + 1) } {
+            return Err((buf, e));
+        }
+        b.finish();
+        buf.into_tag();
+        Ok(())
+    }
+}
