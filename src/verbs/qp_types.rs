@@ -1,7 +1,7 @@
 //! Device-agnostic queue-pair and shared-receive-queue vocabulary (`ibv_qp_init_attr[_ex]`,
 //! `ibv_qp_attr`, `ibv_srq_init_attr`), in `libibverbs` numbering.
 
-use super::{Gid, Mtu};
+use super::types::{Gid, Mtu};
 
 /// Queue pair transport type (`enum ibv_qp_type`, plus GSI).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,7 +332,7 @@ pub struct QpInit<'a> {
     pub ex: QpInitEx<'a>,
     /// The safe path: where the buffers of completed safe requests go back (the provider
     /// keeps a per-slot record of `wr_id` and buffer); `None` for a raw-only QP.
-    pub safe: Option<super::BufRelease>,
+    pub safe: Option<super::pool::BufRelease>,
 }
 
 /// Shared receive queue attributes (`struct ibv_srq_attr`).

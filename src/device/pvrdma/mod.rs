@@ -15,6 +15,7 @@ mod abi;
 mod ah;
 mod cmd;
 mod cq;
+mod layout;
 mod mr;
 mod pdir;
 mod qp;
@@ -376,21 +377,13 @@ impl<H: Hal> Pvrdma<H> {
     /// `max_cqe` and QEMU's per-ring page limit.
     pub fn max_cq_entries(&self) -> u32 {
         let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
-        prev_power_of_two(self.caps.max_cqe.min(by_pages))
+        layout::prev_power_of_two(self.caps.max_cqe.min(by_pages))
     }
 }
 
 /// Whether a command that failed with `e` may nevertheless have taken effect on the device.
 fn outcome_unknown(e: &Error) -> bool {
     matches!(e, Error::Timeout { .. } | Error::Protocol { .. })
-}
-
-fn prev_power_of_two(n: u32) -> u32 {
-    if n == 0 {
-        0
-    } else {
-        1 << (31 - n.leading_zeros())
-    }
 }
 
 /// Checks what the device wrote into the DSR: that it loaded it at all, that it is a RoCE
@@ -483,7 +476,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
 
     fn plan_qp(&self, init: &QpInit<'_>) -> Result<QpCaps> {
         let (sq, rq) = self.qp_layout(init)?;
-        Ok(qp::caps_of(&sq, &rq))
+        Ok(layout::caps_of(&sq, &rq))
     }
 
     unsafe fn create_qp(

@@ -7,7 +7,6 @@ use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi::{self, opcode};
 use super::pdir::{self, PageDir};
-use super::qp::pvrdma_access;
 use super::{Pd, Pvrdma, regs};
 use crate::dma::Dma;
 use crate::error::{Error, Feature, Object, Op, Param, Result, Unsupported};
@@ -185,4 +184,18 @@ pub(crate) fn check_access(access: AccessFlags) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// PVRDMA's access bits (L-VRB `enum pvrdma_access_flags`).
+pub(crate) fn pvrdma_access(a: AccessFlags) -> u32 {
+    const MAP: [(AccessFlags, u32); 5] = [
+        (AccessFlags::LOCAL_WRITE, 1 << 0),
+        (AccessFlags::REMOTE_WRITE, 1 << 1),
+        (AccessFlags::REMOTE_READ, 1 << 2),
+        (AccessFlags::REMOTE_ATOMIC, 1 << 3),
+        (AccessFlags::MW_BIND, 1 << 4),
+    ];
+    MAP.iter()
+        .filter(|(f, _)| a.contains(*f))
+        .fold(0, |acc, (_, b)| acc | b)
 }

@@ -11,91 +11,20 @@
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use bareverbs_hal::{Hal, PAGE_SIZE};
+use bareverbs_hal::Hal;
 
 use super::abi::{self, opcode};
 use super::cq::Cq;
+use super::layout::{QueueLayout, RQ_WQE_HDR, SQ_WQE_HDR, caps_of, layout};
+use super::mr::pvrdma_access;
 use super::pdir::QueueMem;
 use super::qptable::QpCtlMem;
+use super::ring::Producer;
 use super::ring::Ring;
 use super::srq::Srq;
-use super::wqe::Producer;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
-use crate::verbs::{AccessFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType};
-
-/// Send WQE header size (L-ABI `pvrdma_sq_wqe_hdr`).
-const SQ_WQE_HDR: u32 = 80;
-/// Receive WQE header size (L-ABI `pvrdma_rq_wqe_hdr`).
-pub(crate) const RQ_WQE_HDR: u32 = 16;
-/// Scatter/gather entry size (L-ABI `pvrdma_sge`).
-const SGE_SIZE: u32 = 16;
-
-/// Where each queue of a QP lives and how big it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct QueueLayout {
-    /// Ring slots (a power of two; 0 for an absent receive queue).
-    pub(crate) slots: u32,
-    /// Scatter/gather entries per WQE.
-    pub(crate) sge: u32,
-    /// Bytes per WQE.
-    pub(crate) stride: u32,
-    /// Data pages.
-    pub(crate) pages: u32,
-}
-
-impl QueueLayout {
-    fn empty() -> Self {
-        QueueLayout {
-            slots: 0,
-            sge: 0,
-            stride: 0,
-            pages: 0,
-        }
-    }
-}
-
-/// Lays out one work queue of `wr` requests of `sge` entries with `hdr`-byte headers, within
-/// `max_wr`, `max_sge` and `max_pages` data pages; errors name the parameter and its limit.
-pub(crate) fn layout(
-    (wr, wr_param, max_wr): (u32, Param, u32),
-    (sge, sge_param, max_sge): (u32, Param, u32),
-    hdr: u32,
-    max_pages: u32,
-) -> Result<QueueLayout> {
-    // The device's max_sge is only trusted as far as a WQE of that many SGEs fits the
-    // driver's ring limit: a larger value must not grow (or overflow) the stride.
-    let max_sge = max_sge.min((max_pages * PAGE_SIZE as u32 - hdr) / SGE_SIZE);
-    if sge > max_sge {
-        return Err(Error::invalid(sge_param, sge, max_sge));
-    }
-    let sge = sge.max(1);
-    let stride = (hdr + SGE_SIZE * sge).next_power_of_two();
-    // The most requests whose (power-of-two) ring fits the page limit.
-    let fit = super::prev_power_of_two(max_pages * PAGE_SIZE as u32 / stride);
-    let limit = max_wr.min(fit);
-    if wr > limit {
-        return Err(Error::invalid(wr_param, wr, limit));
-    }
-    let slots = wr.max(1).next_power_of_two();
-    Ok(QueueLayout {
-        slots,
-        sge,
-        stride,
-        pages: (slots * stride).div_ceil(PAGE_SIZE as u32),
-    })
-}
-
-/// The capacities a QP with these queues has (no inline data on PVRDMA).
-pub(crate) fn caps_of(sq: &QueueLayout, rq: &QueueLayout) -> QpCaps {
-    QpCaps {
-        max_send_wr: sq.slots,
-        max_recv_wr: rq.slots,
-        max_send_sge: sq.sge,
-        max_recv_sge: rq.sge,
-        max_inline_data: 0,
-    }
-}
+use crate::verbs::{ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType};
 
 /// A queue pair on a PVRDMA device.
 pub struct Qp<H: Hal> {
@@ -203,20 +132,6 @@ fn pvrdma_mask(m: QpAttrMask) -> u32 {
     ];
     MAP.iter()
         .filter(|(f, _)| m.contains(*f))
-        .fold(0, |acc, (_, b)| acc | b)
-}
-
-/// PVRDMA's access bits (L-VRB `enum pvrdma_access_flags`).
-pub(crate) fn pvrdma_access(a: AccessFlags) -> u32 {
-    const MAP: [(AccessFlags, u32); 5] = [
-        (AccessFlags::LOCAL_WRITE, 1 << 0),
-        (AccessFlags::REMOTE_WRITE, 1 << 1),
-        (AccessFlags::REMOTE_READ, 1 << 2),
-        (AccessFlags::REMOTE_ATOMIC, 1 << 3),
-        (AccessFlags::MW_BIND, 1 << 4),
-    ];
-    MAP.iter()
-        .filter(|(f, _)| a.contains(*f))
         .fold(0, |acc, (_, b)| acc | b)
 }
 

@@ -188,7 +188,7 @@ const GONE: u32 = u32::MAX - 1;
 struct Entry {
     handle: AtomicU32,
     _pad: u32,
-    /// The identities of the send and receive CQ ([`super::cq::Cq::id`]).
+    /// The identities of the send and receive CQ (`Cq::id`).
     send_cq: AtomicU64,
     recv_cq: AtomicU64,
     ctl: AtomicPtr<QpCtl>,

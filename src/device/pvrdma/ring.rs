@@ -122,3 +122,14 @@ impl Ring {
         (tail & !wrap == 0 && ready <= self.mask + 1).then_some(ready)
     }
 }
+
+/// The producer side of one work queue, kept in the QP (moved with it; only `&mut` touches it).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Producer {
+    /// Requests written, free-running (≥ `published`).
+    pub(crate) tail: u32,
+    /// Requests published to the device.
+    pub(crate) published: u32,
+    /// Slots known free.
+    pub(crate) credit: u32,
+}

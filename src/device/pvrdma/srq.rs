@@ -6,8 +6,8 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use bareverbs_hal::Hal;
 
 use super::abi::{self, opcode};
+use super::layout::{QueueLayout, RQ_WQE_HDR, layout};
 use super::pdir::QueueMem;
-use super::qp::{QueueLayout, RQ_WQE_HDR, layout};
 use super::ring::Ring;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Error, Object, Op, Param, Result};

@@ -13,6 +13,7 @@ use bareverbs_hal::{Hal, Mmio};
 use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
 use super::regs::db;
+use super::ring::Producer;
 use super::srq::Srq;
 use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
@@ -35,17 +36,6 @@ pub(crate) fn before_doorbell() {
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
     #[cfg(not(target_arch = "x86_64"))]
     core::sync::atomic::fence(Ordering::SeqCst);
-}
-
-/// The producer side of one work queue, kept in the QP (moved with it; only `&mut` touches it).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Producer {
-    /// Requests written, free-running (≥ `published`).
-    pub(crate) tail: u32,
-    /// Requests published to the device.
-    pub(crate) published: u32,
-    /// Slots known free.
-    pub(crate) credit: u32,
 }
 
 /// Writes the SGEs of a WQE at `p`.
