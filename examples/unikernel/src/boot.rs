@@ -74,6 +74,11 @@ _start64:
     movw %ax, %ds
     movw %ax, %es
     movw %ax, %ss
+    /* Paint the stack, so that kmain can tell how deep it went. */
+    movq $boot_stack, %rdi
+    movq $(BOOT_STACK_SIZE / 8), %rcx
+    movabsq $0x5AFE5AFE5AFE5AFE, %rax
+    rep stosq
     movq $boot_stack_top, %rsp
     movl %ebp, %edi
     call kmain
@@ -95,7 +100,9 @@ boot_gdt_ptr:
 boot_pml4: .skip 4096
 boot_pdpt: .skip 4096
 boot_pd:   .skip 4096 * 4
-boot_stack: .skip 4 * 1024 * 1024
+    .globl boot_stack, boot_stack_top
+    .set BOOT_STACK_SIZE, 64 * 1024
+boot_stack: .skip BOOT_STACK_SIZE
 boot_stack_top:
 "#,
     options(att_syntax)

@@ -19,6 +19,25 @@ use console::{Exit, Serial, exit};
 
 unsafe extern "C" {
     static __image_end: u8;
+    /// The boot stack (64 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
+    static boot_stack: u8;
+    static boot_stack_top: u8;
+}
+
+/// Bytes of the boot stack ever used: from the top down to the lowest byte whose paint is
+/// gone.
+fn stack_used() -> (usize, usize) {
+    let lo = core::ptr::addr_of!(boot_stack);
+    let hi = core::ptr::addr_of!(boot_stack_top) as usize;
+    let size = hi - lo as usize;
+    let untouched = (0..size / 8)
+        // SAFETY: inside the stack, below the deepest frame (checked from the bottom up, and
+        // the first word that is not paint ends the scan); aligned (the stack is 4 KiB-aligned).
+        .take_while(
+            |&i| unsafe { lo.cast::<u64>().add(i).read_volatile() } == 0x5AFE_5AFE_5AFE_5AFE,
+        )
+        .count();
+    (size - untouched * 8, size)
 }
 
 /// DMA memory given to the driver at most (the region's bitmap limit is 128 MiB).
@@ -99,6 +118,8 @@ extern "C" fn kmain(start_info: u32) -> ! {
         Ok(Verdict::NoDevice) => exit(Exit::NoDevice),
         Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            let (used, size) = stack_used();
+            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
             let _ = writeln!(Serial, "bareverbs: PASS");
             exit(Exit::Pass)
         }

@@ -63,7 +63,9 @@ impl<H: Hal> Channel<H> {
     }
 
     /// Runs one command and returns its response, checked: the ack names this command, the
-    /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit.
+    /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit. Only the copies in
+    /// and out depend on the message types: the protocol is compiled once ([`Self::run`]).
+    #[inline]
     pub(crate) fn exec<Q: Request, R: Response>(
         &mut self,
         regs: &impl Mmio,
@@ -79,6 +81,13 @@ impl<H: Hal> Channel<H> {
         };
         self.page.zero(0, CMD_SLOT_SIZE);
         self.page.write(0, req);
+        self.run(regs, op, code)?;
+        Ok(self.page.read(RESP_SLOT_OFFSET))
+    }
+
+    /// The protocol of a command already written to the command slot.
+    #[inline(never)]
+    fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
         // A zero ack marks "no response yet".
         self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
         // The request and the cleared response slot must be in memory before the device is told
@@ -134,6 +143,6 @@ impl<H: Hal> Channel<H> {
             let fault = Fault::Cookie;
             return Err(Error::Protocol { op, fault });
         }
-        Ok(self.page.read(RESP_SLOT_OFFSET))
+        Ok(())
     }
 }

@@ -112,6 +112,7 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     }
 
     /// The part of `build` that does not depend on `T`.
+    #[inline(never)]
     fn build_inner(self, qp_type: QpType) -> Result<QpInner<'a, P>> {
         let has_srq = self.srq.is_some();
         if has_srq && !qp_type.may_use_srq() {

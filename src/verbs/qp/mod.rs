@@ -90,6 +90,23 @@ struct QpInner<'a, P: Provider> {
 }
 
 impl<P: Provider> QpInner<'_, P> {
+    /// Checks and applies a modify (compiled once per provider, whatever the states).
+    #[inline(never)]
+    fn modify(&mut self, attr: &ModifyAttr) -> Result<()> {
+        let provider = self.ctx.provider();
+        validate(provider.caps(), attr)?;
+        provider.modify_qp(&mut self.raw, attr)
+    }
+
+    /// `destroy` without the typestate.
+    #[inline(never)]
+    fn destroy(&mut self) -> Result<()> {
+        if self.mcast > 0 {
+            return Err(Error::Busy { op: Op::DestroyQp });
+        }
+        self.destroy_raw()
+    }
+
     /// Destroys the device QP (its outstanding safe buffers go back to their pool). On
     /// failure the QP is kept.
     fn destroy_raw(&mut self) -> Result<(), Error> {
@@ -180,11 +197,8 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Destroys the queue pair (`ibv_destroy_qp`). Fails with [`Error::Busy`] while it is
     /// attached to a multicast group, or with the device's error, handing the QP back.
     pub fn destroy(self) -> Result<(), (Self, Error)> {
-        if self.inner.mcast > 0 {
-            return Err((self, Error::Busy { op: Op::DestroyQp }));
-        }
         let mut this = ManuallyDrop::new(self);
-        match this.inner.destroy_raw() {
+        match this.inner.destroy() {
             // Destroyed: forget the rest (references and counters only).
             Ok(()) => Ok(()),
             Err(e) => Err((ManuallyDrop::into_inner(this), e)),
@@ -195,11 +209,7 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
         mut self,
         attr: &ModifyAttr,
     ) -> Result<QueuePair<'a, P, T, S2>, (Self, Error)> {
-        let provider = self.inner.ctx.provider();
-        if let Err(e) = validate(provider.caps(), attr) {
-            return Err((self, e));
-        }
-        match provider.modify_qp(&mut self.inner.raw, attr) {
+        match self.inner.modify(attr) {
             Ok(()) => Ok(QueuePair {
                 inner: self.inner,
                 _t: PhantomData,

@@ -344,20 +344,6 @@ impl<P: Provider> RecvBatch<'_, P> {
         unsafe { self.provider.rq_write(self.qp, wr_id, sges, 0) }
     }
 
-    /// A receive with the safe path's tag.
-    ///
-    /// # Safety
-    ///
-    /// As [`recv`](Self::recv).
-    #[inline(always)]
-    pub(crate) unsafe fn recv_tagged(&mut self, wr_id: u64, sge: &Sge, tag: u32) -> Result<()> {
-        // SAFETY: forwarded from our caller.
-        unsafe {
-            self.provider
-                .rq_write(self.qp, wr_id, core::slice::from_ref(sge), tag)
-        }
-    }
-
     /// Publishes every request written, with one doorbell.
     #[inline]
     pub fn finish(self) {
@@ -369,18 +355,5 @@ impl<P: Provider> RecvBatch<'_, P> {
 impl<P: Provider> Drop for RecvBatch<'_, P> {
     fn drop(&mut self) {
         self.provider.rq_abort(self.qp);
-    }
-}
-
-impl<P: Provider, T> SendBatch<'_, P, T> {
-    /// A send with the safe path's tag.
-    ///
-    /// # Safety
-    ///
-    /// As [`push`](Self::push).
-    #[inline(always)]
-    pub(crate) unsafe fn send_tagged(&mut self, w: SendWqe<'_, P::Ah>) -> Result<()> {
-        // SAFETY: forwarded from our caller.
-        unsafe { self.push(w) }
     }
 }

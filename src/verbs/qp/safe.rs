@@ -6,7 +6,7 @@
 
 use super::super::{AddressHandle, UdTarget};
 use super::super::{Buf, PollCq, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
-use super::{CanRecv, Datagram, QueuePair, Rts, Transport};
+use super::{CanRecv, Datagram, QpInner, QueuePair, Rts, Transport};
 use crate::error::{Error, Param, Result};
 
 /// A completion from [`QueuePair::poll_one`]: the work completion and, for a safe post, its
@@ -19,23 +19,22 @@ pub struct Completion<'p, P: Provider> {
     pub buf: Option<Buf<'p, P>>,
 }
 
-impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
+impl<'a, P: Provider> QpInner<'a, P> {
     /// Checks that `buf` comes from this QP's pool.
     fn own(&self, buf: &Buf<'a, P>) -> Result<()> {
-        match self.inner.pool {
+        match self.pool {
             Some(p) if core::ptr::eq(p, buf.pool()) => Ok(()),
             _ => Err(Error::invalid(Param::Pool, buf.index(), 0u32)),
         }
     }
 
-    /// Polls this QP's next completion (from its send CQ, then its receive CQ), handing back
-    /// the buffer of a safe post.
-    pub fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
-        let provider = self.inner.ctx.provider();
-        let cqs = [self.inner.send_cq, self.inner.recv_cq];
+    #[inline(never)]
+    fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
+        let provider = self.ctx.provider();
+        let cqs = [self.send_cq, self.recv_cq];
         let same = core::ptr::eq(cqs[0], cqs[1]);
         for cq in &cqs[..if same { 1 } else { 2 }] {
-            let Some(mut p) = provider.start_poll(cq, Some(&self.inner.raw))? else {
+            let Some(mut p) = provider.start_poll(cq, Some(&self.raw))? else {
                 continue;
             };
             if !p.advance()? {
@@ -51,7 +50,7 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
                 opcode: p.opcode(),
                 flags: p.flags(),
             };
-            let buf = match (p.take_tag(), self.inner.pool) {
+            let buf = match (p.take_tag(), self.pool) {
                 (Some(i), Some(pool)) => {
                     let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                     let len = if recv { wc.byte_len } else { pool.buf_size() };
@@ -62,6 +61,64 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
             return Ok(Some(Completion { wc, buf }));
         }
         Ok(None)
+    }
+
+    #[inline(never)]
+    fn post_send_wqe(
+        &mut self,
+        wr_id: u64,
+        buf: Buf<'a, P>,
+        ud: Option<UdTarget<'_, P::Ah>>,
+    ) -> Result<(), (Buf<'a, P>, Error)> {
+        if let Err(e) = self.own(&buf) {
+            return Err((buf, e));
+        }
+        let sge = buf.sge();
+        let w = SendWqe {
+            ud,
+            tag: buf.index() + 1,
+            ..SendWqe::new(
+                wr_id,
+                WrOpcode::Send,
+                SendFlags::SIGNALED,
+                core::slice::from_ref(&sge),
+            )
+        };
+        let provider = self.ctx.provider();
+        // SAFETY: the buffer moves into the QP right after (its handle is given up), so the
+        // CPU no longer reaches it; it comes back only with its completion.
+        if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &w) } {
+            return Err((buf, e));
+        }
+        provider.sq_commit(&mut self.raw);
+        buf.into_tag();
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+        if let Err(e) = self.own(&buf) {
+            return Err((buf, e));
+        }
+        let sge = buf.room();
+        let provider = self.ctx.provider();
+        let sges = core::slice::from_ref(&sge);
+        // SAFETY: as in `post_send_wqe`: the buffer moves into the QP right after.
+        if let Err(e) = unsafe { provider.rq_write(&mut self.raw, wr_id, sges, buf.index() + 1) } {
+            return Err((buf, e));
+        }
+        provider.rq_commit(&mut self.raw);
+        buf.into_tag();
+        Ok(())
+    }
+}
+
+impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
+    /// Polls this QP's next completion (from its send CQ, then its receive CQ), handing back
+    /// the buffer of a safe post.
+    #[inline]
+    pub fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
+        self.inner.poll_one()
     }
 
     /// Polls up to `K - out.len()` completions into `out`; returns how many.
@@ -85,41 +142,10 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
 }
 
 impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
-    fn post_send_wqe(
-        &mut self,
-        wr_id: u64,
-        buf: Buf<'a, P>,
-        ud: Option<UdTarget<'_, P::Ah>>,
-    ) -> Result<(), (Buf<'a, P>, Error)> {
-        if let Err(e) = self.own(&buf) {
-            return Err((buf, e));
-        }
-        let sge = buf.sge();
-        let w = SendWqe {
-            ud,
-            tag: buf.index() + 1,
-            ..SendWqe::new(
-                wr_id,
-                WrOpcode::Send,
-                SendFlags::SIGNALED,
-                core::slice::from_ref(&sge),
-            )
-        };
-        let mut b = self.send_batch();
-        // SAFETY: the buffer moves into the QP right after (its handle is given up), so the
-        // CPU no longer reaches it; it comes back only with its completion.
-        if let Err(e) = unsafe { b.send_tagged(w) } {
-            return Err((buf, e));
-        }
-        b.finish();
-        buf.into_tag();
-        Ok(())
-    }
-
     /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
     /// until its completion. On failure the buffer is handed back with the error.
     pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
-        self.post_send_wqe(wr_id, buf, None)
+        self.inner.post_send_wqe(wr_id, buf, None)
     }
 }
 
@@ -136,7 +162,7 @@ impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
             remote_qpn,
             remote_qkey,
         };
-        self.post_send_wqe(wr_id, buf, Some(ud))
+        self.inner.post_send_wqe(wr_id, buf, Some(ud))
     }
 }
 
@@ -144,17 +170,6 @@ impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
     /// failure the buffer is handed back with the error.
     pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
-        if let Err(e) = self.own(&buf) {
-            return Err((buf, e));
-        }
-        let sge = buf.room();
-        let mut b = self.recv_batch();
-        // SAFETY: as in `post_send_wqe`: the buffer moves into the QP right after.
-        if let Err(e) = unsafe { b.recv_tagged(wr_id, &sge, buf.index() + 1) } {
-            return Err((buf, e));
-        }
-        b.finish();
-        buf.into_tag();
-        Ok(())
+        self.inner.post_recv(wr_id, buf)
     }
 }
