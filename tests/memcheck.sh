@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every host test binary of the workspace under valgrind's memcheck and prints, last,
+# `memcheck: <binaries> binaries, <errors> errors`. Exits non-zero on any memcheck error or
+# failing test. (The property and fuzz suites run with small budgets here: memcheck is slow.)
+#
+#   tests/memcheck.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
+export PROPTEST_CASES=${PROPTEST_CASES:-16}
+export BAREVERBS_FUZZ_EXECS=${BAREVERBS_FUZZ_EXECS:-200}
+bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])')
+n=0 errors=0 failed=0
+for b in $bins; do
+  n=$((n + 1))
+  log=$(mktemp)
+  if ! valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=none \
+       --log-file="$log" "$b" -q >/dev/null 2>&1; then
+    failed=$((failed + 1))
+  fi
+  e=$(awk '/ERROR SUMMARY:/ {s += $4} END {print s + 0}' "$log")
+  errors=$((errors + e))
+  printf '%-60s %s errors\n' "$(basename "$b")" "$e"
+  [ "$e" = 0 ] || sed -n '1,60p' "$log"
+  rm -f "$log"
+done
+echo "memcheck: $n binaries, $errors errors"
+[ "$errors" = 0 ] && [ "$failed" = 0 ]
