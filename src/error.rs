@@ -211,8 +211,6 @@ pub enum Param {
     BufferRange,
     /// Memory region length.
     MrLength,
-    /// Access flags (remote write or atomics need local write).
-    AccessFlags,
     /// A buffer of another pool than the queue pair's (or a QP without a pool).
     Pool,
     /// Buffers in a pool.
@@ -235,6 +233,10 @@ pub enum Attr {
     SourceGid,
     /// A UD destination (address vector, remote QPN and Q_Key) on a UD send.
     UdDest,
+    /// Local write access ([`AccessFlags::LOCAL_WRITE`](crate::verbs::AccessFlags)): a memory
+    /// region that remote peers may write or use atomically must also be locally writable
+    /// (the rule of Linux's ib_core, which answers EINVAL).
+    LocalWrite,
 }
 
 /// What ran out, in an [`Error::Resource`].
@@ -354,6 +356,14 @@ pub enum Fault {
     },
     /// The response did not echo the request's cookie.
     Cookie,
+    /// The error register and the response header's own error field disagree (one says
+    /// success, the other failure, or they name different errnos).
+    StatusMismatch {
+        /// The error register (ERR) as read.
+        register: u32,
+        /// The response header's `err` byte.
+        header: u8,
+    },
     /// A field held an impossible value.
     Value {
         /// The field.
@@ -413,8 +423,11 @@ pub enum Feature {
     /// An operation the device would not execute faithfully (QEMU's PVRDMA runs every send
     /// as a plain SEND); see `device::pvrdma::Opcodes`.
     NotExecutedByDevice,
-    /// RESET → INIT of a QP that was taken back to RESET (QEMU's PVRDMA only records RESET;
-    /// destroy and create the QP instead).
+    /// RESET → INIT of a queue pair that had gone beyond INIT (to RTR or RTS) before it was
+    /// reset. PVRDMA as QEMU emulates it only records RESET: the host QP behind it keeps its
+    /// state, and the host refuses INIT from RTR/RTS (QEMU answers EIO). No command resets
+    /// the host QP, so such a QP cannot be reused: destroy it and create a new one (which gets
+    /// a new QP number). A QP reset from INIT can be initialized again.
     ReinitAfterReset,
     /// Registering memory the embedder owns (the HAL cannot translate its addresses).
     UserMemory,

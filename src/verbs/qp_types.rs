@@ -268,6 +268,12 @@ pub struct QpAttr {
     pub dest_qpn: u32,
     /// Whether every send request generates a completion.
     pub sq_sig_all: bool,
+    /// Outstanding RDMA reads/atomics this QP initiates, as the device applies it (a request
+    /// above the device's limit is clamped to what the device does).
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA reads/atomics this QP accepts, as the device applies it (clamped
+    /// likewise).
+    pub max_dest_rd_atomic: u8,
 }
 
 bitflags::bitflags! {

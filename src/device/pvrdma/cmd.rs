@@ -4,6 +4,7 @@
 //! request, barrier, write 0 to REQUEST; the device runs the command (QEMU: synchronously
 //! inside that write), writes the response header (echoed cookie, ack, err) and sets ERR to 0
 //! or a negative errno. ERR = 0xFFFF means it was rejected before running, with no response.
+//! The driver trusts a status only when ERR and the header's `err` byte agree.
 
 use core::sync::atomic::{Ordering, fence};
 
@@ -116,21 +117,6 @@ impl<H: Hal> Channel<H> {
         // The payload is read after the ack that announced it.
         fence(Ordering::Acquire);
         let err = regs.read32(reg::ERR);
-        if err != 0 {
-            // ERR holds a negative errno in two's complement, except where QEMU passes a host
-            // verbs call's return through unchanged: a positive errno (ibv_query_qp's EOPNOTSUPP
-            // was seen as 95 on QEMU over rxe).
-            let errno = if err < 4096 { err } else { err.wrapping_neg() };
-            if errno == 0 || errno > 4095 {
-                let value = u64::from(err);
-                let fault = Fault::Value {
-                    field: "ERR",
-                    value,
-                };
-                return Err(Error::Protocol { op, fault });
-            }
-            return Err(Error::from_errno(op, errno));
-        }
         let expected = opcode::ACK_BIT | code;
         if hdr.ack != expected {
             let fault = Fault::Ack {
@@ -142,6 +128,41 @@ impl<H: Hal> Channel<H> {
         if hdr.response != self.cookie {
             let fault = Fault::Cookie;
             return Err(Error::Protocol { op, fault });
+        }
+        // ERR holds a negative errno in two's complement, except where QEMU passes a host
+        // verbs call's return through unchanged: a positive errno (ibv_query_qp's EOPNOTSUPP
+        // was seen as 95 on QEMU over rxe).
+        let (errno, negative) = match err {
+            0 => (0, false),
+            1..=4095 => (err, false),
+            _ if err.wrapping_neg() <= 4095 => (err.wrapping_neg(), true),
+            _ => {
+                let value = u64::from(err);
+                let fault = Fault::Value {
+                    field: "ERR",
+                    value,
+                };
+                return Err(Error::Protocol { op, fault });
+            }
+        };
+        // The header's own error byte tells the same story (Q-CMD `pvrdma_exec_cmd`): the
+        // negated return when it is negative (errno, truncated to a byte), else 0. A
+        // passed-through positive errno may be echoed there too. Any other value means one of
+        // the two is wrong, and nothing says which: the answer is not used.
+        let agrees = match (errno, negative) {
+            (0, _) => hdr.err == 0,
+            (e, true) => hdr.err == e as u8,
+            (e, false) => hdr.err == 0 || hdr.err == e as u8,
+        };
+        if !agrees {
+            let fault = Fault::StatusMismatch {
+                register: err,
+                header: hdr.err,
+            };
+            return Err(Error::Protocol { op, fault });
+        }
+        if errno != 0 {
+            return Err(Error::from_errno(op, errno));
         }
         Ok(())
     }

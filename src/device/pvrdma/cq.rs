@@ -101,6 +101,12 @@ impl<H: Hal> Cq<H> {
         })
     }
 
+    /// Reserves `n` CQEs for good (a QP whose creation had an unknown outcome may complete
+    /// here), even beyond the CQ's size: the CQ then refuses every new QP.
+    pub(crate) fn reserve_forever(&self, n: u32) {
+        self.reserved.fetch_add(n, Ordering::AcqRel);
+    }
+
     /// Gives back `n` reserved CQEs.
     pub(crate) fn unreserve(&self, n: u32) {
         let _ = self

@@ -55,10 +55,8 @@ pub(crate) fn layout(
         return Err(Error::invalid(sge_param, sge, max_sge));
     }
     let sge = sge.max(1);
-    let stride = (hdr + SGE_SIZE * sge).next_power_of_two();
-    // The most requests whose (power-of-two) ring fits the page limit.
-    let fit = prev_power_of_two(max_pages * PAGE_SIZE as u32 / stride);
-    let limit = max_wr.min(fit);
+    let stride = stride(hdr, sge);
+    let limit = wr_limit(max_wr, stride, max_pages);
     if wr > limit {
         return Err(Error::invalid(wr_param, wr, limit));
     }
@@ -89,4 +87,26 @@ pub(crate) fn prev_power_of_two(n: u32) -> u32 {
     } else {
         1 << (31 - n.leading_zeros())
     }
+}
+
+/// Bytes per WQE of `sge` (≥ 1, bounded by the caller) entries after an `hdr`-byte header: a
+/// power of two.
+fn stride(hdr: u32, sge: u32) -> u32 {
+    (hdr + SGE_SIZE * sge).next_power_of_two()
+}
+
+/// The most work requests a queue of `stride`-byte WQEs takes: within the device's `max_wr`,
+/// and a power-of-two ring that fits `max_pages` data pages.
+fn wr_limit(max_wr: u32, stride: u32, max_pages: u32) -> u32 {
+    max_wr.min(prev_power_of_two(max_pages * PAGE_SIZE as u32 / stride))
+}
+
+/// The most work requests a QP queue (send and receive alike) and an SRQ take at one SGE:
+/// what the device's `max_qp_wr` / `max_srq_wr` mean in practice, with `max_pages` data pages
+/// a queue.
+pub(crate) fn creatable_wrs(c: &crate::verbs::DeviceCaps, max_pages: u32) -> (u32, u32) {
+    let qp = |hdr| wr_limit(c.max_qp_wr, stride(hdr, 1), max_pages);
+    let qp_wr = qp(SQ_WQE_HDR).min(qp(RQ_WQE_HDR));
+    let srq_wr = wr_limit(c.max_srq_wr, stride(RQ_WQE_HDR, 1), max_pages - 1);
+    (qp_wr, srq_wr)
 }

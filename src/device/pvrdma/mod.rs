@@ -87,6 +87,17 @@ pub enum Opcodes {
 /// when dropped.
 pub struct PrivateMem<H: Hal>(Dma<H>);
 
+/// The device's own values of the capabilities the driver reports otherwise (the rule of
+/// [`Pvrdma::device_caps`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct RawLimits {
+    max_qp_wr: u32,
+    max_srq_wr: u32,
+    max_cqe: u32,
+    gid_tbl_len: u32,
+    max_mr_size: u64,
+}
+
 /// Most QPs alive at once (the QP table is sized for twice as many).
 const MAX_LIVE_QPS: u32 = 1024;
 
@@ -103,7 +114,10 @@ pub struct Pvrdma<H: Hal> {
     uar: H::Mmio,
     pci: PciAddress,
     version: u32,
+    /// The capabilities creation accepts ([`Pvrdma::device_caps`] explains the rule).
     caps: DeviceCaps,
+    /// The device's own values where they differ from `caps`.
+    raw: RawLimits,
     state: spin::Mutex<State<H>>,
     dsr: Dma<H>,
     _async_ring: QueueMem<H>,
@@ -316,6 +330,7 @@ impl<H: Hal> Pvrdma<H> {
             pci: address,
             version,
             caps: caps_from_raw(&Caps::default()),
+            raw: RawLimits::default(),
             state: spin::Mutex::new(State {
                 chan,
                 counts: [0; 5],
@@ -343,7 +358,15 @@ impl<H: Hal> Pvrdma<H> {
         fence(Ordering::SeqCst);
         let raw: Caps = self.dsr.read(abi::DSR_CAPS_OFFSET);
         validate_caps(self.version, &raw)?;
-        self.caps = caps_from_raw(&raw);
+        let device = caps_from_raw(&raw);
+        self.raw = RawLimits {
+            max_qp_wr: device.max_qp_wr,
+            max_srq_wr: device.max_srq_wr,
+            max_cqe: device.max_cqe,
+            gid_tbl_len: device.gid_tbl_len,
+            max_mr_size: device.max_mr_size,
+        };
+        self.caps = self.usable_caps(device);
 
         // This driver polls: mask every interrupt vector.
         self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
@@ -377,7 +400,45 @@ impl<H: Hal> Pvrdma<H> {
     /// `max_cqe` and QEMU's per-ring page limit.
     pub fn max_cq_entries(&self) -> u32 {
         let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
-        layout::prev_power_of_two(self.caps.max_cqe.min(by_pages))
+        layout::prev_power_of_two(self.raw.max_cqe.min(by_pages))
+    }
+
+    /// The capabilities as the device reports them in its shared region (what Linux's
+    /// `ibv_devinfo` shows). Some are not creatable on QEMU: its 128-page ring limit caps CQs
+    /// at 4096 entries where it reports `max_cqe` 28672, for instance. What the verbs layer
+    /// reports ([`Provider::caps`], `Context::caps`) is the creatable subset, by this rule:
+    /// **every value up to a reported limit can be created with the other parameters at their
+    /// minimum** (1 work request, 1 scatter/gather entry). So `max_qp_wr` is the most send
+    /// *and* receive WRs at 1 SGE (QEMU: 4096; more SGEs allow fewer, e.g. 2048 send WRs at 4),
+    /// `max_srq_wr` the most SRQ WRs at 1 SGE (8192), `max_cqe` the largest CQ
+    /// ([`max_cq_entries`](Self::max_cq_entries), 4096), `max_mr_size` at most what one page
+    /// directory maps (1 GiB) and `gid_tbl_len` at most QEMU's 255 entries. The other values
+    /// are the device's.
+    pub fn device_caps(&self) -> DeviceCaps {
+        let r = self.raw;
+        DeviceCaps {
+            max_qp_wr: r.max_qp_wr,
+            max_srq_wr: r.max_srq_wr,
+            max_cqe: r.max_cqe,
+            gid_tbl_len: r.gid_tbl_len,
+            max_mr_size: r.max_mr_size,
+            ..self.caps
+        }
+    }
+
+    /// The creatable capabilities, by the rule of [`device_caps`](Self::device_caps).
+    fn usable_caps(&self, raw: DeviceCaps) -> DeviceCaps {
+        let (max_qp_wr, max_srq_wr) = layout::creatable_wrs(&raw, MAX_RING_PAGES);
+        DeviceCaps {
+            max_qp_wr,
+            max_srq_wr,
+            max_cqe: self.max_cq_entries(),
+            max_mr_size: raw
+                .max_mr_size
+                .min((pdir::MAX_PAGES * bareverbs_hal::PAGE_SIZE) as u64),
+            gid_tbl_len: raw.gid_tbl_len.min(255),
+            ..raw
+        }
     }
 }
 

@@ -79,7 +79,17 @@ impl<H: Hal> Pvrdma<H> {
         };
         let code = (op, opcode::CREATE_MR);
         let (r, (mem, pdir)): (abi::CreateMrResp, _) =
-            st.create(&self.regs, Object::Mr, code, req, (mem, pdir))?;
+            match st.create(&self.regs, Object::Mr, code, req, (mem, pdir)) {
+                Ok(r) => r,
+                Err(e) => {
+                    if super::outcome_unknown(&e) {
+                        // The device may have registered it (its memory is kept): its PD stays
+                        // busy for good.
+                        pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                    }
+                    return Err(e);
+                }
+            };
         let mr = Mr {
             handle: r.mr_handle,
             lkey: r.lkey,
@@ -93,10 +103,13 @@ impl<H: Hal> Pvrdma<H> {
         };
         pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         drop(st);
-        if r.mr_handle > regs::db::HANDLE_MASK {
-            // Garbage: the region cannot be named (nor destroyed); the device may map it.
+        if let Err(e) = check_answer(r.mr_handle, r.lkey) {
+            // The device answered success, with values that cannot be right: it may map the
+            // memory under some handle, and no destroy can be trusted to name it (QEMU's
+            // DESTROY_MR succeeds for any handle). Keep the memory, the table slot and the
+            // PD's use, for good.
             self.quarantine(mr);
-            return Err(Error::bad_value(op, "mr_handle", r.mr_handle));
+            return Err(e);
         }
         Ok(mr)
     }
@@ -173,15 +186,31 @@ impl<H: Hal> Pvrdma<H> {
     }
 }
 
-/// Remote write or atomic access needs local write (libibverbs and Linux refuse it, EINVAL).
+/// ib_core's rule for every memory registration (EINVAL there): memory that peers may write,
+/// or use atomically, must be locally writable too.
 pub(crate) fn check_access(access: AccessFlags) -> Result<()> {
     let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
-        return Err(Error::invalid(
-            Param::AccessFlags,
-            access.bits(),
-            (access | AccessFlags::LOCAL_WRITE).bits(),
-        ));
+        return Err(Error::MissingAttribute {
+            op: Op::CreateMr,
+            attr: crate::error::Attr::LocalWrite,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a CREATE_MR answer for a mapped (non-DMA) region (§5.3, §8.8): the handle travels
+/// in 24-bit fields like every other; the lkey is never 0, which is what a DMA region gets —
+/// unless it is the handle itself (QEMU's legacy build keys regions by their handle, and
+/// handles start at 0). The rkey is not checked: any 32-bit value is a key somewhere, and
+/// QEMU answers 0xFFFFFFFF for every region.
+fn check_answer(handle: u32, lkey: u32) -> Result<()> {
+    let op = Op::CreateMr;
+    if handle > regs::db::HANDLE_MASK {
+        return Err(Error::bad_value(op, "mr_handle", handle));
+    }
+    if lkey == 0 && handle != 0 {
+        return Err(Error::bad_value(op, "lkey", lkey));
     }
     Ok(())
 }

@@ -35,8 +35,12 @@ pub struct Qp<H: Hal> {
     sq_sig_all: bool,
     /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
     state: QpState,
-    /// Whether the QP has been taken back to RESET after leaving it (QEMU cannot re-INIT).
-    was_reset: bool,
+    /// The furthest state the host QP behind it reached (QEMU passes INIT/RTR/RTS to it but
+    /// only records RESET and ERR, §8.3).
+    host: QpState,
+    /// Outstanding RDMA reads/atomics as applied (`QpAttr::max_rd_atomic`, `_dest_`).
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
     /// The device answered the create with a handle the driver cannot use.
     handle_unusable: bool,
     pub(crate) sq: QueueLayout,
@@ -92,6 +96,28 @@ impl<H: Hal> Qp<H> {
     /// Send and receive WQE strides in bytes.
     pub fn strides(&self) -> (u32, u32) {
         (self.sq.stride, self.rq.stride)
+    }
+}
+
+/// Counts a QP as a user of its PD, CQs and SRQ (released when it is destroyed, never when
+/// it is leaked: they then stay busy for good, as its memory is kept for good).
+fn hold_users<H: Hal>(pd: &Pd, (s, r): (&Cq<H>, &Cq<H>), srq: Option<&Srq<H>>) {
+    pd.users.fetch_add(1, Ordering::Relaxed);
+    s.users.fetch_add(1, Ordering::Relaxed);
+    r.users.fetch_add(1, Ordering::Relaxed);
+    if let Some(srq) = srq {
+        srq.users.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The outstanding RDMA reads/atomics a QP gets when `requested` are asked of a device whose
+/// caps advertise `cap`. A device that advertises a limit gets the request clamped to it.
+/// QEMU advertises 0 (it never fills the field, §3.1) yet gives every RC host QP 1 at RTR and
+/// RTS whatever is asked (§8.3), as Linux's driver lets it: so with 0 advertised, the QP has 1.
+fn rd_atomic(requested: u8, cap: u32) -> u8 {
+    match cap {
+        0 => 1,
+        cap => requested.min(u8::try_from(cap).unwrap_or(u8::MAX)),
     }
 }
 
@@ -160,7 +186,8 @@ impl<H: Hal> Pvrdma<H> {
         if init.caps.max_inline_data != 0 {
             return unsupported(Feature::InlineData);
         }
-        let c = &self.caps;
+        // The device's own limits: the page limit is applied on top.
+        let c = &self.device_caps();
         let sq = layout(
             (init.caps.max_send_wr, Param::MaxSendWr, c.max_qp_wr),
             (init.caps.max_send_sge, Param::MaxSendSge, c.max_sge),
@@ -214,13 +241,7 @@ impl<H: Hal> Pvrdma<H> {
             reserved: (sq.slots, rq_slots),
             ..qp
         };
-        pd.users.fetch_add(1, Ordering::Relaxed);
-        for c in [send_cq, recv_cq] {
-            c.users.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(s) = srq {
-            s.users.fetch_add(1, Ordering::Relaxed);
-        }
+        hold_users(pd, (send_cq, recv_cq), srq);
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
         let bad = if qp.qpn > mask {
@@ -304,16 +325,35 @@ impl<H: Hal> Pvrdma<H> {
         };
         let code = (op, opcode::CREATE_QP);
         // (qpn, handle, the four caps the device echoes, inline data)
-        let ((qpn, handle, echoed, inline), mem) = if self.version >= abi::VERSION_QP_HANDLE {
-            let (r, mem): (abi::CreateQpRespV2, _) =
-                st.create(&self.regs, Object::Qp, code, req, mem)?;
-            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-            ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
+        let created = if self.version >= abi::VERSION_QP_HANDLE {
+            st.create(&self.regs, Object::Qp, code, req, mem).map(
+                |(r, mem): (abi::CreateQpRespV2, _)| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
+                },
+            )
         } else {
-            let (r, mem): (abi::CreateQpRespV1, _) =
-                st.create(&self.regs, Object::Qp, code, req, mem)?;
-            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-            ((r.qpn, r.qpn, c, r.max_inline_data), mem)
+            st.create(&self.regs, Object::Qp, code, req, mem).map(
+                |(r, mem): (abi::CreateQpRespV1, _)| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    ((r.qpn, r.qpn, c, r.max_inline_data), mem)
+                },
+            )
+        };
+        let ((qpn, handle, echoed, inline), mem) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                if super::outcome_unknown(&e) {
+                    // The device may have made the QP (its ring is kept): it keeps its PD,
+                    // CQs and SRQ busy for good (and their CQEs reserved), and if it is QP1,
+                    // QP1 exists.
+                    hold_users(pd, (send_cq, recv_cq), srq);
+                    send_cq.reserve_forever(sq.slots);
+                    recv_cq.reserve_forever(srq.map_or(rq.slots, |s| s.layout.slots));
+                    st.gsi |= qp_type == QpType::Gsi;
+                }
+                return Err(e);
+            }
         };
         st.gsi |= qp_type == QpType::Gsi;
         drop(st);
@@ -325,7 +365,9 @@ impl<H: Hal> Pvrdma<H> {
             caps: caps_of(&sq, &rq),
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
-            was_reset: false,
+            host: QpState::Reset,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
             handle_unusable: false,
             sq,
             rq,
@@ -442,9 +484,12 @@ impl<H: Hal> Pvrdma<H> {
 
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
         let op = Op::ModifyQp;
-        if m.state == QpState::Init && qp.was_reset {
-            // QEMU only records RESET: its host QP stays where it was, and INIT then fails
-            // with EIO (§8.3). No command sequence brings it back: refuse before the device.
+        if m.state == QpState::Init
+            && matches!(qp.host, QpState::Rtr | QpState::Rts)
+            && qp.qp_type != QpType::Gsi
+        {
+            // QEMU would pass INIT to a host QP still in RTR/RTS, which refuses it (EIO): a QP
+            // reset after INIT cannot be brought back, since nothing resets the host QP (§8.3).
             return Err(Error::Unsupported(Unsupported::Feature(
                 Feature::ReinitAfterReset,
             )));
@@ -460,8 +505,14 @@ impl<H: Hal> Pvrdma<H> {
             dest_qp_num: m.dest_qpn,
             qp_access_flags: pvrdma_access(m.access),
             pkey_index: m.pkey_index,
-            max_rd_atomic: m.max_rd_atomic,
-            max_dest_rd_atomic: m.max_dest_rd_atomic,
+            max_rd_atomic: match m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+                true => rd_atomic(m.max_rd_atomic, self.caps.max_qp_init_rd_atom),
+                false => 0,
+            },
+            max_dest_rd_atomic: match m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+                true => rd_atomic(m.max_dest_rd_atomic, self.caps.max_qp_rd_atom),
+                false => 0,
+            },
             min_rnr_timer: m.min_rnr_timer,
             port_num: m.port,
             timeout: m.timeout,
@@ -512,8 +563,17 @@ impl<H: Hal> Pvrdma<H> {
         st.chan
             .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
         qp.state = m.state;
+        if matches!(m.state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            qp.host = m.state;
+        }
         if m.mask.contains(QpAttrMask::QKEY) {
             qp.qkey = m.qkey;
+        }
+        if m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            qp.max_rd_atomic = attrs.max_rd_atomic;
+        }
+        if m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            qp.max_dest_rd_atomic = attrs.max_dest_rd_atomic;
         }
         if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
             qp.sgid_index = attrs.ah_attr.grh.sgid_index;
@@ -524,7 +584,6 @@ impl<H: Hal> Pvrdma<H> {
                 // The driver restarts its rings with the QP (as Linux and rdma-core do).
                 self.discard(qp);
                 qp.mem.data.zero(0, 16);
-                qp.was_reset = true;
             }
             QpState::Err => self.start_flush(qp),
             _ => {}
@@ -563,6 +622,9 @@ impl<H: Hal> Pvrdma<H> {
             sq_psn: a.sq_psn,
             dest_qpn: a.dest_qp_num,
             sq_sig_all: qp.sq_sig_all,
+            // QEMU answers these in the host's layout (§5.3): the driver's record.
+            max_rd_atomic: qp.max_rd_atomic,
+            max_dest_rd_atomic: qp.max_dest_rd_atomic,
         })
     }
 

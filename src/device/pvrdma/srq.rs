@@ -26,6 +26,8 @@ pub struct Srq<H: Hal> {
     pub(crate) ring: Ring,
     /// QPs that receive from it.
     pub(crate) users: AtomicU32,
+    /// Its PD (which it uses: it outlives the SRQ and does not move).
+    pd: core::ptr::NonNull<Pd>,
 }
 
 // SAFETY: the ring points into the SRQ's own DMA memory, written only under `lock`.
@@ -52,7 +54,8 @@ impl<H: Hal> Srq<H> {
 
 impl<H: Hal> Pvrdma<H> {
     pub(crate) fn srq_layout(&self, attr: &SrqAttr) -> Result<QueueLayout> {
-        let c = &self.caps;
+        // The device's own limits: the page limit is applied on top.
+        let c = &self.device_caps();
         let l = layout(
             (attr.max_wr, Param::SrqMaxWr, c.max_srq_wr),
             (attr.max_sge, Param::SrqMaxSge, c.max_srq_sge),
@@ -91,7 +94,17 @@ impl<H: Hal> Pvrdma<H> {
         };
         let code = (op, opcode::CREATE_SRQ);
         let (r, mem): (abi::CreateSrqResp, _) =
-            st.create(&self.regs, Object::Srq, code, req, mem)?;
+            match st.create(&self.regs, Object::Srq, code, req, mem) {
+                Ok(r) => r,
+                Err(e) => {
+                    if super::outcome_unknown(&e) {
+                        // The device may have made it: its PD stays busy for good.
+                        pd.users.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(e);
+                }
+            };
+        pd.users.fetch_add(1, Ordering::Relaxed);
         let srq = Srq {
             handle: r.srqn,
             attr: actual,
@@ -106,6 +119,7 @@ impl<H: Hal> Pvrdma<H> {
                 layout.stride,
             ),
             users: AtomicU32::new(0),
+            pd: core::ptr::NonNull::from(pd),
             mem,
         };
         if r.srqn > regs::db::HANDLE_MASK {
@@ -122,9 +136,13 @@ impl<H: Hal> Pvrdma<H> {
             return Err((srq, Error::Busy { op: Op::DestroySrq }));
         }
         let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
-        let handle = srq.handle;
+        let (handle, pd) = (srq.handle, srq.pd);
         self.state
             .lock()
-            .destroy(&self.regs, Object::Srq, code, handle, srq)
+            .destroy(&self.regs, Object::Srq, code, handle, srq)?;
+        // SAFETY: the PD outlived the SRQ until now and did not move (the provider contract
+        // of create_srq).
+        unsafe { pd.as_ref() }.users.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
     }
 }

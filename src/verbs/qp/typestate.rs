@@ -272,6 +272,10 @@ impl CanRecv for Rtr {}
 impl CanRecv for Rts {}
 
 /// Checks a modify's values against the device's limits before the device sees them.
+///
+/// `max_rd_atomic` / `max_dest_rd_atomic` are not refused here: as Linux does (ib_core checks
+/// neither; its PVRDMA driver accepts any value), the provider clamps a value above what the
+/// device can do to what it does, and reports the result in [`QpAttr`].
 pub(super) fn validate(caps: &DeviceCaps, m: &ModifyAttr) -> Result<()> {
     let has = |bit: QpAttrMask| m.mask.contains(bit);
     if has(QpAttrMask::PORT) && (m.port == 0 || m.port > caps.phys_port_cnt) {
@@ -289,19 +293,6 @@ pub(super) fn validate(caps: &DeviceCaps, m: &ModifyAttr) -> Result<()> {
         if has(bit) && v > MAX_24BIT {
             return Err(Error::invalid(param, v, MAX_24BIT));
         }
-    }
-    if has(QpAttrMask::MAX_QP_RD_ATOMIC) && u32::from(m.max_rd_atomic) > caps.max_qp_init_rd_atom {
-        let max = caps.max_qp_init_rd_atom;
-        return Err(Error::invalid(Param::MaxRdAtomic, m.max_rd_atomic, max));
-    }
-    if has(QpAttrMask::MAX_DEST_RD_ATOMIC) && u32::from(m.max_dest_rd_atomic) > caps.max_qp_rd_atom
-    {
-        let max = caps.max_qp_rd_atom;
-        return Err(Error::invalid(
-            Param::MaxRdAtomic,
-            m.max_dest_rd_atomic,
-            max,
-        ));
     }
     if let (true, Some(av)) = (has(QpAttrMask::AV), m.av) {
         let max = caps.gid_tbl_len.saturating_sub(1);

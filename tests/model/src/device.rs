@@ -404,6 +404,11 @@ impl Device {
         ] {
             put32(&mut caps, off, v);
         }
+        for (off, v) in [(0x70, c.rd_atom.0), (0x7C, c.rd_atom.1)] {
+            if v != 0 {
+                put32(&mut caps, off, v);
+            }
+        }
         caps[0xC4..0xC6].copy_from_slice(&1u16.to_le_bytes());
         caps[0xC7] = c.phys_port_cnt;
         caps[0xC8] = c.mode;
@@ -448,10 +453,16 @@ impl Device {
         };
         resp[0..8].copy_from_slice(&req[0..8]);
         put32(&mut resp, 8, ack);
-        resp[12] = rc.err().map_or(0, |e| (e & !HOST_ERRNO) as u8);
+        // QEMU's header carries only a negative return, negated; a host errno passed through
+        // as a positive value leaves it 0 (Q-CMD `pvrdma_exec_cmd`).
+        resp[12] = match rc {
+            Err(e) if e & HOST_ERRNO == 0 => e as u8,
+            _ => 0,
+        };
         match self.garbage.take() {
             Some(Garbage::Everything) => resp.fill(0xA5),
             Some(Garbage::Payload) => resp[16..].fill(0xA5),
+            Some(Garbage::Word { offset, value }) => put32(&mut resp, offset, value),
             None => {}
         }
         ctx.wr(l.resp, &resp);
@@ -524,6 +535,12 @@ impl Device {
                 {
                     ctx.violations
                         .push(format!("PD {h} destroyed while a QP or SRQ uses it"));
+                }
+                // QEMU frees the slot; the host keeps its PD (ibv_dealloc_pd fails with the MR
+                // still registered) and the MR names a handle that may be reused.
+                if self.mrs.iter().flatten().any(|m| m.pd == h) {
+                    ctx.violations
+                        .push(format!("PD {h} destroyed while an MR uses it"));
                 }
                 if let Some(p) = self.pds.get_mut(h as usize) {
                     *p = false;

@@ -86,6 +86,10 @@ pub struct CapsConfig {
     pub mode: u8,
     /// OR-ed into whatever the driver left in the field (QEMU ORs 1).
     pub gid_types: u8,
+    /// `max_qp_rd_atom` and `max_qp_init_rd_atom`: QEMU never writes them (they keep the
+    /// driver's zeroes), so 0 here leaves the field alone; a non-zero value is written, as a
+    /// device that reports RDMA-read resources would.
+    pub rd_atom: (u32, u32),
 }
 
 impl Default for CapsConfig {
@@ -108,6 +112,7 @@ impl Default for CapsConfig {
             phys_port_cnt: 1,
             mode: 0,
             gid_types: 1,
+            rd_atom: (0, 0),
         }
     }
 }
@@ -173,6 +178,15 @@ pub enum Garbage {
     Everything,
     /// The header is right; the payload is overwritten with 0xA5 bytes.
     Payload,
+    /// Everything is right except the 32-bit word at byte `offset` of the response slot,
+    /// which holds `value` (e.g. offset 0x0C: the header's error field, offset 0x14: a CREATE_MR
+    /// lkey). ERR is left as the command set it.
+    Word {
+        /// Byte offset in the response slot (a multiple of 4, below 176).
+        offset: usize,
+        /// The value written there.
+        value: u32,
+    },
 }
 
 struct Inner {
