@@ -318,7 +318,7 @@ fn a_gsi_create_with_an_unknown_outcome_still_counts_as_qp1() {
             commands,
             "{how}: the device was not asked"
         );
-        drop((cq, rcq));
+        drop(cq);
         drop(pd);
         drop(ctx);
         assert_clean(&model);
@@ -541,7 +541,7 @@ fn reported_caps_are_the_creatable_ones() {
             }),
             Err(Error::InvalidInput { .. })
         ));
-        drop(cq);
+        drop((cq, rcq));
         drop(pd);
         teardown(&model, ctx);
     });
