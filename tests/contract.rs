@@ -99,11 +99,7 @@ fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
             srq_limit: 0,
         })
         .unwrap();
-    let qp = pd
-        .qp_builder(&scq, &rcq)
-        .srq(&srq)
-        .build::<Rc>()
-        .unwrap();
+    let qp = pd.qp_builder(&scq, &rcq).srq(&srq).build::<Rc>().unwrap();
     std::mem::forget(qp);
     let commands = model.commands();
 
@@ -140,11 +136,7 @@ fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
     let srq = pd.create_srq(SrqAttr::default()).unwrap();
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .srq(&srq)
-        .build::<Ud>()
-        .unwrap();
+    let qp = pd.qp_builder(&cq, &cq).srq(&srq).build::<Ud>().unwrap();
     let mr = pd.register(4096, LOCAL_WRITE).unwrap();
     qp.destroy().map_err(|(_, e)| e).unwrap();
     mr.destroy().map_err(|(_, e)| e).unwrap();

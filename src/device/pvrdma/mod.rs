@@ -34,11 +34,10 @@ pub use srq::Srq;
 use core::mem::offset_of;
 use core::sync::atomic::{Ordering, fence};
 
-use bareverbs_hal::{ConfigRegionAccess, Hal, Mmio, PciAddress};
+use bareverbs_hal::{ConfigRegionAccess, Hal, Mmio, PAGE_SIZE, PciAddress};
 
 use self::abi::{Caps, Dsr, RingPageInfo};
 use self::cmd::Channel;
-use self::pdir::QueueMem;
 use self::qptable::QpTable;
 use self::regs::{BAR_REGS, BAR_UAR, ctl, reg};
 use crate::dma::Dma;
@@ -119,9 +118,9 @@ pub struct Pvrdma<H: Hal> {
     /// The device's own values where they differ from `caps`.
     raw: RawLimits,
     state: spin::Mutex<State<H>>,
+    /// The shared region (DSR) and, after it, the two notification rings with their page
+    /// directories.
     dsr: Dma<H>,
-    _async_ring: QueueMem<H>,
-    _cq_notify_ring: QueueMem<H>,
     qps: QpTable<H>,
     opcodes: Opcodes,
 }
@@ -302,23 +301,33 @@ impl<H: Hal> Pvrdma<H> {
         }
 
         let chan = Channel::new(&hal, config.poll_limit)?;
-        let dsr = Dma::new(&hal, 1)?;
         let qps = QpTable::new(&hal, MAX_LIVE_QPS)?;
-        let async_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
-        let cq_ring = QueueMem::new(&hal, abi::NOTIFY_RING_PAGES as usize)?;
+        // One block: the DSR, then for each notification ring (async, CQ) its data pages, its
+        // directory page and its table page (`shared/pvrdma-abi.md` §3, §6, §7).
+        let ring_pages = abi::NOTIFY_RING_PAGES as usize;
+        let dsr = Dma::new(&hal, 1 + 2 * (ring_pages + 2))?;
+        let ring_pdir = |first: usize| {
+            let (dir, table) = (first + ring_pages, first + ring_pages + 1);
+            dsr.write::<u64>(dir * PAGE_SIZE, dsr.page_paddr(table));
+            for i in 0..ring_pages {
+                dsr.write::<u64>(table * PAGE_SIZE + 8 * i, dsr.page_paddr(first + i));
+            }
+            dsr.page_paddr(dir)
+        };
+        let (async_pdir, cq_pdir) = (ring_pdir(1), ring_pdir(1 + ring_pages + 2));
 
         let w = |off: usize, v: u64| dsr.write(off, v);
         dsr.write(offset_of!(Dsr, driver_version), abi::DRIVER_VERSION);
         dsr.write(offset_of!(Dsr, gos_info), abi::GOS_INFO);
         w(offset_of!(Dsr, cmd_slot_dma), chan.cmd_paddr());
         w(offset_of!(Dsr, resp_slot_dma), chan.resp_paddr());
-        let ring = |r: &QueueMem<H>| RingPageInfo {
+        let ring = |pdir_dma| RingPageInfo {
             num_pages: abi::NOTIFY_RING_PAGES,
             reserved: 0,
-            pdir_dma: r.pdir.paddr(),
+            pdir_dma,
         };
-        dsr.write(offset_of!(Dsr, async_ring_pages), ring(&async_ring));
-        dsr.write(offset_of!(Dsr, cq_ring_pages), ring(&cq_ring));
+        dsr.write(offset_of!(Dsr, async_ring_pages), ring(async_pdir));
+        dsr.write(offset_of!(Dsr, cq_ring_pages), ring(cq_pdir));
         w(offset_of!(Dsr, uar_pfn64), uar_pfn);
 
         // From here on the device holds addresses of our memory: build the value now, so that
@@ -338,8 +347,6 @@ impl<H: Hal> Pvrdma<H> {
                 gids: [0; 4],
             }),
             dsr,
-            _async_ring: async_ring,
-            _cq_notify_ring: cq_ring,
             qps,
             opcodes: config.opcodes,
         };
