@@ -369,7 +369,10 @@ fn dma_exhaustion_at_each_bring_up_allocation_leaks_nothing() {
     let ctx = up(&model);
     let allocs = model.dma_allocs();
     teardown(&model, ctx);
-    assert_eq!(allocs, 6, "command page, DSR, 2 rings x (data + directory)");
+    assert_eq!(
+        allocs, 7,
+        "command page, DSR, QP table, 2 rings x (data + directory)"
+    );
     for nth in 1..=allocs {
         let model = self::model();
         model.fail_dma_alloc(nth);

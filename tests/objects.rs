@@ -207,10 +207,43 @@ fn verbs_objects_are_send_and_sync() {
     send_sync::<Context<P>>();
     send_sync::<ProtectionDomain<'static, P>>();
     send_sync::<CompletionQueue<'static, P>>();
-    send_sync::<QueuePair<'static, P, Rc, Rts, 16, 16>>();
-    send_sync::<QueuePair<'static, P, Ud, Reset, 16, 16>>();
-    send_sync::<SharedReceiveQueue<'static, P, 16>>();
+    send_sync::<QueuePair<'static, P, Rc, Rts>>();
+    send_sync::<QueuePair<'static, P, Ud, Reset>>();
+    send_sync::<SharedReceiveQueue<'static, P>>();
     send_sync::<MemoryRegion<'static, P>>();
+    send_sync::<BufferPool<'static, P>>();
+    send_sync::<AddressHandle<'static, P>>();
     send_sync::<GidBinding<'static, P>>();
     send_sync::<bareverbs::Error>();
+    // A buffer of the safe path moves between threads (one owner at a time): Send only.
+    fn send<T: Send>() {}
+    send::<Buf<'static, P>>();
+}
+
+/// A PD still used by a memory region is refused destruction with `Busy`, before the device is
+/// asked — even when the region was leaked (`mem::forget`), where the borrow checker cannot see
+/// the use: the device would otherwise drop a PD under a region it still maps.
+#[test]
+fn a_pd_used_by_a_leaked_memory_region_refuses_destroy_with_busy() {
+    use bareverbs::error::Op;
+    use bareverbs::verbs::AccessFlags;
+    let model = model();
+    let ctx = up(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    std::mem::forget(mr);
+    let commands = model.commands();
+    let (pd, e) = pd.destroy().expect_err("in use");
+    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert_eq!(model.commands(), commands, "the device was not asked");
+    drop(pd); // Drop cannot destroy it either: logged and leaked, no panic
+    assert_eq!(model.commands(), commands);
+    assert_eq!(model.objects().pds, 1);
+    drop(ctx);
+    assert_eq!(
+        model.outstanding_pages(),
+        1 + 2,
+        "only the leaked region's page and its directory and table are kept"
+    );
+    assert_clean(&model);
 }

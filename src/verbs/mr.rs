@@ -12,7 +12,21 @@ use crate::error::{Error, Param, Result};
 /// The CPU reaches the bytes through [`as_slice`](Self::as_slice) /
 /// [`as_mut_slice`](Self::as_mut_slice) (regions over the embedder's memory: through that
 /// memory). Work requests name them by [`sge`](Self::sge) on the raw path; the safe path uses
-/// a [`BufferPool`](super::BufferPool), whose buffers move into a queue pair when posted.
+/// a [`BufferPool`](super::BufferPool), whose buffers move into a queue pair when posted, so
+/// no code can touch a buffer the device may be using until its completion hands it back:
+///
+/// ```compile_fail,E0382
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(
+/// #     pool: &'a BufferPool<'a, P>,
+/// #     mut qp: QueuePair<'a, P, Rc, Rts>,
+/// # ) -> bareverbs::Result<()> {
+/// let mut buf = pool.alloc().expect("a free buffer");
+/// buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+/// qp.post_send(1, buf).map_err(|(_, e)| e)?;
+/// buf.as_mut_slice()[0] = b'j'; // error: `buf` was moved into the queue pair
+/// # Ok(()) }
+/// ```
 pub struct MemoryRegion<'a, P: Provider> {
     pub(super) ctx: &'a Context<P>,
     raw: ManuallyDrop<P::Mr>,

@@ -7,7 +7,7 @@
 //! its protection domain, completion queues, shared receive queue and buffer pool, so none of
 //! them can be destroyed while it exists:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0505
 //! # use bareverbs::verbs::*;
 //! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
 //! let pd = ctx.alloc_pd()?;
@@ -20,7 +20,7 @@
 //!
 //! and a transition exists only from the state it starts in:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # use bareverbs::verbs::*;
 //! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
 //! let pd = ctx.alloc_pd()?;
@@ -33,27 +33,25 @@
 //! Posting exists only in the states that allow it: sends in RTS, receives from INIT on
 //! (case 8 of the acceptance list — posting in RESET fails — at compile time):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # use bareverbs::verbs::*;
 //! # fn f<'a, P: Provider>(
-//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     pool: &'a BufferPool<'a, P>,
 //! #     mut qp: QueuePair<'a, P, Rc, Reset>,
 //! # ) -> bareverbs::Result<()> {
-//! let pool = pd.buffer_pool(4, 64)?;
-//! let buf = pool.alloc().unwrap();
-//! qp.post_recv(1, buf).map_err(|(_, e)| e)?;
+//! let buf = pool.alloc().expect("a free buffer");
+//! qp.post_recv(1, buf).map_err(|(_, e)| e)?; // error: no `post_recv` on a QP in RESET
 //! # Ok(()) }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # use bareverbs::verbs::*;
 //! # fn f<'a, P: Provider>(
-//! #     pd: &'a ProtectionDomain<'a, P>,
+//! #     pool: &'a BufferPool<'a, P>,
 //! #     mut qp: QueuePair<'a, P, Rc, Init>,
 //! # ) -> bareverbs::Result<()> {
-//! let pool = pd.buffer_pool(4, 64)?;
-//! let buf = pool.alloc().unwrap();
-//! qp.post_send(1, buf).map_err(|(_, e)| e)?;
+//! let buf = pool.alloc().expect("a free buffer");
+//! qp.post_send(1, buf).map_err(|(_, e)| e)?; // error: no `post_send` on a QP in INIT
 //! # Ok(()) }
 //! ```
 //!
