@@ -1067,3 +1067,854 @@ fn srq_receives_outstanding_never_exceed_what_the_cq_reserved() {
         drop(rcq);
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The safe path
+
+#[test]
+fn a_pool_hands_out_each_buffer_once_until_it_comes_back() {
+    lab(|model, _, pd, _, _| {
+        let mrs = model.objects().mrs;
+        let pool = pd.buffer_pool(70, 100).unwrap();
+        assert_eq!(model.objects().mrs, mrs + 1, "one region for the pool");
+        assert_eq!(
+            (pool.count(), pool.buf_size()),
+            (70, 128),
+            "sizes round up to 64"
+        );
+        assert_eq!(pool.memory_region().len(), 70 * 128);
+        let mut held: Vec<_> = (0..70).map(|_| pool.alloc().unwrap()).collect();
+        let mut idx: Vec<_> = held.iter().map(|b| b.index()).collect();
+        idx.sort();
+        assert_eq!(
+            idx,
+            (0..70).collect::<Vec<_>>(),
+            "every buffer once (two map words)"
+        );
+        assert!(pool.alloc().is_none(), "exhausted");
+        assert_eq!(pool.free_count(), 0);
+        // Each buffer is its own 128 bytes.
+        for (i, b) in held.iter_mut().enumerate() {
+            assert_eq!((b.len(), b.capacity()), (128, 128));
+            b.as_mut_slice().fill(i as u8);
+        }
+        for (i, b) in held.iter().enumerate() {
+            assert!(b.as_slice().iter().all(|&x| x == i as u8));
+        }
+        let mut b = held.swap_remove(10);
+        assert_eq!(
+            b.set_len(129),
+            Err(Error::InvalidInput {
+                param: Param::BufferRange,
+                value: 129,
+                max: 128
+            })
+        );
+        b.set_len(0).unwrap();
+        assert!(b.is_empty());
+        let i = b.index();
+        drop(b);
+        assert_eq!(pool.free_count(), 1);
+        let again = pool.alloc().unwrap();
+        assert_eq!(again.index(), i, "the one free buffer");
+        assert_eq!(again.len(), 128, "handed out whole again");
+        drop(again);
+        drop(held);
+        assert_eq!(pool.free_count(), 70);
+        // Refused shapes.
+        assert!(matches!(
+            pd.buffer_pool(0, 64).err(),
+            Some(Error::InvalidInput {
+                param: Param::PoolBuffers,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pd.buffer_pool(4, 0).err(),
+            Some(Error::InvalidInput {
+                param: Param::BufferSize,
+                ..
+            })
+        ));
+        drop(pool);
+        assert_eq!(model.objects().mrs, mrs);
+    });
+}
+
+#[test]
+fn safe_buffers_come_back_with_their_completions_whoever_polls() {
+    lab(|_, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(8, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        // Through the QP's poll: the buffer itself, with what arrived.
+        b.post_recv(1, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        a.post_send(2, buf_with(&pool, b"first"))
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert_eq!(pool.free_count(), 6);
+        let r = b.poll_one().unwrap().unwrap();
+        let rb = r.buf.unwrap();
+        assert_eq!((rb.as_slice(), rb.len()), (&b"first"[..], 5));
+        let s = a.poll_one().unwrap().unwrap();
+        let sb = s.buf.unwrap();
+        assert_eq!(sb.len(), 64, "a send's buffer comes back whole");
+        assert_eq!(pool.free_count(), 6, "held by the completions");
+        drop((rb, sb));
+        assert_eq!(pool.free_count(), 8);
+        // Through the raw poll of the CQ: back to the pool at once.
+        for i in 0..4 {
+            b.post_recv(10 + i, pool.alloc().unwrap())
+                .map_err(|(_, e)| e)
+                .unwrap();
+        }
+        for i in 0..4 {
+            a.post_send(20 + i, buf_with(&pool, b"raw"))
+                .map_err(|(_, e)| e)
+                .unwrap();
+        }
+        assert_eq!(pool.free_count(), 0);
+        let mut wc = [WorkCompletion::default(); 3];
+        assert_eq!(cq.poll(&mut wc), Ok(3));
+        assert_eq!(pool.free_count(), 3, "each polled completion's buffer");
+        let rest = drain(cq);
+        assert_eq!(rest.len(), 5);
+        assert_eq!(pool.free_count(), 8);
+        let mut ids: Vec<_> = wc.iter().chain(&rest).map(|w| w.wr_id).collect();
+        ids.sort();
+        assert_eq!(ids, [10, 11, 12, 13, 20, 21, 22, 23]);
+        // Through the cursor: back when it moves on, or ends.
+        b.post_recv(30, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        a.post_send(31, buf_with(&pool, b"cursor"))
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let mut c = cq.start_poll().unwrap().unwrap();
+        assert_eq!(c.wr_id(), 30);
+        assert_eq!(
+            pool.free_count(),
+            6,
+            "the current completion still holds its buffer"
+        );
+        assert!(c.next().unwrap());
+        assert_eq!(c.wr_id(), 31);
+        assert_eq!(pool.free_count(), 7);
+        drop(c);
+        assert_eq!(pool.free_count(), 8);
+    });
+}
+
+#[test]
+fn destroying_a_qp_returns_every_posted_buffer() {
+    lab(|model, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(32, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        for i in 0..16 {
+            b.post_recv(i, pool.alloc().unwrap())
+                .map_err(|(_, e)| e)
+                .unwrap();
+        }
+        // Sends the device never runs: outstanding until the end.
+        model.set_free_doorbells(true);
+        for i in 0..16 {
+            a.post_send(100 + i, buf_with(&pool, b"held"))
+                .map_err(|(_, e)| e)
+                .unwrap();
+        }
+        model.set_free_doorbells(false);
+        assert_eq!(pool.free_count(), 0);
+        b.destroy().map_err(|(_, e)| e).unwrap();
+        assert_eq!(pool.free_count(), 16, "b's receives");
+        drop(a);
+        assert_eq!(pool.free_count(), 32, "a's sends");
+        assert_eq!(drain(cq), [], "no completion for any of them");
+    });
+}
+
+#[test]
+fn a_buffer_of_another_pool_is_refused_and_handed_back() {
+    lab(|model, _, pd, cq, gid| {
+        let mine = pd.buffer_pool(4, 64).unwrap();
+        let other = pd.buffer_pool(4, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&mine));
+        let doorbells = model.counters().0;
+        let foreign = buf_with(&other, b"not yours");
+        let i = foreign.index();
+        let (back, e) = a.post_send(1, foreign).err().unwrap();
+        assert_eq!(
+            e,
+            Error::InvalidInput {
+                param: Param::Pool,
+                value: u64::from(i),
+                max: 0
+            }
+        );
+        assert_eq!((back.index(), back.as_slice()), (i, &b"not yours"[..]));
+        assert!(core::ptr::eq(back.pool(), &other));
+        let (back, e) = b.post_recv(2, back).err().unwrap();
+        assert!(matches!(
+            e,
+            Error::InvalidInput {
+                param: Param::Pool,
+                ..
+            }
+        ));
+        assert_eq!(other.free_count(), 3, "still the caller's");
+        drop(back);
+        assert_eq!(other.free_count(), 4);
+        // A QP without a pool refuses every buffer.
+        let (mut c, _d) = rc_pair(pd, cq, gid, None);
+        let (back, e) = c.post_send(3, buf_with(&mine, b"x")).err().unwrap();
+        assert!(matches!(
+            e,
+            Error::InvalidInput {
+                param: Param::Pool,
+                ..
+            }
+        ));
+        drop(back);
+        assert_eq!(model.counters().0, doorbells, "nothing posted");
+        assert_eq!(mine.free_count(), 4);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flush (ERROR) and discard (RESET)
+
+/// Leaves `b` with three safe and three raw receives (held by the device), and three safe and
+/// three raw sends the device has not run; returns the raw region.
+fn outstanding<'a>(
+    model: &Model,
+    pd: &'a ProtectionDomain<'a, P>,
+    pool: &'a BufferPool<'a, P>,
+    b: &mut RcQp<'a>,
+) -> MemoryRegion<'a, P> {
+    let mr = with_mr(pd, b"raw bytes");
+    for i in 0..3 {
+        b.post_recv(100 + i, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+    }
+    // SAFETY: the region outlives the QP (the caller keeps it until after).
+    unsafe {
+        let mut rb = b.recv_batch();
+        for i in 0..3 {
+            rb.recv(200 + i, &[mr.sge(1024 + i as u32 * 64, 64).unwrap()])
+                .unwrap();
+        }
+        rb.finish();
+    }
+    model.set_free_doorbells(true);
+    for i in 0..3 {
+        b.post_send(300 + i, buf_with(pool, b"safe send"))
+            .map_err(|(_, e)| e)
+            .unwrap();
+    }
+    // SAFETY: as above.
+    unsafe {
+        let mut sb = b.send_batch();
+        for i in 0..3 {
+            sb.send(400 + i, SIG, &[mr.sge(0, 9).unwrap()]).unwrap();
+        }
+        sb.finish();
+    }
+    model.set_free_doorbells(false);
+    mr
+}
+
+#[test]
+fn to_error_completes_every_outstanding_wr_once_as_flushed() {
+    lab(|model, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(16, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        let mr = outstanding(model, pd, &pool, &mut b);
+        assert_eq!(pool.free_count(), 10);
+        assert_eq!(drain(cq), [], "nothing completed yet");
+        let qb = b.qp_num();
+        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let wcs = drain(cq);
+        assert!(
+            wcs.iter()
+                .all(|w| w.status == WcStatus::WrFlushErr && w.qp_num == qb),
+            "{wcs:?}"
+        );
+        let by = |op| {
+            wcs.iter()
+                .filter(|w| w.opcode == op)
+                .map(|w| w.wr_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(by(WcOpcode::Send), [300, 301, 302, 400, 401, 402]);
+        assert_eq!(by(WcOpcode::Recv), [100, 101, 102, 200, 201, 202]);
+        assert_eq!(wcs.len(), 12, "each once");
+        assert_eq!(pool.free_count(), 16, "every safe buffer back");
+        assert_eq!(drain(cq), []);
+        let cqes = model.counters().1;
+        // A late CQE from the device for a flushed receive (the host QP still held it: QEMU
+        // only records ERROR), and one for a flushed send: dropped, not a second completion.
+        let src = with_mr(pd, b"late");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut a, 7, src.sge(0, 4).unwrap()) };
+        model.inject_cqe(cq.raw().handle(), b.raw().handle(), 300);
+        assert_eq!(
+            model.counters().1 - cqes,
+            3,
+            "the device posted a's and b's, one was injected"
+        );
+        let wcs = drain(cq);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(),
+            [(7, a.qp_num())],
+            "only the sender's own completion"
+        );
+        drop((a, b));
+        drop(mr);
+    });
+}
+
+#[test]
+fn flushes_come_through_the_qps_own_poll_with_their_buffers() {
+    lab(|model, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(16, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        // One send that did run (its completion waits in the CQ) before the rest.
+        let src = with_mr(pd, b"ran");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut b, 1, src.sge(0, 3).unwrap()) };
+        let mr = outstanding(model, pd, &pool, &mut b);
+        let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
+        assert!(a.poll_one().unwrap().is_none(), "not a's to take");
+        let mut got = Vec::new();
+        while let Some(c) = b.poll_one().unwrap() {
+            got.push((c.wc.wr_id, c.wc.status, c.wc.opcode, c.buf.is_some()));
+        }
+        use WcOpcode::*;
+        use WcStatus::*;
+        assert_eq!(
+            got,
+            [
+                (1, RnrRetryExcErr, Send, false),
+                (300, WrFlushErr, Send, true),
+                (301, WrFlushErr, Send, true),
+                (302, WrFlushErr, Send, true),
+                (400, WrFlushErr, Send, false),
+                (401, WrFlushErr, Send, false),
+                (402, WrFlushErr, Send, false),
+                (100, WrFlushErr, Recv, true),
+                (101, WrFlushErr, Recv, true),
+                (102, WrFlushErr, Recv, true),
+                (200, WrFlushErr, Recv, false),
+                (201, WrFlushErr, Recv, false),
+                (202, WrFlushErr, Recv, false),
+            ],
+            "the device's completion first, then the flushes in posting order"
+        );
+        assert_eq!(pool.free_count(), 16);
+        assert_eq!(drain(cq), []);
+        drop((a, b));
+        drop(mr);
+    });
+}
+
+#[test]
+#[ignore = "driver bug: a late device CQE for a WR already flushed, while later WRs of the same queue still wait to be flushed, is refused as Protocol (wr_id is not the next request's) instead of dropped"]
+fn a_late_cqe_in_the_middle_of_a_flush_is_dropped() {
+    lab(|_, _, pd, cq, gid| {
+        let (mut a, mut b) = rc_pair(pd, cq, gid, None);
+        let rbuf = pd.register(4096, RW).unwrap();
+        // SAFETY: the region outlives the QPs.
+        unsafe {
+            let mut rb = b.recv_batch();
+            for i in 0..3 {
+                rb.recv(10 + i, &[rbuf.sge(i as u32 * 64, 64).unwrap()])
+                    .unwrap();
+            }
+            rb.finish();
+        }
+        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let mut one = [WorkCompletion::default(); 1];
+        assert_eq!(cq.poll(&mut one), Ok(1));
+        assert_eq!((one[0].wr_id, one[0].status), (10, WcStatus::WrFlushErr));
+        // The host QP still holds receive 10: a message completes it, late.
+        let src = with_mr(pd, b"late");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut a, 7, src.sge(0, 4).unwrap()) };
+        let mut got = Vec::new();
+        let mut wc = [WorkCompletion::default(); 8];
+        for _ in 0..4 {
+            match cq.poll(&mut wc) {
+                Ok(n) => got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status))),
+                Err(e) => panic!("a late CQE is not garbage: {e:?} (after {got:?})"),
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (7, WcStatus::Success),
+                (11, WcStatus::WrFlushErr),
+                (12, WcStatus::WrFlushErr)
+            ]
+        );
+        drop((a, b));
+    });
+}
+
+#[test]
+#[ignore = "driver bug: a flushed safe receive buffer goes back to the pool while QEMU's host QP still holds the receive (QEMU only records ERROR): a later message is written into a buffer the pool has handed out again"]
+fn a_flushed_safe_buffer_is_not_written_after_it_came_back() {
+    lab(|_, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(2, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        b.post_recv(1, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        assert_eq!(drain(cq).len(), 1, "flushed");
+        // Every buffer is the caller's again; fill them.
+        let mut mine: Vec<_> = (0..2).map(|_| buf_with(&pool, &[0xAB; 64])).collect();
+        // The peer sends: the host QP completes the receive it still holds.
+        let src = with_mr(pd, b"overwrites you");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut a, 2, src.sge(0, 14).unwrap()) };
+        drain(cq);
+        for m in &mut mine {
+            assert!(
+                m.as_slice().iter().all(|&x| x == 0xAB),
+                "buffer {} written by the device after it came back: {:?}",
+                m.index(),
+                &m.as_slice()[..14]
+            );
+        }
+        drop(mine);
+        drop((a, b));
+    });
+}
+
+#[test]
+#[ignore = "driver bug: RESET hands a posted safe receive buffer back to the pool while QEMU's host QP (which only records RESET) still holds the receive: a later message is written into a buffer the pool has handed out again"]
+fn a_reset_safe_buffer_is_not_written_after_it_came_back() {
+    lab(|_, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(2, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        b.post_recv(1, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let b = b.reset().map_err(|(_, e)| e).unwrap();
+        let mut mine: Vec<_> = (0..2).map(|_| buf_with(&pool, &[0xAB; 64])).collect();
+        let src = with_mr(pd, b"overwrites you");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut a, 2, src.sge(0, 14).unwrap()) };
+        drain(cq);
+        for m in &mut mine {
+            assert!(
+                m.as_slice().iter().all(|&x| x == 0xAB),
+                "buffer {} written by the device after it came back: {:?}",
+                m.index(),
+                &m.as_slice()[..14]
+            );
+        }
+        drop(mine);
+        drop((a, b));
+    });
+}
+
+#[test]
+fn reset_discards_every_outstanding_wr_without_a_completion() {
+    lab(|model, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(16, 64).unwrap();
+        let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
+        let mr = outstanding(model, pd, &pool, &mut b);
+        let b = b.reset().map_err(|(_, e)| e).unwrap();
+        assert_eq!(b.state(), QpState::Reset);
+        assert_eq!(pool.free_count(), 16, "every safe buffer back");
+        assert_eq!(drain(cq), [], "discarded: no completion");
+        // A late CQE for a discarded receive: dropped.
+        let src = with_mr(pd, b"late");
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { send1(&mut a, 7, src.sge(0, 4).unwrap()) };
+        let wcs = drain(cq);
+        assert_eq!(
+            wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            [7],
+            "only the sender's"
+        );
+        // QEMU cannot bring a reset QP back: refused before the device.
+        let (b, e) = b.init(&ConnectedInit::default()).err().unwrap();
+        assert_eq!(e, unsupported(Feature::ReinitAfterReset));
+        drop((a, b));
+        drop(mr);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opcodes::SendOnly
+
+#[test]
+fn send_only_refuses_what_qemu_would_fake() {
+    assert_eq!(Config::default().opcodes, Opcodes::SendOnly, "the default");
+    let config = Config {
+        opcodes: Opcodes::SendOnly,
+        ..CONFIG
+    };
+    lab_with(ModelConfig::default(), config, |model, _, pd, cq, gid| {
+        let (mut a, mut b) = rc_pair(pd, cq, gid, None);
+        let mr = with_mr(pd, b"only sends");
+        let sge = [mr.sge(0, 10).unwrap()];
+        let remote = (mr.addr(), mr.rkey());
+        let faked = unsupported(Feature::NotExecutedByDevice);
+        let before = model.counters();
+        // SAFETY: every request here is refused; the batch is dropped.
+        unsafe {
+            let mut sb = a.send_batch();
+            assert_eq!(sb.send_imm(1, SIG, 5, &sge), Err(faked));
+            assert_eq!(sb.rdma_write(2, SIG, remote, &sge), Err(faked));
+            assert_eq!(sb.rdma_write_imm(3, SIG, remote, 5, &sge), Err(faked));
+            assert_eq!(sb.rdma_read(4, SIG, remote, &sge), Err(faked));
+            assert_eq!(
+                sb.atomic_cmp_swp(5, SIG, remote, (0, 1), &sge[0]),
+                Err(unsupported(Feature::Atomics))
+            );
+            assert_eq!(
+                sb.atomic_fetch_add(6, SIG, remote, 1, &sge[0]),
+                Err(unsupported(Feature::Atomics))
+            );
+        }
+        assert_eq!(model.counters(), before, "nothing reached the device");
+        // A plain SEND goes, even in a batch with refusals.
+        let rbuf = pd.register(4096, RW).unwrap();
+        // SAFETY: the regions outlive the completions polled below.
+        unsafe {
+            b.post_recv_raw(10, &[rbuf.sge(0, 64).unwrap()]).unwrap();
+            let mut sb = a.send_batch();
+            assert_eq!(sb.rdma_write(11, SIG, remote, &sge), Err(faked));
+            sb.send(12, SIG, &sge).unwrap();
+            sb.finish();
+        }
+        let wcs = drain(cq);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(10, WcStatus::Success), (12, WcStatus::Success)]
+        );
+        assert_eq!(&rbuf.as_slice()[..10], b"only sends");
+        // UD: send_to goes, send_to_imm is refused.
+        let ud = pd
+            .qp_builder(cq, cq)
+            .caps(caps(4, 4, 1))
+            .build::<Ud>()
+            .unwrap();
+        let mut ud = ud.ready(3, 0).map_err(|(_, e)| e).unwrap();
+        let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            let mut sb = ud.send_batch();
+            assert_eq!(
+                sb.send_to_imm(20, SIG, (&ah, 0xFFFF, 3), 9, &sge),
+                Err(faked)
+            );
+            sb.send_to(21, SIG, (&ah, 0xFFFF, 3), &sge).unwrap();
+            sb.finish();
+        }
+        assert_eq!(drain(cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), [21]);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The embedder's memory
+
+#[test]
+fn user_memory_registers_and_takes_rdma_in_place() {
+    lab(|model, _, pd, cq, gid| {
+        let (mut a, mut b) = rc_pair(pd, cq, gid, None);
+        let block = Hal::dma_alloc(model, 2).unwrap();
+        let base = block.vaddr;
+        let mrs = model.objects().mrs;
+        // SAFETY: the block stays allocated until the regions are gone (dealloc comes last),
+        // and the CPU reads its bytes only after the completions that wrote them.
+        let user = unsafe { pd.register_user(base, 8192, RW) }.unwrap();
+        assert_eq!(
+            user.addr(),
+            base.as_ptr() as u64,
+            "SGEs use the CPU's addresses"
+        );
+        assert_eq!(user.len(), 8192);
+        assert_eq!(model.objects().mrs, mrs + 1);
+        // An RDMA WRITE from a driver region lands in the embedder's bytes, across the page
+        // boundary.
+        let src = with_mr(pd, &(0..200u8).collect::<Vec<_>>());
+        // SAFETY: the regions outlive the completions polled right after.
+        unsafe {
+            let mut sb = a.send_batch();
+            sb.rdma_write(
+                1,
+                SIG,
+                (user.addr() + 4000, user.rkey()),
+                &[src.sge(0, 200).unwrap()],
+            )
+            .unwrap();
+            sb.finish();
+        }
+        let wcs = drain(cq);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+        // SAFETY: the block's 8192 bytes, written by the device before the completion.
+        let bytes = unsafe { core::slice::from_raw_parts(base.as_ptr(), 8192) };
+        assert_eq!(&bytes[4000..4200], &(0..200u8).collect::<Vec<_>>()[..]);
+        assert!(bytes[..4000].iter().all(|&x| x == 0) && bytes[4200..].iter().all(|&x| x == 0));
+        assert_eq!(
+            model.read_phys(block.paddr + 4000, 200).unwrap(),
+            (0..200u8).collect::<Vec<_>>(),
+            "at the physical address the HAL gave"
+        );
+        assert_eq!(&user.as_slice()[4000..4200], &bytes[4000..4200]);
+        // A region at an unaligned address inside the block: receives and sends by lkey.
+        // SAFETY: as above.
+        let part =
+            unsafe { pd.register_user(NonNull::new(base.as_ptr().add(100)).unwrap(), 300, RW) }
+                .unwrap();
+        assert_eq!(part.addr(), base.as_ptr() as u64 + 100);
+        // SAFETY: as above.
+        unsafe {
+            b.post_recv_raw(2, &[part.sge(50, 64).unwrap()]).unwrap();
+            let mut sb = a.send_batch();
+            sb.send(3, SIG, &[src.sge(10, 20).unwrap()]).unwrap();
+            sb.finish();
+        }
+        let wcs = drain(cq);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        assert_eq!(&bytes[150..170], &(10..30u8).collect::<Vec<_>>()[..]);
+        // SAFETY: as above.
+        unsafe {
+            let rbuf = pd.register(4096, RW).unwrap();
+            a.post_recv_raw(4, &[rbuf.sge(0, 64).unwrap()]).unwrap();
+            let mut sb = b.send_batch();
+            sb.send(5, SIG, &[part.sge(50, 20).unwrap()]).unwrap();
+            sb.finish();
+            assert_eq!(drain(cq).len(), 2);
+            assert_eq!(&rbuf.as_slice()[..20], &(10..30u8).collect::<Vec<_>>()[..]);
+        }
+        drop(part);
+        drop(user);
+        assert_eq!(model.objects().mrs, mrs + 1, "only `src` is left");
+        // Memory the HAL cannot translate is refused, and leaves nothing behind.
+        let pages = model.outstanding_pages();
+        let mut heap = vec![0u8; 4096];
+        // SAFETY: refused (never registered).
+        let e = unsafe { pd.register_user(NonNull::new(heap.as_mut_ptr()).unwrap(), 4096, RW) };
+        assert_eq!(e.err(), Some(unsupported(Feature::UserMemory)));
+        let leaked: &'static mut [u8] = Box::leak(vec![0u8; 64].into_boxed_slice());
+        let e = pd.register_static(leaked, RW);
+        assert_eq!(e.err(), Some(unsupported(Feature::UserMemory)));
+        // Memory partly outside the block: refused too.
+        // SAFETY: refused.
+        let e = unsafe { pd.register_user(base, 3 * 4096, RW) };
+        assert_eq!(e.err(), Some(unsupported(Feature::UserMemory)));
+        assert_eq!(model.objects().mrs, mrs + 1);
+        assert_eq!(model.outstanding_pages(), pages);
+        drop((a, b));
+        drop(src);
+        // SAFETY: allocated above from the model; every region over it is gone.
+        unsafe { Hal::dma_dealloc(model, block) };
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The poll cursor
+
+#[test]
+fn the_poll_cursor_reads_each_field_when_asked() {
+    lab(|_, _, pd, cq, gid| {
+        let (mut a, mut b) = rc_pair(pd, cq, gid, None);
+        assert!(cq.start_poll().unwrap().is_none(), "nothing to poll");
+        let src = with_mr(pd, b"cursor");
+        let rbuf = pd.register(4096, RW).unwrap();
+        // SAFETY: the regions outlive the completions polled below.
+        unsafe {
+            b.post_recv_raw(1, &[rbuf.sge(0, 64).unwrap()]).unwrap();
+            let mut sb = a.send_batch();
+            sb.send_imm(2, SIG, 0xFEED, &[src.sge(0, 6).unwrap()])
+                .unwrap();
+            sb.rdma_write(3, SIG, (0, 0xBAD), &[src.sge(0, 1).unwrap()])
+                .unwrap();
+            sb.finish();
+        }
+        let (qa, qb) = (a.qp_num(), b.qp_num());
+        let mut c = cq.start_poll().unwrap().expect("three completions");
+        // Fields in any order, as often as asked.
+        assert_eq!(c.imm(), 0xFEED);
+        assert_eq!(c.flags(), WcFlags::WITH_IMM);
+        assert_eq!(c.byte_len(), 6);
+        assert_eq!(c.wr_id(), 1);
+        assert_eq!(
+            (c.opcode(), c.status()),
+            (WcOpcode::Recv, WcStatus::Success)
+        );
+        assert_eq!((c.qp_num(), c.src_qp(), c.vendor_err()), (qb, qa, 0));
+        assert_eq!((c.wr_id(), c.imm()), (1, 0xFEED));
+        assert!(c.next().unwrap());
+        assert_eq!((c.wr_id(), c.opcode(), c.qp_num()), (2, WcOpcode::Send, qa));
+        assert_eq!((c.imm(), c.flags()), (0, WcFlags::empty()));
+        assert!(c.next().unwrap());
+        assert_eq!(c.status(), WcStatus::RemAccessErr);
+        assert_eq!(c.vendor_err(), 0x201, "the device's detail");
+        assert_eq!((c.wr_id(), c.opcode()), (3, WcOpcode::RdmaWrite));
+        assert!(!c.next().unwrap(), "no more");
+        drop(c);
+        assert_eq!(drain(cq), [], "everything read was consumed");
+        // Fields never read: the completions are consumed all the same, and the credit
+        // comes back.
+        // SAFETY: as above.
+        unsafe {
+            let mut sb = a.send_batch();
+            for i in 0..16 {
+                sb.send(10 + i, SIG, &[src.sge(0, 1).unwrap()]).unwrap();
+            }
+            sb.finish();
+        }
+        let mut c = cq.start_poll().unwrap().unwrap();
+        let mut n = 1;
+        while c.next().unwrap() {
+            n += 1;
+        }
+        drop(c);
+        assert_eq!(n, 16);
+        // SAFETY: as above.
+        unsafe {
+            let mut sb = a.send_batch();
+            for i in 0..16 {
+                sb.send(30 + i, SIG, &[src.sge(0, 1).unwrap()]).unwrap();
+            }
+            sb.finish();
+        }
+        // A cursor dropped part-way leaves the rest for the next poll.
+        let c = cq.start_poll().unwrap().unwrap();
+        assert_eq!(c.wr_id(), 30);
+        drop(c);
+        let rest = drain(cq);
+        assert_eq!(
+            rest.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            (31..46).collect::<Vec<_>>()
+        );
+        // A flush has no device entry behind it: its device fields read as 0.
+        // SAFETY: as above.
+        unsafe { b.post_recv_raw(50, &[rbuf.sge(0, 64).unwrap()]).unwrap() };
+        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let c = cq.start_poll().unwrap().unwrap();
+        assert_eq!(
+            (c.wr_id(), c.status(), c.opcode()),
+            (50, WcStatus::WrFlushErr, WcOpcode::Recv)
+        );
+        assert_eq!(
+            (
+                c.qp_num(),
+                c.byte_len(),
+                c.vendor_err(),
+                c.imm(),
+                c.src_qp()
+            ),
+            (qb, 0, 0, 0, 0)
+        );
+        assert_eq!(c.flags(), WcFlags::empty());
+        drop(c);
+        assert_eq!(drain(cq), []);
+        drop((a, b));
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Object sizes
+
+#[test]
+#[ignore = "driver bug: Context<Pvrdma<Model>> is 568 bytes (> 512): Pvrdma keeps the HAL, both MMIO windows and, in each of its DMA owners (DSR, command page, two notification rings with their page directories, QP table), another clone of the HAL handle"]
+fn the_context_is_at_most_512_bytes() {
+    use core::mem::size_of;
+    let parts = [
+        ("Context", size_of::<Ctx>()),
+        ("Pvrdma", size_of::<P>()),
+        ("DeviceCaps", size_of::<DeviceCaps>()),
+        ("Model (the HAL handle)", size_of::<Model>()),
+        ("ModelMmio", size_of::<bareverbs_model::ModelMmio>()),
+    ];
+    assert!(size_of::<Ctx>() <= 512, "{parts:?}");
+}
+
+#[test]
+fn every_object_is_small_whatever_its_depth() {
+    use core::mem::size_of;
+    let sizes = [
+        (
+            "QueuePair<Rc, Rts>",
+            size_of::<QueuePair<'static, P, Rc, Rts>>(),
+        ),
+        (
+            "QueuePair<Ud, Reset>",
+            size_of::<QueuePair<'static, P, Ud, Reset>>(),
+        ),
+        ("CompletionQueue", size_of::<CompletionQueue<'static, P>>()),
+        (
+            "SharedReceiveQueue",
+            size_of::<SharedReceiveQueue<'static, P>>(),
+        ),
+        ("MemoryRegion", size_of::<MemoryRegion<'static, P>>()),
+        ("BufferPool", size_of::<BufferPool<'static, P>>()),
+        ("Buf", size_of::<Buf<'static, P>>()),
+        (
+            "ProtectionDomain",
+            size_of::<ProtectionDomain<'static, P>>(),
+        ),
+        ("AddressHandle", size_of::<AddressHandle<'static, P>>()),
+        ("Completion", size_of::<Completion<'static, P>>()),
+        ("PollCursor", size_of::<PollCursor<'static, P>>()),
+    ];
+    for (name, size) in sizes {
+        eprintln!("{name}: {size} bytes");
+        assert!(size <= 512, "{name} is {size} bytes");
+    }
+    assert_eq!(size_of::<Buf<'static, P>>(), 16);
+    assert!(
+        size_of::<Ctx>() <= 1024,
+        "see the_context_is_at_most_512_bytes"
+    );
+    assert_eq!(size_of::<WorkCompletion>(), 32);
+    // The objects themselves, shallow and deep: the same size (their queues live in DMA
+    // memory).
+    lab(|_, ctx, pd, _, _| {
+        let cq1 = ctx.create_cq(2).unwrap();
+        let cq2 = ctx.create_cq(2048).unwrap();
+        assert_eq!(size_of_val(&cq1), size_of_val(&cq2));
+        let shallow = pd
+            .qp_builder(&cq1, &cq1)
+            .caps(caps(0, 0, 1))
+            .build::<Rc>()
+            .unwrap();
+        let deep = pd
+            .qp_builder(&cq2, &cq2)
+            .caps(caps(1024, 1024, 4))
+            .build::<Rc>()
+            .unwrap();
+        assert_eq!(deep.caps().max_send_wr, 1024);
+        assert_eq!(size_of_val(&shallow), size_of_val(&deep));
+        assert!(size_of_val(&deep) <= 512);
+        let p1 = pd.buffer_pool(1, 64).unwrap();
+        let p2 = pd.buffer_pool(4096, 256).unwrap();
+        assert_eq!(size_of_val(&p1), size_of_val(&p2));
+        let s1 = pd
+            .create_srq(SrqAttr {
+                max_wr: 1,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let s2 = pd
+            .create_srq(SrqAttr {
+                max_wr: 2048,
+                max_sge: 4,
+                srq_limit: 0,
+            })
+            .unwrap();
+        assert_eq!(size_of_val(&s1), size_of_val(&s2));
+        drop((shallow, deep));
+        drop((p1, p2, s1, s2));
+        drop((cq1, cq2));
+    });
+}
