@@ -603,14 +603,7 @@ fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
         .err()
         .unwrap();
     assert_eq!(e, invalid(Param::QpNumber, 0x100_0000, 0xFF_FFFF));
-    let mut rtr = ConnectedRtr::new(5, 0, AddressVector::new(dgid, 0));
-    rtr.max_dest_rd_atomic = 1;
-    let (qp, e) = qp.rtr(&rtr).err().unwrap();
-    assert_eq!(
-        e,
-        invalid(Param::MaxRdAtomic, 1, 0),
-        "QEMU reports no RDMA-read resources"
-    );
+    // (max_dest_rd_atomic above what QEMU reports is clamped, not refused: tests/contract.rs.)
     let g = ctx.bind_gid(3, Gid::from_ipv4([10, 0, 2, 15])).unwrap();
     let (qp, e) = qp
         .rtr(&ConnectedRtr::new(
