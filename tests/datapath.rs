@@ -809,7 +809,6 @@ fn garbage_in_the_cq_is_an_error_not_an_index() {
 }
 
 #[test]
-#[ignore = "driver bug: a CQE refused after good ones in the same poll is never reported when the ring is empty at the next poll (start_poll's empty fast path skips the deferred error)"]
 fn a_refused_cqe_behind_good_ones_is_reported_by_the_next_poll() {
     lab(ModelConfig::default(), |model, _, pd, cq, gid| {
         let (mut a, _b) = rc_pair(pd, cq, gid, None, None);

@@ -118,8 +118,9 @@ pub struct PollCursor<'c, P: Provider + 'c> {
 }
 
 impl<'c, P: Provider + 'c> PollCursor<'c, P> {
-    /// Moves to the next completion (`ibv_next_poll`); `false` when there is none.
-    pub fn next(&mut self) -> Result<bool> {
+    /// Moves to the next completion (`ibv_next_poll`); `false` when there is none (the
+    /// completion before stays valid until then).
+    pub fn next_poll(&mut self) -> Result<bool> {
         self.p.advance()
     }
 

@@ -353,7 +353,6 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     srq.destroy().at("destroy SRQ")?;
     srq_cq.destroy().at("destroy SRQ CQ")?;
     gsi.destroy().at("destroy GSI")?;
-    drop(ah);
     if pool.free_count() != pool.count() {
         let error = Error::Busy {
             op: bareverbs::error::Op::DestroyMr,

@@ -30,12 +30,13 @@ fn stack_used() -> (usize, usize) {
     let lo = core::ptr::addr_of!(boot_stack);
     let hi = core::ptr::addr_of!(boot_stack_top) as usize;
     let size = hi - lo as usize;
+    let word = |i: usize| {
+        // SAFETY: i < size / 8: inside the stack (4 KiB-aligned, so the u64 is aligned); read
+        // as plain data, never written here.
+        unsafe { lo.cast::<u64>().add(i).read_volatile() }
+    };
     let untouched = (0..size / 8)
-        // SAFETY: inside the stack, below the deepest frame (checked from the bottom up, and
-        // the first word that is not paint ends the scan); aligned (the stack is 4 KiB-aligned).
-        .take_while(
-            |&i| unsafe { lo.cast::<u64>().add(i).read_volatile() } == 0x5AFE_5AFE_5AFE_5AFE,
-        )
+        .take_while(|&i| word(i) == 0x5AFE_5AFE_5AFE_5AFE)
         .count();
     (size - untouched * 8, size)
 }

@@ -33,6 +33,8 @@ pub struct Cq<H: Hal> {
     pub(crate) flushing: AtomicU32,
     /// QPs that complete here.
     pub(crate) users: AtomicU32,
+    /// 1 while a refused CQE waits to be reported by the next poll.
+    deferred: AtomicU32,
 }
 
 // SAFETY: the ring points into the CQ's own DMA memory; the consumer side is written only
@@ -163,6 +165,7 @@ impl<H: Hal> Pvrdma<H> {
         let ring = &cq.ring;
         if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
             && cq.flushing.load(Ordering::Relaxed) == 0
+            && cq.deferred.load(Ordering::Relaxed) == 0
         {
             // Looks empty: let the device harvest what it has, then look again (§10.3). A
             // racing poller can only make this poll find nothing, as any poll may.
@@ -173,6 +176,7 @@ impl<H: Hal> Pvrdma<H> {
         }
         let mut st = cq.poll.try_lock().ok_or(Error::Busy { op: Op::PollCq })?;
         if let Some(e) = st.deferred.take() {
+            cq.deferred.store(0, Ordering::Relaxed);
             return Err(e);
         }
         let start = st.head;
@@ -280,7 +284,17 @@ impl<H: Hal> Poll<'_, H> {
             self.qpn = ctl.qpn;
             self.release = ctl.release;
             let tag = if recv && ctl.srq {
-                // A receive from the shared queue: no order to check, nothing of ours to match.
+                // A receive from the shared queue: no order to check, nothing of ours to match;
+                // the SRQ gets its credit back.
+                if let Some(c) = ctl.srq_done {
+                    // SAFETY: the SRQ outlives the QPs that receive from it (the provider
+                    // contract of create_qp), and this QP is alive (the table rule).
+                    if !unsafe { c.as_ref() }.complete() {
+                        // No receive outstanding on the SRQ: a CQE the device invented.
+                        self.consume();
+                        continue;
+                    }
+                }
                 0
             } else {
                 let q: &QueueView = if recv { &ctl.rq } else { &ctl.sq };
@@ -293,6 +307,12 @@ impl<H: Hal> Poll<'_, H> {
                 }
                 let (posted, tag) = q.posted(done);
                 if posted != wr_id {
+                    if q.ctl.flush.load(Ordering::Acquire) != 0 {
+                        // The queue is being flushed: a late CQE for a request already
+                        // flushed. Every request completes once: drop it.
+                        self.consume();
+                        continue;
+                    }
                     return Err(self.refuse("CQE wr_id (not the next request)", wr_id));
                 }
                 q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
@@ -343,10 +363,17 @@ impl<H: Hal> Poll<'_, H> {
                     self.cq.flushing.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
-                if only.is_some_and(|h| h != ctl.qpn) {
+                if only.is_some_and(|h| h != ctl.handle) {
                     continue;
                 }
-                let (wr_id, tag) = q.posted(done);
+                let (wr_id, mut tag) = q.posted(done);
+                let tail = q.ctl.tail.load(Ordering::Acquire);
+                if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done, tail) {
+                    // The device took this receive and may still write its buffer (QEMU's
+                    // host QP keeps it): the buffer is parked until the QP is destroyed.
+                    q.park(done);
+                    tag = 0;
+                }
                 q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
                 found = Some((wr_id, tag, ctl.qpn, opcode, ctl.release));
                 return;
@@ -389,6 +416,7 @@ impl<H: Hal> PollCq for Poll<'_, H> {
             // Good completions go first; the refusal (its CQE consumed) comes next time.
             Err(e) if self.taken > 0 => {
                 self.st.deferred = Some(e);
+                self.cq.deferred.store(1, Ordering::Relaxed);
                 false
             }
             Err(e) => return Err(e),
@@ -500,6 +528,7 @@ impl<H: Hal> Pvrdma<H> {
             reserved: AtomicU32::new(0),
             flushing: AtomicU32::new(0),
             users: AtomicU32::new(0),
+            deferred: AtomicU32::new(0),
         };
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.

@@ -220,10 +220,14 @@ impl<H: Hal> Pvrdma<H> {
         // Every request the QP can have outstanding must have room for its CQE (QEMU drops
         // CQEs silently on a full CQ): reserved now, for the QP's life.
         let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-        send_cq.reserve(sq.slots)?;
-        if let Err(e) = recv_cq.reserve(rq_slots) {
-            send_cq.unreserve(sq.slots);
-            return Err(e);
+        if core::ptr::eq(send_cq, recv_cq) {
+            send_cq.reserve(sq.slots + rq_slots)?;
+        } else {
+            send_cq.reserve(sq.slots)?;
+            if let Err(e) = recv_cq.reserve(rq_slots) {
+                send_cq.unreserve(sq.slots);
+                return Err(e);
+            }
         }
         let unreserve = || {
             send_cq.unreserve(sq.slots);
@@ -357,7 +361,13 @@ impl<H: Hal> Pvrdma<H> {
         };
         st.gsi |= qp_type == QpType::Gsi;
         drop(st);
-        let ctl = QpCtlMem::new(&self.hal, (sq_ring, rq_ring), qpn, srq.is_some(), init.safe);
+        let ctl = QpCtlMem::new(
+            &self.hal,
+            (sq_ring, rq_ring),
+            (qpn, handle),
+            srq.map(|s| NonNull::from(&s.counters)),
+            init.safe,
+        );
         let qp = |ctl| Qp {
             handle,
             qpn,
@@ -394,29 +404,49 @@ impl<H: Hal> Pvrdma<H> {
             reserved: (0, 0),
             mem,
         };
+        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+        // The device made a QP the driver may not be able to name or destroy: keep everything
+        // it could use for good (its memory is leaked on purpose by the caller).
+        let quarantine = || {
+            hold_users(pd, (send_cq, recv_cq), srq);
+            send_cq.reserve_forever(sq.slots);
+            recv_cq.reserve_forever(rq_slots);
+        };
+        let mask = regs::db::HANDLE_MASK;
+        let nameable = handle <= mask && qpn <= mask;
+        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
         let qp = match ctl {
-            Ok(ctl) => qp(ctl),
-            Err(e) => {
-                // The device made a QP the driver cannot keep track of: destroy it.
-                log::warn!("bareverbs: no memory for a QP's control block: {e}");
-                let _ = self.state.lock().destroy(
-                    &self.regs,
-                    Object::Qp,
-                    (Op::DestroyQp, opcode::DESTROY_QP),
-                    handle,
-                    (),
-                );
+            Ok(ctl) if !garbage || !nameable => qp(ctl),
+            ctl => {
+                // The device did not make the QP we asked for (garbage), or the driver cannot
+                // keep track of it (no memory for its control block): destroy it, by a handle
+                // that is at least well-formed.
+                let e = match ctl {
+                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
+                    Err(e) => e,
+                };
+                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
+                let mut st = self.state.lock();
+                let code = (Op::DestroyQp, opcode::DESTROY_QP);
+                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
+                    Err(_) => {
+                        drop(st);
+                        quarantine();
+                        core::mem::forget(qp);
+                    }
+                }
                 return Err(e);
             }
         };
-        if echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0 {
-            // The device did not make the QP we asked for: garbage.
-            return Err(Error::bad_value(op, "qp caps", echoed[0])).or_else(|e| {
-                if let Err((qp, _)) = self.destroy_qp_cmd(qp) {
-                    core::mem::forget(qp);
-                }
-                Err(e)
-            });
+        if garbage {
+            // Garbage under a handle that cannot be named (checked above): nothing can be
+            // told to the device about it. The caller quarantines the QP.
+            quarantine();
+            let mut qp = qp;
+            qp.handle_unusable = true;
+            core::mem::forget(qp);
+            return Err(Error::bad_value(op, "qp caps", echoed[0]));
         }
         Ok(qp)
     }
@@ -432,6 +462,21 @@ impl<H: Hal> Pvrdma<H> {
             g.forget(qp.ctl.ptr());
         }
         f(s, r)
+    }
+
+    /// Hands back every outstanding or parked safe buffer of a QP the device has destroyed.
+    fn release_all(&self, qp: &mut Qp<H>) {
+        let ctl = qp.ctl.ctl();
+        ctl.rq.release_parked(ctl.release);
+        for q in [&ctl.sq, &ctl.rq] {
+            let (done, tail) = (q.ctl.done.load(Ordering::Relaxed), q.ctl.tail.load(Ordering::Relaxed));
+            let mut n = done;
+            while n != tail {
+                // `recv` false: nothing can write the buffers any more.
+                q.give_back(n, (done, tail), false, ctl.release);
+                n = n.wrapping_add(1);
+            }
+        }
     }
 
     /// The QP's outstanding requests are to complete flushed (it went to ERR).
@@ -452,18 +497,15 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ctl();
         self.with_cqs(qp, |s, r| {
             for (q, cq) in [(&ctl.sq, s), (&ctl.rq, r)] {
-                let (mut done, tail) = (
+                let (done, tail) = (
                     q.ctl.done.load(Ordering::Relaxed),
                     q.ctl.tail.load(Ordering::Relaxed),
                 );
-                while done != tail {
-                    let (_, tag) = q.posted(done);
-                    if let (Some(rel), Some(i)) = (ctl.release, tag.checked_sub(1)) {
-                        // SAFETY: a safe request of this QP that will never complete now: its
-                        // buffer goes back once, here.
-                        unsafe { rel.release(i) };
-                    }
-                    done = done.wrapping_add(1);
+                let recv = core::ptr::eq(q, &ctl.rq);
+                let mut n = done;
+                while n != tail {
+                    q.give_back(n, (done, tail), recv, ctl.release);
+                    n = n.wrapping_add(1);
                 }
                 q.ctl.done.store(0, Ordering::Relaxed);
                 q.ctl.tail.store(0, Ordering::Relaxed);
@@ -628,18 +670,6 @@ impl<H: Hal> Pvrdma<H> {
         })
     }
 
-    /// DESTROY_QP only; the QP comes back on failure.
-    fn destroy_qp_cmd(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
-        let mut st = self.state.lock();
-        let (handle, gsi) = (qp.handle, qp.qp_type == QpType::Gsi);
-        let code = (Op::DestroyQp, opcode::DESTROY_QP);
-        st.destroy(&self.regs, Object::Qp, code, handle, qp)?;
-        if gsi {
-            st.gsi = false;
-        }
-        Ok(())
-    }
-
     pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
         let (pd, srq, cqs, reserved) = (qp.pd, qp.srq, (qp.send_cq, qp.recv_cq), qp.reserved);
         let (handle, unusable) = (qp.handle, qp.handle_unusable);
@@ -651,23 +681,25 @@ impl<H: Hal> Pvrdma<H> {
             return Ok(());
         }
         let mut qp = qp;
-        // Out of the table first (no poller may reach its control block after this), and its
-        // outstanding safe buffers back to their pool; then the device.
+        // Out of the table first: no poller may reach its control block after this.
         self.with_cqs(&qp, |_, _| {
             if self.qps.lookup_ctl(handle) == Some(ctl) {
                 self.qps.remove(handle);
             }
         });
-        self.discard(&mut qp);
-        match self.destroy_qp_cmd(qp) {
-            Ok(()) => {}
-            Err((qp, e)) => {
-                // Back in the table: the QP still exists.
-                let ids = self.with_cqs(&qp, |s, r| (s.id(), r.id()));
-                let _ = self.with_cqs(&qp, |_, _| self.qps.insert(handle, ids, ctl));
-                return Err((qp, e));
-            }
+        let mut st = self.state.lock();
+        let code = (Op::DestroyQp, opcode::DESTROY_QP);
+        if let Err(((), e)) = st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+            drop(st);
+            // Back in the table: the QP still exists.
+            let _ = self.with_cqs(&qp, |s, r| self.qps.insert(handle, (s.id(), r.id()), ctl));
+            return Err((qp, e));
         }
+        st.gsi &= qp.qp_type != QpType::Gsi;
+        drop(st);
+        // The device no longer has the QP: every outstanding safe buffer comes back.
+        self.release_all(&mut qp);
+        drop(qp);
         // SAFETY: the PD, CQs and SRQ outlive the QP (the provider contract of create_qp).
         unsafe {
             pd.as_ref().users.fetch_sub(1, Ordering::Relaxed);

@@ -40,6 +40,30 @@ pub(crate) struct QueueCtl {
     _pad: u32,
 }
 
+/// A shared receive queue's counters: receives published (by its poster) and completed (by
+/// the pollers of its QPs' CQs), both free-running.
+#[derive(Default)]
+pub(crate) struct SrqCounters {
+    pub(crate) tail: AtomicU32,
+    pub(crate) done: AtomicU32,
+}
+
+impl SrqCounters {
+    /// Counts one completed receive; `false` when none was outstanding (a CQE the device
+    /// invented).
+    pub(crate) fn complete(&self) -> bool {
+        let tail = self.tail.load(Ordering::Acquire);
+        self.done
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d != tail).then(|| d.wrapping_add(1))
+            })
+            .is_ok()
+    }
+}
+
+/// A shadow tag's mark for a buffer kept until the QP is destroyed (tags are index + 1 < 2³¹).
+const PARKED: u32 = 1 << 31;
+
 /// What the driver keeps for one safe-path slot: the caller's `wr_id` and the buffer tag.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -64,8 +88,12 @@ pub(crate) struct QpCtl {
     pub(crate) rq: QueueView,
     /// The QP number completions report.
     pub(crate) qpn: u32,
+    /// The device's handle of the QP (what CQEs name).
+    pub(crate) handle: u32,
     /// Receives come from a shared receive queue (their completions are not the RQ's).
     pub(crate) srq: bool,
+    /// The SRQ's counters, when receives come from one.
+    pub(crate) srq_done: Option<NonNull<SrqCounters>>,
     /// Where a safe buffer goes back when a completion is taken by a raw poll, a flush or a
     /// destroy.
     pub(crate) release: Option<BufRelease>,
@@ -105,10 +133,81 @@ impl QueueView {
         }
     }
 
+    /// Whether request `n` (outstanding: done ≤ n < tail) was taken by the device already
+    /// (behind its consumer index, checked; an impossible index counts every request as
+    /// taken, the safe answer).
+    pub(crate) fn consumed(&self, n: u32, done: u32, tail: u32) -> bool {
+        let wrap = 2 * self.ring.slots() - 1;
+        let cons = self.ring.cons().load(Ordering::Acquire);
+        let waiting = self.ring.index(tail).wrapping_sub(cons) & wrap;
+        let waiting = if cons & !wrap != 0 || waiting > tail.wrapping_sub(done) {
+            0
+        } else {
+            waiting
+        };
+        tail.wrapping_sub(n) > waiting
+    }
+
+    /// Hands back the safe buffer of outstanding request `n` that will not complete (flush,
+    /// reset), or parks it: a receive buffer the device already took stays out of the pool
+    /// until the QP is destroyed, since a device that only records ERROR and RESET (QEMU's host
+    /// QP keeps its receives) may still write it. `recv` says which queue this is.
+    pub(crate) fn give_back(
+        &self,
+        n: u32,
+        (done, tail): (u32, u32),
+        recv: bool,
+        release: Option<BufRelease>,
+    ) {
+        let (_, tag) = self.posted(n);
+        let (Some(rel), true) = (release, tag != 0 && tag & PARKED == 0) else {
+            return;
+        };
+        if recv && self.consumed(n, done, tail) {
+            self.park(n);
+            return;
+        }
+        // SAFETY: a safe request of this queue that will never complete: its buffer goes back
+        // once, here, and the device never took it (or only reads it).
+        unsafe { rel.release(tag - 1) };
+    }
+
+    /// Marks request `n`'s buffer as parked (kept until the QP is destroyed).
+    pub(crate) fn park(&self, n: u32) {
+        if let Some(s) = self.shadow {
+            let i = (n & (self.ring.slots() - 1)) as usize;
+            // SAFETY: as in `posted`; the caller holds the locks that make this slot's record
+            // its own (a flush or reset of this queue).
+            unsafe {
+                let e = s.as_ptr().add(i);
+                (*e).tag |= PARKED;
+            }
+        }
+    }
+
+    /// Hands back every parked buffer (the device has dropped the QP).
+    pub(crate) fn release_parked(&self, release: Option<BufRelease>) {
+        let (Some(s), Some(rel)) = (self.shadow, release) else {
+            return;
+        };
+        for i in 0..self.ring.slots() as usize {
+            // SAFETY: the shadow has one entry per slot; the QP is gone from the device and
+            // from the table, so nothing else reads or writes it.
+            let e = unsafe { &mut *s.as_ptr().add(i) };
+            if e.tag & PARKED != 0 {
+                // SAFETY: parked once, released once (the mark is cleared).
+                unsafe { rel.release((e.tag & !PARKED) - 1) };
+                e.tag = 0;
+            }
+        }
+    }
+
     /// Records request `n`'s `wr_id` and tag in the shadow, if there is one.
     #[inline]
     pub(crate) fn record(&self, n: u32, wr_id: u64, tag: u32) {
         if let Some(s) = self.shadow {
+            // A parked buffer in this slot (left by a reset) stays out of the pool: the device
+            // may still write it, and nothing will say when it stops.
             let i = (n & (self.ring.slots() - 1)) as usize;
             // SAFETY: as in `posted`; only the (exclusive) poster writes unpublished slots.
             unsafe {
@@ -133,8 +232,8 @@ impl<H: Hal> QpCtlMem<H> {
     pub(crate) fn new(
         hal: &H,
         (sq, rq): (Ring, Ring),
-        qpn: u32,
-        srq: bool,
+        (qpn, handle): (u32, u32),
+        srq_done: Option<NonNull<SrqCounters>>,
         release: Option<BufRelease>,
     ) -> Result<Self> {
         let head = size_of::<QpCtl>().next_multiple_of(16);
@@ -159,7 +258,9 @@ impl<H: Hal> QpCtlMem<H> {
             sq: QueueView::new(sq, sq_shadow),
             rq: QueueView::new(rq, rq_shadow),
             qpn,
-            srq,
+            handle,
+            srq: srq_done.is_some(),
+            srq_done,
             release,
         };
         // SAFETY: the memory is ours, page-aligned (so aligned for QpCtl) and large enough.

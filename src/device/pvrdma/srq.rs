@@ -8,6 +8,7 @@ use bareverbs_hal::Hal;
 use super::abi::{self, opcode};
 use super::layout::{QueueLayout, RQ_WQE_HDR, layout};
 use super::pdir::QueueMem;
+use super::qptable::SrqCounters;
 use super::ring::Ring;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
 use crate::error::{Error, Object, Op, Param, Result};
@@ -19,13 +20,13 @@ pub struct Srq<H: Hal> {
     pub(crate) attr: SrqAttr,
     pub(crate) layout: QueueLayout,
     mem: QueueMem<H>,
-    /// The driver's producer counter (free-running), and the lock that makes posting
-    /// exclusive.
-    pub(crate) tail: AtomicU32,
+    /// The lock that makes posting exclusive.
     pub(crate) lock: spin::Mutex<()>,
     pub(crate) ring: Ring,
     /// QPs that receive from it.
     pub(crate) users: AtomicU32,
+    /// Receives posted and completed (the credit is the ring minus the difference).
+    pub(crate) counters: SrqCounters,
     /// Its PD (which it uses: it outlives the SRQ and does not move).
     pd: core::ptr::NonNull<Pd>,
 }
@@ -109,7 +110,6 @@ impl<H: Hal> Pvrdma<H> {
             handle: r.srqn,
             attr: actual,
             layout,
-            tail: AtomicU32::new(0),
             lock: spin::Mutex::new(()),
             ring: Ring::new(
                 &mem.data,
@@ -119,6 +119,7 @@ impl<H: Hal> Pvrdma<H> {
                 layout.stride,
             ),
             users: AtomicU32::new(0),
+            counters: SrqCounters::default(),
             pd: core::ptr::NonNull::from(pd),
             mem,
         };

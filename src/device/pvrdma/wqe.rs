@@ -281,14 +281,13 @@ impl<H: Hal> Pvrdma<H> {
         }
         let _guard = srq.lock.try_lock().ok_or(Error::Busy { op })?;
         let ring = srq.ring;
-        let tail0 = srq.tail.load(Ordering::Relaxed);
-        // SRQ requests complete out of order (across QPs): the credit is what the device has
-        // consumed, its cons_head (checked).
-        let head = ring.cons().load(Ordering::Acquire);
-        let wrap = 2 * ring.slots() - 1;
-        let used = ring.index(tail0).wrapping_sub(head) & wrap;
-        if head & !wrap != 0 || used > ring.slots() {
-            return Err(Error::bad_value(op, "SRQ cons_head", head));
+        let tail0 = srq.counters.tail.load(Ordering::Relaxed);
+        // Receives completed through any QP give the SRQ its credit back: never more
+        // outstanding than the ring (and the CQ reservations) hold.
+        let done = srq.counters.done.load(Ordering::Acquire);
+        let used = tail0.wrapping_sub(done);
+        if used > ring.slots() {
+            return Err(Error::bad_value(op, "SRQ completions", u64::from(done)));
         }
         let free = ring.slots() - used;
         if wrs.len() as u32 > free {
@@ -310,7 +309,7 @@ impl<H: Hal> Pvrdma<H> {
         }
         if n != tail0 {
             ring.publish(n);
-            srq.tail.store(n, Ordering::Relaxed);
+            srq.counters.tail.store(n, Ordering::Release);
             before_doorbell();
             self.uar.write32(db::SRQ, srq.handle() | db::SRQ_RECV);
         }
