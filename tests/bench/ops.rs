@@ -63,6 +63,9 @@ struct Bench<'a> {
     /// The UD destination: the UD QP itself.
     ud_qpn: u32,
     qkey: u32,
+    /// The wr_id of the single-request scenarios, read from memory as an application's would
+    /// be (the batches number theirs 0..16 from their loop counter).
+    wr_id: u64,
     wc: [WorkCompletion; 16],
 }
 
@@ -79,7 +82,7 @@ fn bench_empty(b: &mut Bench<'_>) {
 fn bench_post_send_1(b: &mut Bench<'_>) {
     let mut s = b.qp.send_batch();
     // SAFETY: the MR lives for the whole benchmark; the CPU never touches its bytes.
-    unsafe { s.send(0, SendFlags::SIGNALED, &b.sges[..1]) }.unwrap();
+    unsafe { s.send(b.wr_id, SendFlags::SIGNALED, &b.sges[..1]) }.unwrap();
     s.finish();
 }
 
@@ -121,7 +124,7 @@ fn bench_post_send_ud_1(b: &mut Bench<'_>) {
     let dest = (b.ah, b.ud_qpn, b.qkey);
     let mut s = b.ud.send_batch();
     // SAFETY: as above.
-    unsafe { s.send_to(0, SendFlags::SIGNALED, dest, &b.sges[..1]) }.unwrap();
+    unsafe { s.send_to(b.wr_id, SendFlags::SIGNALED, dest, &b.sges[..1]) }.unwrap();
     s.finish();
 }
 
@@ -129,7 +132,7 @@ fn bench_post_send_ud_1(b: &mut Bench<'_>) {
 #[inline(never)]
 fn bench_post_recv_1(b: &mut Bench<'_>) {
     // SAFETY: as above.
-    unsafe { b.qp.post_recv_raw(0, &b.sges[..1]) }.unwrap();
+    unsafe { b.qp.post_recv_raw(b.wr_id, &b.sges[..1]) }.unwrap();
 }
 
 #[unsafe(no_mangle)]
@@ -164,13 +167,13 @@ fn bench_poll_empty(b: &mut Bench<'_>) -> usize {
 #[unsafe(no_mangle)]
 #[inline(never)]
 fn bench_safe_post_send_1<'a>(b: &mut Bench<'a>, buf: Buf<'a, P>) {
-    b.sqp.post_send(0, buf).map_err(|(_, e)| e).unwrap();
+    b.sqp.post_send(b.wr_id, buf).map_err(|(_, e)| e).unwrap();
 }
 
 #[unsafe(no_mangle)]
 #[inline(never)]
 fn bench_safe_post_recv_1<'a>(b: &mut Bench<'a>, buf: Buf<'a, P>) {
-    b.sqp.post_recv(0, buf).map_err(|(_, e)| e).unwrap();
+    b.sqp.post_recv(b.wr_id, buf).map_err(|(_, e)| e).unwrap();
 }
 
 #[unsafe(no_mangle)]
@@ -522,6 +525,7 @@ fn main() {
         remote: mr.addr() + 2048,
         rkey: mr.rkey(),
         qkey: black_box(QKEY),
+        wr_id: black_box(0),
         wc: [WorkCompletion::default(); 16],
     };
     model.set_free_doorbells(true);
