@@ -1349,7 +1349,11 @@ fn to_error_completes_every_outstanding_wr_once_as_flushed() {
         assert_eq!(wcs.len(), 12, "each once");
         // The send buffers are back; the three receive buffers the device took stay parked
         // (QEMU's host QP still holds the receives and may write them) until b is destroyed.
-        assert_eq!(pool.free_count(), 13, "send buffers back, taken receive buffers parked");
+        assert_eq!(
+            pool.free_count(),
+            13,
+            "send buffers back, taken receive buffers parked"
+        );
         assert_eq!(drain(cq), []);
         let cqes = model.counters().1;
         // A late CQE from the device for a flushed receive (the host QP still held it: QEMU
@@ -1370,7 +1374,11 @@ fn to_error_completes_every_outstanding_wr_once_as_flushed() {
             "only the sender's own completion"
         );
         drop((a, b));
-        assert_eq!(pool.free_count(), 16, "every safe buffer back once b is destroyed");
+        assert_eq!(
+            pool.free_count(),
+            16,
+            "every safe buffer back once b is destroyed"
+        );
         drop(mr);
     });
 }
@@ -1418,7 +1426,11 @@ fn flushes_come_through_the_qps_own_poll_with_their_buffers() {
         assert_eq!(pool.free_count(), 13);
         assert_eq!(drain(cq), []);
         drop((a, b));
-        assert_eq!(pool.free_count(), 16, "parked buffers back once b is destroyed");
+        assert_eq!(
+            pool.free_count(),
+            16,
+            "parked buffers back once b is destroyed"
+        );
         drop(mr);
     });
 }

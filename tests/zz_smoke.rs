@@ -101,7 +101,11 @@ fn smoke() {
     assert_eq!(n, 2, "{wc:?}");
     assert_eq!(wc[0].status, WcStatus::WrFlushErr);
     assert_eq!((wc[0].wr_id, wc[1].wr_id), (21, 22));
-    assert_eq!(pool.free_count(), 15, "the receive buffer the device took is parked");
+    assert_eq!(
+        pool.free_count(),
+        15,
+        "the receive buffer the device took is parked"
+    );
     assert_eq!(cq.poll(&mut wc).unwrap(), 0);
     drop((a, b));
     assert_eq!(pool.free_count(), 16);

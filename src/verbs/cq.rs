@@ -52,32 +52,7 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// [`Error::Busy`](crate::Error::Busy) while another thread polls this CQ.
     #[inline]
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        if out.is_empty() {
-            return Ok(0);
-        }
-        let Some(mut p) = self.ctx.provider().start_poll(&self.raw, None)? else {
-            return Ok(0);
-        };
-        let mut n = 0;
-        while n < out.len() {
-            // A provider reports a refused CQE only before any good one of the same poll
-            // (after good ones, at the next poll): nothing taken is lost.
-            if !p.advance()? {
-                break;
-            }
-            out[n] = WorkCompletion {
-                wr_id: p.wr_id(),
-                byte_len: p.byte_len(),
-                imm: p.imm(),
-                qp_num: p.qp_num(),
-                src_qp: p.src_qp(),
-                status: p.status(),
-                opcode: p.opcode(),
-                flags: p.flags(),
-            };
-            n += 1;
-        }
-        Ok(n)
+        self.ctx.provider().poll_cq(&self.raw, out)
     }
 
     /// Starts a poll (`ibv_start_poll`): `None` when there is nothing to poll, else a cursor on

@@ -263,6 +263,9 @@ pub trait Provider {
         cq: &'c Self::Cq,
         only: Option<&Self::Qp>,
     ) -> Result<Option<Self::Poll<'c>>>;
+    /// Polls up to `out.len()` completions of any QP into `out` (`ibv_poll_cq`); a safe
+    /// buffer whose completion is taken here goes back to its pool.
+    fn poll_cq(&self, cq: &Self::Cq, out: &mut [WorkCompletion]) -> Result<usize>;
     /// Requests an interrupt for the next completion (`solicited_only`: the next solicited).
     fn arm_cq(&self, cq: &Self::Cq, solicited_only: bool);
 }

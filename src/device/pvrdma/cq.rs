@@ -13,12 +13,12 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{self, wc_opcode};
 use super::pdir::QueueMem;
-use super::qptable::{QpCtl, QueueView};
+use super::qptable::QpCtl;
 use super::regs::db;
 use super::ring::Ring;
 use super::{CQES_PER_PAGE, Pvrdma};
 use crate::error::{Error, Op, Queue, Result};
-use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus};
+use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// A completion queue on a PVRDMA device.
 pub struct Cq<H: Hal> {
@@ -200,6 +200,174 @@ impl<H: Hal> Pvrdma<H> {
     }
 }
 
+impl<H: Hal> Pvrdma<H> {
+    /// Polls up to `out.len()` completions straight into `out` (`ibv_poll_cq`); a safe
+    /// buffer whose completion is taken here goes back to its pool.
+    #[inline]
+    pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let ring = &cq.ring;
+        if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
+            && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
+        {
+            // Looks empty: let the device harvest what it has, then look again (§10.3).
+            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
+            if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
+                return Ok(0);
+            }
+        }
+        self.harvest(cq, out)
+    }
+
+    /// The loop of [`poll_into`](Self::poll_into), under the CQ's poll lock: each CQE checked
+    /// and matched to the next outstanding request of its work queue.
+    #[inline(never)]
+    fn harvest(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let op = Op::PollCq;
+        let mut st = cq.poll.try_lock().ok_or(Error::Busy { op })?;
+        if st.deferred.is_some() {
+            cq.deferred.store(0, Ordering::Relaxed);
+            if let Some(e) = st.deferred.take() {
+                return Err(e);
+            }
+        }
+        let ring = cq.ring;
+        let Some(ready) = ring.ready(st.head) else {
+            let v = ring.prod().load(Ordering::Relaxed);
+            return Err(Error::bad_value(op, "CQ prod_tail", v));
+        };
+        let (start, end) = (st.head, st.head.wrapping_add(ready));
+        let mut head = start;
+        let mut n = 0;
+        let mut refused = None;
+        while head != end && n < out.len() {
+            let c = ring.slot(head).cast::<abi::Cqe>();
+            head = head.wrapping_add(1);
+            macro_rules! get {
+                ($f:ident) => {
+                    // SAFETY: a CQE slot of the ring, published by the prod_tail read (acquire)
+                    // in `ready`; read as plain data.
+                    unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+                };
+            }
+            let (qp, raw_op, raw_status) = (get!(qp), get!(opcode), get!(status));
+            let Some((opcode, recv)) = decode_opcode(raw_op) else {
+                refused = Some(Error::bad_value(op, "CQE opcode", raw_op));
+                break;
+            };
+            if qp > u64::from(db::HANDLE_MASK) {
+                refused = Some(Error::bad_value(op, "CQE qp", qp));
+                break;
+            }
+            let Some(status) = WcStatus::from_raw(raw_status) else {
+                refused = Some(Error::bad_value(op, "CQE status", raw_status));
+                break;
+            };
+            let (handle, wr_id) = (qp as u32, get!(wr_id));
+            let ctl = match st.last {
+                Some((h, c)) if h == handle => c,
+                _ => match self.qps.lookup(handle, cq.id(), recv) {
+                    Some(c) => {
+                        st.last = Some((handle, c));
+                        c
+                    }
+                    // A QP that is gone (or never completes here): drop its CQE.
+                    None => continue,
+                },
+            };
+            // SAFETY: the table named this CQ for the QP, so the control block lives while
+            // this poll holds the CQ's lock.
+            let ctl = unsafe { ctl.as_ref() };
+            match ctl.match_cqe(recv, wr_id) {
+                Ok(Some(tag)) => {
+                    if let (Some(i), Some(r)) = (tag.checked_sub(1), ctl.release) {
+                        // SAFETY: the tag of a safe request of this QP, completed once, here.
+                        unsafe { r.release(i) };
+                    }
+                }
+                Ok(None) => continue,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+            let flags = WcFlags::from_bits_truncate((get!(wc_flags) & 0x3) as u8);
+            out[n] = WorkCompletion {
+                wr_id,
+                byte_len: get!(byte_len),
+                imm: if flags.contains(WcFlags::WITH_IMM) {
+                    get!(imm_data)
+                } else {
+                    0
+                },
+                qp_num: ctl.qpn,
+                src_qp: get!(src_qp),
+                status,
+                opcode,
+                flags,
+            };
+            n += 1;
+        }
+        if head != start {
+            st.head = head;
+            // The CQEs were read before their slots are handed back (release).
+            ring.cons().store(ring.index(head), Ordering::Release);
+        }
+        if let Some(e) = refused {
+            if n == 0 {
+                return Err(e);
+            }
+            // Good completions first; the refusal (its CQE consumed) comes next time.
+            st.deferred = Some(e);
+            cq.deferred.store(1, Ordering::Relaxed);
+            return Ok(n);
+        }
+        if n < out.len() && head == end && cq.flushing.load(Ordering::Relaxed) != 0 {
+            n += self.fill_flushes(cq, &mut out[n..]);
+        }
+        Ok(n)
+    }
+
+    /// Fills `out` with the driver's flush completions for `cq` (the poll lock is held).
+    #[cold]
+    #[inline(never)]
+    fn fill_flushes(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(f) = take_flush(self, cq, None) else {
+                break;
+            };
+            if let (Some(i), Some(r)) = (f.tag.checked_sub(1), f.release) {
+                // SAFETY: a safe request flushed once, here.
+                unsafe { r.release(i) };
+            }
+            out[n] = WorkCompletion {
+                wr_id: f.wr_id,
+                qp_num: f.qpn,
+                status: WcStatus::WrFlushErr,
+                opcode: f.opcode,
+                ..WorkCompletion::default()
+            };
+            n += 1;
+        }
+        n
+    }
+}
+
+/// A CQE opcode as a completion opcode, and whether it completes a receive.
+#[inline(always)]
+fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
+    Some(match raw {
+        wc_opcode::SEND => (WcOpcode::Send, false),
+        wc_opcode::RDMA_WRITE => (WcOpcode::RdmaWrite, false),
+        wc_opcode::RDMA_READ => (WcOpcode::RdmaRead, false),
+        wc_opcode::COMP_SWAP => (WcOpcode::CompSwap, false),
+        wc_opcode::FETCH_ADD => (WcOpcode::FetchAdd, false),
+        wc_opcode::RECV => (WcOpcode::Recv, true),
+        wc_opcode::RECV_RDMA_WITH_IMM => (WcOpcode::RecvRdmaWithImm, true),
+        _ => return None,
+    })
+}
+
 impl<H: Hal> Poll<'_, H> {
     /// Hands the current completion's safe buffer back, unless it was taken.
     #[inline]
@@ -244,15 +412,8 @@ impl<H: Hal> Poll<'_, H> {
             }
             let qp = get!(qp);
             let raw_op = get!(opcode);
-            let (opcode, recv) = match raw_op {
-                wc_opcode::SEND => (WcOpcode::Send, false),
-                wc_opcode::RDMA_WRITE => (WcOpcode::RdmaWrite, false),
-                wc_opcode::RDMA_READ => (WcOpcode::RdmaRead, false),
-                wc_opcode::COMP_SWAP => (WcOpcode::CompSwap, false),
-                wc_opcode::FETCH_ADD => (WcOpcode::FetchAdd, false),
-                wc_opcode::RECV => (WcOpcode::Recv, true),
-                wc_opcode::RECV_RDMA_WITH_IMM => (WcOpcode::RecvRdmaWithImm, true),
-                other => return Err(self.refuse("CQE opcode", other.into())),
+            let Some((opcode, recv)) = decode_opcode(raw_op) else {
+                return Err(self.refuse("CQE opcode", raw_op.into()));
             };
             if qp > u64::from(db::HANDLE_MASK) {
                 return Err(self.refuse("CQE qp", qp));
@@ -283,40 +444,16 @@ impl<H: Hal> Poll<'_, H> {
             let ctl = unsafe { ctl.as_ref() };
             self.qpn = ctl.qpn;
             self.release = ctl.release;
-            let tag = if recv && ctl.srq {
-                // A receive from the shared queue: no order to check, nothing of ours to match;
-                // the SRQ gets its credit back.
-                if let Some(c) = ctl.srq_done {
-                    // SAFETY: the SRQ outlives the QPs that receive from it (the provider
-                    // contract of create_qp), and this QP is alive (the table rule).
-                    if !unsafe { c.as_ref() }.complete() {
-                        // No receive outstanding on the SRQ: a CQE the device invented.
-                        self.consume();
-                        continue;
-                    }
-                }
-                0
-            } else {
-                let q: &QueueView = if recv { &ctl.rq } else { &ctl.sq };
-                let done = q.ctl.done.load(Ordering::Relaxed);
-                if done == q.ctl.tail.load(Ordering::Acquire) {
-                    // Nothing outstanding: a late CQE for a request already flushed (or one
-                    // the device invented). Every request completes once: drop it.
+            let tag = match ctl.match_cqe(recv, wr_id) {
+                Ok(Some(tag)) => tag,
+                Ok(None) => {
                     self.consume();
                     continue;
                 }
-                let (posted, tag) = q.posted(done);
-                if posted != wr_id {
-                    if q.ctl.flush.load(Ordering::Acquire) != 0 {
-                        // The queue is being flushed: a late CQE for a request already
-                        // flushed. Every request completes once: drop it.
-                        self.consume();
-                        continue;
-                    }
-                    return Err(self.refuse("CQE wr_id (not the next request)", wr_id));
+                Err(e) => {
+                    self.consume();
+                    return Err(e);
                 }
-                q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-                tag
             };
             self.consume();
             self.cur = Current::Hw(NonNull::new(c).expect("ring slot"));
@@ -341,48 +478,10 @@ impl<H: Hal> Poll<'_, H> {
     /// The driver's flushes: the next outstanding request of a work queue in the error state.
     #[cold]
     fn next_flush(&mut self) -> Option<bool> {
-        if self.cq.flushing.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut found = None;
-        let (id, only) = (self.cq.id(), self.only);
-        self.dev.qps.for_each_on(id, |ctl, send, recv| {
-            if found.is_some() {
-                return;
-            }
-            for (q, here, opcode) in [
-                (&ctl.sq, send, WcOpcode::Send),
-                (&ctl.rq, recv && !ctl.srq, WcOpcode::Recv),
-            ] {
-                if !here || q.ctl.flush.load(Ordering::Acquire) == 0 {
-                    continue;
-                }
-                let done = q.ctl.done.load(Ordering::Relaxed);
-                if done == q.ctl.tail.load(Ordering::Acquire) {
-                    q.ctl.flush.store(0, Ordering::Release);
-                    self.cq.flushing.fetch_sub(1, Ordering::AcqRel);
-                    continue;
-                }
-                if only.is_some_and(|h| h != ctl.handle) {
-                    continue;
-                }
-                let (wr_id, mut tag) = q.posted(done);
-                let tail = q.ctl.tail.load(Ordering::Acquire);
-                if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done, tail) {
-                    // The device took this receive and may still write its buffer (QEMU's
-                    // host QP keeps it): the buffer is parked until the QP is destroyed.
-                    q.park(done);
-                    tag = 0;
-                }
-                q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-                found = Some((wr_id, tag, ctl.qpn, opcode, ctl.release));
-                return;
-            }
-        });
-        let (wr_id, tag, qpn, opcode, release) = found?;
+        let f = take_flush(self.dev, self.cq, self.only)?;
         self.cur = Current::Flush;
-        (self.wr_id, self.qpn, self.opcode) = (wr_id, qpn, opcode);
-        (self.status, self.tag, self.release) = (WcStatus::WrFlushErr, tag, release);
+        (self.wr_id, self.qpn, self.opcode) = (f.wr_id, f.qpn, f.opcode);
+        (self.status, self.tag, self.release) = (WcStatus::WrFlushErr, f.tag, f.release);
         Some(true)
     }
 
@@ -402,6 +501,66 @@ macro_rules! cqe_field {
         // until the poll ends (cons_head is stored at drop).
         $self.cqe(|c| unsafe { core::ptr::addr_of!((*c).$f).read_volatile() })
     };
+}
+
+/// A flush completion the driver made.
+struct Flush {
+    wr_id: u64,
+    tag: u32,
+    qpn: u32,
+    opcode: WcOpcode,
+    release: Option<crate::verbs::BufRelease>,
+}
+
+/// The next outstanding request of a work queue in the error state that completes to `cq`
+/// (of QP `only`, if given), taken as flushed. The caller holds `cq`'s poll lock.
+#[cold]
+#[inline(never)]
+fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>) -> Option<Flush> {
+    if cq.flushing.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut found = None;
+    dev.qps.for_each_on(cq.id(), |ctl, send, recv| {
+        if found.is_some() {
+            return;
+        }
+        for (q, here, opcode) in [
+            (&ctl.sq, send, WcOpcode::Send),
+            (&ctl.rq, recv && !ctl.srq, WcOpcode::Recv),
+        ] {
+            if !here || q.ctl.flush.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let done = q.ctl.done.load(Ordering::Relaxed);
+            let tail = q.ctl.tail.load(Ordering::Acquire);
+            if done == tail {
+                q.ctl.flush.store(0, Ordering::Release);
+                cq.flushing.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            if only.is_some_and(|h| h != ctl.handle) {
+                continue;
+            }
+            let (wr_id, mut tag) = q.posted(done);
+            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done, tail) {
+                // The device took this receive and may still write its buffer (QEMU's host
+                // QP keeps it): the buffer is parked until the QP is destroyed.
+                q.park(done);
+                tag = 0;
+            }
+            q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
+            found = Some(Flush {
+                wr_id,
+                tag,
+                qpn: ctl.qpn,
+                opcode,
+                release: ctl.release,
+            });
+            return;
+        }
+    });
+    found
 }
 
 impl<H: Hal> PollCq for Poll<'_, H> {

@@ -47,7 +47,7 @@ use crate::error::{
 use crate::pci;
 use crate::verbs::{
     AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
-    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr,
+    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
 
 /// Bring-up options.
@@ -702,6 +702,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
         only: Option<&Qp<H>>,
     ) -> Result<Option<Poll<'c, H>>> {
         Pvrdma::start_poll(self, cq, only.map(|q| q.handle()))
+    }
+
+    #[inline]
+    fn poll_cq(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll_into(cq, out)
     }
 
     fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {

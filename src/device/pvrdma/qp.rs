@@ -469,7 +469,10 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ctl();
         ctl.rq.release_parked(ctl.release);
         for q in [&ctl.sq, &ctl.rq] {
-            let (done, tail) = (q.ctl.done.load(Ordering::Relaxed), q.ctl.tail.load(Ordering::Relaxed));
+            let (done, tail) = (
+                q.ctl.done.load(Ordering::Relaxed),
+                q.ctl.tail.load(Ordering::Relaxed),
+            );
             let mut n = done;
             while n != tail {
                 // `recv` false: nothing can write the buffers any more.

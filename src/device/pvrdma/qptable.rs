@@ -99,6 +99,50 @@ pub(crate) struct QpCtl {
     pub(crate) release: Option<BufRelease>,
 }
 
+impl QpCtl {
+    /// Matches a CQE of this QP (`recv`: for a receive) carrying `wr_id` to the request it
+    /// completes: `Some(tag)` (the safe path's buffer tag + 1, or 0) when it is the next
+    /// outstanding one, which is then counted complete; `None` for a CQE to drop (a late one
+    /// for a request already flushed, or one the device invented with nothing outstanding);
+    /// an error for a CQE that cannot be right (another request than the next).
+    #[inline(always)]
+    pub(crate) fn match_cqe(&self, recv: bool, wr_id: u64) -> Result<Option<u32>> {
+        if recv && self.srq {
+            // A receive from the shared queue: completions come in no order across its QPs;
+            // the SRQ gets its credit back.
+            if let Some(c) = self.srq_done {
+                // SAFETY: the SRQ outlives the QPs that receive from it (the provider contract
+                // of create_qp), and this QP is alive (the table rule).
+                if !unsafe { c.as_ref() }.complete() {
+                    return Ok(None);
+                }
+            }
+            return Ok(Some(0));
+        }
+        let q = if recv { &self.rq } else { &self.sq };
+        let done = q.ctl.done.load(Ordering::Relaxed);
+        if done == q.ctl.tail.load(Ordering::Acquire) {
+            // Nothing outstanding: a late CQE for a request already flushed (or one the
+            // device invented). Every request completes once: drop it.
+            return Ok(None);
+        }
+        let (posted, tag) = q.posted(done);
+        if posted != wr_id {
+            if q.ctl.flush.load(Ordering::Acquire) != 0 {
+                // The queue is being flushed: a late CQE for a request already flushed.
+                return Ok(None);
+            }
+            return Err(Error::bad_value(
+                Op::PollCq,
+                "CQE wr_id (not the next request)",
+                wr_id,
+            ));
+        }
+        q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
+        Ok(Some(tag & !PARKED))
+    }
+}
+
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
     fn new(ring: Ring, shadow: Option<NonNull<Shadow>>) -> Self {
