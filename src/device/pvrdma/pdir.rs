@@ -28,6 +28,7 @@ impl<H: Hal> PageDir<H> {
     }
 
     /// A directory over `npages` pages (≤ [`MAX_PAGES`]), page `i` at `paddr(i)`.
+    #[inline(never)]
     pub(crate) fn over(hal: &H, npages: usize, paddr: impl Fn(usize) -> u64) -> Result<Self> {
         assert!(npages <= MAX_PAGES, "page directory too large");
         let tables = npages.div_ceil(ENTRIES);
@@ -56,6 +57,7 @@ pub(crate) struct QueueMem<H: Hal> {
 
 impl<H: Hal> QueueMem<H> {
     /// Allocates `pages` zeroed pages and their directory.
+    #[inline(never)]
     pub(crate) fn new(hal: &H, pages: usize) -> Result<Self> {
         let data = Dma::new(hal, pages)?;
         let pdir = PageDir::new(hal, &data)?;

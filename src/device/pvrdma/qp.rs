@@ -273,6 +273,7 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     /// CREATE_QP: the command, and the QP as the device answered.
+    #[inline(never)]
     fn create_qp_cmd(
         &self,
         pd: &Pd,
@@ -465,6 +466,7 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     /// Hands back every outstanding or parked safe buffer of a QP the device has destroyed.
+    #[inline(never)]
     fn release_all(&self, qp: &mut Qp<H>) {
         let ctl = qp.ctl.ctl();
         ctl.rq.release_parked(ctl.release);
@@ -483,6 +485,7 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     /// The QP's outstanding requests are to complete flushed (it went to ERR).
+    #[inline(never)]
     fn start_flush(&self, qp: &Qp<H>) {
         let ctl = qp.ctl.ctl();
         self.with_cqs(qp, |s, r| {
@@ -496,6 +499,7 @@ impl<H: Hal> Pvrdma<H> {
 
     /// Drops the QP's outstanding requests without completions (RESET, destroy): their safe
     /// buffers go back to the pool; the counters restart at 0.
+    #[inline(never)]
     fn discard(&self, qp: &mut Qp<H>) {
         let ctl = qp.ctl.ctl();
         self.with_cqs(qp, |s, r| {

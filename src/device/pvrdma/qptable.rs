@@ -273,6 +273,7 @@ pub(crate) struct QpCtlMem<H: Hal> {
 impl<H: Hal> QpCtlMem<H> {
     /// Allocates and initialises a control block for the rings `sq` and `rq`, with a shadow
     /// slot per ring slot when `safe`.
+    #[inline(never)]
     pub(crate) fn new(
         hal: &H,
         (sq, rq): (Ring, Ring),

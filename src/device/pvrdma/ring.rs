@@ -38,6 +38,7 @@ impl Ring {
     /// # Panics
     ///
     /// When the ring does not fit `mem` (a driver bug: sizes are computed, never read).
+    #[inline(never)]
     pub(crate) fn new(
         mem: &Dma<impl Hal>,
         state: usize,
