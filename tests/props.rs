@@ -26,9 +26,9 @@
 //! and no immediate data is delivered.
 //!
 //! Runs: a fixed seed per semantics (deterministic in CI); `PROPTEST_CASES` sets the number of
-//! cases, `PROPS_SEED` another seed. `PROPS_KNOWN_BUGS=1` also generates the operations that hit
-//! the driver bugs documented by the `#[ignore]`d reproductions at the end (by default the
-//! harness skips them, so the properties stay on for everything else).
+//! cases, `PROPS_SEED` another seed. The operations that hit the driver bugs this suite found
+//! (reproduced by the tests at the end: late receives after a flush or a reset, SRQ credit)
+//! are generated too; `PROPS_KNOWN_BUGS=none` skips them.
 
 mod common;
 
@@ -432,6 +432,9 @@ struct Wr {
     exec: Option<Exec>,
     /// Completed, or discarded (RESET, destroy).
     done: bool,
+    /// A safe receive flushed or discarded after the device took it: its buffer stays in the
+    /// driver until the QP is destroyed (the device may still write it).
+    parked: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -445,6 +448,8 @@ struct RQp {
     /// Receives the device holds (taken at the doorbell, not yet consumed by a send). The model
     /// keeps them through ERR and RESET as QEMU does (it records those states only).
     dev_rq: VecDeque<usize>,
+    /// Safe receives whose buffers the driver keeps until the QP is destroyed.
+    parked: Vec<usize>,
 }
 
 /// A send as it reaches the device.
@@ -569,6 +574,7 @@ impl Ref {
             raw,
             exec: None,
             done: false,
+            parked: false,
         });
         if buf.is_some() {
             self.in_qps += 1;
@@ -602,6 +608,7 @@ impl Ref {
             raw: s.raw,
             exec: None,
             done: false,
+            parked: false,
         });
         if s.buf.is_some() {
             self.in_qps += 1;
@@ -838,9 +845,18 @@ impl Ref {
         if let Some(v) = vendor_err {
             ensure_eq!(v, want_vendor, "QP {q}: vendor_err of {wc:?}");
         }
+        // The device took every published receive at its doorbell (the model, as QEMU).
+        let held = recv && wr.exec.is_none() && wr.wq == Wq::Rq;
+        let wr = &mut self.wrs[w];
         wr.done = true;
         if wr.buf.is_some() {
-            self.in_qps -= 1;
+            if held {
+                // Flushed while the device holds it: parked until the QP is destroyed.
+                wr.parked = true;
+                self.qps[q].parked.push(w);
+            } else {
+                self.in_qps -= 1;
+            }
         }
         Ok(w)
     }
@@ -852,13 +868,25 @@ impl Ref {
         for w in ws {
             self.wrs[w].done = true;
             if self.wrs[w].buf.is_some() {
-                self.in_qps -= 1;
+                if self.wrs[w].wq == Wq::Rq {
+                    // Discarded after the device took it (at its doorbell; its completion, if
+                    // any, is discarded too): parked until the QP is destroyed.
+                    self.wrs[w].parked = true;
+                    self.qps[q].parked.push(w);
+                } else {
+                    self.in_qps -= 1;
+                }
             }
         }
     }
 
     fn on_destroy(&mut self, q: usize) {
         self.discard(q);
+        // The device dropped the QP: the parked buffers come back.
+        for w in std::mem::take(&mut self.qps[q].parked) {
+            self.wrs[w].parked = false;
+            self.in_qps -= 1;
+        }
         self.qps[q].dev_rq.clear();
         self.qps[q].st = St::Gone;
         // SRQ receives it consumed whose completions were not polled: gone with its CQEs.
@@ -1555,7 +1583,7 @@ impl<'a> World<'a> {
             let wr = &self.r.wrs[w];
             ensure_eq!(
                 c.buf.as_ref().map(|b| b.index()),
-                wr.buf,
+                if wr.parked { None } else { wr.buf },
                 "buffer of {:?}",
                 c.wc
             );
@@ -1610,7 +1638,7 @@ impl<'a> World<'a> {
             if i + 1 == max {
                 break;
             }
-            match c.next() {
+            match c.next_poll() {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => return fail(&format!("CQ {cq}: cursor next"), e),
@@ -1898,6 +1926,7 @@ fn session(model: &Model, ctx: &Ctx, case: &Case, known_bugs: Bugs) -> Result<()
             sq: VecDeque::new(),
             rq: VecDeque::new(),
             dev_rq: VecDeque::new(),
+            parked: Vec::new(),
         });
     }
 
@@ -1990,8 +2019,9 @@ fn run_case(sem: Semantics, case: &Case, known_bugs: Bugs) -> Result<(), String>
 /// Cases per semantics unless `PROPTEST_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 2000;
 
-/// Which known driver bugs the generated steps may hit (`PROPS_KNOWN_BUGS`: `1` or `all`, or
-/// a comma-separated list of `late-recv`, `srq-credit`).
+/// Which once-buggy operations the generated steps may use (`PROPS_KNOWN_BUGS`: `all`, the
+/// default, or `1`, or a comma-separated list of `late-recv`, `srq-credit`; anything else,
+/// e.g. `none`, skips them).
 #[derive(Clone, Copy, Debug, Default)]
 struct Bugs {
     late_recv: bool,
@@ -2000,7 +2030,7 @@ struct Bugs {
 
 impl Bugs {
     fn from_env() -> Self {
-        let v = std::env::var("PROPS_KNOWN_BUGS").unwrap_or_default();
+        let v = std::env::var("PROPS_KNOWN_BUGS").unwrap_or_else(|_| "all".into());
         let on = |name: &str| v == "1" || v == "all" || v.split(',').any(|x| x.trim() == name);
         Bugs {
             late_recv: on("late-recv"),
@@ -2095,19 +2125,17 @@ fn pair<'a>(
 }
 
 /// Takes buffers from `pool` until it has the one numbered `index`; fills all with 0xAA.
+/// Takes every buffer the pool hands out, filled with 0xAA; the buffer of the flushed or
+/// discarded receive (`index`, which the device still holds) must not be among them.
 fn take_until<'p>(pool: &'p BufferPool<'p, P>, index: u32) -> Vec<Buf<'p, P>> {
     let mut held = Vec::new();
     while let Some(mut b) = pool.alloc() {
         b.as_mut_slice().fill(0xAA);
-        let found = b.index() == index;
         held.push(b);
-        if found {
-            break;
-        }
     }
     assert!(
-        held.iter().any(|b| b.index() == index),
-        "buffer {index} not handed out again"
+        held.iter().all(|b| b.index() != index),
+        "buffer {index} handed out again while the device holds its receive"
     );
     held
 }
@@ -2133,7 +2161,6 @@ fn raw_send(
 /// the pool has handed it out again. (Property: a buffer the CPU holds is never written by the
 /// device; shrunk from `SafeRecv, ToError, PollCq, <take the buffer>, RawSend from the peer`.)
 #[test]
-#[ignore = "driver bug: flushed receive still held by the device, which later writes its (reused) buffer"]
 fn late_receive_after_error_writes_a_reused_buffer() {
     let model = model();
     let ctx = up(&model);
@@ -2153,7 +2180,7 @@ fn late_receive_after_error_writes_a_reused_buffer() {
         let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
         let c = b.poll_one().unwrap().expect("the flush");
         assert_eq!((c.wc.wr_id, c.wc.status), (1, WcStatus::WrFlushErr));
-        drop(c); // the buffer is the pool's again
+        drop(c); // no buffer: the device took the receive, so it stays parked
         let held = take_until(&pool, index);
 
         raw_send(&mut a, &mut mr, 2, b"late");
@@ -2179,7 +2206,6 @@ fn late_receive_after_error_writes_a_reused_buffer() {
 /// Driver bug, same cause as above after RESET: the receives are discarded (buffers back to the
 /// pool, rings restarted) but QEMU keeps them in its host QP.
 #[test]
-#[ignore = "driver bug: receive discarded by RESET still held by the device, which later writes its (reused) buffer"]
 fn late_receive_after_reset_writes_a_reused_buffer() {
     let model = model();
     let ctx = up(&model);
@@ -2198,7 +2224,11 @@ fn late_receive_after_reset_writes_a_reused_buffer() {
         let mut b = b;
         b.post_recv(1, r).map_err(|(_, e)| e).unwrap();
         let _b = b.reset().map_err(|(_, e)| e).unwrap();
-        assert_eq!(pool.free_count(), 4, "RESET hands the buffer back");
+        assert_eq!(
+            pool.free_count(),
+            3,
+            "RESET keeps the buffer the device took (parked until the QP is destroyed)"
+        );
         let held = take_until(&pool, index);
 
         raw_send(&mut a, &mut mr, 2, b"late");
@@ -2226,7 +2256,6 @@ fn late_receive_after_reset_writes_a_reused_buffer() {
 /// the device's CQE for the receive it still held (the oldest, already reported flushed) is
 /// refused as `Protocol` ("CQE wr_id (not the next request)") instead of being dropped as late.
 #[test]
-#[ignore = "driver bug: late CQE for an already flushed receive is refused as a Protocol error"]
 fn late_receive_after_partial_flush_is_refused() {
     let model = model();
     let ctx = up(&model);
@@ -2270,7 +2299,6 @@ fn late_receive_after_partial_flush_is_refused() {
 /// never complete. (Property: caps hold — at most `max_wr` outstanding; shrunk from
 /// `srq_wr: 1, SrqRecv x1, SrqRecv x1`.)
 #[test]
-#[ignore = "driver bug: SRQ accepts more than max_wr outstanding receives (credit from the ring the device drains)"]
 fn srq_accepts_more_than_max_wr_outstanding() {
     let model = model();
     let ctx = up(&model);

@@ -66,6 +66,11 @@ impl PollState {
         }
     }
 
+    /// The consumer's position.
+    pub(crate) fn head(&self) -> u32 {
+        self.head
+    }
+
     /// Forgets a cached control block (its QP is going away).
     pub(crate) fn forget(&mut self, ctl: NonNull<QpCtl>) {
         if self.last.is_some_and(|(_, c)| c == ctl) {
@@ -107,6 +112,27 @@ impl<H: Hal> Cq<H> {
     /// here), even beyond the CQ's size: the CQ then refuses every new QP.
     pub(crate) fn reserve_forever(&self, n: u32) {
         self.reserved.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// How many receive CQEs of QP `handle` wait in the ring from the consumer position `head`
+    /// (the caller holds the poll lock). An impossible producer index counts none.
+    pub(crate) fn recv_cqes_of(&self, head: u32, handle: u32) -> u32 {
+        let ring = self.ring;
+        let ready = ring.ready(head).unwrap_or(0);
+        (0..ready)
+            .filter(|&i| {
+                let c = ring.slot(head.wrapping_add(i)).cast::<abi::Cqe>();
+                // SAFETY: a CQE slot of the ring, published by the prod_tail read (acquire) in
+                // `ready`; read as plain data.
+                let (qp, op) = unsafe {
+                    (
+                        core::ptr::addr_of!((*c).qp).read_volatile(),
+                        core::ptr::addr_of!((*c).opcode).read_volatile(),
+                    )
+                };
+                qp == u64::from(handle) && decode_opcode(op).is_some_and(|(_, recv)| recv)
+            })
+            .count() as u32
     }
 
     /// Gives back `n` reserved CQEs.

@@ -465,6 +465,20 @@ impl<H: Hal> Pvrdma<H> {
         f(s, r)
     }
 
+    /// Runs `f` with the receive CQ and its consumer position, the poll locks of both CQs held.
+    fn with_cqs_state<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, u32) -> R) -> R {
+        // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
+        let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
+        let mut g1 = s.poll.lock();
+        let mut g2 = (!core::ptr::eq(s, r)).then(|| r.poll.lock());
+        g1.forget(qp.ctl.ptr());
+        if let Some(g) = g2.as_mut() {
+            g.forget(qp.ctl.ptr());
+        }
+        let head = g2.as_ref().map_or(g1.head(), |g| g.head());
+        f(r, head)
+    }
+
     /// Hands back every outstanding or parked safe buffer of a QP the device has destroyed.
     #[inline(never)]
     fn release_all(&self, qp: &mut Qp<H>) {
@@ -688,8 +702,18 @@ impl<H: Hal> Pvrdma<H> {
             return Ok(());
         }
         let mut qp = qp;
-        // Out of the table first: no poller may reach its control block after this.
-        self.with_cqs(&qp, |_, _| {
+        // Out of the table first: no poller may reach its control block after this. Its CQEs
+        // still in the receive CQ go with it (Linux compacts them out); the SRQ receives they
+        // complete give the SRQ its credit back now.
+        let srq_counters = qp.ctl.ctl().srq_done;
+        self.with_cqs_state(&qp, |r, head| {
+            if let Some(c) = srq_counters {
+                // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
+                let c = unsafe { c.as_ref() };
+                for _ in 0..r.recv_cqes_of(head, handle) {
+                    c.complete();
+                }
+            }
             if self.qps.lookup_ctl(handle) == Some(ctl) {
                 self.qps.remove(handle);
             }
