@@ -1,3 +1,5 @@
+//! One pass through the new data path on the model: the safe path with a buffer pool, the raw
+//! batches, a flush on ERR, and every buffer and DMA page back at the end.
 mod common;
 use bareverbs::Context;
 use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
@@ -8,7 +10,7 @@ use common::*;
 type P = Pvrdma<Model>;
 
 #[test]
-fn smoke() {
+fn safe_raw_and_flush_end_to_end() {
     fn up_ctx(m: &Model) -> Context<P> {
         Context::new(
             Pvrdma::probe(
