@@ -9,11 +9,16 @@
 //!   after a RESET or destroy of its QP (discarded);
 //! - the completions of one work queue arrive in posting order (SRQ receives: any outstanding
 //!   one, once, on the QP that consumed it), with every field of the work completion right;
+//! - every poll gives exactly the completion due next, and "nothing" only when nothing is due:
+//!   CQEs in the order the device wrote them (those of destroyed QPs and discarded requests
+//!   dropped), `poll_one` stopping at another QP's CQE as documented, flushes once the ring is
+//!   empty;
 //! - no safe-path buffer is lost or duplicated: `free_count()` is always the pool size minus
 //!   the buffers the test holds and those inside QPs; a received buffer holds the bytes sent,
 //!   and buffers the test holds are never written by the device;
 //! - capacities hold: posting beyond `max_send_wr` / `max_recv_wr` outstanding (posted and not
-//!   yet polled) is `QueueFull` with nothing posted, and room comes back with completions;
+//!   yet polled; an SRQ: beyond `max_wr`) is `QueueFull` with nothing posted, and room comes
+//!   back with completions;
 //! - after a full drain nothing is left that should have completed; at the end every QP,
 //!   object and DMA page is gone and the model saw no violation.
 //!
@@ -25,10 +30,11 @@
 //! `Semantics::Qemu` every opcode runs as SEND (RDMA WRITE/READ consume a receive at the peer)
 //! and no immediate data is delivered.
 //!
-//! Runs: a fixed seed per semantics (deterministic in CI); `PROPTEST_CASES` sets the number of
-//! cases, `PROPS_SEED` another seed. The operations that hit the driver bugs this suite found
-//! (reproduced by the tests at the end: late receives after a flush or a reset, SRQ credit)
-//! are generated too; `PROPS_KNOWN_BUGS=none` skips them.
+//! Runs: a fixed seed per semantics (deterministic in CI), no failure-persistence files;
+//! `PROPTEST_CASES` sets the number of cases (default 2000 each), `PROPS_SEED` another seed. A
+//! failure prints the shrunk case. The steps that hit the driver bugs this suite found
+//! (reproduced by the tests at the end: late receives after a flush or a reset, SRQ credit) are
+//! generated too; `PROPS_KNOWN_BUGS=none` skips them.
 
 mod common;
 
@@ -482,6 +488,27 @@ struct Ref {
     next_wr: u64,
     /// Safe buffers inside QPs.
     in_qps: u32,
+    /// Each CQ's ring as the device filled it: (QP, request) per CQE, oldest first. Entries of
+    /// destroyed QPs and of requests already discarded are the driver's to drop.
+    rings: Vec<VecDeque<(usize, usize)>>,
+}
+
+/// What the next completion of a poll must be.
+#[derive(Clone, Copy, Debug)]
+enum Next {
+    /// The CQE at the head of CQ `.0`'s ring: QP `.1`, request `.2`.
+    Hw(usize, usize, usize),
+    /// A flush the driver makes (the ring is empty, a queue in ERR has requests left).
+    Flush,
+}
+
+/// How a completion was polled.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    /// `QueuePair::poll_one` of this QP.
+    Qp(usize),
+    /// `CompletionQueue::poll` or the cursor on this CQ.
+    Cq(usize),
 }
 
 fn flush_wc(wr_id: u64, qpn: u32, recv: bool) -> WorkCompletion {
@@ -596,6 +623,13 @@ impl Ref {
         }
     }
 
+    /// A receive executed: its CQE goes to its consumer's receive CQ.
+    fn deliver(&mut self, r: usize, e: Exec) {
+        let q = e.consumer;
+        self.wrs[r].exec = Some(e);
+        self.rings[TOPO[q].rcq].push_back((q, r));
+    }
+
     /// A send published at the doorbell: the model runs it there and then.
     fn post_send(&mut self, q: usize, wr_id: u64, s: &Resolved) {
         let w = self.wrs.len();
@@ -616,6 +650,7 @@ impl Ref {
         self.qps[q].sq.push_back(w);
         let e = self.execute(q, wr_id, s);
         self.wrs[w].exec = Some(e);
+        self.rings[TOPO[q].scq].push_back((q, w));
     }
 
     /// The model's `execute` (tests/model/src/datapath.rs), as the reference sees it.
@@ -674,22 +709,25 @@ impl Ref {
                     let Some(r) = self.pop_recv(dest) else {
                         return sender(WcStatus::RnrRetryExcErr, WcOpcode::RdmaWrite, 0);
                     };
-                    self.wrs[r].exec = Some(Exec {
-                        wc: WorkCompletion {
-                            wr_id: self.wrs[r].wr_id,
-                            byte_len: len as u32,
-                            imm: s.imm,
-                            qp_num: dest_qpn,
-                            src_qp: me,
-                            status: WcStatus::Success,
-                            opcode: WcOpcode::RecvRdmaWithImm,
-                            flags: WcFlags::WITH_IMM,
+                    self.deliver(
+                        r,
+                        Exec {
+                            wc: WorkCompletion {
+                                wr_id: self.wrs[r].wr_id,
+                                byte_len: len as u32,
+                                imm: s.imm,
+                                qp_num: dest_qpn,
+                                src_qp: me,
+                                status: WcStatus::Success,
+                                opcode: WcOpcode::RecvRdmaWithImm,
+                                flags: WcFlags::WITH_IMM,
+                            },
+                            vendor_err: 0,
+                            consumer: dest,
+                            data: None,
+                            grh: false,
                         },
-                        vendor_err: 0,
-                        consumer: dest,
-                        data: None,
-                        grh: false,
-                    });
+                    );
                 }
                 self.shadow[s.remote_off..s.remote_off + len].copy_from_slice(&data);
                 sender(WcStatus::Success, WcOpcode::RdmaWrite, 0)
@@ -729,20 +767,23 @@ impl Ref {
                 let r_id = self.wrs[r].wr_id;
                 match recv_err {
                     Some(st) => {
-                        self.wrs[r].exec = Some(Exec {
-                            wc: WorkCompletion {
-                                wr_id: r_id,
-                                qp_num: dest_qpn,
-                                src_qp: me,
-                                status: st,
-                                opcode: WcOpcode::Recv,
-                                ..WorkCompletion::default()
+                        self.deliver(
+                            r,
+                            Exec {
+                                wc: WorkCompletion {
+                                    wr_id: r_id,
+                                    qp_num: dest_qpn,
+                                    src_qp: me,
+                                    status: st,
+                                    opcode: WcOpcode::Recv,
+                                    ..WorkCompletion::default()
+                                },
+                                vendor_err: 0x201,
+                                consumer: dest,
+                                data: None,
+                                grh: false,
                             },
-                            vendor_err: 0x201,
-                            consumer: dest,
-                            data: None,
-                            grh: false,
-                        });
+                        );
                         sender(WcStatus::RemInvReqErr, WcOpcode::Send, 0)
                     }
                     None => {
@@ -758,22 +799,25 @@ impl Ref {
                         } else {
                             0
                         };
-                        self.wrs[r].exec = Some(Exec {
-                            wc: WorkCompletion {
-                                wr_id: r_id,
-                                byte_len: plen as u32,
-                                imm,
-                                qp_num: dest_qpn,
-                                src_qp: me,
-                                status: WcStatus::Success,
-                                opcode: WcOpcode::Recv,
-                                flags,
+                        self.deliver(
+                            r,
+                            Exec {
+                                wc: WorkCompletion {
+                                    wr_id: r_id,
+                                    byte_len: plen as u32,
+                                    imm,
+                                    qp_num: dest_qpn,
+                                    src_qp: me,
+                                    status: WcStatus::Success,
+                                    opcode: WcOpcode::Recv,
+                                    flags,
+                                },
+                                vendor_err: 0,
+                                consumer: dest,
+                                data: Some(data),
+                                grh: ud,
                             },
-                            vendor_err: 0,
-                            consumer: dest,
-                            data: Some(data),
-                            grh: ud,
-                        });
+                        );
                         sender(WcStatus::Success, WcOpcode::Send, 0)
                     }
                 }
@@ -781,18 +825,83 @@ impl Ref {
         }
     }
 
+    /// Whether a queue in ERR on CQ `c` (of QP `only`, if given) has a request to flush.
+    fn flush_due(&self, c: usize, only: Option<usize>) -> bool {
+        let unexecuted =
+            |f: &VecDeque<usize>| f.front().is_some_and(|&w| self.wrs[w].exec.is_none());
+        self.qps.iter().enumerate().any(|(p, x)| {
+            x.st == St::Err
+                && only.is_none_or(|q| q == p)
+                && ((TOPO[p].scq == c && unexecuted(&x.sq))
+                    || (TOPO[p].rcq == c && !TOPO[p].srq && unexecuted(&x.rq)))
+        })
+    }
+
+    /// The next completion `CompletionQueue::poll` must give on CQ `c` (dropping the CQEs
+    /// nobody gets, as the driver does).
+    fn next_on_cq(&mut self, c: usize) -> Option<Next> {
+        while let Some(&(p, w)) = self.rings[c].front() {
+            if self.qps[p].st != St::Gone && !self.wrs[w].done {
+                return Some(Next::Hw(c, p, w));
+            }
+            self.rings[c].pop_front();
+        }
+        self.flush_due(c, None).then_some(Next::Flush)
+    }
+
+    /// The next completion `poll_one` of QP `q` must give: from its send CQ, then its receive
+    /// CQ, each up to the first CQE of another QP (left for that QP's poll).
+    fn next_on_qp(&mut self, q: usize) -> Option<Next> {
+        let (s, r) = (TOPO[q].scq, TOPO[q].rcq);
+        for c in if s == r { vec![s] } else { vec![s, r] } {
+            while let Some(&(p, w)) = self.rings[c].front() {
+                if p != q || !self.wrs[w].done {
+                    break;
+                }
+                self.rings[c].pop_front();
+            }
+            match self.rings[c].front() {
+                Some(&(p, w)) if p == q => return Some(Next::Hw(c, p, w)),
+                Some(_) => {}
+                None if self.flush_due(c, Some(q)) => return Some(Next::Flush),
+                None => {}
+            }
+        }
+        None
+    }
+
     /// Checks a completion the driver returned; gives the request it completes.
     fn complete(
         &mut self,
         wc: &WorkCompletion,
         vendor_err: Option<u32>,
-        via_cq: Option<usize>,
+        via: Via,
     ) -> Result<usize, String> {
+        let next = match via {
+            Via::Qp(q) => self.next_on_qp(q),
+            Via::Cq(c) => self.next_on_cq(c),
+        };
+        match next {
+            None => return Err(format!("{via:?}: a completion when none was due: {wc:?}")),
+            Some(Next::Hw(c, p, w)) => {
+                ensure_eq!(
+                    (wc.qp_num, wc.wr_id),
+                    (self.qps[p].qpn, self.wrs[w].wr_id),
+                    "{via:?}: not the CQE at the head of CQ {c} ({wc:?})"
+                );
+                self.rings[c].pop_front();
+            }
+            Some(Next::Flush) => ensure_eq!(
+                wc.status,
+                WcStatus::WrFlushErr,
+                "{via:?}: the ring is empty, only a flush is due ({wc:?})"
+            ),
+        }
         let q = self
             .qp_by_qpn(wc.qp_num)
             .ok_or_else(|| format!("completion for no live QP: {wc:?}"))?;
         let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-        if let Some(c) = via_cq {
+        if let Via::Cq(c) = via {
             let want = if recv { TOPO[q].rcq } else { TOPO[q].scq };
             ensure!(
                 c == want,
@@ -1571,7 +1680,14 @@ impl<'a> World<'a> {
             };
             let c = match got {
                 Ok(Some(c)) => c,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    let next = self.r.next_on_qp(q);
+                    ensure!(
+                        next.is_none(),
+                        "poll_one of QP {q} gave nothing, {next:?} was due"
+                    );
+                    return Ok(());
+                }
                 Err(e) => return fail(&format!("QP {q}: poll_one"), e),
             };
             ensure_eq!(
@@ -1579,7 +1695,7 @@ impl<'a> World<'a> {
                 self.r.qps[q].qpn,
                 "poll_one of QP {q} gave another QP's"
             );
-            let w = self.r.complete(&c.wc, None, None)?;
+            let w = self.r.complete(&c.wc, None, Via::Qp(q))?;
             let wr = &self.r.wrs[w];
             ensure_eq!(
                 c.buf.as_ref().map(|b| b.index()),
@@ -1609,8 +1725,11 @@ impl<'a> World<'a> {
         };
         ensure!(k <= n, "poll returned {k} > {n}");
         for wc in &out[..k] {
-            let w = self.r.complete(wc, None, Some(cq))?;
+            let w = self.r.complete(wc, None, Via::Cq(cq))?;
             self.check_data(w, None)?;
+        }
+        if k < n {
+            self.nothing_due(cq, "poll")?;
         }
         Ok(k)
     }
@@ -1619,7 +1738,7 @@ impl<'a> World<'a> {
         let cqs = self.cqs;
         let mut c = match cqs[cq].start_poll() {
             Ok(Some(c)) => c,
-            Ok(None) => return Ok(()),
+            Ok(None) => return self.nothing_due(cq, "start_poll"),
             Err(e) => return fail(&format!("CQ {cq}: start_poll"), e),
         };
         for i in 0..max {
@@ -1633,17 +1752,30 @@ impl<'a> World<'a> {
                 opcode: c.opcode(),
                 flags: c.flags(),
             };
-            let w = self.r.complete(&wc, Some(c.vendor_err()), Some(cq))?;
+            let w = self.r.complete(&wc, Some(c.vendor_err()), Via::Cq(cq))?;
             self.check_data(w, None)?;
             if i + 1 == max {
                 break;
             }
             match c.next_poll() {
                 Ok(true) => {}
-                Ok(false) => break,
+                Ok(false) => {
+                    drop(c);
+                    return self.nothing_due(cq, "the cursor");
+                }
                 Err(e) => return fail(&format!("CQ {cq}: cursor next"), e),
             }
         }
+        Ok(())
+    }
+
+    /// A poll of CQ `cq` found nothing more: nothing may be due there.
+    fn nothing_due(&mut self, cq: usize, what: &str) -> Result<(), String> {
+        let next = self.r.next_on_cq(cq);
+        ensure!(
+            next.is_none(),
+            "CQ {cq}: {what} found nothing, {next:?} was due"
+        );
         Ok(())
     }
 
@@ -1955,6 +2087,7 @@ fn session(model: &Model, ctx: &Ctx, case: &Case, known_bugs: Bugs) -> Result<()
             shadow: vec![0; RDMA_LEN],
             next_wr: 0,
             in_qps: 0,
+            rings: vec![VecDeque::new(); N_CQ],
         },
     };
     w.invariants()?;
