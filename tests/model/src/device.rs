@@ -2,8 +2,9 @@
 //! validation (Q-MAIN, Q-CMD, Q-RM; `shared/pvrdma-abi.md` §2–§6, §11).
 
 use crate::datapath::{Mr, QpData, RingGeo, SrqData};
+use crate::hostile::{Liar, point};
 use crate::mem::Memory;
-use crate::{Garbage, ModelConfig};
+use crate::{Garbage, ModelConfig, Violations};
 
 pub(crate) const EIO: u32 = 5;
 pub(crate) const ENOMEM: u32 = 12;
@@ -24,6 +25,56 @@ const REG_ERR: usize = 0x14;
 const DSR_SIZE: usize = 280;
 const CMD_SIZE: usize = 184;
 const RESP_SIZE: usize = 176;
+/// Bytes of response payload (after the 16-byte header) each command has (§5.3): what a
+/// hostile device garbles.
+const RESP_PAYLOAD: [usize; 21] = [
+    48,  // QUERY_PORT
+    8,   // QUERY_PKEY
+    8,   // CREATE_PD
+    0,   // DESTROY_PD
+    16,  // CREATE_MR
+    0,   // DESTROY_MR
+    8,   // CREATE_CQ
+    8,   // RESIZE_CQ
+    0,   // DESTROY_CQ
+    32,  // CREATE_QP (v2: qpn, qp_handle, five caps, pad)
+    0,   // MODIFY_QP
+    160, // QUERY_QP
+    8,   // DESTROY_QP
+    8,   // CREATE_UC
+    0,   // DESTROY_UC
+    0,   // CREATE_BIND
+    0,   // DESTROY_BIND
+    8,   // CREATE_SRQ
+    0,   // MODIFY_SRQ
+    16,  // QUERY_SRQ
+    0,   // DESTROY_SRQ
+];
+/// Capability fields of the shared region (offset from the caps, width): every one a hostile
+/// device may misreport.
+const CAPS_FIELDS: [(usize, usize); 51] = {
+    let mut f = [(0, 0); 51];
+    let mut i = 0;
+    while i < 6 {
+        f[i] = (8 * i, 8);
+        i += 1;
+    }
+    // 0x30..0xC4: u32 fields.
+    while i < 6 + 37 {
+        f[i] = (0x30 + 4 * (i - 6), 4);
+        i += 1;
+    }
+    f[i] = (0xC4, 2);
+    i += 1;
+    // local_ca_ack_delay, phys_port_cnt, mode, atomic_ops, bmme_flags, gid_types.
+    while i < 6 + 37 + 1 + 6 {
+        f[i] = (0xC6 + (i - 44), 1);
+        i += 1;
+    }
+    f[i] = (0xCC, 4);
+    assert!(i == 50);
+    f
+};
 const CAPS: u64 = 0x48;
 /// QEMU's per-ring page limit for CQs, QPs and SRQs (ring-state page included).
 pub(crate) const MAX_CHUNKS: u32 = 128;
@@ -33,7 +84,8 @@ const PAGE: u64 = 4096;
 pub(crate) struct Ctx<'a> {
     pub(crate) cfg: &'a ModelConfig,
     pub(crate) mem: &'a mut Memory,
-    pub(crate) violations: &'a mut Vec<String>,
+    pub(crate) violations: &'a mut Violations,
+    pub(crate) liar: &'a mut Liar,
     pub(crate) bus_master: bool,
 }
 
@@ -41,7 +93,7 @@ impl Ctx<'_> {
     fn rd(&mut self, pa: u64, len: usize) -> Option<Vec<u8>> {
         let r = self.mem.read(pa, len);
         if r.is_none() {
-            self.violations.push(format!(
+            self.violations.memory(format!(
                 "device read of unallocated memory {pa:#x} (+{len})"
             ));
         }
@@ -54,7 +106,7 @@ impl Ctx<'_> {
 
     fn wr(&mut self, pa: u64, bytes: &[u8]) {
         if !self.mem.write(pa, bytes) {
-            self.violations.push(format!(
+            self.violations.memory(format!(
                 "device write to unallocated memory {pa:#x} (+{})",
                 bytes.len()
             ));
@@ -69,14 +121,14 @@ impl Ctx<'_> {
         }
         let table = self.rd64(pdir)?;
         if table == 0 {
-            self.violations.push("page directory entry 0 is 0".into());
+            self.violations.memory("page directory entry 0 is 0");
             return None;
         }
         let mut pages = Vec::with_capacity(n as usize);
         for i in 0..u64::from(n) {
-            let pa = self.rd64(table + 8 * i)?;
+            let pa = self.rd64(table.wrapping_add(8 * i))?;
             if pa == 0 {
-                self.violations.push(format!("page table entry {i} is 0"));
+                self.violations.memory(format!("page table entry {i} is 0"));
                 return None;
             }
             self.rd(pa, PAGE as usize)?;
@@ -94,11 +146,11 @@ impl Ctx<'_> {
         }
         let mut pages = Vec::with_capacity(n as usize);
         for i in 0..u64::from(n) {
-            let table = self.rd64(pdir + 8 * (i >> 9))?;
-            let pa = self.rd64(table + 8 * (i & 511))?;
+            let table = self.rd64(pdir.wrapping_add(8 * (i >> 9)))?;
+            let pa = self.rd64(table.wrapping_add(8 * (i & 511)))?;
             if pa == 0 {
                 self.violations
-                    .push(format!("MR page table entry {i} is 0"));
+                    .memory(format!("MR page table entry {i} is 0"));
                 return None;
             }
             self.rd(pa, PAGE as usize)?;
@@ -139,9 +191,10 @@ pub(crate) struct Cq {
 
 impl Cq {
     /// Where CQE `index` (masked to a slot) lies: 64 CQEs a page after the ring-state page.
-    pub(crate) fn cqe_addr(&self, index: u32) -> u64 {
+    /// None when the ring's pages do not reach that far (a violation at create).
+    pub(crate) fn cqe_addr(&self, index: u32) -> Option<u64> {
         let slot = u64::from(index & (self.cqe - 1));
-        self.pages[1 + (slot / 64) as usize] + (slot % 64) * 64
+        Some(self.pages.get(1 + (slot / 64) as usize)? + (slot % 64) * 64)
     }
 }
 
@@ -225,7 +278,7 @@ pub(crate) fn alloc_slot<T>(
     table: &mut Vec<Option<T>>,
     cap: u32,
     what: &str,
-    v: &mut Vec<String>,
+    v: &mut Violations,
 ) -> Option<usize> {
     if let Some(i) = table.iter().position(Option::is_none) {
         return Some(i);
@@ -315,7 +368,7 @@ impl Device {
             return;
         }
         if offset == REG_VERSION {
-            ctx.violations.push("VERSION register overwritten".into());
+            ctx.violations.push("VERSION register overwritten");
         }
         self.regs[offset / 4] = value;
         match offset {
@@ -338,7 +391,7 @@ impl Device {
         self.ring_pages.clear();
         if !ctx.bus_master {
             ctx.violations
-                .push("DSRHIGH written with bus mastering off".into());
+                .push("DSRHIGH written with bus mastering off");
             return;
         }
         if ctx.cfg.refuse_dsr {
@@ -408,6 +461,15 @@ impl Device {
         caps[0xC7] = c.phys_port_cnt;
         caps[0xC8] = c.mode;
         caps[0xCB] |= c.gid_types;
+        // Hostile: the region is not loaded at all, or a capability field is misreported.
+        if ctx.liar.roll(point::CAPS) {
+            return;
+        }
+        for (off, width) in CAPS_FIELDS {
+            if ctx.liar.roll(point::CAPS) {
+                ctx.liar.mutate_field(&mut caps, off, width);
+            }
+        }
         ctx.wr(dsr + CAPS, &caps);
         self.loaded = Some(Loaded { dsr, cmd, resp });
     }
@@ -417,6 +479,10 @@ impl Device {
             return;
         }
         self.commands += 1;
+        // Hostile: no answer at all, the command not even run.
+        if ctx.liar.roll(point::SILENCE) {
+            return;
+        }
         let Some(l) = self
             .loaded
             .filter(|_| !std::mem::take(&mut self.reject_next))
@@ -454,13 +520,31 @@ impl Device {
             Some(Garbage::Payload) => resp[16..].fill(0xA5),
             None => {}
         }
-        ctx.wr(l.resp, &resp);
-        self.regs[REG_ERR / 4] = match rc {
+        let err = match rc {
             Ok(()) => 0,
             // A host verbs return passed through unchanged: a positive errno.
             Err(e) if e & HOST_ERRNO != 0 => e & !HOST_ERRNO,
             Err(errno) => errno.wrapping_neg(),
         };
+        // Hostile: the command ran, but no response comes (ERR is set, the slot untouched).
+        if ctx.liar.roll(point::SILENCE) {
+            self.regs[REG_ERR / 4] = err;
+            return;
+        }
+        // Hostile: one to three fields of the response (header or this command's payload).
+        if ctx.liar.roll(point::RESPONSE) {
+            let payload = RESP_PAYLOAD.get(cmd as usize).copied().unwrap_or(0);
+            for _ in 0..1 + ctx.liar.below(3) {
+                if payload == 0 || ctx.liar.below(4) == 0 {
+                    let (off, width) = [(0, 8), (8, 4), (12, 1)][ctx.liar.below(3) as usize];
+                    ctx.liar.mutate_field(&mut resp, off, width);
+                } else {
+                    ctx.liar.mutate_somewhere(&mut resp, 16, 16 + payload);
+                }
+            }
+        }
+        ctx.wr(l.resp, &resp);
+        self.regs[REG_ERR / 4] = err;
     }
 
     fn handle(
@@ -640,15 +724,20 @@ impl Device {
     }
 }
 
+/// The WQE stride QEMU derives: pow2ceil(hdr + 16·sge − 1), computed without overflow.
+pub(crate) fn wqe_stride(hdr: u32, sge: u32) -> u64 {
+    (u64::from(hdr) + 16 * u64::from(sge) - 1).next_power_of_two()
+}
+
 /// Maps a ring as QEMU's `pvrdma_ring_init` would and checks what QEMU does not: that the
 /// element count is a power of two and the pages hold `elems` WQEs of the stride QEMU derives.
-fn check_ring(v: &mut Vec<String>, what: &str, elems: u32, hdr: u32, sge: u32, pages: u32) {
+fn check_ring(v: &mut Violations, what: &str, elems: u32, hdr: u32, sge: u32, pages: u32) {
     // QEMU: pow2ceil(hdr + 16 * sge - 1).
-    let stride = u64::from((hdr + 16 * sge - 1).next_power_of_two());
+    let stride = wqe_stride(hdr, sge);
     if !elems.is_power_of_two() {
         v.push(format!("{what}: {elems} elements is not a power of two"));
     }
-    if u64::from(elems) * stride > u64::from(pages) * PAGE {
+    if u64::from(elems).saturating_mul(stride) > u64::from(pages) * PAGE {
         v.push(format!(
             "{what}: {elems} x {stride} B in {pages} pages: QEMU would index out of bounds"
         ));
@@ -689,7 +778,10 @@ impl Device {
         if send == 0 || send > MAX_CHUNKS || (!is_srq && (recv == 0 || recv > MAX_CHUNKS)) {
             return Err(EINVAL);
         }
-        let pages = ctx.map_pdir(le64(req, 0x10), total).ok_or(EINVAL)?;
+        // (QEMU reads the send pages' entries whatever total_chunks says.)
+        let pages = ctx
+            .map_pdir(le64(req, 0x10), total.max(send + 1))
+            .ok_or(EINVAL)?;
         check_ring(ctx.violations, "SQ", wr[0], 80, wr[2], send);
         if !is_srq {
             check_ring(ctx.violations, "RQ", wr[1], 16, wr[3], recv);
@@ -718,14 +810,14 @@ impl Device {
             QPT_GSI => {
                 if self.qps.iter().flatten().any(|q| q.qp_type == QPT_GSI) {
                     ctx.violations
-                        .push("a second GSI QP: QEMU would register QP1 twice".into());
+                        .push("a second GSI QP: QEMU would register QP1 twice");
                 }
                 1
             }
             _ => return Err(EIO),
         };
         let slot = alloc_slot(&mut self.qps, caps.max_qp, "QP", ctx.violations).ok_or(ENOMEM)?;
-        let stride = |hdr: u32, sge: u32| u64::from((hdr + 16 * sge - 1).next_power_of_two());
+        let stride = wqe_stride;
         let data = QpData {
             sq: RingGeo {
                 state: pages[0],
@@ -913,7 +1005,7 @@ impl Device {
             state: pages[0],
             state_off: 8,
             slots: max_wr,
-            stride: u64::from((16 + 16 * max_sge - 1).next_power_of_two()),
+            stride: wqe_stride(16, max_sge),
             pages: pages[1..].to_vec(),
         };
         self.srqs[slot] = Some(Srq {

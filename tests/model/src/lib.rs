@@ -18,9 +18,16 @@
 //! Fault injection: the n-th command fails with an errno ([`Model::fail_command`]), the n-th DMA
 //! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
 //! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
+//!
+//! Hostile mode ([`ModelConfig::hostile`], [`Model::set_hostile`]): a seeded liar mutates what
+//! the device shows the driver — responses, ERR, capabilities, ring indices, CQEs, PCI values,
+//! VERSION — or stays silent (see [`hostile`]). [`Model::lies`] counts what it told, so a
+//! checker can tell the driver's mistakes from the consequences of a lie. Every violation has a
+//! [`ViolationKind`]; DMA blocks carry guard pages that [`Model::check_guards`] verifies.
 
 mod datapath;
 mod device;
+pub mod hostile;
 mod mem;
 mod pci;
 
@@ -31,6 +38,8 @@ use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddres
 
 use device::Device;
 pub use device::ObjectCounts;
+use hostile::Liar;
+pub use hostile::{Hostile, Lies, Rng};
 use mem::Memory;
 use pci::Pci;
 
@@ -135,6 +144,8 @@ pub struct ModelConfig {
     pub dma_pages: usize,
     /// How send work requests execute.
     pub semantics: Semantics,
+    /// Lie to the driver (None: an honest device).
+    pub hostile: Option<Hostile>,
 }
 
 impl Default for ModelConfig {
@@ -150,6 +161,7 @@ impl Default for ModelConfig {
             activate_err: 0,
             dma_pages: 1 << 20,
             semantics: Semantics::Verbs,
+            hostile: None,
         }
     }
 }
@@ -175,12 +187,63 @@ pub enum Garbage {
     Payload,
 }
 
+/// What kind of rule a [`Violation`] broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// Memory the driver does not own: the device was handed an address (in the shared region,
+    /// a command, a page directory) that is not allocated; the driver freed a block that was not
+    /// allocated as such; or the driver wrote into a DMA block's guard pages. No lie of the
+    /// device excuses these: the driver never takes an address from the device.
+    Memory,
+    /// The driver freed memory the device still uses (or the device found such memory freed).
+    UseAfterFree,
+    /// Something QEMU would mishandle (table overflow, ring geometry, a WQE it loops on, a
+    /// PCI or register rule) or the device itself found inconsistent.
+    Qemu,
+}
+
+/// One thing the driver did that the device (or QEMU) would not survive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub message: String,
+}
+
+/// The model's list of violations.
+#[derive(Default)]
+pub(crate) struct Violations(Vec<Violation>);
+
+impl Violations {
+    /// A [`ViolationKind::Qemu`] violation.
+    pub(crate) fn push(&mut self, message: impl Into<String>) {
+        self.add(ViolationKind::Qemu, message);
+    }
+
+    /// A [`ViolationKind::Memory`] violation.
+    pub(crate) fn memory(&mut self, message: impl Into<String>) {
+        self.add(ViolationKind::Memory, message);
+    }
+
+    /// A [`ViolationKind::UseAfterFree`] violation.
+    pub(crate) fn freed(&mut self, message: impl Into<String>) {
+        self.add(ViolationKind::UseAfterFree, message);
+    }
+
+    fn add(&mut self, kind: ViolationKind, message: impl Into<String>) {
+        self.0.push(Violation {
+            kind,
+            message: message.into(),
+        });
+    }
+}
+
 struct Inner {
     cfg: ModelConfig,
     mem: Memory,
     pci: Pci,
     dev: Device,
-    violations: Vec<String>,
+    violations: Violations,
+    liar: Liar,
 }
 
 /// The machine: memory, PCI configuration space and the PVRDMA device. Clones share it.
@@ -188,6 +251,8 @@ struct Inner {
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
     free_doorbells: Arc<AtomicBool>,
+    /// The PCI functions that exist (fixed at construction).
+    present: Arc<[(u8, u8, u8)]>,
 }
 
 impl Default for Model {
@@ -208,9 +273,11 @@ impl Model {
                 pci: Pci::new(&cfg),
                 dev: Device::new(&cfg),
                 cfg,
-                violations: Vec::new(),
+                violations: Violations::default(),
+                liar: cfg.hostile.map_or_else(Liar::honest, Liar::new),
             })),
             free_doorbells: Arc::new(AtomicBool::new(false)),
+            present: pci::addresses(&cfg).into(),
         }
     }
 
@@ -226,7 +293,40 @@ impl Model {
 
     /// Everything the driver did that QEMU would have mishandled.
     pub fn violations(&self) -> Vec<String> {
-        self.lock().violations.clone()
+        let g = self.lock();
+        g.violations.0.iter().map(|v| v.message.clone()).collect()
+    }
+
+    /// The violations with their kinds.
+    pub fn violation_records(&self) -> Vec<Violation> {
+        self.lock().violations.0.clone()
+    }
+
+    /// Makes the device hostile from now on (or honest again with `None`); the liar restarts
+    /// from `h.seed` and its count of lies from zero.
+    pub fn set_hostile(&self, h: Option<Hostile>) {
+        self.lock().liar = h.map_or_else(Liar::honest, Liar::new);
+    }
+
+    /// The lies told so far, by class.
+    pub fn lies(&self) -> Lies {
+        self.lock().liar.lies
+    }
+
+    /// Checks every live DMA block's guard pages (the driver writing outside its memory), adding
+    /// a [`ViolationKind::Memory`] violation for each one damaged; true when all are intact.
+    /// Blocks are also checked when freed.
+    pub fn check_guards(&self) -> bool {
+        let mut g = self.lock();
+        let Inner {
+            mem, violations, ..
+        } = &mut *g;
+        let damaged = mem.check_guards();
+        let ok = damaged.is_empty();
+        for m in damaged {
+            violations.memory(m);
+        }
+        ok
     }
 
     /// Live objects in the device's tables.
@@ -348,12 +448,14 @@ impl Model {
             mem,
             dev,
             violations,
+            liar,
             ..
         } = &mut *g;
         let mut ctx = device::Ctx {
             cfg,
             mem,
             violations,
+            liar,
             bus_master: true,
         };
         dev.inject_cqe(&mut ctx, cq, qpn, wr_id);
@@ -422,14 +524,14 @@ unsafe impl Hal for Model {
         for range in dev.pages_in_use() {
             let end = block.paddr + (block.pages * 4096) as u64;
             if range.0 < end && block.paddr < range.1 {
-                violations.push(format!(
+                violations.freed(format!(
                     "freed DMA block {:#x} (+{} pages) while the device still uses {:#x}..{:#x}",
                     block.paddr, block.pages, range.0, range.1
                 ));
             }
         }
         if let Err(v) = mem.free(block) {
-            violations.push(v);
+            violations.memory(v);
         }
     }
 
@@ -451,7 +553,17 @@ unsafe impl Hal for Model {
 
 impl ConfigRegionAccess for Model {
     unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
-        self.lock().pci.read(address, offset)
+        // Most of a bus scan reads absent functions: answer those without the lock.
+        if !pci::present(&self.present, address) {
+            return u32::MAX;
+        }
+        let mut g = self.lock();
+        let v = g.pci.read(address, offset);
+        // IDs, command/status, class, header, BARs (also as read back while sizing).
+        if offset <= 0x24 && g.liar.roll(hostile::point::PCI) {
+            return g.liar.mutate32(v);
+        }
+        v
     }
 
     unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
@@ -486,9 +598,19 @@ unsafe impl Mmio for ModelMmio {
                 .push(format!("BAR{} read with memory decoding off", self.bar));
             return u32::MAX;
         }
-        match self.bar {
-            1 => g.dev.reg_read(offset),
-            _ => u32::MAX,
+        if self.bar != 1 {
+            return u32::MAX;
+        }
+        let v = g.dev.reg_read(offset);
+        let p = match offset {
+            0x00 => hostile::point::VERSION,
+            0x14 => hostile::point::ERR,
+            _ => return v,
+        };
+        if g.liar.roll(p) {
+            g.liar.mutate32(v)
+        } else {
+            v
         }
     }
 
@@ -516,6 +638,7 @@ impl ModelMmio {
             pci,
             dev,
             violations,
+            liar,
         } = &mut *g;
         if !pci.pvrdma_decodes() {
             violations.push(format!("BAR{} write with memory decoding off", self.bar));
@@ -526,6 +649,7 @@ impl ModelMmio {
             cfg,
             mem,
             violations,
+            liar,
             bus_master,
         };
         match self.bar {

@@ -1,4 +1,9 @@
 //! The machine's DMA memory: page-aligned host allocations with "physical" addresses.
+//!
+//! Each block is allocated with a guard page on either side, filled with a pattern: a driver
+//! that writes just outside the memory it owns damages a guard, which is checked when the
+//! block is freed and by [`Memory::check_guards`]. (Physical addresses have an unallocated page
+//! between blocks too, so the device side never finds two blocks contiguous by accident.)
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::BTreeMap;
@@ -9,10 +14,61 @@ use bareverbs_hal::{DmaBlock, DmaError};
 const PAGE: usize = 4096;
 /// Physical addresses start above 4 GiB, so DSRHIGH and every high half matter.
 const PHYS_BASE: u64 = 0x1_0000_0000;
+/// What guard pages hold.
+const GUARD: u8 = 0xC7;
+/// An intact guard page, to compare with (one memcmp, fast even unoptimized).
+static GUARD_PAGE: [u8; PAGE] = [GUARD; PAGE];
 
 struct Block {
+    /// The first byte handed out (one guard page after the host allocation's start).
     ptr: NonNull<u8>,
     pages: usize,
+}
+
+impl Block {
+    fn layout(pages: usize) -> Layout {
+        Layout::from_size_align((pages + 2) * PAGE, PAGE).expect("layout")
+    }
+
+    /// The host allocation's start.
+    fn base(&self) -> *mut u8 {
+        // SAFETY: `ptr` is one page into the allocation.
+        unsafe { self.ptr.as_ptr().sub(PAGE) }
+    }
+
+    /// Both guard pages, as slices.
+    fn guards(&self) -> [&[u8]; 2] {
+        // SAFETY: the guard pages lie inside the allocation, before and after the block; the
+        // driver has no business writing them (that is what is being checked).
+        unsafe {
+            [
+                std::slice::from_raw_parts(self.base(), PAGE),
+                std::slice::from_raw_parts(self.ptr.as_ptr().add(self.pages * PAGE), PAGE),
+            ]
+        }
+    }
+
+    /// A message if a guard page was written.
+    fn damage(&self, paddr: u64) -> Option<String> {
+        let [before, after] = self.guards();
+        let bad = |g: &[u8]| {
+            (g != GUARD_PAGE.as_slice())
+                .then(|| g.iter().position(|&b| b != GUARD))
+                .flatten()
+        };
+        match (bad(before), bad(after)) {
+            (None, None) => None,
+            (b, a) => Some(format!(
+                "the driver wrote outside DMA block {paddr:#x} (+{} pages): {}",
+                self.pages,
+                match (b, a) {
+                    (Some(i), _) => format!("{} bytes before its start", PAGE - i),
+                    (_, Some(i)) => format!("{i} bytes past its end"),
+                    _ => unreachable!(),
+                }
+            )),
+        }
+    }
 }
 
 pub(crate) struct Memory {
@@ -55,9 +111,16 @@ impl Memory {
         {
             return Err(DmaError::Exhausted { requested: pages });
         }
-        let layout = Layout::from_size_align(pages * PAGE, PAGE).expect("layout");
         // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("host out of memory");
+        let base = unsafe { alloc_zeroed(Block::layout(pages)) };
+        let base = NonNull::new(base).expect("host out of memory");
+        // SAFETY: the allocation holds the guard page, the block, and the guard page.
+        let ptr = unsafe {
+            let end = base.as_ptr().add((pages + 1) * PAGE);
+            std::ptr::copy_nonoverlapping(GUARD_PAGE.as_ptr(), base.as_ptr(), PAGE);
+            std::ptr::copy_nonoverlapping(GUARD_PAGE.as_ptr(), end, PAGE);
+            base.add(PAGE)
+        };
         let paddr = self.next;
         // One unallocated guard page between blocks: nothing is contiguous by accident.
         self.next += ((pages + 1) * PAGE) as u64;
@@ -69,14 +132,15 @@ impl Memory {
         })
     }
 
+    /// Frees a block; an error names a block that was not allocated as such, or a damaged guard.
     pub(crate) fn free(&mut self, block: DmaBlock) -> Result<(), String> {
         match self.blocks.get(&block.paddr) {
             Some(b) if b.pages == block.pages && b.ptr == block.vaddr => {
                 let b = self.blocks.remove(&block.paddr).expect("present");
-                let layout = Layout::from_size_align(b.pages * PAGE, PAGE).expect("layout");
+                let damage = b.damage(block.paddr);
                 // SAFETY: allocated in `alloc` with this layout, removed from the map once.
-                unsafe { dealloc(b.ptr.as_ptr(), layout) };
-                Ok(())
+                unsafe { dealloc(b.base(), Block::layout(b.pages)) };
+                damage.map_or(Ok(()), Err)
             }
             _ => Err(format!(
                 "freed a DMA block that was not allocated as such: {:#x} (+{} pages)",
@@ -85,11 +149,19 @@ impl Memory {
         }
     }
 
+    /// A message for each live block whose guard pages were written.
+    pub(crate) fn check_guards(&self) -> Vec<String> {
+        self.blocks
+            .iter()
+            .filter_map(|(&pa, b)| b.damage(pa))
+            .collect()
+    }
+
     /// A host pointer to `len` bytes at `pa`, if they lie inside one allocated block.
     fn ptr(&self, pa: u64, len: usize) -> Option<*mut u8> {
         let (&base, b) = self.blocks.range(..=pa).next_back()?;
-        let off = (pa - base) as usize;
-        (off + len <= b.pages * PAGE)
+        let off = usize::try_from(pa - base).ok()?;
+        (off.checked_add(len)? <= b.pages * PAGE)
             // SAFETY: off + len lies inside the block.
             .then(|| unsafe { b.ptr.as_ptr().add(off) })
     }
@@ -118,9 +190,31 @@ impl Memory {
 impl Drop for Memory {
     fn drop(&mut self) {
         for (_, b) in std::mem::take(&mut self.blocks) {
-            let layout = Layout::from_size_align(b.pages * PAGE, PAGE).expect("layout");
             // SAFETY: allocated in `alloc` with this layout; freed once, here.
-            unsafe { dealloc(b.ptr.as_ptr(), layout) };
+            unsafe { dealloc(b.base(), Block::layout(b.pages)) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_just_outside_a_block_are_caught() {
+        let mut m = Memory::new(16);
+        let b = m.alloc(2).unwrap();
+        assert!(m.check_guards().is_empty());
+        // SAFETY: the guard page after the block is part of the host allocation.
+        unsafe { b.vaddr.as_ptr().add(2 * PAGE + 3).write(0) };
+        let damage = m.check_guards();
+        assert_eq!(damage.len(), 1);
+        assert!(damage[0].contains("3 bytes past its end"), "{damage:?}");
+        assert!(m.free(b).is_err(), "freeing reports it too");
+
+        let b = m.alloc(1).unwrap();
+        // SAFETY: the guard page before the block is part of the host allocation.
+        unsafe { b.vaddr.as_ptr().sub(1).write(0) };
+        assert!(m.free(b).unwrap_err().contains("1 bytes before its start"));
     }
 }

@@ -4,7 +4,22 @@
 
 use bareverbs_hal::PciAddress;
 
-use crate::{Fn0, ModelConfig};
+use crate::{Fn0, ModelConfig, Violations};
+
+/// Where functions exist on a machine built as `cfg` says.
+pub(crate) fn addresses(cfg: &ModelConfig) -> Vec<(u8, u8, u8)> {
+    let mut v = vec![(0, 0, 0)];
+    if cfg.fn0 != Fn0::Absent {
+        v.push((0, 0x10, 0));
+    }
+    v.push(PVRDMA);
+    v
+}
+
+/// Whether a function answers at `a` (of the `addresses` list).
+pub(crate) fn present(list: &[(u8, u8, u8)], a: PciAddress) -> bool {
+    a.segment() == 0 && list.contains(&(a.bus(), a.device(), a.function()))
+}
 
 struct Func {
     addr: (u8, u8, u8),
@@ -102,7 +117,7 @@ impl Pci {
         }
     }
 
-    pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Vec<String>) {
+    pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Violations) {
         let key = (a.bus(), a.device(), a.function());
         let Some(f) = self
             .funcs
