@@ -100,8 +100,24 @@ impl Ctx<'_> {
         r
     }
 
+    /// Like `rd`, without copying.
+    fn check(&mut self, pa: u64, len: usize) -> Option<()> {
+        if self.mem.contains(pa, len) {
+            return Some(());
+        }
+        self.violations.memory(format!(
+            "device read of unallocated memory {pa:#x} (+{len})"
+        ));
+        None
+    }
+
     fn rd64(&mut self, pa: u64) -> Option<u64> {
-        self.rd(pa, 8).map(|b| le64(&b, 0))
+        let r = self.mem.read_u64(pa);
+        if r.is_none() {
+            self.violations
+                .memory(format!("device read of unallocated memory {pa:#x} (+8)"));
+        }
+        r
     }
 
     fn wr(&mut self, pa: u64, bytes: &[u8]) {
@@ -131,7 +147,7 @@ impl Ctx<'_> {
                 self.violations.memory(format!("page table entry {i} is 0"));
                 return None;
             }
-            self.rd(pa, PAGE as usize)?;
+            self.check(pa, PAGE as usize)?;
             pages.push(pa);
         }
         Some(pages)
@@ -153,7 +169,7 @@ impl Ctx<'_> {
                     .memory(format!("MR page table entry {i} is 0"));
                 return None;
             }
-            self.rd(pa, PAGE as usize)?;
+            self.check(pa, PAGE as usize)?;
             pages.push(pa);
         }
         Some(pages)
@@ -461,12 +477,14 @@ impl Device {
         caps[0xC7] = c.phys_port_cnt;
         caps[0xC8] = c.mode;
         caps[0xCB] |= c.gid_types;
-        // Hostile: the region is not loaded at all, or a capability field is misreported.
+        // Hostile: the region is not loaded at all, or one to four capability fields are
+        // misreported.
         if ctx.liar.roll(point::CAPS) {
-            return;
-        }
-        for (off, width) in CAPS_FIELDS {
-            if ctx.liar.roll(point::CAPS) {
+            if ctx.liar.below(8) == 0 {
+                return;
+            }
+            for _ in 0..1 + ctx.liar.below(4) {
+                let (off, width) = ctx.liar.pick(&CAPS_FIELDS);
                 ctx.liar.mutate_field(&mut caps, off, width);
             }
         }

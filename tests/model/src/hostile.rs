@@ -9,7 +9,10 @@
 //! CQEs), PCI configuration values (IDs, command register, BARs, also as read while sizing) and
 //! the VERSION register.
 //!
-//! At each point the liar lies with probability 1/`rate` (`rate` 0: never). A lie is a random
+//! At each point the liar lies with probability 1/`rate` (`rate` 0: never): once per PCI
+//! configuration or register read, per command (then one to three of its response fields),
+//! per shared-region load (then one to four capability fields, or the region not loaded), per
+//! ring index written, per CQE, and per POLL doorbell (spurious CQEs, a producer index). A lie is a random
 //! value, a boundary value (0, 1, the maximum and its neighbours, 0x8000_0000, powers of two
 //! and their neighbours, the handle mask and just above it, QEMU's page and table limits), a
 //! value just above the true one, or one flipped bit; it always differs from the truth.

@@ -20,20 +20,19 @@ const GUARD: u8 = 0xC7;
 static GUARD_PAGE: [u8; PAGE] = [GUARD; PAGE];
 
 struct Block {
-    /// The first byte handed out (one guard page after the host allocation's start).
+    /// The host allocation.
+    raw: NonNull<u8>,
+    /// The first byte handed out: page-aligned, one guard page into the allocation.
     ptr: NonNull<u8>,
     pages: usize,
 }
 
 impl Block {
+    /// The block, its guard pages, and room to align: with a small alignment the allocator
+    /// zeroes through calloc, so large blocks come as lazily zeroed pages (a page-aligned
+    /// layout would be memset in full, whatever its size).
     fn layout(pages: usize) -> Layout {
-        Layout::from_size_align((pages + 2) * PAGE, PAGE).expect("layout")
-    }
-
-    /// The host allocation's start.
-    fn base(&self) -> *mut u8 {
-        // SAFETY: `ptr` is one page into the allocation.
-        unsafe { self.ptr.as_ptr().sub(PAGE) }
+        Layout::from_size_align((pages + 3) * PAGE, 16).expect("layout")
     }
 
     /// Both guard pages, as slices.
@@ -42,7 +41,7 @@ impl Block {
         // driver has no business writing them (that is what is being checked).
         unsafe {
             [
-                std::slice::from_raw_parts(self.base(), PAGE),
+                std::slice::from_raw_parts(self.ptr.as_ptr().sub(PAGE), PAGE),
                 std::slice::from_raw_parts(self.ptr.as_ptr().add(self.pages * PAGE), PAGE),
             ]
         }
@@ -112,19 +111,21 @@ impl Memory {
             return Err(DmaError::Exhausted { requested: pages });
         }
         // SAFETY: the layout has a non-zero size.
-        let base = unsafe { alloc_zeroed(Block::layout(pages)) };
-        let base = NonNull::new(base).expect("host out of memory");
-        // SAFETY: the allocation holds the guard page, the block, and the guard page.
+        let raw = unsafe { alloc_zeroed(Block::layout(pages)) };
+        let raw = NonNull::new(raw).expect("host out of memory");
+        // SAFETY: from the first page boundary, the allocation holds the guard page, the block,
+        // and the guard page.
         let ptr = unsafe {
-            let end = base.as_ptr().add((pages + 1) * PAGE);
-            std::ptr::copy_nonoverlapping(GUARD_PAGE.as_ptr(), base.as_ptr(), PAGE);
+            let guard = raw.add(raw.as_ptr().align_offset(PAGE));
+            let end = guard.as_ptr().add((pages + 1) * PAGE);
+            std::ptr::copy_nonoverlapping(GUARD_PAGE.as_ptr(), guard.as_ptr(), PAGE);
             std::ptr::copy_nonoverlapping(GUARD_PAGE.as_ptr(), end, PAGE);
-            base.add(PAGE)
+            guard.add(PAGE)
         };
         let paddr = self.next;
         // One unallocated guard page between blocks: nothing is contiguous by accident.
         self.next += ((pages + 1) * PAGE) as u64;
-        self.blocks.insert(paddr, Block { ptr, pages });
+        self.blocks.insert(paddr, Block { raw, ptr, pages });
         Ok(DmaBlock {
             paddr,
             vaddr: ptr,
@@ -139,7 +140,7 @@ impl Memory {
                 let b = self.blocks.remove(&block.paddr).expect("present");
                 let damage = b.damage(block.paddr);
                 // SAFETY: allocated in `alloc` with this layout, removed from the map once.
-                unsafe { dealloc(b.base(), Block::layout(b.pages)) };
+                unsafe { dealloc(b.raw.as_ptr(), Block::layout(b.pages)) };
                 damage.map_or(Ok(()), Err)
             }
             _ => Err(format!(
@@ -164,6 +165,18 @@ impl Memory {
         (off.checked_add(len)? <= b.pages * PAGE)
             // SAFETY: off + len lies inside the block.
             .then(|| unsafe { b.ptr.as_ptr().add(off) })
+    }
+
+    /// Whether `len` bytes at `pa` lie inside one allocated block.
+    pub(crate) fn contains(&self, pa: u64, len: usize) -> bool {
+        self.ptr(pa, len).is_some()
+    }
+
+    /// The little-endian u64 at `pa` (no allocation: page directories are read a lot).
+    pub(crate) fn read_u64(&self, pa: u64) -> Option<u64> {
+        let p = self.ptr(pa, 8)?;
+        // SAFETY: `ptr` checked the range; unaligned is fine.
+        Some(u64::from_le(unsafe { p.cast::<u64>().read_unaligned() }))
     }
 
     pub(crate) fn read(&self, pa: u64, len: usize) -> Option<Vec<u8>> {
@@ -191,7 +204,7 @@ impl Drop for Memory {
     fn drop(&mut self) {
         for (_, b) in std::mem::take(&mut self.blocks) {
             // SAFETY: allocated in `alloc` with this layout; freed once, here.
-            unsafe { dealloc(b.base(), Block::layout(b.pages)) };
+            unsafe { dealloc(b.raw.as_ptr(), Block::layout(b.pages)) };
         }
     }
 }
