@@ -49,6 +49,7 @@ pub(crate) struct Mr {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) pages: Vec<u64>,
+    pub(crate) spans: Vec<(u64, u64)>,
 }
 
 /// A receive WQE the device has taken from a ring (QEMU posts it to the host at once).
@@ -172,6 +173,7 @@ impl Device {
             access,
             lkey,
             rkey,
+            spans: crate::device::spans(&pages),
             pages,
         });
         put32(resp, 0x10, slot as u32);

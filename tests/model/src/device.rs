@@ -199,8 +199,21 @@ pub(crate) struct Loaded {
     resp: u64,
 }
 
+/// `pages` as runs of contiguous memory, (start, end): what a free is checked against.
+pub(crate) fn spans(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = Vec::new();
+    for &pa in pages {
+        match v.last_mut() {
+            Some(last) if last.1 == pa => last.1 += PAGE,
+            _ => v.push((pa, pa.saturating_add(PAGE))),
+        }
+    }
+    v
+}
+
 pub(crate) struct Cq {
     pub(crate) pages: Vec<u64>,
+    spans: Vec<(u64, u64)>,
     pub(crate) cqe: u32,
     pub(crate) armed: bool,
 }
@@ -223,7 +236,7 @@ pub(crate) struct Qp {
     pub(crate) scq: u32,
     pub(crate) rcq: u32,
     pub(crate) srq: Option<u32>,
-    pages: Vec<u64>,
+    spans: Vec<(u64, u64)>,
     pub(crate) data: QpData,
     pub(crate) state: u32,
     pub(crate) host_state: u32,
@@ -239,7 +252,7 @@ pub(crate) struct Qp {
 
 pub(crate) struct Srq {
     pd: u32,
-    pages: Vec<u64>,
+    spans: Vec<(u64, u64)>,
     pub(crate) data: SrqData,
 }
 
@@ -353,19 +366,14 @@ impl Device {
     /// shared region with its slots and notification rings while active.
     pub(crate) fn pages_in_use(&self) -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = Vec::new();
+        let objects = (self.cqs.iter().flatten().map(|c| &c.spans))
+            .chain(self.qps.iter().flatten().map(|q| &q.spans))
+            .chain(self.srqs.iter().flatten().map(|s| &s.spans))
+            .chain(self.mrs.iter().flatten().map(|m| &m.spans));
+        for spans in objects {
+            v.extend_from_slice(spans);
+        }
         let mut add = |pa: u64| v.push((pa, pa + PAGE));
-        for cq in self.cqs.iter().flatten() {
-            cq.pages.iter().copied().for_each(&mut add);
-        }
-        for qp in self.qps.iter().flatten() {
-            qp.pages.iter().copied().for_each(&mut add);
-        }
-        for srq in self.srqs.iter().flatten() {
-            srq.pages.iter().copied().for_each(&mut add);
-        }
-        for mr in self.mrs.iter().flatten() {
-            mr.pages.iter().copied().for_each(&mut add);
-        }
         if let (Some(l), true) = (self.loaded, self.active) {
             for pa in [l.dsr, l.cmd, l.resp] {
                 add(pa & !(PAGE - 1));
@@ -732,6 +740,7 @@ impl Device {
         let max = ctx.cfg.caps.max_cq;
         let slot = alloc_slot(&mut self.cqs, max, "CQ", ctx.violations).ok_or(ENOMEM)?;
         self.cqs[slot] = Some(Cq {
+            spans: spans(&pages),
             pages,
             cqe,
             armed: false,
@@ -865,7 +874,7 @@ impl Device {
             scq,
             rcq,
             srq: is_srq.then_some(srq_h),
-            pages,
+            spans: spans(&pages),
             state: QPS_RESET,
             host_state: QPS_RESET,
             qkey: 0,
@@ -1028,7 +1037,7 @@ impl Device {
         };
         self.srqs[slot] = Some(Srq {
             pd,
-            pages,
+            spans: spans(&pages),
             data: SrqData {
                 ring,
                 ..Default::default()

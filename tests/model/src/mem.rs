@@ -6,6 +6,7 @@
 //! between blocks too, so the device side never finds two blocks contiguous by accident.)
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
@@ -72,6 +73,9 @@ impl Block {
 
 pub(crate) struct Memory {
     blocks: BTreeMap<u64, Block>,
+    /// The two blocks found last (start, end, host pointer): page directories are read entry
+    /// by entry, alternating between the table's block and the data's.
+    last: [Cell<(u64, u64, *mut u8)>; 2],
     next: u64,
     limit_pages: usize,
     pub(crate) allocs: u64,
@@ -86,6 +90,7 @@ impl Memory {
     pub(crate) fn new(limit_pages: usize) -> Self {
         Memory {
             blocks: BTreeMap::new(),
+            last: [const { Cell::new((0, 0, std::ptr::null_mut())) }; 2],
             next: PHYS_BASE,
             limit_pages,
             allocs: 0,
@@ -138,6 +143,9 @@ impl Memory {
         match self.blocks.get(&block.paddr) {
             Some(b) if b.pages == block.pages && b.ptr == block.vaddr => {
                 let b = self.blocks.remove(&block.paddr).expect("present");
+                for last in &self.last {
+                    last.set((0, 0, std::ptr::null_mut()));
+                }
                 let damage = b.damage(block.paddr);
                 // SAFETY: allocated in `alloc` with this layout, removed from the map once.
                 unsafe { dealloc(b.raw.as_ptr(), Block::layout(b.pages)) };
@@ -160,9 +168,19 @@ impl Memory {
 
     /// A host pointer to `len` bytes at `pa`, if they lie inside one allocated block.
     fn ptr(&self, pa: u64, len: usize) -> Option<*mut u8> {
+        for last in &self.last {
+            let (start, end, p) = last.get();
+            if end > start && pa >= start && (pa - start).checked_add(len as u64)? <= end - start {
+                // SAFETY: inside a block found recently, still allocated (`free` forgets them).
+                return Some(unsafe { p.add((pa - start) as usize) });
+            }
+        }
         let (&base, b) = self.blocks.range(..=pa).next_back()?;
         let off = usize::try_from(pa - base).ok()?;
-        (off.checked_add(len)? <= b.pages * PAGE)
+        let size = b.pages * PAGE;
+        self.last[1].set(self.last[0].get());
+        self.last[0].set((base, base + size as u64, b.ptr.as_ptr()));
+        (off.checked_add(len)? <= size)
             // SAFETY: off + len lies inside the block.
             .then(|| unsafe { b.ptr.as_ptr().add(off) })
     }
