@@ -274,8 +274,10 @@ impl Device {
         match offset & 0xFFF {
             0x0 => {
                 let Some(i) = self.qp_index(handle) else {
-                    ctx.violations
-                        .push(format!("QP doorbell for unknown QP {handle}"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("QP doorbell for unknown QP {handle}"),
+                    );
                     return;
                 };
                 if value & (1 << 31) != 0 {
@@ -287,8 +289,10 @@ impl Device {
             }
             0x4 => {
                 let Some(cq) = self.cqs.get_mut(handle as usize).and_then(Option::as_mut) else {
-                    ctx.violations
-                        .push(format!("CQ doorbell for unknown CQ {handle}"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("CQ doorbell for unknown CQ {handle}"),
+                    );
                     return;
                 };
                 match (value >> 29) & 0x3 {
@@ -303,7 +307,7 @@ impl Device {
             0x8 => self.take_srq_recvs(ctx, handle),
             other => ctx
                 .violations
-                .push(format!("doorbell at unknown offset {other:#x}")),
+                .qemu(0, format!("doorbell at unknown offset {other:#x}")),
         }
     }
 
@@ -317,8 +321,10 @@ impl Device {
         let (prod, cons) = (le32(&b, 0), le32(&b, 4));
         let n2 = 2 * u64::from(g.slots);
         if u64::from(prod) >= n2 || u64::from(cons) >= n2 {
-            ctx.violations
-                .push(format!("ring index out of range: prod {prod} cons {cons}"));
+            ctx.violations.qemu(
+                point::RING | point::PROTOCOL,
+                format!("ring index out of range: prod {prod} cons {cons}"),
+            );
             return None;
         }
         Some((prod, cons))
@@ -333,19 +339,35 @@ impl Device {
             .write(g.state + g.state_off + 4, &cons.to_le_bytes());
     }
 
-    fn read_recv(ctx: &mut Ctx<'_>, g: &RingGeo, slot: u32, max_sge: u32) -> Result<Recv, String> {
-        let at = g.wqe(slot).ok_or("WQE outside the ring's pages")?;
-        let hdr = ctx.mem.read(at, 16).ok_or("unreadable WQE")?;
+    /// Reads receive WQE `slot`; an error is a violation and the lies that may excuse it.
+    fn read_recv(
+        ctx: &mut Ctx<'_>,
+        g: &RingGeo,
+        slot: u32,
+        max_sge: u32,
+    ) -> Result<Recv, (u32, String)> {
+        let at = g
+            .wqe(slot)
+            .ok_or((0, "receive WQE outside the ring's pages".to_owned()))?;
+        let unreadable = || {
+            (
+                point::PROTOCOL,
+                format!("receive WQE {at:#x} is not allocated"),
+            )
+        };
+        let hdr = ctx.mem.read(at, 16).ok_or_else(unreadable)?;
         let n = le32(&hdr, 8);
         if n > max_sge {
-            return Err(format!(
-                "receive WQE with {n} SGEs > max_sge {max_sge}: QEMU loops forever"
+            // The driver checks against the caps: lied caps rightly mislead it.
+            return Err((
+                point::CAPS | point::PROTOCOL,
+                format!("receive WQE with {n} SGEs > max_sge {max_sge}: QEMU loops forever"),
             ));
         }
         let b = ctx
             .mem
             .read(at + 16, 16 * n as usize)
-            .ok_or("unreadable SGEs")?;
+            .ok_or_else(unreadable)?;
         let sges = (0..n as usize)
             .map(|k| {
                 (
@@ -370,8 +392,8 @@ impl Device {
         while cons != prod {
             match Self::read_recv(ctx, g, g.slot(cons), max_sge) {
                 Ok(r) => into.push_back(r),
-                Err(v) => {
-                    ctx.violations.push(v);
+                Err((excused_by, v)) => {
+                    ctx.violations.qemu(excused_by, v);
                     return;
                 }
             }
@@ -384,8 +406,10 @@ impl Device {
         let max_sge = ctx.cfg.caps.max_sge;
         let qp = self.qps[i].as_mut().expect("indexed");
         if qp.srq.is_some() {
-            ctx.violations
-                .push("RECV doorbell on a QP with an SRQ: QEMU reads past its allocation");
+            ctx.violations.qemu(
+                0,
+                "RECV doorbell on a QP with an SRQ: QEMU reads past its allocation",
+            );
             return;
         }
         let g = qp.data.rq.clone();
@@ -395,8 +419,10 @@ impl Device {
     fn take_srq_recvs(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
         let max_sge = ctx.cfg.caps.max_srq_sge;
         let Some(srq) = self.srqs.get_mut(handle as usize).and_then(Option::as_mut) else {
-            ctx.violations
-                .push(format!("SRQ doorbell for unknown SRQ {handle}"));
+            ctx.violations.qemu(
+                point::PROTOCOL,
+                format!("SRQ doorbell for unknown SRQ {handle}"),
+            );
             return;
         };
         let g = srq.data.ring.clone();
@@ -429,7 +455,7 @@ impl Device {
         };
         while cons != prod {
             let Some(addr) = g.wqe(g.slot(cons)) else {
-                ctx.violations.push("send WQE outside the ring's pages");
+                ctx.violations.qemu(0, "send WQE outside the ring's pages");
                 return;
             };
             let Some(hdr) = ctx.mem.read(addr, 80) else {
@@ -448,16 +474,19 @@ impl Device {
                     .flatten()
                     .is_none()
             {
-                ctx.violations.push(format!(
-                    "send WQE with unbound GID index {gid_index}: QEMU loops forever"
-                ));
+                ctx.violations.qemu(
+                    point::PROTOCOL,
+                    format!("send WQE with unbound GID index {gid_index}: QEMU loops forever"),
+                );
                 self.qps[i].as_mut().expect("indexed").data.hung = true;
                 return;
             }
             if num_sge > ctx.cfg.caps.max_sge {
-                ctx.violations.push(format!(
-                    "send WQE with {num_sge} SGEs > max_sge: QEMU loops forever"
-                ));
+                // The driver checks against the caps: lied caps rightly mislead it.
+                ctx.violations.qemu(
+                    point::CAPS | point::PROTOCOL,
+                    format!("send WQE with {num_sge} SGEs > max_sge: QEMU loops forever"),
+                );
                 self.qps[i].as_mut().expect("indexed").data.hung = true;
                 return;
             }
@@ -696,7 +725,7 @@ impl Device {
             .and_then(Option::as_mut)
         else {
             ctx.violations
-                .push(format!("CQE for unknown CQ {cq_handle}"));
+                .qemu(point::PROTOCOL, format!("CQE for unknown CQ {cq_handle}"));
             return;
         };
         let n = cq.cqe;
@@ -708,18 +737,23 @@ impl Device {
         };
         let (prod, cons) = (le32(&b, 0), le32(&b, 4));
         if prod >= 2 * n || cons >= 2 * n {
-            ctx.violations
-                .push(format!("CQ {cq_handle} indices out of range"));
+            ctx.violations.qemu(
+                point::RING | point::PROTOCOL,
+                format!("CQ {cq_handle} indices out of range"),
+            );
             return;
         }
         if prod == cons ^ n {
-            ctx.violations
-                .push(format!("CQ {cq_handle} full: QEMU drops the CQE silently"));
+            // The driver budgets its CQs: spurious CQEs and lied indices rightly defeat that.
+            ctx.violations.qemu(
+                point::CQE | point::RING | point::PROTOCOL,
+                format!("CQ {cq_handle} full: QEMU drops the CQE silently"),
+            );
             return;
         }
         let Some(pa) = cq.cqe_addr(prod) else {
             ctx.violations
-                .push(format!("CQ {cq_handle}: CQE outside the ring's pages"));
+                .qemu(0, format!("CQ {cq_handle}: CQE outside the ring's pages"));
             return;
         };
         if !ctx.mem.write(pa, e) {

@@ -296,6 +296,8 @@ pub(crate) struct Device {
     pub(crate) silent: bool,
     pub(crate) garbage: Option<Garbage>,
     pub(crate) reject_next: bool,
+    /// The last response as the device computed it (a hostile device may replay it).
+    last_resp: Option<Vec<u8>>,
     pub(crate) doorbells: u64,
     pub(crate) cqes: u64,
     pub(crate) interrupts: u64,
@@ -316,9 +318,11 @@ pub(crate) fn alloc_slot<T>(
         table.push(None);
         return Some(table.len() - 1);
     }
-    v.push(format!(
-        "{what} table overflow: QEMU would corrupt its heap ({cap} entries)"
-    ));
+    // The driver counts against the caps: lied caps or outcomes rightly mislead it.
+    v.qemu(
+        point::CAPS | point::PROTOCOL,
+        format!("{what} table overflow: QEMU would corrupt its heap ({cap} entries)"),
+    );
     None
 }
 
@@ -345,6 +349,7 @@ impl Device {
             silent: false,
             garbage: None,
             reject_next: false,
+            last_resp: None,
             doorbells: 0,
             cqes: 0,
             interrupts: 0,
@@ -392,7 +397,7 @@ impl Device {
             return;
         }
         if offset == REG_VERSION {
-            ctx.violations.push("VERSION register overwritten");
+            ctx.violations.qemu(0, "VERSION register overwritten");
         }
         self.regs[offset / 4] = value;
         match offset {
@@ -415,7 +420,7 @@ impl Device {
         self.ring_pages.clear();
         if !ctx.bus_master {
             ctx.violations
-                .push("DSRHIGH written with bus mastering off");
+                .qemu(point::PCI, "DSRHIGH written with bus mastering off");
             return;
         }
         if ctx.cfg.refuse_dsr {
@@ -557,10 +562,20 @@ impl Device {
             self.regs[REG_ERR / 4] = err;
             return;
         }
-        // Hostile: one to three fields of the response (header or this command's payload).
+        // Hostile: the previous command's response again, or one to three fields of this one
+        // (header or this command's payload).
+        let truth = resp.clone();
         if ctx.liar.roll(point::RESPONSE) {
             let payload = RESP_PAYLOAD.get(cmd as usize).copied().unwrap_or(0);
-            for _ in 0..1 + ctx.liar.below(3) {
+            let stale = self.last_resp.as_ref().filter(|_| ctx.liar.below(6) == 0);
+            if let Some(old) = stale {
+                resp.copy_from_slice(old);
+            }
+            for _ in 0..if stale.is_some() {
+                0
+            } else {
+                1 + ctx.liar.below(3)
+            } {
                 if payload == 0 || ctx.liar.below(4) == 0 {
                     let (off, width) = [(0, 8), (8, 4), (12, 1)][ctx.liar.below(3) as usize];
                     ctx.liar.mutate_field(&mut resp, off, width);
@@ -571,6 +586,7 @@ impl Device {
         }
         ctx.wr(l.resp, &resp);
         self.regs[REG_ERR / 4] = err;
+        self.last_resp = Some(truth);
     }
 
     fn handle(
@@ -632,8 +648,10 @@ impl Device {
                 if self.qps.iter().flatten().any(|q| q.pd == h)
                     || self.srqs.iter().flatten().any(|s| s.pd == h)
                 {
-                    ctx.violations
-                        .push(format!("PD {h} destroyed while a QP or SRQ uses it"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("PD {h} destroyed while a QP or SRQ uses it"),
+                    );
                 }
                 if let Some(p) = self.pds.get_mut(h as usize) {
                     *p = false;
@@ -658,8 +676,10 @@ impl Device {
                     .flatten()
                     .any(|q| q.scq as usize == h || q.rcq as usize == h)
                 {
-                    ctx.violations
-                        .push(format!("CQ {h} destroyed while a QP uses it"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("CQ {h} destroyed while a QP uses it"),
+                    );
                 }
                 match self.cqs.get_mut(h) {
                     Some(slot @ Some(_)) => {
@@ -701,8 +721,10 @@ impl Device {
                 // DESTROY_SRQ
                 let h = le32(req, 0x10);
                 if self.qps.iter().flatten().any(|q| q.srq == Some(h)) {
-                    ctx.violations
-                        .push(format!("SRQ {h} destroyed while a QP uses it"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("SRQ {h} destroyed while a QP uses it"),
+                    );
                 }
                 match self.srqs.get_mut(h as usize) {
                     Some(slot @ Some(_)) => {
@@ -714,7 +736,7 @@ impl Device {
             }
             other => {
                 ctx.violations
-                    .push(format!("command {other} is not modelled"));
+                    .qemu(0, format!("command {other} is not modelled"));
                 Err(EINVAL)
             }
         }
@@ -732,10 +754,14 @@ impl Device {
             return Err(EIO); // the host refuses to create the CQ
         }
         if !cqe.is_power_of_two() || u64::from(nchunks - 1) * PAGE < u64::from(cqe) * 64 {
-            ctx.violations.push(format!(
-                "CQ of {cqe} entries in {} data pages: QEMU would index out of bounds",
-                nchunks - 1
-            ));
+            // The driver's own arithmetic: no lie excuses it.
+            ctx.violations.qemu(
+                0,
+                format!(
+                    "CQ of {cqe} entries in {} data pages: QEMU would index out of bounds",
+                    nchunks - 1
+                ),
+            );
         }
         let max = ctx.cfg.caps.max_cq;
         let slot = alloc_slot(&mut self.cqs, max, "CQ", ctx.violations).ok_or(ENOMEM)?;
@@ -762,12 +788,16 @@ fn check_ring(v: &mut Violations, what: &str, elems: u32, hdr: u32, sge: u32, pa
     // QEMU: pow2ceil(hdr + 16 * sge - 1).
     let stride = wqe_stride(hdr, sge);
     if !elems.is_power_of_two() {
-        v.push(format!("{what}: {elems} elements is not a power of two"));
+        v.qemu(0, format!("{what}: {elems} elements is not a power of two"));
     }
     if u64::from(elems).saturating_mul(stride) > u64::from(pages) * PAGE {
-        v.push(format!(
-            "{what}: {elems} x {stride} B in {pages} pages: QEMU would index out of bounds"
-        ));
+        // The driver's own arithmetic: no lie excuses it.
+        v.qemu(
+            0,
+            format!(
+                "{what}: {elems} x {stride} B in {pages} pages: QEMU would index out of bounds"
+            ),
+        );
     }
 }
 
@@ -825,7 +855,7 @@ impl Device {
         }
         if wr[2] > caps.max_sge
             || wr[3] > caps.max_sge
-            || wr[0] > caps.max_qp_wr.next_power_of_two()
+            || u64::from(wr[0]) > u64::from(caps.max_qp_wr).next_power_of_two()
         {
             return Err(EIO); // the host refuses
         }
@@ -836,8 +866,10 @@ impl Device {
             }
             QPT_GSI => {
                 if self.qps.iter().flatten().any(|q| q.qp_type == QPT_GSI) {
-                    ctx.violations
-                        .push("a second GSI QP: QEMU would register QP1 twice");
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        "a second GSI QP: QEMU would register QP1 twice",
+                    );
                 }
                 1
             }
@@ -1024,7 +1056,9 @@ impl Device {
             return Err(EINVAL);
         }
         let caps = ctx.cfg.caps;
-        if max_wr > caps.max_srq_wr.next_power_of_two() || max_sge > caps.max_srq_sge {
+        if u64::from(max_wr) > u64::from(caps.max_srq_wr).next_power_of_two()
+            || max_sge > caps.max_srq_sge
+        {
             return Err(EIO);
         }
         let slot = alloc_slot(&mut self.srqs, caps.max_srq, "SRQ", ctx.violations).ok_or(ENOMEM)?;

@@ -78,6 +78,8 @@ pub mod point {
     pub const VERSION: u32 = 1 << 7;
     /// Every point.
     pub const ALL: u32 = (1 << 8) - 1;
+    /// The points that lie about a command's outcome (see [`super::Lies::protocol`]).
+    pub const PROTOCOL: u32 = RESPONSE | ERR | SILENCE | VERSION;
 }
 
 /// How hostile the device is: lies at the enabled `points`, each with probability 1/`rate`.
@@ -114,7 +116,24 @@ impl Lies {
 
     /// Any lie at all.
     pub fn any(&self) -> bool {
-        self.protocol() || self.caps + self.ring + self.cqe + self.pci > 0
+        self.mask() != 0
+    }
+
+    /// The [`point`]s that lied.
+    pub fn mask(&self) -> u32 {
+        [
+            (self.response, point::RESPONSE),
+            (self.err, point::ERR),
+            (self.silence, point::SILENCE),
+            (self.caps, point::CAPS),
+            (self.ring, point::RING),
+            (self.cqe, point::CQE),
+            (self.pci, point::PCI),
+            (self.version, point::VERSION),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .fold(0, |m, (_, p)| m | p)
     }
 }
 
@@ -300,6 +319,18 @@ mod tests {
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn lies_name_their_points() {
+        let mut l = Liar::new(Hostile {
+            seed: 3,
+            rate: 1,
+            points: point::CQE | point::PCI,
+        });
+        assert!(l.roll(point::CQE) && l.roll(point::PCI) && !l.roll(point::ERR));
+        assert_eq!(l.lies.mask(), point::CQE | point::PCI);
+        assert!(!l.lies.protocol());
     }
 
     #[test]

@@ -207,6 +207,9 @@ pub enum ViolationKind {
 pub struct Violation {
     pub kind: ViolationKind,
     pub message: String,
+    /// The [`hostile::point`]s whose lies may lead a correct driver here (0: none may; a
+    /// violation of `Memory` kind is never excused).
+    pub excused_by: u32,
 }
 
 /// The model's list of violations.
@@ -214,25 +217,31 @@ pub struct Violation {
 pub(crate) struct Violations(Vec<Violation>);
 
 impl Violations {
-    /// A [`ViolationKind::Qemu`] violation.
-    pub(crate) fn push(&mut self, message: impl Into<String>) {
-        self.add(ViolationKind::Qemu, message);
+    /// A [`ViolationKind::Qemu`] violation that only lies at `excused_by` may explain.
+    pub(crate) fn qemu(&mut self, excused_by: u32, message: impl Into<String>) {
+        self.add(ViolationKind::Qemu, excused_by, message);
     }
 
     /// A [`ViolationKind::Memory`] violation.
     pub(crate) fn memory(&mut self, message: impl Into<String>) {
-        self.add(ViolationKind::Memory, message);
+        self.add(ViolationKind::Memory, 0, message);
     }
 
-    /// A [`ViolationKind::UseAfterFree`] violation.
+    /// A [`ViolationKind::UseAfterFree`] violation (a lie about a command's outcome may explain
+    /// it: the driver then rightly believes the device no longer has the memory).
     pub(crate) fn freed(&mut self, message: impl Into<String>) {
-        self.add(ViolationKind::UseAfterFree, message);
+        self.add(
+            ViolationKind::UseAfterFree,
+            hostile::point::PROTOCOL,
+            message,
+        );
     }
 
-    fn add(&mut self, kind: ViolationKind, message: impl Into<String>) {
+    fn add(&mut self, kind: ViolationKind, excused_by: u32, message: impl Into<String>) {
         self.0.push(Violation {
             kind,
             message: message.into(),
+            excused_by,
         });
     }
 }
@@ -594,8 +603,10 @@ unsafe impl Mmio for ModelMmio {
         }
         let mut g = self.model.lock();
         if !g.pci.pvrdma_decodes() {
-            g.violations
-                .push(format!("BAR{} read with memory decoding off", self.bar));
+            g.violations.qemu(
+                hostile::point::PCI,
+                format!("BAR{} read with memory decoding off", self.bar),
+            );
             return u32::MAX;
         }
         if self.bar != 1 {
@@ -641,7 +652,10 @@ impl ModelMmio {
             liar,
         } = &mut *g;
         if !pci.pvrdma_decodes() {
-            violations.push(format!("BAR{} write with memory decoding off", self.bar));
+            violations.qemu(
+                hostile::point::PCI,
+                format!("BAR{} write with memory decoding off", self.bar),
+            );
             return;
         }
         let bus_master = pci.pvrdma_bus_master();

@@ -132,10 +132,10 @@ impl Pci {
             4..=9 => {
                 let bar = idx - 4;
                 if value == u32::MAX && f.decodes() && f.bar_size[bar] != 0 {
-                    v.push(format!(
-                        "BAR{bar} of {:?} sized with memory decoding on",
-                        f.addr
-                    ));
+                    v.qemu(
+                        crate::hostile::point::PCI,
+                        format!("BAR{bar} of {:?} sized with memory decoding on", f.addr),
+                    );
                 }
                 if f.bar_size[bar] != 0 {
                     let mask = !(f.bar_size[bar] - 1) as u32 & !0xF;
