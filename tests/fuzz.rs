@@ -102,6 +102,10 @@ thread_local! {
     /// Whether a panic should come with the project's frames of its backtrace (on replays:
     /// symbolizing costs milliseconds).
     static BACKTRACE: Cell<bool> = const { Cell::new(false) };
+    /// This thread's machine, rebuilt for each execution: memory the driver leaked on purpose
+    /// keeps a handle to its machine, and with a machine per execution every one of those
+    /// would stay allocated for good.
+    static MODEL: Model = Model::default();
 }
 
 /// The frames of a backtrace that are this project's code (needs line tables), as
@@ -1883,7 +1887,10 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
     let mut r = Rng::new(seed ^ 0x5EED_F022_u64.rotate_left(17));
     let (cfg, honest, desc) = machine(&mut r);
     note!(t, "machine: {desc}");
-    let model = Model::new(cfg);
+    let model = MODEL.with(Model::clone);
+    // SAFETY: nothing of the previous execution is used again: its driver objects were dropped,
+    // or leaked (forgotten, or abandoned by a panic) and never touched after.
+    unsafe { model.reset(cfg) };
     let mut faulted = false;
     if r.below(8) == 0 {
         let nth = 1 + r.below(40);
@@ -1928,7 +1935,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
         );
         // On a panic nothing below is dropped: leaking is safer than unwinding through drops.
         let ctx = ManuallyDrop::new(Context::new(dev));
-        let mut w = World::new(&ctx, honest);
+        let mut w = ManuallyDrop::new(World::new(&ctx, honest));
         let ops = 1 + r.below(30);
         if r.below(2) == 0 {
             // Most of the data path needs a connected pair: often start with one.
@@ -1940,7 +1947,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
         for _ in 0..ops {
             w.step(&mut r, t);
         }
-        let res = w.teardown(&mut r, t);
+        let res = ManuallyDrop::into_inner(w).teardown(&mut r, t);
         drop(ManuallyDrop::into_inner(ctx));
         res
     }));

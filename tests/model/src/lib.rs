@@ -260,8 +260,6 @@ struct Inner {
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
     free_doorbells: Arc<AtomicBool>,
-    /// The PCI functions that exist (fixed at construction).
-    present: Arc<[(u8, u8, u8)]>,
 }
 
 impl Default for Model {
@@ -273,21 +271,41 @@ impl Default for Model {
 /// The PCI address of the PVRDMA function.
 pub const PVRDMA_ADDRESS: (u8, u8, u8) = (0, 0x10, 1);
 
+impl Inner {
+    fn new(cfg: ModelConfig) -> Self {
+        Inner {
+            mem: Memory::new(cfg.dma_pages),
+            pci: Pci::new(&cfg),
+            dev: Device::new(&cfg),
+            cfg,
+            violations: Violations::default(),
+            liar: cfg.hostile.map_or_else(Liar::honest, Liar::new),
+        }
+    }
+}
+
 impl Model {
     /// A machine built as `cfg` says.
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
-            inner: Arc::new(Mutex::new(Inner {
-                mem: Memory::new(cfg.dma_pages),
-                pci: Pci::new(&cfg),
-                dev: Device::new(&cfg),
-                cfg,
-                violations: Violations::default(),
-                liar: cfg.hostile.map_or_else(Liar::honest, Liar::new),
-            })),
+            inner: Arc::new(Mutex::new(Inner::new(cfg))),
             free_doorbells: Arc::new(AtomicBool::new(false)),
-            present: pci::addresses(&cfg).into(),
         }
+    }
+
+    /// Rebuilds the machine as `cfg` says, as if new: every DMA block is freed, the device and
+    /// its tables start over. For a harness that runs many machines on one model — clones the
+    /// driver leaked on purpose (memory it kept for a device it could not trust) would
+    /// otherwise keep each old machine alive.
+    ///
+    /// # Safety
+    ///
+    /// No driver object that used the old machine is used again: pointers into its DMA memory
+    /// dangle.
+    pub unsafe fn reset(&self, cfg: ModelConfig) {
+        let old = std::mem::replace(&mut *self.lock(), Inner::new(cfg));
+        drop(old);
+        self.free_doorbells.store(false, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -563,7 +581,7 @@ unsafe impl Hal for Model {
 impl ConfigRegionAccess for Model {
     unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
         // Most of a bus scan reads absent functions: answer those without the lock.
-        if !pci::present(&self.present, address) {
+        if !pci::may_exist(address) {
             return u32::MAX;
         }
         let mut g = self.lock();
