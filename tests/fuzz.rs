@@ -47,7 +47,7 @@ use std::fmt::Write as _;
 use std::mem::ManuallyDrop;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -684,22 +684,11 @@ impl<'c> World<'c> {
             return;
         };
         let max = usize::try_from(self.ctx.caps().max_mr_size).unwrap_or(usize::MAX);
-        let len = if r.below(10) < 8 {
-            1 + r.below(3 * 4096) as usize
-        } else {
-            r.pick(&[
-                0,
-                1,
-                4095,
-                4096,
-                4097,
-                64 << 10,
-                max,
-                max.wrapping_add(1),
-                1 << 30,
-                (1 << 30) + 1,
-                usize::MAX,
-            ])
+        // Mostly small; the large edges are rare (a region of max_mr_size costs milliseconds).
+        let len = match r.below(100) {
+            0..=79 => 1 + r.below(3 * 4096) as usize,
+            80..=97 => r.pick(&[0, 1, 4095, 4096, 4097, 64 << 10]),
+            _ => r.pick(&[max, max.wrapping_add(1), 1 << 30, (1 << 30) + 1, usize::MAX]),
         };
         let access = AccessFlags::from_bits_truncate(r.below(32) as u32);
         note!(
@@ -2096,7 +2085,7 @@ fn main() {
         .first()
         .and_then(|a| parse(a))
         .or_else(|| env("FUZZ_N"))
-        .unwrap_or(2000);
+        .unwrap_or(200_000);
     let base = args
         .get(1)
         .and_then(|a| parse(a))
@@ -2116,7 +2105,6 @@ fn main() {
 
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
     let failures = Arc::new(Mutex::new(Failures {
         distinct: BTreeMap::new(),
         total: 0,
@@ -2129,8 +2117,7 @@ fn main() {
 
     let workers: Vec<_> = (0..threads as usize)
         .map(|k| {
-            let (next, done, stop, failures) =
-                (next.clone(), done.clone(), stop.clone(), failures.clone());
+            let (next, done, failures) = (next.clone(), done.clone(), failures.clone());
             let (current, heartbeat) = (current.clone(), heartbeat.clone());
             std::thread::Builder::new()
                 .name(format!("fuzz-{k}"))
@@ -2141,7 +2128,7 @@ fn main() {
                         on: verbose,
                         lines: Vec::new(),
                     };
-                    while !stop.load(Ordering::Relaxed) {
+                    loop {
                         let from = next.fetch_add(CHUNK, Ordering::Relaxed);
                         if from >= n {
                             break;
@@ -2208,7 +2195,6 @@ fn main() {
     for w in workers {
         w.join().expect("worker");
     }
-    stop.store(true, Ordering::Relaxed);
     let f = failures.lock().unwrap_or_else(|p| p.into_inner());
     if !f.distinct.is_empty() {
         println!("distinct failures (count, first seed):");
