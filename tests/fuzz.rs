@@ -394,7 +394,12 @@ struct RawQp {
 
 struct World<'c> {
     ctx: &'c Ctx,
+    /// No lie, no injected errno: the driver's answers must agree with the device.
     honest: bool,
+    /// Honest, with default limits and plenty of DMA memory: what must work, works.
+    plain: bool,
+    /// Honest executions: raw work requests posted and not yet completed, by wr_id.
+    posted: BTreeMap<u64, u32>,
     pds: Vec<Option<Owned<Pd<'c>>>>,
     cqs: Vec<Option<Owned<Cq<'c>>>>,
     srqs: Vec<Option<(Owned<Srq<'c>>, usize)>>,
@@ -447,10 +452,12 @@ fn count(r: &mut Rng, small: u32, edges: &[u32]) -> u32 {
 }
 
 impl<'c> World<'c> {
-    fn new(ctx: &'c Ctx, honest: bool) -> Self {
+    fn new(ctx: &'c Ctx, honest: bool, plain: bool) -> Self {
         World {
             ctx,
             honest,
+            plain: honest && plain,
+            posted: BTreeMap::new(),
             pds: Vec::new(),
             cqs: Vec::new(),
             srqs: Vec::new(),
@@ -482,6 +489,44 @@ impl<'c> World<'c> {
     fn complain(&mut self, t: &mut Trace, what: String) {
         note!(t, "    !! {what}");
         self.complaints.push(what);
+    }
+
+    /// An error where nothing can have gone wrong (a plain honest machine) is wrong.
+    fn must(&mut self, t: &mut Trace, what: &str, e: &Error) {
+        self.err(t, e);
+        if self.plain {
+            self.complain(t, format!("{what} failed on a plain honest device: {e:?}"));
+        }
+    }
+
+    /// Honest executions: work requests posted (their completions must come back once each).
+    fn posted<'a>(&mut self, ids: impl Iterator<Item = &'a u64>) {
+        if self.honest {
+            for &id in ids {
+                *self.posted.entry(id).or_default() += 1;
+            }
+        }
+    }
+
+    /// Honest executions: a completion polled must be of a request posted and not yet
+    /// completed (the safe path's own wr_ids, bit 63, are its business).
+    fn completed(&mut self, t: &mut Trace, wc: &WorkCompletion) {
+        if !self.honest || wc.wr_id >> 63 != 0 {
+            return;
+        }
+        match self.posted.get_mut(&wc.wr_id) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.posted.remove(&wc.wr_id);
+            }
+            None => self.complain(
+                t,
+                format!(
+                    "a completion for wr_id {:#x}, not posted or already completed",
+                    wc.wr_id
+                ),
+            ),
+        }
     }
 
     fn pd(&self, i: usize) -> &'c Pd<'c> {
@@ -1219,17 +1264,21 @@ impl<'c> World<'c> {
             note!(t, "  bind_gid(0)");
             match self.ctx.bind_gid(0, gid) {
                 Ok(g) => self.gids.push(g),
-                Err(e) => return self.err(t, &e),
+                Err(e) => return self.must(t, "bind_gid(0)", &e),
             }
         }
         if live(&self.pds).is_empty() {
-            self.alloc_pd(t);
+            note!(t, "  alloc_pd()");
+            match self.ctx.alloc_pd() {
+                Ok(pd) => self.pds.push(Some(Owned::new(pd))),
+                Err(e) => return self.must(t, "alloc_pd", &e),
+            }
         }
         if live(&self.cqs).is_empty() {
             note!(t, "  create_cq(256)");
             match self.ctx.create_cq(256) {
                 Ok(cq) => self.cqs.push(Some(Owned::new(cq))),
-                Err(e) => return self.err(t, &e),
+                Err(e) => return self.must(t, "create_cq(256)", &e),
             }
         }
         let first = self.qps.len();
@@ -1273,7 +1322,7 @@ impl<'c> World<'c> {
                         held: Vec::new(),
                     });
                 }
-                Err(e) => return self.err(t, &e),
+                Err(e) => return self.must(t, "create_qp", &e),
             }
         }
         let n = self.qps.len() - first;
@@ -1291,6 +1340,7 @@ impl<'c> World<'c> {
             };
             a.crts = ConnectedRts::new(0);
             a.dinit = DatagramInit::new(0x1111_1111);
+            a.drts = DatagramRts { sq_psn: 0 };
             let moves: &[Move] = if ud {
                 &[Move::Ready]
             } else {
@@ -1298,6 +1348,9 @@ impl<'c> World<'c> {
             };
             for &m in moves {
                 if !self.modify(t, i, m, &a) {
+                    if self.plain {
+                        self.complain(t, format!("{m:?} failed on a plain honest device"));
+                    }
                     break;
                 }
             }
@@ -1513,6 +1566,7 @@ mod data {
             })
             .collect();
         note!(t, "post_send_raw(#{i}, {wrs:?})");
+        let ids: Vec<u64> = wrs.iter().map(|w| w.wr_id).collect();
         let res = match w.qps[i].qp.as_mut().unwrap() {
             // SAFETY: the buffers are regions of this world, or name none. A region may be
             // destroyed while a request names it (the contract's letter is broken), but the
@@ -1523,6 +1577,9 @@ mod data {
             AnyQp::Gsi(St::Rts(q)) => unsafe { q.post_send_raw(&wrs) },
             _ => return,
         };
+        if res.is_ok() {
+            w.posted(ids.iter());
+        }
         w.res(t, &res);
     }
 
@@ -1564,6 +1621,9 @@ mod data {
                 _ => return,
             }
         };
+        if res.is_ok() {
+            w.posted(wrs.iter().map(|w| &w.wr_id));
+        }
         w.res(t, &res);
     }
 
@@ -1589,6 +1649,9 @@ mod data {
         note!(t, "srq post_recv_raw(#{i}, {wrs:?})");
         // SAFETY: as in `post_send`.
         let res = unsafe { srq.post_recv_raw(&wrs) };
+        if res.is_ok() {
+            w.posted(wrs.iter().map(|w| &w.wr_id));
+        }
         w.res(t, &res);
     }
 
@@ -1688,6 +1751,9 @@ mod data {
                 w.complain(t, format!("poll returned {k} completions into {n} slots"));
             }
             note!(t, "    {:?}", &wc[..k.min(n)]);
+            for c in &wc[..k.min(n)] {
+                w.completed(t, c);
+            }
         }
         w.res(t, &res);
     }
@@ -1705,6 +1771,9 @@ mod data {
         match res {
             Ok(Some(c)) => {
                 note!(t, "    -> {:?} with buffer {}", c.wc, c.mr.is_some());
+                if c.mr.is_none() {
+                    w.completed(t, &c.wc);
+                }
                 if let Some(mr) = c.mr {
                     let pd = (c.wc.wr_id >> 32) as usize;
                     let held = &mut w.qps[i].held;
@@ -1742,8 +1811,9 @@ mod data {
 // ---------------------------------------------------------------------------------------------
 // One execution.
 
-/// The machine of execution `seed`, and whether it is honest (no lie, no injected fault).
-fn machine(r: &mut Rng) -> (ModelConfig, bool, String) {
+/// The machine of an execution; whether it is honest (it tells no lie); whether it is plain
+/// (default limits, plenty of DMA memory); and its description.
+fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
     let mut cfg = ModelConfig {
         version: r.pick(&[17, 17, 17, 17, 17, 18, 19, 20]),
         bar2_64bit: r.below(8) == 0,
@@ -1839,7 +1909,8 @@ fn machine(r: &mut Rng) -> (ModelConfig, bool, String) {
         cfg.caps.max_pd < 1024,
         cfg.caps
     );
-    (cfg, rate == 0, desc)
+    let plain = odd.is_empty() && cfg.caps.max_pd == 1024 && cfg.dma_pages >= 1 << 20;
+    (cfg, rate == 0, plain, desc)
 }
 
 /// What one execution found.
@@ -1852,18 +1923,22 @@ struct Found {
 
 /// Replaces the digits of a message, so that one failure with different values counts once.
 fn shape(s: &str) -> String {
+    let b = s.as_bytes();
     let mut out = String::new();
-    let mut last = ' ';
-    for c in s.chars() {
-        let c = if c.is_ascii_hexdigit() && (last == '#' || c.is_ascii_digit()) {
-            '#'
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b[i] == b'0' && b.get(i + 1) == Some(&b'x');
+        if hex || b[i].is_ascii_digit() {
+            i += if hex { 2 } else { 0 };
+            while i < b.len() && (b[i].is_ascii_digit() || (hex && b[i].is_ascii_hexdigit())) {
+                i += 1;
+            }
+            out.push('#');
         } else {
-            c
-        };
-        if !(c == '#' && last == '#') {
+            let c = s[i..].chars().next().expect("a char");
             out.push(c);
+            i += c.len_utf8();
         }
-        last = c;
     }
     out
 }
@@ -1874,7 +1949,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
     PANIC.with(|p| p.borrow_mut().take());
     let started = Instant::now();
     let mut r = Rng::new(seed ^ 0x5EED_F022_u64.rotate_left(17));
-    let (cfg, honest, desc) = machine(&mut r);
+    let (cfg, honest, plain, desc) = machine(&mut r);
     note!(t, "machine: {desc}");
     let model = MODEL.with(Model::clone);
     // SAFETY: nothing of the previous execution is used again: its driver objects were dropped,
@@ -1888,10 +1963,12 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
         model.fail_command(nth, errno);
         faulted = true;
     }
+    let mut plain = plain;
     if r.below(8) == 0 {
         let nth = 1 + r.below(40);
         note!(t, "inject: DMA allocation {nth} fails");
         model.fail_dma_alloc(nth);
+        plain = false;
     }
     let honest = honest && !faulted;
 
@@ -1924,7 +2001,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
         );
         // On a panic nothing below is dropped: leaking is safer than unwinding through drops.
         let ctx = ManuallyDrop::new(Context::new(dev));
-        let mut w = ManuallyDrop::new(World::new(&ctx, honest));
+        let mut w = ManuallyDrop::new(World::new(&ctx, honest, plain));
         let ops = 1 + r.below(30);
         if r.below(2) == 0 {
             // Most of the data path needs a connected pair: often start with one.
