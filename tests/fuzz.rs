@@ -1893,21 +1893,27 @@ fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
         (r.next_u64() as u32 & point::ALL).max(1 << r.below(8))
     };
     if rate != 0 {
-        cfg.hostile = Some(Hostile {
-            seed: r.next_u64(),
-            rate,
-            points,
-        });
+        let mut h = Hostile::new(r.next_u64(), rate).at(points);
+        if r.below(3) == 0 {
+            // Some points lie at their own rate.
+            for p in 0..8 {
+                if r.below(3) == 0 {
+                    h = h.rate_at(1 << p, r.pick(&[1, 2, 4, 16, 256]));
+                }
+            }
+        }
+        cfg.hostile = Some(h);
     }
     let desc = format!(
         "version {}, bar2_64bit {}, semantics {:?}, dma_pages {}, small tables {}, \
-         odd caps [{odd}] {:?}, hostile rate {rate} points {points:#x}",
+         odd caps [{odd}] {:?}, hostile {:?}",
         cfg.version,
         cfg.bar2_64bit,
         cfg.semantics,
         cfg.dma_pages,
         cfg.caps.max_pd < 1024,
-        cfg.caps
+        cfg.caps,
+        cfg.hostile
     );
     let plain = odd.is_empty() && cfg.caps.max_pd == 1024 && cfg.dma_pages >= 1 << 20;
     (cfg, rate == 0, plain, desc)

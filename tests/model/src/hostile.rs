@@ -82,7 +82,8 @@ pub mod point {
     pub const PROTOCOL: u32 = RESPONSE | ERR | SILENCE | VERSION;
 }
 
-/// How hostile the device is: lies at the enabled `points`, each with probability 1/`rate`.
+/// How hostile the device is: lies at the enabled `points`, each with probability 1/`rate`
+/// (or its own rate in `rates`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hostile {
     /// Seeds every decision.
@@ -91,6 +92,32 @@ pub struct Hostile {
     pub rate: u32,
     /// Which points may lie ([`point`] bits).
     pub points: u32,
+    /// A point's own rate, by bit number (`rates[3]` is [`point::CAPS`]'s); 0: `rate`.
+    pub rates: [u32; 8],
+}
+
+impl Hostile {
+    /// Lies at every point, one in `rate`.
+    pub fn new(seed: u64, rate: u32) -> Self {
+        Hostile {
+            seed,
+            rate,
+            points: point::ALL,
+            rates: [0; 8],
+        }
+    }
+
+    /// Only at `points`.
+    pub fn at(mut self, points: u32) -> Self {
+        self.points = points;
+        self
+    }
+
+    /// One lie in `rate` at point `p` (one of the [`point`] bits).
+    pub fn rate_at(mut self, p: u32, rate: u32) -> Self {
+        self.rates[p.trailing_zeros() as usize % 8] = rate;
+        self
+    }
 }
 
 /// How many lies of each class the device told.
@@ -141,8 +168,8 @@ impl Lies {
 #[derive(Clone, Debug)]
 pub(crate) struct Liar {
     rng: Rng,
-    rate: u32,
-    points: u32,
+    /// The rate of each point, by bit number (0: never).
+    rates: [u32; 8],
     pub(crate) lies: Lies,
 }
 
@@ -185,17 +212,21 @@ impl Liar {
     pub(crate) fn honest() -> Self {
         Liar {
             rng: Rng::new(0),
-            rate: 0,
-            points: 0,
+            rates: [0; 8],
             lies: Lies::default(),
         }
     }
 
     pub(crate) fn new(h: Hostile) -> Self {
+        let mut rates = [0; 8];
+        for (i, r) in rates.iter_mut().enumerate() {
+            if h.points & (1 << i) != 0 {
+                *r = if h.rates[i] != 0 { h.rates[i] } else { h.rate };
+            }
+        }
         Liar {
             rng: Rng::new(h.seed),
-            rate: h.rate,
-            points: h.points,
+            rates,
             lies: Lies::default(),
         }
     }
@@ -203,7 +234,8 @@ impl Liar {
     /// Whether to lie now at `p` (counted in its class when so).
     #[inline]
     pub(crate) fn roll(&mut self, p: u32) -> bool {
-        if self.rate == 0 || self.points & p == 0 || !self.rng.one_in(self.rate) {
+        let rate = self.rates[p.trailing_zeros() as usize % 8];
+        if rate == 0 || !self.rng.one_in(rate) {
             return false;
         }
         let l = &mut self.lies;
@@ -302,11 +334,7 @@ mod tests {
     #[test]
     fn the_same_seed_tells_the_same_lies() {
         let run = |seed| {
-            let mut l = Liar::new(Hostile {
-                seed,
-                rate: 3,
-                points: point::ALL,
-            });
+            let mut l = Liar::new(Hostile::new(seed, 3));
             (0..1000)
                 .map(|i| {
                     if l.roll(point::CQE) {
@@ -323,23 +351,23 @@ mod tests {
 
     #[test]
     fn lies_name_their_points() {
-        let mut l = Liar::new(Hostile {
-            seed: 3,
-            rate: 1,
-            points: point::CQE | point::PCI,
-        });
+        let mut l = Liar::new(Hostile::new(3, 1).at(point::CQE | point::PCI));
         assert!(l.roll(point::CQE) && l.roll(point::PCI) && !l.roll(point::ERR));
         assert_eq!(l.lies.mask(), point::CQE | point::PCI);
         assert!(!l.lies.protocol());
     }
 
     #[test]
+    fn a_point_may_have_its_own_rate() {
+        let mut l = Liar::new(Hostile::new(4, 0).rate_at(point::RING, 1));
+        assert!(l.roll(point::RING) && !l.roll(point::CQE));
+        let mut l = Liar::new(Hostile::new(4, 1).rate_at(point::RING, 1 << 30));
+        assert!(l.roll(point::CQE) && (0..100).all(|_| !l.roll(point::RING)));
+    }
+
+    #[test]
     fn a_lie_always_differs_from_the_truth_and_fits_its_width() {
-        let mut l = Liar::new(Hostile {
-            seed: 1,
-            rate: 1,
-            points: point::ALL,
-        });
+        let mut l = Liar::new(Hostile::new(1, 1));
         for bits in [8, 16, 32, 64] {
             for v in [0u64, 1, 0xFF, 0x1234_5678, u64::MAX] {
                 let v = if bits == 64 { v } else { v & ((1 << bits) - 1) };
