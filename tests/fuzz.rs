@@ -1434,7 +1434,8 @@ mod data {
             0..=5 => post_send(w, r, t),
             6..=8 => post_recv(w, r, t),
             9 => srq_recv(w, r, t),
-            10..=11 => safe_post(w, r, t),
+            10 => safe_post(w, r, t),
+            11 => safe_batch(w, r, t),
             12..=16 => poll_cq(w, r, t),
             17..=18 => poll_qp(w, r, t),
             _ => arm(w, r, t),
@@ -1479,6 +1480,50 @@ mod data {
     fn wr_id(r: &mut Rng) -> u64 {
         let id = r.next_u64();
         if r.below(16) == 0 { id } else { id >> 1 }
+    }
+
+    /// Two safe sends with one doorbell (all or none).
+    fn safe_batch(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
+        let Some(i) = qp_where(w, r, |s| s == QpState::Rts) else {
+            return;
+        };
+        let pd = w.qps[i].pd;
+        let own: Vec<usize> = (0..w.mrs.len()).filter(|&k| w.mrs[k].1 == pd).collect();
+        if own.len() < 2 {
+            return;
+        }
+        let (a, b) = (own[0].max(own[1]), own[0].min(own[1]));
+        let (ma, _) = w.mrs.swap_remove(a);
+        let (mb, _) = w.mrs.swap_remove(b);
+        let dest = ud_dest(w, r);
+        let mut reqs = [ma, mb].map(|mr| {
+            let len = (mr.len() as u64).min(1 << 12);
+            let wr_id = ((pd as u64) << 32) | (r.next_u64() & 0xFFFF_FFFF);
+            SendRequest::send(wr_id, mr, 0, r.below(len + 1) as u32)
+        });
+        let datagram = matches!(w.qps[i].qp, Some(AnyQp::Ud(_) | AnyQp::Gsi(_)));
+        if datagram {
+            reqs.iter_mut().for_each(|q| q.ud = Some(dest));
+        }
+        note!(t, "safe post_send_batch(#{i}, 2)");
+        let res = match w.qps[i].qp.as_mut().unwrap() {
+            AnyQp::Rc(St::Rts(q)) => q.post_send_batch(reqs),
+            AnyQp::Ud(St::Rts(q)) => q.post_send_batch(reqs),
+            AnyQp::Gsi(St::Rts(q)) => q.post_send_batch(reqs),
+            _ => Err((reqs, Error::Busy { op: Op::PostSend })),
+        };
+        match res {
+            Ok(()) => {
+                note!(t, "    -> Ok");
+                w.qps[i].held.extend([pd, pd]);
+            }
+            Err((reqs, e)) => {
+                w.err(t, &e);
+                for q in reqs {
+                    w.mrs.push((q.mr, pd));
+                }
+            }
+        }
     }
 
     fn ud_dest(w: &World<'_>, r: &mut Rng) -> UdDest {
