@@ -477,6 +477,18 @@ impl<'c> World<'c> {
         let _ = write!(Sink, "{e}");
         self.unknown |= outcome_unknown(e);
         note!(t, "    -> Err({e:?})");
+        // The driver checks every limit the device has before asking it to create anything:
+        // an honest device that refuses a create was asked for something the driver let
+        // through.
+        if let Error::Device {
+            op: op @ (Op::CreateQp | Op::CreateCq | Op::CreateSrq | Op::CreateMr | Op::CreatePd),
+            ..
+        } = e
+        {
+            if self.honest {
+                self.complain(t, format!("{op:?} refused by an honest device: {e:?}"));
+            }
+        }
     }
 
     fn res<T: std::fmt::Debug>(&mut self, t: &mut Trace, r: &Result<T, Error>) {
@@ -2172,7 +2184,9 @@ struct Failures {
     printed: u64,
 }
 
+/// Distinct failures reported in full (with their replayed trace).
 const FULL_REPORTS: usize = 8;
+/// One-line reports of further failures, unless FUZZ_LINES says otherwise.
 const MAX_LINES: u64 = 100;
 
 fn parse(s: &str) -> Option<u64> {
@@ -2375,7 +2389,12 @@ fn report(failures: &Mutex<Failures>, seed: u64, found: Found) {
             }
         );
         failures.lock().unwrap_or_else(|p| p.into_inner()).printed += 1;
-    } else if f.printed < MAX_LINES {
+    } else if f.printed
+        < std::env::var("FUZZ_LINES")
+            .ok()
+            .and_then(|v| parse(&v))
+            .unwrap_or(MAX_LINES)
+    {
         f.printed += 1;
         println!("FAIL seed {seed}: {}", found.signature);
     }
