@@ -5,10 +5,11 @@
 //! `cargo test` does not run by default; by hand: `cargo test --release --test fuzz -- N SEED`.
 //!
 //! Execution `i` uses seed `SEED + i`. From the seed come the machine (QEMU's version or a
-//! later one, 32/64-bit BAR2, verbs or QEMU semantics, sometimes tiny object tables or little
-//! DMA memory, sometimes an honest injected errno or DMA failure) and how hostile the device is:
-//! one lie in `rate` at a random subset of the model's mutation points
-//! (`bareverbs_model::hostile`), one execution in eight fully honest. The driver is brought up
+//! later one, 32/64-bit BAR2, verbs or QEMU semantics, sometimes tiny object tables, little DMA
+//! memory or honestly odd limits — a max_sge of 2^24, a gid_tbl_len of 1 —, sometimes an
+//! injected errno or DMA failure) and how hostile the device is: one lie in `rate` at a random
+//! subset of the model's mutation points (`bareverbs_model::hostile`), some points at their own
+//! rate, one execution in eight fully honest. The driver is brought up
 //! on it (usually at the PVRDMA's address, sometimes by a full bus scan) and runs 1–30
 //! operations: port and P_Key queries, PDs, CQs of edge sizes, GID bindings, memory regions,
 //! RC/UD/GSI (and refused UC/raw) QPs with edge capacities through every state, QPs created at
@@ -33,8 +34,11 @@
 //!   outcome it could not know (Timeout, or Protocol on a command) or a destroy that failed
 //!   (the driver logs a warning when it leaks on purpose; this file counts them);
 //! - the device left active after the context was dropped;
-//! - in an honest execution, a driver answer that contradicts the device (a queried state or
-//!   QP number), or any object whose reported size is below the request.
+//! - any object whose reported size is below the request;
+//! - in an honest execution (no lie, no injected errno): a driver answer that contradicts the
+//!   device (a queried state or QP number); a completion whose wr_id was not posted, or comes
+//!   twice; a create the device refuses (the driver promises to check every limit first); and
+//!   on a plain one (default limits, enough memory), a connected pair that does not come up.
 //!
 //! Every error must be a `bareverbs::Error` (the type system sees to it); each one's kind and
 //! Display are exercised.
@@ -1909,7 +1913,7 @@ fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
             0x0FFF_FFFF,
             u32::MAX,
         ];
-        odd = match r.below(7) {
+        odd = match r.below(8) {
             0 => {
                 c.max_sge = r.pick(&big);
                 "max_sge"
@@ -1934,6 +1938,10 @@ fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
             5 => {
                 c.max_mr_size = r.pick(&[1, 4096, 4097, 1 << 30, u64::MAX]);
                 "max_mr_size"
+            }
+            6 => {
+                c.phys_port_cnt = r.pick(&[2, 255]);
+                "phys_port_cnt"
             }
             _ => {
                 c.max_qp = r.pick(&big);
