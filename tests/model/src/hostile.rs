@@ -1,23 +1,23 @@
 //! The hostile device: a seeded liar that, at each mutation point, may replace what the model
 //! was about to show the driver with a mutated value.
 //!
-//! Mutation points ([`point`]): every field of a command response (header and payload) and the
-//! ERR register as the driver reads it, silence (a command that gets no answer, before or after
-//! it ran), each capability field of the shared region when it is loaded (or not loading it at
-//! all), the ring indices the device writes (CQ `prod_tail`, SQ/RQ/SRQ `cons_head`, and a CQ's
-//! `prod_tail` at a POLL doorbell), every CQE field (plus dropped, duplicated and spurious
-//! CQEs), PCI configuration values (IDs, command register, BARs, also as read while sizing) and
-//! the VERSION register.
+//! Mutation points ([`point`]): every field of a command response (header and payload, or the
+//! previous response replayed) and the ERR register as the driver reads it, silence (a command
+//! that gets no answer, before or after it ran), each capability field of the shared region
+//! when it is loaded (or not loading it at all), the ring indices the device writes (CQ
+//! `prod_tail`, SQ/RQ/SRQ `cons_head`, and a CQ's `prod_tail` at a POLL doorbell), every CQE
+//! field (plus dropped, duplicated and spurious CQEs), PCI configuration values (IDs, command
+//! register, BARs, also as read while sizing) and the VERSION register.
 //!
-//! At each point the liar lies with probability 1/`rate` (`rate` 0: never): once per PCI
-//! configuration or register read, per command (then one to three of its response fields),
-//! per shared-region load (then one to four capability fields, or the region not loaded), per
-//! ring index written, per CQE, and per POLL doorbell (spurious CQEs, a producer index). A lie is a random
-//! value, a boundary value (0, 1, the maximum and its neighbours, 0x8000_0000, powers of two
-//! and their neighbours, the handle mask and just above it, QEMU's page and table limits), a
-//! value just above the true one, or one flipped bit; it always differs from the truth.
-//! Everything follows from the seed: the same driver run against the same seed sees the same
-//! lies.
+//! At each point the liar lies with probability 1/`rate` (`rate` 0: never; a point may have
+//! its own rate): once per PCI configuration or register read, per command (then one to three
+//! of its response fields), per shared-region load (then one to four capability fields, or the
+//! region not loaded), per ring index written, per CQE, and per POLL doorbell (spurious CQEs,
+//! a producer index). A lie is a random value, a boundary value (0, 1, the maximum and its
+//! neighbours, 0x8000_0000, powers of two and their neighbours, the handle mask and just above
+//! it, QEMU's page and table limits), a value just above the true one, or one flipped bit; it
+//! always differs from the truth. Everything follows from the seed: the same driver run
+//! against the same seed sees the same lies.
 
 /// A deterministic pseudo-random generator (SplitMix64): tiny, fast, good enough for fuzzing.
 #[derive(Clone, Debug)]

@@ -22,8 +22,10 @@
 //! Hostile mode ([`ModelConfig::hostile`], [`Model::set_hostile`]): a seeded liar mutates what
 //! the device shows the driver — responses, ERR, capabilities, ring indices, CQEs, PCI values,
 //! VERSION — or stays silent (see [`hostile`]). [`Model::lies`] counts what it told, so a
-//! checker can tell the driver's mistakes from the consequences of a lie. Every violation has a
-//! [`ViolationKind`]; DMA blocks carry guard pages that [`Model::check_guards`] verifies.
+//! checker can tell the driver's mistakes from the consequences of a lie: every [`Violation`]
+//! has a [`ViolationKind`] and says which lies may excuse it. DMA blocks carry guard pages that
+//! [`Model::check_guards`] verifies. [`Model::reset`] rebuilds the machine in place, for a
+//! harness that runs millions of them.
 
 mod datapath;
 mod device;
