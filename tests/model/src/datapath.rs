@@ -406,8 +406,9 @@ impl Device {
         let max_sge = ctx.cfg.caps.max_sge;
         let qp = self.qps[i].as_mut().expect("indexed");
         if qp.srq.is_some() {
+            // (A lied QP number can make the driver ring another QP's doorbell.)
             ctx.violations.qemu(
-                0,
+                point::PROTOCOL,
                 "RECV doorbell on a QP with an SRQ: QEMU reads past its allocation",
             );
             return;
