@@ -1518,10 +1518,11 @@ mod data {
             SendRequest::send(wr_id, mr, 0, r.below(len + 1) as u32)
         });
         let datagram = matches!(w.qps[i].qp, Some(AnyQp::Ud(_) | AnyQp::Gsi(_)));
+        note!(t, "safe post_send_batch(#{i}, 2)");
         if datagram {
+            note!(t, "    to {dest:?}");
             reqs.iter_mut().for_each(|q| q.ud = Some(dest));
         }
-        note!(t, "safe post_send_batch(#{i}, 2)");
         let res = match w.qps[i].qp.as_mut().unwrap() {
             AnyQp::Rc(St::Rts(q)) => q.post_send_batch(reqs),
             AnyQp::Ud(St::Rts(q)) => q.post_send_batch(reqs),
@@ -1543,7 +1544,11 @@ mod data {
     }
 
     fn ud_dest(w: &World<'_>, r: &mut Rng) -> UdDest {
-        let (sgid, gid) = w.bound_gid(r).unwrap_or((0, Gid([0; 16])));
+        let (mut sgid, gid) = w.bound_gid(r).unwrap_or((0, Gid([0; 16])));
+        if r.below(16) == 0 {
+            // A source GID index the caller made up.
+            sgid = r.pick(&[1, 7, 200, 254, 255]);
+        }
         let uds: Vec<&QpEntry<'_>> = w
             .qps
             .iter()
@@ -1752,6 +1757,7 @@ mod data {
                     req.op = SendOp::SendWithImm(3);
                 }
                 if matches!(q, AnyQp::Ud(_) | AnyQp::Gsi(_)) {
+                    note!(t, "    to {dest:?}");
                     req.ud = Some(dest);
                 }
                 match q {
