@@ -7,8 +7,38 @@ use std::collections::VecDeque;
 
 use crate::Semantics;
 use crate::device::{Ctx, Device, le32, le64, put32};
+use crate::hostile::point;
 
 const PAGE: u64 = 4096;
+
+/// The fields of a CQE (offset, width), as a hostile device garbles them; the ones drivers
+/// act on listed twice.
+const CQE_FIELDS: [(usize, usize); 24] = [
+    (0x00, 8), // wr_id
+    (0x00, 8),
+    (0x08, 8), // qp
+    (0x08, 8),
+    (0x10, 4), // opcode
+    (0x10, 4),
+    (0x14, 4), // status
+    (0x14, 4),
+    (0x18, 4), // byte_len
+    (0x18, 4),
+    (0x1C, 4), // imm_data
+    (0x20, 4), // src_qp
+    (0x24, 4), // wc_flags
+    (0x24, 4),
+    (0x28, 4), // vendor_err
+    (0x2C, 2), // pkey_index
+    (0x2E, 2), // slid
+    (0x30, 1), // sl
+    (0x31, 1), // dlid_path_bits
+    (0x32, 1), // port_num
+    (0x33, 4), // smac (first four bytes)
+    (0x37, 2), // smac (last two)
+    (0x39, 1), // network_hdr_type
+    (0x3A, 4), // reserved
+];
 
 /// A registered memory region.
 pub(crate) struct Mr {
@@ -19,6 +49,7 @@ pub(crate) struct Mr {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) pages: Vec<u64>,
+    pub(crate) spans: Vec<(u64, u64)>,
 }
 
 /// A receive WQE the device has taken from a ring (QEMU posts it to the host at once).
@@ -39,9 +70,20 @@ pub(crate) struct RingGeo {
 }
 
 impl RingGeo {
-    fn wqe(&self, slot: u32) -> u64 {
-        let off = u64::from(slot) * self.stride;
-        self.pages[(off / PAGE) as usize] + off % PAGE
+    /// Where WQE `slot` is; None past the ring's pages (a violation at create).
+    fn wqe(&self, slot: u32) -> Option<u64> {
+        let off = u64::from(slot).checked_mul(self.stride)?;
+        Some(self.pages.get(usize::try_from(off / PAGE).ok()?)? + off % PAGE)
+    }
+
+    /// Index `idx` masked to a slot (the index is valid: below 2·slots).
+    fn slot(&self, idx: u32) -> u32 {
+        (u64::from(idx) & (u64::from(self.slots) - 1)) as u32
+    }
+
+    /// The index after `idx`, modulo 2·slots.
+    fn next(&self, idx: u32) -> u32 {
+        ((u64::from(idx) + 1) & (2 * u64::from(self.slots) - 1)) as u32
     }
 }
 
@@ -104,7 +146,9 @@ impl Device {
         let pages = if flags & 1 != 0 {
             Vec::new() // DMA MR: no mapping, lkey 0 (useless for data, §8.8)
         } else {
-            if u64::from(nchunks) * PAGE != length.div_ceil(PAGE) * PAGE || nchunks == 0 {
+            if Some(u64::from(nchunks) * PAGE) != length.div_ceil(PAGE).checked_mul(PAGE)
+                || nchunks == 0
+            {
                 return Err(crate::device::EINVAL);
             }
             ctx.map_pdir_multi(pdir, nchunks)
@@ -129,6 +173,7 @@ impl Device {
             access,
             lkey,
             rkey,
+            spans: crate::device::spans(&pages),
             pages,
         });
         put32(resp, 0x10, slot as u32);
@@ -159,7 +204,7 @@ impl Device {
             return None;
         }
         let end = addr.checked_add(u64::from(len))?;
-        if addr < mr.iova || end > mr.iova + mr.len {
+        if addr < mr.iova || end > mr.iova.saturating_add(mr.len) {
             return None;
         }
         let mut out = Vec::new();
@@ -179,7 +224,12 @@ impl Device {
         let mut data = Vec::new();
         for &(addr, len, lkey) in sges {
             for (pa, n) in self.translate(lkey, false, addr, len, 0, Some(pd))? {
-                data.extend(ctx.mem.read(pa, n)?);
+                let Some(bytes) = ctx.mem.read(pa, n) else {
+                    ctx.violations
+                        .freed(format!("memory region page {pa:#x} is not allocated"));
+                    return None;
+                };
+                data.extend(bytes);
             }
         }
         Some(data)
@@ -208,7 +258,10 @@ impl Device {
                 .translate(lkey, false, addr, take as u32, ACC_LOCAL_WRITE, Some(pd))
                 .ok_or(ST_LOC_PROT)?;
             for (pa, n) in pieces {
-                ctx.mem.write(pa, &rest[..n]);
+                if !ctx.mem.write(pa, &rest[..n]) {
+                    ctx.violations
+                        .freed(format!("memory region page {pa:#x} is not allocated"));
+                }
                 rest = &rest[n..];
             }
         }
@@ -221,8 +274,10 @@ impl Device {
         match offset & 0xFFF {
             0x0 => {
                 let Some(i) = self.qp_index(handle) else {
-                    ctx.violations
-                        .push(format!("QP doorbell for unknown QP {handle}"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("QP doorbell for unknown QP {handle}"),
+                    );
                     return;
                 };
                 if value & (1 << 31) != 0 {
@@ -234,8 +289,10 @@ impl Device {
             }
             0x4 => {
                 let Some(cq) = self.cqs.get_mut(handle as usize).and_then(Option::as_mut) else {
-                    ctx.violations
-                        .push(format!("CQ doorbell for unknown CQ {handle}"));
+                    ctx.violations.qemu(
+                        point::PROTOCOL,
+                        format!("CQ doorbell for unknown CQ {handle}"),
+                    );
                     return;
                 };
                 match (value >> 29) & 0x3 {
@@ -243,43 +300,74 @@ impl Device {
                     0b10 => cq.armed = false, // bit 30 alone disarms on QEMU
                     _ => {}                   // POLL, or bit 29 alone (ignored)
                 }
+                if value & (1 << 31) != 0 {
+                    self.poll_lies(ctx, handle);
+                }
             }
             0x8 => self.take_srq_recvs(ctx, handle),
             other => ctx
                 .violations
-                .push(format!("doorbell at unknown offset {other:#x}")),
+                .qemu(0, format!("doorbell at unknown offset {other:#x}")),
         }
     }
 
     /// Reads the ring's indices; `None` (and a violation) when they are invalid.
     fn ring_indices(ctx: &mut Ctx<'_>, g: &RingGeo) -> Option<(u32, u32)> {
-        let b = ctx.mem.read(g.state + g.state_off, 8)?;
-        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
-        if prod >= 2 * g.slots || cons >= 2 * g.slots {
+        let Some(b) = ctx.mem.read(g.state + g.state_off, 8) else {
             ctx.violations
-                .push(format!("ring index out of range: prod {prod} cons {cons}"));
+                .freed(format!("ring state {:#x} is not allocated", g.state));
+            return None;
+        };
+        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
+        let n2 = 2 * u64::from(g.slots);
+        if u64::from(prod) >= n2 || u64::from(cons) >= n2 {
+            ctx.violations.qemu(
+                point::RING | point::PROTOCOL,
+                format!("ring index out of range: prod {prod} cons {cons}"),
+            );
             return None;
         }
         Some((prod, cons))
     }
 
-    fn set_cons(ctx: &mut Ctx<'_>, g: &RingGeo, cons: u32) {
+    fn set_cons(ctx: &mut Ctx<'_>, g: &RingGeo, mut cons: u32) {
+        // Hostile: a consumer index that is not the one the device reached.
+        if ctx.liar.roll(point::RING) {
+            cons = ctx.liar.mutate32(cons);
+        }
         ctx.mem
             .write(g.state + g.state_off + 4, &cons.to_le_bytes());
     }
 
-    fn read_recv(ctx: &mut Ctx<'_>, g: &RingGeo, slot: u32, max_sge: u32) -> Result<Recv, String> {
-        let hdr = ctx.mem.read(g.wqe(slot), 16).ok_or("unreadable WQE")?;
+    /// Reads receive WQE `slot`; an error is a violation and the lies that may excuse it.
+    fn read_recv(
+        ctx: &mut Ctx<'_>,
+        g: &RingGeo,
+        slot: u32,
+        max_sge: u32,
+    ) -> Result<Recv, (u32, String)> {
+        let at = g
+            .wqe(slot)
+            .ok_or((0, "receive WQE outside the ring's pages".to_owned()))?;
+        let unreadable = || {
+            (
+                point::PROTOCOL,
+                format!("receive WQE {at:#x} is not allocated"),
+            )
+        };
+        let hdr = ctx.mem.read(at, 16).ok_or_else(unreadable)?;
         let n = le32(&hdr, 8);
         if n > max_sge {
-            return Err(format!(
-                "receive WQE with {n} SGEs > max_sge {max_sge}: QEMU loops forever"
+            // The driver checks against the caps: lied caps rightly mislead it.
+            return Err((
+                point::CAPS | point::PROTOCOL,
+                format!("receive WQE with {n} SGEs > max_sge {max_sge}: QEMU loops forever"),
             ));
         }
         let b = ctx
             .mem
-            .read(g.wqe(slot) + 16, 16 * n as usize)
-            .ok_or("unreadable SGEs")?;
+            .read(at + 16, 16 * n as usize)
+            .ok_or_else(unreadable)?;
         let sges = (0..n as usize)
             .map(|k| {
                 (
@@ -302,14 +390,14 @@ impl Device {
             return;
         };
         while cons != prod {
-            match Self::read_recv(ctx, g, cons & (g.slots - 1), max_sge) {
+            match Self::read_recv(ctx, g, g.slot(cons), max_sge) {
                 Ok(r) => into.push_back(r),
-                Err(v) => {
-                    ctx.violations.push(v);
+                Err((excused_by, v)) => {
+                    ctx.violations.qemu(excused_by, v);
                     return;
                 }
             }
-            cons = (cons + 1) & (2 * g.slots - 1);
+            cons = g.next(cons);
         }
         Self::set_cons(ctx, g, cons);
     }
@@ -318,8 +406,11 @@ impl Device {
         let max_sge = ctx.cfg.caps.max_sge;
         let qp = self.qps[i].as_mut().expect("indexed");
         if qp.srq.is_some() {
-            ctx.violations
-                .push("RECV doorbell on a QP with an SRQ: QEMU reads past its allocation".into());
+            // (A lied QP number can make the driver ring another QP's doorbell.)
+            ctx.violations.qemu(
+                point::PROTOCOL,
+                "RECV doorbell on a QP with an SRQ: QEMU reads past its allocation",
+            );
             return;
         }
         let g = qp.data.rq.clone();
@@ -329,8 +420,10 @@ impl Device {
     fn take_srq_recvs(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
         let max_sge = ctx.cfg.caps.max_srq_sge;
         let Some(srq) = self.srqs.get_mut(handle as usize).and_then(Option::as_mut) else {
-            ctx.violations
-                .push(format!("SRQ doorbell for unknown SRQ {handle}"));
+            ctx.violations.qemu(
+                point::PROTOCOL,
+                format!("SRQ doorbell for unknown SRQ {handle}"),
+            );
             return;
         };
         let g = srq.data.ring.clone();
@@ -362,7 +455,10 @@ impl Device {
             return;
         };
         while cons != prod {
-            let addr = g.wqe(cons & (g.slots - 1));
+            let Some(addr) = g.wqe(g.slot(cons)) else {
+                ctx.violations.qemu(0, "send WQE outside the ring's pages");
+                return;
+            };
             let Some(hdr) = ctx.mem.read(addr, 80) else {
                 return;
             };
@@ -379,16 +475,19 @@ impl Device {
                     .flatten()
                     .is_none()
             {
-                ctx.violations.push(format!(
-                    "send WQE with unbound GID index {gid_index}: QEMU loops forever"
-                ));
+                ctx.violations.qemu(
+                    point::PROTOCOL,
+                    format!("send WQE with unbound GID index {gid_index}: QEMU loops forever"),
+                );
                 self.qps[i].as_mut().expect("indexed").data.hung = true;
                 return;
             }
             if num_sge > ctx.cfg.caps.max_sge {
-                ctx.violations.push(format!(
-                    "send WQE with {num_sge} SGEs > max_sge: QEMU loops forever"
-                ));
+                // The driver checks against the caps: lied caps rightly mislead it.
+                ctx.violations.qemu(
+                    point::CAPS | point::PROTOCOL,
+                    format!("send WQE with {num_sge} SGEs > max_sge: QEMU loops forever"),
+                );
                 self.qps[i].as_mut().expect("indexed").data.hung = true;
                 return;
             }
@@ -405,7 +504,7 @@ impl Device {
                 })
                 .collect();
             self.execute(ctx, i, &hdr, &sges);
-            cons = (cons + 1) & (2 * g.slots - 1);
+            cons = g.next(cons);
             Self::set_cons(ctx, &g, cons);
         }
     }
@@ -508,7 +607,7 @@ impl Device {
             }
             4 => {
                 // RDMA READ
-                let len: u32 = sges.iter().map(|s| s.1).sum();
+                let len = sges.iter().fold(0u32, |a, s| a.saturating_add(s.1));
                 let Some(pieces) =
                     self.translate(rkey, true, remote_addr, len, ACC_REMOTE_READ, Some(dest_pd))
                 else {
@@ -584,32 +683,6 @@ impl Device {
     }
 
     fn post_cqe(&mut self, ctx: &mut Ctx<'_>, cq_handle: u32, c: Cqe) {
-        let Some(cq) = self
-            .cqs
-            .get_mut(cq_handle as usize)
-            .and_then(Option::as_mut)
-        else {
-            ctx.violations
-                .push(format!("CQE for unknown CQ {cq_handle}"));
-            return;
-        };
-        let n = cq.cqe;
-        let state = cq.pages[0] + 8;
-        let Some(b) = ctx.mem.read(state, 8) else {
-            return;
-        };
-        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
-        if prod >= 2 * n || cons >= 2 * n {
-            ctx.violations
-                .push(format!("CQ {cq_handle} indices out of range"));
-            return;
-        }
-        if prod == cons ^ n {
-            ctx.violations
-                .push(format!("CQ {cq_handle} full: QEMU drops the CQE silently"));
-            return;
-        }
-        let pa = cq.cqe_addr(prod);
         let mut e = [0u8; 64];
         e[0..8].copy_from_slice(&c.wr_id.to_le_bytes());
         e[8..16].copy_from_slice(&u64::from(c.qp).to_le_bytes());
@@ -626,9 +699,74 @@ impl Device {
         if c.status != ST_OK {
             put32(&mut e, 0x28, 0x201);
         }
-        ctx.mem.write(pa, &e);
-        ctx.mem
-            .write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
+        // Hostile: the CQE is dropped, posted twice, or one to three of its fields lie.
+        let mut copies = 1;
+        if ctx.liar.roll(point::CQE) {
+            match ctx.liar.below(8) {
+                0 => copies = 0,
+                1 => copies = 2,
+                _ => {
+                    for _ in 0..1 + ctx.liar.below(3) {
+                        let (off, width) = ctx.liar.pick(&CQE_FIELDS);
+                        ctx.liar.mutate_field(&mut e, off, width);
+                    }
+                }
+            }
+        }
+        for _ in 0..copies {
+            self.write_cqe(ctx, cq_handle, &e);
+        }
+    }
+
+    /// Puts a CQE in CQ `cq_handle`'s ring and advances its prod_tail, as QEMU does.
+    fn write_cqe(&mut self, ctx: &mut Ctx<'_>, cq_handle: u32, e: &[u8; 64]) {
+        let Some(cq) = self
+            .cqs
+            .get_mut(cq_handle as usize)
+            .and_then(Option::as_mut)
+        else {
+            ctx.violations
+                .qemu(point::PROTOCOL, format!("CQE for unknown CQ {cq_handle}"));
+            return;
+        };
+        let n = cq.cqe;
+        let state = cq.pages[0] + 8;
+        let Some(b) = ctx.mem.read(state, 8) else {
+            ctx.violations
+                .freed(format!("CQ {cq_handle}'s ring state is not allocated"));
+            return;
+        };
+        let (prod, cons) = (le32(&b, 0), le32(&b, 4));
+        if prod >= 2 * n || cons >= 2 * n {
+            ctx.violations.qemu(
+                point::RING | point::PROTOCOL,
+                format!("CQ {cq_handle} indices out of range"),
+            );
+            return;
+        }
+        if prod == cons ^ n {
+            // The driver budgets its CQs: spurious CQEs and lied indices rightly defeat that.
+            ctx.violations.qemu(
+                point::CQE | point::RING | point::PROTOCOL,
+                format!("CQ {cq_handle} full: QEMU drops the CQE silently"),
+            );
+            return;
+        }
+        let Some(pa) = cq.cqe_addr(prod) else {
+            ctx.violations
+                .qemu(0, format!("CQ {cq_handle}: CQE outside the ring's pages"));
+            return;
+        };
+        if !ctx.mem.write(pa, e) {
+            ctx.violations
+                .freed(format!("CQ {cq_handle}'s ring is not allocated"));
+        }
+        let mut next = (prod + 1) & (2 * n - 1);
+        // Hostile: a producer index that is not where the CQEs are.
+        if ctx.liar.roll(point::RING) {
+            next = ctx.liar.mutate32(next);
+        }
+        ctx.mem.write(state, &next.to_le_bytes());
         self.cqes += 1;
         // The CQ-notification ring gets the CQ handle; an armed CQ raises vector 2, once.
         if let Some(&ring_state) = self.ring_pages.first() {
@@ -649,6 +787,50 @@ impl Device {
         }
     }
 
+    /// Hostile, at a CQ's POLL doorbell: CQEs no work request asked for, or a producer index
+    /// that lies.
+    fn poll_lies(&mut self, ctx: &mut Ctx<'_>, cq_handle: u32) {
+        if ctx.liar.roll(point::CQE) {
+            let qpns: Vec<u32> = self.qps.iter().flatten().map(|q| q.qpn).collect();
+            for _ in 0..1 + ctx.liar.below(3) {
+                let mut e = [0u8; 64];
+                if ctx.liar.below(4) == 0 {
+                    // Noise.
+                    for chunk in e.chunks_mut(8) {
+                        chunk.copy_from_slice(&ctx.liar.next_u64().to_le_bytes());
+                    }
+                } else {
+                    // Plausible: a real QP, a real opcode and status, then some lies.
+                    let qpn = if qpns.is_empty() || ctx.liar.below(4) == 0 {
+                        ctx.liar.mutate32(0x11)
+                    } else {
+                        ctx.liar.pick(&qpns)
+                    };
+                    let wr_id = ctx.liar.mutate(0, 64);
+                    e[0..8].copy_from_slice(&wr_id.to_le_bytes());
+                    e[8..16].copy_from_slice(&u64::from(qpn).to_le_bytes());
+                    put32(&mut e, 0x10, ctx.liar.pick(&[0, 1, 2, 3, 4, 128, 129]));
+                    put32(&mut e, 0x14, ctx.liar.pick(&[0, 0, 0, 5, 12, 21]));
+                    put32(&mut e, 0x18, ctx.liar.below(5000) as u32);
+                    for _ in 0..ctx.liar.below(3) {
+                        let (off, width) = ctx.liar.pick(&CQE_FIELDS);
+                        ctx.liar.mutate_field(&mut e, off, width);
+                    }
+                }
+                self.write_cqe(ctx, cq_handle, &e);
+            }
+        }
+        if ctx.liar.roll(point::RING) {
+            if let Some(cq) = self.cqs.get(cq_handle as usize).and_then(Option::as_ref) {
+                let state = cq.pages[0] + 8;
+                if let Some(b) = ctx.mem.read(state, 4) {
+                    let lie = ctx.liar.mutate32(le32(&b, 0));
+                    ctx.mem.write(state, &lie.to_le_bytes());
+                }
+            }
+        }
+    }
+
     pub(crate) fn inject_raw_cqe(
         &mut self,
         mem: &mut crate::mem::Memory,
@@ -662,8 +844,9 @@ impl Device {
         let state = cq.pages[0] + 8;
         let Some(b) = mem.read(state, 4) else { return };
         let prod = le32(&b, 0);
-        mem.write(cq.cqe_addr(prod), &bytes);
-        mem.write(state, &((prod + 1) & (2 * n - 1)).to_le_bytes());
+        let Some(pa) = cq.cqe_addr(prod) else { return };
+        mem.write(pa, &bytes);
+        mem.write(state, &(prod.wrapping_add(1) & (2 * n - 1)).to_le_bytes());
     }
 
     pub(crate) fn consume_rings(&mut self, mem: &mut crate::mem::Memory, qpn: u32) {

@@ -18,9 +18,18 @@
 //! Fault injection: the n-th command fails with an errno ([`Model::fail_command`]), the n-th DMA
 //! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
 //! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
+//!
+//! Hostile mode ([`ModelConfig::hostile`], [`Model::set_hostile`]): a seeded liar mutates what
+//! the device shows the driver — responses, ERR, capabilities, ring indices, CQEs, PCI values,
+//! VERSION — or stays silent (see [`hostile`]). [`Model::lies`] counts what it told, so a
+//! checker can tell the driver's mistakes from the consequences of a lie: every [`Violation`]
+//! has a [`ViolationKind`] and says which lies may excuse it. DMA blocks carry guard pages that
+//! [`Model::check_guards`] verifies. [`Model::reset`] rebuilds the machine in place, for a
+//! harness that runs millions of them.
 
 mod datapath;
 mod device;
+pub mod hostile;
 mod mem;
 mod pci;
 
@@ -31,6 +40,8 @@ use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddres
 
 use device::Device;
 pub use device::ObjectCounts;
+use hostile::Liar;
+pub use hostile::{Hostile, Lies, Rng};
 use mem::Memory;
 use pci::Pci;
 
@@ -140,6 +151,8 @@ pub struct ModelConfig {
     pub dma_pages: usize,
     /// How send work requests execute.
     pub semantics: Semantics,
+    /// Lie to the driver (None: an honest device).
+    pub hostile: Option<Hostile>,
 }
 
 impl Default for ModelConfig {
@@ -155,6 +168,7 @@ impl Default for ModelConfig {
             activate_err: 0,
             dma_pages: 1 << 20,
             semantics: Semantics::Verbs,
+            hostile: None,
         }
     }
 }
@@ -189,12 +203,72 @@ pub enum Garbage {
     },
 }
 
+/// What kind of rule a [`Violation`] broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// Memory the driver does not own: the device was handed an address (in the shared region,
+    /// a command, a page directory) that is not allocated; the driver freed a block that was not
+    /// allocated as such; or the driver wrote into a DMA block's guard pages. No lie of the
+    /// device excuses these: the driver never takes an address from the device.
+    Memory,
+    /// The driver freed memory the device still uses (or the device found such memory freed).
+    UseAfterFree,
+    /// Something QEMU would mishandle (table overflow, ring geometry, a WQE it loops on, a
+    /// PCI or register rule) or the device itself found inconsistent.
+    Qemu,
+}
+
+/// One thing the driver did that the device (or QEMU) would not survive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub message: String,
+    /// The [`hostile::point`]s whose lies may lead a correct driver here (0: none may; a
+    /// violation of `Memory` kind is never excused).
+    pub excused_by: u32,
+}
+
+/// The model's list of violations.
+#[derive(Default)]
+pub(crate) struct Violations(Vec<Violation>);
+
+impl Violations {
+    /// A [`ViolationKind::Qemu`] violation that only lies at `excused_by` may explain.
+    pub(crate) fn qemu(&mut self, excused_by: u32, message: impl Into<String>) {
+        self.add(ViolationKind::Qemu, excused_by, message);
+    }
+
+    /// A [`ViolationKind::Memory`] violation.
+    pub(crate) fn memory(&mut self, message: impl Into<String>) {
+        self.add(ViolationKind::Memory, 0, message);
+    }
+
+    /// A [`ViolationKind::UseAfterFree`] violation (a lie about a command's outcome may explain
+    /// it: the driver then rightly believes the device no longer has the memory).
+    pub(crate) fn freed(&mut self, message: impl Into<String>) {
+        self.add(
+            ViolationKind::UseAfterFree,
+            hostile::point::PROTOCOL,
+            message,
+        );
+    }
+
+    fn add(&mut self, kind: ViolationKind, excused_by: u32, message: impl Into<String>) {
+        self.0.push(Violation {
+            kind,
+            message: message.into(),
+            excused_by,
+        });
+    }
+}
+
 struct Inner {
     cfg: ModelConfig,
     mem: Memory,
     pci: Pci,
     dev: Device,
-    violations: Vec<String>,
+    violations: Violations,
+    liar: Liar,
 }
 
 /// The machine: memory, PCI configuration space and the PVRDMA device. Clones share it.
@@ -213,19 +287,41 @@ impl Default for Model {
 /// The PCI address of the PVRDMA function.
 pub const PVRDMA_ADDRESS: (u8, u8, u8) = (0, 0x10, 1);
 
+impl Inner {
+    fn new(cfg: ModelConfig) -> Self {
+        Inner {
+            mem: Memory::new(cfg.dma_pages),
+            pci: Pci::new(&cfg),
+            dev: Device::new(&cfg),
+            cfg,
+            violations: Violations::default(),
+            liar: cfg.hostile.map_or_else(Liar::honest, Liar::new),
+        }
+    }
+}
+
 impl Model {
     /// A machine built as `cfg` says.
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
-            inner: Arc::new(Mutex::new(Inner {
-                mem: Memory::new(cfg.dma_pages),
-                pci: Pci::new(&cfg),
-                dev: Device::new(&cfg),
-                cfg,
-                violations: Vec::new(),
-            })),
+            inner: Arc::new(Mutex::new(Inner::new(cfg))),
             free_doorbells: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Rebuilds the machine as `cfg` says, as if new: every DMA block is freed, the device and
+    /// its tables start over. For a harness that runs many machines on one model — clones the
+    /// driver leaked on purpose (memory it kept for a device it could not trust) would
+    /// otherwise keep each old machine alive.
+    ///
+    /// # Safety
+    ///
+    /// No driver object that used the old machine is used again: pointers into its DMA memory
+    /// dangle.
+    pub unsafe fn reset(&self, cfg: ModelConfig) {
+        let old = std::mem::replace(&mut *self.lock(), Inner::new(cfg));
+        drop(old);
+        self.free_doorbells.store(false, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -240,7 +336,40 @@ impl Model {
 
     /// Everything the driver did that QEMU would have mishandled.
     pub fn violations(&self) -> Vec<String> {
-        self.lock().violations.clone()
+        let g = self.lock();
+        g.violations.0.iter().map(|v| v.message.clone()).collect()
+    }
+
+    /// The violations with their kinds.
+    pub fn violation_records(&self) -> Vec<Violation> {
+        self.lock().violations.0.clone()
+    }
+
+    /// Makes the device hostile from now on (or honest again with `None`); the liar restarts
+    /// from `h.seed` and its count of lies from zero.
+    pub fn set_hostile(&self, h: Option<Hostile>) {
+        self.lock().liar = h.map_or_else(Liar::honest, Liar::new);
+    }
+
+    /// The lies told so far, by class.
+    pub fn lies(&self) -> Lies {
+        self.lock().liar.lies
+    }
+
+    /// Checks every live DMA block's guard pages (the driver writing outside its memory), adding
+    /// a [`ViolationKind::Memory`] violation for each one damaged; true when all are intact.
+    /// Blocks are also checked when freed.
+    pub fn check_guards(&self) -> bool {
+        let mut g = self.lock();
+        let Inner {
+            mem, violations, ..
+        } = &mut *g;
+        let damaged = mem.check_guards();
+        let ok = damaged.is_empty();
+        for m in damaged {
+            violations.memory(m);
+        }
+        ok
     }
 
     /// Live objects in the device's tables.
@@ -362,12 +491,14 @@ impl Model {
             mem,
             dev,
             violations,
+            liar,
             ..
         } = &mut *g;
         let mut ctx = device::Ctx {
             cfg,
             mem,
             violations,
+            liar,
             bus_master: true,
         };
         dev.inject_cqe(&mut ctx, cq, qpn, wr_id);
@@ -436,14 +567,14 @@ unsafe impl Hal for Model {
         for range in dev.pages_in_use() {
             let end = block.paddr + (block.pages * 4096) as u64;
             if range.0 < end && block.paddr < range.1 {
-                violations.push(format!(
+                violations.freed(format!(
                     "freed DMA block {:#x} (+{} pages) while the device still uses {:#x}..{:#x}",
                     block.paddr, block.pages, range.0, range.1
                 ));
             }
         }
         if let Err(v) = mem.free(block) {
-            violations.push(v);
+            violations.memory(v);
         }
     }
 
@@ -469,7 +600,17 @@ unsafe impl Hal for Model {
 
 impl ConfigRegionAccess for Model {
     unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
-        self.lock().pci.read(address, offset)
+        // Most of a bus scan reads absent functions: answer those without the lock.
+        if !pci::may_exist(address) {
+            return u32::MAX;
+        }
+        let mut g = self.lock();
+        let v = g.pci.read(address, offset);
+        // IDs, command/status, class, header, BARs (also as read back while sizing).
+        if offset <= 0x24 && g.liar.roll(hostile::point::PCI) {
+            return g.liar.mutate32(v);
+        }
+        v
     }
 
     unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
@@ -500,13 +641,25 @@ unsafe impl Mmio for ModelMmio {
         }
         let mut g = self.model.lock();
         if !g.pci.pvrdma_decodes() {
-            g.violations
-                .push(format!("BAR{} read with memory decoding off", self.bar));
+            g.violations.qemu(
+                hostile::point::PCI,
+                format!("BAR{} read with memory decoding off", self.bar),
+            );
             return u32::MAX;
         }
-        match self.bar {
-            1 => g.dev.reg_read(offset),
-            _ => u32::MAX,
+        if self.bar != 1 {
+            return u32::MAX;
+        }
+        let v = g.dev.reg_read(offset);
+        let p = match offset {
+            0x00 => hostile::point::VERSION,
+            0x14 => hostile::point::ERR,
+            _ => return v,
+        };
+        if g.liar.roll(p) {
+            g.liar.mutate32(v)
+        } else {
+            v
         }
     }
 
@@ -534,9 +687,13 @@ impl ModelMmio {
             pci,
             dev,
             violations,
+            liar,
         } = &mut *g;
         if !pci.pvrdma_decodes() {
-            violations.push(format!("BAR{} write with memory decoding off", self.bar));
+            violations.qemu(
+                hostile::point::PCI,
+                format!("BAR{} write with memory decoding off", self.bar),
+            );
             return;
         }
         let bus_master = pci.pvrdma_bus_master();
@@ -544,6 +701,7 @@ impl ModelMmio {
             cfg,
             mem,
             violations,
+            liar,
             bus_master,
         };
         match self.bar {

@@ -4,7 +4,15 @@
 
 use bareverbs_hal::PciAddress;
 
-use crate::{Fn0, ModelConfig};
+use crate::{Fn0, ModelConfig, Violations};
+
+const _: () = assert!(PVRDMA.0 == 0 && PVRDMA.1 == 0x10 && PVRDMA.2 == 1);
+
+/// Whether a function may answer at `a` on any machine the model builds (the host bridge, and
+/// functions 0 and 1 of slot 0x10): a bus scan answers everything else without the lock.
+pub(crate) fn may_exist(a: PciAddress) -> bool {
+    a.segment() == 0 && a.bus() == 0 && matches!((a.device(), a.function()), (0, 0) | (0x10, 0 | 1))
+}
 
 struct Func {
     addr: (u8, u8, u8),
@@ -102,7 +110,7 @@ impl Pci {
         }
     }
 
-    pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Vec<String>) {
+    pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Violations) {
         let key = (a.bus(), a.device(), a.function());
         let Some(f) = self
             .funcs
@@ -117,10 +125,10 @@ impl Pci {
             4..=9 => {
                 let bar = idx - 4;
                 if value == u32::MAX && f.decodes() && f.bar_size[bar] != 0 {
-                    v.push(format!(
-                        "BAR{bar} of {:?} sized with memory decoding on",
-                        f.addr
-                    ));
+                    v.qemu(
+                        crate::hostile::point::PCI,
+                        format!("BAR{bar} of {:?} sized with memory decoding on", f.addr),
+                    );
                 }
                 if f.bar_size[bar] != 0 {
                     let mask = !(f.bar_size[bar] - 1) as u32 & !0xF;
