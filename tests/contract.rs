@@ -587,3 +587,53 @@ fn the_unikernel_runner_hands_over_to_cargo_miri() {
         "another runner ran the test binary:\n{stdout}\n{stderr}"
     );
 }
+
+/// Found by the fuzzer: a send WQE naming a GID that is no longer (or never was) bound makes
+/// QEMU loop forever on it (§8.6, §14). The binding of an RTS QP's source GID dropped, and an
+/// address handle made before its GID was unbound: both sends are refused before the ring.
+#[test]
+fn a_send_from_an_unbound_gid_is_refused_before_the_ring() {
+    let model = model();
+    let ctx = up(&model);
+    {
+        let g = Gid::link_local_from_mac([2, 0, 0, 0, 0, 9]);
+        let binding = ctx.bind_gid(0, g).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = mr.sge(0, 8).unwrap();
+        let a = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+        let qpn = a.qp_num();
+        let mut a = pingpong_connect(a, qpn, g, 0).unwrap();
+        let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
+        let mut ud = ud.ready(0x11, 0).map_err(|(_, e)| e).unwrap();
+        let ah = pd.create_ah(&AddressVector::new(g, 0)).unwrap();
+        // A made-up source GID index is refused when the address handle is made.
+        assert!(matches!(
+            pd.create_ah(&AddressVector::new(g, 7)),
+            Err(Error::InvalidInput { .. })
+        ));
+        binding.unbind().unwrap();
+        let unbound = Error::MissingAttribute {
+            op: Op::PostSend,
+            attr: Attr::SourceGid,
+        };
+        // SAFETY: `mr` outlives the QPs; nothing is posted anyway.
+        unsafe {
+            let mut b = a.send_batch();
+            assert_eq!(b.send(1, SendFlags::SIGNALED, &[sge]), Err(unbound));
+            b.finish();
+            let mut b = ud.send_batch();
+            assert_eq!(
+                b.send_to(2, SendFlags::SIGNALED, (&ah, qpn, 0x11), &[sge]),
+                Err(unbound)
+            );
+            b.finish();
+        }
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(cq.poll(&mut wc), Ok(0), "nothing reached the device");
+        assert_eq!(model.counters().1, 0, "no send WQE executed: no CQE");
+        drop((a, ud));
+    }
+    teardown(&model, ctx);
+}

@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bareverbs::Error;
-use bareverbs::device::pvrdma::{self, Config, Pvrdma};
+use bareverbs::device::pvrdma::{self, Config, Opcodes, Pvrdma};
 use bareverbs::error::Op;
 use bareverbs::hal::PciAddress;
 use bareverbs::verbs::*;
@@ -68,12 +68,8 @@ type Ctx = Context<P>;
 type Pd<'c> = ProtectionDomain<'c, P>;
 type Cq<'c> = CompletionQueue<'c, P>;
 type Mr<'c> = MemoryRegion<'c, P>;
-const SRQ_CAP: usize = 64;
-type Srq<'c> = SharedReceiveQueue<'c, P, SRQ_CAP>;
-/// Driver-side bookkeeping of the QPs built through the verbs layer (kept small: it is inline).
-const SQ: usize = 16;
-const RQ: usize = 16;
-type Q<'c, T, S> = QueuePair<'c, P, T, S, SQ, RQ>;
+type Srq<'c> = SharedReceiveQueue<'c, P>;
+type Q<'c, T, S> = QueuePair<'c, P, T, S>;
 
 /// Polls per command wait: a silent device costs this many reads.
 const POLL_LIMIT: u32 = 64;
@@ -897,10 +893,10 @@ impl<'c> World<'c> {
             b = b.srq(self.srq(s));
         }
         let res = match ty {
-            0..=10 => b.build::<Rc, SQ, RQ>().map(|q| AnyQp::Rc(St::Reset(q))),
-            11..=19 => b.build::<Ud, SQ, RQ>().map(|q| AnyQp::Ud(St::Reset(q))),
-            20..=22 => b.build::<Gsi, SQ, RQ>().map(|q| AnyQp::Gsi(St::Reset(q))),
-            _ => match b.build::<Uc, SQ, RQ>() {
+            0..=10 => b.build::<Rc>().map(|q| AnyQp::Rc(St::Reset(q))),
+            11..=19 => b.build::<Ud>().map(|q| AnyQp::Ud(St::Reset(q))),
+            20..=22 => b.build::<Gsi>().map(|q| AnyQp::Gsi(St::Reset(q))),
+            _ => match b.build::<Uc>() {
                 Ok(q) => {
                     drop(q);
                     self.complain(t, "a UC QP was created".into());
@@ -915,11 +911,9 @@ impl<'c> World<'c> {
                 note!(t, "    -> Ok(qpn {qpn}, {got:?})");
                 let short = got.max_send_wr < caps.max_send_wr.max(1)
                     || got.max_send_sge < caps.max_send_sge.max(1)
-                    || got.max_send_wr as usize > SQ
                     || (srq.is_none()
                         && (got.max_recv_wr < caps.max_recv_wr.max(1)
-                            || got.max_recv_sge < caps.max_recv_sge.max(1)
-                            || got.max_recv_wr as usize > RQ));
+                            || got.max_recv_sge < caps.max_recv_sge.max(1)));
                 if short {
                     self.complain(t, format!("QP caps {got:?} for a request of {caps:?}"));
                 }
@@ -988,6 +982,7 @@ impl<'c> World<'c> {
             sq_sig_all: r.below(2) == 0,
             has_srq: srq.is_some(),
             ex: QpInitEx::default(),
+            safe: None,
         };
         note!(t, "raw create_qp({init:?}) = #{}", self.raw_qps.len());
         let plan = p.plan_qp(&init);
@@ -1235,7 +1230,7 @@ impl<'c> World<'c> {
             srq_limit: count(r, 4, &[64, 65, u32::MAX]),
         };
         note!(t, "create_srq(pd #{pd}, {attr:?}) = #{}", self.srqs.len());
-        match self.pd(pd).create_srq::<SRQ_CAP>(attr) {
+        match self.pd(pd).create_srq(attr) {
             Ok(s) => {
                 let got = s.attr();
                 note!(t, "    -> Ok({got:?})");
@@ -1319,9 +1314,9 @@ impl<'c> World<'c> {
                 .qp_builder(self.cq(scq), self.cq(rcq))
                 .caps(caps);
             let res = if ud {
-                b.build::<Ud, SQ, RQ>().map(|q| AnyQp::Ud(St::Reset(q)))
+                b.build::<Ud>().map(|q| AnyQp::Ud(St::Reset(q)))
             } else {
-                b.build::<Rc, SQ, RQ>().map(|q| AnyQp::Rc(St::Reset(q)))
+                b.build::<Rc>().map(|q| AnyQp::Rc(St::Reset(q)))
             };
             match res {
                 Ok(q) => {
@@ -1450,8 +1445,7 @@ mod data {
             0..=5 => post_send(w, r, t),
             6..=8 => post_recv(w, r, t),
             9 => srq_recv(w, r, t),
-            10 => safe_post(w, r, t),
-            11 => safe_batch(w, r, t),
+            10..=11 => safe_post(w, r, t),
             12..=16 => poll_cq(w, r, t),
             17..=18 => poll_qp(w, r, t),
             _ => arm(w, r, t),
@@ -1494,56 +1488,13 @@ mod data {
     }
 
     fn wr_id(r: &mut Rng) -> u64 {
-        let id = r.next_u64();
-        if r.below(16) == 0 { id } else { id >> 1 }
+        // The full 64 bits are the caller's.
+        r.next_u64()
     }
 
-    /// Two safe sends with one doorbell (all or none).
-    fn safe_batch(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
-        let Some(i) = qp_where(w, r, |s| s == QpState::Rts) else {
-            return;
-        };
-        let pd = w.qps[i].pd;
-        let own: Vec<usize> = (0..w.mrs.len()).filter(|&k| w.mrs[k].1 == pd).collect();
-        if own.len() < 2 {
-            return;
-        }
-        let (a, b) = (own[0].max(own[1]), own[0].min(own[1]));
-        let (ma, _) = w.mrs.swap_remove(a);
-        let (mb, _) = w.mrs.swap_remove(b);
-        let dest = ud_dest(w, r);
-        let mut reqs = [ma, mb].map(|mr| {
-            let len = (mr.len() as u64).min(1 << 12);
-            let wr_id = ((pd as u64) << 32) | (r.next_u64() & 0xFFFF_FFFF);
-            SendRequest::send(wr_id, mr, 0, r.below(len + 1) as u32)
-        });
-        let datagram = matches!(w.qps[i].qp, Some(AnyQp::Ud(_) | AnyQp::Gsi(_)));
-        note!(t, "safe post_send_batch(#{i}, 2)");
-        if datagram {
-            note!(t, "    to {dest:?}");
-            reqs.iter_mut().for_each(|q| q.ud = Some(dest));
-        }
-        let res = match w.qps[i].qp.as_mut().unwrap() {
-            AnyQp::Rc(St::Rts(q)) => q.post_send_batch(reqs),
-            AnyQp::Ud(St::Rts(q)) => q.post_send_batch(reqs),
-            AnyQp::Gsi(St::Rts(q)) => q.post_send_batch(reqs),
-            _ => Err((reqs, Error::Busy { op: Op::PostSend })),
-        };
-        match res {
-            Ok(()) => {
-                note!(t, "    -> Ok");
-                w.qps[i].held.extend([pd, pd]);
-            }
-            Err((reqs, e)) => {
-                w.err(t, &e);
-                for q in reqs {
-                    w.mrs.push((q.mr, pd));
-                }
-            }
-        }
-    }
-
-    fn ud_dest(w: &World<'_>, r: &mut Rng) -> UdDest {
+    /// A UD destination: an address handle (its source GID index sometimes made up: the
+    /// driver must refuse what it cannot send from), a QP number and a Q_Key.
+    fn ud_dest(w: &World<'_>, r: &mut Rng) -> (AddressVector, u32, u32) {
         let (mut sgid, gid) = w.bound_gid(r).unwrap_or((0, Gid([0; 16])));
         if r.below(16) == 0 {
             // A source GID index the caller made up.
@@ -1560,33 +1511,14 @@ mod data {
             let e = uds[r.below(uds.len() as u64) as usize];
             (e.qpn, if r.below(4) == 0 { 0x8000_0000 } else { e.qkey })
         };
-        UdDest {
-            av: AddressVector::new(gid, sgid),
-            remote_qpn: qpn,
-            remote_qkey: qkey,
-        }
+        (AddressVector::new(gid, sgid), qpn, qkey)
     }
 
-    fn send_op(w: &World<'_>, r: &mut Rng) -> SendOp {
-        let (remote_addr, rkey) = match w.mrs.get(r.below(w.mrs.len() as u64 + 1) as usize) {
+    /// A remote address and key: mostly a region of this world, sometimes anything.
+    fn remote(w: &World<'_>, r: &mut Rng) -> (u64, u32) {
+        match w.mrs.get(r.below(w.mrs.len() as u64 + 1) as usize) {
             Some((mr, _)) => (mr.addr() + r.below(64), mr.rkey()),
             None => (r.next_u64(), r.next_u64() as u32),
-        };
-        match r.below(10) {
-            0..=3 => SendOp::Send,
-            4 => SendOp::SendWithImm(r.next_u64() as u32),
-            5 => SendOp::RdmaWrite { remote_addr, rkey },
-            6 => SendOp::RdmaWriteWithImm {
-                remote_addr,
-                rkey,
-                imm: 7,
-            },
-            7 | 8 => SendOp::RdmaRead { remote_addr, rkey },
-            _ => SendOp::AtomicFetchAdd {
-                remote_addr,
-                rkey,
-                add: 1,
-            },
         }
     }
 
@@ -1603,16 +1535,12 @@ mod data {
         (!ok.is_empty()).then(|| r.pick(&ok))
     }
 
-    fn post_send(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
-        let Some(i) = qp_where(w, r, |s| s == QpState::Rts) else {
-            return;
-        };
-        let max = on_qp!(w.qps[i].qp.as_ref().unwrap(), s => on_st!(s, q => q.caps().max_send_sge));
-        let nwr = 1 + r.below(4) as usize;
-        let lists: Vec<Vec<Sge>> = (0..nwr)
+    /// Scatter lists for `nwr` requests on QP `i` (sometimes one SGE too many).
+    fn lists(w: &World<'_>, r: &mut Rng, i: usize, max: u32, nwr: usize) -> Vec<Vec<Sge>> {
+        // (Lists stay short whatever the QP allows.)
+        let max = max.min(16);
+        (0..nwr)
             .map(|_| {
-                // (Lists stay short whatever the QP allows.)
-                let max = max.min(16);
                 let n = if r.below(16) == 0 {
                     max + 1
                 } else {
@@ -1620,35 +1548,110 @@ mod data {
                 };
                 sges(w, r, w.qps[i].pd, n)
             })
-            .collect();
-        let wrs: Vec<SendWr<'_>> = lists
-            .iter()
-            .map(|l| SendWr {
-                wr_id: wr_id(r),
-                sg_list: l,
-                op: send_op(w, r),
-                flags: SendFlags::from_bits_truncate(r.below(16) as u32 & !8),
-                ud: (r.below(8) != 0).then(|| ud_dest(w, r)),
-            })
-            .collect();
-        note!(t, "post_send_raw(#{i}, {wrs:?})");
-        let ids: Vec<u64> = wrs.iter().map(|w| w.wr_id).collect();
-        let res = match w.qps[i].qp.as_mut().unwrap() {
-            // SAFETY: the buffers are regions of this world, or name none. A region may be
-            // destroyed while a request names it (the contract's letter is broken), but the
-            // device is the model: it reaches memory only through live regions and the
-            // machine's allocation table, and never reuses a physical address.
-            AnyQp::Rc(St::Rts(q)) => unsafe { q.post_send_raw(&wrs) },
-            AnyQp::Ud(St::Rts(q)) => unsafe { q.post_send_raw(&wrs) },
-            AnyQp::Gsi(St::Rts(q)) => unsafe { q.post_send_raw(&wrs) },
-            _ => return,
-        };
-        if res.is_ok() {
-            w.posted(ids.iter());
-        }
-        w.res(t, &res);
+            .collect()
     }
 
+    /// A batch of raw sends, every opcode the transport has; finished or dropped.
+    fn post_send(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
+        let Some(i) = qp_where(w, r, |s| s == QpState::Rts) else {
+            return;
+        };
+        let max = on_qp!(w.qps[i].qp.as_ref().unwrap(), s => on_st!(s, q => q.caps().max_send_sge));
+        let nwr = 1 + r.below(4) as usize;
+        let lists = lists(w, r, i, max, nwr);
+        let finish = r.below(8) != 0;
+        let pd = w.qps[i].pd;
+        let dest = ud_dest(w, r);
+        let ah = w.pd(pd).create_ah(&dest.0);
+        note!(
+            t,
+            "send batch(#{i}, {nwr} WRs, finish {finish}), ah {:?}",
+            ah.as_ref().err()
+        );
+        if let Err(e) = &ah {
+            w.err(t, e);
+        }
+        let plan: Vec<(u64, u64, SendFlags, (u64, u32))> = (0..nwr)
+            .map(|_| {
+                let flags = SendFlags::from_bits_truncate(r.below(16) as u32 & !8);
+                (wr_id(r), r.below(10), flags, remote(w, r))
+            })
+            .collect();
+        let (mut ok, mut errs) = (Vec::new(), Vec::new());
+        macro_rules! connected {
+            ($q:expr) => {{
+                let mut b = $q.send_batch();
+                for (l, &(id, kind, flags, rem)) in lists.iter().zip(&plan) {
+                    // SAFETY: the buffers are regions of this world, or name none. A region may
+                    // be destroyed while a request names it (the contract's letter is broken),
+                    // but the device is the model: it reaches memory only through live regions
+                    // and the machine's allocation table, and never reuses a physical address.
+                    let res = unsafe {
+                        match kind {
+                            0..=3 => b.send(id, flags, l),
+                            4 => b.send_imm(id, flags, 7, l),
+                            5 => b.rdma_write(id, flags, rem, l),
+                            6 => b.rdma_write_imm(id, flags, rem, 7, l),
+                            7 | 8 => b.rdma_read(id, flags, rem, l),
+                            _ => match l.first() {
+                                Some(s) => b.atomic_fetch_add(id, flags, rem, 1, s),
+                                None => b.send_inline(id, flags, b"inline"),
+                            },
+                        }
+                    };
+                    note!(t, "    wr {id:#x} kind {kind}: {res:?}");
+                    match res {
+                        Ok(()) => ok.push(id),
+                        Err(e) => errs.push(e),
+                    }
+                }
+                if finish {
+                    b.finish();
+                }
+            }};
+        }
+        macro_rules! datagram {
+            ($q:expr) => {{
+                let Ok(ah) = &ah else {
+                    return;
+                };
+                let mut b = $q.send_batch();
+                for (l, &(id, kind, flags, _)) in lists.iter().zip(&plan) {
+                    let to = (ah, dest.1, dest.2);
+                    // SAFETY: as for connected QPs.
+                    let res = unsafe {
+                        if kind == 4 {
+                            b.send_to_imm(id, flags, to, 9, l)
+                        } else {
+                            b.send_to(id, flags, to, l)
+                        }
+                    };
+                    note!(t, "    wr {id:#x} to {dest:?}: {res:?}");
+                    match res {
+                        Ok(()) => ok.push(id),
+                        Err(e) => errs.push(e),
+                    }
+                }
+                if finish {
+                    b.finish();
+                }
+            }};
+        }
+        match w.qps[i].qp.as_mut().unwrap() {
+            AnyQp::Rc(St::Rts(q)) => connected!(q),
+            AnyQp::Ud(St::Rts(q)) => datagram!(q),
+            AnyQp::Gsi(St::Rts(q)) => datagram!(q),
+            _ => return,
+        }
+        for e in &errs {
+            w.err(t, e);
+        }
+        if finish {
+            w.posted(ok.iter());
+        }
+    }
+
+    /// A batch of raw receives; finished or dropped.
     fn post_recv(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
         let Some(i) = qp_where(w, r, |s| {
             matches!(s, QpState::Init | QpState::Rtr | QpState::Rts)
@@ -1656,41 +1659,45 @@ mod data {
             return;
         };
         let max = on_qp!(w.qps[i].qp.as_ref().unwrap(), s => on_st!(s, q => q.caps().max_recv_sge));
-        let max = max.min(16);
         let nwr = 1 + r.below(4) as usize;
-        let lists: Vec<Vec<Sge>> = (0..nwr)
-            .map(|_| {
-                let n = r.below(u64::from(max) + 1) as u32 + u32::from(r.below(16) == 0);
-                sges(w, r, w.qps[i].pd, n)
-            })
-            .collect();
-        let wrs: Vec<RecvWr<'_>> = lists
-            .iter()
-            .map(|l| RecvWr {
-                wr_id: wr_id(r),
-                sg_list: l,
-            })
-            .collect();
-        note!(t, "post_recv_raw(#{i}, {wrs:?})");
-        // SAFETY: as in `post_send`.
-        let res = unsafe {
-            match w.qps[i].qp.as_mut().unwrap() {
-                AnyQp::Rc(St::Init(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Rc(St::Rtr(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Rc(St::Rts(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Ud(St::Init(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Ud(St::Rtr(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Ud(St::Rts(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Gsi(St::Init(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Gsi(St::Rtr(q)) => q.post_recv_raw(&wrs),
-                AnyQp::Gsi(St::Rts(q)) => q.post_recv_raw(&wrs),
-                _ => return,
-            }
-        };
-        if res.is_ok() {
-            w.posted(wrs.iter().map(|w| &w.wr_id));
+        let lists = lists(w, r, i, max, nwr);
+        let ids: Vec<u64> = (0..nwr).map(|_| wr_id(r)).collect();
+        let finish = r.below(8) != 0;
+        note!(t, "recv batch(#{i}, {lists:?}, finish {finish})");
+        let (mut ok, mut errs) = (Vec::new(), Vec::new());
+        macro_rules! recv {
+            ($q:expr) => {{
+                let mut b = $q.recv_batch();
+                for (l, &id) in lists.iter().zip(&ids) {
+                    // SAFETY: as in `post_send`.
+                    match unsafe { b.recv(id, l) } {
+                        Ok(()) => ok.push(id),
+                        Err(e) => errs.push(e),
+                    }
+                }
+                if finish {
+                    b.finish();
+                }
+            }};
         }
-        w.res(t, &res);
+        match w.qps[i].qp.as_mut().unwrap() {
+            AnyQp::Rc(St::Init(q)) => recv!(q),
+            AnyQp::Rc(St::Rtr(q)) => recv!(q),
+            AnyQp::Rc(St::Rts(q)) => recv!(q),
+            AnyQp::Ud(St::Init(q)) => recv!(q),
+            AnyQp::Ud(St::Rtr(q)) => recv!(q),
+            AnyQp::Ud(St::Rts(q)) => recv!(q),
+            AnyQp::Gsi(St::Init(q)) => recv!(q),
+            AnyQp::Gsi(St::Rtr(q)) => recv!(q),
+            AnyQp::Gsi(St::Rts(q)) => recv!(q),
+            _ => return,
+        }
+        for e in &errs {
+            w.err(t, e);
+        }
+        if finish {
+            w.posted(ok.iter());
+        }
     }
 
     fn srq_recv(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
@@ -1721,87 +1728,125 @@ mod data {
         w.res(t, &res);
     }
 
-    /// A safe post: a region moves into the QP (its wr_id carries the region's PD).
+    /// The safe path, whole: a pool, a QP of its own on this world's CQs (connected to itself,
+    /// or UD), safe posts and polls through the QP, then the QP and the pool go. Every buffer
+    /// must be back in the pool at the end.
     fn safe_post(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
-        let Some(i) = qp_where(w, r, |s| {
-            matches!(s, QpState::Init | QpState::Rtr | QpState::Rts)
-        }) else {
+        let (Some(pd), Some(cq)) = (pick_live(r, &w.pds), pick_live(r, &w.cqs)) else {
             return;
         };
-        let own: Vec<usize> = (0..w.mrs.len())
-            .filter(|&k| w.mrs[k].1 == w.qps[i].pd)
-            .collect();
-        if own.is_empty() {
-            return;
+        let (count, size) = (1 + r.below(8) as u32, r.pick(&[1, 64, 256, 4096, 1 << 20]));
+        note!(t, "safe path: pool({count} x {size}) in pd #{pd}, cq #{cq}");
+        let pool = match w.pd(pd).buffer_pool(count, size) {
+            Ok(p) => p,
+            Err(e) => return w.err(t, &e),
+        };
+        let ud = r.below(2) == 0;
+        let caps = QpCaps {
+            max_send_wr: 1 + r.below(4) as u32,
+            max_recv_wr: 1 + r.below(4) as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let b = || {
+            w.pd(pd)
+                .qp_builder(w.cq(cq), w.cq(cq))
+                .caps(caps)
+                .pool(&pool)
+        };
+        let sends = 1 + r.below(4);
+        macro_rules! exercise {
+            ($qp:expr, $q:ident, $k:ident, $buf:ident => $post:expr) => {{
+                let mut qp = $qp;
+                for k in 0..sends {
+                    if let Some(mut buf) = pool.alloc() {
+                        if let Some(rb) = pool.alloc() {
+                            match qp.post_recv(1000 + k, rb) {
+                                Ok(()) => w.posted([1000 + k].iter()),
+                                Err((_, e)) => w.err(t, &e),
+                            }
+                        }
+                        let _ = buf.set_len(r.below(u64::from(buf.capacity()) + 1) as u32);
+                        let res = {
+                            let ($q, $k, $buf) = (&mut qp, k, buf);
+                            $post
+                        };
+                        match res {
+                            Ok(()) => w.posted([k].iter()),
+                            Err((_, e)) => w.err(t, &e),
+                        }
+                    }
+                    for _ in 0..r.below(3) {
+                        match qp.poll_one() {
+                            Ok(Some(c)) => {
+                                note!(t, "    -> {:?} with buffer {}", c.wc, c.buf.is_some());
+                                w.completed(t, &c.wc);
+                            }
+                            Ok(None) => {}
+                            Err(e) => w.err(t, &e),
+                        }
+                    }
+                }
+                if r.below(3) == 0 {
+                    match qp.to_error() {
+                        Ok(q) => drop(q),
+                        Err((q, e)) => {
+                            w.err(t, &e);
+                            drop(q);
+                        }
+                    }
+                } else {
+                    drop(qp);
+                }
+            }};
         }
-        let (mr, pd) = w.mrs.swap_remove(r.pick(&own));
-        let len = mr.len().min(1 << 16) as u32;
-        let offset = r.below(u64::from(len)) as u32;
-        let n = if r.below(10) == 0 {
-            r.pick(&[len, len + 1, u32::MAX])
+        if ud {
+            let dest = ud_dest(w, r);
+            let ah = match w.pd(pd).create_ah(&dest.0) {
+                Ok(a) => a,
+                Err(e) => return w.err(t, &e),
+            };
+            let qp = match b().build::<Ud>() {
+                Ok(q) => q,
+                Err(e) => return w.err(t, &e),
+            };
+            let qp = match qp.ready(0x1234, 0) {
+                Ok(q) => q,
+                Err((_, e)) => return w.err(t, &e),
+            };
+            exercise!(qp, q, k, buf => q.post_send_to(k, buf, (&ah, dest.1, dest.2)));
         } else {
-            r.below(u64::from(len - offset).min(1 << 14) + 1) as u32
-        };
-        let wr_id = ((pd as u64) << 32) | (r.next_u64() & 0xFFFF_FFFF);
-        let send = r.below(2) == 0;
-        note!(
-            t,
-            "safe post_{}(#{i}, offset {offset}, len {n})",
-            if send { "send" } else { "recv" }
-        );
-        let dest = ud_dest(w, r);
-        let res = match (send, w.qps[i].qp.as_mut().unwrap()) {
-            (true, q) => {
-                let mut req = SendRequest::send(wr_id, mr, offset, n);
-                if r.below(4) == 0 {
-                    req.op = SendOp::SendWithImm(3);
-                }
-                if matches!(q, AnyQp::Ud(_) | AnyQp::Gsi(_)) {
-                    note!(t, "    to {dest:?}");
-                    req.ud = Some(dest);
-                }
-                match q {
-                    AnyQp::Rc(St::Rts(q)) => q.post_send(req).map_err(|(q, e)| (q.mr, e)),
-                    AnyQp::Ud(St::Rts(q)) => q.post_send(req).map_err(|(q, e)| (q.mr, e)),
-                    AnyQp::Gsi(St::Rts(q)) => q.post_send(req).map_err(|(q, e)| (q.mr, e)),
-                    _ => Err((req.mr, Error::Busy { op: Op::PostSend })),
-                }
-            }
-            (false, q) => {
-                let req = RecvRequest {
-                    wr_id,
-                    mr,
-                    offset,
-                    len: n,
-                };
-                macro_rules! recv {
-                    ($q:expr) => {
-                        $q.post_recv(req).map_err(|(q, e)| (q.mr, e))
-                    };
-                }
-                match q {
-                    AnyQp::Rc(St::Init(q)) => recv!(q),
-                    AnyQp::Rc(St::Rtr(q)) => recv!(q),
-                    AnyQp::Rc(St::Rts(q)) => recv!(q),
-                    AnyQp::Ud(St::Init(q)) => recv!(q),
-                    AnyQp::Ud(St::Rtr(q)) => recv!(q),
-                    AnyQp::Ud(St::Rts(q)) => recv!(q),
-                    AnyQp::Gsi(St::Init(q)) => recv!(q),
-                    AnyQp::Gsi(St::Rtr(q)) => recv!(q),
-                    AnyQp::Gsi(St::Rts(q)) => recv!(q),
-                    _ => Err((req.mr, Error::Busy { op: Op::PostRecv })),
-                }
-            }
-        };
-        match res {
-            Ok(()) => {
-                note!(t, "    -> Ok");
-                w.qps[i].held.push(pd);
-            }
-            Err((mr, e)) => {
-                w.err(t, &e);
-                w.mrs.push((mr, pd));
-            }
+            let qp = match b().build::<Rc>() {
+                Ok(q) => q,
+                Err(e) => return w.err(t, &e),
+            };
+            let qpn = qp.qp_num();
+            let Some((sgid, gid)) = w.bound_gid(r) else {
+                return;
+            };
+            let qp = match qp.init(&ConnectedInit::default()) {
+                Ok(q) => q,
+                Err((_, e)) => return w.err(t, &e),
+            };
+            let qp = match qp.rtr(&ConnectedRtr::new(qpn, 0, AddressVector::new(gid, sgid))) {
+                Ok(q) => q,
+                Err((_, e)) => return w.err(t, &e),
+            };
+            let qp = match qp.rts(&ConnectedRts::new(0)) {
+                Ok(q) => q,
+                Err((_, e)) => return w.err(t, &e),
+            };
+            exercise!(qp, q, k, buf => q.post_send(k, buf));
+        }
+        // The QP is gone: every buffer is back (a raw poll, a flush or the destroy returned
+        // the rest) — unless the device lied about the destroy, which keeps them.
+        if w.honest && pool.free_count() != pool.count() {
+            let (free, count) = (pool.free_count(), pool.count());
+            w.complain(
+                t,
+                format!("pool: {free} of {count} buffers back after the QP went"),
+            );
         }
     }
 
@@ -1837,28 +1882,8 @@ mod data {
         let res = on_qp!(q, s => on_st!(s, q => q.poll_one()));
         match res {
             Ok(Some(c)) => {
-                note!(t, "    -> {:?} with buffer {}", c.wc, c.mr.is_some());
-                if c.mr.is_none() {
-                    w.completed(t, &c.wc);
-                }
-                if let Some(mr) = c.mr {
-                    let pd = (c.wc.wr_id >> 32) as usize;
-                    let held = &mut w.qps[i].held;
-                    match held.iter().position(|&p| p == pd) {
-                        Some(k) => {
-                            held.swap_remove(k);
-                            w.mrs.push((mr, pd));
-                        }
-                        None => {
-                            // Not one of ours: the bookkeeping cannot place it. Drop it now,
-                            // charged to the first PD it could belong to.
-                            let p = held.pop().expect("a buffer came back with none held");
-                            drop(mr);
-                            w.use_pd(p, -1);
-                            w.complain(t, format!("buffer back with wr_id {:#x}", c.wc.wr_id));
-                        }
-                    }
-                }
+                note!(t, "    -> {:?} with buffer {}", c.wc, c.buf.is_some());
+                w.completed(t, &c.wc);
             }
             Ok(None) => note!(t, "    -> None"),
             Err(e) => w.err(t, &e),
@@ -2049,9 +2074,15 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
     }
     let honest = honest && !faulted;
 
+    let opcodes = if r.below(2) == 0 {
+        Opcodes::All
+    } else {
+        Opcodes::SendOnly
+    };
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
         let config = Config {
             poll_limit: POLL_LIMIT,
+            opcodes,
         };
         let dev = if r.below(32) == 0 {
             note!(t, "probe (bus scan)");

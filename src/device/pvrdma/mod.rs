@@ -82,6 +82,15 @@ pub enum Opcodes {
     All,
 }
 
+impl<H: Hal> Pvrdma<H> {
+    /// Whether GID `index` is bound now (lock-free: what the data path checks before a WQE
+    /// names it — QEMU loops forever on a send whose GID it cannot map, §8.6, §14).
+    #[inline(always)]
+    pub(crate) fn gid_in_use(&self, index: u8) -> bool {
+        self.gid_bits[usize::from(index / 64)].load(Ordering::Acquire) & (1 << (index % 64)) != 0
+    }
+}
+
 /// Driver-private memory from the HAL (zeroed pages the device is never told about), freed
 /// when dropped.
 pub struct PrivateMem<H: Hal>(Dma<H>);
@@ -123,6 +132,8 @@ pub struct Pvrdma<H: Hal> {
     dsr: Dma<H>,
     qps: QpTable<H>,
     opcodes: Opcodes,
+    /// The bound GIDs (a copy of the command lock's bitmap the data path reads without it).
+    gid_bits: [core::sync::atomic::AtomicU64; 4],
 }
 
 /// What the command lock protects: the channel, and the driver's count of device objects (the
@@ -349,6 +360,7 @@ impl<H: Hal> Pvrdma<H> {
             dsr,
             qps,
             opcodes: config.opcodes,
+            gid_bits: Default::default(),
         };
         dev.load_and_activate()?;
         Ok(dev)
@@ -851,6 +863,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         st.chan
             .exec::<_, abi::RespHdr>(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
         st.gids[word] |= bit;
+        self.gid_bits[word].fetch_or(bit, Ordering::Release);
         Ok(())
     }
 
@@ -869,6 +882,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
             req,
         )?;
         st.gids[word] &= !bit;
+        self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())
     }
 }

@@ -75,6 +75,15 @@ fn too_many_sges(n: usize, max: u32) -> Error {
 
 #[cold]
 #[inline(never)]
+fn unbound_gid() -> Error {
+    Error::MissingAttribute {
+        op: Op::PostSend,
+        attr: Attr::SourceGid,
+    }
+}
+
+#[cold]
+#[inline(never)]
 fn unsupported(f: Feature) -> Error {
     Error::Unsupported(Unsupported::Feature(f))
 }
@@ -125,6 +134,16 @@ impl<H: Hal> Pvrdma<H> {
             }
             (_, ud) => ud,
         };
+        // The source GID the WQE names (byte 0x41) must be bound now: QEMU loops forever on
+        // one it cannot map (§8.6). A binding dropped after RTR, or an address handle made
+        // before an unbind, is refused here.
+        let sgid = match ud {
+            Some(ud) => (ud.ah.words[5] >> 8) as u8,
+            None => qp.sgid_index,
+        };
+        if !self.gid_in_use(sgid) {
+            return Err(unbound_gid());
+        }
         let n = qp.sq_prod.tail;
         let h = qp.sq_ring.slot(n).cast::<abi::SqWqeHdr>();
         // Every send WQE completes on PVRDMA (QEMU ignores the flag): saying so keeps the
