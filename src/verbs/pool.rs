@@ -60,8 +60,11 @@ unsafe fn release_bit(ctx: NonNull<u8>, index: u32) {
 
 /// A registered buffer pool (`count` buffers of `size` bytes in one memory region).
 pub struct BufferPool<'a, P: Provider> {
-    mr: MemoryRegion<'a, P>,
-    map: P::Mem,
+    mr: core::mem::ManuallyDrop<MemoryRegion<'a, P>>,
+    map: core::mem::ManuallyDrop<P::Mem>,
+    /// Queue pairs built with this pool that still exist (a QP whose destroy failed is kept
+    /// for good, and so is the pool's memory then).
+    users: AtomicU32,
     count: u32,
     size: u32,
     addr: u64,
@@ -99,8 +102,9 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
         let (addr, _, lkey, _) = provider.mr_info(mr.raw());
         let base = provider.mr_ptr(mr.raw());
         Ok(BufferPool {
-            mr,
-            map,
+            mr: core::mem::ManuallyDrop::new(mr),
+            map: core::mem::ManuallyDrop::new(map),
+            users: AtomicU32::new(0),
             count,
             size,
             addr,
@@ -203,6 +207,33 @@ impl<'a, P: Provider> BufferPool<'a, P> {
     /// The region the buffers live in.
     pub fn memory_region(&self) -> &MemoryRegion<'a, P> {
         &self.mr
+    }
+
+    /// A queue pair built with this pool now exists.
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A queue pair built with this pool was destroyed (by the device: none of its requests
+    /// can touch the buffers any more).
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<P: Provider> Drop for BufferPool<'_, P> {
+    fn drop(&mut self) {
+        if self.users.load(Ordering::Relaxed) != 0 {
+            // A queue pair the device would not destroy still holds buffers of this pool (and
+            // its completions would hand them back here): keep the memory for good.
+            log::warn!("bareverbs: buffer pool used by a QP that was not destroyed: leaked");
+            return;
+        }
+        // SAFETY: each field is dropped once, here; no QP holds the pool any more.
+        unsafe {
+            core::mem::ManuallyDrop::drop(&mut self.mr);
+            core::mem::ManuallyDrop::drop(&mut self.map);
+        }
     }
 }
 

@@ -135,6 +135,9 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
         let raw =
             unsafe { provider.create_qp(self.pd, self.send_cq, self.recv_cq, self.srq, &init)? };
         let caps = provider.qp_caps(&raw);
+        if let Some(p) = self.pool {
+            p.hold();
+        }
         Ok(QpInner {
             ctx: self.ctx,
             raw: ManuallyDrop::new(raw),

@@ -112,7 +112,12 @@ impl<P: Provider> QpInner<'_, P> {
         // touches it again (it forgets or drops `self` without running Drop's destroy).
         let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
         match self.ctx.provider().destroy_qp(raw) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some(p) = self.pool {
+                    p.release();
+                }
+                Ok(())
+            }
             Err((raw, e)) => {
                 self.raw = ManuallyDrop::new(raw);
                 Err(e)
