@@ -289,10 +289,12 @@ impl<'c, T: Transport> St<'c, T> {
         on_st!(self, q => lift(q.reset()))
     }
 
+    #[allow(clippy::wrong_self_convention)] // named after the QP transition it makes
     fn to_error(self) -> Step<'c, T> {
         on_st!(self, q => lift(q.to_error()))
     }
 
+    #[allow(clippy::result_large_err)] // the QP comes back by value, as the verbs API does
     fn destroy(self) -> Result<(), (Self, Error)> {
         on_st!(self, q => q.destroy().map_err(|(q, e)| (q.into(), e)))
     }
