@@ -455,14 +455,8 @@ impl<H: Hal> Pvrdma<H> {
     /// Runs `f` with the poll locks of the QP's CQs held (the QP table's write rule).
     pub(crate) fn with_cqs<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, &Cq<H>) -> R) -> R {
         // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
-        let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
-        let mut g1 = s.poll.lock();
-        let mut g2 = (!core::ptr::eq(s, r)).then(|| r.poll.lock());
-        g1.forget(qp.ctl.ptr());
-        if let Some(g) = g2.as_mut() {
-            g.forget(qp.ctl.ptr());
-        }
-        f(s, r)
+        let s = unsafe { qp.send_cq.as_ref() };
+        self.with_cqs_state(qp, |r, _| f(s, r))
     }
 
     /// Runs `f` with the receive CQ and its consumer position, the poll locks of both CQs held.

@@ -12,8 +12,9 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
+use super::qptable::QueueCtl;
 use super::regs::db;
-use super::ring::Producer;
+use super::ring::{Producer, Ring};
 use super::srq::Srq;
 use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
@@ -54,6 +55,13 @@ unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
             put!(e.add(i), lkey, s.lkey);
         }
     }
+}
+
+/// Forgets what `p` wrote since its last commit (the slots stay unpublished).
+#[inline]
+fn abort(p: &mut Producer) {
+    p.credit += p.tail.wrapping_sub(p.published);
+    p.tail = p.published;
 }
 
 /// Recomputes a work queue's credit from the completions taken; `QueueFull` when none.
@@ -202,23 +210,29 @@ impl<H: Hal> Pvrdma<H> {
     /// Publishes the send WQEs written since the last commit, with one doorbell.
     #[inline(always)]
     pub(crate) fn sq_commit(&self, qp: &mut Qp<H>) {
-        let tail = qp.sq_prod.tail;
-        if tail == qp.sq_prod.published {
+        let ctl = &qp.ctl.ctl().sq.ctl;
+        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, qp.handle() | db::QP_SEND);
+    }
+
+    /// Publishes what `p` wrote since its last commit on `ring`, tells the poller (`ctl`), and
+    /// rings the QP doorbell with `bell`.
+    #[inline(always)]
+    fn commit(&self, p: &mut Producer, ring: &Ring, ctl: &QueueCtl, bell: u32) {
+        let tail = p.tail;
+        if tail == p.published {
             return;
         }
-        qp.sq_prod.published = tail;
-        qp.ctl.ctl().sq.ctl.tail.store(tail, Ordering::Release);
-        qp.sq_ring.publish(tail);
+        p.published = tail;
+        ctl.tail.store(tail, Ordering::Release);
+        ring.publish(tail);
         before_doorbell();
-        self.uar.write32(db::QP, qp.handle() | db::QP_SEND);
+        self.uar.write32(db::QP, bell);
     }
 
     /// Forgets the send WQEs written since the last commit.
     #[inline]
     pub(crate) fn sq_abort(&self, qp: &mut Qp<H>) {
-        let p = &mut qp.sq_prod;
-        p.credit += p.tail.wrapping_sub(p.published);
-        p.tail = p.published;
+        abort(&mut qp.sq_prod);
     }
 
     /// Writes one receive WQE at the receive queue's next slot (not yet published).
@@ -266,23 +280,14 @@ impl<H: Hal> Pvrdma<H> {
     /// Publishes the receive WQEs written since the last commit, with one doorbell.
     #[inline(always)]
     pub(crate) fn rq_commit(&self, qp: &mut Qp<H>) {
-        let tail = qp.rq_prod.tail;
-        if tail == qp.rq_prod.published {
-            return;
-        }
-        qp.rq_prod.published = tail;
-        qp.ctl.ctl().rq.ctl.tail.store(tail, Ordering::Release);
-        qp.rq_ring.publish(tail);
-        before_doorbell();
-        self.uar.write32(db::QP, qp.handle() | db::QP_RECV);
+        let ctl = &qp.ctl.ctl().rq.ctl;
+        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, qp.handle() | db::QP_RECV);
     }
 
     /// Forgets the receive WQEs written since the last commit.
     #[inline]
     pub(crate) fn rq_abort(&self, qp: &mut Qp<H>) {
-        let p = &mut qp.rq_prod;
-        p.credit += p.tail.wrapping_sub(p.published);
-        p.tail = p.published;
+        abort(&mut qp.rq_prod);
     }
 
     /// Posts receive work requests to a shared receive queue, all or none, one doorbell.
