@@ -210,8 +210,9 @@ impl<H: Hal> Pvrdma<H> {
     /// Publishes the send WQEs written since the last commit, with one doorbell.
     #[inline(always)]
     pub(crate) fn sq_commit(&self, qp: &mut Qp<H>) {
+        let bell = qp.handle() | db::QP_SEND;
         let ctl = &qp.ctl.ctl().sq.ctl;
-        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, qp.handle() | db::QP_SEND);
+        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, bell);
     }
 
     /// Publishes what `p` wrote since its last commit on `ring`, tells the poller (`ctl`), and
@@ -280,8 +281,9 @@ impl<H: Hal> Pvrdma<H> {
     /// Publishes the receive WQEs written since the last commit, with one doorbell.
     #[inline(always)]
     pub(crate) fn rq_commit(&self, qp: &mut Qp<H>) {
+        let bell = qp.handle() | db::QP_RECV;
         let ctl = &qp.ctl.ctl().rq.ctl;
-        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, qp.handle() | db::QP_RECV);
+        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, bell);
     }
 
     /// Forgets the receive WQEs written since the last commit.
