@@ -35,6 +35,9 @@ pub struct Cq<H: Hal> {
     pub(crate) users: AtomicU32,
     /// 1 while a refused CQE waits to be reported by the next poll.
     deferred: AtomicU32,
+    /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
+    /// drops them.
+    pub(crate) stale: AtomicU32,
 }
 
 // SAFETY: the ring points into the CQ's own DMA memory; the consumer side is written only
@@ -114,9 +117,10 @@ impl<H: Hal> Cq<H> {
         self.reserved.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// How many receive CQEs of QP `handle` wait in the ring from the consumer position `head`
-    /// (the caller holds the poll lock). An impossible producer index counts none.
-    pub(crate) fn recv_cqes_of(&self, head: u32, handle: u32) -> u32 {
+    /// How many CQEs of QP `handle` (only receives, with `recv_only`) wait in the ring from the
+    /// consumer position `head` (the caller holds the poll lock). An impossible producer index
+    /// counts none.
+    pub(crate) fn cqes_of(&self, head: u32, handle: u32, recv_only: bool) -> u32 {
         let ring = self.ring;
         let ready = ring.ready(head).unwrap_or(0);
         (0..ready)
@@ -130,9 +134,23 @@ impl<H: Hal> Cq<H> {
                         core::ptr::addr_of!((*c).opcode).read_volatile(),
                     )
                 };
-                qp == u64::from(handle) && decode_opcode(op).is_some_and(|(_, recv)| recv)
+                qp == u64::from(handle)
+                    && decode_opcode(op).is_some_and(|(_, recv)| recv || !recv_only)
             })
             .count() as u32
+    }
+
+    /// A CQE of a QP that is gone was dropped: if it was one a destroy left reserved, its room
+    /// comes back.
+    #[cold]
+    pub(crate) fn drop_stale(&self) {
+        if self
+            .stale
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.unreserve(1);
+        }
     }
 
     /// Gives back `n` reserved CQEs.
@@ -297,7 +315,10 @@ impl<H: Hal> Pvrdma<H> {
                         c
                     }
                     // A QP that is gone (or never completes here): drop its CQE.
-                    None => continue,
+                    None => {
+                        cq.drop_stale();
+                        continue;
+                    }
                 },
             };
             // SAFETY: the table named this CQ for the QP, so the control block lives while
@@ -461,6 +482,7 @@ impl<H: Hal> Poll<'_, H> {
             };
             let Some(ctl) = ctl else {
                 // A QP that is gone (or never completes here): nothing to give its CQE to.
+                self.cq.drop_stale();
                 self.consume();
                 continue;
             };
@@ -714,6 +736,7 @@ impl<H: Hal> Pvrdma<H> {
             flushing: AtomicU32::new(0),
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
+            stale: AtomicU32::new(0),
         };
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.

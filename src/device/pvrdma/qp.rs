@@ -456,11 +456,15 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) fn with_cqs<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, &Cq<H>) -> R) -> R {
         // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
         let s = unsafe { qp.send_cq.as_ref() };
-        self.with_cqs_state(qp, |r, _| f(s, r))
+        self.with_cqs_state(qp, |_, (r, _)| f(s, r))
     }
 
     /// Runs `f` with the receive CQ and its consumer position, the poll locks of both CQs held.
-    fn with_cqs_state<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, u32) -> R) -> R {
+    fn with_cqs_state<R>(
+        &self,
+        qp: &Qp<H>,
+        f: impl FnOnce((&Cq<H>, u32), (&Cq<H>, u32)) -> R,
+    ) -> R {
         // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
         let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
         let mut g1 = s.poll.lock();
@@ -469,8 +473,8 @@ impl<H: Hal> Pvrdma<H> {
         if let Some(g) = g2.as_mut() {
             g.forget(qp.ctl.ptr());
         }
-        let head = g2.as_ref().map_or(g1.head(), |g| g.head());
-        f(r, head)
+        let r_head = g2.as_ref().map_or(g1.head(), |g| g.head());
+        f((s, g1.head()), (r, r_head))
     }
 
     /// Hands back every outstanding or parked safe buffer of a QP the device has destroyed.
@@ -700,17 +704,25 @@ impl<H: Hal> Pvrdma<H> {
         // still in the receive CQ go with it (Linux compacts them out); the SRQ receives they
         // complete give the SRQ its credit back now.
         let srq_counters = qp.ctl.ctl().srq_done;
-        self.with_cqs_state(&qp, |r, head| {
+        let (stale_s, stale_r) = self.with_cqs_state(&qp, |(s, s_head), (r, r_head)| {
             if let Some(c) = srq_counters {
                 // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
                 let c = unsafe { c.as_ref() };
-                for _ in 0..r.recv_cqes_of(head, handle) {
+                for _ in 0..r.cqes_of(r_head, handle, true) {
                     c.complete();
                 }
             }
             if self.qps.lookup_ctl(handle) == Some(ctl) {
                 self.qps.remove(handle);
             }
+            // Its CQEs still in the rings (polls will drop them) keep their room.
+            let stale_s = s.cqes_of(s_head, handle, false);
+            let stale_r = if core::ptr::eq(s, r) {
+                0
+            } else {
+                r.cqes_of(r_head, handle, false)
+            };
+            (stale_s, stale_r)
         });
         let mut st = self.state.lock();
         let code = (Op::DestroyQp, opcode::DESTROY_QP);
@@ -729,8 +741,20 @@ impl<H: Hal> Pvrdma<H> {
         unsafe {
             pd.as_ref().users.fetch_sub(1, Ordering::Relaxed);
             let (s, r) = (cqs.0.as_ref(), cqs.1.as_ref());
-            s.unreserve(reserved.0);
-            r.unreserve(reserved.1);
+            // CQEs of this QP still in a ring keep their room until a poll drops them.
+            let (keep_s, keep_r) = if core::ptr::eq(s, r) {
+                (stale_s.min(reserved.0 + reserved.1), 0)
+            } else {
+                (stale_s.min(reserved.0), stale_r.min(reserved.1))
+            };
+            s.stale.fetch_add(keep_s, Ordering::AcqRel);
+            r.stale.fetch_add(keep_r, Ordering::AcqRel);
+            if core::ptr::eq(s, r) {
+                s.unreserve(reserved.0 + reserved.1 - keep_s);
+            } else {
+                s.unreserve(reserved.0 - keep_s);
+                r.unreserve(reserved.1 - keep_r);
+            }
             s.users.fetch_sub(1, Ordering::Relaxed);
             r.users.fetch_sub(1, Ordering::Relaxed);
             if let Some(srq) = srq {

@@ -475,8 +475,10 @@ impl Device {
                     .flatten()
                     .is_none()
             {
+                // (A device that lies about its ring indices walks slots the driver never
+                // wrote — zeroed ones name GID 0: that lie excuses it.)
                 ctx.violations.qemu(
-                    point::PROTOCOL,
+                    point::PROTOCOL | point::RING,
                     format!("send WQE with unbound GID index {gid_index}: QEMU loops forever"),
                 );
                 self.qps[i].as_mut().expect("indexed").data.hung = true;
