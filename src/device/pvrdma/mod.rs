@@ -75,7 +75,7 @@ impl Default for Config {
 pub enum Opcodes {
     /// Only what QEMU executes faithfully: SEND (and receives). RDMA WRITE/READ and the
     /// immediate-data forms are refused with
-    /// [`Feature::NotExecutedByDevice`](crate::error::Feature::NotExecutedByDevice).
+    /// [`Feature::NotExecutedByDevice`].
     SendOnly,
     /// Every operation the PVRDMA ABI has, written as the ABI says: for a device that executes
     /// them (VMware's), or knowingly on QEMU, where they run as SEND.

@@ -69,7 +69,8 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     ///
     /// # Safety
     ///
-    /// See the [module](self): the buffers stay untouched until the completion.
+    /// The buffers stay allocated, registered and untouched by the CPU until the completion
+    /// has been polled (or the QP reset or destroyed).
     #[inline(always)]
     pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()> {
         // SAFETY: forwarded from our caller.

@@ -214,7 +214,7 @@ macro_rules! transport {
     };
 }
 
-/// Datagram transports: INIT takes a Q_Key, RTR nothing, and [`QueuePair::ready`] goes
+/// Datagram transports: INIT takes a Q_Key, RTR nothing, and [`QueuePair::ready`](super::QueuePair::ready) goes
 /// straight from RESET to RTS.
 pub trait Datagram:
     Transport<InitAttr = DatagramInit, RtrAttr = (), RtsAttr = DatagramRts>
