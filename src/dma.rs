@@ -106,6 +106,37 @@ impl<H: Hal> Dma<H> {
         unsafe { self.ptr::<T>(offset).write_volatile(value) }
     }
 
+    /// Copies `value` to byte `offset` with ordinary stores (not volatile): for a message the
+    /// device reads only after a fence and a doorbell that the caller orders after this.
+    pub(crate) fn put<T: Pod>(&self, offset: usize, value: T) {
+        // SAFETY: in bounds and aligned (checked by `ptr`); the memory is ours and the device
+        // reads it only after the caller's fence and doorbell.
+        unsafe { self.ptr::<T>(offset).write(value) }
+    }
+
+    /// Reads a `T` at byte `offset` through one out-of-line volatile byte copy (a message the
+    /// device wrote: no plain load races with it, and the copy is compiled once, not per `T`).
+    pub(crate) fn get<T: Pod>(&self, offset: usize) -> T {
+        let mut out = core::mem::MaybeUninit::<T>::uninit();
+        self.copy_out(offset, out.as_mut_ptr().cast(), size_of::<T>());
+        // SAFETY: every byte of `out` was written by `copy_out`; T is Pod, valid for any bytes.
+        unsafe { out.assume_init() }
+    }
+
+    #[inline(never)]
+    fn copy_out(&self, offset: usize, dst: *mut u8, len: usize) {
+        let src = self.ptr::<u8>(offset);
+        assert!(
+            offset + len <= self.pages * PAGE_SIZE,
+            "DMA access out of bounds"
+        );
+        for i in 0..len {
+            // SAFETY: the source range was checked to lie inside the allocation; `dst` is the
+            // caller's `len`-byte buffer.
+            unsafe { dst.add(i).write(src.add(i).read_volatile()) }
+        }
+    }
+
     /// Zeroes `len` bytes from `offset`.
     pub(crate) fn zero(&self, offset: usize, len: usize) {
         let p = self.ptr::<u8>(offset);

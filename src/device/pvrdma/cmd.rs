@@ -81,9 +81,9 @@ impl<H: Hal> Channel<H> {
             reserved: 0,
         };
         self.page.zero(0, CMD_SLOT_SIZE);
-        self.page.write(0, req);
+        self.page.put(0, req);
         self.run(regs, op, code)?;
-        Ok(self.page.read(RESP_SLOT_OFFSET))
+        Ok(self.page.get(RESP_SLOT_OFFSET))
     }
 
     /// The protocol of a command already written to the command slot.

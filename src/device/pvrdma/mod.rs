@@ -375,7 +375,7 @@ impl<H: Hal> Pvrdma<H> {
         self.regs.write32(reg::DSR_HIGH, (pa >> 32) as u32);
         // The device wrote the caps during the DSRHIGH write: read them after it.
         fence(Ordering::SeqCst);
-        let raw: Caps = self.dsr.read(abi::DSR_CAPS_OFFSET);
+        let raw: Caps = self.dsr.get(abi::DSR_CAPS_OFFSET);
         validate_caps(self.version, &raw)?;
         let device = caps_from_raw(&raw);
         self.raw = RawLimits {
