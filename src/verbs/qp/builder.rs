@@ -129,11 +129,13 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
             safe: self.pool.map(BufferPool::release_hook),
         };
         let provider = self.ctx.provider();
-        // SAFETY: the QP is owned by a QueuePair that borrows the context (and PD, CQs, SRQ,
-        // pool), which therefore outlive it and cannot move; it is destroyed or leaked when
-        // that is dropped.
-        let raw =
-            unsafe { provider.create_qp(self.pd, self.send_cq, self.recv_cq, self.srq, &init)? };
+        let (pd, cqs, srq) = (self.pd, (self.send_cq, self.recv_cq), self.srq);
+        let raw = {
+            // SAFETY: the QP is owned by a QueuePair that borrows the context (and PD, CQs,
+            // SRQ, pool), which therefore outlive it and cannot move; it is destroyed or leaked
+            // when that is dropped.
+            unsafe { provider.create_qp(pd, cqs.0, cqs.1, srq, &init)? }
+        };
         let caps = provider.qp_caps(&raw);
         if let Some(p) = self.pool {
             p.hold();
