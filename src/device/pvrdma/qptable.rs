@@ -169,11 +169,11 @@ impl QueueView {
                 (e.wr_id, e.tag)
             }
             // Both WQE headers start with the wr_id (L-ABI `pvrdma_sq_wqe_hdr`, `_rq_`).
-            // SAFETY: the slot lies inside the ring's memory (`Ring::slot`).
-            None => (
-                unsafe { self.ring.slot(n).cast::<u64>().read_volatile() },
-                0,
-            ),
+            None => {
+                // SAFETY: the slot lies inside the ring's memory (`Ring::slot`).
+                let wr_id = unsafe { self.ring.slot(n).cast::<u64>().read_volatile() };
+                (wr_id, 0)
+            }
         }
     }
 
