@@ -1,6 +1,7 @@
 //! Completion queues: the ring of 64-byte CQEs the device produces (`shared/pvrdma-abi.md`
-//! §10), polled through a cursor that reads CQE fields on demand, and the flush completions
-//! the driver makes for a QP that went to the error state.
+//! §10), polled into the caller's slice; each CQE checked and matched to its request
+//! (`check_cqe`, shared with the cursor of `cursor.rs`), and the flush completions the driver
+//! makes for a QP that went to the error state.
 //!
 //! Consumer protocol (L-CQ, RC-CQ): read prod_tail (acquire), read the CQEs, store cons_head
 //! (release). When the ring looks empty, the POLL doorbell makes QEMU harvest what its host
@@ -18,7 +19,7 @@ use super::regs::db;
 use super::ring::Ring;
 use super::{CQES_PER_PAGE, Pvrdma};
 use crate::error::{Error, Op, Queue, Result};
-use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// A completion queue on a PVRDMA device.
 pub struct Cq<H: Hal> {
@@ -34,7 +35,7 @@ pub struct Cq<H: Hal> {
     /// QPs that complete here.
     pub(crate) users: AtomicU32,
     /// 1 while a refused CQE waits to be reported by the next poll.
-    deferred: AtomicU32,
+    pub(crate) deferred: AtomicU32,
     /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
     /// drops them.
     pub(crate) stale: AtomicU32,
@@ -49,11 +50,11 @@ unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
 /// What the poll lock protects.
 pub(crate) struct PollState {
     /// The consumer's free-running counter.
-    head: u32,
+    pub(crate) head: u32,
     /// The last QP a CQE named, and its control block.
-    last: Option<(u32, NonNull<QpCtl>)>,
+    pub(crate) last: Option<(u32, NonNull<QpCtl>)>,
     /// A refusal met after good completions, reported by the next poll.
-    deferred: Option<Error>,
+    pub(crate) deferred: Option<Error>,
 }
 
 // SAFETY: `last` points at a control block that is only dereferenced under the poll lock,
@@ -163,87 +164,6 @@ impl<H: Hal> Cq<H> {
     }
 }
 
-/// Where the current completion comes from.
-#[derive(Clone, Copy)]
-enum Current {
-    None,
-    /// A CQE in the ring (checked: QP, opcode, status, `wr_id`).
-    Hw(NonNull<abi::Cqe>),
-    /// A flush the driver made.
-    Flush,
-}
-
-/// A poll in progress on one CQ (`ibv_start_poll` … `ibv_end_poll`): holds the CQ's poll lock,
-/// hands back the CQEs it consumed when dropped.
-pub struct Poll<'c, H: Hal> {
-    dev: &'c Pvrdma<H>,
-    cq: &'c Cq<H>,
-    st: spin::MutexGuard<'c, PollState>,
-    /// Only this QP's completions (stop at another's).
-    only: Option<u32>,
-    /// CQEs known ready in the ring.
-    ready: u32,
-    /// Whether the POLL doorbell was rung in this poll.
-    kicked: bool,
-    cur: Current,
-    wr_id: u64,
-    qpn: u32,
-    opcode: WcOpcode,
-    status: WcStatus,
-    /// The current completion's buffer tag + 1 (0: none), until taken.
-    tag: u32,
-    release: Option<crate::verbs::BufRelease>,
-    start: u32,
-    /// Completions returned by this poll.
-    taken: u32,
-}
-
-impl<H: Hal> Pvrdma<H> {
-    /// Starts a poll, or says at once (without the lock) that there is nothing to poll.
-    #[inline]
-    pub(crate) fn start_poll<'c>(
-        &'c self,
-        cq: &'c Cq<H>,
-        only: Option<u32>,
-    ) -> Result<Option<Poll<'c, H>>> {
-        let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
-            && cq.flushing.load(Ordering::Relaxed) == 0
-            && cq.deferred.load(Ordering::Relaxed) == 0
-        {
-            // Looks empty: let the device harvest what it has, then look again (§10.3). A
-            // racing poller can only make this poll find nothing, as any poll may.
-            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
-            if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
-                return Ok(None);
-            }
-        }
-        let mut st = cq.poll.try_lock().ok_or(Error::Busy { op: Op::PollCq })?;
-        if let Some(e) = st.deferred.take() {
-            cq.deferred.store(0, Ordering::Relaxed);
-            return Err(e);
-        }
-        let start = st.head;
-        Ok(Some(Poll {
-            dev: self,
-            cq,
-            st,
-            only,
-            ready: 0,
-            kicked: true,
-            cur: Current::None,
-            wr_id: 0,
-            qpn: 0,
-            opcode: WcOpcode::Send,
-            status: WcStatus::Success,
-            tag: 0,
-            release: None,
-            start,
-            taken: 0,
-        }))
-    }
-}
-
 impl<H: Hal> Pvrdma<H> {
     /// Polls up to `out.len()` completions straight into `out` (`ibv_poll_cq`); a safe
     /// buffer whose completion is taken here goes back to its pool.
@@ -286,56 +206,33 @@ impl<H: Hal> Pvrdma<H> {
         while head != end && n < out.len() {
             let c = ring.slot(head).cast::<abi::Cqe>();
             head = head.wrapping_add(1);
-            macro_rules! get {
-                ($f:ident) => {
-                    // SAFETY: a CQE slot of the ring, published by the prod_tail read (acquire)
-                    // in `ready`; read as plain data.
-                    unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
-                };
-            }
-            let (qp, raw_op, raw_status) = (get!(qp), get!(opcode), get!(status));
-            let Some((opcode, recv)) = decode_opcode(raw_op) else {
-                refused = Some(Error::bad_value(op, "CQE opcode", raw_op));
-                break;
-            };
-            if qp > u64::from(db::HANDLE_MASK) {
-                refused = Some(Error::bad_value(op, "CQE qp", qp));
-                break;
-            }
-            let Some(status) = WcStatus::from_raw(raw_status) else {
-                refused = Some(Error::bad_value(op, "CQE status", raw_status));
-                break;
-            };
-            let (handle, wr_id) = (qp as u32, get!(wr_id));
-            let ctl = match st.last {
-                Some((h, c)) if h == handle => c,
-                _ => match self.qps.lookup(handle, cq.id(), recv) {
-                    Some(c) => {
-                        st.last = Some((handle, c));
-                        c
-                    }
-                    // A QP that is gone (or never completes here): drop its CQE.
-                    None => {
-                        cq.drop_stale();
-                        continue;
-                    }
-                },
-            };
-            // SAFETY: the table named this CQ for the QP, so the control block lives while
-            // this poll holds the CQ's lock.
-            let ctl = unsafe { ctl.as_ref() };
-            match ctl.match_cqe(recv, wr_id) {
-                Ok(Some(tag)) => {
-                    if let (Some(i), Some(r)) = (tag.checked_sub(1), ctl.release) {
+            let (wr_id, opcode, status, qpn) = match check_cqe(self, cq, &mut st.last, c, None) {
+                Checked::Done {
+                    wr_id,
+                    opcode,
+                    status,
+                    qpn,
+                    tag,
+                    release,
+                } => {
+                    if let (Some(i), Some(r)) = (tag.checked_sub(1), release) {
                         // SAFETY: the tag of a safe request of this QP, completed once, here.
                         unsafe { r.release(i) };
                     }
+                    (wr_id, opcode, status, qpn)
                 }
-                Ok(None) => continue,
-                Err(e) => {
+                Checked::Skip | Checked::Other => continue,
+                Checked::Bad(e) => {
                     refused = Some(e);
                     break;
                 }
+            };
+            macro_rules! get {
+                ($f:ident) => {
+                    // SAFETY: the slot `check_cqe` read, still the poll's (cons_head is
+                    // stored after the loop).
+                    unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+                };
             }
             let flags = WcFlags::from_bits_truncate((get!(wc_flags) & 0x3) as u8);
             out[n] = WorkCompletion {
@@ -346,7 +243,7 @@ impl<H: Hal> Pvrdma<H> {
                 } else {
                     0
                 },
-                qp_num: ctl.qpn,
+                qp_num: qpn,
                 src_qp: get!(src_qp),
                 status,
                 opcode,
@@ -402,7 +299,7 @@ impl<H: Hal> Pvrdma<H> {
 
 /// A CQE opcode as a completion opcode, and whether it completes a receive.
 #[inline(always)]
-fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
+pub(crate) fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
     Some(match raw {
         wc_opcode::SEND => (WcOpcode::Send, false),
         wc_opcode::RDMA_WRITE => (WcOpcode::RdmaWrite, false),
@@ -415,156 +312,106 @@ fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
     })
 }
 
-impl<H: Hal> Poll<'_, H> {
-    /// Hands the current completion's safe buffer back, unless it was taken.
-    #[inline]
-    fn release_current(&mut self) {
-        if self.tag != 0 {
-            if let Some(r) = self.release {
-                // SAFETY: the tag came from this QP's shadow, recorded at a safe post whose
-                // buffer moved into the QP; its completion is taken once, here.
-                unsafe { r.release(self.tag - 1) };
-            }
-            self.tag = 0;
-        }
-    }
-
-    /// The device's CQE ring: the next CQE, checked and matched to its request.
-    fn next_hw(&mut self) -> Result<Option<bool>> {
-        let op = Op::PollCq;
-        let ring = self.cq.ring;
-        loop {
-            if self.ready == 0 {
-                match ring.ready(self.st.head) {
-                    None => {
-                        let v = ring.prod().load(Ordering::Relaxed);
-                        return Err(Error::bad_value(op, "CQ prod_tail", v));
-                    }
-                    Some(0) if !self.kicked => {
-                        self.kicked = true;
-                        self.dev.uar.write32(db::CQ, self.cq.handle | db::CQ_POLL);
-                        continue;
-                    }
-                    Some(0) => return Ok(None),
-                    Some(n) => self.ready = n,
-                }
-            }
-            let c = ring.slot(self.st.head).cast::<abi::Cqe>();
-            macro_rules! get {
-                ($f:ident) => {
-                    // SAFETY: a CQE slot of the ring, published by the prod_tail read
-                    // (acquire) in `ready`; read as plain data.
-                    unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
-                };
-            }
-            let qp = get!(qp);
-            let raw_op = get!(opcode);
-            let Some((opcode, recv)) = decode_opcode(raw_op) else {
-                return Err(self.refuse("CQE opcode", raw_op.into()));
-            };
-            if qp > u64::from(db::HANDLE_MASK) {
-                return Err(self.refuse("CQE qp", qp));
-            }
-            let handle = qp as u32;
-            if self.only.is_some_and(|q| q != handle) {
-                // Another QP's completion: left for its own poll.
-                return Ok(None);
-            }
-            // CQE status values are InfiniBand's (L-ABI `enum pvrdma_wc_status`).
-            let raw_status = get!(status);
-            let Some(status) = WcStatus::from_raw(raw_status) else {
-                return Err(self.refuse("CQE status", raw_status.into()));
-            };
-            let wr_id = get!(wr_id);
-            let ctl = match self.st.last {
-                Some((h, c)) if h == handle => Some(c),
-                _ => self.dev.qps.lookup(handle, self.cq.id(), recv),
-            };
-            let Some(ctl) = ctl else {
-                // A QP that is gone (or never completes here): nothing to give its CQE to.
-                self.cq.drop_stale();
-                self.consume();
-                continue;
-            };
-            self.st.last = Some((handle, ctl));
-            // SAFETY: the table named this CQ for the QP, so the control block lives while
-            // this poll holds the CQ's lock.
-            let ctl = unsafe { ctl.as_ref() };
-            self.qpn = ctl.qpn;
-            self.release = ctl.release;
-            let tag = match ctl.match_cqe(recv, wr_id) {
-                Ok(Some(tag)) => tag,
-                Ok(None) => {
-                    self.consume();
-                    continue;
-                }
-                Err(e) => {
-                    self.consume();
-                    return Err(e);
-                }
-            };
-            self.consume();
-            self.cur = Current::Hw(NonNull::new(c).expect("ring slot"));
-            (self.wr_id, self.opcode, self.status, self.tag) = (wr_id, opcode, status, tag);
-            return Ok(Some(true));
-        }
-    }
-
-    /// Consumes the CQE at the head and says why it could not be used.
-    #[cold]
-    fn refuse(&mut self, field: &'static str, value: u64) -> Error {
-        self.consume();
-        Error::bad_value(Op::PollCq, field, value)
-    }
-
-    #[inline]
-    fn consume(&mut self) {
-        self.st.head = self.st.head.wrapping_add(1);
-        self.ready -= 1;
-    }
-
-    /// The driver's flushes: the next outstanding request of a work queue in the error state.
-    #[cold]
-    fn next_flush(&mut self) -> Option<bool> {
-        let f = take_flush(self.dev, self.cq, self.only)?;
-        self.cur = Current::Flush;
-        (self.wr_id, self.qpn, self.opcode) = (f.wr_id, f.qpn, f.opcode);
-        (self.status, self.tag, self.release) = (WcStatus::WrFlushErr, f.tag, f.release);
-        Some(true)
-    }
-
-    /// Reads a field of the current CQE (0 for a flush).
-    #[inline]
-    fn cqe<T: Default>(&self, f: impl FnOnce(*const abi::Cqe) -> T) -> T {
-        match self.cur {
-            Current::Hw(c) => f(c.as_ptr()),
-            _ => T::default(),
-        }
-    }
+/// What the CQE in a ring slot is, once checked and matched to its request.
+pub(crate) enum Checked {
+    /// A completion of the next outstanding request of its work queue.
+    Done {
+        wr_id: u64,
+        opcode: WcOpcode,
+        status: WcStatus,
+        qpn: u32,
+        /// The safe path's buffer tag + 1 (0: none), and where it goes back.
+        tag: u32,
+        release: Option<crate::verbs::BufRelease>,
+    },
+    /// Nothing to give it to (a QP that is gone, a late or invented CQE): drop it.
+    Skip,
+    /// Another QP's completion (a poll for `only`): leave it in the ring.
+    Other,
+    /// A value that cannot be right: drop it and report this.
+    Bad(Error),
 }
 
-macro_rules! cqe_field {
-    ($self:ident, $f:ident) => {
-        // SAFETY: the current CQE's slot: consumed by this poll, not handed back to the device
-        // until the poll ends (cons_head is stored at drop).
-        $self.cqe(|c| unsafe { core::ptr::addr_of!((*c).$f).read_volatile() })
+/// Checks the CQE at `c` — opcode, QP, status — and matches it to the next outstanding
+/// request of its work queue (`QpCtl::match_cqe`). Device values are compared, never used as
+/// indices. The caller holds `cq`'s poll lock (`last` is its cache of the last QP named).
+#[inline(always)]
+pub(crate) fn check_cqe<H: Hal>(
+    dev: &Pvrdma<H>,
+    cq: &Cq<H>,
+    last: &mut Option<(u32, NonNull<QpCtl>)>,
+    c: *const abi::Cqe,
+    only: Option<u32>,
+) -> Checked {
+    let op = Op::PollCq;
+    macro_rules! get {
+        ($f:ident) => {
+            // SAFETY: the caller's slot: a CQE of the ring published by the prod_tail read
+            // (acquire) it made; read as plain data.
+            unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+        };
+    }
+    let (qp, raw_op) = (get!(qp), get!(opcode));
+    let Some((opcode, recv)) = decode_opcode(raw_op) else {
+        return Checked::Bad(Error::bad_value(op, "CQE opcode", raw_op));
     };
+    if qp > u64::from(db::HANDLE_MASK) {
+        return Checked::Bad(Error::bad_value(op, "CQE qp", qp));
+    }
+    let handle = qp as u32;
+    if only.is_some_and(|q| q != handle) {
+        return Checked::Other;
+    }
+    // CQE status values are InfiniBand's (L-ABI `enum pvrdma_wc_status`).
+    let raw_status = get!(status);
+    let Some(status) = WcStatus::from_raw(raw_status) else {
+        return Checked::Bad(Error::bad_value(op, "CQE status", raw_status));
+    };
+    let wr_id = get!(wr_id);
+    let ctl = match *last {
+        Some((h, c)) if h == handle => c,
+        _ => match dev.qps.lookup(handle, cq.id(), recv) {
+            Some(c) => {
+                *last = Some((handle, c));
+                c
+            }
+            None => {
+                cq.drop_stale();
+                return Checked::Skip;
+            }
+        },
+    };
+    // SAFETY: the table named this CQ for the QP, so the control block lives while the
+    // caller holds the CQ's lock.
+    let ctl = unsafe { ctl.as_ref() };
+    match ctl.match_cqe(recv, wr_id) {
+        Ok(Some(tag)) => Checked::Done {
+            wr_id,
+            opcode,
+            status,
+            qpn: ctl.qpn,
+            tag,
+            release: ctl.release,
+        },
+        Ok(None) => Checked::Skip,
+        Err(e) => Checked::Bad(e),
+    }
 }
 
 /// A flush completion the driver made.
-struct Flush {
-    wr_id: u64,
-    tag: u32,
-    qpn: u32,
-    opcode: WcOpcode,
-    release: Option<crate::verbs::BufRelease>,
+pub(crate) struct Flush {
+    pub(crate) wr_id: u64,
+    pub(crate) tag: u32,
+    pub(crate) qpn: u32,
+    pub(crate) opcode: WcOpcode,
+    pub(crate) release: Option<crate::verbs::BufRelease>,
 }
 
 /// The next outstanding request of a work queue in the error state that completes to `cq`
 /// (of QP `only`, if given), taken as flushed. The caller holds `cq`'s poll lock.
 #[cold]
 #[inline(never)]
-fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>) -> Option<Flush> {
+pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>) -> Option<Flush> {
     if cq.flushing.load(Ordering::Acquire) == 0 {
         return None;
     }
@@ -609,97 +456,6 @@ fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>) -> Option<
         }
     });
     found
-}
-
-impl<H: Hal> PollCq for Poll<'_, H> {
-    #[inline]
-    fn advance(&mut self) -> Result<bool> {
-        self.release_current();
-        self.cur = Current::None;
-        let more = match self.next_hw() {
-            Ok(Some(_)) => true,
-            Ok(None) if self.only.is_some() && self.ready > 0 => false,
-            Ok(None) => self.next_flush().is_some(),
-            // Good completions go first; the refusal (its CQE consumed) comes next time.
-            Err(e) if self.taken > 0 => {
-                self.st.deferred = Some(e);
-                self.cq.deferred.store(1, Ordering::Relaxed);
-                false
-            }
-            Err(e) => return Err(e),
-        };
-        self.taken += u32::from(more);
-        Ok(more)
-    }
-
-    #[inline]
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-
-    #[inline]
-    fn status(&self) -> WcStatus {
-        self.status
-    }
-
-    #[inline]
-    fn opcode(&self) -> WcOpcode {
-        self.opcode
-    }
-
-    #[inline]
-    fn qp_num(&self) -> u32 {
-        self.qpn
-    }
-
-    #[inline]
-    fn byte_len(&self) -> u32 {
-        cqe_field!(self, byte_len)
-    }
-
-    #[inline]
-    fn flags(&self) -> WcFlags {
-        // QEMU passes the host's flags: bits 0–1 agree with PVRDMA's, the rest do not (§10.1).
-        WcFlags::from_bits_truncate((cqe_field!(self, wc_flags) & 0x3) as u8)
-    }
-
-    #[inline]
-    fn imm(&self) -> u32 {
-        if self.flags().contains(WcFlags::WITH_IMM) {
-            cqe_field!(self, imm_data)
-        } else {
-            0
-        }
-    }
-
-    #[inline]
-    fn src_qp(&self) -> u32 {
-        cqe_field!(self, src_qp)
-    }
-
-    #[inline]
-    fn vendor_err(&self) -> u32 {
-        cqe_field!(self, vendor_err)
-    }
-
-    #[inline]
-    fn take_tag(&mut self) -> Option<u32> {
-        let t = core::mem::take(&mut self.tag);
-        t.checked_sub(1)
-    }
-}
-
-impl<H: Hal> Drop for Poll<'_, H> {
-    #[inline]
-    fn drop(&mut self) {
-        self.release_current();
-        if self.st.head != self.start {
-            // The CQEs were read before their slots are handed back (release).
-            let ring = self.cq.ring;
-            ring.cons()
-                .store(ring.index(self.st.head), Ordering::Release);
-        }
-    }
 }
 
 impl<H: Hal> Pvrdma<H> {

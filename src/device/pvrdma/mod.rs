@@ -15,6 +15,7 @@ mod abi;
 mod ah;
 mod cmd;
 mod cq;
+mod cursor;
 mod layout;
 mod mr;
 mod pdir;
@@ -26,7 +27,8 @@ mod srq;
 mod wqe;
 
 pub use ah::Ah;
-pub use cq::{Cq, Poll};
+pub use cq::Cq;
+pub use cursor::Poll;
 pub use mr::Mr;
 pub use qp::Qp;
 pub use srq::Srq;
