@@ -637,3 +637,45 @@ fn a_send_from_an_unbound_gid_is_refused_before_the_ring() {
     }
     teardown(&model, ctx);
 }
+
+/// A poll in progress on a CQ (a live cursor) while one of its QPs is put in ERROR or
+/// destroyed, on the same thread: the driver needs the CQ's poll lock for that and must not
+/// spin on it forever. It answers Busy, hands the QP back unchanged, and works once the
+/// cursor is gone.
+#[test]
+fn a_qp_change_during_a_poll_of_its_cq_is_busy_not_a_deadlock() {
+    let model = model();
+    let ctx = up(&model);
+    {
+        let g = Gid::link_local_from_mac([2, 0, 0, 0, 0, 8]);
+        let _binding = ctx.bind_gid(0, g).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let a = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+        let qpn = a.qp_num();
+        let mut a = pingpong_connect(a, qpn, g, 0).unwrap();
+        // A completion in the CQ, so that a cursor exists.
+        // SAFETY: `mr` outlives the QP.
+        unsafe {
+            a.post_recv_raw(1, &[mr.sge(0, 64).unwrap()]).unwrap();
+            let mut b = a.send_batch();
+            b.send(2, SendFlags::SIGNALED, &[mr.sge(64, 8).unwrap()])
+                .unwrap();
+            b.finish();
+        }
+        let cursor = cq.start_poll().unwrap().expect("a completion");
+        let busy = |op| Error::Busy { op };
+        let (a, e) = a.to_error().err().expect("refused while polled");
+        assert_eq!(e, busy(Op::ModifyQp));
+        let (a, e) = a.destroy().err().expect("refused while polled");
+        assert_eq!(e, busy(Op::DestroyQp));
+        assert_eq!(a.query().unwrap().state, QpState::Rts, "unchanged");
+        drop(cursor);
+        let a = a.to_error().map_err(|(_, e)| e).unwrap();
+        a.destroy().map_err(|(_, e)| e).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        while cq.poll(&mut wc).unwrap() > 0 {}
+    }
+    teardown(&model, ctx);
+}

@@ -83,6 +83,73 @@ impl PollState {
     }
 }
 
+/// How many times taking a poll lock is tried before the operation answers `Busy` (a poller
+/// holds it only for a poll, or while its cursor lives).
+const LOCK_TRIES: u32 = 1 << 16;
+
+/// The poll locks of a QP's send and receive CQs (one when they are the same), taken in
+/// address order and bounded: what creating, resetting, erroring and destroying a QP hold
+/// while they change what the CQs' pollers read (the QP table and the QP's counters).
+pub(crate) struct CqLocks<'a, H: Hal> {
+    pub(crate) s: &'a Cq<H>,
+    pub(crate) r: &'a Cq<H>,
+    first: spin::MutexGuard<'a, PollState>,
+    second: Option<spin::MutexGuard<'a, PollState>>,
+}
+
+impl<'a, H: Hal> CqLocks<'a, H> {
+    /// Takes both locks, or answers `Busy` for `op` (nothing held).
+    pub(crate) fn take(s: &'a Cq<H>, r: &'a Cq<H>, op: Op) -> Result<Self> {
+        let lock = |cq: &'a Cq<H>| {
+            (0..LOCK_TRIES)
+                .find_map(|_| {
+                    let g = cq.poll.try_lock();
+                    if g.is_none() {
+                        core::hint::spin_loop();
+                    }
+                    g
+                })
+                .ok_or(Error::Busy { op })
+        };
+        let (a, b) = if (s as *const Cq<H>) <= (r as *const Cq<H>) {
+            (s, r)
+        } else {
+            (r, s)
+        };
+        let first = lock(a)?;
+        let second = if core::ptr::eq(a, b) {
+            None
+        } else {
+            Some(lock(b)?)
+        };
+        Ok(CqLocks {
+            s,
+            r,
+            first,
+            second,
+        })
+    }
+
+    /// The consumer positions of the send and the receive CQ.
+    pub(crate) fn heads(&self) -> (u32, u32) {
+        let first = self.first.head();
+        let second = self.second.as_ref().map_or(first, |g| g.head());
+        if (self.s as *const Cq<H>) <= (self.r as *const Cq<H>) {
+            (first, second)
+        } else {
+            (second, first)
+        }
+    }
+
+    /// Forgets a control block the pollers cached (its QP is going away).
+    pub(crate) fn forget(&mut self, ctl: NonNull<QpCtl>) {
+        self.first.forget(ctl);
+        if let Some(g) = self.second.as_mut() {
+            g.forget(ctl);
+        }
+    }
+}
+
 impl<H: Hal> Cq<H> {
     /// The device's handle.
     pub fn handle(&self) -> u32 {

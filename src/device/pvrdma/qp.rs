@@ -14,7 +14,7 @@ use core::sync::atomic::Ordering;
 use bareverbs_hal::Hal;
 
 use super::abi::{self, opcode};
-use super::cq::Cq;
+use super::cq::{Cq, CqLocks};
 use super::layout::{QueueLayout, RQ_WQE_HDR, SQ_WQE_HDR, caps_of, layout};
 use super::mr::pvrdma_access;
 use super::pdir::QueueMem;
@@ -217,6 +217,9 @@ impl<H: Hal> Pvrdma<H> {
     ) -> Result<Qp<H>> {
         let op = Op::CreateQp;
         let (sq, rq) = self.qp_layout(init)?;
+        // The QP joins the table its CQs' pollers read: their locks first, before the device
+        // is asked (a poll in progress answers Busy, nothing made).
+        let locks = CqLocks::take(send_cq, recv_cq, op)?;
         // Every request the QP can have outstanding must have room for its CQE (QEMU drops
         // CQEs silently on a full CQ): reserved now, for the QP's life.
         let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
@@ -257,11 +260,12 @@ impl<H: Hal> Pvrdma<H> {
         };
         let inserted = match bad {
             Some((field, value)) => Err(Error::bad_value(op, field, value)),
-            None => self.with_cqs(&qp, |_, _| {
+            None => {
                 let ids = (send_cq.id(), recv_cq.id());
                 self.qps.insert(qp.handle, ids, qp.ctl.ptr())
-            }),
+            }
         };
+        drop(locks);
         if let Err(e) = inserted {
             qp.handle_unusable = true;
             if let Err((qp, _)) = self.destroy_qp_impl(qp) {
@@ -452,29 +456,14 @@ impl<H: Hal> Pvrdma<H> {
         Ok(qp)
     }
 
-    /// Runs `f` with the poll locks of the QP's CQs held (the QP table's write rule).
-    pub(crate) fn with_cqs<R>(&self, qp: &Qp<H>, f: impl FnOnce(&Cq<H>, &Cq<H>) -> R) -> R {
-        // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
-        let s = unsafe { qp.send_cq.as_ref() };
-        self.with_cqs_state(qp, |_, (r, _)| f(s, r))
-    }
-
-    /// Runs `f` with the receive CQ and its consumer position, the poll locks of both CQs held.
-    fn with_cqs_state<R>(
-        &self,
-        qp: &Qp<H>,
-        f: impl FnOnce((&Cq<H>, u32), (&Cq<H>, u32)) -> R,
-    ) -> R {
+    /// The poll locks of the QP's CQs (bounded: `Busy` for `op`), its control block
+    /// forgotten by their pollers' caches.
+    fn lock_cqs(&self, qp: &Qp<H>, op: Op) -> Result<CqLocks<'_, H>> {
         // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
         let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
-        let mut g1 = s.poll.lock();
-        let mut g2 = (!core::ptr::eq(s, r)).then(|| r.poll.lock());
-        g1.forget(qp.ctl.ptr());
-        if let Some(g) = g2.as_mut() {
-            g.forget(qp.ctl.ptr());
-        }
-        let r_head = g2.as_ref().map_or(g1.head(), |g| g.head());
-        f((s, g1.head()), (r, r_head))
+        let mut locks = CqLocks::take(s, r, op)?;
+        locks.forget(qp.ctl.ptr());
+        Ok(locks)
     }
 
     /// Hands back every outstanding or parked safe buffer of a QP the device has destroyed.
@@ -498,41 +487,37 @@ impl<H: Hal> Pvrdma<H> {
 
     /// The QP's outstanding requests are to complete flushed (it went to ERR).
     #[inline(never)]
-    fn start_flush(&self, qp: &Qp<H>) {
+    fn start_flush(&self, qp: &Qp<H>, locks: &CqLocks<'_, H>) {
         let ctl = qp.ctl.ctl();
-        self.with_cqs(qp, |s, r| {
-            for (q, cq, on) in [(&ctl.sq, s, true), (&ctl.rq, r, !ctl.srq)] {
-                if on && q.ctl.flush.swap(1, Ordering::AcqRel) == 0 {
-                    cq.flushing.fetch_add(1, Ordering::AcqRel);
-                }
+        for (q, cq, on) in [(&ctl.sq, locks.s, true), (&ctl.rq, locks.r, !ctl.srq)] {
+            if on && q.ctl.flush.swap(1, Ordering::AcqRel) == 0 {
+                cq.flushing.fetch_add(1, Ordering::AcqRel);
             }
-        });
+        }
     }
 
     /// Drops the QP's outstanding requests without completions (RESET, destroy): their safe
     /// buffers go back to the pool; the counters restart at 0.
     #[inline(never)]
-    fn discard(&self, qp: &mut Qp<H>) {
+    fn discard(&self, qp: &mut Qp<H>, locks: &CqLocks<'_, H>) {
         let ctl = qp.ctl.ctl();
-        self.with_cqs(qp, |s, r| {
-            for (q, cq) in [(&ctl.sq, s), (&ctl.rq, r)] {
-                let (done, tail) = (
-                    q.ctl.done.load(Ordering::Relaxed),
-                    q.ctl.tail.load(Ordering::Relaxed),
-                );
-                let recv = core::ptr::eq(q, &ctl.rq);
-                let mut n = done;
-                while n != tail {
-                    q.give_back(n, (done, tail), recv, ctl.release);
-                    n = n.wrapping_add(1);
-                }
-                q.ctl.done.store(0, Ordering::Relaxed);
-                q.ctl.tail.store(0, Ordering::Relaxed);
-                if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
-                    cq.flushing.fetch_sub(1, Ordering::AcqRel);
-                }
+        for (q, cq) in [(&ctl.sq, locks.s), (&ctl.rq, locks.r)] {
+            let (done, tail) = (
+                q.ctl.done.load(Ordering::Relaxed),
+                q.ctl.tail.load(Ordering::Relaxed),
+            );
+            let recv = core::ptr::eq(q, &ctl.rq);
+            let mut n = done;
+            while n != tail {
+                q.give_back(n, (done, tail), recv, ctl.release);
+                n = n.wrapping_add(1);
             }
-        });
+            q.ctl.done.store(0, Ordering::Relaxed);
+            q.ctl.tail.store(0, Ordering::Relaxed);
+            if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
+                cq.flushing.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         qp.sq_prod = Producer {
             credit: qp.sq.slots,
             ..Producer::default()
@@ -555,6 +540,12 @@ impl<H: Hal> Pvrdma<H> {
                 Feature::ReinitAfterReset,
             )));
         }
+        // RESET and ERR change what the CQs' pollers read: their locks first, before the
+        // device is asked (a poll in progress answers Busy, nothing changed).
+        let locks = match m.state {
+            QpState::Reset | QpState::Err => Some(self.lock_cqs(qp, op)?),
+            _ => None,
+        };
         let mut st = self.state.lock();
         // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
         let mut attrs = abi::QpAttr {
@@ -640,13 +631,13 @@ impl<H: Hal> Pvrdma<H> {
             qp.sgid_index = attrs.ah_attr.grh.sgid_index;
         }
         drop(st);
-        match m.state {
-            QpState::Reset => {
+        match (m.state, &locks) {
+            (QpState::Reset, Some(locks)) => {
                 // The driver restarts its rings with the QP (as Linux and rdma-core do).
-                self.discard(qp);
+                self.discard(qp, locks);
                 qp.mem.data.zero(0, 16);
             }
-            QpState::Err => self.start_flush(qp),
+            (QpState::Err, Some(locks)) => self.start_flush(qp, locks),
             _ => {}
         }
         Ok(())
@@ -700,40 +691,41 @@ impl<H: Hal> Pvrdma<H> {
             return Ok(());
         }
         let mut qp = qp;
-        // Out of the table first: no poller may reach its control block after this. Its CQEs
-        // still in the receive CQ go with it (Linux compacts them out); the SRQ receives they
-        // complete give the SRQ its credit back now.
-        let srq_counters = qp.ctl.ctl().srq_done;
-        let (stale_s, stale_r) = self.with_cqs_state(&qp, |(s, s_head), (r, r_head)| {
-            if let Some(c) = srq_counters {
-                // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
-                let c = unsafe { c.as_ref() };
-                for _ in 0..r.cqes_of(r_head, handle, true) {
-                    c.complete();
-                }
-            }
-            if self.qps.lookup_ctl(handle) == Some(ctl) {
-                self.qps.remove(handle);
-            }
-            // Its CQEs still in the rings (polls will drop them) keep their room.
-            let stale_s = s.cqes_of(s_head, handle, false);
-            let stale_r = if core::ptr::eq(s, r) {
-                0
-            } else {
-                r.cqes_of(r_head, handle, false)
-            };
-            (stale_s, stale_r)
-        });
+        // The CQs' pollers are kept out for the whole destroy (bounded: Busy hands the QP
+        // back, nothing changed).
+        let locks = match self.lock_cqs(&qp, Op::DestroyQp) {
+            Ok(l) => l,
+            Err(e) => return Err((qp, e)),
+        };
         let mut st = self.state.lock();
         let code = (Op::DestroyQp, opcode::DESTROY_QP);
         if let Err(((), e)) = st.destroy(&self.regs, Object::Qp, code, handle, ()) {
-            drop(st);
-            // Back in the table: the QP still exists.
-            let _ = self.with_cqs(&qp, |s, r| self.qps.insert(handle, (s.id(), r.id()), ctl));
             return Err((qp, e));
         }
         st.gsi &= qp.qp_type != QpType::Gsi;
         drop(st);
+        // Out of the table: no poller reaches its control block any more. Its CQEs still in
+        // the rings go with it (Linux compacts them out): the SRQ receives they complete give
+        // the SRQ its credit back now, and they keep their room until a poll drops them.
+        let (s, r) = (locks.s, locks.r);
+        let (s_head, r_head) = locks.heads();
+        if let Some(c) = qp.ctl.ctl().srq_done {
+            // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
+            let c = unsafe { c.as_ref() };
+            for _ in 0..r.cqes_of(r_head, handle, true) {
+                c.complete();
+            }
+        }
+        if self.qps.lookup_ctl(handle) == Some(ctl) {
+            self.qps.remove(handle);
+        }
+        let stale_s = s.cqes_of(s_head, handle, false);
+        let stale_r = if core::ptr::eq(s, r) {
+            0
+        } else {
+            r.cqes_of(r_head, handle, false)
+        };
+        drop(locks);
         // The device no longer has the QP: every outstanding safe buffer comes back.
         self.release_all(&mut qp);
         drop(qp);
