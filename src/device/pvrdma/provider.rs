@@ -1,0 +1,361 @@
+//! The verbs provider: what the verbs layer asks of a PVRDMA, delegated to the file of each
+//! object (`qp`, `cq`, `srq`, `mr`, `ah`, `wqe`, `cursor`); the port, P_Key, PD and GID
+//! commands are short enough to stand here.
+
+use core::mem::offset_of;
+use core::sync::atomic::Ordering;
+
+use bareverbs_hal::{Hal, Mmio};
+
+use super::abi::{self, Caps};
+use super::cq::Cq;
+use super::cursor::Poll;
+use super::mr::Mr;
+use super::qp::Qp;
+use super::srq::Srq;
+use super::{Ah, Pd, PrivateMem, Pvrdma, layout, regs, wqe};
+use crate::dma::Dma;
+use crate::error::{EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
+use crate::verbs::{
+    AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
+    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
+};
+
+impl<H: Hal> Provider for Pvrdma<H> {
+    type Pd = Pd;
+    type Cq = Cq<H>;
+    type Qp = Qp<H>;
+    type Srq = Srq<H>;
+
+    fn plan_qp(&self, init: &QpInit<'_>) -> Result<QpCaps> {
+        let (sq, rq) = self.qp_layout(init)?;
+        Ok(layout::caps_of(&sq, &rq))
+    }
+
+    unsafe fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq<H>,
+        recv_cq: &Cq<H>,
+        srq: Option<&Srq<H>>,
+        init: &QpInit<'_>,
+    ) -> Result<Qp<H>> {
+        self.create_qp_impl(pd, send_cq, recv_cq, srq, init)
+    }
+
+    fn qp_num(&self, qp: &Qp<H>) -> u32 {
+        qp.qpn
+    }
+
+    fn qp_caps(&self, qp: &Qp<H>) -> QpCaps {
+        qp.caps
+    }
+
+    fn modify_qp(&self, qp: &mut Qp<H>, attr: &ModifyAttr) -> Result<()> {
+        self.modify_qp_impl(qp, attr)
+    }
+
+    fn query_qp(&self, qp: &Qp<H>) -> Result<QpAttr> {
+        self.query_qp_impl(qp)
+    }
+
+    fn destroy_qp(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+        self.destroy_qp_impl(qp)
+    }
+
+    fn attach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
+        // PVRDMA has no multicast command (max_mcast_grp = 0 on QEMU).
+        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    }
+
+    fn detach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
+        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    }
+
+    fn plan_srq(&self, attr: &SrqAttr) -> Result<SrqAttr> {
+        let l = self.srq_layout(attr)?;
+        Ok(SrqAttr {
+            max_wr: l.slots,
+            max_sge: l.sge,
+            srq_limit: attr.srq_limit,
+        })
+    }
+
+    unsafe fn create_srq(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
+        self.create_srq_impl(pd, attr)
+    }
+
+    fn srq_attr(&self, srq: &Srq<H>) -> SrqAttr {
+        srq.attr
+    }
+
+    fn destroy_srq(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
+        self.destroy_srq_impl(srq)
+    }
+
+    type Mr = Mr<H>;
+
+    unsafe fn create_mr(&self, pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr<H>> {
+        self.create_mr_impl(pd, len, access)
+    }
+
+    fn destroy_mr(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
+        self.destroy_mr_impl(mr)
+    }
+
+    fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
+        (mr.addr, mr.len, mr.lkey, mr.rkey)
+    }
+
+    fn mr_ptr(&self, mr: &Mr<H>) -> core::ptr::NonNull<u8> {
+        mr.ptr
+    }
+
+    unsafe fn create_user_mr(
+        &self,
+        pd: &Pd,
+        addr: core::ptr::NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<H>> {
+        self.create_user_mr_impl(pd, addr, len, access)
+    }
+
+    type Mem = PrivateMem<H>;
+
+    fn alloc_mem(&self, bytes: usize) -> Result<PrivateMem<H>> {
+        let pages = bytes.max(1).div_ceil(bareverbs_hal::PAGE_SIZE);
+        Ok(PrivateMem(Dma::new(&self.hal, pages)?))
+    }
+
+    fn mem_ptr(&self, mem: &PrivateMem<H>) -> core::ptr::NonNull<u8> {
+        mem.0.base()
+    }
+
+    type Ah = Ah;
+
+    fn create_ah(&self, pd: &Pd, av: &AddressVector) -> Result<Ah> {
+        self.create_ah_impl(pd, av)
+    }
+
+    #[inline(always)]
+    unsafe fn sq_write(&self, qp: &mut Qp<H>, wqe: &SendWqe<'_, Ah>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { Pvrdma::sq_write(self, qp, wqe) }
+    }
+
+    #[inline(always)]
+    fn sq_commit(&self, qp: &mut Qp<H>) {
+        Pvrdma::sq_commit(self, qp)
+    }
+
+    #[inline]
+    fn sq_abort(&self, qp: &mut Qp<H>) {
+        Pvrdma::sq_abort(self, qp)
+    }
+
+    #[inline(always)]
+    unsafe fn rq_write(&self, qp: &mut Qp<H>, wr_id: u64, sges: &[Sge], tag: u32) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { Pvrdma::rq_write(self, qp, wr_id, sges, tag) }
+    }
+
+    #[inline(always)]
+    fn rq_commit(&self, qp: &mut Qp<H>) {
+        Pvrdma::rq_commit(self, qp)
+    }
+
+    #[inline]
+    fn rq_abort(&self, qp: &mut Qp<H>) {
+        Pvrdma::rq_abort(self, qp)
+    }
+
+    unsafe fn post_srq_recv(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.srq_post(srq, wrs) }
+    }
+
+    type Poll<'c>
+        = Poll<'c, H>
+    where
+        H: 'c;
+
+    #[inline]
+    fn start_poll<'c>(
+        &'c self,
+        cq: &'c Cq<H>,
+        only: Option<&Qp<H>>,
+    ) -> Result<Option<Poll<'c, H>>> {
+        Pvrdma::start_poll(self, cq, only.map(|q| q.handle()))
+    }
+
+    #[inline]
+    fn poll_cq(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll_into(cq, out)
+    }
+
+    fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {
+        // QEMU arms only when bits 30 and 29 are both set; bit 30 alone disarms (§9).
+        let bits = if solicited_only {
+            regs::db::CQ_ARM_SOL
+        } else {
+            regs::db::CQ_ARM | regs::db::CQ_ARM_SOL
+        };
+        wqe::before_doorbell();
+        self.uar.write32(regs::db::CQ, cq.handle() | bits);
+    }
+
+    fn caps(&self) -> &DeviceCaps {
+        &self.caps
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port == 0 || port > self.caps.phys_port_cnt {
+            return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));
+        }
+        let op = Op::QueryPort;
+        let req = abi::QueryPort {
+            port_num: port,
+            ..Default::default()
+        };
+        let r: abi::QueryPortResp = self.exec(op, abi::opcode::QUERY_PORT, req)?;
+        let a = r.attrs;
+        // L-VRB numbers port states and MTUs as InfiniBand (and ibverbs) do.
+        let mtu = |field, raw| Mtu::from_raw(raw).ok_or(Error::bad_value(op, field, raw));
+        Ok(PortAttr {
+            state: PortState::from_raw(a.state).ok_or(Error::bad_value(
+                op,
+                "port state",
+                a.state,
+            ))?,
+            max_mtu: mtu("max_mtu", a.max_mtu)?,
+            active_mtu: mtu("active_mtu", a.active_mtu)?,
+            gid_tbl_len: a.gid_tbl_len,
+            port_cap_flags: a.port_cap_flags,
+            max_msg_sz: a.max_msg_sz,
+            pkey_tbl_len: a.pkey_tbl_len,
+            active_width: a.active_width,
+            active_speed: a.active_speed,
+            phys_state: a.phys_state,
+        })
+    }
+
+    fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        if port == 0 || port > self.caps.phys_port_cnt {
+            return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));
+        }
+        let max = self.caps.max_pkeys.saturating_sub(1);
+        if index > max || index > u16::from(u8::MAX) {
+            return Err(Error::invalid(Param::PkeyIndex, index, max));
+        }
+        let req = abi::QueryPkey {
+            port_num: port,
+            index: index as u8,
+            ..Default::default()
+        };
+        let r: abi::QueryPkeyResp = self.exec(Op::QueryPkey, abi::opcode::QUERY_PKEY, req)?;
+        Ok(r.pkey)
+    }
+
+    unsafe fn create_pd(&self) -> Result<Pd> {
+        let op = Op::CreatePd;
+        let mut st = self.state.lock();
+        st.room_for(Object::Pd, self.caps.max_pd)?;
+        let req = abi::CreatePd::default();
+        let (r, ()): (abi::CreatePdResp, ()) = st.create(
+            &self.regs,
+            Object::Pd,
+            (op, abi::opcode::CREATE_PD),
+            req,
+            (),
+        )?;
+        if r.pd_handle > regs::db::HANDLE_MASK {
+            // Handles travel in 24-bit fields (doorbells, address vectors): this one is garbage.
+            // The device made a PD the driver cannot name; it stays counted.
+            return Err(Error::bad_value(op, "pd_handle", r.pd_handle));
+        }
+        Ok(Pd {
+            handle: r.pd_handle,
+            users: core::sync::atomic::AtomicU32::new(0),
+        })
+    }
+
+    fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
+        if pd.users.load(core::sync::atomic::Ordering::Relaxed) != 0 {
+            // A region or QP (perhaps leaked with mem::forget) still uses it.
+            return Err((pd, Error::Busy { op: Op::DestroyPd }));
+        }
+        let code = (Op::DestroyPd, abi::opcode::DESTROY_PD);
+        let handle = pd.handle;
+        self.state
+            .lock()
+            .destroy(&self.regs, Object::Pd, code, handle, pd)
+    }
+
+    unsafe fn create_cq(&self, entries: u32) -> Result<Cq<H>> {
+        self.create_cq_impl(entries)
+    }
+
+    fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
+        self.destroy_cq_impl(cq)
+    }
+
+    fn cq_entries(&self, cq: &Cq<H>) -> u32 {
+        cq.entries
+    }
+
+    fn bind_gid(&self, index: u32, gid: Gid) -> Result<()> {
+        // QEMU refuses index >= 255 (its table size) whatever gid_tbl_len says.
+        let max = self.caps.gid_tbl_len.min(255) - 1;
+        if index > max {
+            return Err(Error::invalid(Param::GidIndex, index, max));
+        }
+        let (word, bit) = (index as usize / 64, 1u64 << (index % 64));
+        let mut st = self.state.lock();
+        if st.gids[word] & bit != 0 {
+            return Err(Error::from_errno(Op::BindGid, EBUSY));
+        }
+        let gid_type = if self
+            .dsr
+            .read::<u8>(abi::DSR_CAPS_OFFSET + offset_of!(Caps, gid_types))
+            & abi::GID_TYPE_ROCE_V1
+            != 0
+        {
+            abi::GID_TYPE_ROCE_V1
+        } else {
+            abi::GID_TYPE_ROCE_V2
+        };
+        let req = abi::CreateBind {
+            mtu: 1024,
+            vlan: 0xFFF,
+            index,
+            new_gid: gid.0,
+            gid_type,
+            ..Default::default()
+        };
+        st.chan
+            .exec::<_, abi::RespHdr>(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
+        st.gids[word] |= bit;
+        self.gid_bits[word].fetch_or(bit, Ordering::Release);
+        Ok(())
+    }
+
+    fn unbind_gid(&self, index: u32, gid: Gid) -> Result<()> {
+        let (word, bit) = (index as usize / 64 % 4, 1u64 << (index % 64));
+        let mut st = self.state.lock();
+        let req = abi::DestroyBind {
+            index,
+            dest_gid: gid.0,
+            ..Default::default()
+        };
+        st.chan.exec::<_, abi::RespHdr>(
+            &self.regs,
+            Op::UnbindGid,
+            abi::opcode::DESTROY_BIND,
+            req,
+        )?;
+        st.gids[word] &= !bit;
+        self.gid_bits[word].fetch_and(!bit, Ordering::Release);
+        Ok(())
+    }
+}
