@@ -24,6 +24,7 @@ mod mr;
 mod pdir;
 mod provider;
 mod qp;
+mod qp_state;
 mod qptable;
 pub mod regs;
 mod ring;

@@ -1,12 +1,6 @@
-//! Queue pairs and shared receive queues on PVRDMA: sizing as the device computes it, and the
-//! CREATE/MODIFY/QUERY/DESTROY_QP and CREATE/DESTROY_SRQ commands.
-//!
-//! Sizing (L-QP `pvrdma_set_sq_size`/`pvrdma_set_rq_size`, Q-CMD `create_qp_rings`,
-//! `shared/pvrdma-abi.md` §6, §8.4): work-request counts are powers of two (at least 1);
-//! scatter/gather counts at least 1; send WQE stride pow2(80 + 16·sge), receive stride
-//! pow2(16 + 16·sge); each queue's data pages ≤ 128 (QEMU), SRQ pages ≤ 128 including its
-//! ring-state page. Page 0 of a QP's memory is the ring state (SQ at +0, RQ at +8), then the
-//! send pages, then the receive pages.
+//! Queue pairs on PVRDMA: the object, CREATE_QP and DESTROY_QP (state changes: `qp_state.rs`;
+//! sizing: `layout.rs`). Page 0 of a QP's memory is the ring state (SQ at +0, RQ at +8), then
+//! the send pages, then the receive pages (`shared/pvrdma-abi.md` §6, §7, §8.4).
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
@@ -16,31 +10,30 @@ use bareverbs_hal::Hal;
 use super::abi::{self, opcode};
 use super::cq::{Cq, CqLocks};
 use super::layout::{QueueLayout, RQ_WQE_HDR, SQ_WQE_HDR, caps_of, layout};
-use super::mr::pvrdma_access;
 use super::pdir::QueueMem;
 use super::qptable::QpCtlMem;
 use super::ring::Producer;
 use super::ring::Ring;
 use super::srq::Srq;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
-use crate::error::{Attr, EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
-use crate::verbs::{ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType};
+use crate::error::{EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
+use crate::verbs::{QpCaps, QpInit, QpState, QpType};
 
 /// A queue pair on a PVRDMA device.
 pub struct Qp<H: Hal> {
-    handle: u32,
+    pub(super) handle: u32,
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
     pub(crate) caps: QpCaps,
-    sq_sig_all: bool,
+    pub(super) sq_sig_all: bool,
     /// The state last commanded (QEMU only records RESET/ERR/SQD/SQE, §8.3).
-    state: QpState,
+    pub(super) state: QpState,
     /// The furthest state the host QP behind it reached (QEMU passes INIT/RTR/RTS to it but
     /// only records RESET and ERR, §8.3).
-    host: QpState,
+    pub(super) host: QpState,
     /// Outstanding RDMA reads/atomics as applied (`QpAttr::max_rd_atomic`, `_dest_`).
-    max_rd_atomic: u8,
-    max_dest_rd_atomic: u8,
+    pub(super) max_rd_atomic: u8,
+    pub(super) max_dest_rd_atomic: u8,
     /// The device answered the create with a handle the driver cannot use.
     handle_unusable: bool,
     pub(crate) sq: QueueLayout,
@@ -110,17 +103,6 @@ fn hold_users<H: Hal>(pd: &Pd, (s, r): (&Cq<H>, &Cq<H>), srq: Option<&Srq<H>>) {
     }
 }
 
-/// The outstanding RDMA reads/atomics a QP gets when `requested` are asked of a device whose
-/// caps advertise `cap`. A device that advertises a limit gets the request clamped to it.
-/// QEMU advertises 0 (it never fills the field, §3.1) yet gives every RC host QP 1 at RTR and
-/// RTS whatever is asked (§8.3), as Linux's driver lets it: so with 0 advertised, the QP has 1.
-fn rd_atomic(requested: u8, cap: u32) -> u8 {
-    match cap {
-        0 => 1,
-        cap => requested.min(u8::try_from(cap).unwrap_or(u8::MAX)),
-    }
-}
-
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
     match t {
         QpType::Rc => Ok(abi::qp_type::RC),
@@ -129,36 +111,6 @@ fn pvrdma_qp_type(t: QpType) -> Result<u8> {
         // UC makes QEMU answer EIO; raw and XRC QPs do not exist on PVRDMA (§8.1).
         other => Err(Error::Unsupported(Unsupported::QpType(other))),
     }
-}
-
-/// PVRDMA's attribute-mask bits (L-VRB `enum pvrdma_qp_attr_mask`): IB numbering.
-fn pvrdma_mask(m: QpAttrMask) -> u32 {
-    const MAP: [(QpAttrMask, u32); 21] = [
-        (QpAttrMask::STATE, 1 << 0),
-        (QpAttrMask::CUR_STATE, 1 << 1),
-        (QpAttrMask::EN_SQD_ASYNC_NOTIFY, 1 << 2),
-        (QpAttrMask::ACCESS_FLAGS, 1 << 3),
-        (QpAttrMask::PKEY_INDEX, 1 << 4),
-        (QpAttrMask::PORT, 1 << 5),
-        (QpAttrMask::QKEY, 1 << 6),
-        (QpAttrMask::AV, 1 << 7),
-        (QpAttrMask::PATH_MTU, 1 << 8),
-        (QpAttrMask::TIMEOUT, 1 << 9),
-        (QpAttrMask::RETRY_CNT, 1 << 10),
-        (QpAttrMask::RNR_RETRY, 1 << 11),
-        (QpAttrMask::RQ_PSN, 1 << 12),
-        (QpAttrMask::MAX_QP_RD_ATOMIC, 1 << 13),
-        (QpAttrMask::ALT_PATH, 1 << 14),
-        (QpAttrMask::MIN_RNR_TIMER, 1 << 15),
-        (QpAttrMask::SQ_PSN, 1 << 16),
-        (QpAttrMask::MAX_DEST_RD_ATOMIC, 1 << 17),
-        (QpAttrMask::PATH_MIG_STATE, 1 << 18),
-        (QpAttrMask::CAP, 1 << 19),
-        (QpAttrMask::DEST_QPN, 1 << 20),
-    ];
-    MAP.iter()
-        .filter(|(f, _)| m.contains(*f))
-        .fold(0, |acc, (_, b)| acc | b)
 }
 
 impl<H: Hal> Pvrdma<H> {
@@ -458,7 +410,7 @@ impl<H: Hal> Pvrdma<H> {
 
     /// The poll locks of the QP's CQs (bounded: `Busy` for `op`), its control block
     /// forgotten by their pollers' caches.
-    fn lock_cqs(&self, qp: &Qp<H>, op: Op) -> Result<CqLocks<'_, H>> {
+    pub(super) fn lock_cqs(&self, qp: &Qp<H>, op: Op) -> Result<CqLocks<'_, H>> {
         // SAFETY: the CQs outlive the QP (the provider contract of create_qp).
         let (s, r) = unsafe { (qp.send_cq.as_ref(), qp.recv_cq.as_ref()) };
         let mut locks = CqLocks::take(s, r, op)?;
@@ -483,201 +435,6 @@ impl<H: Hal> Pvrdma<H> {
                 n = n.wrapping_add(1);
             }
         }
-    }
-
-    /// The QP's outstanding requests are to complete flushed (it went to ERR).
-    #[inline(never)]
-    fn start_flush(&self, qp: &Qp<H>, locks: &CqLocks<'_, H>) {
-        let ctl = qp.ctl.ctl();
-        for (q, cq, on) in [(&ctl.sq, locks.s, true), (&ctl.rq, locks.r, !ctl.srq)] {
-            if on && q.ctl.flush.swap(1, Ordering::AcqRel) == 0 {
-                cq.flushing.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-    }
-
-    /// Drops the QP's outstanding requests without completions (RESET, destroy): their safe
-    /// buffers go back to the pool; the counters restart at 0.
-    #[inline(never)]
-    fn discard(&self, qp: &mut Qp<H>, locks: &CqLocks<'_, H>) {
-        let ctl = qp.ctl.ctl();
-        for (q, cq) in [(&ctl.sq, locks.s), (&ctl.rq, locks.r)] {
-            let (done, tail) = (
-                q.ctl.done.load(Ordering::Relaxed),
-                q.ctl.tail.load(Ordering::Relaxed),
-            );
-            let recv = core::ptr::eq(q, &ctl.rq);
-            let mut n = done;
-            while n != tail {
-                q.give_back(n, (done, tail), recv, ctl.release);
-                n = n.wrapping_add(1);
-            }
-            q.ctl.done.store(0, Ordering::Relaxed);
-            q.ctl.tail.store(0, Ordering::Relaxed);
-            if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
-                cq.flushing.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        qp.sq_prod = Producer {
-            credit: qp.sq.slots,
-            ..Producer::default()
-        };
-        qp.rq_prod = Producer {
-            credit: qp.rq.slots,
-            ..Producer::default()
-        };
-    }
-
-    pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
-        let op = Op::ModifyQp;
-        if m.state == QpState::Init
-            && matches!(qp.host, QpState::Rtr | QpState::Rts)
-            && qp.qp_type != QpType::Gsi
-        {
-            // QEMU would pass INIT to a host QP still in RTR/RTS, which refuses it (EIO): a QP
-            // reset after INIT cannot be brought back, since nothing resets the host QP (§8.3).
-            return Err(Error::Unsupported(Unsupported::Feature(
-                Feature::ReinitAfterReset,
-            )));
-        }
-        // RESET and ERR change what the CQs' pollers read: their locks first, before the
-        // device is asked (a poll in progress answers Busy, nothing changed).
-        let locks = match m.state {
-            QpState::Reset | QpState::Err => Some(self.lock_cqs(qp, op)?),
-            _ => None,
-        };
-        let mut st = self.state.lock();
-        // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
-        let mut attrs = abi::QpAttr {
-            qp_state: m.state.to_raw(),
-            path_mtu: m.path_mtu as u32,
-            qkey: m.qkey,
-            rq_psn: m.rq_psn,
-            sq_psn: m.sq_psn,
-            dest_qp_num: m.dest_qpn,
-            qp_access_flags: pvrdma_access(m.access),
-            pkey_index: m.pkey_index,
-            max_rd_atomic: match m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-                true => rd_atomic(m.max_rd_atomic, self.caps.max_qp_init_rd_atom),
-                false => 0,
-            },
-            max_dest_rd_atomic: match m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-                true => rd_atomic(m.max_dest_rd_atomic, self.caps.max_qp_rd_atom),
-                false => 0,
-            },
-            min_rnr_timer: m.min_rnr_timer,
-            port_num: m.port,
-            timeout: m.timeout,
-            retry_cnt: m.retry_cnt,
-            rnr_retry: m.rnr_retry,
-            ..Default::default()
-        };
-        if let Some(av) = m.av {
-            attrs.ah_attr = abi::AhAttr {
-                grh: abi::GlobalRoute {
-                    dgid: av.dgid.0,
-                    flow_label: av.flow_label,
-                    sgid_index: av.sgid_index,
-                    hop_limit: av.hop_limit,
-                    traffic_class: av.traffic_class,
-                    reserved: 0,
-                },
-                sl: av.sl,
-                ah_flags: abi::AH_GRH,
-                port_num: m.port,
-                ..Default::default()
-            };
-        }
-        let mut mask = pvrdma_mask(m.mask);
-        if m.state == QpState::Rtr && qp.qp_type != QpType::Gsi {
-            // QEMU resolves the source GID at RTR for every QP type and fails (EIO) unless it
-            // is a GID this device bound (§8.3). For datagram QPs, which carry no address at
-            // RTR, the driver supplies its lowest bound GID.
-            let sgid = match m.av {
-                Some(av) => Some(av.sgid_index).filter(|&i| st.gid_bound(u32::from(i))),
-                None => st.lowest_gid().map(|i| i as u8),
-            };
-            let Some(sgid) = sgid else {
-                return Err(Error::MissingAttribute {
-                    op,
-                    attr: Attr::SourceGid,
-                });
-            };
-            attrs.ah_attr.grh.sgid_index = sgid;
-            mask |= pvrdma_mask(QpAttrMask::AV);
-        }
-        let req = abi::ModifyQp {
-            qp_handle: qp.handle,
-            attr_mask: mask,
-            attrs,
-            ..Default::default()
-        };
-        st.chan
-            .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
-        qp.state = m.state;
-        if matches!(m.state, QpState::Init | QpState::Rtr | QpState::Rts) {
-            qp.host = m.state;
-        }
-        if m.mask.contains(QpAttrMask::QKEY) {
-            qp.qkey = m.qkey;
-        }
-        if m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            qp.max_rd_atomic = attrs.max_rd_atomic;
-        }
-        if m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            qp.max_dest_rd_atomic = attrs.max_dest_rd_atomic;
-        }
-        if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
-            qp.sgid_index = attrs.ah_attr.grh.sgid_index;
-        }
-        drop(st);
-        match (m.state, &locks) {
-            (QpState::Reset, Some(locks)) => {
-                // The driver restarts its rings with the QP (as Linux and rdma-core do).
-                self.discard(qp, locks);
-                qp.mem.data.zero(0, 16);
-            }
-            (QpState::Err, Some(locks)) => self.start_flush(qp, locks),
-            _ => {}
-        }
-        Ok(())
-    }
-
-    pub(crate) fn query_qp_impl(&self, qp: &Qp<H>) -> Result<QpAttr> {
-        let op = Op::QueryQp;
-        let req = abi::QueryQp {
-            qp_handle: qp.handle,
-            // Every defined attribute, and only those: QEMU hands the mask to the host's
-            // ibv_query_qp, which refuses unknown bits (EOPNOTSUPP, seen on QEMU over rxe).
-            attr_mask: pvrdma_mask(QpAttrMask::all()),
-            ..Default::default()
-        };
-        let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;
-        let a = r.attrs;
-        let reported = QpState::from_raw(a.qp_state)
-            .ok_or_else(|| Error::bad_value(op, "qp_state", a.qp_state))?;
-        // QEMU only records RESET/ERR/SQD/SQE (the host QP keeps its state) and reports RTS for
-        // its emulated GSI QP: in those cases the state last commanded is the true one.
-        let state = match qp.state {
-            QpState::Reset | QpState::Err | QpState::Sqd | QpState::Sqe => qp.state,
-            _ if qp.qp_type == QpType::Gsi => qp.state,
-            _ => reported,
-        };
-        Ok(QpAttr {
-            state,
-            // QEMU answers in the host's struct layout beyond qp_access_flags (§5.3): the caps
-            // come from the driver's record of what it created.
-            caps: qp.caps,
-            qp_num: qp.qpn,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qpn: a.dest_qp_num,
-            sq_sig_all: qp.sq_sig_all,
-            // QEMU answers these in the host's layout (§5.3): the driver's record.
-            max_rd_atomic: qp.max_rd_atomic,
-            max_dest_rd_atomic: qp.max_dest_rd_atomic,
-        })
     }
 
     pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
