@@ -1,7 +1,7 @@
 //! Address handles (`ibv_ah`): a UD destination prepared once and named by every send to it.
 
 use super::{AddressVector, ProtectionDomain, Provider};
-use crate::error::Result;
+use crate::error::{Error, Param, Result};
 
 /// A prepared UD destination. It borrows its protection domain.
 pub struct AddressHandle<'a, P: Provider> {
@@ -13,6 +13,9 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Prepares an address handle for `av` (`ibv_create_ah`); the source GID index must name
     /// a GID of the port's table.
     pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle<'_, P>> {
+        if av.flow_label > 0xF_FFFF {
+            return Err(Error::invalid(Param::FlowLabel, av.flow_label, 0xF_FFFFu32));
+        }
         let raw = self.context().provider().create_ah(self.raw(), av)?;
         Ok(AddressHandle {
             raw,

@@ -4,7 +4,7 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 use super::{AccessFlags, Context, ProtectionDomain, Provider, Sge};
-use crate::error::{Error, Param, Result};
+use crate::error::{Attr, Error, Op, Param, Result};
 
 /// A registered memory region (`ibv_mr`) that owns its memory: `len` bytes of DMA memory the
 /// device can reach through the region's keys.
@@ -33,6 +33,19 @@ pub struct MemoryRegion<'a, P: Provider> {
     _pd: PhantomData<&'a P::Pd>,
 }
 
+/// ib_core's rule for every memory registration (EINVAL there): memory that peers may write,
+/// or use atomically, must be locally writable too.
+fn check_access(access: AccessFlags) -> Result<()> {
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::MissingAttribute {
+            op: Op::CreateMr,
+            attr: Attr::LocalWrite,
+        });
+    }
+    Ok(())
+}
+
 impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Allocates `len` bytes of DMA memory (zeroed) and registers them in this PD with
     /// `access` (`ibv_reg_mr` over driver-allocated memory).
@@ -40,6 +53,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
         if len == 0 {
             return Err(Error::invalid(Param::MrLength, 0u64, u64::MAX));
         }
+        check_access(access)?;
         let ctx = self.context();
         // SAFETY: owned by a MemoryRegion that borrows this PD and the context; destroyed or
         // leaked when it is dropped.
@@ -87,6 +101,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
         if len == 0 {
             return Err(Error::invalid(Param::MrLength, 0u64, u64::MAX));
         }
+        check_access(access)?;
         let ctx = self.context();
         // SAFETY: the caller's contract covers the memory; the region is owned by a
         // MemoryRegion borrowing this PD and is destroyed or leaked when that is dropped.

@@ -23,9 +23,6 @@ impl<H: Hal> Pvrdma<H> {
             let max = self.caps.gid_tbl_len.saturating_sub(1);
             return Err(Error::invalid(Param::GidIndex, av.sgid_index, max));
         }
-        if av.flow_label > 0xF_FFFF {
-            return Err(Error::invalid(Param::FlowLabel, av.flow_label, 0xF_FFFFu32));
-        }
         let g = av.dgid.0;
         let word = |i: usize| u32::from_ne_bytes([g[i], g[i + 1], g[i + 2], g[i + 3]]);
         Ok(Ah {

@@ -64,7 +64,6 @@ impl<H: Hal> Pvrdma<H> {
         access: AccessFlags,
     ) -> Result<Mr<H>> {
         let op = Op::CreateMr;
-        check_access(access)?;
         let mut st = self.state.lock();
         st.room_for(Object::Mr, self.caps.max_mr)?;
         let req = abi::CreateMr {
@@ -123,7 +122,6 @@ impl<H: Hal> Pvrdma<H> {
 
     pub(crate) fn create_mr_impl(&self, pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr<H>> {
         self.mr_limit(len)?;
-        check_access(access)?;
         let pages = len.div_ceil(PAGE_SIZE);
         let mem = Dma::new(&self.hal, pages)?;
         let pdir = PageDir::new(&self.hal, &mem)?;
@@ -139,7 +137,6 @@ impl<H: Hal> Pvrdma<H> {
         access: AccessFlags,
     ) -> Result<Mr<H>> {
         self.mr_limit(len)?;
-        check_access(access)?;
         let unsupported = Error::Unsupported(Unsupported::Feature(Feature::UserMemory));
         // The device maps whole pages: the region starts at its first page, the SGEs use the
         // CPU's addresses (as user-space verbs do), and QEMU wants a page-aligned start.
@@ -184,19 +181,6 @@ impl<H: Hal> Pvrdma<H> {
             .fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// ib_core's rule for every memory registration (EINVAL there): memory that peers may write,
-/// or use atomically, must be locally writable too.
-pub(crate) fn check_access(access: AccessFlags) -> Result<()> {
-    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
-        return Err(Error::MissingAttribute {
-            op: Op::CreateMr,
-            attr: crate::error::Attr::LocalWrite,
-        });
-    }
-    Ok(())
 }
 
 /// Checks a CREATE_MR answer for a mapped (non-DMA) region (§5.3, §8.8): the handle travels
