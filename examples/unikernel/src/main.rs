@@ -8,6 +8,7 @@
 
 mod boot;
 mod console;
+mod irq;
 
 use core::fmt::Write;
 use core::ptr::NonNull;
@@ -96,6 +97,22 @@ extern "C" fn kmain(start_info: u32) -> ! {
         Serial,
         "bareverbs unikernel: x86_64, PVH entry, polling driver"
     );
+    let apic = irq::init();
+    match irq::self_test() {
+        Ok(windows) => {
+            let _ = writeln!(
+                Serial,
+                "interrupts: LAPIC {apic}, IDT loaded, a self-IPI taken in {windows} window(s), \
+                 timer ticks {}, halts {}",
+                irq::count(irq::TIMER_VECTOR),
+                irq::halts()
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL interrupts: {why}");
+            exit(Exit::Fail)
+        }
+    }
     let Some((pa, pages)) = dma_memory(start_info) else {
         let _ = writeln!(
             Serial,

@@ -1,0 +1,300 @@
+//! Interrupts for the example kernel, on stable Rust: the 8259 PICs silenced, the local APIC
+//! (xAPIC, MMIO at its MSR base) on, an IDT whose entry stubs are written in `global_asm!`
+//! (stable Rust has no `x86-interrupt` ABI), a periodic LAPIC timer as a safety net, and one
+//! place where interrupts may arrive: [`wait`], an `sti; hlt; cli` window.
+//!
+//! Interrupts stay disabled (IF = 0) in all Rust code. Handlers therefore never interrupt a
+//! lock holder, and the red zone that the precompiled `core` uses is never under the CPU's
+//! interrupt frame: the window's `asm!` is not `nostack`, so the compiler keeps nothing below
+//! the stack pointer across it. Facts: `shared/interrupts.md` §1, §4, §5, §7.
+//!
+//! Device vectors are [`DEVICE_VECTORS`]; the handler counts each vector and ends with an EOI.
+//! Exceptions (#DE, #UD, #DF, #GP, #PF) end the run with a FAIL line naming the vector and
+//! the faulting instruction.
+
+use core::arch::{asm, global_asm};
+use core::cell::UnsafeCell;
+use core::fmt::Write;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use x86_64::VirtAddr;
+use x86_64::instructions::port::Port;
+use x86_64::registers::model_specific::Msr;
+use x86_64::structures::idt::InterruptDescriptorTable;
+
+use crate::console::{Exit, Serial, exit};
+
+/// The vectors a device's MSI-X entries may name: 0x30 + entry index (3 entries on PVRDMA).
+pub const DEVICE_VECTORS: core::ops::Range<u8> = 0x30..0x33;
+/// The LAPIC timer's vector: bounds every halt (a lost wake-up costs one tick, not the run).
+pub const TIMER_VECTOR: u8 = 0x40;
+/// The spurious-interrupt vector (SVR): handled without an EOI.
+pub const SPURIOUS_VECTOR: u8 = 0xFF;
+
+// Entry stubs. Each IRQ stub pushes its vector and joins the common path, which saves the
+// System V caller-saved registers and the SSE state (fxsave64 into a 16-aligned area below
+// the frame), clears DF, calls `irq_dispatch(vector)` on a 16-aligned stack, restores and
+// returns with iretq. Vectors 0x30–0x40 and 0xFF push no error code.
+// Exception stubs call `irq_fatal(vector, error code, rip)`, which does not return.
+global_asm!(
+    r#"
+    .section .text.irq, "ax"
+    .macro IRQ_STUB vec
+    .globl irq_stub_\vec
+irq_stub_\vec:
+    push 0x\vec
+    jmp irq_common
+    .endm
+    IRQ_STUB 30
+    IRQ_STUB 31
+    IRQ_STUB 32
+    IRQ_STUB 40
+    IRQ_STUB ff
+
+irq_common:
+    push rax
+    push rcx
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    push r9
+    push r10
+    push r11
+    push rbp
+    mov rbp, rsp
+    sub rsp, 512
+    and rsp, -16
+    fxsave64 [rsp]
+    cld
+    mov rdi, [rbp + 80]
+    call irq_dispatch
+    fxrstor64 [rsp]
+    mov rsp, rbp
+    pop rbp
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rcx
+    pop rax
+    add rsp, 8
+    iretq
+
+    .macro EXC_STUB vec
+    .globl exc_stub_\vec
+exc_stub_\vec:
+    mov edi, \vec
+    xor esi, esi
+    mov rdx, [rsp]
+    and rsp, -16
+    call irq_fatal
+    ud2
+    .endm
+    .macro EXC_STUB_EC vec
+    .globl exc_stub_\vec
+exc_stub_\vec:
+    mov edi, \vec
+    mov rsi, [rsp]
+    mov rdx, [rsp + 8]
+    and rsp, -16
+    call irq_fatal
+    ud2
+    .endm
+    EXC_STUB 0
+    EXC_STUB 6
+    EXC_STUB_EC 8
+    EXC_STUB_EC 13
+    EXC_STUB_EC 14
+    .text
+"#
+);
+
+unsafe extern "C" {
+    fn irq_stub_30();
+    fn irq_stub_31();
+    fn irq_stub_32();
+    fn irq_stub_40();
+    fn irq_stub_ff();
+    fn exc_stub_0();
+    fn exc_stub_6();
+    fn exc_stub_8();
+    fn exc_stub_13();
+    fn exc_stub_14();
+}
+
+/// Interrupts taken, per vector.
+static COUNTS: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
+/// Halts taken in [`wait`].
+static HALTS: AtomicU32 = AtomicU32::new(0);
+/// The LAPIC's MMIO base (0 until [`init`]).
+static LAPIC: AtomicU32 = AtomicU32::new(0);
+
+/// The IDT: written once by [`init`] before `lidt`, read only by the CPU afterwards.
+struct Idt(UnsafeCell<MaybeUninit<InterruptDescriptorTable>>);
+// SAFETY: written only by `init`, on the only CPU, before the table is loaded and with
+// interrupts off; never accessed from Rust afterwards.
+unsafe impl Sync for Idt {}
+static IDT: Idt = Idt(UnsafeCell::new(MaybeUninit::uninit()));
+
+const LAPIC_ID: u32 = 0x020;
+const LAPIC_TPR: u32 = 0x080;
+const LAPIC_EOI: u32 = 0x0B0;
+const LAPIC_SVR: u32 = 0x0F0;
+const LAPIC_ICR_LOW: u32 = 0x300;
+const LAPIC_TIMER: u32 = 0x320;
+const LAPIC_LINT0: u32 = 0x350;
+const LAPIC_TIMER_INITIAL: u32 = 0x380;
+const LAPIC_TIMER_DIVIDE: u32 = 0x3E0;
+
+fn lapic_write(reg: u32, value: u32) {
+    let base = LAPIC.load(Ordering::Relaxed) as usize;
+    debug_assert!(base != 0);
+    // SAFETY: `base` is the LAPIC's MMIO page (from IA32_APIC_BASE, inside the identity-mapped,
+    // uncached PCI hole); `reg` is one of the aligned 32-bit registers above.
+    unsafe { ((base + reg as usize) as *mut u32).write_volatile(value) }
+}
+
+fn lapic_read(reg: u32) -> u32 {
+    let base = LAPIC.load(Ordering::Relaxed) as usize;
+    // SAFETY: as in `lapic_write`.
+    unsafe { ((base + reg as usize) as *const u32).read_volatile() }
+}
+
+/// The 8259 pair remapped to 0x20/0x28 (off the exception vectors) and fully masked: SeaBIOS
+/// leaves the PIT and the RTC unmasked, and the first `sti` would take the PIT on vector 8.
+fn silence_pics() {
+    let steps: [(u16, u8); 10] = [
+        (0x20, 0x11),
+        (0xA0, 0x11),
+        (0x21, 0x20),
+        (0xA1, 0x28),
+        (0x21, 0x04),
+        (0xA1, 0x02),
+        (0x21, 0x01),
+        (0xA1, 0x01),
+        (0x21, 0xFF),
+        (0xA1, 0xFF),
+    ];
+    for (port, value) in steps {
+        // SAFETY: the PICs' command and data ports; this kernel is their only user and runs
+        // with interrupts off.
+        unsafe { Port::<u8>::new(port).write(value) }
+    }
+}
+
+/// Sets up the PICs, the LAPIC, the IDT and the safety-net timer. Interrupts stay off until
+/// [`wait`]. Returns the LAPIC ID (the destination a device's MSI message must name).
+pub fn init() -> u8 {
+    silence_pics();
+    // SAFETY: IA32_APIC_BASE exists on every x86-64 CPU; reading it has no side effect.
+    let base = unsafe { Msr::new(0x1B).read() };
+    // The base (bits 35:12); bit 11 (global enable) is never cleared: QEMU would not let it
+    // be set again before a reset.
+    LAPIC.store((base & 0xF_FFFF_F000) as u32, Ordering::Relaxed);
+    lapic_write(LAPIC_LINT0, 1 << 16);
+    lapic_write(LAPIC_TPR, 0);
+    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
+
+    let idt = IDT.0.get();
+    // SAFETY: the only writer, before `lidt` (see `Idt`); the stubs are the handlers the
+    // entries' types describe (the error-code ones for #DF, #GP, #PF; IRQ vectors have none).
+    unsafe {
+        (*idt).write(InterruptDescriptorTable::new());
+        let t = (*idt).assume_init_mut();
+        let at = |f: unsafe extern "C" fn()| VirtAddr::new(f as usize as u64);
+        t.divide_error.set_handler_addr(at(exc_stub_0));
+        t.invalid_opcode.set_handler_addr(at(exc_stub_6));
+        t.double_fault.set_handler_addr(at(exc_stub_8));
+        t.general_protection_fault.set_handler_addr(at(exc_stub_13));
+        t.page_fault.set_handler_addr(at(exc_stub_14));
+        t[0x30].set_handler_addr(at(irq_stub_30));
+        t[0x31].set_handler_addr(at(irq_stub_31));
+        t[0x32].set_handler_addr(at(irq_stub_32));
+        t[TIMER_VECTOR].set_handler_addr(at(irq_stub_40));
+        t[SPURIOUS_VECTOR].set_handler_addr(at(irq_stub_ff));
+        t.load_unsafe();
+    }
+
+    // Periodic timer, divide by 16, about 16 ms per tick under QEMU's 1 GHz APIC clock.
+    lapic_write(LAPIC_TIMER_DIVIDE, 0x3);
+    lapic_write(LAPIC_TIMER, (1 << 17) | TIMER_VECTOR as u32);
+    lapic_write(LAPIC_TIMER_INITIAL, 1_000_000);
+    (lapic_read(LAPIC_ID) >> 24) as u8
+}
+
+/// One interrupt window: enables interrupts, halts until one arrives (at the latest the next
+/// timer tick), and disables them again. An interrupt that was already pending is taken at once.
+pub fn wait() {
+    HALTS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the only place with IF = 1. Not `nostack` (the handlers' frames land below rsp,
+    // so the compiler must keep nothing there) and not `nomem` (handlers change counters).
+    unsafe { asm!("sti", "hlt", "cli") }
+}
+
+/// Interrupts taken on `vector` so far.
+pub fn count(vector: u8) -> u32 {
+    COUNTS[vector as usize].load(Ordering::Relaxed)
+}
+
+/// Halts taken in [`wait`] so far.
+pub fn halts() -> u32 {
+    HALTS.load(Ordering::Relaxed)
+}
+
+/// Sends `vector` to this CPU through the LAPIC (a fixed self-IPI): pending until the next
+/// [`wait`].
+pub fn self_ipi(vector: u8) {
+    lapic_write(LAPIC_ICR_LOW, 0x4_0000 | vector as u32);
+}
+
+/// Proves the path from the LAPIC to the dispatcher and back: a self-IPI on the last device
+/// vector must be taken in the first window, and a window with nothing pending must end by
+/// the timer. Returns the windows the IPI took.
+pub fn self_test() -> Result<u32, &'static str> {
+    let v = DEVICE_VECTORS.end - 1;
+    let before = count(v);
+    self_ipi(v);
+    let mut windows = 0;
+    while count(v) == before {
+        if windows == 4 {
+            return Err("a self-IPI was not delivered in 4 interrupt windows");
+        }
+        wait();
+        windows += 1;
+    }
+    let ticks = count(TIMER_VECTOR);
+    for _ in 0..4 {
+        if count(TIMER_VECTOR) > ticks {
+            return Ok(windows);
+        }
+        wait();
+    }
+    if count(TIMER_VECTOR) > ticks {
+        Ok(windows)
+    } else {
+        Err("4 interrupt windows passed without a timer tick")
+    }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn irq_dispatch(vector: u64) {
+    let v = vector as u8;
+    COUNTS[v as usize].fetch_add(1, Ordering::Relaxed);
+    if v != SPURIOUS_VECTOR {
+        lapic_write(LAPIC_EOI, 0);
+    }
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn irq_fatal(vector: u64, error: u64, rip: u64) -> ! {
+    let _ = writeln!(
+        Serial,
+        "bareverbs: FAIL exception {vector} at {rip:#x} (error code {error:#x})"
+    );
+    exit(Exit::Fail)
+}
