@@ -194,6 +194,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
         self.poll_into(cq, out)
     }
 
+    #[inline]
+    fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
+        Pvrdma::poll_qp(self, cq, qp.handle(), wc)
+    }
+
     fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {
         // QEMU arms only when bits 30 and 29 are both set; bit 30 alone disarms (§9).
         let bits = if solicited_only {

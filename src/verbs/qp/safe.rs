@@ -5,7 +5,7 @@
 //! (one CQ per safe QP avoids that head-of-line wait).
 
 use super::super::{AddressHandle, UdTarget};
-use super::super::{Buf, PollCq, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
+use super::super::{Buf, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
 use super::{CanRecv, Datagram, QpInner, QueuePair, Rts, Transport};
 use crate::error::{Error, Param, Result};
 
@@ -31,36 +31,24 @@ impl<'a, P: Provider> QpInner<'a, P> {
     #[inline(never)]
     fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
         let provider = self.ctx.provider();
-        let cqs = [self.send_cq, self.recv_cq];
-        let same = core::ptr::eq(cqs[0], cqs[1]);
-        for cq in &cqs[..if same { 1 } else { 2 }] {
-            let Some(mut p) = provider.start_poll(cq, Some(&self.raw))? else {
-                continue;
-            };
-            if !p.advance()? {
-                continue;
+        let mut wc = WorkCompletion::default();
+        let tag = match provider.poll_qp(self.send_cq, &self.raw, &mut wc)? {
+            Some(t) => t,
+            None if core::ptr::eq(self.send_cq, self.recv_cq) => return Ok(None),
+            None => match provider.poll_qp(self.recv_cq, &self.raw, &mut wc)? {
+                Some(t) => t,
+                None => return Ok(None),
+            },
+        };
+        let buf = match (tag.checked_sub(1), self.pool) {
+            (Some(i), Some(pool)) => {
+                let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                let len = if recv { wc.byte_len } else { pool.buf_size() };
+                pool.reclaim(i, len)
             }
-            let wc = WorkCompletion {
-                wr_id: p.wr_id(),
-                byte_len: p.byte_len(),
-                imm: p.imm(),
-                qp_num: p.qp_num(),
-                src_qp: p.src_qp(),
-                status: p.status(),
-                opcode: p.opcode(),
-                flags: p.flags(),
-            };
-            let buf = match (p.take_tag(), self.pool) {
-                (Some(i), Some(pool)) => {
-                    let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-                    let len = if recv { wc.byte_len } else { pool.buf_size() };
-                    pool.reclaim(i, len)
-                }
-                _ => None,
-            };
-            return Ok(Some(Completion { wc, buf }));
-        }
-        Ok(None)
+            _ => None,
+        };
+        Ok(Some(Completion { wc, buf }))
     }
 
     #[inline(never)]
