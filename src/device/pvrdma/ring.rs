@@ -138,6 +138,8 @@ pub(crate) struct Producer {
     pub(crate) tail: u32,
     /// Requests published to the device.
     pub(crate) published: u32,
-    /// Slots known free.
+    /// The `tail` at which the queue is full, as last computed from the completions taken
+    /// (free-running: completions + slots). A new or reset queue (`tail` 0) starts with the
+    /// slot count.
     pub(crate) credit: u32,
 }

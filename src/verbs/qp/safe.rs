@@ -28,7 +28,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         }
     }
 
-    #[inline(never)]
+    #[inline]
     fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
         let provider = self.ctx.provider();
         let mut wc = WorkCompletion::default();
