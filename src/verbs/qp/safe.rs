@@ -5,7 +5,9 @@
 //! (one CQ per safe QP avoids that head-of-line wait).
 
 use super::super::{AddressHandle, UdTarget};
-use super::super::{Buf, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
+use super::super::{
+    Buf, BufferPool, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode,
+};
 use super::{CanRecv, Datagram, QpInner, QueuePair, Rts, Transport};
 use crate::error::{Error, Param, Result};
 
@@ -19,13 +21,25 @@ pub struct Completion<'p, P: Provider> {
     pub buf: Option<Buf<'p, P>>,
 }
 
+/// The refusal of a buffer from another pool (or of a QP built without one).
+#[cold]
+#[inline(never)]
+fn not_own(index: u32) -> Error {
+    Error::invalid(Param::Pool, index, 0u32)
+}
+
 impl<'a, P: Provider> QpInner<'a, P> {
     /// Checks that `buf` comes from this QP's pool.
+    #[inline(always)]
     fn own(&self, buf: &Buf<'a, P>) -> Result<()> {
-        match self.pool {
-            Some(p) if core::ptr::eq(p, buf.pool()) => Ok(()),
-            _ => Err(Error::invalid(Param::Pool, buf.index(), 0u32)),
+        // One compare: a QP without a pool has none (null), and a buffer always has one.
+        let pool = self
+            .pool
+            .map_or(core::ptr::null(), |p| p as *const BufferPool<'a, P>);
+        if !core::ptr::eq(pool, buf.pool()) {
+            return Err(not_own(buf.index()));
         }
+        Ok(())
     }
 
     #[inline]
@@ -51,7 +65,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         Ok(Some(Completion { wc, buf }))
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn post_send_wqe(
         &mut self,
         wr_id: u64,
@@ -83,7 +97,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         Ok(())
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         if let Err(e) = self.own(&buf) {
             return Err((buf, e));
@@ -132,6 +146,7 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
 impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
     /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
     /// until its completion. On failure the buffer is handed back with the error.
+    #[inline]
     pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         self.inner.post_send_wqe(wr_id, buf, None)
     }
@@ -139,6 +154,7 @@ impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
 
 impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
     /// Posts a SEND of the buffer's bytes to QP `remote_qpn` (Q_Key `remote_qkey`) at `ah`.
+    #[inline]
     pub fn post_send_to(
         &mut self,
         wr_id: u64,
@@ -157,6 +173,7 @@ impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
 impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
     /// failure the buffer is handed back with the error.
+    #[inline]
     pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         self.inner.post_recv(wr_id, buf)
     }
