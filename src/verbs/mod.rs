@@ -266,6 +266,12 @@ pub trait Provider {
     /// Polls up to `out.len()` completions of any QP into `out` (`ibv_poll_cq`); a safe
     /// buffer whose completion is taken here goes back to its pool.
     fn poll_cq(&self, cq: &Self::Cq, out: &mut [WorkCompletion]) -> Result<usize>;
+    /// Takes the next completion of `qp` from `cq` into `wc` (as a poll cursor with `only`
+    /// does: it stops at another QP's completion, left for that QP's poll). `Some(tag)` for a
+    /// completion: the safe path's buffer tag + 1, the buffer now the caller's, or 0 for
+    /// none; `None` when there is nothing.
+    fn poll_qp(&self, cq: &Self::Cq, qp: &Self::Qp, wc: &mut WorkCompletion)
+    -> Result<Option<u32>>;
     /// Requests an interrupt for the next completion (`solicited_only`: the next solicited).
     fn arm_cq(&self, cq: &Self::Cq, solicited_only: bool);
 }

@@ -170,6 +170,7 @@ pub enum WcStatus {
 
 impl WcStatus {
     /// From `ibv_wc_status` numbering; `None` beyond it.
+    #[inline]
     pub fn from_raw(raw: u32) -> Option<WcStatus> {
         use WcStatus::*;
         const ALL: [WcStatus; 22] = [
@@ -196,7 +197,20 @@ impl WcStatus {
             RespTimeoutErr,
             GeneralErr,
         ];
-        ALL.get(raw as usize).copied()
+        // The discriminants are the raw values, in order (checked at compile time).
+        const _: () = {
+            let mut i = 0;
+            while i < ALL.len() {
+                assert!(ALL[i] as usize == i);
+                i += 1;
+            }
+        };
+        if raw as usize >= ALL.len() {
+            return None;
+        }
+        // SAFETY: `WcStatus` is `repr(u8)` and `raw` is below the number of its variants,
+        // whose discriminants are 0, 1, … in order (the assertion above).
+        Some(unsafe { core::mem::transmute::<u8, WcStatus>(raw as u8) })
     }
 }
 

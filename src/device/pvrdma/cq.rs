@@ -39,6 +39,8 @@ pub struct Cq<H: Hal> {
     /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
     /// drops them.
     pub(crate) stale: AtomicU32,
+    /// The POLL doorbell word (`handle | CQ_POLL`).
+    poll_bell: u32,
 }
 
 // SAFETY: the ring points into the CQ's own DMA memory; the consumer side is written only
@@ -51,8 +53,8 @@ unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
 pub(crate) struct PollState {
     /// The consumer's free-running counter.
     pub(crate) head: u32,
-    /// The last QP a CQE named, and its control block.
-    pub(crate) last: Option<(u32, NonNull<QpCtl>)>,
+    /// The last QP a CQE named.
+    pub(crate) last: Last,
     /// A refusal met after good completions, reported by the next poll.
     pub(crate) deferred: Option<Error>,
 }
@@ -61,11 +63,56 @@ pub(crate) struct PollState {
 // which QP creation and destruction also take.
 unsafe impl Send for PollState {}
 
+/// A poller's cache of the last QP a CQE named: the table's answer for it on this CQ.
+#[derive(Clone, Copy)]
+pub(crate) struct Last {
+    /// The CQE `qp` value it answers (meaningless while `roles` is 0).
+    qp: u64,
+    /// The QP's control block (dangling while `roles` is 0).
+    ctl: NonNull<QpCtl>,
+    /// [`SENDS`], [`RECVS`], [`OWN_RECVS`]: which of its completions come to this CQ.
+    roles: u32,
+}
+
+/// The QP's send completions come to this CQ.
+const SENDS: u32 = 1;
+/// Its receive completions come to this CQ.
+const RECVS: u32 = 2;
+/// Its receive completions come to this CQ, from its own receive queue (not an SRQ).
+const OWN_RECVS: u32 = 4;
+
+impl Last {
+    /// No QP cached: no CQE matches (`roles` 0).
+    const NONE: Last = Last {
+        qp: u64::MAX,
+        ctl: NonNull::dangling(),
+        roles: 0,
+    };
+
+    /// The table's answer for QP `handle` on CQ `cq`; `None` when none of its completions
+    /// come here (or it does not exist).
+    #[inline(never)]
+    fn lookup<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, handle: u32) -> Option<Last> {
+        let (ctl, send, recv) = dev.qps.lookup(handle, cq.id())?;
+        // SAFETY: the table named this CQ for the QP, so the control block lives while the
+        // caller holds the CQ's poll lock.
+        let srq = unsafe { ctl.as_ref() }.srq;
+        let roles = if send { SENDS } else { 0 }
+            | if recv { RECVS } else { 0 }
+            | if recv && !srq { OWN_RECVS } else { 0 };
+        Some(Last {
+            qp: u64::from(handle),
+            ctl,
+            roles,
+        })
+    }
+}
+
 impl PollState {
     pub(crate) fn new() -> Self {
         PollState {
             head: 0,
-            last: None,
+            last: Last::NONE,
             deferred: None,
         }
     }
@@ -77,8 +124,8 @@ impl PollState {
 
     /// Forgets a cached control block (its QP is going away).
     pub(crate) fn forget(&mut self, ctl: NonNull<QpCtl>) {
-        if self.last.is_some_and(|(_, c)| c == ctl) {
-            self.last = None;
+        if self.last.ctl == ctl {
+            self.last = Last::NONE;
         }
     }
 }
@@ -234,28 +281,71 @@ impl<H: Hal> Cq<H> {
 impl<H: Hal> Pvrdma<H> {
     /// Polls up to `out.len()` completions straight into `out` (`ibv_poll_cq`); a safe
     /// buffer whose completion is taken here goes back to its pool.
-    #[inline]
+    ///
+    /// The common case runs here, inlined: the ring checked, each CQE of the cached QP that
+    /// is the next outstanding request of its queue taken (`fast_cqe`). The first CQE that
+    /// is anything else — another QP, an SRQ receive, a flush, a value that cannot be right —
+    /// and every CQ with flushes or a refusal pending go to [`harvest`](Self::harvest), the
+    /// general loop, from where the fast loop stopped.
+    #[inline(always)]
     pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let ring = &cq.ring;
         if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
             && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
         {
             // Looks empty: let the device harvest what it has, then look again (§10.3).
-            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
+            self.uar.write32(db::CQ, cq.poll_bell);
             if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
                 return Ok(0);
             }
         }
-        self.harvest(cq, out)
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return Err(busy());
+        };
+        let st = &mut *guard;
+        if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
+            return self.harvest(cq, st, out, 0);
+        }
+        let head = st.head;
+        let Some(ready) = ring.ready(head) else {
+            return Err(bad_prod(ring));
+        };
+        let want = (ready as usize).min(out.len());
+        let mut n = 0;
+        while n < want {
+            let c = ring.slot(head.wrapping_add(n as u32)).cast::<abi::Cqe>();
+            let Some(tag) = fast_cqe(self, cq, &mut st.last, c, None, &mut out[n]) else {
+                break;
+            };
+            if tag != 0 {
+                release_tag(st.last.ctl, tag);
+            }
+            n += 1;
+        }
+        st.head = head.wrapping_add(n as u32);
+        if n < want {
+            return self.harvest(cq, st, out, n);
+        }
+        if n != 0 {
+            // The CQEs were read before their slots are handed back (release).
+            ring.cons().store(ring.index(st.head), Ordering::Release);
+        }
+        Ok(n)
     }
 
-    /// The loop of [`poll_into`](Self::poll_into), under the CQ's poll lock: each CQE checked
-    /// and matched to the next outstanding request of its work queue.
+    /// The general loop of [`poll_into`](Self::poll_into), under the CQ's poll lock, filling
+    /// `out` from `out[n]` on (the fast loop took the `n` before): each CQE checked and
+    /// matched to the next outstanding request of its work queue, then the flushes.
+    #[cold]
     #[inline(never)]
-    fn harvest(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let op = Op::PollCq;
-        let mut st = cq.poll.try_lock().ok_or(Error::Busy { op })?;
-        if st.deferred.is_some() {
+    fn harvest(
+        &self,
+        cq: &Cq<H>,
+        st: &mut PollState,
+        out: &mut [WorkCompletion],
+        mut n: usize,
+    ) -> Result<usize> {
+        if n == 0 && st.deferred.is_some() {
             cq.deferred.store(0, Ordering::Relaxed);
             if let Some(e) = st.deferred.take() {
                 return Err(e);
@@ -263,12 +353,15 @@ impl<H: Hal> Pvrdma<H> {
         }
         let ring = cq.ring;
         let Some(ready) = ring.ready(st.head) else {
-            let v = ring.prod().load(Ordering::Relaxed);
-            return Err(Error::bad_value(op, "CQ prod_tail", v));
+            if n != 0 {
+                // Good completions first: the fast loop's, their CQEs handed back.
+                ring.cons().store(ring.index(st.head), Ordering::Release);
+                return Ok(n);
+            }
+            return Err(bad_prod(&ring));
         };
-        let (start, end) = (st.head, st.head.wrapping_add(ready));
-        let mut head = start;
-        let mut n = 0;
+        let end = st.head.wrapping_add(ready);
+        let mut head = st.head;
         let mut refused = None;
         while head != end && n < out.len() {
             let c = ring.slot(head).cast::<abi::Cqe>();
@@ -294,35 +387,14 @@ impl<H: Hal> Pvrdma<H> {
                     break;
                 }
             };
-            macro_rules! get {
-                ($f:ident) => {
-                    // SAFETY: the slot `check_cqe` read, still the poll's (cons_head is
-                    // stored after the loop).
-                    unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
-                };
-            }
-            let flags = WcFlags::from_bits_truncate((get!(wc_flags) & 0x3) as u8);
-            out[n] = WorkCompletion {
-                wr_id,
-                byte_len: get!(byte_len),
-                imm: if flags.contains(WcFlags::WITH_IMM) {
-                    get!(imm_data)
-                } else {
-                    0
-                },
-                qp_num: qpn,
-                src_qp: get!(src_qp),
-                status,
-                opcode,
-                flags,
-            };
+            // SAFETY: the slot `check_cqe` read, still the poll's (cons_head is stored after
+            // the loop).
+            out[n] = unsafe { completion(c, wr_id, opcode, status, qpn) };
             n += 1;
         }
-        if head != start {
-            st.head = head;
-            // The CQEs were read before their slots are handed back (release).
-            ring.cons().store(ring.index(head), Ordering::Release);
-        }
+        st.head = head;
+        // The CQEs were read before their slots are handed back (release).
+        ring.cons().store(ring.index(head), Ordering::Release);
         if let Some(e) = refused {
             if n == 0 {
                 return Err(e);
@@ -379,6 +451,165 @@ pub(crate) fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
     })
 }
 
+/// The common case of [`check_cqe`], with no effect otherwise: the CQE at `c` is for the QP
+/// `last` caches (and `only` names, if given), on a queue of it that completes here from its
+/// own ring, with a valid opcode
+/// and status, and completes that queue's next outstanding request (its `wr_id`). Gives the
+/// completion (written to `out`) and the request's tag (the safe path's buffer tag + 1, or
+/// 0); `None` leaves the CQE to `check_cqe` and `out` as it was (`last` may have been
+/// refreshed).
+///
+/// The caller holds `cq`'s poll lock, and `c` is a CQE of its ring published by a prod_tail
+/// read (acquire).
+#[inline(always)]
+pub(crate) fn fast_cqe<H: Hal>(
+    dev: &Pvrdma<H>,
+    cq: &Cq<H>,
+    last: &mut Last,
+    c: *const abi::Cqe,
+    only: Option<u32>,
+    out: &mut WorkCompletion,
+) -> Option<u32> {
+    macro_rules! get {
+        ($f:ident) => {
+            // SAFETY: the caller's slot: a published CQE of the ring; read as plain data,
+            // each field once.
+            unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+        };
+    }
+    let qp = get!(qp);
+    if only.is_some_and(|h| u64::from(h) != qp) {
+        return None;
+    }
+    if qp != last.qp {
+        if qp > u64::from(db::HANDLE_MASK) {
+            return None;
+        }
+        *last = Last::lookup(dev, cq, qp as u32).unwrap_or(Last::NONE);
+    }
+    let raw_op = get!(opcode);
+    // SAFETY: `roles` is not 0 only for a control block the table names for this CQ: it
+    // lives while the caller holds the CQ's lock (and `roles` is checked below before any
+    // use).
+    let ctl = last.ctl.as_ptr();
+    let (opcode, q) = if raw_op <= wc_opcode::FETCH_ADD {
+        if last.roles & SENDS == 0 {
+            return None;
+        }
+        // SAFETY: as above (the SENDS role).
+        (send_opcode(raw_op), unsafe { &(*ctl).sq })
+    } else if raw_op.wrapping_sub(wc_opcode::RECV) <= 1 {
+        if last.roles & OWN_RECVS == 0 {
+            return None;
+        }
+        let opcode = if raw_op == wc_opcode::RECV {
+            WcOpcode::Recv
+        } else {
+            WcOpcode::RecvRdmaWithImm
+        };
+        // SAFETY: as above (the OWN_RECVS role).
+        (opcode, unsafe { &(*ctl).rq })
+    } else {
+        return None;
+    };
+    let status = WcStatus::from_raw(get!(status))?;
+    let wr_id = get!(wr_id);
+    let tag = q.take_next(wr_id)?;
+    // SAFETY: as above.
+    let qpn = unsafe { (*ctl).qpn };
+    // SAFETY: the caller's slot, as above.
+    *out = unsafe { completion(c, wr_id, opcode, status, qpn) };
+    Some(tag)
+}
+
+/// The completion of the checked CQE at `c`.
+///
+/// # Safety
+///
+/// `c` is a CQE of a ring published by a prod_tail read (acquire), not yet handed back.
+#[inline(always)]
+unsafe fn completion(
+    c: *const abi::Cqe,
+    wr_id: u64,
+    opcode: WcOpcode,
+    status: WcStatus,
+    qp_num: u32,
+) -> WorkCompletion {
+    macro_rules! get {
+        ($f:ident) => {
+            // SAFETY: the caller's contract.
+            unsafe { core::ptr::addr_of!((*c).$f).read_volatile() }
+        };
+    }
+    // QEMU passes the host's flags: bits 0–1 agree with PVRDMA's, the rest do not (§10.1).
+    let flags = WcFlags::from_bits_truncate((get!(wc_flags) & 0x3) as u8);
+    WorkCompletion {
+        wr_id,
+        byte_len: get!(byte_len),
+        imm: if flags.contains(WcFlags::WITH_IMM) {
+            get!(imm_data)
+        } else {
+            0
+        },
+        qp_num,
+        src_qp: get!(src_qp),
+        status,
+        opcode,
+        flags,
+    }
+}
+
+/// A send CQE opcode (≤ `FETCH_ADD`) as a completion opcode.
+#[inline(always)]
+fn send_opcode(raw: u32) -> WcOpcode {
+    const ALL: [WcOpcode; 5] = [
+        WcOpcode::Send,
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompSwap,
+        WcOpcode::FetchAdd,
+    ];
+    // The CQE's numbering is the completion's for these (checked at compile time).
+    const _: () = {
+        let mut i = 0;
+        while i < ALL.len() {
+            assert!(ALL[i] as usize == i);
+            i += 1;
+        }
+        assert!(wc_opcode::FETCH_ADD as usize == ALL.len() - 1);
+    };
+    debug_assert!(raw <= wc_opcode::FETCH_ADD);
+    // SAFETY: `WcOpcode` is `repr(u8)`; `raw` ≤ FETCH_ADD (the caller's check) is one of the
+    // discriminants 0..=4 listed above.
+    unsafe { core::mem::transmute::<u8, WcOpcode>(raw as u8) }
+}
+
+/// Hands back the buffer of a safe request whose completion a raw poll took.
+#[cold]
+#[inline(never)]
+fn release_tag(ctl: NonNull<QpCtl>, tag: u32) {
+    // SAFETY: the control block of the QP whose request just completed (the caller holds the
+    // CQ's lock, under which it lives).
+    if let Some(r) = unsafe { ctl.as_ref() }.release {
+        // SAFETY: the tag of a safe request of this QP, completed once, here.
+        unsafe { r.release(tag - 1) };
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn busy() -> Error {
+    Error::Busy { op: Op::PollCq }
+}
+
+/// The refusal of an impossible producer index.
+#[cold]
+#[inline(never)]
+pub(crate) fn bad_prod(ring: &Ring) -> Error {
+    let v = ring.prod().load(Ordering::Relaxed);
+    Error::bad_value(Op::PollCq, "CQ prod_tail", v)
+}
+
 /// What the CQE in a ring slot is, once checked and matched to its request.
 pub(crate) enum Checked {
     /// A completion of the next outstanding request of its work queue.
@@ -406,7 +637,7 @@ pub(crate) enum Checked {
 pub(crate) fn check_cqe<H: Hal>(
     dev: &Pvrdma<H>,
     cq: &Cq<H>,
-    last: &mut Option<(u32, NonNull<QpCtl>)>,
+    last: &mut Last,
     c: *const abi::Cqe,
     only: Option<u32>,
 ) -> Checked {
@@ -435,22 +666,17 @@ pub(crate) fn check_cqe<H: Hal>(
         return Checked::Bad(Error::bad_value(op, "CQE status", raw_status));
     };
     let wr_id = get!(wr_id);
-    let ctl = match *last {
-        Some((h, c)) if h == handle => c,
-        _ => match dev.qps.lookup(handle, cq.id(), recv) {
-            Some(c) => {
-                *last = Some((handle, c));
-                c
-            }
-            None => {
-                cq.drop_stale();
-                return Checked::Skip;
-            }
-        },
-    };
-    // SAFETY: the table named this CQ for the QP, so the control block lives while the
-    // caller holds the CQ's lock.
-    let ctl = unsafe { ctl.as_ref() };
+    if last.qp != qp || last.roles == 0 {
+        *last = Last::lookup(dev, cq, handle).unwrap_or(Last::NONE);
+    }
+    if last.roles & if recv { RECVS } else { SENDS } == 0 {
+        // A QP that is gone, or whose completions of this kind go to another CQ.
+        cq.drop_stale();
+        return Checked::Skip;
+    }
+    // SAFETY: the table named this CQ for the QP (`roles` is not 0), so the control block
+    // lives while the caller holds the CQ's lock.
+    let ctl = unsafe { last.ctl.as_ref() };
     match ctl.match_cqe(recv, wr_id) {
         Ok(Some(tag)) => Checked::Done {
             wr_id,
@@ -560,6 +786,7 @@ impl<H: Hal> Pvrdma<H> {
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
             stale: AtomicU32::new(0),
+            poll_bell: r.cq_handle | db::CQ_POLL,
         };
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.

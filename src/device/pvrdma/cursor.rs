@@ -9,10 +9,10 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi;
-use super::cq::{Checked, Cq, PollState, check_cqe, take_flush};
+use super::cq::{Checked, Cq, PollState, check_cqe, fast_cqe, take_flush};
 use super::regs::db;
 use crate::error::{Error, Op, Result};
-use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus};
+use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// Where the current completion comes from.
 #[derive(Clone, Copy)]
@@ -50,6 +50,65 @@ pub struct Poll<'c, H: Hal> {
 }
 
 impl<H: Hal> Pvrdma<H> {
+    /// Takes the next completion of QP `handle` from `cq` into `wc` (`Provider::poll_qp`):
+    /// the common case here — the ring's next CQE is this QP's, passes `cq::fast_cqe` — and
+    /// everything else through a cursor with `only` ([`poll_qp_cursor`](Self::poll_qp_cursor)).
+    #[inline(always)]
+    pub(crate) fn poll_qp(
+        &self,
+        cq: &Cq<H>,
+        handle: u32,
+        wc: &mut WorkCompletion,
+    ) -> Result<Option<u32>> {
+        let ring = &cq.ring;
+        if ring.prod().load(Ordering::Relaxed) != ring.cons().load(Ordering::Relaxed) {
+            if let Some(mut guard) = cq.poll.try_lock() {
+                let st = &mut *guard;
+                if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
+                    && ring.ready(st.head).is_some_and(|r| r != 0)
+                {
+                    let c = ring.slot(st.head).cast::<abi::Cqe>();
+                    if let Some(tag) = fast_cqe(self, cq, &mut st.last, c, Some(handle), wc) {
+                        st.head = st.head.wrapping_add(1);
+                        // The CQE was read before its slot is handed back (release).
+                        ring.cons().store(ring.index(st.head), Ordering::Release);
+                        return Ok(Some(tag));
+                    }
+                }
+            }
+        }
+        self.poll_qp_cursor(cq, handle, wc)
+    }
+
+    /// [`poll_qp`](Self::poll_qp) through a cursor: empty rings (with the POLL doorbell),
+    /// other QPs' completions, flushes, refusals, a busy lock.
+    #[cold]
+    #[inline(never)]
+    fn poll_qp_cursor(
+        &self,
+        cq: &Cq<H>,
+        handle: u32,
+        wc: &mut WorkCompletion,
+    ) -> Result<Option<u32>> {
+        let Some(mut p) = self.start_poll(cq, Some(handle))? else {
+            return Ok(None);
+        };
+        if !p.advance()? {
+            return Ok(None);
+        }
+        *wc = WorkCompletion {
+            wr_id: p.wr_id(),
+            byte_len: p.byte_len(),
+            imm: p.imm(),
+            qp_num: p.qp_num(),
+            src_qp: p.src_qp(),
+            status: p.status(),
+            opcode: p.opcode(),
+            flags: p.flags(),
+        };
+        Ok(Some(p.take_tag().map_or(0, |t| t + 1)))
+    }
+
     /// Starts a poll, or says at once (without the lock) that there is nothing to poll.
     #[inline]
     pub(crate) fn start_poll<'c>(

@@ -189,9 +189,14 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Pvrdma::start_poll(self, cq, only.map(|q| q.handle()))
     }
 
-    #[inline]
+    #[inline(always)]
     fn poll_cq(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         self.poll_into(cq, out)
+    }
+
+    #[inline(always)]
+    fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
+        Pvrdma::poll_qp(self, cq, qp.handle(), wc)
     }
 
     fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {

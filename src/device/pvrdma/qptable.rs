@@ -158,8 +158,26 @@ impl QueueView {
         }
     }
 
+    /// The common case of [`QpCtl::match_cqe`] for this queue, with no effect otherwise: when
+    /// a request is outstanding and the next one carries `wr_id`, counts it complete and gives
+    /// its tag (the safe path's buffer tag + 1, or 0). `None` leaves the CQE to the general
+    /// match (nothing outstanding, another `wr_id`).
+    #[inline(always)]
+    pub(crate) fn take_next(&self, wr_id: u64) -> Option<u32> {
+        let done = self.ctl.done.load(Ordering::Relaxed);
+        if done == self.ctl.tail.load(Ordering::Acquire) {
+            return None;
+        }
+        let (posted, tag) = self.posted(done);
+        if posted != wr_id {
+            return None;
+        }
+        self.ctl.done.store(done.wrapping_add(1), Ordering::Release);
+        Some(tag & !PARKED)
+    }
+
     /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn posted(&self, n: u32) -> (u64, u32) {
         match self.shadow {
             Some(s) => {
@@ -420,16 +438,17 @@ impl<H: Hal> QpTable<H> {
         }
     }
 
-    /// The control block of QP `handle` when it completes to CQ `cq` as a sender (`recv`
-    /// false) or receiver; `None` for a QP that does not exist or belongs to other CQs.
-    #[inline]
-    pub(crate) fn lookup(&self, handle: u32, cq: u64, recv: bool) -> Option<NonNull<QpCtl>> {
+    /// The control block of QP `handle` and whether its sends and its receives complete to
+    /// CQ `cq`; `None` for a QP that does not exist or completes only to other CQs.
+    #[inline(never)]
+    pub(crate) fn lookup(&self, handle: u32, cq: u64) -> Option<(NonNull<QpCtl>, bool, bool)> {
         let e = self.find(handle)?;
-        let owner = if recv { &e.recv_cq } else { &e.send_cq };
-        if owner.load(Ordering::Relaxed) != cq {
+        let send = e.send_cq.load(Ordering::Relaxed) == cq;
+        let recv = e.recv_cq.load(Ordering::Relaxed) == cq;
+        if !send && !recv {
             return None;
         }
-        NonNull::new(e.ctl.load(Ordering::Relaxed))
+        Some((NonNull::new(e.ctl.load(Ordering::Relaxed))?, send, recv))
     }
 
     /// Calls `f` with each live QP completing to CQ `cq` (either role).

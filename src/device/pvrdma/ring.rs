@@ -102,7 +102,13 @@ impl Ring {
     /// The device's index for free-running counter `n` (modulo 2N).
     #[inline]
     pub(crate) fn index(&self, n: u32) -> u32 {
-        n & (2 * self.mask + 1)
+        n & self.wrap()
+    }
+
+    /// 2N − 1: the device's indices run modulo 2N.
+    #[inline(always)]
+    fn wrap(&self) -> u32 {
+        2 * self.mask + 1
     }
 
     /// Publishes free-running producer counter `n`: the slots written before are visible to
@@ -118,9 +124,10 @@ impl Ring {
     #[inline]
     pub(crate) fn ready(&self, head: u32) -> Option<u32> {
         let tail = self.prod().load(Ordering::Acquire);
-        let wrap = 2 * self.mask + 1;
+        let wrap = self.wrap();
         let ready = tail.wrapping_sub(head) & wrap;
-        (tail & !wrap == 0 && ready <= self.mask + 1).then_some(ready)
+        // wrap is 2N − 1: a bit outside it is `tail > wrap`.
+        (tail <= wrap && ready <= self.mask + 1).then_some(ready)
     }
 }
 
@@ -131,6 +138,8 @@ pub(crate) struct Producer {
     pub(crate) tail: u32,
     /// Requests published to the device.
     pub(crate) published: u32,
-    /// Slots known free.
+    /// The `tail` at which the queue is full, as last computed from the completions taken
+    /// (free-running: completions + slots). A new or reset queue (`tail` 0) starts with the
+    /// slot count.
     pub(crate) credit: u32,
 }

@@ -20,10 +20,12 @@ use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
 use crate::verbs::{RecvWr, SendFlags, SendWqe, Sge, WrOpcode};
 
-/// A volatile store to one field of a WQE.
+/// A store to one field of a WQE. Plain, not volatile: the slot is past the published
+/// index, where the device does not look, until the release store of the index that
+/// publishes it (the compiler may merge and order these stores before that).
 macro_rules! put {
     ($p:expr, $field:ident, $v:expr) => {
-        core::ptr::addr_of_mut!((*$p).$field).write_volatile($v)
+        core::ptr::addr_of_mut!((*$p).$field).write($v)
     };
 }
 
@@ -60,19 +62,31 @@ unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
 /// Forgets what `p` wrote since its last commit (the slots stay unpublished).
 #[inline]
 fn abort(p: &mut Producer) {
-    p.credit += p.tail.wrapping_sub(p.published);
     p.tail = p.published;
 }
 
-/// Recomputes a work queue's credit from the completions taken; `QueueFull` when none.
+/// Recomputes where a work queue is full from the completions taken (`done`); `false` when
+/// it is full. Inline, without a call: a call on the posting path, even a rare one, makes
+/// every post save and restore registers around it.
+#[inline(always)]
+fn refill(p: &mut Producer, done: u32, slots: u32) -> bool {
+    p.credit = done.wrapping_add(slots);
+    p.tail != p.credit
+}
+
 #[cold]
 #[inline(never)]
-fn refill(p: &mut Producer, done: u32, slots: u32, queue: Queue) -> Result<()> {
-    p.credit = slots.saturating_sub(p.tail.wrapping_sub(done));
-    if p.credit == 0 {
-        return Err(Error::QueueFull { queue, free: 0 });
+fn queue_full(queue: Queue) -> Error {
+    Error::QueueFull { queue, free: 0 }
+}
+
+#[cold]
+#[inline(never)]
+fn no_ud_dest() -> Error {
+    Error::MissingAttribute {
+        op: Op::PostSend,
+        attr: Attr::UdDest,
     }
-    Ok(())
 }
 
 #[cold]
@@ -104,9 +118,11 @@ impl<H: Hal> Pvrdma<H> {
     /// The buffers named stay valid until the request completes (the provider contract).
     #[inline(always)]
     pub(crate) unsafe fn sq_write(&self, qp: &mut Qp<H>, w: &SendWqe<'_, super::Ah>) -> Result<()> {
-        if qp.sq_prod.credit == 0 {
+        if qp.sq_prod.tail == qp.sq_prod.credit {
             let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
-            refill(&mut qp.sq_prod, done, qp.sq.slots, Queue::Send)?;
+            if !refill(&mut qp.sq_prod, done, qp.sq.slots) {
+                return Err(queue_full(Queue::Send));
+            }
         }
         let nsge = w.sges.len();
         if nsge > qp.sq.sge as usize {
@@ -132,10 +148,7 @@ impl<H: Hal> Pvrdma<H> {
             return Err(unsupported(Feature::NotExecutedByDevice));
         }
         let ud = match (qp.datagram, &w.ud) {
-            (true, None) => {
-                let (op, attr) = (Op::PostSend, Attr::UdDest);
-                return Err(Error::MissingAttribute { op, attr });
-            }
+            (true, None) => return Err(no_ud_dest()),
             (false, Some(_)) => return Err(unsupported(Feature::OpcodeForQpType)),
             (true, Some(_)) if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM => {
                 return Err(unsupported(Feature::OpcodeForQpType));
@@ -180,15 +193,13 @@ impl<H: Hal> Pvrdma<H> {
                 } else {
                     ud.remote_qkey
                 };
-                words.add(wr::UD_REMOTE_QPN).write_volatile(ud.remote_qpn);
-                words.add(wr::UD_REMOTE_QKEY).write_volatile(qkey);
+                words.add(wr::UD_REMOTE_QPN).write(ud.remote_qpn);
+                words.add(wr::UD_REMOTE_QKEY).write(qkey);
                 let av = &ud.ah.words;
-                words
-                    .add(wr::AV_PORT_PD)
-                    .write_volatile(qp.pd_handle | (1 << 24));
-                words.add(wr::AV_SL_TCLASS_FLOW).write_volatile(av[0]);
+                words.add(wr::AV_PORT_PD).write(qp.pd_handle | (1 << 24));
+                words.add(wr::AV_SL_TCLASS_FLOW).write(av[0]);
                 for (i, &g) in av[1..5].iter().enumerate() {
-                    words.add(wr::AV_DGID + i).write_volatile(g);
+                    words.add(wr::AV_DGID + i).write(g);
                 }
                 gid_word = av[5];
             } else if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM {
@@ -196,14 +207,13 @@ impl<H: Hal> Pvrdma<H> {
                     .add(wr::REMOTE_ADDR)
                     .cast::<u64>()
                     .write_unaligned(w.remote_addr);
-                words.add(wr::RDMA_RKEY).write_volatile(w.rkey);
+                words.add(wr::RDMA_RKEY).write(w.rkey);
             }
-            words.add(wr::AV_GID_WORD).write_volatile(gid_word);
+            words.add(wr::AV_GID_WORD).write(gid_word);
             write_sges(h.cast::<u8>().add(size_of::<abi::SqWqeHdr>()), w.sges);
         }
         qp.ctl.ctl().sq.record(n, w.wr_id, w.tag);
         qp.sq_prod.tail = n.wrapping_add(1);
-        qp.sq_prod.credit -= 1;
         Ok(())
     }
 
@@ -249,16 +259,13 @@ impl<H: Hal> Pvrdma<H> {
         sges: &[Sge],
         tag: u32,
     ) -> Result<()> {
-        if qp.rq_prod.credit == 0 {
-            if qp.has_srq {
-                // Receives go to the SRQ; QEMU would read past its allocation (§12.3).
-                return Err(Error::QueueFull {
-                    queue: Queue::Recv,
-                    free: 0,
-                });
-            }
+        if qp.rq_prod.tail == qp.rq_prod.credit {
+            // Receives of a QP with an SRQ go to the SRQ (the queue has no slots, so no
+            // credit): QEMU would read past its allocation (§12.3).
             let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-            refill(&mut qp.rq_prod, done, qp.rq.slots, Queue::Recv)?;
+            if qp.has_srq || !refill(&mut qp.rq_prod, done, qp.rq.slots) {
+                return Err(queue_full(Queue::Recv));
+            }
         }
         if sges.len() > qp.rq.sge as usize {
             return Err(too_many_sges(sges.len(), qp.rq.sge));
@@ -274,7 +281,6 @@ impl<H: Hal> Pvrdma<H> {
         }
         qp.ctl.ctl().rq.record(n, wr_id, tag);
         qp.rq_prod.tail = n.wrapping_add(1);
-        qp.rq_prod.credit -= 1;
         Ok(())
     }
 

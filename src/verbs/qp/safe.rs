@@ -5,7 +5,9 @@
 //! (one CQ per safe QP avoids that head-of-line wait).
 
 use super::super::{AddressHandle, UdTarget};
-use super::super::{Buf, PollCq, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode};
+use super::super::{
+    Buf, BufferPool, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode,
+};
 use super::{CanRecv, Datagram, QpInner, QueuePair, Rts, Transport};
 use crate::error::{Error, Param, Result};
 
@@ -19,51 +21,51 @@ pub struct Completion<'p, P: Provider> {
     pub buf: Option<Buf<'p, P>>,
 }
 
+/// The refusal of a buffer from another pool (or of a QP built without one).
+#[cold]
+#[inline(never)]
+fn not_own(index: u32) -> Error {
+    Error::invalid(Param::Pool, index, 0u32)
+}
+
 impl<'a, P: Provider> QpInner<'a, P> {
     /// Checks that `buf` comes from this QP's pool.
+    #[inline(always)]
     fn own(&self, buf: &Buf<'a, P>) -> Result<()> {
-        match self.pool {
-            Some(p) if core::ptr::eq(p, buf.pool()) => Ok(()),
-            _ => Err(Error::invalid(Param::Pool, buf.index(), 0u32)),
+        // One compare: a QP without a pool has none (null), and a buffer always has one.
+        let pool = self
+            .pool
+            .map_or(core::ptr::null(), |p| p as *const BufferPool<'a, P>);
+        if !core::ptr::eq(pool, buf.pool()) {
+            return Err(not_own(buf.index()));
         }
+        Ok(())
     }
 
-    #[inline(never)]
+    #[inline]
     fn poll_one(&mut self) -> Result<Option<Completion<'a, P>>> {
         let provider = self.ctx.provider();
-        let cqs = [self.send_cq, self.recv_cq];
-        let same = core::ptr::eq(cqs[0], cqs[1]);
-        for cq in &cqs[..if same { 1 } else { 2 }] {
-            let Some(mut p) = provider.start_poll(cq, Some(&self.raw))? else {
-                continue;
-            };
-            if !p.advance()? {
-                continue;
+        let mut wc = WorkCompletion::default();
+        let tag = match provider.poll_qp(self.send_cq, &self.raw, &mut wc)? {
+            Some(t) => t,
+            None if core::ptr::eq(self.send_cq, self.recv_cq) => return Ok(None),
+            None => match provider.poll_qp(self.recv_cq, &self.raw, &mut wc)? {
+                Some(t) => t,
+                None => return Ok(None),
+            },
+        };
+        let buf = match (tag.checked_sub(1), self.pool) {
+            (Some(i), Some(pool)) => {
+                let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                let len = if recv { wc.byte_len } else { pool.buf_size() };
+                pool.reclaim(i, len)
             }
-            let wc = WorkCompletion {
-                wr_id: p.wr_id(),
-                byte_len: p.byte_len(),
-                imm: p.imm(),
-                qp_num: p.qp_num(),
-                src_qp: p.src_qp(),
-                status: p.status(),
-                opcode: p.opcode(),
-                flags: p.flags(),
-            };
-            let buf = match (p.take_tag(), self.pool) {
-                (Some(i), Some(pool)) => {
-                    let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-                    let len = if recv { wc.byte_len } else { pool.buf_size() };
-                    pool.reclaim(i, len)
-                }
-                _ => None,
-            };
-            return Ok(Some(Completion { wc, buf }));
-        }
-        Ok(None)
+            _ => None,
+        };
+        Ok(Some(Completion { wc, buf }))
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn post_send_wqe(
         &mut self,
         wr_id: u64,
@@ -95,7 +97,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         Ok(())
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         if let Err(e) = self.own(&buf) {
             return Err((buf, e));
@@ -144,6 +146,7 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
 impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
     /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
     /// until its completion. On failure the buffer is handed back with the error.
+    #[inline]
     pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         self.inner.post_send_wqe(wr_id, buf, None)
     }
@@ -151,6 +154,7 @@ impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
 
 impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
     /// Posts a SEND of the buffer's bytes to QP `remote_qpn` (Q_Key `remote_qkey`) at `ah`.
+    #[inline]
     pub fn post_send_to(
         &mut self,
         wr_id: u64,
@@ -169,6 +173,7 @@ impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
 impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
     /// failure the buffer is handed back with the error.
+    #[inline]
     pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
         self.inner.post_recv(wr_id, buf)
     }
