@@ -207,6 +207,30 @@ impl Case {
     }
 }
 
+/// Whether the 40-byte GRH area of a UD receive is the header of a packet from `src` to
+/// `dst`. Between IPv4-mapped GIDs (RoCE v2 over IPv4, as rxe writes it): 20 zero bytes,
+/// then the IPv4 header — version 4, IHL 5, protocol UDP, source and destination addresses.
+/// Otherwise an IPv6 header: version 6, next header UDP, the two GIDs.
+pub fn grh_ok(grh: &[u8], src: &Gid, dst: &Gid) -> bool {
+    fn v4(g: &Gid) -> Option<&[u8]> {
+        (g.0[..10] == [0; 10] && g.0[10..12] == [0xFF; 2]).then_some(&g.0[12..])
+    }
+    if grh.len() < GRH_LEN {
+        return false;
+    }
+    match (v4(src), v4(dst)) {
+        (Some(s), Some(d)) => {
+            let ip = &grh[20..40];
+            grh[..20] == [0; 20]
+                && ip[0] == 0x45
+                && ip[9] == 17
+                && &ip[12..16] == s
+                && &ip[16..20] == d
+        }
+        _ => grh[0] >> 4 == 6 && grh[6] == 17 && grh[8..24] == src.0 && grh[24..40] == dst.0,
+    }
+}
+
 /// How a case ended when it did not pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaseError {
@@ -230,6 +254,14 @@ pub enum CaseError {
     },
     /// A UD receive from another QP than the peer's.
     Source(u32),
+    /// UD receives whose GRH area is not the packet's header from the peer to us (see
+    /// [`grh_ok`]): how many, and the first one's index.
+    Grh {
+        /// Receives with a wrong GRH area.
+        bad: u32,
+        /// The first one.
+        first: u32,
+    },
 }
 
 impl From<Failure> for CaseError {
@@ -252,6 +284,9 @@ impl core::fmt::Display for CaseError {
                 write!(f, "{bad} bad messages, first #{first} at byte {at}")
             }
             CaseError::Source(q) => write!(f, "UD receive from QP {q:#x}, not the peer's"),
+            CaseError::Grh { bad, first } => {
+                write!(f, "{bad} UD receives with a wrong GRH area, first #{first}")
+            }
         }
     }
 }
@@ -509,9 +544,16 @@ fn run_case<P: Provider, L: Line>(
             if !case.linux_server {
                 let _ = writeln!(line, "@@BV ADDR {me}");
             }
-            let r = pingpong(&mut qp, &pool, case, &peer, routs, line, lb, |q, id, b| {
-                q.post_send(id, b)
-            });
+            let r = pingpong(
+                &mut qp,
+                &pool,
+                case,
+                (&me, &peer),
+                routs,
+                line,
+                lb,
+                |q, id, b| q.post_send(id, b),
+            );
             qp.destroy().at("peer: destroy RC QP")?;
             r?;
         }
@@ -539,9 +581,16 @@ fn run_case<P: Provider, L: Line>(
             if !case.linux_server {
                 let _ = writeln!(line, "@@BV ADDR {me}");
             }
-            let r = pingpong(&mut qp, &pool, case, &peer, routs, line, lb, |q, id, b| {
-                q.post_send_to(id, b, (&ah, peer.qpn, UD_QKEY))
-            });
+            let r = pingpong(
+                &mut qp,
+                &pool,
+                case,
+                (&me, &peer),
+                routs,
+                line,
+                lb,
+                |q, id, b| q.post_send_to(id, b, (&ah, peer.qpn, UD_QKEY)),
+            );
             qp.destroy().at("peer: destroy UD QP")?;
             drop(ah);
             r?;
@@ -577,7 +626,7 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
     qp: &mut QueuePair<'a, P, T, Rts>,
     pool: &'a BufferPool<'a, P>,
     case: &Case,
-    peer: &Dest,
+    (me, peer): (&Dest, &Dest),
     mut routs: u32,
     line: &mut L,
     lb: &mut LineBuf,
@@ -589,6 +638,7 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
 ) -> Result<(), CaseError> {
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let (mut bad, mut first, mut at) = (0u32, 0u32, 0u32);
+    let (mut grh_bad, mut grh_first) = (0u32, 0u32);
     let off = case.payload_offset();
     let mut post = |qp: &mut QueuePair<'a, P, T, Rts>, i: u32| -> Result<(), CaseError> {
         let mut buf = pool.alloc().ok_or(CaseError::Verbs(Failure {
@@ -632,6 +682,14 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
                 if case.kind == Kind::Ud && c.wc.src_qp != peer.qpn {
                     return Err(CaseError::Source(c.wc.src_qp));
                 }
+                if let (Kind::Ud, Some(b)) = (case.kind, &c.buf) {
+                    if !grh_ok(b.as_slice(), &peer.gid, &me.gid) {
+                        if grh_bad == 0 {
+                            grh_first = rcnt;
+                        }
+                        grh_bad += 1;
+                    }
+                }
                 let want = case.size as usize + off;
                 let wrong = match &c.buf {
                     Some(b) if c.wc.byte_len as usize == want => b.as_slice()[off..want]
@@ -664,6 +722,12 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
     }
     if bad > 0 {
         return Err(CaseError::Data { bad, first, at });
+    }
+    if grh_bad > 0 {
+        return Err(CaseError::Grh {
+            bad: grh_bad,
+            first: grh_first,
+        });
     }
     Ok(())
 }
