@@ -77,7 +77,7 @@ timeout 900 qemu-system-x86_64 \
   -device vmxnet3,netdev=n1,addr=0x10.0,multifunction=on,mac=$inner_mac,romfile= \
   -chardev socket,path=/var/run/rdmacm-mux-rxe0-1,id=mads \
   -device pvrdma,addr=0x10.1,ibdev=rxe0,netdev=eth0,mad-chardev=mads \
-  "${guest[@]}" &
+  "${guest[@]}" 2> /run/inner-qemu.err &
 qemu=$!
 if [ "$initrd" = none ]; then
   # QEMU waits for the bridge (server=on) before it runs the guest: no output is lost.
@@ -90,4 +90,7 @@ fi
 wait $qemu
 status=$?
 stage "inner QEMU exited"
+# QEMU's messages, repeats counted: it logs "rdma: CQ is full" for every CQE once the
+# CQ-notification ring (1024 entries), which a polling driver never drains, is full.
+uniq -c /run/inner-qemu.err | while read -r n l; do echo "bvlab: inner QEMU stderr (${n}x): $l"; done
 echo "bvlab: inner status $status"

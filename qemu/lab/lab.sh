@@ -188,15 +188,18 @@ if [ "$verdict" = 33 ]; then
     grep -a -q -F "$line" "$log" || { echo "[lab] verdict: FAIL (caps differ from the device's: want '$line')"; exit 1; }
   done
 fi
-# Peer mode: each case of peer-cases, as the bridge judged it (the Linux program's exit code
-# 0 and its own summary, the unikernel's checks).
+# Peer mode: each case of peer-cases, in order, as the bridge judged it (the Linux program's
+# exit code 0 and its own summary, the unikernel's checks of every message).
 peer_fail=0
+mapfile -t results < <(grep -a "^linux-peer " "$log" | tr -d '\r' || true)
+i=0
 while IFS= read -r spec; do
   case "$spec" in '' | '#'*) continue ;; esac
   name=${spec%% *}
-  line=$(grep -a "^linux-peer $name: " "$log" | tr -d '\r' | tail -1) || true
-  [ -n "$line" ] || line="linux-peer $name: FAIL (no result)"
-  echo "$line"
+  line=${results[$i]:-}
+  i=$((i + 1))
+  case "$line" in "linux-peer $name: "*) ;; *) line="linux-peer $name: FAIL (no result)" ;; esac
+  echo "$line   [${spec#"$name"}]"
   case "$line" in *": PASS "*) ;; *) peer_fail=1 ;; esac
 done < "$here/peer-cases"
 if [ "$verdict" = 33 ] && [ "$peer_fail" = 1 ]; then
