@@ -779,6 +779,10 @@ impl Device {
         ctx.mem.write(state, &next.to_le_bytes());
         self.cqes += 1;
         // The CQ-notification ring gets the CQ handle; an armed CQ raises vector 2, once.
+        // With that ring full QEMU logs "rdma: CQ is full" and returns: the CQE stays, but
+        // no interrupt is raised and the arm stays set (a polling driver never drains the
+        // ring, so in the lab every CQE after the 1024th logged it).
+        let mut ring_full = false;
         if let Some(&ring_state) = self.ring_pages.first() {
             let slots = 1024u32;
             if let Some(b) = ctx.mem.read(ring_state + 8, 8) {
@@ -788,10 +792,13 @@ impl Device {
                     ctx.mem.write(data, &cq_handle.to_le_bytes());
                     ctx.mem
                         .write(ring_state + 8, &((p + 1) & (2 * slots - 1)).to_le_bytes());
+                } else if p == q ^ slots {
+                    ring_full = true;
+                    self.notify_ring_full += 1;
                 }
             }
         }
-        if cq.armed {
+        if cq.armed && !ring_full {
             cq.armed = false;
             self.interrupts += 1;
         }
