@@ -25,7 +25,7 @@ stage() { echo "[lab +$(( $(date +%s) - t0 ))s] $*"; }
 # --- host packages -------------------------------------------------------------------------
 need=()
 for p in qemu-system-x86 busybox-static kmod libibumad-dev libibverbs-dev libglib2.0-dev \
-         rdma-core iproute2 pkg-config cpio; do
+         rdma-core iproute2 pkg-config cpio ibverbs-utils python3; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -188,8 +188,25 @@ if [ "$verdict" = 33 ]; then
     grep -a -q -F "$line" "$log" || { echo "[lab] verdict: FAIL (caps differ from the device's: want '$line')"; exit 1; }
   done
 fi
+# Peer mode: each case of peer-cases, in order, as the bridge judged it (the Linux program's
+# exit code 0 and its own summary, the unikernel's checks of every message).
+peer_fail=0
+mapfile -t results < <(grep -a "^linux-peer " "$log" | tr -d '\r' || true)
+i=0
+while IFS= read -r spec; do
+  case "$spec" in '' | '#'*) continue ;; esac
+  name=${spec%% *}
+  line=${results[$i]:-}
+  i=$((i + 1))
+  case "$line" in "linux-peer $name: "*) ;; *) line="linux-peer $name: FAIL (no result)" ;; esac
+  echo "$line   [${spec#"$name"}]"
+  case "$line" in *": PASS "*) ;; *) peer_fail=1 ;; esac
+done < "$here/peer-cases"
+if [ "$verdict" = 33 ] && [ "$peer_fail" = 1 ]; then
+  echo "[lab] verdict: FAIL (a linux-peer case failed)"; exit 1
+fi
 case "$verdict" in
-  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma; caps as the device reports)"; exit 0 ;;
+  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma; caps as the device reports; talks to Linux's ibverbs programs)"; exit 0 ;;
   35) echo "[lab] verdict: FAIL (the unikernel said so)"; exit 1 ;;
   37) echo "[lab] verdict: FAIL (the unikernel saw no PVRDMA: the device did not realize)"; exit 1 ;;
   "") echo "[lab] verdict: FAIL (no verdict: the lab did not get to run the unikernel)"; exit 1 ;;

@@ -14,7 +14,7 @@ fn outb(port: u16, value: u8) {
 
 fn inb(port: u16) -> u8 {
     let v: u8;
-    // SAFETY: as in `outb`: a read of COM1's line status register.
+    // SAFETY: as in `outb`: a read of COM1's registers (line status, receive buffer).
     unsafe { asm!("in al, dx", out("al") v, in("dx") port, options(nomem, nostack)) }
     v
 }
@@ -57,6 +57,13 @@ fn put(b: u8) {
         }
     }
     outb(COM1, b);
+}
+
+/// The next byte COM1 has received, if any: polls the line status register's data-ready bit
+/// and reads the receive buffer register (no interrupts; QEMU holds further bytes back until
+/// the FIFO has room, so none are lost).
+pub fn try_get() -> Option<u8> {
+    (inb(COM1 + 5) & 0x01 != 0).then(|| inb(COM1))
 }
 
 /// Exit codes through isa-debug-exit: QEMU exits with `(code << 1) | 1`.

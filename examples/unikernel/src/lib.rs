@@ -7,6 +7,9 @@
 //! their state transitions (binding the port GID first), moves data (SEND/RECV between two RC
 //! QPs and over UD through a registered buffer pool, payloads checked byte for byte), destroys everything, and says whether it
 //! all worked.
+//!
+//! [`peer`] is the second part the lab runs: the same kernel exchanging data with Debian's
+//! unmodified `ibv_rc_pingpong` / `ibv_ud_pingpong` over the serial console.
 #![no_std]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -15,6 +18,8 @@
 )]
 
 use core::fmt::Write;
+
+pub mod peer;
 
 use bareverbs::Context;
 use bareverbs::device::pvrdma::{self, Config, Pvrdma};

@@ -2,6 +2,11 @@
 //! and drives a PVRDMA through bareverbs if there is one (see the library for the demo).
 //! Ends with `bareverbs: PASS`, `bareverbs: FAIL <reason>`, or a plain "no device" line, and
 //! exits QEMU through isa-debug-exit with a code for each.
+//!
+//! With `bvpeer=A.B.C.D` on the kernel command line (the lab's `-append`), a passing demo is
+//! followed by peer mode (`bareverbs_unikernel::peer`): the kernel binds `::ffff:A.B.C.D` and
+//! runs the exchanges the lab's bridge asks for over the console with unmodified Linux
+//! programs.
 #![no_std]
 #![no_main]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
@@ -15,6 +20,7 @@ use core::ptr::NonNull;
 
 use bareverbs::device::pvrdma::Config;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs_unikernel::peer::{self, Line};
 use bareverbs_unikernel::{Verdict, run};
 use console::{Exit, Serial, exit};
 
@@ -40,6 +46,45 @@ fn stack_used() -> (usize, usize) {
         .take_while(|&i| word(i) == 0x5AFE_5AFE_5AFE_5AFE)
         .count();
     (size - untouched * 8, size)
+}
+
+impl Line for Serial {
+    fn try_get(&mut self) -> Option<u8> {
+        console::try_get()
+    }
+}
+
+/// The IPv4 address of `bvpeer=A.B.C.D` on the PVH command line, if there is one.
+fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
+    let info = start_info as usize as *const u8;
+    // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
+    // SAFETY: QEMU hands over a valid hvm_start_info at `ebx` (its magic was checked by
+    // `dma_memory`); memory is identity-mapped.
+    let cmdline = unsafe { info.add(24).cast::<u64>().read_unaligned() } as usize as *const u8;
+    if cmdline.is_null() {
+        return None;
+    }
+    let mut buf = [0u8; 256];
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: QEMU's command line string, read up to its NUL (bounded by the buffer).
+        let b = unsafe { cmdline.add(len).read_volatile() };
+        if b == 0 {
+            break;
+        }
+        buf[len] = b;
+        len += 1;
+    }
+    let text = core::str::from_utf8(&buf[..len]).ok()?;
+    let arg = text
+        .split_ascii_whitespace()
+        .find_map(|w| w.strip_prefix("bvpeer="))?;
+    let mut ip = [0u8; 4];
+    let mut parts = arg.split('.');
+    for x in &mut ip {
+        *x = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(ip)
 }
 
 /// DMA memory given to the driver at most (the region's bitmap limit is 128 MiB).
@@ -136,6 +181,26 @@ extern "C" fn kmain(start_info: u32) -> ! {
         Ok(Verdict::NoDevice) => exit(Exit::NoDevice),
         Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            if let Some(ip) = peer_ip(start_info) {
+                match peer::serve(hal, &pci, &mut Serial, Config::default(), ip) {
+                    Ok(o) if o.failed == 0 && dma.free_pages() == dma.total_pages() => {
+                        let _ = writeln!(Serial, "peer mode: {} cases passed", o.cases);
+                    }
+                    Ok(o) => {
+                        let left = dma.total_pages() - dma.free_pages();
+                        let _ = writeln!(
+                            Serial,
+                            "bareverbs: FAIL peer mode: {} of {} cases failed, {left} DMA pages not returned",
+                            o.failed, o.cases
+                        );
+                        exit(Exit::Fail)
+                    }
+                    Err(f) => {
+                        let _ = writeln!(Serial, "bareverbs: FAIL peer mode: {f}");
+                        exit(Exit::Fail)
+                    }
+                }
+            }
             let (used, size) = stack_used();
             let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
             let _ = writeln!(Serial, "bareverbs: PASS");

@@ -633,13 +633,21 @@ impl Device {
                 let mut flags = if opcode == 3 && !qemu { 2 } else { 0 };
                 if ud {
                     // The first 40 bytes of a UD receive hold the GRH.
-                    let mut grh = [0u8; 40];
-                    grh[0] = 0x60;
-                    grh[4..6].copy_from_slice(&(data.len() as u16).to_be_bytes());
-                    grh[6] = 0x1B;
-                    grh[7] = 1;
-                    grh[8..24].copy_from_slice(&hdr[0x30..0x40]);
-                    grh[24..40].copy_from_slice(&hdr[0x30..0x40]);
+                    let dgid: [u8; 16] = hdr[0x30..0x40].try_into().expect("16 bytes");
+                    let sgid = self.gids.get(usize::from(hdr[0x41])).copied().flatten();
+                    let grh = match (ipv4_of(&dgid), sgid.as_ref().and_then(ipv4_of)) {
+                        (Some(dst), Some(src)) => ipv4_grh(src, dst, data.len()),
+                        _ => {
+                            let mut grh = [0u8; 40];
+                            grh[0] = 0x60;
+                            grh[4..6].copy_from_slice(&(data.len() as u16).to_be_bytes());
+                            grh[6] = 0x1B;
+                            grh[7] = 1;
+                            grh[8..24].copy_from_slice(&dgid);
+                            grh[24..40].copy_from_slice(&dgid);
+                            grh
+                        }
+                    };
                     payload.extend_from_slice(&grh);
                     flags |= 1;
                 }
@@ -771,6 +779,10 @@ impl Device {
         ctx.mem.write(state, &next.to_le_bytes());
         self.cqes += 1;
         // The CQ-notification ring gets the CQ handle; an armed CQ raises vector 2, once.
+        // With that ring full QEMU logs "rdma: CQ is full" and returns: the CQE stays, but
+        // no interrupt is raised and the arm stays set (a polling driver never drains the
+        // ring, so in the lab every CQE after the 1024th logged it).
+        let mut ring_full = false;
         if let Some(&ring_state) = self.ring_pages.first() {
             let slots = 1024u32;
             if let Some(b) = ctx.mem.read(ring_state + 8, 8) {
@@ -780,10 +792,13 @@ impl Device {
                     ctx.mem.write(data, &cq_handle.to_le_bytes());
                     ctx.mem
                         .write(ring_state + 8, &((p + 1) & (2 * slots - 1)).to_le_bytes());
+                } else if p == q ^ slots {
+                    ring_full = true;
+                    self.notify_ring_full += 1;
                 }
             }
         }
-        if cq.armed {
+        if cq.armed && !ring_full {
             cq.armed = false;
             self.interrupts += 1;
         }
@@ -887,4 +902,29 @@ impl Device {
             },
         );
     }
+}
+
+/// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+fn ipv4_of(gid: &[u8; 16]) -> Option<[u8; 4]> {
+    (gid[..10] == [0; 10] && gid[10..12] == [0xFF, 0xFF]).then(|| gid[12..].try_into().expect("4"))
+}
+
+/// The GRH area of a UD receive between IPv4-mapped GIDs, as rxe (RoCE v2 over IPv4) writes
+/// it, observed through QEMU's pvrdma in the nested lab: 20 zero bytes, then the packet's
+/// 20-byte IPv4 header — version 4, IHL 5, TOS 0 (QEMU builds its address handle without the
+/// traffic class), the total length of
+/// IP + UDP (8) + BTH (12) + DETH (8) + payload + ICRC (4), DF, TTL 64 (not the address
+/// handle's hop limit 1), protocol UDP, source and destination from the GIDs. The checksum
+/// reads 0: between two addresses of one host rxe loops the packet back without computing it.
+fn ipv4_grh(src: [u8; 4], dst: [u8; 4], len: usize) -> [u8; 40] {
+    let mut grh = [0u8; 40];
+    let ip = &mut grh[20..];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((20 + 8 + 12 + 8 + len + 4) as u16).to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    grh
 }

@@ -301,6 +301,8 @@ pub(crate) struct Device {
     pub(crate) doorbells: u64,
     pub(crate) cqes: u64,
     pub(crate) interrupts: u64,
+    /// CQEs posted while the CQ-notification ring was full (QEMU: "rdma: CQ is full").
+    pub(crate) notify_ring_full: u64,
 }
 
 /// Lowest free slot of a table of `cap` entries, or a violation: QEMU's allocator would have
@@ -353,6 +355,7 @@ impl Device {
             doorbells: 0,
             cqes: 0,
             interrupts: 0,
+            notify_ring_full: 0,
         }
     }
 

@@ -477,6 +477,12 @@ impl Model {
         (g.dev.doorbells, g.dev.cqes, g.dev.interrupts)
     }
 
+    /// CQEs posted while the CQ-notification ring was full: each one QEMU logs as
+    /// "rdma: CQ is full", without notifying or interrupting (the CQE itself is posted).
+    pub fn notify_ring_full(&self) -> u64 {
+        self.lock().dev.notify_ring_full
+    }
+
     /// Makes doorbell writes free (ignored without locking the model): for benchmarks that
     /// count the driver's instructions, with completions put in place by [`Model::inject_cqe`].
     pub fn set_free_doorbells(&self, free: bool) {

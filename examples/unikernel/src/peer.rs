@@ -1,0 +1,753 @@
+//! Peer mode: the unikernel plays the other side of Debian's unmodified `ibv_rc_pingpong` and
+//! `ibv_ud_pingpong` (ibverbs-utils 44.0), which run in the lab's outer guest on rxe0.
+//!
+//! Those programs swap their connection data over TCP; the unikernel has no TCP, so the lab's
+//! bridge (`qemu/lab/bridge.py`) carries it over the serial console, one `\n`-terminated line
+//! per message, each starting with `@@BV ` so that no log line can be taken for one:
+//!
+//! | direction | line |
+//! | --- | --- |
+//! | guest → bridge | `@@BV HELLO` (peer mode is up), `@@BV ADDR <51 chars>`, `@@BV DONE ok <sends> <receives> <bytes>` or `@@BV DONE fail <reason>` |
+//! | bridge → guest | `@@BV CASE <case> [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-c]`, `@@BV PEER <51 chars>`, `@@BV ABORT`, `@@BV END` |
+//!
+//! `<51 chars>` is the pingpong programs' own text, `LLLL:QQQQQQ:PPPPPP:` and the GID's 16
+//! bytes in network order as 32 hex digits. `<case>` names the Linux program's role:
+//! `rc-server` / `ud-server` (Linux listens, the unikernel is the client and prints its
+//! address first) and `rc-client` / `ud-client` (the unikernel is the server: it connects with
+//! the client's address, reaches RTS, and only then prints its own, as Linux's server does).
+//! The options are the Linux program's, so both sides run the same sizes and counts.
+//!
+//! Each case then runs the programs' exchange: the same QP attributes (`shared/linux-peer.md`
+//! §1.3, §2), receives posted before the exchange, one SIGNALED SEND outstanding, the same
+//! completion accounting (a SEND and a RECV per iteration before the next SEND; receives
+//! refilled to the depth when one or none is left), and the server echoing. Every received
+//! message is checked: the unikernel sends message *i* with [`Case::pattern`] *i*, so as the client
+//! it must get its own message back, and as the server it must get the Linux client's initial
+//! buffer (0x7b; zeros at page offsets with `-c`) first and then its own previous reply, which
+//! the client's single buffer received and sends on.
+
+use core::fmt::Write;
+
+use bareverbs::Context;
+use bareverbs::device::pvrdma::{self, Config, Pvrdma};
+use bareverbs::hal::{ConfigRegionAccess, Hal};
+use bareverbs::verbs::*;
+
+use super::{Failure, Step};
+
+/// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// The guest GID index the unikernel's IPv4-mapped GID is bound at.
+pub const GID_INDEX: u32 = 1;
+/// Bytes of the GRH area at the start of every UD receive buffer.
+pub const GRH_LEN: usize = 40;
+/// The byte `ibv_*_pingpong` fills its buffer with.
+pub const LINUX_FILL: u8 = 0x7B;
+
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+
+/// The serial line to the bridge: a `Write` sink that can also be read without blocking.
+pub trait Line: Write {
+    /// The next received byte, if one is waiting (never blocks).
+    fn try_get(&mut self) -> Option<u8>;
+}
+
+/// One side's connection data, as the pingpong programs exchange it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Initial send PSN (24 bits).
+    pub psn: u32,
+    /// GID, bytes in network order.
+    pub gid: Gid,
+}
+
+impl Dest {
+    /// Parses the 51-character text `LLLL:QQQQQQ:PPPPPP:` + 32 hex digits (either case).
+    pub fn parse(s: &str) -> Option<Dest> {
+        let b = s.as_bytes();
+        if b.len() != 51 || b[4] != b':' || b[11] != b':' || b[18] != b':' {
+            return None;
+        }
+        let hex = |r: core::ops::Range<usize>| -> Option<u32> {
+            let t = s.get(r)?;
+            if t.is_empty() || !t.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return None;
+            }
+            u32::from_str_radix(t, 16).ok()
+        };
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = hex(19 + 2 * i..21 + 2 * i)? as u8;
+        }
+        Some(Dest {
+            lid: hex(0..4)? as u16,
+            qpn: hex(5..11)?,
+            psn: hex(12..18)?,
+            gid: Gid(gid),
+        })
+    }
+}
+
+impl core::fmt::Display for Dest {
+    /// The 51-character text, lower-case and zero-padded, without the NUL.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn)?;
+        self.gid.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// The transport of a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `ibv_rc_pingpong`.
+    Rc,
+    /// `ibv_ud_pingpong`.
+    Ud,
+}
+
+/// One exchange with a Linux program, as the bridge names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    /// RC or UD.
+    pub kind: Kind,
+    /// The Linux program is the server (the unikernel connects as the client).
+    pub linux_server: bool,
+    /// Bytes per message (`-s`; defaults 4096 RC, 1024 UD).
+    pub size: u32,
+    /// Messages each way (`-n`; default 1000).
+    pub iters: u32,
+    /// Receives kept posted (`-r`; default 500).
+    pub rx_depth: u32,
+    /// `-c`: the client zeroes every page offset of its messages; the server checks them.
+    pub chk: bool,
+}
+
+impl Case {
+    /// Largest message accepted (the example's buffers; `ibv_ud_pingpong` stops at the
+    /// port's MTU anyway).
+    pub const MAX_SIZE: u32 = 1 << 20;
+    /// Largest receive depth accepted.
+    pub const MAX_RX_DEPTH: u32 = 1024;
+
+    /// Parses `rc-server -s 4096 -n 200 -c` (the case name, then the Linux program's
+    /// options; `-e`, `-g N`, `-d DEV`, `-p PORT` and `-l SL` are the Linux side's business
+    /// and skipped).
+    pub fn parse(s: &str) -> Option<Case> {
+        let mut words = s.split_ascii_whitespace();
+        let (kind, linux_server) = match words.next()? {
+            "rc-server" => (Kind::Rc, true),
+            "rc-client" => (Kind::Rc, false),
+            "ud-server" => (Kind::Ud, true),
+            "ud-client" => (Kind::Ud, false),
+            _ => return None,
+        };
+        let mut case = Case {
+            kind,
+            linux_server,
+            size: if kind == Kind::Rc { 4096 } else { 1024 },
+            iters: 1000,
+            rx_depth: 500,
+            chk: false,
+        };
+        while let Some(w) = words.next() {
+            let mut num = || words.next().and_then(|v| v.parse::<u32>().ok());
+            match w {
+                "-s" | "--size" => case.size = num()?,
+                "-n" | "--iters" => case.iters = num()?,
+                "-r" | "--rx-depth" => case.rx_depth = num()?,
+                "-c" | "--chk" => case.chk = true,
+                "-e" | "--events" => {}
+                "-g" | "-d" | "-p" | "-l" | "--gid-idx" | "--ib-dev" | "--port" | "--sl" => {
+                    words.next()?;
+                }
+                _ => return None,
+            }
+        }
+        let ok = (1..=Self::MAX_SIZE).contains(&case.size)
+            && case.iters >= 1
+            && (2..=Self::MAX_RX_DEPTH).contains(&case.rx_depth);
+        ok.then_some(case)
+    }
+
+    /// Where the payload starts in a receive buffer (after the GRH area on UD).
+    pub fn payload_offset(&self) -> usize {
+        match self.kind {
+            Kind::Rc => 0,
+            Kind::Ud => GRH_LEN,
+        }
+    }
+
+    /// The byte `k` of the message the unikernel sends in iteration `i`.
+    pub fn pattern(&self, i: u32, k: usize) -> u8 {
+        if self.chk && k.is_multiple_of(4096) {
+            0
+        } else {
+            (k as u32)
+                .wrapping_mul(7)
+                .wrapping_add(i.wrapping_mul(13))
+                .wrapping_add(1) as u8
+        }
+    }
+
+    /// The byte `k` the unikernel must find in the `r`-th message it receives: as the client,
+    /// its own message `r` echoed; as the server, the Linux client's initial buffer first,
+    /// then its own previous reply.
+    pub fn expected(&self, r: u32, k: usize) -> u8 {
+        match (self.linux_server, r) {
+            (true, _) => self.pattern(r, k),
+            (false, 0) if self.chk && k.is_multiple_of(4096) => 0,
+            (false, 0) => LINUX_FILL,
+            (false, _) => self.pattern(r - 1, k),
+        }
+    }
+}
+
+/// Whether the 40-byte GRH area of a UD receive is the header of a packet from `src` to
+/// `dst`. Between IPv4-mapped GIDs (RoCE v2 over IPv4, as rxe writes it): 20 zero bytes,
+/// then the IPv4 header — version 4, IHL 5, protocol UDP, source and destination addresses.
+/// Otherwise an IPv6 header: version 6, next header UDP, the two GIDs.
+pub fn grh_ok(grh: &[u8], src: &Gid, dst: &Gid) -> bool {
+    fn v4(g: &Gid) -> Option<&[u8]> {
+        (g.0[..10] == [0; 10] && g.0[10..12] == [0xFF; 2]).then_some(&g.0[12..])
+    }
+    if grh.len() < GRH_LEN {
+        return false;
+    }
+    match (v4(src), v4(dst)) {
+        (Some(s), Some(d)) => {
+            let ip = &grh[20..40];
+            grh[..20] == [0; 20]
+                && ip[0] == 0x45
+                && ip[9] == 17
+                && &ip[12..16] == s
+                && &ip[16..20] == d
+        }
+        _ => grh[0] >> 4 == 6 && grh[6] == 17 && grh[8..24] == src.0 && grh[24..40] == dst.0,
+    }
+}
+
+/// How a case ended when it did not pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaseError {
+    /// A verbs call failed.
+    Verbs(Failure),
+    /// The bridge said ABORT.
+    Aborted,
+    /// A line from the bridge that is not what the step expects.
+    BadLine,
+    /// A completion with an error status.
+    Status(WcStatus, u64),
+    /// Received messages that differ from what the exchange must deliver: how many, and
+    /// the first one's (index, byte offset or length).
+    Data {
+        /// Messages with a wrong length or byte.
+        bad: u32,
+        /// The first bad message.
+        first: u32,
+        /// Its first wrong byte (u32::MAX: its length was wrong).
+        at: u32,
+    },
+    /// A UD receive from another QP than the peer's.
+    Source(u32),
+    /// UD receives whose GRH area is not the packet's header from the peer to us (see
+    /// [`grh_ok`]): how many, and the first one's index.
+    Grh {
+        /// Receives with a wrong GRH area.
+        bad: u32,
+        /// The first one.
+        first: u32,
+    },
+}
+
+impl From<Failure> for CaseError {
+    fn from(f: Failure) -> Self {
+        CaseError::Verbs(f)
+    }
+}
+
+impl core::fmt::Display for CaseError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CaseError::Verbs(v) => write!(f, "{v}"),
+            CaseError::Aborted => f.write_str("aborted by the bridge"),
+            CaseError::BadLine => f.write_str("unexpected line from the bridge"),
+            CaseError::Status(s, id) => write!(f, "completion status {s:?} for wr_id {id}"),
+            CaseError::Data { bad, first, at } if *at == u32::MAX => {
+                write!(f, "{bad} bad messages, first #{first}: wrong length")
+            }
+            CaseError::Data { bad, first, at } => {
+                write!(f, "{bad} bad messages, first #{first} at byte {at}")
+            }
+            CaseError::Source(q) => write!(f, "UD receive from QP {q:#x}, not the peer's"),
+            CaseError::Grh { bad, first } => {
+                write!(f, "{bad} UD receives with a wrong GRH area, first #{first}")
+            }
+        }
+    }
+}
+
+/// What a peer-mode session did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Cases run.
+    pub cases: u32,
+    /// Cases that failed.
+    pub failed: u32,
+}
+
+/// A line being received from the bridge.
+pub struct LineBuf {
+    buf: [u8; 160],
+    len: usize,
+    overflow: bool,
+}
+
+impl Default for LineBuf {
+    fn default() -> Self {
+        LineBuf {
+            buf: [0; 160],
+            len: 0,
+            overflow: false,
+        }
+    }
+}
+
+impl LineBuf {
+    /// Takes the bytes waiting on `line`; returns the length of a completed protocol line
+    /// (without `\r\n`), if one completed. Lines without the prefix, and lines too long for
+    /// the buffer, are dropped.
+    pub fn poll<L: Line>(&mut self, line: &mut L) -> Option<usize> {
+        while let Some(b) = line.try_get() {
+            match b {
+                b'\n' => {
+                    let (len, overflow) = (self.len, self.overflow);
+                    (self.len, self.overflow) = (0, false);
+                    if !overflow && self.buf[..len].starts_with(b"@@BV ") {
+                        return Some(len);
+                    }
+                }
+                b'\r' => {}
+                _ if self.len < self.buf.len() => {
+                    self.buf[self.len] = b;
+                    self.len += 1;
+                }
+                _ => self.overflow = true,
+            }
+        }
+        None
+    }
+
+    /// The text of the protocol line `poll` completed (after `@@BV `), or "" if not UTF-8.
+    pub fn text(&self, len: usize) -> &str {
+        core::str::from_utf8(&self.buf[5..len]).unwrap_or("")
+    }
+
+    /// Waits for the next protocol line; returns its length for [`text`](Self::text).
+    pub fn wait<L: Line>(&mut self, line: &mut L) -> usize {
+        loop {
+            if let Some(n) = self.poll(line) {
+                return n;
+            }
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Brings the device up again, binds `::ffff:ip` at [`GID_INDEX`], says `@@BV HELLO`, and runs
+/// the cases the bridge names until it says `@@BV END`. A case that fails is reported
+/// (`@@BV DONE fail …`) and the session goes on; a failure of the session's own objects ends it.
+pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
+    hal: H,
+    pci: &C,
+    line: &mut L,
+    config: Config,
+    ip: [u8; 4],
+) -> Result<Outcome, Failure> {
+    let address = pvrdma::find(pci).ok_or(Failure {
+        step: "peer: find PVRDMA",
+        error: bareverbs::error::Error::NotFound(bareverbs::error::NotFound::Device),
+    })?;
+    let ctx = Context::new(Pvrdma::new(hal, pci, address, config).at("peer: bring-up")?);
+    let mut g = [0u8; 16];
+    g[10] = 0xFF;
+    g[11] = 0xFF;
+    g[12..].copy_from_slice(&ip);
+    let gid = ctx.bind_gid(GID_INDEX, Gid(g)).at("peer: bind GID")?;
+    let pd = ctx.alloc_pd().at("peer: alloc PD")?;
+    let [a, b, c, d] = ip;
+    let _ = writeln!(
+        line,
+        "peer mode: GID[{GID_INDEX}] ::ffff:{a}.{b}.{c}.{d} bound, PD {}",
+        pd.raw().handle()
+    );
+    let _ = writeln!(line, "@@BV HELLO");
+    let mut lb = LineBuf::default();
+    let mut outcome = Outcome::default();
+    loop {
+        let n = lb.wait(line);
+        let text = lb.text(n);
+        if text == "END" {
+            break;
+        }
+        let Some(case) = text.strip_prefix("CASE ").and_then(Case::parse) else {
+            // ABORT of a case already over, or a stray line: not a case to run.
+            continue;
+        };
+        outcome.cases += 1;
+        let tsc0 = rdtsc();
+        match run_case(&ctx, &pd, &gid, &case, line, &mut lb) {
+            Ok(bytes) => {
+                let _ = writeln!(
+                    line,
+                    "peer {}: {} iters of {} bytes each way, every message checked ({} Mcycles)",
+                    case_name(&case),
+                    case.iters,
+                    case.size,
+                    (rdtsc() - tsc0) / 1_000_000
+                );
+                let _ = writeln!(line, "@@BV DONE ok {0} {0} {bytes}", case.iters);
+            }
+            Err(e) => {
+                outcome.failed += 1;
+                let _ = writeln!(line, "peer {}: FAIL {e}", case_name(&case));
+                let _ = writeln!(line, "@@BV DONE fail {e}");
+            }
+        }
+    }
+    pd.destroy().at("peer: destroy PD")?;
+    gid.unbind().at("peer: unbind GID")?;
+    drop(ctx);
+    Ok(outcome)
+}
+
+fn case_name(c: &Case) -> &'static str {
+    match (c.kind, c.linux_server) {
+        (Kind::Rc, true) => "rc-server",
+        (Kind::Rc, false) => "rc-client",
+        (Kind::Ud, true) => "ud-server",
+        (Kind::Ud, false) => "ud-client",
+    }
+}
+
+fn rdtsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: RDTSC reads the time-stamp counter; no memory is touched.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
+/// Waits for `@@BV PEER <51 chars>`.
+fn wait_peer<L: Line>(line: &mut L, lb: &mut LineBuf) -> Result<Dest, CaseError> {
+    let n = lb.wait(line);
+    let text = lb.text(n);
+    if text == "ABORT" {
+        return Err(CaseError::Aborted);
+    }
+    text.strip_prefix("PEER ")
+        .and_then(Dest::parse)
+        .ok_or(CaseError::BadLine)
+}
+
+/// The path to the peer as the pingpong programs set it: a GRH to its GID from ours, hop
+/// limit 1, flow label and traffic class 0, SL 0.
+fn path_to(peer: &Dest, sgid_index: u32) -> AddressVector {
+    AddressVector {
+        dgid: peer.gid,
+        sgid_index: sgid_index as u8,
+        hop_limit: 1,
+        traffic_class: 0,
+        flow_label: 0,
+        sl: 0,
+    }
+}
+
+/// Runs one case; returns the bytes moved (size · iters · 2, as Linux's summary counts them).
+fn run_case<P: Provider, L: Line>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    gid: &GidBinding<'_, P>,
+    case: &Case,
+    line: &mut L,
+    lb: &mut LineBuf,
+) -> Result<u64, CaseError> {
+    // The programs' resources: a QP of 1 send and rx_depth receives of one SGE, on one CQ;
+    // here the receive buffers come from a pool (rx_depth + the send buffer + one in hand),
+    // each as large as a message (plus the GRH area on UD). The programs' CQ of
+    // rx_depth + 1 entries is too small here: PVRDMA rounds the receive queue up to a power
+    // of two (500 → 512) and the driver reserves a CQ entry for every slot of both queues
+    // (QEMU drops CQEs on a full CQ), so the CQ gets room for the rounded queues.
+    let cq = ctx
+        .create_cq(case.rx_depth.next_power_of_two() + 1)
+        .at("peer: create CQ")?;
+    let buf_size = case.size + case.payload_offset() as u32;
+    let pool = pd
+        .buffer_pool(case.rx_depth + 2, buf_size)
+        .at("peer: buffer pool")?;
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: case.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let builder = || pd.qp_builder(&cq, &cq).caps(caps).pool(&pool);
+    let psn = (rdtsc() as u32 ^ (rdtsc() >> 17) as u32) & 0x00FF_FFFF;
+    let bytes = u64::from(case.size) * u64::from(case.iters) * 2;
+    match case.kind {
+        Kind::Rc => {
+            let qp = builder().build::<Rc>().at("peer: create RC QP")?;
+            // RESET → INIT: P_Key index 0, port 1, no remote access (rc_pingpong's values).
+            let init = ConnectedInit {
+                port: 1,
+                pkey_index: 0,
+                access: AccessFlags::empty(),
+            };
+            let mut qp = qp.init(&init).at("peer: RC INIT")?;
+            let routs = post_recvs(&mut qp, &pool, case.rx_depth)?;
+            let me = Dest {
+                lid: 0,
+                qpn: qp.qp_num(),
+                psn,
+                gid: gid.gid(),
+            };
+            if case.linux_server {
+                let _ = writeln!(line, "@@BV ADDR {me}");
+            }
+            let peer = wait_peer(line, lb)?;
+            let rtr = ConnectedRtr {
+                dest_qpn: peer.qpn,
+                rq_psn: peer.psn,
+                av: path_to(&peer, gid.index()),
+                path_mtu: Mtu::Mtu1024,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+            };
+            let qp = qp.rtr(&rtr).at("peer: RC RTR")?;
+            let rts = ConnectedRts {
+                sq_psn: psn,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+            };
+            let mut qp = qp.rts(&rts).at("peer: RC RTS")?;
+            if !case.linux_server {
+                let _ = writeln!(line, "@@BV ADDR {me}");
+            }
+            let r = pingpong(
+                &mut qp,
+                &pool,
+                case,
+                (&me, &peer),
+                routs,
+                line,
+                lb,
+                |q, id, b| q.post_send(id, b),
+            );
+            qp.destroy().at("peer: destroy RC QP")?;
+            r?;
+        }
+        Kind::Ud => {
+            let qp = builder().build::<Ud>().at("peer: create UD QP")?;
+            let mut qp = qp.init(&DatagramInit::new(UD_QKEY)).at("peer: UD INIT")?;
+            let routs = post_recvs(&mut qp, &pool, case.rx_depth)?;
+            let me = Dest {
+                lid: 0,
+                qpn: qp.qp_num(),
+                psn,
+                gid: gid.gid(),
+            };
+            // ud_pingpong: RTR with the state only, RTS with its PSN, then the AH; the
+            // server does all of it before it answers (UD has no retransmission).
+            if case.linux_server {
+                let _ = writeln!(line, "@@BV ADDR {me}");
+            }
+            let peer = wait_peer(line, lb)?;
+            let qp = qp.rtr(&()).at("peer: UD RTR")?;
+            let mut qp = qp.rts(&DatagramRts { sq_psn: psn }).at("peer: UD RTS")?;
+            let ah = pd
+                .create_ah(&path_to(&peer, gid.index()))
+                .at("peer: create AH")?;
+            if !case.linux_server {
+                let _ = writeln!(line, "@@BV ADDR {me}");
+            }
+            let r = pingpong(
+                &mut qp,
+                &pool,
+                case,
+                (&me, &peer),
+                routs,
+                line,
+                lb,
+                |q, id, b| q.post_send_to(id, b, (&ah, peer.qpn, UD_QKEY)),
+            );
+            qp.destroy().at("peer: destroy UD QP")?;
+            drop(ah);
+            r?;
+        }
+    }
+    drop(pool);
+    cq.destroy().at("peer: destroy CQ")?;
+    Ok(bytes)
+}
+
+/// Posts `n` receives of whole pool buffers; returns how many were posted.
+fn post_recvs<'a, P: Provider, T: Transport, S: CanRecv>(
+    qp: &mut QueuePair<'a, P, T, S>,
+    pool: &'a BufferPool<'a, P>,
+    n: u32,
+) -> Result<u32, CaseError> {
+    for _ in 0..n {
+        let buf = pool.alloc().ok_or(CaseError::Verbs(Failure {
+            step: "peer: buffer pool empty",
+            error: bareverbs::error::Error::Resource(bareverbs::error::Resource::Dma { pages: 1 }),
+        }))?;
+        qp.post_recv(WR_RECV, buf).at("peer: post_recv")?;
+    }
+    Ok(n)
+}
+
+/// The programs' ping-pong loop (`shared/linux-peer.md` §1.5): `routs` receives are posted;
+/// the client sends first; each side sends its next message once its previous SEND and a
+/// RECV have completed; receives are refilled to the depth when at most one is left; the
+/// loop ends when both counts reach `iters`. Every receive is checked.
+#[allow(clippy::too_many_arguments)]
+fn pingpong<'a, P: Provider, T: Transport, L: Line>(
+    qp: &mut QueuePair<'a, P, T, Rts>,
+    pool: &'a BufferPool<'a, P>,
+    case: &Case,
+    (me, peer): (&Dest, &Dest),
+    mut routs: u32,
+    line: &mut L,
+    lb: &mut LineBuf,
+    mut send: impl FnMut(
+        &mut QueuePair<'a, P, T, Rts>,
+        u64,
+        Buf<'a, P>,
+    ) -> Result<(), (Buf<'a, P>, bareverbs::error::Error)>,
+) -> Result<(), CaseError> {
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let (mut bad, mut first, mut at) = (0u32, 0u32, 0u32);
+    let (mut grh_bad, mut grh_first) = (0u32, 0u32);
+    let off = case.payload_offset();
+    let mut post = |qp: &mut QueuePair<'a, P, T, Rts>, i: u32| -> Result<(), CaseError> {
+        let mut buf = pool.alloc().ok_or(CaseError::Verbs(Failure {
+            step: "peer: buffer pool empty",
+            error: bareverbs::error::Error::Resource(bareverbs::error::Resource::Dma { pages: 1 }),
+        }))?;
+        buf.set_len(case.size).at("peer: send length")?;
+        for (k, x) in buf.as_mut_slice().iter_mut().enumerate() {
+            *x = case.pattern(i, k);
+        }
+        Ok(send(qp, WR_SEND, buf).at("peer: post_send")?)
+    };
+    let mut pending = WR_RECV;
+    if case.linux_server {
+        post(qp, 0)?;
+        pending |= WR_SEND;
+    }
+    let mut idle = 0u32;
+    while rcnt < case.iters || scnt < case.iters {
+        let Some(c) = qp.poll_one().at("peer: poll")? else {
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(4096) && lb.poll(line).is_some_and(|n| lb.text(n) == "ABORT") {
+                return Err(CaseError::Aborted);
+            }
+            core::hint::spin_loop();
+            continue;
+        };
+        if c.wc.status != WcStatus::Success {
+            return Err(CaseError::Status(c.wc.status, c.wc.wr_id));
+        }
+        let id = c.wc.wr_id;
+        match id {
+            WR_SEND => {
+                drop(c);
+                scnt += 1;
+            }
+            WR_RECV => {
+                if rcnt == 0 {
+                    report_first(line, case, &c);
+                }
+                if case.kind == Kind::Ud && c.wc.src_qp != peer.qpn {
+                    return Err(CaseError::Source(c.wc.src_qp));
+                }
+                if let (Kind::Ud, Some(b)) = (case.kind, &c.buf) {
+                    if !grh_ok(b.as_slice(), &peer.gid, &me.gid) {
+                        if grh_bad == 0 {
+                            grh_first = rcnt;
+                        }
+                        grh_bad += 1;
+                    }
+                }
+                let want = case.size as usize + off;
+                let wrong = match &c.buf {
+                    Some(b) if c.wc.byte_len as usize == want => b.as_slice()[off..want]
+                        .iter()
+                        .enumerate()
+                        .find(|&(k, &x)| x != case.expected(rcnt, k))
+                        .map(|(k, _)| k as u32),
+                    _ => Some(u32::MAX),
+                };
+                if let Some(k) = wrong {
+                    if bad == 0 {
+                        (first, at) = (rcnt, k);
+                    }
+                    bad += 1;
+                }
+                drop(c);
+                routs -= 1;
+                if routs <= 1 {
+                    routs += post_recvs(qp, pool, case.rx_depth - routs)?;
+                }
+                rcnt += 1;
+            }
+            _ => return Err(CaseError::Status(WcStatus::GeneralErr, id)),
+        }
+        pending &= !id;
+        if scnt < case.iters && pending == 0 {
+            post(qp, scnt)?;
+            pending = WR_RECV | WR_SEND;
+        }
+    }
+    if bad > 0 {
+        return Err(CaseError::Data { bad, first, at });
+    }
+    if grh_bad > 0 {
+        return Err(CaseError::Grh {
+            bad: grh_bad,
+            first: grh_first,
+        });
+    }
+    Ok(())
+}
+
+/// Logs what the first receive of a case looked like: its completion's fields and, on UD, the
+/// 40-byte GRH area the real stack wrote.
+fn report_first<P: Provider, L: Line>(line: &mut L, case: &Case, c: &Completion<'_, P>) {
+    let _ = write!(
+        line,
+        "peer {}: first receive: byte_len {} src_qp {:#x} flags {:?}",
+        case_name(case),
+        c.wc.byte_len,
+        c.wc.src_qp,
+        c.wc.flags
+    );
+    if let (Kind::Ud, Some(b)) = (case.kind, &c.buf) {
+        let _ = write!(line, " grh ");
+        for x in &b.as_slice()[..GRH_LEN] {
+            let _ = write!(line, "{x:02x}");
+        }
+    }
+    let _ = writeln!(line);
+}
