@@ -312,3 +312,44 @@ fn ping_pong_until_the_ring_is_full(model: &Model, ctx: &Ctx) {
         "no interrupt with the notification ring full"
     );
 }
+
+/// In the lab an RC receive's completion carried the GRH flag and source QP 0: QEMU hands
+/// over rxe's completion, and on RoCE every packet has a GRH (the verbs only define both
+/// fields for UD). The model does the same under `Semantics::Qemu`; under `Semantics::Verbs`
+/// it keeps the flag for UD only and names the sender.
+#[test]
+fn an_rc_receive_on_qemu_carries_the_grh_flag_and_source_qp_0() {
+    for semantics in [Semantics::Verbs, Semantics::Qemu] {
+        let model = Model::new(bareverbs_model::ModelConfig {
+            semantics,
+            ..Default::default()
+        });
+        let ctx = up(&model);
+        {
+            let g = ctx.bind_gid(0, mapped([10, 0, 2, 16])).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(64).unwrap();
+            let pool = pd.buffer_pool(4, 64).unwrap();
+            let rc = || pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>().unwrap();
+            let (a, b) = (rc(), rc());
+            let (qa, qb) = (a.qp_num(), b.qp_num());
+            let (mut a, mut b) = (connect(a, qb, g.gid()), connect(b, qa, g.gid()));
+            b.post_recv(1, pool.alloc().unwrap())
+                .map_err(|(_, e)| e)
+                .unwrap();
+            let mut m = pool.alloc().unwrap();
+            m.set_len(8).unwrap();
+            a.post_send(2, m).map_err(|(_, e)| e).unwrap();
+            let r = b.poll_one().unwrap().expect("the receive");
+            let qemu = semantics == Semantics::Qemu;
+            assert_eq!(
+                (r.wc.flags.contains(WcFlags::GRH), r.wc.src_qp),
+                (qemu, if qemu { 0 } else { qa }),
+                "{semantics:?}"
+            );
+            drop(r);
+            drop(a.poll_one().unwrap().expect("the send"));
+        }
+        teardown(&model, ctx);
+    }
+}

@@ -788,7 +788,8 @@ impl Ref {
                     }
                     None => {
                         let mut flags = WcFlags::empty();
-                        if ud {
+                        // QEMU passes rxe's completion through: GRH on RC receives too.
+                        if ud || self.qemu {
                             flags |= WcFlags::GRH;
                         }
                         if kind == Kind::SendImm {
@@ -807,7 +808,8 @@ impl Ref {
                                     byte_len: plen as u32,
                                     imm,
                                     qp_num: dest_qpn,
-                                    src_qp: me,
+                                    // ... and source QP 0 on RC receives.
+                                    src_qp: if self.qemu && !ud { 0 } else { me },
                                     status: WcStatus::Success,
                                     opcode: WcOpcode::Recv,
                                     flags,

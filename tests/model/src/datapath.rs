@@ -650,7 +650,12 @@ impl Device {
                     };
                     payload.extend_from_slice(&grh);
                     flags |= 1;
+                } else if qemu {
+                    // QEMU hands over the host's completion: on RoCE (rxe) an RC receive
+                    // carries the GRH flag and source QP 0, as the lab showed.
+                    flags |= 1;
                 }
+                let src_qp = if qemu && !ud { 0 } else { me };
                 payload.extend_from_slice(&data);
                 match self.scatter(ctx, &r.sges, dest_pd, &payload) {
                     Ok(()) => {
@@ -664,7 +669,7 @@ impl Device {
                                 status: ST_OK,
                                 byte_len: payload.len() as u32,
                                 imm: if flags & 2 != 0 { imm } else { 0 },
-                                src_qp: me,
+                                src_qp,
                                 flags,
                             },
                         );
