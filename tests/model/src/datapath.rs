@@ -806,6 +806,7 @@ impl Device {
         if cq.armed && !ring_full {
             cq.armed = false;
             self.interrupts += 1;
+            self.raised.push(2);
         }
     }
 

@@ -284,6 +284,13 @@ pub(crate) struct Device {
     pub(crate) active: bool,
     pub(crate) dsr_written: Option<Vec<u8>>,
     pub(crate) ring_pages: Vec<u64>,
+    /// Pages of the CQ-notification ring at the start of `ring_pages` (the async ring's
+    /// follow).
+    pub(crate) notify_pages: usize,
+    /// MSI-X vectors raised since the machine last delivered them (0 command, 1 async, 2 CQ).
+    pub(crate) raised: Vec<usize>,
+    /// Async events posted to the async ring.
+    pub(crate) async_events: u64,
     pub(crate) pds: Vec<bool>,
     pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) qps: Vec<Option<Qp>>,
@@ -339,6 +346,9 @@ impl Device {
             active: false,
             dsr_written: None,
             ring_pages: Vec::new(),
+            notify_pages: 0,
+            raised: Vec::new(),
+            async_events: 0,
             pds: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
@@ -413,9 +423,46 @@ impl Device {
                 2 => self.active = false,
                 _ => {}
             },
-            REG_REQUEST if value == 0 => self.exec(ctx),
+            REG_REQUEST if value == 0 => {
+                self.exec(ctx);
+                // QEMU raises the command vector after every command, failed ones included.
+                if !self.silent {
+                    self.raised.push(0);
+                }
+            }
             _ => {}
         }
+    }
+
+    /// Posts an async event to the async ring as VMware's device does (QEMU never does):
+    /// 8-byte elements (u32 type, u32 info), (pages − 1)·512 of them, indices modulo twice
+    /// that, producer at +8 of the state page; then raises vector 1. False (nothing posted)
+    /// when no ring is loaded, its indices are invalid, or it is full.
+    pub(crate) fn post_async(&mut self, ctx: &mut Ctx<'_>, kind: u32, info: u32) -> bool {
+        let Some(&state) = self.ring_pages.get(self.notify_pages) else {
+            return false;
+        };
+        let data = &self.ring_pages[self.notify_pages + 1..];
+        let slots = (data.len() * 512) as u32;
+        if !slots.is_power_of_two() {
+            return false;
+        }
+        let Some(b) = ctx.rd(state + 8, 8) else {
+            return false;
+        };
+        let (p, q) = (le32(&b, 0), le32(&b, 4));
+        if p >= 2 * slots || q >= 2 * slots || p == q ^ slots {
+            return false;
+        }
+        let i = p & (slots - 1);
+        let mut e = [0u8; 8];
+        e[..4].copy_from_slice(&kind.to_le_bytes());
+        e[4..].copy_from_slice(&info.to_le_bytes());
+        ctx.wr(data[(i / 512) as usize] + u64::from(i % 512) * 8, &e);
+        ctx.wr(state + 8, &((p + 1) & (2 * slots - 1)).to_le_bytes());
+        self.async_events += 1;
+        self.raised.push(1);
+        true
     }
 
     fn load_dsr(&mut self, ctx: &mut Ctx<'_>) {
@@ -448,6 +495,7 @@ impl Device {
         }
         // CQ-notification ring first, then the async ring, as QEMU maps them.
         let mut ring_pages = Vec::new();
+        let mut notify_pages = 0;
         for (num_off, pdir_off) in [(0x30, 0x38), (0x20, 0x28)] {
             let n = le32(&bytes, num_off);
             if !(1..=511).contains(&n) {
@@ -460,8 +508,12 @@ impl Device {
                 ctx.wr(pa, &[0u8; PAGE as usize]);
             }
             ring_pages.extend(pages);
+            if notify_pages == 0 {
+                notify_pages = ring_pages.len();
+            }
         }
         self.ring_pages = ring_pages;
+        self.notify_pages = notify_pages;
 
         // Capabilities, written in place; fields QEMU does not write keep the driver's bytes.
         let cfg = ctx.cfg;

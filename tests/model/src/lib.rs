@@ -284,10 +284,21 @@ impl Default for Model {
     }
 }
 
+/// Offset of the interrupt mask register in BAR1.
+const REG_IMR: usize = 0x1C;
+
 /// The PCI address of the PVRDMA function.
 pub const PVRDMA_ADDRESS: (u8, u8, u8) = (0, 0x10, 1);
 
 impl Inner {
+    /// Hands the vectors the device raised to its MSI-X function (IMR as it is now).
+    fn deliver_interrupts(&mut self) {
+        let imr = self.dev.regs[REG_IMR / 4];
+        for v in std::mem::take(&mut self.dev.raised) {
+            self.pci.msix_notify(v, imr);
+        }
+    }
+
     fn new(cfg: ModelConfig) -> Self {
         Inner {
             mem: Memory::new(cfg.dma_pages),
@@ -508,6 +519,49 @@ impl Model {
             bus_master: true,
         };
         dev.inject_cqe(&mut ctx, cq, qpn, wr_id);
+        g.deliver_interrupts();
+    }
+
+    /// Posts an async event (`kind` as the PVRDMA ABI numbers them, 0–18, and its `info`: a
+    /// QP, CQ or SRQ handle, or a port) to the async ring and raises vector 1, as VMware's
+    /// device does; QEMU never does. False when there is no ring to post to or it is full.
+    pub fn post_async(&self, kind: u32, info: u32) -> bool {
+        let mut g = self.lock();
+        let Inner {
+            cfg,
+            mem,
+            pci,
+            dev,
+            violations,
+            liar,
+        } = &mut *g;
+        let mut ctx = device::Ctx {
+            cfg,
+            mem,
+            violations,
+            liar,
+            bus_master: pci.pvrdma_bus_master(),
+        };
+        let posted = dev.post_async(&mut ctx, kind, info);
+        g.deliver_interrupts();
+        posted
+    }
+
+    /// The MSI-X messages the PVRDMA sent since the last call, in order: (address, data) as
+    /// the driver programmed the entry of each raised vector.
+    pub fn take_msi(&self) -> Vec<(u64, u32)> {
+        self.lock().pci.take_msi()
+    }
+
+    /// MSI-X state: (pending bits, messages dropped while IMR was non-zero, messages dropped
+    /// with bus mastering off). QEMU drops rather than holds a vector raised under IMR.
+    pub fn msix_stats(&self) -> (u64, u64, u64) {
+        self.lock().pci.msix_stats()
+    }
+
+    /// Async events posted so far.
+    pub fn async_events(&self) -> u64 {
+        self.lock().dev.async_events
     }
 
     /// Marks every WQE of QP `qpn`'s rings as consumed, without running them (benchmarks, with
@@ -586,7 +640,7 @@ unsafe impl Hal for Model {
 
     unsafe fn map_mmio(&self, paddr: u64, size: usize) -> Option<ModelMmio> {
         let g = self.lock();
-        for bar in [1usize, 2] {
+        for bar in [0usize, 1, 2] {
             let base = g.pci.pvrdma_bar(bar);
             if base != 0 && paddr == base && size as u64 <= g.pci.pvrdma_bar_size(bar) {
                 return Some(ModelMmio {
@@ -653,8 +707,10 @@ unsafe impl Mmio for ModelMmio {
             );
             return u32::MAX;
         }
-        if self.bar != 1 {
-            return u32::MAX;
+        match self.bar {
+            0 => return g.pci.bar0_read(offset),
+            1 => {}
+            _ => return u32::MAX,
         }
         let v = g.dev.reg_read(offset);
         let p = match offset {
@@ -711,8 +767,10 @@ impl ModelMmio {
             bus_master,
         };
         match self.bar {
+            0 => pci.bar0_write(offset, value),
             1 => dev.reg_write(&mut ctx, offset, value),
             _ => dev.doorbell(&mut ctx, offset, value),
         }
+        g.deliver_interrupts();
     }
 }

@@ -1,6 +1,7 @@
 //! The model's PCI configuration space: a host bridge at 00:00.0, function 0 of slot 0x10 (a
 //! vmxnet3 unless configured otherwise) and the PVRDMA at 00:10.1, with BARs that size as real
-//! ones do (Q-MAIN `pvrdma_realize`, `shared/pvrdma-abi.md` §1).
+//! ones do (Q-MAIN `pvrdma_realize`, `shared/pvrdma-abi.md` §1), and the PVRDMA's MSI-X
+//! capability with its table and PBA in BAR0 (`shared/interrupts.md` §2, §3).
 
 use bareverbs_hal::PciAddress;
 
@@ -53,6 +54,40 @@ impl Func {
 
 pub(crate) struct Pci {
     funcs: Vec<Func>,
+    msix: Msix,
+}
+
+/// Where the PVRDMA's MSI-X capability sits in its configuration space (QEMU: 0x40, the only
+/// capability).
+pub(crate) const MSIX_CAP: u16 = 0x40;
+/// MSI-X vectors of the PVRDMA: 0 command response, 1 async events, 2 CQ notification.
+pub(crate) const MSIX_VECTORS: usize = 3;
+/// Offset of the pending-bit array in BAR0.
+pub(crate) const MSIX_PBA: usize = 0x2000;
+
+/// The PVRDMA's MSI-X state as QEMU's `msix.c` keeps it: the table (address low, address
+/// high, data, vector control per entry; entries reset masked), the pending bits, and the
+/// messages sent, in order.
+struct Msix {
+    table: [[u32; 4]; MSIX_VECTORS],
+    pba: u64,
+    sent: Vec<(u64, u32)>,
+    /// Messages the device raised while IMR was non-zero: dropped, not pending (QEMU).
+    dropped_imr: u64,
+    /// Messages that found bus mastering off: dropped silently, not pending (QEMU).
+    dropped_bus_master: u64,
+}
+
+impl Msix {
+    fn new() -> Self {
+        Msix {
+            table: [[0, 0, 0, 1]; MSIX_VECTORS],
+            pba: 0,
+            sent: Vec::new(),
+            dropped_imr: 0,
+            dropped_bus_master: 0,
+        }
+    }
 }
 
 const PVRDMA: (u8, u8, u8) = crate::PVRDMA_ADDRESS;
@@ -86,8 +121,19 @@ impl Pci {
         };
         pvrdma.cfg[11] = 0x1100_1AF4; // subsystem: QEMU's default
         pvrdma.cfg[15] = 0x0100; // interrupt pin INTA#
+        // MSI-X, the only capability: status bit 4, the list at 0x34; 3 entries (N-1 = 2),
+        // table at BAR0 + 0, PBA at BAR0 + 0x2000.
+        pvrdma.cfg[1] |= 0x0010_0000;
+        pvrdma.cfg[13] = u32::from(MSIX_CAP);
+        let cap = usize::from(MSIX_CAP / 4);
+        pvrdma.cfg[cap] = 0x0002_0011;
+        pvrdma.cfg[cap + 1] = 0;
+        pvrdma.cfg[cap + 2] = MSIX_PBA as u32;
         funcs.push(pvrdma);
-        Pci { funcs }
+        Pci {
+            funcs,
+            msix: Msix::new(),
+        }
     }
 
     fn find(&self, a: PciAddress) -> Option<&Func> {
@@ -112,6 +158,21 @@ impl Pci {
 
     pub(crate) fn write(&mut self, a: PciAddress, offset: u16, value: u32, v: &mut Violations) {
         let key = (a.bus(), a.device(), a.function());
+        if key == PVRDMA && a.segment() == 0 && offset / 4 == MSIX_CAP / 4 {
+            // Message Control: only Enable (bit 15) and Function Mask (bit 14) are writable;
+            // ID, next pointer and the table size stay. Unmasking the function sends what is
+            // pending.
+            let was = self.msix_unmasked();
+            let f = self.pvrdma_mut();
+            let i = usize::from(MSIX_CAP / 4);
+            f.cfg[i] = (f.cfg[i] & !0xC000_0000) | (value & 0xC000_0000);
+            if !was && self.msix_unmasked() {
+                for v in 0..MSIX_VECTORS {
+                    self.deliver_if_pending(v);
+                }
+            }
+            return;
+        }
         let Some(f) = self
             .funcs
             .iter_mut()
@@ -139,6 +200,103 @@ impl Pci {
             }
             _ => {}
         }
+    }
+
+    fn pvrdma_mut(&mut self) -> &mut Func {
+        self.funcs
+            .iter_mut()
+            .find(|f| f.addr == PVRDMA)
+            .expect("pvrdma")
+    }
+
+    /// MSI-X Message Control of the PVRDMA.
+    fn msix_control(&self) -> u16 {
+        (self.pvrdma().cfg[usize::from(MSIX_CAP / 4)] >> 16) as u16
+    }
+
+    /// MSI-X enabled and the function not masked.
+    fn msix_unmasked(&self) -> bool {
+        self.msix_control() & 0xC000 == 0x8000
+    }
+
+    /// The device raises MSI-X `vector` (QEMU's `post_interrupt`: nothing at all while IMR is
+    /// non-zero; `msix_notify`: pending while disabled, function-masked or entry-masked).
+    pub(crate) fn msix_notify(&mut self, vector: usize, imr: u32) {
+        if vector >= MSIX_VECTORS {
+            return;
+        }
+        if imr != 0 {
+            self.msix.dropped_imr += 1;
+            return;
+        }
+        if !self.msix_unmasked() || self.msix.table[vector][3] & 1 != 0 {
+            self.msix.pba |= 1 << vector;
+            return;
+        }
+        self.send(vector);
+    }
+
+    fn send(&mut self, vector: usize) {
+        if !self.pvrdma_bus_master() {
+            self.msix.dropped_bus_master += 1;
+            return;
+        }
+        let e = self.msix.table[vector];
+        self.msix
+            .sent
+            .push((u64::from(e[0]) | u64::from(e[1]) << 32, e[2]));
+    }
+
+    /// A pending vector whose entry and function are now unmasked: cleared and sent.
+    fn deliver_if_pending(&mut self, vector: usize) {
+        if self.msix.pba & (1 << vector) != 0
+            && self.msix_unmasked()
+            && self.msix.table[vector][3] & 1 == 0
+        {
+            self.msix.pba &= !(1 << vector);
+            self.send(vector);
+        }
+    }
+
+    /// A 32-bit read of BAR0: the MSI-X table, or the PBA (other offsets read 0).
+    pub(crate) fn bar0_read(&self, offset: usize) -> u32 {
+        match offset {
+            o if o < MSIX_VECTORS * 16 => self.msix.table[o / 16][o % 16 / 4],
+            MSIX_PBA => self.msix.pba as u32,
+            o if o == MSIX_PBA + 4 => (self.msix.pba >> 32) as u32,
+            _ => 0,
+        }
+    }
+
+    /// A 32-bit write to BAR0: the MSI-X table (address low bits 1:0 read as zero, vector
+    /// control bit 0 only); the PBA and everything else ignore writes.
+    pub(crate) fn bar0_write(&mut self, offset: usize, value: u32) {
+        if offset >= MSIX_VECTORS * 16 {
+            return;
+        }
+        let (v, word) = (offset / 16, offset % 16 / 4);
+        self.msix.table[v][word] = match word {
+            0 => value & !3,
+            3 => value & 1,
+            _ => value,
+        };
+        if word == 3 {
+            self.deliver_if_pending(v);
+        }
+    }
+
+    /// The messages sent since the last call: (address, data), in order.
+    pub(crate) fn take_msi(&mut self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut self.msix.sent)
+    }
+
+    /// (pending bits, dropped while IMR was set, dropped with bus mastering off).
+    pub(crate) fn msix_stats(&self) -> (u64, u64, u64) {
+        (
+            self.msix.pba,
+            self.msix.dropped_imr,
+            self.msix.dropped_bus_master,
+        )
     }
 
     pub(crate) fn pvrdma_bar(&self, bar: usize) -> u64 {
