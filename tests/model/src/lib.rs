@@ -33,7 +33,7 @@ pub mod hostile;
 mod mem;
 mod pci;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
@@ -275,7 +275,23 @@ struct Inner {
 #[derive(Clone)]
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
-    free_doorbells: Arc<AtomicBool>,
+    /// Benchmark switches: free doorbells, and the plain UAR page.
+    bench: Arc<BenchState>,
+}
+
+/// What benchmarks set (shared by clones).
+struct BenchState {
+    /// Doorbell writes are ignored ([`Model::set_free_doorbells`]).
+    free_doorbells: AtomicBool,
+    /// The plain UAR page ([`Model::set_plain_uar`]).
+    plain_uar: Arc<PlainUar>,
+}
+
+/// A UAR as plain memory: what BAR2 mappings made in plain mode write to.
+struct PlainUar {
+    /// Whether new BAR2 mappings are plain.
+    on: AtomicBool,
+    words: [AtomicU32; 1024],
 }
 
 impl Default for Model {
@@ -305,7 +321,13 @@ impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
             inner: Arc::new(Mutex::new(Inner::new(cfg))),
-            free_doorbells: Arc::new(AtomicBool::new(false)),
+            bench: Arc::new(BenchState {
+                free_doorbells: AtomicBool::new(false),
+                plain_uar: Arc::new(PlainUar {
+                    on: AtomicBool::new(false),
+                    words: std::array::from_fn(|_| AtomicU32::new(0)),
+                }),
+            }),
         }
     }
 
@@ -321,7 +343,8 @@ impl Model {
     pub unsafe fn reset(&self, cfg: ModelConfig) {
         let old = std::mem::replace(&mut *self.lock(), Inner::new(cfg));
         drop(old);
-        self.free_doorbells.store(false, Ordering::Relaxed);
+        self.bench.free_doorbells.store(false, Ordering::Relaxed);
+        self.bench.plain_uar.on.store(false, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -480,7 +503,27 @@ impl Model {
     /// Makes doorbell writes free (ignored without locking the model): for benchmarks that
     /// count the driver's instructions, with completions put in place by [`Model::inject_cqe`].
     pub fn set_free_doorbells(&self, free: bool) {
-        self.free_doorbells.store(free, Ordering::Relaxed);
+        self.bench.free_doorbells.store(free, Ordering::Relaxed);
+    }
+
+    /// Makes the BAR2 (UAR) mappings made from now on (until turned off) a plain page of
+    /// memory, as a benchmark harness's fake UAR: a doorbell is one store there, the device
+    /// does not see it. The harness reads it with [`Model::take_uar_word`] and rings the device
+    /// itself with [`Model::doorbell`]. Mappings made before keep their mode.
+    pub fn set_plain_uar(&self, on: bool) {
+        self.bench.plain_uar.on.store(on, Ordering::Relaxed);
+    }
+
+    /// The last value written at byte `offset` of the plain UAR page since the last take (0
+    /// when none); the word is cleared.
+    pub fn take_uar_word(&self, offset: usize) -> u32 {
+        self.bench.plain_uar.words[offset / 4].swap(0, Ordering::Relaxed)
+    }
+
+    /// A doorbell write of `value` at byte `offset` of the UAR, as if through a mapping of
+    /// BAR2 (the device acts on it at once).
+    pub fn doorbell(&self, offset: usize, value: u32) {
+        self.mmio_write(2, 4096, offset, value);
     }
 
     /// Posts a successful SEND completion for `qpn` with `wr_id` to CQ `cq`.
@@ -583,7 +626,9 @@ unsafe impl Hal for Model {
         for bar in [1usize, 2] {
             let base = g.pci.pvrdma_bar(bar);
             if base != 0 && paddr == base && size as u64 <= g.pci.pvrdma_bar_size(bar) {
+                let plain = bar == 2 && self.bench.plain_uar.on.load(Ordering::Relaxed);
                 return Some(ModelMmio {
+                    plain: plain.then(|| self.bench.plain_uar.clone()),
                     model: self.clone(),
                     bar,
                     size,
@@ -624,6 +669,8 @@ impl ConfigRegionAccess for Model {
 
 /// A mapped BAR of the model's PVRDMA: writes act synchronously, as in QEMU.
 pub struct ModelMmio {
+    /// A UAR mapped in plain mode ([`Model::set_plain_uar`]).
+    plain: Option<Arc<PlainUar>>,
     model: Model,
     bar: usize,
     size: usize,
@@ -665,8 +712,15 @@ unsafe impl Mmio for ModelMmio {
 
     #[inline]
     fn write32(&self, offset: usize, value: u32) {
+        // Benchmarks: a store into the plain page, after this one test.
+        if let Some(p) = &self.plain {
+            if offset.is_multiple_of(4) && offset < 4096 {
+                p.words[offset / 4].store(value, Ordering::Relaxed);
+            }
+            return;
+        }
         // Benchmarks: a free doorbell costs this one test.
-        if self.bar == 2 && self.model.free_doorbells.load(Ordering::Relaxed) {
+        if self.bar == 2 && self.model.bench.free_doorbells.load(Ordering::Relaxed) {
             return;
         }
         self.write32_slow(offset, value);
@@ -677,10 +731,17 @@ impl ModelMmio {
     #[cold]
     #[inline(never)]
     fn write32_slow(&self, offset: usize, value: u32) {
-        if !offset.is_multiple_of(4) || offset + 4 > self.size {
+        self.model.mmio_write(self.bar, self.size, offset, value);
+    }
+}
+
+impl Model {
+    /// A write of `value` at byte `offset` of BAR `bar`, mapped `size` bytes long.
+    fn mmio_write(&self, bar: usize, size: usize, offset: usize, value: u32) {
+        if !offset.is_multiple_of(4) || offset + 4 > size {
             return;
         }
-        let mut g = self.model.lock();
+        let mut g = self.lock();
         let Inner {
             cfg,
             mem,
@@ -692,7 +753,7 @@ impl ModelMmio {
         if !pci.pvrdma_decodes() {
             violations.qemu(
                 hostile::point::PCI,
-                format!("BAR{} write with memory decoding off", self.bar),
+                format!("BAR{bar} write with memory decoding off"),
             );
             return;
         }
@@ -704,7 +765,7 @@ impl ModelMmio {
             liar,
             bus_master,
         };
-        match self.bar {
+        match bar {
             1 => dev.reg_write(&mut ctx, offset, value),
             _ => dev.doorbell(&mut ctx, offset, value),
         }
