@@ -339,14 +339,8 @@ impl<H: Hal> Pvrdma<H> {
             sq,
             rq,
             ctl,
-            sq_prod: Producer {
-                credit: sq.slots,
-                ..Producer::default()
-            },
-            rq_prod: Producer {
-                credit: rq.slots,
-                ..Producer::default()
-            },
+            sq_prod: Producer::new(sq.slots, handle | regs::db::QP_SEND),
+            rq_prod: Producer::new(rq.slots, handle | regs::db::QP_RECV),
             qkey: 0,
             sgid_index: 0,
             pd_handle: pd.handle,

@@ -74,6 +74,17 @@ pub(crate) struct Shadow {
     _pad: u32,
 }
 
+impl Shadow {
+    #[inline(always)]
+    pub(crate) fn new(wr_id: u64, tag: u32) -> Self {
+        Shadow {
+            wr_id,
+            tag,
+            _pad: 0,
+        }
+    }
+}
+
 /// One queue as a poller sees it.
 pub(crate) struct QueueView {
     pub(crate) ctl: QueueCtl,
@@ -261,24 +272,6 @@ impl QueueView {
                 unsafe { rel.release((e.tag & !PARKED) - 1) };
                 e.tag = 0;
             }
-        }
-    }
-
-    /// Records request `n`'s `wr_id` and tag in the shadow, if there is one.
-    #[inline]
-    pub(crate) fn record(&self, n: u32, wr_id: u64, tag: u32) {
-        if let Some(s) = self.shadow {
-            // A parked buffer in this slot (left by a reset) stays out of the pool: the device
-            // may still write it, and nothing will say when it stops.
-            let i = (n & (self.ring.slots() - 1)) as usize;
-            // SAFETY: as in `posted`; only the (exclusive) poster writes unpublished slots.
-            unsafe {
-                s.as_ptr().add(i).write(Shadow {
-                    wr_id,
-                    tag,
-                    _pad: 0,
-                })
-            };
         }
     }
 }

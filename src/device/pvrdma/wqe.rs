@@ -14,7 +14,7 @@ use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
 use super::qptable::QueueCtl;
 use super::regs::db;
-use super::ring::{Producer, Ring};
+use super::ring::{Producer, Ring, WqCursor};
 use super::srq::Srq;
 use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
@@ -59,19 +59,14 @@ unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
     }
 }
 
-/// Forgets what `p` wrote since its last commit (the slots stay unpublished).
-#[inline]
-fn abort(p: &mut Producer) {
-    p.tail = p.published;
-}
-
-/// Recomputes where a work queue is full from the completions taken (`done`); `false` when
-/// it is full. Inline, without a call: a call on the posting path, even a rare one, makes
-/// every post save and restore registers around it.
+/// Recomputes where a work queue (`p`, written by the batch `c`) is full from the completions
+/// taken (`done`); `false` when it is full. Inline, without a call: a call on the posting
+/// path, even a rare one, makes every post save and restore registers around it.
 #[inline(always)]
-fn refill(p: &mut Producer, done: u32, slots: u32) -> bool {
-    p.credit = done.wrapping_add(slots);
-    p.tail != p.credit
+fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
+    c.limit = done.wrapping_add(c.mask + 1);
+    p.credit = c.limit;
+    c.tail != c.limit
 }
 
 #[cold]
@@ -111,22 +106,33 @@ fn unsupported(f: Feature) -> Error {
 }
 
 impl<H: Hal> Pvrdma<H> {
-    /// Writes one send WQE at the send queue's next slot (not yet published).
+    /// Starts a batch on the send queue.
+    #[inline(always)]
+    pub(crate) fn sq_start(&self, qp: &Qp<H>) -> WqCursor {
+        WqCursor::new(&qp.sq_prod, &qp.sq_ring, qp.sq.sge, qp.ctl.ctl().sq.shadow)
+    }
+
+    /// Writes one send WQE at the batch's next slot (not yet published).
     ///
     /// # Safety
     ///
     /// The buffers named stay valid until the request completes (the provider contract).
     #[inline(always)]
-    pub(crate) unsafe fn sq_write(&self, qp: &mut Qp<H>, w: &SendWqe<'_, super::Ah>) -> Result<()> {
-        if qp.sq_prod.tail == qp.sq_prod.credit {
+    pub(crate) unsafe fn sq_write(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut WqCursor,
+        w: &SendWqe<'_, super::Ah>,
+    ) -> Result<()> {
+        if c.tail == c.limit {
             let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
-            if !refill(&mut qp.sq_prod, done, qp.sq.slots) {
+            if !refill(&mut qp.sq_prod, c, done) {
                 return Err(queue_full(Queue::Send));
             }
         }
         let nsge = w.sges.len();
-        if nsge > qp.sq.sge as usize {
-            return Err(too_many_sges(nsge, qp.sq.sge));
+        if nsge > c.max_sge as usize {
+            return Err(too_many_sges(nsge, c.max_sge));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -165,8 +171,8 @@ impl<H: Hal> Pvrdma<H> {
         if !self.gid_in_use(sgid) {
             return Err(unbound_gid());
         }
-        let n = qp.sq_prod.tail;
-        let h = qp.sq_ring.slot(n).cast::<abi::SqWqeHdr>();
+        let h = c.slot().cast::<abi::SqWqeHdr>();
+        c.record(w.wr_id, w.tag);
         // Every send WQE completes on PVRDMA (QEMU ignores the flag): saying so keeps the
         // driver's completion count exact.
         let mut flags = send_flags::SIGNALED;
@@ -212,41 +218,39 @@ impl<H: Hal> Pvrdma<H> {
             words.add(wr::AV_GID_WORD).write(gid_word);
             write_sges(h.cast::<u8>().add(size_of::<abi::SqWqeHdr>()), w.sges);
         }
-        qp.ctl.ctl().sq.record(n, w.wr_id, w.tag);
-        qp.sq_prod.tail = n.wrapping_add(1);
+        c.tail = c.tail.wrapping_add(1);
         Ok(())
     }
 
-    /// Publishes the send WQEs written since the last commit, with one doorbell.
+    /// Publishes the send WQEs the batch `c` wrote, with one doorbell.
     #[inline(always)]
-    pub(crate) fn sq_commit(&self, qp: &mut Qp<H>) {
-        let bell = qp.handle() | db::QP_SEND;
+    pub(crate) fn sq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
         let ctl = &qp.ctl.ctl().sq.ctl;
-        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, bell);
+        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, c);
     }
 
-    /// Publishes what `p` wrote since its last commit on `ring`, tells the poller (`ctl`), and
-    /// rings the QP doorbell with `bell`.
+    /// Publishes what the batch `c` wrote on `ring` (`p`'s queue), tells the poller (`ctl`),
+    /// and rings the QP doorbell.
     #[inline(always)]
-    fn commit(&self, p: &mut Producer, ring: &Ring, ctl: &QueueCtl, bell: u32) {
-        let tail = p.tail;
-        if tail == p.published {
+    fn commit(&self, p: &mut Producer, ring: &Ring, ctl: &QueueCtl, c: &WqCursor) {
+        let tail = c.tail;
+        if tail == c.start {
             return;
         }
-        p.published = tail;
+        p.tail = tail;
         ctl.tail.store(tail, Ordering::Release);
         ring.publish(tail);
         before_doorbell();
-        self.uar.write32(db::QP, bell);
+        self.uar.write32(db::QP, p.bell);
     }
 
-    /// Forgets the send WQEs written since the last commit.
-    #[inline]
-    pub(crate) fn sq_abort(&self, qp: &mut Qp<H>) {
-        abort(&mut qp.sq_prod);
+    /// Starts a batch on the receive queue.
+    #[inline(always)]
+    pub(crate) fn rq_start(&self, qp: &Qp<H>) -> WqCursor {
+        WqCursor::new(&qp.rq_prod, &qp.rq_ring, qp.rq.sge, qp.ctl.ctl().rq.shadow)
     }
 
-    /// Writes one receive WQE at the receive queue's next slot (not yet published).
+    /// Writes one receive WQE at the batch's next slot (not yet published).
     ///
     /// # Safety
     ///
@@ -255,23 +259,24 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) unsafe fn rq_write(
         &self,
         qp: &mut Qp<H>,
+        c: &mut WqCursor,
         wr_id: u64,
         sges: &[Sge],
         tag: u32,
     ) -> Result<()> {
-        if qp.rq_prod.tail == qp.rq_prod.credit {
+        if c.tail == c.limit {
             // Receives of a QP with an SRQ go to the SRQ (the queue has no slots, so no
             // credit): QEMU would read past its allocation (§12.3).
             let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-            if qp.has_srq || !refill(&mut qp.rq_prod, done, qp.rq.slots) {
+            if qp.has_srq || !refill(&mut qp.rq_prod, c, done) {
                 return Err(queue_full(Queue::Recv));
             }
         }
-        if sges.len() > qp.rq.sge as usize {
-            return Err(too_many_sges(sges.len(), qp.rq.sge));
+        if sges.len() > c.max_sge as usize {
+            return Err(too_many_sges(sges.len(), c.max_sge));
         }
-        let n = qp.rq_prod.tail;
-        let h = qp.rq_ring.slot(n).cast::<abi::RqWqeHdr>();
+        let h = c.slot().cast::<abi::RqWqeHdr>();
+        c.record(wr_id, tag);
         // SAFETY: this slot's WQE, not yet published; the stride holds the header and
         // max_recv_sge SGEs, the count was checked above.
         unsafe {
@@ -279,23 +284,15 @@ impl<H: Hal> Pvrdma<H> {
             put!(h, num_sge, sges.len() as u32);
             write_sges(h.cast::<u8>().add(size_of::<abi::RqWqeHdr>()), sges);
         }
-        qp.ctl.ctl().rq.record(n, wr_id, tag);
-        qp.rq_prod.tail = n.wrapping_add(1);
+        c.tail = c.tail.wrapping_add(1);
         Ok(())
     }
 
-    /// Publishes the receive WQEs written since the last commit, with one doorbell.
+    /// Publishes the receive WQEs the batch `c` wrote, with one doorbell.
     #[inline(always)]
-    pub(crate) fn rq_commit(&self, qp: &mut Qp<H>) {
-        let bell = qp.handle() | db::QP_RECV;
+    pub(crate) fn rq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
         let ctl = &qp.ctl.ctl().rq.ctl;
-        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, bell);
-    }
-
-    /// Forgets the receive WQEs written since the last commit.
-    #[inline]
-    pub(crate) fn rq_abort(&self, qp: &mut Qp<H>) {
-        abort(&mut qp.rq_prod);
+        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, c);
     }
 
     /// Posts receive work requests to a shared receive queue, all or none, one doorbell.

@@ -87,12 +87,13 @@ impl<'a, P: Provider> QpInner<'a, P> {
             )
         };
         let provider = self.ctx.provider();
+        let mut c = provider.sq_start(&self.raw);
         // SAFETY: the buffer moves into the QP right after (its handle is given up), so the
         // CPU no longer reaches it; it comes back only with its completion.
-        if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &w) } {
+        if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &mut c, &w) } {
             return Err((buf, e));
         }
-        provider.sq_commit(&mut self.raw);
+        provider.sq_commit(&mut self.raw, &c);
         buf.into_tag();
         Ok(())
     }
@@ -105,11 +106,12 @@ impl<'a, P: Provider> QpInner<'a, P> {
         let sge = buf.room();
         let provider = self.ctx.provider();
         let sges = core::slice::from_ref(&sge);
+        let (mut c, tag) = (provider.rq_start(&self.raw), buf.index() + 1);
         // SAFETY: as in `post_send_wqe`: the buffer moves into the QP right after.
-        if let Err(e) = unsafe { provider.rq_write(&mut self.raw, wr_id, sges, buf.index() + 1) } {
+        if let Err(e) = unsafe { provider.rq_write(&mut self.raw, &mut c, wr_id, sges, tag) } {
             return Err((buf, e));
         }
-        provider.rq_commit(&mut self.raw);
+        provider.rq_commit(&mut self.raw, &c);
         buf.into_tag();
         Ok(())
     }
