@@ -11,7 +11,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
-use super::qptable::Shadow;
+use super::qptable::{QueueView, Shadow};
 use crate::dma::Dma;
 
 /// A ring located once in its DMA memory (which never moves while the ring's owner exists).
@@ -136,7 +136,7 @@ impl Ring {
 }
 
 /// The producer side of one work queue, kept in the QP (moved with it; only `&mut` touches it).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct Producer {
     /// Requests published to the device, free-running.
     pub(crate) tail: u32,
@@ -146,21 +146,25 @@ pub(crate) struct Producer {
     pub(crate) credit: u32,
     /// The queue's doorbell word (the QP's handle and the queue's bit), made once.
     pub(crate) bell: u32,
+    /// The safe path's per-slot record of the queue (`QueueView::shadow`), when it has one.
+    pub(crate) shadow: Option<NonNull<Shadow>>,
 }
 
 impl Producer {
-    /// A new queue of `slots` slots whose doorbell word is `bell`.
-    pub(crate) fn new(slots: u32, bell: u32) -> Self {
+    /// A new queue of `slots` slots whose doorbell word is `bell`, seen by its pollers as `q`.
+    pub(crate) fn new(slots: u32, bell: u32, q: &QueueView) -> Self {
         Producer {
             tail: 0,
             credit: slots,
             bell,
+            shadow: q.shadow,
         }
     }
 
     /// The queue starts over (a QP reset): nothing published, `slots` of credit.
     pub(crate) fn reset(&mut self, slots: u32) {
-        *self = Producer::new(slots, self.bell);
+        self.tail = 0;
+        self.credit = slots;
     }
 }
 
@@ -190,12 +194,7 @@ pub struct WqCursor {
 impl WqCursor {
     /// A cursor at `p`'s position on `ring`.
     #[inline(always)]
-    pub(crate) fn new(
-        p: &Producer,
-        ring: &Ring,
-        max_sge: u32,
-        shadow: Option<NonNull<Shadow>>,
-    ) -> Self {
+    pub(crate) fn new(p: &Producer, ring: &Ring, max_sge: u32) -> Self {
         WqCursor {
             tail: p.tail,
             start: p.tail,
@@ -204,7 +203,7 @@ impl WqCursor {
             mask: ring.mask,
             shift: ring.shift,
             max_sge,
-            shadow,
+            shadow: p.shadow,
         }
     }
 

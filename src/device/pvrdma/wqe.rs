@@ -69,47 +69,40 @@ fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
     c.tail != c.limit
 }
 
-#[cold]
-#[inline(never)]
-fn queue_full(queue: Queue) -> Error {
-    Error::QueueFull { queue, free: 0 }
+/// Why a post is refused.
+#[derive(Clone, Copy)]
+enum Refusal {
+    Full(Queue),
+    /// More SGEs (the count) than the queue's maximum.
+    Sges(usize, u32),
+    Feature(Feature),
+    NoUdDest,
+    UnboundGid,
 }
 
+/// The error of a refused post, built out of line from one function: every refusal of a post
+/// is then one call from the post's code, which keeps its stack frame off the common path.
 #[cold]
 #[inline(never)]
-fn no_ud_dest() -> Error {
-    Error::MissingAttribute {
+fn refuse(why: Refusal) -> Error {
+    let missing = |attr| Error::MissingAttribute {
         op: Op::PostSend,
-        attr: Attr::UdDest,
+        attr,
+    };
+    match why {
+        Refusal::Full(queue) => Error::QueueFull { queue, free: 0 },
+        Refusal::Sges(n, max) => Error::invalid(Param::NumSge, n as u64, max),
+        Refusal::Feature(f) => Error::Unsupported(Unsupported::Feature(f)),
+        Refusal::NoUdDest => missing(Attr::UdDest),
+        Refusal::UnboundGid => missing(Attr::SourceGid),
     }
-}
-
-#[cold]
-#[inline(never)]
-fn too_many_sges(n: usize, max: u32) -> Error {
-    Error::invalid(Param::NumSge, n as u64, max)
-}
-
-#[cold]
-#[inline(never)]
-fn unbound_gid() -> Error {
-    Error::MissingAttribute {
-        op: Op::PostSend,
-        attr: Attr::SourceGid,
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn unsupported(f: Feature) -> Error {
-    Error::Unsupported(Unsupported::Feature(f))
 }
 
 impl<H: Hal> Pvrdma<H> {
     /// Starts a batch on the send queue.
     #[inline(always)]
     pub(crate) fn sq_start(&self, qp: &Qp<H>) -> WqCursor {
-        WqCursor::new(&qp.sq_prod, &qp.sq_ring, qp.sq.sge, qp.ctl.ctl().sq.shadow)
+        WqCursor::new(&qp.sq_prod, &qp.sq_ring, qp.sq.sge)
     }
 
     /// Writes one send WQE at the batch's next slot (not yet published).
@@ -127,16 +120,16 @@ impl<H: Hal> Pvrdma<H> {
         if c.tail == c.limit {
             let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
             if !refill(&mut qp.sq_prod, c, done) {
-                return Err(queue_full(Queue::Send));
+                return Err(refuse(Refusal::Full(Queue::Send)));
             }
         }
         let nsge = w.sges.len();
         if nsge > c.max_sge as usize {
-            return Err(too_many_sges(nsge, c.max_sge));
+            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
-            return Err(unsupported(Feature::InlineData));
+            return Err(refuse(Refusal::Feature(Feature::InlineData)));
         }
         let (code, faithful) = match w.op {
             WrOpcode::Send => (wr_opcode::SEND, true),
@@ -146,18 +139,18 @@ impl<H: Hal> Pvrdma<H> {
             WrOpcode::RdmaRead => (wr_opcode::RDMA_READ, false),
             // The device advertises no atomics (QEMU: atomic_ops = 0).
             WrOpcode::AtomicCmpSwap | WrOpcode::AtomicFetchAdd => {
-                return Err(unsupported(Feature::Atomics));
+                return Err(refuse(Refusal::Feature(Feature::Atomics)));
             }
         };
         if !faithful && self.opcodes == Opcodes::SendOnly {
             // QEMU runs every send WQE as a plain SEND (§8.6): refuse what it would fake.
-            return Err(unsupported(Feature::NotExecutedByDevice));
+            return Err(refuse(Refusal::Feature(Feature::NotExecutedByDevice)));
         }
         let ud = match (qp.datagram, &w.ud) {
-            (true, None) => return Err(no_ud_dest()),
-            (false, Some(_)) => return Err(unsupported(Feature::OpcodeForQpType)),
+            (true, None) => return Err(refuse(Refusal::NoUdDest)),
+            (false, Some(_)) => return Err(refuse(Refusal::Feature(Feature::OpcodeForQpType))),
             (true, Some(_)) if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM => {
-                return Err(unsupported(Feature::OpcodeForQpType));
+                return Err(refuse(Refusal::Feature(Feature::OpcodeForQpType)));
             }
             (_, ud) => ud,
         };
@@ -169,7 +162,7 @@ impl<H: Hal> Pvrdma<H> {
             None => qp.sgid_index,
         };
         if !self.gid_in_use(sgid) {
-            return Err(unbound_gid());
+            return Err(refuse(Refusal::UnboundGid));
         }
         let h = c.slot().cast::<abi::SqWqeHdr>();
         c.record(w.wr_id, w.tag);
@@ -247,7 +240,7 @@ impl<H: Hal> Pvrdma<H> {
     /// Starts a batch on the receive queue.
     #[inline(always)]
     pub(crate) fn rq_start(&self, qp: &Qp<H>) -> WqCursor {
-        WqCursor::new(&qp.rq_prod, &qp.rq_ring, qp.rq.sge, qp.ctl.ctl().rq.shadow)
+        WqCursor::new(&qp.rq_prod, &qp.rq_ring, qp.rq.sge)
     }
 
     /// Writes one receive WQE at the batch's next slot (not yet published).
@@ -269,11 +262,11 @@ impl<H: Hal> Pvrdma<H> {
             // credit): QEMU would read past its allocation (§12.3).
             let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
             if qp.has_srq || !refill(&mut qp.rq_prod, c, done) {
-                return Err(queue_full(Queue::Recv));
+                return Err(refuse(Refusal::Full(Queue::Recv)));
             }
         }
         if sges.len() > c.max_sge as usize {
-            return Err(too_many_sges(sges.len(), c.max_sge));
+            return Err(refuse(Refusal::Sges(sges.len(), c.max_sge)));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
@@ -306,7 +299,7 @@ impl<H: Hal> Pvrdma<H> {
             .iter()
             .find(|w| w.sg_list.len() > srq.layout.sge as usize)
         {
-            return Err(too_many_sges(w.sg_list.len(), srq.layout.sge));
+            return Err(refuse(Refusal::Sges(w.sg_list.len(), srq.layout.sge)));
         }
         let _guard = srq.lock.try_lock().ok_or(Error::Busy { op })?;
         let ring = srq.ring;
