@@ -11,6 +11,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
+use super::abi;
 use super::qptable::{QueueView, Shadow};
 use crate::dma::Dma;
 
@@ -100,6 +101,20 @@ impl Ring {
             self.data
                 .as_ptr()
                 .add(((n & self.mask) as usize) << self.shift)
+        }
+    }
+
+    /// The CQE of free-running counter `n`, for a ring of [`abi::CQE_SIZE`]-byte slots (a
+    /// CQ's: the stride is a constant, not a shift read from the ring).
+    #[inline(always)]
+    pub(crate) fn cqe(&self, n: u32) -> *const abi::Cqe {
+        debug_assert_eq!(1 << self.shift, abi::CQE_SIZE);
+        // SAFETY: as in `slot`: a CQ's ring has N slots of CQE_SIZE bytes (`Ring::new`).
+        unsafe {
+            self.data
+                .as_ptr()
+                .add((n & self.mask) as usize * abi::CQE_SIZE)
+                .cast()
         }
     }
 
