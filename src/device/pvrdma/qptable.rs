@@ -74,17 +74,6 @@ pub(crate) struct Shadow {
     _pad: u32,
 }
 
-impl Shadow {
-    #[inline(always)]
-    pub(crate) fn new(wr_id: u64, tag: u32) -> Self {
-        Shadow {
-            wr_id,
-            tag,
-            _pad: 0,
-        }
-    }
-}
-
 /// One queue as a poller sees it.
 pub(crate) struct QueueView {
     pub(crate) ctl: QueueCtl,

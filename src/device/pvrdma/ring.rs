@@ -240,8 +240,13 @@ impl WqCursor {
         if let Some(s) = self.shadow {
             let i = (self.tail & self.mask) as usize;
             // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots;
-            // only the (exclusive) poster writes unpublished slots.
-            unsafe { s.as_ptr().add(i).write(Shadow::new(wr_id, tag)) };
+            // only the (exclusive) poster writes unpublished slots. (The two fields only: the
+            // padding is never read.)
+            unsafe {
+                let e = s.as_ptr().add(i);
+                core::ptr::addr_of_mut!((*e).wr_id).write(wr_id);
+                core::ptr::addr_of_mut!((*e).tag).write(tag);
+            }
         }
     }
 }
