@@ -301,19 +301,21 @@ impl<H: Hal> Pvrdma<H> {
                 return Ok(0);
             }
         }
-        self.poll_ready(cq, out)
+        match out {
+            // One completion asked for (the latency case): inline, straight-line.
+            [wc] => self.poll_first(cq, core::slice::from_mut(wc)),
+            _ => self.poll_ready(cq, out),
+        }
     }
 
-    /// The poll of a CQ with something to report. The common case runs here, without a stack
-    /// frame: the ring's index checked, the first CQE taken if it is a CQE of the cached QP
-    /// that is the next outstanding request of its queue (`fast_cqe`), the others by
-    /// [`poll_more`](Self::poll_more). Every other case — a CQ with flushes or a refusal
-    /// pending, an index that cannot be right, a CQE of another QP, of an SRQ, of a safe
-    /// request, a mismatch — goes, with the lock, to [`harvest`](Self::harvest), the general
-    /// loop, from where the fast path stopped. Both are tail calls: nothing is kept live
-    /// across a call.
+    /// The poll of one completion (`out` has one entry) on a CQ with something to report,
+    /// inline and straight-line: the ring's index checked, the CQE taken if it is one of the
+    /// cached QP that is the next outstanding request of its queue (`fast_cqe`). Every other
+    /// case — a CQ with flushes or a refusal pending, an index that cannot be right, a CQE of
+    /// another QP, of an SRQ, of a safe request, a mismatch — goes, with the lock, to
+    /// [`harvest`](Self::harvest), the general loop.
     #[inline(always)]
-    fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+    fn poll_first(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let Some(mut guard) = cq.poll.try_lock() else {
             return busy();
         };
@@ -332,34 +334,37 @@ impl<H: Hal> Pvrdma<H> {
             return self.harvest(cq, guard, out, 0);
         }
         guard.head = head.wrapping_add(1);
-        if ready > 1 && out.len() > 1 {
-            return self.poll_more(cq, guard, out, ready);
-        }
         // The CQE was read before its slot is handed back (release).
         ring.cons().store(ring.index(guard.head), Ordering::Release);
         Ok(1)
     }
 
-    /// The rest of [`poll_ready`](Self::poll_ready)'s fast path: CQEs 1.. of the `ready` ones
-    /// (the first was taken, `guard`'s position is past it).
+    /// The poll of any number of completions on a CQ with something to report, out of line
+    /// (the caller's code stays small: an empty poll runs without a stack frame): the ring's
+    /// index checked, then each CQE of the cached QP that is the next outstanding request of
+    /// its queue taken (`fast_cqe`); every other case goes to [`harvest`](Self::harvest) from
+    /// where the fast loop stopped.
     #[inline(never)]
-    fn poll_more(
-        &self,
-        cq: &Cq<H>,
-        mut guard: spin::MutexGuard<'_, PollState>,
-        out: &mut [WorkCompletion],
-        ready: u32,
-    ) -> Result<usize> {
+    fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return busy();
+        };
         // A copy: the completions written may alias the CQ for the compiler.
         let ring = cq.ring;
+        if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
+            return self.harvest(cq, guard, out, 0);
+        }
+        let head = guard.head;
+        let Some(ready) = ring.ready(head) else {
+            return self.harvest(cq, guard, out, 0);
+        };
         let want = (ready as usize).min(out.len());
-        let start = guard.head.wrapping_sub(1);
         let last = guard.last;
-        let mut n = 1;
+        let mut n = 0;
         while n < want {
             if !fast_cqe(
                 &last,
-                ring.cqe(start.wrapping_add(n as u32)),
+                ring.cqe(head.wrapping_add(n as u32)),
                 None,
                 &mut out[n],
             ) {
@@ -367,12 +372,14 @@ impl<H: Hal> Pvrdma<H> {
             }
             n += 1;
         }
-        guard.head = start.wrapping_add(n as u32);
+        guard.head = head.wrapping_add(n as u32);
         if n < want {
             return self.harvest(cq, guard, out, n);
         }
-        // The CQEs were read before their slots are handed back (release).
-        ring.cons().store(ring.index(guard.head), Ordering::Release);
+        if n != 0 {
+            // The CQEs were read before their slots are handed back (release).
+            ring.cons().store(ring.index(guard.head), Ordering::Release);
+        }
         Ok(n)
     }
 
