@@ -204,6 +204,8 @@ pub struct WqCursor {
     pub(crate) max_sge: u32,
     /// The safe path's per-slot record, when the QP has one.
     pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// Sends: the QP's source GID was found bound by this batch.
+    pub(crate) gid_ok: bool,
 }
 
 impl WqCursor {
@@ -219,6 +221,7 @@ impl WqCursor {
             shift: ring.shift,
             max_sge,
             shadow: p.shadow,
+            gid_ok: false,
         }
     }
 

@@ -157,13 +157,17 @@ impl<H: Hal> Pvrdma<H> {
         // The source GID the WQE names (byte 0x41) must be bound now: QEMU loops forever on
         // one it cannot map (§8.6). A binding dropped after RTR, or an address handle made
         // before an unbind, is refused here.
-        let sgid = match ud {
-            Some(ud) => (ud.ah.words[5] >> 8) as u8,
-            None => qp.sgid_index,
+        // The QP's own GID (connected sends) is looked at once per batch: a batch's first
+        // request is published at `finish` like its last, so a check per request would guard
+        // no window the first one's does not.
+        let bound = match ud {
+            Some(ud) => self.gid_in_use((ud.ah.words[5] >> 8) as u8),
+            None => c.gid_ok || self.gid_in_use(qp.sgid_index),
         };
-        if !self.gid_in_use(sgid) {
+        if !bound {
             return Err(refuse(Refusal::UnboundGid));
         }
+        c.gid_ok |= ud.is_none();
         let h = c.slot().cast::<abi::SqWqeHdr>();
         c.record(w.wr_id, w.tag);
         // Every send WQE completes on PVRDMA (QEMU ignores the flag): saying so keeps the
