@@ -49,7 +49,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         let tag = match provider.poll_qp(self.send_cq, &self.raw, &mut wc)? {
             Some(t) => t,
             None if core::ptr::eq(self.send_cq, self.recv_cq) => return Ok(None),
-            None => match provider.poll_qp(self.recv_cq, &self.raw, &mut wc)? {
+            None => match self.poll_recv_cq(&mut wc)? {
                 Some(t) => t,
                 None => return Ok(None),
             },
@@ -63,6 +63,13 @@ impl<'a, P: Provider> QpInner<'a, P> {
             _ => None,
         };
         Ok(Some(Completion { wc, buf }))
+    }
+
+    /// The receive CQ's part of [`poll_one`](Self::poll_one), when it is not the send CQ (out
+    /// of line: the common case of one CQ keeps one inlined poll).
+    #[inline(never)]
+    fn poll_recv_cq(&self, wc: &mut WorkCompletion) -> Result<Option<u32>> {
+        self.ctx.provider().poll_qp(self.recv_cq, &self.raw, wc)
     }
 
     #[inline(always)]
