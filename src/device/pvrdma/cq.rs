@@ -289,7 +289,8 @@ impl<H: Hal> Pvrdma<H> {
     ///
     /// Inline, only the emptiness test: a ring that looks empty, with no flushes and no
     /// refusal pending, gets the POLL doorbell (the device harvests what its host has) and one
-    /// more look (§10.3); anything there goes to [`poll_ready`](Self::poll_ready).
+    /// more look (§10.3); anything there goes to [`poll_first`](Self::poll_first) (one
+    /// completion asked for) or [`poll_ready`](Self::poll_ready).
     #[inline(always)]
     pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let ring = &cq.ring;
