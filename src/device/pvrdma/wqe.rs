@@ -99,6 +99,22 @@ fn refuse(why: Refusal) -> Error {
 }
 
 impl<H: Hal> Pvrdma<H> {
+    /// The send queue's credit recomputed (`refill`); `false` when it is full.
+    #[inline(always)]
+    fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+        refill(&mut qp.sq_prod, c, done)
+    }
+
+    /// The receive queue's credit recomputed (`refill`); `false` when it is full. Receives of
+    /// a QP with an SRQ go to the SRQ (the queue has no slots, so no credit): QEMU would read
+    /// past its allocation (§12.3).
+    #[inline(always)]
+    fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
+        !qp.has_srq && refill(&mut qp.rq_prod, c, done)
+    }
+
     /// Starts a batch on the send queue.
     #[inline(always)]
     pub(crate) fn sq_start(&self, qp: &Qp<H>) -> WqCursor {
@@ -117,15 +133,19 @@ impl<H: Hal> Pvrdma<H> {
         c: &mut WqCursor,
         w: &SendWqe<'_, super::Ah>,
     ) -> Result<()> {
-        if c.tail == c.limit {
-            let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
-            if !refill(&mut qp.sq_prod, c, done) {
-                return Err(refuse(Refusal::Full(Queue::Send)));
-            }
-        }
+        // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
         let nsge = w.sges.len();
         if nsge > c.max_sge as usize {
-            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
+            let full = c.tail == c.limit && !self.sq_refill(qp, c);
+            let why = if full {
+                Refusal::Full(Queue::Send)
+            } else {
+                Refusal::Sges(nsge, c.max_sge)
+            };
+            return Err(refuse(why));
+        }
+        if c.tail == c.limit && !self.sq_refill(qp, c) {
+            return Err(refuse(Refusal::Full(Queue::Send)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -261,16 +281,20 @@ impl<H: Hal> Pvrdma<H> {
         sges: &[Sge],
         tag: u32,
     ) -> Result<()> {
-        if c.tail == c.limit {
-            // Receives of a QP with an SRQ go to the SRQ (the queue has no slots, so no
-            // credit): QEMU would read past its allocation (§12.3).
-            let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-            if qp.has_srq || !refill(&mut qp.rq_prod, c, done) {
-                return Err(refuse(Refusal::Full(Queue::Recv)));
-            }
+        // The SGE count first (its limit is then no longer needed, which leaves a register
+        // for the refill), the refusal as if the credit were checked first.
+        let nsge = sges.len();
+        if nsge > c.max_sge as usize {
+            let full = c.tail == c.limit && !self.rq_refill(qp, c);
+            let why = if full {
+                Refusal::Full(Queue::Recv)
+            } else {
+                Refusal::Sges(nsge, c.max_sge)
+            };
+            return Err(refuse(why));
         }
-        if sges.len() > c.max_sge as usize {
-            return Err(refuse(Refusal::Sges(sges.len(), c.max_sge)));
+        if c.tail == c.limit && !self.rq_refill(qp, c) {
+            return Err(refuse(Refusal::Full(Queue::Recv)));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
