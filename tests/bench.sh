@@ -10,6 +10,19 @@
 # keys and 1 otherwise (poll_empty: 1 per call). rdma-core: tests/bench/rdma_core.sh, the same
 # scenarios against Debian's build of the provider, the same way.
 #
+# The device, the same on both sides. Both harnesses give the driver a UAR (the doorbell page)
+# of plain memory: rdma-core's harness a zeroed heap page as its context's `uar`, ours the
+# model's BAR2 mapped in plain mode (`Model::set_plain_uar`), so a doorbell is a store into
+# memory that no device sees (on our side behind the one pointer test with which the HAL's one
+# MMIO type tells that page from the model's register BAR: 3 instructions and the store; the
+# model's other branch, never taken here, calls the model through a trampoline that preserves
+# every register, so the driver's code is compiled as around a store to hardware, not around a
+# call the compiler would save registers for). Both
+# harnesses check the doorbell word written after every measured call, outside the count, and
+# play the device between calls: rdma-core's marks the WQEs consumed and writes the CQEs; ours
+# rings the model's doorbell itself (`Model::doorbell`), so the model executes what was posted,
+# or puts CQEs in place (`Model::inject_cqe`).
+#
 # Fairness. rdma-core's harness calls the provider, a separate function, from bench_<key>; the
 # Rust bench_<key> functions have the driver inlined, as an application does. rdma_core.sh's
 # figures therefore still include the call made around the provider (argument set-up, the

@@ -224,27 +224,42 @@ pub trait Provider {
     /// Prepares an address handle in `pd` (checks the source GID index).
     fn create_ah(&self, pd: &Self::Pd, av: &AddressVector) -> Result<Self::Ah>;
 
+    /// A batch's copy of a work queue's posting state, kept in registers while the batch
+    /// writes requests; written back when the batch is committed (dropping it forgets them).
+    type Cursor: Copy;
+    /// Starts a batch of send requests.
+    fn sq_start(&self, qp: &Self::Qp) -> Self::Cursor;
     /// Writes one send work request into the QP's send queue, not yet visible to the device.
     ///
     /// # Safety
     ///
     /// Every buffer the request names stays allocated, registered, and untouched by the CPU
     /// until its completion has been polled (or the QP is reset or destroyed).
-    unsafe fn sq_write(&self, qp: &mut Self::Qp, wqe: &SendWqe<'_, Self::Ah>) -> Result<()>;
-    /// Makes the send requests written since the last commit visible, with one doorbell.
-    fn sq_commit(&self, qp: &mut Self::Qp);
-    /// Forgets the send requests written since the last commit.
-    fn sq_abort(&self, qp: &mut Self::Qp);
+    unsafe fn sq_write(
+        &self,
+        qp: &mut Self::Qp,
+        c: &mut Self::Cursor,
+        wqe: &SendWqe<'_, Self::Ah>,
+    ) -> Result<()>;
+    /// Makes the send requests of the batch visible, with one doorbell.
+    fn sq_commit(&self, qp: &mut Self::Qp, c: &Self::Cursor);
+    /// Starts a batch of receive requests.
+    fn rq_start(&self, qp: &Self::Qp) -> Self::Cursor;
     /// Writes one receive work request (with the safe path's buffer tag + 1, or 0).
     ///
     /// # Safety
     ///
     /// As for [`sq_write`](Self::sq_write).
-    unsafe fn rq_write(&self, qp: &mut Self::Qp, wr_id: u64, sges: &[Sge], tag: u32) -> Result<()>;
-    /// Makes the receive requests written since the last commit visible, one doorbell.
-    fn rq_commit(&self, qp: &mut Self::Qp);
-    /// Forgets the receive requests written since the last commit.
-    fn rq_abort(&self, qp: &mut Self::Qp);
+    unsafe fn rq_write(
+        &self,
+        qp: &mut Self::Qp,
+        c: &mut Self::Cursor,
+        wr_id: u64,
+        sges: &[Sge],
+        tag: u32,
+    ) -> Result<()>;
+    /// Makes the receive requests of the batch visible, one doorbell.
+    fn rq_commit(&self, qp: &mut Self::Qp, c: &Self::Cursor);
     /// Posts receive work requests to a shared receive queue, all or none.
     ///
     /// # Safety

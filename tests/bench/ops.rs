@@ -4,11 +4,13 @@
 //!
 //! Each `bench_<key>` function does one measured call of the driver's API, inlined into it as
 //! in an application; everything else runs outside the count. The device is the model with its
-//! doorbells made free (a doorbell write from the driver is one test, without entering the
-//! model), so the figures are the driver's own instructions. Between measured calls the
-//! harness plays the device for real, outside the count: it rings the model's doorbell itself
-//! (free doorbells off for that one write), so the model takes the posted receives, executes
-//! the posted sends (loopback: the RC QPs are connected to themselves, the UD QP sends to
+//! UAR (BAR2) mapped as a plain page of memory (`Model::set_plain_uar`), as rdma-core's
+//! harness's fake UAR: a doorbell from the driver is a store there (behind the one test that
+//! tells the HAL's plain page from the model's registers), unseen by the model, so the figures
+//! are the driver's own instructions. After each measured call the harness checks the doorbell
+//! word the driver wrote, as rdma-core's harness does. Between measured calls the harness plays
+//! the device for real, outside the count: it rings the model's doorbell itself
+//! (`Model::doorbell`), so the model takes the posted receives, executes the posted sends (loopback: the RC QPs are connected to themselves, the UD QP sends to
 //! itself) and writes the CQEs, which the harness then polls. The driver's rings and its
 //! completion counters stay as they are in real use: every request completes once, in order,
 //! and every CQE carries the `wr_id` of the next outstanding request of its queue. The poll
@@ -30,9 +32,9 @@ use std::hint::black_box;
 use bareverbs::Context;
 use bareverbs::device::pvrdma::regs::db;
 use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
-use bareverbs::hal::{Hal, IdentityHal, Mmio};
+use bareverbs::hal::IdentityHal;
 use bareverbs::verbs::*;
-use bareverbs_model::{Model, ModelMmio};
+use bareverbs_model::Model;
 
 type P = Pvrdma<Model>;
 
@@ -45,8 +47,6 @@ const LEN: u32 = 64;
 
 struct Bench<'a> {
     model: &'a Model,
-    /// The model's UAR page, for the doorbells the harness rings itself.
-    uar: ModelMmio,
     qp: QueuePair<'a, P, Rc, Rts>,
     ud: QueuePair<'a, P, Ud, Rts>,
     /// The safe-path QP (with a buffer pool), on `scq`.
@@ -191,9 +191,23 @@ impl<'a> Bench<'a> {
     /// Rings QP `handle`'s doorbell for real: the model takes the receives (`db::QP_RECV`) or
     /// executes the sends (`db::QP_SEND`) posted since, and writes their CQEs.
     fn ring(&self, handle: u32, bits: u32) {
-        self.model.set_free_doorbells(false);
-        self.uar.write32(db::QP, handle | bits);
-        self.model.set_free_doorbells(true);
+        self.model.doorbell(db::QP, handle | bits);
+    }
+
+    /// Forgets the doorbell words written so far (before a measured call).
+    fn clear_bells(&self) {
+        self.model.take_uar_word(db::QP);
+        self.model.take_uar_word(db::CQ);
+    }
+
+    /// Checks the doorbell words the measured call wrote in the plain UAR page: `qp` at the
+    /// QP doorbell, `cq` at the CQ doorbell (0: none).
+    fn rang(&self, qp: u32, cq: u32) {
+        let got = (
+            self.model.take_uar_word(db::QP),
+            self.model.take_uar_word(db::CQ),
+        );
+        assert_eq!(got, (qp, cq), "doorbell words (QP, CQ)");
     }
 
     fn ring_rc(&self, bits: u32) {
@@ -296,6 +310,8 @@ fn ids(base: u64, n: usize) -> Vec<u64> {
 
 /// One repetition of scenario `key`: the device's part, the measured call, the checks.
 fn run_once(key: &str, b: &mut Bench<'_>) {
+    let rc = b.qp.raw().handle();
+    let safe = b.sqp.raw().handle();
     match key {
         // Called through a pointer: a direct call of a function without effects is dropped.
         "empty" => black_box(bench_empty as fn(&mut Bench<'_>))(b),
@@ -303,46 +319,57 @@ fn run_once(key: &str, b: &mut Bench<'_>) {
             let n = if key == "post_send_1" { 1 } else { 16 };
             b.recvs(n);
             b.ring_rc(db::QP_RECV);
+            b.clear_bells();
             if n == 1 {
                 bench_post_send_1(b);
             } else {
                 bench_post_send_16(b);
             }
+            b.rang(rc | db::QP_SEND, 0);
             b.ring_rc(db::QP_SEND);
             b.drain(2 * n, &ids(OTHER, n), &ids(0, n), WcOpcode::Send);
         }
         "post_recv_1" | "post_recv_16" => {
             let n = if key == "post_recv_1" { 1 } else { 16 };
+            b.clear_bells();
             if n == 1 {
                 bench_post_recv_1(b);
             } else {
                 bench_post_recv_16(b);
             }
+            b.rang(rc | db::QP_RECV, 0);
             b.ring_rc(db::QP_RECV);
             b.sends(n);
             b.ring_rc(db::QP_SEND);
             b.drain(2 * n, &ids(0, n), &ids(OTHER, n), WcOpcode::Send);
         }
         "write_16" => {
+            b.clear_bells();
             bench_write_16(b);
+            b.rang(rc | db::QP_SEND, 0);
             b.ring_rc(db::QP_SEND);
             b.drain(16, &[], &ids(0, 16), WcOpcode::RdmaWrite);
         }
         "post_send_ud_1" => {
+            let ud = b.ud.raw().handle();
+            b.clear_bells();
             bench_post_send_ud_1(b);
+            b.rang(ud | db::QP_SEND, 0);
             // No receive posted: the datagram is dropped, the send completes.
-            b.ring(b.ud.raw().handle(), db::QP_SEND);
+            b.ring(ud, db::QP_SEND);
             b.drain(1, &[], &[0], WcOpcode::Send);
         }
         "poll_1" | "poll_16" => {
             let n = if key == "poll_1" { 1 } else { 16 };
             b.sends(n);
             b.inject(b.cq.raw().handle(), b.qp.qp_num(), ids(OTHER, n));
+            b.clear_bells();
             let got = if n == 1 {
                 bench_poll_1(b)
             } else {
                 bench_poll_16(b)
             };
+            b.rang(0, 0);
             assert_eq!(got, n);
             let wc = &b.wc[..n];
             assert!(wc.iter().all(|c| c.status == WcStatus::Success));
@@ -351,19 +378,28 @@ fn run_once(key: &str, b: &mut Bench<'_>) {
                 ids(OTHER, n)
             );
         }
-        "poll_empty" => assert_eq!(bench_poll_empty(b), 0),
+        "poll_empty" => {
+            b.clear_bells();
+            assert_eq!(bench_poll_empty(b), 0);
+            // The POLL doorbell: the device harvests its host CQ (§10.3).
+            b.rang(0, b.cq.raw().handle() | db::CQ_POLL);
+        }
         "safe_post_send_1" => {
             let r = b.buf();
             b.sqp.post_recv(OTHER, r).map_err(|(_, e)| e).unwrap();
             b.ring_safe(db::QP_RECV);
             let s = b.buf();
+            b.clear_bells();
             bench_safe_post_send_1(b, s);
+            b.rang(safe | db::QP_SEND, 0);
             b.ring_safe(db::QP_SEND);
             b.drain_safe(2);
         }
         "safe_post_recv_1" => {
             let r = b.buf();
+            b.clear_bells();
             bench_safe_post_recv_1(b, r);
+            b.rang(safe | db::QP_RECV, 0);
             b.ring_safe(db::QP_RECV);
             let s = b.buf();
             b.sqp.post_send(OTHER, s).map_err(|(_, e)| e).unwrap();
@@ -374,7 +410,9 @@ fn run_once(key: &str, b: &mut Bench<'_>) {
             let s = b.buf();
             b.sqp.post_send(OTHER, s).map_err(|(_, e)| e).unwrap();
             b.inject(b.scq.raw().handle(), b.sqp.qp_num(), [OTHER]);
+            b.clear_bells();
             let c = bench_safe_poll_1(b).expect("a completion");
+            b.rang(0, 0);
             assert_eq!((c.wc.wr_id, c.wc.status), (OTHER, WcStatus::Success));
             assert!(c.buf.is_some(), "the send's buffer not handed back");
             drop(c);
@@ -467,6 +505,8 @@ fn main() {
         "unknown scenario {scenario}"
     );
     let model = Model::default();
+    // The UAR the driver maps is a plain page (see the module's documentation).
+    model.set_plain_uar(true);
     let config = Config {
         opcodes: Opcodes::All,
         ..Config::default()
@@ -506,13 +546,9 @@ fn main() {
         .ready(QKEY, 0)
         .map_err(|(_, e)| e)
         .unwrap();
-    let (_, bar2) = model.bar_addresses();
-    // SAFETY: the model's UAR BAR; the driver rings it too, and both only write doorbells.
-    let uar = unsafe { model.map_mmio(bar2, 4096) }.expect("the UAR page");
     let sges: [Sge; 16] = core::array::from_fn(|i| mr.sge(i as u32 * LEN, LEN).unwrap());
     let mut b = Bench {
         model: &model,
-        uar,
         ud_qpn: ud.qp_num(),
         qp,
         ud,
@@ -528,7 +564,6 @@ fn main() {
         wr_id: black_box(0),
         wc: [WorkCompletion::default(); 16],
     };
-    model.set_free_doorbells(true);
     for key in KEYS {
         if scenario == "all" || scenario == key {
             for _ in 0..REPS {
@@ -536,7 +571,6 @@ fn main() {
             }
         }
     }
-    model.set_free_doorbells(false);
     // What the RDMA WRITEs wrote: the bytes of the first half, in the second.
     if scenario == "all" || scenario == "write_16" {
         let bytes = mr.as_slice();

@@ -72,6 +72,8 @@ pub(crate) struct Last {
     ctl: NonNull<QpCtl>,
     /// [`SENDS`], [`RECVS`], [`OWN_RECVS`]: which of its completions come to this CQ.
     roles: u32,
+    /// The QP number its completions report.
+    qpn: u32,
 }
 
 /// The QP's send completions come to this CQ.
@@ -87,6 +89,7 @@ impl Last {
         qp: u64::MAX,
         ctl: NonNull::dangling(),
         roles: 0,
+        qpn: 0,
     };
 
     /// The table's answer for QP `handle` on CQ `cq`; `None` when none of its completions
@@ -96,7 +99,8 @@ impl Last {
         let (ctl, send, recv) = dev.qps.lookup(handle, cq.id())?;
         // SAFETY: the table named this CQ for the QP, so the control block lives while the
         // caller holds the CQ's poll lock.
-        let srq = unsafe { ctl.as_ref() }.srq;
+        let c = unsafe { ctl.as_ref() };
+        let (srq, qpn) = (c.srq, c.qpn);
         let roles = if send { SENDS } else { 0 }
             | if recv { RECVS } else { 0 }
             | if recv && !srq { OWN_RECVS } else { 0 };
@@ -104,6 +108,7 @@ impl Last {
             qp: u64::from(handle),
             ctl,
             roles,
+            qpn,
         })
     }
 }
@@ -282,69 +287,117 @@ impl<H: Hal> Pvrdma<H> {
     /// Polls up to `out.len()` completions straight into `out` (`ibv_poll_cq`); a safe
     /// buffer whose completion is taken here goes back to its pool.
     ///
-    /// The common case runs here, inlined: the ring checked, each CQE of the cached QP that
-    /// is the next outstanding request of its queue taken (`fast_cqe`). The first CQE that
-    /// is anything else — another QP, an SRQ receive, a flush, a value that cannot be right —
-    /// and every CQ with flushes or a refusal pending go to [`harvest`](Self::harvest), the
-    /// general loop, from where the fast loop stopped.
+    /// Inline, only the emptiness test: a ring that looks empty, with no flushes and no
+    /// refusal pending, gets the POLL doorbell (the device harvests what its host has) and one
+    /// more look (§10.3); anything there goes to [`poll_first`](Self::poll_first) (one
+    /// completion asked for) or [`poll_ready`](Self::poll_ready).
     #[inline(always)]
     pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let ring = &cq.ring;
         if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
             && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
         {
-            // Looks empty: let the device harvest what it has, then look again (§10.3).
             self.uar.write32(db::CQ, cq.poll_bell);
             if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
                 return Ok(0);
             }
         }
-        let Some(mut guard) = cq.poll.try_lock() else {
-            return Err(busy());
-        };
-        let st = &mut *guard;
-        if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
-            return self.harvest(cq, st, out, 0);
+        match out {
+            // One completion asked for (the latency case): inline, straight-line.
+            [wc] => self.poll_first(cq, core::slice::from_mut(wc)),
+            _ => self.poll_ready(cq, out),
         }
-        let head = st.head;
+    }
+
+    /// The poll of one completion (`out` has one entry) on a CQ with something to report,
+    /// inline and straight-line: the ring's index checked, the CQE taken if it is one of the
+    /// cached QP that is the next outstanding request of its queue (`fast_cqe`). Every other
+    /// case — a CQ with flushes or a refusal pending, an index that cannot be right, a CQE of
+    /// another QP, of an SRQ, of a safe request, a mismatch — goes, with the lock, to
+    /// [`harvest`](Self::harvest), the general loop.
+    #[inline(always)]
+    fn poll_first(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return busy();
+        };
+        let ring = &cq.ring;
+        if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
+            return self.harvest(cq, guard, out, 0);
+        }
+        let head = guard.head;
         let Some(ready) = ring.ready(head) else {
-            return Err(bad_prod(ring));
+            return self.harvest(cq, guard, out, 0);
+        };
+        let Some(first) = out.first_mut().filter(|_| ready != 0) else {
+            return Ok(0);
+        };
+        if !fast_cqe(&guard.last, ring.cqe(head), None, first) {
+            return self.harvest(cq, guard, out, 0);
+        }
+        guard.head = head.wrapping_add(1);
+        // The CQE was read before its slot is handed back (release).
+        ring.cons().store(ring.index(guard.head), Ordering::Release);
+        Ok(1)
+    }
+
+    /// The poll of any number of completions on a CQ with something to report, out of line
+    /// (the caller's code stays small: an empty poll runs without a stack frame): the ring's
+    /// index checked, then each CQE of the cached QP that is the next outstanding request of
+    /// its queue taken (`fast_cqe`); every other case goes to [`harvest`](Self::harvest) from
+    /// where the fast loop stopped.
+    #[inline(never)]
+    fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return busy();
+        };
+        // A copy: the completions written may alias the CQ for the compiler.
+        let ring = cq.ring;
+        if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
+            return self.harvest(cq, guard, out, 0);
+        }
+        let head = guard.head;
+        let Some(ready) = ring.ready(head) else {
+            return self.harvest(cq, guard, out, 0);
         };
         let want = (ready as usize).min(out.len());
+        let last = guard.last;
         let mut n = 0;
         while n < want {
-            let c = ring.slot(head.wrapping_add(n as u32)).cast::<abi::Cqe>();
-            let Some(tag) = fast_cqe(self, cq, &mut st.last, c, None, &mut out[n]) else {
+            if !fast_cqe(
+                &last,
+                ring.cqe(head.wrapping_add(n as u32)),
+                None,
+                &mut out[n],
+            ) {
                 break;
-            };
-            if tag != 0 {
-                release_tag(st.last.ctl, tag);
             }
             n += 1;
         }
-        st.head = head.wrapping_add(n as u32);
+        guard.head = head.wrapping_add(n as u32);
         if n < want {
-            return self.harvest(cq, st, out, n);
+            return self.harvest(cq, guard, out, n);
         }
         if n != 0 {
             // The CQEs were read before their slots are handed back (release).
-            ring.cons().store(ring.index(st.head), Ordering::Release);
+            ring.cons().store(ring.index(guard.head), Ordering::Release);
         }
         Ok(n)
     }
 
-    /// The general loop of [`poll_into`](Self::poll_into), under the CQ's poll lock, filling
-    /// `out` from `out[n]` on (the fast loop took the `n` before): each CQE checked and
-    /// matched to the next outstanding request of its work queue, then the flushes.
+    /// The general loop of [`poll_into`](Self::poll_into), under the CQ's poll lock (`guard`,
+    /// released at the end), filling `out` from `out[n]` on (the fast loop took the `n`
+    /// before; the consumer position is past them): each CQE checked and matched to the next
+    /// outstanding request of its work queue, then the flushes.
     #[cold]
     #[inline(never)]
     fn harvest(
         &self,
         cq: &Cq<H>,
-        st: &mut PollState,
+        mut guard: spin::MutexGuard<'_, PollState>,
         out: &mut [WorkCompletion],
         mut n: usize,
     ) -> Result<usize> {
+        let st = &mut *guard;
         if n == 0 && st.deferred.is_some() {
             cq.deferred.store(0, Ordering::Relaxed);
             if let Some(e) = st.deferred.take() {
@@ -453,19 +506,16 @@ pub(crate) fn decode_opcode(raw: u32) -> Option<(WcOpcode, bool)> {
 
 /// The common case of [`check_cqe`], with no effect otherwise: the CQE at `c` is for the QP
 /// `last` caches (and `only` names, if given), on a queue of it that completes here from its
-/// own ring, with a valid opcode
-/// and status, and completes that queue's next outstanding request (its `wr_id`). Gives the
-/// completion (written to `out`) and the request's tag (the safe path's buffer tag + 1, or
-/// 0); `None` leaves the CQE to `check_cqe` and `out` as it was (`last` may have been
-/// refreshed).
+/// own ring, with a valid opcode and status, and completes that queue's next outstanding
+/// request (its `wr_id`), a request without a safe buffer (`only`: with or without). Writes
+/// the completion to `out` and gives the request's tag (the safe path's buffer tag + 1, or
+/// 0); `None` leaves the CQE to `check_cqe` and `out` as it was.
 ///
-/// The caller holds `cq`'s poll lock, and `c` is a CQE of its ring published by a prod_tail
-/// read (acquire).
+/// The caller holds `cq`'s poll lock, `last` is its cache, and `c` is a CQE of its ring
+/// published by a prod_tail read (acquire).
 #[inline(always)]
-pub(crate) fn fast_cqe<H: Hal>(
-    dev: &Pvrdma<H>,
-    cq: &Cq<H>,
-    last: &mut Last,
+pub(crate) fn fast_cqe_tag(
+    last: &Last,
     c: *const abi::Cqe,
     only: Option<u32>,
     out: &mut WorkCompletion,
@@ -478,14 +528,8 @@ pub(crate) fn fast_cqe<H: Hal>(
         };
     }
     let qp = get!(qp);
-    if only.is_some_and(|h| u64::from(h) != qp) {
+    if qp != last.qp || only.is_some_and(|h| u64::from(h) != qp) {
         return None;
-    }
-    if qp != last.qp {
-        if qp > u64::from(db::HANDLE_MASK) {
-            return None;
-        }
-        *last = Last::lookup(dev, cq, qp as u32).unwrap_or(Last::NONE);
     }
     let raw_op = get!(opcode);
     // SAFETY: `roles` is not 0 only for a control block the table names for this CQ: it
@@ -514,12 +558,29 @@ pub(crate) fn fast_cqe<H: Hal>(
     };
     let status = WcStatus::from_raw(get!(status))?;
     let wr_id = get!(wr_id);
-    let tag = q.take_next(wr_id)?;
-    // SAFETY: as above.
-    let qpn = unsafe { (*ctl).qpn };
-    // SAFETY: the caller's slot, as above.
-    *out = unsafe { completion(c, wr_id, opcode, status, qpn) };
+    // What is known goes to `out` at once (fewer values held across the match; `out` is the
+    // caller's, and a CQE left to the general loop is written again there).
+    (out.wr_id, out.status, out.opcode) = (wr_id, status, opcode);
+    let tag = q.take_next(wr_id, only.is_some())?;
+    // QEMU passes the host's flags: bits 0–1 agree with PVRDMA's, the rest do not (§10.1).
+    let flags = WcFlags::from_bits_truncate((get!(wc_flags) & 0x3) as u8);
+    out.flags = flags;
+    out.byte_len = get!(byte_len);
+    out.imm = if flags.contains(WcFlags::WITH_IMM) {
+        get!(imm_data)
+    } else {
+        0
+    };
+    out.src_qp = get!(src_qp);
+    out.qp_num = last.qpn;
     Some(tag)
+}
+
+/// [`fast_cqe_tag`] for a raw poll (any QP, requests without a safe buffer): whether the CQE
+/// was taken.
+#[inline(always)]
+fn fast_cqe(last: &Last, c: *const abi::Cqe, only: Option<u32>, out: &mut WorkCompletion) -> bool {
+    fast_cqe_tag(last, c, only, out).is_some()
 }
 
 /// The completion of the checked CQE at `c`.
@@ -584,22 +645,11 @@ fn send_opcode(raw: u32) -> WcOpcode {
     unsafe { core::mem::transmute::<u8, WcOpcode>(raw as u8) }
 }
 
-/// Hands back the buffer of a safe request whose completion a raw poll took.
+/// A poll that found the lock taken (a whole result, so that the refusal is a tail call).
 #[cold]
 #[inline(never)]
-fn release_tag(ctl: NonNull<QpCtl>, tag: u32) {
-    // SAFETY: the control block of the QP whose request just completed (the caller holds the
-    // CQ's lock, under which it lives).
-    if let Some(r) = unsafe { ctl.as_ref() }.release {
-        // SAFETY: the tag of a safe request of this QP, completed once, here.
-        unsafe { r.release(tag - 1) };
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn busy() -> Error {
-    Error::Busy { op: Op::PollCq }
+fn busy() -> Result<usize> {
+    Err(Error::Busy { op: Op::PollCq })
 }
 
 /// The refusal of an impossible producer index.

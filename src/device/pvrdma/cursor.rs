@@ -9,7 +9,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi;
-use super::cq::{Checked, Cq, PollState, check_cqe, fast_cqe, take_flush};
+use super::cq::{Checked, Cq, PollState, check_cqe, fast_cqe_tag, take_flush};
 use super::regs::db;
 use crate::error::{Error, Op, Result};
 use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
@@ -67,8 +67,8 @@ impl<H: Hal> Pvrdma<H> {
                 if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
                     && ring.ready(st.head).is_some_and(|r| r != 0)
                 {
-                    let c = ring.slot(st.head).cast::<abi::Cqe>();
-                    if let Some(tag) = fast_cqe(self, cq, &mut st.last, c, Some(handle), wc) {
+                    let c = ring.cqe(st.head);
+                    if let Some(tag) = fast_cqe_tag(&st.last, c, Some(handle), wc) {
                         st.head = st.head.wrapping_add(1);
                         // The CQE was read before its slot is handed back (release).
                         ring.cons().store(ring.index(st.head), Ordering::Release);

@@ -37,6 +37,7 @@ pub use cq::Cq;
 pub use cursor::Poll;
 pub use mr::Mr;
 pub use qp::Qp;
+pub use ring::WqCursor;
 pub use srq::Srq;
 
 use core::sync::atomic::Ordering;

@@ -13,7 +13,7 @@ use super::cursor::Poll;
 use super::mr::Mr;
 use super::qp::Qp;
 use super::srq::Srq;
-use super::{Ah, Pd, PrivateMem, Pvrdma, layout, regs, wqe};
+use super::{Ah, Pd, PrivateMem, Pvrdma, WqCursor, layout, regs, wqe};
 use crate::dma::Dma;
 use crate::error::{EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
 use crate::verbs::{
@@ -138,36 +138,50 @@ impl<H: Hal> Provider for Pvrdma<H> {
         self.create_ah_impl(pd, av)
     }
 
+    type Cursor = WqCursor;
+
     #[inline(always)]
-    unsafe fn sq_write(&self, qp: &mut Qp<H>, wqe: &SendWqe<'_, Ah>) -> Result<()> {
+    fn sq_start(&self, qp: &Qp<H>) -> WqCursor {
+        Pvrdma::sq_start(self, qp)
+    }
+
+    #[inline(always)]
+    unsafe fn sq_write(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut WqCursor,
+        wqe: &SendWqe<'_, Ah>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { Pvrdma::sq_write(self, qp, wqe) }
+        unsafe { Pvrdma::sq_write(self, qp, c, wqe) }
     }
 
     #[inline(always)]
-    fn sq_commit(&self, qp: &mut Qp<H>) {
-        Pvrdma::sq_commit(self, qp)
-    }
-
-    #[inline]
-    fn sq_abort(&self, qp: &mut Qp<H>) {
-        Pvrdma::sq_abort(self, qp)
+    fn sq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        Pvrdma::sq_commit(self, qp, c)
     }
 
     #[inline(always)]
-    unsafe fn rq_write(&self, qp: &mut Qp<H>, wr_id: u64, sges: &[Sge], tag: u32) -> Result<()> {
+    fn rq_start(&self, qp: &Qp<H>) -> WqCursor {
+        Pvrdma::rq_start(self, qp)
+    }
+
+    #[inline(always)]
+    unsafe fn rq_write(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut WqCursor,
+        wr_id: u64,
+        sges: &[Sge],
+        tag: u32,
+    ) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { Pvrdma::rq_write(self, qp, wr_id, sges, tag) }
+        unsafe { Pvrdma::rq_write(self, qp, c, wr_id, sges, tag) }
     }
 
     #[inline(always)]
-    fn rq_commit(&self, qp: &mut Qp<H>) {
-        Pvrdma::rq_commit(self, qp)
-    }
-
-    #[inline]
-    fn rq_abort(&self, qp: &mut Qp<H>) {
-        Pvrdma::rq_abort(self, qp)
+    fn rq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        Pvrdma::rq_commit(self, qp, c)
     }
 
     unsafe fn post_srq_recv(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {

@@ -325,7 +325,7 @@ impl<H: Hal> Pvrdma<H> {
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
         );
-        let qp = |ctl| Qp {
+        let qp = |ctl: QpCtlMem<H>| Qp {
             handle,
             qpn,
             qp_type,
@@ -338,15 +338,9 @@ impl<H: Hal> Pvrdma<H> {
             handle_unusable: false,
             sq,
             rq,
+            sq_prod: Producer::new(sq.slots, handle | regs::db::QP_SEND, &ctl.ctl().sq),
+            rq_prod: Producer::new(rq.slots, handle | regs::db::QP_RECV, &ctl.ctl().rq),
             ctl,
-            sq_prod: Producer {
-                credit: sq.slots,
-                ..Producer::default()
-            },
-            rq_prod: Producer {
-                credit: rq.slots,
-                ..Producer::default()
-            },
             qkey: 0,
             sgid_index: 0,
             pd_handle: pd.handle,

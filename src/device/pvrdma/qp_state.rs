@@ -11,7 +11,6 @@ use super::abi::{self, opcode};
 use super::cq::CqLocks;
 use super::mr::pvrdma_access;
 use super::qp::Qp;
-use super::ring::Producer;
 use crate::error::{Attr, Error, Feature, Op, Result, Unsupported};
 use crate::verbs::{ModifyAttr, QpAttr, QpAttrMask, QpState, QpType};
 
@@ -90,14 +89,8 @@ impl<H: Hal> Pvrdma<H> {
                 cq.flushing.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        qp.sq_prod = Producer {
-            credit: qp.sq.slots,
-            ..Producer::default()
-        };
-        qp.rq_prod = Producer {
-            credit: qp.rq.slots,
-            ..Producer::default()
-        };
+        qp.sq_prod.reset(qp.sq.slots);
+        qp.rq_prod.reset(qp.rq.slots);
     }
 
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {

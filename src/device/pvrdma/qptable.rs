@@ -159,17 +159,18 @@ impl QueueView {
     }
 
     /// The common case of [`QpCtl::match_cqe`] for this queue, with no effect otherwise: when
-    /// a request is outstanding and the next one carries `wr_id`, counts it complete and gives
-    /// its tag (the safe path's buffer tag + 1, or 0). `None` leaves the CQE to the general
-    /// match (nothing outstanding, another `wr_id`).
+    /// a request is outstanding and the next one carries `wr_id` (and, unless `tags`, no safe
+    /// buffer), counts it complete and gives its tag (the safe path's buffer tag + 1, or 0).
+    /// `None` leaves the CQE to the general match (nothing outstanding, another `wr_id`, a
+    /// buffer to hand back).
     #[inline(always)]
-    pub(crate) fn take_next(&self, wr_id: u64) -> Option<u32> {
+    pub(crate) fn take_next(&self, wr_id: u64, tags: bool) -> Option<u32> {
         let done = self.ctl.done.load(Ordering::Relaxed);
         if done == self.ctl.tail.load(Ordering::Acquire) {
             return None;
         }
         let (posted, tag) = self.posted(done);
-        if posted != wr_id {
+        if posted != wr_id || (!tags && tag != 0) {
             return None;
         }
         self.ctl.done.store(done.wrapping_add(1), Ordering::Release);
@@ -261,24 +262,6 @@ impl QueueView {
                 unsafe { rel.release((e.tag & !PARKED) - 1) };
                 e.tag = 0;
             }
-        }
-    }
-
-    /// Records request `n`'s `wr_id` and tag in the shadow, if there is one.
-    #[inline]
-    pub(crate) fn record(&self, n: u32, wr_id: u64, tag: u32) {
-        if let Some(s) = self.shadow {
-            // A parked buffer in this slot (left by a reset) stays out of the pool: the device
-            // may still write it, and nothing will say when it stops.
-            let i = (n & (self.ring.slots() - 1)) as usize;
-            // SAFETY: as in `posted`; only the (exclusive) poster writes unpublished slots.
-            unsafe {
-                s.as_ptr().add(i).write(Shadow {
-                    wr_id,
-                    tag,
-                    _pad: 0,
-                })
-            };
         }
     }
 }

@@ -11,6 +11,8 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
+use super::abi;
+use super::qptable::{QueueView, Shadow};
 use crate::dma::Dma;
 
 /// A ring located once in its DMA memory (which never moves while the ring's owner exists).
@@ -21,6 +23,8 @@ pub(crate) struct Ring {
     data: NonNull<u8>,
     /// N − 1.
     mask: u32,
+    /// 2N − 1: the device's indices run modulo 2N (kept, not computed, on the data path).
+    wrap: u32,
     /// log2 of the slot size.
     shift: u32,
 }
@@ -64,6 +68,7 @@ impl Ring {
             state: st,
             data,
             mask: slots - 1,
+            wrap: 2 * slots - 1,
             shift: stride.trailing_zeros(),
         }
     }
@@ -99,6 +104,20 @@ impl Ring {
         }
     }
 
+    /// The CQE of free-running counter `n`, for a ring of [`abi::CQE_SIZE`]-byte slots (a
+    /// CQ's: the stride is a constant, not a shift read from the ring).
+    #[inline(always)]
+    pub(crate) fn cqe(&self, n: u32) -> *const abi::Cqe {
+        debug_assert_eq!(1 << self.shift, abi::CQE_SIZE);
+        // SAFETY: as in `slot`: a CQ's ring has N slots of CQE_SIZE bytes (`Ring::new`).
+        unsafe {
+            self.data
+                .as_ptr()
+                .add((n & self.mask) as usize * abi::CQE_SIZE)
+                .cast()
+        }
+    }
+
     /// The device's index for free-running counter `n` (modulo 2N).
     #[inline]
     pub(crate) fn index(&self, n: u32) -> u32 {
@@ -107,8 +126,8 @@ impl Ring {
 
     /// 2N − 1: the device's indices run modulo 2N.
     #[inline(always)]
-    fn wrap(&self) -> u32 {
-        2 * self.mask + 1
+    pub(crate) fn wrap(&self) -> u32 {
+        self.wrap
     }
 
     /// Publishes free-running producer counter `n`: the slots written before are visible to
@@ -132,14 +151,105 @@ impl Ring {
 }
 
 /// The producer side of one work queue, kept in the QP (moved with it; only `&mut` touches it).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct Producer {
-    /// Requests written, free-running (≥ `published`).
+    /// Requests published to the device, free-running.
     pub(crate) tail: u32,
-    /// Requests published to the device.
-    pub(crate) published: u32,
     /// The `tail` at which the queue is full, as last computed from the completions taken
     /// (free-running: completions + slots). A new or reset queue (`tail` 0) starts with the
     /// slot count.
     pub(crate) credit: u32,
+    /// The queue's doorbell word (the QP's handle and the queue's bit), made once.
+    pub(crate) bell: u32,
+    /// The safe path's per-slot record of the queue (`QueueView::shadow`), when it has one.
+    pub(crate) shadow: Option<NonNull<Shadow>>,
+}
+
+impl Producer {
+    /// A new queue of `slots` slots whose doorbell word is `bell`, seen by its pollers as `q`.
+    pub(crate) fn new(slots: u32, bell: u32, q: &QueueView) -> Self {
+        Producer {
+            tail: 0,
+            credit: slots,
+            bell,
+            shadow: q.shadow,
+        }
+    }
+
+    /// The queue starts over (a QP reset): nothing published, `slots` of credit.
+    pub(crate) fn reset(&mut self, slots: u32) {
+        self.tail = 0;
+        self.credit = slots;
+    }
+}
+
+/// A batch of work requests being written into a work queue: the producer's position and
+/// credit and the ring's geometry, copied out of the QP when the batch starts, so that they
+/// stay in registers while the batch writes WQEs (memory the compiler cannot tell apart from
+/// the QP), and written back when it is committed. A batch dropped unfinished writes nothing
+/// back: its WQEs stay unpublished, where the device does not look.
+#[derive(Clone, Copy)]
+pub struct WqCursor {
+    /// The next request's free-running counter.
+    pub(crate) tail: u32,
+    /// `tail` when the batch started (what the QP has published).
+    pub(crate) start: u32,
+    /// The `tail` at which the queue is full (`Producer::credit`).
+    pub(crate) limit: u32,
+    /// The ring's slots, `mask` and slot size (log2).
+    pub(crate) data: NonNull<u8>,
+    pub(crate) mask: u32,
+    pub(crate) shift: u32,
+    /// SGEs a WQE holds.
+    pub(crate) max_sge: u32,
+    /// The safe path's per-slot record, when the QP has one.
+    pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// Sends: the QP's source GID was found bound by this batch.
+    pub(crate) gid_ok: bool,
+}
+
+impl WqCursor {
+    /// A cursor at `p`'s position on `ring`.
+    #[inline(always)]
+    pub(crate) fn new(p: &Producer, ring: &Ring, max_sge: u32) -> Self {
+        WqCursor {
+            tail: p.tail,
+            start: p.tail,
+            limit: p.credit,
+            data: ring.data,
+            mask: ring.mask,
+            shift: ring.shift,
+            max_sge,
+            shadow: p.shadow,
+            gid_ok: false,
+        }
+    }
+
+    /// The slot of the next request.
+    #[inline(always)]
+    pub(crate) fn slot(&self) -> *mut u8 {
+        // SAFETY: the masked slot is < N, and N slots of the stride lie in the ring's memory
+        // (`Ring::new`).
+        unsafe {
+            self.data
+                .as_ptr()
+                .add(((self.tail & self.mask) as usize) << self.shift)
+        }
+    }
+
+    /// Records the next request's `wr_id` and tag in the shadow, if there is one.
+    #[inline(always)]
+    pub(crate) fn record(&self, wr_id: u64, tag: u32) {
+        if let Some(s) = self.shadow {
+            let i = (self.tail & self.mask) as usize;
+            // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots;
+            // only the (exclusive) poster writes unpublished slots. (The two fields only: the
+            // padding is never read.)
+            unsafe {
+                let e = s.as_ptr().add(i);
+                core::ptr::addr_of_mut!((*e).wr_id).write(wr_id);
+                core::ptr::addr_of_mut!((*e).tag).write(tag);
+            }
+        }
+    }
 }

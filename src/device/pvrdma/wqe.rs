@@ -14,7 +14,7 @@ use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
 use super::qptable::QueueCtl;
 use super::regs::db;
-use super::ring::{Producer, Ring};
+use super::ring::{Producer, Ring, WqCursor};
 use super::srq::Srq;
 use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
@@ -59,78 +59,97 @@ unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
     }
 }
 
-/// Forgets what `p` wrote since its last commit (the slots stay unpublished).
-#[inline]
-fn abort(p: &mut Producer) {
-    p.tail = p.published;
-}
-
-/// Recomputes where a work queue is full from the completions taken (`done`); `false` when
-/// it is full. Inline, without a call: a call on the posting path, even a rare one, makes
-/// every post save and restore registers around it.
+/// Recomputes where a work queue (`p`, written by the batch `c`) is full from the completions
+/// taken (`done`); `false` when it is full. Inline, without a call: a call on the posting
+/// path, even a rare one, makes every post save and restore registers around it.
 #[inline(always)]
-fn refill(p: &mut Producer, done: u32, slots: u32) -> bool {
-    p.credit = done.wrapping_add(slots);
-    p.tail != p.credit
+fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
+    c.limit = done.wrapping_add(c.mask + 1);
+    p.credit = c.limit;
+    c.tail != c.limit
 }
 
-#[cold]
-#[inline(never)]
-fn queue_full(queue: Queue) -> Error {
-    Error::QueueFull { queue, free: 0 }
+/// Why a post is refused.
+#[derive(Clone, Copy)]
+enum Refusal {
+    Full(Queue),
+    /// More SGEs (the count) than the queue's maximum.
+    Sges(usize, u32),
+    Feature(Feature),
+    NoUdDest,
+    UnboundGid,
 }
 
+/// The error of a refused post, built out of line from one function: every refusal of a post
+/// is then one call from the post's code, which keeps its stack frame off the common path.
 #[cold]
 #[inline(never)]
-fn no_ud_dest() -> Error {
-    Error::MissingAttribute {
+fn refuse(why: Refusal) -> Error {
+    let missing = |attr| Error::MissingAttribute {
         op: Op::PostSend,
-        attr: Attr::UdDest,
+        attr,
+    };
+    match why {
+        Refusal::Full(queue) => Error::QueueFull { queue, free: 0 },
+        Refusal::Sges(n, max) => Error::invalid(Param::NumSge, n as u64, max),
+        Refusal::Feature(f) => Error::Unsupported(Unsupported::Feature(f)),
+        Refusal::NoUdDest => missing(Attr::UdDest),
+        Refusal::UnboundGid => missing(Attr::SourceGid),
     }
-}
-
-#[cold]
-#[inline(never)]
-fn too_many_sges(n: usize, max: u32) -> Error {
-    Error::invalid(Param::NumSge, n as u64, max)
-}
-
-#[cold]
-#[inline(never)]
-fn unbound_gid() -> Error {
-    Error::MissingAttribute {
-        op: Op::PostSend,
-        attr: Attr::SourceGid,
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn unsupported(f: Feature) -> Error {
-    Error::Unsupported(Unsupported::Feature(f))
 }
 
 impl<H: Hal> Pvrdma<H> {
-    /// Writes one send WQE at the send queue's next slot (not yet published).
+    /// The send queue's credit recomputed (`refill`); `false` when it is full.
+    #[inline(always)]
+    fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+        refill(&mut qp.sq_prod, c, done)
+    }
+
+    /// The receive queue's credit recomputed (`refill`); `false` when it is full. Receives of
+    /// a QP with an SRQ go to the SRQ (the queue has no slots, so no credit): QEMU would read
+    /// past its allocation (§12.3).
+    #[inline(always)]
+    fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
+        !qp.has_srq && refill(&mut qp.rq_prod, c, done)
+    }
+
+    /// Starts a batch on the send queue.
+    #[inline(always)]
+    pub(crate) fn sq_start(&self, qp: &Qp<H>) -> WqCursor {
+        WqCursor::new(&qp.sq_prod, &qp.sq_ring, qp.sq.sge)
+    }
+
+    /// Writes one send WQE at the batch's next slot (not yet published).
     ///
     /// # Safety
     ///
     /// The buffers named stay valid until the request completes (the provider contract).
     #[inline(always)]
-    pub(crate) unsafe fn sq_write(&self, qp: &mut Qp<H>, w: &SendWqe<'_, super::Ah>) -> Result<()> {
-        if qp.sq_prod.tail == qp.sq_prod.credit {
-            let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
-            if !refill(&mut qp.sq_prod, done, qp.sq.slots) {
-                return Err(queue_full(Queue::Send));
-            }
-        }
+    pub(crate) unsafe fn sq_write(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut WqCursor,
+        w: &SendWqe<'_, super::Ah>,
+    ) -> Result<()> {
+        // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
         let nsge = w.sges.len();
-        if nsge > qp.sq.sge as usize {
-            return Err(too_many_sges(nsge, qp.sq.sge));
+        if nsge > c.max_sge as usize {
+            let full = c.tail == c.limit && !self.sq_refill(qp, c);
+            let why = if full {
+                Refusal::Full(Queue::Send)
+            } else {
+                Refusal::Sges(nsge, c.max_sge)
+            };
+            return Err(refuse(why));
+        }
+        if c.tail == c.limit && !self.sq_refill(qp, c) {
+            return Err(refuse(Refusal::Full(Queue::Send)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
-            return Err(unsupported(Feature::InlineData));
+            return Err(refuse(Refusal::Feature(Feature::InlineData)));
         }
         let (code, faithful) = match w.op {
             WrOpcode::Send => (wr_opcode::SEND, true),
@@ -140,33 +159,37 @@ impl<H: Hal> Pvrdma<H> {
             WrOpcode::RdmaRead => (wr_opcode::RDMA_READ, false),
             // The device advertises no atomics (QEMU: atomic_ops = 0).
             WrOpcode::AtomicCmpSwap | WrOpcode::AtomicFetchAdd => {
-                return Err(unsupported(Feature::Atomics));
+                return Err(refuse(Refusal::Feature(Feature::Atomics)));
             }
         };
         if !faithful && self.opcodes == Opcodes::SendOnly {
             // QEMU runs every send WQE as a plain SEND (§8.6): refuse what it would fake.
-            return Err(unsupported(Feature::NotExecutedByDevice));
+            return Err(refuse(Refusal::Feature(Feature::NotExecutedByDevice)));
         }
         let ud = match (qp.datagram, &w.ud) {
-            (true, None) => return Err(no_ud_dest()),
-            (false, Some(_)) => return Err(unsupported(Feature::OpcodeForQpType)),
+            (true, None) => return Err(refuse(Refusal::NoUdDest)),
+            (false, Some(_)) => return Err(refuse(Refusal::Feature(Feature::OpcodeForQpType))),
             (true, Some(_)) if code != wr_opcode::SEND && code != wr_opcode::SEND_WITH_IMM => {
-                return Err(unsupported(Feature::OpcodeForQpType));
+                return Err(refuse(Refusal::Feature(Feature::OpcodeForQpType)));
             }
             (_, ud) => ud,
         };
         // The source GID the WQE names (byte 0x41) must be bound now: QEMU loops forever on
         // one it cannot map (§8.6). A binding dropped after RTR, or an address handle made
         // before an unbind, is refused here.
-        let sgid = match ud {
-            Some(ud) => (ud.ah.words[5] >> 8) as u8,
-            None => qp.sgid_index,
+        // The QP's own GID (connected sends) is looked at once per batch: a batch's first
+        // request is published at `finish` like its last, so a check per request would guard
+        // no window the first one's does not.
+        let bound = match ud {
+            Some(ud) => self.gid_in_use((ud.ah.words[5] >> 8) as u8),
+            None => c.gid_ok || self.gid_in_use(qp.sgid_index),
         };
-        if !self.gid_in_use(sgid) {
-            return Err(unbound_gid());
+        if !bound {
+            return Err(refuse(Refusal::UnboundGid));
         }
-        let n = qp.sq_prod.tail;
-        let h = qp.sq_ring.slot(n).cast::<abi::SqWqeHdr>();
+        c.gid_ok |= ud.is_none();
+        let h = c.slot().cast::<abi::SqWqeHdr>();
+        c.record(w.wr_id, w.tag);
         // Every send WQE completes on PVRDMA (QEMU ignores the flag): saying so keeps the
         // driver's completion count exact.
         let mut flags = send_flags::SIGNALED;
@@ -212,41 +235,39 @@ impl<H: Hal> Pvrdma<H> {
             words.add(wr::AV_GID_WORD).write(gid_word);
             write_sges(h.cast::<u8>().add(size_of::<abi::SqWqeHdr>()), w.sges);
         }
-        qp.ctl.ctl().sq.record(n, w.wr_id, w.tag);
-        qp.sq_prod.tail = n.wrapping_add(1);
+        c.tail = c.tail.wrapping_add(1);
         Ok(())
     }
 
-    /// Publishes the send WQEs written since the last commit, with one doorbell.
+    /// Publishes the send WQEs the batch `c` wrote, with one doorbell.
     #[inline(always)]
-    pub(crate) fn sq_commit(&self, qp: &mut Qp<H>) {
-        let bell = qp.handle() | db::QP_SEND;
+    pub(crate) fn sq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
         let ctl = &qp.ctl.ctl().sq.ctl;
-        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, bell);
+        self.commit(&mut qp.sq_prod, &qp.sq_ring, ctl, c);
     }
 
-    /// Publishes what `p` wrote since its last commit on `ring`, tells the poller (`ctl`), and
-    /// rings the QP doorbell with `bell`.
+    /// Publishes what the batch `c` wrote on `ring` (`p`'s queue), tells the poller (`ctl`),
+    /// and rings the QP doorbell.
     #[inline(always)]
-    fn commit(&self, p: &mut Producer, ring: &Ring, ctl: &QueueCtl, bell: u32) {
-        let tail = p.tail;
-        if tail == p.published {
+    fn commit(&self, p: &mut Producer, ring: &Ring, ctl: &QueueCtl, c: &WqCursor) {
+        let tail = c.tail;
+        if tail == c.start {
             return;
         }
-        p.published = tail;
+        p.tail = tail;
         ctl.tail.store(tail, Ordering::Release);
         ring.publish(tail);
         before_doorbell();
-        self.uar.write32(db::QP, bell);
+        self.uar.write32(db::QP, p.bell);
     }
 
-    /// Forgets the send WQEs written since the last commit.
-    #[inline]
-    pub(crate) fn sq_abort(&self, qp: &mut Qp<H>) {
-        abort(&mut qp.sq_prod);
+    /// Starts a batch on the receive queue.
+    #[inline(always)]
+    pub(crate) fn rq_start(&self, qp: &Qp<H>) -> WqCursor {
+        WqCursor::new(&qp.rq_prod, &qp.rq_ring, qp.rq.sge)
     }
 
-    /// Writes one receive WQE at the receive queue's next slot (not yet published).
+    /// Writes one receive WQE at the batch's next slot (not yet published).
     ///
     /// # Safety
     ///
@@ -255,23 +276,28 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) unsafe fn rq_write(
         &self,
         qp: &mut Qp<H>,
+        c: &mut WqCursor,
         wr_id: u64,
         sges: &[Sge],
         tag: u32,
     ) -> Result<()> {
-        if qp.rq_prod.tail == qp.rq_prod.credit {
-            // Receives of a QP with an SRQ go to the SRQ (the queue has no slots, so no
-            // credit): QEMU would read past its allocation (§12.3).
-            let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-            if qp.has_srq || !refill(&mut qp.rq_prod, done, qp.rq.slots) {
-                return Err(queue_full(Queue::Recv));
-            }
+        // The SGE count first (its limit is then no longer needed, which leaves a register
+        // for the refill), the refusal as if the credit were checked first.
+        let nsge = sges.len();
+        if nsge > c.max_sge as usize {
+            let full = c.tail == c.limit && !self.rq_refill(qp, c);
+            let why = if full {
+                Refusal::Full(Queue::Recv)
+            } else {
+                Refusal::Sges(nsge, c.max_sge)
+            };
+            return Err(refuse(why));
         }
-        if sges.len() > qp.rq.sge as usize {
-            return Err(too_many_sges(sges.len(), qp.rq.sge));
+        if c.tail == c.limit && !self.rq_refill(qp, c) {
+            return Err(refuse(Refusal::Full(Queue::Recv)));
         }
-        let n = qp.rq_prod.tail;
-        let h = qp.rq_ring.slot(n).cast::<abi::RqWqeHdr>();
+        let h = c.slot().cast::<abi::RqWqeHdr>();
+        c.record(wr_id, tag);
         // SAFETY: this slot's WQE, not yet published; the stride holds the header and
         // max_recv_sge SGEs, the count was checked above.
         unsafe {
@@ -279,23 +305,15 @@ impl<H: Hal> Pvrdma<H> {
             put!(h, num_sge, sges.len() as u32);
             write_sges(h.cast::<u8>().add(size_of::<abi::RqWqeHdr>()), sges);
         }
-        qp.ctl.ctl().rq.record(n, wr_id, tag);
-        qp.rq_prod.tail = n.wrapping_add(1);
+        c.tail = c.tail.wrapping_add(1);
         Ok(())
     }
 
-    /// Publishes the receive WQEs written since the last commit, with one doorbell.
+    /// Publishes the receive WQEs the batch `c` wrote, with one doorbell.
     #[inline(always)]
-    pub(crate) fn rq_commit(&self, qp: &mut Qp<H>) {
-        let bell = qp.handle() | db::QP_RECV;
+    pub(crate) fn rq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
         let ctl = &qp.ctl.ctl().rq.ctl;
-        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, bell);
-    }
-
-    /// Forgets the receive WQEs written since the last commit.
-    #[inline]
-    pub(crate) fn rq_abort(&self, qp: &mut Qp<H>) {
-        abort(&mut qp.rq_prod);
+        self.commit(&mut qp.rq_prod, &qp.rq_ring, ctl, c);
     }
 
     /// Posts receive work requests to a shared receive queue, all or none, one doorbell.
@@ -309,7 +327,7 @@ impl<H: Hal> Pvrdma<H> {
             .iter()
             .find(|w| w.sg_list.len() > srq.layout.sge as usize)
         {
-            return Err(too_many_sges(w.sg_list.len(), srq.layout.sge));
+            return Err(refuse(Refusal::Sges(w.sg_list.len(), srq.layout.sge)));
         }
         let _guard = srq.lock.try_lock().ok_or(Error::Busy { op })?;
         let ring = srq.ring;

@@ -18,6 +18,7 @@ use crate::error::Result;
 pub struct SendBatch<'q, P: Provider, T> {
     provider: &'q P,
     qp: &'q mut P::Qp,
+    cursor: P::Cursor,
     _t: PhantomData<T>,
 }
 
@@ -25,8 +26,10 @@ impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
     /// Starts a batch of send requests (`ibv_wr_start`).
     #[inline]
     pub fn send_batch(&mut self) -> SendBatch<'_, P, T> {
+        let provider = self.inner.ctx.provider();
         SendBatch {
-            provider: self.inner.ctx.provider(),
+            provider,
+            cursor: provider.sq_start(&self.inner.raw),
             qp: &mut self.inner.raw,
             _t: PhantomData,
         }
@@ -42,21 +45,22 @@ impl<P: Provider, T> SendBatch<'_, P, T> {
     #[inline(always)]
     unsafe fn push(&mut self, w: SendWqe<'_, P::Ah>) -> Result<()> {
         // SAFETY: forwarded from our caller.
-        unsafe { self.provider.sq_write(self.qp, &w) }
+        unsafe { self.provider.sq_write(self.qp, &mut self.cursor, &w) }
     }
 
-    /// Publishes every request written, with one doorbell (`ibv_wr_complete`).
+    /// Publishes every request written, with one doorbell (`ibv_wr_complete`). A batch
+    /// dropped without it posts nothing.
     #[inline]
     pub fn finish(self) {
-        let mut this = core::mem::ManuallyDrop::new(self);
-        this.provider.sq_commit(this.qp);
+        self.provider.sq_commit(self.qp, &self.cursor);
     }
 }
 
 impl<P: Provider, T> Drop for SendBatch<'_, P, T> {
-    fn drop(&mut self) {
-        self.provider.sq_abort(self.qp);
-    }
+    /// A batch dropped unfinished leaves nothing to undo: its requests stay unpublished, past
+    /// the index the device reads, and the QP's position never moved.
+    #[inline(always)]
+    fn drop(&mut self) {}
 }
 
 /// Transports whose sends name no destination (connected: RC, UC).
@@ -306,14 +310,17 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
 pub struct RecvBatch<'q, P: Provider> {
     provider: &'q P,
     qp: &'q mut P::Qp,
+    cursor: P::Cursor,
 }
 
 impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     /// Starts a batch of receive requests.
     #[inline]
     pub fn recv_batch(&mut self) -> RecvBatch<'_, P> {
+        let provider = self.inner.ctx.provider();
         RecvBatch {
-            provider: self.inner.ctx.provider(),
+            provider,
+            cursor: provider.rq_start(&self.inner.raw),
             qp: &mut self.inner.raw,
         }
     }
@@ -342,19 +349,22 @@ impl<P: Provider> RecvBatch<'_, P> {
     #[inline(always)]
     pub unsafe fn recv(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         // SAFETY: forwarded from our caller.
-        unsafe { self.provider.rq_write(self.qp, wr_id, sges, 0) }
+        unsafe {
+            self.provider
+                .rq_write(self.qp, &mut self.cursor, wr_id, sges, 0)
+        }
     }
 
-    /// Publishes every request written, with one doorbell.
+    /// Publishes every request written, with one doorbell. A batch dropped without it posts
+    /// nothing.
     #[inline]
     pub fn finish(self) {
-        let mut this = core::mem::ManuallyDrop::new(self);
-        this.provider.rq_commit(this.qp);
+        self.provider.rq_commit(self.qp, &self.cursor);
     }
 }
 
 impl<P: Provider> Drop for RecvBatch<'_, P> {
-    fn drop(&mut self) {
-        self.provider.rq_abort(self.qp);
-    }
+    /// As for [`SendBatch`]: nothing to undo.
+    #[inline(always)]
+    fn drop(&mut self) {}
 }

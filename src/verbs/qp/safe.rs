@@ -49,7 +49,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         let tag = match provider.poll_qp(self.send_cq, &self.raw, &mut wc)? {
             Some(t) => t,
             None if core::ptr::eq(self.send_cq, self.recv_cq) => return Ok(None),
-            None => match provider.poll_qp(self.recv_cq, &self.raw, &mut wc)? {
+            None => match self.poll_recv_cq(&mut wc)? {
                 Some(t) => t,
                 None => return Ok(None),
             },
@@ -63,6 +63,13 @@ impl<'a, P: Provider> QpInner<'a, P> {
             _ => None,
         };
         Ok(Some(Completion { wc, buf }))
+    }
+
+    /// The receive CQ's part of [`poll_one`](Self::poll_one), when it is not the send CQ (out
+    /// of line: the common case of one CQ keeps one inlined poll).
+    #[inline(never)]
+    fn poll_recv_cq(&self, wc: &mut WorkCompletion) -> Result<Option<u32>> {
+        self.ctx.provider().poll_qp(self.recv_cq, &self.raw, wc)
     }
 
     #[inline(always)]
@@ -87,12 +94,13 @@ impl<'a, P: Provider> QpInner<'a, P> {
             )
         };
         let provider = self.ctx.provider();
+        let mut c = provider.sq_start(&self.raw);
         // SAFETY: the buffer moves into the QP right after (its handle is given up), so the
         // CPU no longer reaches it; it comes back only with its completion.
-        if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &w) } {
+        if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &mut c, &w) } {
             return Err((buf, e));
         }
-        provider.sq_commit(&mut self.raw);
+        provider.sq_commit(&mut self.raw, &c);
         buf.into_tag();
         Ok(())
     }
@@ -105,11 +113,12 @@ impl<'a, P: Provider> QpInner<'a, P> {
         let sge = buf.room();
         let provider = self.ctx.provider();
         let sges = core::slice::from_ref(&sge);
+        let (mut c, tag) = (provider.rq_start(&self.raw), buf.index() + 1);
         // SAFETY: as in `post_send_wqe`: the buffer moves into the QP right after.
-        if let Err(e) = unsafe { provider.rq_write(&mut self.raw, wr_id, sges, buf.index() + 1) } {
+        if let Err(e) = unsafe { provider.rq_write(&mut self.raw, &mut c, wr_id, sges, tag) } {
             return Err((buf, e));
         }
-        provider.rq_commit(&mut self.raw);
+        provider.rq_commit(&mut self.raw, &c);
         buf.into_tag();
         Ok(())
     }

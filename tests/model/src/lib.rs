@@ -33,7 +33,7 @@ pub mod hostile;
 mod mem;
 mod pci;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
@@ -275,7 +275,23 @@ struct Inner {
 #[derive(Clone)]
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
-    free_doorbells: Arc<AtomicBool>,
+    /// Benchmark switches: free doorbells, and the plain UAR page.
+    bench: Arc<BenchState>,
+}
+
+/// What benchmarks set (shared by clones).
+struct BenchState {
+    /// Doorbell writes are ignored ([`Model::set_free_doorbells`]).
+    free_doorbells: AtomicBool,
+    /// The plain UAR page ([`Model::set_plain_uar`]).
+    plain_uar: Arc<PlainUar>,
+}
+
+/// A UAR as plain memory: what BAR2 mappings made in plain mode write to.
+struct PlainUar {
+    /// Whether new BAR2 mappings are plain.
+    on: AtomicBool,
+    words: [AtomicU32; 1024],
 }
 
 impl Default for Model {
@@ -316,7 +332,13 @@ impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
             inner: Arc::new(Mutex::new(Inner::new(cfg))),
-            free_doorbells: Arc::new(AtomicBool::new(false)),
+            bench: Arc::new(BenchState {
+                free_doorbells: AtomicBool::new(false),
+                plain_uar: Arc::new(PlainUar {
+                    on: AtomicBool::new(false),
+                    words: std::array::from_fn(|_| AtomicU32::new(0)),
+                }),
+            }),
         }
     }
 
@@ -332,7 +354,8 @@ impl Model {
     pub unsafe fn reset(&self, cfg: ModelConfig) {
         let old = std::mem::replace(&mut *self.lock(), Inner::new(cfg));
         drop(old);
-        self.free_doorbells.store(false, Ordering::Relaxed);
+        self.bench.free_doorbells.store(false, Ordering::Relaxed);
+        self.bench.plain_uar.on.store(false, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -497,7 +520,27 @@ impl Model {
     /// Makes doorbell writes free (ignored without locking the model): for benchmarks that
     /// count the driver's instructions, with completions put in place by [`Model::inject_cqe`].
     pub fn set_free_doorbells(&self, free: bool) {
-        self.free_doorbells.store(free, Ordering::Relaxed);
+        self.bench.free_doorbells.store(free, Ordering::Relaxed);
+    }
+
+    /// Makes the BAR2 (UAR) mappings made from now on (until turned off) a plain page of
+    /// memory, as a benchmark harness's fake UAR: a doorbell is one store there, the device
+    /// does not see it. The harness reads it with [`Model::take_uar_word`] and rings the device
+    /// itself with [`Model::doorbell`]. Mappings made before keep their mode.
+    pub fn set_plain_uar(&self, on: bool) {
+        self.bench.plain_uar.on.store(on, Ordering::Relaxed);
+    }
+
+    /// The last value written at byte `offset` of the plain UAR page since the last take (0
+    /// when none); the word is cleared.
+    pub fn take_uar_word(&self, offset: usize) -> u32 {
+        self.bench.plain_uar.words[offset / 4].swap(0, Ordering::Relaxed)
+    }
+
+    /// A doorbell write of `value` at byte `offset` of the UAR, as if through a mapping of
+    /// BAR2 (the device acts on it at once).
+    pub fn doorbell(&self, offset: usize, value: u32) {
+        self.mmio_write(2, 4096, offset, value);
     }
 
     /// Posts a successful SEND completion for `qpn` with `wr_id` to CQ `cq`.
@@ -643,7 +686,9 @@ unsafe impl Hal for Model {
         for bar in [0usize, 1, 2] {
             let base = g.pci.pvrdma_bar(bar);
             if base != 0 && paddr == base && size as u64 <= g.pci.pvrdma_bar_size(bar) {
+                let plain = bar == 2 && self.bench.plain_uar.on.load(Ordering::Relaxed);
                 return Some(ModelMmio {
+                    plain: plain.then(|| self.bench.plain_uar.clone()),
                     model: self.clone(),
                     bar,
                     size,
@@ -684,6 +729,8 @@ impl ConfigRegionAccess for Model {
 
 /// A mapped BAR of the model's PVRDMA: writes act synchronously, as in QEMU.
 pub struct ModelMmio {
+    /// A UAR mapped in plain mode ([`Model::set_plain_uar`]).
+    plain: Option<Arc<PlainUar>>,
     model: Model,
     bar: usize,
     size: usize,
@@ -727,22 +774,147 @@ unsafe impl Mmio for ModelMmio {
 
     #[inline]
     fn write32(&self, offset: usize, value: u32) {
-        // Benchmarks: a free doorbell costs this one test.
-        if self.bar == 2 && self.model.free_doorbells.load(Ordering::Relaxed) {
+        // Benchmarks: a store into the plain page, after this one test.
+        if let Some(p) = &self.plain {
+            if offset.is_multiple_of(4) && offset < 4096 {
+                p.words[offset / 4].store(value, Ordering::Relaxed);
+            }
             return;
         }
+        // Benchmarks: a free doorbell costs this one test.
+        if self.bar == 2 && self.model.bench.free_doorbells.load(Ordering::Relaxed) {
+            return;
+        }
+        self.write32_saved(offset, value);
+    }
+}
+
+impl ModelMmio {
+    /// [`write32_slow`](Self::write32_slow) through a call that preserves every register
+    /// (x86-64): the driver's code around a register write is compiled as around a store to
+    /// hardware, which clobbers nothing, rather than around a call, for which the compiler
+    /// saves registers (also on the paths that never make it). What a benchmark counts is then
+    /// the driver's code as it runs on hardware.
+    #[inline(always)]
+    fn write32_saved(&self, offset: usize, value: u32) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the trampoline (`bareverbs_model_write32_saved`, below) saves and restores
+        // every general-purpose and SSE register and the stack pointer around its call of
+        // `write32_entry` with these three arguments; the red zone is stepped over before the
+        // call pushes anything, and the trampoline aligns the stack itself.
+        unsafe {
+            core::arch::asm!(
+                "lea rsp, [rsp - 128]",
+                "call {t}",
+                "lea rsp, [rsp + 128]",
+                t = sym bareverbs_model_write32_saved,
+                in("rdi") self as *const ModelMmio,
+                in("rsi") offset,
+                in("rdx") value,
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         self.write32_slow(offset, value);
     }
 }
+
+/// What the trampoline calls: [`ModelMmio::write32_slow`].
+#[cfg(target_arch = "x86_64")]
+extern "C" fn write32_entry(mmio: &ModelMmio, offset: usize, value: u32) {
+    mmio.write32_slow(offset, value);
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    /// Calls `write32_entry(rdi, rsi, edx)` preserving every register (see `write32_saved`).
+    fn bareverbs_model_write32_saved();
+}
+
+// The trampoline: saves the caller-saved general-purpose registers and xmm0-15, aligns the
+// stack, calls `write32_entry`, restores everything.
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .text.bareverbs_model_write32_saved,\"ax\",@progbits",
+    ".globl bareverbs_model_write32_saved",
+    ".hidden bareverbs_model_write32_saved",
+    "bareverbs_model_write32_saved:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "and rsp, -16",
+    "sub rsp, 256",
+    "movdqu [rsp + 0], xmm0",
+    "movdqu [rsp + 16], xmm1",
+    "movdqu [rsp + 32], xmm2",
+    "movdqu [rsp + 48], xmm3",
+    "movdqu [rsp + 64], xmm4",
+    "movdqu [rsp + 80], xmm5",
+    "movdqu [rsp + 96], xmm6",
+    "movdqu [rsp + 112], xmm7",
+    "movdqu [rsp + 128], xmm8",
+    "movdqu [rsp + 144], xmm9",
+    "movdqu [rsp + 160], xmm10",
+    "movdqu [rsp + 176], xmm11",
+    "movdqu [rsp + 192], xmm12",
+    "movdqu [rsp + 208], xmm13",
+    "movdqu [rsp + 224], xmm14",
+    "movdqu [rsp + 240], xmm15",
+    "call {entry}",
+    "movdqu xmm0, [rsp + 0]",
+    "movdqu xmm1, [rsp + 16]",
+    "movdqu xmm2, [rsp + 32]",
+    "movdqu xmm3, [rsp + 48]",
+    "movdqu xmm4, [rsp + 64]",
+    "movdqu xmm5, [rsp + 80]",
+    "movdqu xmm6, [rsp + 96]",
+    "movdqu xmm7, [rsp + 112]",
+    "movdqu xmm8, [rsp + 128]",
+    "movdqu xmm9, [rsp + 144]",
+    "movdqu xmm10, [rsp + 160]",
+    "movdqu xmm11, [rsp + 176]",
+    "movdqu xmm12, [rsp + 192]",
+    "movdqu xmm13, [rsp + 208]",
+    "movdqu xmm14, [rsp + 224]",
+    "movdqu xmm15, [rsp + 240]",
+    "lea rsp, [rbp - 72]",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "pop rbp",
+    "ret",
+    ".popsection",
+    entry = sym write32_entry,
+);
 
 impl ModelMmio {
     #[cold]
     #[inline(never)]
     fn write32_slow(&self, offset: usize, value: u32) {
-        if !offset.is_multiple_of(4) || offset + 4 > self.size {
+        self.model.mmio_write(self.bar, self.size, offset, value);
+    }
+}
+
+impl Model {
+    /// A write of `value` at byte `offset` of BAR `bar`, mapped `size` bytes long.
+    fn mmio_write(&self, bar: usize, size: usize, offset: usize, value: u32) {
+        if !offset.is_multiple_of(4) || offset + 4 > size {
             return;
         }
-        let mut g = self.model.lock();
+        let mut g = self.lock();
         let Inner {
             cfg,
             mem,
@@ -754,7 +926,7 @@ impl ModelMmio {
         if !pci.pvrdma_decodes() {
             violations.qemu(
                 hostile::point::PCI,
-                format!("BAR{} write with memory decoding off", self.bar),
+                format!("BAR{bar} write with memory decoding off"),
             );
             return;
         }
@@ -766,7 +938,7 @@ impl ModelMmio {
             liar,
             bus_master,
         };
-        match self.bar {
+        match bar {
             0 => pci.bar0_write(offset, value),
             1 => dev.reg_write(&mut ctx, offset, value),
             _ => dev.doorbell(&mut ctx, offset, value),
