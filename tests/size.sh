@@ -8,32 +8,41 @@
 # (QueuePair is QueuePair<P, Rc, Rts>), printed by `tests/bench/ops.rs sizes`.
 #
 # Text: the kernel is built as `cargo build --release -p bareverbs-unikernel` builds it
-# (examples/unikernel, linked with linker/unikernel.ld), and its symbol table is read with
-# binutils' `nm -S -C` (demangled). The rule, the same every time:
-#   - a symbol counts when it is a text symbol (nm type t, T, w or W) with a size, and its
+# (examples/unikernel, linked with linker/unikernel.ld), once more with DWARF line tables
+# (`debug = "line-tables-only"`, in target/size; the script checks that both builds have the
+# same .text size, i.e. that the line tables changed no code). The rule, the same every time
+# (`tests/size/driver_text.py`):
+#   - symbols of the driver: every text symbol (nm type t, T, w or W) with a size whose
 #     demangled name
 #       * starts with `bareverbs::` or `bareverbs_hal::` once any leading `<` is stripped: a
 #         function of the driver crates, generic instantiations included wherever they were
-#         compiled (`bareverbs::device::pvrdma::cmd::Channel<H>::exec`), and an impl whose
+#         compiled (`bareverbs::device::pvrdma::cmd::Channel<H>::run`), and an impl whose
 #         Self type is the driver's (`<bareverbs::error::Error as core::fmt::Display>::fmt`,
 #         `<bareverbs::device::pvrdma::Pvrdma<H> as bareverbs::verbs::Provider>::create_qp`);
 #       * or is the drop glue of a driver type: `core::ptr::drop_in_place<T>` with T (or the
 #         first element of a tuple T) a `bareverbs::` or `bareverbs_hal::` type;
-#   - symbols sharing an address (aliases, folded code) count once;
-#   - nothing else counts: not the example's own functions (`bareverbs_unikernel::*`, `kmain`),
-#     not generic code of other crates instantiated for driver types under a name that does
-#     not say so (`<&T as core::fmt::Debug>::fmt`), not core/alloc/log/pci_types.
-# Driver code that the compiler inlined into the example's functions (the data path's
-# #[inline] methods end up in `bareverbs_unikernel::run`) has no symbol of its own and is not
-# counted: the figure is what the driver costs in functions of its own.
+#     symbols sharing an address (aliases, folded code) count once, whole;
+#   - what the driver inlines into the example: every other .text byte whose innermost source
+#     line (the line table's row for its address; line 0 rows excluded) is in a file of the
+#     driver crates (`src/`, `hal/src/`): the data path's #[inline] methods inside
+#     `bareverbs_unikernel::run`, an `Error` built in the example's code;
+#   - nothing else counts: not the example's own code, not core/log/pci_types code, also where
+#     it was inlined into the example (core code inlined into a driver symbol counts with it).
+# Prints `driver_text_symbols N`, `driver_text_inlined N`, then last `driver_text_bytes N`
+# (their sum).
 #
-# Needs binutils (nm); installed with apt-get when missing and run as root.
+# Needs binutils (nm, objdump), llvm-dwarfdump (Debian package llvm) and python3; installed with
+# apt-get when missing and run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v nm >/dev/null; then
-  [ "$(id -u)" = 0 ] || { echo "size.sh: nm not found: apt-get install binutils" >&2; exit 1; }
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq binutils >&2
+need=()
+command -v nm >/dev/null && command -v objdump >/dev/null || need+=(binutils)
+command -v llvm-dwarfdump >/dev/null || need+=(llvm)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  [ "$(id -u)" = 0 ] || { echo "size.sh: missing tools: apt-get install ${need[*]}" >&2; exit 1; }
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
 fi
 
 # The object sizes, from the bench binary (built as tests/bench.sh builds it).
@@ -48,16 +57,13 @@ kernel=$(cargo build --release -p bareverbs-unikernel --message-format=json 2>/d
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) || true
 [ -n "$kernel" ] && [ -f "$kernel" ] || { echo "size.sh: cannot build the example kernel" >&2; exit 1; }
 
-# `nm -S -t d`: decimal address and size, type, demangled name (which may contain spaces).
-nm -S -t d --size-sort -C "$kernel" | awk '
-  $3 ~ /^[tTwW]$/ {
-    name = $0
-    sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", name)
-    bare = name
-    sub(/^<+/, "", bare)
-    if (bare ~ /^(bareverbs|bareverbs_hal)::/ ||
-        name ~ /^core::ptr::drop_in_place<\(?(bareverbs|bareverbs_hal)::/) {
-      if (!seen[$1]++) total += $2
-    }
-  }
-  END { printf "driver_text_bytes %d\n", total }'
+# The same kernel with line tables, for the inlined code.
+lined=$(CARGO_TARGET_DIR=target/size CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+  cargo build --release -p bareverbs-unikernel --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) || true
+[ -n "$lined" ] && [ -f "$lined" ] || { echo "size.sh: cannot build the kernel with line tables" >&2; exit 1; }
+text() { objdump -h "$1" | awk '$2 == ".text" { print $3 }'; }
+[ "$(text "$kernel")" = "$(text "$lined")" ] ||
+  { echo "size.sh: line tables changed the kernel's .text ($(text "$kernel") vs $(text "$lined"))" >&2; exit 1; }
+
+python3 tests/size/driver_text.py "$lined" .

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The driver's .text bytes in a linked kernel, by the rule tests/size.sh documents.
+
+    driver_text.py KERNEL REPO
+
+KERNEL must carry DWARF line tables (`debug = "line-tables-only"`). Prints
+`driver_text_symbols N`, `driver_text_inlined N` and, last, `driver_text_bytes N`.
+"""
+import bisect
+import os
+import re
+import subprocess
+import sys
+
+
+def run(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def driver_symbol(name):
+    bare = name.lstrip("<")
+    return bool(
+        re.match(r"(bareverbs|bareverbs_hal)::", bare)
+        or re.match(r"core::ptr::drop_in_place<\(?(bareverbs|bareverbs_hal)::", name)
+    )
+
+
+def main():
+    kernel, repo = sys.argv[1], os.path.abspath(sys.argv[2])
+    roots = (repo + "/src/", repo + "/hal/src/")
+
+    # Text symbols with a size: (start, end, name); aliases (same start) once.
+    syms = {}
+    for line in run("nm", "-S", "-t", "d", "-C", kernel).splitlines():
+        f = line.split(" ", 3)
+        if len(f) == 4 and f[2] in ("t", "T", "w", "W") and int(f[1]) > 0:
+            syms.setdefault(int(f[0]), (int(f[0]) + int(f[1]), f[3]))
+    driver = sorted((a, e) for a, (e, n) in syms.items() if driver_symbol(n))
+    starts = [a for a, _ in driver]
+
+    def in_driver_symbol(x):
+        i = bisect.bisect_right(starts, x) - 1
+        return i >= 0 and driver[i][0] <= x < driver[i][1]
+
+    text_lo, text_hi = None, None
+    for line in run("objdump", "-h", kernel).splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[1] == ".text":
+            text_lo = int(f[3], 16)
+            text_hi = text_lo + int(f[2], 16)
+    if text_lo is None:
+        sys.exit("driver_text.py: no .text section")
+
+    # Each line-number program's compilation directory (relative paths are relative to it).
+    comp_dir, stmt = {}, None
+    for line in run("llvm-dwarfdump", "--debug-info", kernel).splitlines():
+        m = re.search(r"DW_AT_stmt_list\s*\((0x[0-9a-f]+)\)", line)
+        if m:
+            stmt = int(m.group(1), 16)
+            continue
+        m = re.search(r'DW_AT_comp_dir\s*\("(.*)"\)', line)
+        if m and stmt is not None:
+            comp_dir[stmt] = m.group(1)
+            stmt = None
+
+    # The decoded line tables: (address, line, file, end_sequence) in table order.
+    rows, dirs, files, cdir, fidx, fname = [], {}, {}, "", None, None
+    for line in run("llvm-dwarfdump", "--debug-line", kernel).splitlines():
+        if line.startswith("debug_line["):
+            off = int(line[len("debug_line[") : line.index("]")], 16)
+            dirs, files, cdir = {}, {}, comp_dir.get(off, "")
+            continue
+        m = re.match(r'include_directories\[\s*(\d+)\] = "(.*)"', line)
+        if m:
+            dirs[int(m.group(1))] = m.group(2)
+            continue
+        m = re.match(r"file_names\[\s*(\d+)\]:", line)
+        if m:
+            fidx = int(m.group(1))
+            continue
+        m = re.match(r'\s+name: "(.*)"', line)
+        if m:
+            fname = m.group(1)
+            continue
+        m = re.match(r"\s+dir_index: (\d+)", line)
+        if m:
+            files[fidx] = os.path.normpath(os.path.join(cdir, dirs.get(int(m.group(1)), ""), fname))
+            continue
+        m = re.match(r"0x([0-9a-f]+)\s+(\d+)\s+\d+\s+(\d+)\s.*?(end_sequence)?\s*$", line)
+        if m:
+            rows.append((int(m.group(1), 16), int(m.group(2)), files.get(int(m.group(3)), ""), bool(m.group(4))))
+
+    # Bytes outside the driver's symbols whose innermost source line is in a driver file.
+    inlined = set()
+    for (a, ln, f, end), (b, _, _, _) in zip(rows, rows[1:]):
+        if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not f.startswith(roots):
+            continue
+        for x in range(a, b):
+            if not in_driver_symbol(x):
+                inlined.add(x)
+    symbols = sum(e - a for a, e in driver)
+    print(f"driver_text_symbols {symbols}")
+    print(f"driver_text_inlined {len(inlined)}")
+    print(f"driver_text_bytes {symbols + len(inlined)}")
+
+
+main()
