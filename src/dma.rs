@@ -137,6 +137,23 @@ impl<H: Hal> Dma<H> {
         }
     }
 
+    /// Copies the `len` bytes at `src` to byte `offset` with ordinary stores (as [`Self::put`]).
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads of `len` bytes.
+    #[inline(never)]
+    pub(crate) unsafe fn copy_in(&self, offset: usize, src: *const u8, len: usize) {
+        let dst = self.ptr::<u8>(offset);
+        assert!(
+            offset + len <= self.pages * PAGE_SIZE,
+            "DMA access out of bounds"
+        );
+        // SAFETY: the destination range was checked to lie inside the allocation, which no
+        // Rust value overlaps; `src` is the caller's.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
     /// Zeroes `len` bytes from `offset`.
     pub(crate) fn zero(&self, offset: usize, len: usize) {
         let p = self.ptr::<u8>(offset);
