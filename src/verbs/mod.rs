@@ -38,9 +38,10 @@ macro_rules! destroy_and_drop {
                 let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
                 if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
                     // The device may still use the object's memory: keep it from being reused.
-                    log::warn!(
-                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
-                        e
+                    $crate::error::warn_error(
+                        concat!($what, " not destroyed ("),
+                        &e,
+                        "); memory leaked",
                     );
                     core::mem::forget(raw);
                 }
@@ -387,7 +388,7 @@ impl<P: Provider> GidBinding<'_, P> {
 impl<P: Provider> Drop for GidBinding<'_, P> {
     fn drop(&mut self) {
         if let Err(e) = self.ctx.provider.unbind_gid(self.index, self.gid) {
-            log::warn!("bareverbs: GID {} not unbound: {}", self.index, e);
+            crate::error::warn(format_args!("GID {} not unbound: {}", self.index, e));
         }
     }
 }

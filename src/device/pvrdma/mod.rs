@@ -313,7 +313,11 @@ impl<H: Hal> Pvrdma<H> {
 #[cold]
 #[inline(never)]
 fn warn_kept(e: &Error) {
-    log::warn!("bareverbs: {e}; keeping the object's DMA memory, the device may use it");
+    crate::error::warn_error(
+        "",
+        e,
+        "; keeping the object's DMA memory, the device may use it",
+    );
 }
 
 /// Whether a command that failed with `e` may nevertheless have taken effect on the device.
