@@ -13,6 +13,7 @@ macro_rules! destroy_and_drop {
         impl<'c, P: Provider> $ty<'c, P> {
             /// Destroys the object. When the device refuses, the object is handed back with the
             /// error, unchanged, so the caller may retry.
+            #[inline(never)]
             pub fn destroy(mut self) -> Result<(), (Self, $crate::error::Error)> {
                 // SAFETY: `raw` is taken once; `self` is forgotten on success, or rebuilt
                 // around the returned raw object on failure, so it is never used again.
