@@ -179,7 +179,11 @@ impl<H: Hal> Pvrdma<H> {
         }
         req.attr_mask = mask;
         let a = &req.attrs;
-        let applied = (a.max_rd_atomic, a.max_dest_rd_atomic, a.ah_attr.grh.sgid_index);
+        let applied = (
+            a.max_rd_atomic,
+            a.max_dest_rd_atomic,
+            a.ah_attr.grh.sgid_index,
+        );
         st.chan
             .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
         qp.state = m.state;
