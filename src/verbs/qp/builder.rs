@@ -108,7 +108,6 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     /// completion for every request the QP can have outstanding, [`Unsupported`] for a type
     /// or feature the device lacks, and the device's errors; nothing is left behind on
     /// failure.
-    #[inline(always)]
     pub fn build<T: Transport>(self) -> Result<QueuePair<'a, P, T, Reset>> {
         Ok(QueuePair {
             inner: self.build_inner(T::TYPE)?,
