@@ -22,12 +22,16 @@
 #       * or is the drop glue of a driver type: `core::ptr::drop_in_place<T>` with T (or the
 #         first element of a tuple T) a `bareverbs::` or `bareverbs_hal::` type;
 #     symbols sharing an address (aliases, folded code) count once, whole;
-#   - what the driver inlines into the example: every other .text byte whose innermost source
-#     line (the line table's row for its address; line 0 rows excluded) is in a file of the
-#     driver crates (`src/`, `hal/src/`): the data path's #[inline] methods inside
-#     `bareverbs_unikernel::run`, an `Error` built in the example's code;
-#   - nothing else counts: not the example's own code, not core/log/pci_types code, also where
-#     it was inlined into the example (core code inlined into a driver symbol counts with it).
+#   - what the driver inlines into the example: every other .text byte that is driver code by
+#     the DWARF debug info, i.e. whose innermost source line (the line table's row for its
+#     address; line 0 rows excluded) is in a file of the driver crates (`src/`, `hal/src/`), or
+#     that lies in code inlined at a call site in such a file (a DW_TAG_inlined_subroutine whose
+#     DW_AT_call_file is a driver file: the core/spin code a driver function inlined, also
+#     after that function was itself inlined into the example). Examples: the data path's
+#     #[inline] methods inside `bareverbs_unikernel::run`, with what they inline; an `Error`
+#     built in the example's code;
+#   - nothing else counts: not the example's own code, not core/log/pci_types code the example
+#     itself calls (core code inlined into driver code counts with it, wherever it landed).
 # Prints `driver_text_symbols N`, `driver_text_inlined N`, then last `driver_text_bytes N`
 # (their sum).
 #

@@ -90,8 +90,51 @@ def main():
         if m:
             rows.append((int(m.group(1), 16), int(m.group(2)), files.get(int(m.group(3)), ""), bool(m.group(4))))
 
-    # Bytes outside the driver's symbols whose innermost source line is in a driver file.
+    # Code inlined at a call site in a driver file: part of an inlined driver function's body
+    # (core code included), wherever that function itself was inlined.
+    info_text = run("llvm-dwarfdump", "--debug-info", kernel)
     inlined = set()
+
+    def take(entry):
+        if entry is None or not entry["call_file"].startswith(roots):
+            return
+        for a, b in entry["ranges"]:
+            if text_lo <= a < b <= text_hi:
+                for x in range(a, b):
+                    if not in_driver_symbol(x):
+                        inlined.add(x)
+
+    entry, low, in_ranges = None, None, False
+    for line in info_text.splitlines():
+        if re.match(r"0x[0-9a-f]+:\s+DW_TAG_", line) or re.match(r"0x[0-9a-f]+:\s+NULL", line):
+            take(entry)
+            entry = {"call_file": "", "ranges": []} if "DW_TAG_inlined_subroutine" in line else None
+            low, in_ranges = None, False
+            continue
+        if entry is None:
+            continue
+        m = re.search(r'DW_AT_call_file\s*\("(.*)"\)', line)
+        if m:
+            entry["call_file"] = os.path.normpath(m.group(1))
+            continue
+        m = re.search(r"DW_AT_low_pc\s*\((0x[0-9a-f]+)\)", line)
+        if m:
+            low = int(m.group(1), 16)
+            continue
+        m = re.search(r"DW_AT_high_pc\s*\((0x[0-9a-f]+)\)", line)
+        if m and low is not None:
+            entry["ranges"].append((low, int(m.group(1), 16)))
+            continue
+        if "DW_AT_ranges" in line:
+            in_ranges = True
+        if in_ranges:
+            for a, b in re.findall(r"\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", line):
+                entry["ranges"].append((int(a, 16), int(b, 16)))
+            if line.rstrip().endswith("))"):
+                in_ranges = False
+    take(entry)
+
+    # Bytes outside the driver's symbols whose innermost source line is in a driver file.
     for (a, ln, f, end), (b, _, _, _) in zip(rows, rows[1:]):
         if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not f.startswith(roots):
             continue
