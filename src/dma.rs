@@ -84,9 +84,10 @@ impl<H: Hal> Dma<H> {
     fn ptr<T>(&self, offset: usize) -> *mut T {
         // Offsets are computed by the driver from validated sizes, never taken from the device:
         // a violation is a driver bug.
-        if offset + size_of::<T>() > self.pages * PAGE_SIZE {
-            out_of_bounds();
-        }
+        assert!(
+            offset + size_of::<T>() <= self.pages * PAGE_SIZE,
+            "DMA access out of bounds"
+        );
         debug_assert!(offset.is_multiple_of(align_of::<T>()));
         // SAFETY: checked just above to lie inside the allocation.
         unsafe { self.vaddr.as_ptr().add(offset).cast() }
@@ -125,9 +126,10 @@ impl<H: Hal> Dma<H> {
     #[inline(never)]
     fn copy_out(&self, offset: usize, dst: *mut u8, len: usize) {
         let src = self.ptr::<u8>(offset);
-        if offset + len > self.pages * PAGE_SIZE {
-            out_of_bounds();
-        }
+        assert!(
+            offset + len <= self.pages * PAGE_SIZE,
+            "DMA access out of bounds"
+        );
         for i in 0..len {
             // SAFETY: the source range was checked to lie inside the allocation; `dst` is the
             // caller's `len`-byte buffer.
@@ -135,43 +137,19 @@ impl<H: Hal> Dma<H> {
         }
     }
 
-    /// Copies the `len` bytes at `src` to byte `offset` with ordinary stores (as [`Self::put`]).
-    ///
-    /// # Safety
-    ///
-    /// `src` is valid for reads of `len` bytes.
-    #[inline(never)]
-    pub(crate) unsafe fn copy_in(&self, offset: usize, src: *const u8, len: usize) {
-        let dst = self.ptr::<u8>(offset);
-        if offset + len > self.pages * PAGE_SIZE {
-            out_of_bounds();
-        }
-        // SAFETY: the destination range was checked to lie inside the allocation, which no
-        // Rust value overlaps; `src` is the caller's.
-        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
-    }
-
     /// Zeroes `len` bytes from `offset`.
     pub(crate) fn zero(&self, offset: usize, len: usize) {
         let p = self.ptr::<u8>(offset);
-        if offset + len > self.pages * PAGE_SIZE {
-            out_of_bounds();
-        }
+        assert!(
+            offset + len <= self.pages * PAGE_SIZE,
+            "DMA access out of bounds"
+        );
         // SAFETY: the range was checked to lie inside the allocation.
         unsafe { core::ptr::write_bytes(p, 0, len) }
     }
 }
 
-/// The panic of an access outside a DMA block (a driver bug), compiled once.
-#[cold]
-#[inline(never)]
-#[track_caller]
-fn out_of_bounds() -> ! {
-    panic!("DMA access out of bounds")
-}
-
 impl<H: Hal> Drop for Dma<H> {
-    #[inline(never)]
     fn drop(&mut self) {
         let block = DmaBlock {
             paddr: self.paddr,

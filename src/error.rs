@@ -474,19 +474,4 @@ impl fmt::Display for Error {
     }
 }
 
-/// Logs a driver warning, `bareverbs: ` first (one copy of the logging call for every
-/// warning of the crate).
-#[cold]
-#[inline(never)]
-pub(crate) fn warn(args: fmt::Arguments<'_>) {
-    log::warn!("bareverbs: {args}");
-}
-
-/// [`warn`] of `head`, the error, `tail`.
-#[cold]
-#[inline(never)]
-pub(crate) fn warn_error(head: &str, e: &Error, tail: &str) {
-    warn(format_args!("{head}{e}{tail}"));
-}
-
 impl core::error::Error for Error {}

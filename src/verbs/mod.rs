@@ -13,7 +13,6 @@ macro_rules! destroy_and_drop {
         impl<'c, P: Provider> $ty<'c, P> {
             /// Destroys the object. When the device refuses, the object is handed back with the
             /// error, unchanged, so the caller may retry.
-            #[inline(never)]
             pub fn destroy(mut self) -> Result<(), (Self, $crate::error::Error)> {
                 // SAFETY: `raw` is taken once; `self` is forgotten on success, or rebuilt
                 // around the returned raw object on failure, so it is never used again.
@@ -39,10 +38,9 @@ macro_rules! destroy_and_drop {
                 let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
                 if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
                     // The device may still use the object's memory: keep it from being reused.
-                    $crate::error::warn_error(
-                        concat!($what, " not destroyed ("),
-                        &e,
-                        "); memory leaked",
+                    log::warn!(
+                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
+                        e
                     );
                     core::mem::forget(raw);
                 }
@@ -410,7 +408,7 @@ impl<P: Provider> GidBinding<'_, P> {
 impl<P: Provider> Drop for GidBinding<'_, P> {
     fn drop(&mut self) {
         if let Err(e) = self.ctx.provider.unbind_gid(self.index, self.gid) {
-            crate::error::warn(format_args!("GID {} not unbound: {}", self.index, e));
+            log::warn!("bareverbs: GID {} not unbound: {}", self.index, e);
         }
     }
 }

@@ -201,11 +201,7 @@ impl<P: Provider> Drop for MemoryRegion<'_, P> {
         // SAFETY: `raw` is taken once, here.
         let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
         if let Err((raw, e)) = self.ctx.provider().destroy_mr(raw) {
-            crate::error::warn_error(
-                "memory region not deregistered (",
-                &e,
-                "); its memory is leaked",
-            );
+            log::warn!("bareverbs: memory region not deregistered ({e}); its memory is leaked");
             core::mem::forget(raw);
         }
     }

@@ -15,15 +15,17 @@ use super::regs::{ERR_REJECTED, reg};
 use crate::dma::{Dma, Pod};
 use crate::error::{DeviceStatus, Error, Fault, Op, Result};
 
-/// A request: a Pod struct starting with [`CmdHdr`] (written by the channel).
-pub(crate) trait Request: Pod {}
+/// A request: a Pod struct starting with [`CmdHdr`].
+pub(crate) trait Request: Pod {
+    fn hdr_mut(&mut self) -> &mut CmdHdr;
+}
 
 /// A response: a Pod struct starting with [`RespHdr`].
 pub(crate) trait Response: Pod {}
 
 macro_rules! messages {
     (requests: $($q:ty),*; responses: $($r:ty),*) => {
-        $( impl Request for $q {} )*
+        $( impl Request for $q { fn hdr_mut(&mut self) -> &mut CmdHdr { &mut self.hdr } } )*
         $( impl Response for $r {} )*
     };
 }
@@ -63,51 +65,30 @@ impl<H: Hal> Channel<H> {
 
     /// Runs one command and returns its response, checked: the ack names this command, the
     /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit. Only the copies in
-    /// and out depend on the message types: the protocol is compiled once ([`Self::send`]).
+    /// and out depend on the message types: the protocol is compiled once ([`Self::run`]).
     #[inline]
     pub(crate) fn exec<Q: Request, R: Response>(
         &mut self,
         regs: &impl Mmio,
         op: Op,
         code: u32,
-        req: Q,
+        mut req: Q,
     ) -> Result<R> {
-        // SAFETY: `req` is a live value of `size_of::<Q>()` bytes.
-        unsafe { self.send(regs, op, code, (&raw const req).cast(), size_of::<Q>()) }?;
-        Ok(self.response())
-    }
-
-    /// The response of the last command that succeeded.
-    #[inline]
-    pub(crate) fn response<R: Response>(&self) -> R {
-        self.page.get(RESP_SLOT_OFFSET)
-    }
-
-    /// Writes the `len` bytes at `req` (a request; its header is overwritten) to the command
-    /// slot and runs the command, checked as [`Self::exec`] says.
-    ///
-    /// # Safety
-    ///
-    /// `req` is valid for reads of `len` bytes.
-    #[inline(never)]
-    pub(crate) unsafe fn send(
-        &mut self,
-        regs: &impl Mmio,
-        op: Op,
-        code: u32,
-        req: *const u8,
-        len: usize,
-    ) -> Result<()> {
         self.cookie = self.cookie.wrapping_add(1);
-        self.page.zero(0, CMD_SLOT_SIZE);
-        // SAFETY: the caller's contract.
-        unsafe { self.page.copy_in(0, req, len) };
-        let hdr = CmdHdr {
+        *req.hdr_mut() = CmdHdr {
             response: self.cookie,
             cmd: code,
             reserved: 0,
         };
-        self.page.put(0, hdr);
+        self.page.zero(0, CMD_SLOT_SIZE);
+        self.page.put(0, req);
+        self.run(regs, op, code)?;
+        Ok(self.page.get(RESP_SLOT_OFFSET))
+    }
+
+    /// The protocol of a command already written to the command slot.
+    #[inline(never)]
+    fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
         // A zero ack marks "no response yet".
         self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
         // The request and the cleared response slot must be in memory before the device is told

@@ -174,7 +174,6 @@ impl<H: Hal> State<H> {
     /// Runs a create command. On success the object counts against its table. On failure,
     /// `keep` (the memory the device was given for the object) is freed when the device clearly
     /// refused, and kept — with the object still counted — when the outcome is unknown.
-    #[inline]
     fn create<Q: cmd::Request, R: cmd::Response, M>(
         &mut self,
         regs: &impl Mmio,
@@ -183,21 +182,17 @@ impl<H: Hal> State<H> {
         req: Q,
         keep: M,
     ) -> Result<(R, M)> {
-        // SAFETY: `req` is a live value of `size_of::<Q>()` bytes.
-        let r = unsafe {
-            self.create_raw(
-                regs,
-                kind,
-                op,
-                code,
-                (&raw const req).cast(),
-                size_of::<Q>(),
-            )
-        };
-        match r {
-            Ok(()) => Ok((self.chan.response(), keep)),
+        match self.chan.exec(regs, op, code, req) {
+            Ok(r) => {
+                self.counts[Self::slot(kind)] += 1;
+                Ok((r, keep))
+            }
             Err(e) => {
                 if outcome_unknown(&e) {
+                    self.counts[Self::slot(kind)] += 1;
+                    log::warn!(
+                        "bareverbs: {e}; keeping the object's DMA memory, the device may use it"
+                    );
                     core::mem::forget(keep);
                 }
                 Err(e)
@@ -205,68 +200,28 @@ impl<H: Hal> State<H> {
         }
     }
 
-    /// [`Self::create`] without the message types: the command and the count.
-    ///
-    /// # Safety
-    ///
-    /// `req` is valid for reads of `len` bytes.
-    #[inline(never)]
-    unsafe fn create_raw(
-        &mut self,
-        regs: &impl Mmio,
-        kind: Object,
-        op: Op,
-        code: u32,
-        req: *const u8,
-        len: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        let r = unsafe { self.chan.send(regs, op, code, req, len) };
-        match &r {
-            Ok(()) => self.counts[Self::slot(kind)] += 1,
-            Err(e) if outcome_unknown(e) => {
-                self.counts[Self::slot(kind)] += 1;
-                warn_kept(e);
-            }
-            Err(_) => {}
-        }
-        r
-    }
-
     /// Runs the destroy command `code` for `obj`, whose device handle is `handle`; on success
     /// it leaves its table's count, on failure it is handed back with the error.
-    #[inline]
     fn destroy<T>(
-        &mut self,
-        regs: &impl Mmio,
-        kind: Object,
-        code: (Op, u32),
-        handle: u32,
-        obj: T,
-    ) -> Result<(), (T, Error)> {
-        match self.destroy_raw(regs, kind, code, handle) {
-            Ok(()) => Ok(()),
-            Err(e) => Err((obj, e)),
-        }
-    }
-
-    /// [`Self::destroy`] without the object.
-    #[inline(never)]
-    fn destroy_raw(
         &mut self,
         regs: &impl Mmio,
         kind: Object,
         (op, code): (Op, u32),
         handle: u32,
-    ) -> Result<()> {
+        obj: T,
+    ) -> Result<(), (T, Error)> {
         let req = abi::DestroyHandle {
             handle,
             ..Default::default()
         };
-        self.chan.exec::<_, abi::RespHdr>(regs, op, code, req)?;
-        let c = &mut self.counts[Self::slot(kind)];
-        *c = c.saturating_sub(1);
-        Ok(())
+        match self.chan.exec::<_, abi::RespHdr>(regs, op, code, req) {
+            Ok(_) => {
+                let c = &mut self.counts[Self::slot(kind)];
+                *c = c.saturating_sub(1);
+                Ok(())
+            }
+            Err(e) => Err((obj, e)),
+        }
     }
 
     fn gid_bound(&self, index: u32) -> bool {
@@ -308,17 +263,6 @@ impl<H: Hal> Pvrdma<H> {
     fn exec<Q: cmd::Request, R: cmd::Response>(&self, op: Op, code: u32, req: Q) -> Result<R> {
         self.state.lock().chan.exec(&self.regs, op, code, req)
     }
-}
-
-/// The warning for memory kept because the device may use it.
-#[cold]
-#[inline(never)]
-fn warn_kept(e: &Error) {
-    crate::error::warn_error(
-        "",
-        e,
-        "; keeping the object's DMA memory, the device may use it",
-    );
 }
 
 /// Whether a command that failed with `e` may nevertheless have taken effect on the device.

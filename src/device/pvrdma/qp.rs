@@ -103,29 +103,6 @@ fn hold_users<H: Hal>(pd: &Pd, (s, r): (&Cq<H>, &Cq<H>), srq: Option<&Srq<H>>) {
     }
 }
 
-/// Keeps a QP's PD, CQs and SRQ busy and its CQEs (`slots`: send, receive) reserved for good:
-/// the device may have made a QP the driver cannot name or destroy.
-#[cold]
-#[inline(never)]
-fn quarantine_qp<H: Hal>(
-    pd: &Pd,
-    (s, r): (&Cq<H>, &Cq<H>),
-    srq: Option<&Srq<H>>,
-    (sq_slots, rq_slots): (u32, u32),
-) {
-    hold_users(pd, (s, r), srq);
-    s.reserve_forever(sq_slots);
-    r.reserve_forever(rq_slots);
-}
-
-#[cold]
-#[inline(never)]
-fn warn_unusable_kept() {
-    crate::error::warn(format_args!(
-        "QP with an unusable handle kept (its memory is leaked)"
-    ));
-}
-
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
     match t {
         QpType::Rc => Ok(abi::qp_type::RC),
@@ -207,33 +184,45 @@ impl<H: Hal> Pvrdma<H> {
                 return Err(e);
             }
         }
-        let cqs = (send_cq, recv_cq);
-        let mut qp = match self.create_qp_cmd(pd, cqs, srq, init, (sq, rq), rq_slots) {
+        let unreserve = || {
+            send_cq.unreserve(sq.slots);
+            recv_cq.unreserve(rq_slots);
+        };
+        let r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
+        let qp = match r {
             Ok(qp) => qp,
             Err(e) => {
-                send_cq.unreserve(sq.slots);
-                recv_cq.unreserve(rq_slots);
+                unreserve();
                 return Err(e);
             }
         };
-        qp.reserved = (sq.slots, rq_slots);
-        hold_users(pd, cqs, srq);
+        let mut qp = Qp {
+            reserved: (sq.slots, rq_slots),
+            ..qp
+        };
+        hold_users(pd, (send_cq, recv_cq), srq);
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
-        let inserted = if qp.qpn > mask {
-            Err(Error::bad_value(op, "qpn", qp.qpn))
+        let bad = if qp.qpn > mask {
+            Some(("qpn", qp.qpn))
         } else if qp.handle > mask {
-            Err(Error::bad_value(op, "qp_handle", qp.handle))
+            Some(("qp_handle", qp.handle))
         } else {
-            let ids = (send_cq.id(), recv_cq.id());
-            self.qps.insert(qp.handle, ids, qp.ctl.ptr())
+            None
+        };
+        let inserted = match bad {
+            Some((field, value)) => Err(Error::bad_value(op, field, value)),
+            None => {
+                let ids = (send_cq.id(), recv_cq.id());
+                self.qps.insert(qp.handle, ids, qp.ctl.ptr())
+            }
         };
         drop(locks);
         if let Err(e) = inserted {
-            // Nothing can be told to the device about it: kept, as `destroy_qp_impl` keeps a
-            // QP with an unusable handle.
-            warn_unusable_kept();
-            core::mem::forget(qp);
+            qp.handle_unusable = true;
+            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
+                core::mem::forget(qp);
+            }
             return Err(e);
         }
         Ok(qp)
@@ -248,14 +237,12 @@ impl<H: Hal> Pvrdma<H> {
         srq: Option<&Srq<H>>,
         init: &QpInit<'_>,
         (sq, rq): (QueueLayout, QueueLayout),
-        rq_slots: u32,
     ) -> Result<Qp<H>> {
         let op = Op::CreateQp;
         let qp_type = init.qp_type;
-        let gsi = qp_type == QpType::Gsi;
         let mut st = self.state.lock();
         st.room_for(Object::Qp, self.caps.max_qp.min(super::MAX_LIVE_QPS))?;
-        if gsi && st.gsi {
+        if qp_type == QpType::Gsi && st.gsi {
             // One QP1 a port: QEMU would register a second under the same number.
             return Err(Error::from_errno(op, EBUSY));
         }
@@ -297,40 +284,40 @@ impl<H: Hal> Pvrdma<H> {
             is_srq: u8::from(srq.is_some()),
             ..Default::default()
         };
-        // What the device keeps using when it may have made a QP the driver cannot name or
-        // destroy: the PD, CQs and SRQ stay busy and the CQEs reserved, for good.
-        let quarantine = || quarantine_qp(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
         let code = (op, opcode::CREATE_QP);
-        // Version 20 answers with a separate handle: the words after the header are
-        // (qpn, handle, caps…) there and (qpn, caps…) before.
-        let (r, mem): (abi::CreateQpRespV2, _) =
-            match st.create(&self.regs, Object::Qp, code, req, mem) {
-                Ok(r) => r,
-                Err(e) => {
-                    if super::outcome_unknown(&e) {
-                        // The device may have made the QP (its ring is kept); if it is QP1,
-                        // QP1 exists.
-                        quarantine();
-                        st.gsi |= gsi;
-                    }
-                    return Err(e);
+        // (qpn, handle, the four caps the device echoes, inline data)
+        let created = if self.version >= abi::VERSION_QP_HANDLE {
+            st.create(&self.regs, Object::Qp, code, req, mem).map(
+                |(r, mem): (abi::CreateQpRespV2, _)| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
+                },
+            )
+        } else {
+            st.create(&self.regs, Object::Qp, code, req, mem).map(
+                |(r, mem): (abi::CreateQpRespV1, _)| {
+                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+                    ((r.qpn, r.qpn, c, r.max_inline_data), mem)
+                },
+            )
+        };
+        let ((qpn, handle, echoed, inline), mem) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                if super::outcome_unknown(&e) {
+                    // The device may have made the QP (its ring is kept): it keeps its PD,
+                    // CQs and SRQ busy for good (and their CQEs reserved), and if it is QP1,
+                    // QP1 exists.
+                    hold_users(pd, (send_cq, recv_cq), srq);
+                    send_cq.reserve_forever(sq.slots);
+                    recv_cq.reserve_forever(srq.map_or(rq.slots, |s| s.layout.slots));
+                    st.gsi |= qp_type == QpType::Gsi;
                 }
-            };
-        st.gsi |= gsi;
+                return Err(e);
+            }
+        };
+        st.gsi |= qp_type == QpType::Gsi;
         drop(st);
-        let w = [
-            r.qpn,
-            r.qp_handle,
-            r.max_send_wr,
-            r.max_recv_wr,
-            r.max_send_sge,
-            r.max_recv_sge,
-            r.max_inline_data,
-        ];
-        let k = usize::from(self.version >= abi::VERSION_QP_HANDLE);
-        let (qpn, handle) = (w[0], w[k]);
-        let echoed = [w[1 + k], w[2 + k], w[3 + k], w[4 + k]];
-        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || w[5 + k] != 0;
         let ctl = QpCtlMem::new(
             &self.hal,
             (sq_ring, rq_ring),
@@ -338,33 +325,7 @@ impl<H: Hal> Pvrdma<H> {
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
         );
-        let mask = regs::db::HANDLE_MASK;
-        let nameable = handle <= mask && qpn <= mask;
-        let ctl = match ctl {
-            Ok(ctl) if !garbage => ctl,
-            Ok(ctl) if !nameable => {
-                // Garbage under a handle that cannot be named: nothing can be told to the
-                // device about it. Its memory is kept for good.
-                quarantine();
-                core::mem::forget((mem, ctl));
-                return Err(Error::bad_value(op, "qp caps", echoed[0]));
-            }
-            ctl => {
-                // The device did not make the QP we asked for (garbage), or the driver cannot
-                // keep track of it (no memory for its control block): destroy it, by a handle
-                // that is at least well-formed.
-                let e = match ctl {
-                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
-                    Err(e) => e,
-                };
-                if !self.destroy_unusable_qp(qpn, handle, gsi, &e) {
-                    quarantine();
-                    core::mem::forget(mem);
-                }
-                return Err(e);
-            }
-        };
-        Ok(Qp {
+        let qp = |ctl: QpCtlMem<H>| Qp {
             handle,
             qpn,
             qp_type,
@@ -393,26 +354,52 @@ impl<H: Hal> Pvrdma<H> {
             pd: NonNull::from(pd),
             reserved: (0, 0),
             mem,
-        })
-    }
-
-    /// DESTROY_QP of a QP the device made but the driver cannot use (`e` says why): whether
-    /// the device destroyed it.
-    #[cold]
-    #[inline(never)]
-    fn destroy_unusable_qp(&self, qpn: u32, handle: u32, gsi: bool, e: &Error) -> bool {
-        crate::error::warn(format_args!(
-            "QP {qpn} made but not usable ({e}): destroying it"
-        ));
-        let mut st = self.state.lock();
-        let code = (Op::DestroyQp, opcode::DESTROY_QP);
-        match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
-            Ok(()) => {
-                st.gsi &= !gsi;
-                true
+        };
+        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+        // The device made a QP the driver may not be able to name or destroy: keep everything
+        // it could use for good (its memory is leaked on purpose by the caller).
+        let quarantine = || {
+            hold_users(pd, (send_cq, recv_cq), srq);
+            send_cq.reserve_forever(sq.slots);
+            recv_cq.reserve_forever(rq_slots);
+        };
+        let mask = regs::db::HANDLE_MASK;
+        let nameable = handle <= mask && qpn <= mask;
+        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
+        let qp = match ctl {
+            Ok(ctl) if !garbage || !nameable => qp(ctl),
+            ctl => {
+                // The device did not make the QP we asked for (garbage), or the driver cannot
+                // keep track of it (no memory for its control block): destroy it, by a handle
+                // that is at least well-formed.
+                let e = match ctl {
+                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
+                    Err(e) => e,
+                };
+                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
+                let mut st = self.state.lock();
+                let code = (Op::DestroyQp, opcode::DESTROY_QP);
+                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
+                    Err(_) => {
+                        drop(st);
+                        quarantine();
+                        core::mem::forget(qp);
+                    }
+                }
+                return Err(e);
             }
-            Err(_) => false,
+        };
+        if garbage {
+            // Garbage under a handle that cannot be named (checked above): nothing can be
+            // told to the device about it. The caller quarantines the QP.
+            quarantine();
+            let mut qp = qp;
+            qp.handle_unusable = true;
+            core::mem::forget(qp);
+            return Err(Error::bad_value(op, "qp caps", echoed[0]));
         }
+        Ok(qp)
     }
 
     /// The poll locks of the QP's CQs (bounded: `Busy` for `op`), its control block
@@ -450,7 +437,7 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ptr();
         if unusable {
             // A handle the device answered garbage with: nothing to tell the device, keep it.
-            warn_unusable_kept();
+            log::warn!("bareverbs: QP with an unusable handle kept (its memory is leaked)");
             core::mem::forget(qp);
             return Ok(());
         }

@@ -112,45 +112,46 @@ impl<H: Hal> Pvrdma<H> {
             _ => None,
         };
         let mut st = self.state.lock();
-        // The request is built in place (it is large).
-        let mut req = abi::ModifyQp {
-            qp_handle: qp.handle,
+        // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
+        let mut attrs = abi::QpAttr {
+            qp_state: m.state.to_raw(),
+            path_mtu: m.path_mtu as u32,
+            qkey: m.qkey,
+            rq_psn: m.rq_psn,
+            sq_psn: m.sq_psn,
+            dest_qp_num: m.dest_qpn,
+            qp_access_flags: pvrdma_access(m.access),
+            pkey_index: m.pkey_index,
+            max_rd_atomic: match m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+                true => rd_atomic(m.max_rd_atomic, self.caps.max_qp_init_rd_atom),
+                false => 0,
+            },
+            max_dest_rd_atomic: match m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+                true => rd_atomic(m.max_dest_rd_atomic, self.caps.max_qp_rd_atom),
+                false => 0,
+            },
+            min_rnr_timer: m.min_rnr_timer,
+            port_num: m.port,
+            timeout: m.timeout,
+            retry_cnt: m.retry_cnt,
+            rnr_retry: m.rnr_retry,
             ..Default::default()
         };
-        let attrs = &mut req.attrs;
-        // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
-        attrs.qp_state = m.state.to_raw();
-        attrs.path_mtu = m.path_mtu as u32;
-        attrs.qkey = m.qkey;
-        attrs.rq_psn = m.rq_psn;
-        attrs.sq_psn = m.sq_psn;
-        attrs.dest_qp_num = m.dest_qpn;
-        attrs.qp_access_flags = pvrdma_access(m.access);
-        attrs.pkey_index = m.pkey_index;
-        if m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            attrs.max_rd_atomic = rd_atomic(m.max_rd_atomic, self.caps.max_qp_init_rd_atom);
-        }
-        if m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            attrs.max_dest_rd_atomic = rd_atomic(m.max_dest_rd_atomic, self.caps.max_qp_rd_atom);
-        }
-        attrs.min_rnr_timer = m.min_rnr_timer;
-        attrs.port_num = m.port;
-        attrs.timeout = m.timeout;
-        attrs.retry_cnt = m.retry_cnt;
-        attrs.rnr_retry = m.rnr_retry;
-        let ah = &mut attrs.ah_attr;
         if let Some(av) = m.av {
-            ah.grh = abi::GlobalRoute {
-                dgid: av.dgid.0,
-                flow_label: av.flow_label,
-                sgid_index: av.sgid_index,
-                hop_limit: av.hop_limit,
-                traffic_class: av.traffic_class,
-                reserved: 0,
+            attrs.ah_attr = abi::AhAttr {
+                grh: abi::GlobalRoute {
+                    dgid: av.dgid.0,
+                    flow_label: av.flow_label,
+                    sgid_index: av.sgid_index,
+                    hop_limit: av.hop_limit,
+                    traffic_class: av.traffic_class,
+                    reserved: 0,
+                },
+                sl: av.sl,
+                ah_flags: abi::AH_GRH,
+                port_num: m.port,
+                ..Default::default()
             };
-            ah.sl = av.sl;
-            ah.ah_flags = abi::AH_GRH;
-            ah.port_num = m.port;
         }
         let mut mask = pvrdma_mask(m.mask);
         if m.state == QpState::Rtr && qp.qp_type != QpType::Gsi {
@@ -167,16 +168,15 @@ impl<H: Hal> Pvrdma<H> {
                     attr: Attr::SourceGid,
                 });
             };
-            ah.grh.sgid_index = sgid;
+            attrs.ah_attr.grh.sgid_index = sgid;
             mask |= pvrdma_mask(QpAttrMask::AV);
         }
-        req.attr_mask = mask;
-        let a = &req.attrs;
-        let applied = (
-            a.max_rd_atomic,
-            a.max_dest_rd_atomic,
-            a.ah_attr.grh.sgid_index,
-        );
+        let req = abi::ModifyQp {
+            qp_handle: qp.handle,
+            attr_mask: mask,
+            attrs,
+            ..Default::default()
+        };
         st.chan
             .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
         qp.state = m.state;
@@ -187,13 +187,13 @@ impl<H: Hal> Pvrdma<H> {
             qp.qkey = m.qkey;
         }
         if m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            qp.max_rd_atomic = applied.0;
+            qp.max_rd_atomic = attrs.max_rd_atomic;
         }
         if m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            qp.max_dest_rd_atomic = applied.1;
+            qp.max_dest_rd_atomic = attrs.max_dest_rd_atomic;
         }
         if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
-            qp.sgid_index = applied.2;
+            qp.sgid_index = attrs.ah_attr.grh.sgid_index;
         }
         drop(st);
         match (m.state, &locks) {

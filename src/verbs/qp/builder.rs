@@ -29,7 +29,6 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Starts building a queue pair in this protection domain, completing sends to `send_cq`
     /// and receives to `recv_cq` (which may be the same CQ). Capacities default to 1 work
     /// request and 1 scatter/gather entry each way.
-    #[inline(never)]
     pub fn qp_builder<'a>(
         &'a self,
         send_cq: &'a CompletionQueue<'_, P>,
@@ -58,7 +57,6 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
 
 impl<'a, P: Provider> QpBuilder<'a, P> {
     /// The requested capacities (the minimums: the QP gets at least these).
-    #[inline(never)]
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
         self
@@ -78,7 +76,6 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
 
     /// Receives come from `srq` (RC and UD only); the receive capacities are then ignored and
     /// reported as 0.
-    #[inline(never)]
     pub fn srq(mut self, srq: &'a SharedReceiveQueue<'_, P>) -> Self {
         self.srq = Some(srq.raw());
         self
@@ -87,7 +84,6 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     /// Enables the safe path with buffers of `pool`: [`QueuePair::post_send`] and
     /// [`QueuePair::post_recv`] take its [`Buf`](super::super::Buf)s (16 bytes of driver-side
     /// bookkeeping per ring slot, in driver-private memory).
-    #[inline(never)]
     pub fn pool(mut self, pool: &'a BufferPool<'a, P>) -> Self {
         self.pool = Some(pool);
         self

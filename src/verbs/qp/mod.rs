@@ -130,7 +130,7 @@ impl<P: Provider> Drop for QpInner<'_, P> {
     fn drop(&mut self) {
         if let Err(e) = self.destroy_raw() {
             // The device may still use the rings and the posted buffers: keep them all.
-            crate::error::warn_error("queue pair not destroyed (", &e, "); its memory is leaked");
+            log::warn!("bareverbs: queue pair not destroyed ({e}); its memory is leaked");
         }
     }
 }
@@ -258,42 +258,32 @@ impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rtr> {
 impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Reset> {
     /// RESET → INIT → RTR → RTS in one call, for datagram QPs (port 1, P_Key index 0).
     /// On failure the QP is reset and handed back in RESET.
-    pub fn ready(
-        mut self,
-        qkey: u32,
-        sq_psn: u32,
-    ) -> Result<QueuePair<'a, P, T, Rts>, (Self, Error)> {
-        match self.inner.ready(qkey, sq_psn) {
-            Ok(()) => Ok(QueuePair {
-                inner: self.inner,
-                _t: PhantomData,
-            }),
-            Err(e) => Err((self, e)),
+    pub fn ready(self, qkey: u32, sq_psn: u32) -> Result<QueuePair<'a, P, T, Rts>, (Self, Error)> {
+        let init = self.init(&DatagramInit::new(qkey))?;
+        let rtr = match init.rtr(&()) {
+            Ok(q) => q,
+            Err((q, e)) => return Err((back_to_reset(q), e)),
+        };
+        match rtr.rts(&DatagramRts { sq_psn }) {
+            Ok(q) => Ok(q),
+            Err((q, e)) => Err((back_to_reset(q), e)),
         }
     }
 }
 
-impl<P: Provider> QpInner<'_, P> {
-    /// `ready` without the typestate (every datagram transport takes the same attributes).
-    #[inline(never)]
-    fn ready(&mut self, qkey: u32, sq_psn: u32) -> Result<()> {
-        self.modify(&datagram_init(&DatagramInit::new(qkey)))?;
-        let r = match self.modify(&ModifyAttr::to_state(QpState::Rtr)) {
-            Ok(()) => self.modify(&datagram_rts(&DatagramRts { sq_psn })),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = r {
-            // Back to RESET after a failed step. If even that fails the QP is returned typed
-            // as RESET anyway (the caller only gets a QP that it can destroy or retry).
-            if let Err(e) = self.modify(&ModifyAttr::to_state(QpState::Reset)) {
-                crate::error::warn_error(
-                    "QP could not be reset after a failed transition: ",
-                    &e,
-                    "",
-                );
+/// Resets a QP whose multi-step transition failed half-way. If even that fails the QP is
+/// returned typed as RESET anyway (the caller only gets a QP that it can destroy or retry).
+fn back_to_reset<'a, P: Provider, T: Transport, S: State>(
+    qp: QueuePair<'a, P, T, S>,
+) -> QueuePair<'a, P, T, Reset> {
+    match qp.reset() {
+        Ok(q) => q,
+        Err((q, e)) => {
+            log::warn!("bareverbs: QP could not be reset after a failed transition: {e}");
+            QueuePair {
+                inner: q.inner,
+                _t: PhantomData,
             }
-            return Err(e);
         }
-        Ok(())
     }
 }

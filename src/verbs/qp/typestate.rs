@@ -173,14 +173,14 @@ fn connected_rts(a: &ConnectedRts) -> ModifyAttr {
     m
 }
 
-pub(super) fn datagram_init(a: &DatagramInit) -> ModifyAttr {
+fn datagram_init(a: &DatagramInit) -> ModifyAttr {
     let mut m = ModifyAttr::to_state(QpState::Init);
     m.mask |= QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
     (m.port, m.pkey_index, m.qkey) = (a.port, a.pkey_index, a.qkey);
     m
 }
 
-pub(super) fn datagram_rts(a: &DatagramRts) -> ModifyAttr {
+fn datagram_rts(a: &DatagramRts) -> ModifyAttr {
     let mut m = ModifyAttr::to_state(QpState::Rts);
     m.mask |= QpAttrMask::SQ_PSN;
     m.sq_psn = a.sq_psn;
