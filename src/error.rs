@@ -154,6 +154,14 @@ impl Error {
     }
 }
 
+/// Logs a warning about `e` (the driver keeps something on purpose): compiled once, out of the
+/// callers' way.
+#[cold]
+#[inline(never)]
+pub(crate) fn warn(what: &'static str, e: &Error) {
+    log::warn!("bareverbs: {e}; {what}");
+}
+
 /// errno values a device reports (Linux numbering).
 pub(crate) const EPERM: u32 = 1;
 pub(crate) const EAGAIN: u32 = 11;

@@ -72,8 +72,17 @@ impl<H: Hal> Channel<H> {
         regs: &impl Mmio,
         op: Op,
         code: u32,
-        mut req: Q,
+        req: Q,
     ) -> Result<R> {
+        self.send(code, req);
+        self.run(regs, op, code)?;
+        Ok(self.answer())
+    }
+
+    /// Writes `req` to the command slot as command `code`, under a new cookie (run next by
+    /// [`Self::run`]).
+    #[inline]
+    pub(crate) fn send<Q: Request>(&mut self, code: u32, mut req: Q) {
         self.cookie = self.cookie.wrapping_add(1);
         *req.hdr_mut() = CmdHdr {
             response: self.cookie,
@@ -82,13 +91,17 @@ impl<H: Hal> Channel<H> {
         };
         self.page.zero(0, CMD_SLOT_SIZE);
         self.page.put(0, req);
-        self.run(regs, op, code)?;
-        Ok(self.page.get(RESP_SLOT_OFFSET))
+    }
+
+    /// The response slot, as the answer to the command [`Self::run`] completed.
+    #[inline]
+    pub(crate) fn answer<R: Response>(&self) -> R {
+        self.page.get(RESP_SLOT_OFFSET)
     }
 
     /// The protocol of a command already written to the command slot.
     #[inline(never)]
-    fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
+    pub(crate) fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
         // A zero ack marks "no response yet".
         self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
         // The request and the cleared response slot must be in memory before the device is told

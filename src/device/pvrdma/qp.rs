@@ -103,6 +103,21 @@ fn hold_users<H: Hal>(pd: &Pd, (s, r): (&Cq<H>, &Cq<H>), srq: Option<&Srq<H>>) {
     }
 }
 
+/// A QP the device may have made but the driver cannot destroy keeps everything it could use
+/// for good: its PD, CQs and SRQ stay busy and its CQEs reserved (`slots`: send, receive).
+#[cold]
+#[inline(never)]
+fn quarantine<H: Hal>(
+    pd: &Pd,
+    (s, r): (&Cq<H>, &Cq<H>),
+    srq: Option<&Srq<H>>,
+    (sq_slots, rq_slots): (u32, u32),
+) {
+    hold_users(pd, (s, r), srq);
+    s.reserve_forever(sq_slots);
+    r.reserve_forever(rq_slots);
+}
+
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
     match t {
         QpType::Rc => Ok(abi::qp_type::RC),
@@ -196,10 +211,7 @@ impl<H: Hal> Pvrdma<H> {
                 return Err(e);
             }
         };
-        let mut qp = Qp {
-            reserved: (sq.slots, rq_slots),
-            ..qp
-        };
+        let mut qp = qp;
         hold_users(pd, (send_cq, recv_cq), srq);
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
@@ -308,9 +320,8 @@ impl<H: Hal> Pvrdma<H> {
                     // The device may have made the QP (its ring is kept): it keeps its PD,
                     // CQs and SRQ busy for good (and their CQEs reserved), and if it is QP1,
                     // QP1 exists.
-                    hold_users(pd, (send_cq, recv_cq), srq);
-                    send_cq.reserve_forever(sq.slots);
-                    recv_cq.reserve_forever(srq.map_or(rq.slots, |s| s.layout.slots));
+                    let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+                    quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
                     st.gsi |= qp_type == QpType::Gsi;
                 }
                 return Err(e);
@@ -325,7 +336,44 @@ impl<H: Hal> Pvrdma<H> {
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
         );
-        let qp = |ctl| Qp {
+        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+        let mask = regs::db::HANDLE_MASK;
+        let nameable = handle <= mask && qpn <= mask;
+        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
+        let ctl = match ctl {
+            Ok(ctl) if !garbage || !nameable => ctl,
+            ctl => {
+                // The device did not make the QP we asked for (garbage), or the driver cannot
+                // keep track of it (no memory for its control block): destroy it, by a handle
+                // that is at least well-formed.
+                let e = match ctl {
+                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
+                    Err(e) => e,
+                };
+                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
+                let mut st = self.state.lock();
+                let code = (Op::DestroyQp, opcode::DESTROY_QP);
+                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
+                    Err(_) => {
+                        drop(st);
+                        // The device may use the QP's memory: kept for good, with everything
+                        // else the QP could use.
+                        quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                        core::mem::forget(mem);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if garbage {
+            // Garbage under a handle that cannot be named (checked above): nothing can be
+            // told to the device about it, its memory is kept for good.
+            quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+            core::mem::forget((mem, ctl));
+            return Err(Error::bad_value(op, "qp caps", echoed[0]));
+        }
+        Ok(Qp {
             handle,
             qpn,
             qp_type,
@@ -358,54 +406,9 @@ impl<H: Hal> Pvrdma<H> {
             recv_cq: NonNull::from(recv_cq),
             srq: srq.map(NonNull::from),
             pd: NonNull::from(pd),
-            reserved: (0, 0),
+            reserved: (sq.slots, rq_slots),
             mem,
-        };
-        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-        // The device made a QP the driver may not be able to name or destroy: keep everything
-        // it could use for good (its memory is leaked on purpose by the caller).
-        let quarantine = || {
-            hold_users(pd, (send_cq, recv_cq), srq);
-            send_cq.reserve_forever(sq.slots);
-            recv_cq.reserve_forever(rq_slots);
-        };
-        let mask = regs::db::HANDLE_MASK;
-        let nameable = handle <= mask && qpn <= mask;
-        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
-        let qp = match ctl {
-            Ok(ctl) if !garbage || !nameable => qp(ctl),
-            ctl => {
-                // The device did not make the QP we asked for (garbage), or the driver cannot
-                // keep track of it (no memory for its control block): destroy it, by a handle
-                // that is at least well-formed.
-                let e = match ctl {
-                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
-                    Err(e) => e,
-                };
-                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
-                let mut st = self.state.lock();
-                let code = (Op::DestroyQp, opcode::DESTROY_QP);
-                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
-                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
-                    Err(_) => {
-                        drop(st);
-                        quarantine();
-                        core::mem::forget(qp);
-                    }
-                }
-                return Err(e);
-            }
-        };
-        if garbage {
-            // Garbage under a handle that cannot be named (checked above): nothing can be
-            // told to the device about it. The caller quarantines the QP.
-            quarantine();
-            let mut qp = qp;
-            qp.handle_unusable = true;
-            core::mem::forget(qp);
-            return Err(Error::bad_value(op, "qp caps", echoed[0]));
-        }
-        Ok(qp)
+        })
     }
 
     /// The poll locks of the QP's CQs (bounded: `Busy` for `op`), its control block
