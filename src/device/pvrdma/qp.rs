@@ -297,24 +297,9 @@ impl<H: Hal> Pvrdma<H> {
             ..Default::default()
         };
         let code = (op, opcode::CREATE_QP);
-        // (qpn, handle, the four caps the device echoes, inline data)
-        let created = if self.version >= abi::VERSION_QP_HANDLE {
-            st.create(&self.regs, Object::Qp, code, req, mem).map(
-                |(r, mem): (abi::CreateQpRespV2, _)| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
-                },
-            )
-        } else {
-            st.create(&self.regs, Object::Qp, code, req, mem).map(
-                |(r, mem): (abi::CreateQpRespV1, _)| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    ((r.qpn, r.qpn, c, r.max_inline_data), mem)
-                },
-            )
-        };
-        let ((qpn, handle, echoed, inline), mem) = match created {
-            Ok(c) => c,
+        let created = st.create::<_, abi::RespHdr, _>(&self.regs, Object::Qp, code, req, mem);
+        let mem = match created {
+            Ok((_, mem)) => mem,
             Err(e) => {
                 if super::outcome_unknown(&e) {
                     // The device may have made the QP (its ring is kept): it keeps its PD,
@@ -326,6 +311,16 @@ impl<H: Hal> Pvrdma<H> {
                 }
                 return Err(e);
             }
+        };
+        // (qpn, handle, the four caps the device echoes, inline data), as the version answers.
+        let (qpn, handle, echoed, inline) = if self.version >= abi::VERSION_QP_HANDLE {
+            let r: abi::CreateQpRespV2 = st.chan.answer();
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            (r.qpn, r.qp_handle, c, r.max_inline_data)
+        } else {
+            let r: abi::CreateQpRespV1 = st.chan.answer();
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            (r.qpn, r.qpn, c, r.max_inline_data)
         };
         st.gsi |= qp_type == QpType::Gsi;
         drop(st);
