@@ -208,6 +208,7 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
         }
     }
 
+    #[inline(never)]
     fn modify<S2: State>(
         mut self,
         attr: &ModifyAttr,
