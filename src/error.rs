@@ -154,12 +154,19 @@ impl Error {
     }
 }
 
-/// Logs a warning about `e` (the driver keeps something on purpose): compiled once, out of the
-/// callers' way.
+/// Logs the warning `bareverbs: {before}{e}{after}` (the driver keeps or leaks something on
+/// purpose): compiled once, out of the callers' way.
 #[cold]
 #[inline(never)]
-pub(crate) fn warn(what: &'static str, e: &Error) {
-    log::warn!("bareverbs: {e}; {what}");
+pub(crate) fn warn(before: &'static str, e: &Error, after: &'static str) {
+    log::warn!("bareverbs: {before}{e}{after}");
+}
+
+/// Logs the warning `bareverbs: {what}`, out of the callers' way.
+#[cold]
+#[inline(never)]
+pub(crate) fn warn_msg(what: &'static str) {
+    log::warn!("bareverbs: {what}");
 }
 
 /// errno values a device reports (Linux numbering).

@@ -213,10 +213,8 @@ impl<H: Hal> State<H> {
                 let unknown = outcome_unknown(&e);
                 if unknown {
                     self.counts[Self::slot(kind)] += 1;
-                    crate::error::warn(
-                        "keeping the object's DMA memory, the device may use it",
-                        &e,
-                    );
+                    let keeping = "; keeping the object's DMA memory, the device may use it";
+                    crate::error::warn("", &e, keeping);
                 }
                 Err((e, unknown))
             }

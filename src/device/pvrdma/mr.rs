@@ -116,7 +116,7 @@ impl<H: Hal> Pvrdma<H> {
     /// Keeps a region whose outcome is unknown: its memory stays allocated (the device may
     /// use it), it stays counted, and its PD stays in use.
     fn quarantine(&self, mr: Mr<H>) {
-        log::warn!("bareverbs: a memory region the device answered garbage for is kept");
+        crate::error::warn_msg("a memory region the device answered garbage for is kept");
         core::mem::forget(mr);
     }
 

@@ -441,7 +441,7 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ptr();
         if unusable {
             // A handle the device answered garbage with: nothing to tell the device, keep it.
-            log::warn!("bareverbs: QP with an unusable handle kept (its memory is leaked)");
+            crate::error::warn_msg("QP with an unusable handle kept (its memory is leaked)");
             core::mem::forget(qp);
             return Ok(());
         }
