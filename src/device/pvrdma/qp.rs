@@ -174,6 +174,7 @@ impl<H: Hal> Pvrdma<H> {
         Ok((sq, rq))
     }
 
+    #[inline(never)]
     pub(crate) fn create_qp_impl(
         &self,
         pd: &Pd,
