@@ -83,14 +83,25 @@ impl<H: Hal> Channel<H> {
     /// [`Self::run`]).
     #[inline]
     pub(crate) fn send<Q: Request>(&mut self, code: u32, mut req: Q) {
+        const { assert!(size_of::<Q>() <= CMD_SLOT_SIZE && align_of::<Q>() <= 8) };
+        *req.hdr_mut() = self.begin(code);
+        // SAFETY: the command slot is the first CMD_SLOT_SIZE bytes of the channel's page (one
+        // page, page-aligned: `Dma::new`), which Q fits in and is aligned for (checked at
+        // compile time above); the device reads it only after `run`'s fence and doorbell.
+        unsafe { self.page.base().as_ptr().cast::<Q>().write(req) }
+    }
+
+    /// The message-independent part of [`Self::send`]: a new cookie, the command slot cleared,
+    /// the header for command `code`.
+    #[inline(never)]
+    fn begin(&mut self, code: u32) -> CmdHdr {
         self.cookie = self.cookie.wrapping_add(1);
-        *req.hdr_mut() = CmdHdr {
+        self.page.zero(0, CMD_SLOT_SIZE);
+        CmdHdr {
             response: self.cookie,
             cmd: code,
             reserved: 0,
-        };
-        self.page.zero(0, CMD_SLOT_SIZE);
-        self.page.put(0, req);
+        }
     }
 
     /// The response slot, as the answer to the command [`Self::run`] completed.
