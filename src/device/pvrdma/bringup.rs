@@ -243,22 +243,30 @@ fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
     if !ok_types {
         return Err(Error::Unsupported(Unsupported::GidTypes(caps.gid_types)));
     }
-    let nonzero: [(&'static str, u32); 8] = [
-        ("max_qp", caps.max_qp),
-        ("max_qp_wr", caps.max_qp_wr),
-        ("max_sge", caps.max_sge),
-        ("max_cq", caps.max_cq),
-        ("max_cqe", caps.max_cqe),
-        ("max_pd", caps.max_pd),
-        ("gid_tbl_len", caps.gid_tbl_len),
-        ("phys_port_cnt", u32::from(caps.phys_port_cnt)),
+    const NONZERO: [&str; 8] = [
+        "max_qp",
+        "max_qp_wr",
+        "max_sge",
+        "max_cq",
+        "max_cqe",
+        "max_pd",
+        "gid_tbl_len",
+        "phys_port_cnt",
     ];
-    for (field, value) in nonzero {
-        if value == 0 {
-            return Err(Error::bad_value(op, field, value));
-        }
+    let values = [
+        caps.max_qp,
+        caps.max_qp_wr,
+        caps.max_sge,
+        caps.max_cq,
+        caps.max_cqe,
+        caps.max_pd,
+        caps.gid_tbl_len,
+        u32::from(caps.phys_port_cnt),
+    ];
+    match values.iter().position(|&v| v == 0) {
+        Some(i) => Err(Error::bad_value(op, NONZERO[i], 0u32)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[inline(never)]
