@@ -200,45 +200,35 @@ impl<H: Hal> Pvrdma<H> {
                 return Err(e);
             }
         }
-        let unreserve = || {
+        // The QP stays where create_qp_cmd built it (the result returned): checked and
+        // registered in place.
+        let mut r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
+        let Ok(qp) = &mut r else {
             send_cq.unreserve(sq.slots);
             recv_cq.unreserve(rq_slots);
+            return r;
         };
-        let r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
-        let qp = match r {
-            Ok(qp) => qp,
-            Err(e) => {
-                unreserve();
-                return Err(e);
-            }
-        };
-        let mut qp = qp;
         hold_users(pd, (send_cq, recv_cq), srq);
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
-        let bad = if qp.qpn > mask {
-            Some(("qpn", qp.qpn))
+        let inserted = if qp.qpn > mask {
+            Err(Error::bad_value(op, "qpn", qp.qpn))
         } else if qp.handle > mask {
-            Some(("qp_handle", qp.handle))
+            Err(Error::bad_value(op, "qp_handle", qp.handle))
         } else {
-            None
-        };
-        let inserted = match bad {
-            Some((field, value)) => Err(Error::bad_value(op, field, value)),
-            None => {
-                let ids = (send_cq.id(), recv_cq.id());
-                self.qps.insert(qp.handle, ids, qp.ctl.ptr())
-            }
+            let ids = (send_cq.id(), recv_cq.id());
+            self.qps.insert(qp.handle, ids, qp.ctl.ptr())
         };
         drop(locks);
         if let Err(e) = inserted {
             qp.handle_unusable = true;
-            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
-                core::mem::forget(qp);
+            if let Ok(qp) = core::mem::replace(&mut r, Err(e)) {
+                if let Err((qp, _)) = self.destroy_qp_impl(qp) {
+                    core::mem::forget(qp);
+                }
             }
-            return Err(e);
         }
-        Ok(qp)
+        r
     }
 
     /// CREATE_QP: the command, and the QP as the device answered.
