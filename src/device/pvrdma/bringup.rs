@@ -199,6 +199,7 @@ impl<H: Hal> Pvrdma<H> {
     /// ([`max_cq_entries`](Self::max_cq_entries), 4096), `max_mr_size` at most what one page
     /// directory maps (1 GiB) and `gid_tbl_len` at most QEMU's 255 entries. The other values
     /// are the device's.
+    #[inline(never)]
     pub fn device_caps(&self) -> DeviceCaps {
         let r = self.raw;
         DeviceCaps {
