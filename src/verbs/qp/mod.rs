@@ -200,6 +200,7 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
 
     /// Destroys the queue pair (`ibv_destroy_qp`). Fails with [`Error::Busy`] while it is
     /// attached to a multicast group, or with the device's error, handing the QP back.
+    #[inline(never)]
     pub fn destroy(self) -> Result<(), (Self, Error)> {
         let mut this = ManuallyDrop::new(self);
         match this.inner.destroy() {
