@@ -79,6 +79,20 @@ impl<H: Hal> Channel<H> {
         Ok(self.answer())
     }
 
+    /// Runs one command whose response carries nothing beyond its header (checked as
+    /// [`Self::exec`] checks it).
+    #[inline]
+    pub(crate) fn command<Q: Request>(
+        &mut self,
+        regs: &impl Mmio,
+        op: Op,
+        code: u32,
+        req: Q,
+    ) -> Result<()> {
+        self.send(code, req);
+        self.run(regs, op, code)
+    }
+
     /// Writes `req` to the command slot as command `code`, under a new cookie (run next by
     /// [`Self::run`]).
     #[inline]

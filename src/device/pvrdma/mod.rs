@@ -250,7 +250,7 @@ impl<H: Hal> State<H> {
             handle,
             ..Default::default()
         };
-        self.chan.exec::<_, abi::RespHdr>(regs, op, code, req)?;
+        self.chan.command(regs, op, code, req)?;
         let c = &mut self.counts[Self::slot(kind)];
         *c = c.saturating_sub(1);
         Ok(())
