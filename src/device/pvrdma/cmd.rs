@@ -155,17 +155,26 @@ impl<H: Hal> Channel<H> {
         // The payload is read after the ack that announced it.
         fence(Ordering::Acquire);
         let err = regs.read32(reg::ERR);
+        let errno = match self.status(hdr, err, code) {
+            Ok(errno) => errno,
+            Err(fault) => return Err(Error::Protocol { op, fault }),
+        };
+        if errno != 0 {
+            return Err(Error::from_errno(op, errno));
+        }
+        Ok(())
+    }
+
+    /// The errno of the answer `hdr` with ERR = `err` to command `code` (0: success), or what
+    /// is wrong with it.
+    fn status(&self, hdr: RespHdr, err: u32, code: u32) -> Result<u32, Fault> {
         let expected = opcode::ACK_BIT | code;
         if hdr.ack != expected {
-            let fault = Fault::Ack {
-                expected,
-                found: hdr.ack,
-            };
-            return Err(Error::Protocol { op, fault });
+            let found = hdr.ack;
+            return Err(Fault::Ack { expected, found });
         }
         if hdr.response != self.cookie {
-            let fault = Fault::Cookie;
-            return Err(Error::Protocol { op, fault });
+            return Err(Fault::Cookie);
         }
         // ERR holds a negative errno in two's complement, except where QEMU passes a host
         // verbs call's return through unchanged: a positive errno (ibv_query_qp's EOPNOTSUPP
@@ -176,11 +185,10 @@ impl<H: Hal> Channel<H> {
             _ if err.wrapping_neg() <= 4095 => (err.wrapping_neg(), true),
             _ => {
                 let value = u64::from(err);
-                let fault = Fault::Value {
+                return Err(Fault::Value {
                     field: "ERR",
                     value,
-                };
-                return Err(Error::Protocol { op, fault });
+                });
             }
         };
         // The header's own error byte tells the same story (Q-CMD `pvrdma_exec_cmd`): the
@@ -193,15 +201,9 @@ impl<H: Hal> Channel<H> {
             (e, false) => hdr.err == 0 || hdr.err == e as u8,
         };
         if !agrees {
-            let fault = Fault::StatusMismatch {
-                register: err,
-                header: hdr.err,
-            };
-            return Err(Error::Protocol { op, fault });
+            let (register, header) = (err, hdr.err);
+            return Err(Fault::StatusMismatch { register, header });
         }
-        if errno != 0 {
-            return Err(Error::from_errno(op, errno));
-        }
-        Ok(())
+        Ok(errno)
     }
 }
