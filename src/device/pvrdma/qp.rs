@@ -287,22 +287,19 @@ impl<H: Hal> Pvrdma<H> {
             is_srq: u8::from(srq.is_some()),
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_QP);
-        let created = st.create::<_, abi::RespHdr, _>(&self.regs, Object::Qp, code, req, mem);
-        let mem = match created {
-            Ok((_, mem)) => mem,
-            Err(e) => {
-                if super::outcome_unknown(&e) {
-                    // The device may have made the QP (its ring is kept): it keeps its PD,
-                    // CQs and SRQ busy for good (and their CQEs reserved), and if it is QP1,
-                    // QP1 exists.
-                    let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-                    quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
-                    st.gsi |= qp_type == QpType::Gsi;
-                }
-                return Err(e);
+        // `State::create` without reading an answer: it depends on the version (below).
+        st.chan.send(opcode::CREATE_QP, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Qp, op, opcode::CREATE_QP) {
+            if kept {
+                // The device may have made the QP: its ring is kept, it keeps its PD, CQs and
+                // SRQ busy for good (and their CQEs reserved), and if it is QP1, QP1 exists.
+                core::mem::forget(mem);
+                let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+                quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                st.gsi |= qp_type == QpType::Gsi;
             }
-        };
+            return Err(e);
+        }
         // (qpn, handle, the four caps the device echoes, inline data), as the version answers.
         let (qpn, handle, echoed, inline) = if self.version >= abi::VERSION_QP_HANDLE {
             let r: abi::CreateQpRespV2 = st.chan.answer();
