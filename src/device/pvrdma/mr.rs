@@ -76,19 +76,17 @@ impl<H: Hal> Pvrdma<H> {
             nchunks: npages as u32,
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_MR);
-        let (r, (mem, pdir)): (abi::CreateMrResp, _) =
-            match st.create(&self.regs, Object::Mr, code, req, (mem, pdir)) {
-                Ok(r) => r,
-                Err(e) => {
-                    if super::outcome_unknown(&e) {
-                        // The device may have registered it (its memory is kept): its PD stays
-                        // busy for good.
-                        pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                    }
-                    return Err(e);
-                }
-            };
+        st.chan.send(opcode::CREATE_MR, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Mr, op, opcode::CREATE_MR) {
+            if kept {
+                // The device may have registered it: its memory is kept, its PD stays busy for
+                // good.
+                core::mem::forget((mem, pdir));
+                pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        let r: abi::CreateMrResp = st.chan.answer();
         let mr = Mr {
             handle: r.mr_handle,
             lkey: r.lkey,

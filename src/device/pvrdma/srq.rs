@@ -93,18 +93,16 @@ impl<H: Hal> Pvrdma<H> {
             },
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_SRQ);
-        let (r, mem): (abi::CreateSrqResp, _) =
-            match st.create(&self.regs, Object::Srq, code, req, mem) {
-                Ok(r) => r,
-                Err(e) => {
-                    if super::outcome_unknown(&e) {
-                        // The device may have made it: its PD stays busy for good.
-                        pd.users.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Err(e);
-                }
-            };
+        st.chan.send(opcode::CREATE_SRQ, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Srq, op, opcode::CREATE_SRQ) {
+            if kept {
+                // The device may have made it: its memory is kept, its PD stays busy for good.
+                core::mem::forget(mem);
+                pd.users.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        let r: abi::CreateSrqResp = st.chan.answer();
         pd.users.fetch_add(1, Ordering::Relaxed);
         let srq = Srq {
             handle: r.srqn,
