@@ -170,9 +170,13 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) fn destroy_mr_impl(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
         let code = (Op::DestroyMr, opcode::DESTROY_MR);
         let (handle, pd) = (mr.handle, mr.pd);
-        self.state
+        if let Err(e) = self
+            .state
             .lock()
-            .destroy(&self.regs, Object::Mr, code, handle, mr)?;
+            .run_destroy(&self.regs, Object::Mr, code, handle)
+        {
+            return Err((mr, e));
+        }
         // SAFETY: the PD outlives its regions (the provider contract of create_mr).
         unsafe { pd.as_ref() }
             .users

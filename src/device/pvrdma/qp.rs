@@ -336,7 +336,7 @@ impl<H: Hal> Pvrdma<H> {
                 log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
                 let mut st = self.state.lock();
                 let code = (Op::DestroyQp, opcode::DESTROY_QP);
-                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+                match st.run_destroy(&self.regs, Object::Qp, code, handle) {
                     Ok(()) => st.gsi &= qp_type != QpType::Gsi,
                     Err(_) => {
                         drop(st);
@@ -442,7 +442,7 @@ impl<H: Hal> Pvrdma<H> {
         };
         let mut st = self.state.lock();
         let code = (Op::DestroyQp, opcode::DESTROY_QP);
-        if let Err(((), e)) = st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+        if let Err(e) = st.run_destroy(&self.regs, Object::Qp, code, handle) {
             return Err((qp, e));
         }
         st.gsi &= qp.qp_type != QpType::Gsi;

@@ -136,9 +136,13 @@ impl<H: Hal> Pvrdma<H> {
         }
         let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
         let (handle, pd) = (srq.handle, srq.pd);
-        self.state
+        if let Err(e) = self
+            .state
             .lock()
-            .destroy(&self.regs, Object::Srq, code, handle, srq)?;
+            .run_destroy(&self.regs, Object::Srq, code, handle)
+        {
+            return Err((srq, e));
+        }
         // SAFETY: the PD outlived the SRQ until now and did not move (the provider contract
         // of create_srq).
         unsafe { pd.as_ref() }.users.fetch_sub(1, Ordering::Relaxed);
