@@ -130,6 +130,7 @@ fn pvrdma_qp_type(t: QpType) -> Result<u8> {
 
 impl<H: Hal> Pvrdma<H> {
     /// The queue layouts a QP created with `init` gets, or why it cannot be created.
+    #[inline(never)]
     pub(crate) fn qp_layout(&self, init: &QpInit<'_>) -> Result<(QueueLayout, QueueLayout)> {
         pvrdma_qp_type(init.qp_type)?;
         let ex = &init.ex;
