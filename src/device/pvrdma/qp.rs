@@ -134,25 +134,26 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) fn qp_layout(&self, init: &QpInit<'_>) -> Result<(QueueLayout, QueueLayout)> {
         pvrdma_qp_type(init.qp_type)?;
         let ex = &init.ex;
-        let unsupported = |f| Err(Error::Unsupported(Unsupported::Feature(f)));
-        if !ex.create_flags.is_empty() {
-            return unsupported(Feature::CreateFlags);
-        }
-        if ex.source_qpn.is_some() {
-            return unsupported(Feature::SourceQpn);
-        }
-        if ex.rx_hash.is_some() {
-            return unsupported(Feature::Rss);
-        }
-        if ex.max_tso_header != 0 {
-            return unsupported(Feature::Tso);
-        }
-        if ex.xrcd.is_some() {
-            return unsupported(Feature::Xrc);
-        }
-        // PVRDMA has no inline data (L-QP forces it to 0): refuse rather than under-deliver.
-        if init.caps.max_inline_data != 0 {
-            return unsupported(Feature::InlineData);
+        // The first feature asked for that PVRDMA lacks, if any (one error built for all).
+        let unsupported = if !ex.create_flags.is_empty() {
+            Some(Feature::CreateFlags)
+        } else if ex.source_qpn.is_some() {
+            Some(Feature::SourceQpn)
+        } else if ex.rx_hash.is_some() {
+            Some(Feature::Rss)
+        } else if ex.max_tso_header != 0 {
+            Some(Feature::Tso)
+        } else if ex.xrcd.is_some() {
+            Some(Feature::Xrc)
+        } else if init.caps.max_inline_data != 0 {
+            // PVRDMA has no inline data (L-QP forces it to 0): refuse rather than
+            // under-deliver.
+            Some(Feature::InlineData)
+        } else {
+            None
+        };
+        if let Some(f) = unsupported {
+            return Err(Error::Unsupported(Unsupported::Feature(f)));
         }
         // The device's own limits: the page limit is applied on top.
         let c = &self.device_caps();
