@@ -106,14 +106,6 @@ impl<H: Hal> Dma<H> {
         unsafe { self.ptr::<T>(offset).write_volatile(value) }
     }
 
-    /// Copies `value` to byte `offset` with ordinary stores (not volatile): for a message the
-    /// device reads only after a fence and a doorbell that the caller orders after this.
-    pub(crate) fn put<T: Pod>(&self, offset: usize, value: T) {
-        // SAFETY: in bounds and aligned (checked by `ptr`); the memory is ours and the device
-        // reads it only after the caller's fence and doorbell.
-        unsafe { self.ptr::<T>(offset).write(value) }
-    }
-
     /// Reads a `T` at byte `offset` through one out-of-line volatile byte copy (a message the
     /// device wrote: no plain load races with it, and the copy is compiled once, not per `T`).
     pub(crate) fn get<T: Pod>(&self, offset: usize) -> T {

@@ -154,6 +154,21 @@ impl Error {
     }
 }
 
+/// Logs the warning `bareverbs: {before}{e}{after}` (the driver keeps or leaks something on
+/// purpose): compiled once, out of the callers' way.
+#[cold]
+#[inline(never)]
+pub(crate) fn warn(before: &'static str, e: &Error, after: &'static str) {
+    log::warn!("bareverbs: {before}{e}{after}");
+}
+
+/// Logs the warning `bareverbs: {what}`, out of the callers' way.
+#[cold]
+#[inline(never)]
+pub(crate) fn warn_msg(what: &'static str) {
+    log::warn!("bareverbs: {what}");
+}
+
 /// errno values a device reports (Linux numbering).
 pub(crate) const EPERM: u32 = 1;
 pub(crate) const EAGAIN: u32 = 11;

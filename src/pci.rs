@@ -95,6 +95,7 @@ pub enum Bar {
 /// # Errors
 ///
 /// [`Unsupported::BarType`] for a BAR of the reserved memory type, or a 64-bit BAR in slot 5.
+#[inline(never)]
 pub fn size_bars<C: ConfigRegionAccess>(
     access: &C,
     address: PciAddress,

@@ -38,10 +38,7 @@ macro_rules! destroy_and_drop {
                 let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
                 if let Err((raw, e)) = self.ctx.provider.$destroy(raw) {
                     // The device may still use the object's memory: keep it from being reused.
-                    log::warn!(
-                        concat!("bareverbs: ", $what, " not destroyed ({}); memory leaked"),
-                        e
-                    );
+                    $crate::error::warn(concat!($what, " not destroyed ("), &e, "); memory leaked");
                     core::mem::forget(raw);
                 }
             }

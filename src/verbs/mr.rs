@@ -201,7 +201,8 @@ impl<P: Provider> Drop for MemoryRegion<'_, P> {
         // SAFETY: `raw` is taken once, here.
         let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
         if let Err((raw, e)) = self.ctx.provider().destroy_mr(raw) {
-            log::warn!("bareverbs: memory region not deregistered ({e}); its memory is leaked");
+            let leaked = "); its memory is leaked";
+            crate::error::warn("memory region not deregistered (", &e, leaked);
             core::mem::forget(raw);
         }
     }

@@ -71,7 +71,7 @@ impl<P: Provider> Drop for SharedReceiveQueue<'_, P> {
         // SAFETY: `raw` is taken once, here.
         let raw = unsafe { ManuallyDrop::take(&mut self.raw) };
         if let Err((raw, e)) = self.ctx.provider().destroy_srq(raw) {
-            log::warn!("bareverbs: SRQ not destroyed ({e}); its memory is leaked");
+            crate::error::warn("SRQ not destroyed (", &e, "); its memory is leaked");
             core::mem::forget(raw);
         }
     }

@@ -149,15 +149,23 @@ impl<H: Hal> Pvrdma<H> {
         fence(Ordering::SeqCst);
         let raw: Caps = self.dsr.get(abi::DSR_CAPS_OFFSET);
         validate_caps(self.version, &raw)?;
-        let device = caps_from_raw(&raw);
+        // The device's caps, then in place the creatable subset of them (the rule of
+        // [`Self::device_caps`]), the device's own values kept in `raw`.
+        self.caps = caps_from_raw(&raw);
+        let c = &mut self.caps;
         self.raw = RawLimits {
-            max_qp_wr: device.max_qp_wr,
-            max_srq_wr: device.max_srq_wr,
-            max_cqe: device.max_cqe,
-            gid_tbl_len: device.gid_tbl_len,
-            max_mr_size: device.max_mr_size,
+            max_qp_wr: c.max_qp_wr,
+            max_srq_wr: c.max_srq_wr,
+            max_cqe: c.max_cqe,
+            gid_tbl_len: c.gid_tbl_len,
+            max_mr_size: c.max_mr_size,
         };
-        self.caps = self.usable_caps(device);
+        (c.max_qp_wr, c.max_srq_wr) = layout::creatable_wrs(c, MAX_RING_PAGES);
+        c.max_cqe = max_cq_entries(c.max_cqe);
+        c.max_mr_size = c
+            .max_mr_size
+            .min((pdir::MAX_PAGES * bareverbs_hal::PAGE_SIZE) as u64);
+        c.gid_tbl_len = c.gid_tbl_len.min(255);
 
         // This driver polls: mask every interrupt vector.
         self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
@@ -177,8 +185,7 @@ impl<H: Hal> Pvrdma<H> {
     /// The largest CQ this driver can create on the device: a power of two within the device's
     /// `max_cqe` and QEMU's per-ring page limit.
     pub fn max_cq_entries(&self) -> u32 {
-        let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
-        layout::prev_power_of_two(self.raw.max_cqe.min(by_pages))
+        max_cq_entries(self.raw.max_cqe)
     }
 
     /// The capabilities as the device reports them in its shared region (what Linux's
@@ -192,6 +199,7 @@ impl<H: Hal> Pvrdma<H> {
     /// ([`max_cq_entries`](Self::max_cq_entries), 4096), `max_mr_size` at most what one page
     /// directory maps (1 GiB) and `gid_tbl_len` at most QEMU's 255 entries. The other values
     /// are the device's.
+    #[inline(never)]
     pub fn device_caps(&self) -> DeviceCaps {
         let r = self.raw;
         DeviceCaps {
@@ -203,21 +211,13 @@ impl<H: Hal> Pvrdma<H> {
             ..self.caps
         }
     }
+}
 
-    /// The creatable capabilities, by the rule of [`device_caps`](Self::device_caps).
-    fn usable_caps(&self, raw: DeviceCaps) -> DeviceCaps {
-        let (max_qp_wr, max_srq_wr) = layout::creatable_wrs(&raw, MAX_RING_PAGES);
-        DeviceCaps {
-            max_qp_wr,
-            max_srq_wr,
-            max_cqe: self.max_cq_entries(),
-            max_mr_size: raw
-                .max_mr_size
-                .min((pdir::MAX_PAGES * bareverbs_hal::PAGE_SIZE) as u64),
-            gid_tbl_len: raw.gid_tbl_len.min(255),
-            ..raw
-        }
-    }
+/// The largest CQ creatable on a device reporting `max_cqe`: a power of two within it and
+/// QEMU's per-ring page limit.
+fn max_cq_entries(max_cqe: u32) -> u32 {
+    let by_pages = (MAX_RING_PAGES - 1) * CQES_PER_PAGE;
+    layout::prev_power_of_two(max_cqe.min(by_pages))
 }
 
 /// Checks what the device wrote into the DSR: that it loaded it at all, that it is a RoCE
@@ -244,24 +244,33 @@ fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
     if !ok_types {
         return Err(Error::Unsupported(Unsupported::GidTypes(caps.gid_types)));
     }
-    let nonzero: [(&'static str, u32); 8] = [
-        ("max_qp", caps.max_qp),
-        ("max_qp_wr", caps.max_qp_wr),
-        ("max_sge", caps.max_sge),
-        ("max_cq", caps.max_cq),
-        ("max_cqe", caps.max_cqe),
-        ("max_pd", caps.max_pd),
-        ("gid_tbl_len", caps.gid_tbl_len),
-        ("phys_port_cnt", u32::from(caps.phys_port_cnt)),
+    const NONZERO: [&str; 8] = [
+        "max_qp",
+        "max_qp_wr",
+        "max_sge",
+        "max_cq",
+        "max_cqe",
+        "max_pd",
+        "gid_tbl_len",
+        "phys_port_cnt",
     ];
-    for (field, value) in nonzero {
-        if value == 0 {
-            return Err(Error::bad_value(op, field, value));
-        }
+    let values = [
+        caps.max_qp,
+        caps.max_qp_wr,
+        caps.max_sge,
+        caps.max_cq,
+        caps.max_cqe,
+        caps.max_pd,
+        caps.gid_tbl_len,
+        u32::from(caps.phys_port_cnt),
+    ];
+    match values.iter().position(|&v| v == 0) {
+        Some(i) => Err(Error::bad_value(op, NONZERO[i], 0u32)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
+#[inline(never)]
 fn caps_from_raw(c: &Caps) -> DeviceCaps {
     DeviceCaps {
         fw_ver: c.fw_ver,

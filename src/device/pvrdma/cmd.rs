@@ -72,23 +72,61 @@ impl<H: Hal> Channel<H> {
         regs: &impl Mmio,
         op: Op,
         code: u32,
-        mut req: Q,
+        req: Q,
     ) -> Result<R> {
+        self.send(code, req);
+        self.run(regs, op, code)?;
+        Ok(self.answer())
+    }
+
+    /// Runs one command whose response carries nothing beyond its header (checked as
+    /// [`Self::exec`] checks it).
+    #[inline]
+    pub(crate) fn command<Q: Request>(
+        &mut self,
+        regs: &impl Mmio,
+        op: Op,
+        code: u32,
+        req: Q,
+    ) -> Result<()> {
+        self.send(code, req);
+        self.run(regs, op, code)
+    }
+
+    /// Writes `req` to the command slot as command `code`, under a new cookie (run next by
+    /// [`Self::run`]).
+    #[inline]
+    pub(crate) fn send<Q: Request>(&mut self, code: u32, mut req: Q) {
+        const { assert!(size_of::<Q>() <= CMD_SLOT_SIZE && align_of::<Q>() <= 8) };
+        *req.hdr_mut() = self.begin(code);
+        // SAFETY: the command slot is the first CMD_SLOT_SIZE bytes of the channel's page (one
+        // page, page-aligned: `Dma::new`), which Q fits in and is aligned for (checked at
+        // compile time above); the device reads it only after `run`'s fence and doorbell.
+        unsafe { self.page.base().as_ptr().cast::<Q>().write(req) }
+    }
+
+    /// The message-independent part of [`Self::send`]: a new cookie, the command slot cleared,
+    /// the header for command `code`.
+    #[inline(never)]
+    fn begin(&mut self, code: u32) -> CmdHdr {
         self.cookie = self.cookie.wrapping_add(1);
-        *req.hdr_mut() = CmdHdr {
+        self.page.zero(0, CMD_SLOT_SIZE);
+        CmdHdr {
             response: self.cookie,
             cmd: code,
             reserved: 0,
-        };
-        self.page.zero(0, CMD_SLOT_SIZE);
-        self.page.put(0, req);
-        self.run(regs, op, code)?;
-        Ok(self.page.get(RESP_SLOT_OFFSET))
+        }
+    }
+
+    /// The response slot, as the answer to the command [`Self::run`] completed.
+    #[inline]
+    pub(crate) fn answer<R: Response>(&self) -> R {
+        self.page.get(RESP_SLOT_OFFSET)
     }
 
     /// The protocol of a command already written to the command slot.
     #[inline(never)]
-    fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
+    pub(crate) fn run(&mut self, regs: &impl Mmio, op: Op, code: u32) -> Result<()> {
         // A zero ack marks "no response yet".
         self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
         // The request and the cleared response slot must be in memory before the device is told
@@ -117,17 +155,26 @@ impl<H: Hal> Channel<H> {
         // The payload is read after the ack that announced it.
         fence(Ordering::Acquire);
         let err = regs.read32(reg::ERR);
+        let errno = match self.status(hdr, err, code) {
+            Ok(errno) => errno,
+            Err(fault) => return Err(Error::Protocol { op, fault }),
+        };
+        if errno != 0 {
+            return Err(Error::from_errno(op, errno));
+        }
+        Ok(())
+    }
+
+    /// The errno of the answer `hdr` with ERR = `err` to command `code` (0: success), or what
+    /// is wrong with it.
+    fn status(&self, hdr: RespHdr, err: u32, code: u32) -> Result<u32, Fault> {
         let expected = opcode::ACK_BIT | code;
         if hdr.ack != expected {
-            let fault = Fault::Ack {
-                expected,
-                found: hdr.ack,
-            };
-            return Err(Error::Protocol { op, fault });
+            let found = hdr.ack;
+            return Err(Fault::Ack { expected, found });
         }
         if hdr.response != self.cookie {
-            let fault = Fault::Cookie;
-            return Err(Error::Protocol { op, fault });
+            return Err(Fault::Cookie);
         }
         // ERR holds a negative errno in two's complement, except where QEMU passes a host
         // verbs call's return through unchanged: a positive errno (ibv_query_qp's EOPNOTSUPP
@@ -138,11 +185,10 @@ impl<H: Hal> Channel<H> {
             _ if err.wrapping_neg() <= 4095 => (err.wrapping_neg(), true),
             _ => {
                 let value = u64::from(err);
-                let fault = Fault::Value {
+                return Err(Fault::Value {
                     field: "ERR",
                     value,
-                };
-                return Err(Error::Protocol { op, fault });
+                });
             }
         };
         // The header's own error byte tells the same story (Q-CMD `pvrdma_exec_cmd`): the
@@ -155,15 +201,9 @@ impl<H: Hal> Channel<H> {
             (e, false) => hdr.err == 0 || hdr.err == e as u8,
         };
         if !agrees {
-            let fault = Fault::StatusMismatch {
-                register: err,
-                header: hdr.err,
-            };
-            return Err(Error::Protocol { op, fault });
+            let (register, header) = (err, hdr.err);
+            return Err(Fault::StatusMismatch { register, header });
         }
-        if errno != 0 {
-            return Err(Error::from_errno(op, errno));
-        }
-        Ok(())
+        Ok(errno)
     }
 }

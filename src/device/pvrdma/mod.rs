@@ -182,20 +182,42 @@ impl<H: Hal> State<H> {
         req: Q,
         keep: M,
     ) -> Result<(R, M)> {
-        match self.chan.exec(regs, op, code, req) {
-            Ok(r) => {
-                self.counts[Self::slot(kind)] += 1;
-                Ok((r, keep))
-            }
-            Err(e) => {
-                if outcome_unknown(&e) {
-                    self.counts[Self::slot(kind)] += 1;
-                    log::warn!(
-                        "bareverbs: {e}; keeping the object's DMA memory, the device may use it"
-                    );
+        self.chan.send(code, req);
+        match self.run_create(regs, kind, op, code) {
+            Ok(()) => Ok((self.chan.answer(), keep)),
+            Err((e, kept)) => {
+                if kept {
                     core::mem::forget(keep);
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// The part of [`Self::create`] that does not depend on the message types (compiled once):
+    /// runs the command written to the slot and counts the object; on failure, whether the
+    /// object's memory must be kept.
+    #[inline(never)]
+    fn run_create(
+        &mut self,
+        regs: &impl Mmio,
+        kind: Object,
+        op: Op,
+        code: u32,
+    ) -> Result<(), (Error, bool)> {
+        match self.chan.run(regs, op, code) {
+            Ok(()) => {
+                self.counts[Self::slot(kind)] += 1;
+                Ok(())
+            }
+            Err(e) => {
+                let unknown = outcome_unknown(&e);
+                if unknown {
+                    self.counts[Self::slot(kind)] += 1;
+                    let keeping = "; keeping the object's DMA memory, the device may use it";
+                    crate::error::warn("", &e, keeping);
+                }
+                Err((e, unknown))
             }
         }
     }
@@ -210,18 +232,29 @@ impl<H: Hal> State<H> {
         handle: u32,
         obj: T,
     ) -> Result<(), (T, Error)> {
+        match self.run_destroy(regs, kind, (op, code), handle) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((obj, e)),
+        }
+    }
+
+    /// The part of [`Self::destroy`] that does not depend on the object's type.
+    #[inline(never)]
+    fn run_destroy(
+        &mut self,
+        regs: &impl Mmio,
+        kind: Object,
+        (op, code): (Op, u32),
+        handle: u32,
+    ) -> Result<()> {
         let req = abi::DestroyHandle {
             handle,
             ..Default::default()
         };
-        match self.chan.exec::<_, abi::RespHdr>(regs, op, code, req) {
-            Ok(_) => {
-                let c = &mut self.counts[Self::slot(kind)];
-                *c = c.saturating_sub(1);
-                Ok(())
-            }
-            Err(e) => Err((obj, e)),
-        }
+        self.chan.command(regs, op, code, req)?;
+        let c = &mut self.counts[Self::slot(kind)];
+        *c = c.saturating_sub(1);
+        Ok(())
     }
 
     fn gid_bound(&self, index: u32) -> bool {

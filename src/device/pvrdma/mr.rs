@@ -76,19 +76,17 @@ impl<H: Hal> Pvrdma<H> {
             nchunks: npages as u32,
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_MR);
-        let (r, (mem, pdir)): (abi::CreateMrResp, _) =
-            match st.create(&self.regs, Object::Mr, code, req, (mem, pdir)) {
-                Ok(r) => r,
-                Err(e) => {
-                    if super::outcome_unknown(&e) {
-                        // The device may have registered it (its memory is kept): its PD stays
-                        // busy for good.
-                        pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                    }
-                    return Err(e);
-                }
-            };
+        st.chan.send(opcode::CREATE_MR, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Mr, op, opcode::CREATE_MR) {
+            if kept {
+                // The device may have registered it: its memory is kept, its PD stays busy for
+                // good.
+                core::mem::forget((mem, pdir));
+                pd.users.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        let r: abi::CreateMrResp = st.chan.answer();
         let mr = Mr {
             handle: r.mr_handle,
             lkey: r.lkey,
@@ -116,7 +114,7 @@ impl<H: Hal> Pvrdma<H> {
     /// Keeps a region whose outcome is unknown: its memory stays allocated (the device may
     /// use it), it stays counted, and its PD stays in use.
     fn quarantine(&self, mr: Mr<H>) {
-        log::warn!("bareverbs: a memory region the device answered garbage for is kept");
+        crate::error::warn_msg("a memory region the device answered garbage for is kept");
         core::mem::forget(mr);
     }
 
@@ -172,9 +170,13 @@ impl<H: Hal> Pvrdma<H> {
     pub(crate) fn destroy_mr_impl(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
         let code = (Op::DestroyMr, opcode::DESTROY_MR);
         let (handle, pd) = (mr.handle, mr.pd);
-        self.state
+        if let Err(e) = self
+            .state
             .lock()
-            .destroy(&self.regs, Object::Mr, code, handle, mr)?;
+            .run_destroy(&self.regs, Object::Mr, code, handle)
+        {
+            return Err((mr, e));
+        }
         // SAFETY: the PD outlives its regions (the provider contract of create_mr).
         unsafe { pd.as_ref() }
             .users

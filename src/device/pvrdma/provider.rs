@@ -353,7 +353,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
             ..Default::default()
         };
         st.chan
-            .exec::<_, abi::RespHdr>(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
+            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
         st.gids[word] |= bit;
         self.gid_bits[word].fetch_or(bit, Ordering::Release);
         Ok(())
@@ -367,12 +367,8 @@ impl<H: Hal> Provider for Pvrdma<H> {
             dest_gid: gid.0,
             ..Default::default()
         };
-        st.chan.exec::<_, abi::RespHdr>(
-            &self.regs,
-            Op::UnbindGid,
-            abi::opcode::DESTROY_BIND,
-            req,
-        )?;
+        st.chan
+            .command(&self.regs, Op::UnbindGid, abi::opcode::DESTROY_BIND, req)?;
         st.gids[word] &= !bit;
         self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())

@@ -103,6 +103,21 @@ fn hold_users<H: Hal>(pd: &Pd, (s, r): (&Cq<H>, &Cq<H>), srq: Option<&Srq<H>>) {
     }
 }
 
+/// A QP the device may have made but the driver cannot destroy keeps everything it could use
+/// for good: its PD, CQs and SRQ stay busy and its CQEs reserved (`slots`: send, receive).
+#[cold]
+#[inline(never)]
+fn quarantine<H: Hal>(
+    pd: &Pd,
+    (s, r): (&Cq<H>, &Cq<H>),
+    srq: Option<&Srq<H>>,
+    (sq_slots, rq_slots): (u32, u32),
+) {
+    hold_users(pd, (s, r), srq);
+    s.reserve_forever(sq_slots);
+    r.reserve_forever(rq_slots);
+}
+
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
     match t {
         QpType::Rc => Ok(abi::qp_type::RC),
@@ -115,28 +130,30 @@ fn pvrdma_qp_type(t: QpType) -> Result<u8> {
 
 impl<H: Hal> Pvrdma<H> {
     /// The queue layouts a QP created with `init` gets, or why it cannot be created.
+    #[inline(never)]
     pub(crate) fn qp_layout(&self, init: &QpInit<'_>) -> Result<(QueueLayout, QueueLayout)> {
         pvrdma_qp_type(init.qp_type)?;
         let ex = &init.ex;
-        let unsupported = |f| Err(Error::Unsupported(Unsupported::Feature(f)));
-        if !ex.create_flags.is_empty() {
-            return unsupported(Feature::CreateFlags);
-        }
-        if ex.source_qpn.is_some() {
-            return unsupported(Feature::SourceQpn);
-        }
-        if ex.rx_hash.is_some() {
-            return unsupported(Feature::Rss);
-        }
-        if ex.max_tso_header != 0 {
-            return unsupported(Feature::Tso);
-        }
-        if ex.xrcd.is_some() {
-            return unsupported(Feature::Xrc);
-        }
-        // PVRDMA has no inline data (L-QP forces it to 0): refuse rather than under-deliver.
-        if init.caps.max_inline_data != 0 {
-            return unsupported(Feature::InlineData);
+        // The first feature asked for that PVRDMA lacks, if any (one error built for all).
+        let unsupported = if !ex.create_flags.is_empty() {
+            Some(Feature::CreateFlags)
+        } else if ex.source_qpn.is_some() {
+            Some(Feature::SourceQpn)
+        } else if ex.rx_hash.is_some() {
+            Some(Feature::Rss)
+        } else if ex.max_tso_header != 0 {
+            Some(Feature::Tso)
+        } else if ex.xrcd.is_some() {
+            Some(Feature::Xrc)
+        } else if init.caps.max_inline_data != 0 {
+            // PVRDMA has no inline data (L-QP forces it to 0): refuse rather than
+            // under-deliver.
+            Some(Feature::InlineData)
+        } else {
+            None
+        };
+        if let Some(f) = unsupported {
+            return Err(Error::Unsupported(Unsupported::Feature(f)));
         }
         // The device's own limits: the page limit is applied on top.
         let c = &self.device_caps();
@@ -159,6 +176,7 @@ impl<H: Hal> Pvrdma<H> {
         Ok((sq, rq))
     }
 
+    #[inline(never)]
     pub(crate) fn create_qp_impl(
         &self,
         pd: &Pd,
@@ -184,48 +202,35 @@ impl<H: Hal> Pvrdma<H> {
                 return Err(e);
             }
         }
-        let unreserve = || {
+        // The QP stays where create_qp_cmd built it (the result returned): checked and
+        // registered in place.
+        let mut r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
+        let Ok(qp) = &mut r else {
             send_cq.unreserve(sq.slots);
             recv_cq.unreserve(rq_slots);
-        };
-        let r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
-        let qp = match r {
-            Ok(qp) => qp,
-            Err(e) => {
-                unreserve();
-                return Err(e);
-            }
-        };
-        let mut qp = Qp {
-            reserved: (sq.slots, rq_slots),
-            ..qp
+            return r;
         };
         hold_users(pd, (send_cq, recv_cq), srq);
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
-        let bad = if qp.qpn > mask {
-            Some(("qpn", qp.qpn))
+        let inserted = if qp.qpn > mask {
+            Err(Error::bad_value(op, "qpn", qp.qpn))
         } else if qp.handle > mask {
-            Some(("qp_handle", qp.handle))
+            Err(Error::bad_value(op, "qp_handle", qp.handle))
         } else {
-            None
-        };
-        let inserted = match bad {
-            Some((field, value)) => Err(Error::bad_value(op, field, value)),
-            None => {
-                let ids = (send_cq.id(), recv_cq.id());
-                self.qps.insert(qp.handle, ids, qp.ctl.ptr())
-            }
+            let ids = (send_cq.id(), recv_cq.id());
+            self.qps.insert(qp.handle, ids, qp.ctl.ptr())
         };
         drop(locks);
         if let Err(e) = inserted {
             qp.handle_unusable = true;
-            if let Err((qp, _)) = self.destroy_qp_impl(qp) {
-                core::mem::forget(qp);
+            if let Ok(qp) = core::mem::replace(&mut r, Err(e)) {
+                if let Err((qp, _)) = self.destroy_qp_impl(qp) {
+                    core::mem::forget(qp);
+                }
             }
-            return Err(e);
         }
-        Ok(qp)
+        r
     }
 
     /// CREATE_QP: the command, and the QP as the device answered.
@@ -284,37 +289,28 @@ impl<H: Hal> Pvrdma<H> {
             is_srq: u8::from(srq.is_some()),
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_QP);
-        // (qpn, handle, the four caps the device echoes, inline data)
-        let created = if self.version >= abi::VERSION_QP_HANDLE {
-            st.create(&self.regs, Object::Qp, code, req, mem).map(
-                |(r, mem): (abi::CreateQpRespV2, _)| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    ((r.qpn, r.qp_handle, c, r.max_inline_data), mem)
-                },
-            )
-        } else {
-            st.create(&self.regs, Object::Qp, code, req, mem).map(
-                |(r, mem): (abi::CreateQpRespV1, _)| {
-                    let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
-                    ((r.qpn, r.qpn, c, r.max_inline_data), mem)
-                },
-            )
-        };
-        let ((qpn, handle, echoed, inline), mem) = match created {
-            Ok(c) => c,
-            Err(e) => {
-                if super::outcome_unknown(&e) {
-                    // The device may have made the QP (its ring is kept): it keeps its PD,
-                    // CQs and SRQ busy for good (and their CQEs reserved), and if it is QP1,
-                    // QP1 exists.
-                    hold_users(pd, (send_cq, recv_cq), srq);
-                    send_cq.reserve_forever(sq.slots);
-                    recv_cq.reserve_forever(srq.map_or(rq.slots, |s| s.layout.slots));
-                    st.gsi |= qp_type == QpType::Gsi;
-                }
-                return Err(e);
+        // `State::create` without reading an answer: it depends on the version (below).
+        st.chan.send(opcode::CREATE_QP, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Qp, op, opcode::CREATE_QP) {
+            if kept {
+                // The device may have made the QP: its ring is kept, it keeps its PD, CQs and
+                // SRQ busy for good (and their CQEs reserved), and if it is QP1, QP1 exists.
+                core::mem::forget(mem);
+                let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+                quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                st.gsi |= qp_type == QpType::Gsi;
             }
+            return Err(e);
+        }
+        // (qpn, handle, the four caps the device echoes, inline data), as the version answers.
+        let (qpn, handle, echoed, inline) = if self.version >= abi::VERSION_QP_HANDLE {
+            let r: abi::CreateQpRespV2 = st.chan.answer();
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            (r.qpn, r.qp_handle, c, r.max_inline_data)
+        } else {
+            let r: abi::CreateQpRespV1 = st.chan.answer();
+            let c = [r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge];
+            (r.qpn, r.qpn, c, r.max_inline_data)
         };
         st.gsi |= qp_type == QpType::Gsi;
         drop(st);
@@ -325,7 +321,44 @@ impl<H: Hal> Pvrdma<H> {
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
         );
-        let qp = |ctl: QpCtlMem<H>| Qp {
+        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
+        let mask = regs::db::HANDLE_MASK;
+        let nameable = handle <= mask && qpn <= mask;
+        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
+        let ctl = match ctl {
+            Ok(ctl) if !garbage || !nameable => ctl,
+            ctl => {
+                // The device did not make the QP we asked for (garbage), or the driver cannot
+                // keep track of it (no memory for its control block): destroy it, by a handle
+                // that is at least well-formed.
+                let e = match ctl {
+                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
+                    Err(e) => e,
+                };
+                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
+                let mut st = self.state.lock();
+                let code = (Op::DestroyQp, opcode::DESTROY_QP);
+                match st.run_destroy(&self.regs, Object::Qp, code, handle) {
+                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
+                    Err(_) => {
+                        drop(st);
+                        // The device may use the QP's memory: kept for good, with everything
+                        // else the QP could use.
+                        quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                        core::mem::forget(mem);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if garbage {
+            // Garbage under a handle that cannot be named (checked above): nothing can be
+            // told to the device about it, its memory is kept for good.
+            quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+            core::mem::forget((mem, ctl));
+            return Err(Error::bad_value(op, "qp caps", echoed[0]));
+        }
+        Ok(Qp {
             handle,
             qpn,
             qp_type,
@@ -352,54 +385,9 @@ impl<H: Hal> Pvrdma<H> {
             recv_cq: NonNull::from(recv_cq),
             srq: srq.map(NonNull::from),
             pd: NonNull::from(pd),
-            reserved: (0, 0),
+            reserved: (sq.slots, rq_slots),
             mem,
-        };
-        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-        // The device made a QP the driver may not be able to name or destroy: keep everything
-        // it could use for good (its memory is leaked on purpose by the caller).
-        let quarantine = || {
-            hold_users(pd, (send_cq, recv_cq), srq);
-            send_cq.reserve_forever(sq.slots);
-            recv_cq.reserve_forever(rq_slots);
-        };
-        let mask = regs::db::HANDLE_MASK;
-        let nameable = handle <= mask && qpn <= mask;
-        let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
-        let qp = match ctl {
-            Ok(ctl) if !garbage || !nameable => qp(ctl),
-            ctl => {
-                // The device did not make the QP we asked for (garbage), or the driver cannot
-                // keep track of it (no memory for its control block): destroy it, by a handle
-                // that is at least well-formed.
-                let e = match ctl {
-                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
-                    Err(e) => e,
-                };
-                log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
-                let mut st = self.state.lock();
-                let code = (Op::DestroyQp, opcode::DESTROY_QP);
-                match st.destroy(&self.regs, Object::Qp, code, handle, ()) {
-                    Ok(()) => st.gsi &= qp_type != QpType::Gsi,
-                    Err(_) => {
-                        drop(st);
-                        quarantine();
-                        core::mem::forget(qp);
-                    }
-                }
-                return Err(e);
-            }
-        };
-        if garbage {
-            // Garbage under a handle that cannot be named (checked above): nothing can be
-            // told to the device about it. The caller quarantines the QP.
-            quarantine();
-            let mut qp = qp;
-            qp.handle_unusable = true;
-            core::mem::forget(qp);
-            return Err(Error::bad_value(op, "qp caps", echoed[0]));
-        }
-        Ok(qp)
+        })
     }
 
     /// The poll locks of the QP's CQs (bounded: `Busy` for `op`), its control block
@@ -437,7 +425,7 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ptr();
         if unusable {
             // A handle the device answered garbage with: nothing to tell the device, keep it.
-            log::warn!("bareverbs: QP with an unusable handle kept (its memory is leaked)");
+            crate::error::warn_msg("QP with an unusable handle kept (its memory is leaked)");
             core::mem::forget(qp);
             return Ok(());
         }
@@ -450,7 +438,7 @@ impl<H: Hal> Pvrdma<H> {
         };
         let mut st = self.state.lock();
         let code = (Op::DestroyQp, opcode::DESTROY_QP);
-        if let Err(((), e)) = st.destroy(&self.regs, Object::Qp, code, handle, ()) {
+        if let Err(e) = st.run_destroy(&self.regs, Object::Qp, code, handle) {
             return Err((qp, e));
         }
         st.gsi &= qp.qp_type != QpType::Gsi;

@@ -177,8 +177,7 @@ impl<H: Hal> Pvrdma<H> {
             attrs,
             ..Default::default()
         };
-        st.chan
-            .exec::<_, abi::RespHdr>(&self.regs, op, opcode::MODIFY_QP, req)?;
+        st.chan.command(&self.regs, op, opcode::MODIFY_QP, req)?;
         qp.state = m.state;
         if matches!(m.state, QpState::Init | QpState::Rtr | QpState::Rts) {
             qp.host = m.state;

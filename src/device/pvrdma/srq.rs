@@ -93,18 +93,16 @@ impl<H: Hal> Pvrdma<H> {
             },
             ..Default::default()
         };
-        let code = (op, opcode::CREATE_SRQ);
-        let (r, mem): (abi::CreateSrqResp, _) =
-            match st.create(&self.regs, Object::Srq, code, req, mem) {
-                Ok(r) => r,
-                Err(e) => {
-                    if super::outcome_unknown(&e) {
-                        // The device may have made it: its PD stays busy for good.
-                        pd.users.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Err(e);
-                }
-            };
+        st.chan.send(opcode::CREATE_SRQ, req);
+        if let Err((e, kept)) = st.run_create(&self.regs, Object::Srq, op, opcode::CREATE_SRQ) {
+            if kept {
+                // The device may have made it: its memory is kept, its PD stays busy for good.
+                core::mem::forget(mem);
+                pd.users.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        let r: abi::CreateSrqResp = st.chan.answer();
         pd.users.fetch_add(1, Ordering::Relaxed);
         let srq = Srq {
             handle: r.srqn,
@@ -138,9 +136,13 @@ impl<H: Hal> Pvrdma<H> {
         }
         let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
         let (handle, pd) = (srq.handle, srq.pd);
-        self.state
+        if let Err(e) = self
+            .state
             .lock()
-            .destroy(&self.regs, Object::Srq, code, handle, srq)?;
+            .run_destroy(&self.regs, Object::Srq, code, handle)
+        {
+            return Err((srq, e));
+        }
         // SAFETY: the PD outlived the SRQ until now and did not move (the provider contract
         // of create_srq).
         unsafe { pd.as_ref() }.users.fetch_sub(1, Ordering::Relaxed);

@@ -29,6 +29,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Starts building a queue pair in this protection domain, completing sends to `send_cq`
     /// and receives to `recv_cq` (which may be the same CQ). Capacities default to 1 work
     /// request and 1 scatter/gather entry each way.
+    #[inline(never)]
     pub fn qp_builder<'a>(
         &'a self,
         send_cq: &'a CompletionQueue<'_, P>,
@@ -57,18 +58,21 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
 
 impl<'a, P: Provider> QpBuilder<'a, P> {
     /// The requested capacities (the minimums: the QP gets at least these).
+    #[inline(never)]
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
         self
     }
 
     /// Whether every send generates a completion (else only those flagged SIGNALED).
+    #[inline(never)]
     pub fn sq_sig_all(mut self, on: bool) -> Self {
         self.sq_sig_all = on;
         self
     }
 
     /// A value kept with the QP (`qp_context`).
+    #[inline(never)]
     pub fn user_context(mut self, value: u64) -> Self {
         self.user_context = value;
         self
@@ -76,6 +80,7 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
 
     /// Receives come from `srq` (RC and UD only); the receive capacities are then ignored and
     /// reported as 0.
+    #[inline(never)]
     pub fn srq(mut self, srq: &'a SharedReceiveQueue<'_, P>) -> Self {
         self.srq = Some(srq.raw());
         self
@@ -84,12 +89,14 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     /// Enables the safe path with buffers of `pool`: [`QueuePair::post_send`] and
     /// [`QueuePair::post_recv`] take its [`Buf`](super::super::Buf)s (16 bytes of driver-side
     /// bookkeeping per ring slot, in driver-private memory).
+    #[inline(never)]
     pub fn pool(mut self, pool: &'a BufferPool<'a, P>) -> Self {
         self.pool = Some(pool);
         self
     }
 
     /// The `_ex` attributes (`ibv_create_qp_ex`).
+    #[inline(never)]
     pub fn ex(mut self, ex: QpInitEx<'a>) -> Self {
         self.ex = ex;
         self

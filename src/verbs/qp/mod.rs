@@ -130,7 +130,8 @@ impl<P: Provider> Drop for QpInner<'_, P> {
     fn drop(&mut self) {
         if let Err(e) = self.destroy_raw() {
             // The device may still use the rings and the posted buffers: keep them all.
-            log::warn!("bareverbs: queue pair not destroyed ({e}); its memory is leaked");
+            let leaked = "); its memory is leaked";
+            crate::error::warn("queue pair not destroyed (", &e, leaked);
         }
     }
 }
@@ -199,6 +200,7 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
 
     /// Destroys the queue pair (`ibv_destroy_qp`). Fails with [`Error::Busy`] while it is
     /// attached to a multicast group, or with the device's error, handing the QP back.
+    #[inline(never)]
     pub fn destroy(self) -> Result<(), (Self, Error)> {
         let mut this = ManuallyDrop::new(self);
         match this.inner.destroy() {
@@ -208,6 +210,7 @@ impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
         }
     }
 
+    #[inline(never)]
     fn modify<S2: State>(
         mut self,
         attr: &ModifyAttr,
@@ -279,7 +282,8 @@ fn back_to_reset<'a, P: Provider, T: Transport, S: State>(
     match qp.reset() {
         Ok(q) => q,
         Err((q, e)) => {
-            log::warn!("bareverbs: QP could not be reset after a failed transition: {e}");
+            let failed = "QP could not be reset after a failed transition: ";
+            crate::error::warn(failed, &e, "");
             QueuePair {
                 inner: q.inner,
                 _t: PhantomData,
