@@ -54,18 +54,13 @@ fn connect<'a>(
     gid: Gid,
 ) -> (RcQp<'a>, RcQp<'a>) {
     let (qa, qb) = (a.qp_num(), b.qp_num());
-    let up = |qp: QueuePair<'a, P, Rc, Reset>, peer: u32| {
-        let init = ConnectedInit {
-            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            ..Default::default()
-        };
-        let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
-        let av = AddressVector::new(gid, 0);
-        let qp = qp
-            .rtr(&ConnectedRtr::new(peer, 0, av))
-            .map_err(|(_, e)| e)
-            .unwrap();
-        qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    let up = |qp, peer| {
+        rc_up(
+            qp,
+            peer,
+            gid,
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
     };
     (up(a, qb), up(b, qa))
 }

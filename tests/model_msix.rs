@@ -13,15 +13,7 @@ use common::*;
 type Qp<'a, S> = QueuePair<'a, bareverbs::device::pvrdma::Pvrdma<Model>, Rc, S>;
 
 fn connect<'a>(qp: Qp<'a, Reset>, peer: u32, gid: Gid) -> Qp<'a, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, AddressVector::new(gid, 0)))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_up(qp, peer, gid, AccessFlags::empty())
 }
 
 fn pvrdma() -> PciAddress {

@@ -259,16 +259,7 @@ type P = bareverbs::device::pvrdma::Pvrdma<Model>;
 type Qp<'a, S> = QueuePair<'a, P, Rc, S>;
 
 fn connect<'a>(qp: Qp<'a, Reset>, peer: u32, gid: Gid) -> Qp<'a, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let av = AddressVector::new(gid, 0);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_up(qp, peer, gid, AccessFlags::empty())
 }
 
 /// One SEND from `a` to `b`: two CQEs, the receive's and the send's.

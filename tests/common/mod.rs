@@ -3,6 +3,10 @@
 
 use bareverbs::Context;
 use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
+use bareverbs::verbs::{
+    AccessFlags, AddressVector, ConnectedInit, ConnectedRtr, ConnectedRts, Gid, QueuePair, Rc,
+    Reset, Rts,
+};
 use bareverbs_model::{Model, ModelConfig};
 
 pub type Ctx = Context<Pvrdma<Model>>;
@@ -53,4 +57,28 @@ pub fn big_stack(f: impl FnOnce() + Send + 'static) {
         .expect("spawn")
         .join()
         .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+/// The driver on the model.
+pub type P = Pvrdma<Model>;
+
+/// Brings an RC QP through INIT (with `access`), RTR to QP `peer` over the GID at index 0,
+/// and RTS, as the tests connect their pairs.
+pub fn rc_up<'a>(
+    qp: QueuePair<'a, P, Rc, Reset>,
+    peer: u32,
+    gid: Gid,
+    access: AccessFlags,
+) -> QueuePair<'a, P, Rc, Rts> {
+    let init = ConnectedInit {
+        access,
+        ..Default::default()
+    };
+    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
+    let av = AddressVector::new(gid, 0);
+    let qp = qp
+        .rtr(&ConnectedRtr::new(peer, 0, av))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
 }

@@ -543,32 +543,13 @@ impl Model {
         self.mmio_write(2, 4096, offset, value);
     }
 
-    /// Posts a successful SEND completion for `qpn` with `wr_id` to CQ `cq`.
-    pub fn inject_cqe(&self, cq: u32, qpn: u32, wr_id: u64) {
-        let mut g = self.lock();
-        let Inner {
-            cfg,
-            mem,
-            dev,
-            violations,
-            liar,
-            ..
-        } = &mut *g;
-        let mut ctx = device::Ctx {
-            cfg,
-            mem,
-            violations,
-            liar,
-            bus_master: true,
-        };
-        dev.inject_cqe(&mut ctx, cq, qpn, wr_id);
-        g.deliver_interrupts();
-    }
-
-    /// Posts an async event (`kind` as the PVRDMA ABI numbers them, 0–18, and its `info`: a
-    /// QP, CQ or SRQ handle, or a port) to the async ring and raises vector 1, as VMware's
-    /// device does; QEMU never does. False when there is no ring to post to or it is full.
-    pub fn post_async(&self, kind: u32, info: u32) -> bool {
+    /// Runs `f` on the device with a context of the machine (bus mastering as configured in
+    /// PCI, or forced on), then delivers the interrupts it raised.
+    fn on_device<T>(
+        &self,
+        force_bus_master: bool,
+        f: impl FnOnce(&mut Device, &mut device::Ctx<'_>) -> T,
+    ) -> T {
         let mut g = self.lock();
         let Inner {
             cfg,
@@ -583,11 +564,23 @@ impl Model {
             mem,
             violations,
             liar,
-            bus_master: pci.pvrdma_bus_master(),
+            bus_master: force_bus_master || pci.pvrdma_bus_master(),
         };
-        let posted = dev.post_async(&mut ctx, kind, info);
+        let r = f(dev, &mut ctx);
         g.deliver_interrupts();
-        posted
+        r
+    }
+
+    /// Posts a successful SEND completion for `qpn` with `wr_id` to CQ `cq`.
+    pub fn inject_cqe(&self, cq: u32, qpn: u32, wr_id: u64) {
+        self.on_device(true, |dev, ctx| dev.inject_cqe(ctx, cq, qpn, wr_id));
+    }
+
+    /// Posts an async event (`kind` as the PVRDMA ABI numbers them, 0–18, and its `info`: a
+    /// QP, CQ or SRQ handle, or a port) to the async ring and raises vector 1, as VMware's
+    /// device does; QEMU never does. False when there is no ring to post to or it is full.
+    pub fn post_async(&self, kind: u32, info: u32) -> bool {
+        self.on_device(false, |dev, ctx| dev.post_async(ctx, kind, info))
     }
 
     /// The MSI-X messages the PVRDMA sent since the last call, in order: (address, data) as
