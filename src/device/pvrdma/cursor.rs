@@ -1,6 +1,6 @@
 //! The poll cursor (`ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll`): one completion at a
 //! time, under the CQ's poll lock, its fields read from the CQE when asked. Checking and
-//! matching are `cq::check_cqe`'s, as for the slice poll.
+//! matching are `poll::check_cqe`'s, as for the slice poll.
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
@@ -9,7 +9,8 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi;
-use super::cq::{Checked, Cq, PollState, check_cqe, fast_cqe_tag, take_flush};
+use super::cq::{Cq, PollState};
+use super::poll::{Checked, check_cqe, fast_cqe_tag, take_flush};
 use super::regs::db;
 use crate::error::{Error, Op, Result};
 use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
@@ -51,7 +52,7 @@ pub struct Poll<'c, H: Hal> {
 
 impl<H: Hal> Pvrdma<H> {
     /// Takes the next completion of QP `handle` from `cq` into `wc` (`Provider::poll_qp`):
-    /// the common case here — the ring's next CQE is this QP's, passes `cq::fast_cqe` — and
+    /// the common case here — the ring's next CQE is this QP's, passes `poll::fast_cqe` — and
     /// everything else through a cursor with `only` ([`poll_qp_cursor`](Self::poll_qp_cursor)).
     #[inline(always)]
     pub(crate) fn poll_qp(

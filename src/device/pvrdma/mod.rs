@@ -22,6 +22,7 @@ mod cursor;
 mod layout;
 mod mr;
 mod pdir;
+mod poll;
 mod provider;
 mod qp;
 mod qp_state;
