@@ -2,7 +2,6 @@
 //! time, under the CQ's poll lock, its fields read from the CQE when asked. Checking and
 //! matching are `poll::check_cqe`'s, as for the slice poll.
 
-use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use bareverbs_hal::{Hal, Mmio};
@@ -20,7 +19,7 @@ use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 enum Current {
     None,
     /// A CQE in the ring (checked: QP, opcode, status, `wr_id`).
-    Hw(NonNull<abi::Cqe>),
+    Hw(*const abi::Cqe),
     /// A flush the driver made.
     Flush,
 }
@@ -207,7 +206,7 @@ impl<H: Hal> Poll<'_, H> {
                     release,
                 } => {
                     self.consume();
-                    self.cur = Current::Hw(NonNull::new(c).expect("ring slot"));
+                    self.cur = Current::Hw(c);
                     (self.wr_id, self.opcode, self.status) = (wr_id, opcode, status);
                     (self.qpn, self.tag, self.release) = (qpn, tag, release);
                     return Ok(Some(true));
@@ -236,7 +235,7 @@ impl<H: Hal> Poll<'_, H> {
     #[inline]
     fn cqe<T: Default>(&self, f: impl FnOnce(*const abi::Cqe) -> T) -> T {
         match self.cur {
-            Current::Hw(c) => f(c.as_ptr()),
+            Current::Hw(c) => f(c),
             _ => T::default(),
         }
     }
