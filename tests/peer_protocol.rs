@@ -12,21 +12,13 @@ use common::*;
 /// `shared/linux-peer.md` §1.2's example message, without its NUL.
 const EXAMPLE: &str = "0000:000011:3fa2c1:00000000000000000000ffff0a000210";
 
-fn mapped(ip: [u8; 4]) -> Gid {
-    let mut g = [0u8; 16];
-    g[10] = 0xFF;
-    g[11] = 0xFF;
-    g[12..].copy_from_slice(&ip);
-    Gid(g)
-}
-
 #[test]
 fn the_pingpong_text_parses_and_prints_back_byte_for_byte() {
     let d = Dest::parse(EXAMPLE).expect("the sheet's example parses");
     assert_eq!(d.lid, 0);
     assert_eq!(d.qpn, 0x11);
     assert_eq!(d.psn, 0x3fa2c1);
-    assert_eq!(d.gid, mapped([10, 0, 2, 16]));
+    assert_eq!(d.gid, Gid::from_ipv4([10, 0, 2, 16]));
     assert_eq!(d.to_string(), EXAMPLE);
     assert_eq!(d.to_string().len(), 51);
     // Receivers scan hex: upper case is accepted, and printed back in lower case.
@@ -37,7 +29,7 @@ fn the_pingpong_text_parses_and_prints_back_byte_for_byte() {
         lid: 0,
         qpn: 0xFF_FFFF,
         psn: 0xAB_CDEF,
-        gid: mapped([192, 168, 1, 2]),
+        gid: Gid::from_ipv4([192, 168, 1, 2]),
     };
     assert_eq!(
         big.to_string(),
@@ -173,7 +165,10 @@ fn a_ud_receive_between_ipv4_mapped_gids_starts_with_rxe_s_ipv4_header() {
 fn exchange(ctx: &Ctx, semantics: Semantics) {
     // Dropped in reverse: the QPs, then the pool, CQ, PD, and the GIDs last.
     {
-        let (linux, unikernel) = (mapped([10, 0, 2, 15]), mapped([10, 0, 2, 16]));
+        let (linux, unikernel) = (
+            Gid::from_ipv4([10, 0, 2, 15]),
+            Gid::from_ipv4([10, 0, 2, 16]),
+        );
         let _g0 = ctx.bind_gid(0, linux).unwrap();
         let _g1 = ctx.bind_gid(1, unikernel).unwrap();
         let pd = ctx.alloc_pd().unwrap();
@@ -219,7 +214,7 @@ fn exchange(ctx: &Ctx, semantics: Semantics) {
         // destination.
         assert!(grh_ok(buf, &unikernel, &linux));
         assert!(!grh_ok(buf, &linux, &unikernel));
-        assert!(!grh_ok(buf, &unikernel, &mapped([10, 0, 2, 17])));
+        assert!(!grh_ok(buf, &unikernel, &Gid::from_ipv4([10, 0, 2, 17])));
         drop(r);
         drop(a.poll_one().unwrap().expect("the send completion"));
     }
@@ -232,7 +227,10 @@ fn the_grh_check_takes_the_bytes_the_lab_showed() {
     let grh: Vec<u8> = (0..40)
         .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
         .collect();
-    let (linux, unikernel) = (mapped([10, 0, 2, 15]), mapped([10, 0, 2, 16]));
+    let (linux, unikernel) = (
+        Gid::from_ipv4([10, 0, 2, 15]),
+        Gid::from_ipv4([10, 0, 2, 16]),
+    );
     assert!(grh_ok(&grh, &linux, &unikernel));
     assert!(!grh_ok(&grh, &unikernel, &linux));
     assert!(!grh_ok(&grh[..39], &linux, &unikernel));
@@ -277,7 +275,7 @@ fn one<'a>(pool: &'a BufferPool<'a, P>, a: &mut Qp<'a, Rts>, b: &mut Qp<'a, Rts>
 }
 
 fn ping_pong_until_the_ring_is_full(model: &Model, ctx: &Ctx) {
-    let g = ctx.bind_gid(0, mapped([10, 0, 2, 16])).unwrap();
+    let g = ctx.bind_gid(0, Gid::from_ipv4([10, 0, 2, 16])).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let pool = pd.buffer_pool(8, 64).unwrap();
@@ -317,7 +315,7 @@ fn an_rc_receive_on_qemu_carries_the_grh_flag_and_source_qp_0() {
         });
         let ctx = up(&model);
         {
-            let g = ctx.bind_gid(0, mapped([10, 0, 2, 16])).unwrap();
+            let g = ctx.bind_gid(0, Gid::from_ipv4([10, 0, 2, 16])).unwrap();
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(64).unwrap();
             let pool = pd.buffer_pool(4, 64).unwrap();

@@ -373,11 +373,9 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
         error: bareverbs::error::Error::NotFound(bareverbs::error::NotFound::Device),
     })?;
     let ctx = Context::new(Pvrdma::new(hal, pci, address, config).at("peer: bring-up")?);
-    let mut g = [0u8; 16];
-    g[10] = 0xFF;
-    g[11] = 0xFF;
-    g[12..].copy_from_slice(&ip);
-    let gid = ctx.bind_gid(GID_INDEX, Gid(g)).at("peer: bind GID")?;
+    let gid = ctx
+        .bind_gid(GID_INDEX, Gid::from_ipv4(ip))
+        .at("peer: bind GID")?;
     let pd = ctx.alloc_pd().at("peer: alloc PD")?;
     let [a, b, c, d] = ip;
     let _ = writeln!(
