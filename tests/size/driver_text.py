@@ -53,7 +53,8 @@ def main():
 
     # Each line-number program's compilation directory (relative paths are relative to it).
     comp_dir, stmt = {}, None
-    for line in run("llvm-dwarfdump", "--debug-info", kernel).splitlines():
+    info_text = run("llvm-dwarfdump", "--debug-info", kernel)
+    for line in info_text.splitlines():
         m = re.search(r"DW_AT_stmt_list\s*\((0x[0-9a-f]+)\)", line)
         if m:
             stmt = int(m.group(1), 16)
@@ -92,7 +93,6 @@ def main():
 
     # Code inlined at a call site in a driver file: part of an inlined driver function's body
     # (core code included), wherever that function itself was inlined.
-    info_text = run("llvm-dwarfdump", "--debug-info", kernel)
     inlined = set()
 
     def take(entry):
