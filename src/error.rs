@@ -295,6 +295,11 @@ pub enum Object {
     Mr,
     /// GID table entry.
     Gid,
+    /// A completion queue's place in the driver's event state (arming, channels, futures):
+    /// a fixed number of CQs can take part in events.
+    CqEventSlot,
+    /// A completion channel.
+    CompletionChannel,
 }
 
 /// An operation, as named in errors.
@@ -446,6 +451,9 @@ pub enum Feature {
     ReinitAfterReset,
     /// Registering memory the embedder owns (the HAL cannot translate its addresses).
     UserMemory,
+    /// Interrupts: the device has no usable MSI-X capability (or too few vectors, or a table
+    /// outside its BAR), or the HAL routes no message for one of its vectors.
+    Interrupts,
 }
 
 /// What was not found, in an [`Error::NotFound`].

@@ -22,6 +22,7 @@
 pub mod device;
 mod dma;
 pub mod error;
+pub mod events;
 pub mod pci;
 pub mod verbs;
 

@@ -188,6 +188,37 @@ pub(crate) fn memory_bar(bars: &[Option<Bar>; 6], index: u8, min_size: u64) -> R
     }
 }
 
+/// The configuration-space offset of the function's first capability with ID `id`, walking
+/// the capability list (bounded: a looping or out-of-range list ends the walk).
+pub fn find_capability<C: ConfigRegionAccess>(
+    access: &C,
+    address: PciAddress,
+    id: u8,
+) -> Option<u16> {
+    // SAFETY: the status register and the capabilities pointer exist in every endpoint
+    // header; reading them has no side effect.
+    let status = unsafe { access.read(address, COMMAND) } >> 16;
+    if status & (1 << 4) == 0 {
+        return None;
+    }
+    // SAFETY: as above (offset 0x34, the capabilities pointer).
+    let mut at = (unsafe { access.read(address, 0x34) } & 0xFC) as u16;
+    // At most 48 capabilities fit between 0x40 and 0x100.
+    for _ in 0..48 {
+        if !(0x40..0x100).contains(&at) {
+            return None;
+        }
+        // SAFETY: a dword of the device-specific configuration region (0x40–0xFF), which the
+        // capability list lives in; reading a capability header has no side effect.
+        let header = unsafe { access.read(address, at) };
+        if header & 0xFF == u32::from(id) {
+            return Some(at);
+        }
+        at = ((header >> 8) & 0xFC) as u16;
+    }
+    None
+}
+
 /// Turns on memory decoding and bus mastering (DMA) for the function.
 pub(crate) fn enable_mmio_and_dma<C: ConfigRegionAccess>(access: &C, address: PciAddress) {
     let on = CommandRegister::MEMORY_ENABLE | CommandRegister::BUS_MASTER_ENABLE;

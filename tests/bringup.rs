@@ -372,7 +372,8 @@ fn dma_exhaustion_at_each_bring_up_allocation_leaks_nothing() {
     teardown(&model, ctx);
     assert_eq!(
         allocs, 3,
-        "command page, QP table, DSR block (with both notification rings and their directories)"
+        "command page, QP table, DSR block (with both notification rings, their directories \
+         and the event state)"
     );
     for nth in 1..=allocs {
         let model = self::model();

@@ -844,7 +844,7 @@ fn arming_raises_one_interrupt_per_arm() {
     lab(ModelConfig::default(), |model, _, pd, cq, gid| {
         let (mut a, _b) = rc_pair(pd, cq, gid, None, None);
         let src = with_mr(pd, b"x");
-        cq.arm(false);
+        cq.req_notify(false).expect("arm");
         for i in 0..2 {
             // SAFETY: the region outlives the completions polled below.
             unsafe {
@@ -862,7 +862,7 @@ fn arming_raises_one_interrupt_per_arm() {
             n += 1;
         }
         assert_eq!(n, 2);
-        cq.arm(false);
+        cq.req_notify(false).expect("arm");
         // SAFETY: as above.
         unsafe {
             let mut sb = a.send_batch();

@@ -1907,7 +1907,7 @@ mod data {
         };
         let sol = r.below(2) == 0;
         note!(t, "arm(#{i}, solicited {sol})");
-        w.cq(i).arm(sol);
+        let _ = w.cq(i).req_notify(sol);
     }
 }
 
@@ -2094,6 +2094,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
         let config = Config {
             poll_limit: POLL_LIMIT,
             opcodes,
+            interrupts: false,
         };
         let dev = if r.below(32) == 0 {
             note!(t, "probe (bus scan)");

@@ -114,6 +114,29 @@ pub unsafe trait Hal: Clone {
         let _ = vaddr;
         None
     }
+
+    /// The message a device writes to raise its interrupt `vector` (0-based, in the device's
+    /// own numbering: for PVRDMA 0 = command completion, 1 = async event, 2 = CQ
+    /// notification): where the embedder routes that vector to a CPU. On x86 the address is
+    /// `0xFEE0_0000 | apic_id << 12` and the data the CPU vector (edge, fixed delivery).
+    ///
+    /// `None` (the default) when the embedder takes no interrupts: drivers then poll. The
+    /// embedder's handler for the vector calls the driver's interrupt entry (for PVRDMA,
+    /// `Pvrdma::interrupt`) with the same `vector`.
+    fn msi_message(&self, vector: u16) -> Option<MsiMessage> {
+        let _ = vector;
+        None
+    }
+}
+
+/// An MSI/MSI-X message: the device raises an interrupt by writing `data` (32 bits) to
+/// `address`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MsiMessage {
+    /// Message address (on x86: the local APIC's window, `0xFEE0_0000 | apic_id << 12`).
+    pub address: u64,
+    /// Message data (on x86: the vector, with delivery mode and trigger bits 0 = fixed, edge).
+    pub data: u32,
 }
 
 /// 32-bit access to a mapped register window (a PCI memory BAR).

@@ -116,6 +116,8 @@ impl DmaRegion {
 pub struct IdentityHal<'a> {
     dma: &'a DmaRegion,
     phys_offset: usize,
+    /// MSI routing: (message address, data of vector 0); vector `v` gets data + `v`.
+    msi: Option<(u64, u32)>,
 }
 
 impl<'a> IdentityHal<'a> {
@@ -128,7 +130,19 @@ impl<'a> IdentityHal<'a> {
     /// and RAM the embedder registers (outside `dma`) is mapped the same way: the CPU reaches
     /// physical address `p` at `p + phys_offset`.
     pub unsafe fn new(dma: &'a DmaRegion, phys_offset: usize) -> Self {
-        IdentityHal { dma, phys_offset }
+        IdentityHal {
+            dma,
+            phys_offset,
+            msi: None,
+        }
+    }
+
+    /// The same HAL, routing device interrupt vector `v` as the message (`address`,
+    /// `first_data + v`): on x86 `address` is `0xFEE0_0000 | apic_id << 12` and `first_data`
+    /// the CPU vector the device's vector 0 arrives at (its vectors then follow).
+    pub fn with_msi(mut self, address: u64, first_data: u32) -> Self {
+        self.msi = Some((address, first_data));
+        self
     }
 
     /// The DMA region this HAL allocates from.
@@ -169,6 +183,14 @@ unsafe impl Hal for IdentityHal<'_> {
         v.checked_sub(self.phys_offset)
             .filter(|&p| p != 0)
             .map(|p| p as u64)
+    }
+
+    fn msi_message(&self, vector: u16) -> Option<crate::MsiMessage> {
+        let (address, first) = self.msi?;
+        Some(crate::MsiMessage {
+            address,
+            data: first.checked_add(u32::from(vector))?,
+        })
     }
 }
 

@@ -4,7 +4,9 @@
 
 use core::mem::ManuallyDrop;
 
-use super::{Context, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use super::{
+    Context, CqId, NextCompletion, Provider, Ready, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 use crate::error::Result;
 
 /// What a provider's poll in progress offers; the verbs layer wraps it in [`PollCursor`].
@@ -64,9 +66,44 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
         Ok(p.advance()?.then_some(PollCursor { p }))
     }
 
-    /// Requests an interrupt for the next completion (`ibv_req_notify_cq`).
-    pub fn arm(&self, solicited_only: bool) {
-        self.ctx.provider().arm_cq(&self.raw, solicited_only)
+    /// Arms the CQ for one event at its next completion (`solicited_only`: its next
+    /// solicited or error completion) (`ibv_req_notify_cq`). The event goes to the CQ's
+    /// channel and wakes a task waiting on it; completions that arrived before the arm raise
+    /// none, so poll once more after arming. A device that cannot tell solicited completions
+    /// apart (QEMU's PVRDMA) raises the event at the next completion of any kind.
+    ///
+    /// # Errors
+    ///
+    /// [`Resource::Objects`](crate::error::Resource) for
+    /// [`Object::CqEventSlot`](crate::error::Object::CqEventSlot): the CQ was created when
+    /// [`CQ_SLOTS`](crate::events::CQ_SLOTS) CQs took part in events already.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.ctx.provider().req_notify_cq(&self.raw, solicited_only)
+    }
+
+    /// Acknowledges `n` events taken from the CQ's channel (`ibv_ack_cq_events`): the CQ
+    /// cannot be destroyed while an event taken is not acknowledged.
+    pub fn ack_events(&self, n: u32) {
+        let p = self.ctx.provider();
+        if let Some(slot) = p.cq_slot(&self.raw) {
+            p.events().ack(slot, n);
+        }
+    }
+
+    /// The CQ's identity in events ([`CompletionChannel::get_cq_event`](super::CompletionChannel::get_cq_event) names it).
+    pub fn id(&self) -> CqId {
+        self.ctx.provider().cq_id(&self.raw)
+    }
+
+    /// A future that resolves when a poll would find a completion (it arms the CQ while it
+    /// waits; its waker is woken from the CQ-notification interrupt).
+    pub fn ready(&self) -> Ready<'_, 'c, P> {
+        Ready::new(self)
+    }
+
+    /// A future of the CQ's next completion, as [`poll`](Self::poll) of one entry gives it.
+    pub fn next_completion(&self) -> NextCompletion<'_, 'c, P> {
+        NextCompletion::new(self)
     }
 
     /// The number of entries (≥ the request: devices round up).

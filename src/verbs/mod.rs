@@ -47,6 +47,7 @@ macro_rules! destroy_and_drop {
 }
 
 mod ah;
+mod channel;
 mod cq;
 mod mr;
 mod pool;
@@ -54,12 +55,14 @@ mod qp;
 pub(crate) mod qp_types;
 mod srq;
 mod types;
+mod wait;
 mod wr;
 
 use core::mem::ManuallyDrop;
 use core::ptr::NonNull;
 
 pub use ah::AddressHandle;
+pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use mr::MemoryRegion;
 pub use pool::{Buf, BufRelease, BufferPool};
@@ -74,12 +77,15 @@ pub use qp_types::{
 };
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
+pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};
 pub use wr::{
     RecvWr, SendFlags, SendWqe, Sge, UdTarget, WcFlags, WcOpcode, WcStatus, WorkCompletion,
     WrOpcode,
 };
 
 use crate::error::{Error, Result};
+pub use crate::events::{AsyncEvent, CqId, IrqCounts};
+use crate::events::{ChannelId, EventHub, Slot};
 
 /// What a device driver implements to be driven by the verbs layer.
 ///
@@ -109,13 +115,14 @@ pub trait Provider {
     /// Destroys a protection domain; on failure hands it back with the error.
     fn destroy_pd(&self, pd: Self::Pd) -> Result<(), (Self::Pd, Error)>;
 
-    /// Creates a completion queue of at least `entries` entries.
+    /// Creates a completion queue of at least `entries` entries, raising its events on
+    /// `channel` if given.
     ///
     /// # Safety
     ///
     /// As for [`create_pd`](Self::create_pd): destroyed through this provider, or leaked, before
     /// the provider is dropped (the device writes into its ring until then).
-    unsafe fn create_cq(&self, entries: u32) -> Result<Self::Cq>;
+    unsafe fn create_cq(&self, entries: u32, channel: Option<ChannelId>) -> Result<Self::Cq>;
     /// Destroys a completion queue; on failure hands it back with the error.
     fn destroy_cq(&self, cq: Self::Cq) -> Result<(), (Self::Cq, Error)>;
     /// The number of entries the completion queue actually has.
@@ -284,8 +291,25 @@ pub trait Provider {
     /// none; `None` when there is nothing.
     fn poll_qp(&self, cq: &Self::Cq, qp: &Self::Qp, wc: &mut WorkCompletion)
     -> Result<Option<u32>>;
-    /// Requests an interrupt for the next completion (`solicited_only`: the next solicited).
-    fn arm_cq(&self, cq: &Self::Cq, solicited_only: bool);
+    /// Arms `cq` for an event at its next completion (`solicited_only`: its next solicited
+    /// one) (`ibv_req_notify_cq`).
+    fn req_notify_cq(&self, cq: &Self::Cq, solicited_only: bool) -> Result<()>;
+    /// Whether a poll of `cq` would find something now (a hint: a poll may still find
+    /// nothing, or another thread take it first).
+    fn cq_ready(&self, cq: &Self::Cq) -> bool;
+    /// The identity `cq` has in events.
+    fn cq_id(&self, cq: &Self::Cq) -> CqId;
+    /// The place of `cq` in the event hub, when it has one.
+    fn cq_slot(&self, cq: &Self::Cq) -> Option<Slot>;
+    /// The provider's event state.
+    fn events(&self) -> &EventHub;
+    /// Takes the device's notifications now, as an interrupt does (bounded; never waits).
+    fn process_events(&self);
+    /// The interrupt entry for the device's vector `vector` (interrupt-safe: see the
+    /// provider's documentation).
+    fn interrupt(&self, vector: u16);
+    /// The next async event, if the device has one.
+    fn next_async_event(&self) -> Option<AsyncEvent>;
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.
@@ -339,11 +363,72 @@ impl<P: Provider> Context<P> {
     /// size is [`CompletionQueue::entries`].
     pub fn create_cq(&self, entries: u32) -> Result<CompletionQueue<'_, P>> {
         // SAFETY: as in `alloc_pd`: owned by a CompletionQueue that borrows this context.
-        let raw = unsafe { self.provider.create_cq(entries)? };
+        let raw = unsafe { self.provider.create_cq(entries, None)? };
         Ok(CompletionQueue {
             ctx: self,
             raw: ManuallyDrop::new(raw),
         })
+    }
+
+    /// Creates a completion queue whose events go to `channel` (`ibv_create_cq` with a
+    /// completion channel); the channel outlives it (it is borrowed as long).
+    ///
+    /// # Errors
+    ///
+    /// As [`create_cq`](Self::create_cq), and [`Resource::Objects`](crate::error::Resource)
+    /// for [`Object::CqEventSlot`](crate::error::Object::CqEventSlot) when
+    /// [`CQ_SLOTS`](crate::events::CQ_SLOTS) CQs take part in events already.
+    pub fn create_cq_with_channel<'a>(
+        &'a self,
+        entries: u32,
+        channel: &'a CompletionChannel<'_, P>,
+    ) -> Result<CompletionQueue<'a, P>> {
+        // SAFETY: as in `alloc_pd`: owned by a CompletionQueue that borrows this context.
+        let raw = unsafe { self.provider.create_cq(entries, Some(channel.id()))? };
+        Ok(CompletionQueue {
+            ctx: self,
+            raw: ManuallyDrop::new(raw),
+        })
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`): where the events of the CQs
+    /// created on it are read, in order of arrival per CQ and fairly across CQs.
+    ///
+    /// # Errors
+    ///
+    /// [`Resource::Objects`](crate::error::Resource) for
+    /// [`Object::CompletionChannel`](crate::error::Object::CompletionChannel) when
+    /// [`CHANNELS`](crate::events::CHANNELS) are open.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel<'_, P>> {
+        CompletionChannel::open(self)
+    }
+
+    /// The next async event (`ibv_get_async_event`, non-blocking): port changes, QP, CQ and
+    /// SRQ errors, the SRQ limit, a device failure. `None` when there is none now.
+    pub fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.provider.next_async_event()
+    }
+
+    /// A future of the next async event (woken from the async-event interrupt).
+    pub fn async_event(&self) -> AsyncEventFuture<'_, P> {
+        AsyncEventFuture::new(self)
+    }
+
+    /// The interrupt entry: the embedder's handler for the device's interrupt `vector` calls
+    /// it (interrupt-safe, bounded, never waits; see the provider's `interrupt`).
+    pub fn interrupt(&self, vector: u16) {
+        self.provider.interrupt(vector)
+    }
+
+    /// Takes the device's pending notifications now (what an interrupt does): for a driver
+    /// that polls instead of taking interrupts.
+    pub fn process_events(&self) {
+        self.provider.process_events()
+    }
+
+    /// Interrupts and notifications counted so far, by cause.
+    pub fn irq_counts(&self) -> IrqCounts {
+        self.provider.events().counts()
     }
 
     /// Adds `gid` to port 1's GID table at `index`; dropping the binding removes it.

@@ -16,14 +16,16 @@ pub type Ctx = Context<Pvrdma<Model>>;
 pub const CONFIG: Config = Config {
     poll_limit: 10_000,
     opcodes: Opcodes::All,
+    interrupts: false,
 };
 
 /// Pages the driver holds while a device is up and no object exists (measured:
 /// `model.outstanding_pages()` right after bring-up): the DSR, the command page, the QP table
 /// (2048 entries of 32 bytes — twice the 1024 QPs the driver lets live, for open addressing —
 /// 16 pages), and two notification rings of 2 pages, each with a directory and a table page
-/// (the DSR and the rings are one block of 9 pages).
-pub const DEVICE_PAGES: usize = 1 + 1 + 16 + 2 * (2 + 2);
+/// (the DSR and the rings are one block of 9 pages), and the event state (one more page of
+/// that block).
+pub const DEVICE_PAGES: usize = 1 + 1 + 16 + 2 * (2 + 2) + 1;
 
 pub fn model() -> Model {
     Model::new(ModelConfig::default())

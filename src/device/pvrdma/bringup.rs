@@ -88,7 +88,9 @@ impl<H: Hal> Pvrdma<H> {
         // One block: the DSR, then for each notification ring (async, CQ) its data pages, its
         // directory page and its table page (`shared/pvrdma-abi.md` §3, §6, §7).
         let ring_pages = abi::NOTIFY_RING_PAGES as usize;
-        let dsr = Dma::new(&hal, 1 + 2 * (ring_pages + 2))?;
+        // The event state follows, in pages the device is never told about.
+        let state_page = 1 + 2 * (ring_pages + 2);
+        let dsr = Dma::new(&hal, state_page + super::irq::Events::<H>::PAGES)?;
         let ring_pdir = |first: usize| {
             let (dir, table) = (first + ring_pages, first + ring_pages + 1);
             dsr.write::<u64>(dir * PAGE_SIZE, dsr.page_paddr(table));
@@ -97,7 +99,8 @@ impl<H: Hal> Pvrdma<H> {
             }
             dsr.page_paddr(dir)
         };
-        let (async_pdir, cq_pdir) = (ring_pdir(1), ring_pdir(1 + ring_pages + 2));
+        let (async_first, cq_first) = (1, 1 + ring_pages + 2);
+        let (async_pdir, cq_pdir) = (ring_pdir(async_first), ring_pdir(cq_first));
 
         let w = |off: usize, v: u64| dsr.write(off, v);
         dsr.write(offset_of!(Dsr, driver_version), abi::DRIVER_VERSION);
@@ -115,6 +118,17 @@ impl<H: Hal> Pvrdma<H> {
 
         // From here on the device holds addresses of our memory: build the value now, so that
         // any failure below runs Drop (which stops the device) before the memory is freed.
+        // QEMU arms a CQ only on both arm bits (§9); a device with VMware's own subsystem
+        // vendor is trusted to tell "next" from "solicited".
+        // SAFETY: the subsystem IDs of an endpoint header; reading has no side effect.
+        let subsystem = unsafe { pci.read(address, 0x2C) } & 0xFFFF;
+        let arm_both = subsystem != u32::from(regs::VENDOR_VMWARE);
+        let events = super::irq::Events::new(
+            &dsr,
+            (async_first, cq_first, state_page),
+            abi::NOTIFY_RING_PAGES,
+            arm_both,
+        );
         let mut dev = Pvrdma {
             hal,
             regs,
@@ -133,7 +147,11 @@ impl<H: Hal> Pvrdma<H> {
             qps,
             opcodes: config.opcodes,
             gid_bits: Default::default(),
+            events,
         };
+        if config.interrupts {
+            dev.events.enable_msix(&dev.hal, pci, address, &bars)?;
+        }
         dev.load_and_activate()?;
         Ok(dev)
     }
@@ -167,8 +185,14 @@ impl<H: Hal> Pvrdma<H> {
             .min((pdir::MAX_PAGES * bareverbs_hal::PAGE_SIZE) as u64);
         c.gid_tbl_len = c.gid_tbl_len.min(255);
 
-        // This driver polls: mask every interrupt vector.
-        self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
+        // Interrupts open when MSI-X is set up; otherwise every vector stays masked (QEMU: any
+        // non-zero IMR masks all).
+        let imr = if self.events.msix_on() {
+            0
+        } else {
+            regs::IMR_MASK_ALL
+        };
+        self.regs.write32(reg::IMR, imr);
         self.regs.write32(reg::CTL, ctl::ACTIVATE);
         fence(Ordering::SeqCst);
         match self.regs.read32(reg::ERR) {
@@ -306,7 +330,11 @@ impl<H: Hal> Drop for Pvrdma<H> {
         // own drops, after this). QEMU keeps the shared region mapped but only reads the
         // command slot on a REQUEST write, which no one can issue any more.
         self.regs.write32(reg::IMR, regs::IMR_MASK_ALL);
+        self.events.mask_all();
         self.regs.write32(reg::CTL, ctl::RESET);
         fence(Ordering::SeqCst);
+        // SAFETY: last use of the event state, before the block holding it is freed (the
+        // fields' drops, after this).
+        unsafe { self.events.release() };
     }
 }

@@ -6,7 +6,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use bareverbs_hal::Hal;
+use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{self, wc_opcode};
 use super::pdir::QueueMem;
@@ -14,7 +14,8 @@ use super::qptable::QpCtl;
 use super::regs::db;
 use super::ring::Ring;
 use super::{CQES_PER_PAGE, Pvrdma};
-use crate::error::{Error, Op, Queue, Result};
+use crate::error::{Error, Object, Op, Queue, Resource, Result};
+use crate::events::{Arm, ChannelId, Slot};
 use crate::verbs::WcOpcode;
 
 /// A completion queue on a PVRDMA device.
@@ -37,6 +38,8 @@ pub struct Cq<H: Hal> {
     pub(crate) stale: AtomicU32,
     /// The POLL doorbell word (`handle | CQ_POLL`).
     pub(crate) poll_bell: u32,
+    /// Its place in the event hub (`None`: every place was taken when it was created).
+    pub(crate) slot: Option<Slot>,
 }
 
 // SAFETY: the ring points into the CQ's own DMA memory; the consumer side is written only
@@ -280,7 +283,7 @@ impl<H: Hal> Cq<H> {
 }
 
 impl<H: Hal> Pvrdma<H> {
-    pub(crate) fn create_cq_impl(&self, entries: u32) -> Result<Cq<H>> {
+    pub(crate) fn create_cq_impl(&self, entries: u32, channel: Option<ChannelId>) -> Result<Cq<H>> {
         let op = Op::CreateCq;
         let max = self.max_cq_entries();
         if entries > max {
@@ -315,6 +318,7 @@ impl<H: Hal> Pvrdma<H> {
             deferred: AtomicU32::new(0),
             stale: AtomicU32::new(0),
             poll_bell: r.cq_handle | db::CQ_POLL,
+            slot: None,
         };
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
@@ -328,19 +332,56 @@ impl<H: Hal> Pvrdma<H> {
             }
             return Err(Error::bad_value(op, field, value));
         }
+        let hub = self.events.hub();
+        let mut cq = cq;
+        cq.slot = hub.attach(cq.handle, channel);
+        if cq.slot.is_none() && channel.is_some() {
+            // A CQ on a channel must be able to raise events.
+            let e = Error::Resource(Resource::Objects {
+                object: Object::CqEventSlot,
+                limit: crate::events::CQ_SLOTS as u32,
+            });
+            if let Err((cq, _)) = self.destroy_cq_impl(cq) {
+                core::mem::forget(cq);
+            }
+            return Err(e);
+        }
         Ok(cq)
     }
 
+    /// Arms `cq` for its next (or next solicited) completion (`ibv_req_notify_cq`): the hub
+    /// records it before the device is told, after the notifications so far are taken (so
+    /// that they do not count against the arm, and the device's ring has room).
+    pub(crate) fn req_notify_impl(&self, cq: &Cq<H>, solicited: bool) -> Result<()> {
+        let slot = cq.slot.ok_or(Error::Resource(Resource::Objects {
+            object: Object::CqEventSlot,
+            limit: crate::events::CQ_SLOTS as u32,
+        }))?;
+        self.events.drain();
+        let arm = if solicited { Arm::Solicited } else { Arm::Next };
+        self.events.hub().arm(slot, arm);
+        super::wqe::before_doorbell();
+        self.uar
+            .write32(db::CQ, cq.handle | self.events.arm_bits(solicited));
+        Ok(())
+    }
+
     pub(crate) fn destroy_cq_impl(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
-        if cq.users.load(Ordering::Relaxed) != 0 {
-            // A QP (perhaps one leaked with mem::forget) still completes here.
+        let hub = self.events.hub();
+        if cq.users.load(Ordering::Relaxed) != 0 || cq.slot.is_some_and(|s| hub.unacked(s) != 0) {
+            // A QP (perhaps one leaked with mem::forget) still completes here, or events taken
+            // from its channel are not acknowledged (`ibv_destroy_cq`'s rule).
             return Err((cq, Error::Busy { op: Op::DestroyCq }));
         }
         let code = (Op::DestroyCq, abi::opcode::DESTROY_CQ);
-        let handle = cq.handle;
+        let (handle, slot) = (cq.handle, cq.slot);
         self.state
             .lock()
-            .destroy(&self.regs, crate::error::Object::Cq, code, handle, cq)
+            .destroy(&self.regs, crate::error::Object::Cq, code, handle, cq)?;
+        if let Some(s) = slot {
+            hub.detach(s);
+        }
+        Ok(())
     }
 }
 

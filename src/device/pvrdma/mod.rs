@@ -10,8 +10,8 @@
 //! check the paired vmxnet3 at function 0, size and map BAR1 (registers) and BAR2 (UAR), enable
 //! memory decoding and bus mastering, read VERSION, build the shared region (DSR) with the
 //! command/response slots and the two notification rings, write DSRLOW then DSRHIGH (the device
-//! loads it and writes its capabilities back), validate them, mask interrupts (this driver
-//! polls), ACTIVATE, and require ERR = 0.
+//! loads it and writes its capabilities back), validate them, set up MSI-X when asked
+//! ([`Config::interrupts`]; `irq`), open or mask interrupts, ACTIVATE, and require ERR = 0.
 
 mod abi;
 mod ah;
@@ -19,6 +19,7 @@ mod bringup;
 mod cmd;
 mod cq;
 mod cursor;
+mod irq;
 mod layout;
 mod mr;
 mod pdir;
@@ -36,6 +37,7 @@ pub use ah::Ah;
 pub use bringup::find;
 pub use cq::Cq;
 pub use cursor::Poll;
+pub use irq::{VECTOR_ASYNC, VECTOR_COMMAND, VECTOR_CQ, VECTORS};
 pub use mr::Mr;
 pub use qp::Qp;
 pub use ring::WqCursor;
@@ -59,6 +61,12 @@ pub struct Config {
     pub poll_limit: u32,
     /// Which send operations the driver posts.
     pub opcodes: Opcodes,
+    /// Take interrupts: set up MSI-X with the HAL's messages
+    /// ([`Hal::msi_message`](bareverbs_hal::Hal::msi_message)) and unmask the device; the
+    /// embedder's handlers call [`Pvrdma::interrupt`]. Off (the default), the driver polls,
+    /// and completion channels and futures still work: they take the device's notifications
+    /// when they are asked.
+    pub interrupts: bool,
 }
 
 impl Default for Config {
@@ -66,6 +74,7 @@ impl Default for Config {
         Config {
             poll_limit: 1 << 22,
             opcodes: Opcodes::SendOnly,
+            interrupts: false,
         }
     }
 }
@@ -135,6 +144,8 @@ pub struct Pvrdma<H: Hal> {
     opcodes: Opcodes,
     /// The bound GIDs (a copy of the command lock's bitmap the data path reads without it).
     gid_bits: [core::sync::atomic::AtomicU64; 4],
+    /// Interrupts, the notification rings and the event hub.
+    events: irq::Events<H>,
 }
 
 /// What the command lock protects: the channel, and the driver's count of device objects (the
@@ -156,7 +167,8 @@ impl<H: Hal> State<H> {
             Object::Cq => 1,
             Object::Qp => 2,
             Object::Srq => 3,
-            Object::Mr | Object::Gid => 4,
+            // (Event slots and channels are the driver's, never counted here.)
+            Object::Mr | Object::Gid | Object::CqEventSlot | Object::CompletionChannel => 4,
         }
     }
 

@@ -45,6 +45,21 @@ impl<H: Hal> Pvrdma<H> {
         }
     }
 
+    /// Whether a poll of `cq` would find something: a CQE in the ring (after the POLL
+    /// doorbell, as a poll rings it), a flush or a refusal to report.
+    pub(crate) fn cq_ready_impl(&self, cq: &Cq<H>) -> bool {
+        let ring = &cq.ring;
+        let pending = || {
+            ring.prod().load(Ordering::Acquire) != ring.cons().load(Ordering::Relaxed)
+                || cq.flushing.load(Ordering::Acquire) | cq.deferred.load(Ordering::Acquire) != 0
+        };
+        if pending() {
+            return true;
+        }
+        self.uar.write32(db::CQ, cq.poll_bell);
+        pending()
+    }
+
     /// The poll of one completion (`out` has one entry) on a CQ with something to report,
     /// inline and straight-line: the ring's index checked, the CQE taken if it is one of the
     /// cached QP that is the next outstanding request of its queue (`fast_cqe`). Every other

@@ -5,7 +5,7 @@
 use core::mem::offset_of;
 use core::sync::atomic::Ordering;
 
-use bareverbs_hal::{Hal, Mmio};
+use bareverbs_hal::Hal;
 
 use super::abi::{self, Caps};
 use super::cq::Cq;
@@ -13,9 +13,10 @@ use super::cursor::Poll;
 use super::mr::Mr;
 use super::qp::Qp;
 use super::srq::Srq;
-use super::{Ah, Pd, PrivateMem, Pvrdma, WqCursor, layout, regs, wqe};
+use super::{Ah, Pd, PrivateMem, Pvrdma, WqCursor, layout, regs};
 use crate::dma::Dma;
 use crate::error::{EBUSY, Error, Feature, Object, Op, Param, Result, Unsupported};
+use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
     AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
     QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
@@ -213,15 +214,36 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Pvrdma::poll_qp(self, cq, qp.handle(), wc)
     }
 
-    fn arm_cq(&self, cq: &Cq<H>, solicited_only: bool) {
-        // QEMU arms only when bits 30 and 29 are both set; bit 30 alone disarms (§9).
-        let bits = if solicited_only {
-            regs::db::CQ_ARM_SOL
-        } else {
-            regs::db::CQ_ARM | regs::db::CQ_ARM_SOL
-        };
-        wqe::before_doorbell();
-        self.uar.write32(regs::db::CQ, cq.handle() | bits);
+    fn req_notify_cq(&self, cq: &Cq<H>, solicited_only: bool) -> Result<()> {
+        self.req_notify_impl(cq, solicited_only)
+    }
+
+    fn cq_ready(&self, cq: &Cq<H>) -> bool {
+        self.cq_ready_impl(cq)
+    }
+
+    fn cq_id(&self, cq: &Cq<H>) -> CqId {
+        CqId(cq.handle)
+    }
+
+    fn cq_slot(&self, cq: &Cq<H>) -> Option<Slot> {
+        cq.slot
+    }
+
+    fn events(&self) -> &EventHub {
+        self.events.hub()
+    }
+
+    fn process_events(&self) {
+        self.events.drain();
+    }
+
+    fn interrupt(&self, vector: u16) {
+        Pvrdma::interrupt(self, vector)
+    }
+
+    fn next_async_event(&self) -> Option<AsyncEvent> {
+        Pvrdma::next_async_event(self)
     }
 
     fn caps(&self) -> &DeviceCaps {
@@ -311,8 +333,8 @@ impl<H: Hal> Provider for Pvrdma<H> {
             .destroy(&self.regs, Object::Pd, code, handle, pd)
     }
 
-    unsafe fn create_cq(&self, entries: u32) -> Result<Cq<H>> {
-        self.create_cq_impl(entries)
+    unsafe fn create_cq(&self, entries: u32, channel: Option<ChannelId>) -> Result<Cq<H>> {
+        self.create_cq_impl(entries, channel)
     }
 
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {

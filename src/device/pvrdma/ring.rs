@@ -37,7 +37,7 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     /// The ring of `slots` slots of `stride` bytes (both powers of two) in `mem`: state words
-    /// at byte `state`, slots from page `data_page`.
+    /// at byte `state` of `mem`, slots from page `data_page`.
     ///
     /// # Panics
     ///
@@ -54,7 +54,9 @@ impl Ring {
         assert!(slots.is_power_of_two() && slots <= 1 << 24 && stride.is_power_of_two());
         let end = data_page * PAGE_SIZE + slots as usize * stride as usize;
         assert!(
-            state + 8 <= PAGE_SIZE && end <= mem.pages() * PAGE_SIZE,
+            state.is_multiple_of(4)
+                && state + 8 <= mem.pages() * PAGE_SIZE
+                && end <= mem.pages() * PAGE_SIZE,
             "ring outside its memory"
         );
         // SAFETY: both offsets were checked to lie inside `mem` just above.

@@ -465,6 +465,25 @@ impl Device {
         true
     }
 
+    /// Hostile: writes `handles` into the CQ-notification ring whatever its consumer says
+    /// (overrunning it), sets its producer index to `prod` if given (else past the entries),
+    /// and raises vector 2.
+    pub(crate) fn notify_storm(&mut self, ctx: &mut Ctx<'_>, handles: &[u32], prod: Option<u32>) {
+        let (Some(&state), Some(&data)) = (self.ring_pages.first(), self.ring_pages.get(1)) else {
+            return;
+        };
+        let Some(b) = ctx.rd(state + 8, 4) else {
+            return;
+        };
+        let mut p = le32(&b, 0);
+        for h in handles {
+            ctx.wr(data + u64::from(p & 1023) * 4, &h.to_le_bytes());
+            p = p.wrapping_add(1) & 2047;
+        }
+        ctx.wr(state + 8, &prod.unwrap_or(p).to_le_bytes());
+        self.raised.push(2);
+    }
+
     fn load_dsr(&mut self, ctx: &mut Ctx<'_>) {
         self.loaded = None;
         self.ring_pages.clear();

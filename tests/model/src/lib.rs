@@ -275,9 +275,13 @@ struct Inner {
 #[derive(Clone)]
 pub struct Model {
     inner: Arc<Mutex<Inner>>,
-    /// Benchmark switches: free doorbells, and the plain UAR page.
+    /// Benchmark switches: free doorbells, and the plain UAR page; the CPU side of MSI-X.
     bench: Arc<BenchState>,
 }
+
+/// What the model's "CPU" runs for an MSI-X message (address, data): an embedder's interrupt
+/// handler.
+pub type MsiHandler = Arc<dyn Fn(u64, u32) + Send + Sync>;
 
 /// What benchmarks set (shared by clones).
 struct BenchState {
@@ -285,6 +289,9 @@ struct BenchState {
     free_doorbells: AtomicBool,
     /// The plain UAR page ([`Model::set_plain_uar`]).
     plain_uar: Arc<PlainUar>,
+    /// The handler MSI-X messages are delivered to, synchronously
+    /// ([`Model::set_msi_handler`]).
+    cpu: Mutex<Option<MsiHandler>>,
 }
 
 /// A UAR as plain memory: what BAR2 mappings made in plain mode write to.
@@ -338,7 +345,32 @@ impl Model {
                     on: AtomicBool::new(false),
                     words: std::array::from_fn(|_| AtomicU32::new(0)),
                 }),
+                cpu: Mutex::new(None),
             }),
+        }
+    }
+
+    /// Delivers every MSI-X message the device sends from now on to `handler`, synchronously,
+    /// as a CPU takes an interrupt: right after the register, doorbell or configuration write
+    /// that raised it (the model's lock released), inside the driver's call that wrote it.
+    /// `None` goes back to collecting them for [`take_msi`](Self::take_msi).
+    pub fn set_msi_handler(&self, handler: Option<MsiHandler>) {
+        *self.bench.cpu.lock().unwrap_or_else(|p| p.into_inner()) = handler;
+    }
+
+    /// Runs the handler for the messages sent, if there is one.
+    fn run_msi_handler(&self) {
+        let h = self
+            .bench
+            .cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(h) = h {
+            let msgs = self.lock().pci.take_msi();
+            for (address, data) in msgs {
+                h(address, data);
+            }
         }
     }
 
@@ -568,6 +600,8 @@ impl Model {
         };
         let r = f(dev, &mut ctx);
         g.deliver_interrupts();
+        drop(g);
+        self.run_msi_handler();
         r
     }
 
@@ -581,6 +615,12 @@ impl Model {
     /// device does; QEMU never does. False when there is no ring to post to or it is full.
     pub fn post_async(&self, kind: u32, info: u32) -> bool {
         self.on_device(false, |dev, ctx| dev.post_async(ctx, kind, info))
+    }
+
+    /// Hostile: writes `handles` into the CQ-notification ring over whatever is there, sets
+    /// its producer index to `prod` (or just past them), and raises vector 2.
+    pub fn notify_storm(&self, handles: &[u32], prod: Option<u32>) {
+        self.on_device(false, |dev, ctx| dev.notify_storm(ctx, handles, prod));
     }
 
     /// The MSI-X messages the PVRDMA sent since the last call, in order: (address, data) as
@@ -694,7 +734,18 @@ unsafe impl Hal for Model {
     fn virt_to_phys(&self, vaddr: std::ptr::NonNull<u8>) -> Option<u64> {
         self.lock().mem.virt_to_phys(vaddr.as_ptr())
     }
+
+    /// Vector `v` to the local APIC of CPU 0 at CPU vector [`MSI_FIRST_VECTOR`] + `v`.
+    fn msi_message(&self, vector: u16) -> Option<bareverbs_hal::MsiMessage> {
+        Some(bareverbs_hal::MsiMessage {
+            address: 0xFEE0_0000,
+            data: MSI_FIRST_VECTOR + u32::from(vector),
+        })
+    }
 }
+
+/// The CPU vector the model's HAL routes the device's vector 0 to (1 and 2 follow).
+pub const MSI_FIRST_VECTOR: u32 = 0x30;
 
 impl ConfigRegionAccess for Model {
     unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
@@ -717,6 +768,8 @@ impl ConfigRegionAccess for Model {
             pci, violations, ..
         } = &mut *g;
         pci.write(address, offset, value, violations);
+        drop(g);
+        self.run_msi_handler();
     }
 }
 
@@ -937,5 +990,7 @@ impl Model {
             _ => dev.doorbell(&mut ctx, offset, value),
         }
         g.deliver_interrupts();
+        drop(g);
+        self.run_msi_handler();
     }
 }

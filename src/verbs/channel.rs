@@ -1,0 +1,60 @@
+//! Completion channels (`ibv_comp_channel`): where the events of the CQs created on one are
+//! read (`ibv_get_cq_event`), then acknowledged on the CQ (`ibv_ack_cq_events`).
+
+use super::{Context, CqEventFuture, Provider};
+use crate::error::{Error, Object, Resource, Result};
+use crate::events::{CHANNELS, ChannelId, CqId};
+
+/// A completion channel. CQs created on it ([`Context::create_cq_with_channel`]) borrow it,
+/// so it outlives them; dropping it closes it.
+pub struct CompletionChannel<'c, P: Provider> {
+    ctx: &'c Context<P>,
+    id: ChannelId,
+}
+
+impl<'c, P: Provider> CompletionChannel<'c, P> {
+    pub(super) fn open(ctx: &'c Context<P>) -> Result<Self> {
+        let id = ctx
+            .provider()
+            .events()
+            .open_channel()
+            .ok_or(Error::Resource(Resource::Objects {
+                object: Object::CompletionChannel,
+                limit: CHANNELS as u32,
+            }))?;
+        Ok(CompletionChannel { ctx, id })
+    }
+
+    pub(super) fn id(&self) -> ChannelId {
+        self.id
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &'c Context<P> {
+        self.ctx
+    }
+
+    /// Takes the next event of one of its CQs (`ibv_get_cq_event` on a non-blocking channel):
+    /// the CQ's identity (compare with [`CompletionQueue::id`](super::CompletionQueue::id)),
+    /// or `None` when there is none now. The device's pending notifications are taken first,
+    /// so a channel works without interrupts too. Each event returned must be acknowledged
+    /// ([`CompletionQueue::ack_events`](super::CompletionQueue::ack_events)) before its CQ
+    /// can be destroyed.
+    pub fn get_cq_event(&self) -> Option<CqId> {
+        let p = self.ctx.provider();
+        p.process_events();
+        p.events().take_event(self.id)
+    }
+
+    /// A future of the next event (`ibv_get_cq_event` on a blocking channel), woken from the
+    /// CQ-notification interrupt.
+    pub fn cq_event(&self) -> CqEventFuture<'_, 'c, P> {
+        CqEventFuture::new(self)
+    }
+}
+
+impl<P: Provider> Drop for CompletionChannel<'_, P> {
+    fn drop(&mut self) {
+        self.ctx.provider().events().close_channel(self.id);
+    }
+}
