@@ -298,7 +298,11 @@ fn ping_pong_until_the_ring_is_full(model: &Model, ctx: &Ctx) {
     cq.req_notify(false).expect("arm");
     one(&pool, &mut a, &mut b);
     assert_eq!(model.counters().2, 2, "the armed CQ's interrupt");
-    assert_eq!(model.notify_ring_full(), full, "nothing dropped after the drain");
+    assert_eq!(
+        model.notify_ring_full(),
+        full,
+        "nothing dropped after the drain"
+    );
     assert_eq!(ctx.irq_counts().notifications, 1024);
 }
 
