@@ -5,6 +5,7 @@
 mod common;
 
 use bareverbs_model::{Model, ModelConfig};
+use bareverbs_unikernel::wait::Polling;
 use bareverbs_unikernel::{CAP_SETS, Verdict, run};
 use common::*;
 
@@ -16,7 +17,7 @@ fn the_demo_passes_on_the_model_and_returns_every_page() {
 fn demo_passes() {
     let model = model();
     let mut out = String::new();
-    let verdict = run(model.clone(), &model, &mut out, CONFIG);
+    let verdict = run(model.clone(), &model, &mut out, CONFIG, &mut Polling);
     assert_eq!(verdict, Ok(Verdict::Pass), "{out}");
     assert_eq!(model.outstanding_pages(), 0, "{out}");
     assert_clean(&model);
@@ -66,7 +67,7 @@ fn demo_reports_failure() {
     let model = model();
     let mut out = String::new();
     model.fail_command(3, 5); // QUERY_PORT, QUERY_PKEY, then CREATE_BIND
-    let f = run(model.clone(), &model, &mut out, CONFIG).unwrap_err();
+    let f = run(model.clone(), &model, &mut out, CONFIG, &mut Polling).unwrap_err();
     assert_eq!(f.step, "bind GID 0");
     assert_eq!(
         model.outstanding_pages(),
@@ -88,7 +89,7 @@ fn no_pvrdma() {
         ..Default::default()
     });
     let mut out = String::new();
-    let f = run(model.clone(), &model, &mut out, CONFIG).unwrap_err();
+    let f = run(model.clone(), &model, &mut out, CONFIG, &mut Polling).unwrap_err();
     assert_eq!(f.step, "bring-up");
     assert_eq!(
         f.error,

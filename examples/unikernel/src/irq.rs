@@ -23,6 +23,8 @@ use x86_64::instructions::port::Port;
 use x86_64::registers::model_specific::Msr;
 use x86_64::structures::idt::InterruptDescriptorTable;
 
+use bareverbs_unikernel::wait::{Cpu, Entry};
+
 use crate::console::{Exit, Serial, exit};
 
 /// The vectors a device's MSI-X entries may name: 0x30 + entry index (3 entries on PVRDMA).
@@ -140,6 +142,36 @@ struct Idt(UnsafeCell<MaybeUninit<InterruptDescriptorTable>>);
 // interrupts off; never accessed from Rust afterwards.
 unsafe impl Sync for Idt {}
 static IDT: Idt = Idt(UnsafeCell::new(MaybeUninit::uninit()));
+
+/// The driver entry the device vectors go to.
+struct Route(UnsafeCell<Option<Entry>>);
+// SAFETY: one CPU; written only by `route`, with interrupts off (outside `wait`), so never
+// while the handler that reads it runs.
+unsafe impl Sync for Route {}
+static ROUTE: Route = Route(UnsafeCell::new(None));
+
+/// Sends the device vectors to `entry` (or nowhere). Called with interrupts off, as all code
+/// outside [`wait`] runs.
+pub fn route(entry: Option<Entry>) {
+    // SAFETY: see `Route`: the handler cannot run now (interrupts are off).
+    unsafe { *ROUTE.0.get() = entry };
+}
+
+/// The kernel's CPU as the demo waits on it.
+pub struct KernelCpu;
+
+impl Cpu for KernelCpu {
+    fn route(&mut self, entry: Option<Entry>) {
+        route(entry);
+    }
+    fn halt(&mut self) -> bool {
+        wait();
+        true
+    }
+    fn ticks(&self) -> u32 {
+        count(TIMER_VECTOR)
+    }
+}
 
 const LAPIC_ID: u32 = 0x020;
 const LAPIC_TPR: u32 = 0x080;
@@ -285,6 +317,15 @@ pub fn self_test() -> Result<u32, &'static str> {
 extern "C" fn irq_dispatch(vector: u64) {
     let v = vector as u8;
     COUNTS[v as usize].fetch_add(1, Ordering::Relaxed);
+    if DEVICE_VECTORS.contains(&v) {
+        // SAFETY: see `Route`: written only with interrupts off, so stable while this runs;
+        // `route(None)` comes before the context it names goes.
+        if let Some(e) = unsafe { *ROUTE.0.get() } {
+            // SAFETY: the entry's context is alive while it is routed (the demo unroutes
+            // before dropping it).
+            unsafe { e.run(u16::from(v - DEVICE_VECTORS.start)) };
+        }
+    }
     if v != SPURIOUS_VECTOR {
         lapic_write(LAPIC_EOI, 0);
     }

@@ -20,6 +20,7 @@
 use core::fmt::Write;
 
 pub mod peer;
+pub mod wait;
 
 use bareverbs::Context;
 use bareverbs::device::pvrdma::{self, Config, Pvrdma};
@@ -27,6 +28,7 @@ use bareverbs::error::{Error, Unsupported};
 use bareverbs::hal::{ConfigRegionAccess, Hal};
 use bareverbs::pci;
 use bareverbs::verbs::*;
+use wait::{Cpu, Entry};
 
 /// How the demo ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,12 +97,21 @@ pub const CAP_SETS: [(u32, u32, u32, u32); 4] = [
     (2048, 1, 4, 1),
 ];
 
+/// RC round trips in which every completion is waited for.
+pub const ROUND_TRIPS: u64 = 64;
+
 /// Runs the demo: `out` receives the report. The caller checks DMA pages afterwards.
+///
+/// With [`Config::interrupts`], the device's interrupts are routed through `cpu` to the
+/// driver, every wait for a completion halts the CPU until its interrupt, and the report ends
+/// with the interrupt counts (`interrupts: command …, async …, cq …`) and the waits (`waits:
+/// halted …, spun …`).
 pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     hal: H,
     pci: &C,
     out: &mut W,
     config: Config,
+    cpu: &mut dyn Cpu,
 ) -> Result<Verdict, Failure> {
     let _ = writeln!(out, "PCI functions:");
     for f in pci::scan(pci) {
@@ -136,6 +147,9 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
         dev.version()
     );
     let ctx = Context::new(dev);
+    // Routed until dropped (before `ctx`: declared after it).
+    let irq = ctx.provider().interrupts_enabled();
+    let cpu = Routed::new(cpu, irq.then(|| Entry::of(&ctx)));
     // What the device reports, as Linux's ibv_devinfo shows it (compare.sh compares the two);
     // ctx.caps() is the subset creation accepts.
     report_caps(&ctx.provider().device_caps(), out);
@@ -238,14 +252,17 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
 
     // The safe path's buffers: one registered region carved into 4 KiB buffers.
     let pool = pd.buffer_pool(8, 4096).at("register buffer pool")?;
-    // An RC pair connected to each other, through RESET → INIT → RTR → RTS.
+    // An RC pair connected to each other, through RESET → INIT → RTR → RTS, on CQs of its own
+    // (what it waits for is then always its own: a wait halts until the CQ's interrupt).
+    let pair_scq = ctx.create_cq(64).at("create the pair's send CQ")?;
+    let pair_rcq = ctx.create_cq(64).at("create the pair's recv CQ")?;
     let a = pd
-        .qp_builder(&send_cq, &recv_cq)
+        .qp_builder(&pair_scq, &pair_rcq)
         .pool(&pool)
         .build::<Rc>()
         .at("create RC a")?;
     let b = pd
-        .qp_builder(&send_cq, &recv_cq)
+        .qp_builder(&pair_scq, &pair_rcq)
         .pool(&pool)
         .build::<Rc>()
         .at("create RC b")?;
@@ -287,8 +304,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
         *x = pattern(i);
     }
     a.post_send(2, outbox).at("RC post_send")?;
-    let got = wait(&mut b, "RC receive")?;
-    let sent = wait(&mut a, "RC send completion")?;
+    let got = wait(&mut b, &pair_rcq, &mut *cpu.0, "RC receive")?;
+    let sent = wait(&mut a, &pair_scq, &mut *cpu.0, "RC send completion")?;
     check(&got, 1000, 0, pattern, "RC payload")?;
     let _ = writeln!(
         out,
@@ -296,6 +313,34 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
         got.wc.byte_len, sent.wc.status
     );
     drop((got, sent));
+    // Round trips, each completion waited for: with interrupts, the CPU halts for each.
+    for i in 0..ROUND_TRIPS {
+        b.post_recv(10 + i, take()?).at("RC post_recv (round trips)")?;
+        let mut m = take()?;
+        m.set_len(64).at("RC buffer length")?;
+        a.post_send(1000 + i, m).at("RC post_send (round trips)")?;
+        let got = wait(&mut b, &pair_rcq, &mut *cpu.0, "RC receive (round trips)")?;
+        let sent = wait(&mut a, &pair_scq, &mut *cpu.0, "RC send (round trips)")?;
+        let ok = got.wc.status == WcStatus::Success
+            && got.wc.byte_len == 64
+            && got.wc.wr_id == 10 + i
+            && sent.wc.status == WcStatus::Success
+            && sent.wc.wr_id == 1000 + i;
+        if !ok {
+            let error = Error::Busy {
+                op: bareverbs::error::Op::PollCq,
+            };
+            return Err(Failure {
+                step: "RC round trip completions",
+                error,
+            });
+        }
+        drop((got, sent));
+    }
+    let _ = writeln!(
+        out,
+        "RC round trips: {ROUND_TRIPS} of 64 bytes, each completion waited for"
+    );
 
     // UD straight to RTS; the qkey and sq_psn read back; RTS → RESET.
     let ud = pd
@@ -330,8 +375,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     let ah = pd.create_ah(&av).at("create address handle")?;
     ud.post_send_to(4, outbox, (&ah, ud2.qp_num(), 0x2222_2222))
         .at("UD post_send")?;
-    let got = wait(&mut ud2, "UD receive")?;
-    let sent = wait(&mut ud, "UD send completion")?;
+    let got = wait(&mut ud2, &recv_cq, &mut *cpu.0, "UD receive")?;
+    let sent = wait(&mut ud, &send_cq, &mut *cpu.0, "UD send completion")?;
     check(&got, 40 + 512, 40, pattern, "UD payload")?;
     let _ = writeln!(
         out,
@@ -354,6 +399,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     ud.destroy().at("destroy UD")?;
     a.destroy().at("destroy RC a")?;
     b.destroy().at("destroy RC b")?;
+    pair_rcq.destroy().at("destroy the pair's recv CQ")?;
+    pair_scq.destroy().at("destroy the pair's send CQ")?;
     on_srq.destroy().at("destroy RC on SRQ")?;
     srq.destroy().at("destroy SRQ")?;
     srq_cq.destroy().at("destroy SRQ CQ")?;
@@ -372,24 +419,67 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     send_cq.destroy().at("destroy send CQ")?;
     pd.destroy().at("destroy PD")?;
     gid.unbind().at("unbind GID")?;
+    if irq {
+        let c = ctx.irq_counts();
+        let _ = writeln!(
+            out,
+            "interrupts: command {}, async {}, cq {}",
+            c.command, c.async_events, c.cq
+        );
+        let (halted, spun) = wait::counts();
+        let _ = writeln!(out, "waits: halted {halted}, spun {spun}");
+    }
+    drop(cpu);
     drop(ctx);
     Ok(Verdict::Pass)
 }
 
-/// Polls `qp` until a completion arrives (QEMU completes asynchronously), bounded.
+/// The device's interrupts routed to a context through the embedder's CPU, unrouted when
+/// dropped.
+struct Routed<'a>(&'a mut dyn Cpu);
+
+impl<'a> Routed<'a> {
+    fn new(cpu: &'a mut dyn Cpu, entry: Option<Entry>) -> Self {
+        cpu.route(entry);
+        Routed(cpu)
+    }
+}
+
+impl Drop for Routed<'_> {
+    fn drop(&mut self) {
+        self.0.route(None);
+    }
+}
+
+/// Takes the next completion of `qp`, whose completions come to `cq`: while there is none,
+/// waits for the CQ (armed; the CPU halts until its interrupt, or polls without interrupts),
+/// a bounded number of times.
 fn wait<'a, P: Provider, T: Transport, S: State>(
     qp: &mut QueuePair<'a, P, T, S>,
+    cq: &CompletionQueue<'_, P>,
+    cpu: &mut dyn Cpu,
     step: &'static str,
 ) -> Result<Completion<'a, P>, Failure> {
-    for _ in 0..10_000_000 {
-        if let Some(c) = qp.poll_one().at(step)? {
-            return Ok(c);
-        }
-        core::hint::spin_loop();
-    }
     let error = Error::Timeout {
         op: bareverbs::error::Op::PollCq,
     };
+    for _ in 0..10_000_000 {
+        // Wait first: a poll's POLL doorbell would make QEMU harvest the completion at once,
+        // and the interrupt path would never be taken.
+        if cpu.takes_interrupts() {
+            let spun = wait::counts().1;
+            wait::block_on(cpu, cq.ready()).at(step)?;
+            if wait::counts().1 != spun {
+                // A wait that the interrupt did not end: the wake-up was lost.
+                return Err(Failure { step, error });
+            }
+        } else {
+            core::hint::spin_loop();
+        }
+        if let Some(c) = qp.poll_one().at(step)? {
+            return Ok(c);
+        }
+    }
     Err(Failure { step, error })
 }
 

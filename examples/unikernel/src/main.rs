@@ -21,6 +21,7 @@ use core::ptr::NonNull;
 use bareverbs::device::pvrdma::Config;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 use bareverbs_unikernel::peer::{self, Line};
+use bareverbs_unikernel::wait::Polling;
 use bareverbs_unikernel::{Verdict, run};
 use console::{Exit, Serial, exit};
 
@@ -55,6 +56,33 @@ impl Line for Serial {
 }
 
 /// The IPv4 address of `bvpeer=A.B.C.D` on the PVH command line, if there is one.
+/// Whether the PVH command line has the word `word`.
+fn cmdline_has(start_info: u32, word: &str) -> bool {
+    let mut buf = [0u8; 256];
+    cmdline(start_info, &mut buf).is_some_and(|t| t.split_ascii_whitespace().any(|w| w == word))
+}
+
+/// The PVH command line, read into `buf`.
+fn cmdline(start_info: u32, buf: &mut [u8; 256]) -> Option<&str> {
+    let info = start_info as usize as *const u8;
+    // SAFETY: as in `peer_ip`.
+    let cmdline = unsafe { info.add(24).cast::<u64>().read_unaligned() } as usize as *const u8;
+    if cmdline.is_null() {
+        return None;
+    }
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: QEMU's command line string, read up to its NUL (bounded by the buffer).
+        let b = unsafe { cmdline.add(len).read_volatile() };
+        if b == 0 {
+            break;
+        }
+        buf[len] = b;
+        len += 1;
+    }
+    core::str::from_utf8(&buf[..len]).ok()
+}
+
 fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
     let info = start_info as usize as *const u8;
     // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
@@ -174,10 +202,25 @@ extern "C" fn kmain(start_info: u32) -> ! {
     let dma = unsafe { DmaRegion::new(pa, vaddr, pages) };
     // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
     // BARs lie in that hole.
-    let hal = unsafe { IdentityHal::new(&dma, 0) };
+    // Device vector v arrives at CPU vector 0x30 + v on this CPU's LAPIC.
+    let msi = 0xFEE0_0000 | u64::from(apic) << 12;
+    let hal = unsafe { IdentityHal::new(&dma, 0) }.with_msi(msi, u32::from(irq::DEVICE_VECTORS.start));
     // SAFETY: a PC has configuration mechanism #1; this kernel is the only user of the ports.
     let pci = unsafe { PortIoConfig::new() };
-    match run(hal, &pci, &mut Serial, Config::default()) {
+    // `bvirq` on the command line: interrupt-driven waits (MSI-X, halts). Not the default yet:
+    // on QEMU's real pvrdma in the lab they hang after the first exchange (issue 11, open).
+    let irq_mode = cmdline_has(start_info, "bvirq");
+    let config = Config {
+        interrupts: irq_mode,
+        ..Config::default()
+    };
+    let (mut kernel_cpu, mut polling) = (irq::KernelCpu, Polling);
+    let cpu: &mut dyn bareverbs_unikernel::wait::Cpu = if irq_mode {
+        &mut kernel_cpu
+    } else {
+        &mut polling
+    };
+    match run(hal, &pci, &mut Serial, config, cpu) {
         Ok(Verdict::NoDevice) => exit(Exit::NoDevice),
         Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
@@ -212,6 +255,16 @@ extern "C" fn kmain(start_info: u32) -> ! {
             exit(Exit::Fail)
         }
         Err(f) => {
+            let v = |i: u8| irq::count(irq::DEVICE_VECTORS.start + i);
+            let _ = writeln!(
+                Serial,
+                "CPU: device vectors taken {} / {} / {}, timer ticks {}, halts {}",
+                v(0),
+                v(1),
+                v(2),
+                irq::count(irq::TIMER_VECTOR),
+                irq::halts()
+            );
             let _ = writeln!(Serial, "bareverbs: FAIL {f}");
             exit(Exit::Fail)
         }

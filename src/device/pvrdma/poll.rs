@@ -45,19 +45,13 @@ impl<H: Hal> Pvrdma<H> {
         }
     }
 
-    /// Whether a poll of `cq` would find something: a CQE in the ring (after the POLL
-    /// doorbell, as a poll rings it), a flush or a refusal to report.
+    /// Whether a poll of `cq` would find something now: a CQE in the ring, a flush or a
+    /// refusal to report. It does not ring the POLL doorbell (a waiter relies on the device's
+    /// own completion thread and its interrupt; a poll rings it).
     pub(crate) fn cq_ready_impl(&self, cq: &Cq<H>) -> bool {
         let ring = &cq.ring;
-        let pending = || {
-            ring.prod().load(Ordering::Acquire) != ring.cons().load(Ordering::Relaxed)
-                || cq.flushing.load(Ordering::Acquire) | cq.deferred.load(Ordering::Acquire) != 0
-        };
-        if pending() {
-            return true;
-        }
-        self.uar.write32(db::CQ, cq.poll_bell);
-        pending()
+        ring.prod().load(Ordering::Acquire) != ring.cons().load(Ordering::Relaxed)
+            || cq.flushing.load(Ordering::Acquire) | cq.deferred.load(Ordering::Acquire) != 0
     }
 
     /// The poll of one completion (`out` has one entry) on a CQ with something to report,
