@@ -345,6 +345,14 @@ pub enum Op {
     PostRecv,
     /// Polling a completion queue.
     PollCq,
+    /// Resizing a completion queue.
+    ResizeCq,
+    /// Modifying a shared receive queue (arming its limit).
+    ModifySrq,
+    /// Querying a shared receive queue.
+    QuerySrq,
+    /// Reading a GID table entry.
+    QueryGid,
 }
 
 /// What a device reported in an [`Error::Device`].
@@ -446,6 +454,9 @@ pub enum Feature {
     ReinitAfterReset,
     /// Registering memory the embedder owns (the HAL cannot translate its addresses).
     UserMemory,
+    /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
+    /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
+    SrqModify,
 }
 
 /// What was not found, in an [`Error::NotFound`].

@@ -32,9 +32,10 @@ macro_rules! messages {
 use super::abi::*;
 messages!(
     requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind,
-        CreateQp, ModifyQp, QueryQp, CreateSrq, CreateMr;
+        CreateQp, ModifyQp, QueryQp, CreateSrq, CreateMr, ResizeCq, ModifySrq, QuerySrq;
     responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp,
-        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp, CreateMrResp
+        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp, CreateMrResp, ResizeCqResp,
+        QuerySrqResp
 );
 
 /// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie.

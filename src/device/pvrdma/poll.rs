@@ -502,7 +502,7 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
                 continue;
             }
             let (wr_id, mut tag) = q.posted(done);
-            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done, tail) {
+            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done) {
                 // The device took this receive and may still write its buffer (QEMU's host
                 // QP keeps it): the buffer is parked until the QP is destroyed.
                 q.park(done);

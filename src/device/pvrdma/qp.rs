@@ -413,7 +413,7 @@ impl<H: Hal> Pvrdma<H> {
             let mut n = done;
             while n != tail {
                 // `recv` false: nothing can write the buffers any more.
-                q.give_back(n, (done, tail), false, ctl.release);
+                q.give_back(n, done, false, ctl.release);
                 n = n.wrapping_add(1);
             }
         }

@@ -1084,36 +1084,55 @@ impl Device {
             return Err(HOST_ERRNO | EOPNOTSUPP);
         }
         let qp = self.qps[i].as_ref().expect("indexed");
-        // The host's struct ibv_qp_attr layout (§5.3).
-        let state = if qp.qp_type == QPT_GSI {
-            QPS_RTS
-        } else {
-            qp.host_state
-        };
-        let mtu = if qp.qp_type == QPT_RC && qp.host_state >= QPS_RTR {
-            3
-        } else {
-            0
-        };
+        if qp.qp_type == QPT_GSI {
+            // QP1 has no host QP: QEMU answers the state alone (the rest stays zeroed).
+            put32(resp, 0x10, QPS_RTS);
+            return Ok(());
+        }
+        // The host's struct ibv_qp_attr layout (§5.3), with the host QP's values as QEMU's
+        // modify set them (§8.3): only the fields up to qp_access_flags line up with PVRDMA's.
+        let h = qp.host_state;
+        let rc = qp.qp_type == QPT_RC;
+        let mtu = if rc && h >= QPS_RTR { 3 } else { 0 };
         for (off, v) in [
-            (0x10, state),
-            (0x14, state),
+            (0x10, h),
+            (0x14, h),
             (0x18, mtu),
             (0x1C, 0),
             (0x20, qp.qkey),
             (0x24, qp.rq_psn),
             (0x28, qp.sq_psn),
             (0x2C, qp.dest_qpn),
-            (0x30, 0),
+            (0x30, 0), // RC host QPs get access flags 0 at INIT
         ] {
             put32(resp, off, v);
         }
-        // Then the host's ibv_qp_cap and ibv_ah_attr, which do not line up with PVRDMA's
-        // fields: a driver reading PVRDMA's `cap` at 0x48 gets these bytes.
+        // Then the host's ibv_qp_cap (at 0x34), ibv_ah_attr (0x48), alt_ah_attr (0x68) and
+        // the byte fields (0x88…), none of which line up with PVRDMA's: a driver reading
+        // PVRDMA's `cap`, `ah_attr`, timeout… gets other fields' bytes.
         for (k, v) in qp.caps.iter().enumerate() {
             put32(resp, 0x34 + 4 * k, *v);
         }
-        resp[0x48..].fill(0x5A);
+        let host = |off: usize| 0x10 + off;
+        if rc && h >= QPS_RTR {
+            resp[host(0x38)..host(0x48)].copy_from_slice(&qp.dgid);
+            // The backend's GID index (≥ 1), not the guest's.
+            resp[host(0x4C)] = qp.sgid_index.wrapping_add(1);
+            resp[host(0x4D)] = 1; // hop limit
+            resp[host(0x55)] = 1; // is_global
+            resp[host(0x56)] = 1; // port
+            resp[host(0x7F)] = 1; // max_dest_rd_atomic
+            resp[host(0x80)] = 12; // min_rnr_timer
+        }
+        if h >= QPS_INIT {
+            resp[host(0x81)] = 1; // port: the backend's
+        }
+        if rc && h >= QPS_RTS {
+            resp[host(0x7E)] = 1; // max_rd_atomic
+            resp[host(0x82)] = 14; // timeout
+            resp[host(0x83)] = 7; // retry_cnt
+            resp[host(0x84)] = 7; // rnr_retry
+        }
         Ok(())
     }
 
