@@ -182,6 +182,10 @@ pub(crate) const ENOSPC: u32 = 28;
 pub enum Param {
     /// Completion queue entries.
     CqEntries,
+    /// The CQEs a completion queue must keep room for (reserved by the work queues of its
+    /// queue pairs, living or leaked): a resize below them is refused, with `value` the CQEs
+    /// in use and `max` the size asked.
+    CqEntriesInUse,
     /// Port number.
     Port,
     /// P_Key table index.

@@ -334,6 +334,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         if st.gids[word] & bit != 0 {
             return Err(Error::from_errno(Op::BindGid, EBUSY));
         }
+        st.gid_room(&self.hal)?;
         let gid_type = if self
             .dsr
             .read::<u8>(abi::DSR_CAPS_OFFSET + offset_of!(Caps, gid_types))
@@ -353,8 +354,10 @@ impl<H: Hal> Provider for Pvrdma<H> {
             ..Default::default()
         };
         st.chan
-            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
+            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)
+            .inspect_err(|_| st.forget_gid(index))?;
         st.gids[word] |= bit;
+        st.remember_gid(index, gid);
         self.gid_bits[word].fetch_or(bit, Ordering::Release);
         Ok(())
     }
@@ -370,7 +373,39 @@ impl<H: Hal> Provider for Pvrdma<H> {
         st.chan
             .command(&self.regs, Op::UnbindGid, abi::opcode::DESTROY_BIND, req)?;
         st.gids[word] &= !bit;
+        st.forget_gid(index);
         self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())
+    }
+
+    // --- The rest of the verbs surface (issue 11): `gid.rs`, `srq.rs`, `cq_resize.rs`,
+    // --- `qp_state.rs` (posting in ERR).
+
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.query_gid_impl(port, index)
+    }
+
+    fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>> {
+        self.next_gid_impl(port, from)
+    }
+
+    fn modify_srq(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
+        self.modify_srq_impl(srq, limit)
+    }
+
+    fn query_srq(&self, srq: &Srq<H>) -> Result<SrqAttr> {
+        self.query_srq_impl(srq)
+    }
+
+    fn resize_cq(&self, cq: &mut Cq<H>, entries: u32) -> Result<()> {
+        self.resize_cq_impl(cq, entries)
+    }
+
+    fn sq_commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        self.commit_flushed(qp, c, false)
+    }
+
+    fn rq_commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        self.commit_flushed(qp, c, true)
     }
 }

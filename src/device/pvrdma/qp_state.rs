@@ -6,11 +6,11 @@ use core::sync::atomic::Ordering;
 
 use bareverbs_hal::Hal;
 
-use super::Pvrdma;
 use super::abi::{self, opcode};
 use super::cq::CqLocks;
 use super::mr::{access_from_pvrdma, pvrdma_access};
 use super::qp::Qp;
+use super::{Pvrdma, WqCursor};
 use crate::error::{Attr, Error, Feature, Op, Result, Unsupported};
 use crate::verbs::{ModifyAttr, Mtu, QpAttr, QpAttrMask, QpState, QpType};
 
@@ -92,6 +92,35 @@ impl<H: Hal> Pvrdma<H> {
         }
         qp.sq_prod.reset(qp.sq.slots);
         qp.rq_prod.reset(qp.rq.slots);
+    }
+
+    /// Makes the requests a batch `c` wrote to a QP in ERR outstanding, to complete flushed
+    /// (libibverbs lets a QP in ERR be posted to). They are not shown to the device: the ring's
+    /// producer index stays, no doorbell rings (QEMU would execute them: it only records ERR,
+    /// §8.3), so the device never reads their buffers. `recv`: the receive queue.
+    pub(crate) fn commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor, recv: bool) {
+        let n = c.tail.wrapping_sub(c.start);
+        if n == 0 {
+            return;
+        }
+        let (s, r) = qp.cq_ptrs();
+        // SAFETY: the CQs outlive the QP and do not move (the provider contract of create_qp).
+        let cq = unsafe { if recv { r.as_ref() } else { s.as_ref() } };
+        let p = if recv {
+            &mut qp.rq_prod
+        } else {
+            &mut qp.sq_prod
+        };
+        p.tail = c.tail;
+        let ctl = qp.ctl.ctl();
+        let q = if recv { &ctl.rq } else { &ctl.sq };
+        // The tail first, then the count of unpublished requests (readers take them in the
+        // other order: see `QueueCtl::unpublished`), then the flag (see `take_flush`).
+        q.ctl.tail.store(c.tail, Ordering::SeqCst);
+        q.ctl.unpublished.fetch_add(n, Ordering::Release);
+        if q.ctl.flush.swap(1, Ordering::SeqCst) == 0 {
+            cq.flushing.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
