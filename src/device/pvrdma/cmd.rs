@@ -39,16 +39,11 @@ messages!(
 );
 
 /// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie;
-/// and, under the same lock, what the driver must remember of what it told the device because
-/// the device cannot be asked back.
+/// and what the driver learnt of how the device answers.
 pub(crate) struct Channel<H: Hal> {
     page: Dma<H>,
     cookie: u64,
     poll_limit: u32,
-    /// The GIDs bound (CREATE_BIND), by index: PVRDMA has no command that reads the table
-    /// back. A driver-private page (never shown to the device), allocated at the first bind
-    /// and freed when the last GID is unbound (the device struct stays small).
-    pub(crate) gid_values: Option<Dma<H>>,
     /// Whether the device runs another command's handler for MODIFY_SRQ/QUERY_SRQ (QEMU's
     /// table swaps them, `shared/pvrdma-abi.md` §5.2): seen once, remembered.
     pub(crate) srq_swapped: bool,
@@ -60,7 +55,6 @@ impl<H: Hal> Channel<H> {
             page: Dma::new(hal, 1)?,
             cookie: 0,
             poll_limit: poll_limit.max(1),
-            gid_values: None,
             srq_swapped: false,
         })
     }

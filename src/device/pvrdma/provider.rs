@@ -334,7 +334,6 @@ impl<H: Hal> Provider for Pvrdma<H> {
         if st.gids[word] & bit != 0 {
             return Err(Error::from_errno(Op::BindGid, EBUSY));
         }
-        st.gid_room(&self.hal)?;
         let gid_type = if self
             .dsr
             .read::<u8>(abi::DSR_CAPS_OFFSET + offset_of!(Caps, gid_types))
@@ -354,10 +353,9 @@ impl<H: Hal> Provider for Pvrdma<H> {
             ..Default::default()
         };
         st.chan
-            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)
-            .inspect_err(|_| st.forget_gid(index))?;
+            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
         st.gids[word] |= bit;
-        st.remember_gid(index, gid);
+        self.remember_gid(index, gid);
         self.gid_bits[word].fetch_or(bit, Ordering::Release);
         Ok(())
     }
@@ -373,7 +371,6 @@ impl<H: Hal> Provider for Pvrdma<H> {
         st.chan
             .command(&self.regs, Op::UnbindGid, abi::opcode::DESTROY_BIND, req)?;
         st.gids[word] &= !bit;
-        st.forget_gid(index);
         self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())
     }

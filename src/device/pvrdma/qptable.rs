@@ -377,22 +377,42 @@ struct Entry {
     ctl: AtomicPtr<QpCtl>,
 }
 
-/// Open-addressed table of live QPs by handle (linear probing, tombstones).
+/// Open-addressed table of live QPs by handle (linear probing, tombstones). Its memory ends
+/// with one more page of driver-private bookkeeping that has no better home: the values of
+/// the bound GIDs (`gid.rs`), 16 bytes for each of 256 indices.
 pub(crate) struct QpTable<H: Hal> {
     mem: Dma<H>,
     mask: u32,
 }
 
 impl<H: Hal> QpTable<H> {
-    /// A table for at least `max_qp` live QPs (twice as many entries, a power of two).
+    /// A table for at least `max_qp` live QPs (twice as many entries, a power of two), and
+    /// the GID page.
     pub(crate) fn new(hal: &H, max_qp: u32) -> Result<Self> {
         let n = (max_qp.clamp(1, 1 << 16) * 2).next_power_of_two();
-        let mem = Dma::new(hal, (n as usize * size_of::<Entry>()).div_ceil(PAGE_SIZE))?;
+        let pages = (n as usize * size_of::<Entry>()).div_ceil(PAGE_SIZE);
+        let mem = Dma::new(hal, pages + 1)?;
         let t = QpTable { mem, mask: n - 1 };
         for i in 0..n {
             t.entry(i).handle.store(EMPTY, Ordering::Relaxed);
         }
         Ok(t)
+    }
+
+    /// Where the GID page starts (after the entries, page-aligned).
+    fn gid_page(&self) -> usize {
+        ((self.mask as usize + 1) * size_of::<Entry>()).next_multiple_of(PAGE_SIZE)
+    }
+
+    /// The value recorded for GID `index` (< 256).
+    pub(crate) fn gid_value(&self, index: u8) -> [u8; 16] {
+        self.mem.read(self.gid_page() + usize::from(index) * 16)
+    }
+
+    /// Records the value of GID `index` (< 256); the caller holds the command lock.
+    pub(crate) fn set_gid_value(&self, index: u8, gid: [u8; 16]) {
+        self.mem
+            .write(self.gid_page() + usize::from(index) * 16, gid);
     }
 
     fn entry(&self, i: u32) -> &Entry {
