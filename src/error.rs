@@ -182,6 +182,10 @@ pub(crate) const ENOSPC: u32 = 28;
 pub enum Param {
     /// Completion queue entries.
     CqEntries,
+    /// The CQEs a completion queue must keep room for (reserved by the work queues of its
+    /// queue pairs, living or leaked): a resize below them is refused, with `value` the CQEs
+    /// in use and `max` the size asked.
+    CqEntriesInUse,
     /// Port number.
     Port,
     /// P_Key table index.
@@ -350,6 +354,14 @@ pub enum Op {
     PostRecv,
     /// Polling a completion queue.
     PollCq,
+    /// Resizing a completion queue.
+    ResizeCq,
+    /// Modifying a shared receive queue (arming its limit).
+    ModifySrq,
+    /// Querying a shared receive queue.
+    QuerySrq,
+    /// Reading a GID table entry.
+    QueryGid,
 }
 
 /// What a device reported in an [`Error::Device`].
@@ -454,6 +466,9 @@ pub enum Feature {
     /// Interrupts: the device has no usable MSI-X capability (or too few vectors, or a table
     /// outside its BAR), or the HAL routes no message for one of its vectors.
     Interrupts,
+    /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
+    /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
+    SrqModify,
 }
 
 /// What was not found, in an [`Error::NotFound`].

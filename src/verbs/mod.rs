@@ -49,6 +49,8 @@ macro_rules! destroy_and_drop {
 mod ah;
 mod channel;
 mod cq;
+mod cq_resize;
+mod gid;
 mod mr;
 mod pool;
 mod qp;
@@ -64,12 +66,13 @@ use core::ptr::NonNull;
 pub use ah::AddressHandle;
 pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCq, PollCursor};
+pub use gid::GidEntries;
 pub use mr::MemoryRegion;
 pub use pool::{Buf, BufRelease, BufferPool};
 pub use qp::{
-    CanRecv, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram, DatagramInit,
-    DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch, Reset, Rtr,
-    Rts, SendBatch, State, Transport, Uc, Ud,
+    CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram,
+    DatagramInit, DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch,
+    Reset, Rtr, Rts, SendBatch, State, Transport, Uc, Ud,
 };
 pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
@@ -310,6 +313,29 @@ pub trait Provider {
     fn interrupt(&self, vector: u16);
     /// The next async event, if the device has one.
     fn next_async_event(&self) -> Option<AsyncEvent>;
+
+    // --- The rest of the verbs surface (issue 11): GID query, SRQ modify/query, CQ resize,
+    // --- posting in the error state.
+
+    /// The GID at `index` of port `port`'s table (`ibv_query_gid`): the zero GID for an index
+    /// in range where nothing is bound; [`Error::InvalidInput`] for a port or an index out of
+    /// range.
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid>;
+    /// The first bound entry (index, GID) of port `port`'s table at or after index `from`.
+    fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>>;
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the device raises
+    /// SRQ_LIMIT_REACHED once fewer than `limit` receives are posted, and disarms.
+    fn modify_srq(&self, srq: &Self::Srq, limit: u32) -> Result<()>;
+    /// The SRQ's attributes (`ibv_query_srq`).
+    fn query_srq(&self, srq: &Self::Srq) -> Result<SrqAttr>;
+    /// Resizes `cq` to at least `entries` (`ibv_resize_cq`); refuses fewer than the CQEs it
+    /// must keep room for.
+    fn resize_cq(&self, cq: &mut Self::Cq, entries: u32) -> Result<()>;
+    /// Makes the send requests of a batch written to a QP in the error state outstanding,
+    /// to complete flushed (`WR_FLUSH_ERR`), without showing them to the device.
+    fn sq_commit_flushed(&self, qp: &mut Self::Qp, c: &Self::Cursor);
+    /// As [`sq_commit_flushed`](Self::sq_commit_flushed), for receive requests.
+    fn rq_commit_flushed(&self, qp: &mut Self::Qp, c: &Self::Cursor);
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.
@@ -439,6 +465,45 @@ impl<P: Provider> Context<P> {
             index,
             gid,
         })
+    }
+
+    // --- The rest of the verbs surface (issue 11).
+
+    /// The GID at `index` of port `port`'s table (`ibv_query_gid`). An index in range where
+    /// nothing is bound gives the zero GID, as libibverbs does.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for [`Param::Port`](crate::error::Param::Port) or
+    /// [`Param::GidIndex`](crate::error::Param::GidIndex) out of range.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.provider.query_gid(port, index)
+    }
+
+    /// The bound entries of port `port`'s GID table, (index, GID) in index order, read one at
+    /// a time (no heap; an entry bound or unbound while iterating may or may not be seen).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a port out of range.
+    pub fn gid_table(&self, port: u8) -> Result<GidEntries<'_, P>> {
+        self.provider.query_gid(port, 0)?;
+        Ok(GidEntries::new(self, port))
+    }
+
+    /// Fills `out` with the first `out.len()` bound entries of port `port`'s GID table (as
+    /// [`gid_table`](Self::gid_table)); returns how many.
+    ///
+    /// # Errors
+    ///
+    /// As [`gid_table`](Self::gid_table).
+    pub fn bound_gids(&self, port: u8, out: &mut [(u32, Gid)]) -> Result<usize> {
+        let mut n = 0;
+        for (slot, e) in out.iter_mut().zip(self.gid_table(port)?) {
+            *slot = e;
+            n += 1;
+        }
+        Ok(n)
     }
 }
 

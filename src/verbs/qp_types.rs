@@ -249,12 +249,74 @@ impl ModifyAttr {
     }
 }
 
-/// What `ibv_query_qp` reports.
+impl ModifyAttr {
+    /// Folds `m` into this record of the values last set: each attribute `m`'s mask names
+    /// replaces the recorded one, the others stay; the state is always `m`'s.
+    pub(crate) fn merge(&mut self, m: &ModifyAttr) {
+        let has = |b: QpAttrMask| m.mask.contains(b);
+        self.state = m.state;
+        if has(QpAttrMask::QKEY) {
+            self.qkey = m.qkey;
+        }
+        if has(QpAttrMask::RQ_PSN) {
+            self.rq_psn = m.rq_psn;
+        }
+        if has(QpAttrMask::SQ_PSN) {
+            self.sq_psn = m.sq_psn;
+        }
+        if has(QpAttrMask::DEST_QPN) {
+            self.dest_qpn = m.dest_qpn;
+        }
+        if has(QpAttrMask::ACCESS_FLAGS) {
+            self.access = m.access;
+        }
+        if has(QpAttrMask::PKEY_INDEX) {
+            self.pkey_index = m.pkey_index;
+        }
+        if has(QpAttrMask::PORT) {
+            self.port = m.port;
+        }
+        if has(QpAttrMask::PATH_MTU) {
+            self.path_mtu = m.path_mtu;
+        }
+        if has(QpAttrMask::TIMEOUT) {
+            self.timeout = m.timeout;
+        }
+        if has(QpAttrMask::RETRY_CNT) {
+            self.retry_cnt = m.retry_cnt;
+        }
+        if has(QpAttrMask::RNR_RETRY) {
+            self.rnr_retry = m.rnr_retry;
+        }
+        if has(QpAttrMask::MIN_RNR_TIMER) {
+            self.min_rnr_timer = m.min_rnr_timer;
+        }
+        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            self.max_rd_atomic = m.max_rd_atomic;
+        }
+        if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            self.max_dest_rd_atomic = m.max_dest_rd_atomic;
+        }
+        if has(QpAttrMask::AV) && m.av.is_some() {
+            self.av = m.av;
+        }
+        self.mask |= m.mask;
+    }
+}
+
+/// What `ibv_query_qp` reports: the attributes the device reports, the ones the driver last
+/// set where the device reports none, and the creation attributes (`ibv_qp_init_attr`).
+///
+/// Which value comes from where depends on the device; each provider documents it (PVRDMA:
+/// `device::pvrdma`'s `qp_state.rs`, and the table in README).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QpAttr {
     /// Current state.
     pub state: QpState,
+    /// The current state as the device names it in `cur_qp_state` (equal to `state` unless
+    /// the device says otherwise).
+    pub cur_state: QpState,
     /// Actual capacities.
     pub caps: QpCaps,
     /// The QP number.
@@ -275,6 +337,30 @@ pub struct QpAttr {
     /// Outstanding RDMA reads/atomics this QP accepts, as the device applies it (clamped
     /// likewise).
     pub max_dest_rd_atomic: u8,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Remote access rights (`qp_access_flags`).
+    pub access: AccessFlags,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port (1-based).
+    pub port: u8,
+    /// Local ACK timeout code (4.096 µs · 2^timeout).
+    pub timeout: u8,
+    /// Retries on timeout.
+    pub retry_cnt: u8,
+    /// Retries on receiver-not-ready (7: infinite).
+    pub rnr_retry: u8,
+    /// Receiver-not-ready NAK timer code.
+    pub min_rnr_timer: u8,
+    /// The primary path (connected QPs from RTR on; `None` before, and for datagram QPs).
+    pub av: Option<AddressVector>,
+    /// Whether the send queue is draining (SQD).
+    pub sq_draining: bool,
+    /// The transport (a creation attribute).
+    pub qp_type: QpType,
+    /// Whether receives come from a shared receive queue (a creation attribute).
+    pub has_srq: bool,
 }
 
 bitflags::bitflags! {

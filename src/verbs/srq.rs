@@ -50,6 +50,27 @@ impl<'a, P: Provider> SharedReceiveQueue<'a, P> {
         unsafe { self.ctx.provider().post_srq_recv(&self.raw, wrs) }
     }
 
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): once fewer than `limit`
+    /// receives are posted, the device raises the SRQ_LIMIT_REACHED async event and disarms
+    /// (0 disarms now).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a limit above the SRQ's size
+    /// ([`Param::SrqLimit`](crate::error::Param::SrqLimit));
+    /// [`Error::Unsupported`] with [`Feature::SrqModify`](crate::error::Feature::SrqModify) on
+    /// a device that cannot arm it (QEMU's PVRDMA); the device's error otherwise.
+    pub fn modify(&self, limit: u32) -> Result<()> {
+        self.ctx.provider().modify_srq(&self.raw, limit)
+    }
+
+    /// The SRQ's attributes now (`ibv_query_srq`): its size, SGEs and armed limit (0 when
+    /// not armed), from the device, or from the driver where the device cannot be asked (see
+    /// the provider).
+    pub fn query(&self) -> Result<SrqAttr> {
+        self.ctx.provider().query_srq(&self.raw)
+    }
+
     /// Destroys the SRQ (`ibv_destroy_srq`), handing it back on failure.
     pub fn destroy(self) -> Result<(), (Self, Error)> {
         let mut this = ManuallyDrop::new(self);

@@ -23,9 +23,9 @@ pub const CONFIG: Config = Config {
 /// `model.outstanding_pages()` right after bring-up): the DSR, the command page, the QP table
 /// (2048 entries of 32 bytes — twice the 1024 QPs the driver lets live, for open addressing —
 /// 16 pages), and two notification rings of 2 pages, each with a directory and a table page
-/// (the DSR and the rings are one block of 9 pages), and the event state (one more page of
-/// that block).
-pub const DEVICE_PAGES: usize = 1 + 1 + 16 + 2 * (2 + 2) + 1;
+/// (the DSR and the rings are one block of 9 pages, and one more page of it for the event
+/// state), and the page of bound GID values that ends the QP table's block.
+pub const DEVICE_PAGES: usize = 1 + 1 + 16 + 2 * (2 + 2) + 1 + 1;
 
 pub fn model() -> Model {
     Model::new(ModelConfig::default())

@@ -315,7 +315,8 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
     drop((got, sent));
     // Round trips, each completion waited for: with interrupts, the CPU halts for each.
     for i in 0..ROUND_TRIPS {
-        b.post_recv(10 + i, take()?).at("RC post_recv (round trips)")?;
+        b.post_recv(10 + i, take()?)
+            .at("RC post_recv (round trips)")?;
         let mut m = take()?;
         m.set_len(64).at("RC buffer length")?;
         a.post_send(1000 + i, m).at("RC post_send (round trips)")?;

@@ -200,11 +200,12 @@ extern "C" fn kmain(start_info: u32) -> ! {
     // SAFETY: RAM above the image from the firmware's memory map, identity-mapped, used for
     // nothing else.
     let dma = unsafe { DmaRegion::new(pa, vaddr, pages) };
-    // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
-    // BARs lie in that hole.
     // Device vector v arrives at CPU vector 0x30 + v on this CPU's LAPIC.
     let msi = 0xFEE0_0000 | u64::from(apic) << 12;
-    let hal = unsafe { IdentityHal::new(&dma, 0) }.with_msi(msi, u32::from(irq::DEVICE_VECTORS.start));
+    // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
+    // BARs lie in that hole.
+    let hal = unsafe { IdentityHal::new(&dma, 0) };
+    let hal = hal.with_msi(msi, u32::from(irq::DEVICE_VECTORS.start));
     // SAFETY: a PC has configuration mechanism #1; this kernel is the only user of the ports.
     let pci = unsafe { PortIoConfig::new() };
     // `bvirq` on the command line: interrupt-driven waits (MSI-X, halts). Not the default yet:

@@ -158,6 +158,7 @@ pub mod opcode {
     pub const CREATE_MR: u32 = 4;
     pub const DESTROY_MR: u32 = 5;
     pub const CREATE_CQ: u32 = 6;
+    pub const RESIZE_CQ: u32 = 7;
     pub const DESTROY_CQ: u32 = 8;
     pub const CREATE_QP: u32 = 9;
     pub const MODIFY_QP: u32 = 10;
@@ -166,6 +167,8 @@ pub mod opcode {
     pub const CREATE_BIND: u32 = 15;
     pub const DESTROY_BIND: u32 = 16;
     pub const CREATE_SRQ: u32 = 17;
+    pub const MODIFY_SRQ: u32 = 18;
+    pub const QUERY_SRQ: u32 = 19;
     pub const DESTROY_SRQ: u32 = 20;
     /// Bit set in the ack of every response.
     pub const ACK_BIT: u32 = 0x8000_0000;
@@ -271,6 +274,23 @@ pub struct CreateCqResp {
     pub hdr: RespHdr,
     pub cq_handle: u32,
     pub cqe: u32,
+}
+
+/// RESIZE_CQ (L-API `pvrdma_cmd_resize_cq`): the handle and the new size, no ring pages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResizeCq {
+    pub hdr: CmdHdr,
+    pub cq_handle: u32,
+    pub cqe: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResizeCqResp {
+    pub hdr: RespHdr,
+    pub cqe: u32,
+    pub reserved: u32,
 }
 
 #[repr(C)]
@@ -486,6 +506,36 @@ pub struct CreateSrqResp {
     pub reserved: u32,
 }
 
+/// MODIFY_SRQ's attribute mask bits (L-VRB `enum pvrdma_srq_attr_mask`).
+pub mod srq_mask {
+    pub const MAX_WR: u32 = 1 << 0;
+    pub const LIMIT: u32 = 1 << 1;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModifySrq {
+    pub hdr: CmdHdr,
+    pub srq_handle: u32,
+    pub attr_mask: u32,
+    pub attrs: SrqAttr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QuerySrq {
+    pub hdr: CmdHdr,
+    pub srq_handle: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QuerySrqResp {
+    pub hdr: RespHdr,
+    pub attrs: SrqAttr,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CreateMr {
@@ -653,6 +703,11 @@ pod!(
     SrqAttr,
     CreateSrq,
     CreateSrqResp,
+    ResizeCq,
+    ResizeCqResp,
+    ModifySrq,
+    QuerySrq,
+    QuerySrqResp,
     CreateMr,
     CreateMrResp,
     SqWqeHdr,
@@ -695,6 +750,11 @@ assert_size!(
     SrqAttr => 16,
     CreateSrq => 56,
     CreateSrqResp => 24,
+    ResizeCq => 24,
+    ResizeCqResp => 24,
+    ModifySrq => 40,
+    QuerySrq => 24,
+    QuerySrqResp => 32,
     CreateMr => 56,
     CreateMrResp => 32,
     SqWqeHdr => 80,

@@ -32,16 +32,21 @@ macro_rules! messages {
 use super::abi::*;
 messages!(
     requests: QueryPort, QueryPkey, CreatePd, DestroyHandle, CreateCq, CreateBind, DestroyBind,
-        CreateQp, ModifyQp, QueryQp, CreateSrq, CreateMr;
+        CreateQp, ModifyQp, QueryQp, CreateSrq, CreateMr, ResizeCq, ModifySrq, QuerySrq;
     responses: RespHdr, QueryPortResp, QueryPkeyResp, CreatePdResp, CreateCqResp,
-        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp, CreateMrResp
+        CreateQpRespV1, CreateQpRespV2, QueryQpResp, CreateSrqResp, CreateMrResp, ResizeCqResp,
+        QuerySrqResp
 );
 
-/// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie.
+/// The slots (one DMA page: command at 0, response at [`RESP_SLOT_OFFSET`]) and the cookie;
+/// and what the driver learnt of how the device answers.
 pub(crate) struct Channel<H: Hal> {
     page: Dma<H>,
     cookie: u64,
     poll_limit: u32,
+    /// Whether the device runs another command's handler for MODIFY_SRQ/QUERY_SRQ (QEMU's
+    /// table swaps them, `shared/pvrdma-abi.md` §5.2): seen once, remembered.
+    pub(crate) srq_swapped: bool,
 }
 
 impl<H: Hal> Channel<H> {
@@ -50,6 +55,7 @@ impl<H: Hal> Channel<H> {
             page: Dma::new(hal, 1)?,
             cookie: 0,
             poll_limit: poll_limit.max(1),
+            srq_swapped: false,
         })
     }
 

@@ -18,7 +18,9 @@ mod ah;
 mod bringup;
 mod cmd;
 mod cq;
+mod cq_resize;
 mod cursor;
+mod gid;
 mod irq;
 mod layout;
 mod mr;
@@ -62,7 +64,7 @@ pub struct Config {
     /// Which send operations the driver posts.
     pub opcodes: Opcodes,
     /// Take interrupts: set up MSI-X with the HAL's messages
-    /// ([`Hal::msi_message`](bareverbs_hal::Hal::msi_message)) and unmask the device; the
+    /// ([`Hal::msi_message`]) and unmask the device; the
     /// embedder's handlers call [`Pvrdma::interrupt`]. Off (the default), the driver polls,
     /// and completion channels and futures still work: they take the device's notifications
     /// when they are asked.

@@ -202,6 +202,12 @@ fn check_answer(handle: u32, lkey: u32) -> Result<()> {
 }
 
 /// PVRDMA's access bits (L-VRB `enum pvrdma_access_flags`).
+/// Access flags from PVRDMA's bits (a device's value: bits it does not define are ignored).
+pub(crate) fn access_from_pvrdma(bits: u32) -> AccessFlags {
+    // PVRDMA numbers the five flags as ibverbs does (`pvrdma_access`).
+    AccessFlags::from_bits_truncate(bits & 0x1F)
+}
+
 pub(crate) fn pvrdma_access(a: AccessFlags) -> u32 {
     const MAP: [(AccessFlags, u32); 5] = [
         (AccessFlags::LOCAL_WRITE, 1 << 0),

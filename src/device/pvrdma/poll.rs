@@ -503,15 +503,23 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
             let done = q.ctl.done.load(Ordering::Relaxed);
             let tail = q.ctl.tail.load(Ordering::Acquire);
             if done == tail {
-                q.ctl.flush.store(0, Ordering::Release);
+                q.ctl.flush.store(0, Ordering::SeqCst);
                 cq.flushing.fetch_sub(1, Ordering::AcqRel);
+                // A post to the queue in ERR (`commit_flushed`) may have raced with this: it
+                // publishes its tail, then sets the flag. Either the tail read now shows it,
+                // or its flag comes after the store above (sequential consistency).
+                if q.ctl.tail.load(Ordering::SeqCst) != done
+                    && q.ctl.flush.swap(1, Ordering::SeqCst) == 0
+                {
+                    cq.flushing.fetch_add(1, Ordering::AcqRel);
+                }
                 continue;
             }
             if only.is_some_and(|h| h != ctl.handle) {
                 continue;
             }
             let (wr_id, mut tag) = q.posted(done);
-            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done, tail) {
+            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done) {
                 // The device took this receive and may still write its buffer (QEMU's host
                 // QP keeps it): the buffer is parked until the QP is destroyed.
                 q.park(done);

@@ -377,6 +377,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         st.chan
             .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
         st.gids[word] |= bit;
+        self.remember_gid(index, gid);
         self.gid_bits[word].fetch_or(bit, Ordering::Release);
         Ok(())
     }
@@ -394,5 +395,36 @@ impl<H: Hal> Provider for Pvrdma<H> {
         st.gids[word] &= !bit;
         self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())
+    }
+
+    // --- The rest of the verbs surface (issue 11): `gid.rs`, `srq.rs`, `cq_resize.rs`,
+    // --- `qp_state.rs` (posting in ERR).
+
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.query_gid_impl(port, index)
+    }
+
+    fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>> {
+        self.next_gid_impl(port, from)
+    }
+
+    fn modify_srq(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
+        self.modify_srq_impl(srq, limit)
+    }
+
+    fn query_srq(&self, srq: &Srq<H>) -> Result<SrqAttr> {
+        self.query_srq_impl(srq)
+    }
+
+    fn resize_cq(&self, cq: &mut Cq<H>, entries: u32) -> Result<()> {
+        self.resize_cq_impl(cq, entries)
+    }
+
+    fn sq_commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        self.commit_flushed(qp, c, false)
+    }
+
+    fn rq_commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor) {
+        self.commit_flushed(qp, c, true)
     }
 }

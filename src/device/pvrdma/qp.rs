@@ -90,6 +90,12 @@ impl<H: Hal> Qp<H> {
     pub fn strides(&self) -> (u32, u32) {
         (self.sq.stride, self.rq.stride)
     }
+
+    /// The send and receive CQs (they outlive the QP and do not move: the provider contract
+    /// of create_qp).
+    pub(super) fn cq_ptrs(&self) -> (NonNull<Cq<H>>, NonNull<Cq<H>>) {
+        (self.send_cq, self.recv_cq)
+    }
 }
 
 /// Counts a QP as a user of its PD, CQs and SRQ (released when it is destroyed, never when
@@ -413,7 +419,7 @@ impl<H: Hal> Pvrdma<H> {
             let mut n = done;
             while n != tail {
                 // `recv` false: nothing can write the buffers any more.
-                q.give_back(n, (done, tail), false, ctl.release);
+                q.give_back(n, done, false, ctl.release);
                 n = n.wrapping_add(1);
             }
         }

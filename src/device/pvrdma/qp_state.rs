@@ -6,13 +6,13 @@ use core::sync::atomic::Ordering;
 
 use bareverbs_hal::Hal;
 
-use super::Pvrdma;
 use super::abi::{self, opcode};
 use super::cq::CqLocks;
-use super::mr::pvrdma_access;
+use super::mr::{access_from_pvrdma, pvrdma_access};
 use super::qp::Qp;
+use super::{Pvrdma, WqCursor};
 use crate::error::{Attr, Error, Feature, Op, Result, Unsupported};
-use crate::verbs::{ModifyAttr, QpAttr, QpAttrMask, QpState, QpType};
+use crate::verbs::{ModifyAttr, Mtu, QpAttr, QpAttrMask, QpState, QpType};
 
 /// The outstanding RDMA reads/atomics a QP gets when `requested` are asked of a device whose
 /// caps advertise `cap`. A device that advertises a limit gets the request clamped to it.
@@ -80,17 +80,47 @@ impl<H: Hal> Pvrdma<H> {
             let recv = core::ptr::eq(q, &ctl.rq);
             let mut n = done;
             while n != tail {
-                q.give_back(n, (done, tail), recv, ctl.release);
+                q.give_back(n, done, recv, ctl.release);
                 n = n.wrapping_add(1);
             }
             q.ctl.done.store(0, Ordering::Relaxed);
             q.ctl.tail.store(0, Ordering::Relaxed);
+            q.ctl.unpublished.store(0, Ordering::Relaxed);
             if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
                 cq.flushing.fetch_sub(1, Ordering::AcqRel);
             }
         }
         qp.sq_prod.reset(qp.sq.slots);
         qp.rq_prod.reset(qp.rq.slots);
+    }
+
+    /// Makes the requests a batch `c` wrote to a QP in ERR outstanding, to complete flushed
+    /// (libibverbs lets a QP in ERR be posted to). They are not shown to the device: the ring's
+    /// producer index stays, no doorbell rings (QEMU would execute them: it only records ERR,
+    /// §8.3), so the device never reads their buffers. `recv`: the receive queue.
+    pub(crate) fn commit_flushed(&self, qp: &mut Qp<H>, c: &WqCursor, recv: bool) {
+        let n = c.tail.wrapping_sub(c.start);
+        if n == 0 {
+            return;
+        }
+        let (s, r) = qp.cq_ptrs();
+        // SAFETY: the CQs outlive the QP and do not move (the provider contract of create_qp).
+        let cq = unsafe { if recv { r.as_ref() } else { s.as_ref() } };
+        let p = if recv {
+            &mut qp.rq_prod
+        } else {
+            &mut qp.sq_prod
+        };
+        p.tail = c.tail;
+        let ctl = qp.ctl.ctl();
+        let q = if recv { &ctl.rq } else { &ctl.sq };
+        // The tail first, then the count of unpublished requests (readers take them in the
+        // other order: see `QueueCtl::unpublished`), then the flag (see `take_flush`).
+        q.ctl.tail.store(c.tail, Ordering::SeqCst);
+        q.ctl.unpublished.fetch_add(n, Ordering::Release);
+        if q.ctl.flush.swap(1, Ordering::SeqCst) == 0 {
+            cq.flushing.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
@@ -195,6 +225,11 @@ impl<H: Hal> Pvrdma<H> {
             qp.sgid_index = attrs.ah_attr.grh.sgid_index;
         }
         drop(st);
+        // What was set, for queries where the device reports nothing (rd_atomic as applied).
+        let mut applied = *m;
+        (applied.max_rd_atomic, applied.max_dest_rd_atomic) =
+            (attrs.max_rd_atomic, attrs.max_dest_rd_atomic);
+        qp.ctl.record_mut().merge(&applied);
         match (m.state, &locks) {
             (QpState::Reset, Some(locks)) => {
                 // The driver restarts its rings with the QP (as Linux and rdma-core do).
@@ -207,6 +242,24 @@ impl<H: Hal> Pvrdma<H> {
         Ok(())
     }
 
+    /// QUERY_QP. Which attribute comes from where (`shared/pvrdma-abi.md` §5.3, §8.3):
+    ///
+    /// - From the device: the state (but see below), `cur_state`, `path_mtu` (when it is an
+    ///   MTU code), `qkey`, `rq_psn`, `sq_psn`, `dest_qpn` and `access` — the fields before
+    ///   offset 0x24 of the answer, the only ones QEMU writes in PVRDMA's layout (it copies the
+    ///   host's `ibv_qp_attr` there; on QEMU they are the host QP's values: path MTU 1024 for RC
+    ///   from RTR on, access flags 0 for RC, whatever was asked).
+    /// - From the driver's record of the last modify: `pkey_index`, `port`, `timeout`,
+    ///   `retry_cnt`, `rnr_retry`, `min_rnr_timer`, `av`, `max_rd_atomic` and
+    ///   `max_dest_rd_atomic` (as applied), and `path_mtu` when the device's is no MTU code.
+    ///   Past offset 0x24 QEMU's answer is the host's layout (its `cap`, `ah_attr`…), which no
+    ///   PVRDMA field can be read from; `sq_draining` is false (the driver never drains).
+    /// - From creation: `caps`, `qp_type`, `sq_sig_all`, `has_srq`, `qp_num`.
+    ///
+    /// The state: QEMU only records RESET/ERR/SQD/SQE (the host QP keeps its state) and
+    /// reports RTS for its emulated GSI QP, so in those cases the state last commanded is the
+    /// true one. A GSI QP has no host QP at all: QEMU answers nothing but the state, so every
+    /// other attribute comes from the record.
     pub(crate) fn query_qp_impl(&self, qp: &Qp<H>) -> Result<QpAttr> {
         let op = Op::QueryQp;
         let req = abi::QueryQp {
@@ -220,27 +273,51 @@ impl<H: Hal> Pvrdma<H> {
         let a = r.attrs;
         let reported = QpState::from_raw(a.qp_state)
             .ok_or_else(|| Error::bad_value(op, "qp_state", a.qp_state))?;
-        // QEMU only records RESET/ERR/SQD/SQE (the host QP keeps its state) and reports RTS for
-        // its emulated GSI QP: in those cases the state last commanded is the true one.
-        let state = match qp.state {
-            QpState::Reset | QpState::Err | QpState::Sqd | QpState::Sqe => qp.state,
-            _ if qp.qp_type == QpType::Gsi => qp.state,
-            _ => reported,
+        let gsi = qp.qp_type == QpType::Gsi;
+        let (state, device_state) = match qp.state {
+            QpState::Reset | QpState::Err | QpState::Sqd | QpState::Sqe => (qp.state, false),
+            _ if gsi => (qp.state, false),
+            _ => (reported, true),
+        };
+        let cur_state = match QpState::from_raw(a.cur_qp_state) {
+            Some(s) if device_state => s,
+            _ => state,
+        };
+        let rec = qp.ctl.record();
+        let from_device = !gsi;
+        let pick = |device: u32, recorded: u32| if from_device { device } else { recorded };
+        let path_mtu = match Mtu::from_raw(a.path_mtu) {
+            Some(mtu) if from_device => mtu,
+            _ => rec.path_mtu,
+        };
+        let access = match from_device {
+            true => access_from_pvrdma(a.qp_access_flags),
+            false => rec.access,
         };
         Ok(QpAttr {
             state,
-            // QEMU answers in the host's struct layout beyond qp_access_flags (§5.3): the caps
-            // come from the driver's record of what it created.
+            cur_state,
             caps: qp.caps,
             qp_num: qp.qpn,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qpn: a.dest_qp_num,
+            qkey: pick(a.qkey, qp.qkey),
+            rq_psn: pick(a.rq_psn, rec.rq_psn),
+            sq_psn: pick(a.sq_psn, rec.sq_psn),
+            dest_qpn: pick(a.dest_qp_num, rec.dest_qpn),
             sq_sig_all: qp.sq_sig_all,
-            // QEMU answers these in the host's layout (§5.3): the driver's record.
             max_rd_atomic: qp.max_rd_atomic,
             max_dest_rd_atomic: qp.max_dest_rd_atomic,
+            path_mtu,
+            access,
+            pkey_index: rec.pkey_index,
+            port: rec.port,
+            timeout: rec.timeout,
+            retry_cnt: rec.retry_cnt,
+            rnr_retry: rec.rnr_retry,
+            min_rnr_timer: rec.min_rnr_timer,
+            av: rec.av,
+            sq_draining: false,
+            qp_type: qp.qp_type,
+            has_srq: qp.has_srq,
         })
     }
 }

@@ -26,7 +26,7 @@ use bareverbs_hal::{Hal, PAGE_SIZE};
 use super::ring::Ring;
 use crate::dma::Dma;
 use crate::error::{Error, Op, Result};
-use crate::verbs::BufRelease;
+use crate::verbs::{BufRelease, ModifyAttr, QpAttrMask, QpState};
 
 /// One work queue's counters, shared by its poster and the poller of its CQ.
 #[repr(C)]
@@ -37,7 +37,12 @@ pub(crate) struct QueueCtl {
     pub(crate) tail: AtomicU32,
     /// 1 while the outstanding requests are to complete flushed (the QP is in ERR).
     pub(crate) flush: AtomicU32,
-    _pad: u32,
+    /// Requests at the end of the queue (`tail` − this ..< `tail`) posted while the QP was in
+    /// ERR: never published to the device, flushed by the driver. Written by the poster (after
+    /// `tail`, release), read before `tail` (acquire): a reader never counts more of them than
+    /// there are (the safe direction: a request counted as published may be parked, never a
+    /// published one handed back).
+    pub(crate) unpublished: AtomicU32,
 }
 
 /// A shared receive queue's counters: receives published (by its poster) and completed (by
@@ -151,7 +156,7 @@ impl QueueView {
                 done: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
                 flush: AtomicU32::new(0),
-                _pad: 0,
+                unpublished: AtomicU32::new(0),
             },
             ring,
             shadow,
@@ -197,36 +202,38 @@ impl QueueView {
     }
 
     /// Whether request `n` (outstanding: done ≤ n < tail) was taken by the device already
-    /// (behind its consumer index, checked; an impossible index counts every request as
-    /// taken, the safe answer).
-    pub(crate) fn consumed(&self, n: u32, done: u32, tail: u32) -> bool {
+    /// (behind its consumer index, checked; an impossible index counts every published
+    /// request as taken, the safe answer). A request posted in ERR was never published: not
+    /// taken.
+    pub(crate) fn consumed(&self, n: u32, done: u32) -> bool {
+        // `unpublished` before `tail` (see the field): never more than there are.
+        let unpublished = self.ctl.unpublished.load(Ordering::Acquire);
+        let tail = self.ctl.tail.load(Ordering::Acquire);
+        let published = tail.wrapping_sub(unpublished);
+        if tail.wrapping_sub(n) <= unpublished {
+            return false;
+        }
         let wrap = 2 * self.ring.slots() - 1;
         let cons = self.ring.cons().load(Ordering::Acquire);
-        let waiting = self.ring.index(tail).wrapping_sub(cons) & wrap;
-        let waiting = if cons & !wrap != 0 || waiting > tail.wrapping_sub(done) {
+        let waiting = self.ring.index(published).wrapping_sub(cons) & wrap;
+        let waiting = if cons & !wrap != 0 || waiting > published.wrapping_sub(done) {
             0
         } else {
             waiting
         };
-        tail.wrapping_sub(n) > waiting
+        published.wrapping_sub(n) > waiting
     }
 
     /// Hands back the safe buffer of outstanding request `n` that will not complete (flush,
     /// reset), or parks it: a receive buffer the device already took stays out of the pool
     /// until the QP is destroyed, since a device that only records ERROR and RESET (QEMU's host
     /// QP keeps its receives) may still write it. `recv` says which queue this is.
-    pub(crate) fn give_back(
-        &self,
-        n: u32,
-        (done, tail): (u32, u32),
-        recv: bool,
-        release: Option<BufRelease>,
-    ) {
+    pub(crate) fn give_back(&self, n: u32, done: u32, recv: bool, release: Option<BufRelease>) {
         let (_, tag) = self.posted(n);
         let (Some(rel), true) = (release, tag != 0 && tag & PARKED == 0) else {
             return;
         };
-        if recv && self.consumed(n, done, tail) {
+        if recv && self.consumed(n, done) {
             self.park(n);
             return;
         }
@@ -266,10 +273,18 @@ impl QueueView {
     }
 }
 
-/// A control block and its shadows in driver-private DMA memory.
+/// A control block, the record of the attributes last set, and the shadows, in
+/// driver-private DMA memory (in that order).
 pub(crate) struct QpCtlMem<H: Hal> {
     mem: Dma<H>,
 }
+
+/// Where the record of the attributes last set lies after the control block.
+const RECORD_AT: usize = size_of::<QpCtl>().next_multiple_of(16);
+/// Where the shadows start.
+const SHADOWS_AT: usize = (RECORD_AT + size_of::<ModifyAttr>()).next_multiple_of(16);
+const _: () = assert!(align_of::<QpCtl>() <= 16 && align_of::<ModifyAttr>() <= 16);
+const _: () = assert!(align_of::<Shadow>() <= 16);
 
 impl<H: Hal> QpCtlMem<H> {
     /// Allocates and initialises a control block for the rings `sq` and `rq`, with a shadow
@@ -282,7 +297,7 @@ impl<H: Hal> QpCtlMem<H> {
         srq_done: Option<NonNull<SrqCounters>>,
         release: Option<BufRelease>,
     ) -> Result<Self> {
-        let head = size_of::<QpCtl>().next_multiple_of(16);
+        let head = SHADOWS_AT;
         let shadows = if release.is_some() {
             (sq.slots() + rq.slots()) as usize * size_of::<Shadow>()
         } else {
@@ -309,8 +324,14 @@ impl<H: Hal> QpCtlMem<H> {
             srq_done,
             release,
         };
-        // SAFETY: the memory is ours, page-aligned (so aligned for QpCtl) and large enough.
-        unsafe { base.cast::<QpCtl>().write(ctl) };
+        // SAFETY: the memory is ours, page-aligned (so aligned for QpCtl and, at RECORD_AT, a
+        // multiple of 16, for the record) and large enough (`head` covers both).
+        unsafe {
+            base.cast::<QpCtl>().write(ctl);
+            let mut record = ModifyAttr::to_state(QpState::Reset);
+            record.mask = QpAttrMask::empty();
+            base.add(RECORD_AT).cast::<ModifyAttr>().write(record);
+        }
         Ok(QpCtlMem { mem })
     }
 
@@ -324,6 +345,21 @@ impl<H: Hal> QpCtlMem<H> {
 
     pub(crate) fn ptr(&self) -> NonNull<QpCtl> {
         self.mem.base().cast()
+    }
+
+    /// The attributes the driver last set (the state and every attribute a modify named),
+    /// read by queries where the device reports none. Pollers never touch it.
+    pub(crate) fn record(&self) -> &ModifyAttr {
+        // SAFETY: initialised in `new` at RECORD_AT (aligned, inside the memory); only written
+        // through `record_mut`, which needs `&mut self`.
+        unsafe { self.mem.base().add(RECORD_AT).cast::<ModifyAttr>().as_ref() }
+    }
+
+    /// The record, to update after a modify (the QP is held exclusively).
+    pub(crate) fn record_mut(&mut self) -> &mut ModifyAttr {
+        // SAFETY: as in `record`; `&mut self` makes this the only reference to it (pollers
+        // reach the control block and the shadows, never these bytes).
+        unsafe { self.mem.base().add(RECORD_AT).cast::<ModifyAttr>().as_mut() }
     }
 }
 
@@ -341,22 +377,42 @@ struct Entry {
     ctl: AtomicPtr<QpCtl>,
 }
 
-/// Open-addressed table of live QPs by handle (linear probing, tombstones).
+/// Open-addressed table of live QPs by handle (linear probing, tombstones). Its memory ends
+/// with one more page of driver-private bookkeeping that has no better home: the values of
+/// the bound GIDs (`gid.rs`), 16 bytes for each of 256 indices.
 pub(crate) struct QpTable<H: Hal> {
     mem: Dma<H>,
     mask: u32,
 }
 
 impl<H: Hal> QpTable<H> {
-    /// A table for at least `max_qp` live QPs (twice as many entries, a power of two).
+    /// A table for at least `max_qp` live QPs (twice as many entries, a power of two), and
+    /// the GID page.
     pub(crate) fn new(hal: &H, max_qp: u32) -> Result<Self> {
         let n = (max_qp.clamp(1, 1 << 16) * 2).next_power_of_two();
-        let mem = Dma::new(hal, (n as usize * size_of::<Entry>()).div_ceil(PAGE_SIZE))?;
+        let pages = (n as usize * size_of::<Entry>()).div_ceil(PAGE_SIZE);
+        let mem = Dma::new(hal, pages + 1)?;
         let t = QpTable { mem, mask: n - 1 };
         for i in 0..n {
             t.entry(i).handle.store(EMPTY, Ordering::Relaxed);
         }
         Ok(t)
+    }
+
+    /// Where the GID page starts (after the entries, page-aligned).
+    fn gid_page(&self) -> usize {
+        ((self.mask as usize + 1) * size_of::<Entry>()).next_multiple_of(PAGE_SIZE)
+    }
+
+    /// The value recorded for GID `index` (< 256).
+    pub(crate) fn gid_value(&self, index: u8) -> [u8; 16] {
+        self.mem.read(self.gid_page() + usize::from(index) * 16)
+    }
+
+    /// Records the value of GID `index` (< 256); the caller holds the command lock.
+    pub(crate) fn set_gid_value(&self, index: u8, gid: [u8; 16]) {
+        self.mem
+            .write(self.gid_page() + usize::from(index) * 16, gid);
     }
 
     fn entry(&self, i: u32) -> &Entry {

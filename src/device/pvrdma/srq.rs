@@ -11,7 +11,7 @@ use super::pdir::QueueMem;
 use super::qptable::SrqCounters;
 use super::ring::Ring;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
-use crate::error::{Error, Object, Op, Param, Result};
+use crate::error::{Error, Fault, Feature, Object, Op, Param, Result, Unsupported};
 use crate::verbs::SrqAttr;
 
 /// A shared receive queue on a PVRDMA device.
@@ -29,6 +29,9 @@ pub struct Srq<H: Hal> {
     pub(crate) counters: SrqCounters,
     /// Its PD (which it uses: it outlives the SRQ and does not move).
     pd: core::ptr::NonNull<Pd>,
+    /// The limit last armed (MODIFY_SRQ), or given at creation: what a query answers when the
+    /// device's own query is unusable.
+    limit: AtomicU32,
 }
 
 // SAFETY: the ring points into the SRQ's own DMA memory, written only under `lock`.
@@ -119,6 +122,7 @@ impl<H: Hal> Pvrdma<H> {
             users: AtomicU32::new(0),
             counters: SrqCounters::default(),
             pd: core::ptr::NonNull::from(pd),
+            limit: AtomicU32::new(actual.srq_limit),
             mem,
         };
         if r.srqn > regs::db::HANDLE_MASK {
@@ -147,5 +151,97 @@ impl<H: Hal> Pvrdma<H> {
         // of create_srq).
         unsafe { pd.as_ref() }.users.fetch_sub(1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Whether `e` is the answer of a device that ran the handler acknowledged `other` for the
+/// command sent: QEMU's MODIFY_SRQ/QUERY_SRQ swap (`shared/pvrdma-abi.md` §5.2, §12.2).
+fn swapped(e: &Error, other: u32) -> bool {
+    matches!(e, Error::Protocol { fault: Fault::Ack { found, .. }, .. }
+        if *found == opcode::ACK_BIT | other)
+}
+
+impl<H: Hal> Pvrdma<H> {
+    /// MODIFY_SRQ with the LIMIT bit: arms the SRQ limit (0 disarms).
+    ///
+    /// QEMU's handler table swaps MODIFY_SRQ and QUERY_SRQ: MODIFY_SRQ runs its (read-only)
+    /// query handler and acknowledges as QUERY_SRQ. That answer is recognised, remembered for
+    /// the device, and reported as [`Feature::SrqModify`] unsupported; later modifies are
+    /// refused without a command. (Arming through the other opcode would arm the host SRQ,
+    /// but QEMU never posts the async event: the limit would never be reported.)
+    pub(crate) fn modify_srq_impl(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
+        let op = Op::ModifySrq;
+        if limit > srq.attr.max_wr {
+            return Err(Error::invalid(Param::SrqLimit, limit, srq.attr.max_wr));
+        }
+        let unsupported = Error::Unsupported(Unsupported::Feature(Feature::SrqModify));
+        let mut st = self.state.lock();
+        if st.chan.srq_swapped {
+            return Err(unsupported);
+        }
+        let req = abi::ModifySrq {
+            srq_handle: srq.handle,
+            attr_mask: abi::srq_mask::LIMIT,
+            attrs: abi::SrqAttr {
+                srq_limit: limit,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match st.chan.command(&self.regs, op, opcode::MODIFY_SRQ, req) {
+            Ok(()) => {
+                srq.limit.store(limit, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if swapped(&e, opcode::QUERY_SRQ) => {
+                st.chan.srq_swapped = true;
+                log::warn!("bareverbs: MODIFY_SRQ answered as QUERY_SRQ (QEMU): unsupported");
+                Err(unsupported)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// QUERY_SRQ: the device's answer; on a device whose query handler is another command's
+    /// (QEMU, seen once), the driver's own knowledge: the actual size and SGEs, and the limit
+    /// last armed or given at creation.
+    pub(crate) fn query_srq_impl(&self, srq: &Srq<H>) -> Result<SrqAttr> {
+        let op = Op::QuerySrq;
+        let known = SrqAttr {
+            srq_limit: srq.limit.load(Ordering::Relaxed),
+            ..srq.attr
+        };
+        let mut st = self.state.lock();
+        if st.chan.srq_swapped {
+            return Ok(known);
+        }
+        let req = abi::QuerySrq {
+            srq_handle: srq.handle,
+            ..Default::default()
+        };
+        match st
+            .chan
+            .exec::<_, abi::QuerySrqResp>(&self.regs, op, opcode::QUERY_SRQ, req)
+        {
+            Ok(r) => {
+                let a = r.attrs;
+                // A limit above the queue cannot be right (the device was told the size).
+                if a.srq_limit > a.max_wr.max(srq.attr.max_wr) {
+                    return Err(Error::bad_value(op, "srq_limit", a.srq_limit));
+                }
+                srq.limit.store(a.srq_limit, Ordering::Relaxed);
+                Ok(SrqAttr {
+                    max_wr: a.max_wr,
+                    max_sge: a.max_sge,
+                    srq_limit: a.srq_limit,
+                })
+            }
+            Err(e) if swapped(&e, opcode::MODIFY_SRQ) => {
+                st.chan.srq_swapped = true;
+                log::warn!("bareverbs: QUERY_SRQ answered as MODIFY_SRQ (QEMU): driver's values");
+                Ok(known)
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -9,8 +9,9 @@
 
 use core::marker::PhantomData;
 
+use super::super::qp_types::QpState;
 use super::super::{AddressHandle, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
-use super::{CanRecv, Datagram, QueuePair, Rc, Rts, Transport, Uc};
+use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, Transport, Uc};
 use crate::error::Result;
 
 /// Send requests being written into a queue pair's send queue (`ibv_wr_start` …
@@ -19,11 +20,15 @@ pub struct SendBatch<'q, P: Provider, T> {
     provider: &'q P,
     qp: &'q mut P::Qp,
     cursor: P::Cursor,
+    /// The QP is in ERROR: the requests complete flushed, the device never sees them.
+    flushed: bool,
     _t: PhantomData<T>,
 }
 
-impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
-    /// Starts a batch of send requests (`ibv_wr_start`).
+impl<'a, P: Provider, T: Transport, S: CanSend> QueuePair<'a, P, T, S> {
+    /// Starts a batch of send requests (`ibv_wr_start`). In ERROR, the requests complete with
+    /// [`WcStatus::WrFlushErr`](crate::verbs::WcStatus::WrFlushErr), each once, and the device
+    /// never sees them.
     #[inline]
     pub fn send_batch(&mut self) -> SendBatch<'_, P, T> {
         let provider = self.inner.ctx.provider();
@@ -31,6 +36,7 @@ impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
             provider,
             cursor: provider.sq_start(&self.inner.raw),
             qp: &mut self.inner.raw,
+            flushed: S::STATE == QpState::Err,
             _t: PhantomData,
         }
     }
@@ -52,7 +58,11 @@ impl<P: Provider, T> SendBatch<'_, P, T> {
     /// dropped without it posts nothing.
     #[inline]
     pub fn finish(self) {
-        self.provider.sq_commit(self.qp, &self.cursor);
+        if self.flushed {
+            self.provider.sq_commit_flushed(self.qp, &self.cursor);
+        } else {
+            self.provider.sq_commit(self.qp, &self.cursor);
+        }
     }
 }
 
@@ -311,10 +321,12 @@ pub struct RecvBatch<'q, P: Provider> {
     provider: &'q P,
     qp: &'q mut P::Qp,
     cursor: P::Cursor,
+    /// The QP is in ERROR (as in [`SendBatch`]).
+    flushed: bool,
 }
 
 impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
-    /// Starts a batch of receive requests.
+    /// Starts a batch of receive requests (in ERROR they complete flushed, as sends do).
     #[inline]
     pub fn recv_batch(&mut self) -> RecvBatch<'_, P> {
         let provider = self.inner.ctx.provider();
@@ -322,6 +334,7 @@ impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
             provider,
             cursor: provider.rq_start(&self.inner.raw),
             qp: &mut self.inner.raw,
+            flushed: S::STATE == QpState::Err,
         }
     }
 
@@ -359,7 +372,11 @@ impl<P: Provider> RecvBatch<'_, P> {
     /// nothing.
     #[inline]
     pub fn finish(self) {
-        self.provider.rq_commit(self.qp, &self.cursor);
+        if self.flushed {
+            self.provider.rq_commit_flushed(self.qp, &self.cursor);
+        } else {
+            self.provider.rq_commit(self.qp, &self.cursor);
+        }
     }
 }
 

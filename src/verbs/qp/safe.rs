@@ -4,11 +4,12 @@
 //! Completions of other QPs sharing a CQ are left for them: a QP's poll stops at the first one
 //! (one CQ per safe QP avoids that head-of-line wait).
 
+use super::super::qp_types::QpState;
 use super::super::{AddressHandle, UdTarget};
 use super::super::{
     Buf, BufferPool, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode,
 };
-use super::{CanRecv, Datagram, QpInner, QueuePair, Rts, Transport};
+use super::{CanRecv, CanSend, Datagram, QpInner, QueuePair, Transport};
 use crate::error::{Error, Param, Result};
 
 /// A completion from [`QueuePair::poll_one`]: the work completion and, for a safe post, its
@@ -78,6 +79,7 @@ impl<'a, P: Provider> QpInner<'a, P> {
         wr_id: u64,
         buf: Buf<'a, P>,
         ud: Option<UdTarget<'_, P::Ah>>,
+        flushed: bool,
     ) -> Result<(), (Buf<'a, P>, Error)> {
         if let Err(e) = self.own(&buf) {
             return Err((buf, e));
@@ -100,13 +102,22 @@ impl<'a, P: Provider> QpInner<'a, P> {
         if let Err(e) = unsafe { provider.sq_write(&mut self.raw, &mut c, &w) } {
             return Err((buf, e));
         }
-        provider.sq_commit(&mut self.raw, &c);
+        if flushed {
+            provider.sq_commit_flushed(&mut self.raw, &c);
+        } else {
+            provider.sq_commit(&mut self.raw, &c);
+        }
         buf.into_tag();
         Ok(())
     }
 
     #[inline(always)]
-    fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+    fn post_recv(
+        &mut self,
+        wr_id: u64,
+        buf: Buf<'a, P>,
+        flushed: bool,
+    ) -> Result<(), (Buf<'a, P>, Error)> {
         if let Err(e) = self.own(&buf) {
             return Err((buf, e));
         }
@@ -118,7 +129,11 @@ impl<'a, P: Provider> QpInner<'a, P> {
         if let Err(e) = unsafe { provider.rq_write(&mut self.raw, &mut c, wr_id, sges, tag) } {
             return Err((buf, e));
         }
-        provider.rq_commit(&mut self.raw, &c);
+        if flushed {
+            provider.rq_commit_flushed(&mut self.raw, &c);
+        } else {
+            provider.rq_commit(&mut self.raw, &c);
+        }
         buf.into_tag();
         Ok(())
     }
@@ -152,16 +167,18 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
     }
 }
 
-impl<'a, P: Provider, T: Transport> QueuePair<'a, P, T, Rts> {
+impl<'a, P: Provider, T: Transport, S: CanSend> QueuePair<'a, P, T, S> {
     /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
-    /// until its completion. On failure the buffer is handed back with the error.
+    /// until its completion. On failure the buffer is handed back with the error. In ERROR it
+    /// completes flushed and the device never sees it.
     #[inline]
     pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
-        self.inner.post_send_wqe(wr_id, buf, None)
+        let flushed = S::STATE == QpState::Err;
+        self.inner.post_send_wqe(wr_id, buf, None, flushed)
     }
 }
 
-impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
+impl<'a, P: Provider, T: Datagram, S: CanSend> QueuePair<'a, P, T, S> {
     /// Posts a SEND of the buffer's bytes to QP `remote_qpn` (Q_Key `remote_qkey`) at `ah`.
     #[inline]
     pub fn post_send_to(
@@ -175,15 +192,17 @@ impl<'a, P: Provider, T: Datagram> QueuePair<'a, P, T, Rts> {
             remote_qpn,
             remote_qkey,
         };
-        self.inner.post_send_wqe(wr_id, buf, Some(ud))
+        let flushed = S::STATE == QpState::Err;
+        self.inner.post_send_wqe(wr_id, buf, Some(ud), flushed)
     }
 }
 
 impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
-    /// failure the buffer is handed back with the error.
+    /// failure the buffer is handed back with the error. In ERROR it completes flushed.
     #[inline]
     pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
-        self.inner.post_recv(wr_id, buf)
+        let flushed = S::STATE == QpState::Err;
+        self.inner.post_recv(wr_id, buf, flushed)
     }
 }

@@ -265,11 +265,20 @@ states!(
     ErrState => QpState::Err
 );
 
-/// States in which receives may be posted (INIT, RTR, RTS).
+/// States in which receives may be posted (INIT, RTR, RTS; and ERROR, where they complete
+/// flushed, as libibverbs allows).
 pub trait CanRecv: State {}
 impl CanRecv for Init {}
 impl CanRecv for Rtr {}
 impl CanRecv for Rts {}
+impl CanRecv for ErrState {}
+
+/// States in which sends may be posted (RTS; and ERROR, where they complete flushed with
+/// [`WcStatus::WrFlushErr`](crate::verbs::WcStatus::WrFlushErr) without reaching the device,
+/// as libibverbs allows).
+pub trait CanSend: State {}
+impl CanSend for Rts {}
+impl CanSend for ErrState {}
 
 /// Checks a modify's values against the device's limits before the device sees them.
 ///

@@ -430,17 +430,22 @@ impl Device {
         Self::drain_recvs(ctx, &g, max_sge, &mut srq.data.recvs);
     }
 
-    /// Takes the next receive of QP `i` (from its SRQ if it has one).
-    fn pop_recv(&mut self, i: usize) -> Option<Recv> {
+    /// Takes the next receive of QP `i` (from its SRQ if it has one, which may then reach its
+    /// limit).
+    fn pop_recv(&mut self, ctx: &mut Ctx<'_>, i: usize) -> Option<Recv> {
         let qp = self.qps[i].as_mut()?;
         match qp.srq {
-            Some(s) => self
-                .srqs
-                .get_mut(s as usize)?
-                .as_mut()?
-                .data
-                .recvs
-                .pop_front(),
+            Some(s) => {
+                let r = self
+                    .srqs
+                    .get_mut(s as usize)?
+                    .as_mut()?
+                    .data
+                    .recvs
+                    .pop_front();
+                self.srq_limit_check(ctx, s);
+                r
+            }
             None => qp.data.recvs.pop_front(),
         }
     }
@@ -582,7 +587,7 @@ impl Device {
                     return done(self, ctx, ST_REM_ACCESS, 1, 0);
                 };
                 if opcode == 1 {
-                    let Some(r) = self.pop_recv(j) else {
+                    let Some(r) = self.pop_recv(ctx, j) else {
                         return done(self, ctx, ST_RNR, 1, 0);
                     };
                     self.post_cqe(
@@ -626,7 +631,7 @@ impl Device {
             }
             _ => {
                 // SEND (with immediate)
-                let Some(r) = self.pop_recv(j) else {
+                let Some(r) = self.pop_recv(ctx, j) else {
                     return done(self, ctx, if ud { ST_OK } else { ST_RNR }, 0, 0);
                 };
                 let mut payload = Vec::new();

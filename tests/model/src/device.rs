@@ -254,6 +254,9 @@ pub(crate) struct Srq {
     pd: u32,
     spans: Vec<(u64, u64)>,
     pub(crate) data: SrqData,
+    /// The armed limit (0: not armed): SRQ_LIMIT_REACHED when fewer receives are posted.
+    pub(crate) limit: u32,
+    max_sge: u32,
 }
 
 pub(crate) const QPT_SMI: u8 = 0;
@@ -604,15 +607,22 @@ impl Device {
             return;
         };
         let cmd = le32(&req, 8);
-        // RESIZE_CQ has no handler; MODIFY_SRQ and QUERY_SRQ are swapped in QEMU's table.
+        // RESIZE_CQ has no handler; MODIFY_SRQ and QUERY_SRQ are swapped in QEMU's table
+        // (Q-CMD `cmd_handlers` is indexed by opcode and lists QUERY_SRQ before MODIFY_SRQ).
+        let swap_srq = ctx.cfg.semantics == crate::Semantics::Qemu;
         let ack = match cmd {
             7 | 21.. => {
                 self.regs[REG_ERR / 4] = 0xFFFF;
                 return;
             }
-            18 => 0x8000_0013,
-            19 => 0x8000_0012,
+            18 if swap_srq => 0x8000_0013,
+            19 if swap_srq => 0x8000_0012,
             c => 0x8000_0000 | c,
+        };
+        let cmd = match cmd {
+            18 if swap_srq => 19,
+            19 if swap_srq => 18,
+            c => c,
         };
         let mut resp = vec![0u8; RESP_SIZE];
         let rc = match self.fail_at {
@@ -810,6 +820,8 @@ impl Device {
                 Ok(())
             }
             17 => self.create_srq(ctx, req, resp),
+            18 => self.modify_srq(ctx, req),
+            19 => self.query_srq(req, resp),
             20 => {
                 // DESTROY_SRQ
                 let h = le32(req, 0x10);
@@ -1103,36 +1115,55 @@ impl Device {
             return Err(HOST_ERRNO | EOPNOTSUPP);
         }
         let qp = self.qps[i].as_ref().expect("indexed");
-        // The host's struct ibv_qp_attr layout (§5.3).
-        let state = if qp.qp_type == QPT_GSI {
-            QPS_RTS
-        } else {
-            qp.host_state
-        };
-        let mtu = if qp.qp_type == QPT_RC && qp.host_state >= QPS_RTR {
-            3
-        } else {
-            0
-        };
+        if qp.qp_type == QPT_GSI {
+            // QP1 has no host QP: QEMU answers the state alone (the rest stays zeroed).
+            put32(resp, 0x10, QPS_RTS);
+            return Ok(());
+        }
+        // The host's struct ibv_qp_attr layout (§5.3), with the host QP's values as QEMU's
+        // modify set them (§8.3): only the fields up to qp_access_flags line up with PVRDMA's.
+        let h = qp.host_state;
+        let rc = qp.qp_type == QPT_RC;
+        let mtu = if rc && h >= QPS_RTR { 3 } else { 0 };
         for (off, v) in [
-            (0x10, state),
-            (0x14, state),
+            (0x10, h),
+            (0x14, h),
             (0x18, mtu),
             (0x1C, 0),
             (0x20, qp.qkey),
             (0x24, qp.rq_psn),
             (0x28, qp.sq_psn),
             (0x2C, qp.dest_qpn),
-            (0x30, 0),
+            (0x30, 0), // RC host QPs get access flags 0 at INIT
         ] {
             put32(resp, off, v);
         }
-        // Then the host's ibv_qp_cap and ibv_ah_attr, which do not line up with PVRDMA's
-        // fields: a driver reading PVRDMA's `cap` at 0x48 gets these bytes.
+        // Then the host's ibv_qp_cap (at 0x34), ibv_ah_attr (0x48), alt_ah_attr (0x68) and
+        // the byte fields (0x88…), none of which line up with PVRDMA's: a driver reading
+        // PVRDMA's `cap`, `ah_attr`, timeout… gets other fields' bytes.
         for (k, v) in qp.caps.iter().enumerate() {
             put32(resp, 0x34 + 4 * k, *v);
         }
-        resp[0x48..].fill(0x5A);
+        let host = |off: usize| 0x10 + off;
+        if rc && h >= QPS_RTR {
+            resp[host(0x38)..host(0x48)].copy_from_slice(&qp.dgid);
+            // The backend's GID index (≥ 1), not the guest's.
+            resp[host(0x4C)] = qp.sgid_index.wrapping_add(1);
+            resp[host(0x4D)] = 1; // hop limit
+            resp[host(0x55)] = 1; // is_global
+            resp[host(0x56)] = 1; // port
+            resp[host(0x7F)] = 1; // max_dest_rd_atomic
+            resp[host(0x80)] = 12; // min_rnr_timer
+        }
+        if h >= QPS_INIT {
+            resp[host(0x81)] = 1; // port: the backend's
+        }
+        if rc && h >= QPS_RTS {
+            resp[host(0x7E)] = 1; // max_rd_atomic
+            resp[host(0x82)] = 14; // timeout
+            resp[host(0x83)] = 7; // retry_cnt
+            resp[host(0x84)] = 7; // rnr_retry
+        }
         Ok(())
     }
 
@@ -1164,6 +1195,8 @@ impl Device {
         };
         self.srqs[slot] = Some(Srq {
             pd,
+            limit: le32(req, 0x28),
+            max_sge,
             spans: spans(&pages),
             data: SrqData {
                 ring,
@@ -1172,5 +1205,80 @@ impl Device {
         });
         put32(resp, 0x10, slot as u32);
         Ok(())
+    }
+}
+
+/// The async event type SRQ_LIMIT_REACHED (L-VRB `enum pvrdma_eqe_type`, IB numbering).
+const EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+/// MODIFY_SRQ's attribute mask bits (L-VRB `enum pvrdma_srq_attr_mask`).
+const SRQ_MASK_MAX_WR: u32 = 1 << 0;
+const SRQ_MASK_LIMIT: u32 = 1 << 1;
+
+impl Device {
+    /// MODIFY_SRQ as its handler does (Q-CMD `modify_srq`, Q-RM `rdma_rm_modify_srq`): only
+    /// the limit, not the size; a limit above the SRQ is refused. Under QEMU's semantics the
+    /// host also refuses a zero limit; as the verbs specify, 0 disarms.
+    fn modify_srq(&mut self, ctx: &mut Ctx<'_>, req: &[u8]) -> Result<(), u32> {
+        let (h, mask, limit) = (le32(req, 0x10), le32(req, 0x14), le32(req, 0x20));
+        let srq = self
+            .srqs
+            .get_mut(h as usize)
+            .and_then(Option::as_mut)
+            .ok_or(EINVAL)?;
+        if mask & SRQ_MASK_LIMIT == 0 || mask & SRQ_MASK_MAX_WR != 0 {
+            return Err(EINVAL);
+        }
+        let qemu = ctx.cfg.semantics == crate::Semantics::Qemu;
+        if limit > srq.data.ring.slots || (qemu && limit == 0) {
+            return Err(EINVAL);
+        }
+        srq.limit = limit;
+        Ok(())
+    }
+
+    /// QUERY_SRQ as its handler does (Q-CMD `query_srq`): the host's ibv_srq_attr, whose
+    /// layout is PVRDMA's (max_wr, max_sge, srq_limit).
+    fn query_srq(&mut self, req: &[u8], resp: &mut [u8]) -> Result<(), u32> {
+        let h = le32(req, 0x10);
+        let srq = self
+            .srqs
+            .get(h as usize)
+            .and_then(Option::as_ref)
+            .ok_or(EINVAL)?;
+        put32(resp, 0x10, srq.data.ring.slots);
+        put32(resp, 0x14, srq.max_sge);
+        put32(resp, 0x18, srq.limit);
+        Ok(())
+    }
+
+    /// After a receive was taken from SRQ `h`: with the limit armed and fewer receives posted
+    /// than it, the device posts SRQ_LIMIT_REACHED (info: the SRQ handle) to the async ring
+    /// and disarms, as the verbs specify (QEMU never posts async events).
+    pub(crate) fn srq_limit_check(&mut self, ctx: &mut Ctx<'_>, h: u32) {
+        if ctx.cfg.semantics == crate::Semantics::Qemu {
+            return;
+        }
+        let Some(srq) = self.srqs.get_mut(h as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if srq.limit == 0 || srq.data.recvs.len() >= srq.limit as usize {
+            return;
+        }
+        srq.limit = 0;
+        self.post_async(ctx, EVENT_SRQ_LIMIT_REACHED, h);
+    }
+
+    /// The async event the device posted last, (type, info), read back from the ring.
+    pub(crate) fn last_async_event(&self, mem: &Memory) -> Option<(u32, u32)> {
+        let &state = self.ring_pages.get(self.notify_pages)?;
+        let data = &self.ring_pages[self.notify_pages + 1..];
+        let slots = (data.len() * 512) as u32;
+        if self.async_events == 0 || !slots.is_power_of_two() {
+            return None;
+        }
+        let p = le32(&mem.read(state + 8, 4)?, 0);
+        let i = p.wrapping_sub(1) & (slots - 1);
+        let e = mem.read(data[(i / 512) as usize] + u64::from(i % 512) * 8, 8)?;
+        Some((le32(&e, 0), le32(&e, 4)))
     }
 }

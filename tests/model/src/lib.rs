@@ -681,6 +681,13 @@ impl Model {
     pub fn config(&self) -> ModelConfig {
         self.lock().cfg
     }
+
+    /// The async event posted last, (type, info) as the async ring holds it; `None` before
+    /// the first.
+    pub fn last_async_event(&self) -> Option<(u32, u32)> {
+        let g = self.lock();
+        g.dev.last_async_event(&g.mem)
+    }
 }
 
 // SAFETY: blocks come from `Memory`, which allocates page-aligned, zeroed, exclusively owned
