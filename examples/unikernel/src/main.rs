@@ -65,7 +65,9 @@ fn cmdline_has(start_info: u32, word: &str) -> bool {
 /// The PVH command line, read into `buf`.
 fn cmdline(start_info: u32, buf: &mut [u8; 256]) -> Option<&str> {
     let info = start_info as usize as *const u8;
-    // SAFETY: as in `peer_ip`.
+    // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
+    // SAFETY: QEMU hands over a valid hvm_start_info at `ebx` (its magic was checked by
+    // `dma_memory`); memory is identity-mapped.
     let cmdline = unsafe { info.add(24).cast::<u64>().read_unaligned() } as usize as *const u8;
     if cmdline.is_null() {
         return None;
@@ -84,26 +86,8 @@ fn cmdline(start_info: u32, buf: &mut [u8; 256]) -> Option<&str> {
 }
 
 fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
-    let info = start_info as usize as *const u8;
-    // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
-    // SAFETY: QEMU hands over a valid hvm_start_info at `ebx` (its magic was checked by
-    // `dma_memory`); memory is identity-mapped.
-    let cmdline = unsafe { info.add(24).cast::<u64>().read_unaligned() } as usize as *const u8;
-    if cmdline.is_null() {
-        return None;
-    }
     let mut buf = [0u8; 256];
-    let mut len = 0;
-    while len < buf.len() {
-        // SAFETY: QEMU's command line string, read up to its NUL (bounded by the buffer).
-        let b = unsafe { cmdline.add(len).read_volatile() };
-        if b == 0 {
-            break;
-        }
-        buf[len] = b;
-        len += 1;
-    }
-    let text = core::str::from_utf8(&buf[..len]).ok()?;
+    let text = cmdline(start_info, &mut buf)?;
     let arg = text
         .split_ascii_whitespace()
         .find_map(|w| w.strip_prefix("bvpeer="))?;
