@@ -116,8 +116,9 @@ impl DmaRegion {
 pub struct IdentityHal<'a> {
     dma: &'a DmaRegion,
     phys_offset: usize,
-    /// MSI routing: (message address, data of vector 0); vector `v` gets data + `v`.
-    msi: Option<(u64, u32)>,
+    /// MSI routing, packed to keep the handle small (the driver clones it into every object
+    /// that owns DMA memory): message address << 32 | data of vector 0; 0 for none.
+    msi: u64,
 }
 
 impl<'a> IdentityHal<'a> {
@@ -133,15 +134,16 @@ impl<'a> IdentityHal<'a> {
         IdentityHal {
             dma,
             phys_offset,
-            msi: None,
+            msi: 0,
         }
     }
 
     /// The same HAL, routing device interrupt vector `v` as the message (`address`,
-    /// `first_data + v`): on x86 `address` is `0xFEE0_0000 | apic_id << 12` and `first_data`
-    /// the CPU vector the device's vector 0 arrives at (its vectors then follow).
-    pub fn with_msi(mut self, address: u64, first_data: u32) -> Self {
-        self.msi = Some((address, first_data));
+    /// `first_data + v`): on x86 `address` is `0xFEE0_0000 | apic_id << 12` (a 32-bit
+    /// address: x86's xAPIC window) and `first_data` the CPU vector the device's vector 0
+    /// arrives at (its vectors then follow). An `address` of 0 routes nothing.
+    pub fn with_msi(mut self, address: u32, first_data: u32) -> Self {
+        self.msi = u64::from(address) << 32 | u64::from(first_data);
         self
     }
 
@@ -186,10 +188,13 @@ unsafe impl Hal for IdentityHal<'_> {
     }
 
     fn msi_message(&self, vector: u16) -> Option<crate::MsiMessage> {
-        let (address, first) = self.msi?;
+        let address = self.msi >> 32;
+        if address == 0 {
+            return None;
+        }
         Some(crate::MsiMessage {
             address,
-            data: first.checked_add(u32::from(vector))?,
+            data: (self.msi as u32).checked_add(u32::from(vector))?,
         })
     }
 }

@@ -185,7 +185,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
     // nothing else.
     let dma = unsafe { DmaRegion::new(pa, vaddr, pages) };
     // Device vector v arrives at CPU vector 0x30 + v on this CPU's LAPIC.
-    let msi = 0xFEE0_0000 | u64::from(apic) << 12;
+    let msi = 0xFEE0_0000 | u32::from(apic) << 12;
     // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
     // BARs lie in that hole.
     let hal = unsafe { IdentityHal::new(&dma, 0) };
