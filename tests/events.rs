@@ -562,3 +562,46 @@ fn a_hostile_storm_costs_bounded_work_per_interrupt_and_events_still_flow() {
     drop(ctx);
     assert_eq!(model.outstanding_pages(), 0);
 }
+
+#[test]
+fn with_msix_on_qemu_a_poll_never_rings_the_poll_doorbell() {
+    // Polling: an empty poll asks the device to harvest (one POLL doorbell).
+    let polling = model();
+    let ctx = up(&polling);
+    let cq = ctx.create_cq(16).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    let bells = polling.counters().0;
+    assert_eq!(cq.poll(&mut wc).unwrap(), 0);
+    assert_eq!(polling.counters().0, bells + 1, "an empty poll rings POLL");
+    drop(cq);
+    teardown(&polling, ctx);
+
+    // MSI-X on QEMU: POLL racing QEMU's completion thread deadlocks it; polls only read the
+    // ring, and completions still arrive (the model, as QEMU's thread, posts them itself).
+    let model = model();
+    let ctx = up_irq(&model);
+    let w = wire(&model, &ctx);
+    let cq = ctx.create_cq(16).unwrap();
+    let bells = model.counters().0;
+    assert_eq!(cq.poll(&mut wc).unwrap(), 0);
+    assert_eq!(model.counters().0, bells, "no doorbell for an empty poll");
+    {
+        pair!(ctx, &cq => a, b, pool);
+        let bells = model.counters().0;
+        assert!(b.poll_one().unwrap().is_none());
+        assert!(a.poll_one().unwrap().is_none());
+        assert_eq!(
+            model.counters().0,
+            bells,
+            "no doorbell for an empty QP poll"
+        );
+        for _ in 0..4 {
+            cq.req_notify(false).unwrap();
+            exchange(&mut a, &mut b, &pool);
+        }
+    }
+    assert!(w.taken().contains(&0x32));
+    drop(cq);
+    drop(w);
+    teardown(&model, ctx);
+}

@@ -122,12 +122,12 @@ impl<H: Hal> Pvrdma<H> {
         // vendor is trusted to tell "next" from "solicited".
         // SAFETY: the subsystem IDs of an endpoint header; reading has no side effect.
         let subsystem = unsafe { pci.read(address, 0x2C) } & 0xFFFF;
-        let arm_both = subsystem != u32::from(regs::VENDOR_VMWARE);
+        let qemu = subsystem != u32::from(regs::VENDOR_VMWARE);
         let events = super::irq::Events::new(
             &dsr,
             (async_first, cq_first, state_page),
             abi::NOTIFY_RING_PAGES,
-            arm_both,
+            qemu,
         );
         let mut dev = Pvrdma {
             hal,

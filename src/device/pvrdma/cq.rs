@@ -36,7 +36,8 @@ pub struct Cq<H: Hal> {
     /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
     /// drops them.
     pub(crate) stale: AtomicU32,
-    /// The POLL doorbell word (`handle | CQ_POLL`).
+    /// The POLL doorbell word (`handle | CQ_POLL`), or 0 where it must not be rung
+    /// ([`Events::poll_doorbell`](super::irq::Events::poll_doorbell)).
     pub(crate) poll_bell: u32,
     /// Its place in the event hub (`None`: every place was taken when it was created).
     pub(crate) slot: Option<Slot>,
@@ -317,7 +318,11 @@ impl<H: Hal> Pvrdma<H> {
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
             stale: AtomicU32::new(0),
-            poll_bell: r.cq_handle | db::CQ_POLL,
+            poll_bell: if self.events.poll_doorbell() {
+                r.cq_handle | db::CQ_POLL
+            } else {
+                0
+            },
             slot: None,
         };
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {

@@ -4,13 +4,12 @@
 
 use core::sync::atomic::Ordering;
 
-use bareverbs_hal::{Hal, Mmio};
+use bareverbs_hal::Hal;
 
 use super::Pvrdma;
 use super::abi;
 use super::cq::{Cq, PollState};
 use super::poll::{Checked, check_cqe, fast_cqe_tag, take_flush};
-use super::regs::db;
 use crate::error::{Error, Op, Result};
 use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -123,7 +122,7 @@ impl<H: Hal> Pvrdma<H> {
         {
             // Looks empty: let the device harvest what it has, then look again (§10.3). A
             // racing poller can only make this poll find nothing, as any poll may.
-            self.uar.write32(db::CQ, cq.handle | db::CQ_POLL);
+            self.kick(cq);
             if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
                 return Ok(None);
             }
@@ -181,7 +180,7 @@ impl<H: Hal> Poll<'_, H> {
                     }
                     Some(0) if !self.kicked => {
                         self.kicked = true;
-                        self.dev.uar.write32(db::CQ, self.cq.handle | db::CQ_POLL);
+                        self.dev.kick(self.cq);
                         continue;
                     }
                     Some(0) => return Ok(None),

@@ -81,8 +81,10 @@ struct IrqState<M> {
     async_head: spin::Mutex<u32>,
     /// The MSI-X table's offset in its BAR.
     table: usize,
-    /// Arm a CQ with both arm bits, whatever it is armed for (QEMU arms only on 30|29, §9).
-    arm_both: bool,
+    /// QEMU's emulation (subsystem vendor not VMware's): a CQ is armed with both arm bits,
+    /// whatever it is armed for (QEMU arms only on 30|29, §9), and no POLL doorbell is rung
+    /// while MSI-X is on (see [`Events::poll_doorbell`]).
+    qemu: bool,
 }
 
 impl<H: Hal> Events<H> {
@@ -96,7 +98,7 @@ impl<H: Hal> Events<H> {
         block: &Dma<H>,
         (async_first, cq_first, state_page): (usize, usize, usize),
         pages: u32,
-        arm_both: bool,
+        qemu: bool,
     ) -> Self {
         let data = pages.saturating_sub(1).max(1);
         let state = IrqState::<H::Mmio> {
@@ -120,7 +122,7 @@ impl<H: Hal> Events<H> {
             drain: AtomicU32::new(0),
             async_head: spin::Mutex::new(0),
             table: 0,
-            arm_both,
+            qemu,
         };
         assert!(
             (state_page + Self::PAGES) <= block.pages(),
@@ -165,7 +167,7 @@ impl<H: Hal> Events<H> {
 
     /// The doorbell bits that arm a CQ (`solicited`: for the next solicited completion).
     pub(crate) fn arm_bits(&self, solicited: bool) -> u32 {
-        match (self.st().arm_both, solicited) {
+        match (self.st().qemu, solicited) {
             (true, _) => db::CQ_ARM | db::CQ_ARM_SOL,
             (false, false) => db::CQ_ARM,
             (false, true) => db::CQ_ARM_SOL,
@@ -235,6 +237,16 @@ impl<H: Hal> Events<H> {
     /// Whether interrupts were set up.
     pub(crate) fn msix_on(&self) -> bool {
         self.st().msix.is_some()
+    }
+
+    /// Whether a poll may ring a CQ's POLL doorbell. Not on QEMU with MSI-X on: QEMU's
+    /// completion thread raises the CQ interrupt while it holds its resource lock, and an
+    /// MSI-X write needs QEMU's global lock, which a vCPU holds through a doorbell write,
+    /// while the POLL doorbell takes that resource lock: a POLL that races the thread's
+    /// interrupt deadlocks QEMU (seen in the lab). The thread harvests every completion by
+    /// itself, so nothing is lost, only the synchronous harvest.
+    pub(crate) fn poll_doorbell(&self) -> bool {
+        !(self.st().qemu && self.msix_on())
     }
 
     /// Masks every MSI-X entry (teardown: no message after this).

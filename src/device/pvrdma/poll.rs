@@ -33,7 +33,7 @@ impl<H: Hal> Pvrdma<H> {
         if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
             && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
         {
-            self.uar.write32(db::CQ, cq.poll_bell);
+            self.kick(cq);
             if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
                 return Ok(0);
             }
@@ -42,6 +42,15 @@ impl<H: Hal> Pvrdma<H> {
             // One completion asked for (the latency case): inline, straight-line.
             [wc] => self.poll_first(cq, core::slice::from_mut(wc)),
             _ => self.poll_ready(cq, out),
+        }
+    }
+
+    /// Rings `cq`'s POLL doorbell (the device harvests what its host has), where it may be
+    /// rung (`Cq::poll_bell`).
+    #[inline(always)]
+    pub(crate) fn kick(&self, cq: &Cq<H>) {
+        if cq.poll_bell != 0 {
+            self.uar.write32(db::CQ, cq.poll_bell);
         }
     }
 

@@ -301,6 +301,18 @@ impl Device {
                     _ => {}                   // POLL, or bit 29 alone (ignored)
                 }
                 if value & (1 << 31) != 0 {
+                    if ctx.msix_live {
+                        // QEMU's completion thread raises the CQ interrupt holding the
+                        // resource lock and then waits for the global lock; a vCPU's POLL
+                        // holds the global lock and waits for the resource lock.
+                        ctx.violations.qemu(
+                            0,
+                            format!(
+                                "POLL doorbell of CQ {handle} with MSI-X on: QEMU's completion \
+                                 thread and this vCPU can deadlock"
+                            ),
+                        );
+                    }
                     self.poll_lies(ctx, handle);
                 }
             }

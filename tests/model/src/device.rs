@@ -87,6 +87,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) violations: &'a mut Violations,
     pub(crate) liar: &'a mut Liar,
     pub(crate) bus_master: bool,
+    /// MSI-X enabled and the function unmasked: QEMU's completion thread then raises
+    /// interrupts, which take its global lock.
+    pub(crate) msix_live: bool,
 }
 
 impl Ctx<'_> {

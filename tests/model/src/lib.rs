@@ -597,6 +597,7 @@ impl Model {
             violations,
             liar,
             bus_master: force_bus_master || pci.pvrdma_bus_master(),
+            msix_live: pci.msix_unmasked(),
         };
         let r = f(dev, &mut ctx);
         g.deliver_interrupts();
@@ -990,6 +991,7 @@ impl Model {
             violations,
             liar,
             bus_master,
+            msix_live: pci.msix_unmasked(),
         };
         match bar {
             0 => pci.bar0_write(offset, value),

@@ -215,7 +215,7 @@ impl Pci {
     }
 
     /// MSI-X enabled and the function not masked.
-    fn msix_unmasked(&self) -> bool {
+    pub(crate) fn msix_unmasked(&self) -> bool {
         self.msix_control() & 0xC000 == 0x8000
     }
 
