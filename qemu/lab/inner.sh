@@ -60,7 +60,8 @@ if [ "$initrd" = none ]; then
   stage "inner QEMU: vmxnet3 + pvrdma (ibdev rxe0) + the bareverbs unikernel, console bridged"
   sock=/run/bv-console.sock
   rm -f "$sock"
-  guest=(-m 256M -kernel "$kernel" -append "bvpeer=$peer_ip"
+  # bvirq: the demo's waits halt the CPU until the device's MSI-X interrupt (peer mode polls).
+  guest=(-m 256M -kernel "$kernel" -append "bvpeer=$peer_ip bvirq"
          -chardev "socket,id=con,path=$sock,server=on" -serial chardev:con)
   mem=256M
 else

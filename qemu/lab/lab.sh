@@ -188,6 +188,24 @@ if [ "$verdict" = 33 ]; then
     grep -a -q -F "$line" "$log" || { echo "[lab] verdict: FAIL (caps differ from the device's: want '$line')"; exit 1; }
   done
 fi
+# Interrupts (the kernel runs with `bvirq`): the demo's waits halted the CPU until QEMU's CQ
+# interrupt, none ended by the timer's rescue, and the interrupt entry counted CQ vectors.
+irq_fail=
+if [ "$verdict" = 33 ]; then
+  irq_line=$(grep -a -o 'interrupts: command [0-9]*, async [0-9]*, cq [0-9]*' "$log" | tail -1)
+  wait_line=$(grep -a -o 'waits: halted [0-9]*, spun [0-9]*' "$log" | tail -1)
+  echo "[lab] $irq_line; $wait_line"
+  cq=$(awk '{print $NF}' <<<"$irq_line")
+  read -r halted spun < <(awk '{gsub(",", ""); print $3, $5}' <<<"$wait_line")
+  if [ -z "$irq_line" ] || [ -z "$wait_line" ]; then
+    irq_fail="the kernel printed no interrupt or wait counts"
+  elif [ "$cq" -eq 0 ] || [ "$halted" -eq 0 ]; then
+    irq_fail="no CQ interrupt ended a halt (cq $cq, halted $halted)"
+  elif [ "$spun" -ne 0 ]; then
+    irq_fail="$spun wait(s) ended without their interrupt"
+  fi
+fi
+[ -z "$irq_fail" ] || { echo "[lab] verdict: FAIL (interrupts: $irq_fail)"; exit 1; }
 # Peer mode: each case of peer-cases, in order, as the bridge judged it (the Linux program's
 # exit code 0 and its own summary, the unikernel's checks of every message).
 peer_fail=0
@@ -206,7 +224,7 @@ if [ "$verdict" = 33 ] && [ "$peer_fail" = 1 ]; then
   echo "[lab] verdict: FAIL (a linux-peer case failed)"; exit 1
 fi
 case "$verdict" in
-  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma; caps as the device reports; talks to Linux's ibverbs programs)"; exit 0 ;;
+  33) echo "[lab] verdict: PASS (bareverbs on QEMU's real pvrdma; caps as the device reports; waits end by MSI-X interrupts; talks to Linux's ibverbs programs)"; exit 0 ;;
   35) echo "[lab] verdict: FAIL (the unikernel said so)"; exit 1 ;;
   37) echo "[lab] verdict: FAIL (the unikernel saw no PVRDMA: the device did not realize)"; exit 1 ;;
   "") echo "[lab] verdict: FAIL (no verdict: the lab did not get to run the unikernel)"; exit 1 ;;

@@ -465,8 +465,9 @@ fn wait<'a, P: Provider, T: Transport, S: State>(
         op: bareverbs::error::Op::PollCq,
     };
     for _ in 0..10_000_000 {
-        // Wait first: a poll's POLL doorbell would make QEMU harvest the completion at once,
-        // and the interrupt path would never be taken.
+        // Wait first: a wait that finds the CQ ready returns at once, while a poll first
+        // would mostly find the completion there already (QEMU's completion thread is
+        // quick), and the interrupt path would seldom be taken.
         if cpu.takes_interrupts() {
             let spun = wait::counts().1;
             wait::block_on(cpu, cq.ready()).at(step)?;

@@ -192,8 +192,8 @@ extern "C" fn kmain(start_info: u32) -> ! {
     let hal = hal.with_msi(msi, u32::from(irq::DEVICE_VECTORS.start));
     // SAFETY: a PC has configuration mechanism #1; this kernel is the only user of the ports.
     let pci = unsafe { PortIoConfig::new() };
-    // `bvirq` on the command line: interrupt-driven waits (MSI-X, halts). Not the default yet:
-    // on QEMU's real pvrdma in the lab they hang after the first exchange (issue 11, open).
+    // `bvirq` on the command line (the lab passes it): interrupt-driven waits (MSI-X, halts).
+    // Without it the demo polls.
     let irq_mode = cmdline_has(start_info, "bvirq");
     let config = Config {
         interrupts: irq_mode,
