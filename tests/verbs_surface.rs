@@ -311,6 +311,12 @@ fn srq_limit_arms_raises_srq_limit_reached_once_and_disarms() {
         Some((15, srq.raw().handle())),
         "SRQ_LIMIT_REACHED, info = the SRQ"
     );
+    assert_eq!(
+        ctx.get_async_event(),
+        Some(AsyncEvent::SrqLimitReached(srq.raw().handle())),
+        "the driver reads it, typed"
+    );
+    assert_eq!(ctx.get_async_event(), None);
     assert_eq!(srq.query().unwrap().srq_limit, 0, "disarmed");
     send(&mut a, 4);
     assert_eq!(model.async_events(), events + 1, "once");
