@@ -8,7 +8,8 @@
 //! - [`Mmio`]: 32-bit register and doorbell access at an offset of a mapped BAR. The real
 //!   implementation ([`MmioRegion`]) is a volatile access; a software model of a device can
 //!   instead react inside the write, as an emulator does;
-//! - PCI configuration space through [`pci_types::ConfigRegionAccess`] (re-exported here).
+//! - PCI configuration space through [`pci_types::ConfigRegionAccess`] (re-exported here);
+//! - [`Link`]: whole Ethernet frames in and out of a NIC, for the software RoCEv2 device.
 //!
 //! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
 //! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
@@ -21,12 +22,14 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+pub mod link;
 mod region;
 #[cfg(feature = "x86_64")]
 pub mod x86;
 
 use core::ptr::NonNull;
 
+pub use link::{Link, LinkError};
 pub use pci_types::{ConfigRegionAccess, PciAddress};
 pub use region::{DmaRegion, IdentityHal, MAX_REGION_PAGES, MmioRegion};
 
