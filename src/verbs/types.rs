@@ -30,6 +30,12 @@ impl Gid {
         g[12..].copy_from_slice(&ip);
         Gid(g)
     }
+
+    /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`), or `None` for any other.
+    pub fn ipv4(&self) -> Option<[u8; 4]> {
+        let g = &self.0;
+        (g[..10] == [0; 10] && g[10..12] == [0xFF, 0xFF]).then(|| [g[12], g[13], g[14], g[15]])
+    }
 }
 
 /// Device capabilities, as `ibv_query_device` reports them.

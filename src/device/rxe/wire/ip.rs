@@ -1,0 +1,142 @@
+//! The IPv4 header (no options, never fragmented) and the UDP header, with their checksums
+//! (`shared/roce-v2.md` §1.1, §8).
+
+use super::{Discard, be16};
+
+/// Bytes of an IPv4 header without options (the only kind RoCE uses: the ICRC assumes it).
+pub const IPV4_LEN: usize = 20;
+/// Bytes of a UDP header.
+pub const UDP_LEN: usize = 8;
+/// The RoCEv2 UDP destination port.
+pub const ROCE_PORT: u16 = 4791;
+/// IP protocol number of UDP.
+pub const PROTO_UDP: u8 = 17;
+
+/// The fields of an IPv4 header RoCE cares about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Header {
+    /// DSCP and ECN (the address vector's traffic class).
+    pub tos: u8,
+    /// Total length: header and payload.
+    pub total_len: u16,
+    /// Identification.
+    pub id: u16,
+    /// Time to live (the address vector's hop limit).
+    pub ttl: u8,
+    /// Protocol (17: UDP).
+    pub protocol: u8,
+    /// Source address.
+    pub src: [u8; 4],
+    /// Destination address.
+    pub dst: [u8; 4],
+}
+
+/// The Internet checksum's one's-complement sum of `bytes`, folded into 16 bits, added to
+/// `sum` (not yet complemented).
+pub fn ones_sum(mut sum: u32, bytes: &[u8]) -> u32 {
+    let mut chunks = bytes.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum
+}
+
+impl Ipv4Header {
+    /// The header at the start of `packet` (the frame after Ethernet). Options, fragments
+    /// and a wrong header checksum are [`Discard::BadIp`]; a total length the packet does not
+    /// hold is [`Discard::Truncated`] (trailing Ethernet padding is allowed).
+    pub fn parse(packet: &[u8]) -> Result<Self, Discard> {
+        let h = packet.get(..IPV4_LEN).ok_or(Discard::Truncated)?;
+        if h[0] >> 4 != 4 {
+            return Err(Discard::NotRoce);
+        }
+        if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || ones_sum(0, h) != 0xFFFF {
+            return Err(Discard::BadIp);
+        }
+        let total_len = be16(h, 2);
+        if usize::from(total_len) < IPV4_LEN || usize::from(total_len) > packet.len() {
+            return Err(Discard::Truncated);
+        }
+        Ok(Ipv4Header {
+            tos: h[1],
+            total_len,
+            id: be16(h, 4),
+            ttl: h[8],
+            protocol: h[9],
+            src: [h[12], h[13], h[14], h[15]],
+            dst: [h[16], h[17], h[18], h[19]],
+        })
+    }
+
+    /// Writes the header, with DF set and its checksum, into `out`.
+    pub fn write(&self, out: &mut [u8; IPV4_LEN]) {
+        out[0] = 0x45;
+        out[1] = self.tos;
+        out[2..4].copy_from_slice(&self.total_len.to_be_bytes());
+        out[4..6].copy_from_slice(&self.id.to_be_bytes());
+        out[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
+        out[8] = self.ttl;
+        out[9] = self.protocol;
+        out[10..12].copy_from_slice(&[0, 0]);
+        out[12..16].copy_from_slice(&self.src);
+        out[16..20].copy_from_slice(&self.dst);
+        let sum = !(ones_sum(0, out) as u16);
+        out[10..12].copy_from_slice(&sum.to_be_bytes());
+    }
+}
+
+/// A UDP header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpHeader {
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// Length: header and payload.
+    pub len: u16,
+    /// Checksum (0: none, which RoCE sends).
+    pub checksum: u16,
+}
+
+impl UdpHeader {
+    /// The UDP header at the start of `datagram` (the IPv4 payload, exactly as long as the IP
+    /// header says). A length the datagram does not hold is [`Discard::Truncated`]; a non-zero
+    /// checksum is verified over the IPv4 pseudo-header ([`Discard::BadUdpChecksum`]).
+    pub fn parse(datagram: &[u8], ip: &Ipv4Header) -> Result<Self, Discard> {
+        let h = datagram.get(..UDP_LEN).ok_or(Discard::Truncated)?;
+        let u = UdpHeader {
+            src_port: be16(h, 0),
+            dst_port: be16(h, 2),
+            len: be16(h, 4),
+            checksum: be16(h, 6),
+        };
+        let len = usize::from(u.len);
+        if len < UDP_LEN || len > datagram.len() {
+            return Err(Discard::Truncated);
+        }
+        if u.checksum != 0 {
+            let mut sum = ones_sum(0, &ip.src);
+            sum = ones_sum(sum, &ip.dst);
+            sum = ones_sum(sum, &[0, PROTO_UDP]);
+            sum = ones_sum(sum, &u.len.to_be_bytes());
+            if ones_sum(sum, &datagram[..len]) != 0xFFFF {
+                return Err(Discard::BadUdpChecksum);
+            }
+        }
+        Ok(u)
+    }
+
+    /// Writes the header into `out`.
+    pub fn write(&self, out: &mut [u8; UDP_LEN]) {
+        out[..2].copy_from_slice(&self.src_port.to_be_bytes());
+        out[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        out[4..6].copy_from_slice(&self.len.to_be_bytes());
+        out[6..].copy_from_slice(&self.checksum.to_be_bytes());
+    }
+}

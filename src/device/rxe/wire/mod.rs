@@ -1,0 +1,62 @@
+//! RoCEv2 frames on the wire (`shared/roce-v2.md` §1–§5): parsed with every length and field
+//! a peer wrote checked before use, and built byte for byte as Linux's `rdma_rxe` builds them.
+//!
+//! - [`eth`]: MAC addresses, the Ethernet header, ARP;
+//! - [`ip`]: the IPv4 and UDP headers and their checksums;
+//! - [`bth`]: the base transport header, the opcodes and the extended headers;
+//! - [`icrc`]: the invariant CRC;
+//! - [`addr`]: GIDs and the UDP source ports derived from QPs;
+//! - [`packet`]: whole frames, parsed ([`packet::parse`]) and built ([`packet::build`], or [`packet::begin`] and [`packet::finish`] around a payload written in place).
+
+pub mod addr;
+pub mod bth;
+pub mod eth;
+pub mod icrc;
+pub mod ip;
+pub mod packet;
+
+/// Why a received frame was dropped (each one a counter for the embedder; none is answered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Discard {
+    /// Shorter than the headers it claims, or lengths that disagree.
+    Truncated,
+    /// Not IPv4, not UDP, not to port 4791, or an ARP frame this stack does not handle.
+    NotRoce,
+    /// An IPv4 header with options, a fragment, or a bad header checksum.
+    BadIp,
+    /// A non-zero UDP checksum that is wrong.
+    BadUdpChecksum,
+    /// A BTH with a transport version other than 0, or a P_Key that is not the default.
+    BadBth,
+    /// An opcode with no meaning here (RD, CNP, reserved).
+    UnknownOpcode,
+    /// The ICRC does not match.
+    BadIcrc,
+}
+
+/// Reads a big-endian `u16` at `at` (the caller checked the bounds).
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// Reads a big-endian 24-bit value at `at` (the caller checked the bounds).
+pub(crate) fn be24(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
+}
+
+/// Reads a big-endian `u32` at `at` (the caller checked the bounds).
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Reads a big-endian `u64` at `at` (the caller checked the bounds).
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(w)
+}
+
+/// Writes `v`'s low 24 bits big-endian at `at`.
+pub(crate) fn put24(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+}

@@ -1,0 +1,203 @@
+//! Whole frames: a received frame classified and checked ([`parse`]), and a RoCEv2 frame
+//! built as Linux builds one ([`begin`], [`finish`], [`build`]).
+
+use super::bth::{BTH_LEN, Headers};
+use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
+use super::icrc::{ICRC_LEN, icrc};
+use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+use super::{Discard, be16};
+
+/// Bytes before the transport headers of a RoCEv2 frame over IPv4.
+pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
+
+/// A received frame, classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// An ARP packet for IPv4 over Ethernet.
+    Arp(Arp),
+    /// A RoCEv2 packet: every length checked, the ICRC verified.
+    Roce(Packet<'a>),
+    /// Anything else (for the embedder's IP stack).
+    Other,
+}
+
+/// A RoCEv2 packet over IPv4, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet<'a> {
+    /// The sender's MAC.
+    pub src_mac: Mac,
+    /// The IPv4 header.
+    pub ip: Ipv4Header,
+    /// The UDP header.
+    pub udp: UdpHeader,
+    /// The base transport header and its extended headers.
+    pub headers: Headers,
+    /// The payload, without pad and ICRC (empty for opcodes without one).
+    pub payload: &'a [u8],
+}
+
+/// Classifies `frame` (from the destination MAC; trailing Ethernet padding allowed). IPv4
+/// UDP to port 4791 is RoCEv2 and is checked completely: a failed check is the `Err`. ARP for
+/// IPv4 is parsed; everything else is [`Frame::Other`].
+pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
+    let eth = EthHeader::parse(frame)?;
+    let body = &frame[ETH_LEN..];
+    match eth.ethertype {
+        ETHERTYPE_ARP => {
+            return Ok(Arp::parse(body).map_or(Frame::Other, Frame::Arp));
+        }
+        ETHERTYPE_IPV4 => {}
+        _ => return Ok(Frame::Other),
+    }
+    // Is it for RoCE? Decided before the strict checks: an IP packet for the embedder's stack
+    // may carry options or be a fragment.
+    let ihl = usize::from(body.first().map_or(0, |b| b & 0xF)) * 4;
+    let roce = body.len() >= ihl + UDP_LEN
+        && ihl >= IPV4_LEN
+        && body[0] >> 4 == 4
+        && body[9] == PROTO_UDP
+        && be16(body, 6) & 0x1FFF == 0
+        && be16(body, ihl + 2) == ROCE_PORT;
+    if !roce {
+        return Ok(Frame::Other);
+    }
+    let ip = Ipv4Header::parse(body)?;
+    let datagram = &body[IPV4_LEN..usize::from(ip.total_len)];
+    let udp = UdpHeader::parse(datagram, &ip)?;
+    let transport = &datagram[UDP_LEN..usize::from(udp.len)];
+    let (headers, layout) = Headers::parse(transport)?;
+    if headers.bth.pkey & 0x7FFF != 0x7FFF {
+        return Err(Discard::BadBth);
+    }
+    let hlen = layout.header_len();
+    let body_len = transport
+        .len()
+        .checked_sub(hlen + ICRC_LEN)
+        .ok_or(Discard::Truncated)?;
+    let pad = usize::from(headers.bth.pad);
+    if body_len < pad || (!layout.payload() && body_len != 0) {
+        return Err(Discard::Truncated);
+    }
+    let end = transport.len() - ICRC_LEN;
+    let mut sent = [0u8; ICRC_LEN];
+    sent.copy_from_slice(&transport[end..]);
+    // The ICRC covers the IP packet up to the end of the pad.
+    let covered = &body[..IPV4_LEN + UDP_LEN + end];
+    if icrc(covered) != Some(u32::from_le_bytes(sent)) {
+        return Err(Discard::BadIcrc);
+    }
+    Ok(Frame::Roce(Packet {
+        src_mac: eth.src,
+        ip,
+        udp,
+        headers,
+        payload: &transport[hlen..end - pad],
+    }))
+}
+
+/// Where a RoCEv2 frame goes and what its outer headers carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The sender's MAC.
+    pub src_mac: Mac,
+    /// The next hop's MAC.
+    pub dst_mac: Mac,
+    /// The sender's IPv4 address (the one inside its GID).
+    pub src_ip: [u8; 4],
+    /// The receiver's IPv4 address.
+    pub dst_ip: [u8; 4],
+    /// IPv4 TOS (the address vector's traffic class).
+    pub tos: u8,
+    /// IPv4 TTL (the address vector's hop limit).
+    pub ttl: u8,
+    /// The UDP source port ([`super::addr`]).
+    pub src_port: u16,
+}
+
+/// Writes the outer headers and the transport headers of a frame whose payload is
+/// `payload_len` bytes into `buf` (the BTH's pad count is set from the length; the IPv4
+/// identification is `id`). Returns where the payload goes; the caller writes it there and
+/// calls [`finish`]. `None` when the headers cannot be written (an extended header the opcode
+/// needs is absent) or the frame would not fit `buf`.
+pub fn begin(
+    buf: &mut [u8],
+    route: &Route,
+    id: u16,
+    headers: &Headers,
+    payload_len: usize,
+) -> Option<usize> {
+    let pad = payload_len.wrapping_neg() & 3;
+    let mut h = *headers;
+    h.bth.pad = pad as u8;
+    let transport = buf.get_mut(ROCE_OFFSET..)?;
+    let hlen = h.write(transport)?;
+    let udp_len = UDP_LEN + hlen + payload_len + pad + ICRC_LEN;
+    let total = IPV4_LEN + udp_len;
+    if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
+        return None;
+    }
+    let mut eth = [0u8; ETH_LEN];
+    EthHeader {
+        dst: route.dst_mac,
+        src: route.src_mac,
+        ethertype: ETHERTYPE_IPV4,
+    }
+    .write(&mut eth);
+    buf[..ETH_LEN].copy_from_slice(&eth);
+    let mut ip = [0u8; IPV4_LEN];
+    Ipv4Header {
+        tos: route.tos,
+        total_len: total as u16,
+        id,
+        ttl: route.ttl,
+        protocol: PROTO_UDP,
+        src: route.src_ip,
+        dst: route.dst_ip,
+    }
+    .write(&mut ip);
+    buf[ETH_LEN..ETH_LEN + IPV4_LEN].copy_from_slice(&ip);
+    let mut udp = [0u8; UDP_LEN];
+    UdpHeader {
+        src_port: route.src_port,
+        dst_port: ROCE_PORT,
+        len: udp_len as u16,
+        checksum: 0,
+    }
+    .write(&mut udp);
+    buf[ETH_LEN + IPV4_LEN..ROCE_OFFSET].copy_from_slice(&udp);
+    Some(ROCE_OFFSET + hlen)
+}
+
+/// Completes a frame [`begin`] started, once its payload is in place: the pad and the ICRC.
+/// Returns the frame's length; `None` when `buf` does not hold a frame [`begin`] started.
+pub fn finish(buf: &mut [u8]) -> Option<usize> {
+    let total = usize::from(be16(buf.get(..ROCE_OFFSET + 2)?, ETH_LEN + 2));
+    let end = ETH_LEN + total;
+    let pad = usize::from((buf[ROCE_OFFSET + 1] >> 4) & 3);
+    let icrc_at = end.checked_sub(ICRC_LEN + pad)? + pad;
+    if icrc_at - pad < ROCE_OFFSET + BTH_LEN || end > buf.len() {
+        return None;
+    }
+    buf[icrc_at - pad..icrc_at].fill(0);
+    let crc = icrc(&buf[ETH_LEN..icrc_at])?;
+    buf[icrc_at..end].copy_from_slice(&crc.to_le_bytes());
+    Some(end)
+}
+
+/// Builds a whole RoCEv2 frame with `payload` into `buf` and returns its length; `None` as
+/// [`begin`].
+pub fn build(
+    buf: &mut [u8],
+    route: &Route,
+    id: u16,
+    headers: &Headers,
+    payload: &[u8],
+) -> Option<usize> {
+    let at = begin(buf, route, id, headers, payload.len())?;
+    buf[at..at + payload.len()].copy_from_slice(payload);
+    finish(buf)
+}
+
+/// Bytes a frame needs beyond its payload, at most (IPv4, the largest transport headers,
+/// pad, ICRC).
+pub const MAX_OVERHEAD: usize = ROCE_OFFSET + BTH_LEN + 28 + 3 + ICRC_LEN;
