@@ -362,6 +362,8 @@ pub enum Op {
     QuerySrq,
     /// Reading a GID table entry.
     QueryGid,
+    /// Resolving a peer's link address (ARP).
+    ResolveAddress,
 }
 
 /// What a device reported in an [`Error::Device`].

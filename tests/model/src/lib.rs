@@ -30,6 +30,7 @@
 mod datapath;
 mod device;
 pub mod hostile;
+pub mod link;
 mod mem;
 mod pci;
 

@@ -1,0 +1,233 @@
+//! The port of the software RoCE device: the interface's MAC and IPv4 address, its GIDs,
+//! the neighbour cache, and the first look at every received frame — RoCEv2 to the
+//! transport, ARP answered and learnt from, everything else to the embedder's IP stack
+//! (`shared/roce-v2.md` §5, §8).
+
+use bareverbs_hal::Link;
+
+use super::wire::Discard;
+use super::wire::eth::{Arp, ArpOp, Mac};
+use super::wire::packet::{Frame, Packet, parse};
+use crate::error::{Error, Op, Result};
+use crate::verbs::Gid;
+
+/// Neighbours remembered (IPv4 → MAC); the least recently learnt one makes room.
+pub const NEIGHBOURS: usize = 16;
+/// Microseconds between two ARP requests for the same address.
+pub const ARP_RETRY_US: u64 = 200_000;
+/// ARP requests sent for an address before its resolution fails (Linux gives up after
+/// about a second, `shared/roce-v2.md` §5).
+pub const ARP_TRIES: u8 = 5;
+
+/// What became of a received frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rx<'a> {
+    /// A RoCEv2 packet to this interface, checked: for the transport.
+    Roce(Packet<'a>),
+    /// For the embedder's IP stack (ARP included, after the port answered and learnt from
+    /// it, so that the stack learns too).
+    Stack,
+    /// Dropped, with the reason.
+    Dropped(Discard),
+}
+
+/// Frames the port handled, by outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounts {
+    /// RoCEv2 packets handed to the transport.
+    pub roce: u64,
+    /// Frames left to the IP stack.
+    pub stack: u64,
+    /// Frames dropped (damaged RoCE, or RoCE to another address).
+    pub dropped: u64,
+    /// ARP requests for this interface answered.
+    pub arp_answered: u64,
+    /// ARP requests sent.
+    pub arp_sent: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Neighbour {
+    ip: [u8; 4],
+    /// `None` while a resolution is under way.
+    mac: Option<Mac>,
+    /// When it was learnt, or when the last request went out.
+    at: u64,
+    /// Requests sent without an answer.
+    tries: u8,
+}
+
+/// The interface: addresses, neighbours, counters.
+#[derive(Debug)]
+pub struct Port {
+    mac: Mac,
+    ip: [u8; 4],
+    neighbours: [Option<Neighbour>; NEIGHBOURS],
+    counts: PortCounts,
+}
+
+impl Port {
+    /// The port of an interface with `mac` and the static IPv4 address `ip`.
+    pub fn new(mac: Mac, ip: [u8; 4]) -> Self {
+        Port {
+            mac,
+            ip,
+            neighbours: [None; NEIGHBOURS],
+            counts: PortCounts::default(),
+        }
+    }
+
+    /// The interface's MAC address.
+    pub fn mac(&self) -> Mac {
+        self.mac
+    }
+
+    /// The interface's IPv4 address.
+    pub fn ip(&self) -> [u8; 4] {
+        self.ip
+    }
+
+    /// The GID table as rxe lays it out: 0 the link-local GID of the MAC, 1 the IPv4-mapped
+    /// GID of the address (the one RoCEv2 traffic uses).
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        match index {
+            0 => Some(Gid::link_local_from_mac(self.mac)),
+            1 => Some(Gid::from_ipv4(self.ip)),
+            _ => None,
+        }
+    }
+
+    /// Frames handled so far.
+    pub fn counts(&self) -> PortCounts {
+        self.counts
+    }
+
+    /// Takes a received frame: a RoCEv2 packet to this interface goes to the transport (its
+    /// sender's MAC learnt; RoCEv2 to another address is dropped); an ARP request for this interface is answered on `link`; ARP
+    /// from anyone teaches the sender's MAC of an address being resolved or known.
+    pub fn receive<'a, L: Link>(&mut self, link: &mut L, frame: &'a [u8], now: u64) -> Rx<'a> {
+        match parse(frame) {
+            Ok(Frame::Roce(p)) if p.ip.dst == self.ip => {
+                self.counts.roce += 1;
+                // The peer is on this segment (RoCEv2 here is not routed): its responses go
+                // back to the MAC it sent from.
+                self.learn(p.ip.src, p.src_mac, now);
+                Rx::Roce(p)
+            }
+            Ok(Frame::Roce(_)) => {
+                self.counts.dropped += 1;
+                Rx::Dropped(Discard::NotRoce)
+            }
+            Ok(Frame::Arp(a)) => {
+                if a.target_ip == self.ip {
+                    // Asked of us (or told to us): remember the asker, as Linux does.
+                    self.learn(a.sender_ip, a.sender_mac, now);
+                } else {
+                    self.refresh(a.sender_ip, a.sender_mac, now);
+                }
+                if let Some(reply) = a.answer(self.mac, self.ip) {
+                    if link.transmit(&reply.frame(self.mac)).is_ok() {
+                        self.counts.arp_answered += 1;
+                    }
+                }
+                self.counts.stack += 1;
+                Rx::Stack
+            }
+            Ok(Frame::Other) => {
+                self.counts.stack += 1;
+                Rx::Stack
+            }
+            Err(d) => {
+                self.counts.dropped += 1;
+                Rx::Dropped(d)
+            }
+        }
+    }
+
+    /// The MAC of `ip` (on this segment): `Ok(Some)` when known; `Ok(None)` while an ARP
+    /// request is out (one is sent now if none went out in the last [`ARP_RETRY_US`]);
+    /// [`Error::Timeout`] once [`ARP_TRIES`] requests went unanswered (the next call starts
+    /// over).
+    pub fn resolve<L: Link>(&mut self, link: &mut L, ip: [u8; 4], now: u64) -> Result<Option<Mac>> {
+        let i = match self.find(ip) {
+            Some(i) => i,
+            None => self.make_room(ip, now),
+        };
+        let Some(n) = self.neighbours[i].as_mut() else {
+            return Ok(None);
+        };
+        if let Some(mac) = n.mac {
+            return Ok(Some(mac));
+        }
+        if n.tries > 0 && now.wrapping_sub(n.at) < ARP_RETRY_US {
+            return Ok(None);
+        }
+        if n.tries >= ARP_TRIES {
+            self.neighbours[i] = None;
+            return Err(Error::Timeout {
+                op: Op::ResolveAddress,
+            });
+        }
+        let req = Arp {
+            op: ArpOp::Request,
+            sender_mac: self.mac,
+            sender_ip: self.ip,
+            target_mac: [0; 6],
+            target_ip: ip,
+        };
+        if link.transmit(&req.frame(self.mac)).is_ok() {
+            n.tries += 1;
+            n.at = now;
+            self.counts.arp_sent += 1;
+        }
+        Ok(None)
+    }
+
+    fn find(&self, ip: [u8; 4]) -> Option<usize> {
+        self.neighbours
+            .iter()
+            .position(|n| n.is_some_and(|n| n.ip == ip))
+    }
+
+    /// A slot for `ip`, pending: a free one, or the least recently learnt.
+    fn make_room(&mut self, ip: [u8; 4], now: u64) -> usize {
+        let i = self
+            .neighbours
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                (0..NEIGHBOURS)
+                    .min_by_key(|&i| self.neighbours[i].map_or(0, |n| n.at))
+                    .unwrap_or(0)
+            });
+        self.neighbours[i] = Some(Neighbour {
+            ip,
+            mac: None,
+            at: now,
+            tries: 0,
+        });
+        i
+    }
+
+    /// Records `ip` at `mac`, making room if needed.
+    fn learn(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
+        let i = match self.find(ip) {
+            Some(i) => i,
+            None => self.make_room(ip, now),
+        };
+        self.neighbours[i] = Some(Neighbour {
+            ip,
+            mac: Some(mac),
+            at: now,
+            tries: 0,
+        });
+    }
+
+    /// Records `ip` at `mac` if `ip` is known or being resolved (nobody else's traffic fills
+    /// the cache).
+    fn refresh(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
+        if self.find(ip).is_some() {
+            self.learn(ip, mac, now);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! An Ethernet segment in memory for the software RoCE device: two (or more) [`MemLink`]s
+//! whose transmitted frames reach every other link on the segment, in order, with an
+//! optional lossy mode (drop, duplicate, reorder) driven by a seeded generator, and a record
+//! of every frame sent for byte-level checks.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use bareverbs_hal::{Link, LinkError};
+
+/// Damage the segment does to frames in flight, each per mille, from a seeded generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Frames dropped, per mille.
+    pub drop: u32,
+    /// Frames delivered twice, per mille.
+    pub duplicate: u32,
+    /// Frames delivered after the next one, per mille.
+    pub reorder: u32,
+    /// The generator's seed.
+    pub seed: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Per link: frames waiting to be received.
+    queues: Vec<VecDeque<Vec<u8>>>,
+    /// Every frame transmitted, with its sender, in order.
+    sent: Vec<(usize, Vec<u8>)>,
+    faults: Faults,
+    rng: u64,
+    /// Frames dropped, duplicated and reordered so far.
+    damage: (u64, u64, u64),
+}
+
+impl Inner {
+    fn roll(&mut self, per_mille: u32) -> bool {
+        if per_mille == 0 {
+            return false;
+        }
+        // xorshift64*: repeatable from the seed.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let r = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (r >> 33) % 1000 < u64::from(per_mille)
+    }
+}
+
+/// A shared Ethernet segment.
+#[derive(Clone, Default)]
+pub struct Segment(Arc<Mutex<Inner>>);
+
+impl Segment {
+    /// An empty, lossless segment.
+    pub fn new() -> Self {
+        Segment::default()
+    }
+
+    /// Attaches a link with `mac` (frames larger than `max_frame` are refused).
+    pub fn attach(&self, mac: [u8; 6], max_frame: usize) -> MemLink {
+        let mut g = self.0.lock().unwrap();
+        g.queues.push(VecDeque::new());
+        MemLink {
+            seg: self.clone(),
+            id: g.queues.len() - 1,
+            mac,
+            max_frame,
+        }
+    }
+
+    /// Turns the lossy mode on (or off, with `Faults::default()`).
+    pub fn set_faults(&self, faults: Faults) {
+        let mut g = self.0.lock().unwrap();
+        g.faults = faults;
+        g.rng = faults.seed | 1;
+    }
+
+    /// Every frame sent so far, with the index of the link that sent it.
+    pub fn sent(&self) -> Vec<(usize, Vec<u8>)> {
+        self.0.lock().unwrap().sent.clone()
+    }
+
+    /// Frames (dropped, duplicated, reordered) so far.
+    pub fn damage(&self) -> (u64, u64, u64) {
+        self.0.lock().unwrap().damage
+    }
+
+    /// Puts `frame` on the segment as if link `from` sent it (a recorded peer's frame).
+    pub fn inject(&self, from: usize, frame: &[u8]) {
+        self.deliver(from, frame.to_vec());
+    }
+
+    fn deliver(&self, from: usize, frame: Vec<u8>) {
+        let mut g = self.0.lock().unwrap();
+        g.sent.push((from, frame.clone()));
+        let f = g.faults;
+        if g.roll(f.drop) {
+            g.damage.0 += 1;
+            return;
+        }
+        let copies = if g.roll(f.duplicate) {
+            g.damage.1 += 1;
+            2
+        } else {
+            1
+        };
+        let reorder = g.roll(f.reorder);
+        if reorder {
+            g.damage.2 += 1;
+        }
+        for (i, q) in g.queues.iter_mut().enumerate() {
+            if i == from {
+                continue;
+            }
+            for _ in 0..copies {
+                // Reordered: the frame goes before the last one waiting.
+                if reorder && !q.is_empty() {
+                    let at = q.len() - 1;
+                    q.insert(at, frame.clone());
+                } else {
+                    q.push_back(frame.clone());
+                }
+            }
+        }
+    }
+}
+
+/// One NIC on a [`Segment`].
+pub struct MemLink {
+    seg: Segment,
+    id: usize,
+    mac: [u8; 6],
+    max_frame: usize,
+}
+
+impl MemLink {
+    /// This link's index on its segment (as [`Segment::sent`] names senders).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Frames waiting to be received.
+    pub fn pending(&self) -> usize {
+        self.seg.0.lock().unwrap().queues[self.id].len()
+    }
+}
+
+impl Link for MemLink {
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
+        if frame.is_empty() || frame.len() > self.max_frame {
+            return Err(LinkError::Size);
+        }
+        self.seg.deliver(self.id, frame.to_vec());
+        Ok(())
+    }
+
+    fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let mut g = self.seg.0.lock().unwrap();
+        loop {
+            let f = g.queues[self.id].pop_front()?;
+            if f.len() <= buf.len() {
+                buf[..f.len()].copy_from_slice(&f);
+                return Some(f.len());
+            }
+        }
+    }
+}
