@@ -6,7 +6,9 @@
 //!   extended headers, the ICRC — parsed with every length checked and built byte for byte as
 //!   Linux builds them;
 //! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered and
-//!   resolved), and the demultiplexing of received frames between RoCE and the IP stack.
+//!   resolved), and the demultiplexing of received frames between RoCE and the IP stack;
+//! - [`seq`]: PSN arithmetic and how a message is cut into packets at a path MTU.
 
 pub mod port;
+pub mod seq;
 pub mod wire;
