@@ -14,7 +14,8 @@
 //! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
 //! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
 //! and, with the `x86_64` feature, [`x86::PortIoConfig`] (configuration mechanism #1 over
-//! ports 0xCF8/0xCFC).
+//! ports 0xCF8/0xCFC), and with the `virtio-net` feature [`virtio_net::VirtioNet`] (a virtio-net
+//! NIC as a [`Link`], through the `virtio-drivers` crate).
 #![no_std]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -24,6 +25,8 @@
 
 pub mod link;
 mod region;
+#[cfg(feature = "virtio-net")]
+pub mod virtio_net;
 #[cfg(feature = "x86_64")]
 pub mod x86;
 
