@@ -3,8 +3,9 @@
 #
 #   qemu/boot.sh KERNEL [--require-device] [extra QEMU arguments...]
 #
-# The machine: q35, 256 MiB, serial on stdout, isa-debug-exit, and a vmxnet3 at 00:10.0 (the
-# function a PVRDMA pairs with). Plain QEMU cannot realize -device pvrdma without a host RDMA
+# The machine: q35, 256 MiB, serial on stdout, isa-debug-exit, a vmxnet3 at 00:10.0 (the
+# function a PVRDMA pairs with), and a virtio-net at 00:03.0 on its own user network (the
+# kernel's link self-test ARPs for the gateway 10.0.2.2 through it). Plain QEMU cannot realize -device pvrdma without a host RDMA
 # device (see qemu/lab/ for that), so here the kernel shows the PCI probe and its clean "no
 # device" path. Status: 0 for PASS (and for "no device" unless --require-device), 1 otherwise.
 set -uo pipefail
@@ -20,6 +21,8 @@ timeout 60 qemu-system-x86_64 \
   -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
   -netdev user,id=n0,restrict=on \
   -device vmxnet3,netdev=n0,addr=0x10.0,multifunction=on,mac=52:54:00:12:34:57,romfile= \
+  -netdev user,id=n1,restrict=on \
+  -device virtio-net-pci,netdev=n1,addr=0x3.0,mac=52:54:00:12:34:56,romfile= \
   -kernel "$kernel" "$@"
 status=$?
 case $status in

@@ -19,6 +19,7 @@
 
 use core::fmt::Write;
 
+pub mod arp;
 pub mod peer;
 pub mod wait;
 

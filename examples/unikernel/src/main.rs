@@ -19,7 +19,9 @@ use core::fmt::Write;
 use core::ptr::NonNull;
 
 use bareverbs::device::pvrdma::Config;
-use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
+use bareverbs::hal::{DmaRegion, Link, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs_unikernel::arp::{self, DisplayMac};
 use bareverbs_unikernel::peer::{self, Line};
 use bareverbs_unikernel::wait::Polling;
 use bareverbs_unikernel::{Verdict, run};
@@ -146,6 +148,92 @@ fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
     })
 }
 
+/// This kernel's address and the gateway's on QEMU's user network (slirp's defaults).
+const LINK_IP: [u8; 4] = [10, 0, 2, 15];
+const GATEWAY_IP: [u8; 4] = [10, 0, 2, 2];
+/// Timer ticks (about 16 ms each) the ARP probe waits at most, and between its requests.
+const ARP_TICKS: u32 = 128;
+const ARP_RESEND_TICKS: u32 = 32;
+/// ARP rounds: more than twice the receive buffers.
+const ARP_ROUNDS: usize = 2 * virtio_net::RX_BUFFERS + 1;
+
+/// The link self-test, on the first virtio-net NIC: ARP for the gateway through the `Link`
+/// seam. Prints one `link:` line; a NIC that does not answer ends the run with FAIL.
+fn link_test(pci: &PortIoConfig, dma: &DmaRegion) {
+    let Some(address) = virtio_net::find(pci) else {
+        let _ = writeln!(Serial, "link: no virtio-net NIC");
+        return;
+    };
+    let at = (address.bus(), address.device(), address.function());
+    // SAFETY: the port accessor reaches every function; this kernel drives nothing else on
+    // the NIC; its BARs lie in the identity-mapped, uncached PCI hole (the HAL's mapping).
+    let nic = unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) };
+    let mut nic = match nic {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL link: virtio-net bring-up: {e}");
+            exit(Exit::Fail)
+        }
+    };
+    // Round after round, so that every transmit slot and every receive buffer is used (and
+    // recycled) more than once.
+    let mut reply = Err(arp::ArpFailure::Timeout);
+    for _ in 0..ARP_ROUNDS {
+        let start = irq::count(irq::TIMER_VECTOR);
+        reply = arp::probe(&mut nic, LINK_IP, GATEWAY_IP, ARP_RESEND_TICKS, || {
+            irq::wait();
+            irq::count(irq::TIMER_VECTOR).wrapping_sub(start) < ARP_TICKS
+        });
+        if reply.is_err() {
+            break;
+        }
+    }
+    let mac = nic.mac();
+    let stats = nic.stats();
+    drop(nic);
+    match reply {
+        Ok(r) if dma.free_pages() == dma.total_pages() => {
+            let _ = writeln!(
+                Serial,
+                "link: virtio-net {:02x}:{:02x}.{} MAC {}, ARP {}.{}.{}.{} is {} ({} frames in, {} out, {} dropped)",
+                at.0,
+                at.1,
+                at.2,
+                DisplayMac(mac),
+                GATEWAY_IP[0],
+                GATEWAY_IP[1],
+                GATEWAY_IP[2],
+                GATEWAY_IP[3],
+                DisplayMac(r.mac),
+                stats.received,
+                stats.transmitted,
+                stats.dropped
+            );
+        }
+        Ok(_) => {
+            let left = dma.total_pages() - dma.free_pages();
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL link: {left} DMA pages not returned"
+            );
+            exit(Exit::Fail)
+        }
+        Err(e) => {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL link: virtio-net {:02x}:{:02x}.{} MAC {}: {e} ({} frames in, {} out)",
+                at.0,
+                at.1,
+                at.2,
+                DisplayMac(mac),
+                stats.received,
+                stats.transmitted
+            );
+            exit(Exit::Fail)
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 extern "C" fn kmain(start_info: u32) -> ! {
     console::init();
@@ -181,14 +269,17 @@ extern "C" fn kmain(start_info: u32) -> ! {
     let Some(vaddr) = NonNull::new(pa as usize as *mut u8) else {
         exit(Exit::Fail)
     };
+    // The HAL lives in a static (virtio-drivers, behind the link test, reaches it without a
+    // value); the PVRDMA path uses the same one.
     // SAFETY: RAM above the image from the firmware's memory map, identity-mapped, used for
-    // nothing else.
-    let dma = unsafe { DmaRegion::new(pa, vaddr, pages) };
+    // nothing else; the boot code identity-maps 0–4 GiB with the PCI hole uncached, and PCI
+    // devices' BARs lie in that hole. Installed once, here.
+    let Some(hal) = (unsafe { GlobalIdentity::install(pa, vaddr, pages, 0) }) else {
+        exit(Exit::Fail)
+    };
+    let dma = hal.region();
     // Device vector v arrives at CPU vector 0x30 + v on this CPU's LAPIC.
     let msi = 0xFEE0_0000 | u32::from(apic) << 12;
-    // SAFETY: the boot code identity-maps 0–4 GiB with the PCI hole uncached; PCI devices'
-    // BARs lie in that hole.
-    let hal = unsafe { IdentityHal::new(&dma, 0) };
     let hal = hal.with_msi(msi, u32::from(irq::DEVICE_VECTORS.start));
     // SAFETY: a PC has configuration mechanism #1; this kernel is the only user of the ports.
     let pci = unsafe { PortIoConfig::new() };
@@ -206,7 +297,10 @@ extern "C" fn kmain(start_info: u32) -> ! {
         &mut polling
     };
     match run(hal, &pci, &mut Serial, config, cpu) {
-        Ok(Verdict::NoDevice) => exit(Exit::NoDevice),
+        Ok(Verdict::NoDevice) => {
+            link_test(&pci, dma);
+            exit(Exit::NoDevice)
+        }
         Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             if let Some(ip) = peer_ip(start_info) {
