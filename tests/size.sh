@@ -32,8 +32,10 @@
 #     built in the example's code;
 #   - nothing else counts: not the example's own code, not core/log/pci_types code the example
 #     itself calls (core code inlined into driver code counts with it, wherever it landed).
-# Prints `driver_text_symbols N`, `driver_text_inlined N`, then last `driver_text_bytes N`
-# (their sum).
+# The NIC link (`hal/src/virtio_net`, `bareverbs_hal::virtio_net::…`) and the virtio-drivers
+# crate it wraps are not the RDMA driver: their symbols are printed apart, `link_text_symbols N`.
+# Prints `link_text_symbols N`, `driver_text_symbols N`, `driver_text_inlined N`, then last
+# `driver_text_bytes N` (the driver's sum).
 #
 # Needs binutils (nm, objdump), llvm-dwarfdump (Debian package llvm) and python3; installed with
 # apt-get when missing and run as root.

@@ -17,17 +17,35 @@ def run(*cmd):
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
+# The NIC link (hal/src/virtio_net, and the virtio-drivers crate it wraps) is not the RDMA
+# driver: counted apart, as link_text_symbols.
+LINK = r"(bareverbs_hal::virtio_net|virtio_drivers)::"
+
+
 def driver_symbol(name):
     bare = name.lstrip("<")
+    if re.match(LINK, bare) or re.match(r"core::ptr::drop_in_place<\(?" + LINK, name):
+        return False
     return bool(
         re.match(r"(bareverbs|bareverbs_hal)::", bare)
         or re.match(r"core::ptr::drop_in_place<\(?(bareverbs|bareverbs_hal)::", name)
     )
 
 
+def link_symbol(name):
+    return bool(
+        re.match(LINK, name.lstrip("<"))
+        or re.match(r"core::ptr::drop_in_place<\(?" + LINK, name)
+    )
+
+
 def main():
     kernel, repo = sys.argv[1], os.path.abspath(sys.argv[2])
     roots = (repo + "/src/", repo + "/hal/src/")
+    link_dir = repo + "/hal/src/virtio_net"
+
+    def driver_file(f):
+        return f.startswith(roots) and not f.startswith(link_dir)
 
     # Text symbols with a size: (start, end, name); aliases (same start) once.
     syms = {}
@@ -96,7 +114,7 @@ def main():
     inlined = set()
 
     def take(entry):
-        if entry is None or not entry["call_file"].startswith(roots):
+        if entry is None or not driver_file(entry["call_file"]):
             return
         for a, b in entry["ranges"]:
             if text_lo <= a < b <= text_hi:
@@ -136,12 +154,14 @@ def main():
 
     # Bytes outside the driver's symbols whose innermost source line is in a driver file.
     for (a, ln, f, end), (b, _, _, _) in zip(rows, rows[1:]):
-        if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not f.startswith(roots):
+        if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not driver_file(f):
             continue
         for x in range(a, b):
             if not in_driver_symbol(x):
                 inlined.add(x)
     symbols = sum(e - a for a, e in driver)
+    link = sum(e - a for a, (e, n) in syms.items() if link_symbol(n))
+    print(f"link_text_symbols {link}")
     print(f"driver_text_symbols {symbols}")
     print(f"driver_text_inlined {len(inlined)}")
     print(f"driver_text_bytes {symbols + len(inlined)}")
