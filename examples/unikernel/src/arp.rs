@@ -1,11 +1,9 @@
-//! The link self-test: resolve one IPv4 address with ARP over a [`Link`], hand-built frames
-//! (RFC 826, Ethernet/IPv4 only).
+//! The link self-test: resolve one IPv4 address with ARP over a [`Link`], with the frames of
+//! the software RoCE device's wire module (RFC 826, Ethernet/IPv4 only).
 
+use bareverbs::device::rxe::wire::eth::{Arp, ArpOp};
+use bareverbs::device::rxe::wire::packet::{Frame, parse};
 use bareverbs::hal::{Link, LinkError};
-
-const ETHERTYPE_ARP: [u8; 2] = [0x08, 0x06];
-/// Ethernet (14) + ARP for Ethernet/IPv4 (28).
-pub const ARP_FRAME: usize = 42;
 
 /// How the probe ended without an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,29 +34,26 @@ pub struct ArpReply {
     pub frames_out: u32,
 }
 
-/// The broadcast ARP request ("who has `target`? tell `ip`") from `mac`.
-pub fn request(mac: [u8; 6], ip: [u8; 4], target: [u8; 4]) -> [u8; ARP_FRAME] {
-    let mut f = [0u8; ARP_FRAME];
-    f[0..6].fill(0xFF);
-    f[6..12].copy_from_slice(&mac);
-    f[12..14].copy_from_slice(&ETHERTYPE_ARP);
-    // Hardware type 1 (Ethernet), protocol 0x0800 (IPv4), lengths 6 and 4, operation 1.
-    f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    f[22..28].copy_from_slice(&mac);
-    f[28..32].copy_from_slice(&ip);
-    // Target hardware address unknown: zeros.
-    f[38..42].copy_from_slice(&target);
-    f
+/// The broadcast ARP request ("who has `target`? tell `ip`") from `mac`, padded to 60 bytes.
+pub fn request(mac: [u8; 6], ip: [u8; 4], target: [u8; 4]) -> [u8; 60] {
+    Arp {
+        op: ArpOp::Request,
+        sender_mac: mac,
+        sender_ip: ip,
+        target_mac: [0; 6],
+        target_ip: target,
+    }
+    .frame(mac)
 }
 
 /// The sender MAC of `frame` if it is an ARP reply from `target` to `ip`.
 pub fn parse_reply(frame: &[u8], ip: [u8; 4], target: [u8; 4]) -> Option<[u8; 6]> {
-    let f = frame.get(..ARP_FRAME)?;
-    let ok = f[12..14] == ETHERTYPE_ARP
-        && f[14..22] == [0, 1, 0x08, 0x00, 6, 4, 0, 2]
-        && f[28..32] == target
-        && f[38..42] == ip;
-    ok.then(|| f[22..28].try_into().ok()).flatten()
+    match parse(frame) {
+        Ok(Frame::Arp(a)) if a.op == ArpOp::Reply && a.sender_ip == target && a.target_ip == ip => {
+            Some(a.sender_mac)
+        }
+        _ => None,
+    }
 }
 
 /// Asks who has `target` (as `ip`) and waits for the answer: `tick` is called between polls
@@ -164,12 +159,16 @@ mod tests {
     #[test]
     fn request_bytes() {
         let f = request(ME, IP, GW_IP);
-        let want: [u8; ARP_FRAME] = [
+        let want: [u8; 42] = [
             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0, 0x12, 0x34, 0x56, 8, 6, //
             0, 1, 8, 0, 6, 4, 0, 1, 0x52, 0x54, 0, 0x12, 0x34, 0x56, 10, 0, 2, 15, //
             0, 0, 0, 0, 0, 0, 10, 0, 2, 2,
         ];
-        assert_eq!(f, want);
+        assert_eq!(f[..42], want);
+        assert!(
+            f[42..].iter().all(|&b| b == 0),
+            "padded with zeros to 60 bytes"
+        );
         assert_eq!(parse_reply(&f, IP, GW_IP), None, "a request is not a reply");
     }
 
