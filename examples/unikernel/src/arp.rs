@@ -1,8 +1,7 @@
 //! The link self-test: resolve one IPv4 address with ARP over a [`Link`], with the frames of
 //! the software RoCE device's wire module (RFC 826, Ethernet/IPv4 only).
 
-use bareverbs::device::rxe::wire::eth::{Arp, ArpOp};
-use bareverbs::device::rxe::wire::packet::{Frame, parse};
+use bareverbs::device::rxe::wire::eth::{Arp, ArpOp, ETH_LEN, ETHERTYPE_ARP, EthHeader};
 use bareverbs::hal::{Link, LinkError};
 
 /// How the probe ended without an answer.
@@ -48,12 +47,13 @@ pub fn request(mac: [u8; 6], ip: [u8; 4], target: [u8; 4]) -> [u8; 60] {
 
 /// The sender MAC of `frame` if it is an ARP reply from `target` to `ip`.
 pub fn parse_reply(frame: &[u8], ip: [u8; 4], target: [u8; 4]) -> Option<[u8; 6]> {
-    match parse(frame) {
-        Ok(Frame::Arp(a)) if a.op == ArpOp::Reply && a.sender_ip == target && a.target_ip == ip => {
-            Some(a.sender_mac)
-        }
-        _ => None,
-    }
+    let eth = EthHeader::parse(frame).ok()?;
+    let a = Arp::parse(frame.get(ETH_LEN..)?).ok()?;
+    (eth.ethertype == ETHERTYPE_ARP
+        && a.op == ArpOp::Reply
+        && a.sender_ip == target
+        && a.target_ip == ip)
+        .then_some(a.sender_mac)
 }
 
 /// Asks who has `target` (as `ip`) and waits for the answer: `tick` is called between polls
