@@ -12,9 +12,13 @@
 //! configuration access:
 //!
 //! ```ignore
+//! // SAFETY: RAM for DMA that nothing else uses, identity-mapped (offset 0).
 //! let hal = unsafe { GlobalIdentity::install(paddr, vaddr, pages, 0) }.unwrap();
+//! // SAFETY: a PC has configuration mechanism #1; this kernel is its only user.
 //! let pci = unsafe { PortIoConfig::new() };
 //! let address = virtio_net::find(&pci).ok_or(VirtioNetError::NoDevice)?;
+//! // SAFETY: the function at `address` is a virtio-net NIC nothing else drives, its BARs
+//! // assigned by the firmware and inside the HAL's MMIO mapping.
 //! let mut nic = unsafe { VirtioNet::<GlobalIdentity>::new(&pci, address) }?;
 //! nic.transmit(&frame)?;
 //! ```

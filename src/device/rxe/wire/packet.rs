@@ -174,11 +174,12 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     let total = usize::from(be16(buf.get(..ROCE_OFFSET + 2)?, ETH_LEN + 2));
     let end = ETH_LEN + total;
     let pad = usize::from((buf[ROCE_OFFSET + 1] >> 4) & 3);
-    let icrc_at = end.checked_sub(ICRC_LEN + pad)? + pad;
-    if icrc_at - pad < ROCE_OFFSET + BTH_LEN || end > buf.len() {
+    let icrc_at = end.checked_sub(ICRC_LEN)?;
+    let pad_at = icrc_at.checked_sub(pad)?;
+    if pad_at < ROCE_OFFSET + BTH_LEN || end > buf.len() {
         return None;
     }
-    buf[icrc_at - pad..icrc_at].fill(0);
+    buf[pad_at..icrc_at].fill(0);
     let crc = icrc(&buf[ETH_LEN..icrc_at])?;
     buf[icrc_at..end].copy_from_slice(&crc.to_le_bytes());
     Some(end)
