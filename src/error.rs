@@ -471,6 +471,9 @@ pub enum Feature {
     /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
     /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
     SrqModify,
+    /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address: the software device speaks
+    /// RoCEv2 over IPv4 only.
+    Ipv6,
 }
 
 /// What was not found, in an [`Error::NotFound`].

@@ -9,7 +9,8 @@
 //!   implementation ([`MmioRegion`]) is a volatile access; a software model of a device can
 //!   instead react inside the write, as an emulator does;
 //! - PCI configuration space through [`pci_types::ConfigRegionAccess`] (re-exported here);
-//! - [`Link`]: whole Ethernet frames in and out of a NIC, for the software RoCEv2 device.
+//! - [`Link`]: whole Ethernet frames in and out of a NIC, and [`Clock`], a monotonic time, for
+//!   the software RoCEv2 device.
 //!
 //! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
 //! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
@@ -23,6 +24,7 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+pub mod clock;
 pub mod link;
 mod region;
 #[cfg(feature = "virtio-net")]
@@ -32,6 +34,7 @@ pub mod x86;
 
 use core::ptr::NonNull;
 
+pub use clock::Clock;
 pub use link::{Link, LinkError};
 pub use pci_types::{ConfigRegionAccess, PciAddress};
 pub use region::{DmaRegion, IdentityHal, MAX_REGION_PAGES, MmioRegion};

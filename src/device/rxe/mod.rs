@@ -1,5 +1,5 @@
-//! Software RoCEv2 over a plain Ethernet NIC (a [`Link`](crate::hal::Link)), interoperating
-//! with Linux's `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
+//! Software RoCEv2 over a plain Ethernet NIC (a [`Link`]), interoperating with Linux's
+//! `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
 //!
 //! Built in layers, each with every fact of its own (`shared/roce-v2.md`):
 //! - [`wire`]: the frames — Ethernet, ARP, IPv4, UDP 4791, the base transport header and its
@@ -7,8 +7,388 @@
 //!   Linux builds them;
 //! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered and
 //!   resolved), and the demultiplexing of received frames between RoCE and the IP stack;
-//! - [`seq`]: PSN arithmetic and how a message is cut into packets at a path MTU.
+//! - [`seq`]: PSN arithmetic and how a message is cut into packets at a path MTU;
+//! - the device, [`Rxe`]: the verbs [`Provider`](crate::verbs::Provider) — memory regions
+//!   with keys and access checks, completion queues, RC and UD queue pairs, shared receive
+//!   queues — and the reliable transport: a requester (segmentation, the PSN window, go-back-N
+//!   retransmission on a timer, RNR waits), a completer (coalesced ACKs, NAKs, READ responses,
+//!   atomic acknowledges) and a responder (in-order PSNs, one NAK per gap, duplicate and
+//!   READ/atomic replay, RNR NAKs, access and bounds checks).
+//!
+//! There is no thread: the transport runs inside the verbs calls. Posting sends what the
+//! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
+//! The embedder's IP stack shares the NIC through [`Rxe::stack`].
+
+mod cq;
+mod mem;
+mod net;
+mod provider;
+mod qp;
+mod requester;
+mod responder;
+mod srq;
 
 pub mod port;
 pub mod seq;
 pub mod wire;
+
+use core::ptr::NonNull;
+
+use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
+
+use crate::dma::Dma;
+use crate::error::{Error, Result};
+use crate::events::EventHub;
+use crate::verbs::{DeviceCaps, Gid};
+
+pub use cq::{Cq, Poll};
+pub use mem::{Mem, Mr};
+pub use qp::{Cursor, Qp};
+pub use srq::Srq;
+
+use mem::Tables;
+use port::{Port, PortCounts, Rx};
+
+/// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
+pub const MAX_QP: usize = 32;
+/// The number of the first queue pair.
+pub const FIRST_QPN: u32 = 16;
+/// Memory regions the device holds.
+pub const MAX_MR: usize = 256;
+/// Work requests per queue.
+pub const MAX_WR: u32 = 1024;
+/// Scatter/gather entries per work request.
+pub const MAX_SGE: u32 = 4;
+/// Bytes of inline data a send request carries.
+pub const MAX_INLINE: u32 = 64;
+/// READ and atomic requests a queue pair keeps for replay, and the most it has outstanding.
+pub const MAX_RD_ATOMIC: u32 = 16;
+/// Frames of the IP stack kept until it reads them (more are dropped, as a full NIC would).
+pub const STACK_FRAMES: usize = 8;
+/// The largest frame the device handles (a 4096-byte path MTU with every header).
+pub const FRAME: usize = 4096 + wire::packet::MAX_OVERHEAD;
+/// Frames taken from the link per progress call, at most (bounded work per verbs call).
+const RX_BUDGET: usize = 64;
+
+/// How the device is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The interface's static IPv4 address.
+    pub ip: [u8; 4],
+}
+
+/// The software RoCEv2 device over the NIC `L`, with DMA memory from `H` and time from `C`.
+pub struct Rxe<H: Hal, L: Link, C: Clock> {
+    hal: H,
+    clock: C,
+    caps: DeviceCaps,
+    mac: [u8; 6],
+    ip: [u8; 4],
+    /// Largest path MTU the link carries, in bytes.
+    mtu: u32,
+    /// The device block: the event hub, the tables, the receive buffer.
+    _block: Dma<H>,
+    hub: NonNull<EventHub>,
+    core: spin::Mutex<Core<L>>,
+}
+
+// SAFETY: everything the raw pointers reach is in `block`, owned by the device; the hub is
+// only touched through atomics, the rest only under `core`'s lock.
+unsafe impl<H: Hal + Send, L: Link + Send, C: Clock + Send> Send for Rxe<H, L, C> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync, L: Link + Send, C: Clock + Sync> Sync for Rxe<H, L, C> {}
+
+/// What the device lock guards: the NIC, the tables (in the device block) and the receive
+/// buffer.
+pub(crate) struct Core<L> {
+    pub(crate) link: L,
+    t: NonNull<Tables>,
+    rx: NonNull<u8>,
+    tx: NonNull<u8>,
+}
+
+impl<L> Core<L> {
+    /// The tables (the lock is held: `&mut self`).
+    pub(crate) fn tables(&mut self) -> &mut Tables {
+        // SAFETY: `t` points into the device block, written in `Rxe::new`; the block lives as
+        // long as the device, and is reached only through the locked core.
+        unsafe { self.t.as_mut() }
+    }
+
+    /// The link and the tables at once.
+    pub(crate) fn parts(&mut self) -> (&mut L, &mut Tables) {
+        // SAFETY: as in `tables`; the link is a separate field.
+        (&mut self.link, unsafe { self.t.as_mut() })
+    }
+}
+
+/// Byte offsets in the device block.
+const HUB_AT: usize = 0;
+const TABLES_AT: usize = round_up(HUB_AT + size_of::<EventHub>());
+const RX_AT: usize = round_up(TABLES_AT + size_of::<Tables>());
+const TX_AT: usize = round_up(RX_AT + FRAME);
+const BLOCK_BYTES: usize = TX_AT + FRAME;
+
+const fn round_up(n: usize) -> usize {
+    (n + 63) & !63
+}
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    /// Opens the device over `link`, with the static address of `config`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Resource`] when the HAL has no memory for the device block;
+    /// [`Error::InvalidInput`] for a link whose frames cannot carry the smallest path MTU.
+    pub fn new(hal: H, link: L, clock: C, config: Config) -> Result<Self> {
+        let mac = link.mac();
+        let max = link.max_frame();
+        let Some(mtu) = seq::MTUS
+            .iter()
+            .rev()
+            .copied()
+            .find(|&m| m as usize + wire::packet::MAX_OVERHEAD <= max.min(FRAME))
+        else {
+            return Err(Error::invalid(
+                crate::error::Param::PathMtu,
+                max as u64,
+                FRAME as u64,
+            ));
+        };
+        let block = Dma::new(&hal, BLOCK_BYTES.div_ceil(PAGE_SIZE))?;
+        let base = block.base();
+        // SAFETY: the block is BLOCK_BYTES long, zeroed, page-aligned, and the four regions
+        // do not overlap; each is written here before any reference to it exists.
+        let (hub, t, rx, tx) = unsafe {
+            let hub = base.add(HUB_AT).cast::<EventHub>();
+            hub.write(EventHub::new());
+            let t = base.add(TABLES_AT).cast::<Tables>();
+            Tables::init(t, Port::new(mac, config.ip));
+            (hub, t, base.add(RX_AT), base.add(TX_AT))
+        };
+        let caps = caps_of(mac);
+        Ok(Rxe {
+            hal,
+            clock,
+            caps,
+            mac,
+            ip: config.ip,
+            mtu,
+            _block: block,
+            hub,
+            core: spin::Mutex::new(Core { link, t, rx, tx }),
+        })
+    }
+
+    /// The interface's MAC address.
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// The interface's IPv4 address.
+    pub fn ip(&self) -> [u8; 4] {
+        self.ip
+    }
+
+    /// The largest path MTU the link carries (the port's active MTU), in bytes.
+    pub fn active_mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 uses).
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        match index {
+            0 => Some(Gid::link_local_from_mac(self.mac)),
+            1 => Some(Gid::from_ipv4(self.ip)),
+            _ => None,
+        }
+    }
+
+    /// Frames the port handled, by outcome.
+    pub fn port_counts(&self) -> PortCounts {
+        self.core.lock().tables().port.counts()
+    }
+
+    /// Runs the transport now: takes what the NIC received (answering ARP, queueing the IP
+    /// stack's frames) and runs the retransmission timers. Polling a CQ does this too; an
+    /// embedder that only waits calls it from its loop. Never waits (another thread in the
+    /// device makes it a no-op).
+    pub fn progress(&self) {
+        if let Some(mut core) = self.core.try_lock() {
+            self.progress_locked(&mut core);
+        }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_us()
+    }
+
+    pub(crate) fn hub(&self) -> &EventHub {
+        // SAFETY: written in `new`; the block lives as long as `self`; only shared references
+        // to the hub are ever made (it is all atomics).
+        unsafe { self.hub.as_ref() }
+    }
+
+    pub(crate) fn lock(&self) -> spin::MutexGuard<'_, Core<L>> {
+        self.core.lock()
+    }
+
+    fn progress_locked(&self, core: &mut Core<L>) {
+        let now = self.now();
+        for _ in 0..RX_BUDGET {
+            // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
+            // through the locked core (`core` is borrowed mutably here).
+            let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
+            let Some(n) = core.link.receive(rx) else {
+                break;
+            };
+            let Some(frame) = rx.get(..n) else { continue };
+            let (link, t) = core.parts();
+            match t.port.receive(link, frame, now) {
+                Rx::Roce(p) => self.dispatch(core, &p, frame, now),
+                Rx::Stack => t.stack.push(frame),
+                Rx::Dropped(_) => {}
+            }
+        }
+        self.run_timers(core, now);
+    }
+
+    /// The IP stack's view of the NIC: frames that are not RoCE to this interface, and
+    /// transmission of the stack's own frames (for example smoltcp's, through its `Device`).
+    pub fn stack(&self) -> StackLink<'_, H, L, C> {
+        StackLink { dev: self }
+    }
+}
+
+/// A UD destination prepared once: the peer's IPv4 address and the outer header values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ah {
+    pub(crate) ip: [u8; 4],
+    pub(crate) tos: u8,
+    pub(crate) ttl: u8,
+}
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    /// What the transport works with, from the locked core.
+    pub(crate) fn net<'a>(&'a self, core: &'a mut Core<L>, now: u64) -> net::Net<'a, L> {
+        // SAFETY: the transmit buffer is FRAME bytes of the device block, apart from the
+        // tables and the receive buffer, reached only through the locked core.
+        let tx = unsafe { core::slice::from_raw_parts_mut(core.tx.as_ptr(), FRAME) };
+        let (link, t) = core.parts();
+        net::Net {
+            link,
+            t,
+            tx,
+            hub: self.hub(),
+            now,
+            mtu: self.mtu,
+        }
+    }
+
+    /// A RoCE packet for this interface: to the queue pair it names, as an answer to its
+    /// requests or as a request to it.
+    fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::Packet<'_>, frame: &[u8], now: u64) {
+        let qpn = p.headers.bth.dest_qp;
+        let Some(idx) = qpn
+            .checked_sub(FIRST_QPN)
+            .filter(|&i| (i as usize) < MAX_QP)
+        else {
+            return;
+        };
+        let q = core.tables().qps[idx as usize];
+        if q.is_null() {
+            return;
+        }
+        let mut net = self.net(core, now);
+        // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
+        // core is apart from the tables and reached only under the lock, held here.
+        let q = unsafe { &mut *q };
+        use wire::bth::opcode as o;
+        match p.headers.bth.opcode {
+            o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
+            _ => responder::on_request(&mut net, q, p, frame),
+        }
+    }
+
+    /// Runs every queue pair's timers (and a requester waiting on its window or an address).
+    fn run_timers(&self, core: &mut Core<L>, now: u64) {
+        for i in 0..MAX_QP {
+            let q = core.tables().qps[i];
+            if q.is_null() {
+                continue;
+            }
+            let mut net = self.net(core, now);
+            // SAFETY: as in `dispatch`.
+            let q = unsafe { &mut *q };
+            requester::on_timer(&mut net, q);
+        }
+    }
+}
+
+/// The capabilities of the software device (fixed: the driver's tables).
+fn caps_of(mac: [u8; 6]) -> DeviceCaps {
+    let guid = u64::from_be_bytes([
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xFF,
+        0xFE,
+        mac[3],
+        mac[4],
+        mac[5],
+    ]);
+    DeviceCaps {
+        fw_ver: 0,
+        node_guid: guid.to_be(),
+        sys_image_guid: guid.to_be(),
+        max_mr_size: 1 << 31,
+        vendor_part_id: 0,
+        max_qp: MAX_QP as u32,
+        max_qp_wr: MAX_WR,
+        max_sge: MAX_SGE,
+        max_cq: cq::MAX_CQ,
+        max_cqe: cq::MAX_CQE,
+        max_mr: MAX_MR as u32,
+        max_pd: mem::MAX_PD,
+        max_qp_rd_atom: MAX_RD_ATOMIC,
+        max_qp_init_rd_atom: MAX_RD_ATOMIC,
+        max_mcast_grp: 0,
+        max_ah: u32::MAX,
+        max_srq: srq::MAX_SRQ,
+        max_srq_wr: MAX_WR,
+        max_srq_sge: MAX_SGE,
+        gid_tbl_len: 2,
+        max_pkeys: 1,
+        phys_port_cnt: 1,
+        device_cap_flags: 0,
+        atomic_ops: 1,
+    }
+}
+
+/// The IP stack's side of the NIC the device shares ([`Rxe::stack`]), as a [`Link`].
+pub struct StackLink<'d, H: Hal, L: Link, C: Clock> {
+    dev: &'d Rxe<H, L, C>,
+}
+
+impl<H: Hal, L: Link, C: Clock> Link for StackLink<'_, H, L, C> {
+    fn mac(&self) -> [u8; 6] {
+        self.dev.mac
+    }
+
+    fn max_frame(&self) -> usize {
+        self.dev.core.lock().link.max_frame()
+    }
+
+    fn transmit(&mut self, frame: &[u8]) -> core::result::Result<(), LinkError> {
+        self.dev.core.lock().link.transmit(frame)
+    }
+
+    fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let mut core = self.dev.core.lock();
+        if let Some(n) = core.tables().stack.pop(buf) {
+            return Some(n);
+        }
+        self.dev.progress_locked(&mut core);
+        core.tables().stack.pop(buf)
+    }
+}

@@ -1,0 +1,290 @@
+//! Completion queues: a ring of completions in HAL memory with one producer (the transport,
+//! under the device lock) and one consumer (a poll), so a poll never waits for the transport
+//! and the transport never waits for a poll.
+
+use core::mem::MaybeUninit;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use bareverbs_hal::Hal;
+
+use crate::dma::Dma;
+use crate::error::{Error, Op, Param, Result};
+use crate::events::{Arm, EventHub, Slot};
+use crate::verbs::{BufRelease, PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+/// Completion queues the device creates.
+pub const MAX_CQ: u32 = 64;
+/// Entries per completion queue, at most.
+pub const MAX_CQE: u32 = 16384;
+
+/// A completion and what goes with it.
+#[derive(Clone, Copy)]
+pub(crate) struct Cqe {
+    pub(crate) wc: WorkCompletion,
+    /// The safe path's buffer tag + 1 (0: none), and where it goes back.
+    pub(crate) tag: u32,
+    pub(crate) release: Option<BufRelease>,
+    /// Raised by a packet with the solicited-event bit.
+    pub(crate) solicited: bool,
+}
+
+/// The ring's header, at the start of the CQ's block; the entries follow.
+pub(crate) struct CqRing {
+    /// Entries produced (the transport's count).
+    head: AtomicU32,
+    /// Entries consumed (the poller's count).
+    tail: AtomicU32,
+    /// A poll is under way.
+    polling: AtomicBool,
+    cap: u32,
+    /// Entries the queue pairs on it may need at once (changed under the device lock).
+    pub(crate) reserved: AtomicU32,
+    /// Completions lost to a full ring (cannot happen while reservations hold).
+    pub(crate) overflow: AtomicU32,
+    pub(crate) id: u32,
+    pub(crate) slot: Option<Slot>,
+    entries: NonNull<MaybeUninit<Cqe>>,
+}
+
+impl CqRing {
+    fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
+        // SAFETY: the entries are `cap` slots after the header in the same block; the index
+        // is reduced modulo `cap`.
+        unsafe { self.entries.as_ptr().add((i % self.cap) as usize) }
+    }
+
+    /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
+    /// it is armed for it. `false` when the ring is full (the completion is lost).
+    pub(crate) fn cap(&self) -> u32 {
+        self.cap
+    }
+
+    pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
+        let h = self.head.load(Ordering::Relaxed);
+        if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
+            self.overflow.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // SAFETY: one producer (the device lock); slot `h` is not readable by the consumer until `head` moves past it.
+        unsafe { self.entry(h).write(MaybeUninit::new(e)) };
+        self.head.store(h.wrapping_add(1), Ordering::Release);
+        if let Some(slot) = self.slot {
+            let fire = match hub.armed(slot) {
+                Arm::Next => true,
+                Arm::Solicited => e.solicited || e.wc.status != WcStatus::Success,
+                Arm::None => false,
+            };
+            if fire {
+                hub.cq_notified(slot);
+            }
+        }
+        true
+    }
+
+    fn ready(&self) -> bool {
+        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
+    }
+}
+
+/// A completion queue.
+pub struct Cq<H: Hal> {
+    _mem: Dma<H>,
+    pub(crate) ring: NonNull<CqRing>,
+    pub(crate) entries: u32,
+}
+
+// SAFETY: the ring is shared through atomics (head/tail/polling); the rest of the header is
+// touched under the device lock.
+unsafe impl<H: Hal + Send> Send for Cq<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
+
+impl<H: Hal> Cq<H> {
+    /// Allocates a ring of at least `entries` (a power of two).
+    pub(crate) fn new(hal: &H, entries: u32, id: u32, slot: Option<Slot>) -> Result<Self> {
+        if entries == 0 || entries > MAX_CQE {
+            return Err(Error::invalid(Param::CqEntries, entries, MAX_CQE));
+        }
+        let cap = entries.next_power_of_two();
+        let at = size_of::<CqRing>().next_multiple_of(align_of::<Cqe>());
+        let bytes = at + cap as usize * size_of::<Cqe>();
+        let mem = Dma::new(hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
+        let ring = mem.base().cast::<CqRing>();
+        // SAFETY: the block holds the header and `cap` entries after it, page-aligned (so
+        // aligned for both); the header is written before any reference exists.
+        unsafe {
+            let entries = mem.base().add(at).cast::<MaybeUninit<Cqe>>();
+            ring.write(CqRing {
+                head: AtomicU32::new(0),
+                tail: AtomicU32::new(0),
+                polling: AtomicBool::new(false),
+                cap,
+                reserved: AtomicU32::new(0),
+                overflow: AtomicU32::new(0),
+                id,
+                slot,
+                entries,
+            });
+        }
+        Ok(Cq {
+            _mem: mem,
+            ring,
+            entries: cap,
+        })
+    }
+
+    /// The ring (shared: every field that changes is atomic).
+    pub(crate) fn ring(&self) -> &CqRing {
+        // SAFETY: written in `new`, lives as long as `self.mem`.
+        unsafe { self.ring.as_ref() }
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        self.ring().ready()
+    }
+
+    /// Takes up to `out.len()` completions (a buffer of the safe path goes back to its pool).
+    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let Some(mut p) = Poll::start(self.ring(), None)? else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        while n < out.len() && p.advance()? {
+            out[n] = p.cur.wc;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one.
+    pub(crate) fn poll_qp(&self, qpn: u32, wc: &mut WorkCompletion) -> Result<Option<u32>> {
+        let Some(mut p) = Poll::start(self.ring(), Some(qpn))? else {
+            return Ok(None);
+        };
+        if !p.advance()? {
+            return Ok(None);
+        }
+        *wc = p.cur.wc;
+        Ok(Some(p.take_tag().unwrap_or(0)))
+    }
+}
+
+/// A poll in progress on a CQ: the consumer's claim on the ring.
+pub struct Poll<'c> {
+    ring: &'c CqRing,
+    /// The next entry to read.
+    pos: u32,
+    only: Option<u32>,
+    cur: Cqe,
+    /// Whether `cur` is a completion the cursor has handed out (its buffer still to return).
+    live: bool,
+}
+
+impl<'c> Poll<'c> {
+    /// Claims the ring; `None` when it is empty.
+    pub(crate) fn start(ring: &'c CqRing, only: Option<u32>) -> Result<Option<Self>> {
+        if !ring.ready() {
+            return Ok(None);
+        }
+        if ring
+            .polling
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(Error::Busy { op: Op::PollCq });
+        }
+        Ok(Some(Poll {
+            ring,
+            pos: ring.tail.load(Ordering::Relaxed),
+            only,
+            cur: Cqe {
+                wc: WorkCompletion::default(),
+                tag: 0,
+                release: None,
+                solicited: false,
+            },
+            live: false,
+        }))
+    }
+
+    fn release_current(&mut self) {
+        if self.live && self.cur.tag != 0 {
+            if let Some(r) = self.cur.release {
+                // SAFETY: the buffer was moved into the QP by a safe post; its completion is
+                // handled once, here (the tag is cleared).
+                unsafe { r.release(self.cur.tag - 1) };
+            }
+            self.cur.tag = 0;
+        }
+        self.live = false;
+    }
+}
+
+impl PollCq for Poll<'_> {
+    fn advance(&mut self) -> Result<bool> {
+        self.release_current();
+        if self.pos == self.ring.head.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        // SAFETY: entries before `head` were written by the producer (Release on head,
+        // Acquire above) and are not rewritten until `tail` passes them.
+        let e = unsafe { self.ring.entry(self.pos).read().assume_init() };
+        if self.only.is_some_and(|q| q != e.wc.qp_num) {
+            return Ok(false);
+        }
+        self.cur = e;
+        self.live = true;
+        self.pos = self.pos.wrapping_add(1);
+        Ok(true)
+    }
+
+    fn wr_id(&self) -> u64 {
+        self.cur.wc.wr_id
+    }
+
+    fn status(&self) -> WcStatus {
+        self.cur.wc.status
+    }
+
+    fn opcode(&self) -> WcOpcode {
+        self.cur.wc.opcode
+    }
+
+    fn qp_num(&self) -> u32 {
+        self.cur.wc.qp_num
+    }
+
+    fn byte_len(&self) -> u32 {
+        self.cur.wc.byte_len
+    }
+
+    fn flags(&self) -> WcFlags {
+        self.cur.wc.flags
+    }
+
+    fn imm(&self) -> u32 {
+        self.cur.wc.imm
+    }
+
+    fn src_qp(&self) -> u32 {
+        self.cur.wc.src_qp
+    }
+
+    fn vendor_err(&self) -> u32 {
+        0
+    }
+
+    fn take_tag(&mut self) -> Option<u32> {
+        let t = core::mem::take(&mut self.cur.tag);
+        (t != 0).then_some(t)
+    }
+}
+
+impl Drop for Poll<'_> {
+    fn drop(&mut self) {
+        self.release_current();
+        self.ring.tail.store(self.pos, Ordering::Release);
+        self.ring.polling.store(false, Ordering::Release);
+    }
+}

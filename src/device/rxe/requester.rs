@@ -1,0 +1,543 @@
+//! The requester and the completer of a queue pair: send requests cut into packets at the
+//! path MTU inside the PSN window, READ and atomic depth and fences respected; then the
+//! peer's answers — coalesced ACKs, NAKs, READ responses, atomic acknowledges — complete the
+//! requests in order; a timer or a sequence NAK rewinds to the oldest unacknowledged PSN
+//! (go-back-N), an RNR NAK waits its timer (`shared/roce-v2.md` §6.2, §6.3).
+
+use bareverbs_hal::Link;
+
+use super::mem::Denied;
+use super::net::{Net, Unsent};
+use super::qp::{QpCore, SqEntry, op};
+use super::seq::{self, Kind, psn_add, psn_diff};
+use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
+use super::wire::packet::{Packet, Route};
+use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
+
+/// Unacknowledged PSNs a requester may have in flight (rxe's window).
+pub(crate) const WINDOW: i32 = 128;
+/// Packets one call sends at most (bounded work per verbs call).
+const BURST: u32 = 256;
+
+/// Microseconds of each RNR timer code (IBA table; code 0 is the longest).
+const RNR_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+/// An empty header set around `bth`.
+pub(crate) fn headers(bth: Bth) -> Headers {
+    Headers {
+        bth,
+        deth: None,
+        reth: None,
+        atomic: None,
+        aeth: None,
+        atomic_ack: None,
+        imm: None,
+    }
+}
+
+/// The route of a connected QP's packets (its peer's MAC known).
+fn route<L: Link>(net: &Net<'_, L>, q: &QpCore, mac: [u8; 6]) -> Route {
+    let av = q
+        .attr
+        .av
+        .unwrap_or(crate::verbs::AddressVector::new(Default::default(), 1));
+    Route {
+        src_mac: net.t.port.mac(),
+        dst_mac: mac,
+        src_ip: net.t.port.ip(),
+        dst_ip: q.peer_ip,
+        tos: av.traffic_class,
+        ttl: av.hop_limit,
+        src_port: q.src_port,
+    }
+}
+
+/// READ and atomic requests started and not completed.
+fn reads_out(q: &mut QpCore) -> u32 {
+    let mut n = 0;
+    let mut i = q.sq_tail;
+    while i != q.sq_next {
+        if op::reads(q.sq(i).op) {
+            n += 1;
+        }
+        i = i.wrapping_add(1);
+    }
+    n
+}
+
+/// Sends what the window allows.
+pub(crate) fn run<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    if q.state != QpState::Rts {
+        return;
+    }
+    if q.rnr_until != 0 {
+        if net.now < q.rnr_until {
+            return;
+        }
+        q.rnr_until = 0;
+    }
+    match q.qp_type {
+        QpType::Ud => run_ud(net, q),
+        _ => run_rc(net, q),
+    }
+}
+
+fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    if q.sq_next == q.sq_head {
+        return;
+    }
+    let mac = match q.peer_mac {
+        Some(m) => m,
+        None => match net.t.port.resolve(net.link, q.peer_ip, net.now) {
+            Ok(Some(m)) => {
+                q.peer_mac = Some(m);
+                m
+            }
+            Ok(None) => return,
+            Err(_) => {
+                // Nobody answers for the peer's address: the request cannot be delivered.
+                q.retire(WcStatus::RetryExcErr, net.hub);
+                q.enter_error(net.hub);
+                return;
+            }
+        },
+    };
+    let route = route(net, q, mac);
+    let mtu = q.mtu;
+    let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
+    let mut sent = 0;
+    while q.sq_next != q.sq_head && sent < BURST {
+        if psn_diff(q.psn, q.una) >= WINDOW {
+            break;
+        }
+        let i = q.sq_next;
+        let mut e = *q.sq(i);
+        if q.cur_pkt == 0 {
+            let fence =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
+            if (op::reads(e.op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
+                break;
+            }
+            e.first_psn = q.psn;
+            e.npkts = match e.op {
+                op::CMP_SWAP | op::FETCH_ADD => 1,
+                _ => seq::packets(e.len, mtu).unwrap_or(1),
+            };
+            let s = q.sq(i);
+            s.first_psn = e.first_psn;
+            s.npkts = e.npkts;
+        }
+        let k = q.cur_pkt;
+        let psn = q.psn;
+        let mut bth = Bth {
+            opcode: 0,
+            se: false,
+            pad: 0,
+            pkey: DEFAULT_PKEY,
+            dest_qp: q.attr.dest_qpn,
+            ack_req: true,
+            psn,
+        };
+        let r = match e.op {
+            op::READ => {
+                bth.opcode = opcode::RC_READ_REQUEST;
+                let done = k * mtu;
+                let mut h = headers(bth);
+                h.reth = Some(Reth {
+                    va: e.remote_addr.wrapping_add(u64::from(done)),
+                    rkey: e.rkey,
+                    len: e.len - done.min(e.len),
+                });
+                net.send(&route, &h, 0, |_, _| Ok(()))
+            }
+            op::CMP_SWAP | op::FETCH_ADD => {
+                let cas = e.op == op::CMP_SWAP;
+                bth.opcode = if cas {
+                    opcode::RC_COMPARE_SWAP
+                } else {
+                    opcode::RC_FETCH_ADD
+                };
+                let mut h = headers(bth);
+                h.atomic = Some(AtomicEth {
+                    va: e.remote_addr,
+                    rkey: e.rkey,
+                    swap_add: if cas { e.swap } else { e.compare_add },
+                    compare: if cas { e.compare_add } else { 0 },
+                });
+                net.send(&route, &h, 0, |_, _| Ok(()))
+            }
+            _ => {
+                let kind = match e.op {
+                    op::SEND | op::SEND_IMM => Kind::Send {
+                        imm: e.op == op::SEND_IMM,
+                    },
+                    _ => Kind::Write {
+                        imm: e.op == op::WRITE_IMM,
+                    },
+                };
+                let Some(s) = seq::segments(kind, e.len, mtu).nth(k as usize) else {
+                    break;
+                };
+                let last = k + 1 == e.npkts;
+                bth.opcode = s.opcode;
+                bth.ack_req = s.ack_req;
+                let solicited = SendFlags::from_bits_truncate(u32::from(e.flags))
+                    .contains(SendFlags::SOLICITED);
+                bth.se = last && solicited && e.op != op::WRITE;
+                let mut h = headers(bth);
+                if k == 0 && matches!(kind, Kind::Write { .. }) {
+                    h.reth = Some(Reth {
+                        va: e.remote_addr,
+                        rkey: e.rkey,
+                        len: e.len,
+                    });
+                }
+                if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
+                    h.imm = Some(e.imm);
+                }
+                let pd = q.pd;
+                net.send(&route, &h, s.len as usize, |t, out| {
+                    payload(t, pd, &e, s.offset, out)
+                })
+            }
+        };
+        match r {
+            Ok(()) => {}
+            Err(Unsent::Busy) => break,
+            Err(Unsent::Denied(_)) => {
+                // The gather list names memory the QP may not read: a local protection error.
+                q.una = e.first_psn;
+                q.sq_next = i;
+                q.cur_pkt = 0;
+                q.retire(WcStatus::LocProtErr, net.hub);
+                q.enter_error(net.hub);
+                return;
+            }
+            // Lost on the way out: the retransmission timer covers it.
+            Err(Unsent::Lost) => {}
+        }
+        sent += 1;
+        if q.deadline == 0 {
+            q.deadline = deadline(net.now, q.timeout_us());
+        }
+        if op::reads(e.op) {
+            // A READ's request stands for all its responses' PSNs.
+            q.psn = psn_add(e.first_psn, e.npkts);
+            q.cur_pkt = 0;
+            q.sq_next = i.wrapping_add(1);
+        } else {
+            q.psn = psn_add(psn, 1);
+            q.cur_pkt += 1;
+            if q.cur_pkt >= e.npkts {
+                q.cur_pkt = 0;
+                q.sq_next = i.wrapping_add(1);
+            }
+        }
+    }
+}
+
+fn deadline(now: u64, timeout: u64) -> u64 {
+    if timeout == 0 {
+        0
+    } else {
+        now.saturating_add(timeout).max(1)
+    }
+}
+
+/// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
+/// from registered memory.
+fn payload(
+    t: &super::mem::Tables,
+    pd: u32,
+    e: &SqEntry,
+    offset: u32,
+    out: &mut [u8],
+) -> Result<(), Denied> {
+    if e.is_inline() {
+        let from = offset as usize;
+        let src = e.inline.get(from..from + out.len()).ok_or(Denied::Bounds)?;
+        out.copy_from_slice(src);
+        Ok(())
+    } else {
+        t.gather(pd, e.sges(), offset, out)
+    }
+}
+
+fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    let mut sent = 0;
+    while q.sq_tail != q.sq_head && sent < BURST {
+        let e = *q.sq(q.sq_tail);
+        if e.len > net.mtu {
+            // Larger than the port MTU: rxe sends nothing and completes it successfully.
+            q.retire(WcStatus::Success, net.hub);
+            continue;
+        }
+        let mac = match net.t.port.resolve(net.link, e.ud_ip, net.now) {
+            Ok(Some(m)) => m,
+            Ok(None) => return,
+            Err(_) => {
+                q.retire(WcStatus::RetryExcErr, net.hub);
+                continue;
+            }
+        };
+        let route = Route {
+            src_mac: net.t.port.mac(),
+            dst_mac: mac,
+            src_ip: net.t.port.ip(),
+            dst_ip: e.ud_ip,
+            tos: e.ud_tos,
+            ttl: e.ud_ttl,
+            src_port: q.src_port,
+        };
+        let imm = e.op == op::SEND_IMM;
+        let mut h = headers(Bth {
+            opcode: if imm {
+                opcode::UD_SEND_ONLY_IMM
+            } else {
+                opcode::UD_SEND_ONLY
+            },
+            se: SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED),
+            pad: 0,
+            pkey: DEFAULT_PKEY,
+            dest_qp: e.ud_qpn,
+            ack_req: false,
+            psn: q.psn,
+        });
+        h.deth = Some(Deth {
+            qkey: if e.ud_qkey & 0x8000_0000 != 0 {
+                q.attr.qkey
+            } else {
+                e.ud_qkey
+            },
+            src_qp: q.qpn,
+        });
+        if imm {
+            h.imm = Some(e.imm);
+        }
+        let pd = q.pd;
+        match net.send(&route, &h, e.len as usize, |t, out| {
+            payload(t, pd, &e, 0, out)
+        }) {
+            Err(Unsent::Busy) => return,
+            Err(Unsent::Denied(_)) => {
+                q.retire(WcStatus::LocProtErr, net.hub);
+                q.enter_error(net.hub);
+                return;
+            }
+            Ok(()) | Err(Unsent::Lost) => {}
+        }
+        sent += 1;
+        q.psn = psn_add(q.psn, 1);
+        q.retire(WcStatus::Success, net.hub);
+    }
+    q.sq_next = q.sq_tail;
+}
+
+/// Completes the send and write requests the peer acknowledged through `psn`; stops at a
+/// READ or atomic (those complete with their responses). `true` when such a request is
+/// covered by the acknowledge: its response was lost.
+fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
+    while q.sq_tail != q.sq_next {
+        let e = *q.sq(q.sq_tail);
+        let last = psn_add(e.first_psn, e.npkts.max(1) - 1);
+        if psn_diff(psn, last) < 0 {
+            if !op::reads(e.op) && psn_diff(psn, e.first_psn) >= 0 {
+                // Part of a multi-packet message.
+                q.una = psn_add(psn, 1);
+            }
+            return false;
+        }
+        if op::reads(e.op) {
+            return true;
+        }
+        q.una = psn_add(last, 1);
+        q.retire(WcStatus::Success, net.hub);
+    }
+    false
+}
+
+/// Go back to the oldest unacknowledged PSN and send again from the oldest incomplete
+/// request, skipping what of it the peer has.
+fn rewind(q: &mut QpCore) {
+    let started = q.sq_next != q.sq_tail || q.cur_pkt != 0;
+    q.sq_next = q.sq_tail;
+    q.psn = q.una;
+    q.cur_pkt = 0;
+    if started && q.sq_tail != q.sq_head {
+        let first = q.sq(q.sq_tail).first_psn;
+        q.cur_pkt = psn_diff(q.una, first).max(0) as u32;
+        q.psn = psn_add(first, q.cur_pkt);
+    }
+    q.deadline = 0;
+}
+
+/// One retry (a timeout or a sequence NAK): rewinds, or fails the oldest request when the
+/// retries are used up (7: unlimited, as rxe counts).
+fn retry<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    if q.attr.retry_cnt != 7 {
+        if q.retries == 0 {
+            q.retire(WcStatus::RetryExcErr, net.hub);
+            q.enter_error(net.hub);
+            return;
+        }
+        q.retries -= 1;
+    }
+    rewind(q);
+}
+
+/// The retransmission and RNR timers, and a requester held by address resolution.
+pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    if q.state != QpState::Rts {
+        return;
+    }
+    if q.deadline != 0 && net.now >= q.deadline {
+        if q.una != q.psn || q.sq_next != q.sq_tail {
+            retry(net, q);
+        } else {
+            q.deadline = 0;
+        }
+    }
+    run(net, q);
+}
+
+/// An answer from the peer (ACK, NAK, READ response, atomic acknowledge).
+pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
+    if q.state != QpState::Rts || q.qp_type != QpType::Rc {
+        return;
+    }
+    let h = &p.headers;
+    let psn = h.bth.psn;
+    // Only answers to what was sent and not yet acknowledged (or the PSN just before: a
+    // repeated ACK) count.
+    if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < -1 {
+        return;
+    }
+    let before = (q.una, q.sq_tail);
+    let syndrome = h.aeth.map_or(0, |a| a.syndrome);
+    match h.bth.opcode {
+        opcode::RC_ACK => match syndrome >> 5 {
+            0 => {
+                if ack_through(net, q, psn) {
+                    retry(net, q);
+                }
+            }
+            1 => {
+                ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
+                if q.attr.rnr_retry != 7 {
+                    if q.rnr_retries == 0 {
+                        q.retire(WcStatus::RnrRetryExcErr, net.hub);
+                        q.enter_error(net.hub);
+                        return;
+                    }
+                    q.rnr_retries -= 1;
+                }
+                q.una = psn;
+                rewind(q);
+                q.rnr_until = net.now + u64::from(RNR_US[usize::from(syndrome & 0x1F)]).max(1);
+                return;
+            }
+            3 => {
+                ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
+                let status = match syndrome & 0x1F {
+                    0 => {
+                        q.una = psn;
+                        retry(net, q);
+                        run(net, q);
+                        return;
+                    }
+                    1 => WcStatus::RemInvReqErr,
+                    2 => WcStatus::RemAccessErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                if q.sq_tail != q.sq_next {
+                    q.retire(status, net.hub);
+                }
+                q.enter_error(net.hub);
+                return;
+            }
+            _ => {
+                q.retire(WcStatus::BadRespErr, net.hub);
+                q.enter_error(net.hub);
+                return;
+            }
+        },
+        opcode::RC_READ_RESPONSE_FIRST
+        | opcode::RC_READ_RESPONSE_MIDDLE
+        | opcode::RC_READ_RESPONSE_LAST
+        | opcode::RC_READ_RESPONSE_ONLY => read_response(net, q, p),
+        opcode::RC_ATOMIC_ACK => {
+            ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
+            if q.sq_tail == q.sq_next || psn != q.una {
+                return;
+            }
+            let e = *q.sq(q.sq_tail);
+            if !matches!(e.op, op::CMP_SWAP | op::FETCH_ADD) || e.first_psn != psn {
+                return;
+            }
+            let orig = h.atomic_ack.unwrap_or(0).to_ne_bytes();
+            let status = match net.t.scatter(q.pd, e.sges(), 0, &orig) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocProtErr,
+            };
+            q.una = psn_add(psn, 1);
+            q.retire(status, net.hub);
+            if status != WcStatus::Success {
+                q.enter_error(net.hub);
+                return;
+            }
+        }
+        _ => return,
+    }
+    if (q.una, q.sq_tail) != before {
+        // Progress: the retries start over and the timer restarts.
+        q.retries = q.attr.retry_cnt;
+        q.rnr_retries = q.attr.rnr_retry;
+        q.deadline = if q.una == q.psn {
+            0
+        } else {
+            deadline(net.now, q.timeout_us())
+        };
+    }
+    run(net, q);
+}
+
+fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
+    let psn = p.headers.bth.psn;
+    ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
+    if q.sq_tail == q.sq_next || psn != q.una {
+        // Not the next one expected: a gap (the timer re-requests) or a duplicate.
+        return;
+    }
+    let e = *q.sq(q.sq_tail);
+    if e.op != op::READ {
+        return;
+    }
+    let idx = psn_diff(psn, e.first_psn);
+    if idx < 0 || idx as u32 >= e.npkts {
+        return;
+    }
+    let (idx, n, mtu) = (idx as u32, e.npkts, q.mtu);
+    let want = match (idx == 0, idx + 1 == n) {
+        (true, true) => opcode::RC_READ_RESPONSE_ONLY,
+        (true, false) => opcode::RC_READ_RESPONSE_FIRST,
+        (false, true) => opcode::RC_READ_RESPONSE_LAST,
+        (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
+    };
+    let len = if idx + 1 == n { e.len - idx * mtu } else { mtu };
+    if p.headers.bth.opcode != want || p.payload.len() != len as usize {
+        return;
+    }
+    if net.t.scatter(q.pd, e.sges(), idx * mtu, p.payload).is_err() {
+        q.retire(WcStatus::LocProtErr, net.hub);
+        q.enter_error(net.hub);
+        return;
+    }
+    q.una = psn_add(psn, 1);
+    if idx + 1 == n {
+        q.retire(WcStatus::Success, net.hub);
+    }
+}

@@ -1,0 +1,531 @@
+//! The responder of a queue pair: requests taken in PSN order — SEND into receive requests,
+//! RDMA WRITE, READ and atomics into registered memory after the key, bounds and rights are
+//! checked — acknowledged as rxe acknowledges them; one sequence NAK per gap; duplicates
+//! re-acknowledged, READs and atomics replayed from the responder's resources; RNR NAK when
+//! no receive is posted; and UD receives with their GRH (`shared/roce-v2.md` §6.4, §7).
+
+use bareverbs_hal::Link;
+
+use super::MAX_RD_ATOMIC;
+use super::mem::Denied;
+use super::net::{Net, Unsent};
+use super::qp::{Inbound, QpCore, RdResource, qp_allows, recv_wc};
+use super::requester::headers;
+use super::seq::{Kind, psn_add, psn_diff, segments};
+use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, PSN_MASK, opcode};
+use super::wire::packet::{Packet, Route};
+use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+/// AETH syndromes the responder sends.
+mod syndrome {
+    /// ACK, credits "unlimited" (rxe always sends this).
+    pub(super) const ACK: u8 = 0x1F;
+    /// RNR NAK (| the timer code).
+    pub(super) const RNR: u8 = 0x20;
+    /// NAK: PSN sequence error.
+    pub(super) const SEQ: u8 = 0x60;
+    /// NAK: invalid request.
+    pub(super) const INVALID: u8 = 0x61;
+    /// NAK: remote access error.
+    pub(super) const ACCESS: u8 = 0x62;
+    /// NAK: remote operational error.
+    pub(super) const OPERATIONAL: u8 = 0x63;
+}
+
+/// Bytes of the GRH slot before a UD payload in the receive buffer.
+pub(crate) const GRH_LEN: usize = 40;
+
+/// The route back to the sender of `p`.
+fn reply_route<L: Link>(net: &Net<'_, L>, q: &QpCore, p: &Packet<'_>) -> Route {
+    let av = q.attr.av;
+    Route {
+        src_mac: net.t.port.mac(),
+        dst_mac: p.src_mac,
+        src_ip: net.t.port.ip(),
+        dst_ip: p.ip.src,
+        tos: av.map_or(0, |a| a.traffic_class),
+        ttl: av.map_or(64, |a| a.hop_limit),
+        src_port: q.src_port,
+    }
+}
+
+/// Sends an ACK or NAK (`syn`) for `psn`.
+fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
+    let route = reply_route(net, q, p);
+    let mut h = headers(Bth {
+        opcode: opcode::RC_ACK,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: q.attr.dest_qpn,
+        ack_req: false,
+        psn,
+    });
+    h.aeth = Some(Aeth {
+        syndrome: syn,
+        msn: q.msn,
+    });
+    // A lost acknowledge is recovered by the peer's retry.
+    let _ = net.send(&route, &h, 0, |_, _| Ok(()));
+}
+
+/// A request from the peer.
+pub(crate) fn on_request<L: Link>(
+    net: &mut Net<'_, L>,
+    q: &mut QpCore,
+    p: &Packet<'_>,
+    frame: &[u8],
+) {
+    if q.qp_type == QpType::Ud {
+        return ud_receive(net, q, p, frame);
+    }
+    if !matches!(q.state, QpState::Rtr | QpState::Rts) || q.qp_type != QpType::Rc {
+        return;
+    }
+    let psn = p.headers.bth.psn;
+    let d = psn_diff(psn, q.epsn);
+    if d > 0 {
+        if !q.nak_sent {
+            q.nak_sent = true;
+            let e = q.epsn;
+            ack(net, q, p, syndrome::SEQ, e);
+        }
+        return;
+    }
+    if d < 0 {
+        return duplicate(net, q, p);
+    }
+    q.nak_sent = false;
+    let op = p.headers.bth.opcode;
+    let r = match op {
+        opcode::RC_SEND_FIRST..=opcode::RC_SEND_ONLY_IMM => send(net, q, p),
+        opcode::RC_WRITE_FIRST..=opcode::RC_WRITE_ONLY_IMM => write(net, q, p),
+        opcode::RC_READ_REQUEST => read(net, q, p),
+        opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => atomic(net, q, p),
+        _ => Err(Fail::Invalid),
+    };
+    match r {
+        Ok(()) => {}
+        Err(Fail::Rnr) => {
+            let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
+            ack(net, q, p, syn, psn);
+        }
+        Err(f) => {
+            let (syn, status) = match f {
+                Fail::Access => (syndrome::ACCESS, WcStatus::RemAccessErr),
+                Fail::Length => (syndrome::INVALID, WcStatus::LocLenErr),
+                Fail::Local => (syndrome::OPERATIONAL, WcStatus::LocProtErr),
+                _ => (syndrome::INVALID, WcStatus::RemInvReqErr),
+            };
+            ack(net, q, p, syn, psn);
+            if q.inbound == Inbound::Send {
+                // The receive the failed SEND was landing in completes in error.
+                let e = q.wqe;
+                q.inbound = Inbound::Idle;
+                let wc = WorkCompletion {
+                    status,
+                    opcode: WcOpcode::Recv,
+                    ..Default::default()
+                };
+                q.complete_recv(&e, wc, false, net.hub);
+            }
+            q.enter_error(net.hub);
+        }
+    }
+}
+
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fail {
+    /// No receive posted: RNR NAK, the packet dropped.
+    Rnr,
+    /// Malformed, out of order, or not allowed on the QP: NAK invalid request.
+    Invalid,
+    /// Key, bounds or rights of a remote access: NAK remote access error.
+    Access,
+    /// The message is longer than the receive: NAK invalid request, LOC_LEN_ERR.
+    Length,
+    /// The receive names memory the QP may not write: NAK remote operational error.
+    Local,
+}
+
+/// Checks a packet's payload length against its place in the message and the path MTU.
+fn length_ok(op: u8, len: usize, mtu: u32) -> bool {
+    let mtu = mtu as usize;
+    match op {
+        opcode::RC_SEND_FIRST
+        | opcode::RC_SEND_MIDDLE
+        | opcode::RC_WRITE_FIRST
+        | opcode::RC_WRITE_MIDDLE => len == mtu,
+        opcode::RC_SEND_LAST
+        | opcode::RC_SEND_LAST_IMM
+        | opcode::RC_WRITE_LAST
+        | opcode::RC_WRITE_LAST_IMM => len >= 1 && len <= mtu,
+        _ => len <= mtu,
+    }
+}
+
+/// Ends a message: the MSN counts it, the packet is acknowledged when it asks.
+fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, end: bool) {
+    let psn = p.headers.bth.psn;
+    q.epsn = psn_add(psn, 1);
+    if end {
+        q.msn = (q.msn + 1) & PSN_MASK;
+    }
+    if p.headers.bth.ack_req {
+        ack(net, q, p, syndrome::ACK, psn);
+    }
+}
+
+fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+    let op = p.headers.bth.opcode;
+    let first = matches!(
+        op,
+        opcode::RC_SEND_FIRST | opcode::RC_SEND_ONLY | opcode::RC_SEND_ONLY_IMM
+    );
+    let last = op != opcode::RC_SEND_FIRST && op != opcode::RC_SEND_MIDDLE;
+    if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Send) {
+        return Err(Fail::Invalid);
+    }
+    if !length_ok(op, p.payload.len(), q.mtu) {
+        return Err(Fail::Invalid);
+    }
+    if first {
+        let Some(e) = q.take_recv(net.hub) else {
+            return Err(Fail::Rnr);
+        };
+        q.wqe = e;
+        q.offset = 0;
+        q.inbound = Inbound::Send;
+    }
+    let room = super::mem::sge_bytes(q.wqe.sges());
+    let end = u64::from(q.offset) + p.payload.len() as u64;
+    if end > room {
+        return Err(Fail::Length);
+    }
+    let wqe = q.wqe;
+    if net
+        .t
+        .scatter(q.pd, wqe.sges(), q.offset, p.payload)
+        .is_err()
+    {
+        return Err(Fail::Local);
+    }
+    q.offset = end as u32;
+    if last {
+        q.inbound = Inbound::Idle;
+        let wc = recv_wc(WcOpcode::Recv, q.offset, p.headers.imm, q.attr.dest_qpn);
+        q.complete_recv(&wqe, wc, p.headers.bth.se, net.hub);
+    }
+    accepted(net, q, p, last);
+    Ok(())
+}
+
+fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+    let h = &p.headers;
+    let op = h.bth.opcode;
+    let first = matches!(
+        op,
+        opcode::RC_WRITE_FIRST | opcode::RC_WRITE_ONLY | opcode::RC_WRITE_ONLY_IMM
+    );
+    let last = op != opcode::RC_WRITE_FIRST && op != opcode::RC_WRITE_MIDDLE;
+    let imm = matches!(op, opcode::RC_WRITE_LAST_IMM | opcode::RC_WRITE_ONLY_IMM);
+    if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Write) {
+        return Err(Fail::Invalid);
+    }
+    if !length_ok(op, p.payload.len(), q.mtu) {
+        return Err(Fail::Invalid);
+    }
+    if !qp_allows(q, AccessFlags::REMOTE_WRITE) {
+        return Err(Fail::Invalid);
+    }
+    if imm && !q.has_recv() {
+        return Err(Fail::Rnr);
+    }
+    if first {
+        let r = h.reth.ok_or(Fail::Invalid)?;
+        if r.len > 1 << 31 {
+            return Err(Fail::Invalid);
+        }
+        if r.len > 0 {
+            net.t
+                .check(
+                    r.rkey,
+                    q.pd,
+                    r.va,
+                    u64::from(r.len),
+                    AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(|_| Fail::Access)?;
+        }
+        (q.write_va, q.write_rkey, q.write_len) = (r.va, r.rkey, r.len);
+        q.offset = 0;
+        q.inbound = Inbound::Write;
+    }
+    let len = p.payload.len() as u32;
+    let end = q.offset.checked_add(len).ok_or(Fail::Invalid)?;
+    if end > q.write_len || (last && end != q.write_len) {
+        return Err(Fail::Invalid);
+    }
+    if len > 0 {
+        let va = q.write_va + u64::from(q.offset);
+        let dst = net
+            .t
+            .check(
+                q.write_rkey,
+                q.pd,
+                va,
+                u64::from(len),
+                AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|_| Fail::Access)?;
+        // SAFETY: `check` found the bytes inside a region registered with remote write (the
+        // registration keeps them allocated); the payload is in the receive buffer.
+        unsafe { core::ptr::copy(p.payload.as_ptr(), dst, p.payload.len()) };
+    }
+    q.offset = end;
+    if last {
+        q.inbound = Inbound::Idle;
+        if imm {
+            let Some(e) = q.take_recv(net.hub) else {
+                return Err(Fail::Rnr);
+            };
+            let wc = recv_wc(
+                WcOpcode::RecvRdmaWithImm,
+                q.write_len,
+                h.imm,
+                q.attr.dest_qpn,
+            );
+            q.complete_recv(&e, wc, h.bth.se, net.hub);
+        }
+    }
+    accepted(net, q, p, last);
+    Ok(())
+}
+
+/// Keeps a READ or atomic for replay (oldest first out).
+fn remember(q: &mut QpCore, r: RdResource) {
+    let depth = u32::from(q.attr.max_dest_rd_atomic).clamp(1, MAX_RD_ATOMIC);
+    let i = (q.res_next % depth) as usize;
+    q.res[i] = r;
+    q.res_next = q.res_next.wrapping_add(1);
+}
+
+fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+    if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
+        return Err(Fail::Invalid);
+    }
+    if !qp_allows(q, AccessFlags::REMOTE_READ) {
+        return Err(Fail::Invalid);
+    }
+    let r = p.headers.reth.ok_or(Fail::Invalid)?;
+    if r.len > 1 << 31 {
+        return Err(Fail::Invalid);
+    }
+    if r.len > 0 {
+        net.t
+            .check(
+                r.rkey,
+                q.pd,
+                r.va,
+                u64::from(r.len),
+                AccessFlags::REMOTE_READ,
+            )
+            .map_err(|_| Fail::Access)?;
+    }
+    let psn = p.headers.bth.psn;
+    let n = r.len.div_ceil(q.mtu).max(1);
+    let res = RdResource {
+        kind: 1,
+        first: psn,
+        last: psn_add(psn, n - 1),
+        va: r.va,
+        rkey: r.rkey,
+        len: r.len,
+        orig: 0,
+    };
+    remember(q, res);
+    q.epsn = psn_add(psn, n);
+    q.msn = (q.msn + 1) & PSN_MASK;
+    respond_read(net, q, p, &res, 0);
+    Ok(())
+}
+
+/// Sends the responses of `res` from its packet `from` on.
+fn respond_read<L: Link>(
+    net: &mut Net<'_, L>,
+    q: &QpCore,
+    p: &Packet<'_>,
+    res: &RdResource,
+    from: u32,
+) {
+    let route = reply_route(net, q, p);
+    for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
+        let mut h = headers(Bth {
+            opcode: s.opcode,
+            se: false,
+            pad: 0,
+            pkey: DEFAULT_PKEY,
+            dest_qp: q.attr.dest_qpn,
+            ack_req: false,
+            psn: psn_add(res.first, s.index),
+        });
+        if s.opcode != opcode::RC_READ_RESPONSE_MIDDLE {
+            h.aeth = Some(Aeth {
+                syndrome: syndrome::ACK,
+                msn: q.msn,
+            });
+        }
+        let (pd, va) = (q.pd, res.va + u64::from(s.offset));
+        let r = net.send(&route, &h, s.len as usize, |t, out| {
+            if out.is_empty() {
+                return Ok(());
+            }
+            let src = t.check(res.rkey, pd, va, out.len() as u64, AccessFlags::REMOTE_READ)?;
+            // SAFETY: `check` found the bytes inside a region registered with remote read.
+            unsafe { core::ptr::copy(src, out.as_mut_ptr(), out.len()) };
+            Ok::<(), Denied>(())
+        });
+        if matches!(r, Err(Unsent::Busy | Unsent::Denied(_))) {
+            // The requester times out and asks again from the first missing response.
+            return;
+        }
+    }
+}
+
+fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+    if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
+        return Err(Fail::Invalid);
+    }
+    if !qp_allows(q, AccessFlags::REMOTE_ATOMIC) {
+        return Err(Fail::Invalid);
+    }
+    let a = p.headers.atomic.ok_or(Fail::Invalid)?;
+    if a.va & 7 != 0 {
+        return Err(Fail::Invalid);
+    }
+    let at = net
+        .t
+        .check(a.rkey, q.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        .map_err(|_| Fail::Access)?
+        .cast::<u64>();
+    // SAFETY: `check` found 8 bytes, 8-byte aligned, inside a region registered with remote
+    // atomic rights; the device lock makes the read-modify-write one operation for the
+    // transport (the embedder's contract keeps the CPU off registered remote memory).
+    let orig = unsafe {
+        let orig = at.read_volatile();
+        let new = if p.headers.bth.opcode == opcode::RC_COMPARE_SWAP {
+            if orig == a.compare { a.swap_add } else { orig }
+        } else {
+            orig.wrapping_add(a.swap_add)
+        };
+        at.write_volatile(new);
+        orig
+    };
+    let psn = p.headers.bth.psn;
+    let res = RdResource {
+        kind: 2,
+        first: psn,
+        last: psn,
+        va: a.va,
+        rkey: a.rkey,
+        len: 8,
+        orig,
+    };
+    remember(q, res);
+    q.epsn = psn_add(psn, 1);
+    q.msn = (q.msn + 1) & PSN_MASK;
+    atomic_ack(net, q, p, psn, orig);
+    Ok(())
+}
+
+fn atomic_ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, psn: u32, orig: u64) {
+    let route = reply_route(net, q, p);
+    let mut h = headers(Bth {
+        opcode: opcode::RC_ATOMIC_ACK,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: q.attr.dest_qpn,
+        ack_req: false,
+        psn,
+    });
+    h.aeth = Some(Aeth {
+        syndrome: syndrome::ACK,
+        msn: q.msn,
+    });
+    h.atomic_ack = Some(orig);
+    let _ = net.send(&route, &h, 0, |_, _| Ok(()));
+}
+
+/// A request the responder has seen: acknowledged again, or its READ or atomic replayed.
+fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
+    let psn = p.headers.bth.psn;
+    let found = |kind: u8| {
+        q.res
+            .iter()
+            .copied()
+            .find(|r| r.kind == kind && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0)
+    };
+    match p.headers.bth.opcode {
+        opcode::RC_READ_REQUEST => {
+            let Some(r) = found(1) else { return };
+            let Some(reth) = p.headers.reth else { return };
+            if reth.rkey != r.rkey {
+                return;
+            }
+            let from = psn_diff(psn, r.first) as u32;
+            respond_read(net, q, p, &r, from);
+        }
+        opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
+            if let Some(r) = found(2) {
+                atomic_ack(net, q, p, psn, r.orig);
+            }
+        }
+        _ => {
+            let last = psn_add(q.epsn, PSN_MASK);
+            ack(net, q, p, syndrome::ACK, last);
+        }
+    }
+}
+
+/// A UD datagram: its Q_Key checked, its payload after a GRH slot in the next receive.
+fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, frame: &[u8]) {
+    let h = &p.headers;
+    if !matches!(q.state, QpState::Rtr | QpState::Rts)
+        || !matches!(
+            h.bth.opcode,
+            opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_IMM
+        )
+    {
+        return;
+    }
+    let Some(deth) = h.deth else { return };
+    if deth.qkey != q.attr.qkey {
+        return;
+    }
+    let Some(e) = q.take_recv(net.hub) else {
+        return;
+    };
+    let total = GRH_LEN + p.payload.len();
+    let mut wc = recv_wc(WcOpcode::Recv, total as u32, h.imm, deth.src_qp);
+    wc.flags |= WcFlags::GRH;
+    if super::mem::sge_bytes(e.sges()) < total as u64 {
+        wc.status = WcStatus::LocLenErr;
+    } else {
+        // For IPv4 the GRH slot is 20 zero bytes and the IPv4 header.
+        let mut grh = [0u8; GRH_LEN];
+        if let Some(ip) = frame.get(14..34) {
+            grh[20..].copy_from_slice(ip);
+        }
+        let ok = net.t.scatter(q.pd, e.sges(), 0, &grh).is_ok()
+            && net
+                .t
+                .scatter(q.pd, e.sges(), GRH_LEN as u32, p.payload)
+                .is_ok();
+        if !ok {
+            wc.status = WcStatus::LocProtErr;
+        }
+    }
+    q.complete_recv(&e, wc, h.bth.se, net.hub);
+}

@@ -1,0 +1,199 @@
+//! Shared receive queues: a ring of receive requests in HAL memory that the responder of
+//! every QP attached to it takes from, with the limit event.
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use bareverbs_hal::{Clock, Hal, Link};
+
+use super::mem::Pd;
+use super::qp::RqEntry;
+use super::{MAX_SGE, MAX_WR, Rxe};
+use crate::dma::Dma;
+use crate::error::{Error, Object, Param, Queue, Resource, Result};
+use crate::events::EventHub;
+use crate::verbs::{RecvWr, SrqAttr};
+
+/// Shared receive queues the device creates.
+pub const MAX_SRQ: u32 = 16;
+
+/// The SRQ's state, at the start of its block (the ring follows).
+pub(crate) struct SrqCore {
+    ring: NonNull<RqEntry>,
+    cap: u32,
+    head: u32,
+    tail: u32,
+    /// The limit event fires once fewer than this many requests are posted (0: disarmed).
+    pub(crate) limit: u32,
+    /// Limit events raised (there is no async-event queue for them yet: counted).
+    pub(crate) limit_events: u32,
+}
+
+impl SrqCore {
+    fn at(&mut self, i: u32) -> &mut RqEntry {
+        // SAFETY: `cap` entries follow the header in the SRQ's block (valid zeroed), reached
+        // through `&mut self` (under the device lock); the index is reduced modulo `cap`.
+        unsafe { &mut *self.ring.as_ptr().add((i % self.cap) as usize) }
+    }
+
+    pub(crate) fn has(&self) -> bool {
+        self.head != self.tail
+    }
+
+    /// Takes the oldest request.
+    pub(crate) fn take(&mut self, hub: &EventHub) -> Option<RqEntry> {
+        let _ = hub;
+        if !self.has() {
+            return None;
+        }
+        let e = *self.at(self.tail);
+        self.tail = self.tail.wrapping_add(1);
+        if self.limit != 0 && self.head.wrapping_sub(self.tail) < self.limit {
+            self.limit = 0;
+            self.limit_events = self.limit_events.wrapping_add(1);
+        }
+        Some(e)
+    }
+}
+
+/// A shared receive queue.
+pub struct Srq<H: Hal> {
+    _mem: Dma<H>,
+    pub(crate) core: NonNull<SrqCore>,
+    pub(crate) attr: SrqAttr,
+    pub(crate) users: AtomicU32,
+    pd_users: NonNull<AtomicU32>,
+}
+
+// SAFETY: the core is reached only under the device lock.
+unsafe impl<H: Hal + Send> Send for Srq<H> {}
+// SAFETY: as above.
+unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    pub(crate) fn plan_srq_impl(&self, attr: &SrqAttr) -> Result<SrqAttr> {
+        if attr.max_wr > MAX_WR {
+            return Err(Error::invalid(Param::SrqMaxWr, attr.max_wr, MAX_WR));
+        }
+        if attr.max_sge > MAX_SGE {
+            return Err(Error::invalid(Param::SrqMaxSge, attr.max_sge, MAX_SGE));
+        }
+        Ok(SrqAttr {
+            max_wr: attr.max_wr.max(1),
+            max_sge: attr.max_sge.max(1),
+            srq_limit: attr.srq_limit,
+        })
+    }
+
+    pub(crate) fn create_srq_impl(&self, pd: &Pd, attr: &SrqAttr) -> Result<Srq<H>> {
+        let attr = self.plan_srq_impl(attr)?;
+        let at = size_of::<SrqCore>().next_multiple_of(64);
+        let bytes = at + attr.max_wr as usize * size_of::<RqEntry>();
+        let mem = Dma::new(&self.hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
+        let mut guard = self.lock();
+        let t = guard.tables();
+        if t.srqs >= MAX_SRQ {
+            return Err(Error::Resource(Resource::Objects {
+                object: Object::Srq,
+                limit: MAX_SRQ,
+            }));
+        }
+        t.srqs += 1;
+        let core = mem.base().cast::<SrqCore>();
+        // SAFETY: the block holds the header and the ring (valid zeroed) after it; the header
+        // is written before any reference to it.
+        unsafe {
+            core.write(SrqCore {
+                ring: mem.base().add(at).cast(),
+                cap: attr.max_wr,
+                head: 0,
+                tail: 0,
+                limit: attr.srq_limit,
+                limit_events: 0,
+            });
+        }
+        pd.users.fetch_add(1, Ordering::Relaxed);
+        Ok(Srq {
+            _mem: mem,
+            core,
+            attr,
+            users: AtomicU32::new(0),
+            pd_users: NonNull::from(&pd.users),
+        })
+    }
+
+    pub(crate) fn destroy_srq_impl(
+        &self,
+        srq: Srq<H>,
+    ) -> core::result::Result<(), (Srq<H>, Error)> {
+        if srq.users.load(Ordering::Relaxed) != 0 {
+            return Err((
+                srq,
+                Error::Busy {
+                    op: crate::error::Op::DestroySrq,
+                },
+            ));
+        }
+        self.lock().tables().srqs -= 1;
+        // SAFETY: the PD outlives the SRQ (create_srq's contract).
+        unsafe { srq.pd_users.as_ref() }.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn srq_core<'a>(&self, srq: &Srq<H>, _t: &'a mut super::mem::Tables) -> &'a mut SrqCore {
+        // SAFETY: the core lives as long as the SRQ and is reached only under the device
+        // lock, which the caller holds.
+        unsafe { &mut *srq.core.as_ptr() }
+    }
+
+    pub(crate) fn post_srq_impl(&self, srq: &Srq<H>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if let Some(w) = wrs
+            .iter()
+            .find(|w| w.sg_list.len() > srq.attr.max_sge as usize)
+        {
+            return Err(Error::invalid(
+                Param::NumSge,
+                w.sg_list.len() as u64,
+                srq.attr.max_sge,
+            ));
+        }
+        let mut guard = self.lock();
+        let s = self.srq_core(srq, guard.tables());
+        let free = s.cap - s.head.wrapping_sub(s.tail);
+        if wrs.len() > free as usize {
+            return Err(Error::QueueFull {
+                queue: Queue::Srq,
+                free,
+            });
+        }
+        for w in wrs {
+            let mut e = RqEntry {
+                wr_id: w.wr_id,
+                nsge: w.sg_list.len() as u32,
+                ..Default::default()
+            };
+            e.sges[..w.sg_list.len()].copy_from_slice(w.sg_list);
+            *s.at(s.head) = e;
+            s.head = s.head.wrapping_add(1);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn modify_srq_impl(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
+        if limit > srq.attr.max_wr {
+            return Err(Error::invalid(Param::SrqLimit, limit, srq.attr.max_wr));
+        }
+        let mut guard = self.lock();
+        self.srq_core(srq, guard.tables()).limit = limit;
+        Ok(())
+    }
+
+    pub(crate) fn query_srq_impl(&self, srq: &Srq<H>) -> SrqAttr {
+        let mut guard = self.lock();
+        let s = self.srq_core(srq, guard.tables());
+        SrqAttr {
+            srq_limit: s.limit,
+            ..srq.attr
+        }
+    }
+}
