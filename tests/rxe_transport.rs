@@ -74,6 +74,15 @@ impl Lab {
         }
         done()
     }
+
+    /// Runs both endpoints for `rounds` rounds of 100 µs.
+    fn run(&self, rounds: u32) {
+        for _ in 0..rounds {
+            self.clk.0.fetch_add(100, Ordering::Relaxed);
+            self.a.process_events();
+            self.b.process_events();
+        }
+    }
 }
 
 fn drain<P: Provider>(cq: &CompletionQueue<'_, P>, into: &mut Vec<WorkCompletion>) {
@@ -382,4 +391,398 @@ fn a_lossy_segment_loses_and_duplicates_nothing() {
         );
         teardown(l);
     }
+}
+
+/// Two connected RC QPs (A → B) with `timeout`/`retry`/`rnr_retry`, and B's access rights.
+struct Pair<'a> {
+    qa: RcQp<'a>,
+    qb: RcQp<'a>,
+    ca: &'a CompletionQueue<'a, R>,
+    cb: &'a CompletionQueue<'a, R>,
+}
+
+fn pair<'a>(
+    l: &'a Lab,
+    pds: &'a (ProtectionDomain<'a, R>, ProtectionDomain<'a, R>),
+    cqs: &'a (CompletionQueue<'a, R>, CompletionQueue<'a, R>),
+    b_access: AccessFlags,
+    (retry, rnr_retry): (u8, u8),
+) -> Pair<'a> {
+    let _ = l;
+    let qa = pds
+        .0
+        .qp_builder(&cqs.0, &cqs.0)
+        .caps(caps(16))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pds
+        .1
+        .qp_builder(&cqs.1, &cqs.1)
+        .caps(caps(16))
+        .build::<Rc>()
+        .unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let bring = |qp: QueuePair<'a, R, Rc, Reset>, peer, ip, access| {
+        let qp = qp
+            .init(&ConnectedInit {
+                access,
+                ..Default::default()
+            })
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let mut rtr = ConnectedRtr::new(peer, 5, AddressVector::new(Gid::from_ipv4(ip), 1));
+        rtr.max_dest_rd_atomic = 1;
+        rtr.min_rnr_timer = 1;
+        let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+        let mut rts = ConnectedRts::new(5);
+        (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 8, retry, rnr_retry);
+        qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    };
+    Pair {
+        qa: bring(qa, nb, IP_B, ALL),
+        qb: bring(qb, na, IP_A, b_access),
+        ca: &cqs.0,
+        cb: &cqs.1,
+    }
+}
+
+/// Runs until A's CQ has `n` completions; returns them.
+fn wait_a(l: &Lab, p: &Pair<'_>, n: usize) -> Vec<WorkCompletion> {
+    let mut got = Vec::new();
+    assert!(
+        l.pump(100, || {
+            drain(p.ca, &mut got);
+            got.len() >= n
+        }),
+        "{n} completions expected, got {got:?}"
+    );
+    got
+}
+
+#[test]
+fn the_peer_refuses_bad_keys_missing_rights_and_misaligned_atomics() {
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(4096, ALL).unwrap();
+        let ro = pds
+            .1
+            .register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+        let cases: [(&str, AccessFlags, u8, WcStatus); 4] = [
+            (
+                "write to a region without remote write",
+                ALL,
+                0,
+                WcStatus::RemAccessErr,
+            ),
+            (
+                "write with a key nobody registered",
+                ALL,
+                1,
+                WcStatus::RemAccessErr,
+            ),
+            ("write beyond the region", ALL, 2, WcStatus::RemAccessErr),
+            (
+                "write to a QP without remote write",
+                AccessFlags::REMOTE_READ,
+                3,
+                WcStatus::RemInvReqErr,
+            ),
+        ];
+        for (what, qp_access, case, want) in cases {
+            let mut p = pair(&l, &pds, &cqs, qp_access, (7, 7));
+            let (addr, key) = match case {
+                1 => (ro.addr(), ro.rkey() ^ 0x100),
+                2 => (ro.addr() + 4000, ro.rkey()),
+                _ => (ro.addr(), ro.rkey()),
+            };
+            let region = if case == 0 { ro.rkey() } else { key };
+            // SAFETY: `ma` stays registered until the completion.
+            unsafe {
+                let mut s = p.qa.send_batch();
+                s.rdma_write(1, SIG, (addr, region), &[ma.sge(0, 256).unwrap()])
+                    .unwrap();
+                s.rdma_write(2, SIG, (ro.addr(), ro.rkey()), &[ma.sge(0, 8).unwrap()])
+                    .unwrap();
+                s.finish();
+            }
+            let got = wait_a(&l, &p, 2);
+            assert_eq!((got[0].wr_id, got[0].status), (1, want), "{what}");
+            assert_eq!(
+                (got[1].wr_id, got[1].status),
+                (2, WcStatus::WrFlushErr),
+                "{what}: the rest flushed"
+            );
+            assert_eq!(
+                p.qa.query().unwrap().state,
+                QpState::Err,
+                "{what}: the requester is in error"
+            );
+            assert_eq!(
+                p.qb.query().unwrap().state,
+                QpState::Err,
+                "{what}: so is the responder"
+            );
+            drop(p);
+        }
+        // A misaligned atomic: invalid request.
+        let rw = pds.1.register(4096, ALL).unwrap();
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+        // SAFETY: as above.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.atomic_fetch_add(
+                9,
+                SIG,
+                (rw.addr() + 4, rw.rkey()),
+                1,
+                &ma.sge(0, 8).unwrap(),
+            )
+            .unwrap();
+            s.finish();
+        }
+        let got = wait_a(&l, &p, 1);
+        assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::RemInvReqErr));
+        drop(p);
+    }
+    teardown(l);
+}
+
+#[test]
+fn receiver_not_ready_waits_for_a_receive_or_fails_when_retries_run_out() {
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(4096, ALL).unwrap();
+        let mb = pds.1.register(4096, ALL).unwrap();
+        // Infinite RNR retries: the SEND waits until B posts a receive, then lands once.
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+        // SAFETY: the buffers stay registered until the completions.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.send(1, SIG, &[ma.sge(0, 100).unwrap()]).unwrap();
+            s.finish();
+        }
+        let mut got = Vec::new();
+        l.run(2000);
+        drain(p.ca, &mut got);
+        assert!(
+            got.is_empty(),
+            "no completion while B has no receive: {got:?}"
+        );
+        let b_port = l.b.provider().port_counts();
+        assert!(
+            b_port.roce > 10,
+            "A kept retrying after RNR NAKs ({b_port:?})"
+        );
+        // SAFETY: as above.
+        unsafe {
+            let mut r = p.qb.recv_batch();
+            r.recv(7, &[mb.sge(0, 4096).unwrap()]).unwrap();
+            r.finish();
+        }
+        let got = wait_a(&l, &p, 1);
+        assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+        let mut rb = Vec::new();
+        drain(p.cb, &mut rb);
+        assert_eq!(rb.len(), 1, "received once: {rb:?}");
+        assert_eq!((rb[0].wr_id, rb[0].byte_len), (7, 100));
+        drop(p);
+        // Two RNR retries: the third RNR NAK fails the request.
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 2));
+        // SAFETY: as above.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.send(2, SIG, &[ma.sge(0, 100).unwrap()]).unwrap();
+            s.finish();
+        }
+        let got = wait_a(&l, &p, 1);
+        assert_eq!((got[0].wr_id, got[0].status), (2, WcStatus::RnrRetryExcErr));
+        drop(p);
+    }
+    teardown(l);
+}
+
+#[test]
+fn a_silent_peer_exhausts_the_retries() {
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(4096, ALL).unwrap();
+        let mut p = pair(&l, &pds, &cqs, ALL, (3, 7));
+        // One exchange first: the peers know each other's MAC.
+        let mb = pds.1.register(4096, ALL).unwrap();
+        // SAFETY: the buffers stay registered until the completions.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.rdma_write(0, SIG, (mb.addr(), mb.rkey()), &[ma.sge(0, 64).unwrap()])
+                .unwrap();
+            s.finish();
+        }
+        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+        // Everything from now on is lost.
+        l.seg.set_faults(Faults {
+            drop: 1000,
+            seed: 3,
+            ..Default::default()
+        });
+        let roce = || {
+            l.seg
+                .sent()
+                .iter()
+                .filter(|(_, f)| f.len() > 42 && f[12..14] == [8, 0] && f[36..38] == [0x12, 0xB7])
+                .count()
+        };
+        let before = roce();
+        // SAFETY: as above.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.send(1, SIG, &[ma.sge(0, 64).unwrap()]).unwrap();
+            s.finish();
+        }
+        let got = wait_a(&l, &p, 1);
+        assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::RetryExcErr));
+        // The first try and three retries.
+        let tries = roce() - before;
+        assert_eq!(tries, 4, "the first send and three retries: {tries}");
+        drop(p);
+    }
+    teardown(l);
+}
+
+#[test]
+fn a_long_batch_goes_through_the_psn_window_and_completes_in_order() {
+    for faults in [
+        Faults::default(),
+        Faults {
+            drop: 30,
+            duplicate: 30,
+            reorder: 30,
+            seed: 11,
+        },
+    ] {
+        let l = lab(faults);
+        {
+            let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+            let cqs = (l.a.create_cq(256).unwrap(), l.b.create_cq(256).unwrap());
+            let mut ma = pds.0.register(64 * 1024, ALL).unwrap();
+            let mb = pds.1.register(64 * 1024, ALL).unwrap();
+            let data = pattern(3, 64 * 1024);
+            ma.as_mut_slice().copy_from_slice(&data);
+            let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+            // 16 WRITEs of 4 KiB at MTU 1024: 64 packets; then 16 more: beyond any one window.
+            for round in 0..2u64 {
+                // SAFETY: the buffers stay registered until the completions.
+                unsafe {
+                    let mut s = p.qa.send_batch();
+                    for k in 0..16u32 {
+                        let off = k * 4096;
+                        s.rdma_write(
+                            round * 16 + u64::from(k),
+                            SIG,
+                            (mb.addr() + u64::from(off), mb.rkey()),
+                            &[ma.sge(off, 4096).unwrap()],
+                        )
+                        .unwrap();
+                    }
+                    s.finish();
+                }
+                let got = wait_a(&l, &p, 16);
+                let ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
+                assert_eq!(
+                    ids,
+                    (round * 16..round * 16 + 16).collect::<Vec<_>>(),
+                    "in order, once each"
+                );
+                assert!(got.iter().all(|w| w.status == WcStatus::Success));
+            }
+            assert_eq!(mb.as_slice(), &data[..]);
+            drop(p);
+        }
+        teardown(l);
+    }
+}
+
+#[test]
+fn ud_datagrams_carry_a_grh_and_a_wrong_qkey_is_dropped() {
+    let l = lab(Faults::default());
+    {
+        let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let (ca, cb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let mut qa = ud_up(&pa, &ca);
+        let mut qb = ud_up(&pb, &cb);
+        let mut ma = pa.register(4096, ALL).unwrap();
+        let mb = pb.register(4096, ALL).unwrap();
+        ma.as_mut_slice()[..100].copy_from_slice(&pattern(1, 100));
+        let ah = pa
+            .create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 1))
+            .unwrap();
+        // SAFETY: the buffers stay registered until the completions.
+        unsafe {
+            let mut r = qb.recv_batch();
+            r.recv(5, &[mb.sge(0, 4096).unwrap()]).unwrap();
+            r.finish();
+            let mut s = qa.send_batch();
+            s.send_to(
+                1,
+                SIG,
+                (&ah, qb.qp_num(), 0x2222_2222),
+                &[ma.sge(0, 100).unwrap()],
+            )
+            .unwrap();
+            s.send_to_imm(
+                2,
+                SIG,
+                (&ah, qb.qp_num(), 0x1111_1111),
+                77,
+                &[ma.sge(0, 100).unwrap()],
+            )
+            .unwrap();
+            s.finish();
+        }
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        assert!(l.pump(100, || {
+            drain(&ca, &mut wa);
+            drain(&cb, &mut wb);
+            wa.len() == 2 && !wb.is_empty()
+        }));
+        l.run(2000);
+        drain(&cb, &mut wb);
+        assert_eq!(
+            wb.len(),
+            1,
+            "the wrong Q_Key's datagram was dropped: {wb:?}"
+        );
+        let r = wb[0];
+        assert_eq!(
+            (r.wr_id, r.byte_len, r.src_qp, r.imm),
+            (5, 140, qa.qp_num(), 77)
+        );
+        assert!(r.flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+        let b = mb.as_slice();
+        assert_eq!(&b[..20], &[0u8; 20], "20 zero bytes, then the IPv4 header");
+        assert_eq!(b[20] >> 4, 4);
+        assert_eq!(&b[32..36], &IP_A, "the IPv4 source in the GRH slot");
+        assert_eq!(&b[40..140], &pattern(1, 100)[..]);
+    }
+    teardown(l);
+}
+
+fn ud_up<'a>(
+    pd: &'a ProtectionDomain<'a, R>,
+    cq: &'a CompletionQueue<'a, R>,
+) -> QueuePair<'a, R, Ud, Rts> {
+    let q = pd.qp_builder(cq, cq).caps(caps(8)).build::<Ud>().unwrap();
+    let q = q
+        .init(&DatagramInit::new(0x1111_1111))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
+    q.rts(&DatagramRts { sq_psn: 0 })
+        .map_err(|(_, e)| e)
+        .unwrap()
 }
