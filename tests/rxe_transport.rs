@@ -786,3 +786,52 @@ fn ud_up<'a>(
         .map_err(|(_, e)| e)
         .unwrap()
 }
+
+#[test]
+fn two_queue_pairs_of_one_device_talk_through_loopback() {
+    let l = lab(Faults::default());
+    {
+        let pd = l.a.alloc_pd().unwrap();
+        let cq = l.a.create_cq(64).unwrap();
+        let x = pd.qp_builder(&cq, &cq).caps(caps(8)).build::<Rc>().unwrap();
+        let y = pd.qp_builder(&cq, &cq).caps(caps(8)).build::<Rc>().unwrap();
+        let (nx, ny) = (x.qp_num(), y.qp_num());
+        let mut x = up(x, ny, IP_A, Mtu::Mtu1024, (1, 2));
+        let mut y = up(y, nx, IP_A, Mtu::Mtu1024, (2, 1));
+        let mut m = pd.register(16384, ALL).unwrap();
+        m.as_mut_slice()[..3000].copy_from_slice(&pattern(9, 3000));
+        // SAFETY: the region stays registered until the completions.
+        unsafe {
+            let mut r = y.recv_batch();
+            r.recv(1, &[m.sge(4096, 4096).unwrap()]).unwrap();
+            r.finish();
+            let mut s = x.send_batch();
+            s.send(2, SIG, &[m.sge(0, 3000).unwrap()]).unwrap();
+            s.rdma_read(3, SIG, (m.addr(), m.rkey()), &[m.sge(8192, 3000).unwrap()])
+                .unwrap();
+            s.finish();
+        }
+        let mut got = Vec::new();
+        assert!(l.pump(10, || {
+            drain(&cq, &mut got);
+            got.len() == 3
+        }));
+        got.sort_by_key(|w| w.wr_id);
+        let ids: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            [
+                (1, WcStatus::Success),
+                (2, WcStatus::Success),
+                (3, WcStatus::Success)
+            ]
+        );
+        assert_eq!(&m.as_slice()[4096..7096], &pattern(9, 3000)[..]);
+        assert_eq!(&m.as_slice()[8192..11192], &pattern(9, 3000)[..]);
+        assert!(
+            l.seg.sent().iter().all(|(_, f)| f[12..14] != [8, 0]),
+            "nothing on the wire"
+        );
+    }
+    teardown(l);
+}

@@ -13,7 +13,7 @@ use bareverbs_hal::Hal;
 
 use super::port::Port;
 use super::qp::QpCore;
-use super::{MAX_MR, MAX_QP, STACK_FRAMES};
+use super::{FRAME, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
 use crate::dma::Dma;
 use crate::verbs::{AccessFlags, Sge};
 
@@ -105,6 +105,41 @@ impl StackRing {
     }
 }
 
+/// Frames the device sent to its own address, waiting to be received (rxe loops them back
+/// the same way).
+pub(crate) struct Loopback {
+    frames: [[u8; FRAME]; LOOPBACK_FRAMES],
+    lens: [u16; LOOPBACK_FRAMES],
+    head: u32,
+    tail: u32,
+}
+
+impl Loopback {
+    /// Queues a frame; `false` when the queue is full.
+    pub(crate) fn push(&mut self, frame: &[u8]) -> bool {
+        if self.head.wrapping_sub(self.tail) as usize >= LOOPBACK_FRAMES || frame.len() > FRAME {
+            return false;
+        }
+        let i = self.head as usize % LOOPBACK_FRAMES;
+        self.frames[i][..frame.len()].copy_from_slice(frame);
+        self.lens[i] = frame.len() as u16;
+        self.head = self.head.wrapping_add(1);
+        true
+    }
+
+    /// Moves the oldest frame into `buf`.
+    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
+        if self.head == self.tail {
+            return None;
+        }
+        let i = self.tail as usize % LOOPBACK_FRAMES;
+        self.tail = self.tail.wrapping_add(1);
+        let n = usize::from(self.lens[i]).min(buf.len());
+        buf[..n].copy_from_slice(&self.frames[i][..n]);
+        Some(n)
+    }
+}
+
 /// The device's tables, in its block (reached only under the device lock).
 pub(crate) struct Tables {
     pub(crate) port: Port,
@@ -119,6 +154,7 @@ pub(crate) struct Tables {
     /// The IPv4 identification of the next frame.
     pub(crate) ip_id: u16,
     pub(crate) stack: StackRing,
+    pub(crate) loopback: Loopback,
 }
 
 impl Tables {

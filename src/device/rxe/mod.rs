@@ -65,6 +65,8 @@ pub const MAX_INLINE: u32 = 64;
 pub const MAX_RD_ATOMIC: u32 = 16;
 /// Frames of the IP stack kept until it reads them (more are dropped, as a full NIC would).
 pub const STACK_FRAMES: usize = 8;
+/// Frames to the device's own address queued for it (loopback).
+pub const LOOPBACK_FRAMES: usize = 4;
 /// The largest frame the device handles (a 4096-byte path MTU with every header).
 pub const FRAME: usize = 4096 + wire::packet::MAX_OVERHEAD;
 /// Frames taken from the link per progress call, at most (bounded work per verbs call).
@@ -239,7 +241,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
             // through the locked core (`core` is borrowed mutably here).
             let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
-            let Some(n) = core.link.receive(rx) else {
+            // Looped-back frames first, then the NIC's.
+            let Some(n) = core
+                .tables()
+                .loopback
+                .pop(rx)
+                .or_else(|| core.link.receive(rx))
+            else {
                 break;
             };
             let Some(frame) = rx.get(..n) else { continue };

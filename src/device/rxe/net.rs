@@ -45,6 +45,14 @@ impl<L: Link> Net<'_, L> {
         let payload = self.tx.get_mut(at..at + len).ok_or(Unsent::Lost)?;
         fill(self.t, payload).map_err(Unsent::Denied)?;
         let n = finish(self.tx).ok_or(Unsent::Lost)?;
+        if route.dst_ip == route.src_ip {
+            // To this interface: looped back, never on the wire.
+            return if self.t.loopback.push(&self.tx[..n]) {
+                Ok(())
+            } else {
+                Err(Unsent::Busy)
+            };
+        }
         match self.link.transmit(&self.tx[..n]) {
             Ok(()) => Ok(()),
             Err(LinkError::Busy) => Err(Unsent::Busy),

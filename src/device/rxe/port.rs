@@ -149,6 +149,10 @@ impl Port {
     /// [`Error::Timeout`] once [`ARP_TRIES`] requests went unanswered (the next call starts
     /// over).
     pub fn resolve<L: Link>(&mut self, link: &mut L, ip: [u8; 4], now: u64) -> Result<Option<Mac>> {
+        if ip == self.ip {
+            // This interface: the device loops the frames back itself.
+            return Ok(Some(self.mac));
+        }
         let i = match self.find(ip) {
             Some(i) => i,
             None => self.make_room(ip, now),
