@@ -4,10 +4,11 @@
 #   qemu/boot.sh KERNEL [--require-device] [extra QEMU arguments...]
 #
 # The machine: q35, 256 MiB, serial on stdout, isa-debug-exit, a vmxnet3 at 00:10.0 (the
-# function a PVRDMA pairs with), and a virtio-net at 00:03.0 on its own user network (the
-# kernel's link self-test ARPs for the gateway 10.0.2.2 through it). Plain QEMU cannot realize -device pvrdma without a host RDMA
-# device (see qemu/lab/ for that), so here the kernel shows the PCI probe and its clean "no
-# device" path. Status: 0 for PASS (and for "no device" unless --require-device), 1 otherwise.
+# function a PVRDMA pairs with), and a virtio-net at 00:03.0 on its own user network. Plain
+# QEMU cannot realize -device pvrdma without a host RDMA device (see qemu/lab/ for that), so
+# here the kernel shows the PCI probe, ARPs for the gateway 10.0.2.2 through the virtio-net
+# NIC (the link self-test), and then runs bareverbs' software RoCEv2 device over that NIC.
+# Status: 0 for PASS (and for "no device" unless --require-device), 1 otherwise.
 set -uo pipefail
 kernel=$1; shift
 require=0

@@ -34,8 +34,12 @@
 #     itself calls (core code inlined into driver code counts with it, wherever it landed).
 # The NIC link (`hal/src/virtio_net`, `bareverbs_hal::virtio_net::…`) and the virtio-drivers
 # crate it wraps are not the RDMA driver: their symbols are printed apart, `link_text_symbols N`.
-# Prints `link_text_symbols N`, `driver_text_symbols N`, `driver_text_inlined N`, then last
-# `driver_text_bytes N` (the driver's sum).
+# The second device, software RoCEv2 (`src/device/rxe/`, and driver symbols whose name mentions
+# `bareverbs::device::rxe::`: the verbs layer instantiated for it), is counted apart as well:
+# `rxe_text_symbols`, `rxe_text_inlined` (bytes whose innermost line is in its files), and
+# `rxe_text_bytes`. `driver_text_bytes` stays the PVRDMA driver with the verbs layer.
+# Prints `link_text_symbols N`, the `rxe_text_*` lines, `driver_text_symbols N`,
+# `driver_text_inlined N`, then last `driver_text_bytes N` (the driver's sum).
 #
 # Needs binutils (nm, objdump), llvm-dwarfdump (Debian package llvm) and python3; installed with
 # apt-get when missing and run as root.

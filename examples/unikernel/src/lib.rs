@@ -21,6 +21,7 @@ use core::fmt::Write;
 
 pub mod arp;
 pub mod peer;
+pub mod roce;
 pub mod wait;
 
 use bareverbs::Context;

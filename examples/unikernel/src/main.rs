@@ -1,5 +1,6 @@
 //! The bareverbs unikernel: boots under QEMU (`-kernel`, PVH), prints what it finds on PCI,
-//! and drives a PVRDMA through bareverbs if there is one (see the library for the demo).
+//! and drives a PVRDMA through bareverbs if there is one (see the library for the demo);
+//! otherwise it runs bareverbs' software RoCEv2 device over the first virtio-net NIC.
 //! Ends with `bareverbs: PASS`, `bareverbs: FAIL <reason>`, or a plain "no device" line, and
 //! exits QEMU through isa-debug-exit with a code for each.
 //!
@@ -19,8 +20,9 @@ use core::fmt::Write;
 use core::ptr::NonNull;
 
 use bareverbs::device::pvrdma::Config;
+use bareverbs::device::rxe::{Config as RoceConfig, Rxe};
 use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
-use bareverbs::hal::{DmaRegion, Link, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs::hal::{Clock, DmaRegion, IdentityHal, Link, PAGE_SIZE, x86::PortIoConfig};
 use bareverbs_unikernel::arp::{self, DisplayMac};
 use bareverbs_unikernel::peer::{self, Line};
 use bareverbs_unikernel::wait::Polling;
@@ -234,6 +236,75 @@ fn link_test(pci: &PortIoConfig, dma: &DmaRegion) {
     }
 }
 
+/// Time for the RoCE transport's timers: the LAPIC timer's ticks (about 16 ms each).
+struct Ticks;
+
+impl Clock for Ticks {
+    fn now_us(&self) -> u64 {
+        u64::from(irq::count(irq::TIMER_VECTOR)) * 16_000
+    }
+}
+
+/// Timer ticks a RoCE demo wait lasts at most (about 5 s).
+const ROCE_TICKS: u32 = 300;
+
+/// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
+/// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
+fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    let Some(address) = virtio_net::find(pci) else {
+        let _ = writeln!(Serial, "roce: no virtio-net NIC either");
+        exit(Exit::NoDevice)
+    };
+    // SAFETY: as in `link_test` (the link test's NIC is gone: this takes the NIC over anew).
+    let nic = match unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) } {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL roce: virtio-net bring-up: {e}");
+            exit(Exit::Fail)
+        }
+    };
+    let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip: LINK_IP }) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL roce: device: {e}");
+            exit(Exit::Fail)
+        }
+    };
+    let _ = writeln!(
+        Serial,
+        "roce: over virtio-net {:02x}:{:02x}.{}",
+        address.bus(),
+        address.device(),
+        address.function()
+    );
+    let start = irq::count(irq::TIMER_VECTOR);
+    let r = bareverbs_unikernel::roce::demo(dev, &mut Serial, &mut || {
+        irq::wait();
+        irq::count(irq::TIMER_VECTOR).wrapping_sub(start) < ROCE_TICKS
+    });
+    match r {
+        Ok(()) if dma.free_pages() == dma.total_pages() => {
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            let (used, size) = stack_used();
+            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
+            let _ = writeln!(Serial, "bareverbs: PASS");
+            exit(Exit::Pass)
+        }
+        Ok(()) => {
+            let left = dma.total_pages() - dma.free_pages();
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL roce: {left} DMA pages not returned"
+            );
+            exit(Exit::Fail)
+        }
+        Err(f) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL roce: {f}");
+            exit(Exit::Fail)
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 extern "C" fn kmain(start_info: u32) -> ! {
     console::init();
@@ -299,7 +370,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
     match run(hal, &pci, &mut Serial, config, cpu) {
         Ok(Verdict::NoDevice) => {
             link_test(&pci, dma);
-            exit(Exit::NoDevice)
+            roce(&pci, hal, dma)
         }
         Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
