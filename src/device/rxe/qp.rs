@@ -249,6 +249,11 @@ impl QpCore {
     /// Completes the oldest send request with `status` (its completion when it is signaled
     /// or failed; its buffer back to the pool otherwise) and retires it.
     pub(crate) fn retire(&mut self, status: WcStatus, hub: &EventHub) {
+        if self.sq_tail == self.sq_head {
+            // Nothing outstanding (a caller's bug, or a peer's answer to nothing): no
+            // completion can be made up.
+            return;
+        }
         let e = *self.sq(self.sq_tail);
         self.sq_tail = self.sq_tail.wrapping_add(1);
         if self.sq_next.wrapping_sub(self.sq_tail) > self.sq_head.wrapping_sub(self.sq_tail) {

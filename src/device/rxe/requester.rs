@@ -416,6 +416,10 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
     if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < -1 {
         return;
     }
+    if q.sq_tail == q.sq_next {
+        // Nothing sent is waiting for an answer: whatever this is, it answers nothing.
+        return;
+    }
     let before = (q.una, q.sq_tail);
     let syndrome = h.aeth.map_or(0, |a| a.syndrome);
     match h.bth.opcode {
@@ -427,6 +431,9 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
             }
             1 => {
                 ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
+                if q.sq_tail == q.sq_next {
+                    return;
+                }
                 if q.attr.rnr_retry != 7 {
                     if q.rnr_retries == 0 {
                         q.retire(WcStatus::RnrRetryExcErr, net.hub);
@@ -453,9 +460,11 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                     2 => WcStatus::RemAccessErr,
                     _ => WcStatus::RemOpErr,
                 };
-                if q.sq_tail != q.sq_next {
-                    q.retire(status, net.hub);
+                if q.sq_tail == q.sq_next {
+                    // The acknowledge above completed everything: nothing left to fail.
+                    return;
                 }
+                q.retire(status, net.hub);
                 q.enter_error(net.hub);
                 return;
             }
