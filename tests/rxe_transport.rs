@@ -835,3 +835,80 @@ fn two_queue_pairs_of_one_device_talk_through_loopback() {
     }
     teardown(l);
 }
+
+#[test]
+fn the_safe_path_and_a_shared_receive_queue_work_over_rxe() {
+    let l = lab(Faults::default());
+    {
+        let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let (ca, cb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        // A: the safe path (a buffer pool); B: receives through an SRQ, posted raw.
+        let pool = pa.buffer_pool(4, 2048).unwrap();
+        let srq = pb
+            .create_srq(SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let qa = pa
+            .qp_builder(&ca, &ca)
+            .caps(caps(8))
+            .pool(&pool)
+            .build::<Rc>()
+            .unwrap();
+        let qb = pb
+            .qp_builder(&cb, &cb)
+            .caps(caps(8))
+            .srq(&srq)
+            .build::<Rc>()
+            .unwrap();
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (1, 2));
+        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (2, 1));
+        let mb = pb.register(8192, ALL).unwrap();
+        let sges = [mb.sge(0, 4096).unwrap(), mb.sge(4096, 4096).unwrap()];
+        // SAFETY: `mb` stays registered until the completions.
+        unsafe {
+            srq.post_recv_raw(&[
+                RecvWr {
+                    wr_id: 70,
+                    sg_list: &sges[..1],
+                },
+                RecvWr {
+                    wr_id: 71,
+                    sg_list: &sges[1..],
+                },
+            ])
+            .unwrap();
+        }
+        for (i, len) in [(0u64, 1500usize), (1, 2048)] {
+            let mut b = pool.alloc().unwrap();
+            b.set_len(len as u32).unwrap();
+            b.as_mut_slice().copy_from_slice(&pattern(i as u32, len));
+            qa.post_send(i, b).map_err(|(_, e)| e).unwrap();
+        }
+        assert_eq!(pool.free_count(), 2, "two buffers moved into the QP");
+        let mut got_a = Vec::new();
+        let mut got_b = Vec::new();
+        assert!(l.pump(50, || {
+            while let Some(c) = qa.poll_one().unwrap() {
+                assert_eq!(c.wc.status, WcStatus::Success);
+                got_a.push((c.wc.wr_id, c.buf.is_some()));
+            }
+            drain(&cb, &mut got_b);
+            got_a.len() == 2 && got_b.len() == 2
+        }));
+        assert_eq!(
+            got_a,
+            [(0, true), (1, true)],
+            "each send's buffer came back with it"
+        );
+        assert_eq!(pool.free_count(), 4, "and went back to the pool");
+        let r: Vec<_> = got_b.iter().map(|w| (w.wr_id, w.byte_len)).collect();
+        assert_eq!(r, [(70, 1500), (71, 2048)]);
+        assert_eq!(&mb.as_slice()[..1500], &pattern(0, 1500)[..]);
+        assert_eq!(&mb.as_slice()[4096..4096 + 2048], &pattern(1, 2048)[..]);
+    }
+    teardown(l);
+}
