@@ -2,29 +2,16 @@
 //! the host: the software device over an in-memory link, every line of its report, and every
 //! DMA page back.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use bareverbs::device::rxe::{Config, Rxe};
-use bareverbs::hal::Clock;
-use bareverbs_model::link::Segment;
+use bareverbs_model::link::{Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-
-#[derive(Clone, Default)]
-struct Clk(Arc<AtomicU64>);
-
-impl Clock for Clk {
-    fn now_us(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 #[test]
 fn the_roce_demo_passes_over_loopback_and_returns_every_page() {
     let model = Model::new(ModelConfig::default());
     let seg = Segment::new();
     let link = seg.attach([0x52, 0x54, 0, 0x12, 0x34, 0x56], 1514);
-    let clk = Clk::default();
+    let clk = TestClock::default();
     let dev = Rxe::new(
         model.clone(),
         link,
@@ -35,7 +22,7 @@ fn the_roce_demo_passes_over_loopback_and_returns_every_page() {
     let mut out = String::new();
     let mut waits = 0;
     let r = bareverbs_unikernel::roce::demo(dev, &mut out, &mut || {
-        clk.0.fetch_add(1000, Ordering::Relaxed);
+        clk.advance(1000);
         waits += 1;
         waits < 10_000
     });

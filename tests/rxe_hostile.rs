@@ -6,28 +6,16 @@
 //! and give every page back.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::bth::{AtomicEth, Reth, opcode};
 use bareverbs::device::rxe::wire::packet::{Frame, ROCE_OFFSET, Route, build, finish, parse};
 use bareverbs::device::rxe::{Config, Rxe};
-use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment};
+use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig, Rng};
 
-#[derive(Clone, Default)]
-struct Clk(Arc<AtomicU64>);
-
-impl Clock for Clk {
-    fn now_us(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-type R = Rxe<Model, MemLink, Clk>;
+type R = Rxe<Model, MemLink, TestClock>;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -169,7 +157,7 @@ fn a_hostile_station_cannot_make_the_devices_misbehave() {
 fn storm(seed: u64, frames: u32) {
     let model = Model::new(ModelConfig::default());
     let seg = Segment::new();
-    let clk = Clk::default();
+    let clk = TestClock::default();
     let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
     let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
     let _evil = seg.attach([0x52, 0x54, 0, 0, 0, 66], 1514);
@@ -181,7 +169,7 @@ fn storm(seed: u64, frames: u32) {
     );
     let pump = |n: u32| {
         for _ in 0..n {
-            clk.0.fetch_add(200, Ordering::Relaxed);
+            clk.advance(200);
             a.process_events();
             b.process_events();
         }

@@ -3,27 +3,13 @@
 //! rights, alignment, no receive posted), and a lossy segment (drop, duplicate, reorder) over
 //! which every request still completes exactly once with the right bytes.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, Rxe};
-use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
-use bareverbs_model::link::{Faults, MemLink, Segment};
+use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 
-/// A clock the test moves.
-#[derive(Clone, Default)]
-struct Clk(Arc<AtomicU64>);
-
-impl Clock for Clk {
-    fn now_us(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-type R = Rxe<Model, MemLink, Clk>;
+type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;
 type RcQp<'a> = QueuePair<'a, R, Rc, Rts>;
 
@@ -38,7 +24,7 @@ const SIG: SendFlags = SendFlags::SIGNALED;
 struct Lab {
     model: Model,
     seg: Segment,
-    clk: Clk,
+    clk: TestClock,
     a: Ctx,
     b: Ctx,
 }
@@ -46,7 +32,7 @@ struct Lab {
 fn lab(faults: Faults) -> Lab {
     let model = Model::new(ModelConfig::default());
     let seg = Segment::new();
-    let clk = Clk::default();
+    let clk = TestClock::default();
     let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
     let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
     seg.set_faults(faults);
@@ -68,7 +54,7 @@ impl Lab {
             if done() {
                 return true;
             }
-            self.clk.0.fetch_add(step, Ordering::Relaxed);
+            self.clk.advance(step);
             self.a.process_events();
             self.b.process_events();
         }
@@ -78,7 +64,7 @@ impl Lab {
     /// Runs both endpoints for `rounds` rounds of 100 µs.
     fn run(&self, rounds: u32) {
         for _ in 0..rounds {
-            self.clk.0.fetch_add(100, Ordering::Relaxed);
+            self.clk.advance(100);
             self.a.process_events();
             self.b.process_events();
         }
@@ -909,6 +895,43 @@ fn the_safe_path_and_a_shared_receive_queue_work_over_rxe() {
         assert_eq!(r, [(70, 1500), (71, 2048)]);
         assert_eq!(&mb.as_slice()[..1500], &pattern(0, 1500)[..]);
         assert_eq!(&mb.as_slice()[4096..4096 + 2048], &pattern(1, 2048)[..]);
+    }
+    teardown(l);
+}
+
+#[test]
+fn a_send_from_memory_it_may_not_read_fails_in_order_with_a_local_protection_error() {
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(4096, ALL).unwrap();
+        let mb = pds.1.register(4096, ALL).unwrap();
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+        let mut bad = ma.sge(0, 64).unwrap();
+        bad.lkey ^= 0x100; // nobody's key
+        // SAFETY: the regions stay registered until the completions.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.rdma_write(1, SIG, (mb.addr(), mb.rkey()), &[ma.sge(0, 64).unwrap()])
+                .unwrap();
+            s.rdma_write(2, SIG, (mb.addr(), mb.rkey()), &[bad])
+                .unwrap();
+            s.rdma_write(3, SIG, (mb.addr(), mb.rkey()), &[ma.sge(0, 64).unwrap()])
+                .unwrap();
+            s.finish();
+        }
+        let got = wait_a(&l, &p, 3);
+        let ids: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            [
+                (1, WcStatus::WrFlushErr),
+                (2, WcStatus::LocProtErr),
+                (3, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!(p.qa.query().unwrap().state, QpState::Err);
     }
     teardown(l);
 }

@@ -26,19 +26,6 @@ const RNR_US: [u32; 32] = [
     245_760, 327_680, 491_520,
 ];
 
-/// An empty header set around `bth`.
-pub(crate) fn headers(bth: Bth) -> Headers {
-    Headers {
-        bth,
-        deth: None,
-        reth: None,
-        atomic: None,
-        aeth: None,
-        atomic_ack: None,
-        imm: None,
-    }
-}
-
 /// The route of a connected QP's packets (its peer's MAC known).
 fn route<L: Link>(net: &Net<'_, L>, q: &QpCore, mac: [u8; 6]) -> Route {
     let av = q
@@ -100,9 +87,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             Ok(None) => return,
             Err(_) => {
                 // Nobody answers for the peer's address: the request cannot be delivered.
-                q.retire(WcStatus::RetryExcErr, net.hub);
-                q.enter_error(net.hub);
-                return;
+                return fail(net, q, WcStatus::RetryExcErr);
             }
         },
     };
@@ -146,7 +131,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             op::READ => {
                 bth.opcode = opcode::RC_READ_REQUEST;
                 let done = k * mtu;
-                let mut h = headers(bth);
+                let mut h = Headers::new(bth);
                 h.reth = Some(Reth {
                     va: e.remote_addr.wrapping_add(u64::from(done)),
                     rkey: e.rkey,
@@ -161,7 +146,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 } else {
                     opcode::RC_FETCH_ADD
                 };
-                let mut h = headers(bth);
+                let mut h = Headers::new(bth);
                 h.atomic = Some(AtomicEth {
                     va: e.remote_addr,
                     rkey: e.rkey,
@@ -188,7 +173,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 let solicited = SendFlags::from_bits_truncate(u32::from(e.flags))
                     .contains(SendFlags::SOLICITED);
                 bth.se = last && solicited && e.op != op::WRITE;
-                let mut h = headers(bth);
+                let mut h = Headers::new(bth);
                 if k == 0 && matches!(kind, Kind::Write { .. }) {
                     h.reth = Some(Reth {
                         va: e.remote_addr,
@@ -209,13 +194,13 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             Ok(()) => {}
             Err(Unsent::Busy) => break,
             Err(Unsent::Denied(_)) => {
-                // The gather list names memory the QP may not read: a local protection error.
-                q.una = e.first_psn;
-                q.sq_next = i;
-                q.cur_pkt = 0;
-                q.retire(WcStatus::LocProtErr, net.hub);
-                q.enter_error(net.hub);
-                return;
+                // The gather list names memory the QP may not read: this request fails with
+                // a local protection error, after the ones before it (flushed: the QP is
+                // going to the error state), in order.
+                while q.sq_tail != i {
+                    q.retire(WcStatus::WrFlushErr, net.hub);
+                }
+                return fail(net, q, WcStatus::LocProtErr);
             }
             // Lost on the way out: the retransmission timer covers it.
             Err(Unsent::Lost) => {}
@@ -294,7 +279,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             src_port: q.src_port,
         };
         let imm = e.op == op::SEND_IMM;
-        let mut h = headers(Bth {
+        let mut h = Headers::new(Bth {
             opcode: if imm {
                 opcode::UD_SEND_ONLY_IMM
             } else {
@@ -324,9 +309,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         }) {
             Err(Unsent::Busy) => return,
             Err(Unsent::Denied(_)) => {
-                q.retire(WcStatus::LocProtErr, net.hub);
-                q.enter_error(net.hub);
-                return;
+                return fail(net, q, WcStatus::LocProtErr);
             }
             Ok(()) | Err(Unsent::Lost) => {}
         }
@@ -375,14 +358,18 @@ fn rewind(q: &mut QpCore) {
     q.deadline = 0;
 }
 
+/// Fails the oldest request with `status` and moves the QP to the error state.
+fn fail<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, status: WcStatus) {
+    q.retire(status, net.hub);
+    q.enter_error(net.hub);
+}
+
 /// One retry (a timeout or a sequence NAK): rewinds, or fails the oldest request when the
 /// retries are used up (7: unlimited, as rxe counts).
 fn retry<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if q.attr.retry_cnt != 7 {
         if q.retries == 0 {
-            q.retire(WcStatus::RetryExcErr, net.hub);
-            q.enter_error(net.hub);
-            return;
+            return fail(net, q, WcStatus::RetryExcErr);
         }
         q.retries -= 1;
     }
@@ -436,9 +423,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                 }
                 if q.attr.rnr_retry != 7 {
                     if q.rnr_retries == 0 {
-                        q.retire(WcStatus::RnrRetryExcErr, net.hub);
-                        q.enter_error(net.hub);
-                        return;
+                        return fail(net, q, WcStatus::RnrRetryExcErr);
                     }
                     q.rnr_retries -= 1;
                 }
@@ -464,14 +449,10 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                     // The acknowledge above completed everything: nothing left to fail.
                     return;
                 }
-                q.retire(status, net.hub);
-                q.enter_error(net.hub);
-                return;
+                return fail(net, q, status);
             }
             _ => {
-                q.retire(WcStatus::BadRespErr, net.hub);
-                q.enter_error(net.hub);
-                return;
+                return fail(net, q, WcStatus::BadRespErr);
             }
         },
         opcode::RC_READ_RESPONSE_FIRST
@@ -541,9 +522,7 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) 
         return;
     }
     if net.t.scatter(q.pd, e.sges(), idx * mtu, p.payload).is_err() {
-        q.retire(WcStatus::LocProtErr, net.hub);
-        q.enter_error(net.hub);
-        return;
+        return fail(net, q, WcStatus::LocProtErr);
     }
     q.una = psn_add(psn, 1);
     if idx + 1 == n {

@@ -10,9 +10,8 @@ use super::MAX_RD_ATOMIC;
 use super::mem::Denied;
 use super::net::{Net, Unsent};
 use super::qp::{Inbound, QpCore, RdResource, qp_allows, recv_wc};
-use super::requester::headers;
 use super::seq::{Kind, psn_add, psn_diff, segments};
-use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, PSN_MASK, opcode};
+use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, PSN_MASK, opcode};
 use super::wire::packet::{Packet, Route};
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -49,11 +48,11 @@ fn reply_route<L: Link>(net: &Net<'_, L>, q: &QpCore, p: &Packet<'_>) -> Route {
     }
 }
 
-/// Sends an ACK or NAK (`syn`) for `psn`.
-fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
-    let route = reply_route(net, q, p);
-    let mut h = headers(Bth {
-        opcode: opcode::RC_ACK,
+/// The headers of an answer to the peer of `q`: `op` at `psn`, with an AETH of `syn` (the
+/// middle READ responses carry none).
+fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
+    let mut h = Headers::new(Bth {
+        opcode: op,
         se: false,
         pad: 0,
         pkey: DEFAULT_PKEY,
@@ -61,10 +60,17 @@ fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: 
         ack_req: false,
         psn,
     });
-    h.aeth = Some(Aeth {
-        syndrome: syn,
+    h.aeth = syn.map(|syndrome| Aeth {
+        syndrome,
         msn: q.msn,
     });
+    h
+}
+
+/// Sends an ACK or NAK (`syn`) for `psn`.
+fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
+    let route = reply_route(net, q, p);
+    let h = reply(q, opcode::RC_ACK, psn, Some(syn));
     // A lost acknowledge is recovered by the peer's retry.
     let _ = net.send(&route, &h, 0, |_, _| Ok(()));
 }
@@ -361,21 +367,8 @@ fn respond_read<L: Link>(
 ) {
     let route = reply_route(net, q, p);
     for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
-        let mut h = headers(Bth {
-            opcode: s.opcode,
-            se: false,
-            pad: 0,
-            pkey: DEFAULT_PKEY,
-            dest_qp: q.attr.dest_qpn,
-            ack_req: false,
-            psn: psn_add(res.first, s.index),
-        });
-        if s.opcode != opcode::RC_READ_RESPONSE_MIDDLE {
-            h.aeth = Some(Aeth {
-                syndrome: syndrome::ACK,
-                msn: q.msn,
-            });
-        }
+        let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
+        let h = reply(q, s.opcode, psn_add(res.first, s.index), syn);
         let (pd, va) = (q.pd, res.va + u64::from(s.offset));
         let r = net.send(&route, &h, s.len as usize, |t, out| {
             if out.is_empty() {
@@ -441,19 +434,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
 
 fn atomic_ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, psn: u32, orig: u64) {
     let route = reply_route(net, q, p);
-    let mut h = headers(Bth {
-        opcode: opcode::RC_ATOMIC_ACK,
-        se: false,
-        pad: 0,
-        pkey: DEFAULT_PKEY,
-        dest_qp: q.attr.dest_qpn,
-        ack_req: false,
-        psn,
-    });
-    h.aeth = Some(Aeth {
-        syndrome: syndrome::ACK,
-        msn: q.msn,
-    });
+    let mut h = reply(q, opcode::RC_ATOMIC_ACK, psn, Some(syndrome::ACK));
     h.atomic_ack = Some(orig);
     let _ = net.send(&route, &h, 0, |_, _| Ok(()));
 }

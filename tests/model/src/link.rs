@@ -174,3 +174,20 @@ impl Link for MemLink {
         }
     }
 }
+
+/// A clock the test moves by hand (for the software RoCE device's timers); clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct TestClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl TestClock {
+    /// Moves the time `us` microseconds on.
+    pub fn advance(&self, us: u64) {
+        self.0.fetch_add(us, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl bareverbs_hal::Clock for TestClock {
+    fn now_us(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
