@@ -935,3 +935,23 @@ fn a_send_from_memory_it_may_not_read_fails_in_order_with_a_local_protection_err
     }
     teardown(l);
 }
+
+#[test]
+fn the_devices_objects_fit_any_stack() {
+    use core::mem::size_of;
+    let sizes = [
+        ("Rxe", size_of::<R>()),
+        ("Context", size_of::<Ctx>()),
+        ("QueuePair", size_of::<QueuePair<'static, R, Rc, Rts>>()),
+        ("CompletionQueue", size_of::<CompletionQueue<'static, R>>()),
+        ("MemoryRegion", size_of::<MemoryRegion<'static, R>>()),
+        (
+            "SharedReceiveQueue",
+            size_of::<SharedReceiveQueue<'static, R>>(),
+        ),
+    ];
+    for (what, n) in sizes {
+        assert!(n <= 512, "{what} is {n} bytes: {sizes:?}");
+        println!("size {what} {n}");
+    }
+}
