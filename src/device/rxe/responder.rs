@@ -11,7 +11,7 @@ use super::mem::Denied;
 use super::net::{Net, Unsent};
 use super::qp::{Inbound, QpCore, RdResource, qp_allows, recv_wc};
 use super::seq::{Kind, psn_add, psn_diff, segments};
-use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, PSN_MASK, opcode};
+use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, PSN_MASK, Reth, opcode};
 use super::wire::packet::{Packet, Route};
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -249,21 +249,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         return Err(Fail::Rnr);
     }
     if first {
-        let r = h.reth.ok_or(Fail::Invalid)?;
-        if r.len > 1 << 31 {
-            return Err(Fail::Invalid);
-        }
-        if r.len > 0 {
-            net.t
-                .check(
-                    r.rkey,
-                    q.pd,
-                    r.va,
-                    u64::from(r.len),
-                    AccessFlags::REMOTE_WRITE,
-                )
-                .map_err(|_| Fail::Access)?;
-        }
+        let r = remote_range(net, q, h.reth, AccessFlags::REMOTE_WRITE)?;
         (q.write_va, q.write_rkey, q.write_len) = (r.va, r.rkey, r.len);
         q.offset = 0;
         q.inbound = Inbound::Write;
@@ -309,6 +295,26 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
     Ok(())
 }
 
+/// The RETH of a WRITE or READ, its whole range checked for `need` (a zero length names no
+/// memory: nothing to check); lengths beyond 2^31 are invalid.
+fn remote_range<L: Link>(
+    net: &Net<'_, L>,
+    q: &QpCore,
+    reth: Option<Reth>,
+    need: AccessFlags,
+) -> Result<Reth, Fail> {
+    let r = reth.ok_or(Fail::Invalid)?;
+    if r.len > 1 << 31 {
+        return Err(Fail::Invalid);
+    }
+    if r.len > 0 {
+        net.t
+            .check(r.rkey, q.pd, r.va, u64::from(r.len), need)
+            .map_err(|_| Fail::Access)?;
+    }
+    Ok(r)
+}
+
 /// Keeps a READ or atomic for replay (oldest first out).
 fn remember(q: &mut QpCore, r: RdResource) {
     let depth = u32::from(q.attr.max_dest_rd_atomic).clamp(1, MAX_RD_ATOMIC);
@@ -324,21 +330,7 @@ fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     if !qp_allows(q, AccessFlags::REMOTE_READ) {
         return Err(Fail::Invalid);
     }
-    let r = p.headers.reth.ok_or(Fail::Invalid)?;
-    if r.len > 1 << 31 {
-        return Err(Fail::Invalid);
-    }
-    if r.len > 0 {
-        net.t
-            .check(
-                r.rkey,
-                q.pd,
-                r.va,
-                u64::from(r.len),
-                AccessFlags::REMOTE_READ,
-            )
-            .map_err(|_| Fail::Access)?;
-    }
+    let r = remote_range(net, q, p.headers.reth, AccessFlags::REMOTE_READ)?;
     let psn = p.headers.bth.psn;
     let n = r.len.div_ceil(q.mtu).max(1);
     let res = RdResource {
