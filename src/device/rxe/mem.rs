@@ -12,7 +12,7 @@ use core::sync::atomic::AtomicU32;
 use bareverbs_hal::Hal;
 
 use super::port::Port;
-use super::qp::QpCore;
+use super::qp_state::QpCore;
 use super::{FRAME, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
 use crate::dma::Dma;
 use crate::verbs::{AccessFlags, Sge};

@@ -22,11 +22,14 @@
 mod cq;
 mod mem;
 mod net;
+mod post;
 mod provider;
 mod qp;
+mod qp_state;
 mod requester;
 mod responder;
 mod srq;
+mod wqe;
 
 pub mod port;
 pub mod seq;
@@ -43,7 +46,8 @@ use crate::verbs::{DeviceCaps, Gid};
 
 pub use cq::{Cq, Poll};
 pub use mem::{Mem, Mr};
-pub use qp::{Cursor, Qp};
+pub use post::Cursor;
+pub use qp::Qp;
 pub use srq::Srq;
 
 use mem::Tables;

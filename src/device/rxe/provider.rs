@@ -9,7 +9,8 @@ use bareverbs_hal::{Clock, Hal, Link};
 
 use super::cq::{Cq, Poll};
 use super::mem::{Mem, Mr, Pd};
-use super::qp::{Cursor, Qp};
+use super::post::Cursor;
+use super::qp::Qp;
 use super::srq::Srq;
 use super::{Ah, Rxe};
 use crate::dma::Dma;

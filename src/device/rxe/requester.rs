@@ -8,10 +8,11 @@ use bareverbs_hal::Link;
 
 use super::mem::Denied;
 use super::net::{Net, Unsent};
-use super::qp::{QpCore, SqEntry, op};
+use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
 use super::wire::packet::{Packet, Route};
+use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
 /// Unacknowledged PSNs a requester may have in flight (rxe's window).

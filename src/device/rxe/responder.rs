@@ -9,10 +9,11 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::mem::Denied;
 use super::net::{Net, Unsent};
-use super::qp::{Inbound, QpCore, RdResource, qp_allows, recv_wc};
+use super::qp_state::{QpCore, qp_allows};
 use super::seq::{Kind, psn_add, psn_diff, segments};
 use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, PSN_MASK, Reth, opcode};
 use super::wire::packet::{Packet, Route};
+use super::wqe::{Inbound, RdResource, recv_wc};
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// AETH syndromes the responder sends.

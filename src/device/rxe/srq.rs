@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use bareverbs_hal::{Clock, Hal, Link};
 
 use super::mem::Pd;
-use super::qp::RqEntry;
+use super::wqe::RqEntry;
 use super::{MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
 use crate::error::{Error, Object, Param, Queue, Resource, Result};

@@ -1,0 +1,213 @@
+//! Posting: send and receive requests written into a queue pair's rings by a batch, made
+//! visible at its commit, which runs the requester (the "doorbell" of the software device).
+
+use core::ptr::NonNull;
+
+use bareverbs_hal::{Clock, Hal, Link};
+
+use super::mem::sge_bytes;
+use super::qp::Qp;
+use super::qp_state::QpCore;
+use super::wqe::{RqEntry, SqEntry, op, wr_op};
+use super::{Rxe, requester};
+use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
+use crate::verbs::{QpState, QpType, SendFlags, SendWqe, Sge};
+
+/// A batch's copy of a queue's posting state: where it starts and how many it wrote.
+#[derive(Clone, Copy, Debug)]
+pub struct Cursor {
+    start: u32,
+    n: u32,
+}
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    pub(crate) fn sq_start_impl(&self, qp: &Qp<H>) -> Cursor {
+        Cursor {
+            start: qp.sq_head,
+            n: 0,
+        }
+    }
+
+    pub(crate) fn sq_write_impl(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut Cursor,
+        w: &SendWqe<'_, super::Ah>,
+    ) -> Result<()> {
+        let op_code = wr_op(w.op);
+        let ud = qp.qp_type == QpType::Ud;
+        match (ud, w.ud) {
+            (true, None) => {
+                return Err(Error::MissingAttribute {
+                    op: Op::PostSend,
+                    attr: Attr::UdDest,
+                });
+            }
+            (false, Some(_)) => {
+                return Err(Error::Unsupported(Unsupported::Feature(
+                    Feature::OpcodeForQpType,
+                )));
+            }
+            _ => {}
+        }
+        if (ud && op_code > op::SEND_IMM) || (qp.qp_type == QpType::Uc && op::reads(op_code)) {
+            return Err(Error::Unsupported(Unsupported::Feature(
+                Feature::OpcodeForQpType,
+            )));
+        }
+        if w.sges.len() > qp.caps.max_send_sge as usize {
+            return Err(Error::invalid(
+                Param::NumSge,
+                w.sges.len() as u64,
+                qp.caps.max_send_sge,
+            ));
+        }
+        let inline = w.flags.contains(SendFlags::INLINE);
+        let len = sge_bytes(w.sges);
+        if inline && (len > u64::from(qp.caps.max_inline_data) || op::reads(op_code)) {
+            return Err(Error::Unsupported(Unsupported::Feature(
+                Feature::InlineData,
+            )));
+        }
+        if len > 1 << 31 {
+            return Err(Error::invalid(Param::BufferRange, len, 1u64 << 31));
+        }
+        if op::reads(op_code) && op_code != op::READ && (w.sges.len() != 1 || len != 8) {
+            return Err(Error::invalid(Param::BufferRange, len, 8u64));
+        }
+        let guard = self.lock();
+        let q = self.qp_core(qp, &guard);
+        let used = c.start.wrapping_add(c.n).wrapping_sub(q.sq_tail);
+        if used >= q.sq_cap {
+            return Err(Error::QueueFull {
+                queue: Queue::Send,
+                free: q.sq_cap.saturating_sub(c.start.wrapping_sub(q.sq_tail)),
+            });
+        }
+        let mut e = SqEntry {
+            wr_id: w.wr_id,
+            remote_addr: w.remote_addr,
+            compare_add: w.compare_add,
+            swap: w.swap,
+            len: len as u32,
+            rkey: w.rkey,
+            imm: w.imm,
+            tag: w.tag,
+            op: op_code,
+            flags: w.flags.bits() as u8,
+            inline_len: 0xFF,
+            ..Default::default()
+        };
+        if inline {
+            let mut at = 0;
+            for s in w.sges {
+                // SAFETY: an inline request's SGEs name bytes the caller lends for this call
+                // (the batch's `send_inline` borrows them), `length` bytes at `addr`.
+                let src = unsafe {
+                    core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                };
+                e.inline[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+            }
+            e.inline_len = at as u8;
+        } else {
+            e.sges[..w.sges.len()].copy_from_slice(w.sges);
+            e.nsge = w.sges.len() as u8;
+        }
+        if let Some(u) = w.ud {
+            e.ud_qpn = u.remote_qpn;
+            e.ud_qkey = u.remote_qkey;
+            e.ud_ip = u.ah.ip;
+            e.ud_tos = u.ah.tos;
+            e.ud_ttl = u.ah.ttl;
+        }
+        *q.sq(c.start.wrapping_add(c.n)) = e;
+        c.n += 1;
+        Ok(())
+    }
+
+    pub(crate) fn sq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
+        qp.sq_head = c.start.wrapping_add(c.n);
+        let mut guard = self.lock();
+        let now = self.now();
+        let hub = self.hub();
+        let q = self.qp_core(qp, &guard);
+        q.sq_head = qp.sq_head;
+        if flushed || q.state == QpState::Err {
+            q.flush(hub);
+            return;
+        }
+        self.run_requester(&mut guard, qp.core, now);
+    }
+
+    pub(crate) fn rq_start_impl(&self, qp: &Qp<H>) -> Cursor {
+        Cursor {
+            start: qp.rq_head,
+            n: 0,
+        }
+    }
+
+    pub(crate) fn rq_write_impl(
+        &self,
+        qp: &mut Qp<H>,
+        c: &mut Cursor,
+        wr_id: u64,
+        sges: &[Sge],
+        tag: u32,
+    ) -> Result<()> {
+        if qp.has_srq {
+            return Err(Error::Unsupported(Unsupported::Feature(
+                Feature::SrqOnQpType,
+            )));
+        }
+        if sges.len() > qp.caps.max_recv_sge as usize {
+            return Err(Error::invalid(
+                Param::NumSge,
+                sges.len() as u64,
+                qp.caps.max_recv_sge,
+            ));
+        }
+        let guard = self.lock();
+        let q = self.qp_core(qp, &guard);
+        let used = c.start.wrapping_add(c.n).wrapping_sub(q.rq_tail);
+        if used >= q.caps.max_recv_wr {
+            return Err(Error::QueueFull {
+                queue: Queue::Recv,
+                free: q
+                    .caps
+                    .max_recv_wr
+                    .saturating_sub(c.start.wrapping_sub(q.rq_tail)),
+            });
+        }
+        let mut e = RqEntry {
+            wr_id,
+            tag,
+            nsge: sges.len() as u32,
+            ..Default::default()
+        };
+        e.sges[..sges.len()].copy_from_slice(sges);
+        *q.rq(c.start.wrapping_add(c.n)) = e;
+        c.n += 1;
+        Ok(())
+    }
+
+    pub(crate) fn rq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
+        qp.rq_head = c.start.wrapping_add(c.n);
+        let guard = self.lock();
+        let hub = self.hub();
+        let q = self.qp_core(qp, &guard);
+        q.rq_head = qp.rq_head;
+        if flushed || q.state == QpState::Err {
+            q.flush(hub);
+        }
+    }
+
+    /// Runs the requester of the QP whose core is `q` (the lock is held: `core`).
+    pub(crate) fn run_requester(&self, core: &mut super::Core<L>, q: NonNull<QpCore>, now: u64) {
+        let mut net = self.net(core, now);
+        // SAFETY: the QP's core, reached under the device lock (`core`), apart from the
+        // tables `net` borrows.
+        let q = unsafe { &mut *q.as_ptr() };
+        requester::run(&mut net, q);
+    }
+}

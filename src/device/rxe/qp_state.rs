@@ -1,0 +1,265 @@
+//! A queue pair's state in HAL memory: the send and receive rings, the requester's and the
+//! responder's progress, and what completes, flushes or discards its requests.
+
+use core::ptr::NonNull;
+
+use super::MAX_RD_ATOMIC;
+use super::cq::{CqRing, Cqe};
+use super::srq::SrqCore;
+use super::wire::eth::Mac;
+use super::wqe::{Inbound, RdResource, RqEntry, SqEntry, flushed, op};
+use crate::events::EventHub;
+use crate::verbs::{
+    AccessFlags, BufRelease, ModifyAttr, QpCaps, QpState, QpType, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+/// A queue pair's whole state, at the start of its block (the rings follow).
+pub(crate) struct QpCore {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) sig_all: bool,
+    pub(crate) state: QpState,
+    /// The attributes of every modify, folded.
+    pub(crate) attr: ModifyAttr,
+    pub(crate) caps: QpCaps,
+    pub(crate) send_cq: NonNull<CqRing>,
+    pub(crate) recv_cq: NonNull<CqRing>,
+    pub(crate) srq: Option<NonNull<SrqCore>>,
+    pub(crate) release: Option<BufRelease>,
+    // The path (connected QPs, from RTR).
+    pub(crate) peer_ip: [u8; 4],
+    pub(crate) peer_mac: Option<Mac>,
+    pub(crate) src_port: u16,
+    pub(crate) mtu: u32,
+    // The send queue and the requester. The rings (`sq`, `rq`: set at creation, in the QP's
+    // block) are reached through `sq()` and `rq()` only.
+    pub(crate) sq: NonNull<SqEntry>,
+    pub(crate) sq_cap: u32,
+    /// Requests posted, completed, and started (counts; slot = count % cap).
+    pub(crate) sq_head: u32,
+    pub(crate) sq_tail: u32,
+    pub(crate) sq_next: u32,
+    /// Packets of the request at `sq_next` already sent.
+    pub(crate) cur_pkt: u32,
+    /// The next PSN to send, and the oldest not acknowledged.
+    pub(crate) psn: u32,
+    pub(crate) una: u32,
+    pub(crate) retries: u8,
+    pub(crate) rnr_retries: u8,
+    /// When the retransmission timer fires (0: not running).
+    pub(crate) deadline: u64,
+    /// Until when a receiver-not-ready NAK holds the requester (0: it does not).
+    pub(crate) rnr_until: u64,
+    // The receive queue and the responder.
+    pub(crate) rq: NonNull<RqEntry>,
+    pub(crate) rq_cap: u32,
+    pub(crate) rq_head: u32,
+    pub(crate) rq_tail: u32,
+    /// The expected PSN and the message sequence number.
+    pub(crate) epsn: u32,
+    pub(crate) msn: u32,
+    /// A sequence NAK went out for the current gap.
+    pub(crate) nak_sent: bool,
+    pub(crate) inbound: Inbound,
+    /// The receive request of the SEND in progress, its bytes so far.
+    pub(crate) wqe: RqEntry,
+    pub(crate) offset: u32,
+    /// The RDMA WRITE in progress: where and how long.
+    pub(crate) write_va: u64,
+    pub(crate) write_rkey: u32,
+    pub(crate) write_len: u32,
+    pub(crate) res: [RdResource; MAX_RD_ATOMIC as usize],
+    pub(crate) res_next: u32,
+}
+
+impl QpCore {
+    pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
+        // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
+        // `&mut self` only; the index is reduced modulo the capacity.
+        unsafe { &mut *self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+    }
+
+    pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
+        // SAFETY: as for `sq`.
+        unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
+    }
+
+    pub(crate) fn send_cq(&self) -> &CqRing {
+        // SAFETY: the CQ outlives the QP and does not move (create_qp's contract); its ring
+        // is shared through atomics.
+        unsafe { self.send_cq.as_ref() }
+    }
+
+    pub(crate) fn recv_cq(&self) -> &CqRing {
+        // SAFETY: as for `send_cq`.
+        unsafe { self.recv_cq.as_ref() }
+    }
+
+    pub(crate) fn srq(&mut self) -> Option<&mut SrqCore> {
+        // SAFETY: the SRQ outlives the QP and does not move (create_qp's contract); it is
+        // reached under the device lock only.
+        self.srq.map(|mut s| unsafe { s.as_mut() })
+    }
+
+    /// Completes the oldest send request with `status` (its completion when it is signaled
+    /// or failed; its buffer back to the pool otherwise) and retires it.
+    pub(crate) fn retire(&mut self, status: WcStatus, hub: &EventHub) {
+        if self.sq_tail == self.sq_head {
+            // Nothing outstanding (a caller's bug, or a peer's answer to nothing): no
+            // completion can be made up.
+            return;
+        }
+        let e = *self.sq(self.sq_tail);
+        self.sq_tail = self.sq_tail.wrapping_add(1);
+        if self.sq_next.wrapping_sub(self.sq_tail) > self.sq_head.wrapping_sub(self.sq_tail) {
+            self.sq_next = self.sq_tail;
+            self.cur_pkt = 0;
+        }
+        let byte_len = if e.op == op::READ {
+            e.len
+        } else if op::reads(e.op) {
+            8
+        } else {
+            e.len
+        };
+        if status == WcStatus::Success && !e.signaled(self.sig_all) {
+            self.release_tag(e.tag);
+            return;
+        }
+        let wc = WorkCompletion {
+            wr_id: e.wr_id,
+            byte_len,
+            qp_num: self.qpn,
+            status,
+            opcode: e.wc_opcode(),
+            ..Default::default()
+        };
+        self.push(true, wc, e.tag, false, hub);
+    }
+
+    /// Completes a receive request.
+    pub(crate) fn complete_recv(
+        &mut self,
+        e: &RqEntry,
+        wc: WorkCompletion,
+        solicited: bool,
+        hub: &EventHub,
+    ) {
+        let wc = WorkCompletion {
+            wr_id: e.wr_id,
+            qp_num: self.qpn,
+            ..wc
+        };
+        self.push(false, wc, e.tag, solicited, hub);
+    }
+
+    fn push(&mut self, send: bool, wc: WorkCompletion, tag: u32, solicited: bool, hub: &EventHub) {
+        let cq = if send { self.send_cq() } else { self.recv_cq() };
+        let e = Cqe {
+            wc,
+            tag,
+            release: self.release,
+            solicited,
+        };
+        if !cq.push(e, hub) {
+            // Reservations make this impossible; should it happen, the buffer still goes back.
+            crate::error::warn_msg("rxe: completion queue overrun; a completion was lost");
+            self.release_tag(tag);
+        }
+    }
+
+    fn release_tag(&self, tag: u32) {
+        if let (Some(r), true) = (self.release, tag != 0) {
+            // SAFETY: the buffer was moved into this QP by a safe post and is handed back
+            // once: its request is retired here.
+            unsafe { r.release(tag - 1) };
+        }
+    }
+
+    /// Moves the QP to the error state: every outstanding request completes flushed.
+    pub(crate) fn enter_error(&mut self, hub: &EventHub) {
+        self.state = QpState::Err;
+        self.deadline = 0;
+        self.rnr_until = 0;
+        self.flush(hub);
+    }
+
+    /// Completes every outstanding request as flushed (the QP is in the error state).
+    pub(crate) fn flush(&mut self, hub: &EventHub) {
+        while self.sq_tail != self.sq_head {
+            self.retire(WcStatus::WrFlushErr, hub);
+        }
+        self.sq_next = self.sq_tail;
+        self.cur_pkt = 0;
+        if self.inbound == Inbound::Send {
+            let e = self.wqe;
+            self.complete_recv(&e, flushed(WcOpcode::Recv), false, hub);
+        }
+        self.inbound = Inbound::Idle;
+        while self.rq_tail != self.rq_head {
+            let e = *self.rq(self.rq_tail);
+            self.rq_tail = self.rq_tail.wrapping_add(1);
+            self.complete_recv(&e, flushed(WcOpcode::Recv), false, hub);
+        }
+    }
+
+    /// Forgets every outstanding request without a completion (RESET).
+    pub(crate) fn discard(&mut self) {
+        while self.sq_tail != self.sq_head {
+            let t = self.sq(self.sq_tail).tag;
+            self.release_tag(t);
+            self.sq_tail = self.sq_tail.wrapping_add(1);
+        }
+        if self.inbound == Inbound::Send {
+            self.release_tag(self.wqe.tag);
+        }
+        while self.rq_tail != self.rq_head {
+            let t = self.rq(self.rq_tail).tag;
+            self.release_tag(t);
+            self.rq_tail = self.rq_tail.wrapping_add(1);
+        }
+        self.sq_next = self.sq_tail;
+        self.cur_pkt = 0;
+        self.inbound = Inbound::Idle;
+        self.deadline = 0;
+        self.rnr_until = 0;
+        self.nak_sent = false;
+        self.res = [RdResource::default(); MAX_RD_ATOMIC as usize];
+    }
+
+    /// The next receive request (from the SRQ when the QP has one), taken off its queue.
+    pub(crate) fn take_recv(&mut self, hub: &EventHub) -> Option<RqEntry> {
+        if let Some(srq) = self.srq() {
+            return srq.take(hub);
+        }
+        if self.rq_tail == self.rq_head {
+            return None;
+        }
+        let e = *self.rq(self.rq_tail);
+        self.rq_tail = self.rq_tail.wrapping_add(1);
+        Some(e)
+    }
+
+    /// Whether a receive request is there.
+    pub(crate) fn has_recv(&mut self) -> bool {
+        match self.srq() {
+            Some(s) => s.has(),
+            None => self.rq_tail != self.rq_head,
+        }
+    }
+
+    /// The ACK timeout in microseconds (0: none).
+    pub(crate) fn timeout_us(&self) -> u64 {
+        match self.attr.timeout {
+            0 => 0,
+            t => (4096u64 << t.min(31)) / 1000,
+        }
+    }
+}
+
+/// Access rights the remote side's requests need on the QP.
+pub(crate) fn qp_allows(q: &QpCore, need: AccessFlags) -> bool {
+    q.attr.access.contains(need)
+}
