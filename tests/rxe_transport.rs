@@ -955,3 +955,75 @@ fn the_devices_objects_fit_any_stack() {
         println!("size {what} {n}");
     }
 }
+
+#[test]
+fn an_srq_below_its_limit_raises_the_async_event_once() {
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let srq = pds
+            .1
+            .create_srq(SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let qa = pds
+            .0
+            .qp_builder(&cqs.0, &cqs.0)
+            .caps(caps(8))
+            .build::<Rc>()
+            .unwrap();
+        let qb = pds
+            .1
+            .qp_builder(&cqs.1, &cqs.1)
+            .caps(caps(8))
+            .srq(&srq)
+            .build::<Rc>()
+            .unwrap();
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (1, 2));
+        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (2, 1));
+        let ma = pds.0.register(4096, ALL).unwrap();
+        let mb = pds.1.register(4096, ALL).unwrap();
+        let sge = [mb.sge(0, 64).unwrap()];
+        let wrs: Vec<_> = (0..4)
+            .map(|i| RecvWr {
+                wr_id: 100 + i,
+                sg_list: &sge,
+            })
+            .collect();
+        // SAFETY: `mb` stays registered until the QPs are gone.
+        unsafe { srq.post_recv_raw(&wrs).unwrap() };
+        srq.modify(3).unwrap();
+        assert_eq!(l.b.get_async_event(), None);
+        let send = |qa: &mut RcQp<'_>, id| {
+            // SAFETY: `ma` stays registered until the completion.
+            unsafe {
+                let mut s = qa.send_batch();
+                s.send(id, SIG, &[ma.sge(0, 8).unwrap()]).unwrap();
+                s.finish();
+            }
+        };
+        // 4 posted, limit 3: the first receive leaves 3 (not below), the second leaves 2.
+        let mut got = Vec::new();
+        for (id, event) in [(1u64, false), (2, true), (3, false)] {
+            send(&mut qa, id);
+            assert!(l.pump(50, || {
+                drain(&cqs.0, &mut got);
+                got.len() == id as usize
+            }));
+            let want = event.then(|| AsyncEvent::SrqLimitReached(srq.raw().number()));
+            assert_eq!(l.b.get_async_event(), want, "after receive {id}");
+        }
+        assert!(got.iter().all(|w| w.status == WcStatus::Success));
+        assert_eq!(
+            srq.query().unwrap().srq_limit,
+            0,
+            "the event disarmed the limit"
+        );
+    }
+    teardown(l);
+}

@@ -17,6 +17,9 @@ use super::{FRAME, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
 use crate::dma::Dma;
 use crate::verbs::{AccessFlags, Sge};
 
+/// Async events kept until read.
+const ASYNC_EVENTS: usize = 8;
+
 /// Protection domains the device hands out.
 pub const MAX_PD: u32 = 64;
 
@@ -140,6 +143,35 @@ impl Loopback {
     }
 }
 
+/// Async events raised and not yet read (`ibv_get_async_event`): the software device raises
+/// only SRQ_LIMIT_REACHED, so an entry is the SRQ's number.
+pub(crate) struct AsyncRing {
+    srqs: [u32; ASYNC_EVENTS],
+    head: u32,
+    tail: u32,
+}
+
+impl AsyncRing {
+    /// Records that SRQ `srq` went below its limit (the oldest event makes room).
+    pub(crate) fn push(&mut self, srq: u32) {
+        if self.head.wrapping_sub(self.tail) as usize >= ASYNC_EVENTS {
+            self.tail = self.tail.wrapping_add(1);
+        }
+        self.srqs[self.head as usize % ASYNC_EVENTS] = srq;
+        self.head = self.head.wrapping_add(1);
+    }
+
+    /// The oldest event.
+    pub(crate) fn pop(&mut self) -> Option<u32> {
+        if self.head == self.tail {
+            return None;
+        }
+        let s = self.srqs[self.tail as usize % ASYNC_EVENTS];
+        self.tail = self.tail.wrapping_add(1);
+        Some(s)
+    }
+}
+
 /// The device's tables, in its block (reached only under the device lock).
 pub(crate) struct Tables {
     pub(crate) port: Port,
@@ -155,6 +187,9 @@ pub(crate) struct Tables {
     pub(crate) ip_id: u16,
     pub(crate) stack: StackRing,
     pub(crate) loopback: Loopback,
+    pub(crate) async_events: AsyncRing,
+    /// The number of the last SRQ created.
+    pub(crate) srq_next: u32,
 }
 
 impl Tables {

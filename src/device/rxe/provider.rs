@@ -388,7 +388,9 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn next_async_event(&self) -> Option<AsyncEvent> {
-        None
+        self.progress();
+        let srq = self.lock().tables().async_events.pop()?;
+        Some(AsyncEvent::SrqLimitReached(srq))
     }
 
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {

@@ -5,6 +5,7 @@ use core::ptr::NonNull;
 
 use super::MAX_RD_ATOMIC;
 use super::cq::{CqRing, Cqe};
+use super::mem::AsyncRing;
 use super::srq::SrqCore;
 use super::wire::eth::Mac;
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry, flushed, op};
@@ -230,9 +231,9 @@ impl QpCore {
     }
 
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.
-    pub(crate) fn take_recv(&mut self, hub: &EventHub) -> Option<RqEntry> {
+    pub(crate) fn take_recv(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
         if let Some(srq) = self.srq() {
-            return srq.take(hub);
+            return srq.take(events, hub);
         }
         if self.rq_tail == self.rq_head {
             return None;

@@ -198,7 +198,7 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
         return Err(Fail::Invalid);
     }
     if first {
-        let Some(e) = q.take_recv(net.hub) else {
+        let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {
             return Err(Fail::Rnr);
         };
         q.wqe = e;
@@ -280,7 +280,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
     if last {
         q.inbound = Inbound::Idle;
         if imm {
-            let Some(e) = q.take_recv(net.hub) else {
+            let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {
                 return Err(Fail::Rnr);
             };
             let wc = recv_wc(
@@ -478,7 +478,7 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, fra
     if deth.qkey != q.attr.qkey {
         return;
     }
-    let Some(e) = q.take_recv(net.hub) else {
+    let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {
         return;
     };
     let total = GRH_LEN + p.payload.len();

@@ -6,12 +6,12 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link};
 
-use super::mem::Pd;
+use super::mem::{AsyncRing, Pd};
 use super::wqe::RqEntry;
 use super::{MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
 use crate::error::{Error, Object, Param, Queue, Resource, Result};
-use crate::events::EventHub;
+use crate::events::{Count, EventHub};
 use crate::verbs::{RecvWr, SrqAttr};
 
 /// Shared receive queues the device creates.
@@ -25,8 +25,8 @@ pub(crate) struct SrqCore {
     tail: u32,
     /// The limit event fires once fewer than this many requests are posted (0: disarmed).
     pub(crate) limit: u32,
-    /// Limit events raised (there is no async-event queue for them yet: counted).
-    pub(crate) limit_events: u32,
+    /// The SRQ's number (in its limit event).
+    pub(crate) id: u32,
 }
 
 impl SrqCore {
@@ -40,9 +40,9 @@ impl SrqCore {
         self.head != self.tail
     }
 
-    /// Takes the oldest request.
-    pub(crate) fn take(&mut self, hub: &EventHub) -> Option<RqEntry> {
-        let _ = hub;
+    /// Takes the oldest request; when that leaves fewer than the armed limit, raises the
+    /// limit event (into `events`, waking the async-event reader) and disarms.
+    pub(crate) fn take(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
         if !self.has() {
             return None;
         }
@@ -50,7 +50,9 @@ impl SrqCore {
         self.tail = self.tail.wrapping_add(1);
         if self.limit != 0 && self.head.wrapping_sub(self.tail) < self.limit {
             self.limit = 0;
-            self.limit_events = self.limit_events.wrapping_add(1);
+            events.push(self.id);
+            hub.count(Count::Async);
+            hub.async_waker().wake();
         }
         Some(e)
     }
@@ -63,6 +65,15 @@ pub struct Srq<H: Hal> {
     pub(crate) attr: SrqAttr,
     pub(crate) users: AtomicU32,
     pd_users: NonNull<AtomicU32>,
+    id: u32,
+}
+
+impl<H: Hal> Srq<H> {
+    /// The SRQ's number, as its limit event names it
+    /// ([`AsyncEvent::SrqLimitReached`](crate::events::AsyncEvent::SrqLimitReached)).
+    pub fn number(&self) -> u32 {
+        self.id
+    }
 }
 
 // SAFETY: the core is reached only under the device lock.
@@ -99,6 +110,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             }));
         }
         t.srqs += 1;
+        t.srq_next = t.srq_next.wrapping_add(1);
+        let id = t.srq_next;
         let core = mem.base().cast::<SrqCore>();
         // SAFETY: the block holds the header and the ring (valid zeroed) after it; the header
         // is written before any reference to it.
@@ -109,7 +122,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 head: 0,
                 tail: 0,
                 limit: attr.srq_limit,
-                limit_events: 0,
+                id,
             });
         }
         pd.users.fetch_add(1, Ordering::Relaxed);
@@ -119,6 +132,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             attr,
             users: AtomicU32::new(0),
             pd_users: NonNull::from(&pd.users),
+            id,
         })
     }
 
