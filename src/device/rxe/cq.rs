@@ -91,7 +91,6 @@ impl CqRing {
 pub struct Cq<H: Hal> {
     _mem: Dma<H>,
     pub(crate) ring: NonNull<CqRing>,
-    pub(crate) entries: u32,
 }
 
 // SAFETY: the ring is shared through atomics (head/tail/polling); the rest of the header is
@@ -127,11 +126,7 @@ impl<H: Hal> Cq<H> {
                 entries,
             });
         }
-        Ok(Cq {
-            _mem: mem,
-            ring,
-            entries: cap,
-        })
+        Ok(Cq { _mem: mem, ring })
     }
 
     /// The ring (shared: every field that changes is atomic).

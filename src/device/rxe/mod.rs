@@ -203,11 +203,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 uses).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        match index {
-            0 => Some(Gid::link_local_from_mac(self.mac)),
-            1 => Some(Gid::from_ipv4(self.ip)),
-            _ => None,
-        }
+        port::gid(self.mac, self.ip, index)
     }
 
     /// Frames the port handled, by outcome.
@@ -339,16 +335,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
 /// The capabilities of the software device (fixed: the driver's tables).
 fn caps_of(mac: [u8; 6]) -> DeviceCaps {
-    let guid = u64::from_be_bytes([
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xFF,
-        0xFE,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]);
+    // The node GUID is the EUI-64 of the MAC: the interface id of its link-local GID.
+    let g = Gid::link_local_from_mac(mac).0;
+    let guid = u64::from_be_bytes([g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]]);
     DeviceCaps {
         fw_ver: 0,
         node_guid: guid.to_be(),

@@ -19,6 +19,16 @@ pub const ARP_RETRY_US: u64 = 200_000;
 /// about a second, `shared/roce-v2.md` §5).
 pub const ARP_TRIES: u8 = 5;
 
+/// GID `index` of an interface with `mac` and `ip`, as rxe lays the table out: 0 the
+/// link-local GID of the MAC, 1 the IPv4-mapped GID of the address (the one RoCEv2 uses).
+pub fn gid(mac: Mac, ip: [u8; 4], index: u32) -> Option<Gid> {
+    match index {
+        0 => Some(Gid::link_local_from_mac(mac)),
+        1 => Some(Gid::from_ipv4(ip)),
+        _ => None,
+    }
+}
+
 /// What became of a received frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Rx<'a> {
@@ -90,11 +100,7 @@ impl Port {
     /// The GID table as rxe lays it out: 0 the link-local GID of the MAC, 1 the IPv4-mapped
     /// GID of the address (the one RoCEv2 traffic uses).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        match index {
-            0 => Some(Gid::link_local_from_mac(self.mac)),
-            1 => Some(Gid::from_ipv4(self.ip)),
-            _ => None,
-        }
+        gid(self.mac, self.ip, index)
     }
 
     /// Frames handled so far.

@@ -21,14 +21,9 @@ use crate::verbs::{
     QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
 
+/// The `ibv_mtu` of a path MTU in bytes (one of `seq::MTUS`: 256 is 1, each doubling +1).
 fn mtu_enum(bytes: u32) -> Mtu {
-    match bytes {
-        256 => Mtu::Mtu256,
-        512 => Mtu::Mtu512,
-        1024 => Mtu::Mtu1024,
-        2048 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
-    }
+    Mtu::from_raw(bytes.trailing_zeros().saturating_sub(7)).unwrap_or(Mtu::Mtu4096)
 }
 
 impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
@@ -153,7 +148,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn cq_entries(&self, cq: &Cq<H>) -> u32 {
-        cq.entries
+        cq.ring().cap()
     }
 
     fn bind_gid(&self, index: u32, gid: Gid) -> Result<()> {

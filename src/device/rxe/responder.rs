@@ -261,7 +261,8 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         return Err(Fail::Invalid);
     }
     if len > 0 {
-        let va = q.write_va + u64::from(q.offset);
+        // A peer's address: wrapping, so that `check` refuses it rather than it overflowing.
+        let va = q.write_va.wrapping_add(u64::from(q.offset));
         let dst = net
             .t
             .check(
@@ -362,7 +363,7 @@ fn respond_read<L: Link>(
     for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
         let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
         let h = reply(q, s.opcode, psn_add(res.first, s.index), syn);
-        let (pd, va) = (q.pd, res.va + u64::from(s.offset));
+        let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
         let r = net.send(&route, &h, s.len as usize, |t, out| {
             if out.is_empty() {
                 return Ok(());
