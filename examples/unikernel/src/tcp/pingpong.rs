@@ -149,8 +149,13 @@ pub fn connect<L: Link>(
     finish(stack, r, deadline, now)
 }
 
-/// Ends a flow: after success, a graceful close (its failure does not undo the exchange: the
-/// peer has everything it needs); after a failure, a reset.
+/// Milliseconds a flow waits at most for the peer's side of the close after its last
+/// message (the C programs close at once; their kernel finishes the connection).
+pub const LINGER_MS: u64 = 2_000;
+
+/// Ends a flow: after success, a graceful close, bounded by [`LINGER_MS`] (its failure does
+/// not undo the exchange: the peer has everything it needs; the connection is reset); after
+/// a failure, a reset.
 pub(super) fn finish<L: Link, T, X>(
     stack: &mut Stack<'_, L>,
     r: Result<T, X>,
@@ -158,7 +163,8 @@ pub(super) fn finish<L: Link, T, X>(
     now: &mut dyn FnMut() -> u64,
 ) -> Result<T, X> {
     if r.is_ok() {
-        let _ = stack.close(deadline, now);
+        let linger = now().saturating_add(LINGER_MS).min(deadline);
+        let _ = stack.close(linger, now);
     } else {
         stack.abort();
         let t = now();

@@ -194,8 +194,10 @@ impl<'a, L: Link> Stack<'a, L> {
             SocketBuffer::new(&mut rx[..]),
             SocketBuffer::new(&mut tx[..]),
         );
-        // Each message goes out at once, in a segment of its own.
+        // Each message goes out at once, in a segment of its own; ACKs at once too (the
+        // last one, for the peer's FIN, would otherwise wait for a poll that may not come).
         socket.set_nagle_enabled(false);
+        socket.set_ack_delay(None);
         let tcp = sockets.add(socket);
         let next_port = 49152 + (config.seed % 16384) as u16;
         Ok(Stack {
