@@ -8,18 +8,18 @@
 //! not RoCE (ARP included) to "the IP stack": a [`Link`](bareverbs_hal::Link) that is the
 //! stack's view of the NIC. This module is that stack and the two protocols:
 //!
-//! - [`device`]: smoltcp's `phy::Device` over any `Link` (fixed frame buffers, no heap; a busy
+//! - [`device`](crate::tcp::device): smoltcp's `phy::Device` over any `Link` (fixed frame buffers, no heap; a busy
 //!   transmit ring defers the frame instead of losing it).
-//! - [`stack`]: [`Stack`], one IPv4 interface (static address, default 10.0.0.2/24) with one
+//! - [`stack`](crate::tcp::stack): [`Stack`](crate::tcp::Stack), one IPv4 interface (static address, default 10.0.0.2/24) with one
 //!   TCP socket: accept one connection, connect with bounded retries, read exactly N bytes,
 //!   write a message in one segment, close. Every wait ends at the caller's deadline.
-//! - [`pingpong`]: the 52-byte `LLLL:QQQQQQ:PPPPPP:<32 hex>` message and the exchange in both
+//! - [`pingpong`](crate::tcp::pingpong): the 52-byte `LLLL:QQQQQQ:PPPPPP:<32 hex>` message and the exchange in both
 //!   roles (the same for rc and ud).
-//! - [`perftest`]: perftest's socket-mode exchange (version, page size, cache line, MTU, the
+//! - [`perftest`](crate::tcp::perftest): perftest's socket-mode exchange (version, page size, cache line, MTU, the
 //!   108-byte key message, barriers, reports, `done`) in both roles.
 //!
 //! smoltcp 0.14 runs without `alloc`: the socket slot and the TCP buffers live in a
-//! [`Storage`] the caller lends, the frame buffers in the device, the interface's tables are
+//! [`Storage`](crate::tcp::Storage) the caller lends, the frame buffers in the device, the interface's tables are
 //! fixed-size.
 //!
 //! # Clock and idle hook
@@ -29,6 +29,17 @@
 //! in milliseconds, and do there whatever else must go on meanwhile — poll the software RoCE
 //! device (its transport runs from its own calls, and perftest's server waits here while the
 //! Linux client's RDMA traffic flows), or halt until the next interrupt.
+//!
+//! # Next to the RoCE port
+//!
+//! - The stack's address is the RoCE port's IPv4 address: the GID in every message is
+//!   `::ffff:` + that address, and rxe checks RoCE packets against it.
+//! - The port answers ARP requests itself and then passes them on; smoltcp answers them too
+//!   (two identical replies, harmless) and learns the asker, so the first SYN needs no ARP.
+//! - Listen ([`Stack::listen`](crate::tcp::Stack::listen)) before a Linux client starts: the C
+//!   clients connect once and give up on a reset.
+//! - After a flow returns, polling the stack now and then (from the same idle hook) lets TCP
+//!   finish the close (a lost last ACK is then repeated); nothing depends on it.
 //!
 //! # Usage sketch
 //!
