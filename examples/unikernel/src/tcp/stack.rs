@@ -24,6 +24,9 @@ pub const TX_BUF: usize = 1024;
 /// The largest message [`Stack::write_message`] takes: the smallest MSS any IPv4 peer may
 /// announce (RFC 1122), so that the message always leaves in one segment.
 pub const MAX_MESSAGE: usize = 536;
+/// The smallest link frame the stack works with: the 576-byte datagram every IPv4 host must
+/// take, plus the Ethernet header.
+pub const MIN_FRAME: usize = 576 + 14;
 /// Rounds of a wait in which the clock may stand still before the wait gives up.
 pub const STUCK_ROUNDS: u32 = 1 << 24;
 
@@ -154,8 +157,9 @@ fn unicast(ip: [u8; 4]) -> bool {
 impl<'a, L: Link> Stack<'a, L> {
     /// Brings the interface up on `link` with `config`, its TCP socket closed.
     ///
-    /// [`Error::Config`] for a MAC that is not unicast, an address that is not unicast, a
-    /// prefix outside 1..=32, or a gateway that is not unicast.
+    /// [`Error::Config`] for a link whose frames are below [`MIN_FRAME`], a MAC that is not
+    /// unicast, an address that is not unicast, a prefix outside 1..=32, or a gateway that is
+    /// not unicast.
     pub fn new(
         link: L,
         storage: &'a mut Storage<'a>,
@@ -163,6 +167,9 @@ impl<'a, L: Link> Stack<'a, L> {
         now_ms: u64,
     ) -> Result<Self, Error> {
         let mac = EthernetAddress(link.mac());
+        if link.max_frame() < MIN_FRAME {
+            return Err(Error::Config);
+        }
         if !mac.is_unicast() || mac.0 == [0; 6] {
             return Err(Error::Config);
         }
