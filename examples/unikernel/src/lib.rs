@@ -22,6 +22,8 @@ use core::fmt::Write;
 pub mod arp;
 pub mod peer;
 pub mod roce;
+/// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.
+pub mod tcp;
 pub mod wait;
 
 use bareverbs::Context;
