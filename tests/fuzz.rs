@@ -486,10 +486,9 @@ impl<'c> World<'c> {
             op: op @ (Op::CreateQp | Op::CreateCq | Op::CreateSrq | Op::CreateMr | Op::CreatePd),
             ..
         } = e
+            && self.honest
         {
-            if self.honest {
-                self.complain(t, format!("{op:?} refused by an honest device: {e:?}"));
-            }
+            self.complain(t, format!("{op:?} refused by an honest device: {e:?}"));
         }
     }
 
@@ -1141,13 +1140,14 @@ impl<'c> World<'c> {
         };
         let (res, state, qpn) = on_qp!(q, s => (s.query(), s.state(), s.qp_num()));
         note!(t, "query_qp(#{i}) in {state:?}");
-        if let Ok(a) = &res {
-            if self.honest && (a.state != state || a.qp_num != qpn) {
-                self.complain(
-                    t,
-                    format!("query_qp in {state:?} (qpn {qpn}) says {a:?} on an honest device"),
-                );
-            }
+        if let Ok(a) = &res
+            && self.honest
+            && (a.state != state || a.qp_num != qpn)
+        {
+            self.complain(
+                t,
+                format!("query_qp in {state:?} (qpn {qpn}) says {a:?} on an honest device"),
+            );
         }
         self.res(t, &res);
     }

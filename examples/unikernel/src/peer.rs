@@ -680,13 +680,13 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
                 if case.kind == Kind::Ud && c.wc.src_qp != peer.qpn {
                     return Err(CaseError::Source(c.wc.src_qp));
                 }
-                if let (Kind::Ud, Some(b)) = (case.kind, &c.buf) {
-                    if !grh_ok(b.as_slice(), &peer.gid, &me.gid) {
-                        if grh_bad == 0 {
-                            grh_first = rcnt;
-                        }
-                        grh_bad += 1;
+                if let (Kind::Ud, Some(b)) = (case.kind, &c.buf)
+                    && !grh_ok(b.as_slice(), &peer.gid, &me.gid)
+                {
+                    if grh_bad == 0 {
+                        grh_first = rcnt;
                     }
+                    grh_bad += 1;
                 }
                 let want = case.size as usize + off;
                 let wrong = match &c.buf {

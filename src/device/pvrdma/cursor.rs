@@ -60,19 +60,19 @@ impl<H: Hal> Pvrdma<H> {
         wc: &mut WorkCompletion,
     ) -> Result<Option<u32>> {
         let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) != ring.cons().load(Ordering::Relaxed) {
-            if let Some(mut guard) = cq.poll.try_lock() {
-                let st = &mut *guard;
-                if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
-                    && ring.ready(st.head).is_some_and(|r| r != 0)
-                {
-                    let c = ring.cqe(st.head);
-                    if let Some(tag) = fast_cqe_tag(&st.last, c, Some(handle), wc) {
-                        st.head = st.head.wrapping_add(1);
-                        // The CQE was read before its slot is handed back (release).
-                        ring.cons().store(ring.index(st.head), Ordering::Release);
-                        return Ok(Some(tag));
-                    }
+        if ring.prod().load(Ordering::Relaxed) != ring.cons().load(Ordering::Relaxed)
+            && let Some(mut guard) = cq.poll.try_lock()
+        {
+            let st = &mut *guard;
+            if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
+                && ring.ready(st.head).is_some_and(|r| r != 0)
+            {
+                let c = ring.cqe(st.head);
+                if let Some(tag) = fast_cqe_tag(&st.last, c, Some(handle), wc) {
+                    st.head = st.head.wrapping_add(1);
+                    // The CQE was read before its slot is handed back (release).
+                    ring.cons().store(ring.index(st.head), Ordering::Release);
+                    return Ok(Some(tag));
                 }
             }
         }

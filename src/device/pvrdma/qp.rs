@@ -230,10 +230,10 @@ impl<H: Hal> Pvrdma<H> {
         drop(locks);
         if let Err(e) = inserted {
             qp.handle_unusable = true;
-            if let Ok(qp) = core::mem::replace(&mut r, Err(e)) {
-                if let Err((qp, _)) = self.destroy_qp_impl(qp) {
-                    core::mem::forget(qp);
-                }
+            if let Ok(qp) = core::mem::replace(&mut r, Err(e))
+                && let Err((qp, _)) = self.destroy_qp_impl(qp)
+            {
+                core::mem::forget(qp);
             }
         }
         r

@@ -229,10 +229,10 @@ impl Tables {
 
     /// Deregisters the region with `key`.
     pub(crate) fn remove_mr(&mut self, key: u32) {
-        if let Some(m) = self.mrs.get_mut((key >> 8) as usize) {
-            if m.key == key {
-                m.key = 0;
-            }
+        if let Some(m) = self.mrs.get_mut((key >> 8) as usize)
+            && m.key == key
+        {
+            m.key = 0;
         }
     }
 

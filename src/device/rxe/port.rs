@@ -131,10 +131,10 @@ impl Port {
                 } else {
                     self.refresh(a.sender_ip, a.sender_mac, now);
                 }
-                if let Some(reply) = a.answer(self.mac, self.ip) {
-                    if link.transmit(&reply.frame(self.mac)).is_ok() {
-                        self.counts.arp_answered += 1;
-                    }
+                if let Some(reply) = a.answer(self.mac, self.ip)
+                    && link.transmit(&reply.frame(self.mac)).is_ok()
+                {
+                    self.counts.arp_answered += 1;
                 }
                 self.counts.stack += 1;
                 Rx::Stack

@@ -860,13 +860,13 @@ impl Device {
                 self.write_cqe(ctx, cq_handle, &e);
             }
         }
-        if ctx.liar.roll(point::RING) {
-            if let Some(cq) = self.cqs.get(cq_handle as usize).and_then(Option::as_ref) {
-                let state = cq.pages[0] + 8;
-                if let Some(b) = ctx.mem.read(state, 4) {
-                    let lie = ctx.liar.mutate32(le32(&b, 0));
-                    ctx.mem.write(state, &lie.to_le_bytes());
-                }
+        if ctx.liar.roll(point::RING)
+            && let Some(cq) = self.cqs.get(cq_handle as usize).and_then(Option::as_ref)
+        {
+            let state = cq.pages[0] + 8;
+            if let Some(b) = ctx.mem.read(state, 4) {
+                let lie = ctx.liar.mutate32(le32(&b, 0));
+                ctx.mem.write(state, &lie.to_le_bytes());
             }
         }
     }
