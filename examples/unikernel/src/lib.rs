@@ -22,6 +22,7 @@ use core::fmt::Write;
 pub mod arp;
 pub mod peer;
 pub mod roce;
+pub mod roce_peer;
 /// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.
 pub mod tcp;
 pub mod wait;

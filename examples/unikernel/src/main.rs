@@ -59,15 +59,17 @@ impl Line for Serial {
     }
 }
 
-/// The IPv4 address of `bvpeer=A.B.C.D` on the PVH command line, if there is one.
+/// Bytes of the PVH command line read at most.
+const CMDLINE: usize = 1024;
+
 /// Whether the PVH command line has the word `word`.
 fn cmdline_has(start_info: u32, word: &str) -> bool {
-    let mut buf = [0u8; 256];
+    let mut buf = [0u8; CMDLINE];
     cmdline(start_info, &mut buf).is_some_and(|t| t.split_ascii_whitespace().any(|w| w == word))
 }
 
 /// The PVH command line, read into `buf`.
-fn cmdline(start_info: u32, buf: &mut [u8; 256]) -> Option<&str> {
+fn cmdline(start_info: u32, buf: &mut [u8; CMDLINE]) -> Option<&str> {
     let info = start_info as usize as *const u8;
     // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
     // SAFETY: QEMU hands over a valid hvm_start_info at `ebx` (its magic was checked by
@@ -89,8 +91,9 @@ fn cmdline(start_info: u32, buf: &mut [u8; 256]) -> Option<&str> {
     core::str::from_utf8(&buf[..len]).ok()
 }
 
+/// The IPv4 address of `bvpeer=A.B.C.D` on the PVH command line, if there is one.
 fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
-    let mut buf = [0u8; 256];
+    let mut buf = [0u8; CMDLINE];
     let text = cmdline(start_info, &mut buf)?;
     let arg = text
         .split_ascii_whitespace()
@@ -248,9 +251,13 @@ impl Clock for Ticks {
 /// Timer ticks a RoCE demo wait lasts at most (about 5 s).
 const ROCE_TICKS: u32 = 300;
 
-/// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
-/// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
-fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+/// The software RoCE device over the first virtio-net NIC, at IPv4 address `ip`; ends the run
+/// if there is none or it does not come up.
+fn roce_device(
+    pci: &PortIoConfig,
+    hal: IdentityHal<'static>,
+    ip: [u8; 4],
+) -> Rxe<IdentityHal<'static>, VirtioNet<GlobalIdentity>, Ticks> {
     let Some(address) = virtio_net::find(pci) else {
         let _ = writeln!(Serial, "roce: no virtio-net NIC either");
         exit(Exit::NoDevice)
@@ -263,7 +270,7 @@ fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
             exit(Exit::Fail)
         }
     };
-    let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip: LINK_IP }) {
+    let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip }) {
         Ok(d) => d,
         Err(e) => {
             let _ = writeln!(Serial, "bareverbs: FAIL roce: device: {e}");
@@ -277,6 +284,52 @@ fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
         address.device(),
         address.function()
     );
+    dev
+}
+
+/// Milliseconds since boot, from the LAPIC timer's ticks.
+fn clock_ms() -> u64 {
+    Ticks.now_us() / 1000
+}
+
+/// Peer mode on the software RoCE device (`bvroce=` on the command line): the cases against
+/// the Linux side of `qemu/roce/lab.sh`. Ends the run with PASS or FAIL.
+fn roce_peer(
+    pci: &PortIoConfig,
+    hal: IdentityHal<'static>,
+    dma: &DmaRegion,
+    opts: &bareverbs_unikernel::roce_peer::Options<'_>,
+) -> ! {
+    let dev = roce_device(pci, hal, opts.net.ip);
+    match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms) {
+        Ok(o) if o.failed == 0 && dma.free_pages() == dma.total_pages() => {
+            let (used, size) = stack_used();
+            let _ = writeln!(Serial, "roce peer: {} cases passed", o.cases);
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
+            let _ = writeln!(Serial, "bareverbs: PASS");
+            exit(Exit::Pass)
+        }
+        Ok(o) => {
+            let left = dma.total_pages() - dma.free_pages();
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL roce peer: {} of {} cases failed, {left} DMA pages not returned",
+                o.failed, o.cases
+            );
+            exit(Exit::Fail)
+        }
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL roce peer: {e}");
+            exit(Exit::Fail)
+        }
+    }
+}
+
+/// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
+/// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
+fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    let dev = roce_device(pci, hal, LINK_IP);
     let start = irq::count(irq::TIMER_VECTOR);
     let r = bareverbs_unikernel::roce::demo(dev, &mut Serial, &mut || {
         irq::wait();
@@ -369,6 +422,13 @@ extern "C" fn kmain(start_info: u32) -> ! {
     };
     match run(hal, &pci, &mut Serial, config, cpu) {
         Ok(Verdict::NoDevice) => {
+            let mut buf = [0u8; CMDLINE];
+            let text = cmdline(start_info, &mut buf).unwrap_or("");
+            let seed =
+                u64::from(irq::count(irq::TIMER_VECTOR)) ^ bareverbs_unikernel::peer::rdtsc();
+            if let Some(opts) = bareverbs_unikernel::roce_peer::Options::parse(text, seed) {
+                roce_peer(&pci, hal, dma, &opts)
+            }
             link_test(&pci, dma);
             roce(&pci, hal, dma)
         }

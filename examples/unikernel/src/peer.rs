@@ -34,6 +34,7 @@ use bareverbs::hal::{ConfigRegionAccess, Hal};
 use bareverbs::verbs::*;
 
 use super::{Failure, Step};
+pub use crate::tcp::pingpong::Dest;
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
 pub const UD_QKEY: u32 = 0x1111_1111;
@@ -51,54 +52,6 @@ const WR_SEND: u64 = 2;
 pub trait Line: Write {
     /// The next received byte, if one is waiting (never blocks).
     fn try_get(&mut self) -> Option<u8>;
-}
-
-/// One side's connection data, as the pingpong programs exchange it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dest {
-    /// LID (0 on RoCE).
-    pub lid: u16,
-    /// QP number (24 bits).
-    pub qpn: u32,
-    /// Initial send PSN (24 bits).
-    pub psn: u32,
-    /// GID, bytes in network order.
-    pub gid: Gid,
-}
-
-impl Dest {
-    /// Parses the 51-character text `LLLL:QQQQQQ:PPPPPP:` + 32 hex digits (either case).
-    pub fn parse(s: &str) -> Option<Dest> {
-        let b = s.as_bytes();
-        if b.len() != 51 || b[4] != b':' || b[11] != b':' || b[18] != b':' {
-            return None;
-        }
-        let hex = |r: core::ops::Range<usize>| -> Option<u32> {
-            let t = s.get(r)?;
-            if t.is_empty() || !t.bytes().all(|c| c.is_ascii_hexdigit()) {
-                return None;
-            }
-            u32::from_str_radix(t, 16).ok()
-        };
-        let mut gid = [0u8; 16];
-        for (i, g) in gid.iter_mut().enumerate() {
-            *g = hex(19 + 2 * i..21 + 2 * i)? as u8;
-        }
-        Some(Dest {
-            lid: hex(0..4)? as u16,
-            qpn: hex(5..11)?,
-            psn: hex(12..18)?,
-            gid: Gid(gid),
-        })
-    }
-}
-
-impl core::fmt::Display for Dest {
-    /// The 51-character text, lower-case and zero-padded, without the NUL.
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn)?;
-        self.gid.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
 }
 
 /// The transport of a case.
@@ -174,6 +127,16 @@ impl Case {
         ok.then_some(case)
     }
 
+    /// The case's name: the Linux program's transport and role.
+    pub fn name(&self) -> &'static str {
+        match (self.kind, self.linux_server) {
+            (Kind::Rc, true) => "rc-server",
+            (Kind::Rc, false) => "rc-client",
+            (Kind::Ud, true) => "ud-server",
+            (Kind::Ud, false) => "ud-client",
+        }
+    }
+
     /// Where the payload starts in a receive buffer (after the GRH area on UD).
     pub fn payload_offset(&self) -> usize {
         match self.kind {
@@ -238,8 +201,14 @@ pub enum CaseError {
     Verbs(Failure),
     /// The bridge said ABORT.
     Aborted,
+    /// The case's deadline passed while its messages were being polled.
+    Deadline,
+    /// A step ran out of its order (a hook called twice, or before the QP existed).
+    OutOfOrder,
     /// A line from the bridge that is not what the step expects.
     BadLine,
+    /// The TCP exchange failed (software RoCE: the unikernel answers it itself).
+    Exchange(crate::tcp::Error),
     /// A completion with an error status.
     Status(WcStatus, u64),
     /// Received messages that differ from what the exchange must deliver: how many, and
@@ -264,6 +233,12 @@ pub enum CaseError {
     },
 }
 
+impl From<crate::tcp::Error> for CaseError {
+    fn from(e: crate::tcp::Error) -> Self {
+        CaseError::Exchange(e)
+    }
+}
+
 impl From<Failure> for CaseError {
     fn from(f: Failure) -> Self {
         CaseError::Verbs(f)
@@ -275,7 +250,10 @@ impl core::fmt::Display for CaseError {
         match self {
             CaseError::Verbs(v) => write!(f, "{v}"),
             CaseError::Aborted => f.write_str("aborted by the bridge"),
+            CaseError::Deadline => f.write_str("the case's deadline passed"),
+            CaseError::OutOfOrder => f.write_str("a step ran out of order"),
             CaseError::BadLine => f.write_str("unexpected line from the bridge"),
+            CaseError::Exchange(e) => write!(f, "TCP exchange: {e}"),
             CaseError::Status(s, id) => write!(f, "completion status {s:?} for wr_id {id}"),
             CaseError::Data { bad, first, at } if *at == u32::MAX => {
                 write!(f, "{bad} bad messages, first #{first}: wrong length")
@@ -398,12 +376,17 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
         };
         outcome.cases += 1;
         let tsc0 = rdtsc();
-        match run_case(&ctx, &pd, &gid, &case, line, &mut lb) {
+        let mut x = BridgeExchange {
+            line,
+            lb: &mut lb,
+            polls: 0,
+        };
+        match run_case(&ctx, &pd, (gid.gid(), gid.index()), &case, &mut x) {
             Ok(bytes) => {
                 let _ = writeln!(
                     line,
                     "peer {}: {} iters of {} bytes each way, every message checked ({} Mcycles)",
-                    case_name(&case),
+                    case.name(),
                     case.iters,
                     case.size,
                     (rdtsc() - tsc0) / 1_000_000
@@ -412,7 +395,7 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
             }
             Err(e) => {
                 outcome.failed += 1;
-                let _ = writeln!(line, "peer {}: FAIL {e}", case_name(&case));
+                let _ = writeln!(line, "peer {}: FAIL {e}", case.name());
                 let _ = writeln!(line, "@@BV DONE fail {e}");
             }
         }
@@ -423,16 +406,8 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
     Ok(outcome)
 }
 
-fn case_name(c: &Case) -> &'static str {
-    match (c.kind, c.linux_server) {
-        (Kind::Rc, true) => "rc-server",
-        (Kind::Rc, false) => "rc-client",
-        (Kind::Ud, true) => "ud-server",
-        (Kind::Ud, false) => "ud-client",
-    }
-}
-
-fn rdtsc() -> u64 {
+/// The time-stamp counter (0 off x86_64): a seed for PSNs and TCP's initial sequence numbers.
+pub fn rdtsc() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: RDTSC reads the time-stamp counter; no memory is touched.
@@ -444,16 +419,75 @@ fn rdtsc() -> u64 {
     }
 }
 
-/// Waits for `@@BV PEER <51 chars>`.
-fn wait_peer<L: Line>(line: &mut L, lb: &mut LineBuf) -> Result<Dest, CaseError> {
-    let n = lb.wait(line);
-    let text = lb.text(n);
-    if text == "ABORT" {
-        return Err(CaseError::Aborted);
+/// How a case's two sides swap their [`Dest`]s and what the case may be stopped by: the
+/// bridge's serial lines here (PVRDMA lab), TCP on the software RoCE device
+/// (`crate::roce_peer`).
+pub trait Exchange {
+    /// The Linux program serves: sends `me`, returns the server's data (the server is at
+    /// RTS before it answers).
+    fn to_server(&mut self, me: &Dest) -> Result<Dest, CaseError>;
+    /// The Linux program is the client: waits for its data.
+    fn client_data(&mut self) -> Result<Dest, CaseError>;
+    /// Answers the client with `me`, once the QP is at RTS.
+    fn answer(&mut self, me: &Dest) -> Result<(), CaseError>;
+    /// Asked now and then while the case polls its completions: a reason to stop it now.
+    fn interrupt(&mut self) -> Option<CaseError>;
+    /// Where the case's log lines go.
+    fn log(&mut self) -> &mut dyn Write;
+}
+
+/// The bridge's side of [`Exchange`]: `@@BV ADDR` out, `@@BV PEER` / `@@BV ABORT` in.
+pub struct BridgeExchange<'l, L: Line> {
+    line: &'l mut L,
+    lb: &'l mut LineBuf,
+    polls: u32,
+}
+
+impl<L: Line> BridgeExchange<'_, L> {
+    fn addr(&mut self, me: &Dest) -> Result<(), CaseError> {
+        let m = me.encode()?;
+        let text = core::str::from_utf8(&m[..m.len() - 1]).map_err(|_| CaseError::BadLine)?;
+        let _ = writeln!(self.line, "@@BV ADDR {text}");
+        Ok(())
     }
-    text.strip_prefix("PEER ")
-        .and_then(Dest::parse)
-        .ok_or(CaseError::BadLine)
+}
+
+impl<L: Line> Exchange for BridgeExchange<'_, L> {
+    fn to_server(&mut self, me: &Dest) -> Result<Dest, CaseError> {
+        self.addr(me)?;
+        self.client_data()
+    }
+
+    fn client_data(&mut self) -> Result<Dest, CaseError> {
+        let n = self.lb.wait(self.line);
+        let text = self.lb.text(n);
+        if text == "ABORT" {
+            return Err(CaseError::Aborted);
+        }
+        let t = text.strip_prefix("PEER ").ok_or(CaseError::BadLine)?;
+        let mut m = [0u8; crate::tcp::pingpong::MSG_LEN];
+        let body = m.get_mut(..t.len()).ok_or(CaseError::BadLine)?;
+        body.copy_from_slice(t.as_bytes());
+        Dest::parse(&m).map_err(|_| CaseError::BadLine)
+    }
+
+    fn answer(&mut self, me: &Dest) -> Result<(), CaseError> {
+        self.addr(me)
+    }
+
+    fn interrupt(&mut self) -> Option<CaseError> {
+        self.polls = self.polls.wrapping_add(1);
+        let aborted = self.polls.is_multiple_of(4096)
+            && self
+                .lb
+                .poll(self.line)
+                .is_some_and(|n| self.lb.text(n) == "ABORT");
+        aborted.then_some(CaseError::Aborted)
+    }
+
+    fn log(&mut self) -> &mut dyn Write {
+        self.line
+    }
 }
 
 /// The path to the peer as the pingpong programs set it: a GRH to its GID from ours, hop
@@ -469,14 +503,14 @@ fn path_to(peer: &Dest, sgid_index: u32) -> AddressVector {
     }
 }
 
-/// Runs one case; returns the bytes moved (size · iters · 2, as Linux's summary counts them).
-fn run_case<P: Provider, L: Line>(
+/// Runs one case from the unikernel's GID `(gid, index)`, swapping the connection data
+/// through `x`; returns the bytes moved (size · iters · 2, as Linux's summary counts them).
+pub fn run_case<P: Provider, X: Exchange>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    gid: &GidBinding<'_, P>,
+    (gid, gid_index): (Gid, u32),
     case: &Case,
-    line: &mut L,
-    lb: &mut LineBuf,
+    x: &mut X,
 ) -> Result<u64, CaseError> {
     // The programs' resources: a QP of 1 send and rx_depth receives of one SGE, on one CQ;
     // here the receive buffers come from a pool (rx_depth + the send buffer + one in hand),
@@ -516,16 +550,17 @@ fn run_case<P: Provider, L: Line>(
                 lid: 0,
                 qpn: qp.qp_num(),
                 psn,
-                gid: gid.gid(),
+                gid,
             };
-            if case.linux_server {
-                let _ = writeln!(line, "@@BV ADDR {me}");
-            }
-            let peer = wait_peer(line, lb)?;
+            let peer = if case.linux_server {
+                x.to_server(&me)?
+            } else {
+                x.client_data()?
+            };
             let rtr = ConnectedRtr {
                 dest_qpn: peer.qpn,
                 rq_psn: peer.psn,
-                av: path_to(&peer, gid.index()),
+                av: path_to(&peer, gid_index),
                 path_mtu: Mtu::Mtu1024,
                 max_dest_rd_atomic: 1,
                 min_rnr_timer: 12,
@@ -540,18 +575,11 @@ fn run_case<P: Provider, L: Line>(
             };
             let mut qp = qp.rts(&rts).at("peer: RC RTS")?;
             if !case.linux_server {
-                let _ = writeln!(line, "@@BV ADDR {me}");
+                x.answer(&me)?;
             }
-            let r = pingpong(
-                &mut qp,
-                &pool,
-                case,
-                (&me, &peer),
-                routs,
-                line,
-                lb,
-                |q, id, b| q.post_send(id, b),
-            );
+            let r = pingpong(&mut qp, &pool, case, (&me, &peer), routs, x, |q, id, b| {
+                q.post_send(id, b)
+            });
             qp.destroy().at("peer: destroy RC QP")?;
             r?;
         }
@@ -563,32 +591,26 @@ fn run_case<P: Provider, L: Line>(
                 lid: 0,
                 qpn: qp.qp_num(),
                 psn,
-                gid: gid.gid(),
+                gid,
             };
             // ud_pingpong: RTR with the state only, RTS with its PSN, then the AH; the
             // server does all of it before it answers (UD has no retransmission).
-            if case.linux_server {
-                let _ = writeln!(line, "@@BV ADDR {me}");
-            }
-            let peer = wait_peer(line, lb)?;
+            let peer = if case.linux_server {
+                x.to_server(&me)?
+            } else {
+                x.client_data()?
+            };
             let qp = qp.rtr(&()).at("peer: UD RTR")?;
             let mut qp = qp.rts(&DatagramRts { sq_psn: psn }).at("peer: UD RTS")?;
             let ah = pd
-                .create_ah(&path_to(&peer, gid.index()))
+                .create_ah(&path_to(&peer, gid_index))
                 .at("peer: create AH")?;
             if !case.linux_server {
-                let _ = writeln!(line, "@@BV ADDR {me}");
+                x.answer(&me)?;
             }
-            let r = pingpong(
-                &mut qp,
-                &pool,
-                case,
-                (&me, &peer),
-                routs,
-                line,
-                lb,
-                |q, id, b| q.post_send_to(id, b, (&ah, peer.qpn, UD_QKEY)),
-            );
+            let r = pingpong(&mut qp, &pool, case, (&me, &peer), routs, x, |q, id, b| {
+                q.post_send_to(id, b, (&ah, peer.qpn, UD_QKEY))
+            });
             qp.destroy().at("peer: destroy UD QP")?;
             drop(ah);
             r?;
@@ -620,14 +642,13 @@ fn post_recvs<'a, P: Provider, T: Transport, S: CanRecv>(
 /// RECV have completed; receives are refilled to the depth when at most one is left; the
 /// loop ends when both counts reach `iters`. Every receive is checked.
 #[allow(clippy::too_many_arguments)]
-fn pingpong<'a, P: Provider, T: Transport, L: Line>(
+fn pingpong<'a, P: Provider, T: Transport, X: Exchange>(
     qp: &mut QueuePair<'a, P, T, Rts>,
     pool: &'a BufferPool<'a, P>,
     case: &Case,
     (me, peer): (&Dest, &Dest),
     mut routs: u32,
-    line: &mut L,
-    lb: &mut LineBuf,
+    x: &mut X,
     mut send: impl FnMut(
         &mut QueuePair<'a, P, T, Rts>,
         u64,
@@ -654,12 +675,10 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
         post(qp, 0)?;
         pending |= WR_SEND;
     }
-    let mut idle = 0u32;
     while rcnt < case.iters || scnt < case.iters {
         let Some(c) = qp.poll_one().at("peer: poll")? else {
-            idle = idle.wrapping_add(1);
-            if idle.is_multiple_of(4096) && lb.poll(line).is_some_and(|n| lb.text(n) == "ABORT") {
-                return Err(CaseError::Aborted);
+            if let Some(e) = x.interrupt() {
+                return Err(e);
             }
             core::hint::spin_loop();
             continue;
@@ -675,7 +694,7 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
             }
             WR_RECV => {
                 if rcnt == 0 {
-                    report_first(line, case, &c);
+                    report_first(x.log(), case, &c);
                 }
                 if case.kind == Kind::Ud && c.wc.src_qp != peer.qpn {
                     return Err(CaseError::Source(c.wc.src_qp));
@@ -732,11 +751,11 @@ fn pingpong<'a, P: Provider, T: Transport, L: Line>(
 
 /// Logs what the first receive of a case looked like: its completion's fields and, on UD, the
 /// 40-byte GRH area the real stack wrote.
-fn report_first<P: Provider, L: Line>(line: &mut L, case: &Case, c: &Completion<'_, P>) {
+fn report_first<P: Provider>(line: &mut dyn Write, case: &Case, c: &Completion<'_, P>) {
     let _ = write!(
         line,
         "peer {}: first receive: byte_len {} src_qp {:#x} flags {:?}",
-        case_name(case),
+        case.name(),
         c.wc.byte_len,
         c.wc.src_qp,
         c.wc.flags

@@ -105,20 +105,53 @@ pub fn serve<L: Link, E>(
     now: &mut dyn FnMut() -> u64,
     on_peer: impl FnOnce(&Dest) -> Result<(), E>,
 ) -> Result<Dest, FlowError<E>> {
-    let reply = local.encode()?;
+    // Refused before anything is accepted: a QPN or PSN the message cannot carry.
+    local.encode()?;
+    let peer = accept_peer(stack, port, deadline, now)?;
+    if let Err(e) = on_peer(&peer) {
+        reset(stack, now);
+        return Err(FlowError::Hook(e));
+    }
+    reply(stack, local, deadline, now)?;
+    Ok(peer)
+}
+
+/// The first half of [`serve`], for a caller that connects its QP between the halves:
+/// accepts one connection on `port` and reads the client's message. On failure the
+/// connection is reset. A caller that gives up before [`reply`] calls [`Stack::abort`].
+pub fn accept_peer<L: Link>(
+    stack: &mut Stack<'_, L>,
+    port: u16,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Dest, Error> {
     let r = (|| {
         stack.accept(port, deadline, now)?;
         let mut m = [0u8; MSG_LEN];
         stack.read_exact(&mut m, deadline, now)?;
-        let peer = Dest::parse(&m)?;
-        on_peer(&peer).map_err(FlowError::Hook)?;
-        stack.write_message(&reply, deadline, now)?;
+        Dest::parse(&m)
+    })();
+    if r.is_err() {
+        reset(stack, now);
+    }
+    r
+}
+
+/// The second half of [`serve`]: replies with `local`, reads `done`, and closes.
+pub fn reply<L: Link>(
+    stack: &mut Stack<'_, L>,
+    local: &Dest,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<(), Error> {
+    let r = (|| {
+        stack.write_message(&local.encode()?, deadline, now)?;
         let mut done = [0u8; DONE.len()];
         stack.read_exact(&mut done, deadline, now)?;
         if &done != DONE {
-            return Err(Error::Malformed(Field::Done).into());
+            return Err(Error::Malformed(Field::Done));
         }
-        Ok(peer)
+        Ok(())
     })();
     finish(stack, r, deadline, now)
 }
@@ -166,11 +199,16 @@ pub(super) fn finish<L: Link, T, X>(
         let linger = now().saturating_add(LINGER_MS).min(deadline);
         let _ = stack.close(linger, now);
     } else {
-        stack.abort();
-        let t = now();
-        stack.poll(t);
+        reset(stack, now);
     }
     r
+}
+
+/// Resets the connection and sends the reset at once.
+fn reset<L: Link>(stack: &mut Stack<'_, L>, now: &mut dyn FnMut() -> u64) {
+    stack.abort();
+    let t = now();
+    stack.poll(t);
 }
 
 #[cfg(test)]

@@ -1,0 +1,651 @@
+//! Peer mode on the software RoCE device: the unikernel plays the other side of unmodified
+//! Linux programs on a Linux `rdma_rxe` across a real Ethernet segment (`qemu/roce/lab.sh`),
+//! and answers their TCP exchange itself ([`crate::tcp`] over the device's
+//! [`stack`](bareverbs::device::rxe::Rxe::stack) link).
+//!
+//! The kernel command line names the address and the cases:
+//!
+//! ```text
+//! bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=rc-server,-s,4096,-n,200+read,-s,65536,-n,1000
+//! ```
+//!
+//! A case is the Linux program's role and options, with `,` for spaces; cases are joined by
+//! `+` and run in that order, each printing `roce-uk <case>: ok …` or `roce-uk <case>: FAIL …`.
+//!
+//! | case | Linux runs | the unikernel |
+//! | --- | --- | --- |
+//! | `rc-server`, `ud-server` | `ibv_{rc,ud}_pingpong` as the server | connects, then ping-pongs ([`crate::peer::run_case`]) |
+//! | `rc-client`, `ud-client` | the same as the client | listens, answers once at RTS |
+//! | `write` | `ib_write_bw` as the server | the client: RDMA WRITEs `-n` × `-s` bytes into the server's buffer and sends the report Linux prints |
+//! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
+//! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
+
+use core::fmt::Write;
+
+use bareverbs::Context;
+use bareverbs::device::rxe::Rxe;
+use bareverbs::hal::{Clock, Hal, Link};
+use bareverbs::verbs::*;
+
+use crate::peer::{Case, CaseError, Dest, Exchange};
+use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
+use crate::{Failure, Step};
+
+/// Milliseconds one case may take at most, its exchange and data phase together.
+pub const CASE_MS: u64 = 120_000;
+/// How long the unikernel keeps trying to reach a Linux server (it may start later).
+pub const CONNECT_RETRY: Retry = Retry {
+    tries: 120,
+    pause_ms: 500,
+};
+/// The GID index of the device's IPv4-mapped GID.
+const GID_INDEX: u32 = 1;
+/// WRITEs kept in flight by the `write` case (perftest's default `-t`).
+const TX_DEPTH: u32 = 128;
+
+/// What the kernel command line asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options<'a> {
+    /// The interface's address (`bvroce=A.B.C.D/N`).
+    pub net: NetConfig,
+    /// The Linux side (`bvroce.peer=A.B.C.D`).
+    pub peer: [u8; 4],
+    /// The cases (`bvroce.cases=…`), as on the command line.
+    pub cases: &'a str,
+}
+
+impl<'a> Options<'a> {
+    /// Reads `bvroce=`, `bvroce.peer=` and `bvroce.cases=` from `cmdline`; `None` without
+    /// `bvroce=` or with a word that does not parse.
+    pub fn parse(cmdline: &'a str, seed: u64) -> Option<Options<'a>> {
+        let word = |key: &str| {
+            cmdline
+                .split_ascii_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+        };
+        Some(Options {
+            net: NetConfig::from_cidr(word("bvroce=")?, seed)
+                .filter(|n| (1..=32).contains(&n.prefix))?,
+            peer: tcp::stack::parse_ipv4(word("bvroce.peer=")?)?,
+            cases: word("bvroce.cases=").unwrap_or(""),
+        })
+    }
+}
+
+/// A perftest bandwidth case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerfKind {
+    /// `ib_write_bw`, Linux serving.
+    Write,
+    /// `ib_read_bw`, Linux the client.
+    Read,
+    /// `ib_atomic_bw`, Linux the client.
+    Atomic,
+}
+
+/// One case of the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerCase {
+    /// A pingpong program.
+    Ping(Case),
+    /// A perftest program: which, bytes per operation (`-s`), operations (`-n`).
+    Perf(PerfKind, u32, u32),
+}
+
+impl PeerCase {
+    /// Largest `-s` of a perftest case (the buffer is twice that).
+    pub const MAX_PERF_SIZE: u32 = 1 << 20;
+
+    /// Parses one case, `,` standing for spaces: `rc-server,-s,4096` or `write,-s,65536,-n,1000`
+    /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
+    pub fn parse(spec: &str) -> Option<PeerCase> {
+        let mut words = spec.split(',').filter(|w| !w.is_empty());
+        let kind = match words.next()? {
+            "write" => PerfKind::Write,
+            "read" => PerfKind::Read,
+            "atomic" => PerfKind::Atomic,
+            _ => {
+                let mut buf = [0u8; 128];
+                let text = buf.get_mut(..spec.len())?;
+                for (t, &c) in text.iter_mut().zip(spec.as_bytes()) {
+                    *t = if c == b',' { b' ' } else { c };
+                }
+                return Case::parse(core::str::from_utf8(text).ok()?).map(PeerCase::Ping);
+            }
+        };
+        let (mut size, mut iters) = (if kind == PerfKind::Atomic { 8 } else { 65536 }, 5000);
+        while let Some(w) = words.next() {
+            let v: u32 = words.next()?.parse().ok()?;
+            match w {
+                "-s" | "--size" => size = v,
+                "-n" | "--iters" => iters = v,
+                _ => return None,
+            }
+        }
+        let ok = (1..=Self::MAX_PERF_SIZE).contains(&size)
+            && iters >= 1
+            && (kind != PerfKind::Atomic || size == 8);
+        ok.then_some(PeerCase::Perf(kind, size, iters))
+    }
+
+    /// The case's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PeerCase::Ping(c) => c.name(),
+            PeerCase::Perf(PerfKind::Write, ..) => "write",
+            PeerCase::Perf(PerfKind::Read, ..) => "read",
+            PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+        }
+    }
+}
+
+/// How a session went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Cases run.
+    pub cases: u32,
+    /// Cases that failed.
+    pub failed: u32,
+}
+
+/// Why a session could not run its cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionError {
+    /// A verbs call of the session's own objects failed.
+    Verbs(Failure),
+    /// The TCP stack refused the configuration.
+    Net(tcp::Error),
+}
+
+impl core::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SessionError::Verbs(v) => write!(f, "{v}"),
+            SessionError::Net(e) => write!(f, "TCP stack: {e}"),
+        }
+    }
+}
+
+impl From<Failure> for SessionError {
+    fn from(f: Failure) -> Self {
+        SessionError::Verbs(f)
+    }
+}
+
+/// Runs the cases of `opts` on `dev` against the Linux side; `clock_ms` is the time in
+/// milliseconds. Each case's result is printed on `out`.
+pub fn serve<H: Hal, L: Link, C: Clock>(
+    dev: Rxe<H, L, C>,
+    out: &mut dyn Write,
+    opts: &Options<'_>,
+    clock_ms: &dyn Fn() -> u64,
+) -> Result<Outcome, SessionError> {
+    let ctx = Context::new(dev);
+    let gid = ctx.query_gid(1, GID_INDEX).at("roce peer: query GID")?;
+    let pd = ctx.alloc_pd().at("roce peer: alloc PD")?;
+    let mut storage = Storage::new();
+    let mut stack = Stack::new(ctx.provider().stack(), &mut storage, opts.net, clock_ms())
+        .map_err(SessionError::Net)?;
+    let [a, b, c, d] = opts.net.ip;
+    let _ = writeln!(
+        out,
+        "roce peer: {a}.{b}.{c}.{d}/{} GID[{GID_INDEX}] {}, Linux at {}.{}.{}.{}",
+        opts.net.prefix,
+        crate::DisplayGid(gid),
+        opts.peer[0],
+        opts.peer[1],
+        opts.peer[2],
+        opts.peer[3]
+    );
+    let mut outcome = Outcome::default();
+    for spec in opts.cases.split('+').filter(|s| !s.is_empty()) {
+        outcome.cases += 1;
+        let Some(case) = PeerCase::parse(spec) else {
+            outcome.failed += 1;
+            let _ = writeln!(out, "roce-uk {spec}: FAIL the case does not parse");
+            continue;
+        };
+        let t0 = clock_ms();
+        let deadline = t0 + CASE_MS;
+        let counts0 = ctx.provider().port_counts();
+        let r = match case {
+            PeerCase::Ping(p) => {
+                let mut x = TcpExchange {
+                    stack: &mut stack,
+                    peer: opts.peer,
+                    deadline,
+                    clock_ms,
+                    out: &mut *out,
+                };
+                let r = crate::peer::run_case(&ctx, &pd, (gid, GID_INDEX), &p, &mut x);
+                r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
+            }
+            PeerCase::Perf(kind, size, iters) => perf(
+                &ctx,
+                &pd,
+                gid,
+                &mut stack,
+                opts.peer,
+                (kind, size, iters),
+                deadline,
+                clock_ms,
+            ),
+        };
+        if r.is_err() {
+            // Whatever the case left of its connection goes.
+            stack.abort();
+            stack.poll(clock_ms());
+        }
+        let ms = clock_ms() - t0;
+        let n = ctx.provider().port_counts();
+        let roce = n.roce - counts0.roce;
+        match r {
+            Ok(detail) => {
+                let _ = writeln!(
+                    out,
+                    "roce-uk {}: ok {detail}; {roce} RoCE frames in, {ms} ms",
+                    case.name()
+                );
+            }
+            Err(e) => {
+                outcome.failed += 1;
+                let _ = writeln!(out, "roce-uk {}: FAIL {e} (after {ms} ms)", case.name());
+            }
+        }
+    }
+    drop(stack);
+    pd.destroy().at("roce peer: destroy PD")?;
+    Ok(outcome)
+}
+
+/// What a case that passed did.
+enum Detail {
+    /// Messages each way, bytes each, bytes moved in all.
+    Ping(u32, u32, u64),
+    /// `write`: operations, bytes each, the bandwidth reported to Linux (MiB/s).
+    Wrote(u64, u32, f64),
+    /// `read`: operations the Linux client said it made, bytes each.
+    Read(u64, u32),
+    /// `atomic`: the 8-byte words changed and the sum of what was added to them.
+    Atomics(u32, u64),
+}
+
+impl core::fmt::Display for Detail {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Detail::Ping(n, s, b) => write!(
+                f,
+                "{n} messages of {s} bytes each way, every one checked ({b} bytes)"
+            ),
+            Detail::Wrote(n, s, bw) => write!(
+                f,
+                "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
+            ),
+            Detail::Read(n, s) => write!(f, "served {n} RDMA READs of {s} bytes"),
+            Detail::Atomics(words, sum) => write!(
+                f,
+                "atomics changed {words} words of the buffer, adding {sum} in all"
+            ),
+        }
+    }
+}
+
+/// The pingpong exchange over TCP.
+struct TcpExchange<'s, 'a, L: Link> {
+    stack: &'s mut Stack<'a, L>,
+    peer: [u8; 4],
+    deadline: u64,
+    clock_ms: &'s dyn Fn() -> u64,
+    out: &'s mut dyn Write,
+}
+
+impl<L: Link> Exchange for TcpExchange<'_, '_, L> {
+    fn to_server(&mut self, me: &Dest) -> Result<Dest, CaseError> {
+        let clock = self.clock_ms;
+        Ok(tcp::pingpong::connect(
+            self.stack,
+            self.peer,
+            tcp::PORT,
+            CONNECT_RETRY,
+            me,
+            self.deadline,
+            &mut || clock(),
+        )?)
+    }
+
+    fn client_data(&mut self) -> Result<Dest, CaseError> {
+        let clock = self.clock_ms;
+        Ok(tcp::pingpong::accept_peer(
+            self.stack,
+            tcp::PORT,
+            self.deadline,
+            &mut || clock(),
+        )?)
+    }
+
+    fn answer(&mut self, me: &Dest) -> Result<(), CaseError> {
+        let clock = self.clock_ms;
+        Ok(tcp::pingpong::reply(
+            self.stack,
+            me,
+            self.deadline,
+            &mut || clock(),
+        )?)
+    }
+
+    fn interrupt(&mut self) -> Option<CaseError> {
+        ((self.clock_ms)() > self.deadline).then_some(CaseError::Deadline)
+    }
+
+    fn log(&mut self) -> &mut dyn Write {
+        self.out
+    }
+}
+
+/// A perftest case's QP, through its states (the hooks move it).
+enum Qp<'a, P: Provider> {
+    Init(QueuePair<'a, P, Rc, Init>),
+    Rtr(QueuePair<'a, P, Rc, Rtr>),
+    Rts(QueuePair<'a, P, Rc, Rts>),
+    Gone,
+}
+
+impl<P: Provider> Qp<'_, P> {
+    fn destroy(self) -> Result<(), Failure> {
+        match self {
+            Qp::Init(q) => q.destroy().at("perftest: destroy QP"),
+            Qp::Rtr(q) => q.destroy().at("perftest: destroy QP"),
+            Qp::Rts(q) => q.destroy().at("perftest: destroy QP"),
+            Qp::Gone => Ok(()),
+        }
+    }
+}
+
+/// The RoCE side of a perftest exchange.
+struct Perf<'a, 'm, P: Provider> {
+    kind: PerfKind,
+    size: u32,
+    iters: u32,
+    qp: Qp<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+    mr: &'m MemoryRegion<'a, P>,
+    psn: u32,
+    out_reads: u8,
+    deadline: u64,
+    clock_ms: &'m dyn Fn() -> u64,
+    /// `write`: the WRITEs completed and the bandwidth reported.
+    wrote: (u64, f64),
+}
+
+impl<P: Provider> Hooks for Perf<'_, '_, P> {
+    type Error = CaseError;
+
+    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
+        let Qp::Init(qp) = core::mem::replace(&mut self.qp, Qp::Gone) else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let mut av = AddressVector::new(peer.gid, GID_INDEX as u8);
+        av.hop_limit = 1;
+        let mut rtr = ConnectedRtr::new(peer.qpn, peer.psn, av);
+        rtr.path_mtu = Mtu::from_raw(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024);
+        rtr.max_dest_rd_atomic = self.out_reads;
+        let qp = match qp.rtr(&rtr) {
+            Ok(q) => q,
+            Err((q, e)) => {
+                self.qp = Qp::Init(q);
+                return Err(Failure {
+                    step: "perftest: RTR",
+                    error: e,
+                }
+                .into());
+            }
+        };
+        let mut rts = ConnectedRts::new(self.psn);
+        rts.max_rd_atomic = peer.out_reads.min(u16::from(self.out_reads)) as u8;
+        match qp.rts(&rts) {
+            Ok(q) => self.qp = Qp::Rts(q),
+            Err((q, e)) => {
+                self.qp = Qp::Rtr(q);
+                return Err(Failure {
+                    step: "perftest: RTS",
+                    error: e,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        if self.kind != PerfKind::Write {
+            // The server's part ran while the exchange waited for the client's "finished".
+            return Ok(Report {
+                size: self.size.into(),
+                iters: self.iters.into(),
+                ..Report::default()
+            });
+        }
+        let Qp::Rts(qp) = &mut self.qp else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
+        let t0 = (self.clock_ms)();
+        let (mut posted, mut done) = (0u32, 0u32);
+        let mut wcs = [WorkCompletion::default(); 16];
+        while done < self.iters {
+            if posted < self.iters && posted - done < TX_DEPTH {
+                let n = (self.iters - posted).min(TX_DEPTH - (posted - done));
+                // SAFETY: the region stays registered, and the CPU leaves it alone, until
+                // every WRITE has completed (this loop waits for all of them, and an error
+                // returns only after the QP has stopped using it: the case then destroys
+                // the QP before the region).
+                unsafe {
+                    let mut b = qp.send_batch();
+                    for i in 0..n {
+                        b.rdma_write(
+                            u64::from(posted + i),
+                            SendFlags::SIGNALED,
+                            (peer.vaddr, peer.rkey),
+                            &[sge],
+                        )
+                        .at("perftest: post WRITE")?;
+                    }
+                    b.finish();
+                }
+                posted += n;
+            }
+            let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+            if let Some(w) = wcs[..got].iter().find(|w| w.status != WcStatus::Success) {
+                return Err(CaseError::Status(w.status, w.wr_id));
+            }
+            done += got as u32;
+            if got == 0 && (self.clock_ms)() > self.deadline {
+                return Err(CaseError::Deadline);
+            }
+        }
+        // The clock ticks every 16 ms: a run shorter than a tick counts as one.
+        let ms = ((self.clock_ms)() - t0).max(16);
+        let bytes = u64::from(self.size) * u64::from(self.iters);
+        let secs = ms as f64 / 1000.0;
+        let bw = bytes as f64 / secs / (1u64 << 20) as f64;
+        self.wrote = (done.into(), bw);
+        Ok(Report {
+            size: self.size.into(),
+            iters: self.iters.into(),
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: f64::from(self.iters) / secs / 1e6,
+        })
+    }
+}
+
+/// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
+#[allow(clippy::too_many_arguments)]
+fn perf<P: Provider, L: Link>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    gid: Gid,
+    stack: &mut Stack<'_, L>,
+    linux: [u8; 4],
+    (kind, size, iters): (PerfKind, u32, u32),
+    deadline: u64,
+    clock_ms: &dyn Fn() -> u64,
+) -> Result<Detail, CaseError> {
+    // perftest's buffer: twice the larger of the message and its cycle buffer (a page);
+    // the Linux client's addresses stay inside it.
+    let len = 2 * size.max(4096) as usize;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut mr = pd.register(len, access).at("perftest: register")?;
+    for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
+        *b = if kind == PerfKind::Atomic { 0 } else { i as u8 };
+    }
+    let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
+    let caps = QpCaps {
+        max_send_wr: TX_DEPTH,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .caps(caps)
+        .build::<Rc>()
+        .at("perftest: create QP")?;
+    let init = ConnectedInit {
+        port: 1,
+        pkey_index: 0,
+        access,
+    };
+    let qp = qp.init(&init).at("perftest: INIT")?;
+    let out_reads = ctx.caps().max_qp_rd_atom.clamp(1, 16) as u8;
+    let psn = (crate::peer::rdtsc() as u32 ^ (crate::peer::rdtsc() >> 17) as u32) & 0xFF_FFFF;
+    let key = Key {
+        lid: 0,
+        out_reads: if kind == PerfKind::Write {
+            1
+        } else {
+            out_reads.into()
+        },
+        qpn: qp.qp_num(),
+        psn,
+        rkey: mr.rkey(),
+        vaddr: mr.addr(),
+        gid,
+        srqn: 0,
+    };
+    let role = match kind {
+        PerfKind::Write => Role::Client {
+            server: linux,
+            retry: CONNECT_RETRY,
+        },
+        PerfKind::Read | PerfKind::Atomic => Role::Server,
+    };
+    let mut hooks = Perf {
+        kind,
+        size,
+        iters,
+        qp: Qp::Init(qp),
+        cq: &cq,
+        mr: &mr,
+        psn,
+        out_reads,
+        deadline,
+        clock_ms,
+        wrote: (0, 0.0),
+    };
+    let r = perftest::run(
+        stack,
+        role,
+        tcp::PORT,
+        &Local::new(key),
+        &mut hooks,
+        deadline,
+        &mut || clock_ms(),
+    );
+    let (qp, wrote) = (core::mem::replace(&mut hooks.qp, Qp::Gone), hooks.wrote);
+    drop(hooks);
+    qp.destroy()?;
+    let detail = match r {
+        Ok(o) => match kind {
+            PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
+            PerfKind::Read => Detail::Read(o.peer_report.iters, size),
+            PerfKind::Atomic => {
+                let words = mr
+                    .as_slice()
+                    .chunks_exact(8)
+                    .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])));
+                let (n, sum) = words
+                    .filter(|&w| w != 0)
+                    .fold((0u32, 0u64), |(n, s), w| (n + 1, s.wrapping_add(w)));
+                Detail::Atomics(n, sum)
+            }
+        },
+        Err(FlowError::Exchange(e)) => return Err(e.into()),
+        Err(FlowError::Hook(e)) => return Err(e),
+    };
+    cq.destroy().at("perftest: destroy CQ")?;
+    mr.destroy().at("perftest: destroy MR")?;
+    Ok(detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::Kind;
+
+    #[test]
+    fn options_from_the_command_line() {
+        let line = "bvirq bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=rc-server,-n,5+read";
+        let o = Options::parse(line, 7).expect("parses");
+        assert_eq!((o.net.ip, o.net.prefix), ([10, 0, 0, 2], 24));
+        assert_eq!(o.peer, [10, 0, 0, 1]);
+        assert_eq!(o.cases, "rc-server,-n,5+read");
+        assert_eq!(Options::parse("bvroce.peer=10.0.0.1", 7), None);
+        assert_eq!(Options::parse("bvroce=10.0.0.2/24", 7), None);
+        assert_eq!(
+            Options::parse("bvroce=10.0.0.2/33 bvroce.peer=10.0.0.1", 7),
+            None
+        );
+        assert_eq!(
+            Options::parse("bvroce=10.0.0.2/24 bvroce.peer=10.0.1", 7),
+            None
+        );
+    }
+
+    #[test]
+    fn cases_parse_as_the_linux_programs_options() {
+        let Some(PeerCase::Ping(c)) = PeerCase::parse("ud-client,-s,1024,-n,200") else {
+            panic!("a pingpong case")
+        };
+        assert_eq!(
+            (c.kind, c.linux_server, c.size, c.iters),
+            (Kind::Ud, false, 1024, 200)
+        );
+        assert_eq!(
+            PeerCase::parse("write,-s,65536,-n,1000"),
+            Some(PeerCase::Perf(PerfKind::Write, 65536, 1000))
+        );
+        assert_eq!(
+            PeerCase::parse("read"),
+            Some(PeerCase::Perf(PerfKind::Read, 65536, 5000))
+        );
+        assert_eq!(
+            PeerCase::parse("atomic,-n,10"),
+            Some(PeerCase::Perf(PerfKind::Atomic, 8, 10))
+        );
+        assert_eq!(PeerCase::parse("atomic,-s,16"), None);
+        assert_eq!(PeerCase::parse("write,-s,0"), None);
+        assert_eq!(PeerCase::parse("write,-b"), None);
+        assert_eq!(PeerCase::parse("rc-server,-x"), None);
+        assert_eq!(PeerCase::parse("lat"), None);
+        assert_eq!(PeerCase::parse(&"rc-server,-n,1".repeat(20)), None);
+        let name = |s| PeerCase::parse(s).map(|c| c.name());
+        assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
+        assert_eq!(name("atomic"), Some("atomic"));
+    }
+}
