@@ -34,20 +34,10 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# --- the outer guest's kernel (Debian bookworm's), with modules.dep ----------------------------
-if [ ! -f "$cache/kernel.ok" ]; then
-  stage "fetching Debian's linux-image"
-  rm -rf "$cache/kroot" "$cache"/linux-image-*.deb
-  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-  (cd "$cache" && apt-get download "$pkg" >/dev/null)
-  dpkg -x "$cache"/linux-image-*.deb "$cache/kroot"
-  rm -f "$cache"/linux-image-*.deb
-  kver=$(ls "$cache/kroot/lib/modules")
-  depmod -b "$cache/kroot" "$kver"
-  touch "$cache/kernel.ok"
-fi
-kver=$(ls "$cache/kroot/lib/modules")
-kmods="$cache/kroot/lib/modules/$kver"
+# --- the outer guest: Debian's kernel and the 9p initramfs (qemu/lab/guest.sh) -------------
+lab_dir=$here
+# shellcheck source=qemu/lab/guest.sh
+source "$here/guest.sh"
 
 # --- rdmacm-mux, from Debian's qemu 7.2 source package ----------------------------------------
 if [ ! -x "$cache/rdmacm-mux" ]; then
@@ -83,28 +73,6 @@ H
   gcc -O2 -w -I"$work/shim" -I"$mux" -o "$cache/rdmacm-mux" "$mux/main.c" \
     $(pkg-config --cflags --libs glib-2.0) -libumad -libverbs -lpthread
   rm -rf "$work"
-fi
-
-add() { # a module and, first, its dependencies (modules.dep order), into $order
-  local m=$1 d
-  for d in $(awk -v m="$m:" '$1 == m { $1 = ""; print }' "$kmods/modules.dep"); do add "$d"; done
-  case " ${order[*]} " in *" $m "*) ;; *) order+=("$m") ;; esac
-}
-
-# --- the initramfs: busybox, the virtio/9p modules, /init --------------------------------------
-if [ ! -f "$cache/initramfs.cpio.gz" ] || [ "$here/init.sh" -nt "$cache/initramfs.cpio.gz" ]; then
-  stage "building the initramfs"
-  ir="$cache/initramfs"
-  rm -rf "$ir" && mkdir -p "$ir"/{bin,proc,sys,dev,mnt/root,modules}
-  cp /bin/busybox "$ir/bin/busybox"
-  order=()
-  for m in kernel/drivers/virtio/virtio_pci.ko kernel/drivers/net/virtio_net.ko \
-           kernel/net/9p/9pnet_virtio.ko kernel/fs/9p/9p.ko; do add "$m"; done
-  for m in "${order[@]}"; do cp "$kmods/$m" "$ir/modules/"; basename "$m" >> "$ir/modules/order"; done
-  cp "$here/init.sh" "$ir/init"
-  chmod +x "$ir/init"
-  (cd "$ir" && find . | cpio -o -H newc 2>/dev/null | gzip -1) > "$cache/initramfs.tmp"
-  mv "$cache/initramfs.tmp" "$cache/initramfs.cpio.gz"
 fi
 
 # --- the inner guest: the unikernel, or Linux with its own vmw_pvrdma (--reference) -----------

@@ -1,7 +1,8 @@
 //! Interrupts for the example kernel, on stable Rust: the 8259 PICs silenced, the local APIC
 //! (xAPIC, MMIO at its MSR base) on, an IDT whose entry stubs are written in `global_asm!`
 //! (stable Rust has no `x86-interrupt` ABI), a periodic LAPIC timer as a safety net, and one
-//! place where interrupts may arrive: [`wait`], an `sti; hlt; cli` window.
+//! place where interrupts may arrive: [`wait`], an `sti; hlt; cli` window (and [`window`],
+//! the same without the halt).
 //!
 //! Interrupts stay disabled (IF = 0) in all Rust code. Handlers therefore never interrupt a
 //! lock holder, and the red zone that the precompiled `core` uses is never under the CPU's
@@ -266,6 +267,14 @@ pub fn wait() {
     // SAFETY: the only place with IF = 1. Not `nostack` (the handlers' frames land below rsp,
     // so the compiler must keep nothing there) and not `nomem` (handlers change counters).
     unsafe { asm!("sti", "hlt", "cli") }
+}
+
+/// A window without the halt: takes the interrupts already pending (a timer tick that came
+/// while the kernel polled) and goes on. What a polling loop calls to keep the clock moving.
+pub fn window() {
+    // SAFETY: as in `wait`: IF = 1 only for the instruction after `sti` (its shadow), where
+    // pending interrupts are taken; the same rules for the stack and memory.
+    unsafe { asm!("sti", "nop", "cli") }
 }
 
 /// Interrupts taken on `vector` so far.

@@ -244,6 +244,9 @@ struct Ticks;
 
 impl Clock for Ticks {
     fn now_us(&self) -> u64 {
+        // Interrupts are off but in windows: take a tick that is due, so that a kernel that
+        // polls without halting still sees time pass.
+        irq::window();
         u64::from(irq::count(irq::TIMER_VECTOR)) * 16_000
     }
 }

@@ -205,6 +205,13 @@ pub enum CaseError {
     Deadline,
     /// A step ran out of its order (a hook called twice, or before the QP existed).
     OutOfOrder,
+    /// The atomics the peer ran did not add up to its count (one executed twice, or lost).
+    Atomics {
+        /// What the buffer's words added up to.
+        sum: u64,
+        /// Atomics the case ran.
+        iters: u32,
+    },
     /// A line from the bridge that is not what the step expects.
     BadLine,
     /// The TCP exchange failed (software RoCE: the unikernel answers it itself).
@@ -252,6 +259,9 @@ impl core::fmt::Display for CaseError {
             CaseError::Aborted => f.write_str("aborted by the bridge"),
             CaseError::Deadline => f.write_str("the case's deadline passed"),
             CaseError::OutOfOrder => f.write_str("a step ran out of order"),
+            CaseError::Atomics { sum, iters } => {
+                write!(f, "{iters} fetch-and-adds of 1 left {sum} in the buffer")
+            }
             CaseError::BadLine => f.write_str("unexpected line from the bridge"),
             CaseError::Exchange(e) => write!(f, "TCP exchange: {e}"),
             CaseError::Status(s, id) => write!(f, "completion status {s:?} for wr_id {id}"),

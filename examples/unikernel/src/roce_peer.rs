@@ -582,6 +582,11 @@ fn perf<P: Provider, L: Link>(
                 let (n, sum) = words
                     .filter(|&w| w != 0)
                     .fold((0u32, 0u64), |(n, s), w| (n + 1, s.wrapping_add(w)));
+                // ib_atomic_bw's fetch-and-add adds 1 each time: the words must hold
+                // exactly the client's count, each atomic executed once.
+                if sum != u64::from(iters) {
+                    return Err(CaseError::Atomics { sum, iters });
+                }
                 Detail::Atomics(n, sum)
             }
         },

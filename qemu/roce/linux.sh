@@ -1,0 +1,106 @@
+#!/bin/bash
+# Runs inside a Linux guest of qemu/roce/lab.sh (chrooted into this machine's root by
+# qemu/lab/init.sh): rdma_rxe on eth0, then Debian's unmodified programs for every case of
+# qemu/roce/cases, in order, against the peer.
+#   linux.sh KROOT      the rest from the kernel command line:
+#   bvroce.role=a|b     a: runs the cases against Linux B (the baseline), then against the
+#                       unikernel; b: Linux B, the baseline's other side
+#   bvroce.ip=A.B.C.D   this guest's address (/24)
+set -u
+kroot=$1
+here=$(dirname "$0")
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvroce.$1=//p"; }
+role=$(arg role) ip=$(arg ip)
+a_ip=10.0.0.1 b_ip=10.0.0.3 uk_ip=10.0.0.2
+t0=$(date +%s)
+say() { echo "bvroce[$role +$(( $(date +%s) - t0 ))s]: $*"; }
+
+# The 9p root's /dev is a fresh devtmpfs: bash's process substitution needs /dev/fd.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+for m in rdma_rxe ib_uverbs; do
+  modprobe -d "$kroot" "$m" || { say "modprobe $m failed"; exit 1; }
+done
+ip link set lo up
+ip link set eth0 mtu 1500 up
+ip addr add "$ip/24" dev eth0
+rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; exit 1; }
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(tr . ' ' <<<"$ip"))
+gid=
+for _ in $(seq 1 50); do
+  for n in $(seq 0 15); do
+    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/$n 2>/dev/null)" = "$want" ] || continue
+    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ] && gid=$n
+  done
+  [ -n "$gid" ] && break
+  sleep 0.2
+done
+[ -n "$gid" ] || { say "no RoCE v2 GID for $ip on rxe0"; exit 1; }
+say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid"
+
+# One program of a case: run with a timeout; a client whose server is not listening yet is
+# run again (until the case's deadline). Prints the exit status and the program's output.
+run() { # TAG CLIENT(0|1) PROGRAM ARGS...
+  local tag=$1 client=$2 deadline=$(( $(date +%s) + 100 )) out st
+  shift 2
+  while :; do
+    out=$(timeout 100 "$@" 2>&1); st=$?
+    [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
+      grep -qiE "couldn't connect|unable to open file descriptor|unable to init the socket|failed to connect|connection refused" <<<"$out" &&
+      { sleep 0.5; continue; }
+    break
+  done
+  echo "$out" | sed "s/^/  [$tag] /"
+  # The programs' own summary: pingpong's throughput line, perftest's result row.
+  local sum
+  sum=$(grep -E "bytes in .* seconds" <<<"$out" | head -1)
+  [ -n "$sum" ] || sum=$(awk '/#bytes/ {h=1; next} h && NF >= 4 && $1 ~ /^[0-9]+$/ {print "bytes " $1 " iters " $2 " BW-average-MB/s " $4; exit}' <<<"$out")
+  echo "bvroce-result $tag: exit $st${sum:+ | $sum}"
+}
+
+# The program each side runs for a case: Linux A's role is the case's name.
+program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
+  local side=$1 name=$2 peer=$3
+  shift 3
+  local server=1
+  case "$name" in
+    rc-server | ud-server | write) [ "$side" = a ] && server=1 || server=0 ;;
+    *) [ "$side" = a ] && server=0 || server=1 ;;
+  esac
+  case "$name" in
+    rc-*) cmd=(ibv_rc_pingpong -d rxe0 -g "$gid" "$@") ;;
+    ud-*) cmd=(ibv_ud_pingpong -d rxe0 -g "$gid" "$@") ;;
+    write) cmd=(ib_write_bw -d rxe0 -x "$gid" -F "$@") ;;
+    read) cmd=(ib_read_bw -d rxe0 -x "$gid" -F "$@") ;;
+    atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" -F "$@") ;;
+  esac
+  client=$((1 - server))
+  [ "$client" = 1 ] && cmd+=("$peer")
+}
+
+cases() {
+  while read -r name opts; do
+    case "$name" in '' | '#'*) continue ;; esac
+    echo "$name $opts"
+  done < "$here/cases"
+}
+
+if [ "$role" = b ]; then
+  while read -r name opts; do
+    program other "$name" "$a_ip" $opts
+    run "b $name" "$client" "${cmd[@]}"
+  done < <(cases)
+  say "baseline side done"
+  exit 0
+fi
+
+say "phase baseline (Linux B at $b_ip)"
+while read -r name opts; do
+  program a "$name" "$b_ip" $opts
+  run "linux-linux $name" "$client" "${cmd[@]}"
+done < <(cases)
+say "phase unikernel (at $uk_ip)"
+while read -r name opts; do
+  program a "$name" "$uk_ip" $opts
+  run "roce $name" "$client" "${cmd[@]}"
+done < <(cases)
+say "done"
