@@ -47,15 +47,15 @@ pub use virtio_drivers;
 use crate::{DmaBlock, Hal, Link, LinkError, PAGE_SIZE};
 
 /// Receive buffers kept posted.
-pub const RX_BUFFERS: usize = 16;
+pub const RX_BUFFERS: usize = 64;
 /// Transmit buffers: frames in flight at most.
-pub const TX_BUFFERS: usize = 8;
+pub const TX_BUFFERS: usize = 32;
 /// Bytes of each buffer: the largest header (12) plus a 1514-byte frame fits, and two share a
 /// page. virtio-drivers wants at least 1526 for a receive buffer.
 pub const BUFFER_SIZE: usize = 2048;
 /// Entries of each virtqueue (a power of two, at least as many as buffers: each takes one
 /// descriptor).
-pub const QUEUE_SIZE: usize = 16;
+pub const QUEUE_SIZE: usize = 64;
 /// The largest frame carried (1500-byte IP MTU plus the 14-byte Ethernet header).
 pub const MAX_FRAME: usize = 1514;
 /// Frames shorter than this are padded with zeros (Ethernet's minimum without FCS).

@@ -6,6 +6,7 @@
 #
 #   qemu/roce/lab.sh                 baseline (Linux A <-> Linux B), then Linux A <-> unikernel
 #   qemu/roce/lab.sh --linux-only    the baseline alone
+#   BAREVERBS_ROCE_ONLY=read,write   only these cases (a debugging aid)
 #
 # Linux A (10.0.0.1) runs every case of qemu/roce/cases twice: against Linux B (10.0.0.3) and
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
@@ -40,6 +41,8 @@ if [ "$mode" = full ]; then
   (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
 fi
 
+only=${BAREVERBS_ROCE_ONLY:-}
+only_re=${only//,/|}
 # The segment: a multicast group on loopback, a fresh port per run.
 port=$(( 20000 + $$ % 20000 ))
 seg="socket,mcast=230.0.0.1:$port,localaddr=127.0.0.1"
@@ -53,7 +56,7 @@ linux() { # NAME ROLE IP MAC
   timeout "$limit" qemu-system-x86_64 \
     -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4" \
     > "$log" 2>&1 &
@@ -70,7 +73,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
   if [ -z "$uk_pid" ] && grep -a -q "phase unikernel" "$alog"; then
     stage "baseline over"
     [ "$mode" = linux ] && break
-    cases=$(grep -v -E '^(#|$)' "$here/cases" | sed 's/ *$//; s/ \+/,/g' | paste -sd+)
+    cases=$(grep -v -E '^(#|$)' "$here/cases" | grep -E "^(${only_re:-.*}) " | sed 's/ *$//; s/ \+/,/g' | paste -sd+)
     stage "booting the unikernel (10.0.0.2)"
     timeout "$limit" qemu-system-x86_64 \
       -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
@@ -93,7 +96,7 @@ cleanup
 fail=0
 result() { grep -a "^bvroce-result $1: " "$alog" | tail -1 | sed "s/^bvroce-result $1: //" | tr -d '\r'; }
 bw() { sed -n 's/.*BW-average-MB\/s \([0-9.]*\).*/\1/p' <<<"$1"; }
-names=$(grep -v -E '^(#|$)' "$here/cases" | awk '{print $1}')
+names=$(grep -v -E '^(#|$)' "$here/cases" | awk '{print $1}' | grep -x -E "${only_re:-.*}")
 for n in $names; do
   r=$(result "linux-linux $n")
   case "$r" in "exit 0"*) echo "linux-linux $n: PASS ${r#exit 0 | }" ;;

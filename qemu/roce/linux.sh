@@ -6,6 +6,7 @@
 #   bvroce.role=a|b     a: runs the cases against Linux B (the baseline), then against the
 #                       unikernel; b: Linux B, the baseline's other side
 #   bvroce.ip=A.B.C.D   this guest's address (/24)
+#   bvroce.only=a,b     only these cases (lab.sh's BAREVERBS_ROCE_ONLY)
 set -u
 kroot=$1
 here=$(dirname "$0")
@@ -77,9 +78,11 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   [ "$client" = 1 ] && cmd+=("$peer")
 }
 
+only=$(arg only | tr , ' ')
 cases() {
   while read -r name opts; do
     case "$name" in '' | '#'*) continue ;; esac
+    [ -z "$only" ] || [[ " $only " == *" $name "* ]] || continue
     echo "$name $opts"
   done < "$here/cases"
 }

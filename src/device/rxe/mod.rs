@@ -328,6 +328,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             let mut net = self.net(core, now);
             // SAFETY: as in `dispatch`.
             let q = unsafe { &mut *q };
+            responder::drain(&mut net, q);
             requester::on_timer(&mut net, q);
         }
     }

@@ -185,6 +185,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 write_len: 0,
                 res: [RdResource::default(); MAX_RD_ATOMIC as usize],
                 res_next: 0,
+                backlog: None,
             });
         }
         t.qps[idx] = ptr.as_ptr();

@@ -8,6 +8,7 @@ use super::cq::{CqRing, Cqe};
 use super::mem::AsyncRing;
 use super::srq::SrqCore;
 use super::wire::eth::Mac;
+use super::wire::packet::Route;
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry, flushed, op};
 use crate::events::EventHub;
 use crate::verbs::{
@@ -73,6 +74,8 @@ pub(crate) struct QpCore {
     pub(crate) write_len: u32,
     pub(crate) res: [RdResource; MAX_RD_ATOMIC as usize],
     pub(crate) res_next: u32,
+    /// Answers the NIC had no room for: the PSN to answer from next, and where to.
+    pub(crate) backlog: Option<(u32, Route)>,
 }
 
 impl QpCore {
@@ -228,6 +231,7 @@ impl QpCore {
         self.rnr_until = 0;
         self.nak_sent = false;
         self.res = [RdResource::default(); MAX_RD_ATOMIC as usize];
+        self.backlog = None;
     }
 
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.

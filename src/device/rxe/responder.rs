@@ -347,22 +347,26 @@ fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     remember(q, res);
     q.epsn = psn_add(psn, n);
     q.msn = (q.msn + 1) & PSN_MASK;
-    respond_read(net, q, p, &res, 0);
+    if q.backlog.is_none() {
+        let route = reply_route(net, q, p);
+        respond_read(net, q, route, &res, 0);
+    }
     Ok(())
 }
 
-/// Sends the responses of `res` from its packet `from` on.
+/// Sends the responses of `res` from its packet `from` on. Returns whether they all went
+/// out; when the NIC has no room, the rest is left in `q.backlog` for [`drain`].
 fn respond_read<L: Link>(
     net: &mut Net<'_, L>,
-    q: &QpCore,
-    p: &Packet<'_>,
+    q: &mut QpCore,
+    route: Route,
     res: &RdResource,
     from: u32,
-) {
-    let route = reply_route(net, q, p);
+) -> bool {
     for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
         let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
-        let h = reply(q, s.opcode, psn_add(res.first, s.index), syn);
+        let psn = psn_add(res.first, s.index);
+        let h = reply(q, s.opcode, psn, syn);
         let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
         let r = net.send(&route, &h, s.len as usize, |t, out| {
             if out.is_empty() {
@@ -373,11 +377,56 @@ fn respond_read<L: Link>(
             unsafe { core::ptr::copy(src, out.as_mut_ptr(), out.len()) };
             Ok::<(), Denied>(())
         });
-        if matches!(r, Err(Unsent::Busy | Unsent::Denied(_))) {
-            // The requester times out and asks again from the first missing response.
-            return;
+        match r {
+            Err(Unsent::Busy) => {
+                q.backlog = Some((psn, route));
+                return false;
+            }
+            // The region went away: the requester times out and asks again (and is refused).
+            Err(Unsent::Denied(_)) => return true,
+            _ => {}
         }
     }
+    true
+}
+
+/// Sends on the answers the NIC had no room for (`q.backlog`): the rest of a READ's
+/// responses, then the READs and atomics that came in behind it, in PSN order, until the NIC
+/// is full again. Called from the device's progress.
+pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    if !matches!(q.state, QpState::Rtr | QpState::Rts) {
+        q.backlog = None;
+        return;
+    }
+    while let Some((psn, route)) = q.backlog {
+        let holds = |r: &RdResource| {
+            r.kind != 0 && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0
+        };
+        let Some(r) = q.res.iter().copied().find(holds) else {
+            q.backlog = None;
+            return;
+        };
+        q.backlog = None;
+        let done = if r.kind == 1 {
+            respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32)
+        } else {
+            atomic_ack(net, q, route, r.first, r.orig)
+        };
+        if !done {
+            q.backlog.get_or_insert((r.first, route));
+            return;
+        }
+        q.backlog = next_after(q, r.last, route);
+    }
+}
+
+/// The first READ or atomic kept after PSN `last`, as the place to answer from next.
+fn next_after(q: &QpCore, last: u32, route: Route) -> Option<(u32, Route)> {
+    q.res
+        .iter()
+        .filter(|n| n.kind != 0 && psn_diff(n.first, last) > 0)
+        .min_by_key(|n| psn_diff(n.first, last))
+        .map(|n| (n.first, route))
 }
 
 fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
@@ -422,15 +471,27 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     remember(q, res);
     q.epsn = psn_add(psn, 1);
     q.msn = (q.msn + 1) & PSN_MASK;
-    atomic_ack(net, q, p, psn, orig);
+    // Behind a READ still being answered, the acknowledgement waits its turn.
+    if q.backlog.is_none() {
+        let route = reply_route(net, q, p);
+        if !atomic_ack(net, q, route, psn, orig) {
+            q.backlog = Some((psn, route));
+        }
+    }
     Ok(())
 }
 
-fn atomic_ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, psn: u32, orig: u64) {
-    let route = reply_route(net, q, p);
+/// Sends the atomic acknowledge of `psn` with the original value; whether the NIC took it.
+fn atomic_ack<L: Link>(
+    net: &mut Net<'_, L>,
+    q: &QpCore,
+    route: Route,
+    psn: u32,
+    orig: u64,
+) -> bool {
     let mut h = reply(q, opcode::RC_ATOMIC_ACK, psn, Some(syndrome::ACK));
     h.atomic_ack = Some(orig);
-    let _ = net.send(&route, &h, 0, |_, _| Ok(()));
+    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }
 
 /// A request the responder has seen: acknowledged again, or its READ or atomic replayed.
@@ -449,12 +510,23 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
             if reth.rkey != r.rkey {
                 return;
             }
-            let from = psn_diff(psn, r.first) as u32;
-            respond_read(net, q, p, &r, from);
+            // The requester asks again from here: answers go out from here on, in order
+            // (what was waiting behind follows through `drain`).
+            let route = reply_route(net, q, p);
+            q.backlog = None;
+            if respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32) {
+                q.backlog = next_after(q, r.last, route);
+            }
         }
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
             if let Some(r) = found(2) {
-                atomic_ack(net, q, p, psn, r.orig);
+                let route = reply_route(net, q, p);
+                q.backlog = None;
+                if atomic_ack(net, q, route, psn, r.orig) {
+                    q.backlog = next_after(q, r.last, route);
+                } else {
+                    q.backlog = Some((psn, route));
+                }
             }
         }
         _ => {
