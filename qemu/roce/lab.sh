@@ -12,8 +12,9 @@
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
 # Debian's kernel over this machine's root (qemu/lab/guest.sh). Prints a line per case and
 # `roce throughput: unikernel X linux Y ratio r` (ib_read_bw's average, A as the client), the
-# time of each stage, and the verdict; the exit status is 0 only if every case passed. The
-# unikernel's frames are recorded in $cache/roce.pcap.
+# time of each stage, and the verdict; the exit status is 0 only if every case passed. With
+# BAREVERBS_ROCE_PCAP=1 the unikernel's frames are recorded in $cache/roce.pcap (QEMU's
+# filter-dump; tests/data/rxe/ holds a cut of such a recording).
 set -euo pipefail
 mode=full
 [ "${1:-}" = "--linux-only" ] && mode=linux
@@ -75,11 +76,13 @@ while kill -0 "$a_pid" 2>/dev/null; do
     [ "$mode" = linux ] && break
     cases=$(grep -v -E '^(#|$)' "$here/cases" | grep -E "^(${only_re:-.*}) " | sed 's/ *$//; s/ \+/,/g' | paste -sd+)
     stage "booting the unikernel (10.0.0.2)"
+    dump=()
+    [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
     timeout "$limit" qemu-system-x86_64 \
       -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
       -serial "file:$cache/roce-unikernel.log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
       -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
-      -object filter-dump,id=dump0,netdev=nu,file="$cache/roce.pcap" \
+      "${dump[@]}" \
       -kernel "$repo/target/release/bareverbs-unikernel" \
       -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$cases" \
       > "$cache/roce-unikernel.qemu" 2>&1 &
