@@ -25,32 +25,38 @@ ip link set lo up
 ip link set eth0 mtu 1500 up
 ip addr add "$ip/24" dev eth0
 rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; exit 1; }
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(tr . ' ' <<<"$ip"))
+IFS=. read -r o1 o2 o3 o4 <<<"$ip"
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$o1" "$o2" "$o3" "$o4")
 gid=
 for _ in $(seq 1 50); do
   for n in $(seq 0 15); do
-    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/$n 2>/dev/null)" = "$want" ] || continue
-    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ] && gid=$n
+    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/"$n" 2>/dev/null)" = "$want" ] || continue
+    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/"$n" 2>/dev/null)" = "RoCE v2" ] && gid=$n
   done
   [ -n "$gid" ] && break
   sleep 0.2
 done
 [ -n "$gid" ] || { say "no RoCE v2 GID for $ip on rxe0"; exit 1; }
-say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid"
+say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print "active MTU " $2; exit}')"
 
 # One program of a case: run with a timeout; a client whose server is not listening yet is
 # run again (until the case's deadline). Prints the exit status and the program's output.
+# "Not listening yet" is what the programs print when their TCP connect to port 18515 fails:
+# the pingpong programs "Couldn't connect to HOST:PORT", perftest "Unable to open file
+# descriptor for socket connection" (then " Unable to init the socket connection").
 run() { # TAG CLIENT(0|1) PROGRAM ARGS...
-  local tag=$1 client=$2 deadline=$(( $(date +%s) + 100 )) out st
+  local tag=$1 client=$2 deadline=$(( $(date +%s) + 100 )) out st tries=0
   shift 2
   while :; do
+    tries=$((tries + 1))
     out=$(timeout 100 "$@" 2>&1); st=$?
     [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
-      grep -qiE "couldn't connect|unable to open file descriptor|unable to init the socket|failed to connect|connection refused" <<<"$out" &&
+      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection" <<<"$out" &&
       { sleep 0.5; continue; }
     break
   done
-  echo "$out" | sed "s/^/  [$tag] /"
+  [ "$tries" = 1 ] || echo "  [$tag] (run $tries times: the peer was not listening yet)"
+  while IFS= read -r l; do echo "  [$tag] $l"; done <<<"$out"
   # The programs' own summary: pingpong's throughput line, perftest's result row.
   local sum
   sum=$(grep -E "bytes in .* seconds" <<<"$out" | head -1)
@@ -89,7 +95,8 @@ cases() {
 
 if [ "$role" = b ]; then
   while read -r name opts; do
-    program other "$name" "$a_ip" $opts
+    read -r -a opt <<<"$opts"
+    program other "$name" "$a_ip" "${opt[@]}"
     run "b $name" "$client" "${cmd[@]}"
   done < <(cases)
   say "baseline side done"
@@ -98,12 +105,14 @@ fi
 
 say "phase baseline (Linux B at $b_ip)"
 while read -r name opts; do
-  program a "$name" "$b_ip" $opts
+  read -r -a opt <<<"$opts"
+  program a "$name" "$b_ip" "${opt[@]}"
   run "linux-linux $name" "$client" "${cmd[@]}"
 done < <(cases)
 say "phase unikernel (at $uk_ip)"
 while read -r name opts; do
-  program a "$name" "$uk_ip" $opts
+  read -r -a opt <<<"$opts"
+  program a "$name" "$uk_ip" "${opt[@]}"
   run "roce $name" "$client" "${cmd[@]}"
 done < <(cases)
 say "done"
