@@ -7,6 +7,7 @@
 #   qemu/roce/lab.sh                 baseline (Linux A <-> Linux B), then Linux A <-> unikernel
 #   qemu/roce/lab.sh --linux-only    the baseline alone
 #   BAREVERBS_ROCE_ONLY=read,write   only these cases (a debugging aid)
+#   BAREVERBS_ROCE_ACCEL=tcg|kvm     the accelerator (default: KVM if QEMU can use it, else TCG)
 #
 # Linux A (10.0.0.1) runs every case of qemu/roce/cases twice: against Linux B (10.0.0.3) and
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
@@ -48,6 +49,26 @@ only_re=${only//,/|}
 port=$(( 20000 + $$ % 20000 ))
 seg="socket,mcast=230.0.0.1:$port,localaddr=127.0.0.1"
 limit=${BAREVERBS_ROCE_TIMEOUT:-1500}
+# KVM when it runs these guests, else TCG (BAREVERBS_ROCE_ACCEL=tcg|kvm forces one). Opening
+# /dev/kvm is not enough: PVM's kvm (module kvm_pvm) opens fine but runs only PVM-aware guests
+# (Debian's kernel hangs in early boot, the unikernel dies in its first SSE instruction). So
+# the probe boots Debian's kernel with no root: under a working KVM it panics within seconds.
+kvm_usable() { # sets why on failure
+  local out
+  [ -c /dev/kvm ] || { why="no /dev/kvm"; return 1; }
+  [ -d /sys/module/kvm_pvm ] && { why="/dev/kvm is kvm_pvm's, which runs only PVM-aware guests"; return 1; }
+  out=$(timeout 15 qemu-system-x86_64 -accel kvm -machine q35 -cpu max -m 256 -nodefaults \
+          -display none -serial stdio -no-reboot -kernel "$cache/kroot/boot/vmlinuz-$kver" \
+          -append "console=ttyS0 panic=-1 loglevel=1" 2>&1)
+  grep -q "Kernel panic" <<<"$out" && return 0
+  why="Debian's kernel did not boot to its no-root panic under it in 15 s ($(tail -1 <<<"$out" | tr -d '\r' | cut -c1-100))"
+  return 1
+}
+accel=${BAREVERBS_ROCE_ACCEL:-}
+if [ -z "$accel" ]; then
+  why=
+  if kvm_usable; then accel=kvm; else accel=tcg; stage "TCG: KVM is not usable here: $why"; fi
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -55,7 +76,7 @@ linux() { # NAME ROLE IP MAC
   local log="$cache/roce-linux-$1.log"
   : > "$log"
   timeout "$limit" qemu-system-x86_64 \
-    -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
+    -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
@@ -64,7 +85,7 @@ linux() { # NAME ROLE IP MAC
   pids+=($!)
 }
 
-stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), TCG, on mcast group port $port"
+stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, on mcast group port $port"
 linux a a 10.0.0.1 52:54:00:00:00:01
 a_pid=${pids[0]}
 linux b b 10.0.0.3 52:54:00:00:00:03
@@ -79,7 +100,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
     dump=()
     [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
     timeout "$limit" qemu-system-x86_64 \
-      -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
+      -accel "$accel" -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
       -serial "file:$cache/roce-unikernel.log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
       -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
       "${dump[@]}" \
