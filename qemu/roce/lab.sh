@@ -8,6 +8,10 @@
 #   qemu/roce/lab.sh --linux-only    the baseline alone
 #   BAREVERBS_ROCE_ONLY=read,write   only these cases (a debugging aid)
 #   BAREVERBS_ROCE_ACCEL=tcg|kvm     the accelerator (default: KVM if QEMU can use it, else TCG)
+#   BAREVERBS_ROCE_KERNEL=path       another unikernel image (default: cargo's release build)
+#   BAREVERBS_ROCE_CASE_TIMEOUT=100  seconds a Linux program (with its retries) may take
+#   BAREVERBS_ROCE_GRACE=15          seconds Linux A may go on after the unikernel exited
+#   BAREVERBS_ROCE_TIMEOUT=1500      seconds for the whole lab
 #
 # Linux A (10.0.0.1) runs every case of qemu/roce/cases twice: against Linux B (10.0.0.3) and
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
@@ -38,7 +42,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
-if [ "$mode" = full ]; then
+uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-unikernel}
+if [ "$mode" = full ] && [ -z "${BAREVERBS_ROCE_KERNEL:-}" ]; then
   stage "building the unikernel"
   (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
 fi
@@ -78,7 +83,7 @@ linux() { # NAME ROLE IP MAC
   timeout "$limit" qemu-system-x86_64 \
     -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-}" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4" \
     > "$log" 2>&1 &
@@ -89,9 +94,19 @@ stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, on mcast g
 linux a a 10.0.0.1 52:54:00:00:00:01
 a_pid=${pids[0]}
 linux b b 10.0.0.3 52:54:00:00:00:03
-alog=$cache/roce-linux-a.log
-uk_pid=
+b_pid=${pids[1]}
+alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log ulog=$cache/roce-unikernel.log
+# Linux A runs both phases by itself; this loop boots the unikernel when A says its baseline
+# is over, and stops waiting for a side whose peer is gone: a guest that stopped early leaves
+# the cases it did not get to without a result (FAIL), instead of A's 100 s per case.
+grace=${BAREVERBS_ROCE_GRACE:-15}
+uk_pid='' uk_status='' uk_end='' b_end='' stopped=''
+deadline=$(( t0 + limit ))
 while kill -0 "$a_pid" 2>/dev/null; do
+  now=$(date +%s)
+  if [ "$now" -ge "$deadline" ]; then
+    stopped="the lab's timeout (${limit} s)"; break
+  fi
   if [ -z "$uk_pid" ] && grep -a -q "phase unikernel" "$alog"; then
     stage "baseline over"
     [ "$mode" = linux ] && break
@@ -99,56 +114,110 @@ while kill -0 "$a_pid" 2>/dev/null; do
     stage "booting the unikernel (10.0.0.2)"
     dump=()
     [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
+    : > "$ulog"
     timeout "$limit" qemu-system-x86_64 \
       -accel "$accel" -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
-      -serial "file:$cache/roce-unikernel.log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+      -serial "file:$ulog" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
       -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
       "${dump[@]}" \
-      -kernel "$repo/target/release/bareverbs-unikernel" \
+      -kernel "$uk_kernel" \
       -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$cases" \
       > "$cache/roce-unikernel.qemu" 2>&1 &
     uk_pid=$!
     pids+=("$uk_pid")
   fi
-  sleep 1
+  # Linux B gone while A is still in its baseline (B's side ends with "baseline side done").
+  if [ -z "$uk_pid" ] && [ -z "$b_end" ] && ! kill -0 "$b_pid" 2>/dev/null; then
+    b_end=$now
+    grep -a -q "baseline side done" "$blog" || stage "Linux B stopped before its side of the baseline was over"
+  fi
+  if [ -z "$uk_pid" ] && [ -n "$b_end" ] && [ $(( now - b_end )) -ge "$grace" ] &&
+     ! grep -a -q "phase unikernel" "$alog"; then
+    stopped="Linux A still in the baseline ${grace} s after Linux B stopped"; break
+  fi
+  if [ -n "$uk_pid" ] && [ -z "$uk_end" ] && ! kill -0 "$uk_pid" 2>/dev/null; then
+    uk_end=$now
+    wait "$uk_pid" && uk_status=0 || uk_status=$?
+    stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
+  fi
+  if [ -n "$uk_end" ] && [ $(( now - uk_end )) -ge "$grace" ]; then
+    stopped="Linux A still running ${grace} s after the unikernel exited"; break
+  fi
+  sleep 0.5
 done
-stage "Linux A done"
-[ -n "$uk_pid" ] && { wait "$uk_pid" 2>/dev/null || true; }
+if [ -n "$stopped" ]; then
+  stage "stopping: $stopped"
+else
+  stage "Linux A done"
+fi
+# The unikernel may still be waiting for a peer that is gone: a grace period, then stop it.
+if [ -n "$uk_pid" ] && [ -z "$uk_end" ]; then
+  for _ in $(seq 1 $(( grace * 2 ))); do kill -0 "$uk_pid" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$uk_pid" 2>/dev/null; then
+    stage "stopping the unikernel: still running ${grace} s after Linux A"
+    kill "$uk_pid" 2>/dev/null || true
+  fi
+  wait "$uk_pid" && uk_status=0 || uk_status=$?
+  stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
+fi
 cleanup
 
 # --- the verdict -------------------------------------------------------------------------------
-fail=0
-result() { grep -a "^bvroce-result $1: " "$alog" | tail -1 | sed "s/^bvroce-result $1: //" | tr -d '\r'; }
+# (|| true: a missing line is a result too, not a reason for set -e to end the script.)
+result() { { grep -a "^bvroce-result $1: " "$alog" || true; } | tail -1 | sed "s/^bvroce-result $1: //" | tr -d '\r'; }
 bw() { sed -n 's/.*BW-average-MB\/s \([0-9.]*\).*/\1/p' <<<"$1"; }
+tail_of() { echo "[roce] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
 names=$(grep -v -E '^(#|$)' "$here/cases" | awk '{print $1}' | grep -x -E "${only_re:-.*}")
+total=$(wc -w <<<"$names")
+why=()
+[ -n "$stopped" ] && why+=("stopped: $stopped")
+ll_pass=0
 for n in $names; do
   r=$(result "linux-linux $n")
-  case "$r" in "exit 0"*) echo "linux-linux $n: PASS ${r#exit 0 | }" ;;
-    *) echo "linux-linux $n: FAIL (${r:-no result})"; fail=1 ;; esac
+  case "$r" in "exit 0"*) echo "linux-linux $n: PASS ${r#exit 0 | }"; ll_pass=$((ll_pass + 1)) ;;
+    *) echo "linux-linux $n: FAIL (${r:-no result})" ;; esac
 done
+[ "$ll_pass" = "$total" ] || why+=("linux-linux $ll_pass/$total")
 lin_bw=$(bw "$(result "linux-linux read")")
+ratio=
 if [ "$mode" = full ]; then
-  ulog=$cache/roce-unikernel.log
+  uk_pass=0
   for n in $names; do
     r=$(result "roce $n")
-    u=$(grep -a "^roce-uk $n: " "$ulog" 2>/dev/null | head -1 | sed "s/^roce-uk $n: //" | tr -d '\r')
+    u=$({ grep -a "^roce-uk $n: " "$ulog" 2>/dev/null || true; } | head -1 | sed "s/^roce-uk $n: //" | tr -d '\r')
     if [[ "$r" == "exit 0"* ]] && [[ "$u" == "ok "* ]]; then
-      echo "roce $n: PASS (linux: ${r#exit 0 | }; unikernel: ${u#ok })"
+      echo "roce $n: PASS (linux: ${r#exit 0 | }; unikernel: ${u#ok })"; uk_pass=$((uk_pass + 1))
     else
-      echo "roce $n: FAIL (linux: ${r:-no result}; unikernel: ${u:-no result})"; fail=1
+      echo "roce $n: FAIL (linux: ${r:-no result}; unikernel: ${u:-no result})"
     fi
   done
+  [ "$uk_pass" = "$total" ] || why+=("roce $uk_pass/$total")
   uk_bw=$(bw "$(result "roce read")")
   if [ -n "$uk_bw" ] && [ -n "$lin_bw" ]; then
-    echo "roce throughput: unikernel $uk_bw linux $lin_bw ratio $(awk -v u="$uk_bw" -v l="$lin_bw" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')"
+    ratio=$(awk -v u="$uk_bw" -v l="$lin_bw" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')
+    echo "roce throughput: unikernel $uk_bw linux $lin_bw ratio $ratio"
   else
     echo "roce throughput: unikernel ${uk_bw:--} linux ${lin_bw:--} ratio -"
   fi
-  grep -a -q "bareverbs: PASS" "$ulog" 2>/dev/null || { echo "[roce] the unikernel did not pass:"; tail -5 "$ulog" 2>/dev/null | sed 's/^/  /'; fail=1; }
+  if ! grep -a -q "bareverbs: PASS" "$ulog" 2>/dev/null; then
+    why+=("the unikernel did not print bareverbs: PASS (QEMU status ${uk_status:-none})")
+    tail_of "the unikernel" "$ulog" 10
+    [ -s "$cache/roce-unikernel.qemu" ] && tail_of "the unikernel's QEMU" "$cache/roce-unikernel.qemu" 5
+  fi
 fi
-if [ "$fail" = 1 ]; then
-  echo "[roce] Linux A's log ends:"; tail -15 "$alog" | sed 's/^/  /'
+if [ ${#why[@]} -gt 0 ]; then
+  [ "$ll_pass" = "$total" ] || tail_of "Linux B" "$blog"
+  tail_of "Linux A" "$alog"
 fi
 stage "done"
-if [ "$fail" = 0 ]; then echo "[roce] verdict: PASS"; exit 0; fi
-echo "[roce] verdict: FAIL"; exit 1
+if [ ${#why[@]} -eq 0 ]; then
+  if [ "$mode" = full ]; then
+    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, roce $uk_pass/$total, read ratio ${ratio:--}, $accel)"
+  else
+    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, $accel)"
+  fi
+  exit 0
+fi
+msg=$(printf '%s; ' "${why[@]}")
+echo "[roce] verdict: FAIL (${msg%; })"
+exit 1

@@ -7,11 +7,13 @@
 #                       unikernel; b: Linux B, the baseline's other side
 #   bvroce.ip=A.B.C.D   this guest's address (/24)
 #   bvroce.only=a,b     only these cases (lab.sh's BAREVERBS_ROCE_ONLY)
+#   bvroce.timeout=S    seconds a program may take, its retries included (default 100)
 set -u
 kroot=$1
 here=$(dirname "$0")
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvroce.$1=//p"; }
-role=$(arg role) ip=$(arg ip)
+role=$(arg role) ip=$(arg ip) limit=$(arg timeout)
+limit=${limit:-100}
 a_ip=10.0.0.1 b_ip=10.0.0.3 uk_ip=10.0.0.2
 t0=$(date +%s)
 say() { echo "bvroce[$role +$(( $(date +%s) - t0 ))s]: $*"; }
@@ -45,11 +47,11 @@ say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '
 # the pingpong programs "Couldn't connect to HOST:PORT", perftest "Unable to open file
 # descriptor for socket connection" (then " Unable to init the socket connection").
 run() { # TAG CLIENT(0|1) PROGRAM ARGS...
-  local tag=$1 client=$2 deadline=$(( $(date +%s) + 100 )) out st tries=0
+  local tag=$1 client=$2 deadline=$(( $(date +%s) + limit )) out st tries=0
   shift 2
   while :; do
     tries=$((tries + 1))
-    out=$(timeout 100 "$@" 2>&1); st=$?
+    out=$(timeout $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )) "$@" 2>&1); st=$?
     [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
       grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection" <<<"$out" &&
       { sleep 0.5; continue; }
