@@ -85,7 +85,7 @@ linux() { # NAME ROLE IP MAC
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-    -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4" \
+    -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4",romfile= \
     > "$log" 2>&1 &
   pids+=($!)
 }
