@@ -78,9 +78,9 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   case "$name" in
     rc-*) cmd=(ibv_rc_pingpong -d rxe0 -g "$gid" "$@") ;;
     ud-*) cmd=(ibv_ud_pingpong -d rxe0 -g "$gid" "$@") ;;
-    write) cmd=(ib_write_bw -d rxe0 -x "$gid" -F "$@") ;;
-    read) cmd=(ib_read_bw -d rxe0 -x "$gid" -F "$@") ;;
-    atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" -F "$@") ;;
+    write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
+    read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
+    atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
   esac
   client=$((1 - server))
   [ "$client" = 1 ] && cmd+=("$peer")
