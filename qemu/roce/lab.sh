@@ -156,9 +156,12 @@ if [ -n "$uk_pid" ] && [ -z "$uk_end" ]; then
   if kill -0 "$uk_pid" 2>/dev/null; then
     stage "stopping the unikernel: still running ${grace} s after Linux A"
     kill "$uk_pid" 2>/dev/null || true
+    wait "$uk_pid" || true
+    uk_status="none: stopped by the lab"
+  else
+    wait "$uk_pid" && uk_status=0 || uk_status=$?
+    stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
   fi
-  wait "$uk_pid" && uk_status=0 || uk_status=$?
-  stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
 fi
 cleanup
 
