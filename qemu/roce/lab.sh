@@ -174,6 +174,9 @@ names=$(grep -v -E '^(#|$)' "$here/cases" | awk '{print $1}' | grep -x -E "${onl
 total=$(wc -w <<<"$names")
 why=()
 [ -n "$stopped" ] && why+=("stopped: $stopped")
+a_end="phase unikernel"
+[ "$mode" = full ] && a_end="]: done"
+[ -z "$stopped" ] && ! grep -a -q -F "$a_end" "$alog" && why+=("Linux A ended before its cases did")
 ll_pass=0
 for n in $names; do
   r=$(result "linux-linux $n")
