@@ -36,6 +36,19 @@ unsafe extern "C" {
     static boot_stack_top: u8;
 }
 
+/// Ends a run that passed: how much of the boot stack it used, the verdict, QEMU's exit.
+fn pass() -> ! {
+    let (used, size) = stack_used();
+    let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
+    let _ = writeln!(Serial, "bareverbs: PASS");
+    exit(Exit::Pass)
+}
+
+/// DMA pages not given back to the region.
+fn dma_left(dma: &DmaRegion) -> usize {
+    dma.total_pages() - dma.free_pages()
+}
+
 /// Bytes of the boot stack ever used: from the top down to the lowest byte whose paint is
 /// gone.
 fn stack_used() -> (usize, usize) {
@@ -197,7 +210,7 @@ fn link_test(pci: &PortIoConfig, dma: &DmaRegion) {
     let stats = nic.stats();
     drop(nic);
     match reply {
-        Ok(r) if dma.free_pages() == dma.total_pages() => {
+        Ok(r) if dma_left(dma) == 0 => {
             let _ = writeln!(
                 Serial,
                 "link: virtio-net {:02x}:{:02x}.{} MAC {}, ARP {}.{}.{}.{} is {} ({} frames in, {} out, {} dropped)",
@@ -216,7 +229,7 @@ fn link_test(pci: &PortIoConfig, dma: &DmaRegion) {
             );
         }
         Ok(_) => {
-            let left = dma.total_pages() - dma.free_pages();
+            let left = dma_left(dma);
             let _ = writeln!(
                 Serial,
                 "bareverbs: FAIL link: {left} DMA pages not returned"
@@ -305,16 +318,13 @@ fn roce_peer(
 ) -> ! {
     let dev = roce_device(pci, hal, opts.net.ip);
     match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms) {
-        Ok(o) if o.failed == 0 && dma.free_pages() == dma.total_pages() => {
-            let (used, size) = stack_used();
+        Ok(o) if o.failed == 0 && dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "roce peer: {} cases passed", o.cases);
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
-            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
-            let _ = writeln!(Serial, "bareverbs: PASS");
-            exit(Exit::Pass)
+            pass()
         }
         Ok(o) => {
-            let left = dma.total_pages() - dma.free_pages();
+            let left = dma_left(dma);
             let _ = writeln!(
                 Serial,
                 "bareverbs: FAIL roce peer: {} of {} cases failed, {left} DMA pages not returned",
@@ -339,15 +349,12 @@ fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
         irq::count(irq::TIMER_VECTOR).wrapping_sub(start) < ROCE_TICKS
     });
     match r {
-        Ok(()) if dma.free_pages() == dma.total_pages() => {
+        Ok(()) if dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
-            let (used, size) = stack_used();
-            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
-            let _ = writeln!(Serial, "bareverbs: PASS");
-            exit(Exit::Pass)
+            pass()
         }
         Ok(()) => {
-            let left = dma.total_pages() - dma.free_pages();
+            let left = dma_left(dma);
             let _ = writeln!(
                 Serial,
                 "bareverbs: FAIL roce: {left} DMA pages not returned"
@@ -435,15 +442,15 @@ extern "C" fn kmain(start_info: u32) -> ! {
             link_test(&pci, dma);
             roce(&pci, hal, dma)
         }
-        Ok(Verdict::Pass) if dma.free_pages() == dma.total_pages() => {
+        Ok(Verdict::Pass) if dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             if let Some(ip) = peer_ip(start_info) {
                 match peer::serve(hal, &pci, &mut Serial, Config::default(), ip) {
-                    Ok(o) if o.failed == 0 && dma.free_pages() == dma.total_pages() => {
+                    Ok(o) if o.failed == 0 && dma_left(dma) == 0 => {
                         let _ = writeln!(Serial, "peer mode: {} cases passed", o.cases);
                     }
                     Ok(o) => {
-                        let left = dma.total_pages() - dma.free_pages();
+                        let left = dma_left(dma);
                         let _ = writeln!(
                             Serial,
                             "bareverbs: FAIL peer mode: {} of {} cases failed, {left} DMA pages not returned",
@@ -457,13 +464,10 @@ extern "C" fn kmain(start_info: u32) -> ! {
                     }
                 }
             }
-            let (used, size) = stack_used();
-            let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
-            let _ = writeln!(Serial, "bareverbs: PASS");
-            exit(Exit::Pass)
+            pass()
         }
         Ok(Verdict::Pass) => {
-            let left = dma.total_pages() - dma.free_pages();
+            let left = dma_left(dma);
             let _ = writeln!(Serial, "bareverbs: FAIL {left} DMA pages not returned");
             exit(Exit::Fail)
         }

@@ -265,7 +265,7 @@ enum Detail {
     Ping(u32, u32, u64),
     /// `write`: operations, bytes each, the bandwidth reported to Linux (MiB/s).
     Wrote(u64, u32, f64),
-    /// `read`: operations the Linux client said it made, bytes each.
+    /// `read`: the READs the Linux client reported, bytes each.
     Read(u64, u32),
     /// `atomic`: the 8-byte words changed and the sum of what was added to them.
     Atomics(u32, u64),
@@ -282,7 +282,7 @@ impl core::fmt::Display for Detail {
                 f,
                 "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
             ),
-            Detail::Read(n, s) => write!(f, "served {n} RDMA READs of {s} bytes"),
+            Detail::Read(n, s) => write!(f, "answered the client's {n} RDMA READs of {s} bytes"),
             Detail::Atomics(words, sum) => write!(
                 f,
                 "atomics changed {words} words of the buffer, adding {sum} in all"
@@ -436,10 +436,8 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
         while done < self.iters {
             if posted < self.iters && posted - done < TX_DEPTH {
                 let n = (self.iters - posted).min(TX_DEPTH - (posted - done));
-                // SAFETY: the region stays registered, and the CPU leaves it alone, until
-                // every WRITE has completed (this loop waits for all of them, and an error
-                // returns only after the QP has stopped using it: the case then destroys
-                // the QP before the region).
+                // `perf` destroys the QP before it drops the region, on every path.
+                // SAFETY: the region stays registered and untouched by the CPU while WRITEs fly.
                 unsafe {
                     let mut b = qp.send_batch();
                     for i in 0..n {
@@ -523,7 +521,7 @@ fn perf<P: Provider, L: Link>(
     };
     let qp = qp.init(&init).at("perftest: INIT")?;
     let out_reads = ctx.caps().max_qp_rd_atom.clamp(1, 16) as u8;
-    let psn = (crate::peer::rdtsc() as u32 ^ (crate::peer::rdtsc() >> 17) as u32) & 0xFF_FFFF;
+    let psn = crate::peer::random_psn();
     let key = Key {
         lid: 0,
         out_reads: if kind == PerfKind::Write {
