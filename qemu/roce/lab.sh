@@ -8,6 +8,8 @@
 #   qemu/roce/lab.sh --linux-only    the baseline alone
 #   BAREVERBS_ROCE_ONLY=read,write   only these cases (a debugging aid)
 #   BAREVERBS_ROCE_ACCEL=tcg|kvm     the accelerator (default: KVM if QEMU can use it, else TCG)
+#   BAREVERBS_ROCE_QEMU=path         another qemu-system-x86_64 for all three guests (default: PATH's;
+#                                    the README shows QEMU 10 from Debian's bookworm-backports)
 #   BAREVERBS_ROCE_KERNEL=path       another unikernel image (default: cargo's release build)
 #   BAREVERBS_ROCE_CASE_TIMEOUT=100  seconds a Linux program (with its retries) may take
 #   BAREVERBS_ROCE_GRACE=15          seconds Linux A may go on after the unikernel exited
@@ -54,6 +56,7 @@ only_re=${only//,/|}
 port=$(( 20000 + $$ % 20000 ))
 seg="socket,mcast=230.0.0.1:$port,localaddr=127.0.0.1"
 limit=${BAREVERBS_ROCE_TIMEOUT:-1500}
+qemu=${BAREVERBS_ROCE_QEMU:-qemu-system-x86_64}
 # KVM when it runs these guests, else TCG (BAREVERBS_ROCE_ACCEL=tcg|kvm forces one). Opening
 # /dev/kvm is not enough: PVM's kvm (module kvm_pvm) opens fine but runs only PVM-aware guests
 # (Debian's kernel hangs in early boot, the unikernel dies in its first SSE instruction). So
@@ -62,7 +65,7 @@ kvm_usable() { # sets why on failure
   local out
   [ -c /dev/kvm ] || { why="no /dev/kvm"; return 1; }
   [ -d /sys/module/kvm_pvm ] && { why="/dev/kvm is kvm_pvm's, which runs only PVM-aware guests"; return 1; }
-  out=$(timeout 15 qemu-system-x86_64 -accel kvm -machine q35 -cpu max -m 256 -nodefaults \
+  out=$(timeout 15 "$qemu" -accel kvm -machine q35 -cpu max -m 256 -nodefaults \
           -display none -serial stdio -no-reboot -kernel "$cache/kroot/boot/vmlinuz-$kver" \
           -append "console=ttyS0 panic=-1 loglevel=1" 2>&1)
   grep -q "Kernel panic" <<<"$out" && return 0
@@ -80,7 +83,7 @@ trap cleanup EXIT
 linux() { # NAME ROLE IP MAC
   local log="$cache/roce-linux-$1.log"
   : > "$log"
-  timeout "$limit" qemu-system-x86_64 \
+  timeout "$limit" "$qemu" \
     -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}" \
@@ -90,12 +93,15 @@ linux() { # NAME ROLE IP MAC
   pids+=($!)
 }
 
-stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, on mcast group port $port"
+alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log ulog=$cache/roce-unikernel.log
+# Nothing of an earlier run may be read as this one's: the unikernel's log stays empty
+# unless it boots.
+rm -f "$ulog" "$cache/roce-unikernel.qemu"
+stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, $("$qemu" --version | head -1), on mcast group port $port"
 linux a a 10.0.0.1 52:54:00:00:00:01
 a_pid=${pids[0]}
 linux b b 10.0.0.3 52:54:00:00:00:03
 b_pid=${pids[1]}
-alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log ulog=$cache/roce-unikernel.log
 # Linux A runs both phases by itself; this loop boots the unikernel when A says its baseline
 # is over, and stops waiting for a side whose peer is gone: a guest that stopped early leaves
 # the cases it did not get to without a result (FAIL), instead of A's 100 s per case.
@@ -115,7 +121,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
     dump=()
     [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
     : > "$ulog"
-    timeout "$limit" qemu-system-x86_64 \
+    timeout "$limit" "$qemu" \
       -accel "$accel" -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot \
       -serial "file:$ulog" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
       -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
