@@ -9,8 +9,10 @@
 #
 # Text: the kernel is built as `cargo build --release -p bareverbs-unikernel` builds it
 # (examples/unikernel, linked with linker/unikernel.ld), once more with DWARF line tables
-# (`debug = "line-tables-only"`, in target/size; the script checks that both builds have the
-# same .text size, i.e. that the line tables changed no code). The rule, the same every time
+# (`debug = "line-tables-only"`, in target/size) and v0 symbol mangling, whose demangled names
+# carry generic arguments (`bareverbs::verbs::Context<bareverbs::device::rxe::Rxe<…>>::
+# create_cq`); the script checks that both builds have the same .text size, i.e. that line
+# tables and names changed no code. The rule, the same every time
 # (`tests/size/driver_text.py`):
 #   - symbols of the driver: every text symbol (nm type t, T, w or W) with a size whose
 #     demangled name
@@ -36,8 +38,11 @@
 # crate it wraps are not the RDMA driver: their symbols are printed apart, `link_text_symbols N`.
 # The second device, software RoCEv2 (`src/device/rxe/`, and driver symbols whose name mentions
 # `bareverbs::device::rxe::`: the verbs layer instantiated for it), is counted apart as well:
-# `rxe_text_symbols`, `rxe_text_inlined` (bytes whose innermost line is in its files), and
-# `rxe_text_bytes`. `driver_text_bytes` stays the PVRDMA driver with the verbs layer.
+# `rxe_text_symbols`, `rxe_text_inlined` (bytes whose innermost line is in its files, and driver
+# code inlined into the example's functions for the rxe device), and `rxe_text_bytes`.
+# `driver_text_bytes` stays the PVRDMA driver with the verbs layer (code shared by both
+# devices, not generic over the device, counts here).
+# BAREVERBS_SIZE_TOP=N lists the N largest driver symbols on stderr.
 # Prints `link_text_symbols N`, the `rxe_text_*` lines, `driver_text_symbols N`,
 # `driver_text_inlined N`, then last `driver_text_bytes N` (the driver's sum).
 #
@@ -69,6 +74,7 @@ kernel=$(cargo build --release -p bareverbs-unikernel --message-format=json 2>/d
 
 # The same kernel with line tables, for the inlined code.
 lined=$(CARGO_TARGET_DIR=target/size CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+  RUSTFLAGS="-C symbol-mangling-version=v0" \
   cargo build --release -p bareverbs-unikernel --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) || true
 [ -n "$lined" ] && [ -f "$lined" ] || { echo "size.sh: cannot build the kernel with line tables" >&2; exit 1; }

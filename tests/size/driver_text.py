@@ -28,35 +28,40 @@ LINK = r"(bareverbs_hal::virtio_net|virtio_drivers)::"
 RXE = "bareverbs::device::rxe::"
 
 
-# The example's RoCE demo (examples/unikernel/src/roce.rs) uses only the rxe device: driver
-# code inlined into it is the rxe device's.
-RXE_USER = "bareverbs_unikernel::roce::"
+# The example's RoCE demo and RoCE peer mode (examples/unikernel/src/roce.rs, roce_peer.rs) use
+# only the rxe device: driver code inlined into them is the rxe device's. So is driver code inlined into any function of the
+# example instantiated for the rxe device (the kernel is built with v0 symbol mangling, whose
+# names carry the generic arguments: `bareverbs_unikernel::peer::run_case::<…Rxe<…>…>`).
+RXE_USER = r"bareverbs_unikernel::(roce|roce_peer)(::|$)"
+
+
+def driver_crate_symbol(name):
+    """A function of the driver crates (generic instantiations and impls for their types
+    included), or the drop glue of one of their types; the link's included."""
+    return bool(
+        re.match(r"(bareverbs|bareverbs_hal)::", name.lstrip("<"))
+        or re.match(r"core::ptr::drop_in_place(?:::)?<\(?(bareverbs|bareverbs_hal)::", name)
+    )
 
 
 def rxe_symbol(name):
-    return RXE in name and not link_symbol(name)
+    return driver_crate_symbol(name) and RXE in name and not link_symbol(name)
 
 
 def rxe_user(name):
-    return name.lstrip("<").startswith(RXE_USER)
+    if driver_crate_symbol(name) or link_symbol(name):
+        return False
+    return bool(re.match(RXE_USER, name.lstrip("<"))) or RXE in name
 
 
 def driver_symbol(name):
-    bare = name.lstrip("<")
-    if re.match(LINK, bare) or re.match(r"core::ptr::drop_in_place<\(?" + LINK, name):
-        return False
-    if RXE in name:
-        return False
-    return bool(
-        re.match(r"(bareverbs|bareverbs_hal)::", bare)
-        or re.match(r"core::ptr::drop_in_place<\(?(bareverbs|bareverbs_hal)::", name)
-    )
+    return driver_crate_symbol(name) and not link_symbol(name) and RXE not in name
 
 
 def link_symbol(name):
     return bool(
         re.match(LINK, name.lstrip("<"))
-        or re.match(r"core::ptr::drop_in_place<\(?" + LINK, name)
+        or re.match(r"core::ptr::drop_in_place(?:::)?<\(?" + LINK, name)
     )
 
 
@@ -81,6 +86,17 @@ def main():
     def in_driver_symbol(x):
         i = bisect.bisect_right(starts, x) - 1
         return i >= 0 and driver[i][0] <= x < driver[i][1]
+
+    # Symbols counted whole by some line (the driver's, the rxe device's, the link's): their
+    # bytes are never counted again as code inlined elsewhere.
+    claimed = sorted(
+        (a, e) for a, (e, n) in syms.items() if driver_symbol(n) or rxe_symbol(n) or link_symbol(n)
+    )
+    claimed_starts = [a for a, _ in claimed]
+
+    def in_claimed(x):
+        i = bisect.bisect_right(claimed_starts, x) - 1
+        return i >= 0 and claimed[i][0] <= x < claimed[i][1]
 
     text_lo, text_hi = None, None
     for line in run("objdump", "-h", kernel).splitlines():
@@ -141,7 +157,7 @@ def main():
         for a, b in entry["ranges"]:
             if text_lo <= a < b <= text_hi:
                 for x in range(a, b):
-                    if not in_driver_symbol(x):
+                    if not in_claimed(x):
                         inlined.add(x)
 
     entry, low, in_ranges = None, None, False
@@ -179,7 +195,7 @@ def main():
         if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not driver_file(f):
             continue
         for x in range(a, b):
-            if not in_driver_symbol(x):
+            if not in_claimed(x):
                 inlined.add(x)
     users = sorted((a, e) for a, (e, n) in syms.items() if rxe_user(n))
     in_user = set()
@@ -200,9 +216,24 @@ def main():
     for (a, ln, f, end), (b, _, _, _) in zip(rows, rows[1:]):
         if end or not (text_lo <= a < b <= text_hi) or ln == 0 or not f.startswith(rxe_dir):
             continue
-        rxe_inlined += sum(1 for x in range(a, b) if not in_rxe_symbol(x) and not in_driver_symbol(x))
+        rxe_inlined += sum(1 for x in range(a, b) if not in_claimed(x))
     rxe_inlined += len(in_user)
     rxe_symbols = sum(e - a for a, e in rxe)
+    # BAREVERBS_SIZE_TOP=N: the N largest driver symbols, on stderr (where the bytes are).
+    top = int(os.environ.get("BAREVERBS_SIZE_TOP", "0") or 0)
+    for a, e in sorted(driver, key=lambda r: r[0] - r[1])[:top]:
+        print(f"{e - a:6d} {syms[a][1]}", file=sys.stderr)
+    if top:
+        # ... and the functions the most inlined driver bytes landed in.
+        all_starts = sorted(syms)
+        where = {}
+        for x in inlined:
+            i = bisect.bisect_right(all_starts, x) - 1
+            a = all_starts[i] if i >= 0 else None
+            name = syms[a][1] if a is not None and x < syms[a][0] else "(no symbol)"
+            where[name] = where.get(name, 0) + 1
+        for name, n in sorted(where.items(), key=lambda r: -r[1])[:top]:
+            print(f"{n:6d} inlined into {name}", file=sys.stderr)
     print(f"link_text_symbols {link}")
     print(f"rxe_text_symbols {rxe_symbols}")
     print(f"rxe_text_inlined {rxe_inlined}")
