@@ -104,6 +104,15 @@ fn linux_frames_check_as_bareverbs_computes_them() {
 
 type R = Rxe<Model, MemLink, TestClock>;
 
+/// The queue pairs' capacities: the few messages of the recording.
+const CAPS: QpCaps = QpCaps {
+    max_send_wr: 4,
+    max_recv_wr: 4,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+    max_inline_data: 0,
+};
+
 /// A bareverbs RoCE device on a fresh in-memory segment, as the unikernel's: its MAC and IPv4
 /// address, Linux's station beside it. Returns the context, the segment and Linux's port.
 fn unikernel() -> (Context<R>, Segment, usize) {
@@ -198,14 +207,7 @@ fn bareverbs_answers_linux_byte_for_byte() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
     let mut mr = pd.register(4 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let caps = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = pd.qp_builder(&cq, &cq).caps(caps).build::<Rc>().unwrap();
+    let qp = pd.qp_builder(&cq, &cq).caps(CAPS).build::<Rc>().unwrap();
     assert_eq!(qp.qp_num(), uk_qpn, "the QPN the unikernel had");
     let qp = qp
         .init(&ConnectedInit::default())
@@ -330,14 +332,7 @@ fn bareverbs_answers_linux_ud_byte_for_byte() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
     let mut mr = pd.register(4 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let caps = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = pd.qp_builder(&cq, &cq).caps(caps).build::<Ud>().unwrap();
+    let qp = pd.qp_builder(&cq, &cq).caps(CAPS).build::<Ud>().unwrap();
     assert_eq!(qp.qp_num(), uk_qpn, "the QPN the unikernel had");
     let qp = qp
         .init(&DatagramInit::new(qkey))
