@@ -23,16 +23,10 @@ t0=$(date +%s)
 stage() { echo "[lab +$(( $(date +%s) - t0 ))s] $*"; }
 
 # --- host packages -------------------------------------------------------------------------
-need=()
-for p in qemu-system-x86 busybox-static kmod libibumad-dev libibverbs-dev libglib2.0-dev \
-         rdma-core iproute2 pkg-config cpio ibverbs-utils python3; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  stage "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+# shellcheck source=qemu/lab/host.sh
+source "$here/host.sh"
+install_missing qemu-system-x86 busybox-static kmod libibumad-dev libibverbs-dev libglib2.0-dev \
+  rdma-core iproute2 pkg-config cpio ibverbs-utils python3
 
 # --- the outer guest: Debian's kernel and the 9p initramfs (qemu/lab/guest.sh) -------------
 lab_dir=$here

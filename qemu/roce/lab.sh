@@ -33,15 +33,9 @@ mkdir -p "$cache"
 t0=$(date +%s)
 stage() { echo "[roce +$(( $(date +%s) - t0 ))s] $*"; }
 
-need=()
-for p in qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  stage "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+# shellcheck source=qemu/lab/host.sh
+source "$lab_dir/host.sh"
+install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
 uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-unikernel}

@@ -105,16 +105,16 @@ if [ "$role" = b ]; then
   exit 0
 fi
 
+phase() { # PREFIX PEER_IP: every case against the peer, results named "PREFIX case"
+  local name opts
+  while read -r name opts; do
+    read -r -a opt <<<"$opts"
+    program a "$name" "$2" "${opt[@]}"
+    run "$1 $name" "$client" "${cmd[@]}"
+  done < <(cases)
+}
 say "phase baseline (Linux B at $b_ip)"
-while read -r name opts; do
-  read -r -a opt <<<"$opts"
-  program a "$name" "$b_ip" "${opt[@]}"
-  run "linux-linux $name" "$client" "${cmd[@]}"
-done < <(cases)
+phase linux-linux "$b_ip"
 say "phase unikernel (at $uk_ip)"
-while read -r name opts; do
-  read -r -a opt <<<"$opts"
-  program a "$name" "$uk_ip" "${opt[@]}"
-  run "roce $name" "$client" "${cmd[@]}"
-done < <(cases)
+phase roce "$uk_ip"
 say "done"
