@@ -81,11 +81,6 @@ def main():
         if len(f) == 4 and f[2] in ("t", "T", "w", "W") and int(f[1]) > 0:
             syms.setdefault(int(f[0]), (int(f[0]) + int(f[1]), f[3]))
     driver = sorted((a, e) for a, (e, n) in syms.items() if driver_symbol(n))
-    starts = [a for a, _ in driver]
-
-    def in_driver_symbol(x):
-        i = bisect.bisect_right(starts, x) - 1
-        return i >= 0 and driver[i][0] <= x < driver[i][1]
 
     # Symbols counted whole by some line (the driver's, the rxe device's, the link's): their
     # bytes are never counted again as code inlined elsewhere.
@@ -205,12 +200,6 @@ def main():
     symbols = sum(e - a for a, e in driver)
     link = sum(e - a for a, (e, n) in syms.items() if link_symbol(n))
     rxe = sorted((a, e) for a, (e, n) in syms.items() if rxe_symbol(n))
-    rxe_starts = [a for a, _ in rxe]
-
-    def in_rxe_symbol(x):
-        i = bisect.bisect_right(rxe_starts, x) - 1
-        return i >= 0 and rxe[i][0] <= x < rxe[i][1]
-
     # The rxe device's code inlined elsewhere: bytes whose innermost line is in its files.
     rxe_inlined = 0
     for (a, ln, f, end), (b, _, _, _) in zip(rows, rows[1:]):
