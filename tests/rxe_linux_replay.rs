@@ -153,13 +153,19 @@ fn learn_linux(ctx: &Context<R>, seg: &Segment, linux: usize, frames: &[Vec<u8>]
     ctx.provider().progress();
 }
 
-/// Whether an IPv4 header's checksum is valid (its one's-complement sum is all ones).
-fn ipv4_sum_ok(header: &[u8]) -> bool {
+/// The one's-complement sum of an IPv4 header's 16-bit words, folded to 16 bits.
+fn ones_sum(header: &[u8]) -> u16 {
     let sum = header
         .chunks(2)
         .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
         .sum::<u32>();
-    (sum & 0xFFFF) + (sum >> 16) == 0xFFFF
+    let sum = (sum & 0xFFFF) + (sum >> 16);
+    ((sum & 0xFFFF) + (sum >> 16)) as u16
+}
+
+/// Whether an IPv4 header's checksum is valid (its one's-complement sum is all ones).
+fn ipv4_sum_ok(header: &[u8]) -> bool {
+    ones_sum(header) == 0xFFFF
 }
 
 /// `f` with the IPv4 identification `id`, its IPv4 header checksum and its ICRC recomputed.
@@ -167,12 +173,7 @@ fn with_ip_id(f: &[u8], id: [u8; 2]) -> Vec<u8> {
     let mut g = f.to_vec();
     g[18..20].copy_from_slice(&id);
     g[24..26].fill(0);
-    let sum = g[14..34]
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum::<u32>();
-    let sum = (sum & 0xFFFF) + (sum >> 16);
-    let sum = !((sum & 0xFFFF) + (sum >> 16)) as u16;
+    let sum = !ones_sum(&g[14..34]);
     g[24..26].copy_from_slice(&sum.to_be_bytes());
     let n = g.len();
     g[n - 4..].fill(0);
