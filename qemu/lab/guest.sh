@@ -8,7 +8,14 @@
 if [ ! -f "$cache/kernel.ok" ]; then
   stage "fetching Debian's linux-image"
   rm -rf "$cache/kroot" "$cache"/linux-image-*.deb
-  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  kernel_pkg() { { apt-cache depends linux-image-amd64 2>/dev/null || true; } | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+  pkg=$(kernel_pkg)
+  if [ -z "$pkg" ]; then # a machine whose apt package lists were never fetched, or were cleaned
+    stage "apt-get update (no package list names linux-image-amd64)"
+    apt-get update -qq
+    pkg=$(kernel_pkg)
+  fi
+  [ -n "$pkg" ] || { echo "guest.sh: apt knows no linux-image-amd64, even after apt-get update" >&2; exit 1; }
   (cd "$cache" && apt-get download "$pkg" >/dev/null)
   dpkg -x "$cache"/linux-image-*.deb "$cache/kroot"
   rm -f "$cache"/linux-image-*.deb
