@@ -2,6 +2,9 @@
 
 use core::fmt;
 
+// Every `Result` of the crate carries an `Error`: kept small (see `Fault::Value`).
+const _: () = assert!(core::mem::size_of::<Error>() <= 32);
+
 /// `Result` with [`Error`] as the default error.
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
@@ -132,7 +135,7 @@ impl Error {
     }
 
     /// An [`Error::Protocol`]: the device answered `value` in `field`, which cannot be right.
-    pub(crate) fn bad_value(op: Op, field: &'static str, value: impl Into<u64>) -> Self {
+    pub(crate) fn bad_value(op: Op, field: &'static &'static str, value: impl Into<u64>) -> Self {
         let value = value.into();
         Error::Protocol {
             op,
@@ -400,8 +403,10 @@ pub enum Fault {
     },
     /// A field held an impossible value.
     Value {
-        /// The field.
-        field: &'static str,
+        /// The field's name. A reference to the name (one word, where `&str` takes two) keeps
+        /// [`Error`] at 32 bytes: every `Result` of the crate is returned and moved at that
+        /// size (40 bytes with `&'static str`).
+        field: &'static &'static str,
         /// Its value.
         value: u64,
     },

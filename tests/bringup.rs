@@ -326,7 +326,7 @@ fn activation_must_leave_err_zero() {
 
 #[test]
 fn unusable_capabilities_are_refused_not_trusted() {
-    for field in [
+    for field in &[
         "max_sge",
         "max_qp",
         "max_cqe",
@@ -334,7 +334,7 @@ fn unusable_capabilities_are_refused_not_trusted() {
         "phys_port_cnt",
     ] {
         let mut cfg = ModelConfig::default();
-        match field {
+        match *field {
             "max_sge" => cfg.caps.max_sge = 0,
             "max_qp" => cfg.caps.max_qp = 0,
             "max_cqe" => cfg.caps.max_cqe = 0,

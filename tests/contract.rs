@@ -167,7 +167,7 @@ fn garbage_from_create_mr_keeps_the_region_and_its_count() {
         Some(protocol(
             Op::CreateMr,
             Fault::Value {
-                field: "mr_handle",
+                field: &"mr_handle",
                 value: 0xA5A5_A5A5
             }
         ))
@@ -189,7 +189,7 @@ fn garbage_from_create_mr_keeps_the_region_and_its_count() {
         Some(protocol(
             Op::CreateMr,
             Fault::Value {
-                field: "lkey",
+                field: &"lkey",
                 value: 0
             }
         ))

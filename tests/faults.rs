@@ -221,7 +221,7 @@ fn garbage_responses_are_refused_cleanly() {
     model.garbage_next(Garbage::Payload);
     assert_eq!(
         ctx.query_port(1).err(),
-        Some(value(Op::QueryPort, "port state", 0xA5A5_A5A5))
+        Some(value(Op::QueryPort, &"port state", 0xA5A5_A5A5))
     );
 
     model.garbage_next(Garbage::Everything);
@@ -229,7 +229,7 @@ fn garbage_responses_are_refused_cleanly() {
     model.garbage_next(Garbage::Payload);
     assert_eq!(
         ctx.alloc_pd().err(),
-        Some(value(Op::CreatePd, "pd_handle", 0xA5A5_A5A5))
+        Some(value(Op::CreatePd, &"pd_handle", 0xA5A5_A5A5))
     );
 
     // A 32-entry CQ: 2 ring pages + directory + table.
@@ -244,7 +244,7 @@ fn garbage_responses_are_refused_cleanly() {
     model.garbage_next(Garbage::Payload);
     assert_eq!(
         ctx.create_cq(32).err(),
-        Some(value(Op::CreateCq, "cqe", 0xA5A5_A5A5))
+        Some(value(Op::CreateCq, &"cqe", 0xA5A5_A5A5))
     );
     // The garbled handle cannot be destroyed either: that ring is kept too.
     assert_eq!(model.outstanding_pages(), DEVICE_PAGES + 2 * cq_pages);

@@ -506,17 +506,17 @@ fn check<P: Provider>(
         },
     };
     if c.wc.status != WcStatus::Success {
-        return Err(bad("status", c.wc.status as u64));
+        return Err(bad(&"status", c.wc.status as u64));
     }
     if c.wc.byte_len != len {
-        return Err(bad("byte_len", u64::from(c.wc.byte_len)));
+        return Err(bad(&"byte_len", u64::from(c.wc.byte_len)));
     }
     let Some(buf) = &c.buf else {
-        return Err(bad("buffer", 0));
+        return Err(bad(&"buffer", 0));
     };
     let data = &buf.as_slice()[offset..len as usize];
     match data.iter().enumerate().find(|&(i, &x)| x != pattern(i)) {
-        Some((i, _)) => Err(bad("payload byte", i as u64)),
+        Some((i, _)) => Err(bad(&"payload byte", i as u64)),
         None => Ok(()),
     }
 }

@@ -268,7 +268,7 @@ fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
     if !ok_types {
         return Err(Error::Unsupported(Unsupported::GidTypes(caps.gid_types)));
     }
-    const NONZERO: [&str; 8] = [
+    static NONZERO: [&str; 8] = [
         "max_qp",
         "max_qp_wr",
         "max_sge",
@@ -289,7 +289,7 @@ fn validate_caps(version: u32, caps: &Caps) -> Result<()> {
         u32::from(caps.phys_port_cnt),
     ];
     match values.iter().position(|&v| v == 0) {
-        Some(i) => Err(Error::bad_value(op, NONZERO[i], 0u32)),
+        Some(i) => Err(Error::bad_value(op, &NONZERO[i], 0u32)),
         None => Ok(()),
     }
 }

@@ -192,7 +192,7 @@ impl<H: Hal> Channel<H> {
             _ => {
                 let value = u64::from(err);
                 return Err(Fault::Value {
-                    field: "ERR",
+                    field: &"ERR",
                     value,
                 });
             }

@@ -328,9 +328,9 @@ impl<H: Hal> Pvrdma<H> {
         if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
             // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
             let (field, value) = if r.cqe != cqe {
-                ("cqe", r.cqe)
+                (&"cqe", r.cqe)
             } else {
-                ("cq_handle", r.cq_handle)
+                (&"cq_handle", r.cq_handle)
             };
             if let Err((cq, _)) = self.destroy_cq_impl(cq) {
                 core::mem::forget(cq);

@@ -46,7 +46,7 @@ impl<H: Hal> Pvrdma<H> {
         Err(Error::Protocol {
             op,
             fault: Fault::Value {
-                field: "RESIZE_CQ cqe (no ring pages to grow into)",
+                field: &"RESIZE_CQ cqe (no ring pages to grow into)",
                 value: u64::from(r.cqe),
             },
         })

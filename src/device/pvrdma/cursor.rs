@@ -176,7 +176,7 @@ impl<H: Hal> Poll<'_, H> {
                 match ring.ready(self.st.head) {
                     None => {
                         let v = ring.prod().load(Ordering::Relaxed);
-                        return Err(Error::bad_value(op, "CQ prod_tail", v));
+                        return Err(Error::bad_value(op, &"CQ prod_tail", v));
                     }
                     Some(0) if !self.kicked => {
                         self.kicked = true;

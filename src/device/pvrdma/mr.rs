@@ -193,10 +193,10 @@ impl<H: Hal> Pvrdma<H> {
 fn check_answer(handle: u32, lkey: u32) -> Result<()> {
     let op = Op::CreateMr;
     if handle > regs::db::HANDLE_MASK {
-        return Err(Error::bad_value(op, "mr_handle", handle));
+        return Err(Error::bad_value(op, &"mr_handle", handle));
     }
     if lkey == 0 && handle != 0 {
-        return Err(Error::bad_value(op, "lkey", lkey));
+        return Err(Error::bad_value(op, &"lkey", lkey));
     }
     Ok(())
 }

@@ -396,7 +396,7 @@ fn busy() -> Result<usize> {
 #[inline(never)]
 pub(crate) fn bad_prod(ring: &Ring) -> Error {
     let v = ring.prod().load(Ordering::Relaxed);
-    Error::bad_value(Op::PollCq, "CQ prod_tail", v)
+    Error::bad_value(Op::PollCq, &"CQ prod_tail", v)
 }
 
 /// What the CQE in a ring slot is, once checked and matched to its request.
@@ -440,10 +440,10 @@ pub(crate) fn check_cqe<H: Hal>(
     }
     let (qp, raw_op) = (get!(qp), get!(opcode));
     let Some((opcode, recv)) = decode_opcode(raw_op) else {
-        return Checked::Bad(Error::bad_value(op, "CQE opcode", raw_op));
+        return Checked::Bad(Error::bad_value(op, &"CQE opcode", raw_op));
     };
     if qp > u64::from(db::HANDLE_MASK) {
-        return Checked::Bad(Error::bad_value(op, "CQE qp", qp));
+        return Checked::Bad(Error::bad_value(op, &"CQE qp", qp));
     }
     let handle = qp as u32;
     if only.is_some_and(|q| q != handle) {
@@ -452,7 +452,7 @@ pub(crate) fn check_cqe<H: Hal>(
     // CQE status values are InfiniBand's (L-ABI `enum pvrdma_wc_status`).
     let raw_status = get!(status);
     let Some(status) = WcStatus::from_raw(raw_status) else {
-        return Checked::Bad(Error::bad_value(op, "CQE status", raw_status));
+        return Checked::Bad(Error::bad_value(op, &"CQE status", raw_status));
     };
     let wr_id = get!(wr_id);
     if last.qp != qp || last.roles == 0 {

@@ -266,11 +266,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Ok(PortAttr {
             state: PortState::from_raw(a.state).ok_or(Error::bad_value(
                 op,
-                "port state",
+                &"port state",
                 a.state,
             ))?,
-            max_mtu: mtu("max_mtu", a.max_mtu)?,
-            active_mtu: mtu("active_mtu", a.active_mtu)?,
+            max_mtu: mtu(&"max_mtu", a.max_mtu)?,
+            active_mtu: mtu(&"active_mtu", a.active_mtu)?,
             gid_tbl_len: a.gid_tbl_len,
             port_cap_flags: a.port_cap_flags,
             max_msg_sz: a.max_msg_sz,
@@ -313,7 +313,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         if r.pd_handle > regs::db::HANDLE_MASK {
             // Handles travel in 24-bit fields (doorbells, address vectors): this one is garbage.
             // The device made a PD the driver cannot name; it stays counted.
-            return Err(Error::bad_value(op, "pd_handle", r.pd_handle));
+            return Err(Error::bad_value(op, &"pd_handle", r.pd_handle));
         }
         Ok(Pd {
             handle: r.pd_handle,

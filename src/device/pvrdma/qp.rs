@@ -220,9 +220,9 @@ impl<H: Hal> Pvrdma<H> {
         // The device must describe the QP we laid out, under a handle no live QP has.
         let mask = regs::db::HANDLE_MASK;
         let inserted = if qp.qpn > mask {
-            Err(Error::bad_value(op, "qpn", qp.qpn))
+            Err(Error::bad_value(op, &"qpn", qp.qpn))
         } else if qp.handle > mask {
-            Err(Error::bad_value(op, "qp_handle", qp.handle))
+            Err(Error::bad_value(op, &"qp_handle", qp.handle))
         } else {
             let ids = (send_cq.id(), recv_cq.id());
             self.qps.insert(qp.handle, ids, qp.ctl.ptr())
@@ -338,7 +338,7 @@ impl<H: Hal> Pvrdma<H> {
                 // keep track of it (no memory for its control block): destroy it, by a handle
                 // that is at least well-formed.
                 let e = match ctl {
-                    Ok(_) => Error::bad_value(op, "qp caps", echoed[0]),
+                    Ok(_) => Error::bad_value(op, &"qp caps", echoed[0]),
                     Err(e) => e,
                 };
                 log::warn!("bareverbs: QP {qpn} made but not usable ({e}): destroying it");
@@ -362,7 +362,7 @@ impl<H: Hal> Pvrdma<H> {
             // told to the device about it, its memory is kept for good.
             quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
             core::mem::forget((mem, ctl));
-            return Err(Error::bad_value(op, "qp caps", echoed[0]));
+            return Err(Error::bad_value(op, &"qp caps", echoed[0]));
         }
         Ok(Qp {
             handle,

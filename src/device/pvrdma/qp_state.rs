@@ -272,7 +272,7 @@ impl<H: Hal> Pvrdma<H> {
         let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;
         let a = r.attrs;
         let reported = QpState::from_raw(a.qp_state)
-            .ok_or_else(|| Error::bad_value(op, "qp_state", a.qp_state))?;
+            .ok_or_else(|| Error::bad_value(op, &"qp_state", a.qp_state))?;
         let gsi = qp.qp_type == QpType::Gsi;
         let (state, device_state) = match qp.state {
             QpState::Reset | QpState::Err | QpState::Sqd | QpState::Sqe => (qp.state, false),

@@ -139,7 +139,7 @@ impl QpCtl {
             }
             return Err(Error::bad_value(
                 Op::PollCq,
-                "CQE wr_id (not the next request)",
+                &"CQE wr_id (not the next request)",
                 wr_id,
             ));
         }
@@ -434,7 +434,11 @@ impl<H: Hal> QpTable<H> {
         ctl: NonNull<QpCtl>,
     ) -> Result<()> {
         if self.find(handle).is_some() {
-            return Err(Error::bad_value(Op::CreateQp, "qp_handle (in use)", handle));
+            return Err(Error::bad_value(
+                Op::CreateQp,
+                &"qp_handle (in use)",
+                handle,
+            ));
         }
         let s = self.start(handle);
         for i in 0..=self.mask {
@@ -449,7 +453,7 @@ impl<H: Hal> QpTable<H> {
             }
         }
         // Cannot happen: the table has twice the entries of the QPs the driver lets live.
-        Err(Error::bad_value(Op::CreateQp, "qp table full", handle))
+        Err(Error::bad_value(Op::CreateQp, &"qp table full", handle))
     }
 
     fn find(&self, handle: u32) -> Option<&Entry> {

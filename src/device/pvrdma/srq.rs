@@ -128,7 +128,7 @@ impl<H: Hal> Pvrdma<H> {
         if r.srqn > regs::db::HANDLE_MASK {
             // Garbage handle: the SRQ cannot be named, so neither used nor destroyed.
             core::mem::forget(srq);
-            return Err(Error::bad_value(op, "srqn", r.srqn));
+            return Err(Error::bad_value(op, &"srqn", r.srqn));
         }
         Ok(srq)
     }
@@ -227,7 +227,7 @@ impl<H: Hal> Pvrdma<H> {
                 let a = r.attrs;
                 // A limit above the queue cannot be right (the device was told the size).
                 if a.srq_limit > a.max_wr.max(srq.attr.max_wr) {
-                    return Err(Error::bad_value(op, "srq_limit", a.srq_limit));
+                    return Err(Error::bad_value(op, &"srq_limit", a.srq_limit));
                 }
                 srq.limit.store(a.srq_limit, Ordering::Relaxed);
                 Ok(SrqAttr {

@@ -337,7 +337,7 @@ impl<H: Hal> Pvrdma<H> {
         let done = srq.counters.done.load(Ordering::Acquire);
         let used = tail0.wrapping_sub(done);
         if used > ring.slots() {
-            return Err(Error::bad_value(op, "SRQ completions", u64::from(done)));
+            return Err(Error::bad_value(op, &"SRQ completions", u64::from(done)));
         }
         let free = ring.slots() - used;
         if wrs.len() as u32 > free {
