@@ -95,26 +95,23 @@ cases() {
   done < "$here/cases"
 }
 
-if [ "$role" = b ]; then
+phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX case"
+  local name opts
   while read -r name opts; do
     read -r -a opt <<<"$opts"
-    program other "$name" "$a_ip" "${opt[@]}"
-    run "b $name" "$client" "${cmd[@]}"
+    program "$1" "$name" "$3" "${opt[@]}"
+    run "$2 $name" "$client" "${cmd[@]}"
   done < <(cases)
+}
+
+if [ "$role" = b ]; then
+  phase other b "$a_ip"
   say "baseline side done"
   exit 0
 fi
 
-phase() { # PREFIX PEER_IP: every case against the peer, results named "PREFIX case"
-  local name opts
-  while read -r name opts; do
-    read -r -a opt <<<"$opts"
-    program a "$name" "$2" "${opt[@]}"
-    run "$1 $name" "$client" "${cmd[@]}"
-  done < <(cases)
-}
 say "phase baseline (Linux B at $b_ip)"
-phase linux-linux "$b_ip"
+phase a linux-linux "$b_ip"
 say "phase unikernel (at $uk_ip)"
-phase roce "$uk_ip"
+phase a roce "$uk_ip"
 say "done"
