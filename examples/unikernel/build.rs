@@ -11,6 +11,7 @@ fn main() {
         "-nostdlib".into(),
         "-Wl,--build-id=none".into(),
         "-Wl,-n".into(),
+        "-Wl,--icf=all".into(),
     ] {
         println!("cargo:rustc-link-arg-bins={arg}");
     }
