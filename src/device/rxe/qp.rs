@@ -186,6 +186,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 res: [RdResource::default(); MAX_RD_ATOMIC as usize],
                 res_next: 0,
                 backlog: None,
+                ack_due: None,
             });
         }
         t.qps[idx] = ptr.as_ptr();

@@ -76,6 +76,9 @@ pub(crate) struct QpCore {
     pub(crate) res_next: u32,
     /// Answers the NIC had no room for: the PSN to answer from next, and where to.
     pub(crate) backlog: Option<(u32, Route)>,
+    /// An acknowledgement held behind the backlog (where to send it): sent when the backlog
+    /// is out, for every request received by then.
+    pub(crate) ack_due: Option<Route>,
 }
 
 impl QpCore {
@@ -232,6 +235,7 @@ impl QpCore {
         self.nak_sent = false;
         self.res = [RdResource::default(); MAX_RD_ATOMIC as usize];
         self.backlog = None;
+        self.ack_due = None;
     }
 
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.

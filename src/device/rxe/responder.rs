@@ -71,9 +71,26 @@ fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
 /// Sends an ACK or NAK (`syn`) for `psn`.
 fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
     let route = reply_route(net, q, p);
-    let h = reply(q, opcode::RC_ACK, psn, Some(syn));
     // A lost acknowledge is recovered by the peer's retry.
-    let _ = net.send(&route, &h, 0, |_, _| Ok(()));
+    let _ = ack_to(net, q, route, syn, psn);
+}
+
+/// Sends an ACK or NAK (`syn`) for `psn` along `route`; whether the NIC took it.
+fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn: u32) -> bool {
+    let h = reply(q, opcode::RC_ACK, psn, Some(syn));
+    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
+}
+
+/// Acknowledges the requests up to `psn` (which asked for it), unless answers to earlier
+/// READs or atomics still wait for room (`q.backlog`): an acknowledgement overtaking them
+/// would tell the requester they were lost (it retries the READ), so it is sent once they
+/// are out ([`drain`]), for everything received by then.
+fn ack_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, psn: u32) {
+    if q.backlog.is_some() {
+        q.ack_due = Some(reply_route(net, q, p));
+    } else {
+        ack(net, q, p, syndrome::ACK, psn);
+    }
 }
 
 /// A request from the peer.
@@ -180,7 +197,7 @@ fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, end: 
         q.msn = (q.msn + 1) & PSN_MASK;
     }
     if p.headers.bth.ack_req {
-        ack(net, q, p, syndrome::ACK, psn);
+        ack_in_order(net, q, p, psn);
     }
 }
 
@@ -396,17 +413,17 @@ fn respond_read<L: Link>(
 pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         q.backlog = None;
+        q.ack_due = None;
         return;
     }
     while let Some((psn, route)) = q.backlog {
         let holds = |r: &RdResource| {
             r.kind != 0 && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0
         };
-        let Some(r) = q.res.iter().copied().find(holds) else {
-            q.backlog = None;
-            return;
-        };
         q.backlog = None;
+        let Some(r) = q.res.iter().copied().find(holds) else {
+            break;
+        };
         let done = if r.kind == 1 {
             respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32)
         } else {
@@ -417,6 +434,12 @@ pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             return;
         }
         q.backlog = next_after(q, r.last, route);
+    }
+    // Everything that waited is out: the acknowledgement held behind it, for all received.
+    if let Some(route) = q.ack_due
+        && ack_to(net, q, route, syndrome::ACK, psn_add(q.epsn, PSN_MASK))
+    {
+        q.ack_due = None;
     }
 }
 
@@ -531,7 +554,7 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
         }
         _ => {
             let last = psn_add(q.epsn, PSN_MASK);
-            ack(net, q, p, syndrome::ACK, last);
+            ack_in_order(net, q, p, last);
         }
     }
 }

@@ -31,6 +31,9 @@ struct Inner {
     rng: u64,
     /// Frames dropped, duplicated and reordered so far.
     damage: (u64, u64, u64),
+    /// Per link: how many more frames its NIC takes before it answers Busy (`None`: no
+    /// limit), as a NIC whose transmit ring is full.
+    credit: Vec<Option<u32>>,
 }
 
 impl Inner {
@@ -61,6 +64,7 @@ impl Segment {
     pub fn attach(&self, mac: [u8; 6], max_frame: usize) -> MemLink {
         let mut g = self.0.lock().unwrap();
         g.queues.push(VecDeque::new());
+        g.credit.push(None);
         MemLink {
             seg: self.clone(),
             id: g.queues.len() - 1,
@@ -74,6 +78,12 @@ impl Segment {
         let mut g = self.0.lock().unwrap();
         g.faults = faults;
         g.rng = faults.seed | 1;
+    }
+
+    /// Limits link `id`'s transmissions to `credit` more frames (`None`: no limit); beyond
+    /// them its NIC answers [`LinkError::Busy`], as one whose transmit ring is full.
+    pub fn set_tx_credit(&self, id: usize, credit: Option<u32>) {
+        self.0.lock().unwrap().credit[id] = credit;
     }
 
     /// Every frame sent so far, with the index of the link that sent it.
@@ -158,6 +168,12 @@ impl Link for MemLink {
     fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
         if frame.is_empty() || frame.len() > self.max_frame {
             return Err(LinkError::Size);
+        }
+        if let Some(c) = &mut self.seg.0.lock().unwrap().credit[self.id] {
+            if *c == 0 {
+                return Err(LinkError::Busy);
+            }
+            *c -= 1;
         }
         self.seg.deliver(self.id, frame.to_vec());
         Ok(())
