@@ -11,6 +11,10 @@ fn main() {
         "-nostdlib".into(),
         "-Wl,--build-id=none".into(),
         "-Wl,-n".into(),
+        // Identical functions folded into one (the driver's code for two devices or types that
+        // compiles to the same bytes): 671 bytes of driver text, 2,288 of the kernel's. `all`,
+        // not `safe`: Rust promises no distinct function addresses (`safe` folds nothing
+        // here), and lld folds only code this way, never data.
         "-Wl,--icf=all".into(),
     ] {
         println!("cargo:rustc-link-arg-bins={arg}");
