@@ -84,10 +84,10 @@ fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn:
 /// Acknowledges the requests up to `psn` (which asked for it), unless answers to earlier
 /// READs or atomics still wait for room (`q.backlog`): an acknowledgement overtaking them
 /// would tell the requester they were lost (it retries the READ), so it is sent once they
-/// are out ([`drain`]), for everything received by then.
+/// are out ([`drain`]), for the latest PSN that asked by then.
 fn ack_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, psn: u32) {
     if q.backlog.is_some() {
-        q.ack_due = Some(reply_route(net, q, p));
+        q.ack_due = Some((psn, reply_route(net, q, p)));
     } else {
         ack(net, q, p, syndrome::ACK, psn);
     }
@@ -435,9 +435,9 @@ pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         }
         q.backlog = next_after(q, r.last, route);
     }
-    // Everything that waited is out: the acknowledgement held behind it, for all received.
-    if let Some(route) = q.ack_due
-        && ack_to(net, q, route, syndrome::ACK, psn_add(q.epsn, PSN_MASK))
+    // Everything that waited is out: the acknowledgement held behind it.
+    if let Some((psn, route)) = q.ack_due
+        && ack_to(net, q, route, syndrome::ACK, psn)
     {
         q.ack_due = None;
     }
