@@ -26,6 +26,7 @@ mod post;
 mod provider;
 mod qp;
 mod qp_state;
+mod reply;
 mod requester;
 mod responder;
 mod srq;
@@ -328,7 +329,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             let mut net = self.net(core, now);
             // SAFETY: as in `dispatch`.
             let q = unsafe { &mut *q };
-            responder::drain(&mut net, q);
+            reply::drain(&mut net, q);
             requester::on_timer(&mut net, q);
         }
     }

@@ -2,96 +2,23 @@
 //! RDMA WRITE, READ and atomics into registered memory after the key, bounds and rights are
 //! checked — acknowledged as rxe acknowledges them; one sequence NAK per gap; duplicates
 //! re-acknowledged, READs and atomics replayed from the responder's resources; RNR NAK when
-//! no receive is posted; and UD receives with their GRH (`shared/roce-v2.md` §6.4, §7).
+//! no receive is posted; and UD receives with their GRH (`shared/roce-v2.md` §6.4, §7). What
+//! it sends back, and the answers that wait for room in the NIC: `reply.rs`.
 
 use bareverbs_hal::Link;
 
 use super::MAX_RD_ATOMIC;
-use super::mem::Denied;
-use super::net::{Net, Unsent};
+use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::seq::{Kind, psn_add, psn_diff, segments};
-use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, PSN_MASK, Reth, opcode};
-use super::wire::packet::{Packet, Route};
+use super::reply::{ack, ack_in_order, answer_from, answered, reply_route, syndrome};
+use super::seq::{psn_add, psn_diff};
+use super::wire::bth::{PSN_MASK, Reth, opcode};
+use super::wire::packet::Packet;
 use super::wqe::{Inbound, RdResource, recv_wc};
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
-/// AETH syndromes the responder sends.
-mod syndrome {
-    /// ACK, credits "unlimited" (rxe always sends this).
-    pub(super) const ACK: u8 = 0x1F;
-    /// RNR NAK (| the timer code).
-    pub(super) const RNR: u8 = 0x20;
-    /// NAK: PSN sequence error.
-    pub(super) const SEQ: u8 = 0x60;
-    /// NAK: invalid request.
-    pub(super) const INVALID: u8 = 0x61;
-    /// NAK: remote access error.
-    pub(super) const ACCESS: u8 = 0x62;
-    /// NAK: remote operational error.
-    pub(super) const OPERATIONAL: u8 = 0x63;
-}
-
 /// Bytes of the GRH slot before a UD payload in the receive buffer.
 pub(crate) const GRH_LEN: usize = 40;
-
-/// The route back to the sender of `p`.
-fn reply_route<L: Link>(net: &Net<'_, L>, q: &QpCore, p: &Packet<'_>) -> Route {
-    let av = q.attr.av;
-    Route {
-        src_mac: net.t.port.mac(),
-        dst_mac: p.src_mac,
-        src_ip: net.t.port.ip(),
-        dst_ip: p.ip.src,
-        tos: av.map_or(0, |a| a.traffic_class),
-        ttl: av.map_or(64, |a| a.hop_limit),
-        src_port: q.src_port,
-    }
-}
-
-/// The headers of an answer to the peer of `q`: `op` at `psn`, with an AETH of `syn` (the
-/// middle READ responses carry none).
-fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
-    let mut h = Headers::new(Bth {
-        opcode: op,
-        se: false,
-        pad: 0,
-        pkey: DEFAULT_PKEY,
-        dest_qp: q.attr.dest_qpn,
-        ack_req: false,
-        psn,
-    });
-    h.aeth = syn.map(|syndrome| Aeth {
-        syndrome,
-        msn: q.msn,
-    });
-    h
-}
-
-/// Sends an ACK or NAK (`syn`) for `psn`.
-fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
-    let route = reply_route(net, q, p);
-    // A lost acknowledge is recovered by the peer's retry.
-    let _ = ack_to(net, q, route, syn, psn);
-}
-
-/// Sends an ACK or NAK (`syn`) for `psn` along `route`; whether the NIC took it.
-fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn: u32) -> bool {
-    let h = reply(q, opcode::RC_ACK, psn, Some(syn));
-    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
-}
-
-/// Acknowledges the requests up to `psn` (which asked for it), unless answers to earlier
-/// READs or atomics still wait for room (`q.backlog`): an acknowledgement overtaking them
-/// would tell the requester they were lost (it retries the READ), so it is sent once they
-/// are out ([`drain`]), for the latest PSN that asked by then.
-fn ack_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, psn: u32) {
-    if q.backlog.is_some() {
-        q.ack_due = Some((psn, reply_route(net, q, p)));
-    } else {
-        ack(net, q, p, syndrome::ACK, psn);
-    }
-}
 
 /// A request from the peer.
 pub(crate) fn on_request<L: Link>(
@@ -366,90 +293,9 @@ fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     q.msn = (q.msn + 1) & PSN_MASK;
     if q.backlog.is_none() {
         let route = reply_route(net, q, p);
-        respond_read(net, q, route, &res, 0);
+        answer_from(net, q, route, res, psn);
     }
     Ok(())
-}
-
-/// Sends the responses of `res` from its packet `from` on. Returns whether they all went
-/// out; when the NIC has no room, the rest is left in `q.backlog` for [`drain`].
-fn respond_read<L: Link>(
-    net: &mut Net<'_, L>,
-    q: &mut QpCore,
-    route: Route,
-    res: &RdResource,
-    from: u32,
-) -> bool {
-    for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
-        let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
-        let psn = psn_add(res.first, s.index);
-        let h = reply(q, s.opcode, psn, syn);
-        let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
-        let r = net.send(&route, &h, s.len as usize, |t, out| {
-            if out.is_empty() {
-                return Ok(());
-            }
-            let src = t.check(res.rkey, pd, va, out.len() as u64, AccessFlags::REMOTE_READ)?;
-            // SAFETY: `check` found the bytes inside a region registered with remote read.
-            unsafe { core::ptr::copy(src, out.as_mut_ptr(), out.len()) };
-            Ok::<(), Denied>(())
-        });
-        match r {
-            Err(Unsent::Busy) => {
-                q.backlog = Some((psn, route));
-                return false;
-            }
-            // The region went away: the requester times out and asks again (and is refused).
-            Err(Unsent::Denied(_)) => return true,
-            _ => {}
-        }
-    }
-    true
-}
-
-/// Sends on the answers the NIC had no room for (`q.backlog`): the rest of a READ's
-/// responses, then the READs and atomics that came in behind it, in PSN order, until the NIC
-/// is full again. Called from the device's progress.
-pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
-    if !matches!(q.state, QpState::Rtr | QpState::Rts) {
-        q.backlog = None;
-        q.ack_due = None;
-        return;
-    }
-    while let Some((psn, route)) = q.backlog {
-        let holds = |r: &RdResource| {
-            r.kind != 0 && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0
-        };
-        q.backlog = None;
-        let Some(r) = q.res.iter().copied().find(holds) else {
-            break;
-        };
-        let done = if r.kind == 1 {
-            respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32)
-        } else {
-            atomic_ack(net, q, route, r.first, r.orig)
-        };
-        if !done {
-            q.backlog.get_or_insert((r.first, route));
-            return;
-        }
-        q.backlog = next_after(q, r.last, route);
-    }
-    // Everything that waited is out: the acknowledgement held behind it.
-    if let Some((psn, route)) = q.ack_due
-        && ack_to(net, q, route, syndrome::ACK, psn)
-    {
-        q.ack_due = None;
-    }
-}
-
-/// The first READ or atomic kept after PSN `last`, as the place to answer from next.
-fn next_after(q: &QpCore, last: u32, route: Route) -> Option<(u32, Route)> {
-    q.res
-        .iter()
-        .filter(|n| n.kind != 0 && psn_diff(n.first, last) > 0)
-        .min_by_key(|n| psn_diff(n.first, last))
-        .map(|n| (n.first, route))
 }
 
 fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
@@ -497,35 +343,15 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     // Behind a READ still being answered, the acknowledgement waits its turn.
     if q.backlog.is_none() {
         let route = reply_route(net, q, p);
-        if !atomic_ack(net, q, route, psn, orig) {
-            q.backlog = Some((psn, route));
-        }
+        answer_from(net, q, route, res, psn);
     }
     Ok(())
-}
-
-/// Sends the atomic acknowledge of `psn` with the original value; whether the NIC took it.
-fn atomic_ack<L: Link>(
-    net: &mut Net<'_, L>,
-    q: &QpCore,
-    route: Route,
-    psn: u32,
-    orig: u64,
-) -> bool {
-    let mut h = reply(q, opcode::RC_ATOMIC_ACK, psn, Some(syndrome::ACK));
-    h.atomic_ack = Some(orig);
-    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }
 
 /// A request the responder has seen: acknowledged again, or its READ or atomic replayed.
 fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
     let psn = p.headers.bth.psn;
-    let found = |kind: u8| {
-        q.res
-            .iter()
-            .copied()
-            .find(|r| r.kind == kind && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0)
-    };
+    let found = |kind: u8| answered(q, psn).filter(|r| r.kind == kind);
     match p.headers.bth.opcode {
         opcode::RC_READ_REQUEST => {
             let Some(r) = found(1) else { return };
@@ -536,20 +362,12 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
             // The requester asks again from here: answers go out from here on, in order
             // (what was waiting behind follows through `drain`).
             let route = reply_route(net, q, p);
-            q.backlog = None;
-            if respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32) {
-                q.backlog = next_after(q, r.last, route);
-            }
+            answer_from(net, q, route, r, psn);
         }
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
             if let Some(r) = found(2) {
                 let route = reply_route(net, q, p);
-                q.backlog = None;
-                if atomic_ack(net, q, route, psn, r.orig) {
-                    q.backlog = next_after(q, r.last, route);
-                } else {
-                    q.backlog = Some((psn, route));
-                }
+                answer_from(net, q, route, r, psn);
             }
         }
         _ => {
