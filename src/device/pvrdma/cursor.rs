@@ -52,7 +52,7 @@ impl<H: Hal> Pvrdma<H> {
     /// Takes the next completion of QP `handle` from `cq` into `wc` (`Provider::poll_qp`):
     /// the common case here — the ring's next CQE is this QP's, passes `poll::fast_cqe` — and
     /// everything else through a cursor with `only` ([`poll_qp_cursor`](Self::poll_qp_cursor)).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn poll_qp(
         &self,
         cq: &Cq<H>,

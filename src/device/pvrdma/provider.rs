@@ -167,7 +167,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Pvrdma::rq_start(self, qp)
     }
 
-    #[inline(always)]
+    #[inline]
     unsafe fn rq_write(
         &self,
         qp: &mut Qp<H>,
@@ -180,7 +180,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         unsafe { Pvrdma::rq_write(self, qp, c, wr_id, sges, tag) }
     }
 
-    #[inline(always)]
+    #[inline]
     fn rq_commit(&self, qp: &mut Qp<H>, c: &WqCursor) {
         Pvrdma::rq_commit(self, qp, c)
     }
@@ -209,7 +209,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         self.poll_into(cq, out)
     }
 
-    #[inline(always)]
+    #[inline]
     fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
         Pvrdma::poll_qp(self, cq, qp.handle(), wc)
     }

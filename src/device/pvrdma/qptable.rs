@@ -110,7 +110,7 @@ impl QpCtl {
     /// outstanding one, which is then counted complete; `None` for a CQE to drop (a late one
     /// for a request already flushed, or one the device invented with nothing outstanding);
     /// an error for a CQE that cannot be right (another request than the next).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn match_cqe(&self, recv: bool, wr_id: u64) -> Result<Option<u32>> {
         if recv && self.srq {
             // A receive from the shared queue: completions come in no order across its QPs;
@@ -168,7 +168,7 @@ impl QueueView {
     /// buffer), counts it complete and gives its tag (the safe path's buffer tag + 1, or 0).
     /// `None` leaves the CQE to the general match (nothing outstanding, another `wr_id`, a
     /// buffer to hand back).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn take_next(&self, wr_id: u64, tags: bool) -> Option<u32> {
         let done = self.ctl.done.load(Ordering::Relaxed);
         if done == self.ctl.tail.load(Ordering::Acquire) {
@@ -183,7 +183,7 @@ impl QueueView {
     }
 
     /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn posted(&self, n: u32) -> (u64, u32) {
         match self.shadow {
             Some(s) => {

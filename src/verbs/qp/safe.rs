@@ -31,7 +31,7 @@ fn not_own(index: u32) -> Error {
 
 impl<'a, P: Provider> QpInner<'a, P> {
     /// Checks that `buf` comes from this QP's pool.
-    #[inline(always)]
+    #[inline]
     fn own(&self, buf: &Buf<'a, P>) -> Result<()> {
         // One compare: a QP without a pool has none (null), and a buffer always has one.
         let pool = self
