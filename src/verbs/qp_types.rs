@@ -225,7 +225,6 @@ pub struct ModifyAttr {
 
 impl ModifyAttr {
     /// A modify to `state` with nothing else set.
-    #[inline(never)]
     pub fn to_state(state: QpState) -> Self {
         ModifyAttr {
             mask: QpAttrMask::STATE,

@@ -483,7 +483,6 @@ impl<H: Hal> QpTable<H> {
 
     /// The control block of QP `handle` and whether its sends and its receives complete to
     /// CQ `cq`; `None` for a QP that does not exist or completes only to other CQs.
-    #[inline(never)]
     pub(crate) fn lookup(&self, handle: u32, cq: u64) -> Option<(NonNull<QpCtl>, bool, bool)> {
         let e = self.find(handle)?;
         let send = e.send_cq.load(Ordering::Relaxed) == cq;

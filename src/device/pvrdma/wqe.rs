@@ -83,7 +83,6 @@ enum Refusal {
 /// The error of a refused post, built out of line from one function: every refusal of a post
 /// is then one call from the post's code, which keeps its stack frame off the common path.
 #[cold]
-#[inline(never)]
 fn refuse(why: Refusal) -> Error {
     let missing = |attr| Error::MissingAttribute {
         op: Op::PostSend,

@@ -24,7 +24,6 @@ pub struct Completion<'p, P: Provider> {
 
 /// The refusal of a buffer from another pool (or of a QP built without one).
 #[cold]
-#[inline(never)]
 fn not_own(index: u32) -> Error {
     Error::invalid(Param::Pool, index, 0u32)
 }
