@@ -70,18 +70,17 @@ impl<H: Hal> Channel<H> {
     }
 
     /// Runs one command and returns its response, checked: the ack names this command, the
-    /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit. Only the copies in
-    /// and out depend on the message types: the protocol is compiled once ([`Self::run`]).
+    /// cookie is echoed, ERR is 0. Every wait is bounded by the poll limit. `fill` writes the
+    /// request in the command slot ([`Self::slot`]). Only the filling and the copy out depend on
+    /// the message types: the protocol is compiled once ([`Self::run`]).
     #[inline]
     pub(crate) fn exec<Q: Request, R: Response>(
         &mut self,
         regs: &impl Mmio,
-        op: Op,
-        code: u32,
-        req: Q,
+        (op, code): (Op, u32),
+        fill: impl FnOnce(&mut Q),
     ) -> Result<R> {
-        self.send(code, req);
-        self.run(regs, op, code)?;
+        self.command(regs, (op, code), fill)?;
         Ok(self.answer())
     }
 
@@ -91,27 +90,31 @@ impl<H: Hal> Channel<H> {
     pub(crate) fn command<Q: Request>(
         &mut self,
         regs: &impl Mmio,
-        op: Op,
-        code: u32,
-        req: Q,
+        (op, code): (Op, u32),
+        fill: impl FnOnce(&mut Q),
     ) -> Result<()> {
-        self.send(code, req);
+        fill(self.slot(code));
         self.run(regs, op, code)
     }
 
-    /// Writes `req` to the command slot as command `code`, under a new cookie (run next by
-    /// [`Self::run`]).
+    /// Starts command `code` in place: the command slot cleared, its header written, and the
+    /// request in the slot handed out to be filled (fields left alone stay zero), then run by
+    /// [`Self::run`]. No request is built elsewhere and copied.
     #[inline]
-    pub(crate) fn send<Q: Request>(&mut self, code: u32, mut req: Q) {
+    pub(crate) fn slot<Q: Request>(&mut self, code: u32) -> &mut Q {
         const { assert!(size_of::<Q>() <= CMD_SLOT_SIZE && align_of::<Q>() <= 8) };
-        *req.hdr_mut() = self.begin(code);
+        let hdr = self.begin(code);
         // SAFETY: the command slot is the first CMD_SLOT_SIZE bytes of the channel's page (one
         // page, page-aligned: `Dma::new`), which Q fits in and is aligned for (checked at
-        // compile time above); the device reads it only after `run`'s fence and doorbell.
-        unsafe { self.page.base().as_ptr().cast::<Q>().write(req) }
+        // compile time above); `begin` zeroed it, and a Pod is valid as zeros. The device only
+        // reads the command slot, after `run`'s fence and doorbell; the borrow of `self` keeps
+        // the driver's other uses of the page out until the request is filled.
+        let req = unsafe { &mut *self.page.base().as_ptr().cast::<Q>() };
+        *req.hdr_mut() = hdr;
+        req
     }
 
-    /// The message-independent part of [`Self::send`]: a new cookie, the command slot cleared,
+    /// The message-independent part of [`Self::slot`]: a new cookie, the command slot cleared,
     /// the header for command `code`.
     #[inline(never)]
     fn begin(&mut self, code: u32) -> CmdHdr {

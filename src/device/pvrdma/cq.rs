@@ -296,16 +296,11 @@ impl<H: Hal> Pvrdma<H> {
         let mut st = self.state.lock();
         st.room_for(crate::error::Object::Cq, self.caps.max_cq)?;
         let mem = QueueMem::new(&self.hal, pages as usize)?;
-        let req = abi::CreateCq {
-            pdir_dma: mem.pdir.paddr(),
-            ctx_handle: 0,
-            cqe,
-            nchunks: pages,
-            ..Default::default()
-        };
+        let pdir_dma = mem.pdir.paddr();
+        let fill = |r: &mut abi::CreateCq| (r.pdir_dma, r.cqe, r.nchunks) = (pdir_dma, cqe, pages);
         let code = (op, abi::opcode::CREATE_CQ);
         let (r, mem): (abi::CreateCqResp, _) =
-            st.create(&self.regs, crate::error::Object::Cq, code, req, mem)?;
+            st.create(&self.regs, crate::error::Object::Cq, code, fill, mem)?;
         drop(st);
         let cq = Cq {
             handle: r.cq_handle,

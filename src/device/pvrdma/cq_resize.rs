@@ -29,12 +29,9 @@ impl<H: Hal> Pvrdma<H> {
         if entries <= cq.entries {
             return Ok(());
         }
-        let req = abi::ResizeCq {
-            cq_handle: cq.handle,
-            cqe: entries.next_power_of_two(),
-            ..Default::default()
-        };
-        let r: abi::ResizeCqResp = match self.exec(op, opcode::RESIZE_CQ, req) {
+        let fill =
+            |r: &mut abi::ResizeCq| (r.cq_handle, r.cqe) = (cq.handle, entries.next_power_of_two());
+        let r: abi::ResizeCqResp = match self.exec((op, opcode::RESIZE_CQ), fill) {
             Ok(r) => r,
             Err(Error::Device {
                 status: DeviceStatus::Rejected,

@@ -186,18 +186,19 @@ impl<H: Hal> State<H> {
         Ok(())
     }
 
-    /// Runs a create command. On success the object counts against its table. On failure,
-    /// `keep` (the memory the device was given for the object) is freed when the device clearly
-    /// refused, and kept — with the object still counted — when the outcome is unknown.
+    /// Runs a create command (`fill` writes the request in the slot). On success the object
+    /// counts against its table. On failure, `keep` (the memory the device was given for the
+    /// object) is freed when the device clearly refused, and kept — with the object still
+    /// counted — when the outcome is unknown.
     fn create<Q: cmd::Request, R: cmd::Response, M>(
         &mut self,
         regs: &impl Mmio,
         kind: Object,
         (op, code): (Op, u32),
-        req: Q,
+        fill: impl FnOnce(&mut Q),
         keep: M,
     ) -> Result<(R, M)> {
-        self.chan.send(code, req);
+        fill(self.chan.slot(code));
         match self.run_create(regs, kind, op, code) {
             Ok(()) => Ok((self.chan.answer(), keep)),
             Err((e, kept)) => {
@@ -262,11 +263,8 @@ impl<H: Hal> State<H> {
         (op, code): (Op, u32),
         handle: u32,
     ) -> Result<()> {
-        let req = abi::DestroyHandle {
-            handle,
-            ..Default::default()
-        };
-        self.chan.command(regs, op, code, req)?;
+        let fill = |r: &mut abi::DestroyHandle| r.handle = handle;
+        self.chan.command(regs, (op, code), fill)?;
         let c = &mut self.counts[Self::slot(kind)];
         *c = c.saturating_sub(1);
         Ok(())
@@ -307,9 +305,13 @@ impl<H: Hal> Pvrdma<H> {
         self.pci
     }
 
-    /// Runs a command under the channel lock.
-    fn exec<Q: cmd::Request, R: cmd::Response>(&self, op: Op, code: u32, req: Q) -> Result<R> {
-        self.state.lock().chan.exec(&self.regs, op, code, req)
+    /// Runs a command under the channel lock (`fill` writes the request in the slot).
+    fn exec<Q: cmd::Request, R: cmd::Response>(
+        &self,
+        code: (Op, u32),
+        fill: impl FnOnce(&mut Q),
+    ) -> Result<R> {
+        self.state.lock().chan.exec(&self.regs, code, fill)
     }
 }
 

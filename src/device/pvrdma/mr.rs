@@ -66,17 +66,10 @@ impl<H: Hal> Pvrdma<H> {
         let op = Op::CreateMr;
         let mut st = self.state.lock();
         st.room_for(Object::Mr, self.caps.max_mr)?;
-        let req = abi::CreateMr {
-            start: addr,
-            length: len as u64,
-            pdir_dma: pdir.paddr(),
-            pd_handle: pd.handle,
-            access_flags: pvrdma_access(access),
-            flags: 0,
-            nchunks: npages as u32,
-            ..Default::default()
-        };
-        st.chan.send(opcode::CREATE_MR, req);
+        let req: &mut abi::CreateMr = st.chan.slot(opcode::CREATE_MR);
+        (req.start, req.length, req.pdir_dma) = (addr, len as u64, pdir.paddr());
+        (req.pd_handle, req.access_flags) = (pd.handle, pvrdma_access(access));
+        req.nchunks = npages as u32;
         if let Err((e, kept)) = st.run_create(&self.regs, Object::Mr, op, opcode::CREATE_MR) {
             if kept {
                 // The device may have registered it: its memory is kept, its PD stays busy for

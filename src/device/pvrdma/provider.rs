@@ -255,11 +255,8 @@ impl<H: Hal> Provider for Pvrdma<H> {
             return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));
         }
         let op = Op::QueryPort;
-        let req = abi::QueryPort {
-            port_num: port,
-            ..Default::default()
-        };
-        let r: abi::QueryPortResp = self.exec(op, abi::opcode::QUERY_PORT, req)?;
+        let fill = |r: &mut abi::QueryPort| r.port_num = port;
+        let r: abi::QueryPortResp = self.exec((op, abi::opcode::QUERY_PORT), fill)?;
         let a = r.attrs;
         // L-VRB numbers port states and MTUs as InfiniBand (and ibverbs) do.
         let mtu = |field, raw| Mtu::from_raw(raw).ok_or(Error::bad_value(op, field, raw));
@@ -289,12 +286,8 @@ impl<H: Hal> Provider for Pvrdma<H> {
         if index > max || index > u16::from(u8::MAX) {
             return Err(Error::invalid(Param::PkeyIndex, index, max));
         }
-        let req = abi::QueryPkey {
-            port_num: port,
-            index: index as u8,
-            ..Default::default()
-        };
-        let r: abi::QueryPkeyResp = self.exec(Op::QueryPkey, abi::opcode::QUERY_PKEY, req)?;
+        let fill = |r: &mut abi::QueryPkey| (r.port_num, r.index) = (port, index as u8);
+        let r: abi::QueryPkeyResp = self.exec((Op::QueryPkey, abi::opcode::QUERY_PKEY), fill)?;
         Ok(r.pkey)
     }
 
@@ -302,12 +295,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
         let op = Op::CreatePd;
         let mut st = self.state.lock();
         st.room_for(Object::Pd, self.caps.max_pd)?;
-        let req = abi::CreatePd::default();
         let (r, ()): (abi::CreatePdResp, ()) = st.create(
             &self.regs,
             Object::Pd,
             (op, abi::opcode::CREATE_PD),
-            req,
+            |_: &mut abi::CreatePd| {},
             (),
         )?;
         if r.pd_handle > regs::db::HANDLE_MASK {
@@ -366,16 +358,12 @@ impl<H: Hal> Provider for Pvrdma<H> {
         } else {
             abi::GID_TYPE_ROCE_V2
         };
-        let req = abi::CreateBind {
-            mtu: 1024,
-            vlan: 0xFFF,
-            index,
-            new_gid: gid.0,
-            gid_type,
-            ..Default::default()
+        let fill = |r: &mut abi::CreateBind| {
+            (r.mtu, r.vlan, r.index) = (1024, 0xFFF, index);
+            (r.new_gid, r.gid_type) = (gid.0, gid_type);
         };
-        st.chan
-            .command(&self.regs, Op::BindGid, abi::opcode::CREATE_BIND, req)?;
+        let code = (Op::BindGid, abi::opcode::CREATE_BIND);
+        st.chan.command(&self.regs, code, fill)?;
         st.gids[word] |= bit;
         self.remember_gid(index, gid);
         self.gid_bits[word].fetch_or(bit, Ordering::Release);
@@ -385,13 +373,9 @@ impl<H: Hal> Provider for Pvrdma<H> {
     fn unbind_gid(&self, index: u32, gid: Gid) -> Result<()> {
         let (word, bit) = (index as usize / 64 % 4, 1u64 << (index % 64));
         let mut st = self.state.lock();
-        let req = abi::DestroyBind {
-            index,
-            dest_gid: gid.0,
-            ..Default::default()
-        };
-        st.chan
-            .command(&self.regs, Op::UnbindGid, abi::opcode::DESTROY_BIND, req)?;
+        let fill = |r: &mut abi::DestroyBind| (r.index, r.dest_gid) = (index, gid.0);
+        let code = (Op::UnbindGid, abi::opcode::DESTROY_BIND);
+        st.chan.command(&self.regs, code, fill)?;
         st.gids[word] &= !bit;
         self.gid_bits[word].fetch_and(!bit, Ordering::Release);
         Ok(())

@@ -274,29 +274,26 @@ impl<H: Hal> Pvrdma<H> {
             rq.slots.max(1),
             rq.stride.max(1),
         );
-        let req = abi::CreateQp {
-            pdir_dma: mem.pdir.paddr(),
-            pd_handle: pd.handle,
-            send_cq_handle: send_cq.handle,
-            recv_cq_handle: recv_cq.handle,
-            srq_handle: srq.map_or(0, |s| s.handle()),
-            max_send_wr: sq.slots,
-            max_recv_wr: rq.slots,
-            max_send_sge: sq.sge,
-            max_recv_sge: rq.sge,
-            max_inline_data: 0,
-            lkey: 0,
-            access_flags: abi::ACCESS_LOCAL_WRITE,
-            total_chunks: total as u16,
-            send_chunks: sq.pages as u16,
-            max_atomic_arg: 0,
-            sq_sig_all: u8::from(init.sq_sig_all),
-            qp_type: pvrdma_qp_type(qp_type)?,
-            is_srq: u8::from(srq.is_some()),
-            ..Default::default()
-        };
-        // `State::create` without reading an answer: it depends on the version (below).
-        st.chan.send(opcode::CREATE_QP, req);
+        let raw_type = pvrdma_qp_type(qp_type)?;
+        // `State::create` without reading an answer: it depends on the version (below). The
+        // request is filled in the command slot (fields not named stay zero: no inline data,
+        // no lkey, no atomic argument).
+        let req: &mut abi::CreateQp = st.chan.slot(opcode::CREATE_QP);
+        req.pdir_dma = mem.pdir.paddr();
+        req.pd_handle = pd.handle;
+        req.send_cq_handle = send_cq.handle;
+        req.recv_cq_handle = recv_cq.handle;
+        req.srq_handle = srq.map_or(0, |s| s.handle());
+        req.max_send_wr = sq.slots;
+        req.max_recv_wr = rq.slots;
+        req.max_send_sge = sq.sge;
+        req.max_recv_sge = rq.sge;
+        req.access_flags = abi::ACCESS_LOCAL_WRITE;
+        req.total_chunks = total as u16;
+        req.send_chunks = sq.pages as u16;
+        req.sq_sig_all = u8::from(init.sq_sig_all);
+        req.qp_type = raw_type;
+        req.is_srq = u8::from(srq.is_some());
         if let Err((e, kept)) = st.run_create(&self.regs, Object::Qp, op, opcode::CREATE_QP) {
             if kept {
                 // The device may have made the QP: its ring is kept, it keeps its PD, CQs and

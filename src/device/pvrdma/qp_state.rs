@@ -142,72 +142,72 @@ impl<H: Hal> Pvrdma<H> {
             _ => None,
         };
         let mut st = self.state.lock();
-        // L-VRB numbers QP states and MTUs as InfiniBand (and ibverbs) do.
-        let mut attrs = abi::QpAttr {
-            qp_state: m.state.to_raw(),
-            path_mtu: m.path_mtu as u32,
-            qkey: m.qkey,
-            rq_psn: m.rq_psn,
-            sq_psn: m.sq_psn,
-            dest_qp_num: m.dest_qpn,
-            qp_access_flags: pvrdma_access(m.access),
-            pkey_index: m.pkey_index,
-            max_rd_atomic: match m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-                true => rd_atomic(m.max_rd_atomic, self.caps.max_qp_init_rd_atom),
-                false => 0,
-            },
-            max_dest_rd_atomic: match m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-                true => rd_atomic(m.max_dest_rd_atomic, self.caps.max_qp_rd_atom),
-                false => 0,
-            },
-            min_rnr_timer: m.min_rnr_timer,
-            port_num: m.port,
-            timeout: m.timeout,
-            retry_cnt: m.retry_cnt,
-            rnr_retry: m.rnr_retry,
-            ..Default::default()
-        };
-        if let Some(av) = m.av {
-            attrs.ah_attr = abi::AhAttr {
-                grh: abi::GlobalRoute {
-                    dgid: av.dgid.0,
-                    flow_label: av.flow_label,
-                    sgid_index: av.sgid_index,
-                    hop_limit: av.hop_limit,
-                    traffic_class: av.traffic_class,
-                    reserved: 0,
-                },
-                sl: av.sl,
-                ah_flags: abi::AH_GRH,
-                port_num: m.port,
-                ..Default::default()
-            };
-        }
         let mut mask = pvrdma_mask(m.mask);
+        let mut sgid = m.av.map_or(0, |av| av.sgid_index);
         if m.state == QpState::Rtr && qp.qp_type != QpType::Gsi {
             // QEMU resolves the source GID at RTR for every QP type and fails (EIO) unless it
             // is a GID this device bound (§8.3). For datagram QPs, which carry no address at
             // RTR, the driver supplies its lowest bound GID.
-            let sgid = match m.av {
+            let bound = match m.av {
                 Some(av) => Some(av.sgid_index).filter(|&i| st.gid_bound(u32::from(i))),
                 None => st.lowest_gid().map(|i| i as u8),
             };
-            let Some(sgid) = sgid else {
+            let Some(bound) = bound else {
                 return Err(Error::MissingAttribute {
                     op,
                     attr: Attr::SourceGid,
                 });
             };
-            attrs.ah_attr.grh.sgid_index = sgid;
+            sgid = bound;
             mask |= pvrdma_mask(QpAttrMask::AV);
         }
-        let req = abi::ModifyQp {
-            qp_handle: qp.handle,
-            attr_mask: mask,
-            attrs,
-            ..Default::default()
+        let rd = |set: QpAttrMask, n: u8, max: u32| match m.mask.contains(set) {
+            true => rd_atomic(n, max),
+            false => 0,
         };
-        st.chan.command(&self.regs, op, opcode::MODIFY_QP, req)?;
+        let max_rd_atomic = rd(
+            QpAttrMask::MAX_QP_RD_ATOMIC,
+            m.max_rd_atomic,
+            self.caps.max_qp_init_rd_atom,
+        );
+        let max_dest_rd_atomic = rd(
+            QpAttrMask::MAX_DEST_RD_ATOMIC,
+            m.max_dest_rd_atomic,
+            self.caps.max_qp_rd_atom,
+        );
+        // Filled in the command slot (the fields not named stay zero). L-VRB numbers QP states
+        // and MTUs as InfiniBand (and ibverbs) do.
+        let req: &mut abi::ModifyQp = st.chan.slot(opcode::MODIFY_QP);
+        req.qp_handle = qp.handle;
+        req.attr_mask = mask;
+        let a = &mut req.attrs;
+        a.qp_state = m.state.to_raw();
+        a.path_mtu = m.path_mtu as u32;
+        a.qkey = m.qkey;
+        a.rq_psn = m.rq_psn;
+        a.sq_psn = m.sq_psn;
+        a.dest_qp_num = m.dest_qpn;
+        a.qp_access_flags = pvrdma_access(m.access);
+        a.pkey_index = m.pkey_index;
+        a.max_rd_atomic = max_rd_atomic;
+        a.max_dest_rd_atomic = max_dest_rd_atomic;
+        a.min_rnr_timer = m.min_rnr_timer;
+        a.port_num = m.port;
+        a.timeout = m.timeout;
+        a.retry_cnt = m.retry_cnt;
+        a.rnr_retry = m.rnr_retry;
+        let ah = &mut a.ah_attr;
+        if let Some(av) = m.av {
+            ah.grh.dgid = av.dgid.0;
+            ah.grh.flow_label = av.flow_label;
+            ah.grh.hop_limit = av.hop_limit;
+            ah.grh.traffic_class = av.traffic_class;
+            ah.sl = av.sl;
+            ah.ah_flags = abi::AH_GRH;
+            ah.port_num = m.port;
+        }
+        ah.grh.sgid_index = sgid;
+        st.chan.run(&self.regs, op, opcode::MODIFY_QP)?;
         qp.state = m.state;
         if matches!(m.state, QpState::Init | QpState::Rtr | QpState::Rts) {
             qp.host = m.state;
@@ -216,19 +216,18 @@ impl<H: Hal> Pvrdma<H> {
             qp.qkey = m.qkey;
         }
         if m.mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            qp.max_rd_atomic = attrs.max_rd_atomic;
+            qp.max_rd_atomic = max_rd_atomic;
         }
         if m.mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            qp.max_dest_rd_atomic = attrs.max_dest_rd_atomic;
+            qp.max_dest_rd_atomic = max_dest_rd_atomic;
         }
         if mask & pvrdma_mask(QpAttrMask::AV) != 0 {
-            qp.sgid_index = attrs.ah_attr.grh.sgid_index;
+            qp.sgid_index = sgid;
         }
         drop(st);
         // What was set, for queries where the device reports nothing (rd_atomic as applied).
         let mut applied = *m;
-        (applied.max_rd_atomic, applied.max_dest_rd_atomic) =
-            (attrs.max_rd_atomic, attrs.max_dest_rd_atomic);
+        (applied.max_rd_atomic, applied.max_dest_rd_atomic) = (max_rd_atomic, max_dest_rd_atomic);
         qp.ctl.record_mut().merge(&applied);
         match (m.state, &locks) {
             (QpState::Reset, Some(locks)) => {
@@ -262,14 +261,13 @@ impl<H: Hal> Pvrdma<H> {
     /// other attribute comes from the record.
     pub(crate) fn query_qp_impl(&self, qp: &Qp<H>) -> Result<QpAttr> {
         let op = Op::QueryQp;
-        let req = abi::QueryQp {
-            qp_handle: qp.handle,
+        let fill = |r: &mut abi::QueryQp| {
+            r.qp_handle = qp.handle;
             // Every defined attribute, and only those: QEMU hands the mask to the host's
             // ibv_query_qp, which refuses unknown bits (EOPNOTSUPP, seen on QEMU over rxe).
-            attr_mask: pvrdma_mask(QpAttrMask::all()),
-            ..Default::default()
+            r.attr_mask = pvrdma_mask(QpAttrMask::all());
         };
-        let r: abi::QueryQpResp = self.exec(op, opcode::QUERY_QP, req)?;
+        let r: abi::QueryQpResp = self.exec((op, opcode::QUERY_QP), fill)?;
         let a = r.attrs;
         let reported = QpState::from_raw(a.qp_state)
             .ok_or_else(|| Error::bad_value(op, &"qp_state", a.qp_state))?;

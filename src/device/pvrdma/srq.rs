@@ -84,19 +84,10 @@ impl<H: Hal> Pvrdma<H> {
             max_sge: layout.sge,
             srq_limit: attr.srq_limit,
         };
-        let req = abi::CreateSrq {
-            pdir_dma: mem.pdir.paddr(),
-            pd_handle: pd.handle,
-            nchunks,
-            attrs: abi::SrqAttr {
-                max_wr: actual.max_wr,
-                max_sge: actual.max_sge,
-                srq_limit: actual.srq_limit,
-                reserved: 0,
-            },
-            ..Default::default()
-        };
-        st.chan.send(opcode::CREATE_SRQ, req);
+        let req: &mut abi::CreateSrq = st.chan.slot(opcode::CREATE_SRQ);
+        (req.pdir_dma, req.pd_handle, req.nchunks) = (mem.pdir.paddr(), pd.handle, nchunks);
+        let a = &mut req.attrs;
+        (a.max_wr, a.max_sge, a.srq_limit) = (actual.max_wr, actual.max_sge, actual.srq_limit);
         if let Err((e, kept)) = st.run_create(&self.regs, Object::Srq, op, opcode::CREATE_SRQ) {
             if kept {
                 // The device may have made it: its memory is kept, its PD stays busy for good.
@@ -179,16 +170,11 @@ impl<H: Hal> Pvrdma<H> {
         if st.chan.srq_swapped {
             return Err(unsupported);
         }
-        let req = abi::ModifySrq {
-            srq_handle: srq.handle,
-            attr_mask: abi::srq_mask::LIMIT,
-            attrs: abi::SrqAttr {
-                srq_limit: limit,
-                ..Default::default()
-            },
-            ..Default::default()
+        let fill = |r: &mut abi::ModifySrq| {
+            (r.srq_handle, r.attr_mask) = (srq.handle, abi::srq_mask::LIMIT);
+            r.attrs.srq_limit = limit;
         };
-        match st.chan.command(&self.regs, op, opcode::MODIFY_SRQ, req) {
+        match st.chan.command(&self.regs, (op, opcode::MODIFY_SRQ), fill) {
             Ok(()) => {
                 srq.limit.store(limit, Ordering::Relaxed);
                 Ok(())
@@ -215,13 +201,10 @@ impl<H: Hal> Pvrdma<H> {
         if st.chan.srq_swapped {
             return Ok(known);
         }
-        let req = abi::QuerySrq {
-            srq_handle: srq.handle,
-            ..Default::default()
-        };
+        let fill = |r: &mut abi::QuerySrq| r.srq_handle = srq.handle;
         match st
             .chan
-            .exec::<_, abi::QuerySrqResp>(&self.regs, op, opcode::QUERY_SRQ, req)
+            .exec::<_, abi::QuerySrqResp>(&self.regs, (op, opcode::QUERY_SRQ), fill)
         {
             Ok(r) => {
                 let a = r.attrs;
