@@ -302,7 +302,7 @@ impl<H: Hal> Pvrdma<H> {
         let (r, mem): (abi::CreateCqResp, _) =
             st.create(&self.regs, crate::error::Object::Cq, code, fill, mem)?;
         drop(st);
-        let cq = Cq {
+        let mut cq = Cq {
             handle: r.cq_handle,
             entries: cqe,
             ring: Ring::new(&mem.data, abi::RING_STATE_RX, 1, cqe, abi::CQE_SIZE as u32),
@@ -320,27 +320,23 @@ impl<H: Hal> Pvrdma<H> {
             },
             slot: None,
         };
-        if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
-            // Garbage: the CQ cannot be used as the device described it. Undo, best effort.
-            let (field, value) = if r.cqe != cqe {
-                (&"cqe", r.cqe)
+        // The CQ as the device described it must be usable, and a CQ on a channel must be able
+        // to raise events; otherwise it is undone, best effort.
+        let refused = if r.cqe != cqe || r.cq_handle > db::HANDLE_MASK {
+            // Garbage: the CQ cannot be used as the device described it.
+            Some(if r.cqe != cqe {
+                Error::bad_value(op, &"cqe", r.cqe)
             } else {
-                (&"cq_handle", r.cq_handle)
-            };
-            if let Err((cq, _)) = self.destroy_cq_impl(cq) {
-                core::mem::forget(cq);
-            }
-            return Err(Error::bad_value(op, field, value));
-        }
-        let hub = self.events.hub();
-        let mut cq = cq;
-        cq.slot = hub.attach(cq.handle, channel);
-        if cq.slot.is_none() && channel.is_some() {
-            // A CQ on a channel must be able to raise events.
-            let e = Error::Resource(Resource::Objects {
+                Error::bad_value(op, &"cq_handle", r.cq_handle)
+            })
+        } else {
+            cq.slot = self.events.hub().attach(cq.handle, channel);
+            (cq.slot.is_none() && channel.is_some()).then_some(Error::Resource(Resource::Objects {
                 object: Object::CqEventSlot,
                 limit: crate::events::CQ_SLOTS as u32,
-            });
+            }))
+        };
+        if let Some(e) = refused {
             if let Err((cq, _)) = self.destroy_cq_impl(cq) {
                 core::mem::forget(cq);
             }
