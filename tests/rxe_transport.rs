@@ -1217,3 +1217,119 @@ fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() 
     }
     teardown(l);
 }
+
+#[test]
+fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
+    // RC opcodes (IBA 9.2): RDMA READ request; AETH syndrome of an RNR NAK (timer code 1).
+    const READ_REQUEST: u8 = 0x0C;
+    const RNR_NAK: u8 = 0x21;
+    use bareverbs::device::rxe::wire::packet::{Frame, Route, build, parse};
+    const LEN: usize = 16384;
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(LEN + 4096, ALL).unwrap();
+        let mut mb = pds.1.register(LEN + 4096, ALL).unwrap();
+        for (i, b) in mb.as_mut_slice()[..LEN].iter_mut().enumerate() {
+            *b = (i * 3 + 2) as u8;
+        }
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+        // One exchange first: the peers know each other's MAC; B's ACK is the template of the
+        // NAK forged below.
+        // SAFETY: the buffers stay registered and untouched until the completions.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.rdma_write(
+                0,
+                SIG,
+                (mb.addr() + LEN as u64, mb.rkey()),
+                &[ma.sge(0, 8).unwrap()],
+            )
+            .unwrap();
+            s.finish();
+        }
+        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+        let (_, template) = l
+            .seg
+            .sent()
+            .into_iter()
+            .rev()
+            .find(|(from, _)| *from == 1)
+            .unwrap();
+        let start = l.seg.sent().len();
+        // B's NIC sends nothing for now: the READ goes unanswered.
+        l.seg.set_tx_credit(1, Some(0));
+        // SAFETY: as above.
+        unsafe {
+            let mut r = p.qb.recv_batch();
+            r.recv(9, &[mb.sge(LEN as u32, 4096).unwrap()]).unwrap();
+            r.finish();
+            let mut s = p.qa.send_batch();
+            s.rdma_read(
+                1,
+                SIG,
+                (mb.addr(), mb.rkey()),
+                &[ma.sge(0, LEN as u32).unwrap()],
+            )
+            .unwrap();
+            s.send(2, SIG, &[ma.sge(LEN as u32, 64).unwrap()]).unwrap();
+            s.finish();
+        }
+        l.run(1);
+        let a_sent = |from: usize| -> Vec<(u8, u32)> {
+            l.seg.sent()[start..]
+                .iter()
+                .filter(|(f, fr)| *f == from && fr.len() > 60 && fr[36..38] == [0x12, 0xB7])
+                .map(|(_, fr)| bth_of(fr))
+                .collect()
+        };
+        let first = a_sent(0);
+        let read_psn = first.iter().find(|f| f.0 == READ_REQUEST).unwrap().1;
+        let send_psn = (read_psn + (LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        assert!(
+            first.contains(&(4, send_psn)),
+            "A sent the SEND after the READ: {first:?}"
+        );
+        // An RNR NAK for the SEND reaches A before any of the READ's responses (as from a
+        // responder that lost them or let the NAK overtake them).
+        let Ok(Frame::Roce(t)) = parse(&template) else {
+            panic!("B's ACK parses");
+        };
+        let route = Route {
+            src_mac: t.src_mac,
+            dst_mac: template[..6].try_into().unwrap(),
+            src_ip: t.ip.src,
+            dst_ip: t.ip.dst,
+            tos: 0,
+            ttl: 64,
+            src_port: t.udp.src_port,
+        };
+        let mut h = t.headers;
+        h.bth.psn = send_psn;
+        h.aeth.as_mut().unwrap().syndrome = RNR_NAK;
+        let mut buf = vec![0u8; 1600];
+        let n = build(&mut buf, &route, 7, &h, &[]).unwrap();
+        l.seg.inject(1, &buf[..n]);
+        l.run(1);
+        l.seg.set_tx_credit(1, None);
+        let got = wait_a(&l, &p, 2);
+        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+        assert_eq!(ma.as_slice()[..LEN], mb.as_slice()[..LEN], "the bytes read");
+        // Every READ request A sent names the READ's own first PSN: nothing of it came back,
+        // so it is asked again whole (not from the NAK's PSN, which is the SEND's).
+        let reads: Vec<u32> = a_sent(0)
+            .into_iter()
+            .filter(|f| f.0 == READ_REQUEST)
+            .map(|f| f.1)
+            .collect();
+        assert!(
+            reads.len() >= 2 && reads.iter().all(|&psn| psn == read_psn),
+            "A asked for the READ again from PSN {read_psn}: {reads:?}"
+        );
+        drop(p);
+    }
+    teardown(l);
+}
+

@@ -392,6 +392,42 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     run(net, q);
 }
 
+/// A NAK for the request at `psn` (the requests before it acknowledged): RNR (`rnr`, `code` the
+/// timer) waits and sends it again; a sequence error goes back to it; the others fail it.
+fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code: u8) {
+    if rnr {
+        if q.sq_tail == q.sq_next {
+            return;
+        }
+        if q.attr.rnr_retry != 7 {
+            if q.rnr_retries == 0 {
+                return fail(net, q, WcStatus::RnrRetryExcErr);
+            }
+            q.rnr_retries -= 1;
+        }
+        q.una = psn;
+        rewind(q);
+        q.rnr_until = net.now + u64::from(RNR_US[usize::from(code)]).max(1);
+        return;
+    }
+    let status = match code {
+        0 => {
+            q.una = psn;
+            retry(net, q);
+            run(net, q);
+            return;
+        }
+        1 => WcStatus::RemInvReqErr,
+        2 => WcStatus::RemAccessErr,
+        _ => WcStatus::RemOpErr,
+    };
+    if q.sq_tail == q.sq_next {
+        // The acknowledge completed everything: nothing left to fail.
+        return;
+    }
+    fail(net, q, status)
+}
+
 /// An answer from the peer (ACK, NAK, READ response, atomic acknowledge).
 pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
     if q.state != QpState::Rts || q.qp_type != QpType::Rc {
@@ -417,40 +453,15 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                     retry(net, q);
                 }
             }
-            1 => {
-                ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
-                if q.sq_tail == q.sq_next {
-                    return;
+            kind @ (1 | 3) => {
+                // A NAK acknowledges the requests before its PSN: a READ or atomic among them
+                // still without its answer lost it, and is asked again from where it stopped
+                // (a retry, as for an ACK past it), whatever the NAK says of the later request.
+                if ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK)) {
+                    retry(net, q);
+                } else {
+                    return nak(net, q, psn, kind == 1, syndrome & 0x1F);
                 }
-                if q.attr.rnr_retry != 7 {
-                    if q.rnr_retries == 0 {
-                        return fail(net, q, WcStatus::RnrRetryExcErr);
-                    }
-                    q.rnr_retries -= 1;
-                }
-                q.una = psn;
-                rewind(q);
-                q.rnr_until = net.now + u64::from(RNR_US[usize::from(syndrome & 0x1F)]).max(1);
-                return;
-            }
-            3 => {
-                ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
-                let status = match syndrome & 0x1F {
-                    0 => {
-                        q.una = psn;
-                        retry(net, q);
-                        run(net, q);
-                        return;
-                    }
-                    1 => WcStatus::RemInvReqErr,
-                    2 => WcStatus::RemAccessErr,
-                    _ => WcStatus::RemOpErr,
-                };
-                if q.sq_tail == q.sq_next {
-                    // The acknowledge above completed everything: nothing left to fail.
-                    return;
-                }
-                return fail(net, q, status);
             }
             _ => {
                 return fail(net, q, WcStatus::BadRespErr);
