@@ -1333,3 +1333,124 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
     teardown(l);
 }
 
+#[test]
+fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_for() {
+    // RC opcodes (IBA 9.2): RDMA READ request, READ RESPONSE LAST, ACKNOWLEDGE (which also
+    // carries NAKs: the AETH syndrome tells).
+    const READ_REQUEST: u8 = 0x0C;
+    const READ_RESPONSE_LAST: u8 = 0x0F;
+    const ACK: u8 = 0x11;
+    const LEN: usize = 16384;
+    let l = lab(Faults::default());
+    {
+        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let ma = pds.0.register(LEN + 4096, ALL).unwrap();
+        let mut mb = pds.1.register(LEN + 4096, ALL).unwrap();
+        for (i, b) in mb.as_mut_slice()[..LEN].iter_mut().enumerate() {
+            *b = (i * 5 + 1) as u8;
+        }
+        // Infinite RNR retries: the SEND lands once B posts its receive.
+        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
+        // One exchange first: the peers know each other's MAC.
+        // SAFETY: the buffers stay registered and untouched until the completions.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.rdma_write(
+                0,
+                SIG,
+                (mb.addr() + LEN as u64, mb.rkey()),
+                &[ma.sge(0, 8).unwrap()],
+            )
+            .unwrap();
+            s.finish();
+        }
+        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+        let start = l.seg.sent().len();
+        // From now on B's NIC takes two frames a round (its transmit ring is full otherwise).
+        let round = || {
+            l.seg.set_tx_credit(1, Some(2));
+            l.run(1);
+        };
+        // SAFETY: as above.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.rdma_read(
+                1,
+                SIG,
+                (mb.addr(), mb.rkey()),
+                &[ma.sge(0, LEN as u32).unwrap()],
+            )
+            .unwrap();
+            s.finish();
+        }
+        // B answers the READ in part; the SEND comes in, with no receive posted, while the
+        // rest waits for room: B answers it with an RNR NAK.
+        round();
+        // SAFETY: as above.
+        unsafe {
+            let mut s = p.qa.send_batch();
+            s.send(2, SIG, &[ma.sge(LEN as u32, 64).unwrap()]).unwrap();
+            s.finish();
+        }
+        let mut got = Vec::new();
+        let mut posted = false;
+        for _ in 0..400 {
+            drain(p.ca, &mut got);
+            if got.len() >= 2 {
+                break;
+            }
+            if !posted && got.iter().any(|w| w.wr_id == 1) {
+                // SAFETY: as above.
+                unsafe {
+                    let mut r = p.qb.recv_batch();
+                    r.recv(9, &[mb.sge(LEN as u32, 4096).unwrap()]).unwrap();
+                    r.finish();
+                }
+                posted = true;
+            }
+            round();
+        }
+        l.seg.set_tx_credit(1, None);
+        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+        assert_eq!(ma.as_slice()[..LEN], mb.as_slice()[..LEN], "the bytes read");
+
+        let sent = l.seg.sent()[start..].to_vec();
+        let roce = |f: &[u8]| f.len() > 60 && f[12..14] == [8, 0] && f[36..38] == [0x12, 0xB7];
+        let reads: Vec<u32> = sent
+            .iter()
+            .filter(|(from, f)| *from == 0 && roce(f) && bth_of(f).0 == READ_REQUEST)
+            .map(|(_, f)| bth_of(f).1)
+            .collect();
+        assert_eq!(reads.len(), 1, "A asked once (no retry): {reads:?}");
+        let last = (reads[0] + (LEN as u32).div_ceil(1024) - 1) & 0xFF_FFFF;
+        // B's frames: (opcode, PSN, AETH syndrome of an acknowledge).
+        let aeth = bareverbs::device::rxe::wire::packet::ROCE_OFFSET + 12;
+        let b: Vec<(u8, u32, u8)> = sent
+            .iter()
+            .filter(|(from, f)| *from == 1 && roce(f))
+            .map(|(_, f)| {
+                let (op, psn) = bth_of(f);
+                (op, psn, if op == ACK { f[aeth] } else { 0 })
+            })
+            .collect();
+        let end = b
+            .iter()
+            .position(|&(op, psn, _)| op == READ_RESPONSE_LAST && psn == last)
+            .unwrap_or_else(|| panic!("the READ's last response (PSN {last}) in {b:?}"));
+        assert!(
+            b[..end].iter().all(|&(op, _, _)| op != ACK),
+            "a NAK of a later request went out before the READ's responses: {b:?}"
+        );
+        let send = (last + 1) & 0xFF_FFFF;
+        assert!(
+            b[end..]
+                .iter()
+                .any(|&(op, psn, syn)| op == ACK && psn == send && syn & 0xE0 == 0x20),
+            "the SEND refused with an RNR NAK after them: {b:?}"
+        );
+        drop(p);
+    }
+    teardown(l);
+}

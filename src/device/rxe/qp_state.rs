@@ -76,9 +76,9 @@ pub(crate) struct QpCore {
     pub(crate) res_next: u32,
     /// Answers the NIC had no room for: the PSN to answer from next, and where to.
     pub(crate) backlog: Option<(u32, Route)>,
-    /// An acknowledgement held behind the backlog (its PSN, the latest that asked for one, and
-    /// where to send it): sent when the backlog is out.
-    pub(crate) ack_due: Option<(u32, Route)>,
+    /// An acknowledgement or NAK held behind the backlog (its PSN, its AETH syndrome and where
+    /// to send it): sent when the backlog is out.
+    pub(crate) ack_due: Option<(u32, u8, Route)>,
 }
 
 impl QpCore {

@@ -1,8 +1,8 @@
 //! What the responder sends back: the route and headers of an answer, ACKs and NAKs, READ
 //! responses and atomic acknowledgements; and the answers the NIC had no room for, kept in
-//! the QP's backlog and sent in PSN order from the device's progress, with any ACK of a later
-//! request held behind them (an ACK past an outstanding READ tells the requester its
-//! responses were lost: it would ask again).
+//! the QP's backlog and sent in PSN order from the device's progress, with any ACK (or RNR or
+//! sequence NAK) of a later request held behind them (an acknowledgement past an outstanding
+//! READ tells the requester its responses were lost: it would ask again).
 
 use bareverbs_hal::Link;
 
@@ -77,20 +77,41 @@ fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn:
     !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }
 
-/// Acknowledges the requests up to `psn` (which asked for it), unless answers to earlier
-/// READs or atomics still wait for room (`q.backlog`): an acknowledgement overtaking them
-/// would tell the requester they were lost (it retries the READ), so it is sent once they
-/// are out ([`drain`]), for the latest PSN that asked by then.
+/// Acknowledges the requests up to `psn` (which asked for it): [`answer_in_order`] with an ACK.
 pub(super) fn ack_in_order<L: Link>(
     net: &mut Net<'_, L>,
     q: &mut QpCore,
     p: &Packet<'_>,
     psn: u32,
 ) {
-    if q.backlog.is_some() {
-        q.ack_due = Some((psn, reply_route(net, q, p)));
-    } else {
-        ack(net, q, p, syndrome::ACK, psn);
+    answer_in_order(net, q, p, syndrome::ACK, psn);
+}
+
+/// Sends the ACK or NAK `syn` for `psn`, unless answers to earlier READs or atomics still wait
+/// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
+/// the requests before its PSN) overtaking them would tell the requester they were lost (it
+/// retries the READ). It is then held and sent once they are out ([`drain`]); one is held,
+/// the answer to the latest PSN, a NAK before an ACK of the same PSN, the first NAK of a PSN
+/// kept (the requester goes back to it either way).
+pub(super) fn answer_in_order<L: Link>(
+    net: &mut Net<'_, L>,
+    q: &mut QpCore,
+    p: &Packet<'_>,
+    syn: u8,
+    psn: u32,
+) {
+    if q.backlog.is_none() {
+        return ack(net, q, p, syn, psn);
+    }
+    let replaces = match q.ack_due {
+        None => true,
+        Some((held, held_syn, _)) => match psn_diff(psn, held) {
+            0 => held_syn == syndrome::ACK && syn != syndrome::ACK,
+            d => d > 0,
+        },
+    };
+    if replaces {
+        q.ack_due = Some((psn, syn, reply_route(net, q, p)));
     }
 }
 
@@ -181,8 +202,8 @@ pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             return;
         }
     }
-    if let Some((psn, route)) = q.ack_due
-        && ack_to(net, q, route, syndrome::ACK, psn)
+    if let Some((psn, syn, route)) = q.ack_due
+        && ack_to(net, q, route, syn, psn)
     {
         q.ack_due = None;
     }

@@ -10,7 +10,9 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::reply::{ack, ack_in_order, answer_from, answered, reply_route, syndrome};
+use super::reply::{
+    ack, ack_in_order, answer_from, answer_in_order, answered, reply_route, syndrome,
+};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
 use super::wire::packet::Packet;
@@ -39,7 +41,7 @@ pub(crate) fn on_request<L: Link>(
         if !q.nak_sent {
             q.nak_sent = true;
             let e = q.epsn;
-            ack(net, q, p, syndrome::SEQ, e);
+            answer_in_order(net, q, p, syndrome::SEQ, e);
         }
         return;
     }
@@ -59,7 +61,7 @@ pub(crate) fn on_request<L: Link>(
         Ok(()) => {}
         Err(Fail::Rnr) => {
             let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
-            ack(net, q, p, syn, psn);
+            answer_in_order(net, q, p, syn, psn);
         }
         Err(f) => {
             let (syn, status) = match f {
