@@ -104,11 +104,10 @@ impl<H: Hal> Channel<H> {
     pub(crate) fn slot<Q: Request>(&mut self, code: u32) -> &mut Q {
         const { assert!(size_of::<Q>() <= CMD_SLOT_SIZE && align_of::<Q>() <= 8) };
         let hdr = self.begin(code);
-        // SAFETY: the command slot is the first CMD_SLOT_SIZE bytes of the channel's page (one
-        // page, page-aligned: `Dma::new`), which Q fits in and is aligned for (checked at
-        // compile time above); `begin` zeroed it, and a Pod is valid as zeros. The device only
-        // reads the command slot, after `run`'s fence and doorbell; the borrow of `self` keeps
-        // the driver's other uses of the page out until the request is filled.
+        // The slot: the page's first CMD_SLOT_SIZE bytes (page-aligned, `Dma::new`), zeroed by
+        // `begin`; the device only reads it, after `run`'s fence and doorbell.
+        // SAFETY: Q fits the slot and is aligned for it (checked above), is valid as zeros
+        // (Pod), and the borrow of `self` keeps every other use of the page out meanwhile.
         let req = unsafe { &mut *self.page.base().as_ptr().cast::<Q>() };
         *req.hdr_mut() = hdr;
         req

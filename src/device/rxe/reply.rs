@@ -77,16 +77,6 @@ fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn:
     !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }
 
-/// Acknowledges the requests up to `psn` (which asked for it): [`answer_in_order`] with an ACK.
-pub(super) fn ack_in_order<L: Link>(
-    net: &mut Net<'_, L>,
-    q: &mut QpCore,
-    p: &Packet<'_>,
-    psn: u32,
-) {
-    answer_in_order(net, q, p, syndrome::ACK, psn);
-}
-
 /// Sends the ACK or NAK `syn` for `psn`, unless answers to earlier READs or atomics still wait
 /// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
 /// the requests before its PSN) overtaking them would tell the requester they were lost (it

@@ -10,9 +10,7 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::reply::{
-    ack, ack_in_order, answer_from, answer_in_order, answered, reply_route, syndrome,
-};
+use super::reply::{ack, answer_from, answer_in_order, answered, reply_route, syndrome};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
 use super::wire::packet::Packet;
@@ -126,7 +124,7 @@ fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, end: 
         q.msn = (q.msn + 1) & PSN_MASK;
     }
     if p.headers.bth.ack_req {
-        ack_in_order(net, q, p, psn);
+        answer_in_order(net, q, p, syndrome::ACK, psn);
     }
 }
 
@@ -374,7 +372,7 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
         }
         _ => {
             let last = psn_add(q.epsn, PSN_MASK);
-            ack_in_order(net, q, p, last);
+            answer_in_order(net, q, p, syndrome::ACK, last);
         }
     }
 }
