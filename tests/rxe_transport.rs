@@ -1108,54 +1108,110 @@ fn a_duplicate_atomic_is_answered_from_the_replay_cache_not_executed_again() {
     teardown(l);
 }
 
+// RC opcodes (IBA 9.2) and AETH syndromes the READ-ordering tests below look for.
+const READ_REQUEST: u8 = 0x0C;
+const READ_RESPONSE_LAST: u8 = 0x0F;
+const ACKNOWLEDGE: u8 = 0x11;
+const SYN_ACK: u8 = 0x1F;
+/// An RNR NAK's syndrome (timer code 1).
+const SYN_RNR_NAK: u8 = 0x21;
+/// Bytes the READ-ordering tests read: 16 packets at MTU 1024.
+const READ_LEN: usize = 16384;
+
+/// The READ-ordering tests' set-up: A and B connected (unlimited retries), B's region holding a
+/// pattern in its first [`READ_LEN`] bytes and 4096 more after them, one WRITE exchanged so the
+/// peers know each other's MAC; then `f` with the pair, A's region and B's region.
+fn read_setup(
+    l: &Lab,
+    f: impl for<'a> FnOnce(&mut Pair<'a>, &MemoryRegion<'a, R>, &MemoryRegion<'a, R>),
+) {
+    let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let ma = pds.0.register(READ_LEN + 4096, ALL).unwrap();
+    let mut mb = pds.1.register(READ_LEN + 4096, ALL).unwrap();
+    for (i, b) in mb.as_mut_slice()[..READ_LEN].iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    let mut p = pair(l, &pds, &cqs, ALL, (7, 7));
+    // SAFETY: the buffers stay registered and untouched until the completion.
+    unsafe {
+        let mut s = p.qa.send_batch();
+        s.rdma_write(
+            0,
+            SIG,
+            (mb.addr() + READ_LEN as u64, mb.rkey()),
+            &[ma.sge(0, 8).unwrap()],
+        )
+        .unwrap();
+        s.finish();
+    }
+    assert_eq!(wait_a(l, &p, 1)[0].status, WcStatus::Success);
+    f(&mut p, &ma, &mb);
+}
+
+/// The RoCE frames link `from` sent from `l.seg.sent()[start]` on: opcode, PSN, and the AETH
+/// syndrome of an acknowledge (0 for other opcodes).
+fn roce_sent(l: &Lab, start: usize, from: usize) -> Vec<(u8, u32, u8)> {
+    let aeth = bareverbs::device::rxe::wire::packet::ROCE_OFFSET + 12;
+    l.seg.sent()[start..]
+        .iter()
+        .filter(|(by, f)| {
+            *by == from && f.len() > 60 && f[12..14] == [8, 0] && f[36..38] == [0x12, 0xB7]
+        })
+        .map(|(_, f)| {
+            let (op, psn) = bth_of(f);
+            (op, psn, if op == ACKNOWLEDGE { f[aeth] } else { 0 })
+        })
+        .collect()
+}
+
+/// The PSNs of the READ requests A sent from `start` on.
+fn read_requests(l: &Lab, start: usize) -> Vec<u32> {
+    let a = roce_sent(l, start, 0).into_iter();
+    a.filter(|f| f.0 == READ_REQUEST).map(|f| f.1).collect()
+}
+
+/// Checks that B sent no acknowledge (ACK or NAK) before the last response of the READ that
+/// started at `read_psn`, and then the acknowledge `(PSN, syndrome)` `after`.
+fn acknowledged_after_the_read(l: &Lab, start: usize, read_psn: u32, after: (u32, u8)) {
+    let last = (read_psn + (READ_LEN as u32).div_ceil(1024) - 1) & 0xFF_FFFF;
+    let b = roce_sent(l, start, 1);
+    let end = b
+        .iter()
+        .position(|&(op, psn, _)| op == READ_RESPONSE_LAST && psn == last)
+        .unwrap_or_else(|| panic!("the READ's last response (PSN {last}) in {b:?}"));
+    assert!(
+        b[..end].iter().all(|&(op, _, _)| op != ACKNOWLEDGE),
+        "an acknowledge of a later request went out before the READ's responses: {b:?}"
+    );
+    assert!(
+        b[end..].contains(&(ACKNOWLEDGE, after.0, after.1)),
+        "the acknowledge {after:?} after them: {b:?}"
+    );
+}
+
 #[test]
 fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() {
-    // RC opcodes (IBA 9.2): RDMA READ request, READ RESPONSE LAST, ACKNOWLEDGE.
-    const READ_REQUEST: u8 = 0x0C;
-    const READ_RESPONSE_LAST: u8 = 0x0F;
-    const ACK: u8 = 0x11;
-    const LEN: usize = 16384;
     let l = lab(Faults::default());
-    {
-        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-        let ma = pds.0.register(LEN + 4096, ALL).unwrap();
-        let mut mb = pds.1.register(LEN + 4096, ALL).unwrap();
-        for (i, b) in mb.as_mut_slice()[..LEN].iter_mut().enumerate() {
-            *b = (i * 7 + 3) as u8;
-        }
-        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
-        // One exchange first: the peers know each other's MAC.
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.rdma_write(
-                0,
-                SIG,
-                (mb.addr() + LEN as u64, mb.rkey()),
-                &[ma.sge(0, 8).unwrap()],
-            )
-            .unwrap();
-            s.finish();
-        }
-        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+    read_setup(&l, |p, ma, mb| {
         let start = l.seg.sent().len();
         // From now on B's NIC takes two frames a round (its transmit ring is full otherwise).
         let round = || {
             l.seg.set_tx_credit(1, Some(2));
             l.run(1);
         };
-        // SAFETY: as above.
+        // SAFETY: the buffers stay registered and untouched until the completions.
         unsafe {
             let mut r = p.qb.recv_batch();
-            r.recv(9, &[mb.sge(LEN as u32, 4096).unwrap()]).unwrap();
+            r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
+                .unwrap();
             r.finish();
             let mut s = p.qa.send_batch();
             s.rdma_read(
                 1,
                 SIG,
                 (mb.addr(), mb.rkey()),
-                &[ma.sge(0, LEN as u32).unwrap()],
+                &[ma.sge(0, READ_LEN as u32).unwrap()],
             )
             .unwrap();
             s.finish();
@@ -1165,7 +1221,8 @@ fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() 
         // SAFETY: as above.
         unsafe {
             let mut s = p.qa.send_batch();
-            s.send(2, SIG, &[ma.sge(LEN as u32, 64).unwrap()]).unwrap();
+            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
+                .unwrap();
             s.finish();
         }
         let mut got = Vec::new();
@@ -1179,77 +1236,30 @@ fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() 
         l.seg.set_tx_credit(1, None);
         let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(ma.as_slice()[..LEN], mb.as_slice()[..LEN], "the bytes read");
+        assert_eq!(
+            ma.as_slice()[..READ_LEN],
+            mb.as_slice()[..READ_LEN],
+            "the bytes read"
+        );
         let mut rb = Vec::new();
         drain(p.cb, &mut rb);
         assert_eq!(rb.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [9]);
 
-        let sent = l.seg.sent()[start..].to_vec();
-        let roce = |f: &[u8]| f.len() > 60 && f[12..14] == [8, 0] && f[36..38] == [0x12, 0xB7];
-        let reads: Vec<u32> = sent
-            .iter()
-            .filter(|(from, f)| *from == 0 && roce(f) && bth_of(f).0 == READ_REQUEST)
-            .map(|(_, f)| bth_of(f).1)
-            .collect();
+        let reads = read_requests(&l, start);
         assert_eq!(reads.len(), 1, "A asked once (no retry): {reads:?}");
-        // The READ takes PSNs first..=last; the SEND's PSN follows.
-        let last = (reads[0] + (LEN as u32).div_ceil(1024) - 1) & 0xFF_FFFF;
-        let b: Vec<(u8, u32)> = sent
-            .iter()
-            .filter(|(from, f)| *from == 1 && roce(f))
-            .map(|(_, f)| bth_of(f))
-            .collect();
-        let end = b
-            .iter()
-            .position(|&(op, psn)| op == READ_RESPONSE_LAST && psn == last)
-            .unwrap_or_else(|| panic!("the READ's last response (PSN {last}) in {b:?}"));
-        assert!(
-            b[..end].iter().all(|&(op, _)| op != ACK),
-            "an acknowledgement of a later request went out before the READ's responses: {b:?}"
-        );
-        assert!(
-            b[end..]
-                .iter()
-                .any(|&(op, psn)| op == ACK && psn == (last + 1) & 0xFF_FFFF),
-            "the SEND acknowledged after them: {b:?}"
-        );
-        drop(p);
-    }
+        // The READ takes PSNs first..=last; the SEND's PSN follows: ACKed after them.
+        let send = (reads[0] + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        acknowledged_after_the_read(&l, start, reads[0], (send, SYN_ACK));
+    });
     teardown(l);
 }
 
 #[test]
 fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
-    // RC opcodes (IBA 9.2): RDMA READ request; AETH syndrome of an RNR NAK (timer code 1).
-    const READ_REQUEST: u8 = 0x0C;
-    const RNR_NAK: u8 = 0x21;
     use bareverbs::device::rxe::wire::packet::{Frame, Route, build, parse};
-    const LEN: usize = 16384;
     let l = lab(Faults::default());
-    {
-        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-        let ma = pds.0.register(LEN + 4096, ALL).unwrap();
-        let mut mb = pds.1.register(LEN + 4096, ALL).unwrap();
-        for (i, b) in mb.as_mut_slice()[..LEN].iter_mut().enumerate() {
-            *b = (i * 3 + 2) as u8;
-        }
-        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
-        // One exchange first: the peers know each other's MAC; B's ACK is the template of the
-        // NAK forged below.
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.rdma_write(
-                0,
-                SIG,
-                (mb.addr() + LEN as u64, mb.rkey()),
-                &[ma.sge(0, 8).unwrap()],
-            )
-            .unwrap();
-            s.finish();
-        }
-        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+    read_setup(&l, |p, ma, mb| {
+        // B's ACK of the set-up's WRITE: the template of the NAK forged below.
         let (_, template) = l
             .seg
             .sent()
@@ -1260,35 +1270,30 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
         let start = l.seg.sent().len();
         // B's NIC sends nothing for now: the READ goes unanswered.
         l.seg.set_tx_credit(1, Some(0));
-        // SAFETY: as above.
+        // SAFETY: the buffers stay registered and untouched until the completions.
         unsafe {
             let mut r = p.qb.recv_batch();
-            r.recv(9, &[mb.sge(LEN as u32, 4096).unwrap()]).unwrap();
+            r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
+                .unwrap();
             r.finish();
             let mut s = p.qa.send_batch();
             s.rdma_read(
                 1,
                 SIG,
                 (mb.addr(), mb.rkey()),
-                &[ma.sge(0, LEN as u32).unwrap()],
+                &[ma.sge(0, READ_LEN as u32).unwrap()],
             )
             .unwrap();
-            s.send(2, SIG, &[ma.sge(LEN as u32, 64).unwrap()]).unwrap();
+            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
+                .unwrap();
             s.finish();
         }
         l.run(1);
-        let a_sent = |from: usize| -> Vec<(u8, u32)> {
-            l.seg.sent()[start..]
-                .iter()
-                .filter(|(f, fr)| *f == from && fr.len() > 60 && fr[36..38] == [0x12, 0xB7])
-                .map(|(_, fr)| bth_of(fr))
-                .collect()
-        };
-        let first = a_sent(0);
-        let read_psn = first.iter().find(|f| f.0 == READ_REQUEST).unwrap().1;
-        let send_psn = (read_psn + (LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        let read_psn = read_requests(&l, start)[0];
+        let send_psn = (read_psn + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        let first = roce_sent(&l, start, 0);
         assert!(
-            first.contains(&(4, send_psn)),
+            first.contains(&(4, send_psn, 0)),
             "A sent the SEND after the READ: {first:?}"
         );
         // An RNR NAK for the SEND reaches A before any of the READ's responses (as from a
@@ -1307,79 +1312,49 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
         };
         let mut h = t.headers;
         h.bth.psn = send_psn;
-        h.aeth.as_mut().unwrap().syndrome = RNR_NAK;
+        h.aeth.as_mut().unwrap().syndrome = SYN_RNR_NAK;
         let mut buf = vec![0u8; 1600];
         let n = build(&mut buf, &route, 7, &h, &[]).unwrap();
         l.seg.inject(1, &buf[..n]);
         l.run(1);
         l.seg.set_tx_credit(1, None);
-        let got = wait_a(&l, &p, 2);
+        let got = wait_a(&l, p, 2);
         let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(ma.as_slice()[..LEN], mb.as_slice()[..LEN], "the bytes read");
+        assert_eq!(
+            ma.as_slice()[..READ_LEN],
+            mb.as_slice()[..READ_LEN],
+            "the bytes read"
+        );
         // Every READ request A sent names the READ's own first PSN: nothing of it came back,
         // so it is asked again whole (not from the NAK's PSN, which is the SEND's).
-        let reads: Vec<u32> = a_sent(0)
-            .into_iter()
-            .filter(|f| f.0 == READ_REQUEST)
-            .map(|f| f.1)
-            .collect();
+        let reads = read_requests(&l, start);
         assert!(
             reads.len() >= 2 && reads.iter().all(|&psn| psn == read_psn),
             "A asked for the READ again from PSN {read_psn}: {reads:?}"
         );
-        drop(p);
-    }
+    });
     teardown(l);
 }
 
 #[test]
 fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_for() {
-    // RC opcodes (IBA 9.2): RDMA READ request, READ RESPONSE LAST, ACKNOWLEDGE (which also
-    // carries NAKs: the AETH syndrome tells).
-    const READ_REQUEST: u8 = 0x0C;
-    const READ_RESPONSE_LAST: u8 = 0x0F;
-    const ACK: u8 = 0x11;
-    const LEN: usize = 16384;
     let l = lab(Faults::default());
-    {
-        let pds = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-        let cqs = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-        let ma = pds.0.register(LEN + 4096, ALL).unwrap();
-        let mut mb = pds.1.register(LEN + 4096, ALL).unwrap();
-        for (i, b) in mb.as_mut_slice()[..LEN].iter_mut().enumerate() {
-            *b = (i * 5 + 1) as u8;
-        }
-        // Infinite RNR retries: the SEND lands once B posts its receive.
-        let mut p = pair(&l, &pds, &cqs, ALL, (7, 7));
-        // One exchange first: the peers know each other's MAC.
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.rdma_write(
-                0,
-                SIG,
-                (mb.addr() + LEN as u64, mb.rkey()),
-                &[ma.sge(0, 8).unwrap()],
-            )
-            .unwrap();
-            s.finish();
-        }
-        assert_eq!(wait_a(&l, &p, 1)[0].status, WcStatus::Success);
+    read_setup(&l, |p, ma, mb| {
         let start = l.seg.sent().len();
         // From now on B's NIC takes two frames a round (its transmit ring is full otherwise).
         let round = || {
             l.seg.set_tx_credit(1, Some(2));
             l.run(1);
         };
-        // SAFETY: as above.
+        // SAFETY: the buffers stay registered and untouched until the completions.
         unsafe {
             let mut s = p.qa.send_batch();
             s.rdma_read(
                 1,
                 SIG,
                 (mb.addr(), mb.rkey()),
-                &[ma.sge(0, LEN as u32).unwrap()],
+                &[ma.sge(0, READ_LEN as u32).unwrap()],
             )
             .unwrap();
             s.finish();
@@ -1390,7 +1365,8 @@ fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_
         // SAFETY: as above.
         unsafe {
             let mut s = p.qa.send_batch();
-            s.send(2, SIG, &[ma.sge(LEN as u32, 64).unwrap()]).unwrap();
+            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
+                .unwrap();
             s.finish();
         }
         let mut got = Vec::new();
@@ -1404,7 +1380,8 @@ fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_
                 // SAFETY: as above.
                 unsafe {
                     let mut r = p.qb.recv_batch();
-                    r.recv(9, &[mb.sge(LEN as u32, 4096).unwrap()]).unwrap();
+                    r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
+                        .unwrap();
                     r.finish();
                 }
                 posted = true;
@@ -1414,43 +1391,17 @@ fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_
         l.seg.set_tx_credit(1, None);
         let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(ma.as_slice()[..LEN], mb.as_slice()[..LEN], "the bytes read");
+        assert_eq!(
+            ma.as_slice()[..READ_LEN],
+            mb.as_slice()[..READ_LEN],
+            "the bytes read"
+        );
 
-        let sent = l.seg.sent()[start..].to_vec();
-        let roce = |f: &[u8]| f.len() > 60 && f[12..14] == [8, 0] && f[36..38] == [0x12, 0xB7];
-        let reads: Vec<u32> = sent
-            .iter()
-            .filter(|(from, f)| *from == 0 && roce(f) && bth_of(f).0 == READ_REQUEST)
-            .map(|(_, f)| bth_of(f).1)
-            .collect();
+        let reads = read_requests(&l, start);
         assert_eq!(reads.len(), 1, "A asked once (no retry): {reads:?}");
-        let last = (reads[0] + (LEN as u32).div_ceil(1024) - 1) & 0xFF_FFFF;
-        // B's frames: (opcode, PSN, AETH syndrome of an acknowledge).
-        let aeth = bareverbs::device::rxe::wire::packet::ROCE_OFFSET + 12;
-        let b: Vec<(u8, u32, u8)> = sent
-            .iter()
-            .filter(|(from, f)| *from == 1 && roce(f))
-            .map(|(_, f)| {
-                let (op, psn) = bth_of(f);
-                (op, psn, if op == ACK { f[aeth] } else { 0 })
-            })
-            .collect();
-        let end = b
-            .iter()
-            .position(|&(op, psn, _)| op == READ_RESPONSE_LAST && psn == last)
-            .unwrap_or_else(|| panic!("the READ's last response (PSN {last}) in {b:?}"));
-        assert!(
-            b[..end].iter().all(|&(op, _, _)| op != ACK),
-            "a NAK of a later request went out before the READ's responses: {b:?}"
-        );
-        let send = (last + 1) & 0xFF_FFFF;
-        assert!(
-            b[end..]
-                .iter()
-                .any(|&(op, psn, syn)| op == ACK && psn == send && syn & 0xE0 == 0x20),
-            "the SEND refused with an RNR NAK after them: {b:?}"
-        );
-        drop(p);
-    }
+        // The SEND refused with an RNR NAK, after the READ's responses.
+        let send = (reads[0] + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        acknowledged_after_the_read(&l, start, reads[0], (send, SYN_RNR_NAK));
+    });
     teardown(l);
 }
