@@ -43,17 +43,24 @@
 # `driver_text_bytes` stays the PVRDMA driver with the verbs layer (code shared by both
 # devices, not generic over the device, counts here).
 # BAREVERBS_SIZE_TOP=N lists the N largest driver symbols on stderr.
-# Prints `link_text_symbols N`, the `rxe_text_*` lines, `driver_text_symbols N`,
-# `driver_text_inlined N`, then last `driver_text_bytes N` (the driver's sum).
+# Where the driver's bytes come from, one `driver_text_layer NAME N` line per layer (they sum to
+# driver_text_bytes): each counted byte goes to the innermost frame of its inline chain
+# (llvm-symbolizer) that lies in a driver file, so core code a driver function inlined counts
+# with that function's file. Layers: pvrdma (src/device/pvrdma, the device), verbs (src/verbs),
+# error, events, dma, pci (src/*.rs), hal (hal/src), other (the rest of src/), unattributed
+# (compiler-made code of line 0).
+# Prints `link_text_symbols N`, the `rxe_text_*` lines, the `driver_text_layer` lines,
+# `driver_text_symbols N`, `driver_text_inlined N`, then last `driver_text_bytes N` (the
+# driver's sum).
 #
-# Needs binutils (nm, objdump), llvm-dwarfdump (Debian package llvm) and python3; installed with
-# apt-get when missing and run as root.
+# Needs binutils (nm, objdump), llvm-dwarfdump and llvm-symbolizer (Debian package llvm) and
+# python3; installed with apt-get when missing and run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v nm >/dev/null && command -v objdump >/dev/null || need+=(binutils)
-command -v llvm-dwarfdump >/dev/null || need+=(llvm)
+command -v llvm-dwarfdump >/dev/null && command -v llvm-symbolizer >/dev/null || need+=(llvm)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || { echo "size.sh: missing tools: apt-get install ${need[*]}" >&2; exit 1; }

@@ -4,9 +4,11 @@
     driver_text.py KERNEL REPO
 
 KERNEL must carry DWARF line tables (`debug = "line-tables-only"`). Prints
+`driver_text_layer NAME N` lines (where the counted bytes come from, see `layers`),
 `driver_text_symbols N`, `driver_text_inlined N` and, last, `driver_text_bytes N`.
 """
 import bisect
+import json
 import os
 import re
 import subprocess
@@ -63,6 +65,49 @@ def link_symbol(name):
         re.match(LINK, name.lstrip("<"))
         or re.match(r"core::ptr::drop_in_place(?:::)?<\(?" + LINK, name)
     )
+
+
+# The layer a driver source file belongs to (`driver_text_layer` lines).
+LAYERS = (
+    ("src/device/pvrdma/", "pvrdma"),
+    ("src/verbs/", "verbs"),
+    ("src/error.rs", "error"),
+    ("src/events.rs", "events"),
+    ("src/dma.rs", "dma"),
+    ("src/pci.rs", "pci"),
+    ("hal/src/", "hal"),
+    ("src/", "other"),
+)
+
+
+def layers(kernel, repo, addresses):
+    """Bytes by layer: each counted byte goes to the innermost frame of its inline chain (from
+    llvm-symbolizer) that lies in a driver file, so core code a driver function inlined counts
+    with that function's file; `unattributed` when no frame of the chain is a driver file
+    (compiler-made code with line 0)."""
+    out = run_input(
+        ["llvm-symbolizer", "--inlining", "--output-style=JSON", "--obj=" + kernel],
+        "".join(f"{a:#x}\n" for a in addresses),
+    )
+    counts = {}
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        name = "unattributed"
+        for frame in json.loads(line)["Symbol"]:
+            f = os.path.normpath(frame.get("FileName", ""))
+            if f.startswith(repo + "/"):
+                rel = f[len(repo) + 1 :]
+                layer = next((n for prefix, n in LAYERS if rel.startswith(prefix)), None)
+                if layer:
+                    name = layer
+                    break
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def run_input(cmd, text):
+    return subprocess.run(cmd, input=text, capture_output=True, text=True, check=True).stdout
 
 
 def main():
@@ -227,6 +272,10 @@ def main():
     print(f"rxe_text_symbols {rxe_symbols}")
     print(f"rxe_text_inlined {rxe_inlined}")
     print(f"rxe_text_bytes {rxe_symbols + rxe_inlined}")
+    counted = sorted(inlined.union(*(range(a, e) for a, e in driver)))
+    by_layer = layers(kernel, repo, counted)
+    for name, n in sorted(by_layer.items(), key=lambda r: -r[1]):
+        print(f"driver_text_layer {name} {n}")
     print(f"driver_text_symbols {symbols}")
     print(f"driver_text_inlined {len(inlined)}")
     print(f"driver_text_bytes {symbols + len(inlined)}")
