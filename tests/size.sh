@@ -46,15 +46,17 @@
 # Where the driver's bytes come from, one `driver_text_layer NAME N` line per layer (they sum to
 # driver_text_bytes): each counted byte goes to the innermost frame of its inline chain
 # (llvm-symbolizer) that lies in a driver file, so core code a driver function inlined counts
-# with that function's file. Layers: pvrdma (src/device/pvrdma, the device), verbs (src/verbs),
-# error, events, dma, pci (src/*.rs), hal (hal/src), other (the rest of src/), unattributed
-# (compiler-made code of line 0).
+# with that function's file; a byte no driver file claims (drop glue, whose lines are core's;
+# line-0 code) goes by the first driver module path in its function's name. Layers: pvrdma
+# (src/device/pvrdma, the device), verbs (src/verbs), error, events, dma, pci (src/*.rs), hal
+# (hal/src), other (the rest of src/), unattributed (neither says).
 # Prints `link_text_symbols N`, the `rxe_text_*` lines, the `driver_text_layer` lines,
 # `driver_text_symbols N`, `driver_text_inlined N`, then last `driver_text_bytes N` (the
 # driver's sum).
 #
-# Needs binutils (nm, objdump), llvm-dwarfdump and llvm-symbolizer (Debian package llvm) and
-# python3; installed with apt-get when missing and run as root.
+# Needs binutils (nm, objdump), llvm-dwarfdump and llvm-symbolizer (Debian package llvm, LLVM 13
+# or later for the symbolizer's JSON output) and python3; installed with apt-get when missing
+# and run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

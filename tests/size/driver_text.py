@@ -67,24 +67,27 @@ def link_symbol(name):
     )
 
 
-# The layer a driver source file belongs to (`driver_text_layer` lines).
+# The layer a driver source file belongs to (`driver_text_layer` lines), by path in the
+# repository, and the same layers by module path, for the bytes no driver file claims.
 LAYERS = (
-    ("src/device/pvrdma/", "pvrdma"),
-    ("src/verbs/", "verbs"),
-    ("src/error.rs", "error"),
-    ("src/events.rs", "events"),
-    ("src/dma.rs", "dma"),
-    ("src/pci.rs", "pci"),
-    ("hal/src/", "hal"),
-    ("src/", "other"),
+    ("src/device/pvrdma/", "bareverbs::device::pvrdma", "pvrdma"),
+    ("src/verbs/", "bareverbs::verbs", "verbs"),
+    ("src/error.rs", "bareverbs::error", "error"),
+    ("src/events.rs", "bareverbs::events", "events"),
+    ("src/dma.rs", "bareverbs::dma", "dma"),
+    ("src/pci.rs", "bareverbs::pci", "pci"),
+    ("hal/src/", "bareverbs_hal", "hal"),
+    ("src/", "bareverbs", "other"),
 )
 
 
-def layers(kernel, repo, addresses):
-    """Bytes by layer: each counted byte goes to the innermost frame of its inline chain (from
+def layers(kernel, driver_file, repo, addresses):
+    """Bytes by layer. Each counted byte goes to the innermost frame of its inline chain (from
     llvm-symbolizer) that lies in a driver file, so core code a driver function inlined counts
-    with that function's file; `unattributed` when no frame of the chain is a driver file
-    (compiler-made code with line 0)."""
+    with that function's file. A byte no driver file claims (compiler-made code of line 0, the
+    drop glue of a driver type, whose lines are core's) goes by the module path of the innermost
+    frame's function: the first driver path in its name (`drop_in_place<T>` goes by T's);
+    `unattributed` when neither says."""
     out = run_input(
         ["llvm-symbolizer", "--inlining", "--output-style=JSON", "--obj=" + kernel],
         "".join(f"{a:#x}\n" for a in addresses),
@@ -93,15 +96,19 @@ def layers(kernel, repo, addresses):
     for line in out.splitlines():
         if not line.strip():
             continue
-        name = "unattributed"
-        for frame in json.loads(line)["Symbol"]:
+        frames = json.loads(line)["Symbol"]
+        name = None
+        for frame in frames:
             f = os.path.normpath(frame.get("FileName", ""))
-            if f.startswith(repo + "/"):
+            if driver_file(f):
                 rel = f[len(repo) + 1 :]
-                layer = next((n for prefix, n in LAYERS if rel.startswith(prefix)), None)
-                if layer:
-                    name = layer
-                    break
+                name = next(n for prefix, _, n in LAYERS if rel.startswith(prefix))
+                break
+        if name is None and frames:
+            m = re.search(r"\bbareverbs(?:_hal)?::[\w:]*", frames[0].get("FunctionName", ""))
+            path = m.group(0) if m else ""
+            name = next((n for _, module, n in LAYERS if path.startswith(module + "::")), None)
+        name = name or "unattributed"
         counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -273,7 +280,7 @@ def main():
     print(f"rxe_text_inlined {rxe_inlined}")
     print(f"rxe_text_bytes {rxe_symbols + rxe_inlined}")
     counted = sorted(inlined.union(*(range(a, e) for a, e in driver)))
-    by_layer = layers(kernel, repo, counted)
+    by_layer = layers(kernel, driver_file, repo, counted)
     for name, n in sorted(by_layer.items(), key=lambda r: -r[1]):
         print(f"driver_text_layer {name} {n}")
     print(f"driver_text_symbols {symbols}")
