@@ -1190,57 +1190,100 @@ fn acknowledged_after_the_read(l: &Lab, start: usize, read_psn: u32, after: (u32
     );
 }
 
+/// The PSN that follows the READ-ordering tests' READ, which started at `read_psn` (its 16
+/// responses take 16 PSNs).
+fn after_the_read(read_psn: u32) -> u32 {
+    (read_psn + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF
+}
+
+/// Posts on B the receive (wr_id 9) that A's SEND lands in.
+fn post_b_recv(p: &mut Pair<'_>, mb: &MemoryRegion<'_, R>) {
+    // SAFETY: the buffer stays registered and untouched until the completion.
+    unsafe {
+        let mut r = p.qb.recv_batch();
+        r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
+            .unwrap();
+        r.finish();
+    }
+}
+
+/// Posts on A the READ (wr_id 1) of B's first [`READ_LEN`] bytes into A's.
+fn post_a_read(p: &mut Pair<'_>, (ma, mb): (&MemoryRegion<'_, R>, &MemoryRegion<'_, R>)) {
+    // SAFETY: both buffers stay registered and untouched until the completion.
+    unsafe {
+        let mut s = p.qa.send_batch();
+        s.rdma_read(
+            1,
+            SIG,
+            (mb.addr(), mb.rkey()),
+            &[ma.sge(0, READ_LEN as u32).unwrap()],
+        )
+        .unwrap();
+        s.finish();
+    }
+}
+
+/// Posts on A the SEND (wr_id 2) of 64 bytes from past the READ's.
+fn post_a_send(p: &mut Pair<'_>, ma: &MemoryRegion<'_, R>) {
+    // SAFETY: the buffer stays registered and untouched until the completion.
+    unsafe {
+        let mut s = p.qa.send_batch();
+        s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
+            .unwrap();
+        s.finish();
+    }
+}
+
+/// Checks A's two completions (the READ, wr_id 1, then the SEND, wr_id 2) and the bytes read.
+fn read_and_send_done(got: &[WorkCompletion], ma: &MemoryRegion<'_, R>, mb: &MemoryRegion<'_, R>) {
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(
+        ma.as_slice()[..READ_LEN],
+        mb.as_slice()[..READ_LEN],
+        "the bytes read"
+    );
+}
+
+/// With B's NIC taking two frames a round (its transmit ring full otherwise): A reads
+/// [`READ_LEN`] bytes of B's region, B answers in part, then A sends 64 bytes while the rest of
+/// the READ waits for room. Runs up to 400 rounds until A has both completions, calling
+/// `each_round` with the pair and those so far before every round; checks them and the bytes read. Returns
+/// where in `l.seg.sent()` the exchange started.
+fn throttled_read_then_send<'a>(
+    l: &Lab,
+    p: &mut Pair<'a>,
+    (ma, mb): (&MemoryRegion<'a, R>, &MemoryRegion<'a, R>),
+    mut each_round: impl FnMut(&mut Pair<'a>, &[WorkCompletion]),
+) -> usize {
+    let start = l.seg.sent().len();
+    let round = || {
+        l.seg.set_tx_credit(1, Some(2));
+        l.run(1);
+    };
+    post_a_read(p, (ma, mb));
+    round();
+    post_a_send(p, ma);
+    let mut got = Vec::new();
+    for _ in 0..400 {
+        drain(p.ca, &mut got);
+        if got.len() >= 2 {
+            break;
+        }
+        each_round(p, &got);
+        round();
+    }
+    l.seg.set_tx_credit(1, None);
+    read_and_send_done(&got, ma, mb);
+    start
+}
+
 #[test]
 fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() {
     let l = lab(Faults::default());
     read_setup(&l, |p, ma, mb| {
-        let start = l.seg.sent().len();
-        // From now on B's NIC takes two frames a round (its transmit ring is full otherwise).
-        let round = || {
-            l.seg.set_tx_credit(1, Some(2));
-            l.run(1);
-        };
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut r = p.qb.recv_batch();
-            r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
-                .unwrap();
-            r.finish();
-            let mut s = p.qa.send_batch();
-            s.rdma_read(
-                1,
-                SIG,
-                (mb.addr(), mb.rkey()),
-                &[ma.sge(0, READ_LEN as u32).unwrap()],
-            )
-            .unwrap();
-            s.finish();
-        }
-        // B answers the READ in part; the SEND comes in while the rest waits for room.
-        round();
-        // SAFETY: as above.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
-                .unwrap();
-            s.finish();
-        }
-        let mut got = Vec::new();
-        for _ in 0..400 {
-            drain(p.ca, &mut got);
-            if got.len() >= 2 {
-                break;
-            }
-            round();
-        }
-        l.seg.set_tx_credit(1, None);
-        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(
-            ma.as_slice()[..READ_LEN],
-            mb.as_slice()[..READ_LEN],
-            "the bytes read"
-        );
+        post_b_recv(p, mb);
+        let start = throttled_read_then_send(&l, p, (ma, mb), |_, _| {});
         let mut rb = Vec::new();
         drain(p.cb, &mut rb);
         assert_eq!(rb.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [9]);
@@ -1248,7 +1291,7 @@ fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() 
         let reads = read_requests(&l, start);
         assert_eq!(reads.len(), 1, "A asked once (no retry): {reads:?}");
         // The READ takes PSNs first..=last; the SEND's PSN follows: ACKed after them.
-        let send = (reads[0] + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        let send = after_the_read(reads[0]);
         acknowledged_after_the_read(&l, start, reads[0], (send, SYN_ACK));
     });
     teardown(l);
@@ -1270,27 +1313,12 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
         let start = l.seg.sent().len();
         // B's NIC sends nothing for now: the READ goes unanswered.
         l.seg.set_tx_credit(1, Some(0));
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut r = p.qb.recv_batch();
-            r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
-                .unwrap();
-            r.finish();
-            let mut s = p.qa.send_batch();
-            s.rdma_read(
-                1,
-                SIG,
-                (mb.addr(), mb.rkey()),
-                &[ma.sge(0, READ_LEN as u32).unwrap()],
-            )
-            .unwrap();
-            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
-                .unwrap();
-            s.finish();
-        }
+        post_b_recv(p, mb);
+        post_a_read(p, (ma, mb));
+        post_a_send(p, ma);
         l.run(1);
         let read_psn = read_requests(&l, start)[0];
-        let send_psn = (read_psn + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        let send_psn = after_the_read(read_psn);
         let first = roce_sent(&l, start, 0);
         assert!(
             first.contains(&(4, send_psn, 0)),
@@ -1318,14 +1346,7 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
         l.seg.inject(1, &buf[..n]);
         l.run(1);
         l.seg.set_tx_credit(1, None);
-        let got = wait_a(&l, p, 2);
-        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(
-            ma.as_slice()[..READ_LEN],
-            mb.as_slice()[..READ_LEN],
-            "the bytes read"
-        );
+        read_and_send_done(&wait_a(&l, p, 2), ma, mb);
         // Every READ request A sent names the READ's own first PSN: nothing of it came back,
         // so it is asked again whole (not from the NAK's PSN, which is the SEND's).
         let reads = read_requests(&l, start);
@@ -1341,66 +1362,20 @@ fn a_nak_past_an_unanswered_read_asks_for_the_read_again_from_its_first_psn() {
 fn a_receiver_not_ready_nak_waits_behind_the_read_responses_the_nic_had_no_room_for() {
     let l = lab(Faults::default());
     read_setup(&l, |p, ma, mb| {
-        let start = l.seg.sent().len();
-        // From now on B's NIC takes two frames a round (its transmit ring is full otherwise).
-        let round = || {
-            l.seg.set_tx_credit(1, Some(2));
-            l.run(1);
-        };
-        // SAFETY: the buffers stay registered and untouched until the completions.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.rdma_read(
-                1,
-                SIG,
-                (mb.addr(), mb.rkey()),
-                &[ma.sge(0, READ_LEN as u32).unwrap()],
-            )
-            .unwrap();
-            s.finish();
-        }
-        // B answers the READ in part; the SEND comes in, with no receive posted, while the
-        // rest waits for room: B answers it with an RNR NAK.
-        round();
-        // SAFETY: as above.
-        unsafe {
-            let mut s = p.qa.send_batch();
-            s.send(2, SIG, &[ma.sge(READ_LEN as u32, 64).unwrap()])
-                .unwrap();
-            s.finish();
-        }
-        let mut got = Vec::new();
+        // No receive posted when the SEND comes in: B answers it with an RNR NAK. The receive
+        // is posted once the READ has completed.
         let mut posted = false;
-        for _ in 0..400 {
-            drain(p.ca, &mut got);
-            if got.len() >= 2 {
-                break;
-            }
+        let start = throttled_read_then_send(&l, p, (ma, mb), |p, got| {
             if !posted && got.iter().any(|w| w.wr_id == 1) {
-                // SAFETY: as above.
-                unsafe {
-                    let mut r = p.qb.recv_batch();
-                    r.recv(9, &[mb.sge(READ_LEN as u32, 4096).unwrap()])
-                        .unwrap();
-                    r.finish();
-                }
+                post_b_recv(p, mb);
                 posted = true;
             }
-            round();
-        }
-        l.seg.set_tx_credit(1, None);
-        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(st, [(1, WcStatus::Success), (2, WcStatus::Success)]);
-        assert_eq!(
-            ma.as_slice()[..READ_LEN],
-            mb.as_slice()[..READ_LEN],
-            "the bytes read"
-        );
+        });
 
         let reads = read_requests(&l, start);
         assert_eq!(reads.len(), 1, "A asked once (no retry): {reads:?}");
         // The SEND refused with an RNR NAK, after the READ's responses.
-        let send = (reads[0] + (READ_LEN as u32).div_ceil(1024)) & 0xFF_FFFF;
+        let send = after_the_read(reads[0]);
         acknowledged_after_the_read(&l, start, reads[0], (send, SYN_RNR_NAK));
     });
     teardown(l);
