@@ -136,6 +136,61 @@ pub unsafe trait Hal: Clone {
         let _ = vector;
         None
     }
+
+    /// 64 bits that a station on the network cannot predict: the driver expands them (with a
+    /// generator of its own) into the values RoCE leaves unauthenticated, such as starting
+    /// PSNs, the variable bits of memory keys and connection-manager identifiers. A device asks
+    /// once, when it is opened.
+    ///
+    /// The default draws from the CPU: on x86-64 `RDRAND` when CPUID offers it, mixed with the
+    /// time-stamp counter; elsewhere, and when `RDRAND` fails, the time-stamp counter alone or
+    /// (no counter) a constant. That is unpredictable enough only where the platform has
+    /// `RDRAND`: an embedder on any other platform overrides this with its own entropy source
+    /// (a hardware RNG, a seed the boot loader passed). Tests override it with a fixed value so
+    /// that runs replay.
+    fn seed(&self) -> u64 {
+        cpu_seed()
+    }
+}
+
+/// The default [`Hal::seed`]: `RDRAND` (when CPUID offers it) mixed with the time-stamp counter
+/// on x86-64, a constant elsewhere.
+pub fn cpu_seed() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{__cpuid, _rdtsc};
+        // SAFETY: CPUID and RDTSC exist on every x86-64 processor and only read processor state.
+        let (leaf1, tsc) = unsafe { (__cpuid(1), _rdtsc()) };
+        let mut mixed = tsc ^ 0x9E37_79B9_7F4A_7C15;
+        if leaf1.ecx & (1 << 30) != 0 {
+            // RDRAND can fail transiently; the specification suggests ten tries.
+            for _ in 0..10 {
+                let mut value = 0u64;
+                // SAFETY: CPUID leaf 1 ECX bit 30 says the processor implements RDRAND.
+                if unsafe { rdrand64(&mut value) } {
+                    mixed ^= value;
+                    break;
+                }
+            }
+        }
+        mixed
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0x9E37_79B9_7F4A_7C15
+    }
+}
+
+/// One `RDRAND`: `true` and the value when the processor had one ready.
+///
+/// # Safety
+///
+/// The processor implements `RDRAND` (CPUID leaf 1, ECX bit 30).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "rdrand")]
+unsafe fn rdrand64(value: &mut u64) -> bool {
+    // Safe to call here: this function is compiled with the feature, which its caller checked.
+    core::arch::x86_64::_rdrand64_step(value) == 1
 }
 
 /// An MSI/MSI-X message: the device raises an interrupt by writing `data` (32 bits) to
