@@ -55,6 +55,7 @@ mod mr;
 mod pool;
 mod qp;
 pub(crate) mod qp_types;
+mod random;
 mod srq;
 mod types;
 mod wait;
@@ -78,6 +79,7 @@ pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
+pub use random::Entropy;
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
 pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};
@@ -103,6 +105,9 @@ pub trait Provider {
 
     /// The device's capabilities (read once at bring-up).
     fn caps(&self) -> &DeviceCaps;
+    /// The seed for values the network must not predict: the device's
+    /// [`Hal::seed`](bareverbs_hal::Hal::seed), read once by [`Context::new`].
+    fn seed(&self) -> u64;
     /// Queries port `port` (1-based).
     fn query_port(&self, port: u8) -> Result<PortAttr>;
     /// Reads P_Key `index` of port `port`.
@@ -341,12 +346,26 @@ pub trait Provider {
 /// A device opened for verbs: owns the provider; every object borrows it.
 pub struct Context<P: Provider> {
     provider: P,
+    entropy: Entropy,
 }
 
 impl<P: Provider> Context<P> {
     /// Wraps a device.
     pub fn new(provider: P) -> Self {
-        Context { provider }
+        let entropy = Entropy::new(provider.seed());
+        Context { provider, entropy }
+    }
+
+    /// The context's stream of unpredictable values, seeded from the device's HAL
+    /// ([`Hal::seed`](bareverbs_hal::Hal::seed)).
+    pub fn entropy(&self) -> &Entropy {
+        &self.entropy
+    }
+
+    /// A starting packet sequence number (24 bits) a station on the network cannot predict: what
+    /// `sq_psn` and `rq_psn` should be unless a peer protocol fixes them.
+    pub fn random_psn(&self) -> u32 {
+        self.entropy.next_psn()
     }
 
     /// The device driver.

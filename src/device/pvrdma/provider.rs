@@ -250,6 +250,10 @@ impl<H: Hal> Provider for Pvrdma<H> {
         &self.caps
     }
 
+    fn seed(&self) -> u64 {
+        self.hal.seed()
+    }
+
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port == 0 || port > self.caps.phys_port_cnt {
             return Err(Error::invalid(Param::Port, port, self.caps.phys_port_cnt));

@@ -44,6 +44,10 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         &self.caps
     }
 
+    fn seed(&self) -> u64 {
+        self.hal.seed()
+    }
+
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         if port != 1 {
             return Err(Error::invalid(Param::Port, port, 1u8));

@@ -34,7 +34,7 @@ pub mod link;
 mod mem;
 mod pci;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
@@ -293,6 +293,8 @@ struct BenchState {
     /// The handler MSI-X messages are delivered to, synchronously
     /// ([`Model::set_msi_handler`]).
     cpu: Mutex<Option<MsiHandler>>,
+    /// What [`Hal::seed`] answers ([`Model::set_seed`]); fixed, so that runs replay.
+    seed: AtomicU64,
 }
 
 /// A UAR as plain memory: what BAR2 mappings made in plain mode write to.
@@ -347,6 +349,7 @@ impl Model {
                     words: std::array::from_fn(|_| AtomicU32::new(0)),
                 }),
                 cpu: Mutex::new(None),
+                seed: AtomicU64::new(MODEL_SEED),
             }),
         }
     }
@@ -550,6 +553,12 @@ impl Model {
         self.lock().dev.notify_ring_full
     }
 
+    /// Sets what the model's [`Hal::seed`] answers from now on (devices opened later draw
+    /// their starting PSNs and key bits from it).
+    pub fn set_seed(&self, seed: u64) {
+        self.bench.seed.store(seed, Ordering::Relaxed);
+    }
+
     /// Makes doorbell writes free (ignored without locking the model): for benchmarks that
     /// count the driver's instructions, with completions put in place by [`Model::inject_cqe`].
     pub fn set_free_doorbells(&self, free: bool) {
@@ -744,6 +753,12 @@ unsafe impl Hal for Model {
         self.lock().mem.virt_to_phys(vaddr.as_ptr())
     }
 
+    /// A fixed seed ([`MODEL_SEED`] unless [`Model::set_seed`] changed it): a test's starting
+    /// PSNs and key bits are the same in every run.
+    fn seed(&self) -> u64 {
+        self.bench.seed.load(Ordering::Relaxed)
+    }
+
     /// Vector `v` to the local APIC of CPU 0 at CPU vector [`MSI_FIRST_VECTOR`] + `v`.
     fn msi_message(&self, vector: u16) -> Option<bareverbs_hal::MsiMessage> {
         Some(bareverbs_hal::MsiMessage {
@@ -752,6 +767,9 @@ unsafe impl Hal for Model {
         })
     }
 }
+
+/// The seed a new model's HAL gives ([`Hal::seed`]).
+pub const MODEL_SEED: u64 = 0x5EED_0FB4_EE7E_1200;
 
 /// The CPU vector the model's HAL routes the device's vector 0 to (1 and 2 follow).
 pub const MSI_FIRST_VECTOR: u32 = 0x30;
