@@ -133,7 +133,7 @@ fn shared_region_matches_the_abi_byte_for_byte() {
     let async_pdir = u64_at(0x28);
     let cq_pdir = u64_at(0x38);
 
-    // The expected region, field by field from shared/pvrdma-abi.md §3.
+    // The expected region, field by field from docs/pvrdma.md §3.
     let mut want = vec![0u8; 280];
     want[0x00..0x04].copy_from_slice(&20u32.to_le_bytes()); // driver_version
     want[0x08..0x0C].copy_from_slice(&(2u32 | 1 << 2 | 1 << 6).to_le_bytes()); // gos_info

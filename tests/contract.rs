@@ -11,7 +11,7 @@ use common::*;
 
 const LOCAL_WRITE: AccessFlags = AccessFlags::LOCAL_WRITE;
 
-/// The response slot's offset of the header's error field (`shared/pvrdma-abi.md` §5.1).
+/// The response slot's offset of the header's error field (`docs/pvrdma.md` §5.1).
 const HDR_ERR: usize = 0x0C;
 
 fn protocol(op: Op, fault: Fault) -> Error {

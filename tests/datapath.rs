@@ -1,7 +1,7 @@
 //! The data path on the device model: every operation and QP type moving real bytes in
 //! loopback (RC pair, UD, SRQ shared by two RC QPs), with wr_ids, byte counts and immediates
-//! checked, batching, and every error the issue names. Also the same traffic under QEMU's own
-//! semantics (every opcode runs as SEND).
+//! checked, batching, and every error posting and polling can report (typed, nothing lost).
+//! Also the same traffic under QEMU's own semantics (every opcode runs as SEND).
 //!
 //! Raw posts go through `send_batch()` / `recv_batch()` (one doorbell per `finish`), safe
 //! posts move `Buf`s of a `BufferPool` into the QP and back with their completion.

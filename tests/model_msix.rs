@@ -1,5 +1,5 @@
 //! The device model's MSI-X function and async ring, as QEMU's `msix.c` and `pvrdma_main.c`
-//! behave (`shared/interrupts.md` §3, §6; `shared/pvrdma-abi.md` §1, §2, §10.4): the ground
+//! behave (`docs/pvrdma.md` §1, §2, §10.4, §13.3, §13.6): the ground
 //! the driver's interrupt support is tested on. The test programs the function itself, as a
 //! driver would, through the machine's configuration space and BAR mappings.
 

@@ -9,7 +9,7 @@ use bareverbs_model::{Model, Semantics};
 use bareverbs_unikernel::peer::{Case, Dest, Kind, Line, LineBuf, UD_QKEY, grh_ok};
 use common::*;
 
-/// `shared/linux-peer.md` §1.2's example message, without its NUL.
+/// `docs/roce-v2.md` §10.1's example message, without its NUL.
 const EXAMPLE: &str = "0000:000011:3fa2c1:00000000000000000000ffff0a000210";
 
 /// The message as it travels: the text and its NUL.
@@ -21,7 +21,7 @@ fn msg(text: &str) -> Vec<u8> {
 
 #[test]
 fn the_pingpong_text_parses_and_prints_back_byte_for_byte() {
-    let d = Dest::parse(&msg(EXAMPLE)).expect("the sheet's example parses");
+    let d = Dest::parse(&msg(EXAMPLE)).expect("the documented example parses");
     assert_eq!(d.lid, 0);
     assert_eq!(d.qpn, 0x11);
     assert_eq!(d.psn, 0x3fa2c1);

@@ -1,6 +1,8 @@
 //! Queue pairs and shared receive queues: the `ibv_create_qp` / `ibv_create_qp_ex` /
-//! `ibv_destroy_qp` contract (shared/verbs-semantics.md, acceptance cases 1–7, 9, 10; case 8 is
-//! posting, which the data path covers), PVRDMA's sizing rules, limits, and every failure path.
+//! `ibv_destroy_qp` contract (the man pages `ibv_create_qp(3)` and `ibv_create_qp_ex(3)`, and the
+//! cases rdma-core's tests/test_qp.py, test_qpex.py, test_srq.py and test_pd.py check, except
+//! posting, which the data-path tests cover), PVRDMA's sizing rules, limits, and every failure
+//! path.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The rest of the verbs surface (issue 11): every attribute `query_qp` reports, the GID query
+//! The rest of the verbs surface: every attribute `query_qp` reports, the GID query
 //! and table listing, SRQ modify and query with the SRQ-limit event, CQ resize, and posting to
 //! a queue pair in the error state — on the model, as VMware's device would answer and as
 //! QEMU's does.

@@ -140,7 +140,7 @@ if [ "$mode" = reference ]; then
 fi
 verdict=$(grep -a -o 'bvlab: inner status [0-9]*' "$log" | tail -1 | awk '{print $4}')
 # The caps the unikernel read must be the device's: QEMU's defaults clamped by rxe, as
-# shared/pvrdma-abi.md §3.1 derives them (and as Linux's own driver reads them: compare.sh).
+# docs/pvrdma.md §3.1 derives them (and as Linux's own driver reads them: compare.sh).
 expected=(
   "caps: max_qp 1024 max_qp_wr 10467 max_sge 4 max_cq 2048 max_cqe 28672 max_mr 1024 max_pd 1024"
   "caps: max_srq 512 max_srq_wr 12288 max_srq_sge 4 max_ah 64 gid_tbl_len 255 max_pkeys 1 ports 1"

@@ -4,7 +4,7 @@
 # to give qemu/roce/lab.sh as BAREVERBS_ROCE_QEMU; prints nothing and exits 1 when it cannot
 # provide one (no network, no bookworm-backports, no mount namespace).
 #
-#   qemu/roce/modern-qemu.sh     # e.g. /work/bareverbs/qemu/lab/.cache/qemu10/qemu-system-x86_64
+#   qemu/roce/modern-qemu.sh     # e.g. $PWD/qemu/lab/.cache/qemu10/qemu-system-x86_64
 #
 # Debian's bookworm-backports packages are downloaded with apt-get into the lab cache, with a
 # private source list and package lists (the system's apt configuration is not touched), and

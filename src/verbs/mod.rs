@@ -319,7 +319,7 @@ pub trait Provider {
     /// The next async event, if the device has one.
     fn next_async_event(&self) -> Option<AsyncEvent>;
 
-    // --- The rest of the verbs surface (issue 11): GID query, SRQ modify/query, CQ resize,
+    // --- The rest of the verbs surface: GID query, SRQ modify/query, CQ resize,
     // --- posting in the error state.
 
     /// The GID at `index` of port `port`'s table (`ibv_query_gid`): the zero GID for an index
@@ -486,7 +486,7 @@ impl<P: Provider> Context<P> {
         })
     }
 
-    // --- The rest of the verbs surface (issue 11).
+    // --- The rest of the verbs surface.
 
     /// The GID at `index` of port `port`'s table (`ibv_query_gid`). An index in range where
     /// nothing is bound gives the zero GID, as libibverbs does.

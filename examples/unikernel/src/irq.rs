@@ -7,7 +7,7 @@
 //! Interrupts stay disabled (IF = 0) in all Rust code. Handlers therefore never interrupt a
 //! lock holder, and the red zone that the precompiled `core` uses is never under the CPU's
 //! interrupt frame: the window's `asm!` is not `nostack`, so the compiler keeps nothing below
-//! the stack pointer across it. Facts: `shared/interrupts.md` §1, §4, §5, §7.
+//! the stack pointer across it. Facts: `docs/pvrdma.md` §13.1, §13.4, §13.5, §13.7.
 //!
 //! Device vectors are [`DEVICE_VECTORS`]; the handler counts each vector and ends with an EOI.
 //! Exceptions (#DE, #UD, #DF, #GP, #PF) end the run with a FAIL line naming the vector and

@@ -17,8 +17,8 @@
 //! the client's address, reaches RTS, and only then prints its own, as Linux's server does).
 //! The options are the Linux program's, so both sides run the same sizes and counts.
 //!
-//! Each case then runs the programs' exchange: the same QP attributes (`shared/linux-peer.md`
-//! §1.3, §2), receives posted before the exchange, one SIGNALED SEND outstanding, the same
+//! Each case then runs the programs' exchange: the same QP attributes (`docs/roce-v2.md`
+//! §10.2, §10.4), receives posted before the exchange, one SIGNALED SEND outstanding, the same
 //! completion accounting (a SEND and a RECV per iteration before the next SEND; receives
 //! refilled to the depth when one or none is left), and the server echoing. Every received
 //! message is checked: the unikernel sends message *i* with [`Case::pattern`] *i*, so as the client
@@ -652,7 +652,7 @@ fn post_recvs<'a, P: Provider, T: Transport, S: CanRecv>(
     Ok(n)
 }
 
-/// The programs' ping-pong loop (`shared/linux-peer.md` §1.5): `routs` receives are posted;
+/// The programs' ping-pong loop (`docs/roce-v2.md` §10.3): `routs` receives are posted;
 /// the client sends first; each side sends its next message once its previous SEND and a
 /// RECV have completed; receives are refilled to the depth when at most one is left; the
 /// loop ends when both counts reach `iters`. Every receive is checked.

@@ -1,6 +1,6 @@
 //! The TCP exchange of `tcp::pingpong` and `tcp::perftest` end to end: two smoltcp stacks on
 //! an in-memory Ethernet segment, one playing the unikernel (the module under test), the other
-//! a test-only peer that behaves as the C programs do (`shared/linux-peer.md` §1.2; perftest
+//! a test-only peer that behaves as the C programs do (`docs/roce-v2.md` §10.1; perftest
 //! v4.5-0.17): every read is one `read()` of the exact size that must return all of it, the
 //! C client connects once, the C server accepts one.
 //!

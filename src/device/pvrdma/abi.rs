@@ -2,7 +2,7 @@
 //! response slots. Field names as L-API names them; every struct's size is asserted.
 //!
 //! Sources: Linux `pvrdma_dev_api.h` (L-API) and `pvrdma_verbs.h` (L-VRB), checked against the
-//! pahole offsets of `shared/pvrdma-abi.md` §3 and §5.3.
+//! pahole offsets of `docs/pvrdma.md` §3 and §5.3.
 
 #![allow(dead_code)] // A complete hardware layout: fields exist for their offsets, not all are read.
 

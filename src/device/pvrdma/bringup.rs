@@ -1,4 +1,4 @@
-//! Bring-up and teardown (L-MAIN `pvrdma_pci_probe` order; `shared/pvrdma-abi.md` §1–§4):
+//! Bring-up and teardown (L-MAIN `pvrdma_pci_probe` order; `docs/pvrdma.md` §1–§4):
 //! the paired vmxnet3, the BARs, the shared region with the command slots and the two
 //! notification rings, activation; the capabilities read back, checked, and the creatable
 //! subset derived from them.
@@ -86,7 +86,7 @@ impl<H: Hal> Pvrdma<H> {
         let chan = Channel::new(&hal, config.poll_limit)?;
         let qps = QpTable::new(&hal, MAX_LIVE_QPS)?;
         // One block: the DSR, then for each notification ring (async, CQ) its data pages, its
-        // directory page and its table page (`shared/pvrdma-abi.md` §3, §6, §7).
+        // directory page and its table page (`docs/pvrdma.md` §3, §6, §7).
         let ring_pages = abi::NOTIFY_RING_PAGES as usize;
         // The event state follows, in pages the device is never told about.
         let state_page = 1 + 2 * (ring_pages + 2);

@@ -1,6 +1,6 @@
 //! The command channel: one command slot and one response slot, one command at a time.
 //!
-//! Protocol (L-CMD `pvrdma_cmd_post`, Q-MAIN/Q-CMD; `shared/pvrdma-abi.md` §5.1): write the
+//! Protocol (L-CMD `pvrdma_cmd_post`, Q-MAIN/Q-CMD; `docs/pvrdma.md` §5.1): write the
 //! request, barrier, write 0 to REQUEST; the device runs the command (QEMU: synchronously
 //! inside that write), writes the response header (echoed cookie, ack, err) and sets ERR to 0
 //! or a negative errno. ERR = 0xFFFF means it was rejected before running, with no response.
@@ -45,7 +45,7 @@ pub(crate) struct Channel<H: Hal> {
     cookie: u64,
     poll_limit: u32,
     /// Whether the device runs another command's handler for MODIFY_SRQ/QUERY_SRQ (QEMU's
-    /// table swaps them, `shared/pvrdma-abi.md` §5.2): seen once, remembered.
+    /// table swaps them, `docs/pvrdma.md` §5.2): seen once, remembered.
     pub(crate) srq_swapped: bool,
 }
 

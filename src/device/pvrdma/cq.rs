@@ -1,4 +1,4 @@
-//! Completion queues: the object (its ring of 64-byte CQEs, `shared/pvrdma-abi.md` §10, and
+//! Completion queues: the object (its ring of 64-byte CQEs, `docs/pvrdma.md` §10, and
 //! the CQ capacity the QPs completing to it reserve), its poll lock and the locks a QP change
 //! takes on its CQs, CREATE_CQ and DESTROY_CQ. Polling the ring is `poll.rs`'s (and the
 //! cursor's, `cursor.rs`).

@@ -1,4 +1,4 @@
-//! RESIZE_CQ (`shared/pvrdma-abi.md` §5.2, §5.3): the request names the CQ and the new size,
+//! RESIZE_CQ (`docs/pvrdma.md` §5.2, §5.3): the request names the CQ and the new size,
 //! and nothing else — no ring pages. QEMU has no handler (ERR = 0xFFFF, no response).
 
 use bareverbs_hal::Hal;

@@ -1,5 +1,5 @@
 //! The GID table as the driver knows it: PVRDMA has no command that reads the table back
-//! (`shared/pvrdma-abi.md` §5.2), so the driver answers `ibv_query_gid` from what it bound
+//! (`docs/pvrdma.md` §5.2), so the driver answers `ibv_query_gid` from what it bound
 //! (CREATE_BIND) and unbound (DESTROY_BIND). The bitmap of bound indices is the command lock's
 //! (`State::gids`); the values are kept in a driver-private page allocated at bring-up with
 //! the QP table (`QpTable::gid_value`), written under the command lock.

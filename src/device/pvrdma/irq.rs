@@ -1,5 +1,5 @@
-//! Interrupts and the two notification rings (`shared/pvrdma-abi.md` §1, §2, §4, §10.4;
-//! `shared/interrupts.md`): MSI-X set up from the HAL's messages, the interrupt entry, the
+//! Interrupts and the two notification rings (`docs/pvrdma.md` §1, §2, §4, §10.4;
+//! §13): MSI-X set up from the HAL's messages, the interrupt entry, the
 //! CQ-notification ring drained into the event hub, and the async-event ring read as typed
 //! events.
 //!

@@ -1,5 +1,5 @@
 //! Queue sizing as the device computes it (L-QP `pvrdma_set_sq_size`/`pvrdma_set_rq_size`,
-//! Q-CMD `create_qp_rings`, `shared/pvrdma-abi.md` §6, §8.4): work-request counts are powers
+//! Q-CMD `create_qp_rings`, `docs/pvrdma.md` §6, §8.4): work-request counts are powers
 //! of two (at least 1); scatter/gather counts at least 1; send WQE stride pow2(80 + 16·sge),
 //! receive stride pow2(16 + 16·sge); each queue's data pages ≤ 128 (QEMU), SRQ pages ≤ 128
 //! including its ring-state page.

@@ -4,7 +4,7 @@
 //! `abi` (shared-memory layouts), `pdir` (page directories), `cmd` (the command channel),
 //! `bringup` (probe, activation, caps), `provider` (the verbs provider), and one file per
 //! object (`qp`, `cq` with `cursor`, `srq`, `mr`, `ah`, `wqe`, `ring`, `layout`, `qptable`).
-//! Facts and their sources: `shared/pvrdma-abi.md`.
+//! Facts and their sources: `docs/pvrdma.md`.
 //!
 //! Bring-up ([`Pvrdma::new`]) follows the Linux driver's order (L-MAIN `pvrdma_pci_probe`):
 //! check the paired vmxnet3 at function 0, size and map BAR1 (registers) and BAR2 (UAR), enable

@@ -1,4 +1,4 @@
-//! Memory regions (CREATE_MR / DESTROY_MR; `shared/pvrdma-abi.md` §5.3, §8.8): a page
+//! Memory regions (CREATE_MR / DESTROY_MR; `docs/pvrdma.md` §5.3, §8.8): a page
 //! directory over the region's pages, `start` the address SGEs use.
 
 use core::ptr::NonNull;

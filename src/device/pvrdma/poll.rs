@@ -1,4 +1,4 @@
-//! Polling a completion queue (`shared/pvrdma-abi.md` §10): the ring's CQEs taken into the
+//! Polling a completion queue (`docs/pvrdma.md` §10): the ring's CQEs taken into the
 //! caller's slice, each checked and matched to its request (`check_cqe`, shared with the
 //! cursor of `cursor.rs`); the straight-line path for the common CQE; and the flush
 //! completions the driver makes for a QP that went to the error state.

@@ -385,7 +385,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Ok(())
     }
 
-    // --- The rest of the verbs surface (issue 11): `gid.rs`, `srq.rs`, `cq_resize.rs`,
+    // --- The rest of the verbs surface: `gid.rs`, `srq.rs`, `cq_resize.rs`,
     // --- `qp_state.rs` (posting in ERR).
 
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {

@@ -1,6 +1,6 @@
 //! Queue pairs on PVRDMA: the object, CREATE_QP and DESTROY_QP (state changes: `qp_state.rs`;
 //! sizing: `layout.rs`). Page 0 of a QP's memory is the ring state (SQ at +0, RQ at +8), then
-//! the send pages, then the receive pages (`shared/pvrdma-abi.md` §6, §7, §8.4).
+//! the send pages, then the receive pages (`docs/pvrdma.md` §6, §7, §8.4).
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;

@@ -1,4 +1,4 @@
-//! Queue-pair state changes (MODIFY_QP / QUERY_QP; `shared/pvrdma-abi.md` §8.2, §8.3) and
+//! Queue-pair state changes (MODIFY_QP / QUERY_QP; `docs/pvrdma.md` §8.2, §8.3) and
 //! what RESET and ERR do to the requests outstanding: discarded, or flushed by the driver
 //! (QEMU only records both states).
 
@@ -241,7 +241,7 @@ impl<H: Hal> Pvrdma<H> {
         Ok(())
     }
 
-    /// QUERY_QP. Which attribute comes from where (`shared/pvrdma-abi.md` §5.3, §8.3):
+    /// QUERY_QP. Which attribute comes from where (`docs/pvrdma.md` §5.3, §8.3):
     ///
     /// - From the device: the state (but see below), `cur_state`, `path_mtu` (when it is an
     ///   MTU code), `qkey`, `rq_psn`, `sq_psn`, `dest_qpn` and `access` — the fields before

@@ -1,7 +1,7 @@
 //! The driver's table of live queue pairs, by device handle, and each QP's control block: what
 //! a completion-queue poller needs to match a CQE to the work request it completes.
 //!
-//! A CQE names its QP by handle (`shared/pvrdma-abi.md` §10.1) and nothing else: no WQE index.
+//! A CQE names its QP by handle (`docs/pvrdma.md` §10.1) and nothing else: no WQE index.
 //! Work requests of one work queue complete in the order they were posted (RC and UD), so the
 //! driver counts, per queue, the requests it published (`tail`) and the completions it took
 //! (`done`); the CQE for a queue must be the one for request `done`, and its `wr_id` must be

@@ -2,7 +2,7 @@
 //!
 //! Sources: Linux `drivers/infiniband/hw/vmw_pvrdma/pvrdma_dev_api.h` (L-API), QEMU
 //! `hw/rdma/vmw/pvrdma_main.c` (Q-MAIN), `include/uapi/rdma/vmw_pvrdma-abi.h` (L-ABI); see
-//! `shared/pvrdma-abi.md` §1, §2, §9.
+//! `docs/pvrdma.md` §1, §2, §9.
 
 /// PCI vendor ID of VMware (L-H).
 pub const VENDOR_VMWARE: u16 = 0x15AD;

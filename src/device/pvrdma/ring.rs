@@ -1,5 +1,5 @@
 //! A PVRDMA ring as the driver sees it: two state words and `N` fixed-size slots in DMA memory
-//! (L-RING, Q-RING; `shared/pvrdma-abi.md` §7).
+//! (L-RING, Q-RING; `docs/pvrdma.md` §7).
 //!
 //! `N` is a power of two; the indices the device sees run modulo `2N` and a slot is
 //! `index & (N − 1)`. The driver keeps its own counters free-running (modulo 2³²) and converts

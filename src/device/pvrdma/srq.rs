@@ -1,4 +1,4 @@
-//! Shared receive queues (CREATE_SRQ / DESTROY_SRQ; `shared/pvrdma-abi.md` §5.2, §8.4):
+//! Shared receive queues (CREATE_SRQ / DESTROY_SRQ; `docs/pvrdma.md` §5.2, §8.4):
 //! sized as a receive queue, its ring state at +8 of page 0.
 
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -146,7 +146,7 @@ impl<H: Hal> Pvrdma<H> {
 }
 
 /// Whether `e` is the answer of a device that ran the handler acknowledged `other` for the
-/// command sent: QEMU's MODIFY_SRQ/QUERY_SRQ swap (`shared/pvrdma-abi.md` §5.2, §12.2).
+/// command sent: QEMU's MODIFY_SRQ/QUERY_SRQ swap (`docs/pvrdma.md` §5.2, §12 item 2).
 fn swapped(e: &Error, other: u32) -> bool {
     matches!(e, Error::Protocol { fault: Fault::Ack { found, .. }, .. }
         if *found == opcode::ACK_BIT | other)

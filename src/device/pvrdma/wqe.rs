@@ -1,5 +1,5 @@
 //! Posting: send and receive WQEs written straight into their ring slots
-//! (`shared/pvrdma-abi.md` §8.5), published with one index store and one doorbell per batch.
+//! (`docs/pvrdma.md` §8.5), published with one index store and one doorbell per batch.
 //!
 //! The credit of a work queue is its ring slots minus the requests not yet completed; it is
 //! cached in the QP and recomputed from the poller's completion counter only when it runs out.

@@ -1,7 +1,7 @@
 //! Software RoCEv2 over a plain Ethernet NIC (a [`Link`]), interoperating with Linux's
 //! `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
 //!
-//! Built in layers, each with every fact of its own (`shared/roce-v2.md`):
+//! Built in layers, each with every fact of its own (`docs/roce-v2.md`):
 //! - [`wire`]: the frames — Ethernet, ARP, IPv4, UDP 4791, the base transport header and its
 //!   extended headers, the ICRC — parsed with every length checked and built byte for byte as
 //!   Linux builds them;

@@ -1,7 +1,7 @@
 //! The port of the software RoCE device: the interface's MAC and IPv4 address, its GIDs,
 //! the neighbour cache, and the first look at every received frame — RoCEv2 to the
 //! transport, ARP answered and learnt from, everything else to the embedder's IP stack
-//! (`shared/roce-v2.md` §5, §8).
+//! (`docs/roce-v2.md` §5, §8).
 
 use bareverbs_hal::Link;
 
@@ -16,7 +16,7 @@ pub const NEIGHBOURS: usize = 16;
 /// Microseconds between two ARP requests for the same address.
 pub const ARP_RETRY_US: u64 = 200_000;
 /// ARP requests sent for an address before its resolution fails (Linux gives up after
-/// about a second, `shared/roce-v2.md` §5).
+/// about a second, `docs/roce-v2.md` §5).
 pub const ARP_TRIES: u8 = 5;
 
 /// GID `index` of an interface with `mac` and `ip`, as rxe lays the table out: 0 the

@@ -2,7 +2,7 @@
 //! path MTU inside the PSN window, READ and atomic depth and fences respected; then the
 //! peer's answers — coalesced ACKs, NAKs, READ responses, atomic acknowledges — complete the
 //! requests in order; a timer or a sequence NAK rewinds to the oldest unacknowledged PSN
-//! (go-back-N), an RNR NAK waits its timer (`shared/roce-v2.md` §6.2, §6.3).
+//! (go-back-N), an RNR NAK waits its timer (`docs/roce-v2.md` §6.2, §6.3).
 
 use bareverbs_hal::Link;
 

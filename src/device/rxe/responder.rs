@@ -2,7 +2,7 @@
 //! RDMA WRITE, READ and atomics into registered memory after the key, bounds and rights are
 //! checked — acknowledged as rxe acknowledges them; one sequence NAK per gap; duplicates
 //! re-acknowledged, READs and atomics replayed from the responder's resources; RNR NAK when
-//! no receive is posted; and UD receives with their GRH (`shared/roce-v2.md` §6.4, §7). What
+//! no receive is posted; and UD receives with their GRH (`docs/roce-v2.md` §6.4, §7). What
 //! it sends back, and the answers that wait for room in the NIC: `reply.rs`.
 
 use bareverbs_hal::Link;

@@ -1,4 +1,4 @@
-//! Packet sequence numbers and how a message is cut into packets (`shared/roce-v2.md` §2,
+//! Packet sequence numbers and how a message is cut into packets (`docs/roce-v2.md` §2,
 //! §6.2): 24-bit PSNs compared modulo 2^24 with a half window, and the packets of a SEND,
 //! RDMA WRITE or READ response at a path MTU, with their opcodes and acknowledge requests.
 

@@ -1,5 +1,5 @@
 //! The model's data path: memory regions, and the SQ/RQ/SRQ rings executed inside the
-//! doorbell write (Q-QPO, Q-BE; `shared/pvrdma-abi.md` §7–§10), in loopback: an RC QP's peer is
+//! doorbell write (Q-QPO, Q-BE; `docs/pvrdma.md` §7–§10), in loopback: an RC QP's peer is
 //! the QP named by its destination QPN, a UD send goes to the QP named in the WQE if the Q_Key
 //! matches.
 

@@ -1,5 +1,5 @@
 //! The PVRDMA device proper: registers, shared-region load, command execution with QEMU's
-//! validation (Q-MAIN, Q-CMD, Q-RM; `shared/pvrdma-abi.md` §2–§6, §11).
+//! validation (Q-MAIN, Q-CMD, Q-RM; `docs/pvrdma.md` §2–§6, §11).
 
 use crate::datapath::{Mr, QpData, RingGeo, SrqData};
 use crate::hostile::{Liar, point};
@@ -319,7 +319,7 @@ pub(crate) struct Device {
 }
 
 /// Lowest free slot of a table of `cap` entries, or a violation: QEMU's allocator would have
-/// written past its table (`shared/pvrdma-abi.md` §11).
+/// written past its table (`docs/pvrdma.md` §11).
 pub(crate) fn alloc_slot<T>(
     table: &mut Vec<Option<T>>,
     cap: u32,

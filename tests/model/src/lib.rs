@@ -7,7 +7,7 @@
 //! the device: register writes run synchronously inside [`Mmio::write32`], as QEMU runs a
 //! command inside the REQUEST write.
 //!
-//! The model encodes the device interface from `shared/pvrdma-abi.md` on its own, with byte
+//! The model encodes the device interface from `docs/pvrdma.md` on its own, with byte
 //! offsets rather than the driver's structs, so a layout mistake on either side shows.
 //!
 //! It also keeps watch: [`Model::violations`] lists everything the driver did that real QEMU

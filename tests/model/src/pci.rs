@@ -1,7 +1,7 @@
 //! The model's PCI configuration space: a host bridge at 00:00.0, function 0 of slot 0x10 (a
 //! vmxnet3 unless configured otherwise) and the PVRDMA at 00:10.1, with BARs that size as real
-//! ones do (Q-MAIN `pvrdma_realize`, `shared/pvrdma-abi.md` §1), and the PVRDMA's MSI-X
-//! capability with its table and PBA in BAR0 (`shared/interrupts.md` §2, §3).
+//! ones do (Q-MAIN `pvrdma_realize`, `docs/pvrdma.md` §1), and the PVRDMA's MSI-X
+//! capability with its table and PBA in BAR0 (`docs/pvrdma.md` §13.2, §13.3).
 
 use bareverbs_hal::PciAddress;
 

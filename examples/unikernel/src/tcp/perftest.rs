@@ -15,11 +15,11 @@
 //! | 2 | 4 | page size (`cycle_buffer`, 4096), big-endian int; both keep the larger | comm.c 1811–1849 (sent when the peer's version ≥ 5.32) |
 //! | 3 | 4 | L1 cache line size (64), big-endian int; larger kept | same |
 //! | 4 | 2 | MTU: `sprintf("%d")` of the `ibv_mtu` enum, 2 bytes (`"3\0"` = 1024); smaller kept | comm.c 1852–1881 (peer ≥ 5.1; 2 bytes when ≥ 5.31) |
-//! | 5 | 108 | key message #1, below | write_bw.c 179–185; comm.c 288–429 |
+//! | 5 | 108 | the first key message, below | write_bw.c 179–185; comm.c 288–429 |
 //! | — | | GID kinds must match (both IPv4-mapped or both not), then each side's QP → RTR → RTS | write_bw.c 187–200; comm.c 1967 |
 //! | 6 | 108 | key message again (each side prints the remote's data) | write_bw.c 218–226 |
 //! | 7 | 108 | key message again: "after moving the QP to RTR"; the client starts its RDMA right after | write_bw.c 229 |
-//! | — | | data phase: the client posts its WRITEs / READs / atomics; the server's CPU does nothing and waits in #8 | write_bw.c 248–250, 349 |
+//! | — | | data phase: the client posts its WRITEs / READs / atomics; the server's CPU does nothing and waits in step 8 | write_bw.c 248–250, 349 |
 //! | 8 | 108 | key message: the client finished | write_bw.c 250 (server), 396 (client) |
 //! | 9 | 8, 8, 8, 8, 8 | report, five exchanges: size (`unsigned long`), iters (u64 when the peer ≥ 5.33), bw_peak, bw_avg, msgRate_avg (doubles); all big-endian | comm.c 1615–1707; write_bw.c 255, 401 |
 //! | 10 | 108 | key message (closing barrier) | comm.c 1759–1766 |
@@ -44,7 +44,7 @@
 //!   unikernel's address (`… 10.0.0.2`), the unikernel is [`Role::Server`] (listening before
 //!   Linux starts: perftest's connect is tried once).
 //! - Not supported here: `-R`/`-z` (rdma_cm), `-b` (bidirectional: other barriers),
-//!   `-q` > 1 (one key message per QP), `--report-per-port` (four more doubles in #9), and
+//!   `-q` > 1 (one key message per QP), `--report-per-port` (four more doubles in step 9), and
 //!   `--dont_xchg_versions` (6.06 then compares an empty version with 5.70 and exits).
 //! - `-m` is optional: the agreed MTU is the smaller of both ([`Agreed::mtu`]); rxe's active
 //!   MTU on a 1500-byte link is 1024 (`3`).
@@ -249,7 +249,7 @@ pub trait Hooks {
 
     /// The data phase. As the client: run the test (WRITEs, READs or atomics to
     /// `peer.vaddr` with `peer.rkey`) and return the report the Linux server prints. As the
-    /// server: called once the client said it finished (#8); return this side's report (the
+    /// server: called once the client said it finished (step 8); return this side's report (the
     /// Linux client ignores it).
     fn data_phase(&mut self, peer: &Key) -> Result<Report, Self::Error>;
 }

@@ -1,6 +1,6 @@
 //! The exchange of `ibv_rc_pingpong` and `ibv_ud_pingpong` (rdma-core 44.0,
 //! `libibverbs/examples/rc_pingpong.c`, `ud_pingpong.c`, `pingpong.c`): the same message and
-//! order for both programs (`shared/linux-peer.md` §1.2, §2).
+//! order for both programs (`docs/roce-v2.md` §10.1, §10.4).
 //!
 //! The message is 52 bytes: `sprintf("%04x:%06x:%06x:%s")` of LID (0 on RoCE), QPN, PSN and
 //! the GID as 32 lower-case hex digits (its 16 bytes in network order), plus the NUL:

@@ -1,9 +1,10 @@
-//! The invariant CRC (`shared/roce-v2.md` §4): CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the
+//! The invariant CRC (`docs/roce-v2.md` §4): CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the
 //! IP and UDP headers and the transport packet, with the fields routers may change masked to
 //! all-ones; stored least-significant byte first after the pad.
 //!
 //! The CRC itself comes from the `crc` crate (its IEEE 802.3 algorithm, a 1 KiB table built
-//! at compile time): a well-kept implementation, checked against the sheet's vectors.
+//! at compile time): a well-kept implementation, checked against the vectors of
+//! `docs/roce-v2.md` §4.4.
 
 use crc::{CRC_32_ISO_HDLC, Crc};
 

@@ -1,4 +1,4 @@
-//! RoCEv2 frames on the wire (`shared/roce-v2.md` §1–§5): parsed with every length and field
+//! RoCEv2 frames on the wire (`docs/roce-v2.md` §1–§5): parsed with every length and field
 //! a peer wrote checked before use, and built byte for byte as Linux's `rdma_rxe` builds them.
 //!
 //! - [`eth`]: MAC addresses, the Ethernet header, ARP;
