@@ -47,6 +47,7 @@ macro_rules! destroy_and_drop {
 }
 
 mod ah;
+mod buf_release;
 mod channel;
 mod cq;
 mod cq_resize;
@@ -65,11 +66,12 @@ use core::mem::ManuallyDrop;
 use core::ptr::NonNull;
 
 pub use ah::AddressHandle;
+pub use buf_release::BufRelease;
 pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use gid::GidEntries;
 pub use mr::MemoryRegion;
-pub use pool::{Buf, BufRelease, BufferPool};
+pub use pool::{Buf, BufferPool};
 pub use qp::{
     CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram,
     DatagramInit, DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch,

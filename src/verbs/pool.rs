@@ -11,39 +11,9 @@ use core::marker::PhantomData;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::buf_release::BufRelease;
 use super::{AccessFlags, MemoryRegion, ProtectionDomain, Provider, Sge};
 use crate::error::{Error, Param, Result};
-
-/// How a provider hands a safe buffer back to its pool: a function and the pool's free map.
-#[derive(Clone, Copy)]
-pub struct BufRelease {
-    f: unsafe fn(NonNull<u8>, u32),
-    ctx: NonNull<u8>,
-}
-
-// SAFETY: the context is a pool's free map, touched only through atomics.
-unsafe impl Send for BufRelease {}
-// SAFETY: as above.
-unsafe impl Sync for BufRelease {}
-
-impl core::fmt::Debug for BufRelease {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("BufRelease")
-    }
-}
-
-impl BufRelease {
-    /// Hands buffer `index` back.
-    ///
-    /// # Safety
-    ///
-    /// The pool is alive, and the buffer was moved into a queue pair by a safe post whose
-    /// completion (or flush, or the QP's end) is handled once, here.
-    pub unsafe fn release(&self, index: u32) {
-        // SAFETY: forwarded from our caller; `f` and `ctx` belong together (`BufferPool`).
-        unsafe { (self.f)(self.ctx, index) }
-    }
-}
 
 /// Free map layout: word 0 holds the buffer count, then one bit per buffer (1: in use).
 unsafe fn release_bit(ctx: NonNull<u8>, index: u32) {
