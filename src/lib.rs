@@ -23,11 +23,18 @@ pub mod device;
 mod dma;
 pub mod error;
 pub mod events;
+mod executor;
 pub mod pci;
 pub mod verbs;
 
 pub use bareverbs_hal as hal;
+/// The `bitflags` crate the flag types ([`verbs::AccessFlags`], [`verbs::SendFlags`] …) are
+/// made with: its [`Flags`](bitflags::Flags) trait is theirs.
+pub use bitflags;
 pub use error::{Error, ErrorKind, Result};
+pub use executor::{block_on, block_on_with};
+/// The `heapless` crate: [`QueuePair::poll`] fills a [`heapless::Vec`].
+pub use heapless;
 pub use verbs::{CompletionQueue, Context, Gid, ProtectionDomain, Provider, QueuePair};
 
 /// The README's examples, compiled and run as doctests.

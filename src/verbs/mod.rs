@@ -57,6 +57,7 @@ mod pool;
 mod qp;
 pub(crate) mod qp_types;
 mod random;
+mod shared;
 mod srq;
 mod types;
 mod wait;
@@ -82,6 +83,7 @@ pub use qp_types::{
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
 pub use random::Entropy;
+pub use shared::SharedProvider;
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
 pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};

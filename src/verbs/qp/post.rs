@@ -11,7 +11,7 @@ use core::marker::PhantomData;
 
 use super::super::qp_types::QpState;
 use super::super::{AddressHandle, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
-use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, Transport, Uc};
+use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, State, Transport, Uc};
 use crate::error::Result;
 
 /// Send requests being written into a queue pair's send queue (`ibv_wr_start` …
@@ -25,12 +25,17 @@ pub struct SendBatch<'q, P: Provider, T> {
     _t: PhantomData<T>,
 }
 
-impl<'a, P: Provider, T: Transport, S: CanSend> QueuePair<'a, P, T, S> {
+// The state bounds sit on the methods, not on the blocks: a post in the wrong state is then an
+// unmet bound (E0277) that `CanSend`'s and `CanRecv`'s messages explain, not a missing method.
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Starts a batch of send requests (`ibv_wr_start`). In ERROR, the requests complete with
     /// [`WcStatus::WrFlushErr`](crate::verbs::WcStatus::WrFlushErr), each once, and the device
     /// never sees them.
     #[inline]
-    pub fn send_batch(&mut self) -> SendBatch<'_, P, T> {
+    pub fn send_batch(&mut self) -> SendBatch<'_, P, T>
+    where
+        S: CanSend,
+    {
         let provider = self.inner.ctx.provider();
         SendBatch {
             provider,
@@ -325,10 +330,13 @@ pub struct RecvBatch<'q, P: Provider> {
     flushed: bool,
 }
 
-impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Starts a batch of receive requests (in ERROR they complete flushed, as sends do).
     #[inline]
-    pub fn recv_batch(&mut self) -> RecvBatch<'_, P> {
+    pub fn recv_batch(&mut self) -> RecvBatch<'_, P>
+    where
+        S: CanRecv,
+    {
         let provider = self.inner.ctx.provider();
         RecvBatch {
             provider,
@@ -344,7 +352,10 @@ impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     ///
     /// As [`SendBatch::send`].
     #[inline]
-    pub unsafe fn post_recv_raw(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+    pub unsafe fn post_recv_raw(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()>
+    where
+        S: CanRecv,
+    {
         let mut b = self.recv_batch();
         // SAFETY: forwarded from our caller.
         unsafe { b.recv(wr_id, sges)? };

@@ -1,0 +1,76 @@
+// Set-ups shared by the crate's documentation examples (included, hidden, by each example:
+// `# include!("doctests.rs");` with the path from the including file). Not part of the
+// library: examples run on the device model, `bareverbs-model`, a development dependency.
+
+/// A model machine and the PVRDMA driver brought up on it, in a context.
+#[allow(dead_code)]
+fn pvrdma() -> bareverbs::Result<(
+    bareverbs_model::Model,
+    bareverbs::Context<bareverbs::device::pvrdma::Pvrdma<bareverbs_model::Model>>,
+)> {
+    let machine = bareverbs_model::Model::default();
+    let config = bareverbs::device::pvrdma::Config::default();
+    let dev = bareverbs::device::pvrdma::Pvrdma::probe(machine.clone(), &machine, config)?;
+    Ok((machine, bareverbs::Context::new(dev)))
+}
+
+/// RESET -> INIT -> RTR -> RTS of an RC queue pair towards QP `peer` at `gid` (index 0).
+#[allow(dead_code)]
+fn connect<'a, P: bareverbs::Provider>(
+    qp: bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Reset>,
+    peer: u32,
+    gid: bareverbs::verbs::Gid,
+) -> bareverbs::Result<
+    bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
+> {
+    use bareverbs::verbs::{AddressVector, ConnectedInit, ConnectedRtr, ConnectedRts};
+    let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    let rtr = ConnectedRtr::new(peer, 0, AddressVector::new(gid, 0));
+    let qp = qp.rtr(&rtr).map_err(|(_, e)| e)?;
+    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+}
+
+/// Two RC queue pairs on `cq` with `pool`, connected to each other over `gid`, in RTS.
+#[allow(dead_code, clippy::type_complexity)]
+fn rc_pair<'a, P: bareverbs::Provider>(
+    pd: &'a bareverbs::verbs::ProtectionDomain<'a, P>,
+    cq: &'a bareverbs::verbs::CompletionQueue<'a, P>,
+    pool: &'a bareverbs::verbs::BufferPool<'a, P>,
+    gid: bareverbs::verbs::Gid,
+) -> bareverbs::Result<(
+    bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
+    bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
+)> {
+    let a = pd.qp_builder(cq, cq).pool(pool).build::<bareverbs::verbs::Rc>()?;
+    let b = pd.qp_builder(cq, cq).pool(pool).build::<bareverbs::verbs::Rc>()?;
+    let (qa, qb) = (a.qp_num(), b.qp_num());
+    Ok((connect(a, qb, gid)?, connect(b, qa, gid)?))
+}
+
+/// The software RoCEv2 device on the model's in-memory Ethernet segment.
+#[allow(dead_code)]
+type Rxe = bareverbs::device::rxe::Rxe<
+    bareverbs_model::Model,
+    bareverbs_model::link::MemLink,
+    bareverbs_model::link::TestClock,
+>;
+
+/// Two software RoCEv2 devices, 10.0.0.2 and 10.0.0.3, on one segment with one clock, and the
+/// step that runs them (time moves 100 µs, each processes its frames and timers).
+#[allow(dead_code, clippy::type_complexity)]
+fn rxe_pair() -> bareverbs::Result<(
+    bareverbs_model::link::TestClock,
+    bareverbs::Context<Rxe>,
+    bareverbs::Context<Rxe>,
+)> {
+    use bareverbs::device::rxe::Config;
+    let machine = bareverbs_model::Model::default();
+    let seg = bareverbs_model::link::Segment::new();
+    let clock = bareverbs_model::link::TestClock::default();
+    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
+    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
+    let ip = |last| Config { ip: [10, 0, 0, last] };
+    let a = Rxe::new(machine.clone(), la, clock.clone(), ip(2))?;
+    let b = Rxe::new(machine, lb, clock.clone(), ip(3))?;
+    Ok((clock, bareverbs::Context::new(a), bareverbs::Context::new(b)))
+}
