@@ -30,7 +30,8 @@ fn connect<'a, P: bareverbs::Provider>(
     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
 }
 
-/// Two RC queue pairs on `cq` with `pool`, connected to each other over `gid`, in RTS.
+/// Two RC queue pairs on `cq` (64 entries or more) with `pool`, 16 requests of 2 entries each
+/// way, connected to each other over `gid`, in RTS.
 #[allow(dead_code, clippy::type_complexity)]
 fn rc_pair<'a, P: bareverbs::Provider>(
     pd: &'a bareverbs::verbs::ProtectionDomain<'a, P>,
@@ -41,8 +42,16 @@ fn rc_pair<'a, P: bareverbs::Provider>(
     bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
     bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
 )> {
-    let a = pd.qp_builder(cq, cq).pool(pool).build::<bareverbs::verbs::Rc>()?;
-    let b = pd.qp_builder(cq, cq).pool(pool).build::<bareverbs::verbs::Rc>()?;
+    let caps = bareverbs::verbs::QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let build = || pd.qp_builder(cq, cq).caps(caps).pool(pool);
+    let a = build().build::<bareverbs::verbs::Rc>()?;
+    let b = build().build::<bareverbs::verbs::Rc>()?;
     let (qa, qb) = (a.qp_num(), b.qp_num());
     Ok((connect(a, qb, gid)?, connect(b, qa, gid)?))
 }

@@ -27,7 +27,7 @@ use core::task::{Context as TaskContext, Poll, Waker};
 /// let (machine, ctx) = pvrdma()?;
 /// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
 /// let pd = ctx.alloc_pd()?;
-/// let cq = ctx.create_cq(16)?;
+/// let cq = ctx.create_cq(64)?;
 /// let pool = pd.buffer_pool(4, 64)?;
 /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
 /// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;

@@ -348,6 +348,28 @@ pub trait Provider {
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.
+///
+/// # Example
+///
+/// ```
+/// use bareverbs::Context;
+/// use bareverbs::device::pvrdma::{Config, Pvrdma};
+/// use bareverbs::verbs::PortState;
+/// use bareverbs_model::Model;
+///
+/// # fn main() -> bareverbs::Result<()> {
+/// let machine = Model::default(); // memory, PCI configuration space and a PVRDMA
+/// let dev = Pvrdma::probe(machine.clone(), &machine, Config::default())?; // find, bring up
+/// let ctx = Context::new(dev);
+/// assert_eq!(ctx.query_port(1)?.state, PortState::Active);
+/// assert!(ctx.caps().max_qp > 0);
+/// // A driver that takes no interrupts processes the device's events itself:
+/// ctx.process_events();
+/// assert!(ctx.get_async_event().is_none());
+/// drop(ctx); // the device is reset and every DMA page returned
+/// assert_eq!(machine.outstanding_pages(), 0);
+/// # Ok(()) }
+/// ```
 pub struct Context<P: Provider> {
     provider: P,
     entropy: Entropy,
@@ -459,6 +481,19 @@ impl<P: Provider> Context<P> {
     }
 
     /// A future of the next async event (woken from the async-event interrupt).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::AsyncEvent;
+    /// let (machine, ctx) = pvrdma()?;
+    /// machine.post_async(9, 1); // the model's device reports "port 1 active"
+    /// let event = bareverbs::block_on(ctx.async_event());
+    /// assert_eq!(event, AsyncEvent::PortActive(1));
+    /// # Ok(()) }
+    /// ```
     pub fn async_event(&self) -> AsyncEventFuture<'_, P> {
         AsyncEventFuture::new(self)
     }

@@ -16,6 +16,50 @@ use crate::error::Result;
 
 /// Send requests being written into a queue pair's send queue (`ibv_wr_start` …
 /// `ibv_wr_complete`).
+///
+/// The raw path: each request is written straight into its ring slot, naming memory by
+/// scatter/gather entries ([`MemoryRegion::sge`](crate::verbs::MemoryRegion::sge)), and
+/// [`finish`](Self::finish) publishes the batch with one doorbell. A batch dropped unfinished
+/// posts nothing. [`RecvBatch`] is the same for receives.
+///
+/// # Example
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let pool = pd.buffer_pool(1, 64)?;
+/// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
+///
+/// let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE)?;
+/// mr.as_mut_slice()[..6].copy_from_slice(b"batch!");
+/// let out = mr.sge(0, 6)?;
+/// let inbox = [mr.sge(2048, 1024)?, mr.sge(3072, 1024)?];
+/// // SAFETY: the CPU leaves `mr` alone until every completion below is polled.
+/// unsafe {
+///     let mut recvs = b.recv_batch();
+///     recvs.recv(10, &inbox[..1])?;
+///     recvs.recv(11, &inbox[1..])?;
+///     recvs.finish(); // one doorbell for both
+///     let mut sends = a.send_batch();
+///     sends.send(20, SendFlags::SIGNALED, &[out])?;
+///     sends.send(21, SendFlags::SIGNALED, &[out])?;
+///     sends.finish();
+/// }
+/// let mut wc = [WorkCompletion::default(); 4];
+/// let mut n = 0;
+/// while n < 4 {
+///     n += cq.poll(&mut wc[n..])?;
+/// }
+/// assert!(wc.iter().all(|c| c.status == WcStatus::Success));
+/// assert_eq!(&mr.as_slice()[2048..2054], b"batch!");
+/// assert_eq!(&mr.as_slice()[3072..3078], b"batch!");
+/// # Ok(()) }
+/// ```
 pub struct SendBatch<'q, P: Provider, T> {
     provider: &'q P,
     qp: &'q mut P::Qp,
@@ -321,7 +365,45 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
     }
 }
 
-/// Receive requests being written into a queue pair's receive queue.
+/// Receive requests being written into a queue pair's receive queue (the raw path: see
+/// [`SendBatch`], whose example posts both).
+///
+/// # Example
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let _gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?; // UD needs one
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let caps = QpCaps {
+///     max_send_wr: 1,
+///     max_recv_wr: 16,
+///     max_send_sge: 1,
+///     max_recv_sge: 1,
+///     max_inline_data: 0,
+/// };
+/// let qp = pd.qp_builder(&cq, &cq).caps(caps).build::<Ud>()?;
+/// let mut qp = qp.ready(0x1111, 0).map_err(|(_, e)| e)?;
+/// let depth = qp.caps().max_recv_wr; // 16 or more
+/// let mr = pd.register(depth as usize * 64, AccessFlags::LOCAL_WRITE)?;
+/// // SAFETY: the CPU leaves `mr` alone while the receives are posted.
+/// unsafe {
+///     let mut batch = qp.recv_batch();
+///     for i in 0..depth {
+///         batch.recv(u64::from(i), &[mr.sge(i * 64, 64)?])?;
+///     }
+///     batch.finish();
+/// }
+/// // The queue is full: one more is refused, typed.
+/// // SAFETY: as above.
+/// let e = unsafe { qp.post_recv_raw(99, &[mr.sge(0, 64)?]) };
+/// assert!(matches!(e, Err(bareverbs::Error::QueueFull { .. })));
+/// # drop(qp);
+/// # Ok(()) }
+/// ```
 pub struct RecvBatch<'q, P: Provider> {
     provider: &'q P,
     qp: &'q mut P::Qp,
