@@ -56,30 +56,3 @@ fn rc_pair<'a, P: bareverbs::Provider>(
     Ok((connect(a, qb, gid)?, connect(b, qa, gid)?))
 }
 
-/// The software RoCEv2 device on the model's in-memory Ethernet segment.
-#[allow(dead_code)]
-type Rxe = bareverbs::device::rxe::Rxe<
-    bareverbs_model::Model,
-    bareverbs_model::link::MemLink,
-    bareverbs_model::link::TestClock,
->;
-
-/// Two software RoCEv2 devices, 10.0.0.2 and 10.0.0.3, on one segment with one clock, and the
-/// step that runs them (time moves 100 µs, each processes its frames and timers).
-#[allow(dead_code, clippy::type_complexity)]
-fn rxe_pair() -> bareverbs::Result<(
-    bareverbs_model::link::TestClock,
-    bareverbs::Context<Rxe>,
-    bareverbs::Context<Rxe>,
-)> {
-    use bareverbs::device::rxe::Config;
-    let machine = bareverbs_model::Model::default();
-    let seg = bareverbs_model::link::Segment::new();
-    let clock = bareverbs_model::link::TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let ip = |last| Config { ip: [10, 0, 0, last] };
-    let a = Rxe::new(machine.clone(), la, clock.clone(), ip(2))?;
-    let b = Rxe::new(machine, lb, clock.clone(), ip(3))?;
-    Ok((clock, bareverbs::Context::new(a), bareverbs::Context::new(b)))
-}
