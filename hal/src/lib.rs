@@ -14,9 +14,24 @@
 //!
 //! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
 //! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
-//! and, with the `x86_64` feature, [`x86::PortIoConfig`] (configuration mechanism #1 over
-//! ports 0xCF8/0xCFC), and with the `virtio-net` feature [`virtio_net::VirtioNet`] (a virtio-net
-//! NIC as a [`Link`], through the `virtio-drivers` crate).
+//! and, with the `x86_64` feature, [`x86::PortIoConfig`][PortIoConfig] (configuration
+//! mechanism #1 over ports 0xCF8/0xCFC), and with the `virtio-net` feature
+//! [`virtio_net::VirtioNet`][VirtioNet] (a virtio-net NIC as a [`Link`], through the
+//! `virtio-drivers` crate).
+//!
+//! Without those features the two items are not compiled; their links then lead to the
+//! documentation built with every feature (as docs.rs builds it).
+//!
+#![cfg_attr(feature = "x86_64", doc = "[PortIoConfig]: x86::PortIoConfig")]
+#![cfg_attr(
+    not(feature = "x86_64"),
+    doc = "[PortIoConfig]: https://docs.rs/bareverbs-hal/latest/bareverbs_hal/x86/struct.PortIoConfig.html"
+)]
+#![cfg_attr(feature = "virtio-net", doc = "[VirtioNet]: virtio_net::VirtioNet")]
+#![cfg_attr(
+    not(feature = "virtio-net"),
+    doc = "[VirtioNet]: https://docs.rs/bareverbs-hal/latest/bareverbs_hal/virtio_net/struct.VirtioNet.html"
+)]
 #![no_std]
 #![deny(
     unsafe_op_in_unsafe_fn,
