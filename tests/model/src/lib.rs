@@ -15,6 +15,10 @@
 //! element count, BARs sized with decoding on, memory freed while the device still maps it, an
 //! access to memory that is not allocated…). Tests assert that list stays empty.
 //!
+//! Memory for zero-copy registration: [`Model::alloc_user_memory`]. The model's HAL translates
+//! only the memory the machine has ([`Hal::virt_to_phys`]), as a real HAL knows only the memory
+//! it maps: a test program's own buffers are refused as `Unsupported(Feature(UserMemory))`.
+//!
 //! Fault injection: the n-th command fails with an errno ([`Model::fail_command`]), the n-th DMA
 //! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
 //! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
