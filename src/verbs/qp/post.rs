@@ -60,6 +60,18 @@ use crate::error::Result;
 /// assert_eq!(&mr.as_slice()[3072..3078], b"batch!");
 /// # Ok(()) }
 /// ```
+///
+/// A datagram QP's sends name their destination: `send` on one does not compile ("`Ud` is a
+/// datagram transport", E0277), `send_to` is its method:
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(mut qp: QueuePair<'a, P, Ud, Rts>, sge: Sge) -> bareverbs::Result<()> {
+/// let mut batch = qp.send_batch();
+/// // SAFETY: (the module's contract for the memory named)
+/// unsafe { batch.send(1, SendFlags::SIGNALED, &[sge])? }; // error: no destination
+/// # Ok(()) }
+/// ```
 pub struct SendBatch<'q, P: Provider, T> {
     provider: &'q P,
     qp: &'q mut P::Qp,
@@ -123,11 +135,16 @@ impl<P: Provider, T> Drop for SendBatch<'_, P, T> {
 }
 
 /// Transports whose sends name no destination (connected: RC, UC).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is a datagram transport: its sends name an address (`send_to`)",
+    label = "a connected QP (`Rc`, `Uc`) is needed here",
+    note = "a datagram QP posts with `post_send_to`, or `send_batch().send_to(..)`"
+)]
 pub trait Connected: Transport {}
 impl Connected for Rc {}
 impl Connected for Uc {}
 
-impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
+impl<P: Provider, T> SendBatch<'_, P, T> {
     /// SEND of the bytes in `sges`.
     ///
     /// # Safety
@@ -135,7 +152,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     /// The buffers stay allocated, registered and untouched by the CPU until the completion
     /// has been polled (or the QP reset or destroyed).
     #[inline(always)]
-    pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()> {
+    pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()>
+    where
+        T: Connected,
+    {
         // SAFETY: forwarded from our caller.
         unsafe { self.push(SendWqe::new(wr_id, WrOpcode::Send, flags, sges)) }
     }
@@ -152,7 +172,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             imm,
             ..SendWqe::new(wr_id, WrOpcode::SendWithImm, flags, sges)
@@ -173,7 +196,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         (remote_addr, rkey): (u64, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -196,7 +222,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -219,7 +248,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         (remote_addr, rkey): (u64, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -242,7 +274,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         (compare, swap): (u64, u64),
         sge: &Sge,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -273,7 +308,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         add: u64,
         sge: &Sge,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -292,7 +330,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     /// SEND of `data` copied into the request (inline): safe, the bytes are the device's as
     /// soon as this returns.
     #[inline]
-    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> Result<()> {
+    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> Result<()>
+    where
+        T: Connected,
+    {
         let sge = Sge {
             addr: data.as_ptr() as u64,
             length: data.len() as u32,
@@ -310,7 +351,7 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     }
 }
 
-impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
+impl<P: Provider, T> SendBatch<'_, P, T> {
     /// SEND of `sges` to QP `remote_qpn` (Q_Key `remote_qkey`; bit 31 set: the QP's own) at
     /// the address `ah`.
     ///
@@ -324,7 +365,10 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
         flags: SendFlags,
         (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Datagram,
+    {
         let w = SendWqe {
             ud: Some(UdTarget {
                 ah: ah.raw(),
@@ -350,7 +394,10 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
         (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Datagram,
+    {
         let w = SendWqe {
             imm,
             ud: Some(UdTarget {
