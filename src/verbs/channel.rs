@@ -1,7 +1,7 @@
 //! Completion channels (`ibv_comp_channel`): where the events of the CQs created on one are
 //! read (`ibv_get_cq_event`), then acknowledged on the CQ (`ibv_ack_cq_events`).
 
-use super::{Context, CqEventFuture, Provider};
+use super::{Context, Provider};
 use crate::error::{Error, Object, Resource, Result};
 use crate::events::{CHANNELS, ChannelId, CqId};
 
@@ -76,12 +76,6 @@ impl<'c, P: Provider> CompletionChannel<'c, P> {
         let p = self.ctx.provider();
         p.process_events();
         p.events().take_event(self.id)
-    }
-
-    /// A future of the next event (`ibv_get_cq_event` on a blocking channel), woken from the
-    /// CQ-notification interrupt.
-    pub fn cq_event(&self) -> CqEventFuture<'_, 'c, P> {
-        CqEventFuture::new(self)
     }
 }
 

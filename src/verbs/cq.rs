@@ -4,9 +4,7 @@
 
 use core::mem::ManuallyDrop;
 
-use super::{
-    Context, CqId, NextCompletion, Provider, Ready, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-};
+use super::{Context, CqId, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::error::Result;
 
 /// What a provider's poll in progress offers; the verbs layer wraps it in [`PollCursor`].
@@ -152,17 +150,6 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// The CQ's identity in events ([`CompletionChannel::get_cq_event`](super::CompletionChannel::get_cq_event) names it).
     pub fn id(&self) -> CqId {
         self.ctx.provider().cq_id(&self.raw)
-    }
-
-    /// A future that resolves when a poll would find a completion (it arms the CQ while it
-    /// waits; its waker is woken from the CQ-notification interrupt).
-    pub fn ready(&self) -> Ready<'_, 'c, P> {
-        Ready::new(self)
-    }
-
-    /// A future of the CQ's next completion, as [`poll`](Self::poll) of one entry gives it.
-    pub fn next_completion(&self) -> NextCompletion<'_, 'c, P> {
-        NextCompletion::new(self)
     }
 
     /// The number of entries (≥ the request: devices round up).

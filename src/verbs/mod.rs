@@ -47,6 +47,7 @@ macro_rules! destroy_and_drop {
 }
 
 mod ah;
+mod awaiting;
 mod buf_release;
 mod channel;
 mod cq;
