@@ -121,7 +121,7 @@ pub enum DmaError {
 ///   defaults are right for x86-64; elsewhere they are full fences (`fence(SeqCst)`), which
 ///   order memory between CPUs but not necessarily against device accesses: an aarch64
 ///   embedder overrides them with `dmb oshst` and `dmb oshld` (Linux's `dma_wmb()` and
-///   `dma_rmb()`), a RISC-V one with `fence w,o` and `fence i,r`.
+///   `dma_rmb()`), a RISC-V one with `fence w,o` and `fence r,r`.
 /// - **Non-coherent** DMA (device accesses that do not snoop the CPU's caches): memory from
 ///   [`dma_alloc`](Hal::dma_alloc) is coherent by contract (mapped uncached there), so the
 ///   driver's own structures need nothing. Memory the embedder registers itself (zero-copy,
@@ -204,9 +204,9 @@ pub unsafe trait Hal: Clone {
     ///
     /// The default is right for x86-64, where stores are not reordered with other stores and
     /// an uncached register store follows earlier stores: only the compiler must keep the
-    /// order (Linux's `wmb()` is a compiler barrier there too). Elsewhere it is a full fence,
-    /// which a weakly ordered platform replaces with its device store barrier (aarch64:
-    /// `dmb oshst`; RISC-V: `fence w,o`).
+    /// order (Linux's `dma_wmb()` and `writel()` put no fence there either). Elsewhere it is
+    /// a full fence, which a weakly ordered platform replaces with its device store barrier
+    /// (aarch64: `dmb oshst`; RISC-V: `fence w,o`).
     #[inline(always)]
     fn publish_barrier(&self) {
         #[cfg(target_arch = "x86_64")]
@@ -221,7 +221,7 @@ pub unsafe trait Hal: Clone {
     ///
     /// The default is right for x86-64, where loads are not reordered with other loads: a
     /// compiler barrier. Elsewhere it is a full fence, which a weakly ordered platform replaces
-    /// with its device load barrier (aarch64: `dmb oshld`; RISC-V: `fence i,r`).
+    /// with its device load barrier (aarch64: `dmb oshld`; RISC-V: `fence r,r`).
     #[inline(always)]
     fn consume_barrier(&self) {
         #[cfg(target_arch = "x86_64")]
