@@ -71,6 +71,11 @@ impl<H: Hal> Dma<H> {
         self.paddr + (i * PAGE_SIZE) as u64
     }
 
+    /// The HAL the memory came from (for its barriers: [`Hal::publish_barrier`]).
+    pub(crate) fn hal(&self) -> &H {
+        &self.hal
+    }
+
     /// Length in pages.
     pub(crate) fn pages(&self) -> usize {
         self.pages

@@ -218,6 +218,12 @@ fn verbs_objects_are_send_and_sync() {
     // A buffer of the safe path moves between threads (one owner at a time): Send only.
     fn send<T: Send>() {}
     send::<Buf<'static, P>>();
+    // Both devices meet the one bound multi-core code names.
+    fn shared<T: SharedProvider>() {}
+    shared::<P>();
+    use bareverbs::device::rxe::Rxe;
+    use bareverbs_model::link::{MemLink, TestClock};
+    shared::<Rxe<Model, MemLink, TestClock>>();
 }
 
 /// A PD still used by a memory region is refused destruction with `Busy`, before the device is

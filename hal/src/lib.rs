@@ -14,9 +14,24 @@
 //!
 //! Ready implementations: [`DmaRegion`] (a page allocator over memory the embedder hands over),
 //! [`IdentityHal`] (DMA from a [`DmaRegion`], MMIO through a fixed physical-to-virtual offset),
-//! and, with the `x86_64` feature, [`x86::PortIoConfig`] (configuration mechanism #1 over
-//! ports 0xCF8/0xCFC), and with the `virtio-net` feature [`virtio_net::VirtioNet`] (a virtio-net
-//! NIC as a [`Link`], through the `virtio-drivers` crate).
+//! and, with the `x86_64` feature, [`x86::PortIoConfig`][PortIoConfig] (configuration
+//! mechanism #1 over ports 0xCF8/0xCFC), and with the `virtio-net` feature
+//! [`virtio_net::VirtioNet`][VirtioNet] (a virtio-net NIC as a [`Link`], through the
+//! `virtio-drivers` crate).
+//!
+//! Without those features the two items are not compiled; their links then lead to the
+//! documentation built with every feature (as docs.rs builds it).
+//!
+#![cfg_attr(feature = "x86_64", doc = "[PortIoConfig]: x86::PortIoConfig")]
+#![cfg_attr(
+    not(feature = "x86_64"),
+    doc = "[PortIoConfig]: https://docs.rs/bareverbs-hal/latest/bareverbs_hal/x86/struct.PortIoConfig.html"
+)]
+#![cfg_attr(feature = "virtio-net", doc = "[VirtioNet]: virtio_net::VirtioNet")]
+#![cfg_attr(
+    not(feature = "virtio-net"),
+    doc = "[VirtioNet]: https://docs.rs/bareverbs-hal/latest/bareverbs_hal/virtio_net/struct.VirtioNet.html"
+)]
 #![no_std]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -80,12 +95,44 @@ pub enum DmaError {
 /// - [`dma_alloc`](Hal::dma_alloc) returns blocks of exactly the requested number of pages,
 ///   physically contiguous, page-aligned, zero-filled, with a non-zero physical address that the
 ///   device can reach by DMA and a virtual address at which the CPU sees the same bytes
-///   (DMA-coherent: no cache maintenance is needed on this architecture or the implementation
-///   does it). A block is never handed out twice before it is deallocated.
+///   (DMA-coherent: on a platform whose device accesses do not snoop the CPU's caches, the
+///   implementation maps these blocks uncached, as an operating system's coherent DMA
+///   allocator does; the driver keeps its rings, command slot and shared region there and does
+///   no cache maintenance on them). A block is never handed out twice before it is
+///   deallocated.
+/// - [`publish_barrier`](Hal::publish_barrier), [`consume_barrier`](Hal::consume_barrier),
+///   [`dma_clean`](Hal::dma_clean) and [`dma_invalidate`](Hal::dma_invalidate) do what their
+///   documentation says on this platform (see "Ordering and coherence" below).
 /// - [`map_mmio`](Hal::map_mmio) returns a region through which accesses reach the device's
 ///   registers uncached, in program order with respect to each other.
 /// - [`virt_to_phys`](Hal::virt_to_phys), when it answers, gives the address at which DMA
 ///   reaches the very byte the CPU sees at that address, for as long as the mapping lasts.
+///
+/// # Ordering and coherence
+///
+/// Two kinds of platform need more than x86-64 does, and the trait has a seam for each:
+///
+/// - **Weakly ordered** CPUs (aarch64, RISC-V, POWER) may make a store to normal memory visible
+///   to a device after a later store to a device register. The driver calls
+///   [`publish_barrier`](Hal::publish_barrier) between writing what a device will read (a
+///   work request, a ring index, a command) and the register write that tells the device to
+///   read it (a doorbell), and [`consume_barrier`](Hal::consume_barrier) between reading the
+///   value by which a device announces data (an acknowledgement) and reading that data. The
+///   defaults are right for x86-64; elsewhere they are full fences (`fence(SeqCst)`), which
+///   order memory between CPUs but not necessarily against device accesses: an aarch64
+///   embedder overrides them with `dmb oshst` and `dmb oshld` (Linux's `dma_wmb()` and
+///   `dma_rmb()`), a RISC-V one with `fence w,o` and `fence r,r`.
+/// - **Non-coherent** DMA (device accesses that do not snoop the CPU's caches): memory from
+///   [`dma_alloc`](Hal::dma_alloc) is coherent by contract (mapped uncached there), so the
+///   driver's own structures need nothing. Memory the embedder registers itself (zero-copy,
+///   through [`virt_to_phys`](Hal::virt_to_phys)) is ordinary cacheable memory: the driver
+///   [cleans and invalidates](Hal::dma_clean) it when it registers it, and from then on the
+///   embedder keeps it coherent (maps it uncached) or calls [`dma_clean`](Hal::dma_clean)
+///   before it posts a request whose bytes the device reads and
+///   [`dma_invalidate`](Hal::dma_invalidate) before it reads bytes the device wrote (after
+///   the completion), exactly as Linux's RDMA users call `ib_dma_sync_single_for_device` and
+///   `ib_dma_sync_single_for_cpu`. The defaults do nothing: right where DMA is coherent
+///   (x86-64 and most servers).
 pub unsafe trait Hal: Clone {
     /// A mapped register window.
     type Mmio: Mmio;
@@ -150,6 +197,62 @@ pub unsafe trait Hal: Clone {
     /// that runs replay.
     fn seed(&self) -> u64 {
         cpu_seed()
+    }
+
+    /// Makes every earlier store to DMA memory visible to devices before any later store to a
+    /// device register: the barrier before a doorbell.
+    ///
+    /// The default is right for x86-64, where stores are not reordered with other stores and
+    /// an uncached register store follows earlier stores: only the compiler must keep the
+    /// order (Linux's `dma_wmb()` and `writel()` put no fence there either). Elsewhere it is
+    /// a full fence, which a weakly ordered platform replaces with its device store barrier
+    /// (aarch64: `dmb oshst`; RISC-V: `fence w,o`).
+    #[inline(always)]
+    fn publish_barrier(&self) {
+        #[cfg(target_arch = "x86_64")]
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(target_arch = "x86_64"))]
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Orders an earlier load of a value a device wrote (an acknowledgement, a producer
+    /// index) before every later load: the barrier between reading that a device has written
+    /// something and reading it.
+    ///
+    /// The default is right for x86-64, where loads are not reordered with other loads: a
+    /// compiler barrier. Elsewhere it is a full fence, which a weakly ordered platform replaces
+    /// with its device load barrier (aarch64: `dmb oshld`; RISC-V: `fence r,r`).
+    #[inline(always)]
+    fn consume_barrier(&self) {
+        #[cfg(target_arch = "x86_64")]
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(target_arch = "x86_64"))]
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writes back the CPU's cached copies of `len` bytes from `vaddr` to memory, so that a
+    /// device reading them by DMA sees what the CPU wrote ("clean"; Linux's
+    /// `dma_sync_single_for_device` with `DMA_TO_DEVICE`).
+    ///
+    /// Called on memory that is not from [`dma_alloc`](Hal::dma_alloc) (the trait's
+    /// "Ordering and coherence"). An implementation works on whole cache lines around the
+    /// range and never discards a store. The default does nothing: right where DMA snoops the
+    /// caches (x86-64).
+    #[inline(always)]
+    fn dma_clean(&self, vaddr: NonNull<u8>, len: usize) {
+        let _ = (vaddr, len);
+    }
+
+    /// Discards the CPU's cached copies of `len` bytes from `vaddr`, so that the CPU's next
+    /// reads see what a device wrote there by DMA ("invalidate"; Linux's
+    /// `dma_sync_single_for_cpu` with `DMA_FROM_DEVICE`).
+    ///
+    /// An implementation cleans a cache line it shares with bytes outside the range before it
+    /// invalidates it, so that no store outside the range is lost. The default does nothing:
+    /// right where DMA snoops the caches (x86-64).
+    #[inline(always)]
+    fn dma_invalidate(&self, vaddr: NonNull<u8>, len: usize) {
+        let _ = (vaddr, len);
     }
 }
 

@@ -4,9 +4,7 @@
 
 use core::mem::ManuallyDrop;
 
-use super::{
-    Context, CqId, NextCompletion, Provider, Ready, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-};
+use super::{Context, CqId, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::error::Result;
 
 /// What a provider's poll in progress offers; the verbs layer wraps it in [`PollCursor`].
@@ -53,12 +51,71 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// reported by the poll after the one that returned the good completions before it),
     /// [`Error::Busy`](crate::Error::Busy) while another thread polls this CQ.
     #[inline]
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::*;
+    /// let (_machine, ctx) = pvrdma()?;
+    /// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(64)?;
+    /// let pool = pd.buffer_pool(4, 64)?;
+    /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
+    /// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// a.post_send(2, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    ///
+    /// let mut wc = [WorkCompletion::default(); 8];
+    /// let n = cq.poll(&mut wc)?; // both QPs' completions, in the caller's array
+    /// assert_eq!(n, 2);
+    /// let mut ids: Vec<u64> = wc[..n].iter().map(|c| c.wr_id).collect();
+    /// ids.sort();
+    /// assert_eq!(ids, [1, 2]);
+    /// assert_eq!(pool.free_count(), 4, "raw polls hand safe buffers back");
+    /// assert_eq!(cq.poll(&mut wc)?, 0);
+    /// # Ok(()) }
+    /// ```
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         self.ctx.provider().poll_cq(&self.raw, out)
     }
 
     /// Starts a poll (`ibv_start_poll`): `None` when there is nothing to poll, else a cursor on
     /// the first completion. Fields are read from the device's entry only when asked.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::*;
+    /// let (_machine, ctx) = pvrdma()?;
+    /// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(64)?;
+    /// let pool = pd.buffer_pool(8, 64)?;
+    /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
+    /// for i in 0..3 {
+    ///     b.post_recv(i, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    ///     a.post_send(10 + i, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// }
+    /// let mut received = 0;
+    /// if let Some(mut c) = cq.start_poll()? {
+    ///     loop {
+    ///         // Only the fields asked for are read.
+    ///         if c.status() == WcStatus::Success && c.opcode() == WcOpcode::Recv {
+    ///             received += c.byte_len();
+    ///         }
+    ///         if !c.next_poll()? {
+    ///             break;
+    ///         }
+    ///     }
+    /// } // the cursor's end hands the entries back to the device (`ibv_end_poll`)
+    /// assert_eq!(received, 3 * 64);
+    /// assert!(cq.start_poll()?.is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn start_poll(&self) -> Result<Option<PollCursor<'_, P>>> {
         let Some(mut p) = self.ctx.provider().start_poll(&self.raw, None)? else {
             return Ok(None);
@@ -93,17 +150,6 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// The CQ's identity in events ([`CompletionChannel::get_cq_event`](super::CompletionChannel::get_cq_event) names it).
     pub fn id(&self) -> CqId {
         self.ctx.provider().cq_id(&self.raw)
-    }
-
-    /// A future that resolves when a poll would find a completion (it arms the CQ while it
-    /// waits; its waker is woken from the CQ-notification interrupt).
-    pub fn ready(&self) -> Ready<'_, 'c, P> {
-        Ready::new(self)
-    }
-
-    /// A future of the CQ's next completion, as [`poll`](Self::poll) of one entry gives it.
-    pub fn next_completion(&self) -> NextCompletion<'_, 'c, P> {
-        NextCompletion::new(self)
     }
 
     /// The number of entries (≥ the request: devices round up).

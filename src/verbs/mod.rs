@@ -47,6 +47,8 @@ macro_rules! destroy_and_drop {
 }
 
 mod ah;
+mod awaiting;
+mod buf_release;
 mod channel;
 mod cq;
 mod cq_resize;
@@ -56,6 +58,7 @@ mod pool;
 mod qp;
 pub(crate) mod qp_types;
 mod random;
+mod shared;
 mod srq;
 mod types;
 mod wait;
@@ -65,11 +68,12 @@ use core::mem::ManuallyDrop;
 use core::ptr::NonNull;
 
 pub use ah::AddressHandle;
+pub use buf_release::BufRelease;
 pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use gid::GidEntries;
 pub use mr::MemoryRegion;
-pub use pool::{Buf, BufRelease, BufferPool};
+pub use pool::{Buf, BufferPool};
 pub use qp::{
     CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram,
     DatagramInit, DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch,
@@ -80,6 +84,7 @@ pub use qp_types::{
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
 pub use random::Entropy;
+pub use shared::SharedProvider;
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
 pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};
@@ -344,6 +349,28 @@ pub trait Provider {
 }
 
 /// A device opened for verbs: owns the provider; every object borrows it.
+///
+/// # Example
+///
+/// ```
+/// use bareverbs::Context;
+/// use bareverbs::device::pvrdma::{Config, Pvrdma};
+/// use bareverbs::verbs::PortState;
+/// use bareverbs_model::Model;
+///
+/// # fn main() -> bareverbs::Result<()> {
+/// let machine = Model::default(); // memory, PCI configuration space and a PVRDMA
+/// let dev = Pvrdma::probe(machine.clone(), &machine, Config::default())?; // find, bring up
+/// let ctx = Context::new(dev);
+/// assert_eq!(ctx.query_port(1)?.state, PortState::Active);
+/// assert!(ctx.caps().max_qp > 0);
+/// // A driver that takes no interrupts processes the device's events itself:
+/// ctx.process_events();
+/// assert!(ctx.get_async_event().is_none());
+/// drop(ctx); // the device is reset and every DMA page returned
+/// assert_eq!(machine.outstanding_pages(), 0);
+/// # Ok(()) }
+/// ```
 pub struct Context<P: Provider> {
     provider: P,
     entropy: Entropy,
@@ -455,6 +482,19 @@ impl<P: Provider> Context<P> {
     }
 
     /// A future of the next async event (woken from the async-event interrupt).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::AsyncEvent;
+    /// let (machine, ctx) = pvrdma()?;
+    /// machine.post_async(9, 1); // the model's device reports "port 1 active"
+    /// let event = bareverbs::block_on(ctx.async_event());
+    /// assert_eq!(event, AsyncEvent::PortActive(1));
+    /// # Ok(()) }
+    /// ```
     pub fn async_event(&self) -> AsyncEventFuture<'_, P> {
         AsyncEventFuture::new(self)
     }

@@ -49,6 +49,25 @@ fn check_access(access: AccessFlags) -> Result<()> {
 impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Allocates `len` bytes of DMA memory (zeroed) and registers them in this PD with
     /// `access` (`ibv_reg_mr` over driver-allocated memory).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::AccessFlags;
+    /// let (_machine, ctx) = pvrdma()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    /// let mut mr = pd.register(8192, access)?;
+    /// mr.as_mut_slice()[..4].copy_from_slice(b"data");
+    /// let sge = mr.sge(0, 4)?; // what a raw work request names
+    /// assert_eq!((sge.addr, sge.length, sge.lkey), (mr.addr(), 4, mr.lkey()));
+    /// assert!(mr.sge(8190, 4).is_err(), "outside the region");
+    /// // A peer may read it: it needs `rkey` and `addr` (sent to it out of band).
+    /// let _for_the_peer = (mr.rkey(), mr.addr());
+    /// # Ok(()) }
+    /// ```
     pub fn register(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion<'_, P>> {
         if len == 0 {
             return Err(Error::invalid(Param::MrLength, 0u64, u64::MAX));
@@ -70,6 +89,31 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Registers memory the embedder owns for as long as the program runs (zero-copy), with
     /// `access`; SGEs name it by its CPU addresses ([`MemoryRegion::addr`] is `buf`'s). The
     /// HAL translates each page ([`Hal::virt_to_phys`](crate::hal::Hal::virt_to_phys)).
+    ///
+    /// # Errors
+    ///
+    /// [`Unsupported`](crate::Error::Unsupported) for
+    /// [`Feature::UserMemory`](crate::error::Feature::UserMemory) when the HAL cannot translate
+    /// a page (the device model translates only its own memory:
+    /// `Model::alloc_user_memory` hands some out).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::AccessFlags;
+    /// let (machine, ctx) = pvrdma()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// // On a machine: a `static mut` buffer, or memory the embedder's allocator leaked.
+    /// let buf: &'static mut [u8] = machine.alloc_user_memory(4096).leak();
+    /// buf[..2].copy_from_slice(b"hi");
+    /// let addr = buf.as_ptr() as u64;
+    /// let mr = pd.register_static(buf, AccessFlags::LOCAL_WRITE)?;
+    /// assert_eq!(mr.addr(), addr); // SGEs name the memory by its CPU address
+    /// assert_eq!(&mr.as_slice()[..2], b"hi");
+    /// # Ok(()) }
+    /// ```
     pub fn register_static(
         &self,
         buf: &'static mut [u8],
@@ -92,6 +136,36 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// device (no access to bytes a posted work request names until its completion) until the
     /// region is destroyed; [`MemoryRegion::as_slice`] must not be used while such a request
     /// is outstanding.
+    ///
+    /// # Errors
+    ///
+    /// As [`register_static`](Self::register_static).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::AccessFlags;
+    /// use bareverbs::error::{Error, Feature, Unsupported};
+    /// let (machine, ctx) = pvrdma()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mem = machine.alloc_user_memory(10_000); // memory the model's HAL translates
+    /// // SAFETY: `mem` outlives the region (dropped after it); the CPU leaves it alone while
+    /// // requests naming it are outstanding.
+    /// let mr = unsafe { pd.register_user(mem.as_ptr(), mem.len(), AccessFlags::LOCAL_WRITE)? };
+    /// assert_eq!(mr.len(), 10_000);
+    /// drop(mr);
+    /// drop(mem);
+    ///
+    /// // Memory the HAL cannot translate (here: the test program's heap) is refused.
+    /// let mut own = vec![0u8; 4096];
+    /// let ptr = core::ptr::NonNull::new(own.as_mut_ptr()).unwrap();
+    /// // SAFETY: as above (and the registration fails).
+    /// let e = unsafe { pd.register_user(ptr, own.len(), AccessFlags::LOCAL_WRITE) }.err();
+    /// assert_eq!(e, Some(Error::Unsupported(Unsupported::Feature(Feature::UserMemory))));
+    /// # Ok(()) }
+    /// ```
     pub unsafe fn register_user(
         &self,
         addr: core::ptr::NonNull<u8>,

@@ -11,39 +11,9 @@ use core::marker::PhantomData;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::buf_release::BufRelease;
 use super::{AccessFlags, MemoryRegion, ProtectionDomain, Provider, Sge};
 use crate::error::{Error, Param, Result};
-
-/// How a provider hands a safe buffer back to its pool: a function and the pool's free map.
-#[derive(Clone, Copy)]
-pub struct BufRelease {
-    f: unsafe fn(NonNull<u8>, u32),
-    ctx: NonNull<u8>,
-}
-
-// SAFETY: the context is a pool's free map, touched only through atomics.
-unsafe impl Send for BufRelease {}
-// SAFETY: as above.
-unsafe impl Sync for BufRelease {}
-
-impl core::fmt::Debug for BufRelease {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("BufRelease")
-    }
-}
-
-impl BufRelease {
-    /// Hands buffer `index` back.
-    ///
-    /// # Safety
-    ///
-    /// The pool is alive, and the buffer was moved into a queue pair by a safe post whose
-    /// completion (or flush, or the QP's end) is handled once, here.
-    pub unsafe fn release(&self, index: u32) {
-        // SAFETY: forwarded from our caller; `f` and `ctx` belong together (`BufferPool`).
-        unsafe { (self.f)(self.ctx, index) }
-    }
-}
 
 /// Free map layout: word 0 holds the buffer count, then one bit per buffer (1: in use).
 unsafe fn release_bit(ctx: NonNull<u8>, index: u32) {
@@ -58,7 +28,43 @@ unsafe fn release_bit(ctx: NonNull<u8>, index: u32) {
     w.fetch_and(!(1 << (index % 64)), Ordering::Release);
 }
 
-/// A registered buffer pool (`count` buffers of `size` bytes in one memory region).
+/// A registered buffer pool (`count` buffers of `size` bytes in one memory region): the safe
+/// path's memory.
+///
+/// [`alloc`](Self::alloc) hands out a [`Buf`], which moves into a queue pair when posted
+/// ([`QueuePair::post_send`](super::QueuePair::post_send),
+/// [`post_recv`](super::QueuePair::post_recv)) and comes back with its completion; dropping a
+/// `Buf` frees it. No code can touch a buffer while the device may use it.
+///
+/// # Example
+///
+/// ```
+/// # include!("../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let pool = pd.buffer_pool(4, 100)?; // 4 buffers of 128 bytes (a multiple of 64)
+/// assert_eq!((pool.count(), pool.free_count()), (4, 4));
+///
+/// let mut buf = pool.alloc().expect("a free buffer");
+/// assert_eq!(buf.len(), 128); // the whole buffer, until set_len
+/// buf.set_len(3)?;
+/// buf.as_mut_slice().copy_from_slice(b"abc");
+/// assert_eq!(pool.free_count(), 3);
+///
+/// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
+/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+/// a.post_send(2, buf).map_err(|(_, e)| e)?; // `buf` is the QP's now
+/// let got = b.poll_one()?.expect("a receive completion");
+/// assert_eq!(got.buf.as_ref().map(|b| b.as_slice()), Some(&b"abc"[..]));
+/// drop(got); // the receive buffer goes back to the pool
+/// drop(a.poll_one()?); // and the sent one
+/// assert_eq!(pool.free_count(), 4);
+/// # Ok(()) }
+/// ```
 pub struct BufferPool<'a, P: Provider> {
     mr: core::mem::ManuallyDrop<MemoryRegion<'a, P>>,
     map: core::mem::ManuallyDrop<P::Mem>,

@@ -424,7 +424,7 @@ pub struct QpInit<'a> {
     pub ex: QpInitEx<'a>,
     /// The safe path: where the buffers of completed safe requests go back (the provider
     /// keeps a per-slot record of `wr_id` and buffer); `None` for a raw-only QP.
-    pub safe: Option<super::pool::BufRelease>,
+    pub safe: Option<super::buf_release::BufRelease>,
 }
 
 /// Shared receive queue attributes (`struct ibv_srq_attr`).

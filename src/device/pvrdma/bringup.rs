@@ -160,11 +160,11 @@ impl<H: Hal> Pvrdma<H> {
         let pa = self.dsr.paddr();
         // The shared region (and the rings it points to) must be in memory before the device
         // is told where it is.
-        fence(Ordering::SeqCst);
+        self.hal.publish_barrier();
         self.regs.write32(reg::DSR_LOW, pa as u32);
         self.regs.write32(reg::DSR_HIGH, (pa >> 32) as u32);
         // The device wrote the caps during the DSRHIGH write: read them after it.
-        fence(Ordering::SeqCst);
+        self.hal.consume_barrier();
         let raw: Caps = self.dsr.get(abi::DSR_CAPS_OFFSET);
         validate_caps(self.version, &raw)?;
         // The device's caps, then in place the creatable subset of them (the rule of

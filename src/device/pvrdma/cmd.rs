@@ -6,8 +6,6 @@
 //! or a negative errno. ERR = 0xFFFF means it was rejected before running, with no response.
 //! The driver trusts a status only when ERR and the header's `err` byte agree.
 
-use core::sync::atomic::{Ordering, fence};
-
 use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{CMD_SLOT_SIZE, CmdHdr, RESP_SLOT_OFFSET, RESP_SLOT_SIZE, RespHdr, opcode};
@@ -139,7 +137,7 @@ impl<H: Hal> Channel<H> {
         self.page.zero(RESP_SLOT_OFFSET, RESP_SLOT_SIZE);
         // The request and the cleared response slot must be in memory before the device is told
         // to read the one and write the other.
-        fence(Ordering::SeqCst);
+        self.page.hal().publish_barrier();
         regs.write32(reg::REQUEST, 0);
 
         if regs.read32(reg::ERR) == ERR_REJECTED {
@@ -161,7 +159,7 @@ impl<H: Hal> Channel<H> {
             core::hint::spin_loop();
         };
         // The payload is read after the ack that announced it.
-        fence(Ordering::Acquire);
+        self.page.hal().consume_barrier();
         let err = regs.read32(reg::ERR);
         let errno = match self.status(hdr, err, code) {
             Ok(errno) => errno,

@@ -150,6 +150,10 @@ impl<H: Hal> Pvrdma<H> {
         for i in 0..npages {
             phys(i).ok_or(unsupported)?;
         }
+        // Cacheable memory on a non-coherent platform: written back and dropped from the caches
+        // before the device can reach it (the HAL's "Ordering and coherence").
+        self.hal.dma_clean(ptr, len);
+        self.hal.dma_invalidate(ptr, len);
         let pdir = PageDir::over(&self.hal, npages, |i| phys(i).unwrap_or(0))?;
         let span = (first as u64, ptr, end - first);
         self.register(pd, span, pdir, npages, None, access)

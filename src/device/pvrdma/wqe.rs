@@ -29,18 +29,6 @@ macro_rules! put {
     };
 }
 
-/// Orders the ring's index store before the doorbell's MMIO write: the one place the data path
-/// orders memory against MMIO. On x86-64 stores are not reordered with other stores and an
-/// uncached MMIO store follows earlier stores, so only the compiler must keep the order
-/// (Linux's `wmb()` is a compiler barrier there too); elsewhere, a full fence.
-#[inline(always)]
-pub(crate) fn before_doorbell() {
-    #[cfg(target_arch = "x86_64")]
-    core::sync::atomic::compiler_fence(Ordering::SeqCst);
-    #[cfg(not(target_arch = "x86_64"))]
-    core::sync::atomic::fence(Ordering::SeqCst);
-}
-
 /// Writes the SGEs of a WQE at `p`.
 ///
 /// # Safety
@@ -256,7 +244,7 @@ impl<H: Hal> Pvrdma<H> {
         p.tail = tail;
         ctl.tail.store(tail, Ordering::Release);
         ring.publish(tail);
-        before_doorbell();
+        self.hal.publish_barrier();
         self.uar.write32(db::QP, p.bell);
     }
 
@@ -359,7 +347,7 @@ impl<H: Hal> Pvrdma<H> {
         if n != tail0 {
             ring.publish(n);
             srq.counters.tail.store(n, Ordering::Release);
-            before_doorbell();
+            self.hal.publish_barrier();
             self.uar.write32(db::SRQ, srq.handle() | db::SRQ_RECV);
         }
         Ok(())

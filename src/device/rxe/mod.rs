@@ -147,6 +147,67 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     ///
     /// [`Error::Resource`] when the HAL has no memory for the device block;
     /// [`Error::InvalidInput`] for a link whose frames cannot carry the smallest path MTU.
+    ///
+    /// # Example
+    ///
+    /// Two devices on the model's in-memory Ethernet segment (on a machine: one device over
+    /// the NIC, its peer Linux's `rdma_rxe` or another machine), an RC connection between
+    /// them, and a message. The transport runs inside the verbs calls: waiting, each side
+    /// processes its frames and timers ([`Context::process_events`](crate::Context::process_events)).
+    ///
+    /// ```
+    /// use bareverbs::Context;
+    /// use bareverbs::device::rxe::{Config, Rxe};
+    /// use bareverbs::verbs::*;
+    /// use bareverbs_model::Model;
+    /// use bareverbs_model::link::{Segment, TestClock};
+    ///
+    /// // Each side addresses the other by its IPv4 GID (index 1: the device's own).
+    /// fn connect<'a, P: Provider>(
+    ///     qp: QueuePair<'a, P, Rc, Reset>,
+    ///     peer: u32,
+    ///     ip: [u8; 4],
+    /// ) -> bareverbs::Result<QueuePair<'a, P, Rc, Rts>> {
+    ///     let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    ///     let av = AddressVector::new(Gid::from_ipv4(ip), 1);
+    ///     let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av)).map_err(|(_, e)| e)?;
+    ///     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+    /// }
+    ///
+    /// # fn main() -> bareverbs::Result<()> {
+    /// let machine = Model::default(); // DMA memory
+    /// let (wire, clock) = (Segment::new(), TestClock::default());
+    /// let nic_a = wire.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
+    /// let nic_b = wire.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
+    /// let (ip_a, ip_b) = ([10, 0, 0, 2], [10, 0, 0, 3]);
+    /// let a = Context::new(Rxe::new(machine.clone(), nic_a, clock.clone(), Config { ip: ip_a })?);
+    /// let b = Context::new(Rxe::new(machine.clone(), nic_b, clock.clone(), Config { ip: ip_b })?);
+    ///
+    /// let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+    /// let (cq_a, cq_b) = (a.create_cq(16)?, b.create_cq(16)?);
+    /// let (pool_a, pool_b) = (pd_a.buffer_pool(4, 1024)?, pd_b.buffer_pool(4, 1024)?);
+    /// let qa = pd_a.qp_builder(&cq_a, &cq_a).pool(&pool_a).build::<Rc>()?;
+    /// let qb = pd_b.qp_builder(&cq_b, &cq_b).pool(&pool_b).build::<Rc>()?;
+    /// let (qpn_a, qpn_b) = (qa.qp_num(), qb.qp_num());
+    /// let mut qa = connect(qa, qpn_b, ip_b)?;
+    /// let mut qb = connect(qb, qpn_a, ip_a)?;
+    ///
+    /// qb.post_recv(1, pool_b.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// let mut buf = pool_a.alloc().expect("a free buffer");
+    /// buf.set_len(11)?;
+    /// buf.as_mut_slice().copy_from_slice(b"over RoCEv2");
+    /// qa.post_send(2, buf).map_err(|(_, e)| e)?;
+    /// // Wait for B's receive: between polls, time moves and both sides run.
+    /// let step = || {
+    ///     clock.advance(100);
+    ///     a.process_events();
+    ///     b.process_events();
+    /// };
+    /// let wc = bareverbs::block_on_with(cq_b.next_completion(), step)?;
+    /// assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 11));
+    /// # let _ = (&mut qa, &mut qb);
+    /// # Ok(()) }
+    /// ```
     pub fn new(hal: H, link: L, clock: C, config: Config) -> Result<Self> {
         let mac = link.mac();
         let max = link.max_frame();

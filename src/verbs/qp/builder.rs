@@ -12,6 +12,42 @@ use super::{QpInner, QueuePair, Reset, Transport};
 use crate::error::{Error, Feature, Result, Unsupported};
 
 /// Builds a queue pair (`ibv_create_qp` / `ibv_create_qp_ex`).
+///
+/// Made by [`ProtectionDomain::qp_builder`]; the transport is a type parameter of
+/// [`build`](Self::build), and the QP starts in RESET with capacities at least those asked for.
+///
+/// # Example
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let _gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?; // UD needs one
+/// let pd = ctx.alloc_pd()?;
+/// let (send_cq, recv_cq) = (ctx.create_cq(512)?, ctx.create_cq(512)?);
+/// let pool = pd.buffer_pool(64, 2048)?;
+/// let caps = QpCaps {
+///     max_send_wr: 100,
+///     max_recv_wr: 100,
+///     max_send_sge: 2,
+///     max_recv_sge: 2,
+///     max_inline_data: 0,
+/// };
+/// let rc = pd
+///     .qp_builder(&send_cq, &recv_cq)
+///     .caps(caps)
+///     .pool(&pool) // the safe path: post_send / post_recv of the pool's buffers
+///     .build::<Rc>()?;
+/// assert_eq!(rc.state(), QpState::Reset);
+/// assert!(rc.caps().max_send_wr >= 100); // devices round up: 128 here
+///
+/// // A datagram QP goes from RESET to RTS in one step, with its Q_Key.
+/// let ud = pd.qp_builder(&send_cq, &recv_cq).build::<Ud>()?;
+/// let ud = ud.ready(0x1111, 0).map_err(|(_, e)| e)?;
+/// assert_eq!(ud.query()?.qkey, 0x1111);
+/// # Ok(()) }
+/// ```
 pub struct QpBuilder<'a, P: Provider> {
     ctx: &'a Context<P>,
     pd: &'a P::Pd,

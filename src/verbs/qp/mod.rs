@@ -3,59 +3,8 @@
 //!
 //! A [`QueuePair`] is typed by its transport (`T`: [`Rc`], [`Uc`], [`Ud`], [`Gsi`],
 //! [`RawPacket`]) and its state (`S`: [`Reset`], [`Init`], [`Rtr`], [`Rts`], [`ErrState`]); its
-//! size does not depend on its queue depth (the queues live in memory from the HAL). It borrows
-//! its protection domain, completion queues, shared receive queue and buffer pool, so none of
-//! them can be destroyed while it exists:
-//!
-//! ```compile_fail,E0505
-//! # use bareverbs::verbs::*;
-//! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
-//! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq(16)?;
-//! let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
-//! drop(pd); // error: `pd` is borrowed by `qp`
-//! drop(qp);
-//! # Ok(()) }
-//! ```
-//!
-//! and a transition exists only from the state it starts in:
-//!
-//! ```compile_fail,E0599
-//! # use bareverbs::verbs::*;
-//! # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
-//! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq(16)?;
-//! let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
-//! let qp = qp.rts(&ConnectedRts::new(0)); // error: no `rts` on a QP in RESET
-//! # Ok(()) }
-//! ```
-//!
-//! Posting exists only in the states that allow it: sends in RTS, receives from INIT on
-//! (case 8 of the acceptance list — posting in RESET fails — at compile time):
-//!
-//! ```compile_fail,E0599
-//! # use bareverbs::verbs::*;
-//! # fn f<'a, P: Provider>(
-//! #     pool: &'a BufferPool<'a, P>,
-//! #     mut qp: QueuePair<'a, P, Rc, Reset>,
-//! # ) -> bareverbs::Result<()> {
-//! let buf = pool.alloc().expect("a free buffer");
-//! qp.post_recv(1, buf).map_err(|(_, e)| e)?; // error: no `post_recv` on a QP in RESET
-//! # Ok(()) }
-//! ```
-//!
-//! ```compile_fail,E0599
-//! # use bareverbs::verbs::*;
-//! # fn f<'a, P: Provider>(
-//! #     pool: &'a BufferPool<'a, P>,
-//! #     mut qp: QueuePair<'a, P, Rc, Init>,
-//! # ) -> bareverbs::Result<()> {
-//! let buf = pool.alloc().expect("a free buffer");
-//! qp.post_send(1, buf).map_err(|(_, e)| e)?; // error: no `post_send` on a QP in INIT
-//! # Ok(()) }
-//! ```
-//!
-//! (The README's lifecycle example is the compiling counterpart of all of these.)
+//! size does not depend on its queue depth (the queues live in memory from the HAL). The
+//! compile-time rules, with examples, are on [`QueuePair`].
 
 mod builder;
 mod post;
@@ -136,7 +85,130 @@ impl<P: Provider> Drop for QpInner<'_, P> {
     }
 }
 
-/// A queue pair of transport `T` in state `S`.
+/// A queue pair of transport `T` ([`Rc`], [`Uc`], [`Ud`], [`Gsi`], [`RawPacket`]) in state `S`
+/// ([`Reset`], [`Init`], [`Rtr`], [`Rts`], [`ErrState`]): `ibv_qp` with the connection state
+/// machine as typestate. Created by a [`QpBuilder`], in RESET.
+///
+/// Its size does not depend on its queue depth (the queues live in memory from the HAL). It
+/// borrows its protection domain, completion queues, shared receive queue and buffer pool, so
+/// none of them can be destroyed while it exists. A transition exists only from the state it
+/// starts in, and consumes the QP: on failure it hands the QP back, unchanged, with the error.
+///
+/// # Example
+///
+/// RESET → INIT → RTR → RTS, then a message from `a` to `b` on the safe path (buffers of a
+/// [`BufferPool`] move into the QP when posted and come back with the completion):
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let pool = pd.buffer_pool(8, 256)?;
+/// let a = pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>()?;
+/// let b = pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>()?;
+/// assert_eq!(a.state(), QpState::Reset);
+/// let (qpn_a, qpn_b) = (a.qp_num(), b.qp_num());
+/// let av = AddressVector::new(gid.gid(), gid.index() as u8); // the peer's GID: here, ours
+///
+/// let a = a.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+/// let a = a.rtr(&ConnectedRtr::new(qpn_b, 0, av)).map_err(|(_, e)| e)?;
+/// let mut a = a.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)?;
+/// let b = b.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+/// let b = b.rtr(&ConnectedRtr::new(qpn_a, 0, av)).map_err(|(_, e)| e)?;
+/// let mut b = b.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)?;
+///
+/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+/// let mut buf = pool.alloc().expect("a free buffer");
+/// buf.set_len(5)?;
+/// buf.as_mut_slice().copy_from_slice(b"hello");
+/// a.post_send(2, buf).map_err(|(_, e)| e)?;
+/// let got = b.poll_one()?.expect("a receive completion");
+/// assert_eq!((got.wc.wr_id, got.wc.byte_len), (1, 5));
+/// assert_eq!(got.buf.expect("the buffer").as_slice(), b"hello");
+/// let sent = a.poll_one()?.expect("a send completion");
+/// assert_eq!(sent.wc.status, WcStatus::Success);
+/// # Ok(()) }
+/// ```
+///
+/// # What does not compile
+///
+/// A transition from a state it does not start in:
+///
+/// ```compile_fail,E0599
+/// # use bareverbs::verbs::*;
+/// # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16)?;
+/// let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
+/// let qp = qp.rts(&ConnectedRts::new(0)); // error: no `rts` on a QP in RESET
+/// # Ok(()) }
+/// ```
+///
+/// A send before RTS: "post sends only on an RTS queue pair" (E0277, at the call):
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(
+/// #     pool: &'a BufferPool<'a, P>,
+/// #     mut qp: QueuePair<'a, P, Rc, Init>,
+/// # ) -> bareverbs::Result<()> {
+/// let buf = pool.alloc().expect("a free buffer");
+/// qp.post_send(1, buf).map_err(|(_, e)| e)?; // error: the QP is in INIT
+/// # Ok(()) }
+/// ```
+///
+/// A receive in RESET: "post receives only on a queue pair in INIT, RTR or RTS" (E0277):
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(
+/// #     pool: &'a BufferPool<'a, P>,
+/// #     mut qp: QueuePair<'a, P, Rc, Reset>,
+/// # ) -> bareverbs::Result<()> {
+/// let buf = pool.alloc().expect("a free buffer");
+/// qp.post_recv(1, buf).map_err(|(_, e)| e)?; // error: the QP is in RESET
+/// # Ok(()) }
+/// ```
+///
+/// A raw send batch before RTS, the same way:
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(mut qp: QueuePair<'a, P, Rc, Rtr>) {
+/// let batch = qp.send_batch(); // error: the QP is in RTR
+/// # }
+/// ```
+///
+/// An addressed send on a connected QP: "`Rc` is a connected transport" (E0277):
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(
+/// #     pool: &'a BufferPool<'a, P>,
+/// #     ah: &AddressHandle<'_, P>,
+/// #     mut qp: QueuePair<'a, P, Rc, Rts>,
+/// # ) -> bareverbs::Result<()> {
+/// let buf = pool.alloc().expect("a free buffer");
+/// qp.post_send_to(1, buf, (ah, 7, 0x1111)).map_err(|(_, e)| e)?; // error: RC has one peer
+/// # Ok(()) }
+/// ```
+///
+/// Destroying what a QP borrows while it lives:
+///
+/// ```compile_fail,E0505
+/// # use bareverbs::verbs::*;
+/// # fn f<P: Provider>(ctx: &Context<P>) -> bareverbs::Result<()> {
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16)?;
+/// let qp = pd.qp_builder(&cq, &cq).build::<Rc>()?;
+/// drop(pd); // error: `pd` is borrowed by `qp`
+/// drop(qp);
+/// # Ok(()) }
+/// ```
 pub struct QueuePair<'a, P: Provider, T: Transport, S: State> {
     inner: QpInner<'a, P>,
     _t: PhantomData<(T, S)>,

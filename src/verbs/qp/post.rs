@@ -11,11 +11,67 @@ use core::marker::PhantomData;
 
 use super::super::qp_types::QpState;
 use super::super::{AddressHandle, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
-use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, Transport, Uc};
+use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, State, Transport, Uc};
 use crate::error::Result;
 
 /// Send requests being written into a queue pair's send queue (`ibv_wr_start` …
 /// `ibv_wr_complete`).
+///
+/// The raw path: each request is written straight into its ring slot, naming memory by
+/// scatter/gather entries ([`MemoryRegion::sge`](crate::verbs::MemoryRegion::sge)), and
+/// [`finish`](Self::finish) publishes the batch with one doorbell. A batch dropped unfinished
+/// posts nothing. [`RecvBatch`] is the same for receives.
+///
+/// # Example
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let pool = pd.buffer_pool(1, 64)?;
+/// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
+///
+/// let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE)?;
+/// mr.as_mut_slice()[..6].copy_from_slice(b"batch!");
+/// let out = mr.sge(0, 6)?;
+/// let inbox = [mr.sge(2048, 1024)?, mr.sge(3072, 1024)?];
+/// // SAFETY: the CPU leaves `mr` alone until every completion below is polled.
+/// unsafe {
+///     let mut recvs = b.recv_batch();
+///     recvs.recv(10, &inbox[..1])?;
+///     recvs.recv(11, &inbox[1..])?;
+///     recvs.finish(); // one doorbell for both
+///     let mut sends = a.send_batch();
+///     sends.send(20, SendFlags::SIGNALED, &[out])?;
+///     sends.send(21, SendFlags::SIGNALED, &[out])?;
+///     sends.finish();
+/// }
+/// let mut wc = [WorkCompletion::default(); 4];
+/// let mut n = 0;
+/// while n < 4 {
+///     n += cq.poll(&mut wc[n..])?;
+/// }
+/// assert!(wc.iter().all(|c| c.status == WcStatus::Success));
+/// assert_eq!(&mr.as_slice()[2048..2054], b"batch!");
+/// assert_eq!(&mr.as_slice()[3072..3078], b"batch!");
+/// # Ok(()) }
+/// ```
+///
+/// A datagram QP's sends name their destination: `send` on one does not compile ("`Ud` is a
+/// datagram transport", E0277), `send_to` is its method:
+///
+/// ```compile_fail,E0277
+/// # use bareverbs::verbs::*;
+/// # fn f<'a, P: Provider>(mut qp: QueuePair<'a, P, Ud, Rts>, sge: Sge) -> bareverbs::Result<()> {
+/// let mut batch = qp.send_batch();
+/// // SAFETY: (the module's contract for the memory named)
+/// unsafe { batch.send(1, SendFlags::SIGNALED, &[sge])? }; // error: no destination
+/// # Ok(()) }
+/// ```
 pub struct SendBatch<'q, P: Provider, T> {
     provider: &'q P,
     qp: &'q mut P::Qp,
@@ -25,12 +81,17 @@ pub struct SendBatch<'q, P: Provider, T> {
     _t: PhantomData<T>,
 }
 
-impl<'a, P: Provider, T: Transport, S: CanSend> QueuePair<'a, P, T, S> {
+// The state bounds sit on the methods, not on the blocks: a post in the wrong state is then an
+// unmet bound (E0277) that `CanSend`'s and `CanRecv`'s messages explain, not a missing method.
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Starts a batch of send requests (`ibv_wr_start`). In ERROR, the requests complete with
     /// [`WcStatus::WrFlushErr`](crate::verbs::WcStatus::WrFlushErr), each once, and the device
     /// never sees them.
     #[inline]
-    pub fn send_batch(&mut self) -> SendBatch<'_, P, T> {
+    pub fn send_batch(&mut self) -> SendBatch<'_, P, T>
+    where
+        S: CanSend,
+    {
         let provider = self.inner.ctx.provider();
         SendBatch {
             provider,
@@ -74,11 +135,16 @@ impl<P: Provider, T> Drop for SendBatch<'_, P, T> {
 }
 
 /// Transports whose sends name no destination (connected: RC, UC).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is a datagram transport: its sends name an address (`send_to`)",
+    label = "a connected QP (`Rc`, `Uc`) is needed here",
+    note = "a datagram QP posts with `post_send_to`, or `send_batch().send_to(..)`"
+)]
 pub trait Connected: Transport {}
 impl Connected for Rc {}
 impl Connected for Uc {}
 
-impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
+impl<P: Provider, T> SendBatch<'_, P, T> {
     /// SEND of the bytes in `sges`.
     ///
     /// # Safety
@@ -86,7 +152,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     /// The buffers stay allocated, registered and untouched by the CPU until the completion
     /// has been polled (or the QP reset or destroyed).
     #[inline(always)]
-    pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()> {
+    pub unsafe fn send(&mut self, wr_id: u64, flags: SendFlags, sges: &[Sge]) -> Result<()>
+    where
+        T: Connected,
+    {
         // SAFETY: forwarded from our caller.
         unsafe { self.push(SendWqe::new(wr_id, WrOpcode::Send, flags, sges)) }
     }
@@ -103,7 +172,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             imm,
             ..SendWqe::new(wr_id, WrOpcode::SendWithImm, flags, sges)
@@ -124,7 +196,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         (remote_addr, rkey): (u64, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -147,7 +222,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -170,7 +248,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         flags: SendFlags,
         (remote_addr, rkey): (u64, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -193,7 +274,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         (compare, swap): (u64, u64),
         sge: &Sge,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -224,7 +308,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
         (remote_addr, rkey): (u64, u32),
         add: u64,
         sge: &Sge,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
         let w = SendWqe {
             remote_addr,
             rkey,
@@ -243,7 +330,10 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     /// SEND of `data` copied into the request (inline): safe, the bytes are the device's as
     /// soon as this returns.
     #[inline]
-    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> Result<()> {
+    pub fn send_inline(&mut self, wr_id: u64, flags: SendFlags, data: &[u8]) -> Result<()>
+    where
+        T: Connected,
+    {
         let sge = Sge {
             addr: data.as_ptr() as u64,
             length: data.len() as u32,
@@ -261,7 +351,7 @@ impl<P: Provider, T: Connected> SendBatch<'_, P, T> {
     }
 }
 
-impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
+impl<P: Provider, T> SendBatch<'_, P, T> {
     /// SEND of `sges` to QP `remote_qpn` (Q_Key `remote_qkey`; bit 31 set: the QP's own) at
     /// the address `ah`.
     ///
@@ -275,7 +365,10 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
         flags: SendFlags,
         (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Datagram,
+    {
         let w = SendWqe {
             ud: Some(UdTarget {
                 ah: ah.raw(),
@@ -301,7 +394,10 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
         (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
         imm: u32,
         sges: &[Sge],
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        T: Datagram,
+    {
         let w = SendWqe {
             imm,
             ud: Some(UdTarget {
@@ -316,7 +412,45 @@ impl<P: Provider, T: Datagram> SendBatch<'_, P, T> {
     }
 }
 
-/// Receive requests being written into a queue pair's receive queue.
+/// Receive requests being written into a queue pair's receive queue (the raw path: see
+/// [`SendBatch`], whose example posts both).
+///
+/// # Example
+///
+/// ```
+/// # include!("../../doctests.rs");
+/// # fn main() -> bareverbs::Result<()> {
+/// use bareverbs::verbs::*;
+/// let (_machine, ctx) = pvrdma()?;
+/// let _gid = ctx.bind_gid(0, Gid::link_local_from_mac([2, 0, 0, 0, 0, 1]))?; // UD needs one
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let caps = QpCaps {
+///     max_send_wr: 1,
+///     max_recv_wr: 16,
+///     max_send_sge: 1,
+///     max_recv_sge: 1,
+///     max_inline_data: 0,
+/// };
+/// let qp = pd.qp_builder(&cq, &cq).caps(caps).build::<Ud>()?;
+/// let mut qp = qp.ready(0x1111, 0).map_err(|(_, e)| e)?;
+/// let depth = qp.caps().max_recv_wr; // 16 or more
+/// let mr = pd.register(depth as usize * 64, AccessFlags::LOCAL_WRITE)?;
+/// // SAFETY: the CPU leaves `mr` alone while the receives are posted.
+/// unsafe {
+///     let mut batch = qp.recv_batch();
+///     for i in 0..depth {
+///         batch.recv(u64::from(i), &[mr.sge(i * 64, 64)?])?;
+///     }
+///     batch.finish();
+/// }
+/// // The queue is full: one more is refused, typed.
+/// // SAFETY: as above.
+/// let e = unsafe { qp.post_recv_raw(99, &[mr.sge(0, 64)?]) };
+/// assert!(matches!(e, Err(bareverbs::Error::QueueFull { .. })));
+/// # drop(qp);
+/// # Ok(()) }
+/// ```
 pub struct RecvBatch<'q, P: Provider> {
     provider: &'q P,
     qp: &'q mut P::Qp,
@@ -325,10 +459,13 @@ pub struct RecvBatch<'q, P: Provider> {
     flushed: bool,
 }
 
-impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Starts a batch of receive requests (in ERROR they complete flushed, as sends do).
     #[inline]
-    pub fn recv_batch(&mut self) -> RecvBatch<'_, P> {
+    pub fn recv_batch(&mut self) -> RecvBatch<'_, P>
+    where
+        S: CanRecv,
+    {
         let provider = self.inner.ctx.provider();
         RecvBatch {
             provider,
@@ -344,7 +481,10 @@ impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
     ///
     /// As [`SendBatch::send`].
     #[inline]
-    pub unsafe fn post_recv_raw(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+    pub unsafe fn post_recv_raw(&mut self, wr_id: u64, sges: &[Sge]) -> Result<()>
+    where
+        S: CanRecv,
+    {
         let mut b = self.recv_batch();
         // SAFETY: forwarded from our caller.
         unsafe { b.recv(wr_id, sges)? };

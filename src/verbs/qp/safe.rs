@@ -9,7 +9,7 @@ use super::super::{AddressHandle, UdTarget};
 use super::super::{
     Buf, BufferPool, Provider, SendFlags, SendWqe, WcOpcode, WorkCompletion, WrOpcode,
 };
-use super::{CanRecv, CanSend, Datagram, QpInner, QueuePair, Transport};
+use super::{CanRecv, CanSend, Datagram, QpInner, QueuePair, State, Transport};
 use crate::error::{Error, Param, Result};
 
 /// A completion from [`QueuePair::poll_one`]: the work completion and, for a safe post, its
@@ -166,18 +166,22 @@ impl<'a, P: Provider, T: Transport, S: super::State> QueuePair<'a, P, T, S> {
     }
 }
 
-impl<'a, P: Provider, T: Transport, S: CanSend> QueuePair<'a, P, T, S> {
+// The bounds on the methods: see `post.rs`.
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Posts a SEND of the buffer's bytes (connected transports); the buffer moves into the QP
     /// until its completion. On failure the buffer is handed back with the error. In ERROR it
     /// completes flushed and the device never sees it.
     #[inline]
-    pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+    pub fn post_send(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)>
+    where
+        S: CanSend,
+    {
         let flushed = S::STATE == QpState::Err;
         self.inner.post_send_wqe(wr_id, buf, None, flushed)
     }
 }
 
-impl<'a, P: Provider, T: Datagram, S: CanSend> QueuePair<'a, P, T, S> {
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Posts a SEND of the buffer's bytes to QP `remote_qpn` (Q_Key `remote_qkey`) at `ah`.
     #[inline]
     pub fn post_send_to(
@@ -185,7 +189,11 @@ impl<'a, P: Provider, T: Datagram, S: CanSend> QueuePair<'a, P, T, S> {
         wr_id: u64,
         buf: Buf<'a, P>,
         (ah, remote_qpn, remote_qkey): (&AddressHandle<'_, P>, u32, u32),
-    ) -> Result<(), (Buf<'a, P>, Error)> {
+    ) -> Result<(), (Buf<'a, P>, Error)>
+    where
+        T: Datagram,
+        S: CanSend,
+    {
         let ud = UdTarget {
             ah: ah.raw(),
             remote_qpn,
@@ -196,11 +204,14 @@ impl<'a, P: Provider, T: Datagram, S: CanSend> QueuePair<'a, P, T, S> {
     }
 }
 
-impl<'a, P: Provider, T: Transport, S: CanRecv> QueuePair<'a, P, T, S> {
+impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// Posts a receive into the whole buffer; it moves into the QP until its completion. On
     /// failure the buffer is handed back with the error. In ERROR it completes flushed.
     #[inline]
-    pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)> {
+    pub fn post_recv(&mut self, wr_id: u64, buf: Buf<'a, P>) -> Result<(), (Buf<'a, P>, Error)>
+    where
+        S: CanRecv,
+    {
         let flushed = S::STATE == QpState::Err;
         self.inner.post_recv(wr_id, buf, flushed)
     }

@@ -195,7 +195,6 @@ macro_rules! transport {
     ($(#[$doc:meta])* $name:ident, $ty:expr, datagram) => {
         transport!(@def $(#[$doc])* $name, $ty, DatagramInit, (), DatagramRts,
             datagram_init, (|_: &()| ModifyAttr::to_state(QpState::Rtr)), datagram_rts);
-        impl Datagram for $name {}
     };
     (@def $(#[$doc:meta])* $name:ident, $ty:expr, $i:ty, $r:ty, $s:ty, $fi:expr, $fr:expr, $fs:expr) => {
         $(#[$doc])*
@@ -216,6 +215,11 @@ macro_rules! transport {
 
 /// Datagram transports: INIT takes a Q_Key, RTR nothing, and [`QueuePair::ready`](super::QueuePair::ready) goes
 /// straight from RESET to RTS.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is a connected transport: it sends to its one peer, with no address",
+    label = "a datagram QP (`Ud`, `Gsi`, `RawPacket`) is needed here",
+    note = "a connected QP posts with `post_send`, or `send_batch().send(..)`"
+)]
 pub trait Datagram:
     Transport<InitAttr = DatagramInit, RtrAttr = (), RtsAttr = DatagramRts>
 {
@@ -236,6 +240,9 @@ transport!(
 transport!(
     /// Raw Ethernet packets.
     RawPacket, QpType::RawPacket, datagram);
+impl Datagram for Ud {}
+impl Datagram for Gsi {}
+impl Datagram for RawPacket {}
 
 /// A queue pair state, at the type level.
 pub trait State: sealed::Sealed {
@@ -267,6 +274,11 @@ states!(
 
 /// States in which receives may be posted (INIT, RTR, RTS; and ERROR, where they complete
 /// flushed, as libibverbs allows).
+#[diagnostic::on_unimplemented(
+    message = "post receives only on a queue pair in INIT, RTR or RTS",
+    label = "this queue pair is in `{Self}`",
+    note = "bring the queue pair to INIT first: `qp.init(&attr)` (datagram QPs: `qp.ready(..)`); in ERROR, receives complete flushed"
+)]
 pub trait CanRecv: State {}
 impl CanRecv for Init {}
 impl CanRecv for Rtr {}
@@ -276,6 +288,11 @@ impl CanRecv for ErrState {}
 /// States in which sends may be posted (RTS; and ERROR, where they complete flushed with
 /// [`WcStatus::WrFlushErr`](crate::verbs::WcStatus::WrFlushErr) without reaching the device,
 /// as libibverbs allows).
+#[diagnostic::on_unimplemented(
+    message = "post sends only on an RTS queue pair",
+    label = "this queue pair is in `{Self}`",
+    note = "bring the queue pair to RTS first: `init`, `rtr`, then `rts` (datagram QPs: `ready`); in ERROR, sends complete flushed"
+)]
 pub trait CanSend: State {}
 impl CanSend for Rts {}
 impl CanSend for ErrState {}

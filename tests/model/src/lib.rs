@@ -15,6 +15,10 @@
 //! element count, BARs sized with decoding on, memory freed while the device still maps it, an
 //! access to memory that is not allocated…). Tests assert that list stays empty.
 //!
+//! Memory for zero-copy registration: [`Model::alloc_user_memory`]. The model's HAL translates
+//! only the memory the machine has ([`Hal::virt_to_phys`]), as a real HAL knows only the memory
+//! it maps: a test program's own buffers are refused as `Unsupported(Feature(UserMemory))`.
+//!
 //! Fault injection: the n-th command fails with an errno ([`Model::fail_command`]), the n-th DMA
 //! allocation fails ([`Model::fail_dma_alloc`]), the device stops answering
 //! ([`Model::set_silent`]), the next response is garbage ([`Model::garbage_next`]).
@@ -693,6 +697,32 @@ impl Model {
         self.lock().cfg
     }
 
+    /// `len` bytes (rounded up to whole pages, zeroed) of the machine's memory for the embedder's
+    /// own use: memory that zero-copy registration (`bareverbs`'
+    /// `ProtectionDomain::register_user` and `register_static`) accepts, because the model's
+    /// [`Hal::virt_to_phys`] translates it.
+    ///
+    /// The model translates only its own memory, as a machine's HAL knows only the memory it
+    /// maps: registering a `Vec`, a stack array or a `static` of the test program fails with
+    /// `Unsupported(Feature(UserMemory))`. The pages count in [`Model::outstanding_pages`]
+    /// until the [`UserMemory`] is dropped (or for good, after [`UserMemory::leak`]).
+    ///
+    /// # Panics
+    ///
+    /// When `len` is 0 or the machine's memory is exhausted (a test's mistake).
+    pub fn alloc_user_memory(&self, len: usize) -> UserMemory {
+        let block = self
+            .lock()
+            .mem
+            .alloc(len.div_ceil(4096))
+            .expect("the model's memory holds the user memory asked for");
+        UserMemory {
+            model: self.clone(),
+            block: Some(block),
+            len,
+        }
+    }
+
     /// The async event posted last, (type, info) as the async ring holds it; `None` before
     /// the first.
     pub fn last_async_event(&self) -> Option<(u32, u32)> {
@@ -797,6 +827,55 @@ impl ConfigRegionAccess for Model {
         pci.write(address, offset, value, violations);
         drop(g);
         self.run_msi_handler();
+    }
+}
+
+/// Memory of the machine handed to the embedder ([`Model::alloc_user_memory`]): what a test
+/// registers zero-copy. Returned to the machine when dropped (a region still registered over it
+/// is then reported in [`Model::violations`], as memory freed while the device uses it).
+pub struct UserMemory {
+    model: Model,
+    block: Option<DmaBlock>,
+    len: usize,
+}
+
+impl UserMemory {
+    /// Where the CPU reaches the first byte (page-aligned).
+    pub fn as_ptr(&self) -> std::ptr::NonNull<u8> {
+        self.block.as_ref().expect("present until dropped").vaddr
+    }
+
+    /// Length in bytes, as asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the length is 0 (never: [`Model::alloc_user_memory`] refuses 0).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, for the CPU.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the block is `len` bytes or more of zeroed memory owned by this value.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr().as_ptr(), self.len) }
+    }
+
+    /// Keeps the memory for the rest of the program, for
+    /// `ProtectionDomain::register_static`; its pages stay counted as outstanding.
+    pub fn leak(mut self) -> &'static mut [u8] {
+        let block = self.block.take().expect("present until dropped");
+        // SAFETY: the block is `len` bytes or more of zeroed memory, never freed from now on.
+        unsafe { std::slice::from_raw_parts_mut(block.vaddr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for UserMemory {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            // SAFETY: the block came from this machine's allocator and is returned once.
+            unsafe { self.model.dma_dealloc(block) }
+        }
     }
 }
 
