@@ -29,7 +29,9 @@ mod qp_state;
 mod reply;
 mod requester;
 mod responder;
+mod rings;
 mod srq;
+mod tables;
 mod wqe;
 
 pub mod port;
@@ -51,7 +53,7 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
-use mem::Tables;
+use tables::Tables;
 use port::{Port, PortCounts, Rx};
 
 /// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
@@ -170,7 +172,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             let hub = base.add(HUB_AT).cast::<EventHub>();
             hub.write(EventHub::new());
             let t = base.add(TABLES_AT).cast::<Tables>();
-            Tables::init(t, Port::new(mac, config.ip));
+            Tables::init(t, Port::new(mac, config.ip), hal.seed());
             (hub, t, base.add(RX_AT), base.add(TX_AT))
         };
         let caps = caps_of(mac);

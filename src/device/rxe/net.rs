@@ -3,7 +3,8 @@
 
 use bareverbs_hal::{Link, LinkError};
 
-use super::mem::{Denied, Tables};
+use super::mem::{Denied, MrTable};
+use super::tables::Tables;
 use super::wire::bth::Headers;
 use super::wire::packet::{Route, begin, finish};
 use crate::events::EventHub;
@@ -37,13 +38,13 @@ impl<L: Link> Net<'_, L> {
         route: &Route,
         headers: &Headers,
         len: usize,
-        fill: impl FnOnce(&Tables, &mut [u8]) -> Result<(), Denied>,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
         let id = self.t.ip_id;
         self.t.ip_id = id.wrapping_add(1);
         let at = begin(self.tx, route, id, headers, len).ok_or(Unsent::Lost)?;
         let payload = self.tx.get_mut(at..at + len).ok_or(Unsent::Lost)?;
-        fill(self.t, payload).map_err(Unsent::Denied)?;
+        fill(&self.t.mrs, payload).map_err(Unsent::Denied)?;
         let n = finish(self.tx).ok_or(Unsent::Lost)?;
         if route.dst_ip == route.src_ip {
             // To this interface: looped back, never on the wire.

@@ -5,7 +5,7 @@ use core::ptr::NonNull;
 
 use super::MAX_RD_ATOMIC;
 use super::cq::{CqRing, Cqe};
-use super::mem::AsyncRing;
+use super::rings::AsyncRing;
 use super::srq::SrqCore;
 use super::wire::eth::Mac;
 use super::wire::packet::Route;

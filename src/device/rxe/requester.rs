@@ -237,7 +237,7 @@ fn deadline(now: u64, timeout: u64) -> u64 {
 /// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
 /// from registered memory.
 fn payload(
-    t: &super::mem::Tables,
+    t: &super::mem::MrTable,
     pd: u32,
     e: &SqEntry,
     offset: u32,
@@ -481,7 +481,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                 return;
             }
             let orig = h.atomic_ack.unwrap_or(0).to_ne_bytes();
-            let status = match net.t.scatter(q.pd, e.sges(), 0, &orig) {
+            let status = match net.t.mrs.scatter(q.pd, e.sges(), 0, &orig) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocProtErr,
             };
@@ -533,7 +533,7 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) 
     if p.headers.bth.opcode != want || p.payload.len() != len as usize {
         return;
     }
-    if net.t.scatter(q.pd, e.sges(), idx * mtu, p.payload).is_err() {
+    if net.t.mrs.scatter(q.pd, e.sges(), idx * mtu, p.payload).is_err() {
         return fail(net, q, WcStatus::LocProtErr);
     }
     q.una = psn_add(psn, 1);

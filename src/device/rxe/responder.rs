@@ -157,6 +157,7 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     let wqe = q.wqe;
     if net
         .t
+        .mrs
         .scatter(q.pd, wqe.sges(), q.offset, p.payload)
         .is_err()
     {
@@ -209,6 +210,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         let va = q.write_va.wrapping_add(u64::from(q.offset));
         let dst = net
             .t
+            .mrs
             .check(
                 q.write_rkey,
                 q.pd,
@@ -255,6 +257,7 @@ fn remote_range<L: Link>(
     }
     if r.len > 0 {
         net.t
+            .mrs
             .check(r.rkey, q.pd, r.va, u64::from(r.len), need)
             .map_err(|_| Fail::Access)?;
     }
@@ -311,6 +314,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     }
     let at = net
         .t
+        .mrs
         .check(a.rkey, q.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
         .map_err(|_| Fail::Access)?
         .cast::<u64>();
@@ -406,9 +410,10 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, fra
         if let Some(ip) = frame.get(14..34) {
             grh[20..].copy_from_slice(ip);
         }
-        let ok = net.t.scatter(q.pd, e.sges(), 0, &grh).is_ok()
+        let ok = net.t.mrs.scatter(q.pd, e.sges(), 0, &grh).is_ok()
             && net
                 .t
+                .mrs
                 .scatter(q.pd, e.sges(), GRH_LEN as u32, p.payload)
                 .is_ok();
         if !ok {
