@@ -92,19 +92,17 @@ impl MrTable {
     }
 
     /// Registers `len` bytes at `addr` in `pd`; the key, or `None` when the table is full.
-    pub(crate) fn add(
-        &mut self,
-        addr: u64,
-        len: u64,
-        pd: u32,
-        access: AccessFlags,
-    ) -> Option<u32> {
+    pub(crate) fn add(&mut self, addr: u64, len: u64, pd: u32, access: AccessFlags) -> Option<u32> {
         let i = self.entries.iter().position(|m| m.key == 0)?;
         let drawn = self.keys.next_u64();
         let m = &mut self.entries[i];
         // The low byte: a drawn start for a slot never used, then one more each time (never
         // 0, so that key 0, "free", is never handed out).
-        let start = if m.generation == 0 { drawn as u8 } else { m.generation };
+        let start = if m.generation == 0 {
+            drawn as u8
+        } else {
+            m.generation
+        };
         m.generation = start.wrapping_add(1).max(1);
         let high = (drawn >> 32) as u32 & 0xFFFF_0000;
         let key = high | (i as u32) << 8 | u32::from(m.generation);

@@ -1,7 +1,7 @@
 //! Software RoCEv2 over a plain Ethernet NIC (a [`Link`]), interoperating with Linux's
 //! `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
 //!
-//! Built in layers, each with every fact of its own (`shared/roce-v2.md`):
+//! Built in layers, each with every fact of its own (`docs/roce-v2.md`):
 //! - [`wire`]: the frames — Ethernet, ARP, IPv4, UDP 4791, the base transport header and its
 //!   extended headers, the ICRC — parsed with every length checked and built byte for byte as
 //!   Linux builds them;
@@ -19,6 +19,7 @@
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
 //! The embedder's IP stack shares the NIC through [`Rxe::stack`].
 
+mod check;
 mod cq;
 mod mem;
 mod net;
@@ -53,8 +54,8 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
-use tables::Tables;
 use port::{Port, PortCounts, Rx};
+use tables::Tables;
 
 /// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
 pub const MAX_QP: usize = 32;
@@ -245,17 +246,18 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // through the locked core (`core` is borrowed mutably here).
             let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
             // Looped-back frames first, then the NIC's.
-            let Some(n) = core
-                .tables()
-                .loopback
-                .pop(rx)
-                .or_else(|| core.link.receive(rx))
-            else {
+            let looped = core.tables().loopback.pop(rx);
+            let Some(n) = looped.or_else(|| core.link.receive(rx)) else {
                 break;
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();
-            match t.port.receive(link, frame, now) {
+            let rx = if looped.is_some() {
+                t.port.receive_looped(link, frame, now)
+            } else {
+                t.port.receive(link, frame, now)
+            };
+            match rx {
                 Rx::Roce(p) => self.dispatch(core, &p, frame, now),
                 Rx::Stack => t.stack.push(frame),
                 Rx::Dropped(_) => {}
@@ -293,6 +295,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             hub: self.hub(),
             now,
             mtu: self.mtu,
+            answers: reply::ANSWER_BURST,
         }
     }
 
@@ -310,10 +313,15 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if q.is_null() {
             return;
         }
-        let mut net = self.net(core, now);
         // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
         // core is apart from the tables and reached only under the lock, held here.
         let q = unsafe { &mut *q };
+        // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
+        // nothing changed.
+        if !check::admit(q, p) {
+            return;
+        }
+        let mut net = self.net(core, now);
         use wire::bth::opcode as o;
         match p.headers.bth.opcode {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
@@ -321,9 +329,16 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
-    /// Runs every queue pair's timers (and a requester waiting on its window or an address).
+    /// Runs every queue pair's timers (and a requester waiting on its window or an address),
+    /// and sends on their backlogs, a bounded turn each; the first turn goes to each queue
+    /// pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        for i in 0..MAX_QP {
+        let t = core.tables();
+        let first = t.turn as usize % MAX_QP;
+        t.turn = t.turn.wrapping_add(1);
+        // Bounded: each slot of the table once.
+        for k in 0..MAX_QP {
+            let i = (first + k) % MAX_QP;
             let q = core.tables().qps[i];
             if q.is_null() {
                 continue;

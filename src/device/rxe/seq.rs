@@ -1,5 +1,4 @@
-//! Packet sequence numbers and how a message is cut into packets (`shared/roce-v2.md` §2,
-//! §6.2): 24-bit PSNs compared modulo 2^24 with a half window, and the packets of a SEND,
+//! Packet sequence numbers and how a message is cut into packets (`docs/roce-v2.md`): 24-bit PSNs compared modulo 2^24 with a half window, and the packets of a SEND,
 //! RDMA WRITE or READ response at a path MTU, with their opcodes and acknowledge requests.
 
 use super::wire::bth::{PSN_MASK, opcode};
@@ -62,8 +61,14 @@ pub fn packets(len: u32, mtu: u32) -> Option<u32> {
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
 /// `mtu` is not one of [`MTUS`].
 pub fn segments(kind: Kind, len: u32, mtu: u32) -> impl Iterator<Item = Segment> {
+    segments_from(kind, len, mtu, 0)
+}
+
+/// The packets of [`segments`] from the packet `from` on, found without walking the ones
+/// before it.
+pub fn segments_from(kind: Kind, len: u32, mtu: u32, from: u32) -> impl Iterator<Item = Segment> {
     let n = packets(len, mtu).unwrap_or(0);
-    (0..n).map(move |i| {
+    (from.min(n)..n).map(move |i| {
         let (first, last) = (i == 0, i + 1 == n);
         let offset = i * mtu;
         let opcode = match (kind, first, last) {

@@ -29,6 +29,8 @@ pub(crate) struct Tables {
     pub(crate) async_events: AsyncRing,
     /// The number of the last SRQ created.
     pub(crate) srq_next: u32,
+    /// Which queue pair has the first turn at the next progress.
+    pub(crate) turn: u32,
 }
 
 impl Tables {

@@ -1,4 +1,4 @@
-//! Addresses derived as Linux derives them (`shared/roce-v2.md` §1.1, §5): the UDP source
+//! Addresses derived as Linux derives them (`docs/roce-v2.md`): the UDP source
 //! ports of RC and UD queue pairs. GIDs themselves are [`Gid`](crate::verbs::Gid)'s
 //! (`from_ipv4`, `link_local_from_mac`, `ipv4`).
 

@@ -1,5 +1,5 @@
 //! The base transport header, the opcodes and their extended headers
-//! (`shared/roce-v2.md` §2, §3).
+//! (`docs/roce-v2.md`).
 
 use super::{Discard, be16, be24, be32, be64, put24};
 

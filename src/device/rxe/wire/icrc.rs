@@ -1,4 +1,4 @@
-//! The invariant CRC (`shared/roce-v2.md` §4): CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the
+//! The invariant CRC (`docs/roce-v2.md`): CRC-32 (IEEE 802.3) over 8 bytes of 0xFF, the
 //! IP and UDP headers and the transport packet, with the fields routers may change masked to
 //! all-ones; stored least-significant byte first after the pad.
 //!

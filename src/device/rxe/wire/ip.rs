@@ -1,5 +1,5 @@
 //! The IPv4 header (no options, never fragmented) and the UDP header, with their checksums
-//! (`shared/roce-v2.md` §1.1, §8).
+//! (`docs/roce-v2.md`).
 
 use super::{Discard, be16};
 

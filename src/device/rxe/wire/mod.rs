@@ -1,4 +1,4 @@
-//! RoCEv2 frames on the wire (`shared/roce-v2.md` §1–§5): parsed with every length and field
+//! RoCEv2 frames on the wire (`docs/roce-v2.md`): parsed with every length and field
 //! a peer wrote checked before use, and built byte for byte as Linux's `rdma_rxe` builds them.
 //!
 //! - [`eth`]: MAC addresses, the Ethernet header, ARP;
@@ -32,6 +32,11 @@ pub enum Discard {
     UnknownOpcode,
     /// The ICRC does not match.
     BadIcrc,
+    /// To another station's MAC (a promiscuous NIC passes such frames up).
+    NotForUs,
+    /// A source address no station on the segment has: this interface's own address from
+    /// the wire, an unspecified, loopback, multicast or broadcast one (Linux's martians).
+    Martian,
 }
 
 /// Reads a big-endian `u16` at `at` (the caller checked the bounds).
