@@ -330,12 +330,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     /// Runs every queue pair's timers (and a requester waiting on its window or an address),
-    /// and sends on their backlogs, a bounded turn each; the first turn goes to each queue
-    /// pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
+    /// and sends on their backlogs, a bounded turn each; the first turn goes to each live
+    /// queue pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let t = core.tables();
-        let first = t.turn as usize % MAX_QP;
-        t.turn = t.turn.wrapping_add(1);
+        let first = core.tables().turn as usize % MAX_QP;
+        let mut next = None;
         // Bounded: each slot of the table once.
         for k in 0..MAX_QP {
             let i = (first + k) % MAX_QP;
@@ -343,11 +342,16 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             if q.is_null() {
                 continue;
             }
+            // The next progress starts after the first QP served now.
+            next.get_or_insert(i + 1);
             let mut net = self.net(core, now);
             // SAFETY: as in `dispatch`.
             let q = unsafe { &mut *q };
             reply::drain(&mut net, q);
             requester::on_timer(&mut net, q);
+        }
+        if let Some(n) = next {
+            core.tables().turn = n as u32;
         }
     }
 }

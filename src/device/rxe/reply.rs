@@ -223,7 +223,13 @@ pub(super) fn answer_from<L: Link>(
 pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         q.backlog = None;
-        q.ack_due = None;
+        // The NAK that moved the QP to ERROR still tells the peer why, once there is room.
+        let nak = q.ack_due.filter(|&(_, syn)| syn != syndrome::ACK);
+        if q.state != QpState::Err || nak.is_some_and(|(psn, syn)| ack_now(net, q, syn, psn)) {
+            q.ack_due = None;
+        } else {
+            q.ack_due = nak;
+        }
         return;
     }
     // Bounded by the kept requests: each turn answers one and moves to the next newer one,
