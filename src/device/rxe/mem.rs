@@ -213,6 +213,7 @@ impl MrTable {
     ) -> Result<(), Denied> {
         let mut skip = u64::from(offset);
         let mut done = 0usize;
+        // Bounded by the list's entries (at most MAX_SGE, checked when posted).
         for s in sges {
             if done == len {
                 break;

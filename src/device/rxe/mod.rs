@@ -46,7 +46,7 @@ use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 use crate::dma::Dma;
 use crate::error::{Error, Result};
 use crate::events::EventHub;
-use crate::verbs::{DeviceCaps, Gid};
+use crate::verbs::{DeviceCaps, Gid, QpState};
 
 pub use cq::{Cq, Poll};
 pub use mem::{Mem, Mr};
@@ -241,6 +241,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     fn progress_locked(&self, core: &mut Core<L>) {
         let now = self.now();
+        // Bounded: RX_BUDGET frames a call, however many the segment sends.
         for _ in 0..RX_BUDGET {
             // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
             // through the locked core (`core` is borrowed mutably here).
@@ -316,6 +317,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
         // core is apart from the tables and reached only under the lock, held here.
         let q = unsafe { &mut *q };
+        if q.peer_mac.is_none()
+            && q.qp_type != crate::verbs::QpType::Ud
+            && q.state != QpState::Reset
+        {
+            // The peer's MAC as ARP gave it, for the source check.
+            q.peer_mac = core.tables().port.lookup(q.peer_ip);
+        }
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.
         if !check::admit(q, p) {

@@ -203,6 +203,8 @@ impl QpCore {
 
     /// Completes every outstanding request as flushed (the QP is in the error state).
     pub(crate) fn flush(&mut self, hub: &EventHub) {
+        // Both loops bounded by the requests posted (at most the rings' capacities): each
+        // turn takes one.
         while self.sq_tail != self.sq_head {
             self.retire(WcStatus::WrFlushErr, hub);
         }
@@ -222,6 +224,7 @@ impl QpCore {
 
     /// Forgets every outstanding request without a completion (RESET).
     pub(crate) fn discard(&mut self) {
+        // Both loops bounded by the requests posted, as in `flush`.
         while self.sq_tail != self.sq_head {
             let t = self.sq(self.sq_tail).tag;
             self.release_tag(t);

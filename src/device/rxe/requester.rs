@@ -32,6 +32,8 @@ const RNR_US: [u32; 32] = [
 fn reads_out(q: &mut QpCore) -> u32 {
     let mut n = 0;
     let mut i = q.sq_tail;
+    // Bounded by the requests started and not completed: `sq_next - sq_tail` is at most the
+    // ring's capacity (MAX_WR), a distance between two wrapping counts that cannot wrap.
     while i != q.sq_next {
         if op::reads(q.sq(i).op) {
             n += 1;
@@ -74,6 +76,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     let mtu = q.mtu;
     let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
     let mut sent = 0;
+    // Bounded by BURST packets (a plain count).
     while q.sq_next != q.sq_head && sent < BURST {
         if psn_diff(q.psn, q.una) >= WINDOW {
             break;
@@ -176,6 +179,8 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 // The gather list names memory the QP may not read: this request fails with
                 // a local protection error, after the ones before it (flushed: the QP is
                 // going to the error state), in order.
+                // Bounded: each turn retires one of the requests before `i` (fewer than the
+                // ring's capacity).
                 while q.sq_tail != i {
                     q.retire(WcStatus::WrFlushErr, net.hub);
                 }
@@ -233,6 +238,8 @@ fn payload(
 
 fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     let mut sent = 0;
+    // Bounded: each turn retires the oldest request (the queue holds at most MAX_WR), and at
+    // most BURST go out.
     while q.sq_tail != q.sq_head && sent < BURST {
         let e = *q.sq(q.sq_tail);
         if e.len > net.mtu {
@@ -303,6 +310,8 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// READ or atomic (those complete with their responses). `true` when such a request is
 /// covered by the acknowledge: its response was lost.
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
+    // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
+    // whatever PSN the peer wrote.
     while q.sq_tail != q.sq_next {
         let e = *q.sq(q.sq_tail);
         let last = psn_add(e.first_psn, e.npkts.max(1) - 1);

@@ -30,6 +30,7 @@ impl StackRing {
     }
 
     pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
+        // Bounded by the frames queued (at most STACK_FRAMES): each turn takes one.
         while self.head != self.tail {
             let i = self.tail as usize % STACK_FRAMES;
             self.tail = self.tail.wrapping_add(1);
