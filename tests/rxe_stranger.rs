@@ -153,6 +153,30 @@ fn mk<'a>(
     pd.qp_builder(cq, cq).caps(caps(32)).build::<Rc>().unwrap()
 }
 
+/// An ACK or NAK (AETH `syndrome`) for `psn` to `qpn`.
+fn answer(qpn: u32, psn: u32, syndrome: u8) -> Headers {
+    let mut h = bth(opcode::RC_ACK, qpn, psn);
+    h.aeth = Some(Aeth { syndrome, msn: 0 });
+    h
+}
+
+/// A READ request of `len` bytes at (`va`, `rkey`).
+fn read_request(qpn: u32, psn: u32, (va, rkey): (u64, u32), len: u32) -> Headers {
+    let mut h = bth(opcode::RC_READ_REQUEST, qpn, psn);
+    h.reth = Some(Reth { va, rkey, len });
+    h
+}
+
+/// Posts one receive of 256 bytes of `mr` on `q`.
+fn recv_one(q: &mut RcQp<'_>, mr: &MemoryRegion<'_, R>, id: u64) {
+    // SAFETY: the tests keep their regions registered until their QPs are gone.
+    unsafe {
+        let mut r = q.recv_batch();
+        r.recv(id, &[mr.sge(0, 256).unwrap()]).unwrap();
+        r.finish();
+    }
+}
+
 fn caps(depth: u32) -> QpCaps {
     QpCaps {
         max_send_wr: depth,
@@ -196,6 +220,15 @@ fn poll_all<P: Provider>(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
         }
         out.extend_from_slice(&wc[..n]);
     }
+}
+
+/// Runs both devices until the request outstanding on `cq`'s QP had time to complete, and
+/// checks that it did, successfully, once.
+fn one_success(l: &Lab, cq: &CompletionQueue<'_, R>) {
+    l.run(20, 10);
+    let got = poll_all(cq);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].status, WcStatus::Success);
 }
 
 /// What a test can see of a QP: state, send PSN, expected PSN.
@@ -249,12 +282,7 @@ macro_rules! connected {
 fn a_stranger_at_its_own_addresses_changes_nothing_on_either_side() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
-    // SAFETY: the regions outlive the requests.
-    unsafe {
-        let mut r = qb.recv_batch();
-        r.recv(3, &[mb.sge(0, 256).unwrap()]).unwrap();
-        r.finish();
-    }
+    recv_one(&mut qb, &mb, 3);
     let before_b = seen(&qb);
     let epsn = before_b.2;
     let stranger = (MAC_S, IP_S);
@@ -299,17 +327,9 @@ fn a_stranger_at_its_own_addresses_changes_nothing_on_either_side() {
     }
     l.a.process_events();
     let sent_psn = seen(&qa).1.wrapping_sub(1) & 0xFF_FFFF;
-    let mut ack = bth(opcode::RC_ACK, qa.qp_num(), sent_psn);
-    ack.aeth = Some(Aeth {
-        syndrome: 0x1F,
-        msn: 0,
-    });
+    let ack = answer(qa.qp_num(), sent_psn, 0x1F);
     l.forge(stranger, (MAC_A, IP_A), &ack, &[]);
-    let mut nak = ack;
-    nak.aeth = Some(Aeth {
-        syndrome: 0x62,
-        msn: 0,
-    });
+    let nak = answer(qa.qp_num(), sent_psn, 0x62);
     l.forge(stranger, (MAC_A, IP_A), &nak, &[]);
     l.a.process_events();
     assert!(
@@ -318,10 +338,7 @@ fn a_stranger_at_its_own_addresses_changes_nothing_on_either_side() {
     );
     assert_eq!(seen(&qa).0, QpState::Rts);
     // The real peer's traffic goes on: both complete.
-    l.run(20, 10);
-    let got = poll_all(&ca);
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].status, WcStatus::Success);
+    one_success(&l, &ca);
     drop((qa, qb, ma, mb));
 }
 
@@ -332,12 +349,7 @@ fn answers_go_along_the_path_not_to_the_frames_source_mac() {
     let epsn = seen(&qb).2;
     let start = l.mark();
     // The peer's IP with the stranger's MAC: a READ of B's region.
-    let mut h = bth(opcode::RC_READ_REQUEST, qb.qp_num(), epsn);
-    h.reth = Some(Reth {
-        va: mb.addr(),
-        rkey: mb.rkey(),
-        len: 64,
-    });
+    let h = read_request(qb.qp_num(), epsn, (mb.addr(), mb.rkey()), 64);
     l.forge((MAC_S, IP_A), (MAC_B, IP_B), &h, &[]);
     l.run(3, 10);
     let to_stranger: Vec<_> = l
@@ -392,12 +404,7 @@ fn a_ud_opcode_to_an_rc_queue_pair_is_dropped_silently() {
 fn a_frame_to_another_stations_mac_is_not_taken() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
-    // SAFETY: the regions outlive the requests.
-    unsafe {
-        let mut r = qb.recv_batch();
-        r.recv(3, &[mb.sge(0, 256).unwrap()]).unwrap();
-        r.finish();
-    }
+    recv_one(&mut qb, &mb, 3);
     let before = seen(&qb);
     // The peer's addresses, B's IP, the stranger's MAC as the destination (the in-memory
     // segment, like QEMU's virtio-net, hands every frame to every NIC).
@@ -425,12 +432,7 @@ fn frames_from_the_devices_own_address_off_the_wire_are_dropped() {
     let q1 = up(q1, n2, IP_B, Mtu::Mtu256, 4, (p1, p2));
     let mut q2 = up(q2, n1, IP_B, Mtu::Mtu256, 4, (p2, p1));
     let mb = pb.register(4096, ALL).unwrap();
-    // SAFETY: the region outlives the request.
-    unsafe {
-        let mut r = q2.recv_batch();
-        r.recv(1, &[mb.sge(0, 256).unwrap()]).unwrap();
-        r.finish();
-    }
+    recv_one(&mut q2, &mb, 1);
     let before = seen(&q2);
     // B's own IP and MAC as the source, from the wire: a martian.
     l.forge(
@@ -450,10 +452,9 @@ fn a_nak_older_than_the_oldest_outstanding_request_is_ignored() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
     // SAFETY: the regions outlive the requests.
+    recv_one(&mut qb, &mb, 3);
+    // SAFETY: the regions outlive the requests.
     unsafe {
-        let mut r = qb.recv_batch();
-        r.recv(3, &[mb.sge(0, 256).unwrap()]).unwrap();
-        r.finish();
         let mut s = qa.send_batch();
         s.send(4, SIG, &[ma.sge(0, 16).unwrap()]).unwrap();
         s.finish();
@@ -463,11 +464,7 @@ fn a_nak_older_than_the_oldest_outstanding_request_is_ignored() {
     let start = l.mark();
     // From the peer: sequence NAKs for the PSN before the oldest outstanding one (answers to
     // requests already acknowledged), more of them than the retries.
-    let mut nak = bth(opcode::RC_ACK, qa.qp_num(), una.wrapping_sub(1));
-    nak.aeth = Some(Aeth {
-        syndrome: 0x60,
-        msn: 0,
-    });
+    let nak = answer(qa.qp_num(), una.wrapping_sub(1), 0x60);
     for _ in 0..5 {
         l.forge((MAC_B, IP_B), (MAC_A, IP_A), &nak, &[]);
         l.a.process_events();
@@ -477,10 +474,7 @@ fn a_nak_older_than_the_oldest_outstanding_request_is_ignored() {
         "no retransmission for an old NAK"
     );
     assert!(poll_all(&ca).is_empty(), "no retry exhausted");
-    l.run(20, 10);
-    let got = poll_all(&ca);
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].status, WcStatus::Success);
+    one_success(&l, &ca);
     drop((qa, qb, ma, mb));
 }
 
@@ -505,11 +499,7 @@ fn repeated_sequence_naks_start_one_retry_at_a_time() {
     l.a.process_events();
     let first = seen(&qa).1.wrapping_sub(16) & 0xFF_FFFF;
     let start = l.mark();
-    let mut nak = bth(opcode::RC_ACK, qa.qp_num(), first);
-    nak.aeth = Some(Aeth {
-        syndrome: 0x60,
-        msn: 0,
-    });
+    let nak = answer(qa.qp_num(), first, 0x60);
     for _ in 0..200 {
         l.forge((MAC_B, IP_B), (MAC_A, IP_A), &nak, &[]);
         l.a.process_events();
@@ -529,12 +519,7 @@ fn a_read_beyond_max_dest_rd_atomic_is_refused_with_nak_invalid_request() {
     // B's NIC full: nothing it answers goes out, so the READs stay in flight at B.
     l.seg.set_tx_credit(l.lb, Some(0));
     for k in 0..5 {
-        let mut h = bth(opcode::RC_READ_REQUEST, qb.qp_num(), epsn + k);
-        h.reth = Some(Reth {
-            va: mb.addr(),
-            rkey: mb.rkey(),
-            len: 64,
-        });
+        let h = read_request(qb.qp_num(), epsn + k, (mb.addr(), mb.rkey()), 64);
         l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
     }
     l.b.process_events();
@@ -668,12 +653,7 @@ fn the_backlog_answers_each_kept_request_once_whatever_their_psns_span() {
         l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
     };
     let read = |psn: u32| {
-        let mut h = bth(opcode::RC_READ_REQUEST, nb, psn);
-        h.reth = Some(Reth {
-            va: big_mr.addr(),
-            rkey: big_mr.rkey(),
-            len: 1 << 30,
-        });
+        let h = read_request(nb, psn, (big_mr.addr(), big_mr.rkey()), 1 << 30);
         l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
     };
     // Five requests whose PSNs span more than 2^23.
