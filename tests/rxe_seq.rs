@@ -1,5 +1,5 @@
 //! PSN arithmetic and message segmentation of the software RoCE device
-//! (`src/device/rxe/seq.rs`), as rxe cuts messages (`shared/roce-v2.md` §6.2).
+//! (`src/device/rxe/seq.rs`), as rxe cuts messages (`docs/roce-v2.md`).
 
 use bareverbs::device::rxe::seq::{
     ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segments,

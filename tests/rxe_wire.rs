@@ -1,5 +1,5 @@
 //! The RoCEv2 wire format of the software device (`src/device/rxe/wire`): frames built byte
-//! for byte as Linux's rxe builds them (the vectors of `shared/roce-v2.md` §4.4, which were
+//! for byte as Linux's rxe builds them (the vectors of `docs/roce-v2.md`, which were
 //! cross-checked against rxe's method and an independent implementation), parsed back, and
 //! hostile frames (truncated, bit-flipped, random) refused with a typed reason, never a panic.
 

@@ -5,15 +5,21 @@
 //! - [`wire`]: the frames — Ethernet, ARP, IPv4, UDP 4791, the base transport header and its
 //!   extended headers, the ICRC — parsed with every length checked and built byte for byte as
 //!   Linux builds them;
-//! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered and
-//!   resolved), and the demultiplexing of received frames between RoCE and the IP stack;
+//! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered,
+//!   resolved and learnt from, nothing else), and the demultiplexing of received frames
+//!   between RoCE and the IP stack (frames to other MACs and from martian sources dropped);
 //! - [`seq`]: PSN arithmetic and how a message is cut into packets at a path MTU;
 //! - the device, [`Rxe`]: the verbs [`Provider`](crate::verbs::Provider) — memory regions
 //!   with keys and access checks, completion queues, RC and UD queue pairs, shared receive
 //!   queues — and the reliable transport: a requester (segmentation, the PSN window, go-back-N
 //!   retransmission on a timer, RNR waits), a completer (coalesced ACKs, NAKs, READ responses,
 //!   atomic acknowledges) and a responder (in-order PSNs, one NAK per gap, duplicate and
-//!   READ/atomic replay, RNR NAKs, access and bounds checks).
+//!   READ/atomic replay, RNR NAKs, access and bounds checks). Before a queue pair sees a
+//!   packet, `check.rs` makes rxe's receive checks: the opcode's transport is the QP's, and a
+//!   connected QP's packet comes from its peer. Answers go along the QP's path.
+//!
+//! Every frame is an attacker's input: what a station on the segment can and cannot do, and
+//! what the embedder must do, is in `docs/security.md`.
 //!
 //! There is no thread: the transport runs inside the verbs calls. Posting sends what the
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
