@@ -66,8 +66,8 @@ const _: () = assert!(MAX_MR.is_power_of_two() && MAX_MR <= 256);
 /// bits 0 to 7 that changes with every registration of the slot (a stale key never names the
 /// region registered after it), and 16 bits drawn per registration in bits 16 to 31; the low
 /// byte starts, per slot, at a drawn value. The draws come from the device's seed
-/// ([`Hal::seed`]): a station on the segment that guesses keys faces 24 unknown bits, not a
-/// count from 1 (`docs/security.md`).
+/// ([`Hal::seed`]): a station on the segment that guesses keys faces 24 unknown bits (16 once
+/// it saw an earlier key of the slot), not a count from 1 (`docs/security.md`).
 pub(crate) struct MrTable {
     entries: [MrEntry; MAX_MR],
     /// The stream the key bits come from (valid zeroed; seeded in [`MrTable::seed`]).
