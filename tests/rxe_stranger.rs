@@ -381,6 +381,37 @@ fn answers_go_along_the_path_not_to_the_frames_source_mac() {
 }
 
 #[test]
+fn an_answer_waits_for_the_peers_mac_from_arp_and_goes_there() {
+    // B's QP is connected to A's address, but A has not answered B's ARP yet (A does not run):
+    // a READ with A's IP from the stranger's MAC is taken on the IP alone, and its answer
+    // waits for ARP, then goes to A, never to the MAC the frame came from.
+    let l = lab();
+    let pb = l.b.alloc_pd().unwrap();
+    let cb = l.b.create_cq(64).unwrap();
+    let qb = pb.qp_builder(&cb, &cb).caps(caps(8)).build::<Rc>().unwrap();
+    let psn = l.b.random_psn();
+    let qb = up(qb, 99, IP_A, Mtu::Mtu256, 4, (psn, psn));
+    let mb = pb.register(4096, ALL).unwrap();
+    let start = l.mark();
+    let h = read_request(qb.qp_num(), psn, (mb.addr(), mb.rkey()), 64);
+    l.forge((MAC_S, IP_A), (MAC_B, IP_B), &h, &[]);
+    for _ in 0..5 {
+        l.clk.advance(10);
+        l.b.process_events();
+    }
+    let sent = l.roce_sent(start, l.lb);
+    assert!(sent.is_empty(), "no answer before ARP: {sent:x?}");
+    // A answers ARP now: the READ's response goes to A's MAC.
+    l.run(5, 10);
+    let sent = l.roce_sent(start, l.lb);
+    assert!(
+        !sent.is_empty() && sent.iter().all(|f| f.0 == MAC_A),
+        "{sent:x?}"
+    );
+    drop((qb, mb));
+}
+
+#[test]
 fn a_ud_opcode_to_an_rc_queue_pair_is_dropped_silently() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
