@@ -1,9 +1,18 @@
-//! The network is not trusted: a third station on the segment replays the two endpoints'
-//! own frames with their transport headers (opcode, QPN, PSN, keys, addresses, lengths,
-//! syndromes) and lengths mangled — each with a valid ICRC, so that it passes the wire checks
-//! and reaches the transport. Whatever it sends, the devices never panic, never write outside
+//! The network is not trusted: a seeded mutation fuzzer on a third station of the segment.
+//! It takes the two endpoints' own recent frames, or forges valid requests at the PSNs the
+//! responders expect next (learnt from the wire), mangles their transport headers (opcode,
+//! QPN, PSN, keys, addresses, lengths, syndromes) and lengths, sends them from the peers'
+//! addresses or from foreign ones (its own, half-spoofed, martian, to another MAC), and
+//! reseals the ICRC half the time (so that half pass the wire checks and reach the transport,
+//! half exercise the parser). Whatever it sends, the devices never panic, never write outside
 //! the memory they own (the model's guard pages), complete every posted request exactly once,
 //! and give every page back.
+//!
+//! `a_hostile_station_cannot_make_the_devices_misbehave` runs a small fixed budget with the
+//! suite; `the_mutation_fuzzer` runs the budget `RXE_FUZZ_FRAMES` from the seed
+//! `RXE_FUZZ_SEED` in storms of [`STORM`] frames (seeds SEED, SEED+1, ...), counts the
+//! storms that failed, and prints `rxe-fuzz: N frames, F failures, seed S` (`tests/rxe_fuzz.sh`
+//! runs it in release).
 
 use std::collections::HashMap;
 
@@ -17,27 +26,39 @@ use bareverbs_model::{Model, ModelConfig, Rng};
 
 type R = Rxe<Model, MemLink, TestClock>;
 
+/// Frames of one storm in the fuzzer (each storm: two fresh devices, a fresh segment).
+const STORM: u32 = 20_000;
+/// The stranger's own addresses.
+const EVIL_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 66];
+const EVIL_IP: [u8; 4] = [10, 0, 0, 66];
+
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 const SIG: SendFlags = SendFlags::SIGNALED;
 
-fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, ip: [u8; 4]) -> QueuePair<'a, R, Rc, Rts> {
+fn up<'a>(
+    qp: QueuePair<'a, R, Rc, Reset>,
+    peer: u32,
+    ip: [u8; 4],
+    (sq, rq): (u32, u32),
+) -> QueuePair<'a, R, Rc, Rts> {
     let init = ConnectedInit {
         access: ALL,
         ..Default::default()
     };
     let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
-    let mut rtr = ConnectedRtr::new(peer, 0, AddressVector::new(Gid::from_ipv4(ip), 1));
+    let mut rtr = ConnectedRtr::new(peer, rq, AddressVector::new(Gid::from_ipv4(ip), 1));
     (rtr.path_mtu, rtr.max_dest_rd_atomic) = (Mtu::Mtu256, 4);
     let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
-    let mut rts = ConnectedRts::new(0);
+    let mut rts = ConnectedRts::new(sq);
     (rts.max_rd_atomic, rts.timeout, rts.retry_cnt) = (4, 6, 3);
     qp.rts(&rts).map_err(|(_, e)| e).unwrap()
 }
 
-/// A recorded frame with its transport header and lengths mangled, the ICRC made valid.
+/// A frame with its transport header and lengths mangled (the ICRC left as it was: the
+/// caller reseals it or not).
 fn mangle(rng: &mut Rng, frame: &[u8]) -> Vec<u8> {
     let mut f = frame.to_vec();
     for _ in 0..1 + rng.below(4) {
@@ -62,8 +83,50 @@ fn mangle(rng: &mut Rng, frame: &[u8]) -> Vec<u8> {
         }
         _ => {}
     }
-    let _ = finish(&mut f);
     f
+}
+
+/// The IPv4 header checksum of `f`'s header, made valid again.
+fn reseal_ip(f: &mut [u8]) {
+    if f.len() < 34 {
+        return;
+    }
+    f[24..26].fill(0);
+    let mut sum: u32 = f[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+/// Who the frame seems to come from (and go to): the peer's own addresses half the time, else
+/// the stranger's, a half-spoof (the peer's IP with the stranger's MAC, or the reverse), a
+/// martian source (the receiver's own IP, 0.0.0.0, multicast), or another destination MAC.
+fn disguise(rng: &mut Rng, f: &mut [u8]) {
+    if f.len() < 34 || rng.below(2) == 0 {
+        return;
+    }
+    let dst_ip: [u8; 4] = f[30..34].try_into().unwrap();
+    match rng.below(6) {
+        0 => {
+            f[6..12].copy_from_slice(&EVIL_MAC);
+            f[26..30].copy_from_slice(&EVIL_IP);
+        }
+        1 => f[6..12].copy_from_slice(&EVIL_MAC),
+        2 => f[26..30].copy_from_slice(&EVIL_IP),
+        3 => f[26..30].copy_from_slice(&dst_ip),
+        4 => f[26..30].copy_from_slice(
+            &[[0, 0, 0, 0], [224, 0, 0, 1], [127, 0, 0, 1]][rng.below(3) as usize],
+        ),
+        _ => f[..6].copy_from_slice(&EVIL_MAC),
+    }
+    // The IPv4 checksum made valid again most of the time (else the IP check drops it).
+    if rng.below(4) != 0 {
+        reseal_ip(f);
+    }
 }
 
 /// A frame forged from the latest request `seen` on the wire: the PSN its responder expects
@@ -154,13 +217,50 @@ fn a_hostile_station_cannot_make_the_devices_misbehave() {
     }
 }
 
+/// The fuzzer: `RXE_FUZZ_FRAMES` frames (default 20,000) from `RXE_FUZZ_SEED` (default 1), in
+/// storms of [`STORM`] frames; each failed storm prints the seed that replays it.
+#[test]
+fn the_mutation_fuzzer() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let budget = env("RXE_FUZZ_FRAMES", 20_000);
+    let seed = env("RXE_FUZZ_SEED", 1);
+    let t0 = std::time::Instant::now();
+    let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
+    // Bounded: the budget is finite and each storm spends at least one frame of it.
+    while done < budget {
+        let n = (budget - done).min(u64::from(STORM)) as u32;
+        let s = seed.wrapping_add(k);
+        let r = std::panic::catch_unwind(|| storm(s, n));
+        if r.is_err() {
+            failures += 1;
+            eprintln!("rxe-fuzz: storm failed; replay with tests/rxe_fuzz.sh {n} {s}");
+        }
+        done += u64::from(n.max(1));
+        k += 1;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "rxe-fuzz: {:.0} frames/s ({done} frames in {secs:.1} s)",
+        done as f64 / secs.max(1e-9)
+    );
+    println!("rxe-fuzz: {done} frames, {failures} failures, seed {seed}");
+    assert_eq!(failures, 0, "rxe-fuzz: {failures} storms failed");
+}
+
 fn storm(seed: u64, frames: u32) {
     let model = Model::new(ModelConfig::default());
+    // The devices' seeds (keys, PSNs) follow the storm's.
+    model.set_seed(seed);
     let seg = Segment::new();
     let clk = TestClock::default();
     let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
     let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let _evil = seg.attach([0x52, 0x54, 0, 0, 0, 66], 1514);
+    let _evil = seg.attach(EVIL_MAC, 1514);
     let a = Context::new(
         Rxe::new(model.clone(), la, clk.clone(), Config { ip: [10, 0, 0, 2] }).unwrap(),
     );
@@ -190,8 +290,9 @@ fn storm(seed: u64, frames: u32) {
         let qa = pa.qp_builder(&ca, &ca).caps(caps).build::<Rc>().unwrap();
         let qb = pb.qp_builder(&cb, &cb).caps(caps).build::<Rc>().unwrap();
         let (na, nb) = (qa.qp_num(), qb.qp_num());
-        let mut qa = up(qa, nb, [10, 0, 0, 3]);
-        let mut qb = up(qb, na, [10, 0, 0, 2]);
+        let (psn_a, psn_b) = (a.random_psn(), b.random_psn());
+        let mut qa = up(qa, nb, [10, 0, 0, 3], (psn_a, psn_b));
+        let mut qb = up(qb, na, [10, 0, 0, 2], (psn_b, psn_a));
         let ma = pa.register(8192, ALL).unwrap();
         let mb = pb.register(8192, ALL).unwrap();
         let mut wc = [WorkCompletion::default(); 16];
@@ -207,7 +308,8 @@ fn storm(seed: u64, frames: u32) {
         let mut id = 0u64;
         let mut resets = 0u32;
         let mut recorded: Vec<Vec<u8>> = Vec::new();
-        for round in 0..frames / 50 {
+        let (mut seen, mut next) = (0usize, 0usize);
+        for round in 0..frames.div_ceil(50) {
             // Legitimate traffic, while the queues have room (an errored QP flushes it).
             // SAFETY: the regions stay registered until the QPs are destroyed.
             unsafe {
@@ -250,41 +352,51 @@ fn storm(seed: u64, frames: u32) {
                 s.finish();
             }
             pump(5);
-            if recorded.len() < 200 {
-                recorded.extend(
-                    seg.sent()
-                        .into_iter()
-                        .filter(|(from, f)| {
-                            *from < 2 && f.len() > ROCE_OFFSET && f[12..14] == [8, 0]
-                        })
-                        .map(|(_, f)| f)
-                        .take(200),
-                );
+            // What the endpoints sent since the last round: the recent ones are kept (a ring
+            // of 256) as the material to mangle, at PSNs near the live ones.
+            let fresh = seg.sent_since(seen);
+            seen += fresh.len();
+            for (from, f) in fresh {
+                if from < 2 && f.len() > ROCE_OFFSET && f[12..14] == [8, 0] {
+                    if recorded.len() < 256 {
+                        recorded.push(f);
+                    } else {
+                        recorded[next % 256] = f;
+                    }
+                    next += 1;
+                }
             }
-            // The storm: mangled copies of what the endpoints sent.
-            let latest: Vec<Vec<u8>> = seg
-                .sent()
-                .into_iter()
+            // The latest request an endpoint sent: the base of forged ones at the PSN its
+            // responder expects next.
+            let latest = recorded
+                .iter()
                 .rev()
-                .filter(|(from, f)| {
-                    *from < 2
-                        && f.len() > ROCE_OFFSET + 12
-                        && f[12..14] == [8, 0]
-                        && f[ROCE_OFFSET] < 0x11
-                })
-                .take(4)
-                .map(|(_, f)| f)
-                .collect();
+                .take(16)
+                .find(|f| f.len() > ROCE_OFFSET + 12 && f[ROCE_OFFSET] < 0x11)
+                .cloned();
             for _ in 0..50 {
                 if recorded.is_empty() {
                     break;
                 }
                 let f = &recorded[rng.below(recorded.len() as u64) as usize];
-                let forged = match latest.first() {
-                    Some(l) if rng.below(2) == 0 => forge(&mut rng, l),
-                    _ => None,
+                let mut frame = match &latest {
+                    Some(l) if rng.below(2) == 0 => {
+                        let mut g = forge(&mut rng, l).unwrap_or_else(|| l.clone());
+                        // A forged frame is mangled too, now and then.
+                        if rng.below(4) == 0 {
+                            g = mangle(&mut rng, &g);
+                        }
+                        g
+                    }
+                    _ => mangle(&mut rng, f),
                 };
-                seg.inject(2, &forged.unwrap_or_else(|| mangle(&mut rng, f)));
+                disguise(&mut rng, &mut frame);
+                // The ICRC resealed half the time: those reach the transport, the others
+                // test the parser.
+                if rng.below(2) == 0 {
+                    let _ = finish(&mut frame);
+                }
+                seg.inject(2, &frame);
                 if rng.below(4) == 0 {
                     pump(1);
                 }
@@ -302,8 +414,11 @@ fn storm(seed: u64, frames: u32) {
                 take(&ca, &mut done);
                 take(&cb, &mut done);
                 resets += 1;
-                qa = up(ea.reset().map_err(|(_, e)| e).unwrap(), nb, [10, 0, 0, 3]);
-                qb = up(eb.reset().map_err(|(_, e)| e).unwrap(), na, [10, 0, 0, 2]);
+                let (psn_a, psn_b) = (a.random_psn(), b.random_psn());
+                let ea = ea.reset().map_err(|(_, e)| e).unwrap();
+                let eb = eb.reset().map_err(|(_, e)| e).unwrap();
+                qa = up(ea, nb, [10, 0, 0, 3], (psn_a, psn_b));
+                qb = up(eb, na, [10, 0, 0, 2], (psn_b, psn_a));
             }
         }
         assert!(
@@ -313,7 +428,7 @@ fn storm(seed: u64, frames: u32) {
         // The storm reached the transports (a valid ICRC), not only the wire checks.
         let (ra, rb) = (a.provider().port_counts(), b.provider().port_counts());
         assert!(
-            ra.roce + rb.roce > u64::from(frames / 2),
+            ra.roce + rb.roce > u64::from(frames / 8),
             "seed {seed}: {ra:?} {rb:?}"
         );
         // The end: both QPs to ERROR; whatever is outstanding completes, flushed.

@@ -1,6 +1,7 @@
 //! The software RoCE device's port (`src/device/rxe/port.rs`) on an in-memory Ethernet
-//! segment: ARP answered and resolved with bounded retries, the neighbour cache bounded,
-//! received frames split between the transport and the IP stack.
+//! segment: ARP answered and resolved with bounded retries, the neighbour cache bounded and
+//! learnt from ARP only, received frames split between the transport and the IP stack, frames
+//! to other MACs and from martian sources dropped.
 
 use bareverbs::ErrorKind;
 use bareverbs::device::rxe::port::{ARP_RETRY_US, ARP_TRIES, NEIGHBOURS, Port, Rx};
@@ -22,8 +23,13 @@ fn recv(link: &mut MemLink) -> Option<Vec<u8>> {
     link.receive(&mut buf).map(|n| buf[..n].to_vec())
 }
 
-/// A RoCE SEND_ONLY from (`mac`, `ip`) to `dst`.
+/// A RoCE SEND_ONLY from (`mac`, `ip`) to `dst` (at MAC_A).
 fn roce_from(mac: [u8; 6], ip: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    roce_to(MAC_A, mac, ip, dst)
+}
+
+/// A RoCE SEND_ONLY from (`mac`, `ip`) to (`dst_mac`, `dst`).
+fn roce_to(dst_mac: [u8; 6], mac: [u8; 6], ip: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
     let h = Headers::new(Bth {
         opcode: opcode::RC_SEND_ONLY,
         se: false,
@@ -35,7 +41,7 @@ fn roce_from(mac: [u8; 6], ip: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
     });
     let r = Route {
         src_mac: mac,
-        dst_mac: MAC_A,
+        dst_mac,
         src_ip: ip,
         dst_ip: dst,
         tos: 0,
@@ -124,12 +130,14 @@ fn frames_are_split_between_the_transport_and_the_ip_stack() {
         Rx::Roce(p) => assert_eq!(p.payload, b"data"),
         other => panic!("{other:?}"),
     }
+    // Neighbours are learnt from ARP only, as Linux learns them: the MAC a RoCE frame comes
+    // from is whatever its sender wrote (a stranger could re-bind a peer's address with it).
     assert_eq!(
         a.resolve(&mut la, IP_B, 1).unwrap(),
-        Some(MAC_B),
-        "learnt from the packet"
+        None,
+        "not learnt from the packet: asked"
     );
-    assert_eq!(a.counts().arp_sent, 0);
+    assert_eq!(a.counts().arp_sent, 1);
     let other = roce_from(MAC_B, IP_B, [10, 0, 0, 77]);
     assert_eq!(a.receive(&mut la, &other, 2), Rx::Dropped(Discard::NotRoce));
     let mut bad = f.clone();
@@ -175,8 +183,16 @@ fn the_neighbour_cache_is_bounded_and_forgets_the_oldest() {
     let mut a = Port::new(MAC_A, IP_A);
     let n = NEIGHBOURS as u8 + 4;
     for i in 0..n {
-        let f = roce_from([2, 0, 0, 0, 0, i], [10, 0, 1, i], IP_A);
-        assert!(matches!(a.receive(&mut la, &f, u64::from(i)), Rx::Roce(_)));
+        // Asked by each of them: the asker is remembered.
+        let req = Arp {
+            op: ArpOp::Request,
+            sender_mac: [2, 0, 0, 0, 0, i],
+            sender_ip: [10, 0, 1, i],
+            target_mac: [0; 6],
+            target_ip: IP_A,
+        };
+        let f = req.frame([2, 0, 0, 0, 0, i]);
+        assert_eq!(a.receive(&mut la, &f, u64::from(i)), Rx::Stack);
     }
     let now = 1000;
     assert_eq!(
@@ -244,4 +260,33 @@ fn the_lossy_segment_drops_duplicates_and_reorders_repeatably() {
 
 fn seg_refuses_oversize() -> Result<(), bareverbs::hal::LinkError> {
     Segment::new().attach(MAC_A, 100).transmit(&[0; 101])
+}
+
+#[test]
+fn roce_frames_to_another_mac_or_from_a_martian_source_are_dropped() {
+    let seg = Segment::new();
+    let mut la = seg.attach(MAC_A, 1514);
+    let mut a = Port::new(MAC_A, IP_A);
+    // To this interface's address but another station's MAC (a promiscuous NIC passes it up).
+    let f = roce_to(MAC_B, MAC_B, IP_B, IP_A);
+    assert_eq!(a.receive(&mut la, &f, 0), Rx::Dropped(Discard::NotForUs));
+    let f = roce_to(BROADCAST, MAC_B, IP_B, IP_A);
+    assert_eq!(a.receive(&mut la, &f, 0), Rx::Dropped(Discard::NotForUs));
+    // From the wire with this interface's own address as its source, or one no station has.
+    for src in [IP_A, [0, 0, 0, 0], [127, 0, 0, 1], [224, 0, 0, 1], [255; 4]] {
+        let f = roce_from(MAC_B, src, IP_A);
+        assert_eq!(
+            a.receive(&mut la, &f, 0),
+            Rx::Dropped(Discard::Martian),
+            "{src:?}"
+        );
+    }
+    // Another frame to another station's unicast MAC does not reach the IP stack either; a
+    // broadcast one does.
+    let mut tcp = roce_to(MAC_B, MAC_B, IP_B, IP_A);
+    tcp[14 + 9] = 6;
+    assert_eq!(a.receive(&mut la, &tcp, 0), Rx::Dropped(Discard::NotForUs));
+    tcp[..6].copy_from_slice(&BROADCAST);
+    assert_eq!(a.receive(&mut la, &tcp, 0), Rx::Stack);
+    assert_eq!(a.counts().roce, 0);
 }

@@ -394,7 +394,9 @@ fn pair<'a>(
     b_access: AccessFlags,
     (retry, rnr_retry): (u8, u8),
 ) -> Pair<'a> {
-    let _ = l;
+    // Starting PSNs drawn as an application draws them (each side's send PSN is the other's
+    // expected PSN).
+    let (psn_a, psn_b) = (l.a.random_psn(), l.b.random_psn());
     let qa = pds
         .0
         .qp_builder(&cqs.0, &cqs.0)
@@ -408,7 +410,7 @@ fn pair<'a>(
         .build::<Rc>()
         .unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
-    let bring = |qp: QueuePair<'a, R, Rc, Reset>, peer, ip, access| {
+    let bring = |qp: QueuePair<'a, R, Rc, Reset>, peer, ip, access, (sq, rq): (u32, u32)| {
         let qp = qp
             .init(&ConnectedInit {
                 access,
@@ -416,17 +418,17 @@ fn pair<'a>(
             })
             .map_err(|(_, e)| e)
             .unwrap();
-        let mut rtr = ConnectedRtr::new(peer, 5, AddressVector::new(Gid::from_ipv4(ip), 1));
+        let mut rtr = ConnectedRtr::new(peer, rq, AddressVector::new(Gid::from_ipv4(ip), 1));
         rtr.max_dest_rd_atomic = 1;
         rtr.min_rnr_timer = 1;
         let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
-        let mut rts = ConnectedRts::new(5);
+        let mut rts = ConnectedRts::new(sq);
         (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 8, retry, rnr_retry);
         qp.rts(&rts).map_err(|(_, e)| e).unwrap()
     };
     Pair {
-        qa: bring(qa, nb, IP_B, ALL),
-        qb: bring(qb, na, IP_A, b_access),
+        qa: bring(qa, nb, IP_B, ALL, (psn_a, psn_b)),
+        qb: bring(qb, na, IP_A, b_access, (psn_b, psn_a)),
         ca: &cqs.0,
         cb: &cqs.1,
     }
@@ -782,8 +784,9 @@ fn two_queue_pairs_of_one_device_talk_through_loopback() {
         let x = pd.qp_builder(&cq, &cq).caps(caps(8)).build::<Rc>().unwrap();
         let y = pd.qp_builder(&cq, &cq).caps(caps(8)).build::<Rc>().unwrap();
         let (nx, ny) = (x.qp_num(), y.qp_num());
-        let mut x = up(x, ny, IP_A, Mtu::Mtu1024, (1, 2));
-        let mut y = up(y, nx, IP_A, Mtu::Mtu1024, (2, 1));
+        let (p1, p2) = (l.a.random_psn(), l.a.random_psn());
+        let mut x = up(x, ny, IP_A, Mtu::Mtu1024, (p1, p2));
+        let mut y = up(y, nx, IP_A, Mtu::Mtu1024, (p2, p1));
         let mut m = pd.register(16384, ALL).unwrap();
         m.as_mut_slice()[..3000].copy_from_slice(&pattern(9, 3000));
         // SAFETY: the region stays registered until the completions.
@@ -850,8 +853,9 @@ fn the_safe_path_and_a_shared_receive_queue_work_over_rxe() {
             .build::<Rc>()
             .unwrap();
         let (na, nb) = (qa.qp_num(), qb.qp_num());
-        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (1, 2));
-        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (2, 1));
+        let (p1, p2) = (l.a.random_psn(), l.b.random_psn());
+        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (p1, p2));
+        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (p2, p1));
         let mb = pb.register(8192, ALL).unwrap();
         let sges = [mb.sge(0, 4096).unwrap(), mb.sge(4096, 4096).unwrap()];
         // SAFETY: `mb` stays registered until the completions.
@@ -984,8 +988,9 @@ fn an_srq_below_its_limit_raises_the_async_event_once() {
             .build::<Rc>()
             .unwrap();
         let (na, nb) = (qa.qp_num(), qb.qp_num());
-        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (1, 2));
-        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (2, 1));
+        let (p1, p2) = (l.a.random_psn(), l.b.random_psn());
+        let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024, (p1, p2));
+        let _qb = up(qb, na, IP_A, Mtu::Mtu1024, (p2, p1));
         let ma = pds.0.register(4096, ALL).unwrap();
         let mb = pds.1.register(4096, ALL).unwrap();
         let sge = [mb.sge(0, 64).unwrap()];

@@ -131,8 +131,11 @@ pub fn demo<H: Hal, L: Link, C: Clock, W: Write>(
         .at("create RC y")?;
     let (nx, ny) = (x.qp_num(), y.qp_num());
     let av = AddressVector::new(gid, 1);
-    let mut x = up(x, ny, av, mtu, (0x00_1000, 0xFF_FFFE))?;
-    let mut y = up(y, nx, av, mtu, (0xFF_FFFE, 0x00_1000))?;
+    // Starting PSNs drawn from the device's seed (docs/security.md: a blind spoofer must
+    // guess them).
+    let (px, py) = (ctx.random_psn(), ctx.random_psn());
+    let mut x = up(x, ny, av, mtu, (px, py))?;
+    let mut y = up(y, nx, av, mtu, (py, px))?;
     let m = mr.as_mut_slice();
     for (i, b) in m[..SEND_BYTES as usize].iter_mut().enumerate() {
         *b = pattern(i);

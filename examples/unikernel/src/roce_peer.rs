@@ -521,7 +521,8 @@ fn perf<P: Provider, L: Link>(
     };
     let qp = qp.init(&init).at("perftest: INIT")?;
     let out_reads = ctx.caps().max_qp_rd_atom.clamp(1, 16) as u8;
-    let psn = crate::peer::random_psn();
+    // From the device's seed (the Linux peer learns it over the TCP exchange).
+    let psn = ctx.random_psn();
     let key = Key {
         lid: 0,
         out_reads: if kind == PerfKind::Write {

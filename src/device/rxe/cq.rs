@@ -145,6 +145,7 @@ impl<H: Hal> Cq<H> {
             return Ok(0);
         };
         let mut n = 0;
+        // Bounded by the caller's buffer (and the ring's entries).
         while n < out.len() && p.advance()? {
             out[n] = p.cur.wc;
             n += 1;

@@ -1,5 +1,5 @@
-//! Memory: protection domains, the memory-region table with its keys and access checks, the
-//! copies between registered memory and frames, and the device's tables.
+//! Memory: protection domains, the memory-region table with its keys and access checks, and
+//! the copies between registered memory and frames.
 //!
 //! A region's addresses are the CPU's own (as `rdma_rxe`'s are user virtual addresses): a
 //! scatter/gather entry or a remote request names bytes by address and key, and every use is
@@ -11,14 +11,9 @@ use core::sync::atomic::AtomicU32;
 
 use bareverbs_hal::Hal;
 
-use super::port::Port;
-use super::qp_state::QpCore;
-use super::{FRAME, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
+use super::MAX_MR;
 use crate::dma::Dma;
-use crate::verbs::{AccessFlags, Sge};
-
-/// Async events kept until read.
-const ASYNC_EVENTS: usize = 8;
+use crate::verbs::{AccessFlags, Entropy, Sge};
 
 /// Protection domains the device hands out.
 pub const MAX_PD: u32 = 64;
@@ -57,8 +52,26 @@ pub(crate) struct MrEntry {
     pub(crate) key: u32,
     pub(crate) pd: u32,
     pub(crate) access: u32,
-    /// The generation the slot's next key takes (its low byte).
+    /// The low byte of the slot's last key (the next one differs from it).
     pub(crate) generation: u8,
+}
+
+/// The bits of a key that name its slot in the table (bits 8 to 15).
+const KEY_INDEX: u32 = (MAX_MR as u32 - 1) << 8;
+const _: () = assert!(MAX_MR.is_power_of_two() && MAX_MR <= 256);
+
+/// The memory-region table: every region's key, protection domain, bounds and rights.
+///
+/// A key is the slot's index in bits 8 to 15 (as rxe's index in bits 8 and up), a byte in
+/// bits 0 to 7 that changes with every registration of the slot (a stale key never names the
+/// region registered after it), and 16 bits drawn per registration in bits 16 to 31; the low
+/// byte starts, per slot, at a drawn value. The draws come from the device's seed
+/// ([`Hal::seed`]): a station on the segment that guesses keys faces 24 unknown bits (16 once
+/// it saw an earlier key of the slot), not a count from 1 (`docs/security.md`).
+pub(crate) struct MrTable {
+    entries: [MrEntry; MAX_MR],
+    /// The stream the key bits come from (valid zeroed; seeded in [`MrTable::seed`]).
+    keys: Entropy,
 }
 
 /// Why a memory access was refused.
@@ -72,150 +85,27 @@ pub(crate) enum Denied {
     Access,
 }
 
-/// The frames the IP stack has not read yet.
-pub(crate) struct StackRing {
-    frames: [[u8; 1536]; STACK_FRAMES],
-    lens: [u16; STACK_FRAMES],
-    head: u32,
-    tail: u32,
-    /// Frames dropped because the ring was full or the frame too long.
-    pub(crate) dropped: u32,
-}
-
-impl StackRing {
-    pub(crate) fn push(&mut self, frame: &[u8]) {
-        if self.head.wrapping_sub(self.tail) as usize >= STACK_FRAMES || frame.len() > 1536 {
-            self.dropped = self.dropped.wrapping_add(1);
-            return;
-        }
-        let i = self.head as usize % STACK_FRAMES;
-        self.frames[i][..frame.len()].copy_from_slice(frame);
-        self.lens[i] = frame.len() as u16;
-        self.head = self.head.wrapping_add(1);
-    }
-
-    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
-        while self.head != self.tail {
-            let i = self.tail as usize % STACK_FRAMES;
-            self.tail = self.tail.wrapping_add(1);
-            let n = usize::from(self.lens[i]);
-            if let Some(out) = buf.get_mut(..n) {
-                out.copy_from_slice(&self.frames[i][..n]);
-                return Some(n);
-            }
-        }
-        None
-    }
-}
-
-/// Frames the device sent to its own address, waiting to be received (rxe loops them back
-/// the same way).
-pub(crate) struct Loopback {
-    frames: [[u8; FRAME]; LOOPBACK_FRAMES],
-    lens: [u16; LOOPBACK_FRAMES],
-    head: u32,
-    tail: u32,
-}
-
-impl Loopback {
-    /// Queues a frame; `false` when the queue is full.
-    pub(crate) fn push(&mut self, frame: &[u8]) -> bool {
-        if self.head.wrapping_sub(self.tail) as usize >= LOOPBACK_FRAMES || frame.len() > FRAME {
-            return false;
-        }
-        let i = self.head as usize % LOOPBACK_FRAMES;
-        self.frames[i][..frame.len()].copy_from_slice(frame);
-        self.lens[i] = frame.len() as u16;
-        self.head = self.head.wrapping_add(1);
-        true
-    }
-
-    /// Moves the oldest frame into `buf`.
-    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Option<usize> {
-        if self.head == self.tail {
-            return None;
-        }
-        let i = self.tail as usize % LOOPBACK_FRAMES;
-        self.tail = self.tail.wrapping_add(1);
-        let n = usize::from(self.lens[i]).min(buf.len());
-        buf[..n].copy_from_slice(&self.frames[i][..n]);
-        Some(n)
-    }
-}
-
-/// Async events raised and not yet read (`ibv_get_async_event`): the software device raises
-/// only SRQ_LIMIT_REACHED, so an entry is the SRQ's number.
-pub(crate) struct AsyncRing {
-    srqs: [u32; ASYNC_EVENTS],
-    head: u32,
-    tail: u32,
-}
-
-impl AsyncRing {
-    /// Records that SRQ `srq` went below its limit (the oldest event makes room).
-    pub(crate) fn push(&mut self, srq: u32) {
-        if self.head.wrapping_sub(self.tail) as usize >= ASYNC_EVENTS {
-            self.tail = self.tail.wrapping_add(1);
-        }
-        self.srqs[self.head as usize % ASYNC_EVENTS] = srq;
-        self.head = self.head.wrapping_add(1);
-    }
-
-    /// The oldest event.
-    pub(crate) fn pop(&mut self) -> Option<u32> {
-        if self.head == self.tail {
-            return None;
-        }
-        let s = self.srqs[self.tail as usize % ASYNC_EVENTS];
-        self.tail = self.tail.wrapping_add(1);
-        Some(s)
-    }
-}
-
-/// The device's tables, in its block (reached only under the device lock).
-pub(crate) struct Tables {
-    pub(crate) port: Port,
-    pub(crate) mrs: [MrEntry; MAX_MR],
-    /// Queue pair `i` has number `FIRST_QPN + i`; null: free.
-    pub(crate) qps: [*mut QpCore; MAX_QP],
-    pub(crate) pds: u32,
-    pub(crate) pd_next: u32,
-    pub(crate) cqs: u32,
-    pub(crate) cq_next: u32,
-    pub(crate) srqs: u32,
-    /// The IPv4 identification of the next frame.
-    pub(crate) ip_id: u16,
-    pub(crate) stack: StackRing,
-    pub(crate) loopback: Loopback,
-    pub(crate) async_events: AsyncRing,
-    /// The number of the last SRQ created.
-    pub(crate) srq_next: u32,
-}
-
-impl Tables {
-    /// Sets up the tables at `t` (zeroed memory: every field but the port is valid zeroed).
-    ///
-    /// # Safety
-    ///
-    /// `t` is valid for writes of a `Tables`, zeroed, and not referenced yet.
-    pub(crate) unsafe fn init(t: NonNull<Tables>, port: Port) {
-        // SAFETY: the caller's contract; the port is the one field that is not valid zeroed,
-        // written before any reference to the whole exists.
-        unsafe { core::ptr::addr_of_mut!((*t.as_ptr()).port).write(port) };
+impl MrTable {
+    /// Seeds the key bits (from the HAL's seed, once, before any registration).
+    pub(crate) fn seed(&mut self, seed: u64) {
+        self.keys = Entropy::new(seed);
     }
 
     /// Registers `len` bytes at `addr` in `pd`; the key, or `None` when the table is full.
-    pub(crate) fn add_mr(
-        &mut self,
-        addr: u64,
-        len: u64,
-        pd: u32,
-        access: AccessFlags,
-    ) -> Option<u32> {
-        let i = self.mrs.iter().position(|m| m.key == 0)?;
-        let m = &mut self.mrs[i];
-        m.generation = m.generation.wrapping_add(1).max(1);
-        let key = (i as u32) << 8 | u32::from(m.generation);
+    pub(crate) fn add(&mut self, addr: u64, len: u64, pd: u32, access: AccessFlags) -> Option<u32> {
+        let i = self.entries.iter().position(|m| m.key == 0)?;
+        let drawn = self.keys.next_u64();
+        let m = &mut self.entries[i];
+        // The low byte: a drawn start for a slot never used, then one more each time (never
+        // 0, so that key 0, "free", is never handed out).
+        let start = if m.generation == 0 {
+            drawn as u8
+        } else {
+            m.generation
+        };
+        m.generation = start.wrapping_add(1).max(1);
+        let high = (drawn >> 32) as u32 & 0xFFFF_0000;
+        let key = high | (i as u32) << 8 | u32::from(m.generation);
         *m = MrEntry {
             addr,
             len,
@@ -228,8 +118,8 @@ impl Tables {
     }
 
     /// Deregisters the region with `key`.
-    pub(crate) fn remove_mr(&mut self, key: u32) {
-        if let Some(m) = self.mrs.get_mut((key >> 8) as usize)
+    pub(crate) fn remove(&mut self, key: u32) {
+        if let Some(m) = self.entries.get_mut(((key & KEY_INDEX) >> 8) as usize)
             && m.key == key
         {
             m.key = 0;
@@ -246,7 +136,10 @@ impl Tables {
         len: u64,
         need: AccessFlags,
     ) -> Result<*mut u8, Denied> {
-        let m = self.mrs.get((key >> 8) as usize).ok_or(Denied::Key)?;
+        let m = self
+            .entries
+            .get(((key & KEY_INDEX) >> 8) as usize)
+            .ok_or(Denied::Key)?;
         if m.key == 0 || m.key != key || m.pd != pd {
             return Err(Denied::Key);
         }
@@ -320,6 +213,7 @@ impl Tables {
     ) -> Result<(), Denied> {
         let mut skip = u64::from(offset);
         let mut done = 0usize;
+        // Bounded by the list's entries (at most MAX_SGE, checked when posted).
         for s in sges {
             if done == len {
                 break;

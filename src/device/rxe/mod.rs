@@ -5,20 +5,27 @@
 //! - [`wire`]: the frames — Ethernet, ARP, IPv4, UDP 4791, the base transport header and its
 //!   extended headers, the ICRC — parsed with every length checked and built byte for byte as
 //!   Linux builds them;
-//! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered and
-//!   resolved), and the demultiplexing of received frames between RoCE and the IP stack;
+//! - [`port`]: the interface — its addresses and GIDs, the neighbour cache (ARP answered,
+//!   resolved and learnt from, nothing else), and the demultiplexing of received frames
+//!   between RoCE and the IP stack (frames to other MACs and from martian sources dropped);
 //! - [`seq`]: PSN arithmetic and how a message is cut into packets at a path MTU;
 //! - the device, [`Rxe`]: the verbs [`Provider`](crate::verbs::Provider) — memory regions
 //!   with keys and access checks, completion queues, RC and UD queue pairs, shared receive
 //!   queues — and the reliable transport: a requester (segmentation, the PSN window, go-back-N
 //!   retransmission on a timer, RNR waits), a completer (coalesced ACKs, NAKs, READ responses,
 //!   atomic acknowledges) and a responder (in-order PSNs, one NAK per gap, duplicate and
-//!   READ/atomic replay, RNR NAKs, access and bounds checks).
+//!   READ/atomic replay, RNR NAKs, access and bounds checks). Before a queue pair sees a
+//!   packet, `check.rs` makes rxe's receive checks: the opcode's transport is the QP's, and a
+//!   connected QP's packet comes from its peer. Answers go along the QP's path.
+//!
+//! Every frame is an attacker's input: what a station on the segment can and cannot do, and
+//! what the embedder must do, is in `docs/security.md`.
 //!
 //! There is no thread: the transport runs inside the verbs calls. Posting sends what the
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
 //! The embedder's IP stack shares the NIC through [`Rxe::stack`].
 
+mod check;
 mod cq;
 mod mem;
 mod net;
@@ -29,7 +36,9 @@ mod qp_state;
 mod reply;
 mod requester;
 mod responder;
+mod rings;
 mod srq;
+mod tables;
 mod wqe;
 
 pub mod port;
@@ -43,7 +52,7 @@ use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 use crate::dma::Dma;
 use crate::error::{Error, Result};
 use crate::events::EventHub;
-use crate::verbs::{DeviceCaps, Gid};
+use crate::verbs::{DeviceCaps, Gid, QpState};
 
 pub use cq::{Cq, Poll};
 pub use mem::{Mem, Mr};
@@ -51,8 +60,8 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
-use mem::Tables;
 use port::{Port, PortCounts, Rx};
+use tables::Tables;
 
 /// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
 pub const MAX_QP: usize = 32;
@@ -231,7 +240,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             let hub = base.add(HUB_AT).cast::<EventHub>();
             hub.write(EventHub::new());
             let t = base.add(TABLES_AT).cast::<Tables>();
-            Tables::init(t, Port::new(mac, config.ip));
+            Tables::init(t, Port::new(mac, config.ip), hal.seed());
             (hub, t, base.add(RX_AT), base.add(TX_AT))
         };
         let caps = caps_of(mac);
@@ -299,22 +308,24 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     fn progress_locked(&self, core: &mut Core<L>) {
         let now = self.now();
+        // Bounded: RX_BUDGET frames a call, however many the segment sends.
         for _ in 0..RX_BUDGET {
             // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
             // through the locked core (`core` is borrowed mutably here).
             let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
             // Looped-back frames first, then the NIC's.
-            let Some(n) = core
-                .tables()
-                .loopback
-                .pop(rx)
-                .or_else(|| core.link.receive(rx))
-            else {
+            let looped = core.tables().loopback.pop(rx);
+            let Some(n) = looped.or_else(|| core.link.receive(rx)) else {
                 break;
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();
-            match t.port.receive(link, frame, now) {
+            let rx = if looped.is_some() {
+                t.port.receive_looped(link, frame, now)
+            } else {
+                t.port.receive(link, frame, now)
+            };
+            match rx {
                 Rx::Roce(p) => self.dispatch(core, &p, frame, now),
                 Rx::Stack => t.stack.push(frame),
                 Rx::Dropped(_) => {}
@@ -352,6 +363,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             hub: self.hub(),
             now,
             mtu: self.mtu,
+            answers: reply::ANSWER_BURST,
         }
     }
 
@@ -369,10 +381,22 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if q.is_null() {
             return;
         }
-        let mut net = self.net(core, now);
         // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
         // core is apart from the tables and reached only under the lock, held here.
         let q = unsafe { &mut *q };
+        if q.peer_mac.is_none()
+            && q.qp_type != crate::verbs::QpType::Ud
+            && q.state != QpState::Reset
+        {
+            // The peer's MAC as ARP gave it, for the source check.
+            q.peer_mac = core.tables().port.lookup(q.peer_ip);
+        }
+        // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
+        // nothing changed.
+        if !check::admit(q, p) {
+            return;
+        }
+        let mut net = self.net(core, now);
         use wire::bth::opcode as o;
         match p.headers.bth.opcode {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
@@ -380,18 +404,29 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
-    /// Runs every queue pair's timers (and a requester waiting on its window or an address).
+    /// Runs every queue pair's timers (and a requester waiting on its window or an address),
+    /// and sends on their backlogs, a bounded turn each; the first turn goes to each live
+    /// queue pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        for i in 0..MAX_QP {
+        let first = core.tables().turn as usize % MAX_QP;
+        let mut next = None;
+        // Bounded: each slot of the table once.
+        for k in 0..MAX_QP {
+            let i = (first + k) % MAX_QP;
             let q = core.tables().qps[i];
             if q.is_null() {
                 continue;
             }
+            // The next progress starts after the first QP served now.
+            next.get_or_insert(i + 1);
             let mut net = self.net(core, now);
             // SAFETY: as in `dispatch`.
             let q = unsafe { &mut *q };
             reply::drain(&mut net, q);
             requester::on_timer(&mut net, q);
+        }
+        if let Some(n) = next {
+            core.tables().turn = n as u32;
         }
     }
 }

@@ -3,9 +3,13 @@
 
 use bareverbs_hal::{Link, LinkError};
 
-use super::mem::{Denied, Tables};
+use super::mem::{Denied, MrTable};
+use super::qp_state::QpCore;
+use super::tables::Tables;
 use super::wire::bth::Headers;
+use super::wire::eth::Mac;
 use super::wire::packet::{Route, begin, finish};
+use crate::error::Result;
 use crate::events::EventHub;
 
 /// What the transport works with while it holds the device lock.
@@ -17,6 +21,9 @@ pub(crate) struct Net<'a, L: Link> {
     pub(crate) now: u64,
     /// The port's active MTU (UD messages larger than it are not sent).
     pub(crate) mtu: u32,
+    /// Answer packets the responder may still send in this turn
+    /// ([`ANSWER_BURST`](super::reply::ANSWER_BURST) a turn).
+    pub(crate) answers: u32,
 }
 
 /// Why a frame was not sent.
@@ -31,19 +38,46 @@ pub(crate) enum Unsent {
 }
 
 impl<L: Link> Net<'_, L> {
+    /// The route of a connected QP's packets to its peer at `mac`: its path, the address
+    /// vector's destination, traffic class and hop limit, from this interface.
+    pub(crate) fn route(&self, q: &QpCore, mac: Mac) -> Route {
+        let av = q.attr.av;
+        Route {
+            src_mac: self.t.port.mac(),
+            dst_mac: mac,
+            src_ip: self.t.port.ip(),
+            dst_ip: q.peer_ip,
+            tos: av.map_or(0, |a| a.traffic_class),
+            ttl: av.map_or(64, |a| a.hop_limit),
+            src_port: q.src_port,
+        }
+    }
+
+    /// The MAC of the peer of the connected QP `q`: kept in the QP once known, else from the
+    /// neighbour cache (learnt from ARP only), else resolved — `Ok(None)` while an ARP request
+    /// is out; the error when nobody answered it.
+    pub(crate) fn peer_mac(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
+        if let Some(m) = q.peer_mac {
+            return Ok(Some(m));
+        }
+        let m = self.t.port.resolve(self.link, q.peer_ip, self.now)?;
+        q.peer_mac = m;
+        Ok(m)
+    }
+
     /// Sends a frame with `headers` and `len` payload bytes that `fill` writes.
     pub(crate) fn send(
         &mut self,
         route: &Route,
         headers: &Headers,
         len: usize,
-        fill: impl FnOnce(&Tables, &mut [u8]) -> Result<(), Denied>,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
         let id = self.t.ip_id;
         self.t.ip_id = id.wrapping_add(1);
         let at = begin(self.tx, route, id, headers, len).ok_or(Unsent::Lost)?;
         let payload = self.tx.get_mut(at..at + len).ok_or(Unsent::Lost)?;
-        fill(self.t, payload).map_err(Unsent::Denied)?;
+        fill(&self.t.mrs, payload).map_err(Unsent::Denied)?;
         let n = finish(self.tx).ok_or(Unsent::Lost)?;
         if route.dst_ip == route.src_ip {
             // To this interface: looped back, never on the wire.

@@ -1,7 +1,8 @@
 //! The port of the software RoCE device: the interface's MAC and IPv4 address, its GIDs,
 //! the neighbour cache, and the first look at every received frame — RoCEv2 to the
 //! transport, ARP answered and learnt from, everything else to the embedder's IP stack
-//! (`docs/roce-v2.md` §5, §8).
+//! (`docs/roce-v2.md` §5, §8). What a station on the segment can do with these frames:
+//! `docs/security.md`.
 
 use bareverbs_hal::Link;
 
@@ -108,24 +109,53 @@ impl Port {
         self.counts
     }
 
-    /// Takes a received frame: a RoCEv2 packet to this interface goes to the transport (its
-    /// sender's MAC learnt; RoCEv2 to another address is dropped); an ARP request for this interface is answered on `link`; ARP
-    /// from anyone teaches the sender's MAC of an address being resolved or known.
+    /// Takes a frame received from the wire: a RoCEv2 packet to this interface's MAC and
+    /// address, from a source a station can have, goes to the transport (RoCEv2 to another
+    /// address, or from this interface's own address, is dropped: Linux drops martian
+    /// sources); an ARP request for this interface is answered on `link`; ARP from anyone
+    /// teaches the sender's MAC of an address being resolved or known. Neighbours are learnt
+    /// from ARP only, as Linux learns them: a RoCE frame binds nothing (its sender's MAC is
+    /// whatever the sender wrote). Frames to another station's MAC are dropped (a promiscuous
+    /// NIC passes them up); broadcast and multicast ones go on (ARP, the IP stack's).
     pub fn receive<'a, L: Link>(&mut self, link: &mut L, frame: &'a [u8], now: u64) -> Rx<'a> {
+        self.take(link, frame, now, false)
+    }
+
+    /// Takes a frame the device sent to its own address ([`Port::receive`] for the wire):
+    /// its source is this interface.
+    pub(crate) fn receive_looped<'a, L: Link>(
+        &mut self,
+        link: &mut L,
+        frame: &'a [u8],
+        now: u64,
+    ) -> Rx<'a> {
+        self.take(link, frame, now, true)
+    }
+
+    fn take<'a, L: Link>(
+        &mut self,
+        link: &mut L,
+        frame: &'a [u8],
+        now: u64,
+        looped: bool,
+    ) -> Rx<'a> {
+        let to_us = frame.get(..6).is_some_and(|d| *d == self.mac);
+        let group = frame.first().is_some_and(|d| d & 1 == 1);
         match parse(frame) {
+            Ok(Frame::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
+            Ok(Frame::Roce(p)) if p.ip.src == self.ip && !looped => self.drop(Discard::Martian),
+            Ok(Frame::Roce(p)) if martian(p.ip.src) => self.drop(Discard::Martian),
             Ok(Frame::Roce(p)) if p.ip.dst == self.ip => {
                 self.counts.roce += 1;
-                // The peer is on this segment (RoCEv2 here is not routed): its responses go
-                // back to the MAC it sent from.
-                self.learn(p.ip.src, p.src_mac, now);
                 Rx::Roce(p)
             }
-            Ok(Frame::Roce(_)) => {
-                self.counts.dropped += 1;
-                Rx::Dropped(Discard::NotRoce)
-            }
+            Ok(Frame::Roce(_)) => self.drop(Discard::NotRoce),
+            Ok(_) if !to_us && !group => self.drop(Discard::NotForUs),
             Ok(Frame::Arp(a)) => {
-                if a.target_ip == self.ip {
+                if a.sender_ip == self.ip || martian(a.sender_ip) {
+                    // Someone claims this interface's address, or none a station can have:
+                    // nothing is learnt (the IP stack sees it).
+                } else if a.target_ip == self.ip {
                     // Asked of us (or told to us): remember the asker, as Linux does.
                     self.learn(a.sender_ip, a.sender_mac, now);
                 } else {
@@ -143,11 +173,13 @@ impl Port {
                 self.counts.stack += 1;
                 Rx::Stack
             }
-            Err(d) => {
-                self.counts.dropped += 1;
-                Rx::Dropped(d)
-            }
+            Err(d) => self.drop(d),
         }
+    }
+
+    fn drop(&mut self, d: Discard) -> Rx<'static> {
+        self.counts.dropped += 1;
+        Rx::Dropped(d)
     }
 
     /// The MAC of `ip` (on this segment): `Ok(Some)` when known; `Ok(None)` while an ARP
@@ -219,6 +251,14 @@ impl Port {
         i
     }
 
+    /// The MAC of `ip` when it is known (no ARP request is sent).
+    pub fn lookup(&self, ip: [u8; 4]) -> Option<Mac> {
+        if ip == self.ip {
+            return Some(self.mac);
+        }
+        self.find(ip).and_then(|i| self.neighbours[i]?.mac)
+    }
+
     /// Records `ip` at `mac`, making room if needed.
     fn learn(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
         let i = match self.find(ip) {
@@ -240,4 +280,10 @@ impl Port {
             self.learn(ip, mac, now);
         }
     }
+}
+
+/// Whether `ip` is an address no station on the segment sends from: unspecified (0/8),
+/// loopback (127/8), multicast (224/4) or broadcast (and the reserved 240/4).
+fn martian(ip: [u8; 4]) -> bool {
+    matches!(ip[0], 0 | 127 | 224..=255)
 }

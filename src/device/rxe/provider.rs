@@ -256,7 +256,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn destroy_mr(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
-        self.lock().tables().remove_mr(mr.key);
+        self.lock().tables().mrs.remove(mr.key);
         // SAFETY: the PD outlives the region (create_mr's contract).
         unsafe { mr.pd_users.as_ref() }.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -443,7 +443,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let key = self
             .lock()
             .tables()
-            .add_mr(ptr.as_ptr() as usize as u64, len as u64, pd.id, access)
+            .mrs
+            .add(ptr.as_ptr() as usize as u64, len as u64, pd.id, access)
             .ok_or(Error::Resource(Resource::Objects {
                 object: Object::Mr,
                 limit: super::MAX_MR as u32,

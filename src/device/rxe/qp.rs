@@ -185,8 +185,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 write_len: 0,
                 res: [RdResource::default(); MAX_RD_ATOMIC as usize],
                 res_next: 0,
+                res_sent: 0,
                 backlog: None,
                 ack_due: None,
+                seq_retry: false,
             });
         }
         t.qps[idx] = ptr.as_ptr();

@@ -5,10 +5,9 @@ use core::ptr::NonNull;
 
 use super::MAX_RD_ATOMIC;
 use super::cq::{CqRing, Cqe};
-use super::mem::AsyncRing;
+use super::rings::AsyncRing;
 use super::srq::SrqCore;
 use super::wire::eth::Mac;
-use super::wire::packet::Route;
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry, flushed, op};
 use crate::events::EventHub;
 use crate::verbs::{
@@ -73,12 +72,21 @@ pub(crate) struct QpCore {
     pub(crate) write_rkey: u32,
     pub(crate) write_len: u32,
     pub(crate) res: [RdResource; MAX_RD_ATOMIC as usize],
+    /// READs and atomics kept so far (the number of the next one).
     pub(crate) res_next: u32,
-    /// Answers the NIC had no room for: the PSN to answer from next, and where to.
-    pub(crate) backlog: Option<(u32, Route)>,
-    /// An acknowledgement or NAK held behind the backlog (its PSN, its AETH syndrome and where
-    /// to send it): sent when the backlog is out.
-    pub(crate) ack_due: Option<(u32, u8, Route)>,
+    /// READs and atomics answered in full at least once (a high-water number): those after
+    /// it are in flight at the responder, at most `max_dest_rd_atomic` of them.
+    pub(crate) res_sent: u32,
+    /// Answers the NIC had no room for: the number of the READ or atomic to answer next, and
+    /// the PSN to answer it from.
+    pub(crate) backlog: Option<(u32, u32)>,
+    /// An acknowledgement or NAK not sent yet (its PSN and its AETH syndrome): held behind
+    /// the backlog, or met a busy NIC; sent from the device's progress.
+    pub(crate) ack_due: Option<(u32, u8)>,
+    /// A sequence NAK started a go-back-N retry that has made no progress yet: later
+    /// sequence NAKs are ignored until it does (or the timer fires), as rxe runs one retry
+    /// at a time.
+    pub(crate) seq_retry: bool,
 }
 
 impl QpCore {
@@ -195,6 +203,8 @@ impl QpCore {
 
     /// Completes every outstanding request as flushed (the QP is in the error state).
     pub(crate) fn flush(&mut self, hub: &EventHub) {
+        // Both loops bounded by the requests posted (at most the rings' capacities): each
+        // turn takes one.
         while self.sq_tail != self.sq_head {
             self.retire(WcStatus::WrFlushErr, hub);
         }
@@ -214,6 +224,7 @@ impl QpCore {
 
     /// Forgets every outstanding request without a completion (RESET).
     pub(crate) fn discard(&mut self) {
+        // Both loops bounded by the requests posted, as in `flush`.
         while self.sq_tail != self.sq_head {
             let t = self.sq(self.sq_tail).tag;
             self.release_tag(t);
@@ -234,8 +245,11 @@ impl QpCore {
         self.rnr_until = 0;
         self.nak_sent = false;
         self.res = [RdResource::default(); MAX_RD_ATOMIC as usize];
+        self.res_next = 0;
+        self.res_sent = 0;
         self.backlog = None;
         self.ack_due = None;
+        self.seq_retry = false;
     }
 
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.

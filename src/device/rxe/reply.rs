@@ -1,17 +1,24 @@
-//! What the responder sends back: the route and headers of an answer, ACKs and NAKs, READ
-//! responses and atomic acknowledgements; and the answers the NIC had no room for, kept in
-//! the QP's backlog and sent in PSN order from the device's progress, with any ACK (or RNR or
-//! sequence NAK) of a later request held behind them (an acknowledgement past an outstanding
-//! READ tells the requester its responses were lost: it would ask again).
+//! What the responder sends back: ACKs and NAKs, READ responses and atomic acknowledgements,
+//! all along the queue pair's path (its address vector and the peer's MAC from ARP, never the
+//! addresses of the frame being answered: a spoofer of the peer's IP stays blind, and the
+//! device reflects nothing to a MAC of the sender's choosing); and the answers the NIC had no
+//! room for, kept in the QP's backlog and sent from the device's progress, with any ACK (or
+//! RNR or sequence NAK) of a later request held behind them (an acknowledgement past an
+//! outstanding READ tells the requester its responses were lost: it would ask again).
+//!
+//! The backlog walks the kept READs and atomics by the order they came in (their count), not
+//! by PSN: each is answered once per walk (IBTA 9.7.5.1.3), and the walk ends at the newest
+//! (`res_next`), whatever PSNs the requests carried.
 
 use bareverbs_hal::Link;
 
+use super::MAX_RD_ATOMIC;
 use super::mem::Denied;
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
-use super::seq::{Kind, psn_add, psn_diff, segments};
+use super::seq::{Kind, psn_add, psn_diff, segments_from};
 use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
-use super::wire::packet::{Packet, Route};
+use super::wire::packet::Route;
 use super::wqe::RdResource;
 use crate::verbs::{AccessFlags, QpState};
 
@@ -31,18 +38,16 @@ pub(super) mod syndrome {
     pub(crate) const OPERATIONAL: u8 = 0x63;
 }
 
-/// The route back to the sender of `p`.
-pub(super) fn reply_route<L: Link>(net: &Net<'_, L>, q: &QpCore, p: &Packet<'_>) -> Route {
-    let av = q.attr.av;
-    Route {
-        src_mac: net.t.port.mac(),
-        dst_mac: p.src_mac,
-        src_ip: net.t.port.ip(),
-        dst_ip: p.ip.src,
-        tos: av.map_or(0, |a| a.traffic_class),
-        ttl: av.map_or(64, |a| a.hop_limit),
-        src_port: q.src_port,
-    }
+/// Answer packets (READ responses, atomic acknowledges) one queue pair sends per turn at
+/// most: the rest waits in its backlog, and the other queue pairs have their turn (a READ of
+/// 2 GiB is 8 M packets).
+pub(crate) const ANSWER_BURST: u32 = 32;
+
+/// The route to the peer of `q` along its path; `None` while the peer's MAC is being
+/// resolved (ARP), or when it cannot be (the requester retries).
+fn path<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) -> Option<Route> {
+    let mac = net.peer_mac(q).ok()??;
+    Some(net.route(q, mac))
 }
 
 /// The headers of an answer to the peer of `q`: `op` at `psn`, with an AETH of `syn` (the
@@ -64,49 +69,60 @@ fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
     h
 }
 
-/// Sends an ACK or NAK (`syn`) for `psn`.
-pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &QpCore, p: &Packet<'_>, syn: u8, psn: u32) {
-    let route = reply_route(net, q, p);
-    // A lost acknowledge is recovered by the peer's retry.
-    let _ = ack_to(net, q, route, syn, psn);
+/// Sends an ACK or NAK (`syn`) for `psn` now; when the NIC has no room (or the peer's MAC
+/// is not known yet) it is held ([`hold`]) and sent from the device's progress: a busy NIC
+/// delays an acknowledgement, it does not lose it. A newer acknowledgement sent supersedes
+/// the one held.
+pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
+    if ack_now(net, q, syn, psn) {
+        if q.ack_due.is_some_and(|(held, _)| psn_diff(psn, held) >= 0) {
+            q.ack_due = None;
+        }
+    } else {
+        hold(q, syn, psn);
+    }
 }
 
-/// Sends an ACK or NAK (`syn`) for `psn` along `route`; whether the NIC took it.
-fn ack_to<L: Link>(net: &mut Net<'_, L>, q: &QpCore, route: Route, syn: u8, psn: u32) -> bool {
+/// Sends an ACK or NAK (`syn`) for `psn` along the path; whether it went (or was lost on the
+/// way out, as on a wire: the peer's retry recovers it).
+fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> bool {
+    let Some(route) = path(net, q) else {
+        return false;
+    };
     let h = reply(q, opcode::RC_ACK, psn, Some(syn));
     !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }
 
-/// Sends the ACK or NAK `syn` for `psn`, unless answers to earlier READs or atomics still wait
-/// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
-/// the requests before its PSN) overtaking them would tell the requester they were lost (it
-/// retries the READ). It is then held and sent once they are out ([`drain`]); one is held,
-/// the answer to the latest PSN, a NAK before an ACK of the same PSN, the first NAK of a PSN
-/// kept (the requester goes back to it either way).
-pub(super) fn answer_in_order<L: Link>(
-    net: &mut Net<'_, L>,
-    q: &mut QpCore,
-    p: &Packet<'_>,
-    syn: u8,
-    psn: u32,
-) {
-    if q.backlog.is_none() {
-        return ack(net, q, p, syn, psn);
-    }
+/// Keeps the ACK or NAK `syn` of `psn` for later: one is held, the answer to the latest PSN,
+/// a NAK before an ACK of the same PSN, the first NAK of a PSN kept (the requester goes back
+/// to it either way).
+fn hold(q: &mut QpCore, syn: u8, psn: u32) {
     let replaces = match q.ack_due {
         None => true,
-        Some((held, held_syn, _)) => match psn_diff(psn, held) {
+        Some((held, held_syn)) => match psn_diff(psn, held) {
             0 => held_syn == syndrome::ACK && syn != syndrome::ACK,
             d => d > 0,
         },
     };
     if replaces {
-        q.ack_due = Some((psn, syn, reply_route(net, q, p)));
+        q.ack_due = Some((psn, syn));
     }
 }
 
-/// Sends the responses of `res` from its packet `from` on. Returns whether they all went
-/// out; when the NIC has no room, where to go on is left in `q.backlog` for [`drain`].
+/// Sends the ACK or NAK `syn` for `psn`, unless answers to earlier READs or atomics still wait
+/// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
+/// the requests before its PSN) overtaking them would tell the requester they were lost (it
+/// retries the READ). It is then held ([`hold`]) and sent once they are out ([`drain`]).
+pub(super) fn answer_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
+    if q.backlog.is_none() {
+        ack(net, q, syn, psn);
+    } else {
+        hold(q, syn, psn);
+    }
+}
+
+/// Sends the responses of `res` from its packet `from` on, within the turn's budget. Returns
+/// whether they all went out; otherwise where to go on is left in `q.backlog` for [`drain`].
 fn respond_read<L: Link>(
     net: &mut Net<'_, L>,
     q: &mut QpCore,
@@ -114,9 +130,15 @@ fn respond_read<L: Link>(
     res: &RdResource,
     from: u32,
 ) -> bool {
-    for s in segments(Kind::ReadResponse, res.len, q.mtu).skip(from as usize) {
-        let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
+    // Bounded by the READ's packets (at most 2^31 / 256) and by the budget of the turn.
+    for s in segments_from(Kind::ReadResponse, res.len, q.mtu, from) {
         let psn = psn_add(res.first, s.index);
+        if net.answers == 0 {
+            q.backlog = Some((res.n, psn));
+            return false;
+        }
+        net.answers -= 1;
+        let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
         let h = reply(q, s.opcode, psn, syn);
         let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
         let r = net.send(&route, &h, s.len as usize, |t, out| {
@@ -130,7 +152,7 @@ fn respond_read<L: Link>(
         });
         match r {
             Err(Unsent::Busy) => {
-                q.backlog = Some((psn, route));
+                q.backlog = Some((res.n, psn));
                 return false;
             }
             // The region went away: the requester times out and asks again (and is refused).
@@ -141,71 +163,94 @@ fn respond_read<L: Link>(
     true
 }
 
-/// The READ or atomic kept whose PSNs hold `psn`, if any.
+/// The READ or atomic kept whose PSNs hold `psn`, if any (only requests before the expected
+/// PSN: a PSN from another lap of the 24-bit space names none).
 pub(super) fn answered(q: &QpCore, psn: u32) -> Option<RdResource> {
-    q.res
-        .iter()
-        .copied()
-        .find(|r| r.kind != 0 && psn_diff(psn, r.first) >= 0 && psn_diff(r.last, psn) >= 0)
+    q.res.iter().copied().find(|r| {
+        r.kind != 0
+            && psn_diff(psn, r.first) >= 0
+            && psn_diff(r.last, psn) >= 0
+            && psn_diff(q.epsn, r.last) > 0
+    })
+}
+
+/// The READ or atomic number `n` (counted as they came in), while it is kept.
+fn kept(q: &QpCore, n: u32) -> Option<RdResource> {
+    // Only the last `MAX_RD_ATOMIC` numbers can be kept (`remember` reuses the oldest slot).
+    if q.res_next.wrapping_sub(n) == 0 || q.res_next.wrapping_sub(n) > MAX_RD_ATOMIC {
+        return None;
+    }
+    q.res.iter().copied().find(|r| r.kind != 0 && r.n == n)
 }
 
 /// Answers the READ or atomic `r` from its packet `psn` on (a READ's responses, an atomic's
-/// acknowledgement), then leaves in `q.backlog` where to go on: the READs and atomics kept
-/// behind it, or the rest of `r` when the NIC has no room. Whether all of `r` went out.
+/// acknowledgement), then leaves in `q.backlog` where to go on: the READ or atomic that came
+/// in after it, or the rest of `r` when the NIC (or the turn) has no room. Whether all of `r`
+/// went out. Nothing is sent while the peer's MAC is unknown (the requester retries).
 pub(super) fn answer_from<L: Link>(
     net: &mut Net<'_, L>,
     q: &mut QpCore,
-    route: Route,
     r: RdResource,
     psn: u32,
 ) -> bool {
+    let Some(route) = path(net, q) else {
+        q.backlog = Some((r.n, psn));
+        return false;
+    };
     q.backlog = None;
     let done = if r.kind == 1 {
-        respond_read(net, q, route, &r, psn_diff(psn, r.first) as u32)
+        respond_read(net, q, route, &r, psn_diff(psn, r.first).max(0) as u32)
     } else {
         atomic_ack(net, q, route, r.first, r.orig)
     };
     if done {
-        q.backlog = next_after(q, r.last, route);
+        // Answered in full at least once: counted for the limit of requests in flight.
+        let after = r.n.wrapping_add(1);
+        if (after.wrapping_sub(q.res_sent) as i32) > 0 {
+            q.res_sent = after;
+        }
+        q.backlog = kept(q, after).map(|next| (next.n, next.first));
     } else {
-        q.backlog.get_or_insert((r.first, route));
+        q.backlog.get_or_insert((r.n, r.first));
     }
     done
 }
 
 /// Sends on the answers the NIC had no room for (`q.backlog`): the rest of a READ's
-/// responses, then the READs and atomics that came in behind it, in PSN order, until the NIC
-/// is full again; then the acknowledgement held behind them. Called from the device's
-/// progress.
+/// responses, then the READs and atomics that came in behind it, in order, until the NIC or
+/// the turn is full again; then the acknowledgement held behind them. Called from the
+/// device's progress.
 pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         q.backlog = None;
-        q.ack_due = None;
+        // The NAK that moved the QP to ERROR still tells the peer why, once there is room.
+        let nak = q.ack_due.filter(|&(_, syn)| syn != syndrome::ACK);
+        if q.state != QpState::Err || nak.is_some_and(|(psn, syn)| ack_now(net, q, syn, psn)) {
+            q.ack_due = None;
+        } else {
+            q.ack_due = nak;
+        }
         return;
     }
-    while let Some((psn, route)) = q.backlog {
-        let Some(r) = answered(q, psn) else {
+    // Bounded by the kept requests: each turn answers one and moves to the next newer one,
+    // and the walk ends at the newest (`kept` refuses numbers outside the last
+    // MAX_RD_ATOMIC), so it visits each at most once.
+    for _ in 0..=MAX_RD_ATOMIC {
+        let Some((n, psn)) = q.backlog else { break };
+        let Some(r) = kept(q, n) else {
             q.backlog = None;
             break;
         };
-        if !answer_from(net, q, route, r, psn) {
+        if !answer_from(net, q, r, psn) {
             return;
         }
     }
-    if let Some((psn, syn, route)) = q.ack_due
-        && ack_to(net, q, route, syn, psn)
+    if let Some((psn, syn)) = q.ack_due
+        && q.backlog.is_none()
+        && ack_now(net, q, syn, psn)
     {
         q.ack_due = None;
     }
-}
-
-/// The first READ or atomic kept after PSN `last`, as the place to answer from next.
-fn next_after(q: &QpCore, last: u32, route: Route) -> Option<(u32, Route)> {
-    q.res
-        .iter()
-        .filter(|n| n.kind != 0 && psn_diff(n.first, last) > 0)
-        .min_by_key(|n| psn_diff(n.first, last))
-        .map(|n| (n.first, route))
 }
 
 /// Sends the atomic acknowledge of `psn` with the original value; whether the NIC took it.
@@ -216,6 +261,10 @@ fn atomic_ack<L: Link>(
     psn: u32,
     orig: u64,
 ) -> bool {
+    if net.answers == 0 {
+        return false;
+    }
+    net.answers -= 1;
     let mut h = reply(q, opcode::RC_ATOMIC_ACK, psn, Some(syndrome::ACK));
     h.atomic_ack = Some(orig);
     !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))

@@ -2,7 +2,9 @@
 //! path MTU inside the PSN window, READ and atomic depth and fences respected; then the
 //! peer's answers — coalesced ACKs, NAKs, READ responses, atomic acknowledges — complete the
 //! requests in order; a timer or a sequence NAK rewinds to the oldest unacknowledged PSN
-//! (go-back-N), an RNR NAK waits its timer (`docs/roce-v2.md` §6.2, §6.3).
+//! (go-back-N, one retry at a time), an RNR NAK waits its timer (`docs/roce-v2.md` §6.2,
+//! §6.3). Answers older than the oldest unacknowledged PSN are ignored, as rxe's completer
+//! ignores them.
 
 use bareverbs_hal::Link;
 
@@ -27,27 +29,12 @@ const RNR_US: [u32; 32] = [
     245_760, 327_680, 491_520,
 ];
 
-/// The route of a connected QP's packets (its peer's MAC known).
-fn route<L: Link>(net: &Net<'_, L>, q: &QpCore, mac: [u8; 6]) -> Route {
-    let av = q
-        .attr
-        .av
-        .unwrap_or(crate::verbs::AddressVector::new(Default::default(), 1));
-    Route {
-        src_mac: net.t.port.mac(),
-        dst_mac: mac,
-        src_ip: net.t.port.ip(),
-        dst_ip: q.peer_ip,
-        tos: av.traffic_class,
-        ttl: av.hop_limit,
-        src_port: q.src_port,
-    }
-}
-
 /// READ and atomic requests started and not completed.
 fn reads_out(q: &mut QpCore) -> u32 {
     let mut n = 0;
     let mut i = q.sq_tail;
+    // Bounded by the requests started and not completed: `sq_next - sq_tail` is at most the
+    // ring's capacity (MAX_WR), a distance between two wrapping counts that cannot wrap.
     while i != q.sq_next {
         if op::reads(q.sq(i).op) {
             n += 1;
@@ -78,24 +65,19 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if q.sq_next == q.sq_head {
         return;
     }
-    let mac = match q.peer_mac {
-        Some(m) => m,
-        None => match net.t.port.resolve(net.link, q.peer_ip, net.now) {
-            Ok(Some(m)) => {
-                q.peer_mac = Some(m);
-                m
-            }
-            Ok(None) => return,
-            Err(_) => {
-                // Nobody answers for the peer's address: the request cannot be delivered.
-                return fail(net, q, WcStatus::RetryExcErr);
-            }
-        },
+    let mac = match net.peer_mac(q) {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(_) => {
+            // Nobody answers for the peer's address: the request cannot be delivered.
+            return fail(net, q, WcStatus::RetryExcErr);
+        }
     };
-    let route = route(net, q, mac);
+    let route = net.route(q, mac);
     let mtu = q.mtu;
     let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
     let mut sent = 0;
+    // Bounded by BURST packets (a plain count).
     while q.sq_next != q.sq_head && sent < BURST {
         if psn_diff(q.psn, q.una) >= WINDOW {
             break;
@@ -165,7 +147,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                         imm: e.op == op::WRITE_IMM,
                     },
                 };
-                let Some(s) = seq::segments(kind, e.len, mtu).nth(k as usize) else {
+                let Some(s) = seq::segments_from(kind, e.len, mtu, k).next() else {
                     break;
                 };
                 let last = k + 1 == e.npkts;
@@ -198,6 +180,8 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 // The gather list names memory the QP may not read: this request fails with
                 // a local protection error, after the ones before it (flushed: the QP is
                 // going to the error state), in order.
+                // Bounded: each turn retires one of the requests before `i` (fewer than the
+                // ring's capacity).
                 while q.sq_tail != i {
                     q.retire(WcStatus::WrFlushErr, net.hub);
                 }
@@ -237,7 +221,7 @@ fn deadline(now: u64, timeout: u64) -> u64 {
 /// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
 /// from registered memory.
 fn payload(
-    t: &super::mem::Tables,
+    t: &super::mem::MrTable,
     pd: u32,
     e: &SqEntry,
     offset: u32,
@@ -255,6 +239,8 @@ fn payload(
 
 fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     let mut sent = 0;
+    // Bounded: each turn retires the oldest request (the queue holds at most MAX_WR), and at
+    // most BURST go out.
     while q.sq_tail != q.sq_head && sent < BURST {
         let e = *q.sq(q.sq_tail);
         if e.len > net.mtu {
@@ -325,6 +311,8 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// READ or atomic (those complete with their responses). `true` when such a request is
 /// covered by the acknowledge: its response was lost.
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
+    // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
+    // whatever PSN the peer wrote.
     while q.sq_tail != q.sq_next {
         let e = *q.sq(q.sq_tail);
         let last = psn_add(e.first_psn, e.npkts.max(1) - 1);
@@ -384,6 +372,7 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     }
     if q.deadline != 0 && net.now >= q.deadline {
         if q.una != q.psn || q.sq_next != q.sq_tail {
+            q.seq_retry = false;
             retry(net, q);
         } else {
             q.deadline = 0;
@@ -412,6 +401,14 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
     }
     let status = match code {
         0 => {
+            if q.seq_retry {
+                // A go-back-N retry is under way and nothing was acknowledged since: this
+                // NAK is about the same gap (a duplicate, or the responder's answer to the
+                // packets sent before the retry). One retry at a time, as rxe: the timer
+                // covers a retry that is lost.
+                return;
+            }
+            q.seq_retry = true;
             q.una = psn;
             retry(net, q);
             run(net, q);
@@ -435,9 +432,10 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
     }
     let h = &p.headers;
     let psn = h.bth.psn;
-    // Only answers to what was sent and not yet acknowledged (or the PSN just before: a
-    // repeated ACK) count.
-    if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < -1 {
+    // Only answers to what was sent and not yet acknowledged count: one older than the
+    // oldest unacknowledged PSN answers nothing outstanding, and rxe's completer ignores it
+    // (a NAK of the PSN before would move the requester back over acknowledged requests).
+    if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < 0 {
         return;
     }
     if q.sq_tail == q.sq_next {
@@ -460,6 +458,10 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                 if ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK)) {
                     retry(net, q);
                 } else {
+                    if (q.una, q.sq_tail) != before {
+                        // Progress since the last retry: a new gap may start one.
+                        q.seq_retry = false;
+                    }
                     return nak(net, q, psn, kind == 1, syndrome & 0x1F);
                 }
             }
@@ -481,7 +483,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
                 return;
             }
             let orig = h.atomic_ack.unwrap_or(0).to_ne_bytes();
-            let status = match net.t.scatter(q.pd, e.sges(), 0, &orig) {
+            let status = match net.t.mrs.scatter(q.pd, e.sges(), 0, &orig) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocProtErr,
             };
@@ -496,6 +498,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
     }
     if (q.una, q.sq_tail) != before {
         // Progress: the retries start over and the timer restarts.
+        q.seq_retry = false;
         q.retries = q.attr.retry_cnt;
         q.rnr_retries = q.attr.rnr_retry;
         q.deadline = if q.una == q.psn {
@@ -533,7 +536,12 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) 
     if p.headers.bth.opcode != want || p.payload.len() != len as usize {
         return;
     }
-    if net.t.scatter(q.pd, e.sges(), idx * mtu, p.payload).is_err() {
+    if net
+        .t
+        .mrs
+        .scatter(q.pd, e.sges(), idx * mtu, p.payload)
+        .is_err()
+    {
         return fail(net, q, WcStatus::LocProtErr);
     }
     q.una = psn_add(psn, 1);

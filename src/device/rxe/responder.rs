@@ -10,7 +10,7 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::reply::{ack, answer_from, answer_in_order, answered, reply_route, syndrome};
+use super::reply::{ack, answer_from, answer_in_order, answered, syndrome};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
 use super::wire::packet::Packet;
@@ -39,7 +39,7 @@ pub(crate) fn on_request<L: Link>(
         if !q.nak_sent {
             q.nak_sent = true;
             let e = q.epsn;
-            answer_in_order(net, q, p, syndrome::SEQ, e);
+            answer_in_order(net, q, syndrome::SEQ, e);
         }
         return;
     }
@@ -59,7 +59,7 @@ pub(crate) fn on_request<L: Link>(
         Ok(()) => {}
         Err(Fail::Rnr) => {
             let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
-            answer_in_order(net, q, p, syn, psn);
+            answer_in_order(net, q, syn, psn);
         }
         Err(f) => {
             let (syn, status) = match f {
@@ -68,7 +68,7 @@ pub(crate) fn on_request<L: Link>(
                 Fail::Local => (syndrome::OPERATIONAL, WcStatus::LocProtErr),
                 _ => (syndrome::INVALID, WcStatus::RemInvReqErr),
             };
-            ack(net, q, p, syn, psn);
+            ack(net, q, syn, psn);
             if q.inbound == Inbound::Send {
                 // The receive the failed SEND was landing in completes in error.
                 let e = q.wqe;
@@ -124,7 +124,7 @@ fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, end: 
         q.msn = (q.msn + 1) & PSN_MASK;
     }
     if p.headers.bth.ack_req {
-        answer_in_order(net, q, p, syndrome::ACK, psn);
+        answer_in_order(net, q, syndrome::ACK, psn);
     }
 }
 
@@ -157,6 +157,7 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     let wqe = q.wqe;
     if net
         .t
+        .mrs
         .scatter(q.pd, wqe.sges(), q.offset, p.payload)
         .is_err()
     {
@@ -209,6 +210,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         let va = q.write_va.wrapping_add(u64::from(q.offset));
         let dst = net
             .t
+            .mrs
             .check(
                 q.write_rkey,
                 q.pd,
@@ -255,24 +257,45 @@ fn remote_range<L: Link>(
     }
     if r.len > 0 {
         net.t
+            .mrs
             .check(r.rkey, q.pd, r.va, u64::from(r.len), need)
             .map_err(|_| Fail::Access)?;
     }
     Ok(r)
 }
 
-/// Keeps a READ or atomic for replay (oldest first out).
-fn remember(q: &mut QpCore, r: RdResource) {
-    let depth = u32::from(q.attr.max_dest_rd_atomic).clamp(1, MAX_RD_ATOMIC);
-    let i = (q.res_next % depth) as usize;
-    q.res[i] = r;
-    q.res_next = q.res_next.wrapping_add(1);
+/// The READs and atomics the responder keeps and has in flight at most
+/// (`max_dest_rd_atomic`, within the table).
+fn depth(q: &QpCore) -> u32 {
+    u32::from(q.attr.max_dest_rd_atomic).clamp(1, MAX_RD_ATOMIC)
 }
 
-fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+/// A new READ or atomic may start: the QP takes them, and fewer than `max_dest_rd_atomic`
+/// are in flight (not yet answered in full once). A requester keeps to the limit it was
+/// given; one beyond it is refused with NAK invalid request, as rxe refuses READs and atomics
+/// it has no resource for, instead of a kept request being overwritten before it was
+/// answered (and a flood of READs growing the backlog without bound).
+fn may_start(q: &QpCore) -> Result<(), Fail> {
     if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
         return Err(Fail::Invalid);
     }
+    if q.res_next.wrapping_sub(q.res_sent) >= depth(q) {
+        return Err(Fail::Invalid);
+    }
+    Ok(())
+}
+
+/// Keeps a READ or atomic for replay (oldest first out), numbered in the order they came.
+fn remember(q: &mut QpCore, mut r: RdResource) -> RdResource {
+    let i = (q.res_next % depth(q)) as usize;
+    r.n = q.res_next;
+    q.res[i] = r;
+    q.res_next = q.res_next.wrapping_add(1);
+    r
+}
+
+fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+    may_start(q)?;
     if !qp_allows(q, AccessFlags::REMOTE_READ) {
         return Err(Fail::Invalid);
     }
@@ -287,21 +310,19 @@ fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
         rkey: r.rkey,
         len: r.len,
         orig: 0,
+        n: 0,
     };
-    remember(q, res);
+    let res = remember(q, res);
     q.epsn = psn_add(psn, n);
     q.msn = (q.msn + 1) & PSN_MASK;
     if q.backlog.is_none() {
-        let route = reply_route(net, q, p);
-        answer_from(net, q, route, res, psn);
+        answer_from(net, q, res, psn);
     }
     Ok(())
 }
 
 fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
-    if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
-        return Err(Fail::Invalid);
-    }
+    may_start(q)?;
     if !qp_allows(q, AccessFlags::REMOTE_ATOMIC) {
         return Err(Fail::Invalid);
     }
@@ -311,6 +332,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     }
     let at = net
         .t
+        .mrs
         .check(a.rkey, q.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
         .map_err(|_| Fail::Access)?
         .cast::<u64>();
@@ -336,14 +358,14 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
         rkey: a.rkey,
         len: 8,
         orig,
+        n: 0,
     };
-    remember(q, res);
+    let res = remember(q, res);
     q.epsn = psn_add(psn, 1);
     q.msn = (q.msn + 1) & PSN_MASK;
     // Behind a READ still being answered, the acknowledgement waits its turn.
     if q.backlog.is_none() {
-        let route = reply_route(net, q, p);
-        answer_from(net, q, route, res, psn);
+        answer_from(net, q, res, psn);
     }
     Ok(())
 }
@@ -361,18 +383,16 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
             }
             // The requester asks again from here: answers go out from here on, in order
             // (what was waiting behind follows through `drain`).
-            let route = reply_route(net, q, p);
-            answer_from(net, q, route, r, psn);
+            answer_from(net, q, r, psn);
         }
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
             if let Some(r) = found(2) {
-                let route = reply_route(net, q, p);
-                answer_from(net, q, route, r, psn);
+                answer_from(net, q, r, psn);
             }
         }
         _ => {
             let last = psn_add(q.epsn, PSN_MASK);
-            answer_in_order(net, q, p, syndrome::ACK, last);
+            answer_in_order(net, q, syndrome::ACK, last);
         }
     }
 }
@@ -406,9 +426,10 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, fra
         if let Some(ip) = frame.get(14..34) {
             grh[20..].copy_from_slice(ip);
         }
-        let ok = net.t.scatter(q.pd, e.sges(), 0, &grh).is_ok()
+        let ok = net.t.mrs.scatter(q.pd, e.sges(), 0, &grh).is_ok()
             && net
                 .t
+                .mrs
                 .scatter(q.pd, e.sges(), GRH_LEN as u32, p.payload)
                 .is_ok();
         if !ok {

@@ -62,8 +62,14 @@ pub fn packets(len: u32, mtu: u32) -> Option<u32> {
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
 /// `mtu` is not one of [`MTUS`].
 pub fn segments(kind: Kind, len: u32, mtu: u32) -> impl Iterator<Item = Segment> {
+    segments_from(kind, len, mtu, 0)
+}
+
+/// The packets of [`segments`] from the packet `from` on, found without walking the ones
+/// before it.
+pub fn segments_from(kind: Kind, len: u32, mtu: u32, from: u32) -> impl Iterator<Item = Segment> {
     let n = packets(len, mtu).unwrap_or(0);
-    (0..n).map(move |i| {
+    (from.min(n)..n).map(move |i| {
         let (first, last) = (i == 0, i + 1 == n);
         let offset = i * mtu;
         let opcode = match (kind, first, last) {

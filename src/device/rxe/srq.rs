@@ -6,7 +6,8 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link};
 
-use super::mem::{AsyncRing, Pd};
+use super::mem::Pd;
+use super::rings::AsyncRing;
 use super::wqe::RqEntry;
 use super::{MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
@@ -154,7 +155,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         Ok(())
     }
 
-    fn srq_core<'a>(&self, srq: &Srq<H>, _t: &'a mut super::mem::Tables) -> &'a mut SrqCore {
+    fn srq_core<'a>(&self, srq: &Srq<H>, _held: &'a mut super::Core<L>) -> &'a mut SrqCore {
         // SAFETY: the core lives as long as the SRQ and is reached only under the device
         // lock, which the caller holds.
         unsafe { &mut *srq.core.as_ptr() }
@@ -172,7 +173,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             ));
         }
         let mut guard = self.lock();
-        let s = self.srq_core(srq, guard.tables());
+        let s = self.srq_core(srq, &mut guard);
         let free = s.cap - s.head.wrapping_sub(s.tail);
         if wrs.len() > free as usize {
             return Err(Error::QueueFull {
@@ -198,13 +199,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             return Err(Error::invalid(Param::SrqLimit, limit, srq.attr.max_wr));
         }
         let mut guard = self.lock();
-        self.srq_core(srq, guard.tables()).limit = limit;
+        self.srq_core(srq, &mut guard).limit = limit;
         Ok(())
     }
 
     pub(crate) fn query_srq_impl(&self, srq: &Srq<H>) -> SrqAttr {
         let mut guard = self.lock();
-        let s = self.srq_core(srq, guard.tables());
+        let s = self.srq_core(srq, &mut guard);
         SrqAttr {
             srq_limit: s.limit,
             ..srq.attr

@@ -140,6 +140,8 @@ pub(crate) struct RdResource {
     pub(crate) rkey: u32,
     pub(crate) len: u32,
     pub(crate) orig: u64,
+    /// Its number: the requests kept are counted as they come in (the backlog's order).
+    pub(crate) n: u32,
 }
 
 pub(crate) fn flushed(opcode: WcOpcode) -> WorkCompletion {

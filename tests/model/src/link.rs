@@ -91,6 +91,18 @@ impl Segment {
         self.0.lock().unwrap().sent.clone()
     }
 
+    /// How many frames were sent so far (the index [`Segment::sent_since`] starts from).
+    pub fn sent_count(&self) -> usize {
+        self.0.lock().unwrap().sent.len()
+    }
+
+    /// The frames sent from index `start` on, with their senders (without copying the
+    /// earlier ones, as [`Segment::sent`] does).
+    pub fn sent_since(&self, start: usize) -> Vec<(usize, Vec<u8>)> {
+        let g = self.0.lock().unwrap();
+        g.sent.get(start..).map_or_else(Vec::new, <[_]>::to_vec)
+    }
+
     /// Frames (dropped, duplicated, reordered) so far.
     pub fn damage(&self) -> (u64, u64, u64) {
         self.0.lock().unwrap().damage

@@ -32,6 +32,11 @@ pub enum Discard {
     UnknownOpcode,
     /// The ICRC does not match.
     BadIcrc,
+    /// To another station's MAC (a promiscuous NIC passes such frames up).
+    NotForUs,
+    /// A source address no station on the segment has: this interface's own address from
+    /// the wire, an unspecified, loopback, multicast or broadcast one (Linux's martians).
+    Martian,
 }
 
 /// Reads a big-endian `u16` at `at` (the caller checked the bounds).

@@ -1,0 +1,42 @@
+//! The checks a received RoCE packet passes before its queue pair's transport sees it, as
+//! Linux's rxe makes them on receive (`check_type_state` and `check_addr` in rxe_recv.c): a
+//! packet that fails one is dropped silently — no NAK, no state change, nothing learnt — for
+//! it is not the peer's (`docs/security.md`).
+//!
+//! - The opcode's transport is the queue pair's (an RC opcode to an RC QP, UC to UC, UD to
+//!   UD), and the queue pair can receive (RTR or RTS).
+//! - A connected queue pair (RC, UC) takes packets from its peer only: the source IPv4
+//!   address is the one in the address vector's destination GID, and once the peer's MAC is
+//!   known (from ARP), the source MAC is that MAC. The destination address was checked by
+//!   the port. A UD queue pair takes datagrams from anyone; its Q_Key is checked by the
+//!   responder.
+
+use super::qp_state::QpCore;
+use super::wire::packet::Packet;
+use crate::verbs::{QpState, QpType};
+
+/// Whether `p` may reach the transport of `q`.
+pub(crate) fn admit(q: &QpCore, p: &Packet<'_>) -> bool {
+    type_state_ok(q, p.headers.bth.opcode) && addr_ok(q, p)
+}
+
+/// The opcode's transport (its top three bits) is the QP's, and the QP receives.
+fn type_state_ok(q: &QpCore, opcode: u8) -> bool {
+    let transport = match q.qp_type {
+        QpType::Rc => 0,
+        QpType::Uc => 1,
+        QpType::Ud => 3,
+        _ => return false,
+    };
+    opcode >> 5 == transport && matches!(q.state, QpState::Rtr | QpState::Rts)
+}
+
+/// A connected QP's packet comes from its peer's address (and MAC, once known).
+fn addr_ok(q: &QpCore, p: &Packet<'_>) -> bool {
+    match q.qp_type {
+        QpType::Rc | QpType::Uc => {
+            p.ip.src == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac)
+        }
+        _ => true,
+    }
+}

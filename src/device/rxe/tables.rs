@@ -1,0 +1,49 @@
+//! The device's tables, in its block: the port, the memory regions, the queue pairs, the
+//! counters of the other objects, and the small queues. The data flows one way: the tables
+//! hold the memory table ([`super::mem`]) and the queue pairs ([`super::qp_state`]), which
+//! hold the shared receive queues ([`super::srq`]); none of those reaches back here.
+
+use core::ptr::NonNull;
+
+use super::MAX_QP;
+use super::mem::MrTable;
+use super::port::Port;
+use super::qp_state::QpCore;
+use super::rings::{AsyncRing, Loopback, StackRing};
+
+/// The device's tables, in its block (reached only under the device lock).
+pub(crate) struct Tables {
+    pub(crate) port: Port,
+    pub(crate) mrs: MrTable,
+    /// Queue pair `i` has number `FIRST_QPN + i`; null: free.
+    pub(crate) qps: [*mut QpCore; MAX_QP],
+    pub(crate) pds: u32,
+    pub(crate) pd_next: u32,
+    pub(crate) cqs: u32,
+    pub(crate) cq_next: u32,
+    pub(crate) srqs: u32,
+    /// The IPv4 identification of the next frame.
+    pub(crate) ip_id: u16,
+    pub(crate) stack: StackRing,
+    pub(crate) loopback: Loopback,
+    pub(crate) async_events: AsyncRing,
+    /// The number of the last SRQ created.
+    pub(crate) srq_next: u32,
+    /// Which queue pair has the first turn at the next progress.
+    pub(crate) turn: u32,
+}
+
+impl Tables {
+    /// Sets up the tables at `t` (zeroed memory: every field but the port is valid zeroed).
+    ///
+    /// # Safety
+    ///
+    /// `t` is valid for writes of a `Tables`, zeroed, and not referenced yet.
+    pub(crate) unsafe fn init(t: NonNull<Tables>, port: Port, seed: u64) {
+        // SAFETY: the caller's contract; the port is the one field that is not valid zeroed,
+        // written before any reference to the whole exists.
+        unsafe { core::ptr::addr_of_mut!((*t.as_ptr()).port).write(port) };
+        // SAFETY: as above; the port is written, every other field is valid zeroed.
+        unsafe { (*t.as_ptr()).mrs.seed(seed) };
+    }
+}
