@@ -58,6 +58,7 @@
 //! (The README's lifecycle example is the compiling counterpart of all of these.)
 
 mod builder;
+mod handshake;
 mod post;
 mod safe;
 mod typestate;
@@ -66,6 +67,7 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 pub use builder::QpBuilder;
+pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
 pub use post::{RecvBatch, SendBatch};
 pub use safe::Completion;
 pub use typestate::*;
@@ -81,6 +83,8 @@ struct QpInner<'a, P: Provider> {
     caps: QpCaps,
     user_context: u64,
     mcast: u32,
+    /// The starting PSN drawn at creation (what the QP expects first; see `handshake`).
+    psn: u32,
     send_cq: &'a P::Cq,
     recv_cq: &'a P::Cq,
     pool: Option<&'a BufferPool<'a, P>>,
