@@ -13,7 +13,7 @@ use bareverbs_hal::Hal;
 
 use super::port::Port;
 use super::qp_state::QpCore;
-use super::{FRAME, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
+use super::{FIRST_QPN, FRAME, GSI_QPN, LOOPBACK_FRAMES, MAX_MR, MAX_QP, STACK_FRAMES};
 use crate::dma::Dma;
 use crate::verbs::{AccessFlags, Sge};
 
@@ -178,6 +178,8 @@ pub(crate) struct Tables {
     pub(crate) mrs: [MrEntry; MAX_MR],
     /// Queue pair `i` has number `FIRST_QPN + i`; null: free.
     pub(crate) qps: [*mut QpCore; MAX_QP],
+    /// The GSI queue pair (number 1); null: none.
+    pub(crate) gsi: *mut QpCore,
     pub(crate) pds: u32,
     pub(crate) pd_next: u32,
     pub(crate) cqs: u32,
@@ -202,6 +204,16 @@ impl Tables {
         // SAFETY: the caller's contract; the port is the one field that is not valid zeroed,
         // written before any reference to the whole exists.
         unsafe { core::ptr::addr_of_mut!((*t.as_ptr()).port).write(port) };
+    }
+
+    /// The table slot of queue pair `qpn` (1: the GSI QP), or `None` for a number the device
+    /// never gives.
+    pub(crate) fn qp_slot(&mut self, qpn: u32) -> Option<&mut *mut QpCore> {
+        if qpn == GSI_QPN {
+            return Some(&mut self.gsi);
+        }
+        let i = qpn.checked_sub(FIRST_QPN)?;
+        self.qps.get_mut(i as usize)
     }
 
     /// Registers `len` bytes at `addr` in `pd`; the key, or `None` when the table is full.

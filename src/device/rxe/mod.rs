@@ -58,6 +58,11 @@ use port::{Port, PortCounts, Rx};
 pub const MAX_QP: usize = 32;
 /// The number of the first queue pair.
 pub const FIRST_QPN: u32 = 16;
+/// The GSI queue pair's number (QP1: management datagrams, the CM's MADs).
+pub const GSI_QPN: u32 = 1;
+/// The Q_Key of every datagram to and from QP1 (`IB_QP1_QKEY`): the GSI QP sends with it
+/// whatever its work request names, and takes only datagrams that carry it.
+pub const GSI_QKEY: u32 = 0x8001_0000;
 /// Memory regions the device holds.
 pub const MAX_MR: usize = 256;
 /// Work requests per queue.
@@ -298,13 +303,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// requests or as a request to it.
     fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::Packet<'_>, frame: &[u8], now: u64) {
         let qpn = p.headers.bth.dest_qp;
-        let Some(idx) = qpn
-            .checked_sub(FIRST_QPN)
-            .filter(|&i| (i as usize) < MAX_QP)
-        else {
+        let Some(&mut q) = core.tables().qp_slot(qpn) else {
             return;
         };
-        let q = core.tables().qps[idx as usize];
         if q.is_null() {
             return;
         }
@@ -321,8 +322,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     /// Runs every queue pair's timers (and a requester waiting on its window or an address).
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        for i in 0..MAX_QP {
-            let q = core.tables().qps[i];
+        for i in 0..=MAX_QP {
+            // The last round is the GSI QP's.
+            let t = core.tables();
+            let q = t.qps.get(i).copied().unwrap_or(t.gsi);
             if q.is_null() {
                 continue;
             }
