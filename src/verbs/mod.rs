@@ -79,6 +79,7 @@ pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
+pub(crate) use qp::local_gid;
 pub use random::Entropy;
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};

@@ -124,6 +124,9 @@ pub struct Handshake {
     pub hop_limit: u8,
     /// IP traffic class.
     pub traffic_class: u8,
+    /// Flow label (20 bits; 0: none). The software RoCE device derives the connection's UDP
+    /// source port from it, as Linux's rxe does.
+    pub flow_label: u32,
 }
 
 impl Default for Handshake {
@@ -143,6 +146,7 @@ impl Default for Handshake {
             min_rnr_timer: 12,
             hop_limit: 64,
             traffic_class: 0,
+            flow_label: 0,
         }
     }
 }
@@ -269,6 +273,7 @@ where
         let mut av = AddressVector::new(remote.gid, sgid_index);
         av.hop_limit = opts.hop_limit;
         av.traffic_class = opts.traffic_class;
+        av.flow_label = opts.flow_label;
         let rtr = ConnectedRtr {
             path_mtu: mtu,
             max_dest_rd_atomic: resp_depth,

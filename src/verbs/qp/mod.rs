@@ -68,6 +68,7 @@ use core::mem::ManuallyDrop;
 
 pub use builder::QpBuilder;
 pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
+pub(crate) use handshake::local_gid;
 pub use post::{RecvBatch, SendBatch};
 pub use safe::Completion;
 pub use typestate::*;
