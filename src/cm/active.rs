@@ -6,8 +6,8 @@ use bareverbs_hal::Clock;
 use super::event::{Failure, SIDR_TIMEOUT};
 use super::mad::{Mad, attr};
 use super::msg::{
-    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata,
-    reason, sidr_status,
+    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
+    sidr_status,
 };
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
@@ -337,5 +337,8 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
 
 /// The flow label rdma_cm gives a RoCEv2 connection from its two ports.
 pub(super) fn flow_label(src_port: u16, dst_port: u16) -> u32 {
-    (u32::from(src_port).wrapping_mul(31).wrapping_add(u32::from(dst_port))) & 0xF_FFFF
+    (u32::from(src_port)
+        .wrapping_mul(31)
+        .wrapping_add(u32::from(dst_port)))
+        & 0xF_FFFF
 }

@@ -21,7 +21,10 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     /// [`CmError::UnknownConnection`]; [`CmError::WrongState`] for a connection that is not
     /// established (or waiting for its RTU).
     pub fn disconnect(&mut self, id: ConnId) -> Result<(), CmError> {
-        let i = self.conns.by_local(id.0).ok_or(CmError::UnknownConnection)?;
+        let i = self
+            .conns
+            .by_local(id.0)
+            .ok_or(CmError::UnknownConnection)?;
         if !matches!(self.conns[i].st, St::Established | St::RepSent) {
             return Err(CmError::WrongState);
         }
@@ -67,7 +70,10 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
         let ids = Ids::decode(m);
         let drep = |ids: Ids| msg::encode_simple(attr::DREP, ids, &[], m.tid());
         let Some(i) = self.conns.by_pair(ids.remote, ids.local, ip) else {
-            let known = self.conns.iter().any(|c| c.live() && c.local_id == ids.remote);
+            let known = self
+                .conns
+                .iter()
+                .any(|c| c.live() && c.local_id == ids.remote);
             if !known {
                 // Nobody's here: answer as Linux does (IDs swapped), so a peer that lost
                 // its DREP stops resending.

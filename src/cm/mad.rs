@@ -62,7 +62,12 @@ pub struct Mad(pub [u8; MAD_LEN]);
 
 impl core::fmt::Debug for Mad {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "Mad(attr {:#06x}, tid {:#018x})", self.attr(), self.tid())
+        write!(
+            f,
+            "Mad(attr {:#06x}, tid {:#018x})",
+            self.attr(),
+            self.tid()
+        )
     }
 }
 
@@ -202,7 +207,10 @@ mod tests {
     fn header_written_and_checked() {
         let m = Mad::new(attr::REQ, 0x1122_3344_5566_7788);
         assert_eq!(&m.0[..4], &[1, 7, 2, 3]);
-        assert_eq!(&m.0[8..18], &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0, 0x10]);
+        assert_eq!(
+            &m.0[8..18],
+            &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0, 0x10]
+        );
         assert_eq!(Mad::parse(&m.0), Ok(m));
         assert_eq!(Mad::parse(&m.0[..255]), Err(MadError::Length(255)));
         assert_eq!(Mad::parse(&[]), Err(MadError::Length(0)));

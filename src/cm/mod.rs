@@ -41,11 +41,11 @@ pub mod timer;
 
 use bareverbs_hal::Clock;
 
+pub use active::ConnectParams;
 pub use event::{
     CmEvent, ConnId, ConnectRequest, Failure, REQ_USER_DATA, SIDR_TIMEOUT, SIDR_USER_DATA,
     SidrRequest,
 };
-pub use active::ConnectParams;
 pub use msg::Private;
 pub use passive::AcceptParams;
 
@@ -332,7 +332,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     fn completion(&mut self, w: &WorkCompletion) {
         if w.opcode == WcOpcode::Send || (SEND_TAG..SEND_TAG + SEND_SLOTS as u64).contains(&w.wr_id)
         {
-            if let Some(slot) = w.wr_id.checked_sub(SEND_TAG).filter(|&s| s < SEND_SLOTS as u64)
+            if let Some(slot) = w
+                .wr_id
+                .checked_sub(SEND_TAG)
+                .filter(|&s| s < SEND_SLOTS as u64)
             {
                 self.send_busy &= !(1 << slot);
             }
@@ -362,9 +365,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<(), Error> {
-        let sge = self
-            .mr
-            .sge((slot * RECV_STRIDE) as u32, RECV_LEN as u32)?;
+        let sge = self.mr.sge((slot * RECV_STRIDE) as u32, RECV_LEN as u32)?;
         // SAFETY: the region outlives QP1 (declared after it in `Cm`, so dropped after it),
         // and the CM does not touch a receive buffer until its completion.
         unsafe {

@@ -577,7 +577,10 @@ mod tests {
         assert_eq!(m.0[67], 20 << 3);
         assert_eq!(&m.0[68..71], &[0xAB, 0xCD, 0xEF]);
         assert_eq!(m.0[71], (20 << 3) | 7);
-        assert_eq!(&m.0[72..80], &[0xFF, 0xFF, 0x37, 0xF0, 0xFF, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(
+            &m.0[72..80],
+            &[0xFF, 0xFF, 0x37, 0xF0, 0xFF, 0xFF, 0xFF, 0xFF]
+        );
         assert_eq!(&m.0[112..115], &[0x12, 0x34, 0x50]);
         assert_eq!(m.0[117], 64);
         assert_eq!(m.0[119], 19 << 3);
@@ -609,7 +612,10 @@ mod tests {
         assert_eq!(m.0[51], (7 << 5) | (1 << 4));
         assert_eq!(Rep::decode(&m), rep);
         let rej = Rej {
-            ids: Ids { local: 0, remote: 9 },
+            ids: Ids {
+                local: 0,
+                remote: 9,
+            },
             rejected: about::REQ,
             ari_len: 0,
             reason: reason::CONSUMER,
@@ -619,16 +625,32 @@ mod tests {
         assert_eq!(&m.0[32..36], &[0, 0, 0, 28]);
         assert_eq!(Rej::decode(&m), rej);
         let mra = Mra {
-            ids: Ids { local: 1, remote: 2 },
+            ids: Ids {
+                local: 1,
+                remote: 2,
+            },
             mraed: about::REP,
             service_timeout: 24,
         };
         let m = mra.encode(3);
         assert_eq!(&m.0[32..34], &[0x40, 24 << 3]);
         assert_eq!(Mra::decode(&m), mra);
-        let m = encode_dreq(Ids { local: 1, remote: 2 }, 0x33, 4);
+        let m = encode_dreq(
+            Ids {
+                local: 1,
+                remote: 2,
+            },
+            0x33,
+            4,
+        );
         assert_eq!(dreq_remote_qpn(&m), 0x33);
-        assert_eq!(Ids::decode(&m), Ids { local: 1, remote: 2 });
+        assert_eq!(
+            Ids::decode(&m),
+            Ids {
+                local: 1,
+                remote: 2
+            }
+        );
         let s = SidrReq {
             request_id: 8,
             pkey: 0xFFFF,

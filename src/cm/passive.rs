@@ -7,8 +7,8 @@ use bareverbs_hal::Clock;
 use super::event::Failure;
 use super::mad::Mad;
 use super::msg::{
-    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata,
-    reason, sidr_status,
+    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
+    sidr_status,
 };
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
@@ -229,7 +229,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             psn: req.starting_psn,
             mtu: Mtu::from_raw(u32::from(req.mtu)).map_or(self.mtu, |m| m.min(self.mtu)),
         };
-        let opts = self.qp_options(resp, init, req.retry_count, req.rnr_retry_count, req.flow_label);
+        let opts = self.qp_options(
+            resp,
+            init,
+            req.retry_count,
+            req.rnr_retry_count,
+            req.flow_label,
+        );
         let local_psn = qp.local_psn();
         let qp = match qp.handshake_with(&remote, &opts) {
             Ok(q) => q,
@@ -311,7 +317,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         if private_data.len() > pdata::REJ {
             return Err(CmError::PrivateDataTooLong(pdata::REJ));
         }
-        let i = self.conns.by_local(id.0).ok_or(CmError::UnknownConnection)?;
+        let i = self
+            .conns
+            .by_local(id.0)
+            .ok_or(CmError::UnknownConnection)?;
         let c = &mut self.conns[i];
         let m = match c.st {
             St::ReqRcvd => Rej {
@@ -355,9 +364,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// A SIDR_REQ from `ip`.
     pub(super) fn on_sidr_req(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
         let r = SidrReq::decode(m);
-        let dup = self.conns.iter().any(|c| {
-            c.st == St::SidrReqRcvd && c.remote_id == r.request_id && c.peer_ip == ip
-        });
+        let dup = self
+            .conns
+            .iter()
+            .any(|c| c.st == St::SidrReqRcvd && c.remote_id == r.request_id && c.peer_ip == ip);
         if dup {
             return true;
         }
@@ -423,7 +433,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         if private_data.len() > pdata::SIDR_REP {
             return Err(CmError::PrivateDataTooLong(pdata::SIDR_REP));
         }
-        let i = self.conns.by_local(id.0).ok_or(CmError::UnknownConnection)?;
+        let i = self
+            .conns
+            .by_local(id.0)
+            .ok_or(CmError::UnknownConnection)?;
         let c = &mut self.conns[i];
         if c.st != St::SidrReqRcvd {
             return Err(CmError::WrongState);

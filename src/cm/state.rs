@@ -3,12 +3,12 @@
 
 use bareverbs_hal::Clock;
 
+use super::Cm;
 use super::event::Failure;
 use super::mad::{Mad, attr};
 use super::msg::{Ids, Mra, Private, Rej, about, reason};
 use super::table::{Lookup, St, pend};
 use super::timer::timeout_us;
-use super::Cm;
 use crate::verbs::Provider;
 
 impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {

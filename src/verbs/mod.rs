@@ -70,6 +70,7 @@ pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use gid::GidEntries;
 pub use mr::MemoryRegion;
 pub use pool::{Buf, BufRelease, BufferPool};
+pub(crate) use qp::local_gid;
 pub use qp::{
     CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, DEFAULT_RD_ATOMIC,
     Datagram, DatagramInit, DatagramRts, Endpoint, ErrState, Gsi, Handshake, Init, QpBuilder,
@@ -79,7 +80,6 @@ pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
-pub(crate) use qp::local_gid;
 pub use random::Entropy;
 pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};

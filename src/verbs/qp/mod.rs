@@ -67,8 +67,8 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 pub use builder::QpBuilder;
-pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
 pub(crate) use handshake::local_gid;
+pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
 pub use post::{RecvBatch, SendBatch};
 pub use safe::Completion;
 pub use typestate::*;
