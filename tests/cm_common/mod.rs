@@ -189,6 +189,9 @@ pub fn send_from_c(l: &Lab, dst: [u8; 4], mads: &[Vec<u8>]) {
         let mut done = 0;
         for _ in 0..10_000 {
             l.clk.advance(10);
+            // The others answer C's ARP; their CMs take the datagrams when next polled.
+            l.a.process_events();
+            l.b.process_events();
             done += cq.poll(&mut wc).unwrap();
             if done >= chunk.len() {
                 break;
