@@ -520,3 +520,93 @@ fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
     assert_eq!(one, run((3, 4)));
     assert_ne!(one, run((3, 5)), "another seed, other IDs and PSNs");
 }
+
+#[test]
+fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connection_dropped() {
+    let l = lab(Faults::default(), (13, 14));
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
+    cmb.listen(None, 7174, Service::Rc).unwrap();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    let (old_qpn, old_b_id, qb) = {
+        // A's first life: connected to B, then gone without a word (its CM and QP dropped).
+        let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
+        let qa = rc_qp(&pa, &da);
+        let qpn = qa.qp_num();
+        cma.connect(qa, IP_B, 7174, &ConnectParams::default())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert!(pump(
+            &l.clk,
+            &mut cma,
+            &mut cmb,
+            &mut ea,
+            &mut eb,
+            1000,
+            1000,
+            |_, b| { !b.is_empty() }
+        ));
+        let CmEvent::ConnectRequest(r) = eb.remove(0) else {
+            panic!()
+        };
+        let qb = cmb
+            .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert!(pump(
+            &l.clk,
+            &mut cma,
+            &mut cmb,
+            &mut ea,
+            &mut eb,
+            1000,
+            1000,
+            |a, b| { !a.is_empty() && !b.is_empty() }
+        ));
+        ea.clear();
+        eb.clear();
+        (qpn, r.id, qb)
+    };
+    // Its second life: the same CA GUID, the same QP number, a new comm ID.
+    let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
+    let qa = rc_qp(&pa, &da);
+    assert_eq!(qa.qp_num(), old_qpn);
+    let id = cma
+        .connect(qa, IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        3000,
+        1000,
+        |a, b| { !a.is_empty() && b.len() >= 2 }
+    ));
+    let CmEvent::Failed {
+        id: got,
+        failure,
+        qp: Some(_),
+        ..
+    } = ea.remove(0)
+    else {
+        panic!("{ea:?}")
+    };
+    assert_eq!((got, failure), (id, Failure::Rejected { reason: 10 }));
+    // B dropped the old connection: its DREQ went to the new A, which answered for an ID it
+    // does not know; B left TIME_WAIT.
+    assert!(
+        matches!(eb[0], CmEvent::Disconnected { id } if id == old_b_id),
+        "{eb:?}"
+    );
+    assert!(
+        matches!(eb[1], CmEvent::TimeWaitExit { id } if id == old_b_id),
+        "{eb:?}"
+    );
+    assert_eq!(cmb.in_use(), 0);
+    drop(qb);
+}

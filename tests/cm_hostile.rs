@@ -489,7 +489,7 @@ fn a_req_flood_past_the_table_evicts_the_oldest_half_open_and_spares_the_connect
 fn a_duplicate_req_gets_an_mra_and_a_req_with_a_connections_qp_from_elsewhere_is_new() {
     setup!(l, pa, pb, da, db, cma, cmb, u);
     let req = a_req(0x3000, 0x300, IP_C).encode(5).0.to_vec();
-    send_from_c(&l, IP_B, &[req.clone()]);
+    send_from_c(&l, IP_B, std::slice::from_ref(&req));
     let eb = settle(&l, &mut cma, &mut cmb);
     let [CmEvent::ConnectRequest(r)] = &eb[..] else {
         panic!("{eb:?}")

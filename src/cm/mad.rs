@@ -169,7 +169,7 @@ impl Mad {
 
     /// Writes bits `hi..=lo` of byte `at` (the others kept).
     pub fn put_bits(&mut self, at: usize, hi: u32, lo: u32, v: u8) {
-        let mask = ((((1u16 << (hi - lo + 1)) - 1) as u8) << lo) as u8;
+        let mask = (((1u16 << (hi - lo + 1)) - 1) as u8) << lo;
         self.0[at] = (self.0[at] & !mask) | ((v << lo) & mask);
     }
 

@@ -55,8 +55,7 @@ use table::{Conn, St, pend};
 use crate::error::Error;
 use crate::verbs::{
     AccessFlags, AddressVector, CompletionQueue, Context, Gid, Gsi, MemoryRegion, Mtu,
-    ProtectionDomain, Provider, QpCaps, QueuePair, Rts, SendFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    ProtectionDomain, Provider, QpCaps, QueuePair, Rts, SendFlags, WcStatus, WorkCompletion,
 };
 
 /// The Q_Key of QP1's datagrams.
@@ -330,15 +329,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     fn completion(&mut self, w: &WorkCompletion) {
-        if w.opcode == WcOpcode::Send || (SEND_TAG..SEND_TAG + SEND_SLOTS as u64).contains(&w.wr_id)
+        // By work-request ID alone: a failed completion's opcode may mean nothing.
+        if let Some(slot) = w
+            .wr_id
+            .checked_sub(SEND_TAG)
+            .filter(|&s| s < SEND_SLOTS as u64)
         {
-            if let Some(slot) = w
-                .wr_id
-                .checked_sub(SEND_TAG)
-                .filter(|&s| s < SEND_SLOTS as u64)
-            {
-                self.send_busy &= !(1 << slot);
-            }
+            self.send_busy &= !(1 << slot);
             return;
         }
         let Some(slot) = w
