@@ -11,6 +11,7 @@ use bareverbs::cm::{
 use bareverbs::verbs::*;
 use bareverbs_model::link::Faults;
 use cm_common::*;
+use std::pin::Pin;
 
 /// Both sides up through the CM: `from` connects to `to`'s port 7174, `to` accepts; data
 /// both ways (SEND from the active side, RDMA WRITE from the passive side) with every byte
@@ -609,4 +610,56 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
     );
     assert_eq!(cmb.in_use(), 0);
     drop(qb);
+}
+
+/// A waker that records that it was woken.
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn the_next_event_future_is_woken_by_a_request_and_resolves_to_it() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::task::{Context as TaskCx, Poll, Waker};
+
+    let l = lab(Faults::default(), (17, 18));
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let da = l.a.create_cq(64).unwrap();
+    let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
+    let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
+    cmb.listen(None, 7174, Service::Rc).unwrap();
+    assert_eq!(cmb.next_deadline(), None);
+    let flag = Arc::new(Flag(false.into()));
+    let waker = Waker::from(flag.clone());
+    let mut cx = TaskCx::from_waker(&waker);
+    {
+        let mut fut = cmb.next_event();
+        assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
+    }
+    cma.connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(cma.next_deadline().is_some(), "the REQ's resend is timed");
+    // The request reaches B when B's device runs (its interrupt, or its polling loop).
+    for _ in 0..100 {
+        l.clk.advance(100);
+        while cma.poll().is_some() {}
+        l.b.process_events();
+        if flag.0.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    assert!(flag.0.load(Ordering::SeqCst), "woken by the REQ's arrival");
+    let mut fut = cmb.next_event();
+    let Poll::Ready(Ok(CmEvent::ConnectRequest(r))) = Pin::new(&mut fut).poll(&mut cx) else {
+        panic!("not ready with the request")
+    };
+    assert_eq!(r.src_ip, IP_A);
 }

@@ -7,7 +7,8 @@
 //! pairs with [`QueuePair::handshake_with`](crate::verbs::QueuePair::handshake_with). It has no
 //! heap (a fixed table of `N` connections, each with its own retransmission buffer), no thread
 //! and no waiting: [`Cm::poll`] takes what QP1 received, runs the timers on the embedder's
-//! [`Clock`], and hands out one [`CmEvent`] at a time.
+//! [`Clock`], and hands out one [`CmEvent`] at a time ([`Cm::next_event`]: the same as a
+//! future).
 //!
 //! - passive: [`Cm::listen`] on an IPv4 address (or any) and a port, as rdma_cm's service ID
 //!   `0x0106_PPPP` (RC) or `0x0111_PPPP` (UD); [`CmEvent::ConnectRequest`] with the request's
@@ -91,6 +92,7 @@ mod passive;
 mod state;
 mod table;
 pub mod timer;
+mod wait;
 
 use bareverbs_hal::Clock;
 
@@ -101,6 +103,7 @@ pub use event::{
 };
 pub use msg::Private;
 pub use passive::AcceptParams;
+pub use wait::NextEvent;
 
 use mad::{MAD_LEN, Mad};
 use table::{Conn, St, pend};
@@ -377,7 +380,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// reports one pending event. Never waits.
     pub fn poll(&mut self) -> Option<CmEvent<'a, P>> {
         self.progress();
-        self.next_event()
+        self.take_event()
     }
 
     fn progress(&mut self) {
@@ -493,7 +496,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         (u64::from(self.hi_tid) << 32) | u64::from(local_id)
     }
 
-    fn next_event(&mut self) -> Option<CmEvent<'a, P>> {
+    fn take_event(&mut self) -> Option<CmEvent<'a, P>> {
         for k in 0..N {
             let i = (self.cursor + k) % N;
             let c = &mut self.conns[i];
