@@ -663,3 +663,11 @@ fn the_next_event_future_is_woken_by_a_request_and_resolves_to_it() {
     };
     assert_eq!(r.src_ip, IP_A);
 }
+
+#[test]
+fn the_cm_is_a_fixed_size_value() {
+    // No heap: everything the CM keeps is in its table. Printed for the record.
+    let size = std::mem::size_of::<TestCm<'static>>();
+    println!("Cm with 8 entries: {size} bytes");
+    assert!(size < 16 * 1024, "{size}");
+}

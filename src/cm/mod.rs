@@ -481,14 +481,17 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         }
     }
 
-    /// A fresh communication ID: non-zero, unused in the table.
+    /// A fresh communication ID: non-zero, unused in the table (a random one; after a few
+    /// draws that collide, which a working generator never gives, the first unused small
+    /// number: the table has `N` entries, so one of `1..=N + 1` is free).
     fn new_id(&self) -> u32 {
-        loop {
-            let id = self.ctx.entropy().next_u64() as u32;
-            if id != 0 && self.conns.iter().all(|c| c.is_free() || c.local_id != id) {
-                return id;
-            }
-        }
+        let unused =
+            |id: u32| id != 0 && self.conns.iter().all(|c| c.is_free() || c.local_id != id);
+        (0..8)
+            .map(|_| self.ctx.entropy().next_u64() as u32)
+            .find(|&id| unused(id))
+            .or_else(|| (1..=N as u32 + 1).find(|&id| unused(id)))
+            .unwrap_or(1)
     }
 
     /// The transaction ID of a request this side starts.
