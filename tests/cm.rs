@@ -671,3 +671,105 @@ fn the_cm_is_a_fixed_size_value() {
     println!("Cm with 8 entries: {size} bytes");
     assert!(size < 16 * 1024, "{size}");
 }
+
+#[test]
+fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_new_event() {
+    let l = lab(Faults::default(), (19, 20));
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
+    let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
+    cmb.listen(None, 7174, Service::Rc).unwrap();
+    let id = cma
+        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    assert!(pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        1000,
+        1000,
+        |_, b| { !b.is_empty() }
+    ));
+    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
+        panic!()
+    };
+    let _qb = cmb
+        .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        1000,
+        1000,
+        |a, b| { !a.is_empty() && !b.is_empty() }
+    ));
+    let frame_of = |from: usize, attr: u16| {
+        l.seg
+            .sent()
+            .into_iter()
+            .find(|(link, f)| *link == from && is_mad(f, attr))
+            .map(|(_, f)| f)
+            .unwrap()
+    };
+    let count = |from: usize, attr: u16| {
+        l.seg
+            .sent()
+            .iter()
+            .filter(|(link, f)| *link == from && is_mad(f, attr))
+            .count()
+    };
+    // B's REP again (as if B had not seen the RTU): A answers with the RTU, nothing more.
+    assert_eq!(count(0, 0x0014), 1);
+    l.seg.inject(1, &frame_of(1, 0x0013));
+    assert!(!pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        50,
+        100,
+        |a, b| { a.len() > 1 || b.len() > 1 }
+    ));
+    assert_eq!(count(0, 0x0014), 2, "the RTU again");
+    assert_eq!((ea.len(), eb.len()), (1, 1), "{ea:?} {eb:?}");
+    ea.clear();
+    eb.clear();
+    // A disconnects; the DREQ again while B is in TIME_WAIT: the DREP again, no new event.
+    cma.disconnect(id).unwrap();
+    assert!(pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        100,
+        100,
+        |a, b| { !a.is_empty() && !b.is_empty() }
+    ));
+    assert_eq!(count(1, 0x0016), 1);
+    l.seg.inject(0, &frame_of(0, 0x0015));
+    pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        5,
+        100,
+        |_, _| false,
+    );
+    assert_eq!(count(1, 0x0016), 2, "the DREP again");
+    assert_eq!((ea.len(), eb.len()), (1, 1), "{ea:?} {eb:?}");
+    assert!(matches!(eb[0], CmEvent::Disconnected { .. }));
+}
