@@ -773,3 +773,51 @@ fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_
     assert_eq!((ea.len(), eb.len()), (1, 1), "{ea:?} {eb:?}");
     assert!(matches!(eb[0], CmEvent::Disconnected { .. }));
 }
+
+#[test]
+fn an_active_side_that_gives_up_tells_the_passive_side_which_drops_the_request() {
+    let l = lab(Faults::default(), (23, 24));
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let once = CmConfig {
+        max_retries: 0,
+        ..CmConfig::default()
+    };
+    let mut cma = cm(&pa, &ma, &l.clk, once);
+    let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
+    cmb.listen(None, 7174, Service::Rc).unwrap();
+    let id = cma
+        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    // B's user never answers; A's REQ times out (6.144 s, no resend).
+    assert!(pump(
+        &l.clk,
+        &mut cma,
+        &mut cmb,
+        &mut ea,
+        &mut eb,
+        100,
+        100_000,
+        |a, b| { !a.is_empty() && b.len() >= 2 }
+    ));
+    assert!(
+        matches!(ea[0], CmEvent::Failed { id: got, failure: Failure::Timeout, .. } if got == id),
+        "{ea:?}"
+    );
+    let CmEvent::ConnectRequest(r) = &eb[0] else {
+        panic!("{eb:?}")
+    };
+    assert!(
+        matches!(eb[1], CmEvent::Failed { id, failure: Failure::Rejected { reason: 4 }, qp: None, .. } if id == r.id),
+        "{eb:?}"
+    );
+    assert_eq!(cmb.in_use(), 0);
+    let late = cmb.accept(r.id, rc_qp(&pb, &db), &AcceptParams::default());
+    assert_eq!(
+        late.map(|_| ()).map_err(|(_, e)| e),
+        Err(bareverbs::cm::CmError::UnknownConnection)
+    );
+}

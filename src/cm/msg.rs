@@ -390,6 +390,21 @@ impl Rej {
         m
     }
 
+    /// The MAD, with `ari` (at most 72 bytes) as its additional rejection information.
+    pub fn encode_with_ari(&self, tid: u64, ari: &[u8]) -> Mad {
+        let mut m = self.encode(tid);
+        let n = ari.len().min(72);
+        m.put_bytes(36, &ari[..n]);
+        m.put_bits(33, 7, 1, n as u8);
+        m
+    }
+
+    /// The first 8 bytes of a REJ's additional rejection information: the sender's CA GUID
+    /// in a REJ "timeout".
+    pub fn ari_guid(m: &Mad) -> u64 {
+        m.u64(36)
+    }
+
     /// Reads a REJ.
     pub fn decode(m: &Mad) -> Rej {
         Rej {

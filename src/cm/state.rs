@@ -39,6 +39,28 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     /// not have given one) or of its REP (by both IDs).
     fn on_rej(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
         let rej = Rej::decode(m);
+        if rej.rejected == about::REQ && rej.reason == reason::TIMEOUT {
+            // The active side gave up waiting for the REP: matched, as Linux matches it, by
+            // its comm ID and the CA GUID in the additional information (it never learnt
+            // this side's ID).
+            let guid = Rej::ari_guid(m);
+            let gave_up = self.conns.iter().position(|c| {
+                matches!(c.st, St::ReqRcvd | St::RepSent)
+                    && !c.is_active()
+                    && c.remote_id == rej.ids.local
+                    && c.remote_guid == guid
+                    && c.peer_ip == ip
+            });
+            let Some(i) = gave_up else { return false };
+            let c = &mut self.conns[i];
+            if c.pending & pend::REQUEST != 0 {
+                // Never reported: forgotten without a word.
+                *c = super::table::Conn::idle();
+            } else {
+                c.fail(Failure::Rejected { reason: rej.reason });
+            }
+            return true;
+        }
         let i = if rej.rejected == about::REQ {
             self.conns
                 .by_local(rej.ids.remote)
@@ -104,8 +126,11 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
             }
             match st {
                 St::ReqSent => {
-                    // Tell the peer this side gave up (REJ "timeout"), as Linux does when
-                    // its REQ goes unanswered and the ID is destroyed.
+                    // Tell the peer this side gave up (REJ "timeout", the CA GUID as its
+                    // additional information), as Linux does when its REQ goes unanswered
+                    // and the ID is destroyed.
+                    let guid = self.guid.to_be_bytes();
+                    let c = &mut self.conns[i];
                     let r = Rej {
                         ids: Ids {
                             local: c.local_id,
@@ -116,7 +141,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
                         reason: reason::TIMEOUT,
                         private: Private::empty(),
                     }
-                    .encode(c.tid);
+                    .encode_with_ari(c.tid, &guid);
                     let ip = c.peer_ip;
                     c.fail(Failure::Timeout);
                     self.send(ip, &r);
