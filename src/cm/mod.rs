@@ -286,7 +286,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         let caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
             max_recv_wr: RECV_SLOTS as u32,
-            max_send_sge: 1,
+            max_send_sge: 2,
             max_recv_sge: 1,
             max_inline_data: 0,
         };
@@ -457,7 +457,11 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         av.hop_limit = self.cfg.hop_limit;
         let sent = (|| -> Result<(), Error> {
             let ah = self.pd.create_ah(&av)?;
-            let sge = self.mr.sge(at as u32, MAD_LEN as u32)?;
+            // Two pieces, the header and the rest, as QEMU's PVRDMA wants a GSI send (one
+            // gather list either way on other devices).
+            let hdr = self.mr.sge(at as u32, mad::HDR_LEN as u32)?;
+            let body = (at + mad::HDR_LEN) as u32;
+            let rest = self.mr.sge(body, (MAD_LEN - mad::HDR_LEN) as u32)?;
             // SAFETY: as in `post_recv`; the send buffer is not written again until its
             // completion frees the slot.
             unsafe {
@@ -466,7 +470,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                     SEND_TAG + slot as u64,
                     SendFlags::SIGNALED,
                     (&ah, 1, GSI_QKEY),
-                    &[sge],
+                    &[hdr, rest],
                 )?;
                 s.finish();
             }
