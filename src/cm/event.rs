@@ -1,7 +1,11 @@
 //! What the CM tells its user, as typed values: [`CmEvent`], one at a time from
 //! [`Cm::poll`](super::Cm::poll).
 
-use super::msg::{Private, pdata};
+use bareverbs_hal::Clock;
+
+use super::Cm;
+use super::msg::{self, Private, pdata};
+use super::table::{Conn, St, pend};
 use crate::Error;
 use crate::verbs::{Provider, QueuePair, Rc, Reset, Rts};
 
@@ -141,3 +145,92 @@ impl<P: Provider> core::fmt::Debug for CmEvent<'_, P> {
 
 /// The status [`CmEvent::SidrResolved`] reports when no SIDR_REP came.
 pub const SIDR_TIMEOUT: u8 = 0xFF;
+
+impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
+    /// The next pending event of any entry, taken round-robin from where the last one was
+    /// (an entry whose connection is over is freed once its last event is taken).
+    pub(super) fn take_event(&mut self) -> Option<CmEvent<'a, P>> {
+        for k in 0..N {
+            let i = (self.cursor + k) % N;
+            let c = &mut self.conns[i];
+            if c.pending == 0 {
+                continue;
+            }
+            let bit = c.pending & c.pending.wrapping_neg();
+            c.pending &= !bit;
+            self.cursor = (i + 1) % N;
+            let ev = self.event(i, bit);
+            let c = &mut self.conns[i];
+            if c.st == St::Closed && c.pending == 0 && c.qp.is_none() && c.ready.is_none() {
+                *c = Conn::idle();
+            }
+            if ev.is_some() {
+                return ev;
+            }
+        }
+        None
+    }
+
+    fn event(&mut self, i: usize, bit: u8) -> Option<CmEvent<'a, P>> {
+        let c = &mut self.conns[i];
+        let id = ConnId(c.local_id);
+        Some(match bit {
+            pend::REQUEST => {
+                // The REQ is stored with the bit; without it there is nothing to report.
+                let r = c.req?;
+                let hdr = msg::CmaHeader::parse(r.private.as_slice());
+                let mut data = [0u8; REQ_USER_DATA];
+                data.copy_from_slice(&r.private.bytes[msg::CMA_HDR..]);
+                CmEvent::ConnectRequest(ConnectRequest {
+                    id,
+                    src_ip: c.peer_ip,
+                    src_port: c.ports.0,
+                    dst_ip: hdr.map_or(self.ip, |h| h.dst_ip),
+                    dst_port: c.ports.1,
+                    responder_resources: r.responder_resources,
+                    initiator_depth: r.initiator_depth,
+                    retry_count: r.retry_count,
+                    rnr_retry_count: r.rnr_retry_count,
+                    private_data: Private {
+                        bytes: data,
+                        len: REQ_USER_DATA,
+                    },
+                })
+            }
+            pend::ESTABLISHED => CmEvent::Established {
+                id,
+                qp: c.ready.take(),
+                private_data: c.private,
+            },
+            pend::FAILED => CmEvent::Failed {
+                id,
+                failure: c.failure,
+                private_data: Private::from_slice(c.private.as_slice()),
+                qp: c.qp.take(),
+            },
+            pend::DISCONNECTED => CmEvent::Disconnected { id },
+            pend::TIMEWAIT_EXIT => CmEvent::TimeWaitExit { id },
+            pend::SIDR_REQUEST => {
+                let mut data = [0u8; SIDR_USER_DATA];
+                let p = c.private.as_slice();
+                let n = p.len().min(SIDR_USER_DATA);
+                data[..n].copy_from_slice(&p[..n]);
+                CmEvent::SidrRequest(SidrRequest {
+                    id,
+                    src_ip: c.peer_ip,
+                    src_port: c.ports.0,
+                    dst_port: c.ports.1,
+                    private_data: Private {
+                        bytes: data,
+                        len: n,
+                    },
+                })
+            }
+            _ => CmEvent::SidrResolved {
+                id,
+                result: c.sidr,
+                private_data: Private::from_slice(c.private.as_slice()),
+            },
+        })
+    }
+}

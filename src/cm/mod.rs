@@ -106,7 +106,7 @@ pub use passive::AcceptParams;
 pub use wait::NextEvent;
 
 use mad::{MAD_LEN, Mad};
-use table::{Conn, St, pend};
+use table::Conn;
 
 use crate::error::Error;
 use crate::verbs::{
@@ -502,94 +502,6 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     fn tid_for(&self, local_id: u32) -> u64 {
         (u64::from(self.hi_tid) << 32) | u64::from(local_id)
     }
-
-    fn take_event(&mut self) -> Option<CmEvent<'a, P>> {
-        for k in 0..N {
-            let i = (self.cursor + k) % N;
-            let c = &mut self.conns[i];
-            if c.pending == 0 {
-                continue;
-            }
-            let bit = c.pending & c.pending.wrapping_neg();
-            c.pending &= !bit;
-            self.cursor = (i + 1) % N;
-            let ev = self.event(i, bit);
-            let c = &mut self.conns[i];
-            if c.st == St::Closed && c.pending == 0 && c.qp.is_none() && c.ready.is_none() {
-                *c = Conn::idle();
-            }
-            return Some(ev);
-        }
-        None
-    }
-
-    fn event(&mut self, i: usize, bit: u8) -> CmEvent<'a, P> {
-        let c = &mut self.conns[i];
-        let id = ConnId(c.local_id);
-        match bit {
-            pend::REQUEST => {
-                let r = c.req.unwrap_or_else(|| unreachable_req(c));
-                let hdr = msg::CmaHeader::parse(r.private.as_slice());
-                let mut data = [0u8; REQ_USER_DATA];
-                data.copy_from_slice(&r.private.bytes[msg::CMA_HDR..]);
-                CmEvent::ConnectRequest(ConnectRequest {
-                    id,
-                    src_ip: c.peer_ip,
-                    src_port: c.ports.0,
-                    dst_ip: hdr.map_or(self.ip, |h| h.dst_ip),
-                    dst_port: c.ports.1,
-                    responder_resources: r.responder_resources,
-                    initiator_depth: r.initiator_depth,
-                    retry_count: r.retry_count,
-                    rnr_retry_count: r.rnr_retry_count,
-                    private_data: Private {
-                        bytes: data,
-                        len: REQ_USER_DATA,
-                    },
-                })
-            }
-            pend::ESTABLISHED => CmEvent::Established {
-                id,
-                qp: c.ready.take(),
-                private_data: c.private,
-            },
-            pend::FAILED => CmEvent::Failed {
-                id,
-                failure: c.failure,
-                private_data: Private::from_slice(c.private.as_slice()),
-                qp: c.qp.take(),
-            },
-            pend::DISCONNECTED => CmEvent::Disconnected { id },
-            pend::TIMEWAIT_EXIT => CmEvent::TimeWaitExit { id },
-            pend::SIDR_REQUEST => {
-                let mut data = [0u8; SIDR_USER_DATA];
-                let p = c.private.as_slice();
-                let n = p.len().min(SIDR_USER_DATA);
-                data[..n].copy_from_slice(&p[..n]);
-                CmEvent::SidrRequest(SidrRequest {
-                    id,
-                    src_ip: c.peer_ip,
-                    src_port: c.ports.0,
-                    dst_port: c.ports.1,
-                    private_data: Private {
-                        bytes: data,
-                        len: n,
-                    },
-                })
-            }
-            _ => CmEvent::SidrResolved {
-                id,
-                result: c.sidr,
-                private_data: Private::from_slice(c.private.as_slice()),
-            },
-        }
-    }
-}
-
-/// A REQUEST bit without its REQ cannot be set (the REQ is stored with the bit); a zeroed
-/// REQ if it ever were, rather than a panic.
-fn unreachable_req<P: Provider>(_c: &Conn<'_, P>) -> msg::Req {
-    msg::Req::decode(&Mad([0; MAD_LEN]))
 }
 
 /// The sender's IPv4 address from the 40-byte GRH slot of a received datagram: the IPv4
