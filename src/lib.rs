@@ -82,6 +82,7 @@
 // No heap: an object whose destroy fails is handed back by value inside the `Err`, not boxed.
 #![allow(clippy::result_large_err)]
 
+pub mod cm;
 pub mod device;
 mod dma;
 pub mod error;

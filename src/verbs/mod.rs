@@ -74,10 +74,11 @@ pub use cq::{CompletionQueue, PollCq, PollCursor};
 pub use gid::GidEntries;
 pub use mr::MemoryRegion;
 pub use pool::{Buf, BufferPool};
+pub(crate) use qp::local_gid;
 pub use qp::{
-    CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, Datagram,
-    DatagramInit, DatagramRts, ErrState, Gsi, Init, QpBuilder, QueuePair, RawPacket, Rc, RecvBatch,
-    Reset, Rtr, Rts, SendBatch, State, Transport, Uc, Ud,
+    CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, DEFAULT_RD_ATOMIC,
+    Datagram, DatagramInit, DatagramRts, Endpoint, ErrState, Gsi, Handshake, Init, QpBuilder,
+    QueuePair, RawPacket, Rc, RecvBatch, Reset, Rtr, Rts, SendBatch, State, Transport, Uc, Ud,
 };
 pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,

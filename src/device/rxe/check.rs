@@ -8,8 +8,8 @@
 //! - A connected queue pair (RC, UC) takes packets from its peer only: the source IPv4
 //!   address is the one in the address vector's destination GID, and once the peer's MAC is
 //!   known (from ARP), the source MAC is that MAC. The destination address was checked by
-//!   the port. A UD queue pair takes datagrams from anyone; its Q_Key is checked by the
-//!   responder.
+//!   the port. A UD queue pair (and the GSI QP, QP1) takes datagrams from anyone; its Q_Key
+//!   is checked by the responder.
 
 use super::qp_state::QpCore;
 use super::wire::packet::Packet;
@@ -25,7 +25,8 @@ fn type_state_ok(q: &QpCore, opcode: u8) -> bool {
     let transport = match q.qp_type {
         QpType::Rc => 0,
         QpType::Uc => 1,
-        QpType::Ud => 3,
+        // The GSI QP (QP1) is a datagram QP: its Q_Key is checked by the responder.
+        QpType::Ud | QpType::Gsi => 3,
         _ => return false,
     };
     opcode >> 5 == transport && matches!(q.state, QpState::Rtr | QpState::Rts)

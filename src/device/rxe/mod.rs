@@ -67,6 +67,11 @@ use tables::Tables;
 pub const MAX_QP: usize = 32;
 /// The number of the first queue pair.
 pub const FIRST_QPN: u32 = 16;
+/// The GSI queue pair's number (QP1: management datagrams, the CM's MADs).
+pub const GSI_QPN: u32 = 1;
+/// The Q_Key of every datagram to and from QP1 (`IB_QP1_QKEY`): the GSI QP sends with it
+/// whatever its work request names, and takes only datagrams that carry it.
+pub const GSI_QKEY: u32 = 0x8001_0000;
 /// Memory regions the device holds.
 pub const MAX_MR: usize = 256;
 /// Work requests per queue.
@@ -371,13 +376,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// requests or as a request to it.
     fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::Packet<'_>, frame: &[u8], now: u64) {
         let qpn = p.headers.bth.dest_qp;
-        let Some(idx) = qpn
-            .checked_sub(FIRST_QPN)
-            .filter(|&i| (i as usize) < MAX_QP)
-        else {
+        let Some(&mut q) = core.tables().qp_slot(qpn) else {
             return;
         };
-        let q = core.tables().qps[idx as usize];
         if q.is_null() {
             return;
         }
@@ -385,7 +386,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // core is apart from the tables and reached only under the lock, held here.
         let q = unsafe { &mut *q };
         if q.peer_mac.is_none()
-            && q.qp_type != crate::verbs::QpType::Ud
+            && matches!(q.qp_type, crate::verbs::QpType::Rc | crate::verbs::QpType::Uc)
             && q.state != QpState::Reset
         {
             // The peer's MAC as ARP gave it, for the source check.
@@ -410,15 +411,23 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
         let first = core.tables().turn as usize % MAX_QP;
         let mut next = None;
-        // Bounded: each slot of the table once.
-        for k in 0..MAX_QP {
-            let i = (first + k) % MAX_QP;
-            let q = core.tables().qps[i];
+        // Bounded: each slot of the table once, then the GSI QP.
+        for k in 0..=MAX_QP {
+            let t = core.tables();
+            let (slot, q) = match k {
+                MAX_QP => (None, t.gsi),
+                _ => {
+                    let i = (first + k) % MAX_QP;
+                    (Some(i), t.qps[i])
+                }
+            };
             if q.is_null() {
                 continue;
             }
             // The next progress starts after the first QP served now.
-            next.get_or_insert(i + 1);
+            if let Some(i) = slot {
+                next.get_or_insert(i + 1);
+            }
             let mut net = self.net(core, now);
             // SAFETY: as in `dispatch`.
             let q = unsafe { &mut *q };

@@ -35,7 +35,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         w: &SendWqe<'_, super::Ah>,
     ) -> Result<()> {
         let op_code = wr_op(w.op);
-        let ud = qp.qp_type == QpType::Ud;
+        let ud = matches!(qp.qp_type, QpType::Ud | QpType::Gsi);
         match (ud, w.ud) {
             (true, None) => {
                 return Err(Error::MissingAttribute {

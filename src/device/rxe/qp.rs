@@ -12,7 +12,7 @@ use super::qp_state::QpCore;
 use super::srq::Srq;
 use super::wire::addr::{rc_source_port, ud_source_port};
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry};
-use super::{FIRST_QPN, MAX_INLINE, MAX_QP, MAX_RD_ATOMIC, MAX_SGE, MAX_WR, Rxe};
+use super::{FIRST_QPN, GSI_QPN, MAX_INLINE, MAX_QP, MAX_RD_ATOMIC, MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
 use crate::error::{Attr, Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
 use crate::verbs::{ModifyAttr, QpAttr, QpCaps, QpInit, QpState, QpType};
@@ -49,7 +49,7 @@ fn depth(want: u32, param: Param) -> Result<u32> {
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     pub(crate) fn plan_qp_impl(&self, init: &QpInit<'_>) -> Result<QpCaps> {
         match init.qp_type {
-            QpType::Rc | QpType::Uc | QpType::Ud => {}
+            QpType::Rc | QpType::Uc | QpType::Ud | QpType::Gsi => {}
             t => return Err(Error::Unsupported(Unsupported::QpType(t))),
         }
         if !init.ex.create_flags.is_empty() {
@@ -131,13 +131,22 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let mem = Dma::new(&self.hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
         let mut core = self.lock();
         let t = core.tables();
-        let Some(idx) = t.qps.iter().position(|q| q.is_null()) else {
+        let free = if init.qp_type == QpType::Gsi {
+            t.gsi.is_null().then_some(GSI_QPN)
+        } else {
+            let i = t.qps.iter().position(|q| q.is_null());
+            i.map(|i| FIRST_QPN + i as u32)
+        };
+        let Some(qpn) = free else {
             return Err(Error::Resource(Resource::Objects {
                 object: Object::Qp,
-                limit: MAX_QP as u32,
+                limit: if init.qp_type == QpType::Gsi {
+                    1
+                } else {
+                    MAX_QP as u32
+                },
             }));
         };
-        let qpn = FIRST_QPN + idx as u32;
         let ptr = mem.base().cast::<QpCore>();
         // SAFETY: the block holds the core and both rings (page-aligned, zeroed: the rings'
         // entries are valid zeroed); the core is written before any reference to it.
@@ -191,7 +200,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 seq_retry: false,
             });
         }
-        t.qps[idx] = ptr.as_ptr();
+        if let Some(slot) = t.qp_slot(qpn) {
+            *slot = ptr.as_ptr();
+        }
         send_cq.ring().reserved.fetch_add(sq_cap, Ordering::Relaxed);
         recv_cq
             .ring()
@@ -236,7 +247,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let has = |b| m.mask.contains(b);
         use crate::verbs::QpAttrMask as M;
         match m.state {
-            QpState::Rtr if q.qp_type != QpType::Ud && q.state != QpState::Rtr => {
+            QpState::Rtr if !q.datagram() && q.state != QpState::Rtr => {
                 let av = attr.av.ok_or(Error::MissingAttribute {
                     op: Op::ModifyQp,
                     attr: Attr::Address,
@@ -336,7 +347,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             retry_cnt: a.retry_cnt,
             rnr_retry: a.rnr_retry,
             min_rnr_timer: a.min_rnr_timer,
-            av: if q.qp_type == QpType::Ud { None } else { a.av },
+            av: if q.datagram() { None } else { a.av },
             sq_draining: false,
             qp_type: q.qp_type,
             has_srq: q.srq.is_some(),
@@ -347,8 +358,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// forgotten, its CQ room and PD/SRQ uses given back. Never fails.
     pub(crate) fn destroy_qp_impl(&self, qp: Qp<H>) {
         let mut guard = self.lock();
-        let idx = (qp.qpn - FIRST_QPN) as usize;
-        if let Some(slot) = guard.tables().qps.get_mut(idx) {
+        if let Some(slot) = guard.tables().qp_slot(qp.qpn) {
             *slot = core::ptr::null_mut();
         }
         let q = self.qp_core(&qp, &guard);

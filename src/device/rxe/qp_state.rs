@@ -90,6 +90,11 @@ pub(crate) struct QpCore {
 }
 
 impl QpCore {
+    /// A datagram QP (UD, or the GSI QP, which is UD to QP1 with its fixed Q_Key).
+    pub(crate) fn datagram(&self) -> bool {
+        matches!(self.qp_type, QpType::Ud | QpType::Gsi)
+    }
+
     pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
         // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
         // `&mut self` only; the index is reduced modulo the capacity.

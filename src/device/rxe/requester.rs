@@ -56,7 +56,7 @@ pub(crate) fn run<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         q.rnr_until = 0;
     }
     match q.qp_type {
-        QpType::Ud => run_ud(net, q),
+        QpType::Ud | QpType::Gsi => run_ud(net, q),
         _ => run_rc(net, q),
     }
 }
@@ -280,7 +280,9 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             psn: q.psn,
         });
         h.deth = Some(Deth {
-            qkey: if e.ud_qkey & 0x8000_0000 != 0 {
+            qkey: if q.qp_type == QpType::Gsi {
+                super::GSI_QKEY
+            } else if e.ud_qkey & 0x8000_0000 != 0 {
                 q.attr.qkey
             } else {
                 e.ud_qkey

@@ -27,7 +27,7 @@ pub(crate) fn on_request<L: Link>(
     p: &Packet<'_>,
     frame: &[u8],
 ) {
-    if q.qp_type == QpType::Ud {
+    if q.datagram() {
         return ud_receive(net, q, p, frame);
     }
     if !matches!(q.state, QpState::Rtr | QpState::Rts) || q.qp_type != QpType::Rc {
@@ -409,7 +409,12 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, fra
         return;
     }
     let Some(deth) = h.deth else { return };
-    if deth.qkey != q.attr.qkey {
+    let qkey = if q.qp_type == QpType::Gsi {
+        super::GSI_QKEY
+    } else {
+        q.attr.qkey
+    };
+    if deth.qkey != qkey {
         return;
     }
     let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {

@@ -5,7 +5,7 @@
 
 use core::ptr::NonNull;
 
-use super::MAX_QP;
+use super::{FIRST_QPN, GSI_QPN, MAX_QP};
 use super::mem::MrTable;
 use super::port::Port;
 use super::qp_state::QpCore;
@@ -17,6 +17,8 @@ pub(crate) struct Tables {
     pub(crate) mrs: MrTable,
     /// Queue pair `i` has number `FIRST_QPN + i`; null: free.
     pub(crate) qps: [*mut QpCore; MAX_QP],
+    /// The GSI queue pair (number 1); null: none.
+    pub(crate) gsi: *mut QpCore,
     pub(crate) pds: u32,
     pub(crate) pd_next: u32,
     pub(crate) cqs: u32,
@@ -45,5 +47,15 @@ impl Tables {
         unsafe { core::ptr::addr_of_mut!((*t.as_ptr()).port).write(port) };
         // SAFETY: as above; the port is written, every other field is valid zeroed.
         unsafe { (*t.as_ptr()).mrs.seed(seed) };
+    }
+
+    /// The table slot of queue pair `qpn` (1: the GSI QP), or `None` for a number the device
+    /// never gives.
+    pub(crate) fn qp_slot(&mut self, qpn: u32) -> Option<&mut *mut QpCore> {
+        if qpn == GSI_QPN {
+            return Some(&mut self.gsi);
+        }
+        let i = qpn.checked_sub(FIRST_QPN)?;
+        self.qps.get_mut(i as usize)
     }
 }

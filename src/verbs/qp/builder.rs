@@ -189,6 +189,7 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
             caps,
             user_context: self.user_context,
             mcast: 0,
+            psn: self.ctx.random_psn(),
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
             pool: self.pool,

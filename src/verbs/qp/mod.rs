@@ -7,6 +7,7 @@
 //! compile-time rules, with examples, are on [`QueuePair`].
 
 mod builder;
+mod handshake;
 mod post;
 mod safe;
 mod typestate;
@@ -15,6 +16,8 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 pub use builder::QpBuilder;
+pub(crate) use handshake::local_gid;
+pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
 pub use post::{RecvBatch, SendBatch};
 pub use safe::Completion;
 pub use typestate::*;
@@ -30,6 +33,8 @@ struct QpInner<'a, P: Provider> {
     caps: QpCaps,
     user_context: u64,
     mcast: u32,
+    /// The starting PSN drawn at creation (what the QP expects first; see `handshake`).
+    psn: u32,
     send_cq: &'a P::Cq,
     recv_cq: &'a P::Cq,
     pool: Option<&'a BufferPool<'a, P>>,

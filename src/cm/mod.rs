@@ -1,0 +1,518 @@
+//! Connection management on the wire: the InfiniBand communication manager's messages on QP1,
+//! as Linux's `ib_cm` and `rdma_cm` speak them over RoCEv2, so that a Linux `rdma_cm` program
+//! connects to this side or accepts its connections (`docs/cm.md`).
+//!
+//! The CM is device-agnostic: it uses the verbs API only (a GSI queue pair, a completion queue,
+//! a registered region for its datagrams, address handles) and moves the user's RC queue
+//! pairs with [`QueuePair::handshake_with`](crate::verbs::QueuePair::handshake_with). It has no
+//! heap (a fixed table of `N` connections, each with its own retransmission buffer), no thread
+//! and no waiting: [`Cm::poll`] takes what QP1 received, runs the timers on the embedder's
+//! [`Clock`], and hands out one [`CmEvent`] at a time ([`Cm::next_event`]: the same as a
+//! future).
+//!
+//! - passive: [`Cm::listen`] on an IPv4 address (or any) and a port, as rdma_cm's service ID
+//!   `0x0106_PPPP` (RC) or `0x0111_PPPP` (UD); [`CmEvent::ConnectRequest`] with the request's
+//!   values and private data; [`Cm::accept`] takes a RESET QP to RTS from the REQ's values,
+//!   then sends the REP; [`Cm::reject`];
+//! - active: [`Cm::connect`] sends a REQ for a RESET QP; at the REP the QP goes to RTR and RTS,
+//!   the RTU goes out and [`CmEvent::Established`] hands the QP back;
+//! - [`Cm::disconnect`] (DREQ/DREP, TIME_WAIT); SIDR for UD services
+//!   ([`Cm::sidr_resolve`], [`Cm::sidr_reply`]);
+//! - retransmission of REQ, REP, DREQ and SIDR_REQ until the peer's answer or the retry
+//!   count, MRA honoured and sent for a duplicate REQ, a duplicate REP answered with the RTU,
+//!   a duplicate DREQ with the DREP, stale connections refused;
+//! - communication IDs, transaction IDs and starting PSNs from the context's entropy
+//!   ([`Context::entropy`]), seeded by the HAL: a test that fixes the seed replays.
+//!
+//! Every message is network input: it is checked (length, header, class, version, method,
+//! attribute) before a field is read, matched to a connection by its communication IDs *and*
+//! the address it came from, and never costs more than a bounded amount of work.
+//!
+//! The CM owns its completion queue: nothing else may use it.
+//!
+//! # Example
+//!
+//! Two software RoCE devices on an in-memory Ethernet segment (the test model's), one
+//! listening on rping's port, the other connecting to it:
+//!
+//! ```
+//! use bareverbs::Context;
+//! use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectParams, Service};
+//! use bareverbs::device::rxe::{Config, Rxe};
+//! use bareverbs::verbs::Rc;
+//! use bareverbs_model::link::{Segment, TestClock};
+//! use bareverbs_model::{Model, ModelConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
+//! let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
+//! let client = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
+//! let server = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
+//! let (client_pd, server_pd) = (client.alloc_pd()?, server.alloc_pd()?);
+//! // Each CM owns a completion queue; the connections' QPs use others.
+//! let (client_cm_cq, server_cm_cq) = (client.create_cq(32)?, server.create_cq(32)?);
+//! let (client_cq, server_cq) = (client.create_cq(32)?, server.create_cq(32)?);
+//! let mut client_cm: Cm<_, _> = Cm::new(&client_pd, &client_cm_cq, clock.clone(), CmConfig::default())?;
+//! let mut server_cm: Cm<_, _> = Cm::new(&server_pd, &server_cm_cq, clock.clone(), CmConfig::default())?;
+//!
+//! server_cm.listen(None, 7174, Service::Rc)?;
+//! let qp = client_pd.qp_builder(&client_cq, &client_cq).build::<Rc>()?;
+//! let hello = ConnectParams { private_data: b"hello", ..ConnectParams::default() };
+//! let id = client_cm.connect(qp, [10, 0, 0, 2], 7174, &hello).map_err(|(_, e)| e)?;
+//!
+//! let (mut client_qp, mut server_qp) = (None, None);
+//! for _ in 0..1000 {
+//!     clock.advance(100); // µs: the CM's timers run on the embedder's clock
+//!     if let Some(CmEvent::ConnectRequest(request)) = server_cm.poll() {
+//!         assert_eq!(&request.private_data.as_slice()[..5], b"hello");
+//!         let qp = server_pd.qp_builder(&server_cq, &server_cq).build::<Rc>()?;
+//!         // The QP reaches RTS here, before the REP goes out.
+//!         let accepted = server_cm.accept(request.id, qp, &AcceptParams::default());
+//!         server_qp = Some(accepted.map_err(|(_, e)| e)?);
+//!     }
+//!     if let Some(CmEvent::Established { qp: Some(qp), .. }) = client_cm.poll() {
+//!         client_qp = Some(qp); // in RTS, connected to the server's QP
+//!     }
+//!     if client_qp.is_some() && server_qp.is_some() {
+//!         break;
+//!     }
+//! }
+//! let (client_qp, server_qp) = (client_qp.unwrap(), server_qp.unwrap());
+//! assert_eq!(client_qp.query()?.dest_qpn, server_qp.qp_num());
+//! client_cm.disconnect(id)?;
+//! # Ok(()) }
+//! ```
+
+mod active;
+mod disconnect;
+mod event;
+pub mod mad;
+pub mod msg;
+mod passive;
+mod state;
+mod table;
+pub mod timer;
+mod wait;
+
+use bareverbs_hal::Clock;
+
+pub use active::ConnectParams;
+pub use event::{
+    CmEvent, ConnId, ConnectRequest, Failure, REQ_USER_DATA, SIDR_TIMEOUT, SIDR_USER_DATA,
+    SidrRequest,
+};
+pub use msg::Private;
+pub use passive::AcceptParams;
+pub use wait::NextEvent;
+
+use mad::{MAD_LEN, Mad};
+use table::Conn;
+
+use crate::error::Error;
+use crate::verbs::{
+    AccessFlags, AddressVector, CompletionQueue, Context, Gid, Gsi, MemoryRegion, Mtu,
+    ProtectionDomain, Provider, QpCaps, QueuePair, Rts, SendFlags, WcStatus, WorkCompletion,
+};
+
+/// The Q_Key of QP1's datagrams.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// Receive buffers posted to QP1.
+const RECV_SLOTS: usize = 16;
+/// Datagrams being sent at once.
+const SEND_SLOTS: usize = 8;
+/// A receive buffer: the 40-byte GRH slot and a MAD.
+const RECV_LEN: usize = 40 + MAD_LEN;
+/// Receive buffers' stride in the region.
+const RECV_STRIDE: usize = 320;
+/// Where the send buffers start in the region.
+const SEND_AT: usize = RECV_SLOTS * RECV_STRIDE;
+/// The region's size.
+const REGION: usize = SEND_AT + SEND_SLOTS * MAD_LEN;
+/// Work-request IDs: receives are `RECV_TAG + slot`, sends `SEND_TAG + slot`.
+const RECV_TAG: u64 = 0x100;
+const SEND_TAG: u64 = 0x200;
+/// Completions taken per poll, at most (bounded work per call).
+const BUDGET: usize = 32;
+/// Listening ports, at most.
+pub const MAX_LISTEN: usize = 8;
+
+/// How the CM sends its messages and sets up its connections. The defaults are rdma_cm's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmConfig {
+    /// The CM response timeout this side advertises and asks for (code; 20: 4.096 s).
+    pub response_timeout: u8,
+    /// Resends of a REQ, REP, DREQ or SIDR_REQ after the first (at most 15).
+    pub max_retries: u8,
+    /// The packet lifetime code a REQ's wait adds twice (18: 1.024 s, Linux 6.1's for
+    /// RoCE).
+    pub packet_life: u8,
+    /// The local ACK timeout code of connected QPs (also TIME_WAIT's length; 14: 67 ms).
+    pub ack_timeout: u8,
+    /// The IP hop limit of connected QPs.
+    pub hop_limit: u8,
+}
+
+impl Default for CmConfig {
+    fn default() -> Self {
+        CmConfig {
+            response_timeout: 20,
+            max_retries: 15,
+            packet_life: 18,
+            ack_timeout: 14,
+            hop_limit: 64,
+        }
+    }
+}
+
+/// What the CM refuses to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmError {
+    /// The verbs layer failed (setting up QP1, posting, moving a QP).
+    Verbs(Error),
+    /// No free entry in the connection table (or the listener table).
+    TableFull,
+    /// No live connection with that ID.
+    UnknownConnection,
+    /// The connection is not in a state where this is done.
+    WrongState,
+    /// The port already has a listener of that kind.
+    PortInUse,
+    /// More private data than the message carries (the most it carries).
+    PrivateDataTooLong(usize),
+    /// The device has no IPv4-mapped GID on port 1: RoCEv2 over IPv4 needs one.
+    NoAddress,
+}
+
+impl core::fmt::Display for CmError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CmError::Verbs(e) => write!(f, "CM: {e}"),
+            CmError::TableFull => f.write_str("CM: no free entry in the table"),
+            CmError::UnknownConnection => f.write_str("CM: no such connection"),
+            CmError::WrongState => f.write_str("CM: not in a state where this is done"),
+            CmError::PortInUse => f.write_str("CM: the port has a listener"),
+            CmError::PrivateDataTooLong(n) => write!(f, "CM: private data over {n} bytes"),
+            CmError::NoAddress => f.write_str("CM: no IPv4-mapped GID on port 1"),
+        }
+    }
+}
+
+impl core::error::Error for CmError {}
+
+impl From<Error> for CmError {
+    fn from(e: Error) -> Self {
+        CmError::Verbs(e)
+    }
+}
+
+/// Which rdma_cm port space a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// RC connections (`RDMA_PS_TCP`: REQ/REP/RTU).
+    Rc,
+    /// UD services (`RDMA_PS_UDP`: SIDR).
+    Ud,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Listener {
+    ip: Option<[u8; 4]>,
+    port: u16,
+    service: Service,
+}
+
+/// What the CM counted (messages it took, dropped, sent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmCounts {
+    /// CM messages taken (well-formed).
+    pub received: u64,
+    /// Datagrams dropped as malformed (length, header, class, version, method, attribute,
+    /// no usable source address).
+    pub malformed: u64,
+    /// Well-formed messages that matched no connection, or came from another address than
+    /// the connection's peer, or did not fit its state.
+    pub unmatched: u64,
+    /// Messages sent (first sends and resends).
+    pub sent: u64,
+    /// Resends on timeout.
+    pub resent: u64,
+    /// Messages not sent for lack of a send buffer (the timers resend what needs it).
+    pub send_dropped: u64,
+    /// Half-open requests dropped to make room for a new one.
+    pub evicted: u64,
+}
+
+/// The connection manager over QP1 of one device, with room for `N` connections.
+pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
+    ctx: &'a Context<P>,
+    pd: &'a ProtectionDomain<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+    // Declared before the region: the QP (which may still use the buffers) goes first.
+    gsi: QueuePair<'a, P, Gsi, Rts>,
+    mr: MemoryRegion<'a, P>,
+    clock: C,
+    cfg: CmConfig,
+    guid: u64,
+    ip: [u8; 4],
+    sgid_index: u32,
+    mtu: Mtu,
+    hi_tid: u32,
+    send_busy: u8,
+    listeners: [Option<Listener>; MAX_LISTEN],
+    conns: [Conn<'a, P>; N],
+    cursor: usize,
+    counts: CmCounts,
+}
+
+impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
+    /// Opens QP1 on `pd`'s device, with `cq` (which the CM owns from now on: at least 24
+    /// entries) for its completions, and the clock its timers run on.
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::NoAddress`] without an IPv4-mapped GID on port 1; [`CmError::Verbs`] when
+    /// QP1, its region or its receives cannot be set up (a device has one QP1: one CM per
+    /// device).
+    pub fn new(
+        pd: &'a ProtectionDomain<'a, P>,
+        cq: &'a CompletionQueue<'a, P>,
+        clock: C,
+        cfg: CmConfig,
+    ) -> Result<Self, CmError> {
+        let ctx = pd.context();
+        let (sgid_index, gid) = crate::verbs::local_gid(ctx, None)?;
+        let ip = gid.ipv4().ok_or(CmError::NoAddress)?;
+        let mtu = ctx.query_port(1)?.active_mtu;
+        let caps = QpCaps {
+            max_send_wr: SEND_SLOTS as u32,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let gsi = pd.qp_builder(cq, cq).caps(caps).build::<Gsi>()?;
+        let gsi = gsi.ready(GSI_QKEY, 0).map_err(|(_, e)| e)?;
+        let mr = pd.register(REGION, AccessFlags::LOCAL_WRITE)?;
+        let entropy = ctx.entropy();
+        let mut cm = Cm {
+            ctx,
+            pd,
+            cq,
+            gsi,
+            mr,
+            clock,
+            cfg: CmConfig {
+                max_retries: cfg.max_retries.min(15),
+                ..cfg
+            },
+            guid: u64::from_be_bytes(ctx.caps().node_guid.to_ne_bytes()),
+            ip,
+            sgid_index,
+            mtu,
+            hi_tid: entropy.next_u64() as u32,
+            send_busy: 0,
+            listeners: [None; MAX_LISTEN],
+            conns: core::array::from_fn(|_| Conn::idle()),
+            cursor: 0,
+            counts: CmCounts::default(),
+        };
+        for slot in 0..RECV_SLOTS {
+            cm.post_recv(slot)?;
+        }
+        Ok(cm)
+    }
+
+    /// This side's IPv4 address (from its GID).
+    pub fn ip(&self) -> [u8; 4] {
+        self.ip
+    }
+
+    /// What the CM counted so far.
+    pub fn counts(&self) -> CmCounts {
+        self.counts
+    }
+
+    /// Live connections (and ended ones with events not yet taken).
+    pub fn in_use(&self) -> usize {
+        self.conns.iter().filter(|c| !c.is_free()).count()
+    }
+
+    /// Listens on `port` of `service`'s port space, at `ip` (`None`: any address of this
+    /// device).
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::PortInUse`], [`CmError::TableFull`] (at most [`MAX_LISTEN`] listeners).
+    pub fn listen(
+        &mut self,
+        ip: Option<[u8; 4]>,
+        port: u16,
+        service: Service,
+    ) -> Result<(), CmError> {
+        let taken = self
+            .listeners
+            .iter()
+            .flatten()
+            .any(|l| l.port == port && l.service == service);
+        if taken {
+            return Err(CmError::PortInUse);
+        }
+        let slot = self
+            .listeners
+            .iter_mut()
+            .find(|l| l.is_none())
+            .ok_or(CmError::TableFull)?;
+        *slot = Some(Listener { ip, port, service });
+        Ok(())
+    }
+
+    /// Stops listening on `port` of `service`'s space (requests already received stay).
+    pub fn unlisten(&mut self, port: u16, service: Service) {
+        for l in self.listeners.iter_mut() {
+            if l.is_some_and(|l| l.port == port && l.service == service) {
+                *l = None;
+            }
+        }
+    }
+
+    /// Makes progress and returns the next event, if any: takes up to a bounded number of
+    /// QP1 completions (each received message handled at once), runs the timers, then
+    /// reports one pending event. Never waits.
+    pub fn poll(&mut self) -> Option<CmEvent<'a, P>> {
+        self.progress();
+        self.take_event()
+    }
+
+    fn progress(&mut self) {
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut taken = 0;
+        while taken < BUDGET {
+            let Ok(n) = self.cq.poll(&mut wc) else { break };
+            if n == 0 {
+                break;
+            }
+            taken += n;
+            for w in &wc[..n] {
+                self.completion(w);
+            }
+        }
+        let now = self.clock.now_us();
+        self.run_timers(now);
+    }
+
+    fn completion(&mut self, w: &WorkCompletion) {
+        // By work-request ID alone: a failed completion's opcode may mean nothing.
+        if let Some(slot) = w
+            .wr_id
+            .checked_sub(SEND_TAG)
+            .filter(|&s| s < SEND_SLOTS as u64)
+        {
+            self.send_busy &= !(1 << slot);
+            return;
+        }
+        let Some(slot) = w
+            .wr_id
+            .checked_sub(RECV_TAG)
+            .map(|s| s as usize)
+            .filter(|&s| s < RECV_SLOTS)
+        else {
+            return;
+        };
+        if w.status == WcStatus::Success {
+            let at = slot * RECV_STRIDE;
+            let len = (w.byte_len as usize).min(RECV_LEN);
+            let mut buf = [0u8; RECV_LEN];
+            buf[..len].copy_from_slice(&self.mr.as_slice()[at..at + len]);
+            let now = self.clock.now_us();
+            match (source_ip(&buf[..len]), buf.get(40..len)) {
+                (Some(ip), Some(mad)) => self.on_datagram(ip, mad, now),
+                _ => self.counts.malformed += 1,
+            }
+        }
+        // A failed repost leaves one buffer fewer: QP1 keeps working with the others.
+        let _ = self.post_recv(slot);
+    }
+
+    fn post_recv(&mut self, slot: usize) -> Result<(), Error> {
+        let sge = self.mr.sge((slot * RECV_STRIDE) as u32, RECV_LEN as u32)?;
+        // SAFETY: the region outlives QP1 (declared after it in `Cm`, so dropped after it),
+        // and the CM does not touch a receive buffer until its completion.
+        unsafe {
+            let mut r = self.gsi.recv_batch();
+            r.recv(RECV_TAG + slot as u64, &[sge])?;
+            r.finish();
+        }
+        Ok(())
+    }
+
+    /// Sends `m` to QP1 at `ip`; dropped (and counted) when every send buffer is in flight.
+    fn send(&mut self, ip: [u8; 4], m: &Mad) {
+        let Some(slot) = (0..SEND_SLOTS).find(|s| self.send_busy & (1 << s) == 0) else {
+            self.counts.send_dropped += 1;
+            return;
+        };
+        let at = SEND_AT + slot * MAD_LEN;
+        self.mr.as_mut_slice()[at..at + MAD_LEN].copy_from_slice(&m.0);
+        let mut av = AddressVector::new(Gid::from_ipv4(ip), self.sgid_index as u8);
+        av.hop_limit = self.cfg.hop_limit;
+        let sent = (|| -> Result<(), Error> {
+            let ah = self.pd.create_ah(&av)?;
+            // Two pieces, the header and the rest, as QEMU's PVRDMA wants a GSI send (one
+            // gather list either way on other devices).
+            let hdr = self.mr.sge(at as u32, mad::HDR_LEN as u32)?;
+            let body = (at + mad::HDR_LEN) as u32;
+            let rest = self.mr.sge(body, (MAD_LEN - mad::HDR_LEN) as u32)?;
+            // SAFETY: as in `post_recv`; the send buffer is not written again until its
+            // completion frees the slot.
+            unsafe {
+                let mut s = self.gsi.send_batch();
+                s.send_to(
+                    SEND_TAG + slot as u64,
+                    SendFlags::SIGNALED,
+                    (&ah, 1, GSI_QKEY),
+                    &[hdr, rest],
+                )?;
+                s.finish();
+            }
+            Ok(())
+        })();
+        match sent {
+            Ok(()) => {
+                self.send_busy |= 1 << slot;
+                self.counts.sent += 1;
+            }
+            Err(_) => self.counts.send_dropped += 1,
+        }
+    }
+
+    /// A fresh communication ID: non-zero, unused in the table (a random one; after a few
+    /// draws that collide, which a working generator never gives, the first unused small
+    /// number: the table has `N` entries, so one of `1..=N + 1` is free).
+    fn new_id(&self) -> u32 {
+        let unused =
+            |id: u32| id != 0 && self.conns.iter().all(|c| c.is_free() || c.local_id != id);
+        (0..8)
+            .map(|_| self.ctx.entropy().next_u64() as u32)
+            .find(|&id| unused(id))
+            .or_else(|| (1..=N as u32 + 1).find(|&id| unused(id)))
+            .unwrap_or(1)
+    }
+
+    /// The transaction ID of a request this side starts.
+    fn tid_for(&self, local_id: u32) -> u64 {
+        (u64::from(self.hi_tid) << 32) | u64::from(local_id)
+    }
+}
+
+/// The sender's IPv4 address from the 40-byte GRH slot of a received datagram: the IPv4
+/// header in its last 20 bytes (RoCEv2 over IPv4, as rxe and Linux report it), or an
+/// IPv4-mapped source GID in a GRH.
+fn source_ip(buf: &[u8]) -> Option<[u8; 4]> {
+    let grh = buf.get(..40)?;
+    if grh[20] >> 4 == 4 {
+        return Some([grh[32], grh[33], grh[34], grh[35]]);
+    }
+    let mut g = [0u8; 16];
+    g.copy_from_slice(&grh[8..24]);
+    Gid(g).ipv4()
+}
