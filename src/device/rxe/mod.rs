@@ -386,7 +386,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // core is apart from the tables and reached only under the lock, held here.
         let q = unsafe { &mut *q };
         if q.peer_mac.is_none()
-            && matches!(q.qp_type, crate::verbs::QpType::Rc | crate::verbs::QpType::Uc)
+            && matches!(
+                q.qp_type,
+                crate::verbs::QpType::Rc | crate::verbs::QpType::Uc
+            )
             && q.state != QpState::Reset
         {
             // The peer's MAC as ARP gave it, for the source check.

@@ -5,11 +5,11 @@
 
 use core::ptr::NonNull;
 
-use super::{FIRST_QPN, GSI_QPN, MAX_QP};
 use super::mem::MrTable;
 use super::port::Port;
 use super::qp_state::QpCore;
 use super::rings::{AsyncRing, Loopback, StackRing};
+use super::{FIRST_QPN, GSI_QPN, MAX_QP};
 
 /// The device's tables, in its block (reached only under the device lock).
 pub(crate) struct Tables {
