@@ -416,11 +416,6 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
     Ok(outcome)
 }
 
-/// A starting PSN from the time-stamp counter (24 bits), as the programs draw theirs at random.
-pub fn random_psn() -> u32 {
-    (rdtsc() as u32 ^ (rdtsc() >> 17) as u32) & 0x00FF_FFFF
-}
-
 /// The time-stamp counter (0 off x86_64): a seed for PSNs and TCP's initial sequence numbers.
 pub fn rdtsc() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -548,7 +543,8 @@ pub fn run_case<P: Provider, X: Exchange>(
         max_inline_data: 0,
     };
     let builder = || pd.qp_builder(&cq, &cq).caps(caps).pool(&pool);
-    let psn = random_psn();
+    // Drawn from the HAL's seed, as the programs draw theirs at random (docs/security.md).
+    let psn = ctx.random_psn();
     let bytes = u64::from(case.size) * u64::from(case.iters) * 2;
     match case.kind {
         Kind::Rc => {
