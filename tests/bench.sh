@@ -58,8 +58,9 @@
 #   bench rxe_<op>_<side>_<mtu> <build> <instr/B> <floor instr/B>
 # op send, write or read of 64 KiB at path MTU 1024 or 4096, side req or resp, instructions
 # per payload byte over 8 messages (after one uncounted); the floor, measured in the same run
-# (bench_floor): one copy of the payload with the build's memcpy and its CRC-32 with the best
-# algorithm the machine has (crc32fast: PCLMULQDQ folding where the CPU has it), per byte.
+# (bench_floor): the same 64 KiB in packets of the MTU's size, each copied once with the
+# build's memcpy and CRC-checked with the best algorithm the machine has (crc32fast:
+# PCLMULQDQ folding where the CPU has it), per byte.
 #   bench rxe_send64_msg <build> <instr>
 # 64-byte SENDs, both sides (the responder's receive posted, the SEND posted, both devices
 # polled until the requester's completion and the receive's), per message, over 256 messages.
@@ -108,17 +109,20 @@ rxe_count() {
   awk '/^(summary|totals):/ { print $2; exit }' "$f"
 }
 rxe_bench() {
-  local build bin floor n req resp
+  local build bin mtu n req resp
+  local -A floor
   for build in guest o3; do
     bin=$(rxe_build $build) || true
     [ -n "$bin" ] && [ -x "$bin" ] || { cat "$out/cargo-$build.err" >&2; echo "bench.sh: rxe $build build failed" >&2; exit 1; }
     "$bin" all >/dev/null || { echo "bench.sh: the rxe scenarios' self-check failed ($build)" >&2; exit 1; }
-    n=$(rxe_count "$bin" floor floor)
-    floor=$(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }')
+    for mtu in 1024 4096; do
+      n=$(rxe_count "$bin" floor "floor_$mtu")
+      floor[$mtu]=$(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }')
+    done
     for key in "${rxe_keys[@]}"; do
       for side in req resp; do
         n=$(rxe_count "$bin" $side "$key")
-        echo "bench rxe_${key%_*}_${side}_${key#*_} $build $(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }') $floor"
+        echo "bench rxe_${key%_*}_${side}_${key#*_} $build $(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }') ${floor[${key#*_}]}"
       done
     done
     req=$(rxe_count "$bin" req send64)

@@ -20,7 +20,7 @@
 //!   rxe <op>_<mtu>   8 messages of 64 KiB (after one uncounted), op send, write or read,
 //!                    at path MTU 1024 or 4096
 //!   rxe send64       256 SENDs of 64 bytes (after 16 uncounted)
-//!   rxe floor        8 times: a copy of 64 KiB and the CRC-32 of 64 KiB
+//!   rxe floor_<mtu>  8 times: 64 KiB copied and CRC-checked in packets of 1024 or 4096 bytes
 //!   rxe all          every scenario (a self-check; also what `cargo bench` runs)
 //!
 //! Every message is checked outside the count: each completion once, successful, and the bytes
@@ -73,12 +73,18 @@ pub fn bench_resp(f: &mut dyn FnMut()) {
     f();
 }
 
-/// One copy of `src` into `dst` and the CRC-32 of `src`: the floor of a data path per byte.
+/// One copy of `src` into `dst` and the CRC-32 of `src`, in packets of `piece` bytes (each
+/// copied and checked apart, as a data path does): the floor of a data path per byte. Returns
+/// the packets' CRCs, xored.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn bench_floor(dst: &mut [u8], src: &[u8]) -> u32 {
-    dst.copy_from_slice(src);
-    crc32fast::hash(src)
+pub fn bench_floor(dst: &mut [u8], src: &[u8], piece: usize) -> u32 {
+    let mut x = 0;
+    for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
+        d.copy_from_slice(s);
+        x ^= crc32fast::hash(s);
+    }
+    x
 }
 
 // ---- The link. ----
@@ -88,6 +94,7 @@ struct Ring {
     buf: Vec<u8>,
     len: [usize; SLOTS],
     head: usize,
+    /// Frames transmitted so far (the next one's slot, modulo `SLOTS`).
     tail: usize,
 }
 
@@ -162,8 +169,8 @@ type R = Rxe<Model, Wire, Still>;
 type Ctx = Context<R>;
 type RcQp<'a> = QueuePair<'a, R, Rc, Rts>;
 
-/// Two devices on one wire.
-fn devices(model: &Model) -> (Ctx, Ctx) {
+/// Two devices on one wire (and the wire's two directions, A to B first).
+fn devices(model: &Model) -> (Ctx, Ctx, [Shared<RefCell<Ring>>; 2]) {
     let (ab, ba) = (Ring::new(), Ring::new());
     let la = Wire {
         mac: [0x52, 0x54, 0, 0, 0, 2],
@@ -172,12 +179,12 @@ fn devices(model: &Model) -> (Ctx, Ctx) {
     };
     let lb = Wire {
         mac: [0x52, 0x54, 0, 0, 0, 3],
-        tx: ba,
-        rx: ab,
+        tx: ba.clone(),
+        rx: ab.clone(),
     };
     let a = Rxe::new(model.clone(), la, Still, Config { ip: IP_A }).unwrap();
     let b = Rxe::new(model.clone(), lb, Still, Config { ip: IP_B }).unwrap();
-    (Context::new(a), Context::new(b))
+    (Context::new(a), Context::new(b), [ab, ba])
 }
 
 /// Brings an RC QP to RTS towards `peer` (QPN, IP) at `mtu`.
@@ -223,11 +230,18 @@ fn poll(cq: &CompletionQueue<'_, R>, into: &mut Vec<WorkCompletion>) {
     into.extend_from_slice(&wc[..n]);
 }
 
-/// `messages` of `len` bytes with `op` at `mtu` (the first `warm` uncounted); returns the
-/// payload bytes counted.
-fn run(op: Op, mtu: Mtu, len: usize, warm: usize, messages: usize) -> usize {
+/// What a scenario did: payload bytes counted, frames each way per message.
+pub struct Done {
+    /// Payload bytes moved in the counted messages.
+    pub bytes: usize,
+    /// Frames from A to B, and from B to A, per message.
+    pub frames: (f64, f64),
+}
+
+/// `messages` of `len` bytes with `op` at `mtu` (the first `warm` uncounted).
+fn run(op: Op, mtu: Mtu, len: usize, warm: usize, messages: usize) -> Done {
     let model = Model::new(ModelConfig::default());
-    let (a, b) = devices(&model);
+    let (a, b, rings) = devices(&model);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let caps = QpCaps {
@@ -250,8 +264,12 @@ fn run(op: Op, mtu: Mtu, len: usize, warm: usize, messages: usize) -> usize {
     );
     let remote = (mb.addr(), mb.rkey());
     let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let mut frames = [0; 2];
     for i in 0..warm + messages {
         let counted = i >= warm;
+        if i == warm {
+            frames = rings.each_ref().map(|r| r.borrow().tail);
+        }
         // The source holds message i's bytes, the destination something else.
         let (src, dst) = match op {
             Op::Read => (&mut mb, &mut ma),
@@ -309,47 +327,55 @@ fn run(op: Op, mtu: Mtu, len: usize, warm: usize, messages: usize) -> usize {
             "message {i}: bytes differ"
         );
     }
-    messages * len
+    let per = |k: usize| (rings[k].borrow().tail - frames[k]) as f64 / messages as f64;
+    Done {
+        bytes: messages * len,
+        frames: (per(0), per(1)),
+    }
 }
 
-/// The floor, `REPS` times over 64 KiB.
-fn floor() -> usize {
+/// The floor at packets of `piece` bytes, `REPS` times over 64 KiB.
+fn floor(piece: usize) -> Done {
     let src: Vec<u8> = (0..MSG).map(|k| (k * 7) as u8).collect();
     let mut dst = vec![0u8; MSG];
-    let want = crc32fast::hash(&src);
+    let want = src.chunks(piece).fold(0, |x, c| x ^ crc32fast::hash(c));
     for _ in 0..REPS {
-        assert_eq!(bench_floor(black_box(&mut dst), black_box(&src)), want);
+        dst.fill(0);
+        let got = bench_floor(black_box(&mut dst), black_box(&src), black_box(piece));
+        assert_eq!(got, want);
         assert!(dst == src);
     }
-    REPS * MSG
+    Done {
+        bytes: REPS * MSG,
+        frames: (0.0, 0.0),
+    }
 }
 
 /// Runs scenario `key`; `None` for an unknown key.
-fn scenario(key: &str) -> Option<usize> {
-    let (op, mtu) = match key {
-        "floor" => return Some(floor()),
-        "send64" => return Some(run(Op::Send, Mtu::Mtu1024, SMALL, 16, SMALL_REPS)),
-        _ => {
-            let (op, mtu) = key.split_once('_')?;
-            let op = match op {
-                "send" => Op::Send,
-                "write" => Op::Write,
-                "read" => Op::Read,
-                _ => return None,
-            };
-            let mtu = match mtu {
-                "1024" => Mtu::Mtu1024,
-                "4096" => Mtu::Mtu4096,
-                _ => return None,
-            };
-            (op, mtu)
-        }
+fn scenario(key: &str) -> Option<Done> {
+    if key == "send64" {
+        return Some(run(Op::Send, Mtu::Mtu1024, SMALL, 16, SMALL_REPS));
+    }
+    let (op, mtu) = key.split_once('_')?;
+    let (mtu, piece) = match mtu {
+        "1024" => (Mtu::Mtu1024, 1024),
+        "4096" => (Mtu::Mtu4096, 4096),
+        _ => return None,
+    };
+    let op = match op {
+        "floor" => return Some(floor(piece)),
+        "send" => Op::Send,
+        "write" => Op::Write,
+        "read" => Op::Read,
+        _ => return None,
     };
     Some(run(op, mtu, MSG, 1, REPS))
 }
 
 /// Every scenario's key, in the order `tests/bench.sh` prints them.
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 9] = [
+    "floor_1024",
+    "floor_4096",
     "send_1024",
     "write_1024",
     "read_1024",
@@ -357,7 +383,6 @@ pub const KEYS: [&str; 8] = [
     "write_4096",
     "read_4096",
     "send64",
-    "floor",
 ];
 
 /// The entry point (shared with `rxe_guest`).
@@ -365,8 +390,12 @@ pub fn main() {
     let arg = std::env::args().nth(1).unwrap_or_default();
     if arg.is_empty() || arg == "all" || arg.starts_with("--") {
         for key in KEYS {
-            let bytes = scenario(key).unwrap();
-            println!("{key} ok ({bytes} bytes counted)");
+            let d = scenario(key).unwrap();
+            let (ab, ba) = d.frames;
+            println!(
+                "{key} ok: {} bytes counted, frames per message {ab} A to B, {ba} B to A",
+                d.bytes
+            );
         }
     } else if scenario(&arg).is_none() {
         eprintln!("rxe: unknown scenario {arg:?} (one of {KEYS:?}, or all)");
