@@ -26,9 +26,20 @@ pub fn update(r: u32, data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if data.len() >= clmul::MIN && accelerated() {
         // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
-        return unsafe { clmul::update(r, data) };
+        return unsafe { clmul::update(r, &[], data) };
     }
     slice16(r, data)
+}
+
+/// The register after the bytes of `head`, then `data`, from `r`: one pass over both (with
+/// the folding, one reduction at the end, none between them).
+pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if head.len() * 16 + data.len() >= clmul::MIN && accelerated() {
+        // SAFETY: as in `update`.
+        return unsafe { clmul::update(r, head, data) };
+    }
+    slice16(slice16(r, head.as_flattened()), data)
 }
 
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
@@ -186,13 +197,13 @@ mod clmul {
     const K_64: u64 = key(64);
     const MU: u64 = mu();
 
-    /// The register after `data` (at least 16 bytes), from `r`.
+    /// The register after the bytes of `head`, then `data`, from `r`.
     ///
     /// # Safety
     ///
     /// The processor has PCLMULQDQ.
     #[target_feature(enable = "pclmulqdq")]
-    pub(super) unsafe fn update(r: u32, data: &[u8]) -> u32 {
+    pub(super) unsafe fn update(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
         let (blocks, tail) = data.as_chunks::<16>();
         // One block into a register.
         macro_rules! load {
@@ -211,12 +222,17 @@ mod clmul {
                 )
             };
         }
-        let Some((first, mut rest)) = blocks.split_first() else {
-            return slice16(r, data);
+        let (first, head, mut rest) = match (head.split_first(), blocks.split_first()) {
+            (Some((first, head)), _) => (first, head, blocks),
+            (None, Some((first, rest))) => (first, head, rest),
+            (None, None) => return slice16(r, data),
         };
         // The register enters as the first four bytes' complement.
         let mut x = _mm_xor_si128(load!(first), _mm_cvtsi32_si128(r as i32));
         let k1 = _mm_set_epi64x(K_FOLD1.1 as i64, K_FOLD1.0 as i64);
+        for b in head {
+            x = _mm_xor_si128(fold!(x, k1), load!(b));
+        }
         if let [b1, b2, b3, more @ ..] = rest {
             let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
             let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
@@ -294,8 +310,14 @@ mod tests {
                     #[cfg(target_arch = "x86_64")]
                     if len >= 16 && accelerated() {
                         // SAFETY: the processor has PCLMULQDQ.
-                        let folded = unsafe { clmul::update(r, d) };
+                        let folded = unsafe { clmul::update(r, &[], d) };
                         assert_eq!(folded, want, "clmul start {start} len {len}");
+                    }
+                    // The same bytes as whole blocks of a head, then the rest.
+                    let (head, _) = d.as_chunks::<16>();
+                    for h in 0..=head.len().min(6) {
+                        let got = update_blocks(r, &head[..h], &d[h * 16..]);
+                        assert_eq!(got, want, "head of {h} start {start} len {len}");
                     }
                 }
             }
