@@ -18,7 +18,7 @@ const IPV6_LEN: usize = 40;
 
 /// The 8 bytes of 0xFF, the IP, UDP and base transport headers (IPv6), and up to a block of
 /// what follows them: the blocks the CRC starts with.
-const STAGED: usize = (8 + IPV6_LEN + UDP_LEN + BTH_LEN).next_multiple_of(16) / 16;
+const STAGED: usize = (8 + IPV6_LEN + UDP_LEN + BTH_LEN).div_ceil(16);
 
 /// The ICRC of `packet`: the IP packet from its header up to the end of the pad (the ICRC
 /// itself excluded), IPv4 without options or IPv6. `None` when the packet is too short to
@@ -59,7 +59,7 @@ pub fn icrc(packet: &[u8]) -> Option<u32> {
     let more = (head.next_multiple_of(16) - head).min(packet.len() - fixed);
     staged[head..head + more].copy_from_slice(&packet[fixed..fixed + more]);
     let end = head + more;
-    let r = if end % 16 == 0 {
+    let r = if end.is_multiple_of(16) {
         crc32::update_blocks(crc32::INIT, &blocks[..end / 16], &packet[fixed + more..])
     } else {
         // The packet ends inside the staged bytes.
