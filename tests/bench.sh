@@ -64,6 +64,8 @@
 #   bench rxe_send64_msg <build> <instr>
 # 64-byte SENDs, both sides (the responder's receive posted, the SEND posted, both devices
 # polled until the requester's completion and the receive's), per message, over 256 messages.
+# Then `target <key> guest <value> met|not met` for the guest build's lines (bounds:
+# RXE_TARGETS below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
@@ -85,6 +87,8 @@ trap 'rm -rf "$out"' EXIT
 rxe_keys=(send_1024 write_1024 read_1024 send_4096 write_4096 read_4096)
 rxe_bytes=$((8 * 65536)) # REPS x MSG in tests/bench/rxe.rs
 rxe_msgs=256             # SMALL_REPS in tests/bench/rxe.rs
+# Upper bounds for the guest build: instructions per payload byte by MTU, per small SEND.
+declare -A RXE_TARGETS=([1024]=3 [4096]=1.5 [msg]=3000)
 # Builds the rxe bench for build $1 (guest or o3); prints the executable's path.
 rxe_build() {
   local target=rxe dir=target/callgrind cfg=()
@@ -109,7 +113,7 @@ rxe_count() {
   awk '/^(summary|totals):/ { print $2; exit }' "$f"
 }
 rxe_bench() {
-  local build bin mtu n req resp
+  local build bin mtu n v req resp name targets=()
   local -A floor
   for build in guest o3; do
     bin=$(rxe_build $build) || true
@@ -122,12 +126,22 @@ rxe_bench() {
     for key in "${rxe_keys[@]}"; do
       for side in req resp; do
         n=$(rxe_count "$bin" $side "$key")
-        echo "bench rxe_${key%_*}_${side}_${key#*_} $build $(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }') ${floor[${key#*_}]}"
+        v=$(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }')
+        name=rxe_${key%_*}_${side}_${key#*_}
+        echo "bench $name $build $v ${floor[${key#*_}]}"
+        [ $build = guest ] && targets+=("$name $v ${RXE_TARGETS[${key#*_}]}")
       done
     done
     req=$(rxe_count "$bin" req send64)
     resp=$(rxe_count "$bin" resp send64)
-    echo "bench rxe_send64_msg $build $(awk -v a="$req" -v b="$resp" -v m=$rxe_msgs 'BEGIN { printf "%.0f", (a + b) / m }')"
+    v=$(awk -v a="$req" -v b="$resp" -v m=$rxe_msgs 'BEGIN { printf "%.0f", (a + b) / m }')
+    echo "bench rxe_send64_msg $build $v"
+    [ $build = guest ] && targets+=("rxe_send64_msg $v ${RXE_TARGETS[msg]}")
+  done
+  echo "# rxe targets, guest build: instructions per payload byte <= ${RXE_TARGETS[1024]} at MTU 1024, <= ${RXE_TARGETS[4096]} at 4096; per 64-byte SEND <= ${RXE_TARGETS[msg]}"
+  for t in "${targets[@]}"; do
+    read -r name v bound <<<"$t"
+    echo "target $name guest $v $(awk -v v="$v" -v b="$bound" 'BEGIN { print (v <= b) ? "met" : "not met" }')"
   done
 }
 if [ "${1:-}" = rxe ]; then
