@@ -118,7 +118,7 @@ mod tests {
         ];
         for (version, ip_len, masked) in [(0x45u8, IPV4_LEN, &v4), (0x60, IPV6_LEN, &v6)] {
             let fixed = ip_len + UDP_LEN + BTH_LEN;
-            for len in fixed..fixed + 300 {
+            for len in fixed..fixed + if cfg!(miri) { 40 } else { 300 } {
                 let mut p = body[..len].to_vec();
                 p[0] = version;
                 assert_eq!(
