@@ -4,7 +4,8 @@
 //! Two `Rxe` devices, A (the requester) and B (the responder), joined by [`Wire`]: an in-memory
 //! link that costs what a virtio-net NIC costs the driver, one copy of each frame into a
 //! transmit buffer and one copy out of a receive buffer into the device's, with no allocation
-//! (the model's `MemLink` copies each frame three times and allocates: not this). Every call
+//! (the model's `MemLink` copies a frame three times on transmit, allocating, and once on
+//! receive: not this). Every call
 //! on A goes through [`bench_req`], every call on B through [`bench_resp`]: callgrind counts
 //! inside one of them (`--toggle-collect=bench_req` or `=bench_resp`), so the two sides of one
 //! run are measured apart, each with its share of the link's copies (transmit in the sender's
