@@ -2,7 +2,8 @@
 # Instructions per data-path operation, bareverbs next to rdma-core's vmw_pvrdma provider, in
 # one run, counted with valgrind's callgrind (deterministic, unlike wall time).
 #
-#   tests/bench.sh            # prints the table, then the targets
+#   tests/bench.sh            # prints the table, then the targets, then the rxe lines
+#   tests/bench.sh rxe        # only the software RoCE device's lines (below)
 #
 # bareverbs: each scenario of tests/bench/ops.rs runs REPS times under callgrind, counting only
 # inside its bench_<key> function (--toggle-collect); per operation = (Ir(bench_<key>) -
@@ -43,6 +44,28 @@
 # The Rust bench is built with line tables (for callgrind_annotate; same code) into
 # target/callgrind/, so ordinary `cargo bench` builds are left alone. Needs valgrind; without
 # rdma-core's packages (see rdma_core.sh) the rdma-core column is `-`.
+#
+# The software RoCE device (tests/bench/rxe.rs): two rxe devices over an in-memory link that
+# copies each frame once in and once out, as virtio-net does; every call on the requester's
+# device runs inside bench_req, every call on the responder's inside bench_resp, and each
+# scenario runs under callgrind once per side, counting only inside that side's function
+# (--toggle-collect: the two sides interleave in one run, and the call tree, not the clock,
+# says whose an instruction is). Two builds: `guest`, the bench as the example kernel is built
+# (the driver crates at opt-level "z", one codegen unit, LTO; the kernel's own memcpy, memmove
+# and memset, examples/unikernel/src/cmem.rs, linked in: tests/bench/rxe_guest.rs), into
+# target/callgrind-guest/; and `o3`, the bench profile as it is (opt-level 3, the C library's
+# memory functions). Lines, per build:
+#   bench rxe_<op>_<side>_<mtu> <build> <instr/B> <floor instr/B>
+# op send, write or read of 64 KiB at path MTU 1024 or 4096, side req or resp, instructions
+# per payload byte over 8 messages (after one uncounted); the floor, measured in the same run
+# (bench_floor): the same 64 KiB in packets of the MTU's size, each copied once with the
+# build's memcpy and CRC-checked with the best algorithm the machine has (crc32fast:
+# PCLMULQDQ folding where the CPU has it), per byte.
+#   bench rxe_send64_msg <build> <instr>
+# 64-byte SENDs, both sides (the responder's receive posted, the SEND posted, both devices
+# polled until the requester's completion and the receive's), per message, over 256 messages.
+# Then `target <key> guest <value> met|not met` for the guest build's lines (bounds:
+# RXE_TARGETS below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
@@ -59,6 +82,72 @@ SAFE_FACTOR=1.25
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+
+# ---- The software RoCE device (tests/bench/rxe.rs), printed last. ----
+rxe_keys=(send_1024 write_1024 read_1024 send_4096 write_4096 read_4096)
+rxe_bytes=$((8 * 65536)) # REPS x MSG in tests/bench/rxe.rs
+rxe_msgs=256             # SMALL_REPS in tests/bench/rxe.rs
+# Upper bounds for the guest build: instructions per payload byte by MTU, per small SEND.
+declare -A RXE_TARGETS=([1024]=3 [4096]=1.5 [msg]=3000)
+# Builds the rxe bench for build $1 (guest or o3); prints the executable's path.
+rxe_build() {
+  local target=rxe dir=target/callgrind cfg=()
+  if [ "$1" = guest ]; then
+    target=rxe_guest dir=target/callgrind-guest
+    cfg=(--config 'profile.bench.lto=true'
+      --config 'profile.bench.package.bareverbs.opt-level="z"'
+      --config 'profile.bench.package.bareverbs.codegen-units=1'
+      --config 'profile.bench.package.bareverbs-hal.opt-level="z"')
+  fi
+  CARGO_TARGET_DIR=$dir CARGO_PROFILE_BENCH_DEBUG=line-tables-only \
+    cargo bench --bench "$target" --no-run --message-format=json "${cfg[@]}" 2>"$out/cargo-$1.err" |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1
+}
+# Instructions inside bench_$2 (req, resp or floor) of scenario $3 of executable $1.
+rxe_count() {
+  local f
+  f=$out/rxe.$(basename "$1").$3.$2
+  valgrind --tool=callgrind --collect-atstart=no --toggle-collect="bench_$2" \
+    --callgrind-out-file="$f" "$1" "$3" >/dev/null 2>"$f.log" ||
+    { cat "$f.log" >&2; echo "bench.sh: valgrind failed on rxe $3 ($2)" >&2; exit 1; }
+  awk '/^(summary|totals):/ { print $2; exit }' "$f"
+}
+rxe_bench() {
+  local build bin mtu n v req resp name targets=()
+  local -A floor
+  for build in guest o3; do
+    bin=$(rxe_build $build) || true
+    [ -n "$bin" ] && [ -x "$bin" ] || { cat "$out/cargo-$build.err" >&2; echo "bench.sh: rxe $build build failed" >&2; exit 1; }
+    "$bin" all >/dev/null || { echo "bench.sh: the rxe scenarios' self-check failed ($build)" >&2; exit 1; }
+    for mtu in 1024 4096; do
+      n=$(rxe_count "$bin" floor "floor_$mtu")
+      floor[$mtu]=$(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }')
+    done
+    for key in "${rxe_keys[@]}"; do
+      for side in req resp; do
+        n=$(rxe_count "$bin" $side "$key")
+        v=$(awk -v n="$n" -v b=$rxe_bytes 'BEGIN { printf "%.2f", n / b }')
+        name=rxe_${key%_*}_${side}_${key#*_}
+        echo "bench $name $build $v ${floor[${key#*_}]}"
+        [ $build = guest ] && targets+=("$name $v ${RXE_TARGETS[${key#*_}]}")
+      done
+    done
+    req=$(rxe_count "$bin" req send64)
+    resp=$(rxe_count "$bin" resp send64)
+    v=$(awk -v a="$req" -v b="$resp" -v m=$rxe_msgs 'BEGIN { printf "%.0f", (a + b) / m }')
+    echo "bench rxe_send64_msg $build $v"
+    [ $build = guest ] && targets+=("rxe_send64_msg $v ${RXE_TARGETS[msg]}")
+  done
+  echo "# rxe targets, guest build: instructions per payload byte <= ${RXE_TARGETS[1024]} at MTU 1024, <= ${RXE_TARGETS[4096]} at 4096; per 64-byte SEND <= ${RXE_TARGETS[msg]}"
+  for t in "${targets[@]}"; do
+    read -r name v bound <<<"$t"
+    echo "target $name guest $v $(awk -v v="$v" -v b="$bound" 'BEGIN { print (v <= b) ? "met" : "not met" }')"
+  done
+}
+if [ "${1:-}" = rxe ]; then
+  rxe_bench
+  exit 0
+fi
 
 # rdma-core, in the background while ours run (its own build and callgrind runs).
 RDMA_CORE_BENCH_DIR=$out/rdma-core tests/bench/rdma_core.sh >"$out/rdma-core.txt" 2>"$out/rdma-core.err" &
@@ -144,3 +233,4 @@ for key in "${keys[@]}"; do
   met=$(awk -v v="${fig[$key]}" -v b="$bound" 'BEGIN { print (v <= b) ? "met" : "not met" }')
   echo "target $key ${fig[$key]} $met"
 done
+rxe_bench
