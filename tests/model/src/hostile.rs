@@ -76,8 +76,12 @@ pub mod point {
     pub const PCI: u32 = 1 << 6;
     /// The VERSION register.
     pub const VERSION: u32 = 1 << 7;
+    /// Memory the device was given, rewritten behind the driver's back (at a doorbell): a
+    /// ring's state words, a WQE's `wr_id`, a CQE already in a ring. What the driver reads
+    /// back from shared memory must not decide anything it promises.
+    pub const WRITE: u32 = 1 << 8;
     /// Every point.
-    pub const ALL: u32 = (1 << 8) - 1;
+    pub const ALL: u32 = (1 << 9) - 1;
     /// The points that lie about a command's outcome (see [`super::Lies::protocol`]).
     pub const PROTOCOL: u32 = RESPONSE | ERR | SILENCE | VERSION;
 }
@@ -93,7 +97,7 @@ pub struct Hostile {
     /// Which points may lie ([`point`] bits).
     pub points: u32,
     /// A point's own rate, by bit number (`rates[3]` is [`point::CAPS`]'s); 0: `rate`.
-    pub rates: [u32; 8],
+    pub rates: [u32; 9],
 }
 
 impl Hostile {
@@ -103,7 +107,7 @@ impl Hostile {
             seed,
             rate,
             points: point::ALL,
-            rates: [0; 8],
+            rates: [0; 9],
         }
     }
 
@@ -115,7 +119,7 @@ impl Hostile {
 
     /// One lie in `rate` at point `p` (one of the [`point`] bits).
     pub fn rate_at(mut self, p: u32, rate: u32) -> Self {
-        self.rates[p.trailing_zeros() as usize % 8] = rate;
+        self.rates[p.trailing_zeros() as usize % 9] = rate;
         self
     }
 }
@@ -131,6 +135,7 @@ pub struct Lies {
     pub cqe: u32,
     pub pci: u32,
     pub version: u32,
+    pub write: u32,
 }
 
 impl Lies {
@@ -157,6 +162,7 @@ impl Lies {
             (self.cqe, point::CQE),
             (self.pci, point::PCI),
             (self.version, point::VERSION),
+            (self.write, point::WRITE),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)
@@ -169,7 +175,7 @@ impl Lies {
 pub(crate) struct Liar {
     rng: Rng,
     /// The rate of each point, by bit number (0: never).
-    rates: [u32; 8],
+    rates: [u32; 9],
     pub(crate) lies: Lies,
 }
 
@@ -212,13 +218,13 @@ impl Liar {
     pub(crate) fn honest() -> Self {
         Liar {
             rng: Rng::new(0),
-            rates: [0; 8],
+            rates: [0; 9],
             lies: Lies::default(),
         }
     }
 
     pub(crate) fn new(h: Hostile) -> Self {
-        let mut rates = [0; 8];
+        let mut rates = [0; 9];
         for (i, r) in rates.iter_mut().enumerate() {
             if h.points & (1 << i) != 0 {
                 *r = if h.rates[i] != 0 { h.rates[i] } else { h.rate };
@@ -234,7 +240,7 @@ impl Liar {
     /// Whether to lie now at `p` (counted in its class when so).
     #[inline]
     pub(crate) fn roll(&mut self, p: u32) -> bool {
-        let rate = self.rates[p.trailing_zeros() as usize % 8];
+        let rate = self.rates[p.trailing_zeros() as usize % 9];
         if rate == 0 || !self.rng.one_in(rate) {
             return false;
         }
@@ -247,6 +253,7 @@ impl Liar {
             point::RING => &mut l.ring,
             point::CQE => &mut l.cqe,
             point::PCI => &mut l.pci,
+            point::WRITE => &mut l.write,
             _ => &mut l.version,
         };
         *class += 1;
