@@ -356,7 +356,7 @@ impl<H: Hal> Pvrdma<H> {
         self.events.drain();
         let arm = if solicited { Arm::Solicited } else { Arm::Next };
         self.events.hub().arm(slot, arm);
-        super::wqe::before_doorbell();
+        super::ring::before_doorbell();
         self.uar
             .write32(db::CQ, cq.handle | self.events.arm_bits(solicited));
         Ok(())

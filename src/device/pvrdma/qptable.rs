@@ -23,7 +23,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
-use super::ring::Ring;
+use super::ring::{Ring, Shadow};
 use crate::dma::Dma;
 use crate::error::{Error, Op, Result};
 use crate::verbs::{BufRelease, ModifyAttr, QpAttrMask, QpState};
@@ -68,16 +68,6 @@ impl SrqCounters {
 
 /// A shadow tag's mark for a buffer kept until the QP is destroyed (tags are index + 1 < 2³¹).
 const PARKED: u32 = 1 << 31;
-
-/// What the driver keeps for one safe-path slot: the caller's `wr_id` and the buffer tag.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Shadow {
-    pub(crate) wr_id: u64,
-    /// The buffer's tag + 1; 0 for a request posted without a buffer.
-    pub(crate) tag: u32,
-    _pad: u32,
-}
 
 /// One queue as a poller sees it.
 pub(crate) struct QueueView {

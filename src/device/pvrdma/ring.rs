@@ -12,8 +12,31 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi;
-use super::qptable::{QueueView, Shadow};
 use crate::dma::Dma;
+
+/// Orders the ring's index store before the doorbell's MMIO write: the one place the data path
+/// orders memory against MMIO. On x86-64 stores are not reordered with other stores and an
+/// uncached MMIO store follows earlier stores, so only the compiler must keep the order
+/// (Linux's `wmb()` is a compiler barrier there too); elsewhere, a full fence.
+#[inline(always)]
+pub(crate) fn before_doorbell() {
+    #[cfg(target_arch = "x86_64")]
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    #[cfg(not(target_arch = "x86_64"))]
+    core::sync::atomic::fence(Ordering::SeqCst);
+}
+
+/// What the driver keeps for one slot of a work queue, in driver-private memory (never shown
+/// to the device): the caller's `wr_id` and the safe path's buffer tag. Kept here, below the
+/// QP table that reads it, so that the data flows one way: `qptable` uses `ring`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Shadow {
+    pub(crate) wr_id: u64,
+    /// The buffer's tag + 1; 0 for a request posted without a buffer.
+    pub(crate) tag: u32,
+    pub(crate) _pad: u32,
+}
 
 /// A ring located once in its DMA memory (which never moves while the ring's owner exists).
 #[derive(Clone, Copy)]
@@ -163,18 +186,20 @@ pub(crate) struct Producer {
     pub(crate) credit: u32,
     /// The queue's doorbell word (the QP's handle and the queue's bit), made once.
     pub(crate) bell: u32,
-    /// The safe path's per-slot record of the queue (`QueueView::shadow`), when it has one.
+    /// The safe path's per-slot record of the queue (the pollers' `QueueView::shadow`), when
+    /// it has one.
     pub(crate) shadow: Option<NonNull<Shadow>>,
 }
 
 impl Producer {
-    /// A new queue of `slots` slots whose doorbell word is `bell`, seen by its pollers as `q`.
-    pub(crate) fn new(slots: u32, bell: u32, q: &QueueView) -> Self {
+    /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
+    /// `shadow` its pollers read.
+    pub(crate) fn new(slots: u32, bell: u32, shadow: Option<NonNull<Shadow>>) -> Self {
         Producer {
             tail: 0,
             credit: slots,
             bell,
-            shadow: q.shadow,
+            shadow,
         }
     }
 

@@ -14,7 +14,7 @@ use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
 use super::qptable::QueueCtl;
 use super::regs::db;
-use super::ring::{Producer, Ring, WqCursor};
+use super::ring::{Producer, Ring, WqCursor, before_doorbell};
 use super::srq::Srq;
 use super::{Opcodes, Pvrdma};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
@@ -27,18 +27,6 @@ macro_rules! put {
     ($p:expr, $field:ident, $v:expr) => {
         core::ptr::addr_of_mut!((*$p).$field).write($v)
     };
-}
-
-/// Orders the ring's index store before the doorbell's MMIO write: the one place the data path
-/// orders memory against MMIO. On x86-64 stores are not reordered with other stores and an
-/// uncached MMIO store follows earlier stores, so only the compiler must keep the order
-/// (Linux's `wmb()` is a compiler barrier there too); elsewhere, a full fence.
-#[inline(always)]
-pub(crate) fn before_doorbell() {
-    #[cfg(target_arch = "x86_64")]
-    core::sync::atomic::compiler_fence(Ordering::SeqCst);
-    #[cfg(not(target_arch = "x86_64"))]
-    core::sync::atomic::fence(Ordering::SeqCst);
 }
 
 /// Writes the SGEs of a WQE at `p`.
