@@ -461,6 +461,8 @@ impl<H: Hal> Pvrdma<H> {
         if self.qps.lookup_ctl(handle) == Some(ctl) {
             self.qps.remove(handle);
         }
+        // A QP destroyed in ERR has nothing left to flush: its CQs stop counting it.
+        super::qp_state::stop_flush(&qp, &locks);
         let stale_s = s.cqes_of(s_head, handle, false);
         let stale_r = if core::ptr::eq(s, r) {
             0

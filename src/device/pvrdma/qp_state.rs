@@ -55,6 +55,17 @@ fn pvrdma_mask(m: QpAttrMask) -> u32 {
         .fold(0, |acc, (_, b)| acc | b)
 }
 
+/// The QP's queues stop flushing (RESET, destroy): their CQs no longer count them, so that a
+/// CQ with nothing to report reads empty. The caller holds both CQs' poll locks.
+pub(super) fn stop_flush<H: Hal>(qp: &Qp<H>, locks: &CqLocks<'_, H>) {
+    let ctl = qp.ctl.ctl();
+    for (q, cq) in [(&ctl.sq, locks.s), (&ctl.rq, locks.r)] {
+        if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
+            cq.flushing.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 impl<H: Hal> Pvrdma<H> {
     /// The QP's outstanding requests are to complete flushed (it went to ERR).
     #[inline(never)]
@@ -72,7 +83,7 @@ impl<H: Hal> Pvrdma<H> {
     #[inline(never)]
     fn discard(&self, qp: &mut Qp<H>, locks: &CqLocks<'_, H>) {
         let ctl = qp.ctl.ctl();
-        for (q, cq) in [(&ctl.sq, locks.s), (&ctl.rq, locks.r)] {
+        for q in [&ctl.sq, &ctl.rq] {
             let (done, tail) = (
                 q.ctl.done.load(Ordering::Relaxed),
                 q.ctl.tail.load(Ordering::Relaxed),
@@ -86,10 +97,8 @@ impl<H: Hal> Pvrdma<H> {
             q.ctl.done.store(0, Ordering::Relaxed);
             q.ctl.tail.store(0, Ordering::Relaxed);
             q.ctl.unpublished.store(0, Ordering::Relaxed);
-            if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
-                cq.flushing.fetch_sub(1, Ordering::AcqRel);
-            }
         }
+        stop_flush(qp, locks);
         qp.sq_prod.reset(qp.sq.slots);
         qp.rq_prod.reset(qp.rq.slots);
     }
