@@ -100,3 +100,25 @@ fn a_qp_destroyed_in_err_leaves_its_cq_quiet() {
         assert!(once(cq.next_completion()).is_pending());
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// A device that rewrites memory it was given
+
+#[test]
+fn a_rewritten_cq_consumer_index_neither_makes_the_cq_ready_nor_a_waiter_spin() {
+    lab(|model, _, pd, cq, gid| {
+        let qp = rc_self(pd, cq, gid, caps(4, 4, 1));
+        // The word only the driver writes, rewritten: readiness is the driver's own business.
+        model.set_cq_cons(cq.raw().handle(), 5);
+        assert!(
+            once(cq.ready()).is_pending(),
+            "the CQ reads ready with nothing to report"
+        );
+        assert!(once(cq.next_completion()).is_pending());
+        assert!(drain(cq).is_empty());
+        drop(qp);
+        // The driver hands back its own index again at its next poll: put the word back as
+        // it was so that the model's teardown checks see a sane ring.
+        model.set_cq_cons(cq.raw().handle(), 0);
+    });
+}

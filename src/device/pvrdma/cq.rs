@@ -36,6 +36,11 @@ pub struct Cq<H: Hal> {
     /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
     /// drops them.
     pub(crate) stale: AtomicU32,
+    /// The consumer index last handed back to the device (modulo 2N): the driver's own copy
+    /// of the ring's `cons_head`. Whether the ring looks empty is decided against it, never
+    /// against the shared word, which the device could rewrite (a CQ that reads ready while a
+    /// poll, counting from its private head, finds nothing, makes a waiter spin).
+    pub(crate) cons_index: AtomicU32,
     /// The POLL doorbell word (`handle | CQ_POLL`), or 0 where it must not be rung
     /// ([`Events::poll_doorbell`](super::irq::Events::poll_doorbell)).
     pub(crate) poll_bell: u32,
@@ -218,6 +223,22 @@ impl<H: Hal> Cq<H> {
         self.mem.data.paddr()
     }
 
+    /// Hands the slots before free-running consumer position `head` back to the device
+    /// (release: the CQEs were read before), and keeps the index the device was given.
+    #[inline(always)]
+    pub(crate) fn hand_back(&self, head: u32) {
+        let i = self.ring.index(head);
+        self.ring.cons().store(i, Ordering::Release);
+        self.cons_index.store(i, Ordering::Relaxed);
+    }
+
+    /// Whether the ring looks empty: the device's producer index is where the driver's own
+    /// consumer index is.
+    #[inline(always)]
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.ring.prod().load(Ordering::Relaxed) == self.cons_index.load(Ordering::Relaxed)
+    }
+
     /// Reserves `n` CQEs for a work queue, or says how many are left.
     pub(crate) fn reserve(&self, n: u32) -> Result<()> {
         let r = self
@@ -313,6 +334,7 @@ impl<H: Hal> Pvrdma<H> {
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
             stale: AtomicU32::new(0),
+            cons_index: AtomicU32::new(0),
             poll_bell: if self.events.poll_doorbell() {
                 r.cq_handle | db::CQ_POLL
             } else {

@@ -29,12 +29,11 @@ impl<H: Hal> Pvrdma<H> {
     /// completion asked for) or [`poll_ready`](Self::poll_ready).
     #[inline(always)]
     pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
+        if cq.looks_empty()
             && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
         {
             self.kick(cq);
-            if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
+            if cq.looks_empty() {
                 return Ok(0);
             }
         }
@@ -58,8 +57,7 @@ impl<H: Hal> Pvrdma<H> {
     /// refusal to report. It does not ring the POLL doorbell (a waiter relies on the device's
     /// own completion thread and its interrupt; a poll rings it).
     pub(crate) fn cq_ready_impl(&self, cq: &Cq<H>) -> bool {
-        let ring = &cq.ring;
-        ring.prod().load(Ordering::Acquire) != ring.cons().load(Ordering::Relaxed)
+        cq.ring.prod().load(Ordering::Acquire) != cq.cons_index.load(Ordering::Relaxed)
             || cq.flushing.load(Ordering::Acquire) | cq.deferred.load(Ordering::Acquire) != 0
     }
 
@@ -89,8 +87,7 @@ impl<H: Hal> Pvrdma<H> {
             return self.harvest(cq, guard, out, 0);
         }
         guard.head = head.wrapping_add(1);
-        // The CQE was read before its slot is handed back (release).
-        ring.cons().store(ring.index(guard.head), Ordering::Release);
+        cq.hand_back(guard.head);
         Ok(1)
     }
 
@@ -132,8 +129,7 @@ impl<H: Hal> Pvrdma<H> {
             return self.harvest(cq, guard, out, n);
         }
         if n != 0 {
-            // The CQEs were read before their slots are handed back (release).
-            ring.cons().store(ring.index(guard.head), Ordering::Release);
+            cq.hand_back(guard.head);
         }
         Ok(n)
     }
@@ -162,7 +158,7 @@ impl<H: Hal> Pvrdma<H> {
         let Some(ready) = ring.ready(st.head) else {
             if n != 0 {
                 // Good completions first: the fast loop's, their CQEs handed back.
-                ring.cons().store(ring.index(st.head), Ordering::Release);
+                cq.hand_back(st.head);
                 return Ok(n);
             }
             return Err(bad_prod(&ring));
@@ -200,8 +196,7 @@ impl<H: Hal> Pvrdma<H> {
             n += 1;
         }
         st.head = head;
-        // The CQEs were read before their slots are handed back (release).
-        ring.cons().store(ring.index(head), Ordering::Release);
+        cq.hand_back(head);
         if let Some(e) = refused {
             if n == 0 {
                 return Err(e);

@@ -951,6 +951,30 @@ impl Device {
         }
     }
 
+    pub(crate) fn set_cq_cons(&mut self, mem: &mut crate::mem::Memory, cq: u32, value: u32) {
+        if let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) {
+            mem.write(cq.pages[0] + 12, &value.to_le_bytes());
+        }
+    }
+
+    pub(crate) fn set_wqe_wr_id(
+        &mut self,
+        mem: &mut crate::mem::Memory,
+        qpn: u32,
+        recv: bool,
+        slot: u32,
+        wr_id: u64,
+    ) {
+        let Some(i) = self.qp_index(qpn) else { return };
+        let qp = self.qps[i].as_ref().expect("indexed");
+        let g = if recv { &qp.data.rq } else { &qp.data.sq };
+        if g.slots != 0
+            && let Some(pa) = g.wqe(slot % g.slots)
+        {
+            mem.write(pa, &wr_id.to_le_bytes());
+        }
+    }
+
     pub(crate) fn set_cq_prod(&mut self, mem: &mut crate::mem::Memory, cq: u32, value: u32) {
         if let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) {
             mem.write(cq.pages[0] + 8, &value.to_le_bytes());
