@@ -122,3 +122,45 @@ fn a_rewritten_cq_consumer_index_neither_makes_the_cq_ready_nor_a_waiter_spin() 
         model.set_cq_cons(cq.raw().handle(), 0);
     });
 }
+
+/// A receive CQE of QP `handle` with `wr_id`, as the device would write it.
+fn recv_cqe(handle: u32, wr_id: u64) -> [u8; 64] {
+    let mut e = [0u8; 64];
+    e[0..8].copy_from_slice(&wr_id.to_le_bytes());
+    e[8..16].copy_from_slice(&u64::from(handle).to_le_bytes());
+    e[0x10..0x14].copy_from_slice(&128u32.to_le_bytes()); // RECV
+    e
+}
+
+#[test]
+fn a_wr_id_the_device_rewrote_in_the_ring_never_reaches_the_application() {
+    const FORGED: u64 = 0xF0F0_0BAD;
+    lab(|model, _, pd, cq, gid| {
+        let mut qp = rc_self(pd, cq, gid, caps(4, 4, 1));
+        let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = mr.sge(0, 64).unwrap();
+        let mut b = qp.recv_batch();
+        // SAFETY: the region outlives the request (it completes or is flushed below).
+        unsafe { b.recv(0x1111, &[sge]).unwrap() };
+        b.finish();
+        // The device rewrites the request's wr_id in the ring and completes it with that.
+        let handle = qp.raw().handle();
+        model.set_wqe_wr_id(handle, true, 0, FORGED);
+        model.inject_raw_cqe(cq.raw().handle(), recv_cqe(handle, FORGED));
+        let mut wc = [WorkCompletion::default(); 4];
+        let got = cq.poll(&mut wc);
+        if let Ok(n) = got {
+            assert!(
+                wc[..n].iter().all(|c| c.wr_id != FORGED),
+                "a forged wr_id reached the application: {:?}",
+                &wc[..n]
+            );
+        }
+        let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        // The request completes once, flushed, with the wr_id it was posted with.
+        let ids: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [0x1111]);
+        drop(qp);
+        drop(mr);
+    });
+}

@@ -73,8 +73,10 @@ const PARKED: u32 = 1 << 31;
 pub(crate) struct QueueView {
     pub(crate) ctl: QueueCtl,
     pub(crate) ring: Ring,
-    /// The safe path's per-slot record (one per ring slot), when the QP has one.
-    pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// The per-slot record (one per ring slot): the `wr_id` and buffer tag of each request,
+    /// in driver-private memory. What a CQE is matched against: never the WQE in the ring,
+    /// which the device can rewrite (`docs/security.md`).
+    pub(crate) shadow: NonNull<Shadow>,
 }
 
 /// A QP's control block.
@@ -140,7 +142,7 @@ impl QpCtl {
 
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
-    fn new(ring: Ring, shadow: Option<NonNull<Shadow>>) -> Self {
+    fn new(ring: Ring, shadow: NonNull<Shadow>) -> Self {
         QueueView {
             ctl: QueueCtl {
                 done: AtomicU32::new(0),
@@ -175,20 +177,10 @@ impl QueueView {
     /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
     #[inline]
     pub(crate) fn posted(&self, n: u32) -> (u64, u32) {
-        match self.shadow {
-            Some(s) => {
-                let i = (n & (self.ring.slots() - 1)) as usize;
-                // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots.
-                let e = unsafe { s.as_ptr().add(i).read() };
-                (e.wr_id, e.tag)
-            }
-            // Both WQE headers start with the wr_id (L-ABI `pvrdma_sq_wqe_hdr`, `_rq_`).
-            None => {
-                // SAFETY: the slot lies inside the ring's memory (`Ring::slot`).
-                let wr_id = unsafe { self.ring.slot(n).cast::<u64>().read_volatile() };
-                (wr_id, 0)
-            }
-        }
+        let i = (n & (self.ring.slots() - 1)) as usize;
+        // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots.
+        let e = unsafe { self.shadow.as_ptr().add(i).read() };
+        (e.wr_id, e.tag)
     }
 
     /// Whether request `n` (outstanding: done ≤ n < tail) was taken by the device already
@@ -234,20 +226,18 @@ impl QueueView {
 
     /// Marks request `n`'s buffer as parked (kept until the QP is destroyed).
     pub(crate) fn park(&self, n: u32) {
-        if let Some(s) = self.shadow {
-            let i = (n & (self.ring.slots() - 1)) as usize;
-            // SAFETY: as in `posted`; the caller holds the locks that make this slot's record
-            // its own (a flush or reset of this queue).
-            unsafe {
-                let e = s.as_ptr().add(i);
-                (*e).tag |= PARKED;
-            }
+        let i = (n & (self.ring.slots() - 1)) as usize;
+        // SAFETY: as in `posted`; the caller holds the locks that make this slot's record its
+        // own (a flush or reset of this queue).
+        unsafe {
+            let e = self.shadow.as_ptr().add(i);
+            (*e).tag |= PARKED;
         }
     }
 
     /// Hands back every parked buffer (the device has dropped the QP).
     pub(crate) fn release_parked(&self, release: Option<BufRelease>) {
-        let (Some(s), Some(rel)) = (self.shadow, release) else {
+        let (s, Some(rel)) = (self.shadow, release) else {
             return;
         };
         for i in 0..self.ring.slots() as usize {
@@ -277,8 +267,8 @@ const _: () = assert!(align_of::<QpCtl>() <= 16 && align_of::<ModifyAttr>() <= 1
 const _: () = assert!(align_of::<Shadow>() <= 16);
 
 impl<H: Hal> QpCtlMem<H> {
-    /// Allocates and initialises a control block for the rings `sq` and `rq`, with a shadow
-    /// slot per ring slot when `safe`.
+    /// Allocates and initialises a control block for the rings `sq` and `rq`, with a record
+    /// (`Shadow`) per ring slot.
     #[inline(never)]
     pub(crate) fn new(
         hal: &H,
@@ -288,22 +278,14 @@ impl<H: Hal> QpCtlMem<H> {
         release: Option<BufRelease>,
     ) -> Result<Self> {
         let head = SHADOWS_AT;
-        let shadows = if release.is_some() {
-            (sq.slots() + rq.slots()) as usize * size_of::<Shadow>()
-        } else {
-            0
-        };
+        let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();
         let pages = (head + shadows).div_ceil(PAGE_SIZE);
         let mem = Dma::new(hal, pages)?;
         let base = mem.base();
-        let (sq_shadow, rq_shadow) = if release.is_some() {
-            // SAFETY: both offsets lie inside the `pages` pages just allocated.
-            unsafe {
-                let s = base.add(head).cast::<Shadow>();
-                (Some(s), Some(s.add(sq.slots() as usize)))
-            }
-        } else {
-            (None, None)
+        // SAFETY: both offsets lie inside the `pages` pages just allocated.
+        let (sq_shadow, rq_shadow) = unsafe {
+            let s = base.add(head).cast::<Shadow>();
+            (s, s.add(sq.slots() as usize))
         };
         let ctl = QpCtl {
             sq: QueueView::new(sq, sq_shadow),
