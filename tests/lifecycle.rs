@@ -164,3 +164,41 @@ fn a_wr_id_the_device_rewrote_in_the_ring_never_reaches_the_application() {
         drop(mr);
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The safe path's buffers
+
+#[test]
+fn a_parked_receive_buffer_comes_back_at_destroy_even_after_its_slot_is_reused() {
+    lab(|_, _, pd, cq, gid| {
+        let pool = pd.buffer_pool(4, 256).unwrap();
+        let qp = pd
+            .qp_builder(cq, cq)
+            .caps(caps(1, 1, 1))
+            .pool(&pool)
+            .build::<Rc>()
+            .unwrap();
+        let qpn = qp.qp_num();
+        let mut qp = rc_up(qp, qpn, gid, AccessFlags::empty());
+        // The device takes the receive (no send ever comes for it).
+        qp.post_recv(1, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let mut qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        // Flushed: its buffer stays out of the pool (the device may still write it).
+        let c = qp.poll_one().unwrap().expect("the flush");
+        assert_eq!((c.wc.wr_id, c.wc.status), (1, WcStatus::WrFlushErr));
+        assert!(c.buf.is_none());
+        assert_eq!(pool.free_count(), 3);
+        // The same ring slot again, in ERR: flushed with its buffer.
+        qp.post_recv(2, pool.alloc().unwrap())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let c = qp.poll_one().unwrap().expect("the flush");
+        assert_eq!(c.wc.wr_id, 2);
+        drop(c);
+        assert_eq!(pool.free_count(), 3);
+        qp.destroy().map_err(|(_, e)| e).unwrap();
+        assert_eq!(pool.free_count(), 4, "a parked buffer was lost");
+    });
+}

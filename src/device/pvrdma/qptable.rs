@@ -66,13 +66,15 @@ impl SrqCounters {
     }
 }
 
-/// A shadow tag's mark for a buffer kept until the QP is destroyed (tags are index + 1 < 2³¹).
-const PARKED: u32 = 1 << 31;
-
 /// One queue as a poller sees it.
 pub(crate) struct QueueView {
     pub(crate) ctl: QueueCtl,
     pub(crate) ring: Ring,
+    /// The receive queue of a QP with a buffer pool: one bit per buffer of the pool, set for
+    /// a buffer parked (its receive was flushed or discarded after the device took it: the
+    /// device may still write it), handed back when the QP is destroyed. Apart from the
+    /// per-slot record, whose slot the next post reuses.
+    pub(crate) parked: Option<(NonNull<AtomicU64>, u32)>,
     /// The per-slot record (one per ring slot): the `wr_id` and buffer tag of each request,
     /// in driver-private memory. What a CQE is matched against: never the WQE in the ring,
     /// which the device can rewrite (`docs/security.md`).
@@ -136,13 +138,13 @@ impl QpCtl {
             ));
         }
         q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-        Ok(Some(tag & !PARKED))
+        Ok(Some(tag))
     }
 }
 
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
-    fn new(ring: Ring, shadow: NonNull<Shadow>) -> Self {
+    fn new(ring: Ring, shadow: NonNull<Shadow>, parked: Option<(NonNull<AtomicU64>, u32)>) -> Self {
         QueueView {
             ctl: QueueCtl {
                 done: AtomicU32::new(0),
@@ -152,6 +154,7 @@ impl QueueView {
             },
             ring,
             shadow,
+            parked,
         }
     }
 
@@ -171,7 +174,7 @@ impl QueueView {
             return None;
         }
         self.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-        Some(tag & !PARKED)
+        Some(tag)
     }
 
     /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
@@ -212,7 +215,7 @@ impl QueueView {
     /// QP keeps its receives) may still write it. `recv` says which queue this is.
     pub(crate) fn give_back(&self, n: u32, done: u32, recv: bool, release: Option<BufRelease>) {
         let (_, tag) = self.posted(n);
-        let (Some(rel), true) = (release, tag != 0 && tag & PARKED == 0) else {
+        let (Some(rel), true) = (release, tag != 0) else {
             return;
         };
         if recv && self.consumed(n, done) {
@@ -224,30 +227,45 @@ impl QueueView {
         unsafe { rel.release(tag - 1) };
     }
 
-    /// Marks request `n`'s buffer as parked (kept until the QP is destroyed).
+    /// Parks request `n`'s buffer (kept until the QP is destroyed): its bit is set in the
+    /// queue's parked set and its slot's record forgets it (the next post into the slot
+    /// overwrites the record, never the parked set). The caller holds the locks that make the
+    /// slot's record its own (a flush or reset of this queue).
     pub(crate) fn park(&self, n: u32) {
         let i = (n & (self.ring.slots() - 1)) as usize;
-        // SAFETY: as in `posted`; the caller holds the locks that make this slot's record its
-        // own (a flush or reset of this queue).
-        unsafe {
-            let e = self.shadow.as_ptr().add(i);
-            (*e).tag |= PARKED;
+        // SAFETY: as in `posted`; the record is this caller's (above).
+        let e = unsafe { &mut *self.shadow.as_ptr().add(i) };
+        let Some(index) = e.tag.checked_sub(1) else {
+            return;
+        };
+        e.tag = 0;
+        match self.parked {
+            Some((set, words)) if index / 64 < words => {
+                // SAFETY: word index / 64 < words of the set (`QpCtlMem::new`).
+                let w = unsafe { set.add((index / 64) as usize).as_ref() };
+                w.fetch_or(1 << (index % 64), Ordering::Relaxed);
+            }
+            // A tag from this QP's pool is below its count: cannot happen.
+            _ => crate::error::warn_msg("parked buffer outside its pool (kept for good)"),
         }
     }
 
     /// Hands back every parked buffer (the device has dropped the QP).
     pub(crate) fn release_parked(&self, release: Option<BufRelease>) {
-        let (s, Some(rel)) = (self.shadow, release) else {
+        let (Some((set, words)), Some(rel)) = (self.parked, release) else {
             return;
         };
-        for i in 0..self.ring.slots() as usize {
-            // SAFETY: the shadow has one entry per slot; the QP is gone from the device and
-            // from the table, so nothing else reads or writes it.
-            let e = unsafe { &mut *s.as_ptr().add(i) };
-            if e.tag & PARKED != 0 {
-                // SAFETY: parked once, released once (the mark is cleared).
-                unsafe { rel.release((e.tag & !PARKED) - 1) };
-                e.tag = 0;
+        for k in 0..words {
+            // SAFETY: k < words of the set (`QpCtlMem::new`); the QP is gone from the device
+            // and from the table, so nothing else reads or writes it.
+            let w = unsafe { set.add(k as usize).as_ref() };
+            let mut bits = w.swap(0, Ordering::Relaxed);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                // SAFETY: parked once (its record forgot it), released once (the bit is
+                // cleared).
+                unsafe { rel.release(k * 64 + b) };
             }
         }
     }
@@ -279,17 +297,25 @@ impl<H: Hal> QpCtlMem<H> {
     ) -> Result<Self> {
         let head = SHADOWS_AT;
         let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();
-        let pages = (head + shadows).div_ceil(PAGE_SIZE);
+        // The receive queue's parked set: a bit per buffer of the pool, after the records.
+        let words = release.map_or(0, |r| r.count().div_ceil(64));
+        let pages = (head + shadows + words as usize * 8).div_ceil(PAGE_SIZE);
         let mem = Dma::new(hal, pages)?;
         let base = mem.base();
-        // SAFETY: both offsets lie inside the `pages` pages just allocated.
-        let (sq_shadow, rq_shadow) = unsafe {
+        // SAFETY: the three offsets lie inside the `pages` pages just allocated (zeroed); the
+        // set's offset is a multiple of 8 (16-byte records from a 16-byte boundary).
+        let (sq_shadow, rq_shadow, parked) = unsafe {
             let s = base.add(head).cast::<Shadow>();
-            (s, s.add(sq.slots() as usize))
+            let set = base.add(head + shadows).cast::<AtomicU64>();
+            (
+                s,
+                s.add(sq.slots() as usize),
+                (words != 0).then_some((set, words)),
+            )
         };
         let ctl = QpCtl {
-            sq: QueueView::new(sq, sq_shadow),
-            rq: QueueView::new(rq, rq_shadow),
+            sq: QueueView::new(sq, sq_shadow, None),
+            rq: QueueView::new(rq, rq_shadow, parked),
             qpn,
             handle,
             srq: srq_done.is_some(),
