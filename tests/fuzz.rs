@@ -1645,7 +1645,8 @@ mod data {
             6..=8 => post_recv(w, r, t),
             9 => srq_recv(w, r, t),
             10..=11 => safe_post(w, r, t),
-            12..=15 => poll_cq(w, r, t),
+            12..=14 => poll_cq(w, r, t),
+            15 => churn(w, r, t),
             16 => await_cq(w, r, t),
             17..=18 => poll_qp(w, r, t),
             _ => arm(w, r, t),
@@ -2117,6 +2118,132 @@ mod data {
         match &res {
             Ok(k) => note!(t, "    -> Ok({k})"),
             Err(e) => w.poll_failed(t, e),
+        }
+    }
+
+    /// Lifecycles on one CQ: a datagram QP (GSI or UD) sends to itself, its CQEs sometimes
+    /// left in the ring, then is reset and brought up again (GSI: the same QP) or destroyed
+    /// and made again (GSI: the same handle, 1); two to four lives. Every completion polled
+    /// is checked against the books: none of an earlier life may appear, and on an honest
+    /// device none is refused.
+    fn churn(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
+        let (Some(pd), Some(cq), Some((sgid, gid))) =
+            (pick_live(r, &w.pds), pick_live(r, &w.cqs), w.bound_gid(r))
+        else {
+            return;
+        };
+        let gsi = r.below(2) == 0;
+        let lives = 2 + r.below(3);
+        note!(t, "churn(pd #{pd}, cq #{cq}, gsi {gsi}, {lives} lives)");
+        let ah = match w.pd(pd).create_ah(&AddressVector::new(gid, sgid)) {
+            Ok(a) => a,
+            Err(e) => return w.err(t, &e),
+        };
+        let qkey = 0x1111_0000;
+        macro_rules! lives {
+            ($ty:ty) => {{
+                let (pdr, cqr) = (w.pd(pd), w.cq(cq));
+                let build = || {
+                    pdr.qp_builder(cqr, cqr)
+                        .caps(QpCaps {
+                            max_send_wr: 4,
+                            max_recv_wr: 4,
+                            max_send_sge: 1,
+                            max_recv_sge: 1,
+                            max_inline_data: 0,
+                        })
+                        .build::<$ty>()
+                };
+                let mut qp = match build() {
+                    Ok(q) => q,
+                    Err(e) => return w.err(t, &e),
+                };
+                for life in 0..lives {
+                    let qpn = qp.qp_num();
+                    let mut up = match qp.ready(qkey, 0) {
+                        Ok(q) => q,
+                        Err((_, e)) => return w.err(t, &e),
+                    };
+                    let n = 1 + r.below(3);
+                    let ids: Vec<u64> = (0..2 * n).map(|_| wr_id(r)).collect();
+                    let mut b = up.recv_batch();
+                    // SAFETY: no SGE: the requests name no memory.
+                    let recvs: Vec<u64> = ids[..n as usize]
+                        .iter()
+                        .filter(|&&id| unsafe { b.recv(id, &[]) }.is_ok())
+                        .copied()
+                        .collect();
+                    b.finish();
+                    w.posted(qpn, recvs.iter());
+                    let mut b = up.send_batch();
+                    let to = (&ah, qpn, qkey);
+                    // SAFETY: as above.
+                    let sends: Vec<u64> = ids[n as usize..]
+                        .iter()
+                        .filter(|&&id| {
+                            unsafe { b.send_to(id, SendFlags::SIGNALED, to, &[]) }.is_ok()
+                        })
+                        .copied()
+                        .collect();
+                    b.finish();
+                    w.posted(qpn, sends.iter());
+                    note!(
+                        t,
+                        "  life {life} of QP {qpn}: recvs {recvs:x?}, sends {sends:x?}"
+                    );
+                    for _ in 0..r.below(3) {
+                        let mut wc = [WorkCompletion::default(); 2];
+                        match w.cq(cq).poll(&mut wc) {
+                            Ok(k) => {
+                                note!(t, "    {:?}", &wc[..k]);
+                                for c in &wc[..k] {
+                                    w.completed(t, c);
+                                }
+                            }
+                            Err(e) => w.poll_failed(t, &e),
+                        }
+                    }
+                    if gsi && r.below(2) == 0 {
+                        note!(t, "  reset");
+                        qp = match up.reset() {
+                            Ok(q) => q,
+                            Err((q, e)) => {
+                                w.err(t, &e);
+                                drop(q);
+                                w.kill(qpn);
+                                return;
+                            }
+                        };
+                        w.kill(qpn);
+                    } else {
+                        note!(t, "  destroy, build again");
+                        drop(up);
+                        w.kill(qpn);
+                        qp = match build() {
+                            Ok(q) => q,
+                            Err(e) => return w.err(t, &e),
+                        };
+                    }
+                }
+                let qpn = qp.qp_num();
+                drop(qp);
+                w.kill(qpn);
+            }};
+        }
+        if gsi {
+            lives!(Gsi);
+        } else {
+            lives!(Ud);
+        }
+        // What is left in the CQ: nothing of those lives may come out.
+        let mut wc = [WorkCompletion::default(); 8];
+        match w.cq(cq).poll(&mut wc) {
+            Ok(k) => {
+                for c in &wc[..k] {
+                    w.completed(t, c);
+                }
+            }
+            Err(e) => w.poll_failed(t, &e),
         }
     }
 
