@@ -202,3 +202,127 @@ fn a_parked_receive_buffer_comes_back_at_destroy_even_after_its_slot_is_reused()
         assert_eq!(pool.free_count(), 4, "a parked buffer was lost");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// RESET and destroy: nothing of a QP's earlier life completes later
+
+const QKEY: u32 = 0x1111_0000;
+
+/// Posts a signaled SEND without data from datagram QP `qp` to itself.
+fn send_self<T: Datagram>(
+    qp: &mut QueuePair<'_, P, T, Rts>,
+    ah: &AddressHandle<'_, P>,
+    wr_id: u64,
+) {
+    let qpn = qp.qp_num();
+    let mut b = qp.send_batch();
+    // SAFETY: no SGE: the request names no memory.
+    unsafe {
+        b.send_to(wr_id, SendFlags::SIGNALED, (ah, qpn, QKEY), &[])
+            .unwrap()
+    };
+    b.finish();
+}
+
+/// Posts a receive without buffers to `qp`.
+fn recv_none<T: Transport, S: CanRecv>(qp: &mut QueuePair<'_, P, T, S>, wr_id: u64) {
+    let mut b = qp.recv_batch();
+    // SAFETY: no SGE: the request names no memory.
+    unsafe { b.recv(wr_id, &[]).unwrap() };
+    b.finish();
+}
+
+fn gsi<'a>(
+    pd: &'a ProtectionDomain<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+) -> QueuePair<'a, P, Gsi, Reset> {
+    pd.qp_builder(cq, cq)
+        .caps(caps(4, 4, 1))
+        .build::<Gsi>()
+        .unwrap()
+}
+
+#[test]
+fn after_a_reset_no_completion_of_the_qps_earlier_life_appears() {
+    lab(|_, _, pd, cq, gid| {
+        let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        // A completion left in the CQ, and a receive the device took and never completed.
+        send_self(&mut qp, &ah, 0x51);
+        let qp = qp.reset().map_err(|(_, e)| e).unwrap();
+        let mut qp = qp.ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        send_self(&mut qp, &ah, 0x52);
+        let got: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [0x52], "only the new life's completion");
+        drop(qp);
+    });
+}
+
+#[test]
+fn the_completion_owed_for_a_flushed_receive_is_not_taken_for_a_later_one() {
+    lab(|_, _, pd, cq, gid| {
+        let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
+        let ud = || {
+            pd.qp_builder(cq, cq)
+                .caps(caps(4, 4, 1))
+                .build::<Ud>()
+                .unwrap()
+                .ready(QKEY, 0)
+                .map_err(|(_, e)| e)
+                .unwrap()
+        };
+        let (mut a, mut b) = (ud(), ud());
+        let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = mr.sge(0, 4096).unwrap();
+        // B's receive: the device takes it; B goes to ERR and the driver flushes it.
+        let mut batch = b.recv_batch();
+        // SAFETY: the region outlives every request naming it (dropped last).
+        unsafe { batch.recv(7, &[sge]).unwrap() };
+        batch.finish();
+        let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let got: Vec<(u64, WcStatus)> = drain(cq).iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(7, WcStatus::WrFlushErr)]);
+        // Another receive with the same wr_id, posted in ERR (never shown to the device).
+        recv_none(&mut b, 7);
+        // The device now completes the receive it took: that CQE belongs to the first one.
+        let (bqpn, _) = (b.qp_num(), ());
+        let mut batch = a.send_batch();
+        // SAFETY: no SGE: the request names no memory.
+        unsafe {
+            batch
+                .send_to(0xA, SendFlags::SIGNALED, (&ah, bqpn, QKEY), &[])
+                .unwrap()
+        };
+        batch.finish();
+        let got: Vec<(u64, WcStatus)> = drain(cq).iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            got,
+            [(0xA, WcStatus::Success), (7, WcStatus::WrFlushErr)],
+            "the second receive must complete once, flushed"
+        );
+        drop((a, b));
+        drop(mr);
+    });
+}
+
+#[test]
+fn after_a_destroy_the_next_qp_under_its_handle_sees_none_of_its_completions() {
+    lab(|_, _, pd, cq, gid| {
+        let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        send_self(&mut qp, &ah, 0x61);
+        send_self(&mut qp, &ah, 0x62);
+        let handle = qp.raw().handle();
+        drop(qp);
+        // GSI: the same handle again.
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        assert_eq!(qp.raw().handle(), handle);
+        send_self(&mut qp, &ah, 0x63);
+        let got: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [0x63]);
+        drop(qp);
+        // All the room the QPs held on the CQ is free: a QP needing the whole CQ fits.
+        let big = pd.qp_builder(cq, cq).caps(caps(32, 32, 1)).build::<Ud>();
+        assert!(big.is_ok(), "{:?}", big.err());
+    });
+}

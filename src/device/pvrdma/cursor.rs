@@ -222,6 +222,8 @@ impl<H: Hal> Poll<'_, H> {
     #[cold]
     fn next_flush(&mut self) -> Option<bool> {
         let f = take_flush(self.dev, self.cq, self.only)?;
+        // A flush may have made CQEs of the queue's earlier life due (see `Last::lookup`).
+        self.st.last = super::cq::Last::NONE;
         self.cur = Current::Flush;
         (self.wr_id, self.qpn, self.opcode) = (f.wr_id, f.qpn, f.opcode);
         (self.status, self.tag, self.release) = (WcStatus::WrFlushErr, f.tag, f.release);

@@ -13,7 +13,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi::{self, wc_opcode};
-use super::cq::{Cq, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
+use super::cq::{Cq, FAST_SENDS, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
 use super::regs::db;
 use super::ring::Ring;
 use crate::error::{Error, Op, Result};
@@ -208,6 +208,9 @@ impl<H: Hal> Pvrdma<H> {
         }
         if n < out.len() && head == end && cq.flushing.load(Ordering::Relaxed) != 0 {
             n += self.fill_flushes(cq, &mut out[n..]);
+            // A flush may have made CQEs of the queue's earlier life due: the cache is looked
+            // up anew (see `Last::lookup`).
+            st.last = Last::NONE;
         }
         Ok(n)
     }
@@ -271,10 +274,10 @@ pub(crate) fn fast_cqe_tag(
     // use).
     let ctl = last.ctl.as_ptr();
     let (opcode, q) = if raw_op <= wc_opcode::FETCH_ADD {
-        if last.roles & SENDS == 0 {
+        if last.roles & FAST_SENDS == 0 {
             return None;
         }
-        // SAFETY: as above (the SENDS role).
+        // SAFETY: as above (the FAST_SENDS role).
         (send_opcode(raw_op), unsafe { &(*ctl).sq })
     } else if raw_op.wrapping_sub(wc_opcode::RECV) <= 1 {
         if last.roles & OWN_RECVS == 0 {
@@ -455,7 +458,6 @@ pub(crate) fn check_cqe<H: Hal>(
     }
     if last.roles & if recv { RECVS } else { SENDS } == 0 {
         // A QP that is gone, or whose completions of this kind go to another CQ.
-        cq.drop_stale();
         return Checked::Skip;
     }
     // SAFETY: the table named this CQ for the QP (`roles` is not 0), so the control block
@@ -470,7 +472,12 @@ pub(crate) fn check_cqe<H: Hal>(
             tag,
             release: ctl.release,
         },
-        Ok(None) => Checked::Skip,
+        Ok(None) => {
+            // Dropped: perhaps the last CQE of the QP's earlier life, after which the
+            // straight-line poll may take its CQEs again (the cache is looked up anew).
+            *last = Last::NONE;
+            Checked::Skip
+        }
         Err(e) => Checked::Bad(e),
     }
 }
@@ -523,11 +530,15 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
                 continue;
             }
             let (wr_id, mut tag) = q.posted(done);
-            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done) {
-                // The device took this receive and may still write its buffer (QEMU's host
-                // QP keeps it): the buffer is parked until the QP is destroyed.
-                q.park(done);
-                tag = 0;
+            if q.consumed(done, done) {
+                // The device took this request: its own CQE may still come, to be dropped
+                // (`QueueCtl::late`). A receive's buffer it may still write (QEMU's host QP
+                // keeps it): parked until the QP is destroyed.
+                q.ctl.late.fetch_add(1, Ordering::Relaxed);
+                if opcode == WcOpcode::Recv && tag != 0 {
+                    q.park(done);
+                    tag = 0;
+                }
             }
             q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
             found = Some(Flush {

@@ -37,6 +37,11 @@ pub(crate) struct QueueCtl {
     pub(crate) tail: AtomicU32,
     /// 1 while the outstanding requests are to complete flushed (the QP is in ERR).
     pub(crate) flush: AtomicU32,
+    /// CQEs due for requests the driver finished without them (flushed, or discarded by a
+    /// RESET) after the device had taken them: the device completes in order, so the next
+    /// this many CQEs of the queue belong to that earlier life and are dropped. Written under
+    /// the poll lock of the queue's CQ.
+    pub(crate) late: AtomicU32,
     /// Requests at the end of the queue (`tail` − this ..< `tail`) posted while the QP was in
     /// ERR: never published to the device, flushed by the driver. Written by the poster (after
     /// `tail`, release), read before `tail` (acquire): a reader never counts more of them than
@@ -119,6 +124,12 @@ impl QpCtl {
             return Ok(Some(0));
         }
         let q = if recv { &self.rq } else { &self.sq };
+        let late = q.ctl.late.load(Ordering::Relaxed);
+        if late != 0 {
+            // A CQE of a request finished before (flushed or discarded): dropped.
+            q.ctl.late.store(late - 1, Ordering::Relaxed);
+            return Ok(None);
+        }
         let done = q.ctl.done.load(Ordering::Relaxed);
         if done == q.ctl.tail.load(Ordering::Acquire) {
             // Nothing outstanding: a late CQE for a request already flushed (or one the
@@ -150,6 +161,7 @@ impl QueueView {
                 done: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
                 flush: AtomicU32::new(0),
+                late: AtomicU32::new(0),
                 unpublished: AtomicU32::new(0),
             },
             ring,
