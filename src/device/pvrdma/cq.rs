@@ -380,7 +380,14 @@ impl<H: Hal> Pvrdma<H> {
             }))
         };
         if let Some(e) = refused {
-            if let Err((cq, _)) = self.destroy_cq_impl(cq) {
+            if let Err((cq, de)) = self.destroy_cq_impl(cq) {
+                // The device may use the CQ's memory: kept for good, as every deliberate leak,
+                // with a warning.
+                crate::error::warn(
+                    "a CQ the device answered garbage for could not be destroyed (",
+                    &de,
+                    "): its memory is kept",
+                );
                 core::mem::forget(cq);
             }
             return Err(e);
