@@ -512,6 +512,11 @@ impl Model {
         (g.pci.pvrdma_bar(1), g.pci.pvrdma_bar(2))
     }
 
+    /// Hostile: the PVRDMA's MSI-X capability places its table in BAR `bir` at `offset`.
+    pub fn set_msix_table(&self, bir: u8, offset: u32) {
+        self.lock().pci.set_msix_table(bir, offset);
+    }
+
     /// The PCI command register of the PVRDMA function.
     pub fn pci_command(&self) -> u16 {
         self.lock().pci.pvrdma_command()
