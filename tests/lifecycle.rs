@@ -380,3 +380,35 @@ fn a_cq_answered_with_garbage_and_not_destroyed_is_kept_with_a_warning() {
     // (The CQ's pages are kept on purpose: the device may use them.)
     assert!(model.outstanding_pages() > 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A GID whose unbind had an unknown outcome
+
+#[test]
+fn a_gid_whose_unbind_timed_out_is_not_sent_from() {
+    lab(|model, ctx, pd, cq, _| {
+        let gid = Gid::link_local_from_mac([0x52, 0x54, 0, 0, 0, 0x77]);
+        let g = ctx.bind_gid(1, gid).unwrap();
+        let ah = pd.create_ah(&AddressVector::new(gid, 1)).unwrap();
+        let mut qp = pd
+            .qp_builder(cq, cq)
+            .caps(caps(4, 4, 1))
+            .build::<Ud>()
+            .unwrap()
+            .ready(QKEY, 0)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        // DESTROY_BIND gets no answer: the device may or may not have unbound the GID.
+        model.set_silent(true);
+        let e = g.unbind().unwrap_err();
+        model.set_silent(false);
+        assert!(matches!(e, bareverbs::Error::Timeout { .. }), "{e:?}");
+        let qpn = qp.qp_num();
+        let mut b = qp.send_batch();
+        // SAFETY: no SGE: the request names no memory.
+        let r = unsafe { b.send_to(1, SendFlags::SIGNALED, (&ah, qpn, QKEY), &[]) };
+        assert!(r.is_err(), "a send from a GID perhaps unbound was posted");
+        drop(b);
+        drop(qp);
+    });
+}
