@@ -14,12 +14,14 @@
 //! operations: port and P_Key queries, PDs, CQs of edge sizes, GID bindings, memory regions,
 //! RC/UD/GSI (and refused UC/raw) QPs with edge capacities through every state, QPs created at
 //! the provider level (no bookkeeping limit), SRQs, connected pairs, and the data path (raw and
-//! safe posts, polls, arming), then everything is dropped.
+//! safe posts, polls, the futures, arming, QPs reset or destroyed and made again on one CQ),
+//! then every QP goes to ERR, every CQ is polled dry, and everything is dropped.
+//! `FUZZ_MODE=honest` (no device lies) or `hostile` (every device lies) narrows the mix.
 //!
 //! A failure is:
 //! - a panic, anywhere (the driver, the model, this file);
-//! - an execution that takes over 2 s (every wait must be bounded; a watchdog reports one that
-//!   never ends);
+//! - an execution that takes over 2 s (every wait and every poll of a future must be bounded; a
+//!   watchdog reports one that makes no progress for 5 s);
 //! - a `Memory` violation: the device handed an address the driver does not own, a block freed
 //!   that was not allocated as such, or a write into a DMA block's guard pages — always;
 //! - a `UseAfterFree` violation, unless the device lied about a command's outcome (a response
@@ -35,10 +37,18 @@
 //!   (the driver logs a warning when it leaks on purpose; this file counts them);
 //! - the device left active after the context was dropped;
 //! - any object whose reported size is below the request;
+//! - unless the device lied about a command's outcome (whatever it wrote to rings, WQEs and
+//!   CQEs): a completion that is not of a request posted to its QP (or its SRQ) and still
+//!   outstanding — a forged wr_id, a second completion, one of a request its QP lost to a
+//!   reset or a destroy; a safe pool whose buffers in use are not exactly those posted and
+//!   parked, at every step, a buffer handed out while posted, or a buffer not back once the
+//!   QP is gone;
 //! - in an honest execution (no lie, no injected errno): a driver answer that contradicts the
-//!   device (a queried state or QP number); a completion whose wr_id was not posted, or comes
-//!   twice; a create the device refuses (the driver promises to check every limit first); and
-//!   on a plain one (default limits, enough memory), a connected pair that does not come up.
+//!   device (a queried state or QP number); a completion refused (a poll error); once every QP
+//!   was flushed and every CQ polled dry, a request of a QP in ERR that never completed
+//!   (exactly once); a create the device refuses (the driver promises to check every limit
+//!   first); and on a plain one (default limits, enough memory), a connected pair that does
+//!   not come up.
 //!
 //! Every error must be a `bareverbs::Error` (the type system sees to it); each one's kind and
 //! Display are exercised.

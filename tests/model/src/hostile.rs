@@ -7,7 +7,9 @@
 //! when it is loaded (or not loading it at all), the ring indices the device writes (CQ
 //! `prod_tail`, SQ/RQ/SRQ `cons_head`, and a CQ's `prod_tail` at a POLL doorbell), every CQE
 //! field (plus dropped, duplicated and spurious CQEs), PCI configuration values (IDs, command
-//! register, BARs, also as read while sizing) and the VERSION register.
+//! register, BARs, also as read while sizing), the VERSION register, and memory the driver gave
+//! the device, rewritten at a doorbell ([`point::WRITE`]: a ring-state word, a WQE's `wr_id`, a
+//! CQE in a ring).
 //!
 //! At each point the liar lies with probability 1/`rate` (`rate` 0: never; a point may have
 //! its own rate): once per PCI configuration or register read, per command (then one to three
