@@ -1594,6 +1594,27 @@ struct PoolBooks {
 }
 
 impl PoolBooks {
+    /// A safe post of buffer `index` as request `id` on QP `qpn` returned `res` (on failure the
+    /// buffer comes back in it, and goes back to the pool here).
+    fn posted<B>(
+        &mut self,
+        w: &mut World<'_>,
+        t: &mut Trace,
+        (qpn, id, index): (u32, u64, u32),
+        res: Result<(), (B, Error)>,
+    ) {
+        match res {
+            Ok(()) => {
+                w.posted(qpn, [id].iter());
+                self.out.insert(id, index);
+            }
+            Err((b, e)) => {
+                drop(b);
+                w.err(t, &e);
+            }
+        }
+    }
+
     fn handed_out(&mut self, w: &mut World<'_>, t: &mut Trace, index: u32) {
         if self.out.values().any(|&i| i == index) {
             w.complain_strict(
@@ -1984,16 +2005,8 @@ mod data {
                     if let Some(rb) = pool.alloc() {
                         books.handed_out(w, t, rb.index());
                         let (id, index) = (base + (1 << 40) + k, rb.index());
-                        match $qpv.post_recv(id, rb) {
-                            Ok(()) => {
-                                w.posted($qpn, [id].iter());
-                                books.out.insert(id, index);
-                            }
-                            Err((b, e)) => {
-                                drop(b);
-                                w.err(t, &e);
-                            }
-                        }
+                        let res = $qpv.post_recv(id, rb);
+                        books.posted(w, t, ($qpn, id, index), res);
                         // (The send's buffer is still in hand.)
                         books.check(w, t, &pool, 1, "a safe receive");
                     }
@@ -2003,16 +2016,7 @@ mod data {
                         let ($q, $kk, $buf) = (&mut $qpv, id, buf);
                         $post
                     };
-                    match res {
-                        Ok(()) => {
-                            w.posted($qpn, [id].iter());
-                            books.out.insert(id, index);
-                        }
-                        Err((b, e)) => {
-                            drop(b);
-                            w.err(t, &e);
-                        }
-                    }
+                    books.posted(w, t, ($qpn, id, index), res);
                     books.check(w, t, &pool, 0, "a safe send");
                 }
                 for _ in 0..r.below(3) {
