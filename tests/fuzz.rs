@@ -2640,6 +2640,14 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
                 ),
             );
         }
+        if !leaked && warnings == 0 {
+            // The driver keeps memory on purpose only with a warning (the fuzzer's own
+            // forgotten objects aside).
+            return problem(
+                "DMA pages kept without a warning".into(),
+                format!("{pages} DMA pages never returned, and the driver logged no warning"),
+            );
+        }
     }
     if model.active() {
         return problem(
