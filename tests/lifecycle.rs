@@ -165,6 +165,60 @@ fn a_wr_id_the_device_rewrote_in_the_ring_never_reaches_the_application() {
     });
 }
 
+#[test]
+fn an_srq_completion_reports_only_a_wr_id_posted_to_the_srq() {
+    const FORGED: u64 = 0xF0F0_0BAD;
+    lab(|model, _, pd, cq, gid| {
+        let srq = pd
+            .create_srq(SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let qp = pd
+            .qp_builder(cq, cq)
+            .caps(caps(4, 0, 1))
+            .srq(&srq)
+            .build::<Rc>()
+            .unwrap();
+        let qpn = qp.qp_num();
+        let qp = rc_up(qp, qpn, gid, AccessFlags::empty());
+        let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = mr.sge(0, 64).unwrap();
+        let wrs = [RecvWr {
+            wr_id: 0x5,
+            sg_list: core::slice::from_ref(&sge),
+        }];
+        // SAFETY: the region outlives the request (dropped last).
+        unsafe { srq.post_recv_raw(&wrs).unwrap() };
+        // A receive CQE for the QP with a wr_id never posted: refused, not reported.
+        let handle = qp.raw().handle();
+        model.inject_raw_cqe(cq.raw().handle(), recv_cqe(handle, FORGED));
+        let mut wc = [WorkCompletion::default(); 2];
+        match cq.poll(&mut wc) {
+            Ok(n) => assert!(
+                wc[..n].iter().all(|c| c.wr_id != FORGED),
+                "a forged wr_id reached the application: {:?}",
+                &wc[..n]
+            ),
+            Err(e) => assert!(matches!(e, bareverbs::Error::Protocol { .. }), "{e:?}"),
+        }
+        // The receive posted completes, once.
+        model.inject_raw_cqe(cq.raw().handle(), recv_cqe(handle, 0x5));
+        let got: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [0x5]);
+        model.inject_raw_cqe(cq.raw().handle(), recv_cqe(handle, 0x5));
+        assert!(
+            cq.poll(&mut wc).is_err(),
+            "a second completion of one receive"
+        );
+        drop(qp);
+        drop(srq);
+        drop(mr);
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The safe path's buffers
 

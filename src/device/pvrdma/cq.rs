@@ -198,20 +198,21 @@ impl<'a, H: Hal> CqLocks<'a, H> {
         }
     }
 
-    /// Removes every CQE of QP `handle` from both CQs ([`Cq::purge`]): how many were in the
-    /// send CQ's ring for its send queue and in the receive CQ's for its receive queue.
-    pub(crate) fn purge(&mut self, handle: u32) -> (u32, u32) {
+    /// Removes every CQE of QP `handle` from both CQs ([`Cq::purge`], `recv_wr_id` called
+    /// with the `wr_id` of each receive removed): how many were in the send CQ's ring for its
+    /// send queue and in the receive CQ's for its receive queue.
+    pub(crate) fn purge(&mut self, handle: u32, mut recv_wr_id: impl FnMut(u64)) -> (u32, u32) {
         let s_first = (self.s as *const Cq<H>) <= (self.r as *const Cq<H>);
         let (a, b) = if s_first {
             (self.s, self.r)
         } else {
             (self.r, self.s)
         };
-        let (a_s, a_r) = a.purge(&mut self.first.head, handle);
+        let (a_s, a_r) = a.purge(&mut self.first.head, handle, &mut recv_wr_id);
         let Some(g) = self.second.as_mut() else {
             return (a_s, a_r);
         };
-        let (b_s, b_r) = b.purge(&mut g.head, handle);
+        let (b_s, b_r) = b.purge(&mut g.head, handle, &mut recv_wr_id);
         if s_first { (a_s, b_r) } else { (b_s, a_r) }
     }
 }
@@ -271,8 +272,14 @@ impl<H: Hal> Cq<H> {
     /// (the caller holds the poll lock: `head` is its state's), as Linux's driver does when a
     /// QP is reset or destroyed (`docs/pvrdma.md`): the CQEs kept move toward the producer end,
     /// the consumer position moves past the slots freed, which go back to the device. How many
-    /// of those removed were sends and receives; an impossible producer index removes none.
-    pub(crate) fn purge(&self, head: &mut u32, handle: u32) -> (u32, u32) {
+    /// of those removed were sends and receives (`recv_wr_id` is called with each receive's
+    /// `wr_id`); an impossible producer index removes none.
+    pub(crate) fn purge(
+        &self,
+        head: &mut u32,
+        handle: u32,
+        recv_wr_id: &mut impl FnMut(u64),
+    ) -> (u32, u32) {
         let ring = self.ring;
         let Some(ready) = ring.ready(*head) else {
             return (0, 0);
@@ -294,7 +301,11 @@ impl<H: Hal> Cq<H> {
             };
             if qp == u64::from(handle) {
                 match decode_opcode(op) {
-                    Some((_, true)) => recvs += 1,
+                    Some((_, true)) => {
+                        recvs += 1;
+                        // SAFETY: as above.
+                        recv_wr_id(unsafe { core::ptr::addr_of!((*c).wr_id).read_volatile() });
+                    }
                     _ => sends += 1,
                 }
                 continue;

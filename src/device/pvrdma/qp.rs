@@ -450,14 +450,8 @@ impl<H: Hal> Pvrdma<H> {
         // the rings go with it, as Linux's driver removes them (`docs/pvrdma.md`): a QP made
         // next under the same handle (GSI's is always 1) never sees them, and their room is
         // free at once. The SRQ receives they complete give the SRQ its credit back.
-        let (_, purged_rq) = locks.purge(handle);
-        if let Some(c) = qp.ctl.ctl().srq_done {
-            // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
-            let c = unsafe { c.as_ref() };
-            for _ in 0..purged_rq {
-                c.complete();
-            }
-        }
+        let qctl = qp.ctl.ctl();
+        locks.purge(handle, |wr_id| super::qp_state::srq_completed(qctl, wr_id));
         if self.qps.lookup_ctl(handle) == Some(ctl) {
             self.qps.remove(handle);
         }

@@ -55,6 +55,15 @@ fn pvrdma_mask(m: QpAttrMask) -> u32 {
         .fold(0, |acc, (_, b)| acc | b)
 }
 
+/// A CQE removed from a CQ completed the receive posted with `wr_id` to the SRQ of the QP
+/// whose control block is `ctl`, if it has one: the SRQ gets its credit back.
+pub(super) fn srq_completed(ctl: &super::qptable::QpCtl, wr_id: u64) {
+    if let Some(c) = ctl.srq_done {
+        // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
+        unsafe { c.as_ref() }.complete(wr_id);
+    }
+}
+
 /// The QP's queues stop flushing (RESET, destroy): their CQs no longer count them, so that a
 /// CQ with nothing to report reads empty. The caller holds both CQs' poll locks.
 pub(super) fn stop_flush<H: Hal>(qp: &Qp<H>, locks: &CqLocks<'_, H>) {
@@ -85,16 +94,8 @@ impl<H: Hal> Pvrdma<H> {
     /// completes after this.
     #[inline(never)]
     fn discard(&self, qp: &mut Qp<H>, locks: &mut CqLocks<'_, H>) {
-        let (purged_sq, purged_rq) = locks.purge(qp.handle);
         let ctl = qp.ctl.ctl();
-        if let Some(c) = ctl.srq_done {
-            // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
-            let c = unsafe { c.as_ref() };
-            // The SRQ receives those CQEs completed: the SRQ gets its credit back.
-            for _ in 0..purged_rq {
-                c.complete();
-            }
-        }
+        let (purged_sq, purged_rq) = locks.purge(qp.handle, |wr_id| srq_completed(ctl, wr_id));
         let own_rq = if ctl.srq { 0 } else { purged_rq };
         for (q, purged) in [(&ctl.sq, purged_sq), (&ctl.rq, own_rq)] {
             let (done, tail) = (
