@@ -14,12 +14,14 @@
 //! operations: port and P_Key queries, PDs, CQs of edge sizes, GID bindings, memory regions,
 //! RC/UD/GSI (and refused UC/raw) QPs with edge capacities through every state, QPs created at
 //! the provider level (no bookkeeping limit), SRQs, connected pairs, and the data path (raw and
-//! safe posts, polls, arming), then everything is dropped.
+//! safe posts, polls, the futures, arming, QPs reset or destroyed and made again on one CQ),
+//! then every QP goes to ERR, every CQ is polled dry, and everything is dropped.
+//! `FUZZ_MODE=honest` (no device lies) or `hostile` (every device lies) narrows the mix.
 //!
 //! A failure is:
 //! - a panic, anywhere (the driver, the model, this file);
-//! - an execution that takes over 2 s (every wait must be bounded; a watchdog reports one that
-//!   never ends);
+//! - an execution that takes over 2 s (every wait and every poll of a future must be bounded; a
+//!   watchdog reports one that makes no progress for 5 s);
 //! - a `Memory` violation: the device handed an address the driver does not own, a block freed
 //!   that was not allocated as such, or a write into a DMA block's guard pages — always;
 //! - a `UseAfterFree` violation, unless the device lied about a command's outcome (a response
@@ -35,10 +37,18 @@
 //!   (the driver logs a warning when it leaks on purpose; this file counts them);
 //! - the device left active after the context was dropped;
 //! - any object whose reported size is below the request;
+//! - unless the device lied about a command's outcome (whatever it wrote to rings, WQEs and
+//!   CQEs): a completion that is not of a request posted to its QP (or its SRQ) and still
+//!   outstanding — a forged wr_id, a second completion, one of a request its QP lost to a
+//!   reset or a destroy; a safe pool whose buffers in use are not exactly those posted and
+//!   parked, at every step, a buffer handed out while posted, or a buffer not back once the
+//!   QP is gone;
 //! - in an honest execution (no lie, no injected errno): a driver answer that contradicts the
-//!   device (a queried state or QP number); a completion whose wr_id was not posted, or comes
-//!   twice; a create the device refuses (the driver promises to check every limit first); and
-//!   on a plain one (default limits, enough memory), a connected pair that does not come up.
+//!   device (a queried state or QP number); a completion refused (a poll error); once every QP
+//!   was flushed and every CQ polled dry, a request of a QP in ERR that never completed
+//!   (exactly once); a create the device refuses (the driver promises to check every limit
+//!   first); and on a plain one (default limits, enough memory), a connected pair that does
+//!   not come up.
 //!
 //! Every error must be a `bareverbs::Error` (the type system sees to it); each one's kind and
 //! Display are exercised.
@@ -73,6 +83,9 @@ type Q<'c, T, S> = QueuePair<'c, P, T, S>;
 
 /// Polls per command wait: a silent device costs this many reads.
 const POLL_LIMIT: u32 = 64;
+/// The QP number under which receives posted to an SRQ are booked (any of its QPs may
+/// complete them).
+const ANY_QP: u32 = u32::MAX;
 /// An execution slower than this is a failure (an unbounded wait, or close to one).
 const SLOW: Duration = Duration::from_secs(2);
 
@@ -400,8 +413,14 @@ struct World<'c> {
     honest: bool,
     /// Honest, with default limits and plenty of DMA memory: what must work, works.
     plain: bool,
-    /// Honest executions: raw work requests posted and not yet completed, by wr_id.
-    posted: BTreeMap<u64, u32>,
+    /// Work requests posted and not yet completed, by (QP number, wr_id) (SRQ receives under
+    /// [`ANY_QP`]), with their multiplicity.
+    posted: BTreeMap<(u32, u64), u32>,
+    /// Requests of QPs reset or destroyed before they completed: none may complete any more.
+    dead: BTreeMap<(u32, u64), u32>,
+    /// Complaints that stand unless the device lied about a command's outcome (checked at the
+    /// end of the execution, when the lies told are known).
+    strict: Vec<String>,
     pds: Vec<Option<Owned<Pd<'c>>>>,
     cqs: Vec<Option<Owned<Cq<'c>>>>,
     srqs: Vec<Option<(Owned<Srq<'c>>, usize)>>,
@@ -460,6 +479,8 @@ impl<'c> World<'c> {
             honest,
             plain: honest && plain,
             posted: BTreeMap::new(),
+            dead: BTreeMap::new(),
+            strict: Vec::new(),
             pds: Vec::new(),
             cqs: Vec::new(),
             srqs: Vec::new(),
@@ -521,33 +542,81 @@ impl<'c> World<'c> {
         }
     }
 
-    /// Honest executions: work requests posted (their completions must come back once each).
-    fn posted<'a>(&mut self, ids: impl Iterator<Item = &'a u64>) {
-        if self.honest {
-            for &id in ids {
-                *self.posted.entry(id).or_default() += 1;
-            }
+    /// Work requests posted to QP `qpn` (or to an SRQ: [`ANY_QP`]): each must complete once.
+    fn posted<'a>(&mut self, qpn: u32, ids: impl Iterator<Item = &'a u64>) {
+        for &id in ids {
+            *self.posted.entry((qpn, id)).or_default() += 1;
         }
     }
 
-    /// Honest executions: a completion polled must be of a request posted and not yet
-    /// completed (the safe path's own wr_ids, bit 63, are its business).
-    fn completed(&mut self, t: &mut Trace, wc: &WorkCompletion) {
-        if !self.honest || wc.wr_id >> 63 != 0 {
-            return;
+    /// QP `qpn` was reset or destroyed: its requests not completed are dead (none of them may
+    /// complete any more, on any QP).
+    fn kill(&mut self, qpn: u32) {
+        let gone: Vec<(u32, u64)> = self
+            .posted
+            .range((qpn, 0)..=(qpn, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            let n = self.posted.remove(&k).unwrap_or(0);
+            *self.dead.entry(k).or_default() += n;
         }
-        match self.posted.get_mut(&wc.wr_id) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => {
-                self.posted.remove(&wc.wr_id);
-            }
-            None => self.complain(
+    }
+
+    /// A complaint that stands unless the device lied about a command's outcome: on an honest
+    /// device at once, otherwise decided at the end of the execution.
+    fn complain_strict(&mut self, t: &mut Trace, what: String) {
+        if self.honest {
+            self.complain(t, what);
+        } else {
+            note!(
                 t,
-                format!(
-                    "a completion for wr_id {:#x}, not posted or already completed",
-                    wc.wr_id
-                ),
+                "    !! (unless a command's outcome was lied about) {what}"
+            );
+            self.strict.push(what);
+        }
+    }
+
+    /// A completion polled must be of a request posted to its QP (or its SRQ) and not yet
+    /// completed, whatever the device wrote: a wr_id never posted, one already completed, and
+    /// one of a QP reset or destroyed since are wrong.
+    fn completed(&mut self, t: &mut Trace, wc: &WorkCompletion) {
+        let key = (wc.qp_num, wc.wr_id);
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        for k in [Some(key), recv.then_some((ANY_QP, wc.wr_id))]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(n) = self.posted.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.posted.remove(&k);
+                }
+                return;
+            }
+        }
+        let what = if self.dead.contains_key(&key) {
+            "of a request its QP lost to a reset or a destroy"
+        } else {
+            "not posted or already completed"
+        };
+        self.complain_strict(
+            t,
+            format!(
+                "a completion for wr_id {:#x} on QP {}, {what}",
+                wc.wr_id, wc.qp_num
             ),
+        );
+    }
+
+    /// A poll (or a future) failed: on an honest device no completion is ever refused.
+    fn poll_failed(&mut self, t: &mut Trace, e: &Error) {
+        self.err(t, e);
+        if self.honest && matches!(e, Error::Protocol { .. }) {
+            self.complain(
+                t,
+                format!("a completion refused on an honest device: {e:?}"),
+            );
         }
     }
 
@@ -1089,6 +1158,7 @@ impl<'c> World<'c> {
             return false;
         };
         note!(t, "modify_qp(#{i}, {m:?})");
+        let before = on_qp!(&q, s => s.state());
         let (q, res) = match q {
             AnyQp::Rc(s) => {
                 let (s, res) = rc_move(s, m, a);
@@ -1106,6 +1176,10 @@ impl<'c> World<'c> {
         let state = on_qp!(&q, s => s.state());
         note!(t, "    now {state:?}");
         self.qps[i].qp = Some(q);
+        if state == QpState::Reset && before != QpState::Reset {
+            // The reset drops the requests outstanding: none of them completes.
+            self.kill(self.qps[i].qpn);
+        }
         if res.is_ok() && matches!(m, Move::Next | Move::Ready) {
             self.qps[i].qkey = a.dinit.qkey;
         }
@@ -1153,6 +1227,7 @@ impl<'c> World<'c> {
     }
 
     fn drop_qp_entry(&mut self, e: QpEntry<'c>) {
+        self.kill(e.qpn);
         self.add_users(e.pd, e.scq, e.rcq, e.srq, -1);
         for pd in e.held {
             self.use_pd(pd, -1);
@@ -1380,8 +1455,11 @@ impl<'c> World<'c> {
     }
 
     /// Drops everything, dependents first, each class in a random order, explicitly or not.
-    fn teardown(mut self, r: &mut Rng, t: &mut Trace) -> (bool, bool, Vec<String>) {
+    fn teardown(mut self, r: &mut Rng, t: &mut Trace) -> (bool, bool, Vec<String>, Vec<String>) {
         note!(t, "teardown");
+        if self.honest {
+            self.flush_all(r, t);
+        }
         while !self.raw_qps.is_empty() {
             let i = r.below(self.raw_qps.len() as u64) as usize;
             self.destroy_raw_qp(t, i);
@@ -1424,7 +1502,68 @@ impl<'c> World<'c> {
             self.unknown,
             self.leaked,
             std::mem::take(&mut self.complaints),
+            std::mem::take(&mut self.strict),
         )
+    }
+
+    /// Exactly once, on an honest device: every QP goes to ERR and every CQ is polled dry;
+    /// then every request posted to those QPs has completed (once: `completed` checks that).
+    fn flush_all(&mut self, r: &mut Rng, t: &mut Trace) {
+        note!(t, "flush every QP");
+        let a = self.attrs(r, None);
+        for i in 0..self.qps.len() {
+            let s = self.qps[i].qp.as_ref().map(|q| on_qp!(q, s => s.state()));
+            if s.is_some_and(|s| s != QpState::Err) {
+                self.modify(t, i, Move::Error, &a);
+            }
+        }
+        for _ in 0..64 {
+            let mut any = false;
+            for i in live(&self.cqs) {
+                let mut wc = [WorkCompletion::default(); 16];
+                match self.cq(i).poll(&mut wc) {
+                    Ok(k) => {
+                        note!(t, "  poll_cq(#{i}) {:?}", &wc[..k]);
+                        for c in &wc[..k] {
+                            self.completed(t, c);
+                        }
+                        any |= k > 0;
+                    }
+                    Err(e) => {
+                        self.poll_failed(t, &e);
+                        any = true;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        let flushed: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|e| {
+                e.qp.as_ref()
+                    .is_some_and(|q| on_qp!(q, s => s.state()) == QpState::Err)
+            })
+            .map(|e| e.qpn)
+            .collect();
+        let left: Vec<(u32, u64)> = self
+            .posted
+            .keys()
+            .filter(|k| flushed.contains(&k.0))
+            .copied()
+            .collect();
+        if let Some(&(qpn, id)) = left.first() {
+            self.complain(
+                t,
+                format!(
+                    "every QP flushed and every CQ polled dry, {} requests never completed \
+                     (wr_id {id:#x} on QP {qpn}, ...)",
+                    left.len()
+                ),
+            );
+        }
     }
 
     /// Explicitly destroys QP `i` (teardown: a failure drops it, which keeps its memory).
@@ -1444,6 +1583,86 @@ impl<'c> World<'c> {
     }
 }
 
+/// The fuzzer's books of one buffer pool while its QP lives: which buffers are posted (by
+/// wr_id), and how many the driver keeps after their request was flushed (a receive the
+/// device took may still be written: parked until the QP is destroyed). At every step the
+/// pool's buffers in use are exactly those; none is handed out while posted.
+#[derive(Default)]
+struct PoolBooks {
+    out: BTreeMap<u64, u32>,
+    parked: u32,
+}
+
+impl PoolBooks {
+    /// A safe post of buffer `index` as request `id` on QP `qpn` returned `res` (on failure the
+    /// buffer comes back in it, and goes back to the pool here).
+    fn posted<B>(
+        &mut self,
+        w: &mut World<'_>,
+        t: &mut Trace,
+        (qpn, id, index): (u32, u64, u32),
+        res: Result<(), (B, Error)>,
+    ) {
+        match res {
+            Ok(()) => {
+                w.posted(qpn, [id].iter());
+                self.out.insert(id, index);
+            }
+            Err((b, e)) => {
+                drop(b);
+                w.err(t, &e);
+            }
+        }
+    }
+
+    fn handed_out(&mut self, w: &mut World<'_>, t: &mut Trace, index: u32) {
+        if self.out.values().any(|&i| i == index) {
+            w.complain_strict(
+                t,
+                format!("pool handed out buffer {index} while it is posted"),
+            );
+        }
+    }
+
+    fn completed(&mut self, w: &mut World<'_>, t: &mut Trace, wr_id: u64, buf: Option<u32>) {
+        match (self.out.remove(&wr_id), buf) {
+            (Some(i), Some(b)) if i != b => w.complain_strict(
+                t,
+                format!("the completion of wr_id {wr_id:#x} gave buffer {b}, posted {i}"),
+            ),
+            (Some(_), None) => self.parked += 1,
+            (None, _) => w.complain_strict(
+                t,
+                format!("a safe completion for wr_id {wr_id:#x}, posted with no buffer"),
+            ),
+            _ => {}
+        }
+    }
+
+    /// (`held`: buffers in the fuzzer's hands now.)
+    fn check(
+        &self,
+        w: &mut World<'_>,
+        t: &mut Trace,
+        pool: &BufferPool<'_, P>,
+        held: u32,
+        after: &str,
+    ) {
+        let in_use = pool.count() - pool.free_count();
+        let booked = self.out.len() as u32 + self.parked + held;
+        if in_use != booked {
+            w.complain_strict(
+                t,
+                format!(
+                    "pool after {after}: {in_use} buffers in use, {} posted and {} parked",
+                    self.out.len(),
+                    self.parked
+                ),
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The data path: every posting and polling call of this file is here, so that a new data-path
 // API is a change of this module only.
@@ -1457,7 +1676,9 @@ mod data {
             6..=8 => post_recv(w, r, t),
             9 => srq_recv(w, r, t),
             10..=11 => safe_post(w, r, t),
-            12..=16 => poll_cq(w, r, t),
+            12..=14 => poll_cq(w, r, t),
+            15 => churn(w, r, t),
+            16 => await_cq(w, r, t),
             17..=18 => poll_qp(w, r, t),
             _ => arm(w, r, t),
         }
@@ -1658,7 +1879,8 @@ mod data {
             w.err(t, e);
         }
         if finish {
-            w.posted(ok.iter());
+            let qpn = w.qps[i].qpn;
+            w.posted(qpn, ok.iter());
         }
     }
 
@@ -1707,7 +1929,8 @@ mod data {
             w.err(t, e);
         }
         if finish {
-            w.posted(ok.iter());
+            let qpn = w.qps[i].qpn;
+            w.posted(qpn, ok.iter());
         }
     }
 
@@ -1734,7 +1957,7 @@ mod data {
         // SAFETY: as in `post_send`.
         let res = unsafe { srq.post_recv_raw(&wrs) };
         if res.is_ok() {
-            w.posted(wrs.iter().map(|w| &w.wr_id));
+            w.posted(ANY_QP, wrs.iter().map(|w| &w.wr_id));
         }
         w.res(t, &res);
     }
@@ -1767,41 +1990,68 @@ mod data {
                 .pool(&pool)
         };
         let sends = 1 + r.below(4);
+        let after_err = r.below(6);
+        // wr_ids of its own (bit 63 clear: the fuzzer's books), sends at base + k, receives at
+        // base + 2^40 + k.
+        let base = r.next_u64() >> 24;
+        let mut books = PoolBooks::default();
+        // One round: a receive and a send posted (each with a buffer of the pool), then up to
+        // two polls through the QP; the pool's books checked after each step.
+        macro_rules! round {
+            ($qpv:ident, $qpn:expr, $k:expr, $q:ident, $kk:ident, $buf:ident => $post:expr) => {{
+                let k: u64 = $k;
+                if let Some(mut buf) = pool.alloc() {
+                    books.handed_out(w, t, buf.index());
+                    if let Some(rb) = pool.alloc() {
+                        books.handed_out(w, t, rb.index());
+                        let (id, index) = (base + (1 << 40) + k, rb.index());
+                        let res = $qpv.post_recv(id, rb);
+                        books.posted(w, t, ($qpn, id, index), res);
+                        // (The send's buffer is still in hand.)
+                        books.check(w, t, &pool, 1, "a safe receive");
+                    }
+                    let _ = buf.set_len(r.below(u64::from(buf.capacity()) + 1) as u32);
+                    let (id, index) = (base + k, buf.index());
+                    let res = {
+                        let ($q, $kk, $buf) = (&mut $qpv, id, buf);
+                        $post
+                    };
+                    books.posted(w, t, ($qpn, id, index), res);
+                    books.check(w, t, &pool, 0, "a safe send");
+                }
+                for _ in 0..r.below(3) {
+                    match $qpv.poll_one() {
+                        Ok(Some(c)) => {
+                            note!(t, "    -> {:?} with buffer {}", c.wc, c.buf.is_some());
+                            w.completed(t, &c.wc);
+                            books.completed(w, t, c.wc.wr_id, c.buf.as_ref().map(|b| b.index()));
+                            drop(c);
+                        }
+                        Ok(None) => {}
+                        Err(e) => w.poll_failed(t, &e),
+                    }
+                    books.check(w, t, &pool, 0, "a poll");
+                }
+            }};
+        }
         macro_rules! exercise {
-            ($qp:expr, $q:ident, $k:ident, $buf:ident => $post:expr) => {{
+            ($qp:expr, $q:ident, $kk:ident, $buf:ident => $post:expr) => {{
                 let mut qp = $qp;
+                let qpn = qp.qp_num();
                 for k in 0..sends {
-                    if let Some(mut buf) = pool.alloc() {
-                        if let Some(rb) = pool.alloc() {
-                            match qp.post_recv(1000 + k, rb) {
-                                Ok(()) => w.posted([1000 + k].iter()),
-                                Err((_, e)) => w.err(t, &e),
-                            }
-                        }
-                        let _ = buf.set_len(r.below(u64::from(buf.capacity()) + 1) as u32);
-                        let res = {
-                            let ($q, $k, $buf) = (&mut qp, k, buf);
-                            $post
-                        };
-                        match res {
-                            Ok(()) => w.posted([k].iter()),
-                            Err((_, e)) => w.err(t, &e),
-                        }
-                    }
-                    for _ in 0..r.below(3) {
-                        match qp.poll_one() {
-                            Ok(Some(c)) => {
-                                note!(t, "    -> {:?} with buffer {}", c.wc, c.buf.is_some());
-                                w.completed(t, &c.wc);
-                            }
-                            Ok(None) => {}
-                            Err(e) => w.err(t, &e),
-                        }
-                    }
+                    round!(qp, qpn, k, $q, $kk, $buf => $post);
                 }
                 if r.below(3) == 0 {
+                    note!(t, "    to_error, then {after_err} rounds in ERR");
                     match qp.to_error() {
-                        Ok(q) => drop(q),
+                        Ok(mut q) => {
+                            // Posts and polls go on in ERR: the flushed requests' slots are
+                            // used again.
+                            for k in sends..sends + after_err {
+                                round!(q, qpn, k, $q, $kk, $buf => $post);
+                            }
+                            drop(q);
+                        }
                         Err((q, e)) => {
                             w.err(t, &e);
                             drop(q);
@@ -1810,6 +2060,7 @@ mod data {
                 } else {
                     drop(qp);
                 }
+                w.kill(qpn);
             }};
         }
         if ud {
@@ -1826,7 +2077,7 @@ mod data {
                 Ok(q) => q,
                 Err((_, e)) => return w.err(t, &e),
             };
-            exercise!(qp, q, k, buf => q.post_send_to(k, buf, (&ah, dest.1, dest.2)));
+            exercise!(qp, q, id, buf => q.post_send_to(id, buf, (&ah, dest.1, dest.2)));
         } else {
             let qp = match b().build::<Rc>() {
                 Ok(q) => q,
@@ -1848,13 +2099,13 @@ mod data {
                 Ok(q) => q,
                 Err((_, e)) => return w.err(t, &e),
             };
-            exercise!(qp, q, k, buf => q.post_send(k, buf));
+            exercise!(qp, q, id, buf => q.post_send(id, buf));
         }
         // The QP is gone: every buffer is back (a raw poll, a flush or the destroy returned
         // the rest) — unless the device lied about the destroy, which keeps them.
-        if w.honest && pool.free_count() != pool.count() {
+        if pool.free_count() != pool.count() {
             let (free, count) = (pool.free_count(), pool.count());
-            w.complain(
+            w.complain_strict(
                 t,
                 format!("pool: {free} of {count} buffers back after the QP went"),
             );
@@ -1878,7 +2129,174 @@ mod data {
                 w.completed(t, c);
             }
         }
-        w.res(t, &res);
+        match &res {
+            Ok(k) => note!(t, "    -> Ok({k})"),
+            Err(e) => w.poll_failed(t, e),
+        }
+    }
+
+    /// Lifecycles on one CQ: a datagram QP (GSI or UD) sends to itself, its CQEs sometimes
+    /// left in the ring, then is reset and brought up again (GSI: the same QP) or destroyed
+    /// and made again (GSI: the same handle, 1); two to four lives. Every completion polled
+    /// is checked against the books: none of an earlier life may appear, and on an honest
+    /// device none is refused.
+    fn churn(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
+        let (Some(pd), Some(cq), Some((sgid, gid))) =
+            (pick_live(r, &w.pds), pick_live(r, &w.cqs), w.bound_gid(r))
+        else {
+            return;
+        };
+        let gsi = r.below(2) == 0;
+        let lives = 2 + r.below(3);
+        note!(t, "churn(pd #{pd}, cq #{cq}, gsi {gsi}, {lives} lives)");
+        let ah = match w.pd(pd).create_ah(&AddressVector::new(gid, sgid)) {
+            Ok(a) => a,
+            Err(e) => return w.err(t, &e),
+        };
+        let qkey = 0x1111_0000;
+        macro_rules! lives {
+            ($ty:ty) => {{
+                let (pdr, cqr) = (w.pd(pd), w.cq(cq));
+                let build = || {
+                    pdr.qp_builder(cqr, cqr)
+                        .caps(QpCaps {
+                            max_send_wr: 4,
+                            max_recv_wr: 4,
+                            max_send_sge: 1,
+                            max_recv_sge: 1,
+                            max_inline_data: 0,
+                        })
+                        .build::<$ty>()
+                };
+                let mut qp = match build() {
+                    Ok(q) => q,
+                    Err(e) => return w.err(t, &e),
+                };
+                for life in 0..lives {
+                    let qpn = qp.qp_num();
+                    let mut up = match qp.ready(qkey, 0) {
+                        Ok(q) => q,
+                        Err((_, e)) => return w.err(t, &e),
+                    };
+                    let n = 1 + r.below(3);
+                    let ids: Vec<u64> = (0..2 * n).map(|_| wr_id(r)).collect();
+                    let mut b = up.recv_batch();
+                    // SAFETY: no SGE: the requests name no memory.
+                    let recvs: Vec<u64> = ids[..n as usize]
+                        .iter()
+                        .filter(|&&id| unsafe { b.recv(id, &[]) }.is_ok())
+                        .copied()
+                        .collect();
+                    b.finish();
+                    w.posted(qpn, recvs.iter());
+                    let mut b = up.send_batch();
+                    let to = (&ah, qpn, qkey);
+                    // SAFETY: as above.
+                    let sends: Vec<u64> = ids[n as usize..]
+                        .iter()
+                        .filter(|&&id| {
+                            unsafe { b.send_to(id, SendFlags::SIGNALED, to, &[]) }.is_ok()
+                        })
+                        .copied()
+                        .collect();
+                    b.finish();
+                    w.posted(qpn, sends.iter());
+                    note!(
+                        t,
+                        "  life {life} of QP {qpn}: recvs {recvs:x?}, sends {sends:x?}"
+                    );
+                    for _ in 0..r.below(3) {
+                        let mut wc = [WorkCompletion::default(); 2];
+                        match w.cq(cq).poll(&mut wc) {
+                            Ok(k) => {
+                                note!(t, "    {:?}", &wc[..k]);
+                                for c in &wc[..k] {
+                                    w.completed(t, c);
+                                }
+                            }
+                            Err(e) => w.poll_failed(t, &e),
+                        }
+                    }
+                    if gsi && r.below(2) == 0 {
+                        note!(t, "  reset");
+                        qp = match up.reset() {
+                            Ok(q) => q,
+                            Err((q, e)) => {
+                                w.err(t, &e);
+                                drop(q);
+                                w.kill(qpn);
+                                return;
+                            }
+                        };
+                        w.kill(qpn);
+                    } else {
+                        note!(t, "  destroy, build again");
+                        drop(up);
+                        w.kill(qpn);
+                        qp = match build() {
+                            Ok(q) => q,
+                            Err(e) => return w.err(t, &e),
+                        };
+                    }
+                }
+                let qpn = qp.qp_num();
+                drop(qp);
+                w.kill(qpn);
+            }};
+        }
+        if gsi {
+            lives!(Gsi);
+        } else {
+            lives!(Ud);
+        }
+        // What is left in the CQ: nothing of those lives may come out.
+        let mut wc = [WorkCompletion::default(); 8];
+        match w.cq(cq).poll(&mut wc) {
+            Ok(k) => {
+                for c in &wc[..k] {
+                    w.completed(t, c);
+                }
+            }
+            Err(e) => w.poll_failed(t, &e),
+        }
+    }
+
+    /// The futures: `next_completion` (or `ready`) polled up to three times with a waker that
+    /// does nothing. Each poll must return (an unbounded loop is the watchdog's); a
+    /// completion it gives is checked as a poll's.
+    fn await_cq(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
+        use std::future::Future;
+        use std::task::{Context as TaskContext, Poll as TaskPoll, Waker};
+        let Some(i) = pick_live(r, &w.cqs) else {
+            return;
+        };
+        let mut cx = TaskContext::from_waker(Waker::noop());
+        let tries = 1 + r.below(3);
+        let cq = w.cq(i);
+        if r.below(4) == 0 {
+            note!(t, "ready(#{i}) x{tries}");
+            let mut f = std::pin::pin!(cq.ready());
+            for _ in 0..tries {
+                match f.as_mut().poll(&mut cx) {
+                    TaskPoll::Ready(Ok(())) => return note!(t, "    -> ready"),
+                    TaskPoll::Ready(Err(e)) => return w.err(t, &e),
+                    TaskPoll::Pending => note!(t, "    -> pending"),
+                }
+            }
+            return;
+        }
+        note!(t, "next_completion(#{i}) x{tries}");
+        let mut f = std::pin::pin!(cq.next_completion());
+        for _ in 0..tries {
+            match f.as_mut().poll(&mut cx) {
+                TaskPoll::Ready(Ok(wc)) => {
+                    note!(t, "    -> {wc:?}");
+                    return w.completed(t, &wc);
+                }
+                TaskPoll::Ready(Err(e)) => return w.poll_failed(t, &e),
+                TaskPoll::Pending => note!(t, "    -> pending"),
+            }
+        }
     }
 
     fn poll_qp(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
@@ -1897,7 +2315,7 @@ mod data {
                 w.completed(t, &c.wc);
             }
             Ok(None) => note!(t, "    -> None"),
-            Err(e) => w.err(t, &e),
+            Err(e) => w.poll_failed(t, &e),
         }
     }
 
@@ -1916,6 +2334,24 @@ mod data {
 
 /// The machine of an execution; whether it is honest (it tells no lie); whether it is plain
 /// (default limits, plenty of DMA memory); and its description.
+/// Which devices the executions get (`FUZZ_MODE`): `honest` (no lie; faults injected as
+/// usual), `hostile` (every one lies somewhere), anything else a mix (one in eight honest).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Mixed,
+    Honest,
+    Hostile,
+}
+
+fn mode() -> Mode {
+    static MODE: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("FUZZ_MODE").as_deref() {
+        Ok("honest") => Mode::Honest,
+        Ok("hostile") => Mode::Hostile,
+        _ => Mode::Mixed,
+    })
+}
+
 fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
     let mut cfg = ModelConfig {
         version: r.pick(&[17, 17, 17, 17, 17, 18, 19, 20]),
@@ -1993,17 +2429,22 @@ fn machine(r: &mut Rng) -> (ModelConfig, bool, bool, String) {
             }
         };
     }
-    let rate = r.pick(&[0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 512, 4096, 0, 16]);
+    let mut rate = r.pick(&[0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 512, 4096, 0, 16]);
+    match mode() {
+        Mode::Honest => rate = 0,
+        Mode::Hostile if rate == 0 => rate = 16,
+        _ => {}
+    }
     let points = if r.below(3) == 0 {
         point::ALL
     } else {
-        (r.next_u64() as u32 & point::ALL).max(1 << r.below(8))
+        (r.next_u64() as u32 & point::ALL).max(1 << r.below(9))
     };
     if rate != 0 {
         let mut h = Hostile::new(r.next_u64(), rate).at(points);
         if r.below(3) == 0 {
             // Some points lie at their own rate.
-            for p in 0..8 {
+            for p in 0..9 {
                 if r.below(3) == 0 {
                     h = h.rate_at(1 << p, r.pick(&[1, 2, 4, 16, 256]));
                 }
@@ -2110,7 +2551,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
                 let _ = e.kind();
                 let _ = write!(Sink, "{e}");
                 note!(t, "    -> Err({e:?})");
-                return (outcome_unknown(&e), false, Vec::new());
+                return (outcome_unknown(&e), false, Vec::new(), Vec::new());
             }
         };
         note!(
@@ -2146,7 +2587,7 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
             detail: format!("{what}\n  machine: {desc}\n  lies: {lies:?}"),
         })
     };
-    let (unknown, leaked, complaints) = match outcome {
+    let (unknown, leaked, complaints, strict) = match outcome {
         Ok(v) => v,
         Err(_) => {
             let msg = PANIC.with(|p| p.borrow_mut().take()).unwrap_or_default();
@@ -2167,7 +2608,11 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
     model.check_guards();
     // The lies told (an injected errno counts as one about a command's outcome); a violation
     // counts unless one of them may have led a correct driver to it.
-    let told = lies.mask() | if faulted { point::PROTOCOL } else { 0 };
+    let mut told = lies.mask() | if faulted { point::PROTOCOL } else { 0 };
+    if lies.write > 0 {
+        // Rewritten ring indices and CQEs are lies about rings and CQEs.
+        told |= point::RING | point::CQE;
+    }
     for v in model.violation_records() {
         if v.excused_by & told == 0 || v.kind == ViolationKind::Memory {
             return problem(
@@ -2195,6 +2640,14 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
                 ),
             );
         }
+        if !leaked && warnings == 0 {
+            // The driver keeps memory on purpose only with a warning (the fuzzer's own
+            // forgotten objects aside).
+            return problem(
+                "DMA pages kept without a warning".into(),
+                format!("{pages} DMA pages never returned, and the driver logged no warning"),
+            );
+        }
     }
     if model.active() {
         return problem(
@@ -2204,6 +2657,17 @@ fn execute(seed: u64, t: &mut Trace) -> Option<Found> {
     }
     if let Some(c) = complaints.first() {
         return problem(format!("wrong answer: {}", shape(c)), c.clone());
+    }
+    // What holds whatever the device wrote to memory or CQEs, unless it lied about a command's
+    // outcome (then the driver's idea of which QPs exist may rightly differ from the model's).
+    if let Some(c) = strict.first()
+        && !lies.protocol()
+        && !faulted
+    {
+        return problem(
+            format!("wrong answer (lying device): {}", shape(c)),
+            c.clone(),
+        );
     }
     None
 }
@@ -2367,11 +2831,11 @@ fn main() {
                 stalled[k] = 0;
             }
             last[k] = h;
-            if stalled[k] >= 300 {
+            if stalled[k] >= 50 {
                 let seed = current[k].load(Ordering::Relaxed);
                 let f = failures.lock().unwrap_or_else(|p| p.into_inner()).total + 1;
                 println!(
-                    "FAIL seed {seed}: no progress for 30 s (an unbounded wait?)\n  replay: \
+                    "FAIL seed {seed}: no progress for 5 s (an unbounded wait?)\n  replay: \
                      tests/fuzz.sh 1 {seed}"
                 );
                 println!(

@@ -6,7 +6,8 @@
 # prints, last:
 #     fuzz: <N> executions, <F> failures, seed <S>
 # Each failure prints the seed that replays it, `tests/fuzz.sh 1 <seed>`, which prints its trace.
-# FUZZ_VERBOSE=1 traces every execution. FUZZ_VALGRIND=<n> first runs n executions under
+# FUZZ_MODE=honest|hostile runs only honest devices (faults injected as usual) or only lying
+# ones (default: a mix). FUZZ_VERBOSE=1 traces every execution. FUZZ_VALGRIND=<n> first runs n executions under
 # valgrind's memcheck (single-threaded; its errors count as failures). Exit status 1 when
 # anything failed.
 #

@@ -216,3 +216,25 @@ fn an_armed_cq_raises_vector_2_once_and_async_events_vector_1() {
     bar1.write32(IMR, !0);
     teardown(&model, ctx);
 }
+
+#[test]
+fn an_msix_table_over_the_registers_or_the_doorbells_is_refused() {
+    for (bir, offset) in [(1u8, 0u32), (1, 0x20), (2, 0), (2, 0x800)] {
+        let model = common::model();
+        model.set_msix_table(bir, offset);
+        let config = bareverbs::device::pvrdma::Config {
+            interrupts: true,
+            ..CONFIG
+        };
+        let r = bareverbs::device::pvrdma::Pvrdma::probe(model.clone(), &model, config);
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("table in BAR{bir} at {offset:#x} accepted"));
+        assert!(
+            matches!(e, bareverbs::Error::Protocol { .. }),
+            "BAR{bir} at {offset:#x}: {e:?}"
+        );
+        assert_eq!(model.outstanding_pages(), 0, "BAR{bir} at {offset:#x}");
+        assert!(!model.active());
+    }
+}

@@ -974,12 +974,30 @@ impl Ref {
 
     /// RESET or destroy: outstanding requests are dropped without completions.
     fn discard(&mut self, q: usize) {
+        // The QP's CQEs still in the rings go with it (the driver removes them): the requests
+        // they completed are done, their buffers free.
+        let mut completed = Vec::new();
+        for ring in &mut self.rings {
+            ring.retain(|&(p, w)| {
+                if p == q {
+                    completed.push(w);
+                }
+                p != q
+            });
+        }
+        // SRQ receives among them: completed for the SRQ, never to be polled.
+        for &w in &completed {
+            if self.wrs[w].wq == Wq::Srq {
+                self.wrs[w].done = true;
+                self.srq_out.retain(|&x| x != w);
+            }
+        }
         let p = &mut self.qps[q];
         let ws: Vec<usize> = p.sq.drain(..).chain(p.rq.drain(..)).collect();
         for w in ws {
             self.wrs[w].done = true;
             if self.wrs[w].buf.is_some() {
-                if self.wrs[w].wq == Wq::Rq {
+                if self.wrs[w].wq == Wq::Rq && !completed.contains(&w) {
                     // Discarded after the device took it (at its doorbell; its completion, if
                     // any, is discarded too): parked until the QP is destroyed.
                     self.wrs[w].parked = true;

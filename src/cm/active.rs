@@ -3,12 +3,13 @@
 
 use bareverbs_hal::Clock;
 
-use super::event::{Failure, SIDR_TIMEOUT};
+use super::event::SIDR_TIMEOUT;
 use super::mad::{Mad, attr};
 use super::msg::{
     self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
     sidr_status,
 };
+use super::table::Failure;
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
 use super::{Cm, CmError, ConnId, REQ_USER_DATA, SIDR_USER_DATA};

@@ -5,8 +5,7 @@ use bareverbs_hal::Clock;
 
 use super::Cm;
 use super::msg::{self, Private, pdata};
-use super::table::{Conn, St, pend};
-use crate::Error;
+use super::table::{Conn, Failure, St, pend};
 use crate::verbs::{Provider, QueuePair, Rc, Reset, Rts};
 
 /// A connection, by the communication ID this side gave it (unique among the live ones).
@@ -57,22 +56,6 @@ pub struct SidrRequest {
     pub dst_port: u16,
     /// The user's private data (after rdma_cm's header).
     pub private_data: Private<SIDR_USER_DATA>,
-}
-
-/// Why a connection ended before it was established.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// The peer sent a REJ with this reason (`docs/cm.md` lists them; 28: the application).
-    Rejected {
-        /// The reason code.
-        reason: u16,
-    },
-    /// The peer did not answer the REQ (or REP, SIDR_REQ) through every retry.
-    Timeout,
-    /// The QP could not be moved to RTS with the peer's values (a REJ was sent).
-    Qp(Error),
-    /// The REP named a QP of a live connection (a REJ "stale connection" was sent).
-    Stale,
 }
 
 /// Something that happened to a connection.

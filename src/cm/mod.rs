@@ -98,11 +98,11 @@ use bareverbs_hal::Clock;
 
 pub use active::ConnectParams;
 pub use event::{
-    CmEvent, ConnId, ConnectRequest, Failure, REQ_USER_DATA, SIDR_TIMEOUT, SIDR_USER_DATA,
-    SidrRequest,
+    CmEvent, ConnId, ConnectRequest, REQ_USER_DATA, SIDR_TIMEOUT, SIDR_USER_DATA, SidrRequest,
 };
 pub use msg::Private;
 pub use passive::AcceptParams;
+pub use table::Failure;
 pub use wait::NextEvent;
 
 use mad::{MAD_LEN, Mad};

@@ -4,12 +4,12 @@
 
 use bareverbs_hal::Clock;
 
-use super::event::Failure;
 use super::mad::Mad;
 use super::msg::{
     self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
     sidr_status,
 };
+use super::table::Failure;
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
 use super::{Cm, CmError, ConnId, Service};

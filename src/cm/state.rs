@@ -4,9 +4,9 @@
 use bareverbs_hal::Clock;
 
 use super::Cm;
-use super::event::Failure;
 use super::mad::{Mad, attr};
 use super::msg::{Ids, Mra, Private, Rej, about, reason};
+use super::table::Failure;
 use super::table::{Lookup, St, pend};
 use super::timer::timeout_us;
 use crate::verbs::Provider;

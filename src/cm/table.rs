@@ -2,11 +2,27 @@
 //! timer, the message it retransmits and the events it has to report. No heap: the table is
 //! an array inside the [`Cm`](super::Cm).
 
-use super::event::Failure;
 use super::mad::Mad;
 use super::msg::{Private, Req, pdata};
 use super::timer::Timer;
+use crate::Error;
 use crate::verbs::{Provider, QueuePair, Rc, Reset, Rts};
+
+/// Why a connection ended before it was established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The peer sent a REJ with this reason (`docs/cm.md` lists them; 28: the application).
+    Rejected {
+        /// The reason code.
+        reason: u16,
+    },
+    /// The peer did not answer the REQ (or REP, SIDR_REQ) through every retry.
+    Timeout,
+    /// The QP could not be moved to RTS with the peer's values (a REJ was sent).
+    Qp(Error),
+    /// The REP named a QP of a live connection (a REJ "stale connection" was sent).
+    Stale,
+}
 
 /// Where a connection is (IBTA's CM states, as far as RoCE uses them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 //! to reach the other.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// How a provider hands a safe buffer back to its pool: a function and the pool's free map.
 #[derive(Clone, Copy)]
@@ -24,6 +25,14 @@ impl core::fmt::Debug for BufRelease {
 }
 
 impl BufRelease {
+    /// How many buffers the pool has: every index handed back is below it.
+    pub fn count(&self) -> u32 {
+        // SAFETY: `ctx` is a pool's free map (`BufferPool::release_hook`, the only maker of a
+        // BufRelease), alive while the pool is: word 0 is the buffer count.
+        let n = unsafe { self.ctx.cast::<AtomicU64>().as_ref() }.load(Ordering::Relaxed);
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// Hands buffer `index` back.
     ///
     /// # Safety

@@ -59,6 +59,10 @@ impl<P: Provider> Future for Ready<'_, '_, P> {
     }
 }
 
+/// How many times one poll of [`NextCompletion`] looks again after the CQ read ready but its
+/// poll found nothing, before it yields.
+const READY_TRIES: u32 = 4;
+
 /// [`CompletionQueue::next_completion`]: resolves to the CQ's next completion.
 pub struct NextCompletion<'q, 'c, P: Provider> {
     cq: &'q CompletionQueue<'c, P>,
@@ -73,9 +77,12 @@ impl<'q, 'c, P: Provider> NextCompletion<'q, 'c, P> {
 impl<P: Provider> Future for NextCompletion<'_, '_, P> {
     type Output = Result<WorkCompletion>;
 
+    /// Bounded: a CQ that reads ready while its poll finds nothing (a provider's readiness
+    /// test disagreeing with its poll, or a device racing both) gets [`READY_TRIES`] more looks;
+    /// then the future asks to be polled again later (its waker woken) instead of spinning.
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<WorkCompletion>> {
         let mut wc = [WorkCompletion::default()];
-        loop {
+        for _ in 0..=READY_TRIES {
             match self.cq.poll(&mut wc) {
                 Ok(1) => return Poll::Ready(Ok(wc[0])),
                 Ok(_) => {}
@@ -87,6 +94,8 @@ impl<P: Provider> Future for NextCompletion<'_, '_, P> {
                 Poll::Pending => return Poll::Pending,
             }
         }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 

@@ -33,9 +33,11 @@ pub struct Cq<H: Hal> {
     pub(crate) users: AtomicU32,
     /// 1 while a refused CQE waits to be reported by the next poll.
     pub(crate) deferred: AtomicU32,
-    /// CQEs of destroyed QPs still in the ring: they keep their room reserved until a poll
-    /// drops them.
-    pub(crate) stale: AtomicU32,
+    /// The consumer index last handed back to the device (modulo 2N): the driver's own copy
+    /// of the ring's `cons_head`. Whether the ring looks empty is decided against it, never
+    /// against the shared word, which the device could rewrite (a CQ that reads ready while a
+    /// poll, counting from its private head, finds nothing, makes a waiter spin).
+    pub(crate) cons_index: AtomicU32,
     /// The POLL doorbell word (`handle | CQ_POLL`), or 0 where it must not be rung
     /// ([`Events::poll_doorbell`](super::irq::Events::poll_doorbell)).
     pub(crate) poll_bell: u32,
@@ -80,8 +82,12 @@ pub(crate) struct Last {
 pub(crate) const SENDS: u32 = 1;
 /// Its receive completions come to this CQ.
 pub(crate) const RECVS: u32 = 2;
-/// Its receive completions come to this CQ, from its own receive queue (not an SRQ).
+/// Its receive completions come to this CQ, from its own receive queue (not an SRQ), and none
+/// of its earlier life is due (the straight-line poll may take them).
 pub(crate) const OWN_RECVS: u32 = 4;
+/// Its send completions come to this CQ, and none of its earlier life is due (the
+/// straight-line poll may take them).
+pub(crate) const FAST_SENDS: u32 = 8;
 
 impl Last {
     /// No QP cached: no CQE matches (`roles` 0).
@@ -101,9 +107,16 @@ impl Last {
         // caller holds the CQ's poll lock.
         let c = unsafe { ctl.as_ref() };
         let (srq, qpn) = (c.srq, c.qpn);
+        // (A queue with CQEs of its earlier life due goes through the general match.)
+        let calm = |q: &super::qptable::QueueView| q.ctl.late.load(Ordering::Relaxed) == 0;
         let roles = if send { SENDS } else { 0 }
+            | if send && calm(&c.sq) { FAST_SENDS } else { 0 }
             | if recv { RECVS } else { 0 }
-            | if recv && !srq { OWN_RECVS } else { 0 };
+            | if recv && !srq && calm(&c.rq) {
+                OWN_RECVS
+            } else {
+                0
+            };
         Some(Last {
             qp: u64::from(handle),
             ctl,
@@ -120,11 +133,6 @@ impl PollState {
             last: Last::NONE,
             deferred: None,
         }
-    }
-
-    /// The consumer's position.
-    pub(crate) fn head(&self) -> u32 {
-        self.head
     }
 
     /// Forgets a cached control block (its QP is going away).
@@ -150,6 +158,17 @@ pub(crate) struct CqLocks<'a, H: Hal> {
 }
 
 impl<'a, H: Hal> CqLocks<'a, H> {
+    /// The queues of the QP whose control block is `ctl` stop flushing (RESET, destroy): its
+    /// CQs no longer count them, so that a CQ with nothing to report reads empty. Under both
+    /// CQs' poll locks (this value).
+    pub(crate) fn stop_flush(&self, ctl: &QpCtl) {
+        for (q, cq) in [(&ctl.sq, self.s), (&ctl.rq, self.r)] {
+            if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
+                cq.flushing.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
     /// Takes both locks, or answers `Busy` for `op` (nothing held).
     pub(crate) fn take(s: &'a Cq<H>, r: &'a Cq<H>, op: Op) -> Result<Self> {
         let lock = |cq: &'a Cq<H>| {
@@ -182,23 +201,30 @@ impl<'a, H: Hal> CqLocks<'a, H> {
         })
     }
 
-    /// The consumer positions of the send and the receive CQ.
-    pub(crate) fn heads(&self) -> (u32, u32) {
-        let first = self.first.head();
-        let second = self.second.as_ref().map_or(first, |g| g.head());
-        if (self.s as *const Cq<H>) <= (self.r as *const Cq<H>) {
-            (first, second)
-        } else {
-            (second, first)
-        }
-    }
-
     /// Forgets a control block the pollers cached (its QP is going away).
     pub(crate) fn forget(&mut self, ctl: NonNull<QpCtl>) {
         self.first.forget(ctl);
         if let Some(g) = self.second.as_mut() {
             g.forget(ctl);
         }
+    }
+
+    /// Removes every CQE of QP `handle` from both CQs ([`Cq::purge`], `recv_wr_id` called
+    /// with the `wr_id` of each receive removed): how many were in the send CQ's ring for its
+    /// send queue and in the receive CQ's for its receive queue.
+    pub(crate) fn purge(&mut self, handle: u32, mut recv_wr_id: impl FnMut(u64)) -> (u32, u32) {
+        let s_first = (self.s as *const Cq<H>) <= (self.r as *const Cq<H>);
+        let (a, b) = if s_first {
+            (self.s, self.r)
+        } else {
+            (self.r, self.s)
+        };
+        let (a_s, a_r) = a.purge(&mut self.first.head, handle, &mut recv_wr_id);
+        let Some(g) = self.second.as_mut() else {
+            return (a_s, a_r);
+        };
+        let (b_s, b_r) = b.purge(&mut g.head, handle, &mut recv_wr_id);
+        if s_first { (a_s, b_r) } else { (b_s, a_r) }
     }
 }
 
@@ -216,6 +242,22 @@ impl<H: Hal> Cq<H> {
     /// This CQ's identity in the QP table: its ring's physical address (unique while it lives).
     pub(crate) fn id(&self) -> u64 {
         self.mem.data.paddr()
+    }
+
+    /// Hands the slots before free-running consumer position `head` back to the device
+    /// (release: the CQEs were read before), and keeps the index the device was given.
+    #[inline(always)]
+    pub(crate) fn hand_back(&self, head: u32) {
+        let i = self.ring.index(head);
+        self.ring.cons().store(i, Ordering::Release);
+        self.cons_index.store(i, Ordering::Relaxed);
+    }
+
+    /// Whether the ring looks empty: the device's producer index is where the driver's own
+    /// consumer index is.
+    #[inline(always)]
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.ring.prod().load(Ordering::Relaxed) == self.cons_index.load(Ordering::Relaxed)
     }
 
     /// Reserves `n` CQEs for a work queue, or says how many are left.
@@ -237,40 +279,63 @@ impl<H: Hal> Cq<H> {
         self.reserved.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// How many CQEs of QP `handle` (only receives, with `recv_only`) wait in the ring from the
-    /// consumer position `head` (the caller holds the poll lock). An impossible producer index
-    /// counts none.
-    pub(crate) fn cqes_of(&self, head: u32, handle: u32, recv_only: bool) -> u32 {
+    /// Removes every CQE of QP `handle` waiting in the ring from the consumer position `head`
+    /// (the caller holds the poll lock: `head` is its state's), as Linux's driver does when a
+    /// QP is reset or destroyed (`docs/pvrdma.md`): the CQEs kept move toward the producer end,
+    /// the consumer position moves past the slots freed, which go back to the device. How many
+    /// of those removed were sends and receives (`recv_wr_id` is called with each receive's
+    /// `wr_id`); an impossible producer index removes none.
+    pub(crate) fn purge(
+        &self,
+        head: &mut u32,
+        handle: u32,
+        recv_wr_id: &mut impl FnMut(u64),
+    ) -> (u32, u32) {
         let ring = self.ring;
-        let ready = ring.ready(head).unwrap_or(0);
-        (0..ready)
-            .filter(|&i| {
-                let c = ring.slot(head.wrapping_add(i)).cast::<abi::Cqe>();
-                // SAFETY: a CQE slot of the ring, published by the prod_tail read (acquire) in
-                // `ready`; read as plain data.
-                let (qp, op) = unsafe {
-                    (
-                        core::ptr::addr_of!((*c).qp).read_volatile(),
-                        core::ptr::addr_of!((*c).opcode).read_volatile(),
-                    )
+        let Some(ready) = ring.ready(*head) else {
+            return (0, 0);
+        };
+        let (mut sends, mut recvs) = (0, 0);
+        let end = head.wrapping_add(ready);
+        // From the newest CQE back; `keep` is the slot of the last CQE kept.
+        let (mut keep, mut n) = (end, end);
+        while n != *head {
+            n = n.wrapping_sub(1);
+            let c = ring.slot(n).cast::<abi::Cqe>();
+            // SAFETY: a CQE slot of the ring, published by the prod_tail read (acquire) in
+            // `ready`; read as plain data.
+            let (qp, op) = unsafe {
+                (
+                    core::ptr::addr_of!((*c).qp).read_volatile(),
+                    core::ptr::addr_of!((*c).opcode).read_volatile(),
+                )
+            };
+            if qp == u64::from(handle) {
+                match decode_opcode(op) {
+                    Some((_, true)) => {
+                        recvs += 1;
+                        // SAFETY: as above.
+                        recv_wr_id(unsafe { core::ptr::addr_of!((*c).wr_id).read_volatile() });
+                    }
+                    _ => sends += 1,
+                }
+                continue;
+            }
+            keep = keep.wrapping_sub(1);
+            if keep != n {
+                // SAFETY: both slots lie between the consumer position and the producer index
+                // read above: published CQEs the device no longer writes, the poller's alone
+                // (its lock is held); distinct slots of CQE_SIZE bytes.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(ring.slot(n), ring.slot(keep), abi::CQE_SIZE)
                 };
-                qp == u64::from(handle)
-                    && decode_opcode(op).is_some_and(|(_, recv)| recv || !recv_only)
-            })
-            .count() as u32
-    }
-
-    /// A CQE of a QP that is gone was dropped: if it was one a destroy left reserved, its room
-    /// comes back.
-    #[cold]
-    pub(crate) fn drop_stale(&self) {
-        if self
-            .stale
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            self.unreserve(1);
+            }
         }
+        if keep != *head {
+            *head = keep;
+            self.hand_back(keep);
+        }
+        (sends, recvs)
     }
 
     /// Gives back `n` reserved CQEs.
@@ -312,7 +377,7 @@ impl<H: Hal> Pvrdma<H> {
             flushing: AtomicU32::new(0),
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
-            stale: AtomicU32::new(0),
+            cons_index: AtomicU32::new(0),
             poll_bell: if self.events.poll_doorbell() {
                 r.cq_handle | db::CQ_POLL
             } else {
@@ -337,7 +402,14 @@ impl<H: Hal> Pvrdma<H> {
             }))
         };
         if let Some(e) = refused {
-            if let Err((cq, _)) = self.destroy_cq_impl(cq) {
+            if let Err((cq, de)) = self.destroy_cq_impl(cq) {
+                // The device may use the CQ's memory: kept for good, as every deliberate leak,
+                // with a warning.
+                crate::error::warn(
+                    "a CQ the device answered garbage for could not be destroyed (",
+                    &de,
+                    "): its memory is kept",
+                );
                 core::mem::forget(cq);
             }
             return Err(e);

@@ -60,7 +60,7 @@ impl<H: Hal> Pvrdma<H> {
         wc: &mut WorkCompletion,
     ) -> Result<Option<u32>> {
         let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) != ring.cons().load(Ordering::Relaxed)
+        if !cq.looks_empty()
             && let Some(mut guard) = cq.poll.try_lock()
         {
             let st = &mut *guard;
@@ -70,8 +70,7 @@ impl<H: Hal> Pvrdma<H> {
                 let c = ring.cqe(st.head);
                 if let Some(tag) = fast_cqe_tag(&st.last, c, Some(handle), wc) {
                     st.head = st.head.wrapping_add(1);
-                    // The CQE was read before its slot is handed back (release).
-                    ring.cons().store(ring.index(st.head), Ordering::Release);
+                    cq.hand_back(st.head);
                     return Ok(Some(tag));
                 }
             }
@@ -115,15 +114,14 @@ impl<H: Hal> Pvrdma<H> {
         cq: &'c Cq<H>,
         only: Option<u32>,
     ) -> Result<Option<Poll<'c, H>>> {
-        let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
+        if cq.looks_empty()
             && cq.flushing.load(Ordering::Relaxed) == 0
             && cq.deferred.load(Ordering::Relaxed) == 0
         {
             // Looks empty: let the device harvest what it has, then look again (§10.3). A
             // racing poller can only make this poll find nothing, as any poll may.
             self.kick(cq);
-            if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
+            if cq.looks_empty() {
                 return Ok(None);
             }
         }
@@ -224,6 +222,8 @@ impl<H: Hal> Poll<'_, H> {
     #[cold]
     fn next_flush(&mut self) -> Option<bool> {
         let f = take_flush(self.dev, self.cq, self.only)?;
+        // A flush may have made CQEs of the queue's earlier life due (see `Last::lookup`).
+        self.st.last = super::cq::Last::NONE;
         self.cur = Current::Flush;
         (self.wr_id, self.qpn, self.opcode) = (f.wr_id, f.qpn, f.opcode);
         (self.status, self.tag, self.release) = (WcStatus::WrFlushErr, f.tag, f.release);
@@ -331,10 +331,7 @@ impl<H: Hal> Drop for Poll<'_, H> {
     fn drop(&mut self) {
         self.release_current();
         if self.st.head != self.start {
-            // The CQEs were read before their slots are handed back (release).
-            let ring = self.cq.ring;
-            ring.cons()
-                .store(ring.index(self.st.head), Ordering::Release);
+            self.cq.hand_back(self.st.head);
         }
     }
 }

@@ -16,10 +16,10 @@ use bareverbs_hal::{ConfigRegionAccess, Hal, Mmio, PAGE_SIZE, PciAddress};
 
 use super::Pvrdma;
 use super::abi;
-use super::regs::db;
+use super::regs::{self, db};
 use super::ring::Ring;
 use crate::dma::Dma;
-use crate::error::{Error, Feature, Result, Unsupported};
+use crate::error::{Error, Feature, Op, Result, Unsupported};
 use crate::events::AsyncEvent;
 use crate::events::{Count, EventHub};
 use crate::pci::{self, Bar};
@@ -85,6 +85,19 @@ struct IrqState<M> {
     /// whatever it is armed for (QEMU arms only on 30|29, §9), and no POLL doorbell is rung
     /// while MSI-X is on (see [`Events::poll_doorbell`]).
     qemu: bool,
+}
+
+/// Whether an MSI-X table from byte `offset` of BAR `bir` overlaps a BAR region the driver
+/// uses for something else: the registers (BAR1, from 0, `REGS_MIN_SIZE` bytes) or the UAR page
+/// (BAR2, from 0, `UAR_MIN_SIZE` bytes). Both start at 0: the table overlaps one when it
+/// starts inside it. A device that places it there is refused (`docs/pvrdma.md`).
+fn overlaps_used(bir: u8, offset: usize) -> bool {
+    let used = match bir {
+        regs::BAR_REGS => regs::REGS_MIN_SIZE,
+        regs::BAR_UAR => regs::UAR_MIN_SIZE,
+        _ => return false,
+    };
+    (offset as u64) < used
 }
 
 impl<H: Hal> Events<H> {
@@ -203,6 +216,14 @@ impl<H: Hal> Events<H> {
         let end = offset + usize::from(VECTORS) * ENTRY;
         if size < u32::from(VECTORS) || end as u64 > bar_len {
             return Err(no());
+        }
+        if overlaps_used(bir, offset) {
+            // Entries written there would land on the registers or the doorbells.
+            return Err(Error::bad_value(
+                Op::Probe,
+                &"MSI-X table (BIR, offset)",
+                table,
+            ));
         }
         let mut messages = [(0u64, 0u32); VECTORS as usize];
         for (v, m) in messages.iter_mut().enumerate() {

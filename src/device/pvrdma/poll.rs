@@ -13,7 +13,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi::{self, wc_opcode};
-use super::cq::{Cq, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
+use super::cq::{Cq, FAST_SENDS, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
 use super::regs::db;
 use super::ring::Ring;
 use crate::error::{Error, Op, Result};
@@ -29,12 +29,11 @@ impl<H: Hal> Pvrdma<H> {
     /// completion asked for) or [`poll_ready`](Self::poll_ready).
     #[inline(always)]
     pub(crate) fn poll_into(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let ring = &cq.ring;
-        if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed)
+        if cq.looks_empty()
             && cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) == 0
         {
             self.kick(cq);
-            if ring.prod().load(Ordering::Relaxed) == ring.cons().load(Ordering::Relaxed) {
+            if cq.looks_empty() {
                 return Ok(0);
             }
         }
@@ -58,8 +57,7 @@ impl<H: Hal> Pvrdma<H> {
     /// refusal to report. It does not ring the POLL doorbell (a waiter relies on the device's
     /// own completion thread and its interrupt; a poll rings it).
     pub(crate) fn cq_ready_impl(&self, cq: &Cq<H>) -> bool {
-        let ring = &cq.ring;
-        ring.prod().load(Ordering::Acquire) != ring.cons().load(Ordering::Relaxed)
+        cq.ring.prod().load(Ordering::Acquire) != cq.cons_index.load(Ordering::Relaxed)
             || cq.flushing.load(Ordering::Acquire) | cq.deferred.load(Ordering::Acquire) != 0
     }
 
@@ -89,8 +87,7 @@ impl<H: Hal> Pvrdma<H> {
             return self.harvest(cq, guard, out, 0);
         }
         guard.head = head.wrapping_add(1);
-        // The CQE was read before its slot is handed back (release).
-        ring.cons().store(ring.index(guard.head), Ordering::Release);
+        cq.hand_back(guard.head);
         Ok(1)
     }
 
@@ -132,8 +129,7 @@ impl<H: Hal> Pvrdma<H> {
             return self.harvest(cq, guard, out, n);
         }
         if n != 0 {
-            // The CQEs were read before their slots are handed back (release).
-            ring.cons().store(ring.index(guard.head), Ordering::Release);
+            cq.hand_back(guard.head);
         }
         Ok(n)
     }
@@ -162,7 +158,7 @@ impl<H: Hal> Pvrdma<H> {
         let Some(ready) = ring.ready(st.head) else {
             if n != 0 {
                 // Good completions first: the fast loop's, their CQEs handed back.
-                ring.cons().store(ring.index(st.head), Ordering::Release);
+                cq.hand_back(st.head);
                 return Ok(n);
             }
             return Err(bad_prod(&ring));
@@ -200,8 +196,7 @@ impl<H: Hal> Pvrdma<H> {
             n += 1;
         }
         st.head = head;
-        // The CQEs were read before their slots are handed back (release).
-        ring.cons().store(ring.index(head), Ordering::Release);
+        cq.hand_back(head);
         if let Some(e) = refused {
             if n == 0 {
                 return Err(e);
@@ -213,6 +208,9 @@ impl<H: Hal> Pvrdma<H> {
         }
         if n < out.len() && head == end && cq.flushing.load(Ordering::Relaxed) != 0 {
             n += self.fill_flushes(cq, &mut out[n..]);
+            // A flush may have made CQEs of the queue's earlier life due: the cache is looked
+            // up anew (see `Last::lookup`).
+            st.last = Last::NONE;
         }
         Ok(n)
     }
@@ -276,10 +274,10 @@ pub(crate) fn fast_cqe_tag(
     // use).
     let ctl = last.ctl.as_ptr();
     let (opcode, q) = if raw_op <= wc_opcode::FETCH_ADD {
-        if last.roles & SENDS == 0 {
+        if last.roles & FAST_SENDS == 0 {
             return None;
         }
-        // SAFETY: as above (the SENDS role).
+        // SAFETY: as above (the FAST_SENDS role).
         (send_opcode(raw_op), unsafe { &(*ctl).sq })
     } else if raw_op.wrapping_sub(wc_opcode::RECV) <= 1 {
         if last.roles & OWN_RECVS == 0 {
@@ -460,7 +458,6 @@ pub(crate) fn check_cqe<H: Hal>(
     }
     if last.roles & if recv { RECVS } else { SENDS } == 0 {
         // A QP that is gone, or whose completions of this kind go to another CQ.
-        cq.drop_stale();
         return Checked::Skip;
     }
     // SAFETY: the table named this CQ for the QP (`roles` is not 0), so the control block
@@ -475,7 +472,12 @@ pub(crate) fn check_cqe<H: Hal>(
             tag,
             release: ctl.release,
         },
-        Ok(None) => Checked::Skip,
+        Ok(None) => {
+            // Dropped: perhaps the last CQE of the QP's earlier life, after which the
+            // straight-line poll may take its CQEs again (the cache is looked up anew).
+            *last = Last::NONE;
+            Checked::Skip
+        }
         Err(e) => Checked::Bad(e),
     }
 }
@@ -528,11 +530,15 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
                 continue;
             }
             let (wr_id, mut tag) = q.posted(done);
-            if opcode == WcOpcode::Recv && tag != 0 && q.consumed(done, done) {
-                // The device took this receive and may still write its buffer (QEMU's host
-                // QP keeps it): the buffer is parked until the QP is destroyed.
-                q.park(done);
-                tag = 0;
+            if q.consumed(done, done) {
+                // The device took this request: its own CQE may still come, to be dropped
+                // (`QueueCtl::late`). A receive's buffer it may still write (QEMU's host QP
+                // keeps it): parked until the QP is destroyed.
+                q.ctl.late.fetch_add(1, Ordering::Relaxed);
+                if opcode == WcOpcode::Recv && tag != 0 {
+                    q.park(done);
+                    tag = 0;
+                }
             }
             q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
             found = Some(Flush {

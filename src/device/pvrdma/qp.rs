@@ -374,8 +374,8 @@ impl<H: Hal> Pvrdma<H> {
             handle_unusable: false,
             sq,
             rq,
-            sq_prod: Producer::new(sq.slots, handle | regs::db::QP_SEND, &ctl.ctl().sq),
-            rq_prod: Producer::new(rq.slots, handle | regs::db::QP_RECV, &ctl.ctl().rq),
+            sq_prod: Producer::new(sq.slots, handle | regs::db::QP_SEND, ctl.ctl().sq.shadow),
+            rq_prod: Producer::new(rq.slots, handle | regs::db::QP_RECV, ctl.ctl().rq.shadow),
             ctl,
             qkey: 0,
             sgid_index: 0,
@@ -435,7 +435,7 @@ impl<H: Hal> Pvrdma<H> {
         let mut qp = qp;
         // The CQs' pollers are kept out for the whole destroy (bounded: Busy hands the QP
         // back, nothing changed).
-        let locks = match self.lock_cqs(&qp, Op::DestroyQp) {
+        let mut locks = match self.lock_cqs(&qp, Op::DestroyQp) {
             Ok(l) => l,
             Err(e) => return Err((qp, e)),
         };
@@ -447,26 +447,16 @@ impl<H: Hal> Pvrdma<H> {
         st.gsi &= qp.qp_type != QpType::Gsi;
         drop(st);
         // Out of the table: no poller reaches its control block any more. Its CQEs still in
-        // the rings go with it (Linux compacts them out): the SRQ receives they complete give
-        // the SRQ its credit back now, and they keep their room until a poll drops them.
-        let (s, r) = (locks.s, locks.r);
-        let (s_head, r_head) = locks.heads();
-        if let Some(c) = qp.ctl.ctl().srq_done {
-            // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
-            let c = unsafe { c.as_ref() };
-            for _ in 0..r.cqes_of(r_head, handle, true) {
-                c.complete();
-            }
-        }
+        // the rings go with it, as Linux's driver removes them (`docs/pvrdma.md`): a QP made
+        // next under the same handle (GSI's is always 1) never sees them, and their room is
+        // free at once. The SRQ receives they complete give the SRQ its credit back.
+        let qctl = qp.ctl.ctl();
+        locks.purge(handle, |wr_id| qctl.srq_completed(wr_id));
         if self.qps.lookup_ctl(handle) == Some(ctl) {
             self.qps.remove(handle);
         }
-        let stale_s = s.cqes_of(s_head, handle, false);
-        let stale_r = if core::ptr::eq(s, r) {
-            0
-        } else {
-            r.cqes_of(r_head, handle, false)
-        };
+        // A QP destroyed in ERR has nothing left to flush: its CQs stop counting it.
+        locks.stop_flush(qp.ctl.ctl());
         drop(locks);
         // The device no longer has the QP: every outstanding safe buffer comes back.
         self.release_all(&mut qp);
@@ -475,20 +465,9 @@ impl<H: Hal> Pvrdma<H> {
         unsafe {
             pd.as_ref().users.fetch_sub(1, Ordering::Relaxed);
             let (s, r) = (cqs.0.as_ref(), cqs.1.as_ref());
-            // CQEs of this QP still in a ring keep their room until a poll drops them.
-            let (keep_s, keep_r) = if core::ptr::eq(s, r) {
-                (stale_s.min(reserved.0 + reserved.1), 0)
-            } else {
-                (stale_s.min(reserved.0), stale_r.min(reserved.1))
-            };
-            s.stale.fetch_add(keep_s, Ordering::AcqRel);
-            r.stale.fetch_add(keep_r, Ordering::AcqRel);
-            if core::ptr::eq(s, r) {
-                s.unreserve(reserved.0 + reserved.1 - keep_s);
-            } else {
-                s.unreserve(reserved.0 - keep_s);
-                r.unreserve(reserved.1 - keep_r);
-            }
+            // (Its CQEs are gone from the rings: all of its room is free.)
+            s.unreserve(reserved.0);
+            r.unreserve(reserved.1);
             s.users.fetch_sub(1, Ordering::Relaxed);
             r.users.fetch_sub(1, Ordering::Relaxed);
             if let Some(srq) = srq {

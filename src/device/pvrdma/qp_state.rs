@@ -67,29 +67,47 @@ impl<H: Hal> Pvrdma<H> {
         }
     }
 
-    /// Drops the QP's outstanding requests without completions (RESET, destroy): their safe
-    /// buffers go back to the pool; the counters restart at 0.
+    /// Drops the QP's outstanding requests without completions (RESET): their CQEs still in
+    /// the CQs go (`CqLocks::purge`), their safe buffers go back to the pool (or are parked),
+    /// the CQEs the device still owes for requests it took are counted to be dropped
+    /// (`QueueCtl::late`); the counters restart at 0. Nothing of the QP's earlier life
+    /// completes after this.
     #[inline(never)]
-    fn discard(&self, qp: &mut Qp<H>, locks: &CqLocks<'_, H>) {
+    fn discard(&self, qp: &mut Qp<H>, locks: &mut CqLocks<'_, H>) {
         let ctl = qp.ctl.ctl();
-        for (q, cq) in [(&ctl.sq, locks.s), (&ctl.rq, locks.r)] {
+        let (purged_sq, purged_rq) = locks.purge(qp.handle, |wr_id| ctl.srq_completed(wr_id));
+        let own_rq = if ctl.srq { 0 } else { purged_rq };
+        for (q, purged) in [(&ctl.sq, purged_sq), (&ctl.rq, own_rq)] {
             let (done, tail) = (
                 q.ctl.done.load(Ordering::Relaxed),
                 q.ctl.tail.load(Ordering::Relaxed),
             );
+            // The first CQEs removed were owed for requests finished before; the rest
+            // completed the oldest requests outstanding (the device completes in order).
+            let late = q.ctl.late.load(Ordering::Relaxed);
+            let owed = late.min(purged);
+            let completed = (purged - owed).min(tail.wrapping_sub(done));
+            let mut late = late - owed;
             let recv = core::ptr::eq(q, &ctl.rq);
             let mut n = done;
             while n != tail {
-                q.give_back(n, done, recv, ctl.release);
+                if n.wrapping_sub(done) < completed {
+                    // Completed by the device: its buffer is free (`recv` false: no parking).
+                    q.give_back(n, done, false, ctl.release);
+                } else {
+                    if q.consumed(n, done) {
+                        late += 1;
+                    }
+                    q.give_back(n, done, recv, ctl.release);
+                }
                 n = n.wrapping_add(1);
             }
+            q.ctl.late.store(late, Ordering::Relaxed);
             q.ctl.done.store(0, Ordering::Relaxed);
             q.ctl.tail.store(0, Ordering::Relaxed);
             q.ctl.unpublished.store(0, Ordering::Relaxed);
-            if q.ctl.flush.swap(0, Ordering::AcqRel) != 0 {
-                cq.flushing.fetch_sub(1, Ordering::AcqRel);
-            }
         }
+        locks.stop_flush(qp.ctl.ctl());
         qp.sq_prod.reset(qp.sq.slots);
         qp.rq_prod.reset(qp.rq.slots);
     }
@@ -137,7 +155,7 @@ impl<H: Hal> Pvrdma<H> {
         }
         // RESET and ERR change what the CQs' pollers read: their locks first, before the
         // device is asked (a poll in progress answers Busy, nothing changed).
-        let locks = match m.state {
+        let mut locks = match m.state {
             QpState::Reset | QpState::Err => Some(self.lock_cqs(qp, op)?),
             _ => None,
         };
@@ -229,7 +247,7 @@ impl<H: Hal> Pvrdma<H> {
         let mut applied = *m;
         (applied.max_rd_atomic, applied.max_dest_rd_atomic) = (max_rd_atomic, max_dest_rd_atomic);
         qp.ctl.record_mut().merge(&applied);
-        match (m.state, &locks) {
+        match (m.state, &mut locks) {
             (QpState::Reset, Some(locks)) => {
                 // The driver restarts its rings with the QP (as Linux and rdma-core do).
                 self.discard(qp, locks);

@@ -23,7 +23,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
-use super::ring::Ring;
+use super::ring::{Ring, Shadow};
 use crate::dma::Dma;
 use crate::error::{Error, Op, Result};
 use crate::verbs::{BufRelease, ModifyAttr, QpAttrMask, QpState};
@@ -37,6 +37,11 @@ pub(crate) struct QueueCtl {
     pub(crate) tail: AtomicU32,
     /// 1 while the outstanding requests are to complete flushed (the QP is in ERR).
     pub(crate) flush: AtomicU32,
+    /// CQEs due for requests the driver finished without them (flushed, or discarded by a
+    /// RESET) after the device had taken them: the device completes in order, so the next
+    /// this many CQEs of the queue belong to that earlier life and are dropped. Written under
+    /// the poll lock of the queue's CQ.
+    pub(crate) late: AtomicU32,
     /// Requests at the end of the queue (`tail` − this ..< `tail`) posted while the QP was in
     /// ERR: never published to the device, flushed by the driver. Written by the poster (after
     /// `tail`, release), read before `tail` (acquire): a reader never counts more of them than
@@ -45,46 +50,123 @@ pub(crate) struct QueueCtl {
     pub(crate) unpublished: AtomicU32,
 }
 
+/// What the driver keeps for one outstanding receive of a shared receive queue, in
+/// driver-private memory: its `wr_id`. The SRQ has as many of these as ring slots, which is
+/// as many receives as can be outstanding.
+#[repr(C)]
+pub(crate) struct SrqSlot {
+    pub(crate) wr_id: u64,
+    /// `FREE`, `CLAIMED` (by the poster, `wr_id` being written) or `LIVE` (outstanding).
+    live: AtomicU32,
+    _pad: u32,
+}
+
+const FREE: u32 = 0;
+const CLAIMED: u32 = 2;
+const LIVE: u32 = 1;
+
 /// A shared receive queue's counters: receives published (by its poster) and completed (by
-/// the pollers of its QPs' CQs), both free-running.
-#[derive(Default)]
+/// the pollers of its QPs' CQs), both free-running (the credit is the ring minus the
+/// difference: completions come in no order across the SRQ's QPs), and the record of the
+/// receives outstanding, which every completion is matched against.
 pub(crate) struct SrqCounters {
     pub(crate) tail: AtomicU32,
     pub(crate) done: AtomicU32,
+    /// `slots` records (`slots` − 1 = `mask`).
+    records: NonNull<SrqSlot>,
+    mask: u32,
+    /// Where the next post and the next match start looking (FIFO-ish completions make both
+    /// searches short).
+    post_hint: AtomicU32,
+    match_hint: AtomicU32,
+    /// Completions come through the pollers of every CQ its QPs complete to: one matches at
+    /// a time.
+    matching: spin::Mutex<()>,
 }
 
 impl SrqCounters {
-    /// Counts one completed receive; `false` when none was outstanding (a CQE the device
-    /// invented).
-    pub(crate) fn complete(&self) -> bool {
-        let tail = self.tail.load(Ordering::Acquire);
-        self.done
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
-                (d != tail).then(|| d.wrapping_add(1))
-            })
-            .is_ok()
+    /// Counters for an SRQ of `slots` slots (a power of two) whose records are at `records`
+    /// (`slots` of them, zeroed, in memory that lives and stays put as long as the SRQ).
+    pub(crate) fn new(records: NonNull<SrqSlot>, slots: u32) -> Self {
+        SrqCounters {
+            tail: AtomicU32::new(0),
+            done: AtomicU32::new(0),
+            records,
+            mask: slots - 1,
+            post_hint: AtomicU32::new(0),
+            match_hint: AtomicU32::new(0),
+            matching: spin::Mutex::new(()),
+        }
     }
-}
 
-/// A shadow tag's mark for a buffer kept until the QP is destroyed (tags are index + 1 < 2³¹).
-const PARKED: u32 = 1 << 31;
+    fn slot(&self, i: u32) -> *mut SrqSlot {
+        // (i & mask < slots: inside the records, `new`.)
+        self.records.as_ptr().wrapping_add((i & self.mask) as usize)
+    }
 
-/// What the driver keeps for one safe-path slot: the caller's `wr_id` and the buffer tag.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Shadow {
-    pub(crate) wr_id: u64,
-    /// The buffer's tag + 1; 0 for a request posted without a buffer.
-    pub(crate) tag: u32,
-    _pad: u32,
+    fn live(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: inside the records (`slot`); the flag is an atomic.
+        unsafe { &(*self.slot(i)).live }
+    }
+
+    /// Records a receive posted with `wr_id`. The caller holds the SRQ's poster lock and the
+    /// credit rule holds (fewer receives outstanding than records): a free record exists.
+    pub(crate) fn post(&self, wr_id: u64) {
+        let h = self.post_hint.load(Ordering::Relaxed);
+        for k in 0..=self.mask {
+            let i = h.wrapping_add(k);
+            let l = self.live(i);
+            if l.compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                // SAFETY: inside the records; claimed by this poster: no completer reads a
+                // record that is not LIVE.
+                unsafe { core::ptr::addr_of_mut!((*self.slot(i)).wr_id).write(wr_id) };
+                l.store(LIVE, Ordering::Release);
+                self.post_hint.store(i.wrapping_add(1), Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// Counts the completion of an outstanding receive posted with `wr_id`; `false` when none
+    /// is (a CQE the device invented or rewrote): nothing the device writes decides which
+    /// `wr_id` a completion reports. The search is bounded by the SRQ's size.
+    pub(crate) fn complete(&self, wr_id: u64) -> bool {
+        let _g = self.matching.lock();
+        if self.done.load(Ordering::Relaxed) == self.tail.load(Ordering::Acquire) {
+            // Nothing published is outstanding (a record being posted is not yet).
+            return false;
+        }
+        let h = self.match_hint.load(Ordering::Relaxed);
+        for k in 0..=self.mask {
+            let i = h.wrapping_add(k);
+            let l = self.live(i);
+            // SAFETY: inside the records; a LIVE record's wr_id was written before (acquire).
+            if l.load(Ordering::Acquire) == LIVE && unsafe { (*self.slot(i)).wr_id } == wr_id {
+                l.store(FREE, Ordering::Release);
+                self.match_hint.store(i.wrapping_add(1), Ordering::Relaxed);
+                self.done.fetch_add(1, Ordering::AcqRel);
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// One queue as a poller sees it.
 pub(crate) struct QueueView {
     pub(crate) ctl: QueueCtl,
     pub(crate) ring: Ring,
-    /// The safe path's per-slot record (one per ring slot), when the QP has one.
-    pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// The receive queue of a QP with a buffer pool: one bit per buffer of the pool, set for
+    /// a buffer parked (its receive was flushed or discarded after the device took it: the
+    /// device may still write it), handed back when the QP is destroyed. Apart from the
+    /// per-slot record, whose slot the next post reuses.
+    pub(crate) parked: Option<(NonNull<AtomicU64>, u32)>,
+    /// The per-slot record (one per ring slot): the `wr_id` and buffer tag of each request,
+    /// in driver-private memory. What a CQE is matched against: never the WQE in the ring,
+    /// which the device can rewrite (`docs/security.md`).
+    pub(crate) shadow: NonNull<Shadow>,
 }
 
 /// A QP's control block.
@@ -105,6 +187,15 @@ pub(crate) struct QpCtl {
 }
 
 impl QpCtl {
+    /// A CQE removed from a CQ completed the receive posted with `wr_id` to this QP's SRQ, if
+    /// it has one: the SRQ gets its credit back.
+    pub(crate) fn srq_completed(&self, wr_id: u64) {
+        if let Some(c) = self.srq_done {
+            // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
+            unsafe { c.as_ref() }.complete(wr_id);
+        }
+    }
+
     /// Matches a CQE of this QP (`recv`: for a receive) carrying `wr_id` to the request it
     /// completes: `Some(tag)` (the safe path's buffer tag + 1, or 0) when it is the next
     /// outstanding one, which is then counted complete; `None` for a CQE to drop (a late one
@@ -118,13 +209,23 @@ impl QpCtl {
             if let Some(c) = self.srq_done {
                 // SAFETY: the SRQ outlives the QPs that receive from it (the provider contract
                 // of create_qp), and this QP is alive (the table rule).
-                if !unsafe { c.as_ref() }.complete() {
-                    return Ok(None);
+                if !unsafe { c.as_ref() }.complete(wr_id) {
+                    return Err(Error::bad_value(
+                        Op::PollCq,
+                        &"CQE wr_id (no SRQ receive outstanding)",
+                        wr_id,
+                    ));
                 }
             }
             return Ok(Some(0));
         }
         let q = if recv { &self.rq } else { &self.sq };
+        let late = q.ctl.late.load(Ordering::Relaxed);
+        if late != 0 {
+            // A CQE of a request finished before (flushed or discarded): dropped.
+            q.ctl.late.store(late - 1, Ordering::Relaxed);
+            return Ok(None);
+        }
         let done = q.ctl.done.load(Ordering::Relaxed);
         if done == q.ctl.tail.load(Ordering::Acquire) {
             // Nothing outstanding: a late CQE for a request already flushed (or one the
@@ -144,22 +245,24 @@ impl QpCtl {
             ));
         }
         q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-        Ok(Some(tag & !PARKED))
+        Ok(Some(tag))
     }
 }
 
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
-    fn new(ring: Ring, shadow: Option<NonNull<Shadow>>) -> Self {
+    fn new(ring: Ring, shadow: NonNull<Shadow>, parked: Option<(NonNull<AtomicU64>, u32)>) -> Self {
         QueueView {
             ctl: QueueCtl {
                 done: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
                 flush: AtomicU32::new(0),
+                late: AtomicU32::new(0),
                 unpublished: AtomicU32::new(0),
             },
             ring,
             shadow,
+            parked,
         }
     }
 
@@ -179,26 +282,16 @@ impl QueueView {
             return None;
         }
         self.ctl.done.store(done.wrapping_add(1), Ordering::Release);
-        Some(tag & !PARKED)
+        Some(tag)
     }
 
     /// The `wr_id` and buffer tag of request `n` (free-running), as the driver wrote them.
     #[inline]
     pub(crate) fn posted(&self, n: u32) -> (u64, u32) {
-        match self.shadow {
-            Some(s) => {
-                let i = (n & (self.ring.slots() - 1)) as usize;
-                // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots.
-                let e = unsafe { s.as_ptr().add(i).read() };
-                (e.wr_id, e.tag)
-            }
-            // Both WQE headers start with the wr_id (L-ABI `pvrdma_sq_wqe_hdr`, `_rq_`).
-            None => {
-                // SAFETY: the slot lies inside the ring's memory (`Ring::slot`).
-                let wr_id = unsafe { self.ring.slot(n).cast::<u64>().read_volatile() };
-                (wr_id, 0)
-            }
-        }
+        let i = (n & (self.ring.slots() - 1)) as usize;
+        // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots.
+        let e = unsafe { self.shadow.as_ptr().add(i).read() };
+        (e.wr_id, e.tag)
     }
 
     /// Whether request `n` (outstanding: done ≤ n < tail) was taken by the device already
@@ -230,7 +323,7 @@ impl QueueView {
     /// QP keeps its receives) may still write it. `recv` says which queue this is.
     pub(crate) fn give_back(&self, n: u32, done: u32, recv: bool, release: Option<BufRelease>) {
         let (_, tag) = self.posted(n);
-        let (Some(rel), true) = (release, tag != 0 && tag & PARKED == 0) else {
+        let (Some(rel), true) = (release, tag != 0) else {
             return;
         };
         if recv && self.consumed(n, done) {
@@ -242,32 +335,45 @@ impl QueueView {
         unsafe { rel.release(tag - 1) };
     }
 
-    /// Marks request `n`'s buffer as parked (kept until the QP is destroyed).
+    /// Parks request `n`'s buffer (kept until the QP is destroyed): its bit is set in the
+    /// queue's parked set and its slot's record forgets it (the next post into the slot
+    /// overwrites the record, never the parked set). The caller holds the locks that make the
+    /// slot's record its own (a flush or reset of this queue).
     pub(crate) fn park(&self, n: u32) {
-        if let Some(s) = self.shadow {
-            let i = (n & (self.ring.slots() - 1)) as usize;
-            // SAFETY: as in `posted`; the caller holds the locks that make this slot's record
-            // its own (a flush or reset of this queue).
-            unsafe {
-                let e = s.as_ptr().add(i);
-                (*e).tag |= PARKED;
+        let i = (n & (self.ring.slots() - 1)) as usize;
+        // SAFETY: as in `posted`; the record is this caller's (above).
+        let e = unsafe { &mut *self.shadow.as_ptr().add(i) };
+        let Some(index) = e.tag.checked_sub(1) else {
+            return;
+        };
+        e.tag = 0;
+        match self.parked {
+            Some((set, words)) if index / 64 < words => {
+                // SAFETY: word index / 64 < words of the set (`QpCtlMem::new`).
+                let w = unsafe { set.add((index / 64) as usize).as_ref() };
+                w.fetch_or(1 << (index % 64), Ordering::Relaxed);
             }
+            // A tag from this QP's pool is below its count: cannot happen.
+            _ => crate::error::warn_msg("parked buffer outside its pool (kept for good)"),
         }
     }
 
     /// Hands back every parked buffer (the device has dropped the QP).
     pub(crate) fn release_parked(&self, release: Option<BufRelease>) {
-        let (Some(s), Some(rel)) = (self.shadow, release) else {
+        let (Some((set, words)), Some(rel)) = (self.parked, release) else {
             return;
         };
-        for i in 0..self.ring.slots() as usize {
-            // SAFETY: the shadow has one entry per slot; the QP is gone from the device and
-            // from the table, so nothing else reads or writes it.
-            let e = unsafe { &mut *s.as_ptr().add(i) };
-            if e.tag & PARKED != 0 {
-                // SAFETY: parked once, released once (the mark is cleared).
-                unsafe { rel.release((e.tag & !PARKED) - 1) };
-                e.tag = 0;
+        for k in 0..words {
+            // SAFETY: k < words of the set (`QpCtlMem::new`); the QP is gone from the device
+            // and from the table, so nothing else reads or writes it.
+            let w = unsafe { set.add(k as usize).as_ref() };
+            let mut bits = w.swap(0, Ordering::Relaxed);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                // SAFETY: parked once (its record forgot it), released once (the bit is
+                // cleared).
+                unsafe { rel.release(k * 64 + b) };
             }
         }
     }
@@ -287,8 +393,8 @@ const _: () = assert!(align_of::<QpCtl>() <= 16 && align_of::<ModifyAttr>() <= 1
 const _: () = assert!(align_of::<Shadow>() <= 16);
 
 impl<H: Hal> QpCtlMem<H> {
-    /// Allocates and initialises a control block for the rings `sq` and `rq`, with a shadow
-    /// slot per ring slot when `safe`.
+    /// Allocates and initialises a control block for the rings `sq` and `rq`, with a record
+    /// (`Shadow`) per ring slot.
     #[inline(never)]
     pub(crate) fn new(
         hal: &H,
@@ -298,26 +404,26 @@ impl<H: Hal> QpCtlMem<H> {
         release: Option<BufRelease>,
     ) -> Result<Self> {
         let head = SHADOWS_AT;
-        let shadows = if release.is_some() {
-            (sq.slots() + rq.slots()) as usize * size_of::<Shadow>()
-        } else {
-            0
-        };
-        let pages = (head + shadows).div_ceil(PAGE_SIZE);
+        let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();
+        // The receive queue's parked set: a bit per buffer of the pool, after the records.
+        let words = release.map_or(0, |r| r.count().div_ceil(64));
+        let pages = (head + shadows + words as usize * 8).div_ceil(PAGE_SIZE);
         let mem = Dma::new(hal, pages)?;
         let base = mem.base();
-        let (sq_shadow, rq_shadow) = if release.is_some() {
-            // SAFETY: both offsets lie inside the `pages` pages just allocated.
-            unsafe {
-                let s = base.add(head).cast::<Shadow>();
-                (Some(s), Some(s.add(sq.slots() as usize)))
-            }
-        } else {
-            (None, None)
+        // SAFETY: the three offsets lie inside the `pages` pages just allocated (zeroed); the
+        // set's offset is a multiple of 8 (16-byte records from a 16-byte boundary).
+        let (sq_shadow, rq_shadow, parked) = unsafe {
+            let s = base.add(head).cast::<Shadow>();
+            let set = base.add(head + shadows).cast::<AtomicU64>();
+            (
+                s,
+                s.add(sq.slots() as usize),
+                (words != 0).then_some((set, words)),
+            )
         };
         let ctl = QpCtl {
-            sq: QueueView::new(sq, sq_shadow),
-            rq: QueueView::new(rq, rq_shadow),
+            sq: QueueView::new(sq, sq_shadow, None),
+            rq: QueueView::new(rq, rq_shadow, parked),
             qpn,
             handle,
             srq: srq_done.is_some(),

@@ -12,8 +12,19 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
 use super::abi;
-use super::qptable::{QueueView, Shadow};
 use crate::dma::Dma;
+
+/// What the driver keeps for one slot of a work queue, in driver-private memory (never shown
+/// to the device): the caller's `wr_id` and the safe path's buffer tag. Kept here, below the
+/// QP table that reads it, so that the data flows one way: `qptable` uses `ring`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Shadow {
+    pub(crate) wr_id: u64,
+    /// The buffer's tag + 1; 0 for a request posted without a buffer.
+    pub(crate) tag: u32,
+    pub(crate) _pad: u32,
+}
 
 /// A ring located once in its DMA memory (which never moves while the ring's owner exists).
 #[derive(Clone, Copy)]
@@ -163,18 +174,19 @@ pub(crate) struct Producer {
     pub(crate) credit: u32,
     /// The queue's doorbell word (the QP's handle and the queue's bit), made once.
     pub(crate) bell: u32,
-    /// The safe path's per-slot record of the queue (`QueueView::shadow`), when it has one.
-    pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// The per-slot record of the queue (the pollers' `QueueView::shadow`).
+    pub(crate) shadow: NonNull<Shadow>,
 }
 
 impl Producer {
-    /// A new queue of `slots` slots whose doorbell word is `bell`, seen by its pollers as `q`.
-    pub(crate) fn new(slots: u32, bell: u32, q: &QueueView) -> Self {
+    /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
+    /// `shadow` its pollers read.
+    pub(crate) fn new(slots: u32, bell: u32, shadow: NonNull<Shadow>) -> Self {
         Producer {
             tail: 0,
             credit: slots,
             bell,
-            shadow: q.shadow,
+            shadow,
         }
     }
 
@@ -204,8 +216,8 @@ pub struct WqCursor {
     pub(crate) shift: u32,
     /// SGEs a WQE holds.
     pub(crate) max_sge: u32,
-    /// The safe path's per-slot record, when the QP has one.
-    pub(crate) shadow: Option<NonNull<Shadow>>,
+    /// The queue's per-slot record.
+    pub(crate) shadow: NonNull<Shadow>,
     /// Sends: the QP's source GID was found bound by this batch.
     pub(crate) gid_ok: bool,
 }
@@ -239,19 +251,18 @@ impl WqCursor {
         }
     }
 
-    /// Records the next request's `wr_id` and tag in the shadow, if there is one.
+    /// Records the next request's `wr_id` and tag in the queue's per-slot record (what its
+    /// completion is matched against).
     #[inline(always)]
     pub(crate) fn record(&self, wr_id: u64, tag: u32) {
-        if let Some(s) = self.shadow {
-            let i = (self.tail & self.mask) as usize;
-            // SAFETY: the shadow has one entry per ring slot (`QpCtlMem::new`), i < slots;
-            // only the (exclusive) poster writes unpublished slots. (The two fields only: the
-            // padding is never read.)
-            unsafe {
-                let e = s.as_ptr().add(i);
-                core::ptr::addr_of_mut!((*e).wr_id).write(wr_id);
-                core::ptr::addr_of_mut!((*e).tag).write(tag);
-            }
+        let i = (self.tail & self.mask) as usize;
+        // SAFETY: the record has one entry per ring slot (`QpCtlMem::new`), i < slots; only
+        // the (exclusive) poster writes unpublished slots. (The two fields only: the padding is
+        // never read.)
+        unsafe {
+            let e = self.shadow.as_ptr().add(i);
+            core::ptr::addr_of_mut!((*e).wr_id).write(wr_id);
+            core::ptr::addr_of_mut!((*e).tag).write(tag);
         }
     }
 }

@@ -8,9 +8,10 @@ use bareverbs_hal::Hal;
 use super::abi::{self, opcode};
 use super::layout::{QueueLayout, RQ_WQE_HDR, layout};
 use super::pdir::QueueMem;
-use super::qptable::SrqCounters;
+use super::qptable::{SrqCounters, SrqSlot};
 use super::ring::Ring;
 use super::{MAX_RING_PAGES, Pd, Pvrdma, regs};
+use crate::dma::Dma;
 use crate::error::{Error, Fault, Feature, Object, Op, Param, Result, Unsupported};
 use crate::verbs::SrqAttr;
 
@@ -25,8 +26,11 @@ pub struct Srq<H: Hal> {
     pub(crate) ring: Ring,
     /// QPs that receive from it.
     pub(crate) users: AtomicU32,
-    /// Receives posted and completed (the credit is the ring minus the difference).
+    /// Receives posted and completed (the credit is the ring minus the difference), and the
+    /// per-slot record completions are matched against.
     pub(crate) counters: SrqCounters,
+    /// Driver-private memory of the per-slot record (`SrqCounters`).
+    _records: Dma<H>,
     /// Its PD (which it uses: it outlives the SRQ and does not move).
     pd: core::ptr::NonNull<Pd>,
     /// The limit last armed (MODIFY_SRQ), or given at creation: what a query answers when the
@@ -79,6 +83,8 @@ impl<H: Hal> Pvrdma<H> {
         st.room_for(Object::Srq, self.caps.max_srq)?;
         let nchunks = 1 + layout.pages;
         let mem = QueueMem::new(&self.hal, nchunks as usize)?;
+        let record_bytes = layout.slots as usize * size_of::<SrqSlot>();
+        let records = Dma::new(&self.hal, record_bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
         let actual = SrqAttr {
             max_wr: layout.slots,
             max_sge: layout.sge,
@@ -91,7 +97,7 @@ impl<H: Hal> Pvrdma<H> {
         if let Err((e, kept)) = st.run_create(&self.regs, Object::Srq, op, opcode::CREATE_SRQ) {
             if kept {
                 // The device may have made it: its memory is kept, its PD stays busy for good.
-                core::mem::forget(mem);
+                core::mem::forget((mem, records));
                 pd.users.fetch_add(1, Ordering::Relaxed);
             }
             return Err(e);
@@ -111,7 +117,8 @@ impl<H: Hal> Pvrdma<H> {
                 layout.stride,
             ),
             users: AtomicU32::new(0),
-            counters: SrqCounters::default(),
+            counters: SrqCounters::new(records.base().cast(), layout.slots),
+            _records: records,
             pd: core::ptr::NonNull::from(pd),
             limit: AtomicU32::new(actual.srq_limit),
             mem,

@@ -336,6 +336,7 @@ impl<H: Hal> Pvrdma<H> {
         let mut n = tail0;
         for w in wrs {
             let h = ring.slot(n).cast::<abi::RqWqeHdr>();
+            srq.counters.post(w.wr_id);
             // SAFETY: this slot's WQE, not yet published; SGE counts checked above.
             unsafe {
                 put!(h, wr_id, w.wr_id);

@@ -270,6 +270,9 @@ impl Device {
 
     pub(crate) fn doorbell(&mut self, ctx: &mut Ctx<'_>, offset: usize, value: u32) {
         self.doorbells += 1;
+        if ctx.liar.roll(point::WRITE) {
+            self.scribble(ctx);
+        }
         let handle = value & 0x00FF_FFFF;
         match offset & 0xFFF {
             0x0 => {
@@ -320,6 +323,52 @@ impl Device {
             other => ctx
                 .violations
                 .qemu(0, format!("doorbell at unknown offset {other:#x}")),
+        }
+    }
+
+    /// Hostile ([`point::WRITE`]): rewrites one field of memory the driver gave the device —
+    /// a ring-state word of a QP, SRQ or CQ (either index), the `wr_id` of a WQE slot, or a
+    /// field of a CQE slot. (Never an SGE: a device that DMAs where it likes is beyond what a
+    /// driver can check.)
+    fn scribble(&mut self, ctx: &mut Ctx<'_>) {
+        // (address, width) of every candidate field.
+        let mut fields: Vec<(u64, usize)> = Vec::new();
+        let ring = |g: &RingGeo, fields: &mut Vec<(u64, usize)>, pick: u64| {
+            if g.slots == 0 || g.pages.is_empty() {
+                return;
+            }
+            fields.push((g.state + g.state_off, 4));
+            fields.push((g.state + g.state_off + 4, 4));
+            if let Some(a) = g.wqe((pick % u64::from(g.slots)) as u32) {
+                fields.push((a, 8));
+            }
+        };
+        for qp in self.qps.iter().flatten() {
+            let pick = ctx.liar.next_u64();
+            ring(&qp.data.sq, &mut fields, pick);
+            ring(&qp.data.rq, &mut fields, pick >> 32);
+        }
+        for srq in self.srqs.iter().flatten() {
+            ring(&srq.data.ring, &mut fields, ctx.liar.next_u64());
+        }
+        for cq in self.cqs.iter().flatten() {
+            let Some(&state) = cq.pages.first() else {
+                continue;
+            };
+            fields.push((state + 8, 4));
+            fields.push((state + 12, 4));
+            let (off, width) = ctx.liar.pick(&CQE_FIELDS);
+            if let Some(a) = cq.cqe_addr(ctx.liar.below(u64::from(cq.cqe.max(1))) as u32) {
+                fields.push((a + off as u64, width));
+            }
+        }
+        if fields.is_empty() {
+            return;
+        }
+        let (pa, width) = ctx.liar.pick(&fields);
+        if let Some(mut b) = ctx.mem.read(pa, width) {
+            ctx.liar.mutate_field(&mut b, 0, width);
+            ctx.mem.write(pa, &b);
         }
     }
 
@@ -899,6 +948,30 @@ impl Device {
             if let Some(b) = mem.read(g.state + g.state_off, 4) {
                 mem.write(g.state + g.state_off + 4, &b);
             }
+        }
+    }
+
+    pub(crate) fn set_cq_cons(&mut self, mem: &mut crate::mem::Memory, cq: u32, value: u32) {
+        if let Some(cq) = self.cqs.get(cq as usize).and_then(Option::as_ref) {
+            mem.write(cq.pages[0] + 12, &value.to_le_bytes());
+        }
+    }
+
+    pub(crate) fn set_wqe_wr_id(
+        &mut self,
+        mem: &mut crate::mem::Memory,
+        qpn: u32,
+        recv: bool,
+        slot: u32,
+        wr_id: u64,
+    ) {
+        let Some(i) = self.qp_index(qpn) else { return };
+        let qp = self.qps[i].as_ref().expect("indexed");
+        let g = if recv { &qp.data.rq } else { &qp.data.sq };
+        if g.slots != 0
+            && let Some(pa) = g.wqe(slot % g.slots)
+        {
+            mem.write(pa, &wr_id.to_le_bytes());
         }
     }
 

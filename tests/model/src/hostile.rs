@@ -7,7 +7,9 @@
 //! when it is loaded (or not loading it at all), the ring indices the device writes (CQ
 //! `prod_tail`, SQ/RQ/SRQ `cons_head`, and a CQ's `prod_tail` at a POLL doorbell), every CQE
 //! field (plus dropped, duplicated and spurious CQEs), PCI configuration values (IDs, command
-//! register, BARs, also as read while sizing) and the VERSION register.
+//! register, BARs, also as read while sizing), the VERSION register, and memory the driver gave
+//! the device, rewritten at a doorbell ([`point::WRITE`]: a ring-state word, a WQE's `wr_id`, a
+//! CQE in a ring).
 //!
 //! At each point the liar lies with probability 1/`rate` (`rate` 0: never; a point may have
 //! its own rate): once per PCI configuration or register read, per command (then one to three
@@ -76,8 +78,12 @@ pub mod point {
     pub const PCI: u32 = 1 << 6;
     /// The VERSION register.
     pub const VERSION: u32 = 1 << 7;
+    /// Memory the device was given, rewritten behind the driver's back (at a doorbell): a
+    /// ring's state words, a WQE's `wr_id`, a CQE already in a ring. What the driver reads
+    /// back from shared memory must not decide anything it promises.
+    pub const WRITE: u32 = 1 << 8;
     /// Every point.
-    pub const ALL: u32 = (1 << 8) - 1;
+    pub const ALL: u32 = (1 << 9) - 1;
     /// The points that lie about a command's outcome (see [`super::Lies::protocol`]).
     pub const PROTOCOL: u32 = RESPONSE | ERR | SILENCE | VERSION;
 }
@@ -93,7 +99,7 @@ pub struct Hostile {
     /// Which points may lie ([`point`] bits).
     pub points: u32,
     /// A point's own rate, by bit number (`rates[3]` is [`point::CAPS`]'s); 0: `rate`.
-    pub rates: [u32; 8],
+    pub rates: [u32; 9],
 }
 
 impl Hostile {
@@ -103,7 +109,7 @@ impl Hostile {
             seed,
             rate,
             points: point::ALL,
-            rates: [0; 8],
+            rates: [0; 9],
         }
     }
 
@@ -115,7 +121,7 @@ impl Hostile {
 
     /// One lie in `rate` at point `p` (one of the [`point`] bits).
     pub fn rate_at(mut self, p: u32, rate: u32) -> Self {
-        self.rates[p.trailing_zeros() as usize % 8] = rate;
+        self.rates[p.trailing_zeros() as usize % 9] = rate;
         self
     }
 }
@@ -131,6 +137,7 @@ pub struct Lies {
     pub cqe: u32,
     pub pci: u32,
     pub version: u32,
+    pub write: u32,
 }
 
 impl Lies {
@@ -157,6 +164,7 @@ impl Lies {
             (self.cqe, point::CQE),
             (self.pci, point::PCI),
             (self.version, point::VERSION),
+            (self.write, point::WRITE),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)
@@ -169,7 +177,7 @@ impl Lies {
 pub(crate) struct Liar {
     rng: Rng,
     /// The rate of each point, by bit number (0: never).
-    rates: [u32; 8],
+    rates: [u32; 9],
     pub(crate) lies: Lies,
 }
 
@@ -212,13 +220,13 @@ impl Liar {
     pub(crate) fn honest() -> Self {
         Liar {
             rng: Rng::new(0),
-            rates: [0; 8],
+            rates: [0; 9],
             lies: Lies::default(),
         }
     }
 
     pub(crate) fn new(h: Hostile) -> Self {
-        let mut rates = [0; 8];
+        let mut rates = [0; 9];
         for (i, r) in rates.iter_mut().enumerate() {
             if h.points & (1 << i) != 0 {
                 *r = if h.rates[i] != 0 { h.rates[i] } else { h.rate };
@@ -234,7 +242,7 @@ impl Liar {
     /// Whether to lie now at `p` (counted in its class when so).
     #[inline]
     pub(crate) fn roll(&mut self, p: u32) -> bool {
-        let rate = self.rates[p.trailing_zeros() as usize % 8];
+        let rate = self.rates[p.trailing_zeros() as usize % 9];
         if rate == 0 || !self.rng.one_in(rate) {
             return false;
         }
@@ -247,6 +255,7 @@ impl Liar {
             point::RING => &mut l.ring,
             point::CQE => &mut l.cqe,
             point::PCI => &mut l.pci,
+            point::WRITE => &mut l.write,
             _ => &mut l.version,
         };
         *class += 1;

@@ -516,6 +516,11 @@ impl Model {
         (g.pci.pvrdma_bar(1), g.pci.pvrdma_bar(2))
     }
 
+    /// Hostile: the PVRDMA's MSI-X capability places its table in BAR `bir` at `offset`.
+    pub fn set_msix_table(&self, bir: u8, offset: u32) {
+        self.lock().pci.set_msix_table(bir, offset);
+    }
+
     /// The PCI command register of the PVRDMA function.
     pub fn pci_command(&self) -> u16 {
         self.lock().pci.pvrdma_command()
@@ -668,6 +673,21 @@ impl Model {
         let mut g = self.lock();
         let Inner { mem, dev, .. } = &mut *g;
         dev.inject_raw_cqe(mem, cq, bytes);
+    }
+
+    /// Hostile: overwrites a CQ's consumer index, the word only the driver should write.
+    pub fn set_cq_cons(&self, cq: u32, value: u32) {
+        let mut g = self.lock();
+        let Inner { mem, dev, .. } = &mut *g;
+        dev.set_cq_cons(mem, cq, value);
+    }
+
+    /// Hostile: overwrites the `wr_id` of the WQE in `slot` of QP `qpn`'s send (or receive)
+    /// ring, which only the driver should write.
+    pub fn set_wqe_wr_id(&self, qpn: u32, recv: bool, slot: u32, wr_id: u64) {
+        let mut g = self.lock();
+        let Inner { mem, dev, .. } = &mut *g;
+        dev.set_wqe_wr_id(mem, qpn, recv, slot, wr_id);
     }
 
     /// Overwrites a CQ's producer index (garbage-index tests).

@@ -313,6 +313,13 @@ impl Pci {
         self.pvrdma().bar_size[bar]
     }
 
+    /// Hostile: the MSI-X capability's Table dword names BAR `bir` at `offset` (the table
+    /// itself stays in BAR0: a driver that believes the dword writes elsewhere).
+    pub(crate) fn set_msix_table(&mut self, bir: u8, offset: u32) {
+        let cap = usize::from(MSIX_CAP / 4);
+        self.pvrdma_mut().cfg[cap + 1] = (offset & !7) | u32::from(bir & 7);
+    }
+
     pub(crate) fn pvrdma_command(&self) -> u16 {
         self.pvrdma().cfg[1] as u16
     }
