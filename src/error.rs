@@ -1,6 +1,6 @@
 //! The one error type of the crate: `Copy`, no allocation, with enough detail to act on.
 
-use core::fmt;
+mod text;
 
 // Every `Result` of the crate carries an `Error`: kept small (see `Fault::Value`).
 const _: () = assert!(core::mem::size_of::<Error>() <= 32);
@@ -66,6 +66,15 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// The object is still used by others: `count` of `holder` (destroy them first).
+    InUse {
+        /// The operation.
+        op: Op,
+        /// What holds the object.
+        holder: Holder,
+        /// How many of them.
+        count: u32,
+    },
     /// A queue has no room for the whole batch: nothing was posted.
     QueueFull {
         /// Which queue.
@@ -73,6 +82,19 @@ pub enum Error {
         /// How many entries it has free.
         free: u32,
     },
+}
+
+/// What holds an object, in [`Error::InUse`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// Queue pairs (a completion queue's or a shared receive queue's users).
+    Qps,
+    /// The objects created in a protection domain (queue pairs, shared receive queues,
+    /// memory regions).
+    PdObjects,
+    /// Multicast groups a queue pair is attached to.
+    McastGroups,
 }
 
 /// A queue named by [`Error::QueueFull`].
@@ -105,7 +127,7 @@ pub enum ErrorKind {
     Unsupported,
     /// [`Error::NotFound`].
     NotFound,
-    /// [`Error::Busy`].
+    /// [`Error::Busy`] or [`Error::InUse`].
     Busy,
 }
 
@@ -120,7 +142,7 @@ impl Error {
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::NotFound(_) => ErrorKind::NotFound,
-            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Busy { .. } | Error::InUse { .. } => ErrorKind::Busy,
             Error::QueueFull { .. } => ErrorKind::Resource,
         }
     }
@@ -253,6 +275,12 @@ pub enum Attr {
     Qkey,
     /// A bound source GID: the device needs one to reach RTR.
     SourceGid,
+    /// A GID bound at this index of port 1's table (the path's `sgid_index`): the device
+    /// needs one to reach RTR.
+    BoundGid {
+        /// The GID table index the path names.
+        index: u8,
+    },
     /// A UD destination (address vector, remote QPN and Q_Key) on a UD send.
     UdDest,
     /// Local write access ([`AccessFlags::LOCAL_WRITE`](crate::verbs::AccessFlags)): a memory
@@ -495,31 +523,6 @@ pub enum NotFound {
         /// BAR index.
         bar: u8,
     },
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidInput { param, value, max } => {
-                write!(f, "invalid {param:?}: {value} (at most {max})")
-            }
-            Error::MissingAttribute { op, attr } => write!(f, "{op:?} needs {attr:?}"),
-            Error::Resource(r) => write!(f, "out of resources: {r:?}"),
-            Error::Permission { op } => write!(f, "{op:?}: permission denied"),
-            Error::Device { op, status } => write!(f, "{op:?} failed: {status:?}"),
-            Error::Protocol { op, fault } => write!(f, "{op:?}: bad answer from device: {fault:?}"),
-            Error::Timeout { op } => write!(f, "{op:?}: device did not answer"),
-            Error::Unsupported(u) => write!(f, "unsupported: {u:?}"),
-            Error::NotFound(n) => write!(f, "not found: {n:?}"),
-            Error::Busy { op } => write!(f, "{op:?}: object busy"),
-            Error::QueueFull { queue, free } => {
-                write!(
-                    f,
-                    "{queue:?} queue full: {free} entries free, nothing posted"
-                )
-            }
-        }
-    }
 }
 
 impl core::error::Error for Error {}

@@ -40,6 +40,9 @@ pub(crate) struct CqRing {
     cap: u32,
     /// Entries the queue pairs on it may need at once (changed under the device lock).
     pub(crate) reserved: AtomicU32,
+    /// Queue pairs that complete on this CQ (one per QP, even when it is both its send and
+    /// its receive CQ).
+    pub(crate) users: AtomicU32,
     /// Completions lost to a full ring (cannot happen while reservations hold).
     pub(crate) overflow: AtomicU32,
     pub(crate) id: u32,
@@ -120,6 +123,7 @@ impl<H: Hal> Cq<H> {
                 polling: AtomicBool::new(false),
                 cap,
                 reserved: AtomicU32::new(0),
+                users: AtomicU32::new(0),
                 overflow: AtomicU32::new(0),
                 id,
                 slot,

@@ -14,12 +14,17 @@ use super::qp::Qp;
 use super::srq::Srq;
 use super::{Ah, Rxe};
 use crate::dma::Dma;
-use crate::error::{Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
+use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
     AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
     QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
+
+/// An [`Error::InUse`].
+pub(crate) fn in_use(op: Op, holder: Holder, count: u32) -> Error {
+    Error::InUse { op, holder, count }
+}
 
 /// The `ibv_mtu` of a path MTU in bytes (one of `seq::MTUS`: 256 is 1, each doubling +1).
 fn mtu_enum(bytes: u32) -> Mtu {
@@ -95,7 +100,8 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
         if pd.users.load(Ordering::Relaxed) != 0 {
-            return Err((pd, Error::Busy { op: Op::DestroyPd }));
+            let count = pd.users.load(Ordering::Relaxed);
+            return Err((pd, in_use(Op::DestroyPd, Holder::PdObjects, count)));
         }
         self.lock().tables().pds -= 1;
         Ok(())
@@ -141,8 +147,9 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
-        if cq.ring().reserved.load(Ordering::Relaxed) != 0 {
-            return Err((cq, Error::Busy { op: Op::DestroyCq }));
+        let users = cq.ring().users.load(Ordering::Relaxed);
+        if users != 0 {
+            return Err((cq, in_use(Op::DestroyCq, Holder::Qps, users)));
         }
         if let Some(s) = cq.ring().slot {
             self.hub().detach(s);

@@ -208,6 +208,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             .ring()
             .reserved
             .fetch_add(recv_need, Ordering::Relaxed);
+        send_cq.ring().users.fetch_add(1, Ordering::Relaxed);
+        if !same {
+            recv_cq.ring().users.fetch_add(1, Ordering::Relaxed);
+        }
         pd.users.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = srq {
             s.users.fetch_add(1, Ordering::Relaxed);
@@ -370,6 +374,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         };
         q.send_cq().reserved.fetch_sub(q.sq_cap, Ordering::Relaxed);
         q.recv_cq().reserved.fetch_sub(recv_need, Ordering::Relaxed);
+        q.send_cq().users.fetch_sub(1, Ordering::Relaxed);
+        if q.send_cq != q.recv_cq {
+            q.recv_cq().users.fetch_sub(1, Ordering::Relaxed);
+        }
         drop(guard);
         // SAFETY: the PD and the SRQ outlive the QP (create_qp's contract).
         unsafe {
