@@ -9,12 +9,15 @@ use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use bareverbs_hal::Hal;
 
 use crate::dma::Dma;
-use crate::error::{Error, Op, Param, Result};
+use crate::error::{Error, Param, Result};
 use crate::events::{Arm, EventHub, Slot};
 use crate::verbs::{BufRelease, PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// Completion queues the device creates.
 pub const MAX_CQ: u32 = 64;
+/// Spins a poll waits for another thread's poll of the same CQ to end (a poll holds it for
+/// the entries it reads: far fewer spins than this).
+const POLL_SPINS: u32 = 1 << 16;
 /// Entries per completion queue, at most.
 pub const MAX_CQE: u32 = 16384;
 
@@ -83,6 +86,24 @@ impl CqRing {
             }
         }
         true
+    }
+
+    /// Takes the poll lock, waiting for another poller a bounded number of spins (the
+    /// device has no clock to wait by): `false` when it is still held after them.
+    fn claim(&self) -> bool {
+        for _ in 0..POLL_SPINS {
+            // Test, then test-and-set: the waiting poller reads the line, not writes it.
+            if !self.polling.load(Ordering::Relaxed)
+                && self
+                    .polling
+                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+            core::hint::spin_loop();
+        }
+        false
     }
 
     fn ready(&self) -> bool {
@@ -187,12 +208,10 @@ impl<'c> Poll<'c> {
         if !ring.ready() {
             return Ok(None);
         }
-        if ring
-            .polling
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Error::Busy { op: Op::PollCq });
+        if !ring.claim() {
+            // Another poller held the ring through every spin: it takes the completions
+            // there are; this poll finds none now (as `ibv_poll_cq` returning 0).
+            return Ok(None);
         }
         Ok(Some(Poll {
             ring,
