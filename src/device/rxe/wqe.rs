@@ -109,6 +109,9 @@ pub(crate) struct RqEntry {
     pub(crate) sges: [Sge; MAX_SGE as usize],
     pub(crate) tag: u32,
     pub(crate) nsge: u32,
+    /// Taken from a shared receive queue on its reservation in the receive CQ (see
+    /// `CqRing::take_srq`); `false` for the QP's own requests and the SRQ's on free room.
+    pub(crate) srq_room: bool,
 }
 
 impl RqEntry {
