@@ -261,6 +261,12 @@ pub enum Param {
     PoolBuffers,
     /// Bytes per buffer of a pool.
     BufferSize,
+    /// Entries of a buffer for a GID table (`ibv_query_gid_table`): `value` the buffer's
+    /// length, `max` the valid entries it must hold (a shorter buffer is an error, not a
+    /// truncation).
+    GidTableBuffer,
+    /// A completion vector (`comp_vector`), below the device's `num_comp_vectors`.
+    CompVector,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -507,6 +513,8 @@ pub enum Feature {
     /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address: the software device speaks
     /// RoCEv2 over IPv4 only.
     Ipv6,
+    /// Changing a memory region in place (`ibv_rereg_mr`).
+    ReregMr,
 }
 
 /// What was not found, in an [`Error::NotFound`].
@@ -522,6 +530,20 @@ pub enum NotFound {
     Bar {
         /// BAR index.
         bar: u8,
+    },
+    /// No GID is bound at this index of the port's table (`ibv_query_gid_ex`'s ENODATA).
+    GidEntry {
+        /// The port.
+        port: u8,
+        /// The index.
+        index: u32,
+    },
+    /// The port's P_Key table holds no such P_Key (`ibv_get_pkey_index`'s -1).
+    Pkey {
+        /// The port.
+        port: u8,
+        /// The P_Key looked for.
+        pkey: u16,
     },
 }
 

@@ -21,6 +21,15 @@ impl Display for Error {
                  of them; destroy queue pairs or ask for at least {value}",
                 Op::ResizeCq
             ),
+            Error::InvalidInput {
+                param: Param::GidTableBuffer,
+                value,
+                max,
+            } => write!(
+                f,
+                "a GID table buffer of {value} entries is too small: the device has {max} \
+                 valid entries"
+            ),
             Error::InvalidInput { param, value, max } => {
                 write!(f, "{param} of {value} asked, at most {max} possible")
             }
@@ -129,6 +138,8 @@ impl Display for Param {
             Param::Pool => "buffer pool",
             Param::PoolBuffers => "buffers in a pool",
             Param::BufferSize => "bytes per buffer",
+            Param::GidTableBuffer => "GID table buffer entries",
+            Param::CompVector => "completion vector",
         })
     }
 }
@@ -315,6 +326,7 @@ impl Display for Feature {
             Feature::Interrupts => "interrupts: the device has no usable MSI-X vector",
             Feature::SrqModify => "modifying a shared receive queue on this device",
             Feature::Ipv6 => "an IPv6 GID: the software device speaks RoCEv2 over IPv4",
+            Feature::ReregMr => "changing a memory region in place on this device",
         })
     }
 }
@@ -327,6 +339,12 @@ impl Display for NotFound {
                 "the network function the RDMA function pairs with (function 0) is absent",
             ),
             NotFound::Bar { bar } => write!(f, "BAR {bar} is absent or too small"),
+            NotFound::GidEntry { port, index } => {
+                write!(f, "no GID is bound at index {index} of port {port}")
+            }
+            NotFound::Pkey { port, pkey } => {
+                write!(f, "port {port}'s P_Key table has no P_Key {pkey:#06x}")
+            }
         }
     }
 }

@@ -473,6 +473,11 @@ fn caps_of(mac: [u8; 6]) -> DeviceCaps {
         phys_port_cnt: 1,
         device_cap_flags: 0,
         atomic_ops: 1,
+        // Linux rxe's vendor id, so that peers see the same device kind.
+        vendor_id: 0x00FF_FFFF,
+        // Regions are reached by CPU address: every page size from 4 KiB.
+        page_size_cap: !0xFFF,
+        max_sge_rd: MAX_SGE,
     }
 }
 

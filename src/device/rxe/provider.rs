@@ -17,8 +17,8 @@ use crate::dma::Dma;
 use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
-    AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
-    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
+    AccessFlags, AddressVector, DeviceCaps, Gid, LinkLayer, ModifyAttr, Mtu, PortAttr, PortState,
+    Provider, QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
 
 /// An [`Error::InUse`].
@@ -68,6 +68,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
             active_width: 1,
             active_speed: 1,
             phys_state: 5,
+            link_layer: LinkLayer::Ethernet,
         })
     }
 
@@ -271,6 +272,14 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
         (mr.ptr.as_ptr() as usize as u64, mr.len, mr.key, mr.key)
+    }
+
+    fn rereg_mr_access(&self, mr: &mut Mr<H>, access: AccessFlags) -> Result<()> {
+        if self.lock().tables().mrs.set_access(mr.key, access) {
+            Ok(())
+        } else {
+            Err(Error::invalid(Param::MrLength, 0u32, 0u32))
+        }
     }
 
     fn mr_ptr(&self, mr: &Mr<H>) -> NonNull<u8> {
