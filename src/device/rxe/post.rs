@@ -213,7 +213,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let mut e = RqEntry {
             wr_id,
             tag,
-            nsge: sges.len() as u32,
+            nsge: sges.len() as u16,
             ..Default::default()
         };
         e.sges[..sges.len()].copy_from_slice(sges);

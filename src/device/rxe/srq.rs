@@ -181,7 +181,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         for w in wrs {
             let mut e = RqEntry {
                 wr_id: w.wr_id,
-                nsge: w.sg_list.len() as u32,
+                nsge: w.sg_list.len() as u16,
                 ..Default::default()
             };
             e.sges[..w.sg_list.len()].copy_from_slice(w.sg_list);
