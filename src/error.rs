@@ -156,6 +156,11 @@ impl Error {
         }
     }
 
+    /// An [`Error::InUse`]: `count` of `holder` still use the object `op` would destroy.
+    pub(crate) fn in_use(op: Op, holder: Holder, count: u32) -> Self {
+        Error::InUse { op, holder, count }
+    }
+
     /// An [`Error::Protocol`]: the device answered `value` in `field`, which cannot be right.
     pub(crate) fn bad_value(op: Op, field: &'static &'static str, value: impl Into<u64>) -> Self {
         let value = value.into();

@@ -21,11 +21,6 @@ use crate::verbs::{
     Provider, QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
 
-/// An [`Error::InUse`].
-pub(crate) fn in_use(op: Op, holder: Holder, count: u32) -> Error {
-    Error::InUse { op, holder, count }
-}
-
 /// The `ibv_mtu` of a path MTU in bytes (one of `seq::MTUS`: 256 is 1, each doubling +1).
 fn mtu_enum(bytes: u32) -> Mtu {
     Mtu::from_raw(bytes.trailing_zeros().saturating_sub(7)).unwrap_or(Mtu::Mtu4096)
@@ -102,7 +97,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
         if pd.users.load(Ordering::Relaxed) != 0 {
             let count = pd.users.load(Ordering::Relaxed);
-            return Err((pd, in_use(Op::DestroyPd, Holder::PdObjects, count)));
+            return Err((pd, Error::in_use(Op::DestroyPd, Holder::PdObjects, count)));
         }
         self.lock().tables().pds -= 1;
         Ok(())
@@ -150,7 +145,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
         let users = cq.ring().users.load(Ordering::Relaxed);
         if users != 0 {
-            return Err((cq, in_use(Op::DestroyCq, Holder::Qps, users)));
+            return Err((cq, Error::in_use(Op::DestroyCq, Holder::Qps, users)));
         }
         if let Some(s) = cq.ring().slot {
             self.hub().detach(s);

@@ -143,7 +143,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     ) -> core::result::Result<(), (Srq<H>, Error)> {
         let users = srq.users.load(Ordering::Relaxed);
         if users != 0 {
-            let e = super::provider::in_use(crate::error::Op::DestroySrq, Holder::Qps, users);
+            let e = Error::in_use(crate::error::Op::DestroySrq, Holder::Qps, users);
             return Err((srq, e));
         }
         self.lock().tables().srqs -= 1;
