@@ -1,6 +1,6 @@
 //! The one error type of the crate: `Copy`, no allocation, with enough detail to act on.
 
-use core::fmt;
+mod text;
 
 // Every `Result` of the crate carries an `Error`: kept small (see `Fault::Value`).
 const _: () = assert!(core::mem::size_of::<Error>() <= 32);
@@ -66,6 +66,15 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// The object is still used by others: `count` of `holder` (destroy them first).
+    InUse {
+        /// The operation.
+        op: Op,
+        /// What holds the object.
+        holder: Holder,
+        /// How many of them.
+        count: u32,
+    },
     /// A queue has no room for the whole batch: nothing was posted.
     QueueFull {
         /// Which queue.
@@ -73,6 +82,19 @@ pub enum Error {
         /// How many entries it has free.
         free: u32,
     },
+}
+
+/// What holds an object, in [`Error::InUse`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// Queue pairs (a completion queue's or a shared receive queue's users).
+    Qps,
+    /// The objects created in a protection domain (queue pairs, shared receive queues,
+    /// memory regions).
+    PdObjects,
+    /// Multicast groups a queue pair is attached to.
+    McastGroups,
 }
 
 /// A queue named by [`Error::QueueFull`].
@@ -105,7 +127,7 @@ pub enum ErrorKind {
     Unsupported,
     /// [`Error::NotFound`].
     NotFound,
-    /// [`Error::Busy`].
+    /// [`Error::Busy`] or [`Error::InUse`].
     Busy,
 }
 
@@ -120,7 +142,7 @@ impl Error {
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::NotFound(_) => ErrorKind::NotFound,
-            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Busy { .. } | Error::InUse { .. } => ErrorKind::Busy,
             Error::QueueFull { .. } => ErrorKind::Resource,
         }
     }
@@ -132,6 +154,11 @@ impl Error {
             value: value.into(),
             max: max.into(),
         }
+    }
+
+    /// An [`Error::InUse`]: `count` of `holder` still use the object `op` would destroy.
+    pub(crate) fn in_use(op: Op, holder: Holder, count: u32) -> Self {
+        Error::InUse { op, holder, count }
     }
 
     /// An [`Error::Protocol`]: the device answered `value` in `field`, which cannot be right.
@@ -239,6 +266,12 @@ pub enum Param {
     PoolBuffers,
     /// Bytes per buffer of a pool.
     BufferSize,
+    /// Entries of a buffer for a GID table (`ibv_query_gid_table`): `value` the buffer's
+    /// length, `max` the valid entries it must hold (a shorter buffer is an error, not a
+    /// truncation).
+    GidTableBuffer,
+    /// A completion vector (`comp_vector`), below the device's `num_comp_vectors`.
+    CompVector,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -253,6 +286,12 @@ pub enum Attr {
     Qkey,
     /// A bound source GID: the device needs one to reach RTR.
     SourceGid,
+    /// A GID bound at this index of port 1's table (the path's `sgid_index`): the device
+    /// needs one to reach RTR.
+    BoundGid {
+        /// The GID table index the path names.
+        index: u8,
+    },
     /// A UD destination (address vector, remote QPN and Q_Key) on a UD send.
     UdDest,
     /// Local write access ([`AccessFlags::LOCAL_WRITE`](crate::verbs::AccessFlags)): a memory
@@ -479,6 +518,8 @@ pub enum Feature {
     /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address: the software device speaks
     /// RoCEv2 over IPv4 only.
     Ipv6,
+    /// Changing a memory region in place (`ibv_rereg_mr`).
+    ReregMr,
 }
 
 /// What was not found, in an [`Error::NotFound`].
@@ -495,31 +536,20 @@ pub enum NotFound {
         /// BAR index.
         bar: u8,
     },
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidInput { param, value, max } => {
-                write!(f, "invalid {param:?}: {value} (at most {max})")
-            }
-            Error::MissingAttribute { op, attr } => write!(f, "{op:?} needs {attr:?}"),
-            Error::Resource(r) => write!(f, "out of resources: {r:?}"),
-            Error::Permission { op } => write!(f, "{op:?}: permission denied"),
-            Error::Device { op, status } => write!(f, "{op:?} failed: {status:?}"),
-            Error::Protocol { op, fault } => write!(f, "{op:?}: bad answer from device: {fault:?}"),
-            Error::Timeout { op } => write!(f, "{op:?}: device did not answer"),
-            Error::Unsupported(u) => write!(f, "unsupported: {u:?}"),
-            Error::NotFound(n) => write!(f, "not found: {n:?}"),
-            Error::Busy { op } => write!(f, "{op:?}: object busy"),
-            Error::QueueFull { queue, free } => {
-                write!(
-                    f,
-                    "{queue:?} queue full: {free} entries free, nothing posted"
-                )
-            }
-        }
-    }
+    /// No GID is bound at this index of the port's table (`ibv_query_gid_ex`'s ENODATA).
+    GidEntry {
+        /// The port.
+        port: u8,
+        /// The index.
+        index: u32,
+    },
+    /// The port's P_Key table holds no such P_Key (`ibv_get_pkey_index`'s -1).
+    Pkey {
+        /// The port.
+        port: u8,
+        /// The P_Key looked for.
+        pkey: u16,
+    },
 }
 
 impl core::error::Error for Error {}

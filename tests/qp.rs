@@ -590,7 +590,8 @@ fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
         .map_err(|(_, e)| e)
         .unwrap();
     let dgid = Gid([7; 16]);
-    // No GID bound yet: the device could not resolve the source GID.
+    // No GID bound yet: the device could not resolve the source GID, and the error names
+    // the path's index.
     let (qp, e) = qp
         .rtr(&ConnectedRtr::new(5, 0, AddressVector::new(dgid, 0)))
         .err()
@@ -599,8 +600,13 @@ fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
         e,
         Error::MissingAttribute {
             op: Op::ModifyQp,
-            attr: Attr::SourceGid
+            attr: Attr::BoundGid { index: 0 }
         }
+    );
+    assert_eq!(
+        e.to_string(),
+        "modifying a queue pair needs a GID bound at index 0 of port 1's table (the path's \
+         sgid_index); bind one there or name a bound index"
     );
     let (qp, e) = qp
         .rtr(&ConnectedRtr::new(

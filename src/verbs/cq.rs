@@ -49,7 +49,9 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     ///
     /// [`Error::Protocol`](crate::Error::Protocol) for a CQE that cannot be right (consumed;
     /// reported by the poll after the one that returned the good completions before it),
-    /// [`Error::Busy`](crate::Error::Busy) while another thread polls this CQ.
+    /// [`Error::Busy`](crate::Error::Busy) on PVRDMA while another thread polls this CQ.
+    /// The software RoCE device waits for the other poll a bounded number of spins instead,
+    /// then returns 0 if it still holds the CQ (it takes the completions there are).
     #[inline]
     ///
     /// # Example

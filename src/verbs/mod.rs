@@ -57,6 +57,7 @@ mod mr;
 mod pool;
 mod qp;
 pub(crate) mod qp_types;
+mod query;
 mod random;
 mod shared;
 mod srq;
@@ -84,10 +85,11 @@ pub use qp_types::{
     AccessFlags, AddressVector, CreateFlags, ModifyAttr, QpAttr, QpAttrMask, QpCaps, QpInit,
     QpInitEx, QpState, QpType, RxHashConf, SrqAttr,
 };
+pub use query::{GidEntry, GidType};
 pub use random::Entropy;
 pub use shared::SharedProvider;
 pub use srq::SharedReceiveQueue;
-pub use types::{DeviceCaps, Gid, Mtu, PortAttr, PortState};
+pub use types::{DeviceCaps, Gid, LinkLayer, Mtu, PortAttr, PortState};
 pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};
 pub use wr::{
     RecvWr, SendFlags, SendWqe, Sge, UdTarget, WcFlags, WcOpcode, WcStatus, WorkCompletion,
@@ -334,6 +336,22 @@ pub trait Provider {
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid>;
     /// The first bound entry (index, GID) of port `port`'s table at or after index `from`.
     fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>>;
+    /// The type of the bound GID at `index` of port `port` (`ibv_query_gid_type`). By
+    /// default RoCEv2; a device that speaks another says so.
+    fn gid_type(&self, _port: u8, _index: u32) -> GidType {
+        GidType::RoceV2
+    }
+    /// Completion vectors CQs may name (`num_comp_vectors`): 1 by default.
+    fn num_comp_vectors(&self) -> u32 {
+        1
+    }
+    /// Changes a memory region's access rights in place (`ibv_rereg_mr` with
+    /// `IBV_REREG_MR_CHANGE_ACCESS`); its keys stay. A typed `Unsupported` by default.
+    fn rereg_mr_access(&self, _mr: &mut Self::Mr, _access: AccessFlags) -> Result<()> {
+        Err(Error::Unsupported(crate::error::Unsupported::Feature(
+            crate::error::Feature::ReregMr,
+        )))
+    }
     /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the device raises
     /// SRQ_LIMIT_REACHED once fewer than `limit` receives are posted, and disarms.
     fn modify_srq(&self, srq: &Self::Srq, limit: u32) -> Result<()>;

@@ -192,6 +192,20 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
 }
 
 impl<'a, P: Provider> MemoryRegion<'a, P> {
+    /// Changes the region's access rights in place (`ibv_rereg_mr` with
+    /// `IBV_REREG_MR_CHANGE_ACCESS`); its keys, bounds and PD stay. Requests already posted
+    /// or in flight may see either rights.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MissingAttribute`] with [`Attr::LocalWrite`] as for a registration; a typed
+    /// [`Unsupported`](crate::error::Unsupported) on a device that cannot
+    /// ([`Feature::ReregMr`](crate::error::Feature::ReregMr)).
+    pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
+        check_access(access)?;
+        self.ctx.provider().rereg_mr_access(&mut self.raw, access)
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.ctx.provider().mr_info(&self.raw).1

@@ -90,6 +90,24 @@ pub struct DeviceCaps {
     pub device_cap_flags: u32,
     /// Atomic operations the device supports (0: none).
     pub atomic_ops: u8,
+    /// The IEEE vendor id (`vendor_id`).
+    pub vendor_id: u32,
+    /// The page sizes the device maps, one bit per size (`page_size_cap`: bit 12 = 4 KiB).
+    pub page_size_cap: u64,
+    /// Scatter/gather entries of an RDMA READ's local buffer, at most (`max_sge_rd`).
+    pub max_sge_rd: u32,
+}
+
+/// The link layer of a port (`IBV_LINK_LAYER_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LinkLayer {
+    /// Not reported (`IBV_LINK_LAYER_UNSPECIFIED`).
+    Unspecified = 0,
+    /// InfiniBand.
+    InfiniBand = 1,
+    /// Ethernet (RoCE).
+    Ethernet = 2,
 }
 
 /// Logical port state (`enum ibv_port_state`).
@@ -184,4 +202,6 @@ pub struct PortAttr {
     pub active_speed: u8,
     /// Physical state.
     pub phys_state: u8,
+    /// The link layer: Ethernet for RoCE devices.
+    pub link_layer: LinkLayer,
 }

@@ -321,6 +321,9 @@ fn caps_from_raw(c: &Caps) -> DeviceCaps {
         phys_port_cnt: c.phys_port_cnt,
         device_cap_flags: c.device_cap_flags,
         atomic_ops: c.atomic_ops,
+        vendor_id: c.vendor_id,
+        page_size_cap: c.page_size_cap,
+        max_sge_rd: c.max_sge_rd,
     }
 }
 

@@ -279,6 +279,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
             active_width: a.active_width,
             active_speed: a.active_speed,
             phys_state: a.phys_state,
+            link_layer: crate::verbs::LinkLayer::Ethernet,
         })
     }
 

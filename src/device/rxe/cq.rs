@@ -9,12 +9,15 @@ use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use bareverbs_hal::Hal;
 
 use crate::dma::Dma;
-use crate::error::{Error, Op, Param, Result};
+use crate::error::{Error, Param, Result};
 use crate::events::{Arm, EventHub, Slot};
 use crate::verbs::{BufRelease, PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 /// Completion queues the device creates.
 pub const MAX_CQ: u32 = 64;
+/// Spins a poll waits for another thread's poll of the same CQ to end (a poll holds it for
+/// the entries it reads: far fewer spins than this).
+const POLL_SPINS: u32 = 1 << 16;
 /// Entries per completion queue, at most.
 pub const MAX_CQE: u32 = 16384;
 
@@ -27,6 +30,8 @@ pub(crate) struct Cqe {
     pub(crate) release: Option<BufRelease>,
     /// Raised by a packet with the solicited-event bit.
     pub(crate) solicited: bool,
+    /// Its room is the SRQ's reservation (`CqRing::srq_used`), not `CqRing::taken`.
+    pub(crate) srq_room: bool,
 }
 
 /// The ring's header, at the start of the CQ's block; the entries follow.
@@ -38,8 +43,23 @@ pub(crate) struct CqRing {
     /// A poll is under way.
     polling: AtomicBool,
     cap: u32,
-    /// Entries the queue pairs on it may need at once (changed under the device lock).
-    pub(crate) reserved: AtomicU32,
+    /// Room taken (never more than `cap`; raised under the device lock only, lowered by a
+    /// poll too): one entry per request posted to a queue pair's own queues that completes
+    /// here, from its post until its completion is polled (or it retires without one), and
+    /// the reservations of the shared receive queues whose QPs complete here (`srq_room`).
+    taken: AtomicU32,
+    /// The part of `taken` reserved for shared receive queues: once per (SRQ, CQ) pair, as
+    /// much of the SRQ's depth as there was room for when its first QP attached.
+    pub(crate) srq_room: AtomicU32,
+    /// Receive requests taken from shared receive queues on that reservation, until their
+    /// completions are polled: at most `srq_room`.
+    srq_used: AtomicU32,
+    /// SRQ reservation given up (its last QP left) but not yet out of `srq_room`, for
+    /// completions still counted in `srq_used`: settled as they are polled.
+    srq_leaving: AtomicU32,
+    /// Queue pairs that complete on this CQ (one per QP, even when it is both its send and
+    /// its receive CQ).
+    pub(crate) users: AtomicU32,
     /// Completions lost to a full ring (cannot happen while reservations hold).
     pub(crate) overflow: AtomicU32,
     pub(crate) id: u32,
@@ -82,6 +102,104 @@ impl CqRing {
         true
     }
 
+    /// Takes the poll lock, waiting for another poller a bounded number of spins (the
+    /// device has no clock to wait by): `false` when it is still held after them.
+    fn claim(&self) -> bool {
+        for _ in 0..POLL_SPINS {
+            // Test, then test-and-set: the waiting poller reads the line, not writes it.
+            if !self.polling.load(Ordering::Relaxed)
+                && self
+                    .polling
+                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+            core::hint::spin_loop();
+        }
+        false
+    }
+
+    /// Entries no request or reservation has taken.
+    pub(crate) fn free(&self) -> u32 {
+        self.cap.saturating_sub(self.taken.load(Ordering::Acquire))
+    }
+
+    /// Takes room for `n` completions if there is (the device lock is held: the only
+    /// raiser; a concurrent poll only lowers `taken`).
+    pub(crate) fn take(&self, n: u32) -> bool {
+        self.settle();
+        if self.free() < n {
+            return false;
+        }
+        self.taken.fetch_add(n, Ordering::Relaxed);
+        true
+    }
+
+    /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
+    /// as much as there is (never more than the free room); returns it.
+    pub(crate) fn reserve_srq(&self, depth: u32) -> u32 {
+        self.settle();
+        let r = depth.min(self.free());
+        self.taken.fetch_add(r, Ordering::Relaxed);
+        self.srq_room.fetch_add(r, Ordering::Relaxed);
+        r
+    }
+
+    /// Gives up `r` of the SRQs' reservation (their last QP left): at once for the part no
+    /// request uses, the rest as its completions are polled (device lock held).
+    pub(crate) fn release_srq(&self, r: u32) {
+        self.srq_leaving.fetch_add(r, Ordering::Relaxed);
+        self.settle();
+    }
+
+    /// Moves the reservation given up out of `srq_room` and `taken`, as far as the requests
+    /// taken on it allow (device lock held: a poll only lowers `srq_used`).
+    fn settle(&self) {
+        let leaving = self.srq_leaving.load(Ordering::Relaxed);
+        if leaving == 0 {
+            return;
+        }
+        let room = self.srq_room.load(Ordering::Relaxed);
+        let unused = room.saturating_sub(self.srq_used.load(Ordering::Acquire));
+        let n = leaving.min(unused);
+        self.srq_leaving.store(leaving - n, Ordering::Relaxed);
+        self.srq_room.store(room - n, Ordering::Relaxed);
+        self.give(n);
+    }
+
+    /// Whether a shared receive queue's request could complete here now.
+    pub(crate) fn srq_fits(&self) -> bool {
+        self.srq_used.load(Ordering::Acquire) < self.srq_room.load(Ordering::Relaxed)
+            || self.free() > 0
+    }
+
+    /// Gives back room taken by `n` requests that will not complete here.
+    pub(crate) fn give(&self, n: u32) {
+        self.taken.fetch_sub(n, Ordering::Release);
+    }
+
+    /// Room for one completion of a shared receive queue's request: from the SRQs'
+    /// reservation, else from the free room; `None` when neither has any (the request is not
+    /// taken: the sender is told the receiver is not ready, and nothing is dropped).
+    pub(crate) fn take_srq(&self) -> Option<bool> {
+        if self.srq_used.load(Ordering::Acquire) < self.srq_room.load(Ordering::Relaxed) {
+            self.srq_used.fetch_add(1, Ordering::Relaxed);
+            return Some(true);
+        }
+        self.take(1).then_some(false)
+    }
+
+    /// Gives back the room of a receive request taken with [`take_srq`](Self::take_srq)
+    /// that will not complete here.
+    pub(crate) fn give_srq(&self, srq_room: bool) {
+        if srq_room {
+            self.srq_used.fetch_sub(1, Ordering::Release);
+        } else {
+            self.give(1);
+        }
+    }
+
     fn ready(&self) -> bool {
         self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
     }
@@ -119,7 +237,11 @@ impl<H: Hal> Cq<H> {
                 tail: AtomicU32::new(0),
                 polling: AtomicBool::new(false),
                 cap,
-                reserved: AtomicU32::new(0),
+                taken: AtomicU32::new(0),
+                srq_room: AtomicU32::new(0),
+                srq_used: AtomicU32::new(0),
+                srq_leaving: AtomicU32::new(0),
+                users: AtomicU32::new(0),
                 overflow: AtomicU32::new(0),
                 id,
                 slot,
@@ -175,6 +297,9 @@ pub struct Poll<'c> {
     cur: Cqe,
     /// Whether `cur` is a completion the cursor has handed out (its buffer still to return).
     live: bool,
+    /// Completions read on `taken`'s room and on the SRQs' reservation: given back at the end.
+    own: u32,
+    srq: u32,
 }
 
 impl<'c> Poll<'c> {
@@ -183,12 +308,10 @@ impl<'c> Poll<'c> {
         if !ring.ready() {
             return Ok(None);
         }
-        if ring
-            .polling
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Error::Busy { op: Op::PollCq });
+        if !ring.claim() {
+            // Another poller held the ring through every spin: it takes the completions
+            // there are; this poll finds none now (as `ibv_poll_cq` returning 0).
+            return Ok(None);
         }
         Ok(Some(Poll {
             ring,
@@ -199,8 +322,11 @@ impl<'c> Poll<'c> {
                 tag: 0,
                 release: None,
                 solicited: false,
+                srq_room: false,
             },
             live: false,
+            own: 0,
+            srq: 0,
         }))
     }
 
@@ -228,6 +354,11 @@ impl PollCq for Poll<'_> {
         let e = unsafe { self.ring.entry(self.pos).read().assume_init() };
         if self.only.is_some_and(|q| q != e.wc.qp_num) {
             return Ok(false);
+        }
+        if e.srq_room {
+            self.srq += 1;
+        } else {
+            self.own += 1;
         }
         self.cur = e;
         self.live = true;
@@ -281,6 +412,12 @@ impl Drop for Poll<'_> {
     fn drop(&mut self) {
         self.release_current();
         self.ring.tail.store(self.pos, Ordering::Release);
+        if self.own != 0 {
+            self.ring.give(self.own);
+        }
+        if self.srq != 0 {
+            self.ring.srq_used.fetch_sub(self.srq, Ordering::Release);
+        }
         self.ring.polling.store(false, Ordering::Release);
     }
 }

@@ -117,6 +117,17 @@ impl MrTable {
         Some(key)
     }
 
+    /// Gives the region with `key` the rights `access`; `false` when no region has it.
+    pub(crate) fn set_access(&mut self, key: u32, access: AccessFlags) -> bool {
+        match self.entries.get_mut(((key & KEY_INDEX) >> 8) as usize) {
+            Some(m) if m.key == key => {
+                m.access = access.bits();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Deregisters the region with `key`.
     pub(crate) fn remove(&mut self, key: u32) {
         if let Some(m) = self.entries.get_mut(((key & KEY_INDEX) >> 8) as usize)

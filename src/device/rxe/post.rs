@@ -20,6 +20,33 @@ pub struct Cursor {
     n: u32,
 }
 
+/// Takes the completion-queue room of one request written by the batch `c` (device lock
+/// held); `pending` counts the room of requests written and not yet published. A new batch
+/// first gives back what a batch dropped unfinished had taken.
+fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
+    let mut pending = if send { q.sq_pending } else { q.rq_pending };
+    let cq = if send { q.send_cq() } else { q.recv_cq() };
+    if c.n == 0 && pending != 0 {
+        cq.give(core::mem::take(&mut pending));
+    }
+    let taken = cq.take(1);
+    let free = cq.free();
+    pending += u32::from(taken);
+    if send {
+        q.sq_pending = pending;
+    } else {
+        q.rq_pending = pending;
+    }
+    if taken {
+        Ok(())
+    } else {
+        Err(Error::QueueFull {
+            queue: Queue::Cq,
+            free,
+        })
+    }
+}
+
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     pub(crate) fn sq_start_impl(&self, qp: &Qp<H>) -> Cursor {
         Cursor {
@@ -84,6 +111,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 free: q.sq_cap.saturating_sub(c.start.wrapping_sub(q.sq_tail)),
             });
         }
+        take_room(q, true, c)?;
         let mut e = SqEntry {
             wr_id: w.wr_id,
             remote_addr: w.remote_addr,
@@ -128,11 +156,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn sq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.sq_head = c.start.wrapping_add(c.n);
+
         let mut guard = self.lock();
         let now = self.now();
         let hub = self.hub();
         let q = self.qp_core(qp, &guard);
         q.sq_head = qp.sq_head;
+        q.sq_pending = 0;
         if flushed || q.state == QpState::Err {
             q.flush(hub);
             return;
@@ -179,10 +209,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     .saturating_sub(c.start.wrapping_sub(q.rq_tail)),
             });
         }
+        take_room(q, false, c)?;
         let mut e = RqEntry {
             wr_id,
             tag,
-            nsge: sges.len() as u32,
+            nsge: sges.len() as u16,
             ..Default::default()
         };
         e.sges[..sges.len()].copy_from_slice(sges);
@@ -193,10 +224,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn rq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.rq_head = c.start.wrapping_add(c.n);
+
         let guard = self.lock();
         let hub = self.hub();
         let q = self.qp_core(qp, &guard);
         q.rq_head = qp.rq_head;
+        q.rq_pending = 0;
         if flushed || q.state == QpState::Err {
             q.flush(hub);
         }

@@ -14,11 +14,11 @@ use super::qp::Qp;
 use super::srq::Srq;
 use super::{Ah, Rxe};
 use crate::dma::Dma;
-use crate::error::{Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
+use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
-    AccessFlags, AddressVector, DeviceCaps, Gid, ModifyAttr, Mtu, PortAttr, PortState, Provider,
-    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
+    AccessFlags, AddressVector, DeviceCaps, Gid, LinkLayer, ModifyAttr, Mtu, PortAttr, PortState,
+    Provider, QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
 };
 
 /// The `ibv_mtu` of a path MTU in bytes (one of `seq::MTUS`: 256 is 1, each doubling +1).
@@ -63,6 +63,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
             active_width: 1,
             active_speed: 1,
             phys_state: 5,
+            link_layer: LinkLayer::Ethernet,
         })
     }
 
@@ -95,7 +96,8 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
         if pd.users.load(Ordering::Relaxed) != 0 {
-            return Err((pd, Error::Busy { op: Op::DestroyPd }));
+            let count = pd.users.load(Ordering::Relaxed);
+            return Err((pd, Error::in_use(Op::DestroyPd, Holder::PdObjects, count)));
         }
         self.lock().tables().pds -= 1;
         Ok(())
@@ -141,8 +143,9 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn destroy_cq(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
-        if cq.ring().reserved.load(Ordering::Relaxed) != 0 {
-            return Err((cq, Error::Busy { op: Op::DestroyCq }));
+        let users = cq.ring().users.load(Ordering::Relaxed);
+        if users != 0 {
+            return Err((cq, Error::in_use(Op::DestroyCq, Holder::Qps, users)));
         }
         if let Some(s) = cq.ring().slot {
             self.hub().detach(s);
@@ -264,6 +267,14 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn mr_info(&self, mr: &Mr<H>) -> (u64, usize, u32, u32) {
         (mr.ptr.as_ptr() as usize as u64, mr.len, mr.key, mr.key)
+    }
+
+    fn rereg_mr_access(&self, mr: &mut Mr<H>, access: AccessFlags) -> Result<()> {
+        if self.lock().tables().mrs.set_access(mr.key, access) {
+            Ok(())
+        } else {
+            Err(Error::invalid(Param::MrLength, 0u32, 0u32))
+        }
     }
 
     fn mr_ptr(&self, mr: &Mr<H>) -> NonNull<u8> {

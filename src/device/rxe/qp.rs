@@ -38,6 +38,21 @@ unsafe impl<H: Hal + Send> Send for Qp<H> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Qp<H> {}
 
+/// Another living QP than `me` that takes its receives from `srq` and completes them on
+/// `cq` (device lock held: `t`).
+fn pair_holder(
+    t: &super::tables::Tables,
+    srq: NonNull<super::srq::SrqCore>,
+    cq: NonNull<super::cq::CqRing>,
+    me: *mut QpCore,
+) -> Option<*mut QpCore> {
+    t.qps.iter().copied().find(|&q| {
+        // SAFETY: the table's non-null entries are living QP cores, reached under the
+        // device lock.
+        !q.is_null() && q != me && unsafe { (*q).srq == Some(srq) && (*q).recv_cq == cq }
+    })
+}
+
 /// Rounds a queue depth up to what the rings hold, or refuses it.
 fn depth(want: u32, param: Param) -> Result<u32> {
     if want > MAX_WR {
@@ -111,20 +126,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     ) -> Result<Qp<H>> {
         let caps = self.plan_qp_impl(init)?;
         let (sq_cap, rq_cap) = (caps.max_send_wr, caps.max_recv_wr.max(1));
-        // Completion-queue room is reserved now, not per post.
-        let need = |cq: &Cq<H>| cq.ring().reserved.load(Ordering::Relaxed);
+        // Completion-queue room is taken per post, not here: the CQ may be smaller than
+        // the queues (`ibv_create_qp` has no such failure).
         let same = core::ptr::eq(send_cq, recv_cq);
-        let recv_need = if srq.is_some() { 0 } else { caps.max_recv_wr };
-        let fits = if same {
-            need(send_cq) + sq_cap + recv_need <= send_cq.ring().cap()
-        } else {
-            need(send_cq) + sq_cap <= send_cq.ring().cap()
-                && need(recv_cq) + recv_need <= recv_cq.ring().cap()
-        };
-        if !fits {
-            let cq = send_cq.ring().cap();
-            return Err(Error::invalid(Param::CqEntries, sq_cap + recv_need, cq));
-        }
         let at_sq = size_of::<QpCore>().next_multiple_of(64);
         let at_rq = at_sq + sq_cap as usize * size_of::<SqEntry>();
         let bytes = at_rq + rq_cap as usize * size_of::<RqEntry>();
@@ -162,6 +166,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 send_cq: send_cq.ring,
                 recv_cq: recv_cq.ring,
                 srq: srq.map(|s| s.core),
+                srq_reserved: 0,
+                sq_pending: 0,
+                rq_pending: 0,
                 release: init.safe,
                 peer_ip: [0; 4],
                 peer_mac: None,
@@ -203,11 +210,18 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if let Some(slot) = t.qp_slot(qpn) {
             *slot = ptr.as_ptr();
         }
-        send_cq.ring().reserved.fetch_add(sq_cap, Ordering::Relaxed);
-        recv_cq
-            .ring()
-            .reserved
-            .fetch_add(recv_need, Ordering::Relaxed);
+        if let Some(s) = srq {
+            // The first QP of an (SRQ, receive CQ) pair reserves the SRQ's depth there.
+            if pair_holder(t, s.core, recv_cq.ring, ptr.as_ptr()).is_none() {
+                let r = recv_cq.ring().reserve_srq(s.attr.max_wr);
+                // SAFETY: written above; the device lock is held.
+                unsafe { (*ptr.as_ptr()).srq_reserved = r };
+            }
+        }
+        send_cq.ring().users.fetch_add(1, Ordering::Relaxed);
+        if !same {
+            recv_cq.ring().users.fetch_add(1, Ordering::Relaxed);
+        }
         pd.users.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = srq {
             s.users.fetch_add(1, Ordering::Relaxed);
@@ -363,13 +377,23 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
         let q = self.qp_core(&qp, &guard);
         q.discard();
-        let recv_need = if q.srq.is_some() {
-            0
-        } else {
-            q.caps.max_recv_wr
-        };
-        q.send_cq().reserved.fetch_sub(q.sq_cap, Ordering::Relaxed);
-        q.recv_cq().reserved.fetch_sub(recv_need, Ordering::Relaxed);
+        q.send_cq().give(q.sq_pending);
+        q.recv_cq().give(q.rq_pending);
+        if q.srq_reserved != 0 {
+            let me = qp.core.as_ptr();
+            match q
+                .srq
+                .and_then(|s| pair_holder(guard.tables(), s, q.recv_cq, me))
+            {
+                // SAFETY: a living QP of the table, reached under the device lock.
+                Some(other) => unsafe { (*other).srq_reserved += q.srq_reserved },
+                None => q.recv_cq().release_srq(q.srq_reserved),
+            }
+        }
+        q.send_cq().users.fetch_sub(1, Ordering::Relaxed);
+        if q.send_cq != q.recv_cq {
+            q.recv_cq().users.fetch_sub(1, Ordering::Relaxed);
+        }
         drop(guard);
         // SAFETY: the PD and the SRQ outlive the QP (create_qp's contract).
         unsafe {

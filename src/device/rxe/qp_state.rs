@@ -28,6 +28,14 @@ pub(crate) struct QpCore {
     pub(crate) send_cq: NonNull<CqRing>,
     pub(crate) recv_cq: NonNull<CqRing>,
     pub(crate) srq: Option<NonNull<SrqCore>>,
+    /// The SRQ's reservation in the receive CQ this QP holds for its (SRQ, CQ) pair: taken
+    /// by the pair's first QP, handed to another of the pair when it leaves, given back by the
+    /// last.
+    pub(crate) srq_reserved: u32,
+    /// Completion-queue room taken by requests written and not yet published (a batch
+    /// dropped unfinished): given back when the next batch starts writing, or at destroy.
+    pub(crate) sq_pending: u32,
+    pub(crate) rq_pending: u32,
     pub(crate) release: Option<BufRelease>,
     // The path (connected QPs, from RTR).
     pub(crate) peer_ip: [u8; 4],
@@ -145,6 +153,7 @@ impl QpCore {
             e.len
         };
         if status == WcStatus::Success && !e.signaled(self.sig_all) {
+            self.send_cq().give(1);
             self.release_tag(e.tag);
             return;
         }
@@ -156,7 +165,7 @@ impl QpCore {
             opcode: e.wc_opcode(),
             ..Default::default()
         };
-        self.push(true, wc, e.tag, false, hub);
+        self.push(true, wc, e.tag, false, false, hub);
     }
 
     /// Completes a receive request.
@@ -172,20 +181,31 @@ impl QpCore {
             qp_num: self.qpn,
             ..wc
         };
-        self.push(false, wc, e.tag, solicited, hub);
+        self.push(false, wc, e.tag, solicited, e.srq_room, hub);
     }
 
-    fn push(&mut self, send: bool, wc: WorkCompletion, tag: u32, solicited: bool, hub: &EventHub) {
+    /// Adds a completion to the send or the receive CQ, on the room its request took.
+    fn push(
+        &mut self,
+        send: bool,
+        wc: WorkCompletion,
+        tag: u32,
+        solicited: bool,
+        srq_room: bool,
+        hub: &EventHub,
+    ) {
         let cq = if send { self.send_cq() } else { self.recv_cq() };
         let e = Cqe {
             wc,
             tag,
             release: self.release,
             solicited,
+            srq_room,
         };
         if !cq.push(e, hub) {
             // Reservations make this impossible; should it happen, the buffer still goes back.
             crate::error::warn_msg("rxe: completion queue overrun; a completion was lost");
+            cq.give_srq(srq_room);
             self.release_tag(tag);
         }
     }
@@ -227,8 +247,10 @@ impl QpCore {
         }
     }
 
-    /// Forgets every outstanding request without a completion (RESET).
+    /// Forgets every outstanding request without a completion (RESET), giving back the
+    /// completion-queue room each had taken.
     pub(crate) fn discard(&mut self) {
+        self.send_cq().give(self.sq_head.wrapping_sub(self.sq_tail));
         // Both loops bounded by the requests posted, as in `flush`.
         while self.sq_tail != self.sq_head {
             let t = self.sq(self.sq_tail).tag;
@@ -236,8 +258,10 @@ impl QpCore {
             self.sq_tail = self.sq_tail.wrapping_add(1);
         }
         if self.inbound == Inbound::Send {
+            self.recv_cq().give_srq(self.wqe.srq_room);
             self.release_tag(self.wqe.tag);
         }
+        self.recv_cq().give(self.rq_head.wrapping_sub(self.rq_tail));
         while self.rq_tail != self.rq_head {
             let t = self.rq(self.rq_tail).tag;
             self.release_tag(t);
@@ -259,8 +283,8 @@ impl QpCore {
 
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.
     pub(crate) fn take_recv(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
-        if let Some(srq) = self.srq() {
-            return srq.take(events, hub);
+        if self.srq.is_some() {
+            return self.take_srq_recv(events, hub);
         }
         if self.rq_tail == self.rq_head {
             return None;
@@ -270,10 +294,28 @@ impl QpCore {
         Some(e)
     }
 
+    /// The next request of the QP's SRQ, with its completion's room taken first: without
+    /// room, the request stays on the SRQ. Out of line: the own queue's path stays short.
+    #[inline(never)]
+    fn take_srq_recv(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
+        if !self.srq().is_some_and(|s| s.has()) {
+            return None;
+        }
+        let srq_room = self.recv_cq().take_srq()?;
+        let e = self.srq().and_then(|s| s.take(events, hub));
+        match e {
+            Some(e) => Some(RqEntry { srq_room, ..e }),
+            None => {
+                self.recv_cq().give_srq(srq_room);
+                None
+            }
+        }
+    }
+
     /// Whether a receive request is there.
     pub(crate) fn has_recv(&mut self) -> bool {
         match self.srq() {
-            Some(s) => s.has(),
+            Some(s) => s.has() && self.recv_cq().srq_fits(),
             None => self.rq_tail != self.rq_head,
         }
     }

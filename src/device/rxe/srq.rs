@@ -11,7 +11,7 @@ use super::rings::AsyncRing;
 use super::wqe::RqEntry;
 use super::{MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
-use crate::error::{Error, Object, Param, Queue, Resource, Result};
+use crate::error::{Error, Holder, Object, Param, Queue, Resource, Result};
 use crate::events::{Count, EventHub};
 use crate::verbs::{RecvWr, SrqAttr};
 
@@ -141,13 +141,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         &self,
         srq: Srq<H>,
     ) -> core::result::Result<(), (Srq<H>, Error)> {
-        if srq.users.load(Ordering::Relaxed) != 0 {
-            return Err((
-                srq,
-                Error::Busy {
-                    op: crate::error::Op::DestroySrq,
-                },
-            ));
+        let users = srq.users.load(Ordering::Relaxed);
+        if users != 0 {
+            let e = Error::in_use(crate::error::Op::DestroySrq, Holder::Qps, users);
+            return Err((srq, e));
         }
         self.lock().tables().srqs -= 1;
         // SAFETY: the PD outlives the SRQ (create_srq's contract).
@@ -184,7 +181,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         for w in wrs {
             let mut e = RqEntry {
                 wr_id: w.wr_id,
-                nsge: w.sg_list.len() as u32,
+                nsge: w.sg_list.len() as u16,
                 ..Default::default()
             };
             e.sges[..w.sg_list.len()].copy_from_slice(w.sg_list);

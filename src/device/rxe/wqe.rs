@@ -108,12 +108,15 @@ pub(crate) struct RqEntry {
     pub(crate) wr_id: u64,
     pub(crate) sges: [Sge; MAX_SGE as usize],
     pub(crate) tag: u32,
-    pub(crate) nsge: u32,
+    pub(crate) nsge: u16,
+    /// Taken from a shared receive queue on its reservation in the receive CQ (see
+    /// `CqRing::take_srq`); `false` for the QP's own requests and the SRQ's on free room.
+    pub(crate) srq_room: bool,
 }
 
 impl RqEntry {
     pub(crate) fn sges(&self) -> &[Sge] {
-        &self.sges[..(self.nsge as usize).min(MAX_SGE as usize)]
+        &self.sges[..usize::from(self.nsge).min(MAX_SGE as usize)]
     }
 }
 

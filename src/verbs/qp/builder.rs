@@ -143,8 +143,10 @@ impl<'a, P: Provider> QpBuilder<'a, P> {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for capacities beyond the device's limits (naming the
-    /// parameter and the limit), [`Error::QueueFull`] when a completion queue cannot hold a
-    /// completion for every request the QP can have outstanding, [`Unsupported`] for a type
+    /// parameter and the limit), [`Error::QueueFull`] on PVRDMA when a completion queue
+    /// cannot hold a completion for every request the QP can have outstanding (the software
+    /// RoCE device never refuses a QP for its CQs' size: it takes their room when requests
+    /// are posted, and refuses a post beyond it), [`Unsupported`] for a type
     /// or feature the device lacks, and the device's errors; nothing is left behind on
     /// failure.
     pub fn build<T: Transport>(self) -> Result<QueuePair<'a, P, T, Reset>> {

@@ -161,7 +161,12 @@ pub(crate) fn local_gid<P: Provider>(ctx: &Context<P>, index: Option<u32>) -> Re
     if let Some(i) = index {
         let g = ctx.query_gid(1, i)?;
         return if g == Gid::default() {
-            Err(missing)
+            Err(Error::MissingAttribute {
+                op: Op::ModifyQp,
+                attr: Attr::BoundGid {
+                    index: u8::try_from(i).unwrap_or(u8::MAX),
+                },
+            })
         } else {
             Ok((i, g))
         };

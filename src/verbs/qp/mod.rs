@@ -24,7 +24,7 @@ pub use typestate::*;
 
 use super::qp_types::*;
 use super::{BufferPool, Context, Gid, Provider};
-use crate::error::{Error, Op, Result};
+use crate::error::{Attr, Error, Holder, Op, Result};
 
 /// The state-independent part of a queue pair; it owns the device object.
 struct QpInner<'a, P: Provider> {
@@ -47,14 +47,35 @@ impl<P: Provider> QpInner<'_, P> {
     fn modify(&mut self, attr: &ModifyAttr) -> Result<()> {
         let provider = self.ctx.provider();
         validate(provider.caps(), attr)?;
-        provider.modify_qp(&mut self.raw, attr)
+        provider
+            .modify_qp(&mut self.raw, attr)
+            .map_err(|e| match (e, attr.av) {
+                // The device names no index: the path's says which one is unbound.
+                (
+                    Error::MissingAttribute {
+                        op,
+                        attr: Attr::SourceGid,
+                    },
+                    Some(av),
+                ) => Error::MissingAttribute {
+                    op,
+                    attr: Attr::BoundGid {
+                        index: av.sgid_index,
+                    },
+                },
+                (e, _) => e,
+            })
     }
 
     /// `destroy` without the typestate.
     #[inline(never)]
     fn destroy(&mut self) -> Result<()> {
         if self.mcast > 0 {
-            return Err(Error::Busy { op: Op::DestroyQp });
+            return Err(Error::InUse {
+                op: Op::DestroyQp,
+                holder: Holder::McastGroups,
+                count: self.mcast,
+            });
         }
         self.destroy_raw()
     }
