@@ -78,7 +78,7 @@ impl<P: Provider> Future for NextCompletion<'_, '_, P> {
     type Output = Result<WorkCompletion>;
 
     /// Bounded: a CQ that reads ready while its poll finds nothing (a provider's readiness
-    /// test disagreeing with its poll, or a device racing both) gets [`READY_TRIES`] more looks;
+    /// test disagreeing with its poll, or a device racing both) gets `READY_TRIES` (4) more looks;
     /// then the future asks to be polled again later (its waker woken) instead of spinning.
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<WorkCompletion>> {
         let mut wc = [WorkCompletion::default()];
