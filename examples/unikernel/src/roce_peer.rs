@@ -91,6 +91,8 @@ pub enum PeerCase {
     Ping(Case),
     /// A perftest program: which, bytes per operation (`-s`), operations (`-n`).
     Perf(PerfKind, u32, u32),
+    /// An rdma_cm program, connected through the CM ([`crate::cm_peer`]).
+    Cm(crate::cm_peer::CmCase),
 }
 
 impl PeerCase {
@@ -105,6 +107,9 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
+            w if w.starts_with("rping-") => {
+                return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
+            }
             _ => {
                 let mut buf = [0u8; 128];
                 let text = buf.get_mut(..spec.len())?;
@@ -136,6 +141,7 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Cm(c) => c.name(),
         }
     }
 }
@@ -208,6 +214,12 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         };
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
+        if let PeerCase::Cm(c) = case {
+            let passed =
+                crate::cm_peer::run_case(&ctx, &pd, opts.peer, &c, deadline, clock_ms, out);
+            outcome.failed += u32::from(!passed);
+            continue;
+        }
         let counts0 = ctx.provider().port_counts();
         let r = match case {
             PeerCase::Ping(p) => {
@@ -221,6 +233,7 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 let r = crate::peer::run_case(&ctx, &pd, (gid, GID_INDEX), &p, &mut x);
                 r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
             }
+            PeerCase::Cm(_) => continue,
             PeerCase::Perf(kind, size, iters) => perf(
                 &ctx,
                 &pd,
