@@ -187,7 +187,7 @@ done
 lin_bw=$(bw "$(result "linux-linux read")")
 ratio=
 # The rdma_cm programs' cases (connected through the CM) are counted apart: `cm <case>`.
-is_cm() { [[ "$1" == rping-* ]]; }
+is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* ]]; }
 cm_total=0
 for n in $names; do is_cm "$n" && cm_total=$((cm_total + 1)); done
 if [ "$mode" = full ]; then

@@ -107,7 +107,10 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
-            w if w.starts_with("rping-") => {
+            w if ["rping-", "ucmatose-", "udaddy-"]
+                .iter()
+                .any(|p| w.starts_with(p)) =>
+            {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
             _ => {
@@ -664,5 +667,8 @@ mod tests {
         let name = |s| PeerCase::parse(s).map(|c| c.name());
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
+        assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
+        assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
+        assert_eq!(name("ucmatose-client,-S,2000"), None);
     }
 }

@@ -6,6 +6,10 @@
 //! | --- | --- | --- |
 //! | `rping-server` | `rping -s` | the client: connects to port 7174, advertises its ping buffer (SEND), lets the server READ it, advertises its sink (SEND), lets the server WRITE the ping back, checks every byte, then disconnects |
 //! | `rping-client` | `rping -c -a <unikernel> -V` | the server: accepts, READs the client's ping buffer and checks every byte against rping's pattern, WRITEs it back into the client's sink (the client compares with `-V`) |
+//! | `ucmatose-server` | `ucmatose` | the client: takes the server's SENDs, answers as many ([`cmatose`]) |
+//! | `ucmatose-client` | `ucmatose -s <unikernel>` | the server: SENDs its messages, takes the answers, disconnects |
+//! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers |
+//! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
 //!
 //! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
 //! buffer's address (u64), rkey (u32) and size (u32), big-endian; per ping the client sends
@@ -19,13 +23,14 @@ use core::fmt::Write;
 
 use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnectParams, Failure as CmFailure,
-    Service,
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, Failure as CmFailure, Service,
 };
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
 use crate::{Failure, Step};
+
+mod cmatose;
 
 /// rping's default port.
 pub const RPING_PORT: u16 = 7174;
@@ -46,8 +51,12 @@ const WR_READ: u64 = 3;
 const WR_WRITE: u64 = 4;
 /// What a data buffer holds before the peer fills it: a byte rping's pattern never has.
 const SENTINEL: u8 = 0xEE;
+/// Largest `-S` of ucmatose and udaddy cases (a UD datagram within a 1024-byte MTU).
+pub const MAX_MESSAGE: u32 = 1024;
+/// Largest `-C` of ucmatose and udaddy cases (each message has its own receive buffer).
+pub const MAX_MESSAGES: u32 = 32;
 /// Connection entries of the case's CM.
-const CONNS: usize = 4;
+const CONNS: usize = 2;
 /// Milliseconds between two connection attempts while Linux's server is not listening yet.
 const RETRY_MS: u64 = 500;
 
@@ -58,31 +67,45 @@ pub enum Program {
     RpingServer,
     /// `rping -c`: the unikernel listens.
     RpingClient,
+    /// `ucmatose` (the server): the unikernel connects.
+    UcmatoseServer,
+    /// `ucmatose -s`: the unikernel listens.
+    UcmatoseClient,
+    /// `udaddy` (the server): the unikernel resolves its UD service through SIDR.
+    UdaddyServer,
+    /// `udaddy -s`: the unikernel serves the UD port.
+    UdaddyClient,
 }
 
-/// A CM case: the program, rping's `-S` and `-C`.
+/// A CM case: the program, its `-S` and `-C`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CmCase {
     /// The Linux program's role.
     pub program: Program,
-    /// Bytes of a ping (`-S`).
+    /// Bytes of a ping or message (`-S`).
     pub size: u32,
-    /// Pings (`-C`).
+    /// Pings or messages (`-C`).
     pub count: u32,
 }
 
 impl CmCase {
     /// Parses `rping-server,-S,64,-C,100,-V` (`,` for spaces); `None` for another program or
     /// options that do not parse. `-V` and `-v` are the Linux side's (the unikernel checks
-    /// every byte anyway).
+    /// every byte anyway). The defaults are the programs': rping 64 bytes, ucmatose and
+    /// udaddy 10 messages of 100 bytes.
     pub fn parse(spec: &str) -> Option<CmCase> {
         let mut words = spec.split(',').filter(|w| !w.is_empty());
         let program = match words.next()? {
             "rping-server" => Program::RpingServer,
             "rping-client" => Program::RpingClient,
+            "ucmatose-server" => Program::UcmatoseServer,
+            "ucmatose-client" => Program::UcmatoseClient,
+            "udaddy-server" => Program::UdaddyServer,
+            "udaddy-client" => Program::UdaddyClient,
             _ => return None,
         };
-        let (mut size, mut count) = (64, 1);
+        let rping = matches!(program, Program::RpingServer | Program::RpingClient);
+        let (mut size, mut count) = if rping { (64, 1) } else { (100, 10) };
         while let Some(w) = words.next() {
             match w {
                 "-V" | "-v" => continue,
@@ -91,7 +114,12 @@ impl CmCase {
                 _ => return None,
             }
         }
-        let ok = (MIN_SIZE..=MAX_SIZE).contains(&size) && count >= 1;
+        let ok = if rping {
+            (MIN_SIZE..=MAX_SIZE).contains(&size) && count >= 1
+        } else {
+            // A UD message fits the 1024-byte path MTU with room for nothing else.
+            (1..=MAX_MESSAGE).contains(&size) && (1..=MAX_MESSAGES).contains(&count)
+        };
         ok.then_some(CmCase {
             program,
             size,
@@ -104,6 +132,10 @@ impl CmCase {
         match self.program {
             Program::RpingServer => "rping-server",
             Program::RpingClient => "rping-client",
+            Program::UcmatoseServer => "ucmatose-server",
+            Program::UcmatoseClient => "ucmatose-client",
+            Program::UdaddyServer => "udaddy-server",
+            Program::UdaddyClient => "udaddy-client",
         }
     }
 }
@@ -165,12 +197,17 @@ impl core::fmt::Display for CaseError {
 
 /// What a case that passed did.
 struct Done {
-    pings: u32,
+    /// Pings or messages each way.
+    count: u32,
+    /// `pings` or `messages`.
+    unit: &'static str,
+    /// Bytes each.
     size: u32,
-    /// Bytes the unikernel received and checked: data (READ or WRITTEN into it) and messages.
-    data: u64,
-    messages: u32,
-    /// Milliseconds from the REQ (sent or received) to the connection being up.
+    /// Bytes the unikernel received and checked, every one (data READ or WRITTEN into it,
+    /// messages, GRH areas).
+    checked: u64,
+    /// Milliseconds from the REQ or SIDR_REQ (sent or received) to the connection being up
+    /// (the clock ticks every 16 ms).
     connect_ms: u64,
 }
 
@@ -201,12 +238,12 @@ pub fn run_case<P: Provider>(
         Ok(d) => {
             let _ = writeln!(
                 out,
-                "roce-uk {}: ok {} pings of {} bytes, every byte checked ({} data bytes, {} messages of 16 bytes), connected in {} ms; {ms} ms in all",
+                "roce-uk {}: ok {} {} of {} bytes, every byte received checked ({} bytes), connected in {} ms; {ms} ms in all",
                 case.name(),
-                d.pings,
+                d.count,
+                d.unit,
                 d.size,
-                d.data,
-                d.messages,
+                d.checked,
                 d.connect_ms
             );
             true
@@ -227,11 +264,16 @@ fn run<P: Provider>(
     clock_ms: &dyn Fn() -> u64,
 ) -> Result<Done, CaseError> {
     let cm_cq = ctx.create_cq(32).at("cm: create CM CQ")?;
-    let cq = ctx.create_cq(32).at("cm: create CQ")?;
+    // Room for every send and receive of the largest case.
+    let cq = ctx
+        .create_cq(2 * (16 + MAX_MESSAGES) + 4)
+        .at("cm: create CQ")?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    let mut mr = pd
-        .register((DATA_AT + 2 * case.size) as usize, access)
-        .at("cm: register")?;
+    let len = match case.program {
+        Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
+        _ => (case.count + 1) * cmatose::slot(case.size),
+    };
+    let mut mr = pd.register(len as usize, access).at("cm: register")?;
     let r = {
         let mut cm: Cm<'_, P, Ms<'_>, CONNS> =
             Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
@@ -242,7 +284,7 @@ fn run<P: Provider>(
             mr: &mut mr,
             deadline,
             clock_ms,
-            stash: [None; 4],
+            seen: [None; SEEN],
             id: None,
             established: None,
             disconnected: false,
@@ -250,6 +292,10 @@ fn run<P: Provider>(
         match case.program {
             Program::RpingServer => s.rping_client(pd, linux, case),
             Program::RpingClient => s.rping_server(pd, linux, case),
+            Program::UcmatoseServer => s.ucmatose_client(pd, linux, case),
+            Program::UcmatoseClient => s.ucmatose_server(pd, linux, case),
+            Program::UdaddyServer => s.udaddy_client(pd, linux, case),
+            Program::UdaddyClient => s.udaddy_server(pd, linux, case),
         }
     };
     // The region and the CQs go when they drop (the session's borrows tie them to it).
@@ -263,8 +309,8 @@ struct Session<'s, 'a, P: Provider, C: Clock> {
     mr: &'s mut MemoryRegion<'a, P>,
     deadline: u64,
     clock_ms: &'s dyn Fn() -> u64,
-    /// Completions taken while waiting for another one.
-    stash: [Option<WorkCompletion>; 4],
+    /// Completions taken while waiting for another one, by [`seen_slot`].
+    seen: [Option<Seen>; SEEN],
     /// The connection.
     id: Option<ConnId>,
     /// When the passive side saw the RTU (ms).
@@ -280,8 +326,8 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
 
     fn qp(&self, pd: &'a ProtectionDomain<'a, P>) -> Result<QueuePair<'a, P, Rc, Reset>, Failure> {
         let caps = QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 2,
+            max_send_wr: 16 + MAX_MESSAGES,
+            max_recv_wr: 2 + MAX_MESSAGES,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -306,35 +352,35 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
     }
 
     /// Waits for the completion of work request `wr_id` (the CM polled meanwhile).
-    fn wait(&mut self, wr_id: u64, what: &'static str) -> Result<WorkCompletion, CaseError> {
+    fn wait(&mut self, wr_id: u64, what: &'static str) -> Result<Seen, CaseError> {
+        let slot = seen_slot(wr_id).ok_or(CaseError::Status(WcStatus::GeneralErr, wr_id))?;
         loop {
-            if let Some(w) = self
-                .stash
-                .iter_mut()
-                .find(|w| w.is_some_and(|w| w.wr_id == wr_id))
-                .and_then(Option::take)
-            {
+            if let Some(w) = self.seen[slot].take() {
                 return Ok(w);
             }
-            let mut wcs = [WorkCompletion::default(); 4];
-            let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
-            for w in &wcs[..n] {
-                if w.status != WcStatus::Success {
-                    return Err(CaseError::Status(w.status, w.wr_id));
-                }
-                let Some(slot) = self.stash.iter_mut().find(|s| s.is_none()) else {
-                    return Err(CaseError::Status(w.status, w.wr_id));
-                };
-                *slot = Some(*w);
-            }
-            let _ = self.cm_event();
-            if n == 0 && self.disconnected {
-                return Err(CaseError::Disconnected(what));
-            }
-            if n == 0 && self.now() > self.deadline {
-                return Err(CaseError::Deadline(what));
+            self.poll_once(what)?;
+        }
+    }
+
+    /// Takes the completions there are (and one CM event); an error status ends the case.
+    fn poll_once(&mut self, what: &'static str) -> Result<(), CaseError> {
+        let mut wcs = [WorkCompletion::default(); 4];
+        let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
+        for w in &wcs[..n] {
+            let slot = seen_slot(w.wr_id).filter(|&s| self.seen[s].is_none());
+            match slot {
+                Some(s) if w.status == WcStatus::Success => self.seen[s] = Some(Seen::from(w)),
+                _ => return Err(CaseError::Status(w.status, w.wr_id)),
             }
         }
+        let _ = self.cm_event();
+        if n == 0 && self.disconnected {
+            return Err(CaseError::Disconnected(what));
+        }
+        if n == 0 && self.now() > self.deadline {
+            return Err(CaseError::Deadline(what));
+        }
+        Ok(())
     }
 
     /// Posts the one receive of 16 bytes.
@@ -374,7 +420,7 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         ping: u32,
     ) -> Result<[u8; 16], CaseError> {
         let w = self.wait(WR_RECV, what)?;
-        if w.byte_len != INFO || w.opcode != WcOpcode::Recv {
+        if w.byte_len != INFO || w.opcode != WcOpcode::Recv || w.flags.contains(WcFlags::WITH_IMM) {
             return Err(CaseError::Bytes {
                 what,
                 ping,
@@ -406,55 +452,15 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         linux: [u8; 4],
         case: &CmCase,
     ) -> Result<Done, CaseError> {
-        let mut qp = Some(self.qp(pd)?);
-        // Connect; again while Linux's server is not listening yet (REJ "invalid service ID").
-        let (mut rts, t_req, t_up) = loop {
-            let Some(q) = qp.take() else {
-                return Err(CaseError::Deadline("a QP"));
-            };
-            let t = self.now();
-            let id = self
-                .cm
-                .connect(q, linux, RPING_PORT, &ConnectParams::default())
-                .map_err(|(_, e)| CaseError::Cm("connect", e))?;
-            self.id = Some(id);
-            let outcome = loop {
-                match self.cm_event() {
-                    Some(CmEvent::Established {
-                        id: i, qp: Some(q), ..
-                    }) if i == id => {
-                        break Ok(q);
-                    }
-                    Some(CmEvent::Failed {
-                        id: i, failure, qp, ..
-                    }) if i == id => break Err((failure, qp)),
-                    _ if self.now() > self.deadline => {
-                        return Err(CaseError::Deadline("the REP"));
-                    }
-                    _ => {}
-                }
-            };
-            match outcome {
-                Ok(q) => break (q, t, self.now()),
-                Err((CmFailure::Rejected { reason: 8 }, Some(q))) => {
-                    qp = Some(q);
-                    let until = self.now() + RETRY_MS;
-                    while self.now() < until.min(self.deadline) {
-                        let _ = self.cm_event();
-                    }
-                    if self.now() > self.deadline {
-                        return Err(CaseError::Deadline("a listening rping server"));
-                    }
-                }
-                Err((failure, _)) => return Err(CaseError::Connect(failure)),
-            }
-        };
+        let qp = self.qp(pd)?;
+        let t_req = self.now();
+        let (mut rts, t_up) = self.connect_retrying(qp, linux, RPING_PORT)?;
         let r = self.rping_client_pings(&mut rts, case);
         let mut done = r.map(|(data, messages)| Done {
-            pings: case.count,
+            count: case.count,
+            unit: "pings",
             size: case.size,
-            data,
-            messages,
+            checked: data + u64::from(messages) * u64::from(INFO),
             connect_ms: t_up - t_req,
         });
         // rping's disconnect: the QP to ERROR, then the DREQ; the DREP ends it.
@@ -576,10 +582,10 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         let (data, messages) = r?;
         let up = self.established.ok_or(CaseError::Deadline("the RTU"))?;
         Ok(Done {
-            pings: case.count,
+            count: case.count,
+            unit: "pings",
             size: case.size,
-            data,
-            messages,
+            checked: data + u64::from(messages) * u64::from(INFO),
             connect_ms: up - t_req,
         })
     }
@@ -652,7 +658,51 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
                 break;
             }
         }
-        self.stash = [None; 4];
+        self.seen = [None; SEEN];
+    }
+}
+
+/// Completion slots: rping's four work requests, then ucmatose's and udaddy's receives and
+/// sends (one each per message).
+const SEEN: usize = 4 + 2 * MAX_MESSAGES as usize;
+/// Work request IDs of the per-message receives and sends.
+const RECV_BASE: u64 = 0x100;
+const SEND_BASE: u64 = 0x200;
+
+/// The slot of `seen` a work request's completion goes to.
+fn seen_slot(wr_id: u64) -> Option<usize> {
+    let per = u64::from(MAX_MESSAGES);
+    match wr_id {
+        WR_RECV..=WR_WRITE => Some((wr_id - WR_RECV) as usize),
+        _ if (RECV_BASE..RECV_BASE + per).contains(&wr_id) => {
+            Some((4 + wr_id - RECV_BASE) as usize)
+        }
+        _ if (SEND_BASE..SEND_BASE + per).contains(&wr_id) => {
+            Some((4 + per + wr_id - SEND_BASE) as usize)
+        }
+        _ => None,
+    }
+}
+
+/// What the case keeps of a completion.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    byte_len: u32,
+    imm: u32,
+    src_qp: u32,
+    opcode: WcOpcode,
+    flags: WcFlags,
+}
+
+impl From<&WorkCompletion> for Seen {
+    fn from(w: &WorkCompletion) -> Self {
+        Seen {
+            byte_len: w.byte_len,
+            imm: w.imm,
+            src_qp: w.src_qp,
+            opcode: w.opcode,
+            flags: w.flags,
+        }
     }
 }
 
