@@ -111,8 +111,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let qp = self.qp(pd)?;
-        let t_req = self.now();
-        let (mut rts, t_up) = self.connect_retrying(qp, linux, UCMATOSE_PORT)?;
+        let (mut rts, connect_ms) = self.connect_retrying(qp, linux, UCMATOSE_PORT)?;
         let r = self.ucmatose_client_messages(&mut rts, case);
         // The server disconnects once it has our answers.
         let r = r.and_then(|checked| {
@@ -132,7 +131,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             unit: "messages",
             size: case.size,
             checked: r?,
-            connect_ms: t_up - t_req,
+            connect_ms,
         })
     }
 
@@ -196,7 +195,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     }
 
     /// Connects `qp` to `port` at `linux`, again while nobody listens there (REJ "invalid
-    /// service ID"); the QP in RTS and when the connection came up.
+    /// service ID"); the QP in RTS and the milliseconds from the REQ that was answered to
+    /// the connection being up.
     pub(super) fn connect_retrying(
         &mut self,
         qp: QueuePair<'a, P, Rc, Reset>,
@@ -208,6 +208,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             let Some(q) = qp.take() else {
                 return Err(CaseError::Deadline("a QP"));
             };
+            let t_req = self.now();
             let id = self
                 .cm
                 .connect(q, linux, port, &ConnectParams::default())
@@ -228,7 +229,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 }
             };
             match outcome {
-                Ok(q) => return Ok((q, self.now())),
+                Ok(q) => return Ok((q, self.now() - t_req)),
                 Err((bareverbs::cm::Failure::Rejected { reason: 8 }, Some(q))) => {
                     qp = Some(q);
                     self.pause()?;
@@ -472,8 +473,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         linux: [u8; 4],
         case: &CmCase,
     ) -> Result<Done, CaseError> {
-        let t_req = self.now();
-        let (qpn, t_up) = loop {
+        let (qpn, connect_ms) = loop {
+            let t_req = self.now();
             let id = self
                 .cm
                 .sidr_resolve(linux, UDADDY_PORT, &[])
@@ -488,7 +489,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 }
             };
             match result {
-                Ok((qpn, UDP_QKEY)) => break (qpn, self.now()),
+                Ok((qpn, UDP_QKEY)) => break (qpn, self.now() - t_req),
                 Ok(_) => return Err(CaseError::Request("Q_Key in the SIDR_REP")),
                 Err(SIDR_UNSUPPORTED) => self.pause()?,
                 Err(_) => return Err(CaseError::Request("SIDR_REP status")),
@@ -528,7 +529,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             unit: "datagrams",
             size,
             checked: u64::from(case.count) * u64::from(size + GRH),
-            connect_ms: t_up - t_req,
+            connect_ms,
         })
     }
 

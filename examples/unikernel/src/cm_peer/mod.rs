@@ -453,23 +453,22 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let qp = self.qp(pd)?;
-        let t_req = self.now();
-        let (mut rts, t_up) = self.connect_retrying(qp, linux, RPING_PORT)?;
+        let (mut rts, connect_ms) = self.connect_retrying(qp, linux, RPING_PORT)?;
         let r = self.rping_client_pings(&mut rts, case);
         let mut done = r.map(|(data, messages)| Done {
             count: case.count,
             unit: "pings",
             size: case.size,
             checked: data + u64::from(messages) * u64::from(INFO),
-            connect_ms: t_up - t_req,
+            connect_ms,
         });
         // rping's disconnect: the QP to ERROR, then the DREQ; the DREP ends it.
         let qp = rts.to_error().at("cm: QP to ERROR")?;
         if let Some(id) = self.id {
-            if !self.disconnected {
-                if let Err(e) = self.cm.disconnect(id) {
-                    done = done.and(Err(CaseError::Cm("disconnect", e)));
-                }
+            if !self.disconnected
+                && let Err(e) = self.cm.disconnect(id)
+            {
+                done = done.and(Err(CaseError::Cm("disconnect", e)));
             }
             while !self.disconnected && self.now() <= self.deadline {
                 let _ = self.cm_event();
