@@ -379,6 +379,16 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         }
     }
 
+    /// Keeps polling (the CQ's device progress and the CM) for `ms` milliseconds.
+    fn linger(&mut self, ms: u64) {
+        let until = self.now() + ms;
+        while self.now() < until {
+            let mut wcs = [WorkCompletion::default(); 4];
+            let _ = self.cq.poll(&mut wcs);
+            let _ = self.cm_event();
+        }
+    }
+
     /// Takes the completions there are (and one CM event); an error status ends the case.
     fn poll_once(&mut self, what: &'static str) -> Result<(), CaseError> {
         let mut wcs = [WorkCompletion::default(); 4];

@@ -19,6 +19,8 @@ use crate::peer::grh_ok;
 pub const UDADDY_PORT: u16 = 7174;
 /// The GID index of the device's IPv4-mapped GID.
 const GID_INDEX: u32 = 1;
+/// How long the UD service keeps the NIC going after its last answer (ms).
+const LINGER_MS: u64 = 200;
 /// SIDR_REP status "no such service": Linux's udaddy is not listening yet.
 const SIDR_UNSUPPORTED: u8 = 1;
 
@@ -263,6 +265,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             }
         }
         self.ud_sends(qp, pd, (linux, client), None, case)?;
+        // A UD send completes once its frame is on the NIC's ring, not once it arrived; the
+        // run may end right after this case, and QEMU, exiting, drops what its NIC had not
+        // sent yet (seen in the lab: two of the ten answers reached Linux, whose udaddy
+        // then waited for the others). Linger, as a socket does at close.
+        self.linger(LINGER_MS);
         Ok(Done {
             count: case.count,
             unit: "datagrams",
