@@ -35,7 +35,7 @@ stage() { echo "[roce +$(( $(date +%s) - t0 ))s] $*"; }
 
 # shellcheck source=qemu/lab/host.sh
 source "$lab_dir/host.sh"
-install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest
+install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest rdmacm-utils
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
 uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-unikernel}
@@ -189,18 +189,29 @@ done
 [ "$ll_pass" = "$total" ] || why+=("linux-linux $ll_pass/$total")
 lin_bw=$(bw "$(result "linux-linux read")")
 ratio=
+# The rdma_cm programs' cases (connected through the CM) are counted apart: `cm <case>`.
+is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* ]]; }
+cm_total=0
+for n in $names; do is_cm "$n" && cm_total=$((cm_total + 1)); done
 if [ "$mode" = full ]; then
-  uk_pass=0
+  uk_pass=0 cm_pass=0
   for n in $names; do
     r=$(result "roce $n")
     u=$({ grep -a "^roce-uk $n: " "$ulog" 2>/dev/null || true; } | head -1 | sed "s/^roce-uk $n: //" | tr -d '\r')
+    tag=roce
+    is_cm "$n" && tag=cm
     if [[ "$r" == "exit 0"* ]] && [[ "$u" == "ok "* ]]; then
-      echo "roce $n: PASS (linux: ${r#exit 0 | }; unikernel: ${u#ok })"; uk_pass=$((uk_pass + 1))
+      if [ "$tag" = cm ]; then
+        echo "cm $n: PASS (${u#ok }; linux: exit 0)"; cm_pass=$((cm_pass + 1))
+      else
+        echo "roce $n: PASS (linux: ${r#exit 0 | }; unikernel: ${u#ok })"; uk_pass=$((uk_pass + 1))
+      fi
     else
-      echo "roce $n: FAIL (linux: ${r:-no result}; unikernel: ${u:-no result})"
+      echo "$tag $n: FAIL (linux: ${r:-no result}; unikernel: ${u:-no result})"
     fi
   done
-  [ "$uk_pass" = "$total" ] || why+=("roce $uk_pass/$total")
+  [ "$uk_pass" = $((total - cm_total)) ] || why+=("roce $uk_pass/$((total - cm_total))")
+  [ "$cm_pass" = "$cm_total" ] || why+=("cm $cm_pass/$cm_total")
   uk_bw=$(bw "$(result "roce read")")
   if [ -n "$uk_bw" ] && [ -n "$lin_bw" ]; then
     ratio=$(awk -v u="$uk_bw" -v l="$lin_bw" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')
@@ -221,7 +232,7 @@ fi
 stage "done"
 if [ ${#why[@]} -eq 0 ]; then
   if [ "$mode" = full ]; then
-    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, roce $uk_pass/$total, read ratio ${ratio:--}, $accel)"
+    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, roce $uk_pass/$((total - cm_total)), cm $cm_pass/$cm_total, read ratio ${ratio:--}, $accel)"
   else
     echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, $accel)"
   fi

@@ -20,7 +20,7 @@ say() { echo "bvroce[$role +$(( $(date +%s) - t0 ))s]: $*"; }
 
 # The 9p root's /dev is a fresh devtmpfs: bash's process substitution needs /dev/fd.
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
-for m in rdma_rxe ib_uverbs; do
+for m in rdma_rxe ib_uverbs rdma_ucm; do
   modprobe -d "$kroot" "$m" || { say "modprobe $m failed"; exit 1; }
 done
 ip link set lo up
@@ -45,7 +45,10 @@ say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '
 # run again (until the case's deadline). Prints the exit status and the program's output.
 # "Not listening yet" is what the programs print when their TCP connect to port 18515 fails:
 # the pingpong programs "Couldn't connect to HOST:PORT", perftest "Unable to open file
-# descriptor for socket connection" (then " Unable to init the socket connection").
+# descriptor for socket connection" (then " Unable to init the socket connection"), rping
+# "RDMA_CM_EVENT_REJECTED, error 8" and ucmatose "…REJECTED, error: 8" (the CM's "invalid
+# service ID": nobody listens), udaddy "…UNREACHABLE" (its SIDR_REP's "no such service"), or
+# an ADDR_ERROR (the peer's address did not resolve yet).
 run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   local tag=$1 client=$2 deadline=$(( $(date +%s) + limit )) out st tries=0
   shift 2
@@ -53,7 +56,7 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
     tries=$((tries + 1))
     out=$(timeout $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )) "$@" 2>&1); st=$?
     [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
-      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection" <<<"$out" &&
+      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection|RDMA_CM_EVENT_REJECTED, error:? 8|RDMA_CM_EVENT_ADDR_ERROR|udaddy: event: RDMA_CM_EVENT_UNREACHABLE" <<<"$out" &&
       { sleep 0.5; continue; }
     break
   done
@@ -63,6 +66,15 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   local sum
   sum=$(grep -E "bytes in .* seconds" <<<"$out" | head -1)
   [ -n "$sum" ] || sum=$(awk '/#bytes/ {h=1; next} h && NF >= 4 && $1 ~ /^[0-9]+$/ {print "bytes " $1 " iters " $2 " BW-average-MB/s " $4; exit}' <<<"$out")
+  # A failure leaves what rxe counted and what the kernel said (the CM drops a malformed
+  # MAD without a word; its counters show what it took, sent and retried).
+  if [ "$st" != 0 ]; then
+    local d=/sys/class/infiniband/rxe0/ports/1
+    echo "  [$tag] rxe counters: $(cd "$d/hw_counters" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
+    echo "  [$tag] cm rx: $(cd "$d/cm_rx_msgs" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
+    echo "  [$tag] cm tx: $(cd "$d/cm_tx_msgs" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
+    dmesg 2>/dev/null | tail -5 | sed "s/^/  [$tag] dmesg: /"
+  fi
   echo "bvroce-result $tag: exit $st${sum:+ | $sum}"
 }
 
@@ -72,7 +84,7 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   shift 3
   local server=1
   case "$name" in
-    rc-server | ud-server | write) [ "$side" = a ] && server=1 || server=0 ;;
+    rc-server | ud-server | write | *-server) [ "$side" = a ] && server=1 || server=0 ;;
     *) [ "$side" = a ] && server=0 || server=1 ;;
   esac
   case "$name" in
@@ -81,9 +93,14 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
     read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
     atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
+    # rdma_cm finds the device and the GID from the addresses.
+    rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
+    ucmatose-* | udaddy-*)
+      cmd=("${name%%-*}" "$@")
+      [ "$server" = 1 ] && cmd+=(-b "$ip") || cmd+=(-s "$peer") ;;
   esac
   client=$((1 - server))
-  [ "$client" = 1 ] && cmd+=("$peer")
+  [ "$client" = 1 ] && [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* ]] && cmd+=("$peer")
 }
 
 only=$(arg only | tr , ' ')

@@ -20,6 +20,7 @@
 use core::fmt::Write;
 
 pub mod arp;
+pub mod cm_peer;
 pub mod peer;
 pub mod roce;
 pub mod roce_peer;

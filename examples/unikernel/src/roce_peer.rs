@@ -91,6 +91,8 @@ pub enum PeerCase {
     Ping(Case),
     /// A perftest program: which, bytes per operation (`-s`), operations (`-n`).
     Perf(PerfKind, u32, u32),
+    /// An rdma_cm program, connected through the CM ([`crate::cm_peer`]).
+    Cm(crate::cm_peer::CmCase),
 }
 
 impl PeerCase {
@@ -105,6 +107,12 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
+            w if ["rping-", "ucmatose-", "udaddy-"]
+                .iter()
+                .any(|p| w.starts_with(p)) =>
+            {
+                return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
+            }
             _ => {
                 let mut buf = [0u8; 128];
                 let text = buf.get_mut(..spec.len())?;
@@ -136,6 +144,7 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Cm(c) => c.name(),
         }
     }
 }
@@ -208,6 +217,12 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         };
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
+        if let PeerCase::Cm(c) = case {
+            let passed =
+                crate::cm_peer::run_case(&ctx, &pd, opts.peer, &c, deadline, clock_ms, out);
+            outcome.failed += u32::from(!passed);
+            continue;
+        }
         let counts0 = ctx.provider().port_counts();
         let r = match case {
             PeerCase::Ping(p) => {
@@ -221,6 +236,7 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 let r = crate::peer::run_case(&ctx, &pd, (gid, GID_INDEX), &p, &mut x);
                 r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
             }
+            PeerCase::Cm(_) => continue,
             PeerCase::Perf(kind, size, iters) => perf(
                 &ctx,
                 &pd,
@@ -651,5 +667,8 @@ mod tests {
         let name = |s| PeerCase::parse(s).map(|c| c.name());
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
+        assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
+        assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
+        assert_eq!(name("ucmatose-client,-S,2000"), None);
     }
 }

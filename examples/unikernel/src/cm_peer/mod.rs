@@ -1,0 +1,493 @@
+//! CM peer mode: unmodified Linux `rdma_cm` programs against the unikernel, connected through
+//! [`bareverbs::cm`] on QP1 (REQ/REP/RTU, DREQ/DREP) instead of a TCP side channel. A case of
+//! `bvroce.cases=` (see [`crate::roce_peer`]) names the Linux program's role:
+//!
+//! | case | Linux runs | the unikernel |
+//! | --- | --- | --- |
+//! | `rping-server` | `rping -s` | the client: connects to port 7174, advertises its ping buffer (SEND), lets the server READ it, advertises its sink (SEND), lets the server WRITE the ping back, checks every byte, then disconnects (`rping.rs`) |
+//! | `rping-client` | `rping -c -a <unikernel> -V` | the server: accepts, READs the client's ping buffer and checks every byte against rping's pattern, WRITEs it back into the client's sink (the client compares with `-V`) |
+//! | `ucmatose-server` | `ucmatose` | the client: takes the server's SENDs, answers as many (`cmatose.rs`) |
+//! | `ucmatose-client` | `ucmatose -s <unikernel>` | the server: SENDs its messages, takes the answers, disconnects |
+//! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers (`udaddy.rs`) |
+//! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
+//!
+//! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
+//! buffer's address (u64), rkey (u32) and size (u32), big-endian; per ping the client sends
+//! its ping buffer's, the server READs it and answers with a 16-byte "go ahead" (zeros: the
+//! server never fills its send buffer), the client sends its sink's, the server WRITEs the
+//! ping there (its length up to and including the terminating NUL) and sends "go ahead"
+//! again. A ping is `rdma-ping-<n>: ` then letters from `A` + n (mod 58) cycling through
+//! `A`..`z`, NUL-terminated, `-S` bytes in all. Options: `-S size` (64), `-C count`.
+
+use core::fmt::Write;
+
+use bareverbs::Context;
+use bareverbs::cm::{Cm, CmConfig, CmError, CmEvent, ConnId, Failure as CmFailure};
+use bareverbs::hal::Clock;
+use bareverbs::verbs::*;
+
+use crate::{Failure, Step};
+
+mod cmatose;
+mod rping;
+mod udaddy;
+
+/// rping's default port.
+pub const RPING_PORT: u16 = 7174;
+/// Bytes of a `struct rping_rdma_info`.
+const INFO: u32 = 16;
+/// rping's largest `-S` (`RPING_BUFSIZE - 1`).
+pub const MAX_SIZE: u32 = 64 * 1024 - 1;
+/// The smallest `-S` rping takes (the text and a number).
+pub const MIN_SIZE: u32 = 26;
+/// Where the receive and send buffers and the two data buffers sit in the one region.
+const RECV_AT: u32 = 0;
+const SEND_AT: u32 = 16;
+const DATA_AT: u32 = 64;
+/// Work request IDs.
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+const WR_READ: u64 = 3;
+const WR_WRITE: u64 = 4;
+/// What a data buffer holds before the peer fills it: a byte rping's pattern never has.
+const SENTINEL: u8 = 0xEE;
+/// Largest `-S` of ucmatose and udaddy cases (a UD datagram within a 1024-byte MTU).
+pub const MAX_MESSAGE: u32 = 1024;
+/// Largest `-C` of ucmatose and udaddy cases (each message has its own receive buffer).
+pub const MAX_MESSAGES: u32 = 32;
+/// Connection entries of the case's CM.
+const CONNS: usize = 2;
+/// Milliseconds between two connection attempts while Linux's server is not listening yet.
+const RETRY_MS: u64 = 500;
+
+/// The Linux program and its role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// `rping -s`: the unikernel connects.
+    RpingServer,
+    /// `rping -c`: the unikernel listens.
+    RpingClient,
+    /// `ucmatose` (the server): the unikernel connects.
+    UcmatoseServer,
+    /// `ucmatose -s`: the unikernel listens.
+    UcmatoseClient,
+    /// `udaddy` (the server): the unikernel resolves its UD service through SIDR.
+    UdaddyServer,
+    /// `udaddy -s`: the unikernel serves the UD port.
+    UdaddyClient,
+}
+
+/// A CM case: the program, its `-S` and `-C`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmCase {
+    /// The Linux program's role.
+    pub program: Program,
+    /// Bytes of a ping or message (`-S`).
+    pub size: u32,
+    /// Pings or messages (`-C`).
+    pub count: u32,
+}
+
+impl CmCase {
+    /// Parses `rping-server,-S,64,-C,100,-V` (`,` for spaces); `None` for another program or
+    /// options that do not parse. `-V` and `-v` are the Linux side's (the unikernel checks
+    /// every byte anyway). The defaults are the programs': rping 64 bytes, ucmatose and
+    /// udaddy 10 messages of 100 bytes.
+    pub fn parse(spec: &str) -> Option<CmCase> {
+        let mut words = spec.split(',').filter(|w| !w.is_empty());
+        let program = match words.next()? {
+            "rping-server" => Program::RpingServer,
+            "rping-client" => Program::RpingClient,
+            "ucmatose-server" => Program::UcmatoseServer,
+            "ucmatose-client" => Program::UcmatoseClient,
+            "udaddy-server" => Program::UdaddyServer,
+            "udaddy-client" => Program::UdaddyClient,
+            _ => return None,
+        };
+        let rping = matches!(program, Program::RpingServer | Program::RpingClient);
+        let (mut size, mut count) = if rping { (64, 1) } else { (100, 10) };
+        while let Some(w) = words.next() {
+            match w {
+                "-V" | "-v" => continue,
+                "-S" => size = words.next()?.parse().ok()?,
+                "-C" => count = words.next()?.parse().ok()?,
+                _ => return None,
+            }
+        }
+        let ok = if rping {
+            (MIN_SIZE..=MAX_SIZE).contains(&size) && count >= 1
+        } else {
+            // A UD message fits the 1024-byte path MTU with room for nothing else.
+            (1..=MAX_MESSAGE).contains(&size) && (1..=MAX_MESSAGES).contains(&count)
+        };
+        ok.then_some(CmCase {
+            program,
+            size,
+            count,
+        })
+    }
+
+    /// The case's name.
+    pub fn name(&self) -> &'static str {
+        match self.program {
+            Program::RpingServer => "rping-server",
+            Program::RpingClient => "rping-client",
+            Program::UcmatoseServer => "ucmatose-server",
+            Program::UcmatoseClient => "ucmatose-client",
+            Program::UdaddyServer => "udaddy-server",
+            Program::UdaddyClient => "udaddy-client",
+        }
+    }
+}
+
+/// Why a CM case failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaseError {
+    /// A verbs call failed.
+    Verbs(Failure),
+    /// The CM refused a call.
+    Cm(&'static str, CmError),
+    /// The connection was not established.
+    Connect(CmFailure),
+    /// The case's deadline passed while waiting for this.
+    Deadline(&'static str),
+    /// A completion with an error status (and its work request).
+    Status(WcStatus, u64),
+    /// The peer disconnected while this was awaited.
+    Disconnected(&'static str),
+    /// A connection request that is not rping's (which field).
+    Request(&'static str),
+    /// A received message or buffer that is not what rping sends: which, in which ping, the
+    /// first wrong byte (`u32::MAX`: the length).
+    Bytes {
+        /// What was checked.
+        what: &'static str,
+        /// The ping (from 0).
+        ping: u32,
+        /// The first wrong byte's offset, or `u32::MAX` for a wrong length.
+        at: u32,
+    },
+}
+
+impl From<Failure> for CaseError {
+    fn from(f: Failure) -> Self {
+        CaseError::Verbs(f)
+    }
+}
+
+impl core::fmt::Display for CaseError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CaseError::Verbs(v) => write!(f, "{v}"),
+            CaseError::Cm(step, e) => write!(f, "{step}: {e}"),
+            CaseError::Connect(c) => write!(f, "not connected: {c:?}"),
+            CaseError::Deadline(what) => write!(f, "deadline passed waiting for {what}"),
+            CaseError::Status(s, id) => write!(f, "completion {s:?} for work request {id}"),
+            CaseError::Disconnected(what) => write!(f, "peer disconnected before {what}"),
+            CaseError::Request(what) => write!(f, "connection request: unexpected {what}"),
+            CaseError::Bytes { what, ping, at } if *at == u32::MAX => {
+                write!(f, "{what} of ping {ping}: wrong length")
+            }
+            CaseError::Bytes { what, ping, at } => {
+                write!(f, "{what} of ping {ping}: wrong byte at {at}")
+            }
+        }
+    }
+}
+
+/// What a case that passed did.
+struct Done {
+    /// Pings or messages each way.
+    count: u32,
+    /// `pings` or `messages`.
+    unit: &'static str,
+    /// Bytes each.
+    size: u32,
+    /// Bytes the unikernel received and checked, every one (data READ or WRITTEN into it,
+    /// messages, GRH areas).
+    checked: u64,
+    /// Milliseconds from the REQ or SIDR_REQ (sent or received) to the connection being up
+    /// (the clock ticks every 16 ms).
+    connect_ms: u64,
+}
+
+/// The CM's clock: the case's millisecond clock.
+struct Ms<'c>(&'c dyn Fn() -> u64);
+
+impl Clock for Ms<'_> {
+    fn now_us(&self) -> u64 {
+        (self.0)().saturating_mul(1000)
+    }
+}
+
+/// Runs one CM case against the Linux side at `linux` and prints its `roce-uk` line; `true`
+/// if it passed.
+pub fn run_case<P: Provider>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    linux: [u8; 4],
+    case: &CmCase,
+    deadline: u64,
+    clock_ms: &dyn Fn() -> u64,
+    out: &mut dyn Write,
+) -> bool {
+    let t0 = clock_ms();
+    let r = run(ctx, pd, linux, case, deadline, clock_ms);
+    let ms = clock_ms() - t0;
+    match r {
+        Ok(d) => {
+            let _ = writeln!(
+                out,
+                "roce-uk {}: ok {} {} of {} bytes, every byte received checked ({} bytes), connected in {} ms; {ms} ms in all",
+                case.name(),
+                d.count,
+                d.unit,
+                d.size,
+                d.checked,
+                d.connect_ms
+            );
+            true
+        }
+        Err(e) => {
+            let _ = writeln!(out, "roce-uk {}: FAIL {e} (after {ms} ms)", case.name());
+            false
+        }
+    }
+}
+
+fn run<P: Provider>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    linux: [u8; 4],
+    case: &CmCase,
+    deadline: u64,
+    clock_ms: &dyn Fn() -> u64,
+) -> Result<Done, CaseError> {
+    let cm_cq = ctx.create_cq(32).at("cm: create CM CQ")?;
+    // Room for every send and receive of the largest case.
+    let cq = ctx
+        .create_cq(2 * (16 + MAX_MESSAGES) + 4)
+        .at("cm: create CQ")?;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let len = match case.program {
+        Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
+        _ => (case.count + 1) * cmatose::slot(case.size),
+    };
+    let mut mr = pd.register(len as usize, access).at("cm: register")?;
+    let r = {
+        let mut cm: Cm<'_, P, Ms<'_>, CONNS> =
+            Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
+                .map_err(|e| CaseError::Cm("CM over QP1", e))?;
+        let mut s = Session {
+            cm: &mut cm,
+            cq: &cq,
+            mr: &mut mr,
+            deadline,
+            clock_ms,
+            seen: [None; SEEN],
+            id: None,
+            established: None,
+            disconnected: false,
+        };
+        match case.program {
+            Program::RpingServer => s.rping_client(pd, linux, case),
+            Program::RpingClient => s.rping_server(pd, linux, case),
+            Program::UcmatoseServer => s.ucmatose_client(pd, linux, case),
+            Program::UcmatoseClient => s.ucmatose_server(pd, linux, case),
+            Program::UdaddyServer => s.udaddy_client(pd, linux, case),
+            Program::UdaddyClient => s.udaddy_server(pd, linux, case),
+        }
+    };
+    // The region and the CQs go when they drop (the session's borrows tie them to it).
+    r
+}
+
+/// One connection's case: the CM, the data QP's CQ, the region, what was seen.
+struct Session<'s, 'a, P: Provider, C: Clock> {
+    cm: &'s mut Cm<'a, P, C, CONNS>,
+    cq: &'a CompletionQueue<'a, P>,
+    mr: &'s mut MemoryRegion<'a, P>,
+    deadline: u64,
+    clock_ms: &'s dyn Fn() -> u64,
+    /// Completions taken while waiting for another one, by [`seen_slot`].
+    seen: [Option<Seen>; SEEN],
+    /// The connection.
+    id: Option<ConnId>,
+    /// When the passive side saw the RTU (ms).
+    established: Option<u64>,
+    /// The peer's DREQ (or the answer to this side's).
+    disconnected: bool,
+}
+
+impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
+    fn now(&self) -> u64 {
+        (self.clock_ms)()
+    }
+
+    fn qp(&self, pd: &'a ProtectionDomain<'a, P>) -> Result<QueuePair<'a, P, Rc, Reset>, Failure> {
+        let caps = QpCaps {
+            max_send_wr: 16 + MAX_MESSAGES,
+            max_recv_wr: 2 + MAX_MESSAGES,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        pd.qp_builder(self.cq, self.cq)
+            .caps(caps)
+            .build::<Rc>()
+            .at("cm: create QP")
+    }
+
+    /// One CM event, if any; the connection's own ones are noted.
+    fn cm_event(&mut self) -> Option<CmEvent<'a, P>> {
+        let ev = self.cm.poll()?;
+        match &ev {
+            CmEvent::Established { id, qp: None, .. } if Some(*id) == self.id => {
+                self.established = Some(self.now());
+            }
+            CmEvent::Disconnected { id } if Some(*id) == self.id => self.disconnected = true,
+            _ => {}
+        }
+        Some(ev)
+    }
+
+    /// Waits for the completion of work request `wr_id` (the CM polled meanwhile).
+    fn wait(&mut self, wr_id: u64, what: &'static str) -> Result<Seen, CaseError> {
+        let slot = seen_slot(wr_id).ok_or(CaseError::Status(WcStatus::GeneralErr, wr_id))?;
+        loop {
+            if let Some(w) = self.seen[slot].take() {
+                return Ok(w);
+            }
+            self.poll_once(what)?;
+        }
+    }
+
+    /// Waits for the completion of work request `wr_id`, or for the peer's DREQ: `false` when
+    /// the DREQ came first. For a peer that disconnects once it has taken this side's last
+    /// message: its QP goes to ERROR before it disconnects, which may be before its rxe
+    /// acknowledged the message (rxe acknowledges lazily), so this side's completion comes
+    /// only with the flush (Linux's own programs never wait for it).
+    fn wait_unless_disconnected(
+        &mut self,
+        wr_id: u64,
+        what: &'static str,
+    ) -> Result<bool, CaseError> {
+        match self.wait(wr_id, what) {
+            Ok(_) => Ok(true),
+            Err(CaseError::Disconnected(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Keeps polling (the CQ's device progress and the CM) for `ms` milliseconds.
+    fn linger(&mut self, ms: u64) {
+        let until = self.now() + ms;
+        while self.now() < until {
+            let mut wcs = [WorkCompletion::default(); 4];
+            let _ = self.cq.poll(&mut wcs);
+            let _ = self.cm_event();
+        }
+    }
+
+    /// Takes the completions there are (and one CM event); an error status ends the case.
+    fn poll_once(&mut self, what: &'static str) -> Result<(), CaseError> {
+        let mut wcs = [WorkCompletion::default(); 4];
+        let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
+        for w in &wcs[..n] {
+            let slot = seen_slot(w.wr_id).filter(|&s| self.seen[s].is_none());
+            match slot {
+                Some(s) if w.status == WcStatus::Success => self.seen[s] = Some(Seen::from(w)),
+                _ => return Err(CaseError::Status(w.status, w.wr_id)),
+            }
+        }
+        let _ = self.cm_event();
+        if n == 0 && self.disconnected {
+            return Err(CaseError::Disconnected(what));
+        }
+        if n == 0 && self.now() > self.deadline {
+            return Err(CaseError::Deadline(what));
+        }
+        Ok(())
+    }
+
+    /// Takes what is left on the CQ (flushed work requests) and the CM's last events.
+    fn drain(&mut self) {
+        let mut wcs = [WorkCompletion::default(); 4];
+        for _ in 0..8 {
+            let n = self.cq.poll(&mut wcs).unwrap_or(0);
+            let _ = self.cm_event();
+            if n == 0 {
+                break;
+            }
+        }
+        self.seen = [None; SEEN];
+    }
+}
+
+/// Completion slots: rping's four work requests, then ucmatose's and udaddy's receives and
+/// sends (one each per message).
+const SEEN: usize = 4 + 2 * MAX_MESSAGES as usize;
+/// Work request IDs of the per-message receives and sends.
+const RECV_BASE: u64 = 0x100;
+const SEND_BASE: u64 = 0x200;
+
+/// The slot of `seen` a work request's completion goes to.
+fn seen_slot(wr_id: u64) -> Option<usize> {
+    let per = u64::from(MAX_MESSAGES);
+    match wr_id {
+        WR_RECV..=WR_WRITE => Some((wr_id - WR_RECV) as usize),
+        _ if (RECV_BASE..RECV_BASE + per).contains(&wr_id) => {
+            Some((4 + wr_id - RECV_BASE) as usize)
+        }
+        _ if (SEND_BASE..SEND_BASE + per).contains(&wr_id) => {
+            Some((4 + per + wr_id - SEND_BASE) as usize)
+        }
+        _ => None,
+    }
+}
+
+/// What the case keeps of a completion.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    byte_len: u32,
+    imm: u32,
+    src_qp: u32,
+    opcode: WcOpcode,
+    flags: WcFlags,
+}
+
+impl From<&WorkCompletion> for Seen {
+    fn from(w: &WorkCompletion) -> Self {
+        Seen {
+            byte_len: w.byte_len,
+            imm: w.imm,
+            src_qp: w.src_qp,
+            opcode: w.opcode,
+            flags: w.flags,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_parse_as_rpings_options() {
+        assert_eq!(
+            CmCase::parse("rping-server,-S,64,-C,100,-V"),
+            Some(CmCase {
+                program: Program::RpingServer,
+                size: 64,
+                count: 100
+            })
+        );
+        let c = CmCase::parse("rping-client").expect("defaults");
+        assert_eq!((c.program, c.size, c.count), (Program::RpingClient, 64, 1));
+        assert_eq!(CmCase::parse("rping-client,-S,8"), None);
+        assert_eq!(CmCase::parse("rping-client,-S,65536"), None);
+        assert_eq!(CmCase::parse("rping-client,-C,0"), None);
+        assert_eq!(CmCase::parse("rping-client,-x"), None);
+        assert_eq!(CmCase::parse("rc-server"), None);
+    }
+}
