@@ -31,7 +31,7 @@ use console::{Exit, Serial, exit};
 
 unsafe extern "C" {
     static __image_end: u8;
-    /// The boot stack (64 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
+    /// The boot stack (128 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
     static boot_stack: u8;
     static boot_stack_top: u8;
 }
