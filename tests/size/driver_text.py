@@ -72,7 +72,7 @@ def link_symbol(name):
 LAYERS = (
     ("src/device/pvrdma/", "bareverbs::device::pvrdma", "pvrdma"),
     ("src/verbs/", "bareverbs::verbs", "verbs"),
-    ("src/error.rs", "bareverbs::error", "error"),
+    ("src/error", "bareverbs::error", "error"),
     ("src/events.rs", "bareverbs::events", "events"),
     ("src/dma.rs", "bareverbs::dma", "dma"),
     ("src/pci.rs", "bareverbs::pci", "pci"),
