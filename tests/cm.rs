@@ -481,33 +481,15 @@ fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
             .map_err(|(_, e)| e)
             .unwrap();
         let (mut ea, mut eb) = (Vec::new(), Vec::new());
-        assert!(pump(
+        let (_, qb) = accept_request(
             &l.clk,
             &mut cma,
             &mut cmb,
             &mut ea,
             &mut eb,
-            1000,
-            1000,
-            |_, b| { !b.is_empty() }
-        ));
-        let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-            panic!()
-        };
-        let qb = cmb
-            .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        assert!(pump(
-            &l.clk,
-            &mut cma,
-            &mut cmb,
-            &mut ea,
-            &mut eb,
-            1000,
-            1000,
-            |a, b| { !a.is_empty() && !b.is_empty() }
-        ));
+            rc_qp(&pb, &db),
+            |a, b| !a.is_empty() && !b.is_empty(),
+        );
         drop((ea, eb, qb));
         l.seg
             .sent()
@@ -539,33 +521,15 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
         cma.connect(qa, IP_B, 7174, &ConnectParams::default())
             .map_err(|(_, e)| e)
             .unwrap();
-        assert!(pump(
+        let (r, qb) = accept_request(
             &l.clk,
             &mut cma,
             &mut cmb,
             &mut ea,
             &mut eb,
-            1000,
-            1000,
-            |_, b| { !b.is_empty() }
-        ));
-        let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-            panic!()
-        };
-        let qb = cmb
-            .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        assert!(pump(
-            &l.clk,
-            &mut cma,
-            &mut cmb,
-            &mut ea,
-            &mut eb,
-            1000,
-            1000,
-            |a, b| { !a.is_empty() && !b.is_empty() }
-        ));
+            rc_qp(&pb, &db),
+            |a, b| !a.is_empty() && !b.is_empty(),
+        );
         ea.clear();
         eb.clear();
         (qpn, r.id, qb)
@@ -686,33 +650,15 @@ fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_
         .map_err(|(_, e)| e)
         .unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
+    let (_, _qb) = accept_request(
         &l.clk,
         &mut cma,
         &mut cmb,
         &mut ea,
         &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let _qb = cmb
-        .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        &mut cma,
-        &mut cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, b| { !a.is_empty() && !b.is_empty() }
-    ));
+        rc_qp(&pb, &db),
+        |a, b| !a.is_empty() && !b.is_empty(),
+    );
     let frame_of = |from: usize, attr: u16| {
         l.seg
             .sent()

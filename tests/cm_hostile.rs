@@ -9,7 +9,7 @@ mod cm_common;
 use bareverbs::cm::msg::{
     self, CmaHeader, Ids, Private, Rej, Rep, Req, about, encode_dreq, encode_simple, pdata,
 };
-use bareverbs::cm::{AcceptParams, CmConfig, CmEvent, ConnId, ConnectParams, Service, mad::attr};
+use bareverbs::cm::{CmConfig, CmEvent, ConnId, ConnectParams, Service, mad::attr};
 use bareverbs::verbs::*;
 use bareverbs_model::link::Faults;
 use cm_common::*;
@@ -35,33 +35,9 @@ fn up<'a>(
         .map_err(|(_, e)| e)
         .unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
-        &l.clk,
-        cma,
-        cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let qb = cmb
-        .accept(r.id, qb, &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        cma,
-        cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, b| { !a.is_empty() && !b.is_empty() }
-    ));
+    let (r, qb) = accept_request(&l.clk, cma, cmb, &mut ea, &mut eb, qb, |a, b| {
+        !a.is_empty() && !b.is_empty()
+    });
     let CmEvent::Established { qp: Some(qa), .. } = ea.remove(0) else {
         panic!()
     };
@@ -398,33 +374,15 @@ fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
     assert_eq!(rtus, 0);
     // B's real answer still connects A, to B's QP.
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
+    let (_, qb) = accept_request(
         &l.clk,
         &mut cma,
         &mut cmb,
         &mut ea,
         &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let qb = cmb
-        .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        &mut cma,
-        &mut cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, _| { !a.is_empty() }
-    ));
+        rc_qp(&pb, &db),
+        |a, _| !a.is_empty(),
+    );
     let CmEvent::Established { qp: Some(qa), .. } = ea.remove(0) else {
         panic!("{ea:?}")
     };

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use bareverbs::Context;
-use bareverbs::cm::{Cm, CmConfig, CmEvent};
+use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectRequest};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
@@ -114,6 +114,33 @@ pub fn pump<'a>(
         }
     }
     done(ea, eb)
+}
+
+/// B takes the request A has sent and accepts it: runs both CMs (1000 rounds of 1 ms) until
+/// B has an event, which must be the request, accepts it on `qb` with the default parameters,
+/// then runs them again (1000 rounds of 1 ms) until `done`. Returns the request and B's QP.
+#[allow(clippy::too_many_arguments)]
+pub fn accept_request<'a>(
+    clk: &TestClock,
+    a: &mut TestCm<'a>,
+    b: &mut TestCm<'a>,
+    ea: &mut Events<'a>,
+    eb: &mut Events<'a>,
+    qb: QueuePair<'a, R, Rc, Reset>,
+    done: impl FnMut(&Events<'a>, &Events<'a>) -> bool,
+) -> (ConnectRequest, QueuePair<'a, R, Rc, Rts>) {
+    assert!(pump(clk, a, b, ea, eb, 1000, 1000, |_, b| {
+        !b.is_empty()
+    }));
+    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
+        panic!()
+    };
+    let qb = b
+        .accept(r.id, qb, &AcceptParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(pump(clk, a, b, ea, eb, 1000, 1000, done));
+    (r, qb)
 }
 
 /// Polls both data CQs (the devices progress with them) until `na` and `nb` completions.
