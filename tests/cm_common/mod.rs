@@ -63,6 +63,31 @@ pub fn lab(faults: Faults, seeds: (u64, u64)) -> Lab {
     }
 }
 
+/// Each side's protection domain, CM completion queue and data completion queue (A's, then
+/// B's), made in that order.
+pub struct Sides<'l> {
+    pub pa: ProtectionDomain<'l, R>,
+    pub pb: ProtectionDomain<'l, R>,
+    pub ma: CompletionQueue<'l, R>,
+    pub mb: CompletionQueue<'l, R>,
+    pub da: CompletionQueue<'l, R>,
+    pub db: CompletionQueue<'l, R>,
+}
+
+pub fn sides(l: &Lab) -> Sides<'_> {
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    Sides {
+        pa,
+        pb,
+        ma,
+        mb,
+        da,
+        db,
+    }
+}
+
 pub fn cm<'a>(
     pd: &'a ProtectionDomain<'a, R>,
     cq: &'a CompletionQueue<'a, R>,
