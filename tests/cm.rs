@@ -18,14 +18,7 @@ use std::pin::Pin;
 /// checked; then `closer` disconnects and both sides see it and leave TIME_WAIT.
 fn connect_exchange_disconnect(faults: Faults, active_is_a: bool, closer_is_active: bool) -> u64 {
     let l = lab(faults, (11, 22));
-    let Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    } = sides(&l);
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     let (act, pas, act_pd, pas_pd, act_cq, pas_cq, pas_ip) = if active_is_a {
@@ -476,14 +469,7 @@ fn sidr_resolves_a_ud_service_and_refuses_an_unknown_port_and_times_out_on_silen
 fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
     let run = |seeds| {
         let l = lab(Faults::default(), seeds);
-        let Sides {
-            pa,
-            pb,
-            ma,
-            mb,
-            da,
-            db,
-        } = sides(&l);
+        let (pa, pb, ma, mb, da, db) = sides(&l);
         let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
         let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
         cmb.listen(None, 7174, Service::Rc).unwrap();
@@ -517,14 +503,7 @@ fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
 #[test]
 fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connection_dropped() {
     let l = lab(Faults::default(), (13, 14));
-    let Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    } = sides(&l);
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
@@ -654,14 +633,7 @@ fn the_cm_is_a_fixed_size_value() {
 #[test]
 fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_new_event() {
     let l = lab(Faults::default(), (19, 20));
-    let Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    } = sides(&l);
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
@@ -743,14 +715,7 @@ fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_
 #[test]
 fn an_active_side_that_gives_up_tells_the_passive_side_which_drops_the_request() {
     let l = lab(Faults::default(), (23, 24));
-    let Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    } = sides(&l);
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let once = CmConfig {
         max_retries: 0,
         ..CmConfig::default()

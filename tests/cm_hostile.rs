@@ -163,14 +163,7 @@ fn a_req(comm_id: u32, qpn: u32, src_ip: [u8; 4]) -> Req {
 macro_rules! setup {
     ($l:ident, $pa:ident, $pb:ident, $da:ident, $db:ident, $cma:ident, $cmb:ident, $u:ident) => {
         let $l = lab(Faults::default(), (31, 32));
-        let Sides {
-            pa: $pa,
-            pb: $pb,
-            ma,
-            mb,
-            da: $da,
-            db: $db,
-        } = sides(&$l);
+        let ($pa, $pb, ma, mb, $da, $db) = sides(&$l);
         let mut $cma = cm(&$pa, &ma, &$l.clk, CmConfig::default());
         let mut $cmb = cm(&$pb, &mb, &$l.clk, CmConfig::default());
         let $u = up(
@@ -328,14 +321,7 @@ fn a_dreq_for_somebody_elses_connection_is_dropped() {
 #[test]
 fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
     let l = lab(Faults::default(), (41, 42));
-    let Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    } = sides(&l);
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();

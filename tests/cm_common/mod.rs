@@ -11,6 +11,8 @@ use bareverbs_model::{Model, ModelConfig};
 
 pub type R = Rxe<Model, MemLink, TestClock>;
 pub type TestCm<'a> = Cm<'a, R, TestClock, 8>;
+pub type Pd<'a> = ProtectionDomain<'a, R>;
+pub type Cq<'a> = CompletionQueue<'a, R>;
 pub type Events<'a> = Vec<CmEvent<'a, R>>;
 
 pub const IP_A: [u8; 4] = [10, 0, 0, 2];
@@ -63,29 +65,13 @@ pub fn lab(faults: Faults, seeds: (u64, u64)) -> Lab {
     }
 }
 
-/// Each side's protection domain, CM completion queue and data completion queue (A's, then
-/// B's), made in that order.
-pub struct Sides<'l> {
-    pub pa: ProtectionDomain<'l, R>,
-    pub pb: ProtectionDomain<'l, R>,
-    pub ma: CompletionQueue<'l, R>,
-    pub mb: CompletionQueue<'l, R>,
-    pub da: CompletionQueue<'l, R>,
-    pub db: CompletionQueue<'l, R>,
-}
-
-pub fn sides(l: &Lab) -> Sides<'_> {
+/// Each side's protection domain, CM completion queue and data completion queue, made in
+/// that order: `(pa, pb, ma, mb, da, db)`.
+pub fn sides(l: &Lab) -> (Pd<'_>, Pd<'_>, Cq<'_>, Cq<'_>, Cq<'_>, Cq<'_>) {
     let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
     let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
     let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    Sides {
-        pa,
-        pb,
-        ma,
-        mb,
-        da,
-        db,
-    }
+    (pa, pb, ma, mb, da, db)
 }
 
 pub fn cm<'a>(
