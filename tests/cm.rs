@@ -323,10 +323,7 @@ fn a_peer_that_answers_nothing_times_the_request_out_after_its_retries() {
     let mut cma = cm(&pa, &ma, &l.clk, cfg);
     // B's device answers ARP but has no QP1: every REQ is dropped there.
     let qp = rc_qp(&pa, &da);
-    let id = cma
-        .connect(qp, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, qp);
     // Linux's wait per REQ: 2 × 1.024 s (packet life 18) + 4.096 s (response timeout 20).
     let period = 6_144_000;
     let mut events = Vec::new();
@@ -473,9 +470,7 @@ fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
         let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
         let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
         cmb.listen(None, 7174, Service::Rc).unwrap();
-        cma.connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        connect_to_b(&mut cma, rc_qp(&pa, &da));
         let (mut ea, mut eb) = (Vec::new(), Vec::new());
         let (_, qb) = accept_request(
             &l.clk,
@@ -512,9 +507,7 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
         let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
         let qa = rc_qp(&pa, &da);
         let qpn = qa.qp_num();
-        cma.connect(qa, IP_B, 7174, &ConnectParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        connect_to_b(&mut cma, qa);
         let (r, qb) = accept_request(
             &l.clk,
             &mut cma,
@@ -532,10 +525,7 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let qa = rc_qp(&pa, &da);
     assert_eq!(qa.qp_num(), old_qpn);
-    let id = cma
-        .connect(qa, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, qa);
     assert!(pump(
         &l.clk,
         &mut cma,
@@ -601,9 +591,7 @@ fn the_next_event_future_is_woken_by_a_request_and_resolves_to_it() {
         let mut fut = cmb.next_event();
         assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
     }
-    cma.connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    connect_to_b(&mut cma, rc_qp(&pa, &da));
     assert!(cma.next_deadline().is_some(), "the REQ's resend is timed");
     // The request reaches B when B's device runs (its interrupt, or its polling loop).
     for _ in 0..100 {
@@ -637,10 +625,7 @@ fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     let (_, _qb) = accept_request(
         &l.clk,
@@ -723,10 +708,7 @@ fn an_active_side_that_gives_up_tells_the_passive_side_which_drops_the_request()
     let mut cma = cm(&pa, &ma, &l.clk, once);
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     // B's user never answers; A's REQ times out (6.144 s, no resend).
     assert!(pump(

@@ -9,7 +9,7 @@ mod cm_common;
 use bareverbs::cm::msg::{
     self, CmaHeader, Ids, Private, Rej, Rep, Req, about, encode_dreq, encode_simple, pdata,
 };
-use bareverbs::cm::{CmConfig, CmEvent, ConnId, ConnectParams, Service, mad::attr};
+use bareverbs::cm::{CmConfig, CmEvent, ConnId, Service, mad::attr};
 use bareverbs::verbs::*;
 use bareverbs_model::link::Faults;
 use cm_common::*;
@@ -30,10 +30,7 @@ fn up<'a>(
     qb: QueuePair<'a, R, Rc, Reset>,
 ) -> Up<'a> {
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let a_id = cma
-        .connect(qa, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let a_id = connect_to_b(cma, qa);
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     let (r, qb) = accept_request(&l.clk, cma, cmb, &mut ea, &mut eb, qb, |a, b| {
         !a.is_empty() && !b.is_empty()
@@ -325,10 +322,7 @@ fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let a_id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let a_id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let forged = |remote: u32| Rep {
         local_comm_id: 0x4444,
         remote_comm_id: remote,

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use bareverbs::Context;
-use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectRequest};
+use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnectParams, ConnectRequest};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
@@ -96,6 +96,13 @@ pub fn rc_qp<'a>(
             max_inline_data: 0,
         })
         .build::<Rc>()
+        .unwrap()
+}
+
+/// A connects `qa` to B's port 7174 with the default parameters.
+pub fn connect_to_b<'a>(a: &mut TestCm<'a>, qa: QueuePair<'a, R, Rc, Reset>) -> ConnId {
+    a.connect(qa, IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
         .unwrap()
 }
 
