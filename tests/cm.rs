@@ -444,13 +444,7 @@ fn sidr_resolves_a_ud_service_and_refuses_an_unknown_port_and_times_out_on_silen
     assert_eq!((got, result), (id, Err(1)));
     // Nobody at all: the SIDR_REQ and one resend, then the timeout.
     let id = cma.sidr_resolve([10, 0, 0, 99], 7174, b"").unwrap();
-    let mut evs = Vec::new();
-    for _ in 0..200 {
-        l.clk.advance(100_000);
-        while let Some(e) = cma.poll() {
-            evs.push(e);
-        }
-    }
+    let mut evs = run_alone(&l.clk, &mut cma, 200, 100_000);
     assert_eq!(evs.len(), 1, "{evs:?}");
     let CmEvent::SidrResolved {
         id: got, result, ..

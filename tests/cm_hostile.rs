@@ -348,13 +348,7 @@ fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
             forged(a_id.0).encode(2).0.to_vec(),
         ],
     );
-    let mut evs = Vec::new();
-    for _ in 0..20 {
-        l.clk.advance(100);
-        while let Some(e) = cma.poll() {
-            evs.push(e);
-        }
-    }
+    let evs = run_alone(&l.clk, &mut cma, 20, 100);
     assert!(evs.is_empty(), "{evs:?}");
     assert_eq!(cma.counts().unmatched, 2);
     let rtus = l.seg.sent()[start..]

@@ -161,6 +161,19 @@ pub fn accept_request<'a>(
     (r, qb)
 }
 
+/// Runs one CM alone (time moving `step` µs a round) for `rounds` rounds, collecting its
+/// events.
+pub fn run_alone<'a>(clk: &TestClock, cm: &mut TestCm<'a>, rounds: u32, step: u64) -> Events<'a> {
+    let mut evs = Vec::new();
+    for _ in 0..rounds {
+        clk.advance(step);
+        while let Some(e) = cm.poll() {
+            evs.push(e);
+        }
+    }
+    evs
+}
+
 /// Polls both data CQs (the devices progress with them) until `na` and `nb` completions.
 pub fn completions(
     l: &Lab,
