@@ -96,12 +96,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let r = self.ucmatose_client_messages(&mut rts, case);
         // The server disconnects once it has our answers.
         let r = r.and_then(|checked| {
-            while !self.disconnected {
-                let _ = self.cm_event();
-                if self.now() > self.deadline {
-                    return Err(CaseError::Deadline("the server's DREQ"));
-                }
-            }
+            self.wait_disconnected("the server's DREQ")?;
             Ok(checked)
         });
         let qp = rts.to_error().at("cm: QP to ERROR")?;

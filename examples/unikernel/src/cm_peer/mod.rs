@@ -400,6 +400,17 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         Ok((rts, t_req))
     }
 
+    /// Runs the CM until the peer's DREQ came, failing with `what` past the deadline.
+    fn wait_disconnected(&mut self, what: &'static str) -> Result<(), CaseError> {
+        while !self.disconnected {
+            let _ = self.cm_event();
+            if self.now() > self.deadline {
+                return Err(CaseError::Deadline(what));
+            }
+        }
+        Ok(())
+    }
+
     /// Waits for the completion of work request `wr_id` (the CM polled meanwhile).
     fn wait(&mut self, wr_id: u64, what: &'static str) -> Result<Seen, CaseError> {
         let slot = seen_slot(wr_id).ok_or(CaseError::Status(WcStatus::GeneralErr, wr_id))?;

@@ -163,12 +163,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let r = self.rping_server_pings(&mut rts, case);
         // The client disconnects after its last ping.
         let r = r.and_then(|(data, messages)| {
-            while !self.disconnected {
-                let _ = self.cm_event();
-                if self.now() > self.deadline {
-                    return Err(CaseError::Deadline("the client's DREQ"));
-                }
-            }
+            self.wait_disconnected("the client's DREQ")?;
             Ok((data, messages))
         });
         let qp = rts.to_error().at("cm: QP to ERROR")?;
