@@ -18,9 +18,7 @@ use std::pin::Pin;
 /// checked; then `closer` disconnects and both sides see it and leave TIME_WAIT.
 fn connect_exchange_disconnect(faults: Faults, active_is_a: bool, closer_is_active: bool) -> u64 {
     let l = lab(faults, (11, 22));
-    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     let (act, pas, act_pd, pas_pd, act_cq, pas_cq, pas_ip) = if active_is_a {
@@ -325,10 +323,7 @@ fn a_peer_that_answers_nothing_times_the_request_out_after_its_retries() {
     let mut cma = cm(&pa, &ma, &l.clk, cfg);
     // B's device answers ARP but has no QP1: every REQ is dropped there.
     let qp = rc_qp(&pa, &da);
-    let id = cma
-        .connect(qp, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, qp);
     // Linux's wait per REQ: 2 × 1.024 s (packet life 18) + 4.096 s (response timeout 20).
     let period = 6_144_000;
     let mut events = Vec::new();
@@ -449,13 +444,7 @@ fn sidr_resolves_a_ud_service_and_refuses_an_unknown_port_and_times_out_on_silen
     assert_eq!((got, result), (id, Err(1)));
     // Nobody at all: the SIDR_REQ and one resend, then the timeout.
     let id = cma.sidr_resolve([10, 0, 0, 99], 7174, b"").unwrap();
-    let mut evs = Vec::new();
-    for _ in 0..200 {
-        l.clk.advance(100_000);
-        while let Some(e) = cma.poll() {
-            evs.push(e);
-        }
-    }
+    let mut evs = run_alone(&l.clk, &mut cma, 200, 100_000);
     assert_eq!(evs.len(), 1, "{evs:?}");
     let CmEvent::SidrResolved {
         id: got, result, ..
@@ -471,43 +460,21 @@ fn sidr_resolves_a_ud_service_and_refuses_an_unknown_port_and_times_out_on_silen
 fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
     let run = |seeds| {
         let l = lab(Faults::default(), seeds);
-        let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-        let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-        let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+        let (pa, pb, ma, mb, da, db) = sides(&l);
         let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
         let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
         cmb.listen(None, 7174, Service::Rc).unwrap();
-        cma.connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        connect_to_b(&mut cma, rc_qp(&pa, &da));
         let (mut ea, mut eb) = (Vec::new(), Vec::new());
-        assert!(pump(
+        let (_, qb) = accept_request(
             &l.clk,
             &mut cma,
             &mut cmb,
             &mut ea,
             &mut eb,
-            1000,
-            1000,
-            |_, b| { !b.is_empty() }
-        ));
-        let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-            panic!()
-        };
-        let qb = cmb
-            .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        assert!(pump(
-            &l.clk,
-            &mut cma,
-            &mut cmb,
-            &mut ea,
-            &mut eb,
-            1000,
-            1000,
-            |a, b| { !a.is_empty() && !b.is_empty() }
-        ));
+            rc_qp(&pb, &db),
+            |a, b| !a.is_empty() && !b.is_empty(),
+        );
         drop((ea, eb, qb));
         l.seg
             .sent()
@@ -525,9 +492,7 @@ fn the_same_seeds_replay_the_same_exchange_byte_for_byte() {
 #[test]
 fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connection_dropped() {
     let l = lab(Faults::default(), (13, 14));
-    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
@@ -536,36 +501,16 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
         let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
         let qa = rc_qp(&pa, &da);
         let qpn = qa.qp_num();
-        cma.connect(qa, IP_B, 7174, &ConnectParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        assert!(pump(
+        connect_to_b(&mut cma, qa);
+        let (r, qb) = accept_request(
             &l.clk,
             &mut cma,
             &mut cmb,
             &mut ea,
             &mut eb,
-            1000,
-            1000,
-            |_, b| { !b.is_empty() }
-        ));
-        let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-            panic!()
-        };
-        let qb = cmb
-            .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        assert!(pump(
-            &l.clk,
-            &mut cma,
-            &mut cmb,
-            &mut ea,
-            &mut eb,
-            1000,
-            1000,
-            |a, b| { !a.is_empty() && !b.is_empty() }
-        ));
+            rc_qp(&pb, &db),
+            |a, b| !a.is_empty() && !b.is_empty(),
+        );
         ea.clear();
         eb.clear();
         (qpn, r.id, qb)
@@ -574,10 +519,7 @@ fn a_rebooted_peer_reusing_its_qp_number_is_refused_as_stale_and_the_old_connect
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let qa = rc_qp(&pa, &da);
     assert_eq!(qa.qp_num(), old_qpn);
-    let id = cma
-        .connect(qa, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, qa);
     assert!(pump(
         &l.clk,
         &mut cma,
@@ -643,9 +585,7 @@ fn the_next_event_future_is_woken_by_a_request_and_resolves_to_it() {
         let mut fut = cmb.next_event();
         assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
     }
-    cma.connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    connect_to_b(&mut cma, rc_qp(&pa, &da));
     assert!(cma.next_deadline().is_some(), "the REQ's resend is timed");
     // The request reaches B when B's device runs (its interrupt, or its polling loop).
     for _ in 0..100 {
@@ -675,44 +615,21 @@ fn the_cm_is_a_fixed_size_value() {
 #[test]
 fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_new_event() {
     let l = lab(Faults::default(), (19, 20));
-    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
+    let (_, _qb) = accept_request(
         &l.clk,
         &mut cma,
         &mut cmb,
         &mut ea,
         &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let _qb = cmb
-        .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        &mut cma,
-        &mut cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, b| { !a.is_empty() && !b.is_empty() }
-    ));
+        rc_qp(&pb, &db),
+        |a, b| !a.is_empty() && !b.is_empty(),
+    );
     let frame_of = |from: usize, attr: u16| {
         l.seg
             .sent()
@@ -777,9 +694,7 @@ fn a_repeated_rep_gets_the_rtu_again_and_a_repeated_dreq_the_drep_again_with_no_
 #[test]
 fn an_active_side_that_gives_up_tells_the_passive_side_which_drops_the_request() {
     let l = lab(Faults::default(), (23, 24));
-    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let once = CmConfig {
         max_retries: 0,
         ..CmConfig::default()
@@ -787,10 +702,7 @@ fn an_active_side_that_gives_up_tells_the_passive_side_which_drops_the_request()
     let mut cma = cm(&pa, &ma, &l.clk, once);
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     // B's user never answers; A's REQ times out (6.144 s, no resend).
     assert!(pump(

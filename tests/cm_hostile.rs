@@ -9,7 +9,7 @@ mod cm_common;
 use bareverbs::cm::msg::{
     self, CmaHeader, Ids, Private, Rej, Rep, Req, about, encode_dreq, encode_simple, pdata,
 };
-use bareverbs::cm::{AcceptParams, CmConfig, CmEvent, ConnId, ConnectParams, Service, mad::attr};
+use bareverbs::cm::{CmConfig, CmEvent, ConnId, Service, mad::attr};
 use bareverbs::verbs::*;
 use bareverbs_model::link::Faults;
 use cm_common::*;
@@ -30,38 +30,11 @@ fn up<'a>(
     qb: QueuePair<'a, R, Rc, Reset>,
 ) -> Up<'a> {
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let a_id = cma
-        .connect(qa, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let a_id = connect_to_b(cma, qa);
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
-        &l.clk,
-        cma,
-        cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let qb = cmb
-        .accept(r.id, qb, &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        cma,
-        cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, b| { !a.is_empty() && !b.is_empty() }
-    ));
+    let (r, qb) = accept_request(&l.clk, cma, cmb, &mut ea, &mut eb, qb, |a, b| {
+        !a.is_empty() && !b.is_empty()
+    });
     let CmEvent::Established { qp: Some(qa), .. } = ea.remove(0) else {
         panic!()
     };
@@ -187,9 +160,7 @@ fn a_req(comm_id: u32, qpn: u32, src_ip: [u8; 4]) -> Req {
 macro_rules! setup {
     ($l:ident, $pa:ident, $pb:ident, $da:ident, $db:ident, $cma:ident, $cmb:ident, $u:ident) => {
         let $l = lab(Faults::default(), (31, 32));
-        let ($pa, $pb) = ($l.a.alloc_pd().unwrap(), $l.b.alloc_pd().unwrap());
-        let (ma, mb) = ($l.a.create_cq(64).unwrap(), $l.b.create_cq(64).unwrap());
-        let ($da, $db) = ($l.a.create_cq(64).unwrap(), $l.b.create_cq(64).unwrap());
+        let ($pa, $pb, ma, mb, $da, $db) = sides(&$l);
         let mut $cma = cm(&$pa, &ma, &$l.clk, CmConfig::default());
         let mut $cmb = cm(&$pb, &mb, &$l.clk, CmConfig::default());
         let $u = up(
@@ -347,16 +318,11 @@ fn a_dreq_for_somebody_elses_connection_is_dropped() {
 #[test]
 fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
     let l = lab(Faults::default(), (41, 42));
-    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
-    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
-    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let a_id = cma
-        .connect(rc_qp(&pa, &da), IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let a_id = connect_to_b(&mut cma, rc_qp(&pa, &da));
     let forged = |remote: u32| Rep {
         local_comm_id: 0x4444,
         remote_comm_id: remote,
@@ -382,13 +348,7 @@ fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
             forged(a_id.0).encode(2).0.to_vec(),
         ],
     );
-    let mut evs = Vec::new();
-    for _ in 0..20 {
-        l.clk.advance(100);
-        while let Some(e) = cma.poll() {
-            evs.push(e);
-        }
-    }
+    let evs = run_alone(&l.clk, &mut cma, 20, 100);
     assert!(evs.is_empty(), "{evs:?}");
     assert_eq!(cma.counts().unmatched, 2);
     let rtus = l.seg.sent()[start..]
@@ -398,33 +358,15 @@ fn a_rep_for_a_req_never_sent_or_from_another_station_is_ignored() {
     assert_eq!(rtus, 0);
     // B's real answer still connects A, to B's QP.
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    assert!(pump(
+    let (_, qb) = accept_request(
         &l.clk,
         &mut cma,
         &mut cmb,
         &mut ea,
         &mut eb,
-        1000,
-        1000,
-        |_, b| { !b.is_empty() }
-    ));
-    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
-        panic!()
-    };
-    let qb = cmb
-        .accept(r.id, rc_qp(&pb, &db), &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    assert!(pump(
-        &l.clk,
-        &mut cma,
-        &mut cmb,
-        &mut ea,
-        &mut eb,
-        1000,
-        1000,
-        |a, _| { !a.is_empty() }
-    ));
+        rc_qp(&pb, &db),
+        |a, _| !a.is_empty(),
+    );
     let CmEvent::Established { qp: Some(qa), .. } = ea.remove(0) else {
         panic!("{ea:?}")
     };

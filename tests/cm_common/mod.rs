@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use bareverbs::Context;
-use bareverbs::cm::{Cm, CmConfig, CmEvent};
+use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnectParams, ConnectRequest};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
@@ -11,6 +11,8 @@ use bareverbs_model::{Model, ModelConfig};
 
 pub type R = Rxe<Model, MemLink, TestClock>;
 pub type TestCm<'a> = Cm<'a, R, TestClock, 8>;
+pub type Pd<'a> = ProtectionDomain<'a, R>;
+pub type Cq<'a> = CompletionQueue<'a, R>;
 pub type Events<'a> = Vec<CmEvent<'a, R>>;
 
 pub const IP_A: [u8; 4] = [10, 0, 0, 2];
@@ -63,6 +65,15 @@ pub fn lab(faults: Faults, seeds: (u64, u64)) -> Lab {
     }
 }
 
+/// Each side's protection domain, CM completion queue and data completion queue, made in
+/// that order: `(pa, pb, ma, mb, da, db)`.
+pub fn sides(l: &Lab) -> (Pd<'_>, Pd<'_>, Cq<'_>, Cq<'_>, Cq<'_>, Cq<'_>) {
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ma, mb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let (da, db) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    (pa, pb, ma, mb, da, db)
+}
+
 pub fn cm<'a>(
     pd: &'a ProtectionDomain<'a, R>,
     cq: &'a CompletionQueue<'a, R>,
@@ -85,6 +96,13 @@ pub fn rc_qp<'a>(
             max_inline_data: 0,
         })
         .build::<Rc>()
+        .unwrap()
+}
+
+/// A connects `qa` to B's port 7174 with the default parameters.
+pub fn connect_to_b<'a>(a: &mut TestCm<'a>, qa: QueuePair<'a, R, Rc, Reset>) -> ConnId {
+    a.connect(qa, IP_B, 7174, &ConnectParams::default())
+        .map_err(|(_, e)| e)
         .unwrap()
 }
 
@@ -114,6 +132,46 @@ pub fn pump<'a>(
         }
     }
     done(ea, eb)
+}
+
+/// B takes the request A has sent and accepts it: runs both CMs (1000 rounds of 1 ms) until
+/// B has an event, which must be the request, accepts it on `qb` with the default parameters,
+/// then runs them again (1000 rounds of 1 ms) until `done`. Returns the request and B's QP.
+#[allow(clippy::too_many_arguments)]
+pub fn accept_request<'a>(
+    clk: &TestClock,
+    a: &mut TestCm<'a>,
+    b: &mut TestCm<'a>,
+    ea: &mut Events<'a>,
+    eb: &mut Events<'a>,
+    qb: QueuePair<'a, R, Rc, Reset>,
+    done: impl FnMut(&Events<'a>, &Events<'a>) -> bool,
+) -> (ConnectRequest, QueuePair<'a, R, Rc, Rts>) {
+    assert!(pump(clk, a, b, ea, eb, 1000, 1000, |_, b| {
+        !b.is_empty()
+    }));
+    let CmEvent::ConnectRequest(r) = eb.remove(0) else {
+        panic!()
+    };
+    let qb = b
+        .accept(r.id, qb, &AcceptParams::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(pump(clk, a, b, ea, eb, 1000, 1000, done));
+    (r, qb)
+}
+
+/// Runs one CM alone (time moving `step` µs a round) for `rounds` rounds, collecting its
+/// events.
+pub fn run_alone<'a>(clk: &TestClock, cm: &mut TestCm<'a>, rounds: u32, step: u64) -> Events<'a> {
+    let mut evs = Vec::new();
+    for _ in 0..rounds {
+        clk.advance(step);
+        while let Some(e) = cm.poll() {
+            evs.push(e);
+        }
+    }
+    evs
 }
 
 /// Polls both data CQs (the devices progress with them) until `na` and `nb` completions.

@@ -7,7 +7,7 @@
 //!   server sends the same bytes each time (whatever its buffer held) and the client's answers
 //!   are the server's last message. The server disconnects.
 
-use bareverbs::cm::{AcceptParams, CmEvent, ConnectParams, Service};
+use bareverbs::cm::{CmEvent, ConnectParams};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -96,12 +96,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let r = self.ucmatose_client_messages(&mut rts, case);
         // The server disconnects once it has our answers.
         let r = r.and_then(|checked| {
-            while !self.disconnected {
-                let _ = self.cm_event();
-                if self.now() > self.deadline {
-                    return Err(CaseError::Deadline("the server's DREQ"));
-                }
-            }
+            self.wait_disconnected("the server's DREQ")?;
             Ok(checked)
         });
         let qp = rts.to_error().at("cm: QP to ERROR")?;
@@ -246,40 +241,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         linux: [u8; 4],
         case: &CmCase,
     ) -> Result<Done, CaseError> {
-        self.cm
-            .listen(None, UCMATOSE_PORT, Service::Rc)
-            .map_err(|e| CaseError::Cm("listen", e))?;
-        let (req, t_req) = loop {
-            match self.cm_event() {
-                Some(CmEvent::ConnectRequest(r)) => break (r, self.now()),
-                _ if self.now() > self.deadline => return Err(CaseError::Deadline("the REQ")),
-                _ => {}
-            }
-        };
-        self.id = Some(req.id);
         // ucmatose's request: depths 1/1, retry count 5, RNR retry 0, no private data.
-        let checks = [
-            (req.src_ip == linux, "source address"),
-            (req.dst_port == UCMATOSE_PORT, "port"),
-            (
-                (req.responder_resources, req.initiator_depth) == (1, 1),
-                "depths",
-            ),
-            ((req.retry_count, req.rnr_retry_count) == (5, 0), "retries"),
-            (
-                req.private_data.as_slice().iter().all(|&b| b == 0),
-                "private data",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
-            let _ = self.cm.reject(req.id, &[]);
-            return Err(CaseError::Request(what));
-        }
-        let qp = self.qp(pd)?;
-        let mut rts = self
-            .cm
-            .accept(req.id, qp, &AcceptParams::default())
-            .map_err(|(_, e)| CaseError::Cm("accept", e))?;
+        let (mut rts, t_req) = self.accept_checked(pd, linux, UCMATOSE_PORT, (5, 0))?;
         let r = self.ucmatose_server_messages(&mut rts, case);
         // ucmatose's server disconnects: the QP to ERROR, the DREQ, the client's DREP.
         let mut r = r.and_then(|checked| {

@@ -22,7 +22,9 @@
 use core::fmt::Write;
 
 use bareverbs::Context;
-use bareverbs::cm::{Cm, CmConfig, CmError, CmEvent, ConnId, Failure as CmFailure};
+use bareverbs::cm::{
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, Failure as CmFailure, Service,
+};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -349,6 +351,64 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
             _ => {}
         }
         Some(ev)
+    }
+
+    /// The server's side of an RC connection: listens on `port`, waits (until the deadline)
+    /// for the request, checks that it comes from `linux` to `port` with depths 1/1, the retry
+    /// and RNR retry counts `retries` and no private data (rejecting it otherwise), and
+    /// accepts it on a new QP. Returns the QP and when the request came (ms).
+    fn accept_checked(
+        &mut self,
+        pd: &'a ProtectionDomain<'a, P>,
+        linux: [u8; 4],
+        port: u16,
+        retries: (u8, u8),
+    ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
+        self.cm
+            .listen(None, port, Service::Rc)
+            .map_err(|e| CaseError::Cm("listen", e))?;
+        let (req, t_req) = loop {
+            match self.cm_event() {
+                Some(CmEvent::ConnectRequest(r)) => break (r, self.now()),
+                _ if self.now() > self.deadline => return Err(CaseError::Deadline("the REQ")),
+                _ => {}
+            }
+        };
+        self.id = Some(req.id);
+        let checks = [
+            (req.src_ip == linux, "source address"),
+            (req.dst_port == port, "port"),
+            (
+                (req.responder_resources, req.initiator_depth) == (1, 1),
+                "depths",
+            ),
+            ((req.retry_count, req.rnr_retry_count) == retries, "retries"),
+            (
+                req.private_data.as_slice().iter().all(|&b| b == 0),
+                "private data",
+            ),
+        ];
+        if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
+            let _ = self.cm.reject(req.id, &[]);
+            return Err(CaseError::Request(what));
+        }
+        let qp = self.qp(pd)?;
+        let rts = self
+            .cm
+            .accept(req.id, qp, &AcceptParams::default())
+            .map_err(|(_, e)| CaseError::Cm("accept", e))?;
+        Ok((rts, t_req))
+    }
+
+    /// Runs the CM until the peer's DREQ came, failing with `what` past the deadline.
+    fn wait_disconnected(&mut self, what: &'static str) -> Result<(), CaseError> {
+        while !self.disconnected {
+            let _ = self.cm_event();
+            if self.now() > self.deadline {
+                return Err(CaseError::Deadline(what));
+            }
+        }
+        Ok(())
     }
 
     /// Waits for the completion of work request `wr_id` (the CM polled meanwhile).

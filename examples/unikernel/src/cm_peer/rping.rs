@@ -3,7 +3,6 @@
 
 use core::fmt::Write;
 
-use bareverbs::cm::{AcceptParams, CmEvent, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -158,52 +157,13 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         linux: [u8; 4],
         case: &CmCase,
     ) -> Result<Done, CaseError> {
-        self.cm
-            .listen(None, RPING_PORT, Service::Rc)
-            .map_err(|e| CaseError::Cm("listen", e))?;
-        let (req, t_req) = loop {
-            match self.cm_event() {
-                Some(CmEvent::ConnectRequest(r)) => break (r, self.now()),
-                _ if self.now() > self.deadline => {
-                    return Err(CaseError::Deadline("the REQ"));
-                }
-                _ => {}
-            }
-        };
-        self.id = Some(req.id);
         // rping's request: from the Linux side to this port, depths 1/1, retries 7/7, no
         // private data after rdma_cm's header.
-        let checks = [
-            (req.src_ip == linux, "source address"),
-            (req.dst_port == RPING_PORT, "port"),
-            (
-                (req.responder_resources, req.initiator_depth) == (1, 1),
-                "depths",
-            ),
-            ((req.retry_count, req.rnr_retry_count) == (7, 7), "retries"),
-            (
-                req.private_data.as_slice().iter().all(|&b| b == 0),
-                "private data",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
-            let _ = self.cm.reject(req.id, &[]);
-            return Err(CaseError::Request(what));
-        }
-        let qp = self.qp(pd)?;
-        let mut rts = self
-            .cm
-            .accept(req.id, qp, &AcceptParams::default())
-            .map_err(|(_, e)| CaseError::Cm("accept", e))?;
+        let (mut rts, t_req) = self.accept_checked(pd, linux, RPING_PORT, (7, 7))?;
         let r = self.rping_server_pings(&mut rts, case);
         // The client disconnects after its last ping.
         let r = r.and_then(|(data, messages)| {
-            while !self.disconnected {
-                let _ = self.cm_event();
-                if self.now() > self.deadline {
-                    return Err(CaseError::Deadline("the client's DREQ"));
-                }
-            }
+            self.wait_disconnected("the client's DREQ")?;
             Ok((data, messages))
         });
         let qp = rts.to_error().at("cm: QP to ERROR")?;
