@@ -4,36 +4,8 @@
 
 use core::mem::ManuallyDrop;
 
-use super::{Context, CqId, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use super::{Context, CqId, PollCq, Provider, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::error::Result;
-
-/// What a provider's poll in progress offers; the verbs layer wraps it in [`PollCursor`].
-pub trait PollCq {
-    /// Moves to the next completion; `false` when there is none (for now).
-    fn advance(&mut self) -> Result<bool>;
-    /// The current completion's `wr_id`.
-    fn wr_id(&self) -> u64;
-    /// Its status.
-    fn status(&self) -> WcStatus;
-    /// Its operation.
-    fn opcode(&self) -> WcOpcode;
-    /// The local QP number.
-    fn qp_num(&self) -> u32;
-    /// Bytes received.
-    fn byte_len(&self) -> u32;
-    /// Flags.
-    fn flags(&self) -> WcFlags;
-    /// Immediate data (0 without [`WcFlags::WITH_IMM`]).
-    fn imm(&self) -> u32;
-    /// The sender's QP number (UD receives).
-    fn src_qp(&self) -> u32;
-    /// The device's detail of an error.
-    fn vendor_err(&self) -> u32;
-    /// Takes the safe path's buffer tag of the current completion (else the provider hands
-    /// the buffer back to its pool when the cursor moves on).
-    #[doc(hidden)]
-    fn take_tag(&mut self) -> Option<u32>;
-}
 
 /// A completion queue (`ibv_cq`).
 pub struct CompletionQueue<'c, P: Provider> {

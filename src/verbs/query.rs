@@ -4,20 +4,8 @@
 
 use core::mem::ManuallyDrop;
 
-use super::{CompletionQueue, Context, Gid, Provider};
+use super::{CompletionQueue, Context, Gid, GidType, Provider};
 use crate::error::{Error, NotFound, Param, Result};
-
-/// The type of a GID entry (`enum ibv_gid_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum GidType {
-    /// An InfiniBand GID.
-    Ib,
-    /// RoCE version 1 (Ethernet, the GRH's EtherType).
-    RoceV1,
-    /// RoCE version 2 (UDP/IP).
-    #[default]
-    RoceV2,
-}
 
 /// One bound entry of a port's GID table (`struct ibv_gid_entry`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -205,3 +205,15 @@ pub struct PortAttr {
     /// The link layer: Ethernet for RoCE devices.
     pub link_layer: LinkLayer,
 }
+
+/// The type of a GID entry (`enum ibv_gid_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GidType {
+    /// An InfiniBand GID.
+    Ib,
+    /// RoCE version 1 (Ethernet, the GRH's EtherType).
+    RoceV1,
+    /// RoCE version 2 (UDP/IP).
+    #[default]
+    RoceV2,
+}

@@ -60,13 +60,14 @@ pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut
         unsafe { copy_forward(dst, src, n) };
     } else {
         // `dst` inside `src..src + n`: downwards, the tail's last byte first, then the words
-        // from the last one down.
-        // SAFETY: the caller's contract: both ranges are valid for `n` bytes. With the
-        // direction flag set, `rep movsb` copies the `n & 7` bytes at the top downwards from
-        // `src + n - 1`, leaving `rsi`/`rdi` one below them; 7 lower is the start of the last
-        // whole word, from which `rep movsq` copies the `n >> 3` words downwards. Each element
-        // is read before it is written, highest first, so no byte is read after being
-        // overwritten. The flag is cleared again before the block ends, as Rust requires.
+        // from the last one down. With the direction flag set, `rep movsb` copies the `n & 7`
+        // bytes at the top downwards from `src + n - 1`, leaving `rsi`/`rdi` one below them;
+        // 7 lower is the start of the last whole word, from which `rep movsq` copies the
+        // `n >> 3` words downwards. Each element is read before it is written, highest first,
+        // so no byte is read after being overwritten.
+        // SAFETY: the caller's contract: both ranges are valid for `n` bytes; the order above
+        // reads every byte before it is overwritten; the direction flag is cleared again
+        // before the block ends, as Rust requires.
         unsafe {
             asm!(
                 "std",
