@@ -224,3 +224,88 @@ fn lonely_body(mux: &Mux, a: &Context<P>) {
     assert_eq!((mux.relayed(), mux.dropped()), (0, 1));
     assert_eq!(cma.counts().sent, 1);
 }
+
+/// QP1 as QEMU runs it, seen from the verbs API: a MAD of two SGEs goes through the mux and
+/// lands after QEMU's GRH (payload length, the sender's GID, `0::<interface ID>`), its length
+/// reported with the GRH slot counted (the provider adds the 40 bytes QEMU leaves out); a MAD
+/// of one SGE completes with a general error.
+#[test]
+fn a_mad_lands_after_qemus_grh_with_the_grh_slot_counted() {
+    let mux = Mux::new();
+    let (ma, a) = guest(&mux);
+    let (mb, b) = guest(&mux);
+    raw_body(&a, &b);
+    assert_eq!((mux.relayed(), mux.dropped()), (1, 0));
+    common::teardown(&ma, a);
+    common::teardown(&mb, b);
+}
+
+fn raw_body(a: &Context<P>, b: &Context<P>) {
+    let (gid_a, gid_b) = (Gid::from_ipv4([10, 0, 0, 2]), Gid::from_ipv4([10, 0, 0, 3]));
+    let _ga = a.bind_gid(0, gid_a).unwrap();
+    let _gb = b.bind_gid(0, gid_b).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qa = pa.qp_builder(&ca, &ca).caps(caps).build::<Gsi>().unwrap();
+    let mut qa = qa.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let qb = pb.qp_builder(&cb, &cb).caps(caps).build::<Gsi>().unwrap();
+    let mut qb = qb.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let ah = pa.create_ah(&AddressVector::new(gid_b, 0)).unwrap();
+    let mut ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // A REQ as far as the mux looks: attribute 0x0010, comm ID, primary remote GID.
+    let mut mad = [0u8; 256];
+    (mad[0], mad[1], mad[2], mad[3]) = (1, 7, 2, 3);
+    mad[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
+    mad[24..28].copy_from_slice(&[1, 2, 3, 4]);
+    mad[96..112].copy_from_slice(&gid_b.0);
+    mad[200] = 0xA5;
+    ma.as_mut_slice()[..256].copy_from_slice(&mad);
+    // SAFETY: the regions stay registered and untouched until the completions are polled.
+    unsafe {
+        qb.post_recv_raw(7, &[mb.sge(0, 296).unwrap()]).unwrap();
+        let mut s = qa.send_batch();
+        let parts = [ma.sge(0, 24).unwrap(), ma.sge(24, 232).unwrap()];
+        s.send_to(1, SendFlags::SIGNALED, (&ah, 1, 0x8001_0000), &parts)
+            .unwrap();
+        s.send_to(
+            2,
+            SendFlags::SIGNALED,
+            (&ah, 1, 0x8001_0000),
+            &[ma.sge(0, 256).unwrap()],
+        )
+        .unwrap();
+        s.finish();
+    }
+    let mut wc = [WorkCompletion::default(); 4];
+    let n = ca.poll(&mut wc).unwrap();
+    assert_eq!(n, 2, "{:?}", &wc[..n]);
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+    assert_eq!((wc[1].wr_id, wc[1].status), (2, WcStatus::GeneralErr));
+    let n = cb.poll(&mut wc).unwrap();
+    assert_eq!(n, 1);
+    let w = wc[0];
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode),
+        (7, WcStatus::Success, WcOpcode::Recv)
+    );
+    assert_eq!(w.byte_len, 296, "the MAD and the GRH slot before it");
+    assert_eq!(w.src_qp, 0, "QEMU reports no source QP");
+    assert!(w.flags.contains(WcFlags::GRH));
+    let got = &mb.as_slice()[..296];
+    assert_eq!(&got[..4], &[0; 4]);
+    assert_eq!(&got[4..6], &256u16.to_be_bytes(), "payload length");
+    assert_eq!(&got[6..8], &[0; 2]);
+    assert_eq!(&got[8..24], &gid_a.0, "source GID");
+    assert_eq!(&got[24..32], &[0; 8], "destination: no subnet prefix");
+    assert_eq!(&got[32..40], &gid_b.0[8..], "destination: the interface ID");
+    assert_eq!(&got[40..], &mad[..]);
+    drop((qa, qb, ah));
+}
