@@ -77,7 +77,7 @@ fn drain<P: Provider>(tick: &mut dyn FnMut(), cq: &CompletionQueue<'_, P>) -> Ve
 
 #[test]
 fn step_by_step_defaults_give_depth_one_each_way() {
-    let (_m, clk, a, b) = rxe_pair();
+    let (_m, _clk, a, b) = rxe_pair();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
