@@ -297,13 +297,7 @@ fn raw_body(a: &Context<P>, b: &Context<P>) {
     // SAFETY: as above; the buffer is read only after the completion.
     unsafe { qb.post_recv_raw(8, &[mb.sge(0, 296).unwrap()]).unwrap() };
     // SAFETY: as above.
-    unsafe {
-        let mut s = qa.send_batch();
-        let parts = [ma.sge(0, 24).unwrap(), ma.sge(24, 232).unwrap()];
-        s.send_to(3, SendFlags::SIGNALED, (&ah, 1, 0x8001_0000), &parts)
-            .unwrap();
-        s.finish();
-    }
+    unsafe { send_mad(&mut qa, &ah, &ma, 3) };
     assert_eq!(ca.poll(&mut wc).unwrap(), 1);
     let n = cb.poll(&mut wc).unwrap();
     assert_eq!(n, 1);
@@ -328,14 +322,29 @@ fn raw_body(a: &Context<P>, b: &Context<P>) {
     // SAFETY: as above.
     unsafe {
         qb.post_recv_raw(9, &[mb.sge(0, 296).unwrap()]).unwrap();
-        let mut s = qa.send_batch();
-        let parts = [ma.sge(0, 24).unwrap(), ma.sge(24, 232).unwrap()];
-        s.send_to(4, SendFlags::SIGNALED, (&ah, 1, 0x8001_0000), &parts)
-            .unwrap();
-        s.finish();
+        send_mad(&mut qa, &ah, &ma, 4);
     }
     assert_eq!(ca.poll(&mut wc).unwrap(), 1);
     assert_eq!((wc[0].wr_id, wc[0].status), (4, WcStatus::Success));
     assert_eq!(cb.poll(&mut wc).unwrap(), 0);
     drop((qa, qb, ah));
+}
+
+/// Sends the 256 bytes at the start of `mr` from QP1 as QEMU wants a MAD: the 24-byte header
+/// and the rest, two SGEs.
+///
+/// # Safety
+///
+/// `mr` stays registered and untouched until the completion is polled.
+unsafe fn send_mad(
+    qp: &mut QueuePair<'_, P, Gsi, Rts>,
+    ah: &AddressHandle<'_, P>,
+    mr: &MemoryRegion<'_, P>,
+    wr_id: u64,
+) {
+    let mut s = qp.send_batch();
+    let parts = [mr.sge(0, 24).unwrap(), mr.sge(24, 232).unwrap()];
+    // SAFETY: forwarded from our caller.
+    unsafe { s.send_to(wr_id, SendFlags::SIGNALED, (ah, 1, 0x8001_0000), &parts) }.unwrap();
+    s.finish();
 }
