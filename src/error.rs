@@ -298,6 +298,10 @@ pub enum Attr {
     /// region that remote peers may write or use atomically must also be locally writable
     /// (the rule of Linux's ib_core, which answers EINVAL).
     LocalWrite,
+    /// An initiator depth of at least 1 (`max_rd_atomic`, set at RTS, as the device applied
+    /// it): a queue pair of depth 0 may have no RDMA READ or atomic outstanding, so one posted
+    /// there is refused instead of stalling or being NAKed at the peer.
+    InitiatorDepth,
 }
 
 /// What ran out, in an [`Error::Resource`].

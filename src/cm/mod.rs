@@ -505,11 +505,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
 }
 
 /// The sender's IPv4 address from the 40-byte GRH slot of a received datagram: the IPv4
-/// header in its last 20 bytes (RoCEv2 over IPv4, as rxe and Linux report it), or an
-/// IPv4-mapped source GID in a GRH.
+/// header in its last 20 bytes after 20 zero bytes (RoCEv2 over IPv4, as rxe and Linux
+/// report it), or an IPv4-mapped source GID in a GRH (QEMU's PVRDMA, whose GRH has its
+/// version field 0: byte 20 is then the source address's first octet, and 64.0.0.0/4 must
+/// not read as an IPv4 header).
 fn source_ip(buf: &[u8]) -> Option<[u8; 4]> {
     let grh = buf.get(..40)?;
-    if grh[20] >> 4 == 4 {
+    if grh[20] >> 4 == 4 && grh[..20].iter().all(|&b| b == 0) {
         return Some([grh[32], grh[33], grh[34], grh[35]]);
     }
     let mut g = [0u8; 16];

@@ -161,6 +161,11 @@ impl Display for Attr {
                 "local write access: a region remote peers may write or use atomically \
                  must be locally writable",
             ),
+            Attr::InitiatorDepth => f.write_str(
+                "an initiator depth of at least 1 for an RDMA READ or atomic: this queue pair's \
+                 max_rd_atomic (set at RTS, as the device applied it) is 0; set \
+                 ConnectedRts::max_rd_atomic or use the handshake",
+            ),
         }
     }
 }

@@ -8,7 +8,7 @@ use bareverbs_hal::Hal;
 
 use super::Pvrdma;
 use super::abi;
-use super::cq::{Cq, PollState};
+use super::cq::{Cq, GSI_QPN, PollState};
 use super::poll::{Checked, check_cqe, fast_cqe_tag, take_flush};
 use crate::error::{Error, Op, Result};
 use crate::verbs::{PollCq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
@@ -291,7 +291,13 @@ impl<H: Hal> PollCq for Poll<'_, H> {
 
     #[inline]
     fn byte_len(&self) -> u32 {
-        cqe_field!(self, byte_len)
+        let n: u32 = cqe_field!(self, byte_len);
+        // QEMU leaves the GRH slot out of a GSI receive's length (as in the slice poll).
+        if self.qpn == GSI_QPN && self.opcode == WcOpcode::Recv {
+            n.saturating_add(40)
+        } else {
+            n
+        }
     }
 
     #[inline]

@@ -13,7 +13,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::Pvrdma;
 use super::abi::{self, wc_opcode};
-use super::cq::{Cq, FAST_SENDS, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
+use super::cq::{Cq, FAST_SENDS, GSI_QPN, Last, OWN_RECVS, PollState, RECVS, SENDS, decode_opcode};
 use super::regs::db;
 use super::ring::Ring;
 use crate::error::{Error, Op, Result};
@@ -193,6 +193,11 @@ impl<H: Hal> Pvrdma<H> {
             // SAFETY: the slot `check_cqe` read, still the poll's (cons_head is stored after
             // the loop).
             out[n] = unsafe { completion(c, wr_id, opcode, status, qpn) };
+            if qpn == GSI_QPN && opcode == WcOpcode::Recv {
+                // QEMU counts a received MAD without the 40-byte GRH it writes before it;
+                // libibverbs (and the CM) count the GRH slot (`docs/pvrdma.md`).
+                out[n].byte_len = out[n].byte_len.saturating_add(40);
+            }
             n += 1;
         }
         st.head = head;

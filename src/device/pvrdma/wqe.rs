@@ -66,6 +66,8 @@ enum Refusal {
     Feature(Feature),
     NoUdDest,
     UnboundGid,
+    /// A READ on a QP whose initiator depth is 0.
+    NoDepth,
 }
 
 /// The error of a refused post, built out of line from one function: every refusal of a post
@@ -82,6 +84,7 @@ fn refuse(why: Refusal) -> Error {
         Refusal::Feature(f) => Error::Unsupported(Unsupported::Feature(f)),
         Refusal::NoUdDest => missing(Attr::UdDest),
         Refusal::UnboundGid => missing(Attr::SourceGid),
+        Refusal::NoDepth => missing(Attr::InitiatorDepth),
     }
 }
 
@@ -143,6 +146,9 @@ impl<H: Hal> Pvrdma<H> {
             WrOpcode::SendWithImm => (wr_opcode::SEND_WITH_IMM, false),
             WrOpcode::RdmaWrite => (wr_opcode::RDMA_WRITE, false),
             WrOpcode::RdmaWriteWithImm => (wr_opcode::RDMA_WRITE_WITH_IMM, false),
+            // The depth the QP has (as applied at RTS: QEMU's 1 when it reports none): a READ
+            // on a depth-0 QP would never be answered.
+            WrOpcode::RdmaRead if qp.max_rd_atomic == 0 => return Err(refuse(Refusal::NoDepth)),
             WrOpcode::RdmaRead => (wr_opcode::RDMA_READ, false),
             // The device advertises no atomics (QEMU: atomic_ops = 0).
             WrOpcode::AtomicCmpSwap | WrOpcode::AtomicFetchAdd => {

@@ -104,6 +104,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
         let guard = self.lock();
         let q = self.qp_core(qp, &guard);
+        if op::reads(op_code) && q.attr.max_rd_atomic == 0 {
+            // Initiator depth 0: the READ or atomic would stall, or be NAKed at the peer.
+            return Err(Error::MissingAttribute {
+                op: Op::PostSend,
+                attr: Attr::InitiatorDepth,
+            });
+        }
         let used = c.start.wrapping_add(c.n).wrapping_sub(q.sq_tail);
         if used >= q.sq_cap {
             return Err(Error::QueueFull {

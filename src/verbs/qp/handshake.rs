@@ -8,7 +8,7 @@
 //! | attribute | default | step by step ([`ConnectedInit`] / [`ConnectedRtr`] / [`ConnectedRts`]) |
 //! |---|---|---|
 //! | remote access | WRITE, READ, and atomics when the device has them | none |
-//! | READ/atomic depth, each way | [`DEFAULT_RD_ATOMIC`], clamped to the device's limit (0 on QEMU's PVRDMA, which has none) | 0 |
+//! | READ/atomic depth, each way | [`DEFAULT_RD_ATOMIC`], clamped to the device's limit (QEMU's PVRDMA reports 0 and applies 1) | 1, clamped by the provider |
 //! | path MTU | the smaller of the two endpoints' | 1024 |
 //! | local ACK timeout, retries, RNR retries, RNR timer | 14 (67 ms), 7, 7 (infinite), 12 (0.64 ms) | the same |
 //! | hop limit | 64, as Linux sends RoCEv2 | 1 |

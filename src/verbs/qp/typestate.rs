@@ -69,15 +69,16 @@ pub struct ConnectedRtr {
 }
 
 impl ConnectedRtr {
-    /// RTR towards `dest_qpn` at `av`, expecting PSN `rq_psn`; MTU 1024, no RDMA reads
-    /// accepted, RNR timer code 12.
+    /// RTR towards `dest_qpn` at `av`, expecting PSN `rq_psn`; MTU 1024, one RDMA READ or
+    /// atomic accepted at a time (the provider clamps it to what the device does), RNR timer
+    /// code 12.
     pub fn new(dest_qpn: u32, rq_psn: u32, av: AddressVector) -> Self {
         ConnectedRtr {
             dest_qpn,
             rq_psn,
             av,
             path_mtu: Mtu::Mtu1024,
-            max_dest_rd_atomic: 0,
+            max_dest_rd_atomic: 1,
             min_rnr_timer: 12,
         }
     }
@@ -94,19 +95,23 @@ pub struct ConnectedRts {
     pub retry_cnt: u8,
     /// Retries on receiver-not-ready (7: infinite).
     pub rnr_retry: u8,
-    /// Outstanding RDMA reads/atomics this QP initiates.
+    /// Outstanding RDMA reads/atomics this QP initiates (its initiator depth): at 0, a READ
+    /// or atomic is refused when posted.
     pub max_rd_atomic: u8,
 }
 
 impl ConnectedRts {
-    /// RTS sending from PSN `sq_psn`; timeout 14, 7 retries, no RDMA reads initiated.
+    /// RTS sending from PSN `sq_psn`; timeout 14, 7 retries, one RDMA READ or atomic
+    /// outstanding at a time (the provider clamps it to what the device does). At depth 0 a
+    /// READ or atomic is refused when posted
+    /// ([`Attr::InitiatorDepth`](crate::error::Attr::InitiatorDepth)).
     pub fn new(sq_psn: u32) -> Self {
         ConnectedRts {
             sq_psn,
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
-            max_rd_atomic: 0,
+            max_rd_atomic: 1,
         }
     }
 }

@@ -108,6 +108,9 @@ const ACC_REMOTE_WRITE: u32 = 2;
 const ACC_REMOTE_READ: u32 = 4;
 
 // CQE status values (IB numbering).
+#[path = "gsi.rs"]
+pub(crate) mod gsi;
+
 const ST_OK: u32 = 0;
 const ST_LOC_LEN: u32 = 1;
 const ST_LOC_PROT: u32 = 4;
@@ -618,7 +621,10 @@ impl Device {
         // The destination QP.
         let (dest, ud) = match ty {
             crate::device::QPT_UD => (le32(hdr, 0x20), true),
-            crate::device::QPT_GSI => return done(self, ctx, ST_OK, 0, 0), // MADs are not modelled
+            crate::device::QPT_GSI => {
+                let st = gsi::send(self, ctx, hdr, sges);
+                return done(self, ctx, st, 0, 0);
+            }
             _ => (self.qps[i].as_ref().expect("indexed").dest_qpn, false),
         };
         let Some(j) = self.qp_index(dest) else {

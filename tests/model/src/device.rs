@@ -304,6 +304,8 @@ pub(crate) struct Device {
     pub(crate) mrs: Vec<Option<Mr>>,
     next_qpn: u32,
     pub(crate) gids: Vec<Option<[u8; 16]>>,
+    /// The MAD multiplexer the GSI QP sends through (`Model::attach_mux`).
+    pub(crate) mux: Option<crate::datapath::gsi::Port>,
     pub(crate) commands: u64,
     pub(crate) fail_at: Option<(u64, u32)>,
     pub(crate) silent: bool,
@@ -372,6 +374,7 @@ impl Device {
             cqes: 0,
             interrupts: 0,
             notify_ring_full: 0,
+            mux: None,
         }
     }
 

@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bareverbs_hal::{ConfigRegionAccess, DmaBlock, DmaError, Hal, Mmio, PciAddress};
 
+pub use datapath::gsi::Mux;
 use device::Device;
 pub use device::ObjectCounts;
 use hostile::Liar;
