@@ -1,0 +1,133 @@
+//! The NVMe/RDMA target driven by the host between two software RoCE devices: bring-up,
+//! every admin and I/O command, data both ways (keyed and in-capsule).
+
+mod common;
+
+use bareverbs::hal::Clock;
+use bareverbs_nvmf::block::{BlockDevice, RamDisk};
+use bareverbs_nvmf::host::Data;
+use bareverbs_nvmf::target::Subsystem;
+use bareverbs_nvmf::wire::identify::{IdNs, cns, cntrltype};
+use bareverbs_nvmf::wire::{Sqe, Status, feature, opcode, prop};
+use common::*;
+
+#[test]
+fn connect_identify_write_read_flush_zeroes() {
+    let l = lab();
+    let (sa, sb) = (side(&l.a), side(&l.b));
+    let (mut cma, mut cmb) = (cm(&sa, &l.clk), target_cm(&sb, &l.clk));
+    let mut mem = vec![0u8; 1 << 20];
+    let mut disk = RamDisk::new(&mut mem, 512);
+    let mut nss: [&mut dyn BlockDevice; 1] = [&mut disk];
+    let mut subs = [Subsystem::new(NQN, &mut nss)];
+    let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
+    let mut h: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    assert_eq!(h.io_queues(), 2);
+    let info = *h.controller();
+    assert_eq!(info.cntlid, h.cntlid());
+    assert_eq!(info.cntrltype, cntrltype::IO);
+    assert_eq!(info.kas, 10);
+    assert_eq!(info.maxcmd, 128);
+    assert_eq!(info.nn, 1);
+    assert_eq!(info.sgls, 0x0010_0005);
+    assert_eq!(info.ioccsz, (64 + 4096) / 16);
+    assert_eq!(info.mdts, 2, "16 KiB = 2^2 x 4 KiB");
+
+    // Properties.
+    assert_eq!(
+        h.property_get(prop::VS, false, &mut idle).unwrap(),
+        0x0001_0300
+    );
+    let cap = h.property_get(prop::CAP, true, &mut idle).unwrap();
+    assert_eq!(cap & 0xFFFF, 127, "MQES");
+    assert_eq!((cap >> 37) & 1, 1, "NVM command set");
+    assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 1);
+    let cc = h.property_get(prop::CC, false, &mut idle).unwrap();
+    assert_eq!(cc & 1, 1);
+
+    // Identify: namespace, active list, descriptors.
+    let ns = h.identify_namespace(1, &mut idle).unwrap();
+    assert_eq!((ns.nsze, ns.ncap, ns.lbads), (2048, 2048, 9));
+    let mut b = [0u8; 4096];
+    h.identify(cns::ACTIVE_NS_LIST, 0, &mut b, &mut idle)
+        .unwrap();
+    assert_eq!(&b[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    h.identify(cns::NS_DESC_LIST, 1, &mut b, &mut idle).unwrap();
+    assert_eq!((b[0], b[1]), (2, 16), "NGUID descriptor");
+    assert_eq!(&b[4..20], &ns.nguid);
+    assert_ne!(ns.nguid, [0; 16]);
+    assert_eq!((b[20], b[21], b[24]), (4, 1, 0), "CSI descriptor: NVM");
+    let again: IdNs = h.identify_namespace(1, &mut idle).unwrap();
+    assert_eq!(again, ns);
+
+    // Features and keep-alive.
+    let mut s = Sqe::new(opcode::GET_FEATURES, 0);
+    s.set_cdw(10, u32::from(feature::NUM_QUEUES));
+    let r = h.exec(0, s, Data::None, &mut [], &mut idle).unwrap();
+    assert_eq!(r.result, 1 | (1 << 16), "two I/O queues, 0's based");
+    let mut s = Sqe::new(opcode::SET_FEATURES, 0);
+    s.set_cdw(10, u32::from(feature::KEEP_ALIVE));
+    s.set_cdw(11, 7000);
+    h.exec(0, s, Data::None, &mut [], &mut idle).unwrap();
+    let mut s = Sqe::new(opcode::GET_FEATURES, 0);
+    s.set_cdw(10, u32::from(feature::KEEP_ALIVE));
+    let r = h.exec(0, s, Data::None, &mut [], &mut idle).unwrap();
+    assert_eq!(r.result, 7000);
+    h.exec(
+        0,
+        Sqe::new(opcode::KEEP_ALIVE, 0),
+        Data::None,
+        &mut [],
+        &mut idle,
+    )
+    .unwrap();
+    let mut smart = [0xAAu8; 512];
+    h.get_log_page(2, 0, &mut smart, &mut idle).unwrap();
+    assert!(smart.iter().all(|&x| x == 0));
+
+    // Writes: in the capsule (4 KiB fits), keyed (16 KiB), on both I/O queues.
+    let small = pattern(4096, 1);
+    let big = pattern(16384, 2);
+    h.write(1, 1, 8, 8, &small, &mut idle).unwrap();
+    h.write(2, 1, 100, 32, &big, &mut idle).unwrap();
+    let mut back = vec![0u8; 16384];
+    h.read(2, 1, 8, 8, &mut back[..4096], &mut idle).unwrap();
+    assert_eq!(&back[..4096], &small[..]);
+    h.read(1, 1, 100, 32, &mut back, &mut idle).unwrap();
+    assert_eq!(back, big);
+    // Write Zeroes in the middle of the big write, then Flush.
+    h.write_zeroes(1, 1, 104, 4, &mut idle).unwrap();
+    h.read(1, 1, 100, 32, &mut back, &mut idle).unwrap();
+    assert_eq!(&back[..2048], &big[..2048]);
+    assert!(back[2048..4096].iter().all(|&x| x == 0));
+    assert_eq!(&back[4096..], &big[4096..]);
+    h.flush(2, 1, &mut idle).unwrap();
+
+    // Shutdown and disconnect.
+    h.disconnect(&mut cma, &mut idle).unwrap();
+    for _ in 0..2000 {
+        idle();
+        while let Some(e) = cma.poll() {
+            h.on_cm_event(e);
+        }
+    }
+    drop(idle);
+    let counts = t.counts();
+    assert_eq!(t.queues_in_use(), 0);
+    assert_eq!(t.controllers().count(), 0);
+    assert_eq!(counts.accepted, 3);
+    assert_eq!(counts.errors, 0);
+    assert_eq!(counts.lost, 1);
+    drop(t);
+    assert_eq!(disk.flushes(), 1);
+    assert_eq!(&disk.bytes()[8 * 512..16 * 512], &small[..]);
+    assert_eq!(&disk.bytes()[100 * 512..104 * 512], &big[..2048]);
+    assert!(disk.bytes()[104 * 512..108 * 512].iter().all(|&x| x == 0));
+    let _ = (Status::SUCCESS, l.clk.now_us());
+}
