@@ -114,3 +114,42 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8)
         .collect()
 }
+
+/// Runs the target, the host's completions and the host's CM (its events to the host) for
+/// `rounds` rounds of 100 µs.
+pub fn settle<'a, 'b, 's, 'n>(
+    clk: &TestClock,
+    t: &mut T<'b, 's>,
+    cmb: &mut TestCm<'b>,
+    h: &mut H<'a, 'n>,
+    cma: &mut TestCm<'a>,
+    rounds: u32,
+) {
+    for _ in 0..rounds {
+        clk.advance(100);
+        t.poll(cmb);
+        h.poll();
+        while let Some(e) = cma.poll() {
+            h.on_cm_event(e);
+        }
+    }
+}
+
+/// A lab, both sides, their CMs, a 1 MiB RAM disk of 512-byte blocks as namespace 1 of
+/// subsystem `NQN`, a target (`$tcfg`) on B and a host (`$hcfg`) on A.
+#[macro_export]
+macro_rules! setup {
+    ($l:ident, $t:ident, $h:ident, $cma:ident, $cmb:ident, $disk:ident, $tcfg:expr, $hcfg:expr) => {
+        let $l = lab();
+        let sa = side(&$l.a);
+        let sb = side(&$l.b);
+        let mut $cma = cm(&sa, &$l.clk);
+        let mut $cmb = target_cm(&sb, &$l.clk);
+        let mut mem = vec![0u8; 1 << 20];
+        let mut $disk = bareverbs_nvmf::block::RamDisk::new(&mut mem, 512);
+        let mut nss: [&mut dyn bareverbs_nvmf::block::BlockDevice; 1] = [&mut $disk];
+        let mut subs = [bareverbs_nvmf::target::Subsystem::new(NQN, &mut nss)];
+        let mut $t: T = T::new(&sb.pd, &sb.dcq, $l.clk.clone(), IP_B, $tcfg, &mut subs).unwrap();
+        let mut $h: H = H::new(&sa.pd, &sa.dcq, $l.clk.clone(), $hcfg);
+    };
+}
