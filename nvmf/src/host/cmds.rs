@@ -62,6 +62,28 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, '_, P, 
         Ok(())
     }
 
+    /// Connects I/O queue `qid` again (after it ended) to the same controller.
+    ///
+    /// # Errors
+    ///
+    /// [`HostError`]; [`HostError::Protocol`] when the controller ID differs.
+    pub fn reconnect_io<C: Clock, const N: usize>(
+        &mut self,
+        cm: &mut Cm<'a, P, C, N>,
+        qid: u16,
+        idle: &mut dyn FnMut(),
+    ) -> Result<(), HostError> {
+        if qid == 0 {
+            return Err(HostError::NotConnected);
+        }
+        let depth = self.cfg.io_depth.min(D as u16).min(self.info.maxcmd.max(2));
+        self.open_queue(cm, qid, depth, idle)?;
+        if self.fabrics_connect(qid, depth, idle)? != self.cntlid {
+            return Err(HostError::Protocol);
+        }
+        Ok(())
+    }
+
     /// The Connect command on queue `qid`: returns the controller ID.
     fn fabrics_connect(
         &mut self,

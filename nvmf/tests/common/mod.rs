@@ -151,5 +151,6 @@ macro_rules! setup {
         let mut subs = [bareverbs_nvmf::target::Subsystem::new(NQN, &mut nss)];
         let mut $t: T = T::new(&sb.pd, &sb.dcq, $l.clk.clone(), IP_B, $tcfg, &mut subs).unwrap();
         let mut $h: H = H::new(&sa.pd, &sa.dcq, $l.clk.clone(), $hcfg);
+        let _ = (&mut $cma, &mut $h);
     };
 }
