@@ -103,7 +103,7 @@ impl<'m> RamDisk<'m> {
         self.flushes
     }
     fn range(&self, lba: u64, len: usize) -> Result<(usize, usize), BlockError> {
-        if len % self.block_size as usize != 0 {
+        if !len.is_multiple_of(self.block_size as usize) {
             return Err(BlockError::Misaligned);
         }
         let blocks = (len / self.block_size as usize) as u64;

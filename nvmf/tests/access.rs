@@ -144,7 +144,6 @@ fn allowed_hosts_discovery_and_unknown_subsystems() {
     assert_eq!(numrec, 2);
     let (_, _, second) = discovery::parse_entry(&page[2048..]).unwrap();
     assert_eq!(Nqn::from_field(second).unwrap().as_str(), NQN2);
-    drop(idle);
     assert_eq!(
         t.counts().controllers,
         3,
@@ -343,6 +342,5 @@ fn io_queue_connects_the_controller_refuses() {
     assert_eq!(r.result as u16, me);
     let mut back = vec![0u8; 512];
     h.read(2, 1, 0, 1, &mut back, &mut idle).unwrap();
-    drop(idle);
     let _ = &disk;
 }

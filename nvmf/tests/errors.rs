@@ -299,7 +299,6 @@ fn every_error_is_a_status_and_the_queues_stay_up() {
     let mut back = vec![0u8; 2048];
     h.read(2, 1, 2044, 4, &mut back, &mut idle).unwrap();
     assert_eq!(back, data);
-    drop(idle);
     let c = t.counts();
     assert_eq!(c.errors, 32, "one per command above");
     assert_eq!((c.lost, c.transport_errors), (0, 0));

@@ -34,7 +34,6 @@ fn an_unknown_key_ends_that_queue_only() {
         invalidate: false,
     });
     h.submit_raw(1, &s.0, 0x55).unwrap();
-    drop(idle);
     settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 3000);
     assert!(!h.connected(1), "the queue whose READ failed ended");
     assert!(h.connected(0) && h.connected(2));
@@ -64,7 +63,6 @@ fn an_unknown_key_ends_that_queue_only() {
         invalidate: false,
     });
     h.submit_raw(2, &s.0, 0x56).unwrap();
-    drop(idle);
     settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 3000);
     assert!(!h.connected(2) && h.connected(1) && h.connected(0));
     assert_eq!(t.counts().transport_errors, 2);
@@ -91,7 +89,6 @@ fn a_disconnect_mid_io_loses_that_controller_only() {
     };
     h.connect(&mut cma, &mut idle).unwrap();
     h2.connect(&mut cmc, &mut idle).unwrap();
-    drop(idle);
     // Sixteen commands in flight on each I/O queue (more than the target's 8 data buffers),
     // then every queue disconnected at once, without a shutdown.
     let big = pattern(16384, 5);
@@ -134,7 +131,6 @@ fn a_disconnect_mid_io_loses_that_controller_only() {
     let mut back = vec![0u8; 8192];
     h.read(1, 1, 1000, 16, &mut back, &mut idle).unwrap();
     assert_eq!(back, data);
-    drop(idle);
     assert_eq!(t.controllers().count(), 2);
     let _ = &disk;
 }
@@ -156,7 +152,6 @@ fn keep_alive_expiry_loses_the_silent_host_only() {
     };
     h.connect(&mut cma, &mut idle).unwrap();
     h2.connect(&mut cmc, &mut idle).unwrap();
-    drop(idle);
     // 0.9 s with both hosts quiet: nobody expires yet.
     for _ in 0..900 {
         l.clk.advance(1000);
@@ -274,7 +269,6 @@ fn depth_128(inline: bool) {
         d.wait(1, *s, &mut back, &mut idle).unwrap();
         assert_eq!(back, data[k], "command {k}");
     }
-    drop(idle);
     assert_eq!(t.counts().errors, 0);
     let _ = &disk;
 }

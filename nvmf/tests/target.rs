@@ -117,7 +117,6 @@ fn connect_identify_write_read_flush_zeroes() {
             h.on_cm_event(e);
         }
     }
-    drop(idle);
     let counts = t.counts();
     assert_eq!(t.queues_in_use(), 0);
     assert_eq!(t.controllers().count(), 0);

@@ -223,7 +223,7 @@ fn nguid(nqn: &str, nsid: u32) -> [u8; 16] {
 fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Status> {
     let lid = sqe.0[40];
     let lpo = crate::wire::le64(&sqe.0, 48);
-    if lpo % 4 != 0 {
+    if !lpo.is_multiple_of(4) {
         return Err(Status::INVALID_FIELD);
     }
     buf.fill(0);

@@ -149,7 +149,8 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             if !self.queues[q].in_use() {
                 return;
             }
-            match self.queues[q].cmds[usize::from(slot)] {
+            let cmd = self.queues[q].cmds[usize::from(slot)];
+            match cmd {
                 Cmd::WaitSlot => {
                     let bytes = self.queues[q].capsule_bytes(slot, self.queues[q].capsule);
                     let Some(sqe) = Sqe::parse(bytes) else {
@@ -159,10 +160,8 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                     self.queues[q].cmds[usize::from(slot)] = Cmd::Idle;
                     self.start(q, slot, &sqe, len);
                 }
-                Cmd::Respond(reply) => {
-                    if self.queues[q].respond(q, slot, reply).is_err() {
-                        self.end_queue(q, true);
-                    }
+                Cmd::Respond(reply) if self.queues[q].respond(q, slot, reply).is_err() => {
+                    self.end_queue(q, true);
                 }
                 _ => {}
             }
