@@ -305,3 +305,58 @@ fn every_error_is_a_status_and_the_queues_stay_up() {
     assert_eq!(t.queues_in_use(), 3);
     let _ = &disk;
 }
+
+/// A hostile host: 600 capsules of random bytes and lengths (never a key the target could
+/// use, never a request that changes the controller's timers or holds a slot open), each
+/// answered with a status echoing its command ID; every queue stays up, nothing is lost.
+#[test]
+fn random_capsules_are_each_answered() {
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut answered = 0;
+    for k in 0..600 {
+        let qid = (k % 3) as u16;
+        let max = if qid == 0 { 64 } else { 64 + 4096 };
+        let len = 1 + (rnd() as usize % max);
+        let mut cap: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+        if len > 39 && matches!(cap[39], 0x40 | 0x4F) {
+            cap[39] = 0x41;
+        }
+        if qid == 0 && matches!(cap[0], opcode::ASYNC_EVENT | opcode::SET_FEATURES) {
+            cap[0] = 0xF0;
+        }
+        let cid = if len >= 4 {
+            u16::from_le_bytes([cap[2], cap[3]])
+        } else {
+            0
+        };
+        let s = h.submit_raw(qid, &cap, cid).unwrap();
+        match h.wait(qid, s, &mut [], &mut idle) {
+            Ok(_) | Err(HostError::Status(_)) => answered += 1,
+            Err(e) => panic!("capsule {k} ({len} bytes on queue {qid}): {e:?}"),
+        }
+    }
+    assert_eq!(answered, 600);
+    assert!(h.connected(0) && h.connected(1) && h.connected(2));
+    let data = pattern(1024, 1);
+    h.write(1, 1, 0, 2, &data, &mut idle).unwrap();
+    let mut back = vec![0u8; 1024];
+    h.read(2, 1, 0, 2, &mut back, &mut idle).unwrap();
+    assert_eq!(back, data);
+    let c = t.counts();
+    assert_eq!((c.lost, c.transport_errors), (0, 0));
+    assert!(c.errors > 500, "almost all refused: {c:?}");
+    let _ = &disk;
+}
