@@ -467,6 +467,10 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         if q >= Q || !self.queues[q].in_use() || self.queues[q].epoch != epoch {
             return; // a queue that ended: its work is void
         }
+        // The slot as the device reported it: bounded before it names a buffer.
+        if slot >= self.queues[q].depth && !(kind == Kind::Send && slot == u16::MAX) {
+            return;
+        }
         if w.status != bareverbs::verbs::WcStatus::Success {
             self.counts.transport_errors += 1;
             self.end_queue(q, true);

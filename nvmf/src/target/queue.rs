@@ -174,7 +174,8 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         let len = len.min(self.capsule) as usize;
         self.mr
             .as_ref()
-            .map_or(&[], |m| &m.as_slice()[at..at + len])
+            .and_then(|m| m.as_slice().get(at..at + len))
+            .unwrap_or(&[])
     }
 
     /// `len` bytes of memory at `at` of the region, writable.
