@@ -56,6 +56,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             Ok(Plan::FromHost(addr, key, len)) => {
                 let Some(ds) = self.queues[q].alloc_data() else {
                     self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
+                    self.queues[q].pending = true;
                     return;
                 };
                 if self.queues[q]
@@ -68,6 +69,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             Ok(Plan::ToHost(addr, key, len)) => {
                 let Some(ds) = self.queues[q].alloc_data() else {
                     self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
+                    self.queues[q].pending = true;
                     return;
                 };
                 let at = self.queues[q].data_at(ds);
@@ -145,6 +147,11 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
 
     /// Commands that wait for a data buffer or a response buffer, tried again.
     pub(super) fn retry_waiting(&mut self, q: usize) {
+        if !self.queues[q].pending {
+            return;
+        }
+        // Set again by whatever still waits after this pass.
+        self.queues[q].pending = false;
         for slot in 0..self.queues[q].depth {
             if !self.queues[q].in_use() {
                 return;

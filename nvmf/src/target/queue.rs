@@ -91,6 +91,8 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     pub slots: u16,
     pub slot_len: u32,
     pub sq_head: u16,
+    /// Some command waits for a buffer (the poll's retry pass skips the queue otherwise).
+    pub pending: bool,
     pub cmds: [Cmd; D],
     resp: [u16; D],
     data_busy: [bool; D],
@@ -110,6 +112,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             slots: 0,
             slot_len: 0,
             sq_head: 0,
+            pending: false,
             cmds: [Cmd::Idle; D],
             resp: [RESP_FREE; D],
             data_busy: [false; D],
@@ -259,6 +262,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         let d = usize::from(self.depth);
         let Some(r) = self.resp[..d].iter().position(|&x| x == RESP_FREE) else {
             self.cmds[usize::from(slot)] = Cmd::Respond(reply);
+            self.pending = true;
             return Ok(false);
         };
         let r = r as u16;
