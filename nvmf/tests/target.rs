@@ -130,3 +130,37 @@ fn connect_identify_write_read_flush_zeroes() {
     assert!(disk.bytes()[104 * 512..108 * 512].iter().all(|&x| x == 0));
     let _ = (Status::SUCCESS, l.clk.now_us());
 }
+
+/// CAP.MQES and MAXCMD say the I/O queue depth the target accepts, so a host that asks
+/// for more (Linux asks for 128) clamps to it and its queue's REQ is not refused.
+#[test]
+fn cap_and_maxcmd_follow_the_io_depth() {
+    let mut cfg = tcfg();
+    cfg.io_depth = 16;
+    setup!(l, t, h, cma, cmb, disk, cfg, hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    let cap = h.property_get(prop::CAP, true, &mut idle).unwrap();
+    assert_eq!(cap & 0xFFFF, 15, "MQES, 0's based");
+    assert_eq!(h.controller().maxcmd, 16);
+    assert_eq!(h.io_queues(), 2);
+    let slots: Vec<u16> = (0..16u64)
+        .map(|k| {
+            h.submit(1, Sqe::rw(opcode::READ, 0, 1, k, 1), Data::In(512))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        h.submit(1, Sqe::rw(opcode::READ, 0, 1, 0, 1), Data::In(512)),
+        Err(bareverbs_nvmf::HostError::Busy),
+        "the queue is 16 deep"
+    );
+    for s in slots {
+        h.wait(1, s, &mut [], &mut idle).unwrap();
+    }
+    let _ = &disk;
+}

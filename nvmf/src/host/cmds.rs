@@ -25,7 +25,9 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, '_, P, 
         self.open_queue(cm, 0, ADMIN_DEPTH, idle)?;
         self.cntlid = self.fabrics_connect(0, ADMIN_DEPTH, idle)?;
         self.last_keep_alive = self.clock.now_us();
-        self.property_get(prop::CAP, true, idle)?;
+        let cap = self.property_get(prop::CAP, true, idle)?;
+        // MQES is 0's based; a queue has at least two entries.
+        self.max_depth = ((cap & 0xFFFF) as u16).saturating_add(1).max(2);
         let cc = prop::CC_EN | (6 << 16) | (4 << 20);
         self.property_set(prop::CC, cc, idle)?;
         let deadline = self.deadline();
@@ -51,7 +53,7 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, '_, P, 
         let cqe = self.exec(0, s, Data::None, &mut [], idle)?;
         let granted = ((cqe.result as u32 & 0xFFFF).min(cqe.result as u32 >> 16) + 1) as u16;
         self.io_granted = granted.min(want);
-        let depth = self.cfg.io_depth.min(D as u16).min(self.info.maxcmd.max(2));
+        let depth = self.io_depth();
         for qid in 1..=self.io_granted {
             self.open_queue(cm, qid, depth, idle)?;
             let got = self.fabrics_connect(qid, depth, idle)?;
@@ -76,12 +78,23 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, '_, P, 
         if qid == 0 {
             return Err(HostError::NotConnected);
         }
-        let depth = self.cfg.io_depth.min(D as u16).min(self.info.maxcmd.max(2));
+        let depth = self.io_depth();
         self.open_queue(cm, qid, depth, idle)?;
         if self.fabrics_connect(qid, depth, idle)? != self.cntlid {
             return Err(HostError::Protocol);
         }
         Ok(())
+    }
+
+    /// The I/O queue depth: the configuration's, at most `D`, the controller's MAXCMD and
+    /// CAP.MQES + 1, at least 2.
+    fn io_depth(&self) -> u16 {
+        self.cfg
+            .io_depth
+            .min(D as u16)
+            .min(self.info.maxcmd)
+            .min(self.max_depth)
+            .max(2)
     }
 
     /// The Connect command on queue `qid`: returns the controller ID.

@@ -95,6 +95,8 @@ pub struct Host<'a, 'n, P: Provider, K: Clock, const Q: usize = 5, const D: usiz
     cntlid: u16,
     info: CtrlInfo,
     io_granted: u16,
+    /// Entries an I/O queue may have: CAP.MQES + 1.
+    max_depth: u16,
     last_keep_alive: u64,
     /// Queues whose connection ended (a disconnection, a failed completion).
     ended: u32,
@@ -117,6 +119,7 @@ impl<'a, 'n, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, 'n,
             cntlid: 0,
             info: CtrlInfo::default(),
             io_granted: 0,
+            max_depth: 2,
             last_keep_alive: 0,
             ended: 0,
         }

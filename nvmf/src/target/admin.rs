@@ -49,8 +49,9 @@ pub(super) fn direction(sqe: &Sqe, ctrl: Option<&Ctrl>) -> Result<Dir, Status> {
 }
 
 fn cap(cfg: &TargetConfig) -> u64 {
-    // MQES (0's based), CQR, TO = 15 (7.5 s), CSS bit 37 (NVM command set).
-    u64::from(cfg.io_depth.max(ADMIN_DEPTH) - 1) | (1 << 16) | (15 << 24) | (1 << 37)
+    // MQES (0's based: the I/O queue depth the CM accepts), CQR, TO = 15 (7.5 s), CSS bit
+    // 37 (NVM command set).
+    u64::from(cfg.io_depth.saturating_sub(1)) | (1 << 16) | (15 << 24) | (1 << 37)
 }
 
 fn csts(cc: u32) -> u32 {
