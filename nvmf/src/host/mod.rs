@@ -179,10 +179,14 @@ impl<'a, 'n, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, 'n,
             return Err(HostError::TooLarge);
         }
         self.queues[q].close();
-        let capsule = if qid == 0 || !self.cfg.inline {
-            SQE_LEN as u32
+        // In-capsule data only on I/O queues of a controller that takes it, and no more than
+        // it takes (IOCCSZ): the capsule buffers are as large as that, and no larger.
+        let sqe = SQE_LEN as u32;
+        let capsule = if qid == 0 || !self.cfg.inline || self.info.sgls & (1 << 20) == 0 {
+            sqe
         } else {
-            (SQE_LEN as u32 + self.cfg.max_transfer).max(SQE_LEN as u32 + 1024)
+            let most = sqe + self.cfg.max_transfer.max(1024);
+            self.info.ioccsz.saturating_mul(16).clamp(sqe, most)
         };
         let data_len = self.cfg.max_transfer.max(4096);
         let caps = QpCaps {
