@@ -8,7 +8,7 @@ use bareverbs_nvmf::block::{BlockDevice, RamDisk};
 use bareverbs_nvmf::host::Data;
 use bareverbs_nvmf::target::Subsystem;
 use bareverbs_nvmf::wire::identify::{IdNs, cns, cntrltype};
-use bareverbs_nvmf::wire::{Sqe, Status, feature, opcode, prop};
+use bareverbs_nvmf::wire::{Sgl, Sqe, Status, feature, opcode, prop};
 use common::*;
 
 #[test]
@@ -162,5 +162,71 @@ fn cap_and_maxcmd_follow_the_io_depth() {
     for s in slots {
         h.wait(1, s, &mut [], &mut idle).unwrap();
     }
+    let _ = &disk;
+}
+
+/// What Linux's host does beyond this crate's host: keyed SGLs asking for invalidation
+/// (subtype 0xF, answered with a plain SEND), CC written with EN = 0 and read back before
+/// EN = 1, Identify CNS 0x06 (refused, which Linux tolerates), the SMART log for every
+/// namespace (NSID 0xFFFFFFFF), the active list from an NSID past the last.
+#[test]
+fn what_linux_sends_besides() {
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    let cfg = (6 << 16) | (4 << 20);
+    h.property_set(prop::CC, cfg, &mut idle).unwrap();
+    assert_eq!(
+        h.property_get(prop::CC, false, &mut idle).unwrap(),
+        u64::from(cfg)
+    );
+    assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 0);
+    h.property_set(prop::CC, cfg | 1, &mut idle).unwrap();
+    assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 1);
+    let mut b = [0xAAu8; 4096];
+    assert_eq!(
+        h.identify(0x06, 0, &mut b, &mut idle),
+        Err(bareverbs_nvmf::HostError::Status(Status::INVALID_FIELD))
+    );
+    h.identify(cns::ACTIVE_NS_LIST, 1, &mut b, &mut idle)
+        .unwrap();
+    assert!(b.iter().all(|&x| x == 0), "no NSID above 1");
+    let mut s = Sqe::new(opcode::GET_LOG_PAGE, 0);
+    s.set_nsid(0xFFFF_FFFF);
+    s.set_cdw(10, 2 | (127 << 16));
+    h.exec(0, s, Data::In(512), &mut b, &mut idle).unwrap();
+    // A write and a read with keys to invalidate (Linux's default), from and into slot 0's
+    // data buffer of queue 1: a read fills it first (the target writes the disk's bytes).
+    let (addr, key) = h.data_key(1, 0).unwrap();
+    let data = pattern(4096, 77);
+    h.write(1, 1, 1000, 8, &data, &mut idle).unwrap();
+    let mut back = vec![0u8; 4096];
+    h.read(1, 1, 1000, 8, &mut back, &mut idle).unwrap();
+    let mut s = Sqe::rw(opcode::WRITE, 0x31, 1, 40, 8);
+    s.set_sgl(&Sgl::Keyed {
+        addr,
+        len: 4096,
+        key,
+        invalidate: true,
+    });
+    let slot = h.submit_raw(1, &s.0, 0x31).unwrap();
+    assert_eq!(slot, 0, "the buffer named is the slot's own");
+    h.wait(1, slot, &mut [], &mut idle).unwrap();
+    let mut s = Sqe::rw(opcode::READ, 0x32, 1, 40, 8);
+    s.set_sgl(&Sgl::Keyed {
+        addr,
+        len: 4096,
+        key,
+        invalidate: true,
+    });
+    let slot = h.submit_raw(1, &s.0, 0x32).unwrap();
+    h.wait(1, slot, &mut [], &mut idle).unwrap();
+    back.fill(0);
+    h.read(2, 1, 40, 8, &mut back, &mut idle).unwrap();
+    assert_eq!(back, data);
     let _ = &disk;
 }
