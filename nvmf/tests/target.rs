@@ -185,6 +185,11 @@ fn what_linux_sends_besides() {
         u64::from(cfg)
     );
     assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 0);
+    // Disabled, the controller refuses everything but the fabrics commands.
+    let refused = Err(bareverbs_nvmf::HostError::Status(Status::SEQUENCE_ERROR));
+    assert_eq!(h.identify_namespace(1, &mut idle).map(|_| ()), refused);
+    let mut one = [0u8; 512];
+    assert_eq!(h.read(1, 1, 0, 1, &mut one, &mut idle), refused);
     h.property_set(prop::CC, cfg | 1, &mut idle).unwrap();
     assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 1);
     let mut b = [0xAAu8; 4096];

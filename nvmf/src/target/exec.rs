@@ -5,9 +5,10 @@
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
 
+use super::ctrl::Which;
 use super::queue::{Cmd, Reply};
 use super::{AER_HELD, Target, admin, io};
-use crate::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, fctype, le16, opcode};
+use crate::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, fctype, le16, opcode, prop};
 
 /// Which way a command's data goes, and how much.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +93,16 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         let connect = sqe.opcode() == opcode::FABRICS && sqe.fctype() == fctype::CONNECT;
         if queue.ctrl.is_none() != connect {
             // Connect first, and once.
+            return Err(Status::SEQUENCE_ERROR);
+        }
+        // An I/O controller runs commands other than the fabrics ones only while enabled
+        // (CC.EN set, no shutdown asked), as nvmet; a discovery controller at any time.
+        let ctrl = queue.ctrl.and_then(|c| self.ctrls[c].as_ref());
+        if let Some(c) = ctrl
+            && c.which != Which::Discovery
+            && sqe.opcode() != opcode::FABRICS
+            && (c.cc & prop::CC_EN == 0 || c.cc & prop::CC_SHN_MASK != 0)
+        {
             return Err(Status::SEQUENCE_ERROR);
         }
         let dir = if connect {
