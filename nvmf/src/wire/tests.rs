@@ -221,3 +221,47 @@ fn discovery_entries() {
     assert_eq!(discovery::parse_header(&b), Some((7, 2)));
     assert_eq!(discovery::parse_header(&b[..15]), None);
 }
+
+/// Every parser over random bytes of random lengths: bounded, no panic, and what it accepts
+/// is well-formed.
+#[test]
+fn parsers_take_any_bytes() {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut buf = [0u8; 4200];
+    for _ in 0..3000 {
+        let len = rnd() as usize % buf.len();
+        for b in buf.iter_mut().take(len) {
+            *b = rnd() as u8;
+        }
+        let b = &buf[..len];
+        if let Some(s) = Sqe::parse(b) {
+            let _ = (s.sgl(), s.slba(), s.nlb(), s.cdw(15), Property::parse(&s));
+            let _ = Connect::parse(&s);
+        }
+        let _ = (
+            Cqe::parse(b),
+            CmReq::parse(b),
+            CmRep::parse(b),
+            CmRejStatus::parse(b),
+        );
+        if let Some(d) = ConnectData::parse(b) {
+            assert!(d.subnqn.as_str().len() <= 223 && !d.hostnqn.as_str().is_empty());
+        }
+        if let Some(n) = Nqn::from_field(b) {
+            assert!(n.as_str().bytes().all(|c| (0x20..0x7F).contains(&c)));
+        }
+        let _ = (CtrlInfo::parse(b), IdNs::parse(b));
+        let _ = (discovery::parse_header(b), discovery::parse_entry(b));
+        let mut d = [0u8; 16];
+        d.copy_from_slice(&buf[..16]);
+        if let Ok(Sgl::Keyed { len, .. }) = Sgl::parse(&d) {
+            assert!(len > 0 && len < 1 << 24);
+        }
+    }
+}
