@@ -235,3 +235,48 @@ fn what_linux_sends_besides() {
     assert_eq!(back, data);
     let _ = &disk;
 }
+
+/// Two namespaces of different block sizes in one subsystem: the lists, each namespace's
+/// own geometry and data.
+#[test]
+fn two_namespaces() {
+    let l = lab();
+    let (sa, sb) = (side(&l.a), side(&l.b));
+    let (mut cma, mut cmb) = (cm(&sa, &l.clk), target_cm(&sb, &l.clk));
+    let (mut m1, mut m2) = (vec![0u8; 1 << 18], vec![0u8; 1 << 18]);
+    let mut d1 = RamDisk::new(&mut m1, 512);
+    let mut d2 = RamDisk::new(&mut m2, 4096);
+    let mut nss: [&mut dyn BlockDevice; 2] = [&mut d1, &mut d2];
+    let mut subs = [Subsystem::new(NQN, &mut nss)];
+    let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
+    let mut h: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    assert_eq!(h.controller().nn, 2);
+    let mut b = [0u8; 4096];
+    h.identify(cns::ACTIVE_NS_LIST, 0, &mut b, &mut idle)
+        .unwrap();
+    assert_eq!(&b[..12], &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+    h.identify(cns::ACTIVE_NS_LIST, 1, &mut b, &mut idle)
+        .unwrap();
+    assert_eq!(&b[..8], &[2, 0, 0, 0, 0, 0, 0, 0]);
+    let n1 = h.identify_namespace(1, &mut idle).unwrap();
+    let n2 = h.identify_namespace(2, &mut idle).unwrap();
+    assert_eq!((n1.nsze, n1.lbads, n2.nsze, n2.lbads), (512, 9, 64, 12));
+    assert_ne!(n1.nguid, n2.nguid);
+    let data = pattern(8192, 12);
+    h.write(1, 2, 62, 2, &data, &mut idle).unwrap();
+    let mut back = vec![0u8; 8192];
+    h.read(2, 2, 62, 2, &mut back, &mut idle).unwrap();
+    assert_eq!(back, data);
+    h.read(2, 1, 496, 16, &mut back, &mut idle).unwrap();
+    assert!(back.iter().all(|&x| x == 0), "namespace 1 untouched");
+    assert_eq!(
+        h.read(1, 2, 63, 2, &mut back, &mut idle),
+        Err(bareverbs_nvmf::HostError::Status(Status::LBA_RANGE))
+    );
+}
