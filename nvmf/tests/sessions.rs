@@ -282,3 +282,32 @@ fn a_queue_of_128_keyed() {
 fn a_queue_of_128_in_capsule() {
     depth_128(true);
 }
+
+/// A discovery controller whose host asked for no keep-alive is dropped after two minutes
+/// without a command (nvmet's default), not kept forever.
+#[test]
+fn a_forgotten_discovery_controller_expires_after_two_minutes() {
+    let mut cfg = hcfg(HOST_A);
+    cfg.subnqn = bareverbs_nvmf::wire::fabrics::DISCOVERY_NQN;
+    cfg.io_queues = 0;
+    cfg.kato_ms = 0;
+    setup!(l, t, h, cma, cmb, disk, tcfg(), cfg);
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    for _ in 0..119 {
+        l.clk.advance(1_000_000);
+        t.poll(&mut cmb);
+    }
+    assert_eq!(t.controllers().count(), 1, "119 s: still there");
+    for _ in 0..2 {
+        l.clk.advance(1_000_000);
+        t.poll(&mut cmb);
+    }
+    assert_eq!(t.controllers().count(), 0);
+    assert_eq!(t.counts().kato_expired, 1);
+    let _ = &disk;
+}

@@ -15,6 +15,8 @@ use crate::wire::{Sqe, Status, fctype, feature, le16, log, opcode, prop};
 pub const VERSION: u32 = 0x0001_0300;
 /// Keep-alive granularity reported (100 ms units).
 const KAS: u16 = 10;
+/// Keep-alive timeout of a discovery controller whose Connect asked for none (ms).
+pub const DISCOVERY_KATO_MS: u32 = 120_000;
 /// Highest controller ID handed out (the range above is reserved).
 const CNTLID_MAX: u16 = 0xFFEF;
 
@@ -413,10 +415,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
         }
         self.next_cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
-        let kato_ms = if c.kato_ms == 0 && which != Which::Discovery {
-            self.cfg.default_kato_ms
-        } else {
-            c.kato_ms
+        // No timeout asked: the configured default for an I/O controller, two minutes for a
+        // discovery controller (nvmet's), so that one a host forgot does not stay forever.
+        let kato_ms = match (c.kato_ms, which) {
+            (0, Which::Discovery) => DISCOVERY_KATO_MS,
+            (0, Which::Nvm(_)) => self.cfg.default_kato_ms,
+            (k, _) => k,
         };
         self.ctrls[slot] = Some(Ctrl {
             cntlid,
