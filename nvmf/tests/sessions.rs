@@ -311,3 +311,32 @@ fn a_forgotten_discovery_controller_expires_after_two_minutes() {
     assert_eq!(t.counts().kato_expired, 1);
     let _ = &disk;
 }
+
+/// A queue whose host never sends Connect (or leaves it open after a failed one) is ended
+/// 30 s after it was accepted; a connected one is not.
+#[test]
+fn a_queue_without_connect_is_ended() {
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
+    let sc = side(&l.c);
+    let mut cmc = cm(&sc, &l.clk);
+    let mut h2: H = H::new(&sc.pd, &sc.dcq, l.clk.clone(), hcfg(HOST_C));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h2.connect(&mut cmc, &mut idle).unwrap();
+    h.open_queue(&mut cma, 0, 32, &mut idle).unwrap();
+    assert_eq!(t.queues_in_use(), 4);
+    for _ in 0..29 {
+        l.clk.advance(1_000_000);
+        t.poll(&mut cmb);
+        h2.poll();
+    }
+    assert_eq!(t.queues_in_use(), 4, "29 s");
+    settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 20_000);
+    assert_eq!(t.queues_in_use(), 3, "the other host's three stay");
+    assert!(!h.connected(0), "the host was told (DREQ)");
+    assert_eq!(t.controllers().count(), 1);
+    let _ = &disk;
+}

@@ -38,6 +38,8 @@ const ADMIN_SLOTS: u16 = 4;
 const ADMIN_SLOT_LEN: u32 = 4096;
 /// Asynchronous event requests a controller holds (AERL + 1).
 pub const AER_HELD: u8 = 4;
+/// How long an accepted queue may stay without a controller (µs).
+pub const CONNECT_WITHIN_US: u64 = 30_000_000;
 /// Completions taken per poll.
 const BUDGET: usize = 64;
 
@@ -295,6 +297,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             }
         }
         self.expire_keep_alive();
+        self.expire_unconnected();
         for d in self.dreq.iter_mut() {
             if let Some(id) = d.take() {
                 // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
@@ -380,6 +383,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         self.counts.accepted += 1;
         let queue = &mut self.queues[q];
         queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
+        queue.opened_us = self.clock.now_us();
         if queue.post_all_recvs(q).is_err() {
             self.end_queue(q, true);
         }
@@ -456,6 +460,21 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             if expired {
                 self.counts.kato_expired += 1;
                 self.lose_ctrl(c);
+            }
+        }
+    }
+
+    /// Queues with no controller [`CONNECT_WITHIN_US`] after they were accepted (no Connect
+    /// came, or it failed and the host left the queue open): ended, their resources freed.
+    fn expire_unconnected(&mut self) {
+        let now = self.clock.now_us();
+        for q in 0..Q {
+            let queue = &self.queues[q];
+            if queue.in_use()
+                && queue.ctrl.is_none()
+                && now.saturating_sub(queue.opened_us) > CONNECT_WITHIN_US
+            {
+                self.end_queue(q, true);
             }
         }
     }

@@ -91,6 +91,9 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     pub slots: u16,
     pub slot_len: u32,
     pub sq_head: u16,
+    /// When the connection was accepted (µs): a queue without a controller long after is
+    /// ended.
+    pub opened_us: u64,
     /// Some command waits for a buffer (the poll's retry pass skips the queue otherwise).
     pub pending: bool,
     pub cmds: [Cmd; D],
@@ -112,6 +115,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             slots: 0,
             slot_len: 0,
             sq_head: 0,
+            opened_us: 0,
             pending: false,
             cmds: [Cmd::Idle; D],
             resp: [RESP_FREE; D],
