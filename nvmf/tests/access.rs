@@ -52,7 +52,10 @@ fn allowed_hosts_discovery_and_unknown_subsystems() {
         ha.connect(&mut cma, &mut idle),
         Err(HostError::Status(Status::CONNECT_INVALID_HOST))
     );
-    ha.close_queue(&mut cma, 0);
+    assert!(
+        !ha.connected(0),
+        "the failed connect closed its admin queue"
+    );
     // An unknown subsystem: Invalid Parameters.
     let mut cfg = hcfg(HOST_A);
     cfg.subnqn = "nqn.2026-11.io.bareverbs:nobody";
@@ -61,7 +64,7 @@ fn allowed_hosts_discovery_and_unknown_subsystems() {
         hx.connect(&mut cma, &mut idle),
         Err(HostError::Status(Status::CONNECT_INVALID_PARAM))
     );
-    hx.close_queue(&mut cma, 0);
+    assert!(!hx.connected(0));
     // The listed host gets in, and sees the 4 KiB-block namespace.
     let mut cfg = hcfg(HOST_C);
     cfg.subnqn = NQN2;

@@ -16,8 +16,23 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, '_, P, 
     ///
     /// # Errors
     ///
-    /// [`HostError`]: a rejection, an error status, a timeout.
+    /// [`HostError`]: a rejection, an error status, a timeout. Every queue it opened is
+    /// disconnected then (the call may simply be made again).
     pub fn connect<C: Clock, const N: usize>(
+        &mut self,
+        cm: &mut Cm<'a, P, C, N>,
+        idle: &mut dyn FnMut(),
+    ) -> Result<(), HostError> {
+        let up = self.bring_up(cm, idle);
+        if up.is_err() {
+            for qid in (0..Q as u16).rev() {
+                self.close_queue(cm, qid);
+            }
+        }
+        up
+    }
+
+    fn bring_up<C: Clock, const N: usize>(
         &mut self,
         cm: &mut Cm<'a, P, C, N>,
         idle: &mut dyn FnMut(),
