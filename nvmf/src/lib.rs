@@ -15,8 +15,8 @@ pub mod target;
 pub mod wire;
 
 pub use block::{BlockDevice, BlockError, RamDisk};
-pub use host::{Host, HostConfig, HostError};
-pub use target::{Subsystem, Target, TargetConfig, TargetCounts};
+pub use host::{Data, Host, HostConfig, HostError};
+pub use target::{Subsystem, Target, TargetConfig, TargetCounts, TargetError};
 pub use wire::{Cqe, Sgl, Sqe, Status};
 
 /// NVMe/RDMA's well-known port.

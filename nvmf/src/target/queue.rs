@@ -94,6 +94,8 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     /// When the connection was accepted (µs): a queue without a controller long after is
     /// ended.
     pub opened_us: u64,
+    /// Where the search for a free response buffer starts.
+    resp_cursor: u16,
     /// Some command waits for a buffer (the poll's retry pass skips the queue otherwise).
     pub pending: bool,
     pub cmds: [Cmd; D],
@@ -116,6 +118,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             slot_len: 0,
             sq_head: 0,
             opened_us: 0,
+            resp_cursor: 0,
             pending: false,
             cmds: [Cmd::Idle; D],
             resp: [RESP_FREE; D],
@@ -263,12 +266,19 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
     /// Sends `reply` for command `slot` if a response buffer is free (re-posting the
     /// command's receive buffer first): `Ok(true)` sent, `Ok(false)` kept for later.
     pub fn respond(&mut self, q: usize, slot: u16, mut reply: Reply) -> Result<bool, ()> {
-        let d = usize::from(self.depth);
-        let Some(r) = self.resp[..d].iter().position(|&x| x == RESP_FREE) else {
+        // The next free response buffer from where the last one was taken: buffers free in
+        // about the order they were taken, so the search usually stops at once.
+        let d = usize::from(self.depth).max(1);
+        let start = usize::from(self.resp_cursor) % d;
+        let Some(r) = (0..d)
+            .map(|k| (start + k) % d)
+            .find(|&i| self.resp[i] == RESP_FREE)
+        else {
             self.cmds[usize::from(slot)] = Cmd::Respond(reply);
             self.pending = true;
             return Ok(false);
         };
+        self.resp_cursor = ((r + 1) % d) as u16;
         let r = r as u16;
         reply.cqe.sq_id = self.qid;
         self.sq_head = (self.sq_head + 1) % self.depth.max(1);
