@@ -29,8 +29,7 @@ pub(super) struct Cx<'x, 's> {
 }
 
 /// Which way an admin command's data goes (Connect is handled before).
-pub(super) fn direction(sqe: &Sqe, ctrl: Option<&Ctrl>) -> Result<Dir, Status> {
-    let disc = ctrl.is_some_and(|c| c.which == Which::Discovery);
+pub(super) fn direction(sqe: &Sqe) -> Result<Dir, Status> {
     Ok(match sqe.opcode() {
         opcode::FABRICS => match sqe.fctype() {
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => Dir::None,
@@ -45,7 +44,6 @@ pub(super) fn direction(sqe: &Sqe, ctrl: Option<&Ctrl>) -> Result<Dir, Status> {
         }
         opcode::SET_FEATURES | opcode::GET_FEATURES | opcode::KEEP_ALIVE => Dir::None,
         opcode::ASYNC_EVENT => Dir::None,
-        _ if disc => return Err(Status::INVALID_OPCODE),
         _ => return Err(Status::INVALID_OPCODE),
     })
 }

@@ -108,11 +108,9 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         let dir = if connect {
             Dir::FromHost(crate::wire::fabrics::CONNECT_DATA_LEN as u32)
         } else if queue.qid == 0 {
-            let ctrl = queue.ctrl.and_then(|c| self.ctrls[c].as_ref());
-            admin::direction(sqe, ctrl)?
+            admin::direction(sqe)?
         } else {
-            let c = queue.ctrl.and_then(|c| self.ctrls[c].as_ref());
-            io::direction(sqe, c, self.subsystems)?
+            io::direction(sqe, ctrl, self.subsystems)?
         };
         let need = match dir {
             Dir::None => return Ok(Plan::NoData),
