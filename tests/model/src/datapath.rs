@@ -170,7 +170,7 @@ impl Device {
         };
         let rkey = match ctx.cfg.semantics {
             Semantics::Qemu => 0xFFFF_FFFF,
-            Semantics::Verbs => (slot as u32) << 8 | 0x77,
+            Semantics::Verbs | Semantics::LooseVerbs => (slot as u32) << 8 | 0x77,
         };
         self.mrs[slot] = Some(Mr {
             pd,
@@ -720,7 +720,10 @@ impl Device {
         };
         let Some(j) = self.qp_index(dest) else {
             // UD to nowhere is dropped; an RC peer that does not exist never acknowledges.
-            return done(self, ctx, if ud { ST_OK } else { ST_RETRY_EXC }, 0, 0);
+            return match ud {
+                true => done(self, ctx, ST_OK, 0, data.len() as u32),
+                false => done(self, ctx, ST_RETRY_EXC, 0, 0),
+            };
         };
         if !ud && self.in_error(ctx, j) {
             // A responder in ERROR drops every request: the requester's retries run out.
@@ -749,7 +752,7 @@ impl Device {
             let qkey = le32(hdr, 0x24);
             let d = self.qps[j].as_ref().expect("indexed");
             if d.qp_type != crate::device::QPT_UD || d.qkey != qkey {
-                return done(self, ctx, ST_OK, 0, 0); // dropped on the wire
+                return done(self, ctx, ST_OK, 0, data.len() as u32); // dropped on the wire
             }
         }
         let dest_pd = self.qps[j].as_ref().expect("indexed").pd;
@@ -815,7 +818,10 @@ impl Device {
             _ => {
                 // SEND (with immediate)
                 let Some(r) = self.pop_recv(ctx, j) else {
-                    return done(self, ctx, if ud { ST_OK } else { ST_RNR }, 0, 0);
+                    return match ud {
+                        true => done(self, ctx, ST_OK, 0, data.len() as u32),
+                        false => done(self, ctx, ST_RNR, 0, 0),
+                    };
                 };
                 let mut payload = Vec::new();
                 let mut flags = if opcode == 3 && !qemu { 2 } else { 0 };
