@@ -557,6 +557,21 @@ impl Device {
         Self::drain_recvs(ctx, &g, max_sge, &mut srq.data.recvs);
     }
 
+    /// Whether QP `i` has a receive to take (its own, or its SRQ's).
+    fn has_recv(&self, i: usize) -> bool {
+        let Some(qp) = self.qps[i].as_ref() else {
+            return false;
+        };
+        match qp.srq {
+            Some(s) => self
+                .srqs
+                .get(s as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| !s.data.recvs.is_empty()),
+            None => !qp.data.recvs.is_empty(),
+        }
+    }
+
     /// Takes the next receive of QP `i` (from its SRQ if it has one, which may then reach its
     /// limit).
     fn pop_recv(&mut self, ctx: &mut Ctx<'_>, i: usize) -> Option<Recv> {
@@ -760,6 +775,15 @@ impl Device {
         match opcode {
             0 | 1 => {
                 // RDMA WRITE (with immediate)
+                let mtu = match self.qps[i].as_ref().expect("indexed").path_mtu {
+                    code @ 1..=5 => 128usize << code,
+                    _ => 4096,
+                };
+                if verbs && opcode == 1 && data.len() <= mtu && !self.has_recv(j) {
+                    // A one-packet WRITE with immediate: rxe checks for the receive (RNR)
+                    // before the key (a longer one has its key checked by its first packet).
+                    return done(self, ctx, ST_RNR, 1, 0);
+                }
                 let Some(pieces) = self.translate(
                     rkey,
                     true,

@@ -257,6 +257,9 @@ pub(crate) struct Qp {
     /// The READs and atomics the QP accepts (`max_dest_rd_atomic`): with 0,
     /// `Semantics::Verbs` refuses every incoming READ as an invalid request.
     pub(crate) max_dest_rd_atomic: u8,
+    /// The path MTU the last modify gave (IB code: 1 is 256 bytes … 5 is 4096; 0 unset):
+    /// where a message is one packet, which decides what rxe checks first.
+    pub(crate) path_mtu: u32,
 }
 
 pub(crate) struct Srq {
@@ -282,6 +285,7 @@ pub(crate) const QPS_ERR: u32 = 6;
 const MASK_STATE: u32 = 1 << 0;
 const MASK_ACCESS: u32 = 1 << 3;
 const MASK_QKEY: u32 = 1 << 6;
+const MASK_PATH_MTU: u32 = 1 << 8;
 const MASK_MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
 
 /// Live objects in the device's tables.
@@ -1038,6 +1042,7 @@ impl Device {
             sq_sig_all,
             access: 0,
             max_dest_rd_atomic: 0,
+            path_mtu: 0,
         });
         put32(resp, 0x10, qpn);
         let caps_at = if ctx.cfg.version >= 20 {
@@ -1070,6 +1075,9 @@ impl Device {
             }
             if mask & MASK_MAX_DEST_RD_ATOMIC != 0 {
                 qp.max_dest_rd_atomic = req[a + 0x2B];
+            }
+            if mask & MASK_PATH_MTU != 0 {
+                qp.path_mtu = le32(req, a + 0x08);
             }
         }
         if mask & MASK_STATE == 0 {
