@@ -63,6 +63,11 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("pvrdma", "sys_image_guid", "0: QEMU's PVRDMA reports none"),
     (
         "pvrdma",
+        "max_rd_atomic",
+        "1: QEMU advertises no READ/atomic depth and gives every RC QP 1 whatever is asked",
+    ),
+    (
+        "pvrdma",
         "max_msg_sz",
         "0: the device model leaves the port's (QEMU copies the host port's)",
     ),
@@ -381,8 +386,9 @@ fn test_keys_and_buffer<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     Outcome::Pass
 }
 
-// --- test_qp.py (its UC halves are not expressible: the API has no UC QPs; its Raw Packet
-// halves neither: they need root and an Ethernet device of the host)
+// --- test_qp.py. Not expressible: its UC cases (create ×4, query: the API has no UC QPs),
+// its Raw Packet cases (create ×4, query, rate limit: no raw packet QPs) and
+// test_query_data_in_order (no such query).
 
 /// `u.random_qp_cap(attr)`: up to an eighth of `max_qp_wr` each way, up to half of `max_sge`
 /// (rdma-core's current helper asks no inline data; its early versions asked up to 16 bytes).
@@ -435,8 +441,8 @@ fn verify_qp_attrs(asked: QpCaps, state: QpState, a: &QpAttr) {
     );
 }
 
-/// `test_create_qp_no_attr_connected` (`ex`: `test_create_qp_ex_no_attr_connected`): an RC
-/// QP is in RESET after creation.
+/// `test_create_rc_qp_no_attr` (`ex`: `test_create_rc_qp_ex_no_attr`): an RC QP is in RESET
+/// after creation.
 fn qp_no_attr_connected<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     let mut r = Rand(seed);
     let pd = ctx.alloc_pd().unwrap();
@@ -449,7 +455,7 @@ fn qp_no_attr_connected<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> O
     Outcome::Pass
 }
 
-/// `test_create_qp_no_attr` (`ex`: `test_create_qp_ex_no_attr`): a UD QP is in RESET.
+/// `test_create_ud_qp_no_attr` (`ex`: `test_create_ud_qp_ex_no_attr`): a UD QP is in RESET.
 fn qp_no_attr<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     let mut r = Rand(seed);
     let pd = ctx.alloc_pd().unwrap();
@@ -464,8 +470,8 @@ fn qp_no_attr<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     Outcome::Pass
 }
 
-/// `test_create_qp_with_attr_connected` (`ex`: `..._ex_...`): created with a default
-/// `QPAttr`, an RC QP is taken to INIT.
+/// `test_create_rc_qp_with_attr` (`ex`: `test_create_rc_qp_ex_with_attr`): created with a
+/// default `QPAttr`, an RC QP is taken to INIT.
 fn qp_with_attr_connected<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     let mut r = Rand(seed);
     let pd = ctx.alloc_pd().unwrap();
@@ -482,8 +488,8 @@ fn qp_with_attr_connected<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) ->
     Outcome::Pass
 }
 
-/// `test_create_qp_with_attr` (`ex`: `..._ex_...`): with a default `QPAttr`, a UD QP is
-/// taken to RTS.
+/// `test_create_ud_qp_with_attr` (`ex`: `test_create_ud_qp_ex_with_attr`): with a default
+/// `QPAttr`, a UD QP is taken to RTS.
 fn qp_with_attr<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     let mut r = Rand(seed);
     let pd = ctx.alloc_pd().unwrap();
@@ -504,66 +510,113 @@ fn qp_with_attr<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
     Outcome::Pass
 }
 
-fn test_create_qp_no_attr_connected<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_rc_qp_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_no_attr_connected(ctx, false, 31)
 }
 
-fn test_create_qp_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_ud_qp_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_no_attr(ctx, false, 37)
 }
 
-fn test_create_qp_with_attr_connected<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_rc_qp_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_with_attr_connected(ctx, false, 41)
 }
 
-fn test_create_qp_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_ud_qp_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_with_attr(ctx, false, 43)
 }
 
-fn test_create_qp_ex_no_attr_connected<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_rc_qp_ex_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_no_attr_connected(ctx, true, 47)
 }
 
-fn test_create_qp_ex_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_ud_qp_ex_no_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_no_attr(ctx, true, 53)
 }
 
-fn test_create_qp_ex_with_attr_connected<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_rc_qp_ex_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_with_attr_connected(ctx, true, 59)
 }
 
-fn test_create_qp_ex_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_create_ud_qp_ex_with_attr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     qp_with_attr(ctx, true, 61)
 }
 
-/// `test_query_qp`: for RC and UD, created the extended way and the legacy way, a query after
-/// creation gives RESET and caps at least as asked.
-fn test_query_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
-    let mut r = Rand(67);
+/// `test_create_raw_qp_ex_with_illegal_caps_*` (which create UD QPs): one cap raised to
+/// the largest value of its type, where the device's limit is below it, makes creation fail.
+fn illegal_caps<P: Provider>(ctx: &Context<P>, seed: u64, edit: fn(&mut QpCaps)) -> Outcome {
+    let mut r = Rand(seed);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(100).unwrap();
-    for _ in 0..ctx.caps().phys_port_cnt {
-        for ex in [true, false] {
-            match create_qp::<P, Rc>(&mut r, ctx, &pd, &cq, ex) {
-                Ok((qp, caps)) => verify_qp_attrs(caps, QpState::Reset, &qp.query().unwrap()),
-                Err(o) => return o,
-            }
-            match create_qp::<P, Ud>(&mut r, ctx, &pd, &cq, ex) {
-                Ok((qp, caps)) => verify_qp_attrs(caps, QpState::Reset, &qp.query().unwrap()),
-                Err(o) => return o,
-            }
+    let mut caps = random_qp_cap(&mut r, ctx.caps());
+    edit(&mut caps);
+    let e = pd.qp_builder(&cq, &cq).caps(caps).build::<Ud>();
+    assert!(e.is_err(), "a UD QP with {caps:?} was created");
+    Outcome::Pass
+}
+
+fn test_create_raw_qp_ex_with_illegal_caps_max_send_wr<P: Provider>(
+    _: &str,
+    ctx: &Context<P>,
+) -> Outcome {
+    assert!(ctx.caps().max_qp_wr < u32::MAX);
+    illegal_caps(ctx, 73, |c| c.max_send_wr = u32::MAX)
+}
+
+fn test_create_raw_qp_ex_with_illegal_caps_max_send_sge<P: Provider>(
+    _: &str,
+    ctx: &Context<P>,
+) -> Outcome {
+    assert!(ctx.caps().max_sge < 0xFFFF);
+    illegal_caps(ctx, 79, |c| c.max_send_sge = 0xFFFF)
+}
+
+fn test_create_raw_qp_ex_with_illegal_caps_max_recv_sge<P: Provider>(
+    _: &str,
+    ctx: &Context<P>,
+) -> Outcome {
+    assert!(ctx.caps().max_sge < 0xFFFF);
+    illegal_caps(ctx, 83, |c| c.max_recv_sge = 0xFFFF)
+}
+
+fn test_create_raw_qp_ex_with_illegal_caps_max_recv_wr<P: Provider>(
+    _: &str,
+    ctx: &Context<P>,
+) -> Outcome {
+    assert!(ctx.caps().max_qp_wr < u32::MAX);
+    illegal_caps(ctx, 89, |c| c.max_recv_wr = u32::MAX)
+}
+
+/// `query_qp_common_test`: created the legacy way and the extended way, a query after
+/// creation gives RESET (the devices here are no iWARP RNICs) and caps at least as asked.
+fn query_qp<P: Provider, T: Transport>(ctx: &Context<P>, seed: u64) -> Outcome {
+    let mut r = Rand(seed);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(100).unwrap();
+    for ex in [false, true] {
+        match create_qp::<P, T>(&mut r, ctx, &pd, &cq, ex) {
+            Ok((qp, caps)) => verify_qp_attrs(caps, QpState::Reset, &qp.query().unwrap()),
+            Err(o) => return o,
         }
     }
     Outcome::Pass
 }
 
-/// `test_modify_qp`: a UD QP (extended, then legacy) taken to INIT with Q_Key 0x123 reports
-/// it; at RTS with SQ PSN 0x45 reports that; modified to RESET it is in RESET.
-fn test_modify_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+fn test_query_rc_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+    query_qp::<P, Rc>(ctx, 67)
+}
+
+fn test_query_ud_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+    query_qp::<P, Ud>(ctx, 97)
+}
+
+/// `test_modify_ud_qp`: a UD QP (legacy, then extended) taken to INIT with Q_Key 0x123
+/// reports it; at RTS with SQ PSN 0x45 reports that; modified to RESET it is in RESET.
+fn test_modify_ud_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     let mut r = Rand(71);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(100).unwrap();
-    for ex in [true, false] {
+    for ex in [false, true] {
         let qp = match create_qp::<P, Ud>(&mut r, ctx, &pd, &cq, ex) {
             Ok((qp, _)) => qp,
             Err(o) => return o,
@@ -586,6 +639,92 @@ fn test_modify_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
         let qp = qp.reset().map_err(|(_, e)| e).unwrap();
         assert_eq!(qp.query().unwrap().state, QpState::Reset, "QP state");
     }
+    Outcome::Pass
+}
+
+/// `test_create_ud_qp_with_privileged_qkey`: the privileged Q_Key 0x80000000 is set at INIT
+/// and read back, legacy and extended.
+fn test_create_ud_qp_with_privileged_qkey<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
+    let mut r = Rand(101);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(100).unwrap();
+    for ex in [false, true] {
+        let qp = match create_qp::<P, Ud>(&mut r, ctx, &pd, &cq, ex) {
+            Ok((qp, _)) => qp,
+            Err(o) => return o,
+        };
+        let qp = match qp.init(&DatagramInit::new(0x8000_0000)) {
+            Ok(qp) => qp,
+            Err((_, e)) if e.kind() == ErrorKind::Unsupported => {
+                return Outcome::Skip("privileged Q_Key");
+            }
+            Err((_, e)) => panic!("privileged Q_Key: {e}"),
+        };
+        assert_eq!(qp.query().unwrap().qkey, 0x8000_0000, "privileged Q_Key");
+    }
+    Outcome::Pass
+}
+
+/// Connects `qp` to `peer` over `av` asking READ/atomic depths of 12 each way.
+fn rd_atomic_up<'a, P: Provider>(
+    qp: QueuePair<'a, P, Rc, Reset>,
+    peer: u32,
+    av: AddressVector,
+) -> QueuePair<'a, P, Rc, Rts> {
+    let qp = qp
+        .init(&ConnectedInit {
+            access: AccessFlags::LOCAL_WRITE,
+            ..Default::default()
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let mut rtr = ConnectedRtr::new(peer, 0, av);
+    rtr.max_dest_rd_atomic = 12;
+    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let mut rts = ConnectedRts::new(0);
+    rts.max_rd_atomic = 12;
+    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+}
+
+/// `test_modify_rc_qp_rd_atomic` (`RCQPTest`, `RCResources` with both depths 12): the
+/// server's QP reports at least the depths asked.
+fn test_modify_rc_qp_rd_atomic<P: Provider>(dev: &str, ctx: &Context<P>) -> Outcome {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(100).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let build = || pd.qp_builder(&cq, &cq).caps(caps).build::<Rc>();
+    let (client, server) = match (build(), build()) {
+        (Ok(c), Ok(s)) => (c, s),
+        (Err(e), _) | (_, Err(e)) if cq_sizing(&e) => return Outcome::Known("cq sizing"),
+        (Err(e), _) | (_, Err(e)) => panic!("{e}"),
+    };
+    // The path: the device's own GID (rxe's IPv4 one is at index 1; on PVRDMA the guest binds
+    // one, as its Ethernet driver does on a real guest).
+    let index = if dev == "rxe" { 1 } else { 0 };
+    let _bound = (dev == "pvrdma").then(|| {
+        ctx.bind_gid(
+            0,
+            Gid::link_local_from_mac([0x52, 0x54, 0, 0x12, 0x34, 0x57]),
+        )
+        .unwrap()
+    });
+    let av = AddressVector::new(ctx.query_gid(1, index).unwrap(), index as u8);
+    let (nc, ns) = (client.qp_num(), server.qp_num());
+    let _client = rd_atomic_up(client, ns, av);
+    let server = rd_atomic_up(server, nc, av);
+    let a = server.query().unwrap();
+    let ok = a.max_rd_atomic >= 12 && a.max_dest_rd_atomic >= 12;
+    assert!(ok || known(dev, "max_rd_atomic"), "{dev}: {a:?}");
+    assert!(
+        !(ok && known(dev, "max_rd_atomic")),
+        "{dev}: max_rd_atomic no longer differs"
+    );
     Outcome::Pass
 }
 
@@ -627,39 +766,64 @@ fn cases<P: Provider>() -> Vec<Case<P>> {
         ("test_mr::test_rkey", test_keys_and_buffer::<P>),
         ("test_mr::test_buffer", test_keys_and_buffer::<P>),
         (
-            "test_qp::test_create_qp_no_attr_connected",
-            test_create_qp_no_attr_connected::<P>,
+            "test_qp::test_create_rc_qp_no_attr",
+            test_create_rc_qp_no_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_no_attr",
-            test_create_qp_no_attr::<P>,
+            "test_qp::test_create_ud_qp_no_attr",
+            test_create_ud_qp_no_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_with_attr_connected",
-            test_create_qp_with_attr_connected::<P>,
+            "test_qp::test_create_rc_qp_with_attr",
+            test_create_rc_qp_with_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_with_attr",
-            test_create_qp_with_attr::<P>,
+            "test_qp::test_create_ud_qp_with_attr",
+            test_create_ud_qp_with_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_ex_no_attr_connected",
-            test_create_qp_ex_no_attr_connected::<P>,
+            "test_qp::test_create_rc_qp_ex_no_attr",
+            test_create_rc_qp_ex_no_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_ex_no_attr",
-            test_create_qp_ex_no_attr::<P>,
+            "test_qp::test_create_ud_qp_ex_no_attr",
+            test_create_ud_qp_ex_no_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_ex_with_attr_connected",
-            test_create_qp_ex_with_attr_connected::<P>,
+            "test_qp::test_create_rc_qp_ex_with_attr",
+            test_create_rc_qp_ex_with_attr::<P>,
         ),
         (
-            "test_qp::test_create_qp_ex_with_attr",
-            test_create_qp_ex_with_attr::<P>,
+            "test_qp::test_create_ud_qp_ex_with_attr",
+            test_create_ud_qp_ex_with_attr::<P>,
         ),
-        ("test_qp::test_query_qp", test_query_qp::<P>),
-        ("test_qp::test_modify_qp", test_modify_qp::<P>),
+        (
+            "test_qp::test_create_raw_qp_ex_with_illegal_caps_max_send_wr",
+            test_create_raw_qp_ex_with_illegal_caps_max_send_wr::<P>,
+        ),
+        (
+            "test_qp::test_create_raw_qp_ex_with_illegal_caps_max_send_sge",
+            test_create_raw_qp_ex_with_illegal_caps_max_send_sge::<P>,
+        ),
+        (
+            "test_qp::test_create_raw_qp_ex_with_illegal_caps_max_recv_sge",
+            test_create_raw_qp_ex_with_illegal_caps_max_recv_sge::<P>,
+        ),
+        (
+            "test_qp::test_create_raw_qp_ex_with_illegal_caps_max_recv_wr",
+            test_create_raw_qp_ex_with_illegal_caps_max_recv_wr::<P>,
+        ),
+        ("test_qp::test_query_rc_qp", test_query_rc_qp::<P>),
+        ("test_qp::test_query_ud_qp", test_query_ud_qp::<P>),
+        ("test_qp::test_modify_ud_qp", test_modify_ud_qp::<P>),
+        (
+            "test_qp::test_create_ud_qp_with_privileged_qkey",
+            test_create_ud_qp_with_privileged_qkey::<P>,
+        ),
+        (
+            "test_qp::test_modify_rc_qp_rd_atomic",
+            test_modify_rc_qp_rd_atomic::<P>,
+        ),
     ]
 }
 
