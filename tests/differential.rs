@@ -21,20 +21,15 @@
 //!   a multi-packet WRITE before the one that fails, the model writes nothing): memory is
 //!   compared when every request succeeded.
 
-use bareverbs::Context;
-use bareverbs::device::pvrdma::Pvrdma;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
-use bareverbs_model::{CapsConfig, Model, ModelConfig};
+use bareverbs_model::{CapsConfig, ModelConfig};
+use pair::{Ends, Pv, on_rxe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
 
 mod common;
-
-type R = Rxe<Model, MemLink, TestClock>;
-type Pv = Pvrdma<Model>;
+mod pair;
 
 /// The known differences between the devices (device, what, why).
 const KNOWN: &[(&str, &str, &str)] = &[
@@ -50,8 +45,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const IP_A: [u8; 4] = [10, 0, 0, 2];
-const IP_B: [u8; 4] = [10, 0, 0, 3];
 const LOCAL: AccessFlags = AccessFlags::LOCAL_WRITE;
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -136,16 +129,6 @@ fn drain<P: Provider>(cq: &CompletionQueue<'_, P>, into: &mut Vec<Wc>) {
         }
         into.extend(buf[..n].iter().map(wc));
     }
-}
-
-/// The two ends of a device pair: contexts, the path each way, and how time moves.
-struct Ends<'a, P: Provider> {
-    a: &'a Context<P>,
-    b: &'a Context<P>,
-    to_b: AddressVector,
-    to_a: AddressVector,
-    /// Runs the devices until what was posted has completed.
-    settle: &'a dyn Fn(),
 }
 
 fn rc_up<'a, P: Provider>(
@@ -280,61 +263,18 @@ fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
 
 /// The PVRDMA model (strict verbs) with a device limit on the READ depths, so that the depth
 /// asked reaches it (with QEMU's 0 the driver gives every QP 1).
-fn pvrdma_model() -> Model {
-    Model::new(ModelConfig {
+fn pvrdma_config() -> ModelConfig {
+    ModelConfig {
         caps: CapsConfig {
             rd_atom: (16, 16),
             ..CapsConfig::default()
         },
         ..ModelConfig::default()
-    })
+    }
 }
 
 fn on_pvrdma<T>(f: impl FnOnce(&Ends<'_, Pv>) -> T) -> T {
-    let model = pvrdma_model();
-    let ctx = common::up(&model);
-    let cfg = model.config();
-    let g = ctx.bind_gid(0, Gid::link_local_from_mac(cfg.mac)).unwrap();
-    let av = AddressVector::new(g.gid(), 0);
-    let ends = Ends {
-        a: &ctx,
-        b: &ctx,
-        to_b: av,
-        to_a: av,
-        settle: &|| {},
-    };
-    let out = f(&ends);
-    drop(g);
-    common::teardown(&model, ctx);
-    out
-}
-
-fn on_rxe<T>(f: impl FnOnce(&Ends<'_, R>) -> T) -> T {
-    let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
-    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
-    let settle = || {
-        for _ in 0..100 {
-            clk.advance(100);
-            a.process_events();
-            b.process_events();
-        }
-    };
-    let ends = Ends {
-        a: &a,
-        b: &b,
-        to_b: AddressVector::new(Gid::from_ipv4(IP_B), 1),
-        to_a: AddressVector::new(Gid::from_ipv4(IP_A), 1),
-        settle: &settle,
-    };
-    let out = f(&ends);
-    drop((a, b));
-    assert_eq!(model.outstanding_pages(), 0, "rxe: DMA pages leaked");
-    out
+    pair::on_pvrdma(pvrdma_config(), f)
 }
 
 /// Runs `s` on both and requires identical outcomes; gives the outcome.
