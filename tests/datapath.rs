@@ -597,7 +597,7 @@ fn posting_errors_are_typed_and_lose_nothing() {
         );
         assert_eq!(a.query().unwrap().state, QpState::Err);
         // A bad rkey, on a fresh pair: both ends go to ERROR.
-        let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
+        let (mut a, b) = rc_pair(pd, cq, gid, None, Some(&pool));
         // SAFETY: the buffer outlives the completion polled right after.
         unsafe {
             let mut sb = a.send_batch();

@@ -542,8 +542,8 @@ fn run_ud<P: Provider>(e: &Ends<'_, P>) -> (Vec<Wc>, Vec<Wc>) {
 
 #[test]
 fn ud_datagrams_complete_alike() {
-    let pv = on_pvrdma(|e| run_ud(e));
-    let rx = on_rxe(|e| run_ud(e));
+    let pv = on_pvrdma(run_ud);
+    let rx = on_rxe(run_ud);
     assert_eq!(pv, rx);
     assert_eq!(
         pv.0,
@@ -585,11 +585,11 @@ fn try_atomic<P: Provider>(e: &Ends<'_, P>) -> Result<Vec<Wc>, Error> {
 fn atomics_are_a_named_difference() {
     assert!(KNOWN.iter().any(|k| k.1 == "atomics"));
     assert_eq!(
-        on_pvrdma(|e| try_atomic(e)),
+        on_pvrdma(try_atomic),
         Err(Error::Unsupported(Unsupported::Feature(Feature::Atomics)))
     );
     assert_eq!(
-        on_rxe(|e| try_atomic(e)),
+        on_rxe(try_atomic),
         Ok(vec![(1, S::Success, O::FetchAdd, Some(8))])
     );
 }
