@@ -1,4 +1,5 @@
-//! rdma-core's traffic cases (its `tests/test_qpex.py` and `test_srq.py`), translated onto the
+//! rdma-core's traffic cases (its `tests/test_qpex.py`, `test_srq.py` and `test_mr.py`'s
+//! re-registrations of access), translated onto the
 //! public API with their fixtures (`TrafficResources`: a CQ of 1000 entries, 1000 WRs each
 //! way on the extended QPs, 1024-byte messages, 10 iterations; 100 and two QPs on an SRQ of
 //! 2000 for the SRQ cases) and assertions (every completion a success, the bytes as
@@ -12,7 +13,8 @@
 //! a CQ of 1000) is a known refusal being lifted, counted apart.
 //!
 //! Not expressible: posting on a QP in RESET (`test_post_{send,receive}_qp_state_bad_flow`:
-//! ruled out by the types), XRC, FLUSH, ATOMIC WRITE and memory-window binds (not in the API).
+//! ruled out by the types), XRC, FLUSH, ATOMIC WRITE and memory-window binds (not in the API);
+//! of `test_mr.py`, re-registration of address or PD (the API changes access only).
 
 mod common;
 mod pair;
@@ -600,6 +602,234 @@ fn test_modify_srq_limit<P: Provider>(e: &Ends<'_, P>) -> Outcome {
     })
 }
 
+// --- test_mr.py's re-registration cases (`MRRes`: RCResources with QP rights local write,
+// remote write and remote atomic)
+
+/// `MRRes`'s QP pair, connected (1 send, 1000 receives, on CQs of 1000).
+fn mr_pair<'a, P: Provider>(
+    e: &Ends<'_, P>,
+    (pa, pb): (&'a ProtectionDomain<'a, P>, &'a ProtectionDomain<'a, P>),
+    (ca, cb): (&'a CompletionQueue<'a, P>, &'a CompletionQueue<'a, P>),
+) -> Result<(QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>), Outcome> {
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: NUM_MSGS,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let a = pa.qp_builder(ca, ca).caps(caps).build::<Rc>();
+    let b = pb.qp_builder(cb, cb).caps(caps).build::<Rc>();
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(err), _) | (_, Err(err)) => return Err(refused(&err)),
+    };
+    Ok(connect_mr_pair(e, a, b))
+}
+
+/// Connects (or, from RESET again, restates: `restate_qps`) `MRRes`'s pair.
+fn connect_mr_pair<'a, P: Provider>(
+    e: &Ends<'_, P>,
+    a: QueuePair<'a, P, Rc, Reset>,
+    b: QueuePair<'a, P, Rc, Reset>,
+) -> (QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>) {
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let (na, nb) = (a.qp_num(), b.qp_num());
+    (rc_up(a, nb, e.to_b, rights), rc_up(b, na, e.to_a, rights))
+}
+
+/// One request of `op` (WRITE or fetch-and-add) from `from` to `mt`: its status.
+fn one_status<P: Provider>(
+    e: &Ends<'_, P>,
+    op: Op,
+    (from, cf, mf): (
+        &mut QueuePair<'_, P, Rc, Rts>,
+        &CompletionQueue<'_, P>,
+        &MemoryRegion<'_, P>,
+    ),
+    mt: &MemoryRegion<'_, P>,
+) -> WcStatus {
+    let remote = (mt.addr(), mt.rkey());
+    // SAFETY: both regions outlive the QPs.
+    unsafe {
+        let mut sb = from.send_batch();
+        match op {
+            Op::Write => sb
+                .rdma_write(1, SIG, remote, &sgl(mf, 0, MSG_SIZE))
+                .unwrap(),
+            _ => sb
+                .atomic_fetch_add(1, SIG, remote, 2, &mf.sge(0, 8).unwrap())
+                .unwrap(),
+        }
+        sb.finish();
+    }
+    (e.settle)();
+    let mut wc = [WorkCompletion::default(); 2];
+    assert_eq!(cf.poll(&mut wc).unwrap(), 1, "{:?}", wc[0]);
+    wc[0].status
+}
+
+/// `validate_rereg_access` (`test_mr_rereg_access`, `test_mrex_rereg_access`): regions of
+/// local write, re-registered with remote write, take `rdma_traffic`'s WRITEs.
+fn rereg_access<P: Provider>(e: &Ends<'_, P>) -> Outcome {
+    let pds = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+    let cqs = (
+        e.a.create_cq(NUM_MSGS).unwrap(),
+        e.b.create_cq(NUM_MSGS).unwrap(),
+    );
+    let (mut qa, mut qb) = match mr_pair(e, (&pds.0, &pds.1), (&cqs.0, &cqs.1)) {
+        Ok(p) => p,
+        Err(o) => return o,
+    };
+    let local = AccessFlags::LOCAL_WRITE;
+    let mut ma = pds.0.register(MSG_SIZE as usize, local).unwrap();
+    let mut mb = pds.1.register(MSG_SIZE as usize, local).unwrap();
+    for m in [&mut ma, &mut mb] {
+        match m.rereg_access(local | AccessFlags::REMOTE_WRITE) {
+            Err(err) if err.kind() == ErrorKind::Unsupported => {
+                return Outcome::Skip("rereg MR unsupported");
+            }
+            r => r.unwrap(),
+        }
+    }
+    for _ in 0..ITERS {
+        let (ca, cb) = (&cqs.0, &cqs.1);
+        rc_turn(
+            e,
+            Op::Write,
+            MSG_SIZE,
+            (&mut qa, ca, &mut ma),
+            (&mut qb, cb, &mut mb),
+            (b'c', b's'),
+        );
+        rc_turn(
+            e,
+            Op::Write,
+            MSG_SIZE,
+            (&mut qb, cb, &mut mb),
+            (&mut qa, ca, &mut ma),
+            (b's', b'c'),
+        );
+    }
+    Outcome::Pass
+}
+
+/// `test_mr_rereg_access_bad_flow`: WRITEs to a region of remote write pass; re-registered
+/// with local write only, a WRITE to it fails with a remote access error.
+fn test_mr_rereg_access_bad_flow<P: Provider>(e: &Ends<'_, P>) -> Outcome {
+    let pds = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+    let cqs = (
+        e.a.create_cq(NUM_MSGS).unwrap(),
+        e.b.create_cq(NUM_MSGS).unwrap(),
+    );
+    let (mut qa, mut qb) = match mr_pair(e, (&pds.0, &pds.1), (&cqs.0, &cqs.1)) {
+        Ok(p) => p,
+        Err(o) => return o,
+    };
+    let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mut ma = pds.0.register(MSG_SIZE as usize, remote).unwrap();
+    let mut mb = pds.1.register(MSG_SIZE as usize, remote).unwrap();
+    let (ca, cb) = (&cqs.0, &cqs.1);
+    for _ in 0..ITERS {
+        rc_turn(
+            e,
+            Op::Write,
+            MSG_SIZE,
+            (&mut qa, ca, &mut ma),
+            (&mut qb, cb, &mut mb),
+            (b'c', b's'),
+        );
+        rc_turn(
+            e,
+            Op::Write,
+            MSG_SIZE,
+            (&mut qb, cb, &mut mb),
+            (&mut qa, ca, &mut ma),
+            (b's', b'c'),
+        );
+    }
+    match mb.rereg_access(AccessFlags::LOCAL_WRITE) {
+        Err(err) if err.kind() == ErrorKind::Unsupported => {
+            return Outcome::Skip("rereg MR unsupported");
+        }
+        r => r.unwrap(),
+    }
+    let st = one_status(e, Op::Write, (&mut qa, ca, &ma), &mb);
+    assert_eq!(st, WcStatus::RemAccessErr, "Remote access error");
+    Outcome::Pass
+}
+
+/// `test_mr_rereg_atomic`: regions of remote atomic re-registered without it fail a
+/// fetch-and-add with a remote access error; the QPs restated (RESET, then RTS), the
+/// regions given atomic access again, `atomic_traffic` passes.
+fn test_mr_rereg_atomic<P: Provider>(e: &Ends<'_, P>) -> Outcome {
+    let pds = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+    let cqs = (
+        e.a.create_cq(NUM_MSGS).unwrap(),
+        e.b.create_cq(NUM_MSGS).unwrap(),
+    );
+    let (mut qa, qb) = match mr_pair(e, (&pds.0, &pds.1), (&cqs.0, &cqs.1)) {
+        Ok(p) => p,
+        Err(o) => return o,
+    };
+    let atomic = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let mut ma = match pds.0.register(MSG_SIZE as usize, atomic) {
+        Ok(m) => m,
+        Err(err) if err.kind() == ErrorKind::Unsupported => {
+            return Outcome::Skip("atomic MR unsupported");
+        }
+        Err(err) => panic!("{err}"),
+    };
+    let mut mb = pds.1.register(MSG_SIZE as usize, atomic).unwrap();
+    for m in [&mut ma, &mut mb] {
+        match m.rereg_access(AccessFlags::LOCAL_WRITE) {
+            Err(err) if err.kind() == ErrorKind::Unsupported => {
+                return Outcome::Skip("rereg MR unsupported");
+            }
+            r => r.unwrap(),
+        }
+    }
+    // SAFETY: nothing is posted: the batch is dropped unfinished.
+    let probe = unsafe {
+        qa.send_batch()
+            .atomic_fetch_add(0, SIG, (mb.addr(), mb.rkey()), 0, &ma.sge(0, 8).unwrap())
+    };
+    if let Err(err) = probe {
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        return Outcome::Skip("atomics unsupported");
+    }
+    let st = one_status(e, Op::FetchAdd, (&mut qa, &cqs.0, &ma), &mb);
+    assert_eq!(st, WcStatus::RemAccessErr, "Remote access error");
+    let (qa, qb) = (
+        qa.reset().map_err(|(_, e)| e).unwrap(),
+        qb.reset().map_err(|(_, e)| e).unwrap(),
+    );
+    let (mut qa, mut qb) = connect_mr_pair(e, qa, qb);
+    for m in [&mut ma, &mut mb] {
+        m.rereg_access(atomic).unwrap();
+    }
+    let (ca, cb) = (&cqs.0, &cqs.1);
+    for _ in 0..ITERS {
+        rc_turn(
+            e,
+            Op::FetchAdd,
+            8,
+            (&mut qa, ca, &mut ma),
+            (&mut qb, cb, &mut mb),
+            (2, 1),
+        );
+        rc_turn(
+            e,
+            Op::FetchAdd,
+            8,
+            (&mut qb, cb, &mut mb),
+            (&mut qa, ca, &mut ma),
+            (2, 1),
+        );
+    }
+    Outcome::Pass
+}
+
 /// Runs every case on `run`'s device; returns (passed, skipped, known) after printing each.
 fn run_all<P: Provider>(
     dev: &str,
@@ -654,6 +884,13 @@ fn run_all<P: Provider>(
             Outcome::Skip("SRQ resize unsupported")
         }),
         ("test_srq::test_modify_srq_limit", test_modify_srq_limit),
+        ("test_mr::test_mr_rereg_access", rereg_access),
+        ("test_mr::test_mrex_rereg_access", rereg_access),
+        (
+            "test_mr::test_mr_rereg_access_bad_flow",
+            test_mr_rereg_access_bad_flow,
+        ),
+        ("test_mr::test_mr_rereg_atomic", test_mr_rereg_atomic),
     ];
     let (mut pass, mut skip, mut known) = (0, 0, 0);
     for (name, case) in &cases {
@@ -690,8 +927,9 @@ fn rdma_cores_traffic_cases_on_the_pvrdma_model() {
         on_pvrdma(ModelConfig::default(), |e| case(e))
     });
     // Every case stops at the CQ-sizing refusal but SRQ resize (skipped); once QPs are no
-    // longer refused for their CQ's size, the atomics are skipped too (typed Unsupported),
-    // and the rest pass (checked with CQs of 4000: 12 passed, the SRQ cases still refused).
+    // longer refused for their CQ's size, the atomics and the re-registrations are skipped
+    // too (typed Unsupported), and the rest pass (checked with CQs of 4000: 12 passed, 7
+    // skipped, the SRQ cases still refused).
     assert!(skip >= 1, "{skip}");
     assert!(pass + known >= 12, "{pass} + {known}");
 }
