@@ -605,12 +605,15 @@ fn test_modify_srq_limit<P: Provider>(e: &Ends<'_, P>) -> Outcome {
 // --- test_mr.py's re-registration cases (`MRRes`: RCResources with QP rights local write,
 // remote write and remote atomic)
 
+/// A connected RC pair.
+type RcPair<'a, P> = (QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>);
+
 /// `MRRes`'s QP pair, connected (1 send, 1000 receives, on CQs of 1000).
 fn mr_pair<'a, P: Provider>(
     e: &Ends<'_, P>,
     (pa, pb): (&'a ProtectionDomain<'a, P>, &'a ProtectionDomain<'a, P>),
     (ca, cb): (&'a CompletionQueue<'a, P>, &'a CompletionQueue<'a, P>),
-) -> Result<(QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>), Outcome> {
+) -> Result<RcPair<'a, P>, Outcome> {
     let caps = QpCaps {
         max_send_wr: 1,
         max_recv_wr: NUM_MSGS,
@@ -632,7 +635,7 @@ fn connect_mr_pair<'a, P: Provider>(
     e: &Ends<'_, P>,
     a: QueuePair<'a, P, Rc, Reset>,
     b: QueuePair<'a, P, Rc, Reset>,
-) -> (QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>) {
+) -> RcPair<'a, P> {
     let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     let (na, nb) = (a.qp_num(), b.qp_num());
     (rc_up(a, nb, e.to_b, rights), rc_up(b, na, e.to_a, rights))
