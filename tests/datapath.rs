@@ -508,14 +508,13 @@ fn a_batch_is_one_doorbell_and_a_full_queue_posts_nothing() {
             }
             sb.finish();
         }
+        // No receive posted: the first send fails (the model does not retry: RNR retries
+        // exhausted at once) and moves the QP to ERROR, which flushes the other 15, as rxe does.
         let wcs = poll_all(cq);
-        assert_eq!(
-            wcs.iter()
-                .filter(|w| w.status == WcStatus::RnrRetryExcErr)
-                .count(),
-            16,
-            "no receives posted: RNR"
-        );
+        let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        let mut want = vec![(0, WcStatus::RnrRetryExcErr)];
+        want.extend((1..16).map(|i| (i, WcStatus::WrFlushErr)));
+        assert_eq!(statuses, want, "no receives posted: RNR, then flushed");
     });
 }
 
@@ -589,11 +588,31 @@ fn posting_errors_are_typed_and_lose_nothing() {
                 .unwrap();
             sb.finish();
         }
+        // The failed send moves A to ERROR, as on rxe and hardware: the write behind it is
+        // flushed.
         let wcs = poll_all(cq);
         assert_eq!(
             wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-            [(3, WcStatus::LocProtErr), (2, WcStatus::RemAccessErr)]
+            [(3, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
         );
+        assert_eq!(a.query().unwrap().state, QpState::Err);
+        // A bad rkey, on a fresh pair: both ends go to ERROR.
+        let (mut a, b) = rc_pair(pd, cq, gid, None, Some(&pool));
+        // SAFETY: the buffer outlives the completion polled right after.
+        unsafe {
+            let mut sb = a.send_batch();
+            sb.rdma_write(2, SendFlags::SIGNALED, (buf.addr(), 0xBAD), &sges[..1])
+                .unwrap();
+            sb.finish();
+        }
+        let wcs = poll_all(cq);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(2, WcStatus::RemAccessErr)]
+        );
+        assert_eq!(a.query().unwrap().state, QpState::Err);
+        assert_eq!(b.query().unwrap().state, QpState::Err);
+        let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         // A receive too small for the message (the pool's buffers hold 64 bytes).
         b.post_recv(4, pool.alloc().unwrap())
             .map_err(|(_, e)| e)
@@ -856,12 +875,12 @@ fn arming_raises_one_interrupt_per_arm() {
             }
         }
         assert_eq!(model.counters().2, 1, "armed once, one interrupt");
-        let mut n = 0;
+        // The first fails and moves the QP to ERROR; the second is flushed.
+        let mut got = Vec::new();
         while let Some(c) = a.poll_one().unwrap() {
-            assert_eq!(c.wc.status, WcStatus::RemAccessErr);
-            n += 1;
+            got.push(c.wc.status);
         }
-        assert_eq!(n, 2);
+        assert_eq!(got, [WcStatus::RemAccessErr, WcStatus::WrFlushErr]);
         cq.req_notify(false).expect("arm");
         // SAFETY: as above.
         unsafe {

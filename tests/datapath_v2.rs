@@ -396,7 +396,9 @@ fn dropping_an_unfinished_batch_posts_nothing_and_gives_the_credit_back() {
             wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
             [(1, WcStatus::RnrRetryExcErr)]
         );
-        // The whole credit is back: max receives and max sends, finished this time.
+        // The RNR failed A and moved it to ERROR (as on rxe; B, the responder, stays in RTS).
+        // The whole credit is back all the same: max receives and max sends, finished this
+        // time; A's sends are flushed, and B's receives stay posted.
         // SAFETY: the regions outlive the completions polled below.
         unsafe {
             let mut rb = b.recv_batch();
@@ -420,14 +422,18 @@ fn dropping_an_unfinished_batch_posts_nothing_and_gives_the_credit_back() {
             .collect();
         let sends: Vec<_> = wcs
             .iter()
-            .filter(|w| w.opcode == WcOpcode::Send && w.status == WcStatus::Success)
+            .filter(|w| w.opcode == WcOpcode::Send && w.status == WcStatus::WrFlushErr)
             .map(|w| w.wr_id)
             .collect();
         recvs.sort();
-        assert_eq!(recvs, (3000..3000 + u64::from(max)).collect::<Vec<_>>());
+        assert_eq!(recvs, [0u64; 0], "nothing reached B");
         assert_eq!(sends, (4000..4000 + u64::from(max)).collect::<Vec<_>>());
-        assert!(wcs.iter().all(|w| w.wr_id >= 3000), "nothing abandoned ran");
-        assert_eq!(&rbuf.as_slice()[..9], b"abandoned");
+        assert_eq!(wcs.len(), max as usize, "nothing abandoned ran");
+        assert_eq!(
+            &rbuf.as_slice()[..9],
+            &[0; 9],
+            "nothing abandoned was received"
+        );
     });
 }
 
@@ -1383,10 +1389,17 @@ fn flushes_come_through_the_qps_own_poll_with_their_buffers() {
     lab(|model, _, pd, cq, gid| {
         let pool = pd.buffer_pool(16, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, Some(&pool));
-        // One send that did run (its completion waits in the CQ) before the rest.
+        // One request that did run (its completion waits in the CQ) before the rest: a WRITE
+        // (a SEND would find no receive and fail b, moving it to ERROR on the device).
         let src = with_mr(pd, b"ran");
-        // SAFETY: the region outlives the completion polled below.
-        unsafe { send1(&mut b, 1, src.sge(0, 3).unwrap()) };
+        let dst = pd.register(4096, RW).unwrap();
+        // SAFETY: the regions outlive the completion polled below.
+        unsafe {
+            let mut sb = b.send_batch();
+            sb.rdma_write(1, SIG, (dst.addr(), dst.rkey()), &[src.sge(0, 3).unwrap()])
+                .unwrap();
+            sb.finish();
+        }
         let mr = outstanding(model, pd, &pool, &mut b);
         let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
         assert!(a.poll_one().unwrap().is_none(), "not a's to take");
@@ -1399,7 +1412,7 @@ fn flushes_come_through_the_qps_own_poll_with_their_buffers() {
         assert_eq!(
             got,
             [
-                (1, RnrRetryExcErr, Send, false),
+                (1, Success, RdmaWrite, false),
                 (300, WrFlushErr, Send, true),
                 (301, WrFlushErr, Send, true),
                 (302, WrFlushErr, Send, true),

@@ -94,6 +94,9 @@ pub(crate) struct QpData {
     pub(crate) rq: RingGeo,
     pub(crate) recvs: VecDeque<Recv>,
     pub(crate) hung: bool,
+    /// The QP went to ERROR while its send queue ran: its receives are flushed once the
+    /// rest of the send queue has been (the order rxe flushes in).
+    pub(crate) flush_rq: bool,
 }
 
 /// Data-path state of an SRQ.
@@ -106,6 +109,7 @@ pub(crate) struct SrqData {
 const ACC_LOCAL_WRITE: u32 = 1;
 const ACC_REMOTE_WRITE: u32 = 2;
 const ACC_REMOTE_READ: u32 = 4;
+const WC_RECV: u32 = 128;
 
 // CQE status values (IB numbering).
 #[path = "gsi.rs"]
@@ -114,6 +118,8 @@ pub(crate) mod gsi;
 const ST_OK: u32 = 0;
 const ST_LOC_LEN: u32 = 1;
 const ST_LOC_PROT: u32 = 4;
+const ST_WR_FLUSH: u32 = 5;
+const ST_RETRY_EXC: u32 = 12;
 const ST_REM_INV_REQ: u32 = 9;
 const ST_REM_ACCESS: u32 = 10;
 const ST_RNR: u32 = 13;
@@ -167,7 +173,7 @@ impl Device {
         };
         let rkey = match ctx.cfg.semantics {
             Semantics::Qemu => 0xFFFF_FFFF,
-            Semantics::Verbs => (slot as u32) << 8 | 0x77,
+            Semantics::Verbs | Semantics::LooseVerbs => (slot as u32) << 8 | 0x77,
         };
         self.mrs[slot] = Some(Mr {
             pd,
@@ -479,6 +485,66 @@ impl Device {
         }
         let g = qp.data.rq.clone();
         Self::drain_recvs(ctx, &g, max_sge, &mut qp.data.recvs);
+        if self.in_error(ctx, i) {
+            self.flush_recvs(ctx, i);
+        }
+    }
+
+    /// Under `Semantics::Verbs`, whether RC QP `i` is in the error state the device moved it
+    /// to (QEMU's records follow the driver's commands only).
+    fn in_error(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        ctx.cfg.semantics == Semantics::Verbs
+            && self.qps[i]
+                .as_ref()
+                .is_some_and(|q| q.host_state == crate::device::QPS_ERR)
+    }
+
+    /// `Semantics::Verbs`: a request of RC QP `i` failed, or a request to it did; the QP
+    /// goes to ERROR, as on rxe and hardware. A responder's receives are flushed at once;
+    /// a requester's once the rest of its send queue is (`run_sq`).
+    fn enter_error(&mut self, ctx: &mut Ctx<'_>, i: usize, responder: bool) {
+        if ctx.cfg.semantics != Semantics::Verbs {
+            return;
+        }
+        let Some(qp) = self.qps[i].as_mut() else {
+            return;
+        };
+        if qp.qp_type != crate::device::QPT_RC {
+            return;
+        }
+        qp.state = crate::device::QPS_ERR;
+        qp.host_state = crate::device::QPS_ERR;
+        if responder {
+            self.flush_recvs(ctx, i);
+        } else {
+            qp.data.flush_rq = true;
+        }
+    }
+
+    /// Completes every receive QP `i` holds (not its SRQ's) as flushed.
+    fn flush_recvs(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+        let Some(qp) = self.qps[i].as_mut() else {
+            return;
+        };
+        qp.data.flush_rq = false;
+        let (me, rcq) = (qp.qpn, qp.rcq);
+        let recvs: Vec<Recv> = qp.data.recvs.drain(..).collect();
+        for r in recvs {
+            self.post_cqe(
+                ctx,
+                rcq,
+                Cqe {
+                    wr_id: r.wr_id,
+                    qp: me,
+                    opcode: WC_RECV,
+                    status: ST_WR_FLUSH,
+                    byte_len: 0,
+                    imm: 0,
+                    src_qp: 0,
+                    flags: 0,
+                },
+            );
+        }
     }
 
     fn take_srq_recvs(&mut self, ctx: &mut Ctx<'_>, handle: u32) {
@@ -492,6 +558,21 @@ impl Device {
         };
         let g = srq.data.ring.clone();
         Self::drain_recvs(ctx, &g, max_sge, &mut srq.data.recvs);
+    }
+
+    /// Whether QP `i` has a receive to take (its own, or its SRQ's).
+    fn has_recv(&self, i: usize) -> bool {
+        let Some(qp) = self.qps[i].as_ref() else {
+            return false;
+        };
+        match qp.srq {
+            Some(s) => self
+                .srqs
+                .get(s as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| !s.data.recvs.is_empty()),
+            None => !qp.data.recvs.is_empty(),
+        }
     }
 
     /// Takes the next receive of QP `i` (from its SRQ if it has one, which may then reach its
@@ -574,10 +655,38 @@ impl Device {
                     )
                 })
                 .collect();
-            self.execute(ctx, i, &hdr, &sges);
+            if self.in_error(ctx, i) {
+                self.flush_send(ctx, i, &hdr);
+            } else {
+                self.execute(ctx, i, &hdr, &sges);
+            }
             cons = g.next(cons);
             Self::set_cons(ctx, &g, cons);
         }
+        if self.qps[i].as_ref().is_some_and(|q| q.data.flush_rq) {
+            self.flush_recvs(ctx, i);
+        }
+    }
+
+    /// Completes a send WQE of a QP in ERROR as flushed (signaled or not, as the verbs have
+    /// it), with the completion opcode of its work request.
+    fn flush_send(&mut self, ctx: &mut Ctx<'_>, i: usize, hdr: &[u8]) {
+        let qp = self.qps[i].as_ref().expect("indexed");
+        let (me, scq) = (qp.qpn, qp.scq);
+        self.post_cqe(
+            ctx,
+            scq,
+            Cqe {
+                wr_id: le64(hdr, 0),
+                qp: me,
+                opcode: wc_opcode(le32(hdr, 0x10)),
+                status: ST_WR_FLUSH,
+                byte_len: 0,
+                imm: 0,
+                src_qp: 0,
+                flags: 0,
+            },
+        );
     }
 
     /// Runs one send WQE of QP `i`.
@@ -594,6 +703,9 @@ impl Device {
         let imm = if qemu { 0 } else { le32(hdr, 0x18) };
         let (remote_addr, rkey) = (le64(hdr, 0x20), le32(hdr, 0x28));
         let done = |dev: &mut Device, ctx: &mut Ctx<'_>, status: u32, wc_op: u32, byte_len: u32| {
+            if status != ST_OK {
+                dev.enter_error(ctx, i, false);
+            }
             if signaled || status != ST_OK {
                 dev.post_cqe(
                     ctx,
@@ -616,7 +728,7 @@ impl Device {
         } else {
             self.gather(ctx, sges, pd)
         }) else {
-            return done(self, ctx, ST_LOC_PROT, 0, 0);
+            return done(self, ctx, ST_LOC_PROT, wc_opcode(opcode), 0);
         };
         // The destination QP.
         let (dest, ud) = match ty {
@@ -629,13 +741,39 @@ impl Device {
         };
         let Some(j) = self.qp_index(dest) else {
             // UD to nowhere is dropped; an RC peer that does not exist never acknowledges.
-            return done(self, ctx, if ud { ST_OK } else { 12 }, 0, 0);
+            return match ud {
+                true => done(self, ctx, ST_OK, 0, data.len() as u32),
+                false => done(self, ctx, ST_RETRY_EXC, 0, 0),
+            };
         };
+        if !ud && self.in_error(ctx, j) {
+            // A responder in ERROR drops every request: the requester's retries run out.
+            return done(self, ctx, ST_RETRY_EXC, wc_opcode(opcode), 0);
+        }
+        let verbs = ctx.cfg.semantics == Semantics::Verbs;
+        let (dest_access, dest_depth) = {
+            let d = self.qps[j].as_ref().expect("indexed");
+            (d.access, d.max_dest_rd_atomic)
+        };
+        // The responder QP's rights and READ depth (`Semantics::Verbs`): a request the QP
+        // does not take is an invalid request, and the responder goes to ERROR (rxe's order:
+        // the depth, then the right, then the key).
+        let refused = verbs
+            && !ud
+            && match opcode {
+                0 | 1 => dest_access & ACC_REMOTE_WRITE == 0,
+                4 => dest_depth == 0 || dest_access & ACC_REMOTE_READ == 0,
+                _ => false,
+            };
+        if refused {
+            self.enter_error(ctx, j, true);
+            return done(self, ctx, ST_REM_INV_REQ, wc_opcode(opcode), 0);
+        }
         if ud {
             let qkey = le32(hdr, 0x24);
             let d = self.qps[j].as_ref().expect("indexed");
             if d.qp_type != crate::device::QPT_UD || d.qkey != qkey {
-                return done(self, ctx, ST_OK, 0, 0); // dropped on the wire
+                return done(self, ctx, ST_OK, 0, data.len() as u32); // dropped on the wire
             }
         }
         let dest_pd = self.qps[j].as_ref().expect("indexed").pd;
@@ -643,6 +781,15 @@ impl Device {
         match opcode {
             0 | 1 => {
                 // RDMA WRITE (with immediate)
+                let mtu = match self.qps[i].as_ref().expect("indexed").path_mtu {
+                    code @ 1..=5 => 128usize << code,
+                    _ => 4096,
+                };
+                if verbs && opcode == 1 && data.len() <= mtu && !self.has_recv(j) {
+                    // A one-packet WRITE with immediate: rxe checks for the receive (RNR)
+                    // before the key (a longer one has its key checked by its first packet).
+                    return done(self, ctx, ST_RNR, 1, 0);
+                }
                 let Some(pieces) = self.translate(
                     rkey,
                     true,
@@ -651,6 +798,7 @@ impl Device {
                     ACC_REMOTE_WRITE,
                     Some(dest_pd),
                 ) else {
+                    self.enter_error(ctx, j, true);
                     return done(self, ctx, ST_REM_ACCESS, 1, 0);
                 };
                 if opcode == 1 {
@@ -677,7 +825,7 @@ impl Device {
                     ctx.mem.write(pa, &rest[..n]);
                     rest = &rest[n..];
                 }
-                done(self, ctx, ST_OK, 1, 0)
+                done(self, ctx, ST_OK, 1, data.len() as u32)
             }
             4 => {
                 // RDMA READ
@@ -685,6 +833,7 @@ impl Device {
                 let Some(pieces) =
                     self.translate(rkey, true, remote_addr, len, ACC_REMOTE_READ, Some(dest_pd))
                 else {
+                    self.enter_error(ctx, j, true);
                     return done(self, ctx, ST_REM_ACCESS, 2, 0);
                 };
                 let mut bytes = Vec::new();
@@ -699,7 +848,10 @@ impl Device {
             _ => {
                 // SEND (with immediate)
                 let Some(r) = self.pop_recv(ctx, j) else {
-                    return done(self, ctx, if ud { ST_OK } else { ST_RNR }, 0, 0);
+                    return match ud {
+                        true => done(self, ctx, ST_OK, 0, data.len() as u32),
+                        false => done(self, ctx, ST_RNR, 0, 0),
+                    };
                 };
                 let mut payload = Vec::new();
                 let mut flags = if opcode == 3 && !qemu { 2 } else { 0 };
@@ -745,7 +897,7 @@ impl Device {
                                 flags,
                             },
                         );
-                        done(self, ctx, ST_OK, 0, 0)
+                        done(self, ctx, ST_OK, 0, data.len() as u32)
                     }
                     Err(st) => {
                         self.post_cqe(
@@ -762,6 +914,7 @@ impl Device {
                                 flags: 0,
                             },
                         );
+                        self.enter_error(ctx, j, true);
                         done(self, ctx, ST_REM_INV_REQ, 0, 0)
                     }
                 }
@@ -783,7 +936,8 @@ impl Device {
         ] {
             put32(&mut e, off, v);
         }
-        if c.status != ST_OK {
+        if c.status != ST_OK && c.status != ST_WR_FLUSH {
+            // (A flush carries no detail: the request never ran.)
             put32(&mut e, 0x28, 0x201);
         }
         // Hostile: the CQE is dropped, posted twice, or one to three of its fields lie.
@@ -1003,6 +1157,17 @@ impl Device {
                 flags: 0,
             },
         );
+    }
+}
+
+/// The completion opcode of a send work request's opcode (PVRDMA numbering, as IB's).
+fn wc_opcode(wr_opcode: u32) -> u32 {
+    match wr_opcode {
+        0 | 1 => 1, // RDMA WRITE (with immediate)
+        4 => 2,     // RDMA READ
+        5 => 3,     // compare and swap
+        6 => 4,     // fetch and add
+        _ => 0,     // SEND (with immediate, with invalidate)
     }
 }
 

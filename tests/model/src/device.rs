@@ -4,7 +4,7 @@
 use crate::datapath::{Mr, QpData, RingGeo, SrqData};
 use crate::hostile::{Liar, point};
 use crate::mem::Memory;
-use crate::{Garbage, ModelConfig, Violations};
+use crate::{Garbage, ModelConfig, Semantics, Violations};
 
 pub(crate) const EIO: u32 = 5;
 pub(crate) const ENOMEM: u32 = 12;
@@ -251,6 +251,15 @@ pub(crate) struct Qp {
     pub(crate) dgid: [u8; 16],
     pub(crate) caps: [u32; 5],
     pub(crate) sq_sig_all: bool,
+    /// The remote access rights the last modify gave (`qp_access_flags`), which
+    /// `Semantics::Verbs` enforces on incoming WRITEs, READs and atomics.
+    pub(crate) access: u32,
+    /// The READs and atomics the QP accepts (`max_dest_rd_atomic`): with 0,
+    /// `Semantics::Verbs` refuses every incoming READ as an invalid request.
+    pub(crate) max_dest_rd_atomic: u8,
+    /// The path MTU the last modify gave (IB code: 1 is 256 bytes … 5 is 4096; 0 unset):
+    /// where a message is one packet, which decides what rxe checks first.
+    pub(crate) path_mtu: u32,
 }
 
 pub(crate) struct Srq {
@@ -270,8 +279,14 @@ const QPS_RESET: u32 = 0;
 const QPS_INIT: u32 = 1;
 const QPS_RTR: u32 = 2;
 const QPS_RTS: u32 = 3;
+/// The error state: under `Semantics::Verbs` an RC QP goes there on its own when a request
+/// fails, as rxe and hardware do (`docs/pvrdma.md`).
+pub(crate) const QPS_ERR: u32 = 6;
 const MASK_STATE: u32 = 1 << 0;
+const MASK_ACCESS: u32 = 1 << 3;
 const MASK_QKEY: u32 = 1 << 6;
+const MASK_PATH_MTU: u32 = 1 << 8;
+const MASK_MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
 
 /// Live objects in the device's tables.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1028,6 +1043,9 @@ impl Device {
             dgid: [0; 16],
             caps: wr,
             sq_sig_all,
+            access: 0,
+            max_dest_rd_atomic: 0,
+            path_mtu: 0,
         });
         put32(resp, 0x10, qpn);
         let caps_at = if ctx.cfg.version >= 20 {
@@ -1052,10 +1070,22 @@ impl Device {
             QPT_GSI => return Ok(()),
             _ => {}
         }
+        let a = 0x18;
+        if ctx.cfg.semantics == Semantics::Verbs {
+            // The attributes the verbs enforce, as asked (QEMU's host QP gets its own).
+            if mask & MASK_ACCESS != 0 {
+                qp.access = le32(req, a + 0x20);
+            }
+            if mask & MASK_MAX_DEST_RD_ATOMIC != 0 {
+                qp.max_dest_rd_atomic = req[a + 0x2B];
+            }
+            if mask & MASK_PATH_MTU != 0 {
+                qp.path_mtu = le32(req, a + 0x08);
+            }
+        }
         if mask & MASK_STATE == 0 {
             return Ok(());
         }
-        let a = 0x18;
         let target = le32(req, a);
         let qkey = le32(req, a + 0x10);
         let use_qkey = mask & MASK_QKEY != 0;
@@ -1108,9 +1138,12 @@ impl Device {
                 }
                 qp.host_state = target;
             }
+            QPS_RESET if ctx.cfg.semantics == Semantics::Verbs && qp.host_state == QPS_ERR => {
+                // A QP the device moved to ERROR (`Semantics::Verbs`) starts over.
+                qp.host_state = QPS_RESET;
+            }
             _ => {} // RESET, ERR, SQD, SQE: recorded only
         }
-        let _ = ctx;
         Ok(())
     }
 

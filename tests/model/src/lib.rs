@@ -182,13 +182,21 @@ impl Default for ModelConfig {
 /// How the device executes send work requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Semantics {
-    /// As the verbs specify: every opcode with its meaning, keys and access rights checked,
-    /// SIGNALED honoured, immediate data delivered.
+    /// As the verbs specify, and rxe and hardware enforce: every opcode with its meaning,
+    /// keys and the memory regions' and the responder QP's access rights checked, a READ to
+    /// a QP that takes none (`max_dest_rd_atomic` 0) refused, SIGNALED honoured, immediate
+    /// data delivered; a failed RC request moves its QP (and, for a fault the responder
+    /// found, the responder's) to ERROR, whose later requests and receives are flushed.
     #[default]
     Verbs,
     /// As QEMU 7.2 does (§8.6, §8.8): every opcode runs as a SEND, every send WQE completes,
     /// immediate data is not delivered, memory regions get rkey 0xFFFFFFFF.
     Qemu,
+    /// As `Verbs`, but looser where rxe and hardware are strict: the responder QP's access
+    /// flags and READ depth are not checked, and a failed request leaves both QPs as they
+    /// were (no move to ERROR, nothing flushed by the device). The device the property tests'
+    /// reference model (`tests/props.rs`) predicts; every other test runs `Verbs`.
+    LooseVerbs,
 }
 
 /// How the next response is garbled.
