@@ -48,7 +48,8 @@ say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '
 # descriptor for socket connection" (then " Unable to init the socket connection"), rping
 # "RDMA_CM_EVENT_REJECTED, error 8" and ucmatose "…REJECTED, error: 8" (the CM's "invalid
 # service ID": nobody listens), udaddy "…UNREACHABLE" (its SIDR_REP's "no such service"), or
-# an ADDR_ERROR (the peer's address did not resolve yet).
+# an ADDR_ERROR (the peer's address did not resolve yet); perftest -R "Unexpected CM event
+# bl blka 8" (its control connection REJECTED).
 run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   local tag=$1 client=$2 deadline=$(( $(date +%s) + limit )) out st tries=0
   shift 2
@@ -56,7 +57,7 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
     tries=$((tries + 1))
     out=$(timeout $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )) "$@" 2>&1); st=$?
     [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
-      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection|RDMA_CM_EVENT_REJECTED, error:? 8|RDMA_CM_EVENT_ADDR_ERROR|udaddy: event: RDMA_CM_EVENT_UNREACHABLE" <<<"$out" &&
+      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection|RDMA_CM_EVENT_REJECTED, error:? 8|RDMA_CM_EVENT_ADDR_ERROR|udaddy: event: RDMA_CM_EVENT_UNREACHABLE|Unexpected CM event bl blka 8" <<<"$out" &&
       { sleep 0.5; continue; }
     break
   done
@@ -93,6 +94,9 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
     read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
     atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
+    # perftest with -R: rdma_cm for the control channel and the data QP (the GID only names
+    # the one the program prints as its own).
+    ib_send_bw-* | ib_write_bw-* | ib_read_bw-*) cmd=("${name%%-*}" -d rxe0 -x "$gid" "$@") ;;
     # rdma_cm finds the device and the GID from the addresses.
     rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
     ucmatose-* | udaddy-*)

@@ -107,7 +107,14 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
-            w if ["rping-", "ucmatose-", "udaddy-"]
+            w if [
+                "rping-",
+                "ucmatose-",
+                "udaddy-",
+                "ib_send_bw-",
+                "ib_write_bw-",
+                "ib_read_bw-",
+            ]
                 .iter()
                 .any(|p| w.starts_with(p)) =>
             {
