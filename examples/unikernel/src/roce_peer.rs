@@ -115,8 +115,8 @@ impl PeerCase {
                 "ib_write_bw-",
                 "ib_read_bw-",
             ]
-                .iter()
-                .any(|p| w.starts_with(p)) =>
+            .iter()
+            .any(|p| w.starts_with(p)) =>
             {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }

@@ -334,6 +334,7 @@ fn run<P: Provider>(
             data: None,
             data_established: None,
             data_disconnected: false,
+            request: None,
         };
         match case.program {
             Program::RpingServer => s.rping_client(pd, linux, case),
@@ -372,6 +373,8 @@ struct Session<'s, 'a, P: Provider, C: Clock> {
     data_established: Option<u64>,
     /// The second connection's DREQ (or the answer to this side's).
     data_disconnected: bool,
+    /// A connection request not taken yet, and when it came (ms).
+    request: Option<(ConnectRequest, u64)>,
 }
 
 impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
@@ -393,9 +396,20 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
             .at("cm: create QP")
     }
 
-    /// One CM event, if any; the connection's own ones are noted.
+    /// One CM event, if any; the connection's own ones are noted. A connection request is
+    /// kept for [`Self::accept_next`] (whatever wait polls the CM when it comes: perftest's
+    /// client connects its data QP while this side still waits for a SEND's completion), a
+    /// second one meanwhile rejected.
     fn cm_event(&mut self) -> Option<CmEvent<'a, P>> {
         let ev = self.cm.poll()?;
+        if let CmEvent::ConnectRequest(r) = ev {
+            if self.request.is_none() {
+                self.request = Some((r, self.now()));
+            } else {
+                let _ = self.cm.reject(r.id, &[]);
+            }
+            return None;
+        }
         match &ev {
             CmEvent::Established { id, qp: None, .. } if Some(*id) == self.id => {
                 self.established = Some(self.now());
@@ -454,10 +468,12 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         params: &AcceptParams<'_>,
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64, ConnectRequest), CaseError> {
         let (req, t_req) = loop {
-            match self.cm_event() {
-                Some(CmEvent::ConnectRequest(r)) => break (r, self.now()),
-                _ if self.now() > self.deadline => return Err(CaseError::Deadline("the REQ")),
-                _ => {}
+            if let Some(r) = self.request.take() {
+                break r;
+            }
+            let _ = self.cm_event();
+            if self.now() > self.deadline {
+                return Err(CaseError::Deadline("the REQ"));
             }
         };
         self.id = Some(req.id);

@@ -120,10 +120,7 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
     }
     let ok = rdma_cm && (1..=MAX_PT_SIZE).contains(&size) && (1..=1_000_000).contains(&iters);
     ok.then_some(CmCase {
-        program: Program::Perftest {
-            verb,
-            linux_serves,
-        },
+        program: Program::Perftest { verb, linux_serves },
         size,
         count: iters,
     })
@@ -285,7 +282,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             };
             // ib_read_bw asks for its outstanding reads both ways, the others for none.
             let depths_ok = move |r: u8, i: u8| {
-                if depth == 0 { (r, i) == (0, 0) } else { r == i && r >= 1 }
+                if depth == 0 {
+                    (r, i) == (0, 0)
+                } else {
+                    r == i && r >= 1
+                }
             };
             self.accept_next(pd, linux, PT_PORT, &depths_ok, (7, 7), &params)
                 .map(|(q, t, req)| (q, Err(t), Some(req.initiator_depth)))
@@ -293,12 +294,23 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         self.data = self.id;
         self.id = ctl_id;
         let (mut qp, data_t, req_depth) = data?;
-        let r = self.perftest_data(ctl, &mut qp, (case, verb, client, linux), agreed, req_depth, tally);
+        let r = self.perftest_data(
+            ctl,
+            &mut qp,
+            (case, verb, client, linux),
+            agreed,
+            req_depth,
+            tally,
+        );
         // The client disconnects the data connection; the server's comes down with its exit.
         let r = r.and_then(|how| {
             let data_ms = match data_t {
                 Ok(ms) => ms,
-                Err(t) => self.data_established.ok_or(CaseError::Deadline("the RTU"))? - t,
+                Err(t) => {
+                    self.data_established
+                        .ok_or(CaseError::Deadline("the RTU"))?
+                        - t
+                }
             };
             Ok((data_ms, how))
         });
@@ -445,8 +457,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     let area = &self.mr.as_slice()[at..at + len as usize];
                     msg::check_write_target(area, case.size, case.count, agreed)?;
                     how = EVERY_DEFINED_AND_TARGET;
-                } else if let Some(j) = (0..len as usize)
-                    .find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
+                } else if let Some(j) =
+                    (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
                 {
                     return Err(CaseError::Message {
                         what: "the buffer the peer READs (changed)",
@@ -577,8 +589,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         what: &'static str,
     ) -> Result<[u8; DEST_LEN], CaseError> {
         let w = self.wait(WR_RECV, what)?;
-        if w.byte_len != len || w.opcode != WcOpcode::Recv || w.flags.contains(WcFlags::WITH_IMM)
-        {
+        if w.byte_len != len || w.opcode != WcOpcode::Recv || w.flags.contains(WcFlags::WITH_IMM) {
             return Err(CaseError::Message {
                 what,
                 index: 0,

@@ -58,7 +58,9 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         for i in 0..n {
             let k = i % WINDOW;
             let w = self.wait(RECV_BASE + u64::from(k), "a SEND")?;
-            if w.byte_len != size || w.opcode != WcOpcode::Recv || w.flags.contains(WcFlags::WITH_IMM)
+            if w.byte_len != size
+                || w.opcode != WcOpcode::Recv
+                || w.flags.contains(WcFlags::WITH_IMM)
             {
                 return Err(CaseError::Message {
                     what: "a SEND",
@@ -93,17 +95,24 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     ) -> Result<(), CaseError> {
         self.fill_source(case.size);
         let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
-        self.pipeline(case.count, WINDOW, "a SEND's completion", |_, qp, id| {
-            // SAFETY: as in `post_slot`; the CPU leaves the source alone until the last
-            // completion.
-            unsafe {
-                let mut s = qp.send_batch();
-                s.send(id, SendFlags::SIGNALED, &[sge])
-                    .at("perftest: post SEND")?;
-                s.finish();
-            }
-            Ok(())
-        }, qp, |_, _| Ok(0))
+        self.pipeline(
+            case.count,
+            WINDOW,
+            "a SEND's completion",
+            |_, qp, id| {
+                // SAFETY: as in `post_slot`; the CPU leaves the source alone until the last
+                // completion.
+                unsafe {
+                    let mut s = qp.send_batch();
+                    s.send(id, SendFlags::SIGNALED, &[sge])
+                        .at("perftest: post SEND")?;
+                    s.finish();
+                }
+                Ok(())
+            },
+            qp,
+            |_, _| Ok(0),
+        )
         .map(|_| ())
     }
 
@@ -117,16 +126,23 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         self.fill_source(case.size);
         let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
         let to = (peer.vaddr, peer.rkey);
-        self.pipeline(case.count, WINDOW, "a WRITE's completion", |_, qp, id| {
-            // SAFETY: as in `send_all`.
-            unsafe {
-                let mut s = qp.send_batch();
-                s.rdma_write(id, SendFlags::SIGNALED, to, &[sge])
-                    .at("perftest: post WRITE")?;
-                s.finish();
-            }
-            Ok(())
-        }, qp, |_, _| Ok(0))
+        self.pipeline(
+            case.count,
+            WINDOW,
+            "a WRITE's completion",
+            |_, qp, id| {
+                // SAFETY: as in `send_all`.
+                unsafe {
+                    let mut s = qp.send_batch();
+                    s.rdma_write(id, SendFlags::SIGNALED, to, &[sge])
+                        .at("perftest: post WRITE")?;
+                    s.finish();
+                }
+                Ok(())
+            },
+            qp,
+            |_, _| Ok(0),
+        )
         .map(|_| ())
     }
 
@@ -143,32 +159,41 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let size = case.size;
         let from = (peer.vaddr, peer.rkey);
         let first = (DATA_AT + WINDOW * stride(size)) as usize;
-        self.pipeline(case.count, window, "a READ's completion", |s, qp, id| {
-            let at = DATA_AT + (id - SEND_BASE) as u32 * stride(size);
-            s.mr.as_mut_slice()[at as usize..(at + size) as usize].fill(SENTINEL);
-            let sge = s.mr.sge(at, size).at("perftest: sge")?;
-            // SAFETY: as in `post_slot`; the CPU reads the slot only after the READ completed.
-            unsafe {
-                let mut b = qp.send_batch();
-                b.rdma_read(id, SendFlags::SIGNALED, from, &[sge])
-                    .at("perftest: post READ")?;
-                b.finish();
-            }
-            Ok(())
-        }, qp, |s, i| {
-            let slot = (DATA_AT + (i % window) * stride(size)) as usize;
-            let buf = s.mr.as_mut_slice();
-            if i == 0 {
-                buf.copy_within(slot..slot + size as usize, first);
-            } else if let Some(at) = (0..size as usize).find(|&j| buf[slot + j] != buf[first + j]) {
-                return Err(CaseError::Message {
-                    what: "a READ (not the first READ's bytes)",
-                    index: i,
-                    at: at as u32,
-                });
-            }
-            Ok(u64::from(size))
-        })
+        self.pipeline(
+            case.count,
+            window,
+            "a READ's completion",
+            |s, qp, id| {
+                let at = DATA_AT + (id - SEND_BASE) as u32 * stride(size);
+                s.mr.as_mut_slice()[at as usize..(at + size) as usize].fill(SENTINEL);
+                let sge = s.mr.sge(at, size).at("perftest: sge")?;
+                // SAFETY: as in `post_slot`; the CPU reads the slot only after the READ completed.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    b.rdma_read(id, SendFlags::SIGNALED, from, &[sge])
+                        .at("perftest: post READ")?;
+                    b.finish();
+                }
+                Ok(())
+            },
+            qp,
+            |s, i| {
+                let slot = (DATA_AT + (i % window) * stride(size)) as usize;
+                let buf = s.mr.as_mut_slice();
+                if i == 0 {
+                    buf.copy_within(slot..slot + size as usize, first);
+                } else if let Some(at) =
+                    (0..size as usize).find(|&j| buf[slot + j] != buf[first + j])
+                {
+                    return Err(CaseError::Message {
+                        what: "a READ (not the first READ's bytes)",
+                        index: i,
+                        at: at as u32,
+                    });
+                }
+                Ok(u64::from(size))
+            },
+        )
     }
 
     /// The bytes this side SENDs or WRITEs.

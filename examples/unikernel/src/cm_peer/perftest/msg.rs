@@ -108,7 +108,11 @@ pub fn check_dest(
     let what = "the peer's pingpong_dest";
     if let Some(f) = first {
         return match first_difference(f, m) {
-            Some(at) => Err(wrong("a pingpong_dest (not the first one's bytes)", index, at)),
+            Some(at) => Err(wrong(
+                "a pingpong_dest (not the first one's bytes)",
+                index,
+                at,
+            )),
             None => Ok(Dest::parse(m)),
         };
     }
@@ -264,8 +268,12 @@ mod tests {
     #[test]
     fn dest_is_the_c_struct_big_endian() {
         let m = sample().encode();
-        assert_eq!(&m[0..20], &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0x11, 0, 0xAB, 0xCD, 0xEF,
-            0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(
+            &m[0..20],
+            &[
+                0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0x11, 0, 0xAB, 0xCD, 0xEF, 0x12, 0x34, 0x56, 0x78
+            ]
+        );
         assert_eq!(&m[24..32], &[0, 0, 0x7F, 0x12, 0x34, 0x56, 0x70, 0]);
         assert_eq!(&m[44..48], &[10, 0, 0, 1]);
         assert_eq!(&m[52..56], &[0, 0, 0, 1]);
@@ -283,7 +291,10 @@ mod tests {
         m[21] = 0x99; // padding: ignored
         let mut first = None;
         assert_eq!(check_dest(&m, &e, &mut first, 0), Ok(sample()));
-        assert_eq!(check_dest(&sample().encode(), &e, &mut first, 1), Ok(sample()));
+        assert_eq!(
+            check_dest(&sample().encode(), &e, &mut first, 1),
+            Ok(sample())
+        );
         let mut other = sample().encode();
         other[19] ^= 1;
         assert_eq!(
@@ -298,14 +309,71 @@ mod tests {
             Err(CaseError::Message { at, .. }) => at,
             _ => u32::MAX,
         };
-        assert_eq!(at(Dest { qpn: 0x12, ..sample() }, &e), 8);
+        assert_eq!(
+            at(
+                Dest {
+                    qpn: 0x12,
+                    ..sample()
+                },
+                &e
+            ),
+            8
+        );
         assert_eq!(at(Dest { lid: 3, ..sample() }, &e), 0);
-        assert_eq!(at(Dest { out_reads: 128, ..sample() }, &e), 4);
-        assert_eq!(at(Dest { srqn: 1, ..sample() }, &e), 48);
-        assert_eq!(at(Dest { gid: [0; 16], ..sample() }, &e), 32);
-        let any_reads = Expect { out_reads: None, ..e };
-        assert_eq!(at(Dest { out_reads: 128, ..sample() }, &any_reads), u32::MAX);
-        assert_eq!(at(Dest { out_reads: 0, ..sample() }, &any_reads), 4);
+        assert_eq!(
+            at(
+                Dest {
+                    out_reads: 128,
+                    ..sample()
+                },
+                &e
+            ),
+            4
+        );
+        assert_eq!(
+            at(
+                Dest {
+                    srqn: 1,
+                    ..sample()
+                },
+                &e
+            ),
+            48
+        );
+        assert_eq!(
+            at(
+                Dest {
+                    gid: [0; 16],
+                    ..sample()
+                },
+                &e
+            ),
+            32
+        );
+        let any_reads = Expect {
+            out_reads: None,
+            ..e
+        };
+        assert_eq!(
+            at(
+                Dest {
+                    out_reads: 128,
+                    ..sample()
+                },
+                &any_reads
+            ),
+            u32::MAX
+        );
+        assert_eq!(
+            at(
+                Dest {
+                    out_reads: 0,
+                    ..sample()
+                },
+                &any_reads
+            ),
+            4
+        );
     }
 
     #[test]
@@ -323,7 +391,10 @@ mod tests {
         v[..4].copy_from_slice(b"5.60");
         v[10] = 0;
         assert!(check_version(&v).is_err());
-        assert_eq!(check_power(&4096u32.to_be_bytes(), 4096..=65536, "p"), Ok(4096));
+        assert_eq!(
+            check_power(&4096u32.to_be_bytes(), 4096..=65536, "p"),
+            Ok(4096)
+        );
         assert!(check_power(&4095u32.to_be_bytes(), 1..=65536, "p").is_err());
         assert!(check_power(&(1u32 << 20).to_be_bytes(), 4096..=65536, "p").is_err());
         assert_eq!(check_mtu(b"3\0"), Ok(3));
@@ -350,7 +421,16 @@ mod tests {
         };
         assert!(check_report(&r, &case).is_ok());
         assert!(check_report(&Report { iters: 199, ..r }, &case).is_err());
-        assert!(check_report(&Report { bw_avg: f64::NAN, ..r }, &case).is_err());
+        assert!(
+            check_report(
+                &Report {
+                    bw_avg: f64::NAN,
+                    ..r
+                },
+                &case
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -364,7 +444,9 @@ mod tests {
         assert_eq!(cycle_steps(10, 4096, 64), (64, 64));
         // 4096-byte WRITEs: the first 4096 bytes rewritten, the rest untouched.
         let mut area = [0u8; 8192];
-        area.iter_mut().enumerate().for_each(|(j, b)| *b = prefill(j));
+        area.iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = prefill(j));
         for (j, b) in area[..4096].iter_mut().enumerate() {
             *b = (j as u8).wrapping_mul(7) ^ 0x5A;
         }
@@ -384,7 +466,10 @@ mod tests {
         );
         // 100-byte WRITEs, 3 of them: at 0, 128, 256.
         let mut small = [0u8; 8192];
-        small.iter_mut().enumerate().for_each(|(j, b)| *b = prefill(j));
+        small
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = prefill(j));
         for k in 0..3 {
             for j in k * 128..k * 128 + 100 {
                 small[j] = !prefill(j);
