@@ -302,7 +302,7 @@ fn a_send_with_a_wrong_byte_fails_the_case() {
     let (line, _) = run(Twist::BadSend);
     assert!(
         line.contains(
-            "FAIL a SEND (not the bytes the first one at its place had) #17: wrong byte at 7"
+            "FAIL a SEND (not the bytes the first one at its place had), number 17: wrong byte at 7"
         ),
         "{line}"
     );
@@ -312,7 +312,9 @@ fn a_send_with_a_wrong_byte_fails_the_case() {
 fn a_pingpong_dest_that_changes_fails_the_case() {
     let (line, _) = run(Twist::BadDest);
     assert!(
-        line.contains("FAIL a pingpong_dest (not the first one's bytes) #2: wrong byte at 11"),
+        line.contains(
+            "FAIL a pingpong_dest (not the first one's bytes), number 2: wrong byte at 11"
+        ),
         "{line}"
     );
 }

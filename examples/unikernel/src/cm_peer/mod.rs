@@ -216,10 +216,10 @@ impl core::fmt::Display for CaseError {
             CaseError::Disconnected(what) => write!(f, "peer disconnected before {what}"),
             CaseError::Request(what) => write!(f, "connection request: unexpected {what}"),
             CaseError::Message { what, index, at } if *at == u32::MAX => {
-                write!(f, "{what} #{index}: wrong length")
+                write!(f, "{what}, number {index}: wrong length")
             }
             CaseError::Message { what, index, at } => {
-                write!(f, "{what} #{index}: wrong byte at {at}")
+                write!(f, "{what}, number {index}: wrong byte at {at}")
             }
             CaseError::Bytes { what, ping, at } if *at == u32::MAX => {
                 write!(f, "{what} of ping {ping}: wrong length")
@@ -352,6 +352,9 @@ fn run<P: Provider>(
     r
 }
 
+/// An accepted connection: its QP, when the request came (ms), the request.
+type Accepted<'a, P> = (QueuePair<'a, P, Rc, Rts>, u64, ConnectRequest);
+
 /// One connection's case: the CM, the data QP's CQ, the region, what was seen.
 struct Session<'s, 'a, P: Provider, C: Clock> {
     cm: &'s mut Cm<'a, P, C, CONNS>,
@@ -466,7 +469,7 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         depths_ok: &dyn Fn(u8, u8) -> bool,
         retries: (u8, u8),
         params: &AcceptParams<'_>,
-    ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64, ConnectRequest), CaseError> {
+    ) -> Result<Accepted<'a, P>, CaseError> {
         let (req, t_req) = loop {
             if let Some(r) = self.request.take() {
                 break r;

@@ -454,8 +454,8 @@ mod tests {
         area[100] = prefill(100);
         assert!(check_write_target(&area, 4096, 10, agreed).is_ok());
         let mut short = area;
-        for j in 2000..2008 {
-            short[j] = prefill(j);
+        for (j, b) in short.iter_mut().enumerate().skip(2000).take(8) {
+            *b = prefill(j);
         }
         assert!(check_write_target(&short, 4096, 10, agreed).is_err());
         let mut touched = area;
@@ -471,8 +471,8 @@ mod tests {
             .enumerate()
             .for_each(|(j, b)| *b = prefill(j));
         for k in 0..3 {
-            for j in k * 128..k * 128 + 100 {
-                small[j] = !prefill(j);
+            for (j, b) in small.iter_mut().enumerate().skip(k * 128).take(100) {
+                *b = !prefill(j);
             }
         }
         assert!(check_write_target(&small, 100, 3, agreed).is_ok());
