@@ -189,8 +189,9 @@ done
 [ "$ll_pass" = "$total" ] || why+=("linux-linux $ll_pass/$total")
 lin_bw=$(bw "$(result "linux-linux read")")
 ratio=
-# The rdma_cm programs' cases (connected through the CM) are counted apart: `cm <case>`.
-is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* ]]; }
+# The rdma_cm programs' cases (connected through the CM, perftest's -R ones too) are counted
+# apart: `cm <case>`.
+is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* || "$1" == ib_*_bw-* ]]; }
 cm_total=0
 for n in $names; do is_cm "$n" && cm_total=$((cm_total + 1)); done
 if [ "$mode" = full ]; then

@@ -48,7 +48,8 @@ say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '
 # descriptor for socket connection" (then " Unable to init the socket connection"), rping
 # "RDMA_CM_EVENT_REJECTED, error 8" and ucmatose "…REJECTED, error: 8" (the CM's "invalid
 # service ID": nobody listens), udaddy "…UNREACHABLE" (its SIDR_REP's "no such service"), or
-# an ADDR_ERROR (the peer's address did not resolve yet).
+# an ADDR_ERROR (the peer's address did not resolve yet); perftest -R "Unexpected CM event
+# bl blka 8" (its control connection REJECTED).
 run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   local tag=$1 client=$2 deadline=$(( $(date +%s) + limit )) out st tries=0
   shift 2
@@ -56,7 +57,7 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
     tries=$((tries + 1))
     out=$(timeout $(( deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1 )) "$@" 2>&1); st=$?
     [ "$client" = 1 ] && [ "$st" != 0 ] && [ "$(date +%s)" -lt "$deadline" ] &&
-      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection|RDMA_CM_EVENT_REJECTED, error:? 8|RDMA_CM_EVENT_ADDR_ERROR|udaddy: event: RDMA_CM_EVENT_UNREACHABLE" <<<"$out" &&
+      grep -qE "Couldn't connect to [0-9.]+:[0-9]+|Unable to open file descriptor for socket connection|RDMA_CM_EVENT_REJECTED, error:? 8|RDMA_CM_EVENT_ADDR_ERROR|udaddy: event: RDMA_CM_EVENT_UNREACHABLE|Unexpected CM event bl blka 8" <<<"$out" &&
       { sleep 0.5; continue; }
     break
   done
@@ -93,6 +94,9 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
     read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
     atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
+    # perftest with -R: rdma_cm for the control channel and the data QP (the GID only names
+    # the one the program prints as its own).
+    ib_send_bw-* | ib_write_bw-* | ib_read_bw-*) cmd=("${name%%-*}" -d rxe0 -x "$gid" "$@") ;;
     # rdma_cm finds the device and the GID from the addresses.
     rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
     ucmatose-* | udaddy-*)
@@ -112,12 +116,34 @@ cases() {
   done < "$here/cases"
 }
 
+# perftest 4.5-0.17's -R client connects its data QP as soon as it has the server's first
+# blank message, and after a REJ (nobody listening yet) it tries again with the CM IDs it has
+# just destroyed, and crashes; a Linux server often listens only after that (the unikernel
+# listens from the start). So between two Linux guests the client's CM messages (UDP 4791
+# to QP 1: the BTH's destination QP at byte 32 of the IP packet) wait 300 ms on the way out.
+cm_delay() { # on|off
+  if [ "$1" = on ]; then
+    modprobe -d "$kroot" -a sch_prio sch_netem cls_u32 || return 0
+    tc qdisc add dev eth0 root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 &&
+      tc qdisc add dev eth0 parent 1:3 handle 30: netem delay 300ms &&
+      tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff \
+        match ip dport 4791 0xffff match u32 0x00000001 0x00ffffff at 32 flowid 1:3 ||
+      say "cm_delay: tc failed"
+  else
+    tc qdisc del dev eth0 root 2>/dev/null || true
+  fi
+}
+
 phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX case"
-  local name opts
+  local name opts delay
   while read -r name opts; do
     read -r -a opt <<<"$opts"
     program "$1" "$name" "$3" "${opt[@]}"
+    delay=0
+    [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ib_*_bw-* ]] && delay=1
+    [ "$delay" = 1 ] && cm_delay on
     run "$2 $name" "$client" "${cmd[@]}"
+    [ "$delay" = 1 ] && cm_delay off
   done < <(cases)
 }
 

@@ -107,9 +107,16 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
-            w if ["rping-", "ucmatose-", "udaddy-"]
-                .iter()
-                .any(|p| w.starts_with(p)) =>
+            w if [
+                "rping-",
+                "ucmatose-",
+                "udaddy-",
+                "ib_send_bw-",
+                "ib_write_bw-",
+                "ib_read_bw-",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p)) =>
             {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }

@@ -108,6 +108,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size: case.size,
             checked: r?,
             connect_ms,
+            how: super::EVERY_BYTE,
         })
     }
 
@@ -186,6 +187,17 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         linux: [u8; 4],
         port: u16,
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
+        self.connect_retrying_with(qp, linux, port, &ConnectParams::default())
+    }
+
+    /// [`Self::connect_retrying`] with `params` in the REQ.
+    pub(super) fn connect_retrying_with(
+        &mut self,
+        qp: QueuePair<'a, P, Rc, Reset>,
+        linux: [u8; 4],
+        port: u16,
+        params: &ConnectParams<'_>,
+    ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
         let mut qp = Some(qp);
         loop {
             let Some(q) = qp.take() else {
@@ -194,7 +206,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             let t_req = self.now();
             let id = self
                 .cm
-                .connect(q, linux, port, &ConnectParams::default())
+                .connect(q, linux, port, params)
                 .map_err(|(_, e)| CaseError::Cm("connect", e))?;
             self.id = Some(id);
             let outcome = loop {
@@ -270,6 +282,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size: case.size,
             checked,
             connect_ms: up - t_req,
+            how: super::EVERY_BYTE,
         })
     }
 

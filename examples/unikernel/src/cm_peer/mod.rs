@@ -10,6 +10,8 @@
 //! | `ucmatose-client` | `ucmatose -s <unikernel>` | the server: SENDs its messages, takes the answers, disconnects |
 //! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers (`udaddy.rs`) |
 //! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
+//! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
+//! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
 //!
 //! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
 //! buffer's address (u64), rkey (u32) and size (u32), big-endian; per ping the client sends
@@ -23,7 +25,8 @@ use core::fmt::Write;
 
 use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, Failure as CmFailure, Service,
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnectRequest, Failure as CmFailure,
+    Service,
 };
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
@@ -31,8 +34,11 @@ use bareverbs::verbs::*;
 use crate::{Failure, Step};
 
 mod cmatose;
+mod perftest;
 mod rping;
 mod udaddy;
+
+pub use perftest::{PT_PORT, PtVerb};
 
 /// rping's default port.
 pub const RPING_PORT: u16 = 7174;
@@ -57,8 +63,8 @@ const SENTINEL: u8 = 0xEE;
 pub const MAX_MESSAGE: u32 = 1024;
 /// Largest `-C` of ucmatose and udaddy cases (each message has its own receive buffer).
 pub const MAX_MESSAGES: u32 = 32;
-/// Connection entries of the case's CM.
-const CONNS: usize = 2;
+/// Connection entries of the case's CM (perftest's two connections, and a spare).
+const CONNS: usize = 4;
 /// Milliseconds between two connection attempts while Linux's server is not listening yet.
 const RETRY_MS: u64 = 500;
 
@@ -77,16 +83,24 @@ pub enum Program {
     UdaddyServer,
     /// `udaddy -s`: the unikernel serves the UD port.
     UdaddyClient,
+    /// perftest with `-R`: `ib_send_bw`, `ib_write_bw` or `ib_read_bw`; the unikernel connects
+    /// when Linux serves (the `…-server` cases), else it listens.
+    Perftest {
+        /// The program.
+        verb: PtVerb,
+        /// Linux runs the server.
+        linux_serves: bool,
+    },
 }
 
-/// A CM case: the program, its `-S` and `-C`.
+/// A CM case: the program, its `-S` and `-C` (perftest's `-s` and `-n`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CmCase {
     /// The Linux program's role.
     pub program: Program,
-    /// Bytes of a ping or message (`-S`).
+    /// Bytes of a ping or message (`-S`; perftest's `-s`).
     pub size: u32,
-    /// Pings or messages (`-C`).
+    /// Pings or messages (`-C`; perftest's iterations, `-n`).
     pub count: u32,
 }
 
@@ -96,6 +110,9 @@ impl CmCase {
     /// every byte anyway). The defaults are the programs': rping 64 bytes, ucmatose and
     /// udaddy 10 messages of 100 bytes.
     pub fn parse(spec: &str) -> Option<CmCase> {
+        if let Some(c) = perftest::parse(spec) {
+            return Some(c);
+        }
         let mut words = spec.split(',').filter(|w| !w.is_empty());
         let program = match words.next()? {
             "rping-server" => Program::RpingServer,
@@ -138,6 +155,7 @@ impl CmCase {
             Program::UcmatoseClient => "ucmatose-client",
             Program::UdaddyServer => "udaddy-server",
             Program::UdaddyClient => "udaddy-client",
+            Program::Perftest { verb, linux_serves } => verb.case_name(linux_serves),
         }
     }
 }
@@ -159,6 +177,16 @@ pub enum CaseError {
     Disconnected(&'static str),
     /// A connection request that is not rping's (which field).
     Request(&'static str),
+    /// A perftest message or data that is not what perftest sends: which, its index, the
+    /// first wrong byte (`u32::MAX`: the length).
+    Message {
+        /// What was checked.
+        what: &'static str,
+        /// Its index among its kind (from 0).
+        index: u32,
+        /// The first wrong byte's offset, or `u32::MAX` for a wrong length.
+        at: u32,
+    },
     /// A received message or buffer that is not what rping sends: which, in which ping, the
     /// first wrong byte (`u32::MAX`: the length).
     Bytes {
@@ -187,6 +215,12 @@ impl core::fmt::Display for CaseError {
             CaseError::Status(s, id) => write!(f, "completion {s:?} for work request {id}"),
             CaseError::Disconnected(what) => write!(f, "peer disconnected before {what}"),
             CaseError::Request(what) => write!(f, "connection request: unexpected {what}"),
+            CaseError::Message { what, index, at } if *at == u32::MAX => {
+                write!(f, "{what}, number {index}: wrong length")
+            }
+            CaseError::Message { what, index, at } => {
+                write!(f, "{what}, number {index}: wrong byte at {at}")
+            }
             CaseError::Bytes { what, ping, at } if *at == u32::MAX => {
                 write!(f, "{what} of ping {ping}: wrong length")
             }
@@ -209,9 +243,14 @@ struct Done {
     /// messages, GRH areas).
     checked: u64,
     /// Milliseconds from the REQ or SIDR_REQ (sent or received) to the connection being up
-    /// (the clock ticks every 16 ms).
+    /// (the clock ticks every 16 ms); perftest's two connections: the sum.
     connect_ms: u64,
+    /// What was checked of what arrived ([`EVERY_BYTE`] but for perftest's WRITE target).
+    how: &'static str,
 }
+
+/// What the cases check of what they receive.
+const EVERY_BYTE: &str = "every byte received checked";
 
 /// The CM's clock: the case's millisecond clock.
 struct Ms<'c>(&'c dyn Fn() -> u64);
@@ -240,11 +279,12 @@ pub fn run_case<P: Provider>(
         Ok(d) => {
             let _ = writeln!(
                 out,
-                "roce-uk {}: ok {} {} of {} bytes, every byte received checked ({} bytes), connected in {} ms; {ms} ms in all",
+                "roce-uk {}: ok {} {} of {} bytes, {} ({} bytes), connected in {} ms; {ms} ms in all",
                 case.name(),
                 d.count,
                 d.unit,
                 d.size,
+                d.how,
                 d.checked,
                 d.connect_ms
             );
@@ -273,6 +313,7 @@ fn run<P: Provider>(
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let len = match case.program {
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
+        Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
         _ => (case.count + 1) * cmatose::slot(case.size),
     };
     let mut mr = pd.register(len as usize, access).at("cm: register")?;
@@ -290,6 +331,10 @@ fn run<P: Provider>(
             id: None,
             established: None,
             disconnected: false,
+            data: None,
+            data_established: None,
+            data_disconnected: false,
+            request: None,
         };
         match case.program {
             Program::RpingServer => s.rping_client(pd, linux, case),
@@ -298,11 +343,17 @@ fn run<P: Provider>(
             Program::UcmatoseClient => s.ucmatose_server(pd, linux, case),
             Program::UdaddyServer => s.udaddy_client(pd, linux, case),
             Program::UdaddyClient => s.udaddy_server(pd, linux, case),
+            Program::Perftest { verb, linux_serves } => {
+                s.perftest(pd, linux, case, verb, linux_serves)
+            }
         }
     };
     // The region and the CQs go when they drop (the session's borrows tie them to it).
     r
 }
+
+/// An accepted connection: its QP, when the request came (ms), the request.
+type Accepted<'a, P> = (QueuePair<'a, P, Rc, Rts>, u64, ConnectRequest);
 
 /// One connection's case: the CM, the data QP's CQ, the region, what was seen.
 struct Session<'s, 'a, P: Provider, C: Clock> {
@@ -319,6 +370,14 @@ struct Session<'s, 'a, P: Provider, C: Clock> {
     established: Option<u64>,
     /// The peer's DREQ (or the answer to this side's).
     disconnected: bool,
+    /// A second connection (perftest's data QP; `id` is its control connection).
+    data: Option<ConnId>,
+    /// When the passive side saw the second connection's RTU (ms).
+    data_established: Option<u64>,
+    /// The second connection's DREQ (or the answer to this side's).
+    data_disconnected: bool,
+    /// A connection request not taken yet, and when it came (ms).
+    request: Option<(ConnectRequest, u64)>,
 }
 
 impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
@@ -340,14 +399,29 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
             .at("cm: create QP")
     }
 
-    /// One CM event, if any; the connection's own ones are noted.
+    /// One CM event, if any; the connection's own ones are noted. A connection request is
+    /// kept for [`Self::accept_next`] (whatever wait polls the CM when it comes: perftest's
+    /// client connects its data QP while this side still waits for a SEND's completion), a
+    /// second one meanwhile rejected.
     fn cm_event(&mut self) -> Option<CmEvent<'a, P>> {
         let ev = self.cm.poll()?;
+        if let CmEvent::ConnectRequest(r) = ev {
+            if self.request.is_none() {
+                self.request = Some((r, self.now()));
+            } else {
+                let _ = self.cm.reject(r.id, &[]);
+            }
+            return None;
+        }
         match &ev {
             CmEvent::Established { id, qp: None, .. } if Some(*id) == self.id => {
                 self.established = Some(self.now());
             }
             CmEvent::Disconnected { id } if Some(*id) == self.id => self.disconnected = true,
+            CmEvent::Established { id, qp: None, .. } if Some(*id) == self.data => {
+                self.data_established = Some(self.now());
+            }
+            CmEvent::Disconnected { id } if Some(*id) == self.data => self.data_disconnected = true,
             _ => {}
         }
         Some(ev)
@@ -364,14 +438,45 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         port: u16,
         retries: (u8, u8),
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
+        self.listen(port)?;
+        let (qp, t_req, _) = self.accept_next(
+            pd,
+            linux,
+            port,
+            &|r, i| (r, i) == (1, 1),
+            retries,
+            &AcceptParams::default(),
+        )?;
+        Ok((qp, t_req))
+    }
+
+    /// Listens on `port` (rdma_cm's TCP port space, any address).
+    fn listen(&mut self, port: u16) -> Result<(), CaseError> {
         self.cm
             .listen(None, port, Service::Rc)
-            .map_err(|e| CaseError::Cm("listen", e))?;
+            .map_err(|e| CaseError::Cm("listen", e))
+    }
+
+    /// Waits (until the deadline) for the next request to the listening `port`, checks it as
+    /// [`Self::accept_checked`] does, its depths (responder resources, initiator depth) with
+    /// `depths_ok`, and accepts it with `params` on a new QP. Returns the QP, when the
+    /// request came (ms) and the request.
+    fn accept_next(
+        &mut self,
+        pd: &'a ProtectionDomain<'a, P>,
+        linux: [u8; 4],
+        port: u16,
+        depths_ok: &dyn Fn(u8, u8) -> bool,
+        retries: (u8, u8),
+        params: &AcceptParams<'_>,
+    ) -> Result<Accepted<'a, P>, CaseError> {
         let (req, t_req) = loop {
-            match self.cm_event() {
-                Some(CmEvent::ConnectRequest(r)) => break (r, self.now()),
-                _ if self.now() > self.deadline => return Err(CaseError::Deadline("the REQ")),
-                _ => {}
+            if let Some(r) = self.request.take() {
+                break r;
+            }
+            let _ = self.cm_event();
+            if self.now() > self.deadline {
+                return Err(CaseError::Deadline("the REQ"));
             }
         };
         self.id = Some(req.id);
@@ -379,7 +484,7 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
             (req.src_ip == linux, "source address"),
             (req.dst_port == port, "port"),
             (
-                (req.responder_resources, req.initiator_depth) == (1, 1),
+                depths_ok(req.responder_resources, req.initiator_depth),
                 "depths",
             ),
             ((req.retry_count, req.rnr_retry_count) == retries, "retries"),
@@ -395,9 +500,9 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         let qp = self.qp(pd)?;
         let rts = self
             .cm
-            .accept(req.id, qp, &AcceptParams::default())
+            .accept(req.id, qp, params)
             .map_err(|(_, e)| CaseError::Cm("accept", e))?;
-        Ok((rts, t_req))
+        Ok((rts, t_req, req))
     }
 
     /// Runs the CM until the peer's DREQ came, failing with `what` past the deadline.

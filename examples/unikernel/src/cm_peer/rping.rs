@@ -91,6 +91,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size: case.size,
             checked: data + u64::from(messages) * u64::from(INFO),
             connect_ms,
+            how: super::EVERY_BYTE,
         });
         // rping's disconnect: the QP to ERROR, then the DREQ; the DREP ends it.
         let qp = rts.to_error().at("cm: QP to ERROR")?;
@@ -177,6 +178,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size: case.size,
             checked: data + u64::from(messages) * u64::from(INFO),
             connect_ms: up - t_req,
+            how: super::EVERY_BYTE,
         })
     }
 

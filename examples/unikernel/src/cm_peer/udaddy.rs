@@ -193,6 +193,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size,
             checked: u64::from(case.count) * u64::from(size + GRH),
             connect_ms,
+            how: super::EVERY_BYTE,
         })
     }
 
@@ -276,6 +277,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             size,
             checked: u64::from(case.count) * u64::from(size + GRH),
             connect_ms: t_up - t_req,
+            how: super::EVERY_BYTE,
         })
     }
 }

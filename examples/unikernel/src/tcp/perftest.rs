@@ -215,7 +215,8 @@ pub struct Report {
 }
 
 impl Report {
-    fn words(&self) -> [u64; 5] {
+    /// The five words as exchanged, in order (the doubles' bits).
+    pub fn words(&self) -> [u64; 5] {
         [
             self.size,
             self.iters,
@@ -225,7 +226,8 @@ impl Report {
         ]
     }
 
-    fn from_words(w: [u64; 5]) -> Report {
+    /// The report from the five words.
+    pub fn from_words(w: [u64; 5]) -> Report {
         Report {
             size: w[0],
             iters: w[1],

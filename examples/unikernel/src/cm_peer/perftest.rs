@@ -1,0 +1,568 @@
+//! perftest's `-R` mode (`ib_send_bw`, `ib_write_bw`, `ib_read_bw` of perftest 4.5-0.17,
+//! Debian 12's), both roles: everything goes through rdma_cm, nothing over TCP
+//! (`docs/cm.md`, "perftest -R", has the exchange as read from perftest's source).
+//!
+//! - A control connection to port 18515 (RC, depths 0, retry and RNR retry counts 7, no
+//!   private data) carries every exchange as a SEND into the peer's one 56-byte receive; the
+//!   side that connected sends first, then waits for the answer; the other side the other way.
+//! - Versions (16 bytes, `"6.06"` NUL-padded), page size and cache line (4 bytes each,
+//!   big-endian), the MTU (`"3\0"`), then a blank `pingpong_dest` each way (56 bytes, zero
+//!   but for padding), the data connection to the same port (depths perftest's outstanding
+//!   reads for `ib_read_bw`, else 0; retries 7), a second blank one, then the data QP's
+//!   `pingpong_dest` three times.
+//! - `ib_send_bw`: receives posted, a fourth, the SENDs, a fifth. `ib_write_bw`,
+//!   `ib_read_bw`: the WRITEs or READs, a fourth, the five words of the report (the client's
+//!   own; the server's are uninitialized memory in perftest), a fifth.
+//! - The end: the client disconnects the data connection, the server's exit takes both
+//!   down (DREQs from its kernel).
+//!
+//! Checked here: every byte of every control message but the four bytes of a
+//! `pingpong_dest`'s padding and the words of a Linux server's report; the SENDs each the
+//! bytes of the one before at the same place of the sender's cycle (`ib_send_bw` sends from
+//! one buffer that never changes), each READ the bytes of the first (all from one address);
+//! the WRITE target of `ib_write_bw` overwritten whole and nothing around it touched (the
+//! data is perftest's `rand()`).
+
+use bareverbs::cm::{AcceptParams, ConnectParams};
+use bareverbs::hal::Clock;
+use bareverbs::verbs::*;
+
+use super::{CaseError, CmCase, Done, Program, Session};
+use crate::Step;
+use crate::tcp::perftest::{MIN_VERSION, Report, VERSION, VERSION_LEN, parse_version};
+
+mod ctl;
+mod data;
+mod msg;
+
+pub use msg::{DEST_LEN, Dest};
+
+/// perftest's port (both connections).
+pub const PT_PORT: u16 = 18515;
+/// The largest `-s` a case may ask for.
+pub const MAX_PT_SIZE: u32 = 64 * 1024;
+/// The largest page size (perftest's cycle buffer) taken from the peer.
+const MAX_CYCLE: u32 = 64 * 1024;
+/// Work requests in flight in the data phase (receives, SENDs, WRITEs or READs).
+const WINDOW: u32 = 16;
+/// READs/atomics this side offers and asks for on `ib_read_bw`'s data connection (the CM
+/// clamps it to the device's limit).
+const DEPTH: u8 = 16;
+/// The page size and cache line this side announces.
+const PAGE: u32 = 4096;
+const LINE: u32 = 64;
+/// The path MTU this side announces (`ibv_mtu` 3: 1024, rxe's on a 1500-byte link).
+const MTU: u8 = 3;
+/// The GID index of the unikernel's IPv4-mapped GID (what its `pingpong_dest` names).
+const GID_INDEX: u32 = 1;
+/// Where the control messages sit in the region; the data area follows.
+const CTL_RECV_AT: u32 = 0;
+const CTL_SEND_AT: u32 = 64;
+const DATA_AT: u32 = 128;
+/// Bytes after the WRITE target that must stay untouched.
+const GUARD: u32 = 4096;
+/// What the data area holds before the peer writes it.
+const SENTINEL: u8 = 0xEE;
+/// What the cases say they checked.
+const EVERY_DEFINED: &str = "every byte received that perftest defines checked";
+const EVERY_DEFINED_AND_TARGET: &str = "every byte received that perftest defines checked, the WRITE target overwritten whole and nothing around it touched";
+
+/// The perftest program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtVerb {
+    /// `ib_send_bw`: the client SENDs, the server receives.
+    Send,
+    /// `ib_write_bw`: the client WRITEs into the server's buffer.
+    Write,
+    /// `ib_read_bw`: the client READs the server's buffer.
+    Read,
+}
+
+impl PtVerb {
+    /// The case's name: the program, then the Linux side's role.
+    pub fn case_name(self, linux_serves: bool) -> &'static str {
+        match (self, linux_serves) {
+            (PtVerb::Send, true) => "ib_send_bw-server",
+            (PtVerb::Send, false) => "ib_send_bw-client",
+            (PtVerb::Write, true) => "ib_write_bw-server",
+            (PtVerb::Write, false) => "ib_write_bw-client",
+            (PtVerb::Read, true) => "ib_read_bw-server",
+            (PtVerb::Read, false) => "ib_read_bw-client",
+        }
+    }
+
+    fn op(self) -> &'static str {
+        match self {
+            PtVerb::Send => "SENDs",
+            PtVerb::Write => "RDMA WRITEs",
+            PtVerb::Read => "RDMA READs",
+        }
+    }
+}
+
+/// Parses `ib_send_bw-server,-R,-s,4096,-n,200` (`,` for spaces): `None` for another
+/// program, without `-R`, or with options that do not parse. perftest's defaults: 65536
+/// bytes, 1000 iterations.
+pub(super) fn parse(spec: &str) -> Option<CmCase> {
+    let mut words = spec.split(',').filter(|w| !w.is_empty());
+    let name = words.next()?;
+    let (verb, linux_serves) = [PtVerb::Send, PtVerb::Write, PtVerb::Read]
+        .iter()
+        .flat_map(|&v| [(v, true), (v, false)])
+        .find(|&(v, s)| v.case_name(s) == name)?;
+    let (mut size, mut iters, mut rdma_cm) = (65536u32, 1000u32, false);
+    while let Some(w) = words.next() {
+        match w {
+            "-R" | "--rdma_cm" => rdma_cm = true,
+            "-s" | "--size" => size = words.next()?.parse().ok()?,
+            "-n" | "--iters" => iters = words.next()?.parse().ok()?,
+            _ => return None,
+        }
+    }
+    let ok = rdma_cm && (1..=MAX_PT_SIZE).contains(&size) && (1..=1_000_000).contains(&iters);
+    ok.then_some(CmCase {
+        program: Program::Perftest { verb, linux_serves },
+        size,
+        count: iters,
+    })
+}
+
+/// A receive or READ slot: the message rounded up to a cache line.
+fn stride(size: u32) -> u32 {
+    size.next_multiple_of(LINE)
+}
+
+/// Bytes of the case's region: the control messages, then the data area of the role.
+pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32 {
+    let size = case.size;
+    let data = match (verb, linux_serves) {
+        // Receive slots and the image of the sender's cycle buffer.
+        (PtVerb::Send, false) => WINDOW * stride(size) + size.max(MAX_CYCLE),
+        // READ slots and the first READ's bytes.
+        (PtVerb::Read, true) => (WINDOW + 1) * stride(size),
+        (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
+        (PtVerb::Read, false) => size.max(MAX_CYCLE),
+        // What the unikernel SENDs or WRITEs.
+        (PtVerb::Send | PtVerb::Write, true) => size,
+    };
+    DATA_AT + data
+}
+
+/// Where perftest's sender puts operation `i` in its cycle buffer: with messages of at most
+/// half the cycle, at `i mod period` steps of `INC(size)` (`size` rounded up to the cache
+/// line), else always at the start. Returns `(period, step)`.
+pub fn cycle_steps(size: u32, cycle: u32, line: u32) -> (u32, u32) {
+    if size <= cycle / 2 {
+        let step = size.next_multiple_of(line.max(1)).max(line);
+        ((cycle / step).max(1), step)
+    } else {
+        (1, 0)
+    }
+}
+
+/// What both sides settled on in the first messages.
+#[derive(Clone, Copy, Debug)]
+struct Agreed {
+    /// The larger page size: perftest's cycle buffer.
+    cycle: u32,
+    /// The larger cache line.
+    line: u32,
+}
+
+/// A case's running tally.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Bytes received and checked.
+    checked: u64,
+}
+
+impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
+    /// One perftest `-R` case; `linux_serves`: the unikernel is the client.
+    pub(super) fn perftest(
+        &mut self,
+        pd: &'a ProtectionDomain<'a, P>,
+        linux: [u8; 4],
+        case: &CmCase,
+        verb: PtVerb,
+        linux_serves: bool,
+    ) -> Result<Done, CaseError> {
+        let client = linux_serves;
+        let mut tally = Tally::default();
+        if !client {
+            // Both connections come to this port: listen once, before anything is sent.
+            self.listen(PT_PORT)?;
+        }
+        let ctl_params = ConnectParams {
+            responder_resources: 0,
+            initiator_depth: 0,
+            ..ConnectParams::default()
+        };
+        let (mut ctl, ctl_t) = if client {
+            let qp = self.qp(pd)?;
+            let (q, ms) = self.connect_retrying_with(qp, linux, PT_PORT, &ctl_params)?;
+            (q, Ok(ms))
+        } else {
+            let (q, t, _) = self.accept_next(
+                pd,
+                linux,
+                PT_PORT,
+                &|r, i| (r, i) == (0, 0),
+                (7, 7),
+                &AcceptParams::default(),
+            )?;
+            (q, Err(t))
+        };
+        self.post_ctl_recv(&mut ctl)?;
+        let r = self.perftest_on(pd, linux, case, verb, client, &mut ctl, &mut tally);
+        // The control connection's end: Linux's kernel sends a DREQ when the program exits;
+        // this side's DREQ crosses it or finds it gone (then a DREP for the unknown ID).
+        let r = r.and_then(|(data_ms, data_qp)| {
+            let ctl_ms = match ctl_t {
+                Ok(ms) => ms,
+                Err(t) => self.established.ok_or(CaseError::Deadline("the RTU"))? - t,
+            };
+            Ok((ctl_ms + data_ms, data_qp))
+        });
+        let ctl = ctl.to_error().at("cm: QP to ERROR")?;
+        let mut r = r;
+        if let Some(id) = self.id
+            && !self.disconnected
+            && let Err(e) = self.cm.disconnect(id)
+        {
+            r = r.and(Err(CaseError::Cm("disconnect", e)));
+        }
+        while !self.disconnected && self.now() <= self.deadline {
+            let _ = self.cm_event();
+        }
+        self.drain();
+        ctl.destroy().at("cm: destroy QP")?;
+        let (connect_ms, how) = r?;
+        Ok(Done {
+            count: case.count,
+            unit: verb.op(),
+            size: case.size,
+            checked: tally.checked,
+            connect_ms,
+            how,
+        })
+    }
+
+    /// The exchange after the control connection is up: the data connection, the data
+    /// phase, the data connection's end. Returns the data connection's connect time and what
+    /// the case checked.
+    #[allow(clippy::too_many_arguments)]
+    fn perftest_on(
+        &mut self,
+        pd: &'a ProtectionDomain<'a, P>,
+        linux: [u8; 4],
+        case: &CmCase,
+        verb: PtVerb,
+        client: bool,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        tally: &mut Tally,
+    ) -> Result<(u64, &'static str), CaseError> {
+        let agreed = self.preamble(ctl, client, tally)?;
+        // The first blank pingpong_dest, then the data connection.
+        self.blank(ctl, client, tally, "the first blank pingpong_dest")?;
+        let depth = if verb == PtVerb::Read { DEPTH } else { 0 };
+        let ctl_id = self.id.take();
+        let data = if client {
+            let params = ConnectParams {
+                responder_resources: depth,
+                initiator_depth: depth,
+                ..ConnectParams::default()
+            };
+            let qp = self.qp(pd)?;
+            self.connect_retrying_with(qp, linux, PT_PORT, &params)
+                .map(|(q, ms)| (q, Ok(ms), None))
+        } else {
+            let params = AcceptParams {
+                responder_resources: depth,
+                initiator_depth: depth,
+                ..AcceptParams::default()
+            };
+            // ib_read_bw asks for its outstanding reads both ways, the others for none.
+            let depths_ok = move |r: u8, i: u8| {
+                if depth == 0 {
+                    (r, i) == (0, 0)
+                } else {
+                    r == i && r >= 1
+                }
+            };
+            self.accept_next(pd, linux, PT_PORT, &depths_ok, (7, 7), &params)
+                .map(|(q, t, req)| (q, Err(t), Some(req.initiator_depth)))
+        };
+        self.data = self.id;
+        self.id = ctl_id;
+        let (mut qp, data_t, req_depth) = data?;
+        let r = self.perftest_data(
+            ctl,
+            &mut qp,
+            (case, verb, client, linux),
+            agreed,
+            req_depth,
+            tally,
+        );
+        // The client disconnects the data connection; the server's comes down with its exit.
+        let r = r.and_then(|how| {
+            let data_ms = match data_t {
+                Ok(ms) => ms,
+                Err(t) => {
+                    self.data_established
+                        .ok_or(CaseError::Deadline("the RTU"))?
+                        - t
+                }
+            };
+            Ok((data_ms, how))
+        });
+        let qp = qp.to_error().at("cm: QP to ERROR")?;
+        let mut r = r;
+        if client
+            && let Some(id) = self.data
+            && !self.data_disconnected
+            && let Err(e) = self.cm.disconnect(id)
+        {
+            r = r.and(Err(CaseError::Cm("disconnect", e)));
+        }
+        while r.is_ok() && !self.data_disconnected {
+            let _ = self.cm_event();
+            if self.now() > self.deadline {
+                r = Err(CaseError::Deadline("the data connection's end"));
+            }
+        }
+        self.drain();
+        qp.destroy().at("cm: destroy QP")?;
+        r
+    }
+
+    /// Versions, page size and cache line, MTU.
+    fn preamble(
+        &mut self,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        client: bool,
+        tally: &mut Tally,
+    ) -> Result<Agreed, CaseError> {
+        let mut v = [0u8; VERSION_LEN];
+        v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let m = self.xchg(ctl, client, &v, VERSION_LEN as u32, "the version")?;
+        msg::check_version(&m[..VERSION_LEN])?;
+        tally.checked += VERSION_LEN as u64;
+        let m = self.xchg(ctl, client, &PAGE.to_be_bytes(), 4, "the page size")?;
+        let page = msg::check_power(&m, PAGE..=MAX_CYCLE, "the page size")?;
+        let m = self.xchg(ctl, client, &LINE.to_be_bytes(), 4, "the cache line")?;
+        let line = msg::check_power(&m, 16..=PAGE, "the cache line")?;
+        let m = self.xchg(ctl, client, &[b'0' + MTU, 0], 2, "the MTU")?;
+        msg::check_mtu(&m)?;
+        tally.checked += 4 + 4 + 2;
+        Ok(Agreed {
+            cycle: page.max(PAGE),
+            line: line.max(LINE),
+        })
+    }
+
+    /// A blank `pingpong_dest` each way (perftest's before and after the data connection).
+    fn blank(
+        &mut self,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        client: bool,
+        tally: &mut Tally,
+        what: &'static str,
+    ) -> Result<(), CaseError> {
+        let m = self.xchg(ctl, client, &[0; DEST_LEN], DEST_LEN as u32, what)?;
+        msg::check_blank(&m, what)?;
+        tally.checked += msg::DEFINED as u64;
+        Ok(())
+    }
+
+    /// The second blank message, the data QP's `pingpong_dest` three times, the data phase
+    /// with its barrier and reports, the closing barrier.
+    #[allow(clippy::too_many_arguments)]
+    fn perftest_data(
+        &mut self,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        qp: &mut QueuePair<'a, P, Rc, Rts>,
+        (case, verb, client, linux): (&CmCase, PtVerb, bool, [u8; 4]),
+        agreed: Agreed,
+        req_depth: Option<u8>,
+        tally: &mut Tally,
+    ) -> Result<&'static str, CaseError> {
+        self.blank(ctl, client, tally, "the second blank pingpong_dest")?;
+        let attr = qp.query().at("perftest: query QP")?;
+        let mine = Dest {
+            lid: 0,
+            out_reads: if verb == PtVerb::Read {
+                u32::from(attr.max_dest_rd_atomic.max(1))
+            } else {
+                1
+            },
+            qpn: qp.qp_num(),
+            psn: attr.rq_psn & 0xFF_FFFF,
+            rkey: self.mr.rkey(),
+            vaddr: self.mr.addr() + u64::from(DATA_AT),
+            gid: Gid::from_ipv4(self.cm.ip()).0,
+            srqn: 0,
+            gid_index: GID_INDEX,
+        }
+        .encode();
+        let expect = msg::Expect {
+            qpn: attr.dest_qpn,
+            gid: Gid::from_ipv4(linux).0,
+            out_reads: match (verb, req_depth) {
+                (PtVerb::Read, Some(d)) => Some(u32::from(d)),
+                (PtVerb::Read, None) => None,
+                _ => Some(1),
+            },
+        };
+        let mut first: Option<[u8; DEST_LEN]> = None;
+        let mut peer = None;
+        for k in 0..3 {
+            let d = self.dest(ctl, client, &mine, &expect, &mut first, k, tally)?;
+            peer = Some(d);
+        }
+        let peer = peer.ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
+        let mut how = EVERY_DEFINED;
+        match (verb, client) {
+            (PtVerb::Send, true) => {
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                self.send_all(qp, case)?;
+            }
+            (PtVerb::Send, false) => {
+                self.post_slots(qp, case.size, WINDOW.min(case.count))?;
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                tally.checked += self.receive_all(qp, case, agreed)?;
+            }
+            (_, true) => {
+                let ms = self.now();
+                if verb == PtVerb::Write {
+                    self.write_all(qp, case, &peer)?;
+                } else {
+                    let window = WINDOW.min(u32::from(attr.max_rd_atomic.max(1)));
+                    tally.checked += self.read_all(qp, case, &peer, window)?;
+                }
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                self.reports(ctl, client, case, self.now() - ms, tally)?;
+            }
+            (_, false) => {
+                // The area the peer WRITEs or READs: the pre-fill, then nothing touches it.
+                let at = DATA_AT as usize;
+                let len = region_len(verb, false, case) - DATA_AT;
+                for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = msg::prefill(j);
+                }
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                self.reports(ctl, client, case, 0, tally)?;
+                if verb == PtVerb::Write {
+                    let area = &self.mr.as_slice()[at..at + len as usize];
+                    msg::check_write_target(area, case.size, case.count, agreed)?;
+                    how = EVERY_DEFINED_AND_TARGET;
+                } else if let Some(j) =
+                    (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
+                {
+                    return Err(CaseError::Message {
+                        what: "the buffer the peer READs (changed)",
+                        index: 0,
+                        at: j as u32,
+                    });
+                }
+            }
+        }
+        self.dest(ctl, client, &mine, &expect, &mut first, 4, tally)?;
+        Ok(how)
+    }
+
+    /// One `pingpong_dest` each way (`index` from 0): checked, and the same bytes each time.
+    #[allow(clippy::too_many_arguments)]
+    fn dest(
+        &mut self,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        client: bool,
+        mine: &[u8; DEST_LEN],
+        expect: &msg::Expect,
+        first: &mut Option<[u8; DEST_LEN]>,
+        index: u32,
+        tally: &mut Tally,
+    ) -> Result<Dest, CaseError> {
+        let m = self.xchg(ctl, client, mine, DEST_LEN as u32, "a pingpong_dest")?;
+        let d = msg::check_dest(&m, expect, first, index)?;
+        tally.checked += msg::DEFINED as u64;
+        Ok(d)
+    }
+
+    /// The five words of the report each way: the client's own (size, iterations, peak and
+    /// average bandwidth in MiB/s, message rate in Mpps; `ms` its data phase), checked as
+    /// the server takes them; the server's are not perftest-defined.
+    fn reports(
+        &mut self,
+        ctl: &mut QueuePair<'a, P, Rc, Rts>,
+        client: bool,
+        case: &CmCase,
+        ms: u64,
+        tally: &mut Tally,
+    ) -> Result<(), CaseError> {
+        let secs = ms.max(16) as f64 / 1000.0;
+        let bw = f64::from(case.size) * f64::from(case.count) / secs / (1u64 << 20) as f64;
+        let mine = if client {
+            Report {
+                size: case.size.into(),
+                iters: case.count.into(),
+                bw_peak: bw,
+                bw_avg: bw,
+                msg_rate: f64::from(case.count) / secs / 1e6,
+            }
+        } else {
+            Report::default()
+        };
+        let mut words = [0u64; 5];
+        for (w, theirs) in mine.words().iter().zip(words.iter_mut()) {
+            let m = self.xchg(ctl, client, &w.to_be_bytes(), 8, "a report word")?;
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&m[..8]);
+            *theirs = u64::from_be_bytes(b);
+        }
+        if !client {
+            msg::check_report(&Report::from_words(words), case)?;
+            tally.checked += 40;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_parse_as_perftests_options() {
+        let c = parse("ib_read_bw-client,-R,-s,4096,-n,200").expect("parses");
+        assert_eq!(
+            (c.program, c.size, c.count),
+            (
+                Program::Perftest {
+                    verb: PtVerb::Read,
+                    linux_serves: false
+                },
+                4096,
+                200
+            )
+        );
+        let d = parse("ib_send_bw-server,-R").expect("defaults");
+        assert_eq!((d.size, d.count), (65536, 1000));
+        assert_eq!(PtVerb::Send.case_name(true), "ib_send_bw-server");
+        // -R is what these cases are; sizes within the region's bounds.
+        assert_eq!(parse("ib_send_bw-server,-s,4096"), None);
+        assert_eq!(parse("ib_send_bw-server,-R,-s,65537"), None);
+        assert_eq!(parse("ib_send_bw-server,-R,-n,0"), None);
+        assert_eq!(parse("ib_send_bw-server,-R,-x,1"), None);
+        assert_eq!(parse("ib_atomic_bw-server,-R"), None);
+        assert_eq!(
+            CmCase::parse("ib_write_bw-server,-R,-s,4096,-n,200").map(|c| c.program),
+            Some(Program::Perftest {
+                verb: PtVerb::Write,
+                linux_serves: true
+            })
+        );
+    }
+}

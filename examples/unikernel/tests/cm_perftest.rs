@@ -1,0 +1,320 @@
+//! The unikernel's perftest `-R` server (`cm_peer`, case `ib_send_bw-client`) against a
+//! scripted `ib_send_bw -R` client written from perftest 4.5-0.17's exchange as
+//! `docs/cm.md` gives it (the bytes here are spelled out, not taken from the module under
+//! test): two software RoCE devices on an in-memory segment, each side in its own thread on
+//! a real millisecond clock (a third thread moves the devices' clock along).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bareverbs::Context;
+use bareverbs::cm::{Cm, CmConfig, CmEvent, ConnId, ConnectParams};
+use bareverbs::device::rxe::{Config, Rxe};
+use bareverbs::hal::Clock;
+use bareverbs::verbs::*;
+use bareverbs_model::link::{MemLink, Segment, TestClock};
+use bareverbs_model::{Model, ModelConfig};
+use bareverbs_unikernel::cm_peer::{CmCase, run_case};
+
+type R = Rxe<Model, MemLink, TestClock>;
+
+const UNI_IP: [u8; 4] = [10, 0, 0, 2];
+const LNX_IP: [u8; 4] = [10, 0, 0, 1];
+const SIZE: u32 = 256;
+const ITERS: u32 = 20;
+
+/// Milliseconds since `t0`, yielding the CPU a little.
+fn ms_since(t0: Instant) -> u64 {
+    thread::sleep(Duration::from_micros(50));
+    t0.elapsed().as_millis() as u64
+}
+
+/// The CM's clock for the scripted side: real time.
+struct Real(Instant);
+
+impl Clock for Real {
+    fn now_us(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
+}
+
+/// What the scripted client changes, to see the unikernel notice.
+#[derive(Clone, Copy, PartialEq)]
+enum Twist {
+    None,
+    /// The 18th SEND (the second at its place) carries one byte that is not the buffer's.
+    BadSend,
+    /// The third `pingpong_dest` names another QP.
+    BadDest,
+}
+
+/// Runs the unikernel's case `ib_send_bw-client -R -s 256 -n 20` against the scripted
+/// client; returns the unikernel's line and whether the client got through its part.
+fn run(twist: Twist) -> (String, bool) {
+    let model = Model::new(ModelConfig::default());
+    let seg = Segment::new();
+    let clk = TestClock::default();
+    let lu = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
+    let ll = seg.attach([0x52, 0x54, 0, 0, 0, 1], 1514);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (clk, stop) = (clk.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(1));
+                clk.advance(1000);
+            }
+        })
+    };
+    let (tx, rx) = mpsc::channel();
+    let uni = {
+        let (model, clk) = (model.clone(), clk.clone());
+        thread::spawn(move || {
+            model.set_seed(7);
+            let dev = Rxe::new(model, lu, clk, Config { ip: UNI_IP }).unwrap();
+            let ctx: Context<R> = Context::new(dev);
+            let pd = ctx.alloc_pd().unwrap();
+            let case = CmCase::parse("ib_send_bw-client,-R,-s,256,-n,20").unwrap();
+            let t0 = Instant::now();
+            let mut out = String::new();
+            let clock = move || ms_since(t0);
+            run_case(&ctx, &pd, LNX_IP, &case, 20_000, &clock, &mut out);
+            tx.send(out).unwrap();
+        })
+    };
+    let lnx = {
+        let (model, clk) = (model.clone(), clk.clone());
+        thread::spawn(move || {
+            model.set_seed(9);
+            let dev = Rxe::new(model, ll, clk, Config { ip: LNX_IP }).unwrap();
+            let ctx: Context<R> = Context::new(dev);
+            client(&ctx, twist)
+        })
+    };
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the case ends");
+    uni.join().unwrap();
+    let r = lnx.join().unwrap();
+    let ok = r.is_ok();
+    stop.store(true, Ordering::Relaxed);
+    ticker.join().unwrap();
+    (line, ok)
+}
+
+/// Connects a new QP to the unikernel's port 18515 as perftest does (depths 0, retries 7, RNR
+/// retries 7), again after a REJ.
+fn connect<'a>(
+    cm: &mut Cm<'a, R, Real, 4>,
+    pd: &'a ProtectionDomain<'a, R>,
+    cq: &'a CompletionQueue<'a, R>,
+    t0: Instant,
+) -> Result<(ConnId, QueuePair<'a, R, Rc, Rts>), String> {
+    let caps = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let params = ConnectParams {
+        responder_resources: 0,
+        initiator_depth: 0,
+        ..ConnectParams::default()
+    };
+    let mut qp = Some(pd.qp_builder(cq, cq).caps(caps).build::<Rc>().unwrap());
+    while t0.elapsed() < Duration::from_secs(20) {
+        let Some(q) = qp.take() else { break };
+        let id = cm
+            .connect(q, UNI_IP, 18515, &params)
+            .map_err(|(_, e)| format!("{e:?}"))?;
+        loop {
+            match cm.poll() {
+                Some(CmEvent::Established {
+                    id: i, qp: Some(q), ..
+                }) if i == id => {
+                    return Ok((id, q));
+                }
+                Some(CmEvent::Failed { id: i, qp: q, .. }) if i == id => {
+                    qp = q;
+                    thread::sleep(Duration::from_millis(20));
+                    break;
+                }
+                _ if t0.elapsed() > Duration::from_secs(20) => return Err("no REP".into()),
+                _ => thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+    Err("never connected".into())
+}
+
+/// The client's side, as `ib_send_bw -R -s 256 -n 20 10.0.0.2` runs it.
+fn client(ctx: &Context<R>, twist: Twist) -> Result<(), String> {
+    let pd = ctx.alloc_pd().unwrap();
+    let cm_cq = ctx.create_cq(32).unwrap();
+    let cq = ctx.create_cq(128).unwrap();
+    let t0 = Instant::now();
+    let deadline = Duration::from_secs(20);
+    let mut cm: Cm<'_, R, Real, 4> = Cm::new(&pd, &cm_cq, Real(t0), CmConfig::default()).unwrap();
+    let mut mr = pd.register(128 + 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let (ctl_id, mut ctl) = connect(&mut cm, &pd, &cq, t0)?;
+    // Region: 0 the receive, 64 the send, 128 the data buffer, a page (perftest's cycle
+    // buffer, rand() bytes).
+    for (j, b) in mr.as_mut_slice()[128..].iter_mut().enumerate() {
+        *b = (j as u8).wrapping_mul(151) ^ 0x3C;
+    }
+    let post_recv = |qp: &mut QueuePair<'_, R, Rc, Rts>, mr: &MemoryRegion<'_, R>| {
+        let sge = mr.sge(0, 56).unwrap();
+        // SAFETY: the region outlives the QPs; read only after the completion.
+        unsafe {
+            let mut r = qp.recv_batch();
+            r.recv(5, &[sge]).unwrap();
+            r.finish();
+        }
+    };
+    post_recv(&mut ctl, &mr);
+    let wait = |want: u64, cm: &mut Cm<'_, R, Real, 4>| -> Result<WorkCompletion, String> {
+        let mut wc = [WorkCompletion::default(); 1];
+        while t0.elapsed() < deadline {
+            if let Some(CmEvent::Disconnected { .. }) = cm.poll() {
+                return Err("disconnected".into());
+            }
+            if cq.poll(&mut wc).unwrap() == 1 {
+                if wc[0].status != WcStatus::Success || wc[0].wr_id != want {
+                    return Err(format!("completion {:?}", wc[0]));
+                }
+                return Ok(wc[0]);
+            }
+        }
+        Err(format!("no completion {want}"))
+    };
+    // The client writes, then reads.
+    let xchg = |qp: &mut QueuePair<'_, R, Rc, Rts>,
+                mr: &mut MemoryRegion<'_, R>,
+                cm: &mut Cm<'_, R, Real, 4>,
+                mine: &[u8]|
+     -> Result<Vec<u8>, String> {
+        mr.as_mut_slice()[64..64 + mine.len()].copy_from_slice(mine);
+        let sge = mr.sge(64, mine.len() as u32).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            let mut s = qp.send_batch();
+            s.send(5, SendFlags::SIGNALED, &[sge]).unwrap();
+            s.finish();
+        }
+        wait(5, cm)?;
+        let w = wait(5, cm)?;
+        let got = mr.as_slice()[..w.byte_len as usize].to_vec();
+        post_recv(qp, mr);
+        Ok(got)
+    };
+    let mut version = [0u8; 16];
+    version[..4].copy_from_slice(b"6.06");
+    let v = xchg(&mut ctl, &mut mr, &mut cm, &version)?;
+    assert_eq!(v, version);
+    assert_eq!(
+        xchg(&mut ctl, &mut mr, &mut cm, &[0, 0, 16, 0])?,
+        [0, 0, 16, 0]
+    );
+    assert_eq!(
+        xchg(&mut ctl, &mut mr, &mut cm, &[0, 0, 0, 64])?,
+        [0, 0, 0, 64]
+    );
+    assert_eq!(xchg(&mut ctl, &mut mr, &mut cm, b"3\0")?, b"3\0");
+    // A blank pingpong_dest with garbage in its padding, as perftest's stack leaves it.
+    let mut blank = [0u8; 56];
+    blank[20..24].copy_from_slice(&[0xDE, 0xAD, 0xBE, 0xEF]);
+    assert_eq!(xchg(&mut ctl, &mut mr, &mut cm, &blank)?[..20], [0; 20]);
+    let (data_id, mut data) = connect(&mut cm, &pd, &cq, t0)?;
+    assert_eq!(xchg(&mut ctl, &mut mr, &mut cm, &blank)?[24..], [0; 32]);
+    let peer_qpn = data.query().unwrap().dest_qpn;
+    let mut dest = [0u8; 56];
+    dest[4..8].copy_from_slice(&1u32.to_be_bytes());
+    dest[8..12].copy_from_slice(&data.qp_num().to_be_bytes());
+    dest[12..16].copy_from_slice(&0x12_3456u32.to_be_bytes());
+    dest[16..20].copy_from_slice(&mr.rkey().to_be_bytes());
+    dest[24..32].copy_from_slice(&(mr.addr() + 128).to_be_bytes());
+    dest[32..48].copy_from_slice(&Gid::from_ipv4(LNX_IP).0);
+    dest[52..56].copy_from_slice(&1u32.to_be_bytes());
+    let mut theirs = Vec::new();
+    for k in 0..4 {
+        let mut d = dest;
+        if twist == Twist::BadDest && k == 2 {
+            d[11] ^= 1;
+        }
+        theirs = xchg(&mut ctl, &mut mr, &mut cm, &d)?;
+    }
+    // The unikernel's pingpong_dest: its data QP, its GID.
+    assert_eq!(theirs[8..12], peer_qpn.to_be_bytes());
+    assert_eq!(theirs[32..48], Gid::from_ipv4(UNI_IP).0);
+    // The SENDs from the cycle buffer: 256 bytes are at most half a page, so perftest moves
+    // on by 256 (a multiple of the 64-byte cache line) each time, back to the start after 16.
+    for i in 0..ITERS {
+        let at = 128 + (i % 16) * SIZE;
+        let bad = twist == Twist::BadSend && i == 17;
+        mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
+        let sge = mr.sge(at, SIZE).unwrap();
+        // SAFETY: as above; one SEND at a time (the buffer changes only between them).
+        unsafe {
+            let mut s = data.send_batch();
+            s.send(100, SendFlags::SIGNALED, &[sge]).unwrap();
+            s.finish();
+        }
+        wait(100, &mut cm)?;
+        mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
+    }
+    xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
+    // perftest's client disconnects its data connection and waits; its exit takes the control
+    // connection down.
+    let data = data.to_error().map_err(|(_, e)| e).unwrap();
+    let ctl = ctl.to_error().map_err(|(_, e)| e).unwrap();
+    for id in [data_id, ctl_id] {
+        cm.disconnect(id).unwrap();
+        loop {
+            match cm.poll() {
+                Some(CmEvent::Disconnected { id: i }) if i == id => break,
+                _ if t0.elapsed() > deadline => return Err("no DREP".into()),
+                _ => thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+    drop((data, ctl));
+    Ok(())
+}
+
+#[test]
+fn the_server_takes_a_perftest_client_and_checks_every_send() {
+    let (line, ok) = run(Twist::None);
+    assert!(
+        line.starts_with("roce-uk ib_send_bw-client: ok 20 SENDs of 256 bytes"),
+        "{line}"
+    );
+    // 16 + 4 + 4 + 2, two blanks and five pingpong_dest of 52 defined bytes, 20 × 256.
+    let checked = 26 + 7 * 52 + 20 * 256;
+    assert!(line.contains(&format!("({checked} bytes)")), "{line}");
+    assert!(ok);
+}
+
+#[test]
+fn a_send_with_a_wrong_byte_fails_the_case() {
+    let (line, _) = run(Twist::BadSend);
+    assert!(
+        line.contains(
+            "FAIL a SEND (not the bytes the first one at its place had), number 17: wrong byte at 7"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_pingpong_dest_that_changes_fails_the_case() {
+    let (line, _) = run(Twist::BadDest);
+    assert!(
+        line.contains(
+            "FAIL a pingpong_dest (not the first one's bytes), number 2: wrong byte at 11"
+        ),
+        "{line}"
+    );
+}
