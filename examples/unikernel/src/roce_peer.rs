@@ -237,16 +237,21 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
             }
             PeerCase::Cm(_) => continue,
-            PeerCase::Perf(kind, size, iters) => perf(
-                &ctx,
-                &pd,
-                gid,
-                &mut stack,
-                opts.peer,
-                (kind, size, iters),
-                deadline,
-                clock_ms,
-            ),
+            PeerCase::Perf(kind, size, iters) => {
+                window(kind, false);
+                let r = perf(
+                    &ctx,
+                    &pd,
+                    gid,
+                    &mut stack,
+                    opts.peer,
+                    (kind, size, iters),
+                    deadline,
+                    clock_ms,
+                );
+                window(kind, true);
+                r
+            }
         };
         if r.is_err() {
             // Whatever the case left of its connection goes.
@@ -273,6 +278,39 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     drop(stack);
     pd.destroy().at("roce peer: destroy PD")?;
     Ok(outcome)
+}
+
+/// Runs the lab's instruction-counter marker with code `CODE`: `nopl 0x4256CODE(%rax)`, a
+/// no-op that `qemu/roce/icount.c` (a QEMU plugin) records with the guest's instruction count.
+/// Elsewhere it costs one instruction.
+#[inline(always)]
+pub fn mark<const CODE: u16>() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a multi-byte NOP: its memory operand is only encoded, never accessed; no
+    // register, flag or memory changes.
+    unsafe {
+        core::arch::asm!(
+            ".byte 0x0f, 0x1f, 0x80",
+            ".2byte {code}",
+            ".byte 0x56, 0x42",
+            code = const CODE,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+}
+
+/// Opens (`end` false) or closes a perftest case's counting window: code `0x00KK` and
+/// `0x01KK`, KK 1 for `write`, 2 for `read`, 3 for `atomic` (as `qemu/roce/linux.sh` marks
+/// Linux B's).
+fn window(kind: PerfKind, end: bool) {
+    match (kind, end) {
+        (PerfKind::Write, false) => mark::<0x0001>(),
+        (PerfKind::Read, false) => mark::<0x0002>(),
+        (PerfKind::Atomic, false) => mark::<0x0003>(),
+        (PerfKind::Write, true) => mark::<0x0101>(),
+        (PerfKind::Read, true) => mark::<0x0102>(),
+        (PerfKind::Atomic, true) => mark::<0x0103>(),
+    }
 }
 
 /// What a case that passed did.
