@@ -317,7 +317,8 @@ fn roce_peer(
     opts: &bareverbs_unikernel::roce_peer::Options<'_>,
 ) -> ! {
     let dev = roce_device(pci, hal, opts.net.ip);
-    match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms) {
+    // Idle waits halt until the next interrupt (virtio-net's are not routed: the timer's tick).
+    match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms, &irq::wait) {
         Ok(o) if o.failed == 0 && dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "roce peer: {} cases passed", o.cases);
             let _ = writeln!(Serial, "DMA pages outstanding: 0");

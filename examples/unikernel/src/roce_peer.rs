@@ -20,6 +20,7 @@
 //! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
 
+use core::cell::Cell;
 use core::fmt::Write;
 
 use bareverbs::Context;
@@ -182,15 +183,45 @@ impl From<Failure> for SessionError {
     }
 }
 
+/// Milliseconds without a received frame after which a wait halts the CPU (see [`serve`]).
+pub const IDLE_MS: u64 = 32;
+
 /// Runs the cases of `opts` on `dev` against the Linux side; `clock_ms` is the time in
 /// milliseconds. Each case's result is printed on `out`.
+///
+/// Every wait of a case reads the clock in each round, so the clock is the idle hook: once no
+/// frame has come in for [`IDLE_MS`], a read of the clock first calls `halt` (the CPU halts
+/// until the next interrupt: the timer's tick at the latest), instead of spinning. A case in
+/// full flow never halts; an idle unikernel (between cases, waiting for Linux) leaves the CPU
+/// to the other guests.
 pub fn serve<H: Hal, L: Link, C: Clock>(
     dev: Rxe<H, L, C>,
     out: &mut dyn Write,
     opts: &Options<'_>,
     clock_ms: &dyn Fn() -> u64,
+    halt: &dyn Fn(),
 ) -> Result<Outcome, SessionError> {
     let ctx = Context::new(dev);
+    // Frames the device has taken from the NIC so far (RoCE, the IP stack's, ARP, dropped).
+    let frames_in = || {
+        let c = ctx.provider().port_counts();
+        c.roce + c.stack + c.dropped + c.arp_answered
+    };
+    // (frames in, when that count last changed)
+    let seen = Cell::new((frames_in(), clock_ms()));
+    let idle_clock = || {
+        let now = clock_ms();
+        let frames = frames_in();
+        let (before, since) = seen.get();
+        if frames != before {
+            seen.set((frames, now));
+        } else if now.saturating_sub(since) >= IDLE_MS {
+            halt();
+            return clock_ms();
+        }
+        now
+    };
+    let clock_ms: &dyn Fn() -> u64 = &idle_clock;
     let gid = ctx.query_gid(1, GID_INDEX).at("roce peer: query GID")?;
     let pd = ctx.alloc_pd().at("roce peer: alloc PD")?;
     let mut storage = Storage::new();
