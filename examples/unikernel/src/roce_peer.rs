@@ -183,23 +183,34 @@ impl From<Failure> for SessionError {
     }
 }
 
-/// Milliseconds without a received frame after which a wait halts the CPU (see [`serve`]).
+/// Milliseconds without a received frame after which a wait halts the CPU, when a frame does
+/// not interrupt (see [`serve`]).
 pub const IDLE_MS: u64 = 32;
+
+/// How a waiting unikernel idles.
+#[derive(Clone, Copy)]
+pub struct Idle<'a> {
+    /// Halts the CPU until the next interrupt (the timer's tick at the latest).
+    pub halt: &'a dyn Fn(),
+    /// Whether the NIC interrupts on a received frame and on a completed transmission: a wait
+    /// then halts as soon as a round took no frame in; else only after [`IDLE_MS`] without one.
+    pub nic_interrupts: bool,
+}
 
 /// Runs the cases of `opts` on `dev` against the Linux side; `clock_ms` is the time in
 /// milliseconds. Each case's result is printed on `out`.
 ///
-/// Every wait of a case reads the clock in each round, so the clock is the idle hook: once no
-/// frame has come in for [`IDLE_MS`], a read of the clock first calls `halt` (the CPU halts
-/// until the next interrupt: the timer's tick at the latest), instead of spinning. A case in
-/// full flow never halts; an idle unikernel (between cases, waiting for Linux) leaves the CPU
-/// to the other guests.
+/// Every wait of a case reads the clock once a round, after the round polled the device, so
+/// the clock is the idle hook: when no frame came in since the previous read (with the NIC's
+/// interrupts; else for [`IDLE_MS`]), a read of the clock first halts the CPU until the next
+/// interrupt, instead of spinning. An idle unikernel (between cases, waiting for Linux) leaves
+/// the CPU to the other guests.
 pub fn serve<H: Hal, L: Link, C: Clock>(
     dev: Rxe<H, L, C>,
     out: &mut dyn Write,
     opts: &Options<'_>,
     clock_ms: &dyn Fn() -> u64,
-    halt: &dyn Fn(),
+    idle: Idle<'_>,
 ) -> Result<Outcome, SessionError> {
     let ctx = Context::new(dev);
     // Frames the device has taken from the NIC so far (RoCE, the IP stack's, ARP, dropped).
@@ -215,8 +226,8 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         let (before, since) = seen.get();
         if frames != before {
             seen.set((frames, now));
-        } else if now.saturating_sub(since) >= IDLE_MS {
-            halt();
+        } else if idle.nic_interrupts || now.saturating_sub(since) >= IDLE_MS {
+            (idle.halt)();
             return clock_ms();
         }
         now
