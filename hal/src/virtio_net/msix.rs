@@ -165,3 +165,79 @@ pub(super) unsafe fn route<S: StaticHal, C: ConfigRegionAccess>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::cell::RefCell;
+
+    /// One function's configuration space (256 bytes), dword-addressed.
+    struct Config(RefCell<[u32; 64]>);
+
+    impl Config {
+        fn new() -> Self {
+            Config(RefCell::new([0; 64]))
+        }
+        fn set(&self, offset: u16, value: u32) {
+            self.0.borrow_mut()[usize::from(offset / 4)] = value;
+        }
+    }
+
+    impl ConfigRegionAccess for Config {
+        unsafe fn read(&self, _: PciAddress, offset: u16) -> u32 {
+            self.0.borrow()[usize::from(offset / 4)]
+        }
+        unsafe fn write(&self, _: PciAddress, offset: u16, value: u32) {
+            self.set(offset, value);
+        }
+    }
+
+    fn at() -> PciAddress {
+        PciAddress::new(0, 0, 3, 0)
+    }
+
+    /// virtio-net as QEMU lays it out: MSI-X at 0x98 (table in BAR 1 at 0), vendor
+    /// capabilities for the common (BAR 4 at 0), ISR and notify configurations.
+    fn qemu_like() -> Config {
+        let c = Config::new();
+        c.set(0x04, 0x0010_0000);
+        c.set(0x34, 0x98);
+        c.set(0x9C, 0x0000_0001); // MSI-X table: BAR 1, offset 0
+        c.set(0x84, 0x0103_7009); // common: type 1, next 0x70
+        c.set(0x88, 4);
+        c.set(0x8C, 0);
+        c.set(0x70, 0x0310_6009); // ISR: type 3, next 0x60
+        c.set(0x60, 0x0214_0009); // notify: type 2, last
+        c.set(0x98, 0x0003_8411); // MSI-X: 4 entries, next 0x84
+        c
+    }
+
+    #[test]
+    fn finds_the_msix_table_and_the_common_configuration() {
+        let p = find_places(&qemu_like(), at()).expect("both capabilities");
+        assert_eq!(p.msix_cap, 0x98);
+        assert_eq!(p.table, (1, 0));
+        assert_eq!(p.common, (4, 0));
+    }
+
+    #[test]
+    fn a_function_without_them_has_no_places() {
+        let c = qemu_like();
+        c.set(0x04, 0);
+        assert!(find_places(&c, at()).is_none(), "no capability list");
+        let c = qemu_like();
+        c.set(0x84, 0x0003_7009); // the common configuration's next, but type 3
+        assert!(find_places(&c, at()).is_none(), "no common configuration");
+        let c = qemu_like();
+        c.set(0x34, 0x84); // the list starts after the MSI-X capability
+        assert!(find_places(&c, at()).is_none(), "no MSI-X");
+    }
+
+    #[test]
+    fn a_looping_capability_list_ends() {
+        let c = qemu_like();
+        c.set(0x60, 0x0284_0009); // notify points back at the common configuration
+        c.set(0x34, 0x84); // and MSI-X is not in the loop
+        assert!(find_places(&c, at()).is_none());
+    }
+}
