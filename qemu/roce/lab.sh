@@ -89,6 +89,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 bench=${BAREVERBS_ROCE_BENCH:-3}
 [ "$mode" = full ] || bench=0
+# (Only `read` and `write` have throughput runs.)
+[ -z "$only" ] || grep -q -w -E 'read|write' <<<"${only//,/ }" || bench=0
 
 # --- the instruction counter -------------------------------------------------------------------
 # QEMU's plugin header from the source package of the QEMU that modern-qemu.sh unpacks (Debian's
