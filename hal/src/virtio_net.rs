@@ -3,8 +3,14 @@
 //! [`VirtioNet`] keeps [`RX_BUFFERS`] receive buffers posted and transmits through a pool of
 //! [`TX_BUFFERS`] transmit buffers, all [`BUFFER_SIZE`] bytes, in one block of DMA memory
 //! allocated once at bring-up. Frames cross the seam without the virtio-net header: it is
-//! stripped on receive and written in front of the frame on transmit. The link polls (the
-//! device's interrupts are suppressed).
+//! stripped on receive and written in front of the frame on transmit. The link polls; a driver
+//! that halts while it waits routes the NIC's interrupts to itself first
+//! ([`VirtioNet::route_interrupts`], through MSI-X: virtio-drivers assigns no vector).
+//!
+//! The NIC stays promiscuous: virtio-drivers 0.13 negotiates no control queue, so the receive
+//! filter cannot be set through it. A NIC that can filter (virtio-net's `VIRTIO_NET_F_CTRL_RX`
+//! with `VIRTIO_NET_CTRL_RX_PROMISC` off) should take only its own MAC, broadcast and the
+//! multicast groups asked for.
 //!
 //! virtio-drivers reaches DMA and MMIO through associated functions, so the bareverbs HAL must
 //! be reachable from a static: a [`StaticHal`] names it, and [`GlobalIdentity`] is the ready
@@ -28,6 +34,7 @@
 //! buffer and is complete.
 
 mod bridge;
+mod msix;
 mod pci;
 
 use core::ops::Range;
@@ -39,6 +46,7 @@ use virtio_drivers::transport::pci::bus::{Command, DeviceFunction, PciRoot};
 use virtio_drivers::transport::pci::{PciTransport, VirtioPciError};
 
 pub use bridge::{Bridge, GlobalIdentity, StaticHal};
+pub use msix::MsixError;
 pub use pci::{DEVICE_MODERN, DEVICE_TRANSITIONAL, PciConfig, VENDOR, find, is_virtio_net};
 /// The crate this module drives the device with (its error types appear in
 /// [`VirtioNetError`]).
@@ -200,6 +208,27 @@ impl<S: StaticHal> VirtioNet<S> {
             return Err(VirtioNetError::Device(virtio_drivers::Error::QueueFull));
         }
         Ok(net)
+    }
+
+    /// Routes the NIC's interrupts, a received frame and a completed transmission alike, to
+    /// the MSI message `msg` (MSI-X table entry 0, named as the vector of both queues), so that
+    /// a CPU halted while it waits wakes on the next frame. The device signals the first used
+    /// buffer after those the link has taken: halt only after [`Link::receive`] found none.
+    ///
+    /// # Safety
+    ///
+    /// `pci` reaches this NIC's function as the one given to [`VirtioNet::new`]; nothing else
+    /// uses the function's MSI-X table meanwhile.
+    pub unsafe fn route_interrupts<C: ConfigRegionAccess>(
+        &mut self,
+        pci: &C,
+        msg: crate::MsiMessage,
+    ) -> Result<(), MsixError> {
+        // SAFETY: the caller's promise; the queues exist since bring-up, and this value drives
+        // the function.
+        unsafe { msix::route::<S, C>(pci, self.address, msg) }?;
+        self.raw.enable_interrupts();
+        Ok(())
     }
 
     /// Where the function is.

@@ -14,14 +14,26 @@
 #   BAREVERBS_ROCE_CASE_TIMEOUT=100  seconds a Linux program (with its retries) may take
 #   BAREVERBS_ROCE_GRACE=15          seconds Linux A may go on after the unikernel exited
 #   BAREVERBS_ROCE_TIMEOUT=1500      seconds for the whole lab
+#   BAREVERBS_ROCE_BENCH=3           throughput runs per side and case (0: none)
 #
 # Linux A (10.0.0.1) runs every case of qemu/roce/cases twice: against Linux B (10.0.0.3) and
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
-# Debian's kernel over this machine's root (qemu/lab/guest.sh). Prints a line per case and
-# `roce throughput: unikernel X linux Y ratio r` (ib_read_bw's average, A as the client), the
+# Debian's kernel over this machine's root (qemu/lab/guest.sh). Prints a line per case, the
 # time of each stage, and the verdict; the exit status is 0 only if every case passed. With
 # BAREVERBS_ROCE_PCAP=1 the unikernel's frames are recorded in $cache/roce.pcap (QEMU's
 # filter-dump; tests/data/rxe/ holds a cut of such a recording).
+#
+# Efficiency: in that run, Linux B and the unikernel run under TCG with a plugin that counts
+# every instruction of their vCPU (qemu/roce/icount.c, built here against QEMU 10.0's
+# qemu-plugin.h); each marks the window of a perftest case (qemu/roce/mark.c on Linux B, the
+# unikernel's own marker), and `roce efficiency <case>: unikernel X linux Y ratio r` gives
+# the window's instructions per payload byte for `read` and `write`, where both play the same
+# role (the responder of the READs, the requester of the WRITEs).
+# Throughput: a plugin slows its guest, so the throughput comes from other runs, after the
+# cases, with a fresh Linux B and a fresh unikernel, both uncounted: Linux A runs `read` and
+# `write` against Linux B and the unikernel in turn (A B A B ..., BAREVERBS_ROCE_BENCH each),
+# and `roce throughput <case>: unikernel X linux Y ratio r (median of N)` gives the medians of
+# perftest's average bandwidth.
 set -euo pipefail
 mode=full
 [ "${1:-}" = "--linux-only" ] && mode=linux
@@ -35,7 +47,8 @@ stage() { echo "[roce +$(( $(date +%s) - t0 ))s] $*"; }
 
 # shellcheck source=qemu/lab/host.sh
 source "$lab_dir/host.sh"
-install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest rdmacm-utils
+install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest rdmacm-utils \
+  gcc libglib2.0-dev pkg-config xz-utils
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
 uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-unikernel}
@@ -74,33 +87,148 @@ fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-linux() { # NAME ROLE IP MAC
-  local log="$cache/roce-linux-$1.log"
+bench=${BAREVERBS_ROCE_BENCH:-3}
+[ "$mode" = full ] || bench=0
+# (Only `read` and `write` have throughput runs.)
+[ -z "$only" ] || grep -q -w -E 'read|write' <<<"${only//,/ }" || bench=0
+
+# --- the instruction counter -------------------------------------------------------------------
+# QEMU's plugin header from the source package of the QEMU that modern-qemu.sh unpacks (Debian's
+# bookworm-backports, 10.0; only the upstream tarball is needed, and only the header is
+# unpacked), then the plugin and the Linux guests' marker, built with gcc. The lab's QEMU must
+# load it (plugin API 2 or later, QEMU 9.0 or later); else there is no efficiency line.
+counter_dir=$cache/icount
+counter_so=$counter_dir/icount.so counter_mark=$counter_dir/mark counter=
+build_counter() { # sets counter (the plugin) or why
+  local src=$counter_dir/src hdr tarball apt
+  mkdir -p "$src"
+  hdr=$(find "$src" -path '*/include/qemu/qemu-plugin.h' 2>/dev/null | head -1)
+  if [ -z "$hdr" ]; then
+    mkdir -p "$src/apt/lists/partial" "$src/apt/archives/partial"
+    echo "deb-src http://deb.debian.org/debian bookworm-backports main" > "$src/apt/sources.list"
+    apt=(apt-get -q -o "Dir::Etc::SourceList=$src/apt/sources.list" -o "Dir::Etc::SourceParts=-"
+         -o "Dir::State::Lists=$src/apt/lists" -o "Dir::Cache::Archives=$src/apt/archives"
+         -o "APT::Sandbox::User=root")
+    # (The status is not the test: a mirror without Debian's .dsc still serves the tarball.)
+    { "${apt[@]}" update && (cd "$src" && "${apt[@]}" source --download-only qemu/bookworm-backports); } \
+      > "$src/fetch.log" 2>&1 || true
+    tarball=$(ls "$src"/qemu_*.orig.tar.xz 2>/dev/null | head -1)
+    [ -n "$tarball" ] || { why="no QEMU source package (see $src/fetch.log)"; return 1; }
+    tar -C "$src" -xJf "$tarball" --wildcards '*/include/qemu/qemu-plugin.h' ||
+      { why="no qemu-plugin.h in $tarball"; return 1; }
+    rm -f "$tarball"
+    hdr=$(find "$src" -path '*/include/qemu/qemu-plugin.h' | head -1)
+  fi
+  # shellcheck disable=SC2046 # pkg-config's flags are words
+  gcc -O2 -Wall -Wextra -Werror -shared -fPIC -I"$(dirname "$hdr")" $(pkg-config --cflags glib-2.0) \
+      -o "$counter_so" "$here/icount.c" > "$counter_dir/build.log" 2>&1 &&
+    gcc -O2 -Wall -Wextra -Werror -o "$counter_mark" "$here/mark.c" >> "$counter_dir/build.log" 2>&1 ||
+    { why="the plugin did not build (see $counter_dir/build.log)"; return 1; }
+  rm -f "$counter_dir/probe.txt"
+  printf '{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n' |
+    timeout 30 "$qemu" -accel tcg -machine none -nodefaults -display none -qmp stdio \
+      -plugin "$counter_so,out=$counter_dir/probe.txt" > "$counter_dir/probe.log" 2>&1
+  grep -q '^total ' "$counter_dir/probe.txt" 2>/dev/null ||
+    { why="the lab's QEMU does not load it: $(grep -v '^{' "$counter_dir/probe.log" | tail -1)"; return 1; }
+  counter=$counter_so
+  stage "instruction counter built against $(sed -n 's/^#define QEMU_PLUGIN_VERSION /plugin API /p' "$hdr") ($(basename "$(dirname "$(dirname "$(dirname "$hdr")")")")'s qemu-plugin.h)"
+}
+b_count=$cache/roce-icount-linux-b.txt uk_count=$cache/roce-icount-unikernel.txt
+rm -f "$b_count" "$uk_count"
+counter_why="the baseline alone"
+if [ "$mode" = full ]; then
+  why=
+  build_counter || { counter_why=$why; stage "no instruction counts: $why"; }
+fi
+
+# --- the guests --------------------------------------------------------------------------------
+# A counted guest (COUNT: the counter's output file) runs under TCG with the plugin, whatever
+# the accelerator of the others.
+accel_of() { # COUNT -> sets acc[]
+  acc=(-accel "$accel")
+  [ -n "$1" ] && acc=(-accel tcg -plugin "$counter,out=$1")
+  return 0
+}
+linux() { # NAME ROLE IP MAC EXTRA-KERNEL-ARGUMENTS [COUNT]
+  local log="$cache/roce-linux-$1.log" extra=$5 count=${6:-}
+  [ -n "$count" ] && extra+=" bvroce.mark=$counter_mark"
+  accel_of "$count"
   : > "$log"
   timeout "$limit" "$qemu" \
-    -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
+    "${acc[@]}" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}$extra" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4",romfile= \
     > "$log" 2>&1 &
   pids+=($!)
+  last_pid=$!
+}
+# The cases as the unikernel's command line takes them (`,` for spaces, `+` between cases).
+uk_cases() { # [CASE-NAMES-RE]
+  grep -v -E '^(#|$)' "$here/cases" | grep -E "^(${only_re:-.*}) " | grep -E "^(${1:-.*}) " |
+    sed 's/ *$//; s/ \+/,/g' | paste -sd+
+}
+unikernel() { # LOG CASES [COUNT]
+  local log=$1 dump=()
+  accel_of "${3:-}"
+  [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && [ -z "${uk_pid:-}" ] &&
+    dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
+  : > "$log"
+  # -cpu max, as the Linux guests: QEMU's default model (qemu64) has no PCLMULQDQ, and the
+  # driver's ICRC folds with it wherever CPUID shows it (else slice-by-16, 6x the work).
+  # TCG's max model has it (KVM's is the host's).
+  timeout "$limit" "$qemu" \
+    "${acc[@]}" -machine q35 -cpu max -m 256M -nodefaults -vga none -display none -no-reboot \
+    -serial "file:$log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+    -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
+    "${dump[@]}" \
+    -kernel "$uk_kernel" \
+    -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$2" \
+    > "${log%.log}.qemu" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+# A unikernel that has exited: its status (33 PASS, 35 FAIL) in `reaped`.
+reap() { # PID WHICH
+  wait "$1" && reaped=0 || reaped=$?
+  stage "$2 exited (status $reaped: 33 PASS, 35 FAIL)"
+}
+# The unikernel may still be waiting for a peer that is gone: a grace period, then stop it.
+stop_unikernel() { # PID WHICH
+  for _ in $(seq 1 $(( grace * 2 ))); do kill -0 "$1" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$1" 2>/dev/null; then
+    stage "stopping $2: still running ${grace} s after Linux A"
+    kill "$1" 2>/dev/null || true
+    wait "$1" || true
+    reaped="none: stopped by the lab"
+  else
+    reap "$1" "$2"
+  fi
 }
 
-alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log ulog=$cache/roce-unikernel.log
-# Nothing of an earlier run may be read as this one's: the unikernel's log stays empty
-# unless it boots.
-rm -f "$ulog" "$cache/roce-unikernel.qemu"
-stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, $("$qemu" --version | head -1), on mcast group port $port"
-linux a a 10.0.0.1 52:54:00:00:00:01
-a_pid=${pids[0]}
-linux b b 10.0.0.3 52:54:00:00:00:03
-b_pid=${pids[1]}
-# Linux A runs both phases by itself; this loop boots the unikernel when A says its baseline
-# is over, and stops waiting for a side whose peer is gone: a guest that stopped early leaves
-# the cases it did not get to without a result (FAIL), instead of A's 100 s per case.
+alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log b2log=$cache/roce-linux-b2.log
+ulog=$cache/roce-unikernel.log u2log=$cache/roce-unikernel-bench.log
+# Nothing of an earlier run may be read as this one's: the unikernels' logs stay empty
+# unless they boot.
+rm -f "$ulog" "$cache/roce-unikernel.qemu" "$u2log" "$cache/roce-unikernel-bench.qemu" "$b2log"
+bench_arg=
+[ "$bench" -gt 0 ] && bench_arg=" bvroce.bench=$bench"
+stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}${counter:+ (Linux B: TCG, counted)}, $("$qemu" --version | head -1), on mcast group port $port"
+linux a a 10.0.0.1 52:54:00:00:00:01 "$bench_arg"
+a_pid=$last_pid
+linux b b 10.0.0.3 52:54:00:00:00:03 "" "${counter:+$b_count}"
+b_pid=$last_pid
+# Linux A runs all phases by itself; this loop boots the others when A (or the guest before
+# them at the same address) is ready for them, and stops waiting for a side whose peer is
+# gone: a guest that stopped early leaves the cases it did not get to without a result
+# (FAIL), instead of A's 100 s per case.
+#   A's baseline over          -> the unikernel (counted)
+#   Linux B's side done, gone  -> Linux B for the throughput runs (same address)
+#   the unikernel gone         -> the unikernel for the throughput runs (same address)
 grace=${BAREVERBS_ROCE_GRACE:-15}
 uk_pid='' uk_status='' uk_end='' b_end='' stopped=''
+b2_pid='' b2_end='' uk2_pid='' uk2_status='' uk2_end=''
 deadline=$(( t0 + limit ))
 while kill -0 "$a_pid" 2>/dev/null; do
   now=$(date +%s)
@@ -110,27 +238,12 @@ while kill -0 "$a_pid" 2>/dev/null; do
   if [ -z "$uk_pid" ] && grep -a -q "phase unikernel" "$alog"; then
     stage "baseline over"
     [ "$mode" = linux ] && break
-    cases=$(grep -v -E '^(#|$)' "$here/cases" | grep -E "^(${only_re:-.*}) " | sed 's/ *$//; s/ \+/,/g' | paste -sd+)
-    stage "booting the unikernel (10.0.0.2)"
-    dump=()
-    [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
-    : > "$ulog"
-    # -cpu max, as the Linux guests: QEMU's default model (qemu64) has no PCLMULQDQ, and the
-    # driver's ICRC folds with it wherever CPUID shows it (else slice-by-16, 6x the work).
-    # TCG's max model has it (KVM's is the host's).
-    timeout "$limit" "$qemu" \
-      -accel "$accel" -machine q35 -cpu max -m 256M -nodefaults -vga none -display none -no-reboot \
-      -serial "file:$ulog" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-      -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
-      "${dump[@]}" \
-      -kernel "$uk_kernel" \
-      -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$cases" \
-      > "$cache/roce-unikernel.qemu" 2>&1 &
-    uk_pid=$!
-    pids+=("$uk_pid")
+    stage "booting the unikernel (10.0.0.2)${counter:+, TCG, counted}"
+    unikernel "$ulog" "$(uk_cases)" "${counter:+$uk_count}"
+    uk_pid=$last_pid
   fi
   # Linux B gone while A is still in its baseline (B's side ends with "baseline side done").
-  if [ -z "$uk_pid" ] && [ -z "$b_end" ] && ! kill -0 "$b_pid" 2>/dev/null; then
+  if [ -z "$b_end" ] && ! kill -0 "$b_pid" 2>/dev/null; then
     b_end=$now
     grep -a -q "baseline side done" "$blog" || stage "Linux B stopped before its side of the baseline was over"
   fi
@@ -138,12 +251,36 @@ while kill -0 "$a_pid" 2>/dev/null; do
      ! grep -a -q "phase unikernel" "$alog"; then
     stopped="Linux A still in the baseline ${grace} s after Linux B stopped"; break
   fi
+  if [ "$bench" -gt 0 ] && [ -z "$b2_pid" ] && [ -n "$b_end" ] && grep -a -q "baseline side done" "$blog"; then
+    stage "booting Linux B again for the throughput runs, $bench rounds, ${accel^^}"
+    linux b2 b 10.0.0.3 52:54:00:00:00:03 "$bench_arg"
+    b2_pid=$last_pid
+  fi
+  if [ -n "$b2_pid" ] && [ -z "$b2_end" ] && ! kill -0 "$b2_pid" 2>/dev/null; then
+    b2_end=$now
+    grep -a -q "bench side done" "$b2log" || stage "Linux B stopped before its throughput runs were over"
+  fi
+  if [ -n "$b2_end" ] && [ $(( now - b2_end )) -ge "$grace" ] && ! grep -a -q "bench side done" "$b2log"; then
+    stopped="Linux B stopped before its throughput runs were over"; break
+  fi
   if [ -n "$uk_pid" ] && [ -z "$uk_end" ] && ! kill -0 "$uk_pid" 2>/dev/null; then
     uk_end=$now
-    wait "$uk_pid" && uk_status=0 || uk_status=$?
-    stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
+    reap "$uk_pid" "the unikernel"
+    uk_status=$reaped
+    if [ "$bench" -gt 0 ]; then
+      stage "booting the unikernel again for the throughput runs, ${accel^^}"
+      unikernel "$u2log" "$(for _ in $(seq 1 "$bench"); do uk_cases 'read|write'; done | paste -sd+)"
+      uk2_pid=$last_pid
+    fi
   fi
-  if [ -n "$uk_end" ] && [ $(( now - uk_end )) -ge "$grace" ]; then
+  if [ -n "$uk2_pid" ] && [ -z "$uk2_end" ] && ! kill -0 "$uk2_pid" 2>/dev/null; then
+    uk2_end=$now
+    reap "$uk2_pid" "the unikernel of the throughput runs"
+    uk2_status=$reaped
+  fi
+  last_end=$uk_end
+  [ "$bench" -gt 0 ] && last_end=$uk2_end
+  if [ -n "$last_end" ] && [ $(( now - last_end )) -ge "$grace" ]; then
     stopped="Linux A still running ${grace} s after the unikernel exited"; break
   fi
   sleep 0.5
@@ -153,18 +290,13 @@ if [ -n "$stopped" ]; then
 else
   stage "Linux A done"
 fi
-# The unikernel may still be waiting for a peer that is gone: a grace period, then stop it.
 if [ -n "$uk_pid" ] && [ -z "$uk_end" ]; then
-  for _ in $(seq 1 $(( grace * 2 ))); do kill -0 "$uk_pid" 2>/dev/null || break; sleep 0.5; done
-  if kill -0 "$uk_pid" 2>/dev/null; then
-    stage "stopping the unikernel: still running ${grace} s after Linux A"
-    kill "$uk_pid" 2>/dev/null || true
-    wait "$uk_pid" || true
-    uk_status="none: stopped by the lab"
-  else
-    wait "$uk_pid" && uk_status=0 || uk_status=$?
-    stage "the unikernel exited (status $uk_status: 33 PASS, 35 FAIL)"
-  fi
+  stop_unikernel "$uk_pid" "the unikernel"
+  uk_status=$reaped
+fi
+if [ -n "$uk2_pid" ] && [ -z "$uk2_end" ]; then
+  stop_unikernel "$uk2_pid" "the unikernel of the throughput runs"
+  uk2_status=$reaped
 fi
 cleanup
 
@@ -187,8 +319,69 @@ for n in $names; do
     *) echo "linux-linux $n: FAIL (${r:-no result})" ;; esac
 done
 [ "$ll_pass" = "$total" ] || why+=("linux-linux $ll_pass/$total")
-lin_bw=$(bw "$(result "linux-linux read")")
 ratio=
+# The payload bytes of a perftest case: -s × -n from qemu/roce/cases (perftest's defaults 65536
+# and 5000).
+case_bytes() { # CASE
+  awk -v n="$1" '$1 == n {s = 65536; i = 5000
+    for (k = 2; k < NF; k++) { if ($k == "-s") s = $(k + 1); if ($k == "-n") i = $(k + 1) }
+    print s * i; exit}' "$here/cases"
+}
+# Instructions in a case's window, from a counter's output: its mark 01KK minus its mark 00KK.
+window_count() { # FILE KK
+  awk -v s="00$2" -v e="01$2" '$1 == "mark" && $2 == s {a = $3}
+    $1 == "mark" && $2 == e && a != "" {printf "%.0f\n", $3 - a; exit}' "$1" 2>/dev/null
+}
+# `roce efficiency <case>`: instructions per payload byte of Linux B and of the unikernel in the
+# same role, over the case's window (read: the responder; write: the requester).
+efficiency() {
+  local n kk bytes u l
+  for n in read write; do
+    grep -q -x "$n" <<<"$names" || continue
+    if [ -z "$counter" ]; then
+      echo "roce efficiency $n: unikernel - linux - ratio - (no instruction counter: $counter_why)"
+      continue
+    fi
+    [ "$n" = write ] && kk=01 || kk=02
+    bytes=$(case_bytes "$n")
+    u=$(window_count "$uk_count" "$kk") l=$(window_count "$b_count" "$kk")
+    if [ -n "$u" ] && [ -n "$l" ] && [ "$l" != 0 ]; then
+      awk -v n="$n" -v u="$u" -v l="$l" -v b="$bytes" 'BEGIN {
+        printf "roce efficiency %s: unikernel %.2f linux %.2f ratio %.2f (%.1fM and %.1fM instructions over %d bytes)\n",
+          n, u / b, l / b, u / l, u / 1e6, l / 1e6, b }'
+    else
+      echo "roce efficiency $n: unikernel ${u:--} linux ${l:--} ratio - (a window without both marks)"
+    fi
+  done
+}
+median() { sort -n | awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+  else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+# `roce throughput <case>`: the medians of the throughput runs' average bandwidth (MB/s).
+bench_pass=0 bench_total=0 bench_cases=0
+throughput() {
+  local n i side r bws lin uk nl nu
+  for n in read write; do
+    grep -q -x "$n" <<<"$names" || continue
+    bench_cases=$((bench_cases + 1))
+    [ "$bench" -gt 0 ] || continue
+    for side in linux roce; do
+      bws=()
+      for i in $(seq 1 "$bench"); do
+        bench_total=$((bench_total + 1))
+        r=$(result "bench-$side $n $i")
+        case "$r" in "exit 0"*) bench_pass=$((bench_pass + 1)); bws+=("$(bw "$r")") ;;
+          *) echo "bench $side $n $i: FAIL (${r:-no result})" ;; esac
+      done
+      [ "$side" = linux ] && { lin=$(printf '%s\n' "${bws[@]}" | { grep . || true; } | median); nl=${#bws[@]}; }
+      [ "$side" = roce ] && { uk=$(printf '%s\n' "${bws[@]}" | { grep . || true; } | median); nu=${#bws[@]}; }
+    done
+    r=-
+    [ "$lin" != - ] && [ "$uk" != - ] && r=$(awk -v u="$uk" -v l="$lin" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')
+    [ "$n" = read ] && ratio=$r
+    echo "roce throughput $n: unikernel $uk linux $lin ratio $r (median of $([ "$nl" = "$nu" ] && echo "$nl" || echo "$nu and $nl"))"
+  done
+  [ "$bench_pass" = "$bench_total" ] || why+=("throughput runs $bench_pass/$bench_total")
+}
 # The rdma_cm programs' cases (connected through the CM, perftest's -R ones too) are counted
 # apart: `cm <case>`.
 is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* || "$1" == ib_*_bw-* ]]; }
@@ -213,17 +406,16 @@ if [ "$mode" = full ]; then
   done
   [ "$uk_pass" = $((total - cm_total)) ] || why+=("roce $uk_pass/$((total - cm_total))")
   [ "$cm_pass" = "$cm_total" ] || why+=("cm $cm_pass/$cm_total")
-  uk_bw=$(bw "$(result "roce read")")
-  if [ -n "$uk_bw" ] && [ -n "$lin_bw" ]; then
-    ratio=$(awk -v u="$uk_bw" -v l="$lin_bw" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')
-    echo "roce throughput: unikernel $uk_bw linux $lin_bw ratio $ratio"
-  else
-    echo "roce throughput: unikernel ${uk_bw:--} linux ${lin_bw:--} ratio -"
-  fi
+  efficiency
+  throughput
   if ! grep -a -q "bareverbs: PASS" "$ulog" 2>/dev/null; then
     why+=("the unikernel did not print bareverbs: PASS (QEMU status ${uk_status:-none})")
     tail_of "the unikernel" "$ulog" 10
     [ -s "$cache/roce-unikernel.qemu" ] && tail_of "the unikernel's QEMU" "$cache/roce-unikernel.qemu" 5
+  fi
+  if [ "$bench" -gt 0 ] && [ "$bench_cases" -gt 0 ] && ! grep -a -q "bareverbs: PASS" "$u2log" 2>/dev/null; then
+    why+=("the unikernel of the throughput runs did not print bareverbs: PASS (QEMU status ${uk2_status:-none})")
+    tail_of "the unikernel of the throughput runs" "$u2log" 10
   fi
 fi
 if [ ${#why[@]} -gt 0 ]; then
@@ -233,7 +425,7 @@ fi
 stage "done"
 if [ ${#why[@]} -eq 0 ]; then
   if [ "$mode" = full ]; then
-    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, roce $uk_pass/$((total - cm_total)), cm $cm_pass/$cm_total, read ratio ${ratio:--}, $accel)"
+    echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, roce $uk_pass/$((total - cm_total)), cm $cm_pass/$cm_total, throughput runs $bench_pass/$bench_total, read ratio ${ratio:--}, $accel)"
   else
     echo "[roce] verdict: PASS (linux-linux $ll_pass/$total, $accel)"
   fi

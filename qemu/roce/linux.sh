@@ -8,6 +8,10 @@
 #   bvroce.ip=A.B.C.D   this guest's address (/24)
 #   bvroce.only=a,b     only these cases (lab.sh's BAREVERBS_ROCE_ONLY)
 #   bvroce.timeout=S    seconds a program may take, its retries included (default 100)
+#   bvroce.mark=PATH    qemu/roce/mark.c's program: each perftest case of the phase runs between
+#                       two marks for the instruction counter of lab.sh (code 00KK, then 01KK)
+#   bvroce.bench=N      the throughput runs instead (b) or after the cases (a): N rounds of the
+#                       `read` and `write` cases, each against Linux B and then the unikernel
 set -u
 kroot=$1
 here=$(dirname "$0")
@@ -134,6 +138,16 @@ cm_delay() { # on|off
   fi
 }
 
+# The instruction counter's window of a perftest case (qemu/roce/icount.c): code 00KK opens it,
+# 01KK closes it; KK as the unikernel numbers the cases (write 1, read 2, atomic 3).
+mark=$(arg mark)
+window() { # 0|1 CASE
+  local k
+  [ -n "$mark" ] || return 0
+  case "$2" in write) k=01 ;; read) k=02 ;; atomic) k=03 ;; *) return 0 ;; esac
+  "$mark" "0$1$k" || say "mark 0$1$k failed"
+}
+
 phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX case"
   local name opts delay
   while read -r name opts; do
@@ -141,13 +155,45 @@ phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "
     program "$1" "$name" "$3" "${opt[@]}"
     delay=0
     [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ib_*_bw-* ]] && delay=1
+    window 0 "$name"
     [ "$delay" = 1 ] && cm_delay on
     run "$2 $name" "$client" "${cmd[@]}"
     [ "$delay" = 1 ] && cm_delay off
+    window 1 "$name"
   done < <(cases)
 }
 
+# The throughput runs: N rounds of `read` and `write`; Linux A runs each against Linux B, then
+# against the unikernel (results "bench-linux CASE I", "bench-roce CASE I"). Linux B and the
+# unikernel are both up, so Linux A's server (for `write`) would take whichever client comes
+# first: against Linux B it listens on another port than the unikernel's 18515.
+bench=$(arg bench)
+bench_port=18516
+bench() { # SIDE(a|other)
+  local i name opts
+  for i in $(seq 1 "$bench"); do
+    while read -r name opts; do
+      [ "$name" = read ] || [ "$name" = write ] || continue
+      read -r -a opt <<<"$opts"
+      if [ "$1" = a ]; then
+        program a "$name" "$b_ip" "${opt[@]}" -p "$bench_port"
+        run "bench-linux $name $i" "$client" "${cmd[@]}"
+        program a "$name" "$uk_ip" "${opt[@]}"
+        run "bench-roce $name $i" "$client" "${cmd[@]}"
+      else
+        program other "$name" "$a_ip" "${opt[@]}" -p "$bench_port"
+        run "bench-b $name $i" "$client" "${cmd[@]}"
+      fi
+    done < <(cases)
+  done
+}
+
 if [ "$role" = b ]; then
+  if [ "${bench:-0}" -gt 0 ]; then
+    bench other
+    say "bench side done"
+    exit 0
+  fi
   phase other b "$a_ip"
   say "baseline side done"
   exit 0
@@ -157,4 +203,8 @@ say "phase baseline (Linux B at $b_ip)"
 phase a linux-linux "$b_ip"
 say "phase unikernel (at $uk_ip)"
 phase a roce "$uk_ip"
+if [ "${bench:-0}" -gt 0 ]; then
+  say "phase bench ($bench rounds)"
+  bench a
+fi
 say "done"

@@ -22,7 +22,7 @@ use core::ptr::NonNull;
 use bareverbs::device::pvrdma::Config;
 use bareverbs::device::rxe::{Config as RoceConfig, Rxe};
 use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
-use bareverbs::hal::{Clock, DmaRegion, IdentityHal, Link, PAGE_SIZE, x86::PortIoConfig};
+use bareverbs::hal::{Clock, DmaRegion, Hal, IdentityHal, Link, PAGE_SIZE, x86::PortIoConfig};
 use bareverbs_unikernel::arp::{self, DisplayMac};
 use bareverbs_unikernel::peer::{self, Line};
 use bareverbs_unikernel::wait::Polling;
@@ -273,19 +273,21 @@ fn roce_device(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
     ip: [u8; 4],
+    setup: impl FnOnce(&mut VirtioNet<GlobalIdentity>),
 ) -> Rxe<IdentityHal<'static>, VirtioNet<GlobalIdentity>, Ticks> {
     let Some(address) = virtio_net::find(pci) else {
         let _ = writeln!(Serial, "roce: no virtio-net NIC either");
         exit(Exit::NoDevice)
     };
     // SAFETY: as in `link_test` (the link test's NIC is gone: this takes the NIC over anew).
-    let nic = match unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) } {
+    let mut nic = match unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) } {
         Ok(n) => n,
         Err(e) => {
             let _ = writeln!(Serial, "bareverbs: FAIL roce: virtio-net bring-up: {e}");
             exit(Exit::Fail)
         }
     };
+    setup(&mut nic);
     let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip }) {
         Ok(d) => d,
         Err(e) => {
@@ -316,8 +318,35 @@ fn roce_peer(
     dma: &DmaRegion,
     opts: &bareverbs_unikernel::roce_peer::Options<'_>,
 ) -> ! {
-    let dev = roce_device(pci, hal, opts.net.ip);
-    match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms) {
+    let mut nic_interrupts = false;
+    let dev = roce_device(pci, hal, opts.net.ip, |nic| {
+        // The NIC's interrupts on device vector 0: an idle wait halts until the next frame.
+        let Some(msg) = hal.msi_message(0) else {
+            return;
+        };
+        // SAFETY: `pci` reaches the NIC's function, as given to `VirtioNet::new`; nothing else
+        // uses its MSI-X table.
+        match unsafe { nic.route_interrupts(pci, msg) } {
+            Ok(()) => nic_interrupts = true,
+            Err(e) => {
+                let _ = writeln!(Serial, "roce: virtio-net interrupts not routed: {e}");
+            }
+        }
+    });
+    let idle = bareverbs_unikernel::roce_peer::Idle {
+        halt: &irq::wait,
+        nic_interrupts,
+    };
+    let _ = writeln!(
+        Serial,
+        "roce: idle waits halt {}",
+        if nic_interrupts {
+            "until the NIC's interrupt or the timer's"
+        } else {
+            "after 32 ms without a frame, until the timer's interrupt"
+        }
+    );
+    match bareverbs_unikernel::roce_peer::serve(dev, &mut Serial, opts, &clock_ms, idle) {
         Ok(o) if o.failed == 0 && dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "roce peer: {} cases passed", o.cases);
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
@@ -342,7 +371,7 @@ fn roce_peer(
 /// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
 /// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
 fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
-    let dev = roce_device(pci, hal, LINK_IP);
+    let dev = roce_device(pci, hal, LINK_IP, |_| {});
     let start = irq::count(irq::TIMER_VECTOR);
     let r = bareverbs_unikernel::roce::demo(dev, &mut Serial, &mut || {
         irq::wait();

@@ -20,6 +20,7 @@
 //! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
 
+use core::cell::Cell;
 use core::fmt::Write;
 
 use bareverbs::Context;
@@ -189,15 +190,56 @@ impl From<Failure> for SessionError {
     }
 }
 
+/// Milliseconds without a received frame after which a wait halts the CPU, when a frame does
+/// not interrupt (see [`serve`]).
+pub const IDLE_MS: u64 = 32;
+
+/// How a waiting unikernel idles.
+#[derive(Clone, Copy)]
+pub struct Idle<'a> {
+    /// Halts the CPU until the next interrupt (the timer's tick at the latest).
+    pub halt: &'a dyn Fn(),
+    /// Whether the NIC interrupts on a received frame and on a completed transmission: a wait
+    /// then halts as soon as a round took no frame in; else only after [`IDLE_MS`] without one.
+    pub nic_interrupts: bool,
+}
+
 /// Runs the cases of `opts` on `dev` against the Linux side; `clock_ms` is the time in
 /// milliseconds. Each case's result is printed on `out`.
+///
+/// Every wait of a case reads the clock once a round, after the round polled the device, so
+/// the clock is the idle hook: when no frame came in since the previous read (with the NIC's
+/// interrupts; else for [`IDLE_MS`]), a read of the clock first halts the CPU until the next
+/// interrupt, instead of spinning. An idle unikernel (between cases, waiting for Linux) leaves
+/// the CPU to the other guests.
 pub fn serve<H: Hal, L: Link, C: Clock>(
     dev: Rxe<H, L, C>,
     out: &mut dyn Write,
     opts: &Options<'_>,
     clock_ms: &dyn Fn() -> u64,
+    idle: Idle<'_>,
 ) -> Result<Outcome, SessionError> {
     let ctx = Context::new(dev);
+    // Frames the device has taken from the NIC so far (RoCE, the IP stack's, ARP, dropped).
+    let frames_in = || {
+        let c = ctx.provider().port_counts();
+        c.roce + c.stack + c.dropped + c.arp_answered
+    };
+    // (frames in, when that count last changed)
+    let seen = Cell::new((frames_in(), clock_ms()));
+    let idle_clock = || {
+        let now = clock_ms();
+        let frames = frames_in();
+        let (before, since) = seen.get();
+        if frames != before {
+            seen.set((frames, now));
+        } else if idle.nic_interrupts || now.saturating_sub(since) >= IDLE_MS {
+            (idle.halt)();
+            return clock_ms();
+        }
+        now
+    };
+    let clock_ms: &dyn Fn() -> u64 = &idle_clock;
     let gid = ctx.query_gid(1, GID_INDEX).at("roce peer: query GID")?;
     let pd = ctx.alloc_pd().at("roce peer: alloc PD")?;
     let mut storage = Storage::new();
@@ -244,16 +286,21 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
             }
             PeerCase::Cm(_) => continue,
-            PeerCase::Perf(kind, size, iters) => perf(
-                &ctx,
-                &pd,
-                gid,
-                &mut stack,
-                opts.peer,
-                (kind, size, iters),
-                deadline,
-                clock_ms,
-            ),
+            PeerCase::Perf(kind, size, iters) => {
+                window(kind, false);
+                let r = perf(
+                    &ctx,
+                    &pd,
+                    gid,
+                    &mut stack,
+                    opts.peer,
+                    (kind, size, iters),
+                    deadline,
+                    clock_ms,
+                );
+                window(kind, true);
+                r
+            }
         };
         if r.is_err() {
             // Whatever the case left of its connection goes.
@@ -280,6 +327,39 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     drop(stack);
     pd.destroy().at("roce peer: destroy PD")?;
     Ok(outcome)
+}
+
+/// Runs the lab's instruction-counter marker with code `CODE`: `nopl 0x4256CODE(%rax)`, a
+/// no-op that `qemu/roce/icount.c` (a QEMU plugin) records with the guest's instruction count.
+/// Elsewhere it costs one instruction.
+#[inline(always)]
+pub fn mark<const CODE: u16>() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a multi-byte NOP: its memory operand is only encoded, never accessed; no
+    // register, flag or memory changes.
+    unsafe {
+        core::arch::asm!(
+            ".byte 0x0f, 0x1f, 0x80",
+            ".2byte {code}",
+            ".byte 0x56, 0x42",
+            code = const CODE,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+}
+
+/// Opens (`end` false) or closes a perftest case's counting window: code `0x00KK` and
+/// `0x01KK`, KK 1 for `write`, 2 for `read`, 3 for `atomic` (as `qemu/roce/linux.sh` marks
+/// Linux B's).
+fn window(kind: PerfKind, end: bool) {
+    match (kind, end) {
+        (PerfKind::Write, false) => mark::<0x0001>(),
+        (PerfKind::Read, false) => mark::<0x0002>(),
+        (PerfKind::Atomic, false) => mark::<0x0003>(),
+        (PerfKind::Write, true) => mark::<0x0101>(),
+        (PerfKind::Read, true) => mark::<0x0102>(),
+        (PerfKind::Atomic, true) => mark::<0x0103>(),
+    }
 }
 
 /// What a case that passed did.
