@@ -1,7 +1,7 @@
 //! The IPv4 header (no options, never fragmented) and the UDP header, with their checksums
 //! (`docs/roce-v2.md` §1.1, §8).
 
-use super::{Discard, be16};
+use super::{Discard, be16, put};
 
 /// Bytes of an IPv4 header without options (the only kind RoCE uses: the ICRC assumes it).
 pub const IPV4_LEN: usize = 20;
@@ -78,16 +78,16 @@ impl Ipv4Header {
     pub fn write(&self, out: &mut [u8; IPV4_LEN]) {
         out[0] = 0x45;
         out[1] = self.tos;
-        out[2..4].copy_from_slice(&self.total_len.to_be_bytes());
-        out[4..6].copy_from_slice(&self.id.to_be_bytes());
-        out[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
+        put(out, 2, self.total_len.to_be_bytes());
+        put(out, 4, self.id.to_be_bytes());
+        put(out, 6, 0x4000u16.to_be_bytes());
         out[8] = self.ttl;
         out[9] = self.protocol;
-        out[10..12].copy_from_slice(&[0, 0]);
-        out[12..16].copy_from_slice(&self.src);
-        out[16..20].copy_from_slice(&self.dst);
+        put(out, 10, [0, 0]);
+        put(out, 12, self.src);
+        put(out, 16, self.dst);
         let sum = !(ones_sum(0, out) as u16);
-        out[10..12].copy_from_slice(&sum.to_be_bytes());
+        put(out, 10, sum.to_be_bytes());
     }
 }
 
@@ -134,9 +134,9 @@ impl UdpHeader {
 
     /// Writes the header into `out`.
     pub fn write(&self, out: &mut [u8; UDP_LEN]) {
-        out[..2].copy_from_slice(&self.src_port.to_be_bytes());
-        out[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        out[4..6].copy_from_slice(&self.len.to_be_bytes());
-        out[6..].copy_from_slice(&self.checksum.to_be_bytes());
+        put(out, 0, self.src_port.to_be_bytes());
+        put(out, 2, self.dst_port.to_be_bytes());
+        put(out, 4, self.len.to_be_bytes());
+        put(out, 6, self.checksum.to_be_bytes());
     }
 }
