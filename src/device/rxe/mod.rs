@@ -407,36 +407,60 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
             _ => responder::on_request(&mut net, q, p, frame),
         }
+        net.t.note(q);
     }
 
-    /// Runs every queue pair's timers (and a requester waiting on its window or an address),
-    /// and sends on their backlogs, a bounded turn each; the first turn goes to each live
-    /// queue pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
+    /// Runs the timers of the queue pairs that have work without a frame arriving (the
+    /// busy set: [`Tables::busy`]), and sends on their backlogs, a bounded turn each; the
+    /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep
+    /// the NIC from the others. Idle QPs are not visited: a poll costs nothing per QP.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let first = core.tables().turn as usize % MAX_QP;
+        let t = core.tables();
+        let busy = t.busy;
+        if busy == 0 {
+            return;
+        }
+        let first = t.turn % MAX_QP as u32;
+        // Bit j of `slots` is slot (first + j) % MAX_QP: the rotation starts at `first`.
+        let slots = (busy as u32).rotate_right(first);
         let mut next = None;
-        // Bounded: each slot of the table once, then the GSI QP.
-        for k in 0..=MAX_QP {
+        let mut left = slots;
+        // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
+        loop {
+            let (slot, bit) = if left != 0 {
+                let j = left.trailing_zeros();
+                left &= left - 1;
+                let i = (first + j) % MAX_QP as u32;
+                (Some(i as usize), 1u64 << i)
+            } else if busy & tables::GSI_BIT != 0 {
+                (None, tables::GSI_BIT)
+            } else {
+                break;
+            };
             let t = core.tables();
-            let (slot, q) = match k {
-                MAX_QP => (None, t.gsi),
-                _ => {
-                    let i = (first + k) % MAX_QP;
-                    (Some(i), t.qps[i])
-                }
+            let q = match slot {
+                Some(i) => t.qps[i],
+                None => t.gsi,
             };
             if q.is_null() {
-                continue;
+                t.busy &= !bit;
+            } else {
+                // The next progress starts after the first QP served now.
+                if let Some(i) = slot {
+                    next.get_or_insert(i + 1);
+                }
+                let mut net = self.net(core, now);
+                // SAFETY: as in `dispatch`.
+                let q = unsafe { &mut *q };
+                reply::drain(&mut net, q);
+                requester::on_timer(&mut net, q);
+                if !q.wants_progress() {
+                    core.tables().busy &= !bit;
+                }
             }
-            // The next progress starts after the first QP served now.
-            if let Some(i) = slot {
-                next.get_or_insert(i + 1);
+            if slot.is_none() {
+                break;
             }
-            let mut net = self.net(core, now);
-            // SAFETY: as in `dispatch`.
-            let q = unsafe { &mut *q };
-            reply::drain(&mut net, q);
-            requester::on_timer(&mut net, q);
         }
         if let Some(n) = next {
             core.tables().turn = n as u32;

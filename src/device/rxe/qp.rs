@@ -256,6 +256,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let hub = self.hub();
         let q = self.qp_core(qp, &guard);
         let (link, t) = guard.parts();
+        // Whatever the new state, the progress looks at the QP once (it leaves the busy set
+        // again when it has nothing to do).
+        t.busy |= super::tables::Tables::bit(q.qpn);
         let mut attr = q.attr;
         attr.merge(m);
         let has = |b| m.mask.contains(b);
