@@ -290,6 +290,40 @@ impl QpCore {
         self.seq_retry = false;
     }
 
+    /// Takes the next receive request (from the SRQ when the QP has one) off its queue into
+    /// `self.wqe`, the request a SEND lands in; whether there was one. Copied once, from the
+    /// ring slot into place (an 80-byte entry).
+    pub(crate) fn take_wqe(&mut self, events: &mut AsyncRing, hub: &EventHub) -> bool {
+        if self.srq.is_some() {
+            return match self.take_srq_recv(events, hub) {
+                Some(e) => {
+                    self.wqe = e;
+                    true
+                }
+                None => false,
+            };
+        }
+        if self.rq_tail == self.rq_head {
+            return false;
+        }
+        let i = self.rq_tail;
+        self.rq_tail = i.wrapping_add(1);
+        // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
+        self.wqe = unsafe { *self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        true
+    }
+
+    /// Completes the receive request a SEND landed in (`self.wqe`).
+    pub(crate) fn complete_wqe(&mut self, wc: WorkCompletion, solicited: bool, hub: &EventHub) {
+        let (wr_id, tag, srq_room) = (self.wqe.wr_id, self.wqe.tag, self.wqe.srq_room);
+        let wc = WorkCompletion {
+            wr_id,
+            qp_num: self.qpn,
+            ..wc
+        };
+        self.push(false, wc, tag, solicited, srq_room, hub);
+    }
+
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.
     pub(crate) fn take_recv(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
         if self.srq.is_some() {
