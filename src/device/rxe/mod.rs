@@ -32,6 +32,7 @@ mod net;
 mod post;
 mod provider;
 mod qp;
+mod qp_lock;
 mod qp_state;
 mod reply;
 mod requester;
@@ -46,6 +47,7 @@ pub mod seq;
 pub mod wire;
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 
@@ -110,11 +112,20 @@ pub struct Rxe<H: Hal, L: Link, C: Clock> {
     /// The device block: the event hub, the tables, the receive buffer.
     _block: Dma<H>,
     hub: NonNull<EventHub>,
+    /// The queue pairs the progress visits: those that may have work without a frame
+    /// arriving (sends waiting, a timer running, answers held back); bit `i` is table slot
+    /// `i`, [`tables::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
+    /// gained such work, and leaves it under its own lock (in the progress) once it has none:
+    /// an idle QP costs a poll nothing, and no request is missed.
+    busy: AtomicU64,
+    /// The device lock: the NIC, the tables, the frame buffers (`docs/architecture.md` has
+    /// which lock guards what, and their order).
     core: spin::Mutex<Core<L>>,
 }
 
 // SAFETY: everything the raw pointers reach is in `block`, owned by the device; the hub is
-// only touched through atomics, the rest only under `core`'s lock.
+// only touched through atomics, the tables and buffers only under `core`'s lock, a queue
+// pair's core only under its own lock.
 unsafe impl<H: Hal + Send, L: Link + Send, C: Clock + Send> Send for Rxe<H, L, C> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync, L: Link + Send, C: Clock + Sync> Sync for Rxe<H, L, C> {}
@@ -258,6 +269,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             mtu,
             _block: block,
             hub,
+            busy: AtomicU64::new(0),
             core: spin::Mutex::new(Core { link, t, rx, tx }),
         })
     }
@@ -309,6 +321,19 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn lock(&self) -> spin::MutexGuard<'_, Core<L>> {
         self.core.lock()
+    }
+
+    /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
+    /// held: `q`).
+    pub(crate) fn note(&self, q: &qp_state::QpCore) {
+        if q.wants_progress() {
+            self.mark(q.qpn);
+        }
+    }
+
+    /// Puts queue pair `qpn` in the busy set (the progress looks at it once).
+    pub(crate) fn mark(&self, qpn: u32) {
+        self.busy.fetch_or(Tables::bit(qpn), Ordering::AcqRel);
     }
 
     fn progress_locked(&self, core: &mut Core<L>) {
@@ -380,12 +405,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let Some(&mut q) = core.tables().qp_slot(qpn) else {
             return;
         };
-        if q.is_null() {
+        let Some(q) = NonNull::new(q) else {
             return;
-        }
-        // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
-        // core is apart from the tables and reached only under the lock, held here.
-        let q = unsafe { &mut *q };
+        };
+        // SAFETY: a QP in the table is alive (destroy removes it under the device lock,
+        // held here, first); the device lock is held and no QP lock (the lock order).
+        let mut guard = unsafe { qp_lock::QpGuard::lock(q) };
+        let q = &mut *guard;
         if q.peer_mac.is_none()
             && matches!(
                 q.qp_type,
@@ -407,20 +433,19 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
             _ => responder::on_request(&mut net, q, p, frame),
         }
-        net.t.note(q);
+        self.note(q);
     }
 
     /// Runs the timers of the queue pairs that have work without a frame arriving (the
-    /// busy set: [`Tables::busy`]), and sends on their backlogs, a bounded turn each; the
+    /// busy set, `Rxe::busy`), and sends on their backlogs, a bounded turn each; the
     /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep
     /// the NIC from the others. Idle QPs are not visited: a poll costs nothing per QP.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let t = core.tables();
-        let busy = t.busy;
+        let busy = self.busy.load(Ordering::Acquire);
         if busy == 0 {
             return;
         }
-        let first = t.turn % MAX_QP as u32;
+        let first = core.tables().turn % MAX_QP as u32;
         // Bit j of `slots` is slot (first + j) % MAX_QP: the rotation starts at `first`.
         let slots = (busy as u32).rotate_right(first);
         let mut next = None;
@@ -442,21 +467,22 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 Some(i) => t.qps[i],
                 None => t.gsi,
             };
-            if q.is_null() {
-                t.busy &= !bit;
-            } else {
+            if let Some(q) = NonNull::new(q) {
                 // The next progress starts after the first QP served now.
                 if let Some(i) = slot {
                     next.get_or_insert(i + 1);
                 }
                 let mut net = self.net(core, now);
                 // SAFETY: as in `dispatch`.
-                let q = unsafe { &mut *q };
-                reply::drain(&mut net, q);
-                requester::on_timer(&mut net, q);
+                let mut q = unsafe { qp_lock::QpGuard::lock(q) };
+                reply::drain(&mut net, &mut q);
+                requester::on_timer(&mut net, &mut q);
                 if !q.wants_progress() {
-                    core.tables().busy &= !bit;
+                    // Under the QP's lock: a post that adds work marks it again after this.
+                    self.busy.fetch_and(!bit, Ordering::AcqRel);
                 }
+            } else {
+                self.busy.fetch_and(!bit, Ordering::AcqRel);
             }
             if slot.is_none() {
                 break;

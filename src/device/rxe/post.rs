@@ -7,6 +7,7 @@ use bareverbs_hal::{Clock, Hal, Link};
 
 use super::mem::sge_bytes;
 use super::qp::Qp;
+use super::qp_lock::QpGuard;
 use super::qp_state::QpCore;
 use super::wqe::{RqEntry, op, wr_op};
 use super::{Rxe, requester};
@@ -20,7 +21,7 @@ pub struct Cursor {
     n: u32,
 }
 
-/// Takes the completion-queue room of one request written by the batch `c` (device lock
+/// Takes the completion-queue room of one request written by the batch `c` (the QP's lock
 /// held); `pending` counts the room of requests written and not yet published. A new batch
 /// first gives back what a batch dropped unfinished had taken.
 fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
@@ -102,8 +103,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if op::reads(op_code) && op_code != op::READ && (w.sges.len() != 1 || len != 8) {
             return Err(Error::invalid(Param::BufferRange, len, 8u64));
         }
-        let guard = self.lock();
-        let q = self.qp_core(qp, &guard);
+        // The QP's own lock only: a post never waits for the NIC or another QP.
+        // SAFETY: the QP is alive (`qp` is borrowed); no other QP lock is held.
+        let mut guard = unsafe { QpGuard::lock(qp.core) };
+        let q = &mut *guard;
         let used = c.start.wrapping_add(c.n).wrapping_sub(q.sq_tail);
         if used >= q.sq_cap {
             return Err(Error::QueueFull {
@@ -155,18 +158,26 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn sq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.sq_head = c.start.wrapping_add(c.n);
-
-        let mut guard = self.lock();
-        let now = self.now();
         let hub = self.hub();
-        let q = self.qp_core(qp, &guard);
-        q.sq_head = qp.sq_head;
-        q.sq_pending = 0;
-        if flushed || q.state == QpState::Err {
-            q.flush(hub);
-            return;
+        {
+            // SAFETY: as in `sq_write_impl`.
+            let mut q = unsafe { QpGuard::lock(qp.core) };
+            q.sq_head = qp.sq_head;
+            q.sq_pending = 0;
+            if flushed || q.state == QpState::Err {
+                q.flush(hub);
+                return;
+            }
+            // In the busy set while its lock is held: a progress that visits it after this
+            // sees the new requests (it leaves the set only under this lock, with none left).
+            self.note(&q);
         }
-        self.run_requester(&mut guard, qp.core, now);
+        // The frames go out now if the NIC is free; if another thread has it (a progress, a
+        // post on another QP), the next progress sends them: the QP is in the busy set.
+        if let Some(mut core) = self.core.try_lock() {
+            let now = self.now();
+            self.run_requester(&mut core, qp.core, now);
+        }
     }
 
     pub(crate) fn rq_start_impl(&self, qp: &Qp<H>) -> Cursor {
@@ -196,8 +207,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 qp.caps.max_recv_sge,
             ));
         }
-        let guard = self.lock();
-        let q = self.qp_core(qp, &guard);
+        // SAFETY: as in `sq_write_impl`.
+        let mut guard = unsafe { QpGuard::lock(qp.core) };
+        let q = &mut *guard;
         let used = c.start.wrapping_add(c.n).wrapping_sub(q.rq_tail);
         if used >= q.caps.max_recv_wr {
             return Err(Error::QueueFull {
@@ -223,10 +235,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn rq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.rq_head = c.start.wrapping_add(c.n);
-
-        let guard = self.lock();
         let hub = self.hub();
-        let q = self.qp_core(qp, &guard);
+        // SAFETY: as in `sq_write_impl`.
+        let mut q = unsafe { QpGuard::lock(qp.core) };
         q.rq_head = qp.rq_head;
         q.rq_pending = 0;
         if flushed || q.state == QpState::Err {
@@ -234,13 +245,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
-    /// Runs the requester of the QP whose core is `q` (the lock is held: `core`).
+    /// Runs the requester of the QP whose core is `q` (the device lock is held: `core`;
+    /// the QP's is taken here, after it: the lock order).
     pub(crate) fn run_requester(&self, core: &mut super::Core<L>, q: NonNull<QpCore>, now: u64) {
         let mut net = self.net(core, now);
-        // SAFETY: the QP's core, reached under the device lock (`core`), apart from the
-        // tables `net` borrows.
-        let q = unsafe { &mut *q.as_ptr() };
-        requester::run(&mut net, q);
-        net.t.note(q);
+        // SAFETY: a living QP (its owner is posting); the device lock is held, no QP lock.
+        let mut q = unsafe { QpGuard::lock(q) };
+        requester::run(&mut net, &mut q);
+        self.note(&q);
     }
 }

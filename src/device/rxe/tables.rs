@@ -33,11 +33,6 @@ pub(crate) struct Tables {
     pub(crate) srq_next: u32,
     /// Which queue pair has the first turn at the next progress.
     pub(crate) turn: u32,
-    /// The queue pairs the progress visits ([`Tables::bit`]): those that may have work
-    /// without a frame arriving (sends waiting, a timer running, answers held back). Set
-    /// whenever a QP may have gained such work, cleared by the progress once it has none: an
-    /// idle QP costs a poll nothing.
-    pub(crate) busy: u64,
 }
 
 const _: () = assert!(
@@ -45,7 +40,7 @@ const _: () = assert!(
     "the busy set holds the slots in 32 bits, then the GSI QP"
 );
 
-/// The bit of the GSI QP in [`Tables::busy`] (the slots take bits 0 to `MAX_QP - 1`).
+/// The bit of the GSI QP in the device's busy set (the slots take bits 0 to `MAX_QP - 1`).
 pub(crate) const GSI_BIT: u64 = 1 << 32;
 
 impl Tables {
@@ -62,7 +57,7 @@ impl Tables {
         unsafe { (*t.as_ptr()).mrs.seed(seed) };
     }
 
-    /// The bit of queue pair `qpn` in [`Tables::busy`] (0 for a number the device never
+    /// The bit of queue pair `qpn` in the device's busy set (0 for a number the device never
     /// gives).
     pub(crate) fn bit(qpn: u32) -> u64 {
         if qpn == GSI_QPN {
@@ -71,13 +66,6 @@ impl Tables {
         match qpn.checked_sub(FIRST_QPN) {
             Some(i) if (i as usize) < MAX_QP => 1 << i,
             _ => 0,
-        }
-    }
-
-    /// Puts queue pair `q` in the set the progress visits when it has work to do there.
-    pub(crate) fn note(&mut self, q: &QpCore) {
-        if q.wants_progress() {
-            self.busy |= Self::bit(q.qpn);
         }
     }
 
