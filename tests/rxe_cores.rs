@@ -54,6 +54,10 @@ impl Link for GateLink {
         self.inner.transmit(frame)
     }
 
+    fn tx_ready(&mut self) -> bool {
+        self.inner.tx_ready()
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         self.inner.receive(buf)
     }
@@ -77,8 +81,8 @@ fn caps() -> QpCaps {
     }
 }
 
-/// Two devices on one segment, A's and B's NICs gated (open).
-fn devices() -> (Context<R>, Context<R>, Arc<AtomicU8>) {
+/// Two devices on one segment (A's NIC is its link 0), A's NIC gated (open).
+fn devices() -> (Context<R>, Context<R>, Arc<AtomicU8>, Segment) {
     let seg = Segment::new();
     let model = Model::new(ModelConfig::default());
     let clock = TestClock::default();
@@ -96,7 +100,7 @@ fn devices() -> (Context<R>, Context<R>, Arc<AtomicU8>) {
         IP_B,
         &Arc::new(AtomicU8::new(OPEN)),
     );
-    (a, b, gate)
+    (a, b, gate, seg)
 }
 
 /// Brings `q` to RTS towards `peer` (QPN) at `ip`.
@@ -126,7 +130,7 @@ fn poll(cq: &CompletionQueue<'_, R>, into: &mut Vec<(u64, u32)>) {
 
 #[test]
 fn a_post_and_a_poll_do_not_wait_for_the_device_lock() {
-    let (a, b, gate) = devices();
+    let (a, b, gate, _) = devices();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let ca = [a.create_cq(16).unwrap(), a.create_cq(16).unwrap()];
     let cb = b.create_cq(16).unwrap();
@@ -213,7 +217,7 @@ const MESSAGES: u64 = 2000;
 
 #[test]
 fn two_threads_on_two_qps_and_cqs_both_progress_and_complete_everything_once() {
-    let (a, b, _) = devices();
+    let (a, b, _, _) = devices();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let ca = [a.create_cq(32).unwrap(), a.create_cq(32).unwrap()];
     let cb = [b.create_cq(32).unwrap(), b.create_cq(32).unwrap()];
@@ -311,4 +315,70 @@ fn two_threads_on_two_qps_and_cqs_both_progress_and_complete_everything_once() {
         assert_eq!(*sent, want, "thread {me}'s send completions");
         assert_eq!(*recvd, want, "thread {me}'s receive completions");
     }
+}
+
+/// The IPv4 identifications of the RoCE frames A's NIC (link 0) sent from `start` on.
+fn ids_from_a(seg: &Segment, start: usize) -> Vec<u16> {
+    seg.sent_since(start)
+        .iter()
+        .filter(|(from, f)| *from == 0 && f.len() > 34 && f[12..14] == [8, 0])
+        .map(|(_, f)| u16::from_be_bytes([f[18], f[19]]))
+        .collect()
+}
+
+#[test]
+fn a_full_nic_is_asked_before_a_frame_is_built() {
+    let (a, b, _, seg) = devices();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
+    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let (mut qa, mut qb) = (up(qa, nb, IP_B), up(qb, na, IP_A));
+    let (sa, sb) = (
+        ma.sge(0, MSG as u32).unwrap(),
+        mb.sge(0, MSG as u32).unwrap(),
+    );
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let mut send = |k: u64, full: bool| {
+        // SAFETY: the regions outlive the QPs and their completions.
+        unsafe { qb.post_recv_raw(k, &[sb]) }.unwrap();
+        if full {
+            seg.set_tx_credit(0, Some(0));
+        }
+        let mut bt = qa.send_batch();
+        unsafe { bt.send(k, SendFlags::SIGNALED, &[sa]) }.unwrap();
+        bt.finish();
+        // While A's NIC is full, every progress has the requester try again.
+        for _ in 0..10 {
+            a.process_events();
+        }
+        seg.set_tx_credit(0, None);
+        // Bounded: a few rounds move one message and its ACK.
+        for _ in 0..100 {
+            if wa.len() as u64 == k + 1 && wb.len() as u64 == k + 1 {
+                break;
+            }
+            poll(&cb, &mut wb);
+            poll(&ca, &mut wa);
+        }
+        assert_eq!((wa.len(), wb.len()), (k as usize + 1, k as usize + 1));
+    };
+    for _ in 0..4 {
+        a.process_events();
+        b.process_events();
+    }
+    let start = seg.sent_count();
+    send(0, false);
+    send(1, true);
+    // Each frame built takes the next IPv4 identification: the refused tries took none.
+    let ids = ids_from_a(&seg, start);
+    assert_eq!(ids.len(), 2, "one frame per SEND: {ids:?}");
+    assert_eq!(
+        ids[1],
+        ids[0].wrapping_add(1),
+        "frames built for a full NIC"
+    );
 }

@@ -550,6 +550,10 @@ impl<H: Hal, L: Link, C: Clock> Link for StackLink<'_, H, L, C> {
         self.dev.core.lock().link.transmit(frame)
     }
 
+    fn tx_ready(&mut self) -> bool {
+        self.dev.core.lock().link.tx_ready()
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         let mut core = self.dev.core.lock();
         if let Some(n) = core.tables().stack.pop(buf) {
