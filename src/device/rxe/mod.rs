@@ -350,11 +350,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();
-            let rx = if looped.is_some() {
-                t.port.receive_looped(link, frame, now)
-            } else {
-                t.port.receive(link, frame, now)
-            };
+            // One call site: the port's classification is inlined here once.
+            let rx = t.port.take(link, frame, now, looped.is_some());
             // By reference: the packet is not moved out of `rx` (a 176-byte copy per frame).
             match &rx {
                 Rx::Roce(p) => self.dispatch(core, p, frame, now),
