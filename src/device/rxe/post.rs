@@ -9,7 +9,7 @@ use super::mem::sge_bytes;
 use super::qp::Qp;
 use super::qp_lock::QpGuard;
 use super::qp_state::QpCore;
-use super::wqe::{RqEntry, op, wr_op};
+use super::wqe::{op, wr_op};
 use super::{Rxe, requester};
 use crate::error::{Attr, Error, Feature, Op, Param, Queue, Result, Unsupported};
 use crate::verbs::{QpState, QpType, SendFlags, SendWqe, Sge};
@@ -221,14 +221,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             });
         }
         take_room(q, false, c)?;
-        let mut e = RqEntry {
-            wr_id,
-            tag,
-            nsge: sges.len() as u16,
-            ..Default::default()
-        };
+        // Written in place, as the send entries are (an 80-byte entry not built and copied).
+        let e = q.rq(c.start.wrapping_add(c.n));
+        e.wr_id = wr_id;
+        e.tag = tag;
+        e.nsge = sges.len() as u16;
+        e.srq_room = false;
         e.sges[..sges.len()].copy_from_slice(sges);
-        *q.rq(c.start.wrapping_add(c.n)) = e;
         c.n += 1;
         Ok(())
     }
