@@ -1,7 +1,8 @@
-//! Completion queues: a ring of completions in HAL memory with one producer at a time (under
-//! the CQ's producer lock: the queue pairs that complete here post and progress on several
-//! cores) and one consumer at a time (a poll, under the CQ's poll lock), so a poll never waits
-//! for the transport and the transport never waits for a poll.
+//! Completion queues: a ring of completions in HAL memory with one producer (the transport,
+//! under the device lock) and one consumer at a time (a poll, under the CQ's poll lock), so a
+//! poll never waits for the transport and the transport never waits for a poll. Posts take
+//! room for their completions without the device lock (a bounded compare-and-swap on the
+//! count of room taken), from several cores at once.
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
@@ -43,12 +44,9 @@ pub(crate) struct CqRing {
     tail: AtomicU32,
     /// A poll is under way (the poll lock).
     polling: AtomicBool,
-    /// The producer lock: held to add a completion or to take room (leaf: nothing else is
-    /// locked under it).
-    producing: AtomicBool,
     cap: u32,
-    /// Room taken (never more than `cap`; raised under the producer lock only, lowered by a
-    /// poll too): one entry per request posted to a queue pair's own queues that completes
+    /// Room taken (never more than `cap`: raised by compare-and-swap within it, by posts on
+    /// any core and by the transport; lowered by a poll too): one entry per request posted to a queue pair's own queues that completes
     /// here, from its post until its completion is polled (or it retires without one), and
     /// the reservations of the shared receive queues whose QPs complete here (`srq_room`).
     taken: AtomicU32,
@@ -82,40 +80,18 @@ impl CqRing {
         self.cap
     }
 
-    /// Runs `f` under the producer lock (held for a few loads and stores: spun for).
-    fn produce<T>(&self, f: impl FnOnce() -> T) -> T {
-        while self
-            .producing
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            while self.producing.load(Ordering::Relaxed) {
-                core::hint::spin_loop();
-            }
-        }
-        let r = f();
-        self.producing.store(false, Ordering::Release);
-        r
-    }
-
-    /// Adds a completion (under the producer lock: one producer at a time); raises the CQ's
-    /// event when it is armed for it. `false` when the ring is full (the completion is lost).
+    /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
+    /// it is armed for it. `false` when the ring is full (the completion is lost).
     pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
-        let pushed = self.produce(|| {
-            let h = self.head.load(Ordering::Relaxed);
-            if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
-                return false;
-            }
-            // SAFETY: one producer (the producer lock); slot `h` is not readable by the
-            // consumer until `head` moves past it.
-            unsafe { self.entry(h).write(MaybeUninit::new(e)) };
-            self.head.store(h.wrapping_add(1), Ordering::Release);
-            true
-        });
-        if !pushed {
+        let h = self.head.load(Ordering::Relaxed);
+        if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
             self.overflow.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        // SAFETY: one producer (the device lock); slot `h` is not readable by the consumer
+        // until `head` moves past it.
+        unsafe { self.entry(h).write(MaybeUninit::new(e)) };
+        self.head.store(h.wrapping_add(1), Ordering::Release);
         if let Some(slot) = self.slot {
             let fire = match hub.armed(slot) {
                 Arm::Next => true,
@@ -152,45 +128,44 @@ impl CqRing {
         self.cap.saturating_sub(self.taken.load(Ordering::Acquire))
     }
 
-    /// Takes room for `n` completions if there is (under the producer lock: the only raiser;
-    /// a concurrent poll only lowers `taken`).
+    /// Takes room for `n` completions if there is: a compare-and-swap within the capacity,
+    /// so posts on several cores (each under its QP's lock only) and the transport never take
+    /// more than there is; a concurrent poll only lowers `taken`. Bounded: each failed swap
+    /// means another core's take or give went through.
     pub(crate) fn take(&self, n: u32) -> bool {
-        self.produce(|| self.take_locked(n))
-    }
-
-    fn take_locked(&self, n: u32) -> bool {
-        self.settle();
-        if self.free() < n {
-            return false;
-        }
-        self.taken.fetch_add(n, Ordering::Relaxed);
-        true
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (self.cap.saturating_sub(t) >= n).then_some(t + n)
+            })
+            .is_ok()
     }
 
     /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
-    /// as much as there is (never more than the free room); returns it.
+    /// as much as there is (never more than the free room); returns it (device lock held).
     pub(crate) fn reserve_srq(&self, depth: u32) -> u32 {
-        self.produce(|| {
-            self.settle();
-            let r = depth.min(self.free());
-            self.taken.fetch_add(r, Ordering::Relaxed);
-            self.srq_room.fetch_add(r, Ordering::Relaxed);
-            r
-        })
+        self.settle();
+        let mut r = 0;
+        // Bounded as in `take`.
+        let _ = self
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                r = depth.min(self.cap.saturating_sub(t));
+                Some(t + r)
+            });
+        self.srq_room.fetch_add(r, Ordering::Relaxed);
+        r
     }
 
     /// Gives up `r` of the SRQs' reservation (their last QP left): at once for the part no
-    /// request uses, the rest as its completions are polled.
+    /// request uses, the rest as its completions are polled (device lock held).
     pub(crate) fn release_srq(&self, r: u32) {
-        self.produce(|| {
-            self.srq_leaving.fetch_add(r, Ordering::Relaxed);
-            self.settle();
-        })
+        self.srq_leaving.fetch_add(r, Ordering::Relaxed);
+        self.settle();
     }
 
     /// Moves the reservation given up out of `srq_room` and `taken`, as far as the requests
-    /// taken on it allow (producer lock held: a poll only lowers `srq_used`).
-    fn settle(&self) {
+    /// taken on it allow (device lock held: a poll only lowers `srq_used`).
+    pub(crate) fn settle(&self) {
         let leaving = self.srq_leaving.load(Ordering::Relaxed);
         if leaving == 0 {
             return;
@@ -218,13 +193,14 @@ impl CqRing {
     /// reservation, else from the free room; `None` when neither has any (the request is not
     /// taken: the sender is told the receiver is not ready, and nothing is dropped).
     pub(crate) fn take_srq(&self) -> Option<bool> {
-        self.produce(|| {
-            if self.srq_used.load(Ordering::Acquire) < self.srq_room.load(Ordering::Relaxed) {
-                self.srq_used.fetch_add(1, Ordering::Relaxed);
-                return Some(true);
-            }
-            self.take_locked(1).then_some(false)
-        })
+        // The device lock is held (the responder): the one raiser of `srq_used`, and the one
+        // settler.
+        self.settle();
+        if self.srq_used.load(Ordering::Acquire) < self.srq_room.load(Ordering::Relaxed) {
+            self.srq_used.fetch_add(1, Ordering::Relaxed);
+            return Some(true);
+        }
+        self.take(1).then_some(false)
     }
 
     /// Gives back the room of a receive request taken with [`take_srq`](Self::take_srq)
@@ -248,8 +224,8 @@ pub struct Cq<H: Hal> {
     pub(crate) ring: NonNull<CqRing>,
 }
 
-// SAFETY: the ring is shared through atomics (head/tail, the poll and producer locks); the
-// rest of the header is written once, at creation.
+// SAFETY: the ring is shared through atomics (head/tail, the poll lock, the room counts); it
+// is written under the device lock only; the rest of the header is written once, at creation.
 unsafe impl<H: Hal + Send> Send for Cq<H> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
@@ -273,7 +249,6 @@ impl<H: Hal> Cq<H> {
                 head: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
                 polling: AtomicBool::new(false),
-                producing: AtomicBool::new(false),
                 cap,
                 taken: AtomicU32::new(0),
                 srq_room: AtomicU32::new(0),

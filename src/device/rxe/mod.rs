@@ -92,6 +92,9 @@ pub const LOOPBACK_FRAMES: usize = 4;
 pub const FRAME: usize = 4096 + wire::packet::MAX_OVERHEAD;
 /// Frames taken from the link per progress call, at most (bounded work per verbs call).
 const RX_BUDGET: usize = 64;
+/// Tries the progress makes for a queue pair's lock before it leaves that QP for the next
+/// progress (a post holds it for well under this many spins on another core).
+const QP_SPINS: u32 = 1 << 10;
 
 /// How the device is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,9 @@ pub(crate) struct Core<L> {
     t: NonNull<Tables>,
     rx: NonNull<u8>,
     tx: NonNull<u8>,
+    /// The length of a RoCE frame in the receive buffer whose queue pair's lock was held
+    /// (0: none): it goes to its QP first at the next progress, before any other frame.
+    held: usize,
 }
 
 impl<L> Core<L> {
@@ -270,7 +276,13 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             _block: block,
             hub,
             busy: AtomicU64::new(0),
-            core: spin::Mutex::new(Core { link, t, rx, tx }),
+            core: spin::Mutex::new(Core {
+                link,
+                t,
+                rx,
+                tx,
+                held: 0,
+            }),
         })
     }
 
@@ -343,18 +355,34 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
             // through the locked core (`core` is borrowed mutably here).
             let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
-            // Looped-back frames first, then the NIC's.
-            let looped = core.tables().loopback.pop(rx);
+            // A frame kept for its QP first (it is still in the buffer), then looped-back
+            // frames, then the NIC's.
+            let kept = core::mem::take(&mut core.held);
+            let looped = if kept != 0 {
+                Some(kept)
+            } else {
+                core.tables().loopback.pop(rx)
+            };
             let Some(n) = looped.or_else(|| core.link.receive(rx)) else {
                 break;
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();
-            // One call site: the port's classification is inlined here once.
+            // One call site: the port's classification is inlined here once. A kept frame
+            // passed the port's checks already; its source may be this interface only if it
+            // was looped back, which the port then allowed.
             let rx = t.port.take(link, frame, now, looped.is_some());
             // By reference: the packet is not moved out of `rx` (a 176-byte copy per frame).
             match &rx {
-                Rx::Roce(p) => self.dispatch(core, p, frame, now),
+                Rx::Roce(p) => {
+                    if !self.dispatch(core, p, frame, now) {
+                        // Its QP is locked elsewhere: kept, in order, for the next progress,
+                        // and not counted as handed to the transport yet.
+                        core.tables().port.unhand();
+                        core.held = n;
+                        break;
+                    }
+                }
                 Rx::Stack => t.stack.push(frame),
                 Rx::Dropped(_) => {}
             }
@@ -396,18 +424,28 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     /// A RoCE packet for this interface: to the queue pair it names, as an answer to its
-    /// requests or as a request to it.
-    fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::Packet<'_>, frame: &[u8], now: u64) {
+    /// requests or as a request to it. `false` when that QP's lock is held elsewhere (the
+    /// frame is kept for the next progress: the progress never waits for a QP, so an
+    /// interrupt handler that runs it cannot wait for the thread it preempted).
+    fn dispatch(
+        &self,
+        core: &mut Core<L>,
+        p: &wire::packet::Packet<'_>,
+        frame: &[u8],
+        now: u64,
+    ) -> bool {
         let qpn = p.headers.bth.dest_qp;
         let Some(&mut q) = core.tables().qp_slot(qpn) else {
-            return;
+            return true;
         };
         let Some(q) = NonNull::new(q) else {
-            return;
+            return true;
         };
         // SAFETY: a QP in the table is alive (destroy removes it under the device lock,
         // held here, first); the device lock is held and no QP lock (the lock order).
-        let mut guard = unsafe { qp_lock::QpGuard::lock(q) };
+        let Some(mut guard) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+            return false;
+        };
         let q = &mut *guard;
         if q.peer_mac.is_none()
             && matches!(
@@ -422,7 +460,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.
         if !check::admit(q, p) {
-            return;
+            return true;
         }
         let mut net = self.net(core, now);
         use wire::bth::opcode as o;
@@ -431,6 +469,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             _ => responder::on_request(&mut net, q, p, frame),
         }
         self.note(q);
+        true
     }
 
     /// Runs the timers of the queue pairs that have work without a frame arriving (the
@@ -469,9 +508,15 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 if let Some(i) = slot {
                     next.get_or_insert(i + 1);
                 }
+                // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
+                // progress (it stays in the busy set).
+                let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+                    if slot.is_none() {
+                        break;
+                    }
+                    continue;
+                };
                 let mut net = self.net(core, now);
-                // SAFETY: as in `dispatch`.
-                let mut q = unsafe { qp_lock::QpGuard::lock(q) };
                 reply::drain(&mut net, &mut q);
                 requester::on_timer(&mut net, &mut q);
                 if !q.wants_progress() {

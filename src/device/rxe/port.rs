@@ -171,6 +171,12 @@ impl Port {
         }
     }
 
+    /// Takes back the count of a RoCE packet the transport could not take now (it is looked
+    /// at again, and counted then).
+    pub(crate) fn unhand(&mut self) {
+        self.counts.roce -= 1;
+    }
+
     fn drop(&mut self, d: Discard) -> Rx<'static> {
         self.counts.dropped += 1;
         Rx::Dropped(d)

@@ -49,6 +49,15 @@ fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
 }
 
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    /// Frees the room a shared receive queue gave up on `cq` as far as its requests allow,
+    /// when the device lock is free now (settling is the device lock's; a post only tries it,
+    /// holding its QP's lock: never waiting on the device lock under it).
+    fn settle(&self, cq: &super::cq::CqRing) {
+        if let Some(_device) = self.core.try_lock() {
+            cq.settle();
+        }
+    }
+
     pub(crate) fn sq_start_impl(&self, qp: &Qp<H>) -> Cursor {
         Cursor {
             start: qp.sq_head,
@@ -114,7 +123,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 free: q.sq_cap.saturating_sub(c.start.wrapping_sub(q.sq_tail)),
             });
         }
-        take_room(q, true, c)?;
+        if take_room(q, true, c).is_err() {
+            self.settle(q.send_cq());
+            take_room(q, true, c)?;
+        }
         // Written in place, field by field: the entry is 200 bytes (its inline data 64), and
         // building it on the stack to copy it in cost about 400 instructions at opt-level "z".
         let e = q.sq(c.start.wrapping_add(c.n));
@@ -158,26 +170,35 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn sq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.sq_head = c.start.wrapping_add(c.n);
-        let hub = self.hub();
         {
             // SAFETY: as in `sq_write_impl`.
             let mut q = unsafe { QpGuard::lock(qp.core) };
             q.sq_head = qp.sq_head;
             q.sq_pending = 0;
-            if flushed || q.state == QpState::Err {
-                q.flush(hub);
+            if !(flushed || q.state == QpState::Err) {
+                // In the busy set while its lock is held: a progress that visits it after
+                // this sees the new requests (it leaves the set only under this lock, with
+                // none left).
+                self.note(&q);
+                drop(q);
+                // The frames go out now if the NIC is free; if another thread has it (a
+                // progress, a post on another QP), the next progress sends them.
+                if let Some(mut core) = self.core.try_lock() {
+                    let now = self.now();
+                    self.run_requester(&mut core, qp.core, now);
+                }
                 return;
             }
-            // In the busy set while its lock is held: a progress that visits it after this
-            // sees the new requests (it leaves the set only under this lock, with none left).
-            self.note(&q);
         }
-        // The frames go out now if the NIC is free; if another thread has it (a progress, a
-        // post on another QP), the next progress sends them: the QP is in the busy set.
-        if let Some(mut core) = self.core.try_lock() {
-            let now = self.now();
-            self.run_requester(&mut core, qp.core, now);
-        }
+        self.flush_locked(qp);
+    }
+
+    /// Flushes every request of the QP (an error state, or a batch that asked it): the
+    /// completions are the device lock's to add (one producer per CQ), taken before the QP's.
+    fn flush_locked(&self, qp: &Qp<H>) {
+        let _device = self.lock();
+        // SAFETY: the QP is alive (`qp` is borrowed); the device lock is held, no QP lock.
+        unsafe { QpGuard::lock(qp.core) }.flush(self.hub());
     }
 
     pub(crate) fn rq_start_impl(&self, qp: &Qp<H>) -> Cursor {
@@ -220,7 +241,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     .saturating_sub(c.start.wrapping_sub(q.rq_tail)),
             });
         }
-        take_room(q, false, c)?;
+        if take_room(q, false, c).is_err() {
+            self.settle(q.recv_cq());
+            take_room(q, false, c)?;
+        }
         // Written in place, as the send entries are (an 80-byte entry not built and copied).
         let e = q.rq(c.start.wrapping_add(c.n));
         e.wr_id = wr_id;
@@ -234,13 +258,15 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn rq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.rq_head = c.start.wrapping_add(c.n);
-        let hub = self.hub();
-        // SAFETY: as in `sq_write_impl`.
-        let mut q = unsafe { QpGuard::lock(qp.core) };
-        q.rq_head = qp.rq_head;
-        q.rq_pending = 0;
-        if flushed || q.state == QpState::Err {
-            q.flush(hub);
+        let flush = {
+            // SAFETY: as in `sq_write_impl`.
+            let mut q = unsafe { QpGuard::lock(qp.core) };
+            q.rq_head = qp.rq_head;
+            q.rq_pending = 0;
+            flushed || q.state == QpState::Err
+        };
+        if flush {
+            self.flush_locked(qp);
         }
     }
 

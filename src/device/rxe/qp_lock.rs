@@ -34,8 +34,8 @@ unsafe fn word<'a>(q: NonNull<QpCore>) -> &'a AtomicBool {
 
 impl QpGuard<'_> {
     /// Locks the QP whose core is at `q`, spinning while another thread holds it (a holder
-    /// keeps it for one post, one packet or one timer turn, and waits on no other lock but a
-    /// CQ's producer lock: `docs/architecture.md`).
+    /// keeps it for one post, one packet or one timer turn, and takes no other lock while it
+    /// does: `docs/architecture.md`).
     ///
     /// # Safety
     ///
@@ -57,6 +57,31 @@ impl QpGuard<'_> {
             q,
             _core: PhantomData,
         }
+    }
+
+    /// Locks the QP whose core is at `q` if it is free within `spins` tries; `None` when its
+    /// holder keeps it (another core mid-post, or the thread an interrupt preempted: the
+    /// progress, which an interrupt handler may run, never waits for a QP).
+    ///
+    /// # Safety
+    ///
+    /// As for [`lock`](Self::lock).
+    pub(crate) unsafe fn try_lock(q: NonNull<QpCore>, spins: u32) -> Option<Self> {
+        // SAFETY: the caller's contract.
+        let w = unsafe { word(q) };
+        for _ in 0..spins {
+            if !w.load(Ordering::Relaxed)
+                && w.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Some(QpGuard {
+                    q,
+                    _core: PhantomData,
+                });
+            }
+            core::hint::spin_loop();
+        }
+        None
     }
 }
 
