@@ -28,6 +28,14 @@ pub trait Link {
     /// Sends one frame (copied: `frame` may be reused when this returns).
     fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError>;
 
+    /// Whether [`transmit`](Self::transmit) would find a free transmit slot now. The
+    /// transport asks before it builds a frame (headers, payload copy, ICRC), so that a full
+    /// ring costs a question, not a frame built and thrown away. A hint: `transmit` may still
+    /// say [`LinkError::Busy`]. The default says yes (a NIC that cannot tell).
+    fn tx_ready(&mut self) -> bool {
+        true
+    }
+
     /// Moves the next received frame into `buf` and returns its length, or `None` when no
     /// frame has arrived. A frame longer than `buf` is dropped (and the next one looked at).
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize>;

@@ -321,6 +321,10 @@ impl<S: StaticHal> Link for VirtioNet<S> {
         }
     }
 
+    fn tx_ready(&mut self) -> bool {
+        !self.broken && self.reclaim().is_ok() && self.tx.idle().is_some()
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         // At most one pass over the ring: a flood of bad frames cannot hold the caller.
         for _ in 0..QUEUE_SIZE {

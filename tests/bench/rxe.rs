@@ -141,6 +141,11 @@ impl Link for Wire {
         Ok(())
     }
 
+    fn tx_ready(&mut self) -> bool {
+        let r = self.tx.borrow();
+        r.tail - r.head < SLOTS
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         let mut r = self.rx.borrow_mut();
         while r.head != r.tail {

@@ -1,6 +1,8 @@
 //! Completion queues: a ring of completions in HAL memory with one producer (the transport,
-//! under the device lock) and one consumer (a poll), so a poll never waits for the transport
-//! and the transport never waits for a poll.
+//! under the device lock) and one consumer at a time (a poll, under the CQ's poll lock), so a
+//! poll never waits for the transport and the transport never waits for a poll. Posts take
+//! room for their completions without the device lock (a bounded compare-and-swap on the
+//! count of room taken), from several cores at once.
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
@@ -40,11 +42,11 @@ pub(crate) struct CqRing {
     head: AtomicU32,
     /// Entries consumed (the poller's count).
     tail: AtomicU32,
-    /// A poll is under way.
+    /// A poll is under way (the poll lock).
     polling: AtomicBool,
     cap: u32,
-    /// Room taken (never more than `cap`; raised under the device lock only, lowered by a
-    /// poll too): one entry per request posted to a queue pair's own queues that completes
+    /// Room taken (never more than `cap`: raised by compare-and-swap within it, by posts on
+    /// any core and by the transport; lowered by a poll too): one entry per request posted to a queue pair's own queues that completes
     /// here, from its post until its completion is polled (or it retires without one), and
     /// the reservations of the shared receive queues whose QPs complete here (`srq_room`).
     taken: AtomicU32,
@@ -74,19 +76,20 @@ impl CqRing {
         unsafe { self.entries.as_ptr().add((i % self.cap) as usize) }
     }
 
-    /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
-    /// it is armed for it. `false` when the ring is full (the completion is lost).
     pub(crate) fn cap(&self) -> u32 {
         self.cap
     }
 
+    /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
+    /// it is armed for it. `false` when the ring is full (the completion is lost).
     pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
         let h = self.head.load(Ordering::Relaxed);
         if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
             self.overflow.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        // SAFETY: one producer (the device lock); slot `h` is not readable by the consumer until `head` moves past it.
+        // SAFETY: one producer (the device lock); slot `h` is not readable by the consumer
+        // until `head` moves past it.
         unsafe { self.entry(h).write(MaybeUninit::new(e)) };
         self.head.store(h.wrapping_add(1), Ordering::Release);
         if let Some(slot) = self.slot {
@@ -125,23 +128,30 @@ impl CqRing {
         self.cap.saturating_sub(self.taken.load(Ordering::Acquire))
     }
 
-    /// Takes room for `n` completions if there is (the device lock is held: the only
-    /// raiser; a concurrent poll only lowers `taken`).
+    /// Takes room for `n` completions if there is: a compare-and-swap within the capacity,
+    /// so posts on several cores (each under its QP's lock only) and the transport never take
+    /// more than there is; a concurrent poll only lowers `taken`. Bounded: each failed swap
+    /// means another core's take or give went through.
     pub(crate) fn take(&self, n: u32) -> bool {
-        self.settle();
-        if self.free() < n {
-            return false;
-        }
-        self.taken.fetch_add(n, Ordering::Relaxed);
-        true
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (self.cap.saturating_sub(t) >= n).then_some(t + n)
+            })
+            .is_ok()
     }
 
     /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
-    /// as much as there is (never more than the free room); returns it.
+    /// as much as there is (never more than the free room); returns it (device lock held).
     pub(crate) fn reserve_srq(&self, depth: u32) -> u32 {
         self.settle();
-        let r = depth.min(self.free());
-        self.taken.fetch_add(r, Ordering::Relaxed);
+        let mut r = 0;
+        // Bounded as in `take`.
+        let _ = self
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                r = depth.min(self.cap.saturating_sub(t));
+                Some(t + r)
+            });
         self.srq_room.fetch_add(r, Ordering::Relaxed);
         r
     }
@@ -155,7 +165,7 @@ impl CqRing {
 
     /// Moves the reservation given up out of `srq_room` and `taken`, as far as the requests
     /// taken on it allow (device lock held: a poll only lowers `srq_used`).
-    fn settle(&self) {
+    pub(crate) fn settle(&self) {
         let leaving = self.srq_leaving.load(Ordering::Relaxed);
         if leaving == 0 {
             return;
@@ -183,6 +193,9 @@ impl CqRing {
     /// reservation, else from the free room; `None` when neither has any (the request is not
     /// taken: the sender is told the receiver is not ready, and nothing is dropped).
     pub(crate) fn take_srq(&self) -> Option<bool> {
+        // The device lock is held (the responder): the one raiser of `srq_used`, and the one
+        // settler.
+        self.settle();
         if self.srq_used.load(Ordering::Acquire) < self.srq_room.load(Ordering::Relaxed) {
             self.srq_used.fetch_add(1, Ordering::Relaxed);
             return Some(true);
@@ -211,8 +224,8 @@ pub struct Cq<H: Hal> {
     pub(crate) ring: NonNull<CqRing>,
 }
 
-// SAFETY: the ring is shared through atomics (head/tail/polling); the rest of the header is
-// touched under the device lock.
+// SAFETY: the ring is shared through atomics (head/tail, the poll lock, the room counts); it
+// is written under the device lock only; the rest of the header is written once, at creation.
 unsafe impl<H: Hal + Send> Send for Cq<H> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Cq<H> {}

@@ -32,6 +32,7 @@ mod net;
 mod post;
 mod provider;
 mod qp;
+mod qp_lock;
 mod qp_state;
 mod reply;
 mod requester;
@@ -46,6 +47,7 @@ pub mod seq;
 pub mod wire;
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 
@@ -90,6 +92,9 @@ pub const LOOPBACK_FRAMES: usize = 4;
 pub const FRAME: usize = 4096 + wire::packet::MAX_OVERHEAD;
 /// Frames taken from the link per progress call, at most (bounded work per verbs call).
 const RX_BUDGET: usize = 64;
+/// Tries the progress makes for a queue pair's lock before it leaves that QP for the next
+/// progress (a post holds it for well under this many spins on another core).
+const QP_SPINS: u32 = 1 << 10;
 
 /// How the device is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,11 +115,20 @@ pub struct Rxe<H: Hal, L: Link, C: Clock> {
     /// The device block: the event hub, the tables, the receive buffer.
     _block: Dma<H>,
     hub: NonNull<EventHub>,
+    /// The queue pairs the progress visits: those that may have work without a frame
+    /// arriving (sends waiting, a timer running, answers held back); bit `i` is table slot
+    /// `i`, [`tables::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
+    /// gained such work, and leaves it under its own lock (in the progress) once it has none:
+    /// an idle QP costs a poll nothing, and no request is missed.
+    busy: AtomicU64,
+    /// The device lock: the NIC, the tables, the frame buffers (`docs/architecture.md` has
+    /// which lock guards what, and their order).
     core: spin::Mutex<Core<L>>,
 }
 
 // SAFETY: everything the raw pointers reach is in `block`, owned by the device; the hub is
-// only touched through atomics, the rest only under `core`'s lock.
+// only touched through atomics, the tables and buffers only under `core`'s lock, a queue
+// pair's core only under its own lock.
 unsafe impl<H: Hal + Send, L: Link + Send, C: Clock + Send> Send for Rxe<H, L, C> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync, L: Link + Send, C: Clock + Sync> Sync for Rxe<H, L, C> {}
@@ -126,6 +140,9 @@ pub(crate) struct Core<L> {
     t: NonNull<Tables>,
     rx: NonNull<u8>,
     tx: NonNull<u8>,
+    /// The length of a RoCE frame in the receive buffer whose queue pair's lock was held
+    /// (0: none): it goes to its QP first at the next progress, before any other frame.
+    held: usize,
 }
 
 impl<L> Core<L> {
@@ -248,7 +265,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             Tables::init(t, Port::new(mac, config.ip), hal.seed());
             (hub, t, base.add(RX_AT), base.add(TX_AT))
         };
-        let caps = caps_of(mac);
+        let caps = provider::caps_of(mac);
         Ok(Rxe {
             hal,
             clock,
@@ -258,7 +275,14 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             mtu,
             _block: block,
             hub,
-            core: spin::Mutex::new(Core { link, t, rx, tx }),
+            busy: AtomicU64::new(0),
+            core: spin::Mutex::new(Core {
+                link,
+                t,
+                rx,
+                tx,
+                held: 0,
+            }),
         })
     }
 
@@ -311,6 +335,19 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         self.core.lock()
     }
 
+    /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
+    /// held: `q`).
+    pub(crate) fn note(&self, q: &qp_state::QpCore) {
+        if q.wants_progress() {
+            self.mark(q.qpn);
+        }
+    }
+
+    /// Puts queue pair `qpn` in the busy set (the progress looks at it once).
+    pub(crate) fn mark(&self, qpn: u32) {
+        self.busy.fetch_or(Tables::bit(qpn), Ordering::AcqRel);
+    }
+
     fn progress_locked(&self, core: &mut Core<L>) {
         let now = self.now();
         // Bounded: RX_BUDGET frames a call, however many the segment sends.
@@ -318,21 +355,34 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
             // through the locked core (`core` is borrowed mutably here).
             let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
-            // Looped-back frames first, then the NIC's.
-            let looped = core.tables().loopback.pop(rx);
+            // A frame kept for its QP first (it is still in the buffer), then looped-back
+            // frames, then the NIC's.
+            let kept = core::mem::take(&mut core.held);
+            let looped = if kept != 0 {
+                Some(kept)
+            } else {
+                core.tables().loopback.pop(rx)
+            };
             let Some(n) = looped.or_else(|| core.link.receive(rx)) else {
                 break;
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();
-            let rx = if looped.is_some() {
-                t.port.receive_looped(link, frame, now)
-            } else {
-                t.port.receive(link, frame, now)
-            };
+            // One call site: the port's classification is inlined here once. A kept frame
+            // passed the port's checks already; its source may be this interface only if it
+            // was looped back, which the port then allowed.
+            let rx = t.port.take(link, frame, now, looped.is_some());
             // By reference: the packet is not moved out of `rx` (a 176-byte copy per frame).
             match &rx {
-                Rx::Roce(p) => self.dispatch(core, p, frame, now),
+                Rx::Roce(p) => {
+                    if !self.dispatch(core, p, frame, now) {
+                        // Its QP is locked elsewhere: kept, in order, for the next progress,
+                        // and not counted as handed to the transport yet.
+                        core.tables().port.unhand();
+                        core.held = n;
+                        break;
+                    }
+                }
                 Rx::Stack => t.stack.push(frame),
                 Rx::Dropped(_) => {}
             }
@@ -374,18 +424,29 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     /// A RoCE packet for this interface: to the queue pair it names, as an answer to its
-    /// requests or as a request to it.
-    fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::Packet<'_>, frame: &[u8], now: u64) {
+    /// requests or as a request to it. `false` when that QP's lock is held elsewhere (the
+    /// frame is kept for the next progress: the progress never waits for a QP, so an
+    /// interrupt handler that runs it cannot wait for the thread it preempted).
+    fn dispatch(
+        &self,
+        core: &mut Core<L>,
+        p: &wire::packet::Packet<'_>,
+        frame: &[u8],
+        now: u64,
+    ) -> bool {
         let qpn = p.headers.bth.dest_qp;
         let Some(&mut q) = core.tables().qp_slot(qpn) else {
-            return;
+            return true;
         };
-        if q.is_null() {
-            return;
-        }
-        // SAFETY: a QP in the table is alive (destroy removes it under this lock first); its
-        // core is apart from the tables and reached only under the lock, held here.
-        let q = unsafe { &mut *q };
+        let Some(q) = NonNull::new(q) else {
+            return true;
+        };
+        // SAFETY: a QP in the table is alive (destroy removes it under the device lock,
+        // held here, first); the device lock is held and no QP lock (the lock order).
+        let Some(mut guard) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+            return false;
+        };
+        let q = &mut *guard;
         if q.peer_mac.is_none()
             && matches!(
                 q.qp_type,
@@ -399,7 +460,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.
         if !check::admit(q, p) {
-            return;
+            return true;
         }
         let mut net = self.net(core, now);
         use wire::bth::opcode as o;
@@ -407,78 +468,71 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
             _ => responder::on_request(&mut net, q, p, frame),
         }
+        self.note(q);
+        true
     }
 
-    /// Runs every queue pair's timers (and a requester waiting on its window or an address),
-    /// and sends on their backlogs, a bounded turn each; the first turn goes to each live
-    /// queue pair in rotation, so that one QP's backlog cannot keep the NIC from the others.
+    /// Runs the timers of the queue pairs that have work without a frame arriving (the
+    /// busy set, `Rxe::busy`), and sends on their backlogs, a bounded turn each; the
+    /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep
+    /// the NIC from the others. Idle QPs are not visited: a poll costs nothing per QP.
     fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let first = core.tables().turn as usize % MAX_QP;
+        let busy = self.busy.load(Ordering::Acquire);
+        if busy == 0 {
+            return;
+        }
+        let first = core.tables().turn % MAX_QP as u32;
+        // Bit j of `slots` is slot (first + j) % MAX_QP: the rotation starts at `first`.
+        let slots = (busy as u32).rotate_right(first);
         let mut next = None;
-        // Bounded: each slot of the table once, then the GSI QP.
-        for k in 0..=MAX_QP {
-            let t = core.tables();
-            let (slot, q) = match k {
-                MAX_QP => (None, t.gsi),
-                _ => {
-                    let i = (first + k) % MAX_QP;
-                    (Some(i), t.qps[i])
-                }
+        let mut left = slots;
+        // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
+        loop {
+            let (slot, bit) = if left != 0 {
+                let j = left.trailing_zeros();
+                left &= left - 1;
+                let i = (first + j) % MAX_QP as u32;
+                (Some(i as usize), 1u64 << i)
+            } else if busy & tables::GSI_BIT != 0 {
+                (None, tables::GSI_BIT)
+            } else {
+                break;
             };
-            if q.is_null() {
-                continue;
+            let t = core.tables();
+            let q = match slot {
+                Some(i) => t.qps[i],
+                None => t.gsi,
+            };
+            if let Some(q) = NonNull::new(q) {
+                // The next progress starts after the first QP served now.
+                if let Some(i) = slot {
+                    next.get_or_insert(i + 1);
+                }
+                // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
+                // progress (it stays in the busy set).
+                let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+                    if slot.is_none() {
+                        break;
+                    }
+                    continue;
+                };
+                let mut net = self.net(core, now);
+                reply::drain(&mut net, &mut q);
+                requester::on_timer(&mut net, &mut q);
+                if !q.wants_progress() {
+                    // Under the QP's lock: a post that adds work marks it again after this.
+                    self.busy.fetch_and(!bit, Ordering::AcqRel);
+                }
+            } else {
+                self.busy.fetch_and(!bit, Ordering::AcqRel);
             }
-            // The next progress starts after the first QP served now.
-            if let Some(i) = slot {
-                next.get_or_insert(i + 1);
+            if slot.is_none() {
+                break;
             }
-            let mut net = self.net(core, now);
-            // SAFETY: as in `dispatch`.
-            let q = unsafe { &mut *q };
-            reply::drain(&mut net, q);
-            requester::on_timer(&mut net, q);
         }
         if let Some(n) = next {
             core.tables().turn = n as u32;
         }
-    }
-}
-
-/// The capabilities of the software device (fixed: the driver's tables).
-fn caps_of(mac: [u8; 6]) -> DeviceCaps {
-    // The node GUID is the EUI-64 of the MAC: the interface id of its link-local GID.
-    let g = Gid::link_local_from_mac(mac).0;
-    let guid = u64::from_be_bytes([g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]]);
-    DeviceCaps {
-        fw_ver: 0,
-        node_guid: guid.to_be(),
-        sys_image_guid: guid.to_be(),
-        max_mr_size: 1 << 31,
-        vendor_part_id: 0,
-        max_qp: MAX_QP as u32,
-        max_qp_wr: MAX_WR,
-        max_sge: MAX_SGE,
-        max_cq: cq::MAX_CQ,
-        max_cqe: cq::MAX_CQE,
-        max_mr: MAX_MR as u32,
-        max_pd: mem::MAX_PD,
-        max_qp_rd_atom: MAX_RD_ATOMIC,
-        max_qp_init_rd_atom: MAX_RD_ATOMIC,
-        max_mcast_grp: 0,
-        max_ah: u32::MAX,
-        max_srq: srq::MAX_SRQ,
-        max_srq_wr: MAX_WR,
-        max_srq_sge: MAX_SGE,
-        gid_tbl_len: 2,
-        max_pkeys: 1,
-        phys_port_cnt: 1,
-        device_cap_flags: 0,
-        atomic_ops: 1,
-        // Linux rxe's vendor id, so that peers see the same device kind.
-        vendor_id: 0x00FF_FFFF,
-        // Regions are reached by CPU address: every page size from 4 KiB.
-        page_size_cap: !0xFFF,
-        max_sge_rd: MAX_SGE,
     }
 }
 
@@ -498,6 +552,10 @@ impl<H: Hal, L: Link, C: Clock> Link for StackLink<'_, H, L, C> {
 
     fn transmit(&mut self, frame: &[u8]) -> core::result::Result<(), LinkError> {
         self.dev.core.lock().link.transmit(frame)
+    }
+
+    fn tx_ready(&mut self) -> bool {
+        self.dev.core.lock().link.tx_ready()
     }
 
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {

@@ -73,13 +73,22 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
+        // Room first: a frame is built only when it can go out now.
+        let looped = route.dst_ip == route.src_ip;
+        if !(if looped {
+            self.t.loopback.has_room()
+        } else {
+            self.link.tx_ready()
+        }) {
+            return Err(Unsent::Busy);
+        }
         let id = self.t.ip_id;
         self.t.ip_id = id.wrapping_add(1);
         let at = begin(self.tx, route, id, headers, len).ok_or(Unsent::Lost)?;
         let payload = self.tx.get_mut(at..at + len).ok_or(Unsent::Lost)?;
         fill(&self.t.mrs, payload).map_err(Unsent::Denied)?;
         let n = finish(self.tx).ok_or(Unsent::Lost)?;
-        if route.dst_ip == route.src_ip {
+        if looped {
             // To this interface: looped back, never on the wire.
             return if self.t.loopback.push(&self.tx[..n]) {
                 Ok(())

@@ -470,3 +470,41 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         })
     }
 }
+
+/// The capabilities of the software device (fixed: the driver's tables).
+pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
+    // The node GUID is the EUI-64 of the MAC: the interface id of its link-local GID.
+    let g = Gid::link_local_from_mac(mac).0;
+    let guid = u64::from_be_bytes([g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]]);
+    DeviceCaps {
+        fw_ver: 0,
+        node_guid: guid.to_be(),
+        sys_image_guid: guid.to_be(),
+        max_mr_size: 1 << 31,
+        vendor_part_id: 0,
+        max_qp: super::MAX_QP as u32,
+        max_qp_wr: super::MAX_WR,
+        max_sge: super::MAX_SGE,
+        max_cq: super::cq::MAX_CQ,
+        max_cqe: super::cq::MAX_CQE,
+        max_mr: super::MAX_MR as u32,
+        max_pd: super::mem::MAX_PD,
+        max_qp_rd_atom: super::MAX_RD_ATOMIC,
+        max_qp_init_rd_atom: super::MAX_RD_ATOMIC,
+        max_mcast_grp: 0,
+        max_ah: u32::MAX,
+        max_srq: super::srq::MAX_SRQ,
+        max_srq_wr: super::MAX_WR,
+        max_srq_sge: super::MAX_SGE,
+        gid_tbl_len: 2,
+        max_pkeys: 1,
+        phys_port_cnt: 1,
+        device_cap_flags: 0,
+        atomic_ops: 1,
+        // Linux rxe's vendor id, so that peers see the same device kind.
+        vendor_id: 0x00FF_FFFF,
+        // Regions are reached by CPU address: every page size from 4 KiB.
+        page_size_cap: !0xFFF,
+        max_sge_rd: super::MAX_SGE,
+    }
+}

@@ -8,6 +8,7 @@ use bareverbs_hal::{Clock, Hal, Link};
 
 use super::cq::Cq;
 use super::mem::Pd;
+use super::qp_lock::{HEAD_BYTES, QpGuard};
 use super::qp_state::QpCore;
 use super::srq::Srq;
 use super::wire::addr::{rc_source_port, ud_source_port};
@@ -33,23 +34,26 @@ pub struct Qp<H: Hal> {
     pub(crate) rq_head: u32,
 }
 
-// SAFETY: the core is reached only under the device lock.
+// SAFETY: the core is reached only under the QP's own lock (`qp_lock`).
 unsafe impl<H: Hal + Send> Send for Qp<H> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Qp<H> {}
 
 /// Another living QP than `me` that takes its receives from `srq` and completes them on
-/// `cq` (device lock held: `t`).
+/// `cq` (device lock held: `t`; the caller holds no QP lock: each candidate's is taken to
+/// look at it).
 fn pair_holder(
     t: &super::tables::Tables,
     srq: NonNull<super::srq::SrqCore>,
     cq: NonNull<super::cq::CqRing>,
     me: *mut QpCore,
-) -> Option<*mut QpCore> {
-    t.qps.iter().copied().find(|&q| {
-        // SAFETY: the table's non-null entries are living QP cores, reached under the
-        // device lock.
-        !q.is_null() && q != me && unsafe { (*q).srq == Some(srq) && (*q).recv_cq == cq }
+) -> Option<NonNull<QpCore>> {
+    t.qps.iter().copied().filter(|&q| q != me).find_map(|q| {
+        let q = NonNull::new(q)?;
+        // SAFETY: the table's non-null entries are living QP cores (destroy takes them out
+        // under the device lock, held here); no other QP lock is held.
+        let g = unsafe { QpGuard::lock(q) };
+        (g.srq == Some(srq) && g.recv_cq == cq).then_some(q)
     })
 }
 
@@ -129,7 +133,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // Completion-queue room is taken per post, not here: the CQ may be smaller than
         // the queues (`ibv_create_qp` has no such failure).
         let same = core::ptr::eq(send_cq, recv_cq);
-        let at_sq = size_of::<QpCore>().next_multiple_of(64);
+        // The core, its lock (zeroed: unlocked), then the rings.
+        let at_sq = HEAD_BYTES;
         let at_rq = at_sq + sq_cap as usize * size_of::<SqEntry>();
         let bytes = at_rq + rq_cap as usize * size_of::<RqEntry>();
         let mem = Dma::new(&self.hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
@@ -214,7 +219,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // The first QP of an (SRQ, receive CQ) pair reserves the SRQ's depth there.
             if pair_holder(t, s.core, recv_cq.ring, ptr.as_ptr()).is_none() {
                 let r = recv_cq.ring().reserve_srq(s.attr.max_wr);
-                // SAFETY: written above; the device lock is held.
+                // SAFETY: written above; not reachable by another thread before the device
+                // lock (held) is let go.
                 unsafe { (*ptr.as_ptr()).srq_reserved = r };
             }
         }
@@ -241,21 +247,17 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         })
     }
 
-    /// The QP's core; `_held` is the device lock's guard, which the caller keeps while it
-    /// uses the core.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) fn qp_core<'a>(&self, qp: &'a Qp<H>, _held: &super::Core<L>) -> &'a mut QpCore {
-        // SAFETY: the core lives in the QP's block until the QP is dropped, and is reached
-        // only under the device lock, which the caller holds.
-        unsafe { &mut *qp.core.as_ptr() }
-    }
-
     pub(crate) fn modify_qp_impl(&self, qp: &mut Qp<H>, m: &ModifyAttr) -> Result<()> {
         let mut guard = self.lock();
         let now = self.now();
         let hub = self.hub();
-        let q = self.qp_core(qp, &guard);
+        // SAFETY: the QP is alive (`qp` is borrowed); the device lock is held, no QP lock.
+        let mut qg = unsafe { QpGuard::lock(qp.core) };
+        let q = &mut *qg;
         let (link, t) = guard.parts();
+        // Whatever the new state, the progress looks at the QP once (it leaves the busy set
+        // again when it has nothing to do).
+        self.mark(q.qpn);
         let mut attr = q.attr;
         attr.merge(m);
         let has = |b| m.mask.contains(b);
@@ -338,8 +340,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     pub(crate) fn query_qp_impl(&self, qp: &Qp<H>) -> QpAttr {
-        let guard = self.lock();
-        let q = self.qp_core(qp, &guard);
+        // SAFETY: the QP is alive (`qp` is borrowed); no other lock is held.
+        let q = unsafe { QpGuard::lock(qp.core) };
         let a = q.attr;
         QpAttr {
             state: q.state,
@@ -375,24 +377,28 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if let Some(slot) = guard.tables().qp_slot(qp.qpn) {
             *slot = core::ptr::null_mut();
         }
-        let q = self.qp_core(&qp, &guard);
-        q.discard();
-        q.send_cq().give(q.sq_pending);
-        q.recv_cq().give(q.rq_pending);
-        if q.srq_reserved != 0 {
-            let me = qp.core.as_ptr();
-            match q
-                .srq
-                .and_then(|s| pair_holder(guard.tables(), s, q.recv_cq, me))
-            {
-                // SAFETY: a living QP of the table, reached under the device lock.
-                Some(other) => unsafe { (*other).srq_reserved += q.srq_reserved },
-                None => q.recv_cq().release_srq(q.srq_reserved),
+        let me = qp.core.as_ptr();
+        let (srq, recv_cq, reserved) = {
+            // SAFETY: the QP is alive (owned here); the device lock is held, no QP lock.
+            let mut q = unsafe { QpGuard::lock(qp.core) };
+            q.discard();
+            q.send_cq().give(q.sq_pending);
+            q.recv_cq().give(q.rq_pending);
+            q.send_cq().users.fetch_sub(1, Ordering::Relaxed);
+            if q.send_cq != q.recv_cq {
+                q.recv_cq().users.fetch_sub(1, Ordering::Relaxed);
             }
-        }
-        q.send_cq().users.fetch_sub(1, Ordering::Relaxed);
-        if q.send_cq != q.recv_cq {
-            q.recv_cq().users.fetch_sub(1, Ordering::Relaxed);
+            (q.srq, q.recv_cq, q.srq_reserved)
+        };
+        if reserved != 0 {
+            match srq.and_then(|s| pair_holder(guard.tables(), s, recv_cq, me)) {
+                Some(other) => {
+                    // SAFETY: a living QP of the table (device lock held), no QP lock held.
+                    unsafe { QpGuard::lock(other) }.srq_reserved += reserved;
+                }
+                // SAFETY: the CQ outlives the QP (create_qp's contract).
+                None => unsafe { recv_cq.as_ref() }.release_srq(reserved),
+            }
         }
         drop(guard);
         // SAFETY: the PD and the SRQ outlive the QP (create_qp's contract).

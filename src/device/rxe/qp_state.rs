@@ -109,6 +109,12 @@ impl QpCore {
         unsafe { &mut *self.sq.as_ptr().add((i % self.sq_cap) as usize) }
     }
 
+    /// The send entry `i` (a count, reduced modulo the capacity), to read.
+    pub(crate) fn sq_ref(&self, i: u32) -> &SqEntry {
+        // SAFETY: as for `sq`; shared, through `&self`.
+        unsafe { &*self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+    }
+
     pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
         // SAFETY: as for `sq`.
         unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
@@ -139,33 +145,36 @@ impl QpCore {
             // completion can be made up.
             return;
         }
-        let e = *self.sq(self.sq_tail);
+        // The fields a completion needs, not the whole 200-byte entry.
+        let e = self.sq_ref(self.sq_tail);
+        let (op_code, len, tag, wr_id) = (e.op, e.len, e.tag, e.wr_id);
+        let (signaled, opcode) = (e.signaled(self.sig_all), e.wc_opcode());
         self.sq_tail = self.sq_tail.wrapping_add(1);
         if self.sq_next.wrapping_sub(self.sq_tail) > self.sq_head.wrapping_sub(self.sq_tail) {
             self.sq_next = self.sq_tail;
             self.cur_pkt = 0;
         }
-        let byte_len = if e.op == op::READ {
-            e.len
-        } else if op::reads(e.op) {
+        let byte_len = if op_code == op::READ {
+            len
+        } else if op::reads(op_code) {
             8
         } else {
-            e.len
+            len
         };
-        if status == WcStatus::Success && !e.signaled(self.sig_all) {
+        if status == WcStatus::Success && !signaled {
             self.send_cq().give(1);
-            self.release_tag(e.tag);
+            self.release_tag(tag);
             return;
         }
         let wc = WorkCompletion {
-            wr_id: e.wr_id,
+            wr_id,
             byte_len,
             qp_num: self.qpn,
             status,
-            opcode: e.wc_opcode(),
+            opcode,
             ..Default::default()
         };
-        self.push(true, wc, e.tag, false, false, hub);
+        self.push(true, wc, tag, false, false, hub);
     }
 
     /// Completes a receive request.
@@ -281,6 +290,40 @@ impl QpCore {
         self.seq_retry = false;
     }
 
+    /// Takes the next receive request (from the SRQ when the QP has one) off its queue into
+    /// `self.wqe`, the request a SEND lands in; whether there was one. Copied once, from the
+    /// ring slot into place (an 80-byte entry).
+    pub(crate) fn take_wqe(&mut self, events: &mut AsyncRing, hub: &EventHub) -> bool {
+        if self.srq.is_some() {
+            return match self.take_srq_recv(events, hub) {
+                Some(e) => {
+                    self.wqe = e;
+                    true
+                }
+                None => false,
+            };
+        }
+        if self.rq_tail == self.rq_head {
+            return false;
+        }
+        let i = self.rq_tail;
+        self.rq_tail = i.wrapping_add(1);
+        // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
+        self.wqe = unsafe { *self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        true
+    }
+
+    /// Completes the receive request a SEND landed in (`self.wqe`).
+    pub(crate) fn complete_wqe(&mut self, wc: WorkCompletion, solicited: bool, hub: &EventHub) {
+        let (wr_id, tag, srq_room) = (self.wqe.wr_id, self.wqe.tag, self.wqe.srq_room);
+        let wc = WorkCompletion {
+            wr_id,
+            qp_num: self.qpn,
+            ..wc
+        };
+        self.push(false, wc, tag, solicited, srq_room, hub);
+    }
+
     /// The next receive request (from the SRQ when the QP has one), taken off its queue.
     pub(crate) fn take_recv(&mut self, events: &mut AsyncRing, hub: &EventHub) -> Option<RqEntry> {
         if self.srq.is_some() {
@@ -318,6 +361,16 @@ impl QpCore {
             Some(s) => s.has() && self.recv_cq().srq_fits(),
             None => self.rq_tail != self.rq_head,
         }
+    }
+
+    /// Whether the device's progress has work for this QP without a frame arriving: answers
+    /// or an acknowledgement held back, or (ready to send) requests not sent yet, a
+    /// retransmission or RNR timer running.
+    pub(crate) fn wants_progress(&self) -> bool {
+        self.backlog.is_some()
+            || self.ack_due.is_some()
+            || (self.state == QpState::Rts
+                && (self.deadline != 0 || self.rnr_until != 0 || self.sq_next != self.sq_head))
     }
 
     /// The ACK timeout in microseconds (0: none).

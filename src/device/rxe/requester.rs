@@ -83,22 +83,24 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             break;
         }
         let i = q.sq_next;
-        let mut e = *q.sq(i);
         if q.cur_pkt == 0 {
-            let fence =
-                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
-            if (op::reads(e.op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
+            let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
+            let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
+            if (op::reads(e_op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
                 break;
             }
-            e.first_psn = q.psn;
-            e.npkts = match e.op {
-                op::CMP_SWAP | op::FETCH_ADD => 1,
-                _ => seq::packets(e.len, mtu).unwrap_or(1),
-            };
+            let psn = q.psn;
             let s = q.sq(i);
-            s.first_psn = e.first_psn;
-            s.npkts = e.npkts;
+            s.first_psn = psn;
+            s.npkts = match s.op {
+                op::CMP_SWAP | op::FETCH_ADD => 1,
+                _ => seq::packets(s.len, mtu).unwrap_or(1),
+            };
         }
+        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
+        // entry is 200 bytes.
+        let e = q.sq_ref(i);
+        let (e_op, e_first, e_npkts) = (e.op, e.first_psn, e.npkts);
         let k = q.cur_pkt;
         let psn = q.psn;
         let mut bth = Bth {
@@ -169,7 +171,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 }
                 let pd = q.pd;
                 net.send(&route, &h, s.len as usize, |t, out| {
-                    payload(t, pd, &e, s.offset, out)
+                    payload(t, pd, e, s.offset, out)
                 })
             }
         };
@@ -194,15 +196,15 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         if q.deadline == 0 {
             q.deadline = deadline(net.now, q.timeout_us());
         }
-        if op::reads(e.op) {
+        if op::reads(e_op) {
             // A READ's request stands for all its responses' PSNs.
-            q.psn = psn_add(e.first_psn, e.npkts);
+            q.psn = psn_add(e_first, e_npkts);
             q.cur_pkt = 0;
             q.sq_next = i.wrapping_add(1);
         } else {
             q.psn = psn_add(psn, 1);
             q.cur_pkt += 1;
-            if q.cur_pkt >= e.npkts {
+            if q.cur_pkt >= e_npkts {
                 q.cur_pkt = 0;
                 q.sq_next = i.wrapping_add(1);
             }
@@ -316,16 +318,17 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
     // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
     // whatever PSN the peer wrote.
     while q.sq_tail != q.sq_next {
-        let e = *q.sq(q.sq_tail);
-        let last = psn_add(e.first_psn, e.npkts.max(1) - 1);
+        let e = q.sq_ref(q.sq_tail);
+        let (e_op, first) = (e.op, e.first_psn);
+        let last = psn_add(first, e.npkts.max(1) - 1);
         if psn_diff(psn, last) < 0 {
-            if !op::reads(e.op) && psn_diff(psn, e.first_psn) >= 0 {
+            if !op::reads(e_op) && psn_diff(psn, first) >= 0 {
                 // Part of a multi-packet message.
                 q.una = psn_add(psn, 1);
             }
             return false;
         }
-        if op::reads(e.op) {
+        if op::reads(e_op) {
             return true;
         }
         q.una = psn_add(last, 1);
@@ -519,7 +522,7 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) 
         // Not the next one expected: a gap (the timer re-requests) or a duplicate.
         return;
     }
-    let e = *q.sq(q.sq_tail);
+    let e = q.sq_ref(q.sq_tail);
     if e.op != op::READ {
         return;
     }

@@ -142,10 +142,9 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
         return Err(Fail::Invalid);
     }
     if first {
-        let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {
+        if !q.take_wqe(&mut net.t.async_events, net.hub) {
             return Err(Fail::Rnr);
-        };
-        q.wqe = e;
+        }
         q.offset = 0;
         q.inbound = Inbound::Send;
     }
@@ -154,11 +153,10 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     if end > room {
         return Err(Fail::Length);
     }
-    let wqe = q.wqe;
     if net
         .t
         .mrs
-        .scatter(q.pd, wqe.sges(), q.offset, p.payload)
+        .scatter(q.pd, q.wqe.sges(), q.offset, p.payload)
         .is_err()
     {
         return Err(Fail::Local);
@@ -167,7 +165,7 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     if last {
         q.inbound = Inbound::Idle;
         let wc = recv_wc(WcOpcode::Recv, q.offset, p.headers.imm, q.attr.dest_qpn);
-        q.complete_recv(&wqe, wc, p.headers.bth.se, net.hub);
+        q.complete_wqe(wc, p.headers.bth.se, net.hub);
     }
     accepted(net, q, p, last);
     Ok(())

@@ -54,6 +54,11 @@ pub(crate) struct Loopback {
 }
 
 impl Loopback {
+    /// Whether a frame would be queued now.
+    pub(crate) fn has_room(&self) -> bool {
+        (self.head.wrapping_sub(self.tail) as usize) < LOOPBACK_FRAMES
+    }
+
     /// Queues a frame; `false` when the queue is full.
     pub(crate) fn push(&mut self, frame: &[u8]) -> bool {
         if self.head.wrapping_sub(self.tail) as usize >= LOOPBACK_FRAMES || frame.len() > FRAME {

@@ -35,6 +35,14 @@ pub(crate) struct Tables {
     pub(crate) turn: u32,
 }
 
+const _: () = assert!(
+    MAX_QP <= 32,
+    "the busy set holds the slots in 32 bits, then the GSI QP"
+);
+
+/// The bit of the GSI QP in the device's busy set (the slots take bits 0 to `MAX_QP - 1`).
+pub(crate) const GSI_BIT: u64 = 1 << 32;
+
 impl Tables {
     /// Sets up the tables at `t` (zeroed memory: every field but the port is valid zeroed).
     ///
@@ -47,6 +55,18 @@ impl Tables {
         unsafe { core::ptr::addr_of_mut!((*t.as_ptr()).port).write(port) };
         // SAFETY: as above; the port is written, every other field is valid zeroed.
         unsafe { (*t.as_ptr()).mrs.seed(seed) };
+    }
+
+    /// The bit of queue pair `qpn` in the device's busy set (0 for a number the device never
+    /// gives).
+    pub(crate) fn bit(qpn: u32) -> u64 {
+        if qpn == GSI_QPN {
+            return GSI_BIT;
+        }
+        match qpn.checked_sub(FIRST_QPN) {
+            Some(i) if (i as usize) < MAX_QP => 1 << i,
+            _ => 0,
+        }
     }
 
     /// The table slot of queue pair `qpn` (1: the GSI QP), or `None` for a number the device

@@ -191,6 +191,10 @@ impl Link for MemLink {
         Ok(())
     }
 
+    fn tx_ready(&mut self) -> bool {
+        self.seg.0.lock().unwrap().credit[self.id] != Some(0)
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         let mut g = self.seg.0.lock().unwrap();
         loop {

@@ -1,7 +1,7 @@
 //! The base transport header, the opcodes and their extended headers
 //! (`docs/roce-v2.md` §2, §3).
 
-use super::{Discard, be16, be24, be32, be64, put24};
+use super::{Discard, be16, be24, be32, be64, put, put24};
 
 /// Bytes of the base transport header.
 pub const BTH_LEN: usize = 12;
@@ -175,7 +175,7 @@ impl Bth {
     pub fn write(&self, out: &mut [u8]) {
         out[0] = self.opcode;
         out[1] = u8::from(self.se) << 7 | (self.pad & 3) << 4;
-        out[2..4].copy_from_slice(&self.pkey.to_be_bytes());
+        put(out, 2, self.pkey.to_be_bytes());
         out[4] = 0;
         put24(out, 5, self.dest_qp);
         out[8] = u8::from(self.ack_req) << 7;
@@ -318,24 +318,24 @@ impl Headers {
         let mut at = BTH_LEN;
         if layout.has(has::DETH) {
             let d = self.deth?;
-            out[at..at + 4].copy_from_slice(&d.qkey.to_be_bytes());
+            put(out, at, d.qkey.to_be_bytes());
             out[at + 4] = 0;
             put24(out, at + 5, d.src_qp);
             at += 8;
         }
         if layout.has(has::RETH) {
             let r = self.reth?;
-            out[at..at + 8].copy_from_slice(&r.va.to_be_bytes());
-            out[at + 8..at + 12].copy_from_slice(&r.rkey.to_be_bytes());
-            out[at + 12..at + 16].copy_from_slice(&r.len.to_be_bytes());
+            put(out, at, r.va.to_be_bytes());
+            put(out, at + 8, r.rkey.to_be_bytes());
+            put(out, at + 12, r.len.to_be_bytes());
             at += 16;
         }
         if layout.has(has::ATOMIC_ETH) {
             let a = self.atomic?;
-            out[at..at + 8].copy_from_slice(&a.va.to_be_bytes());
-            out[at + 8..at + 12].copy_from_slice(&a.rkey.to_be_bytes());
-            out[at + 12..at + 20].copy_from_slice(&a.swap_add.to_be_bytes());
-            out[at + 20..at + 28].copy_from_slice(&a.compare.to_be_bytes());
+            put(out, at, a.va.to_be_bytes());
+            put(out, at + 8, a.rkey.to_be_bytes());
+            put(out, at + 12, a.swap_add.to_be_bytes());
+            put(out, at + 20, a.compare.to_be_bytes());
             at += 28;
         }
         if layout.has(has::AETH) {
@@ -345,11 +345,11 @@ impl Headers {
             at += 4;
         }
         if layout.has(has::ATOMIC_ACK_ETH) {
-            out[at..at + 8].copy_from_slice(&self.atomic_ack?.to_be_bytes());
+            put(out, at, self.atomic_ack?.to_be_bytes());
             at += 8;
         }
         if layout.has(has::IMM) {
-            out[at..at + 4].copy_from_slice(&self.imm?.to_be_bytes());
+            put(out, at, self.imm?.to_be_bytes());
             at += 4;
         }
         Some(at)

@@ -1,6 +1,6 @@
 //! The Ethernet header and ARP (RFC 826) for IPv4 over Ethernet.
 
-use super::{Discard, be16};
+use super::{Discard, be16, chunk, put};
 
 /// A MAC address.
 pub type Mac = [u8; 6];
@@ -34,22 +34,18 @@ impl EthHeader {
     /// The header at the start of `frame`.
     pub fn parse(frame: &[u8]) -> Result<Self, Discard> {
         let h = frame.get(..ETH_LEN).ok_or(Discard::Truncated)?;
-        let mut dst = [0; 6];
-        let mut src = [0; 6];
-        dst.copy_from_slice(&h[..6]);
-        src.copy_from_slice(&h[6..12]);
         Ok(EthHeader {
-            dst,
-            src,
+            dst: *chunk(h, 0),
+            src: *chunk(h, 6),
             ethertype: be16(h, 12),
         })
     }
 
     /// Writes the header into the first [`ETH_LEN`] bytes of `out`.
     pub fn write(&self, out: &mut [u8; ETH_LEN]) {
-        out[..6].copy_from_slice(&self.dst);
-        out[6..12].copy_from_slice(&self.src);
-        out[12..].copy_from_slice(&self.ethertype.to_be_bytes());
+        put(out, 0, self.dst);
+        put(out, 6, self.src);
+        put(out, 12, self.ethertype.to_be_bytes());
     }
 }
 

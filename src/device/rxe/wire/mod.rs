@@ -56,12 +56,33 @@ pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
 
 /// Reads a big-endian `u64` at `at` (the caller checked the bounds).
 pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(w)
+    u64::from_be_bytes(*chunk(b, at))
+}
+
+/// The `N` bytes at `at` of `b`, as an array (the caller checked the bounds: out of them is a
+/// panic, as indexing is).
+#[inline(always)]
+pub(crate) fn chunk<const N: usize>(b: &[u8], at: usize) -> &[u8; N] {
+    match b.get(at..).and_then(<[u8]>::first_chunk::<N>) {
+        Some(c) => c,
+        None => panic!("header field out of bounds"),
+    }
+}
+
+/// Writes the `N` bytes `v` at `at` of `b` (the caller checked the bounds: out of them is a
+/// panic, as indexing is). One fixed-size store: at opt-level "z" a `copy_from_slice` of a few
+/// bytes stays an out-of-line call that ends in `memcpy`, about 20 instructions a field.
+#[inline(always)]
+pub(crate) fn put<const N: usize>(b: &mut [u8], at: usize, v: [u8; N]) {
+    match b.get_mut(at..).and_then(<[u8]>::first_chunk_mut::<N>) {
+        Some(c) => *c = v,
+        None => panic!("header field out of bounds"),
+    }
 }
 
 /// Writes `v`'s low 24 bits big-endian at `at`.
+#[inline(always)]
 pub(crate) fn put24(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+    let [_, x, y, z] = v.to_be_bytes();
+    put(b, at, [x, y, z]);
 }

@@ -5,7 +5,7 @@ use super::bth::{BTH_LEN, Headers};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
-use super::{Discard, be16};
+use super::{Discard, be16, chunk, put};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
 pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
@@ -79,8 +79,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
         return Err(Discard::Truncated);
     }
     let end = transport.len() - ICRC_LEN;
-    let mut sent = [0u8; ICRC_LEN];
-    sent.copy_from_slice(&transport[end..]);
+    let sent = *chunk::<ICRC_LEN>(transport, end);
     // The ICRC covers the IP packet up to the end of the pad.
     let covered = &body[..IPV4_LEN + UDP_LEN + end];
     if icrc(covered) != Some(u32::from_le_bytes(sent)) {
@@ -136,15 +135,16 @@ pub fn begin(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    let mut eth = [0u8; ETH_LEN];
+    // The outer headers written in place (no staging copy).
+    let (eth, rest) = buf.split_first_chunk_mut::<ETH_LEN>()?;
+    let (ip, rest) = rest.split_first_chunk_mut::<IPV4_LEN>()?;
+    let udp = rest.first_chunk_mut::<UDP_LEN>()?;
     EthHeader {
         dst: route.dst_mac,
         src: route.src_mac,
         ethertype: ETHERTYPE_IPV4,
     }
-    .write(&mut eth);
-    buf[..ETH_LEN].copy_from_slice(&eth);
-    let mut ip = [0u8; IPV4_LEN];
+    .write(eth);
     Ipv4Header {
         tos: route.tos,
         total_len: total as u16,
@@ -154,17 +154,14 @@ pub fn begin(
         src: route.src_ip,
         dst: route.dst_ip,
     }
-    .write(&mut ip);
-    buf[ETH_LEN..ETH_LEN + IPV4_LEN].copy_from_slice(&ip);
-    let mut udp = [0u8; UDP_LEN];
+    .write(ip);
     UdpHeader {
         src_port: route.src_port,
         dst_port: ROCE_PORT,
         len: udp_len as u16,
         checksum: 0,
     }
-    .write(&mut udp);
-    buf[ETH_LEN + IPV4_LEN..ROCE_OFFSET].copy_from_slice(&udp);
+    .write(udp);
     Some(ROCE_OFFSET + hlen)
 }
 
@@ -181,7 +178,7 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     }
     buf[pad_at..icrc_at].fill(0);
     let crc = icrc(&buf[ETH_LEN..icrc_at])?;
-    buf[icrc_at..end].copy_from_slice(&crc.to_le_bytes());
+    put(buf, icrc_at, crc.to_le_bytes());
     Some(end)
 }
 
