@@ -74,6 +74,32 @@ linux() { # NAME ROLE IP MAC
   pids+=($!)
 }
 
+# The virtio-blk boot check first (`bvblk`: examples/unikernel/src/disk_check.rs): the kernel
+# writes a pattern through its virtio-blk driver, reads it back, flushes and powers off; this
+# host then finds the pattern in the raw image (sector s: "bareverbs virtio-blk sector s" in
+# 8 digits and a newline, padded with dots to 512 bytes, for s in 8..327).
+blk_boot() {
+  local img=$cache/nvmf-blk-check.img log=$cache/nvmf-blk-check.log st=0 line
+  rm -f "$img"; truncate -s 8M "$img"
+  timeout 120 "$qemu" -accel "$accel" -machine q35 -cpu max -m 256M -nodefaults -vga none \
+    -display none -no-reboot -serial "file:$log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+    -drive "file=$img,if=none,id=d0,format=raw" -device virtio-blk-pci,drive=d0,addr=0x4.0 \
+    -kernel "$uk_kernel" -append bvblk > "$cache/nvmf-blk-check.qemu" 2>&1 || st=$?
+  line=$({ grep -a "^virtio-blk: " "$log" || true; } | tr -d '\r')
+  if [ "$st" != 33 ] || [ -z "$line" ]; then
+    echo "FAIL (QEMU status $st, 33 wanted; the kernel said: $(tail -1 "$log" 2>/dev/null | tr -d '\r'))"
+  elif ! cmp -s <(dd if="$img" bs=512 skip=8 count=320 2>/dev/null) \
+         <(awk 'BEGIN { for (s = 8; s < 328; s++) { l = sprintf("bareverbs virtio-blk sector %08d\n", s); printf "%s", l; for (i = length(l); i < 512; i++) printf "." } }'); then
+    echo "FAIL (the image after power-off does not hold the pattern the kernel wrote)"
+  elif [ -n "$(dd if="$img" bs=512 count=8 2>/dev/null | tr -d '\0')" ]; then
+    echo "FAIL (the image's first 8 sectors are not zero: a write landed in the wrong place)"
+  else
+    echo "PASS (${line#virtio-blk: }; after power-off this host found the 320 sectors in the raw image, sectors 0-7 untouched)"
+  fi
+}
+boot=$(blk_boot)
+stage "the virtio-blk boot check: ${boot%% *}"
+
 alog=$cache/nvmf-linux-a.log blog=$cache/nvmf-linux-b.log ulog=$cache/nvmf-unikernel.log
 img=$cache/nvmf-disk.img
 rm -f "$ulog" "$cache/nvmf-unikernel.qemu" "$img" "$cache"/nvmf-console.{in,out}
@@ -147,6 +173,8 @@ report() { # NAME RESULT ("PASS (…)" / "FAIL (…)" / "")
     why+=("$name")
   fi
 }
+echo "nvmf virtio-blk-boot: $boot"
+[[ "$boot" == PASS* ]] || why+=("virtio-blk-boot")
 for s in discover connect fio-rand4k fio-seq128k mkfs reconnect; do
   r=$(res "linux-linux $s")
   echo "nvmf linux-linux $s: ${r:-FAIL (no result)}"

@@ -339,6 +339,62 @@ fn roce_peer(
     }
 }
 
+/// The virtio-blk boot check (`bvblk` on the command line; `bareverbs_unikernel::disk_check`):
+/// the pattern through the first virtio-blk disk, which the lab then finds in the disk image.
+/// Ends the run with PASS or FAIL.
+fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    use bareverbs::hal::Hal;
+    use bareverbs_unikernel::{disk_check, virtio_blk};
+    let fail = |why: &dyn core::fmt::Display| -> ! {
+        let _ = writeln!(Serial, "bareverbs: FAIL virtio-blk: {why}");
+        exit(Exit::Fail)
+    };
+    let Some(at) = virtio_blk::find(pci) else {
+        fail(&"no virtio-blk function on the bus")
+    };
+    // SAFETY: the disk is driven by nothing else; its BARs lie in the identity-mapped,
+    // uncached PCI hole (the HAL's mapping).
+    let mut disk =
+        match unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) } {
+            Ok(d) => d,
+            Err(e) => fail(&e),
+        };
+    let pages = (disk_check::SECTORS * 512).div_ceil(PAGE_SIZE);
+    let Ok(block) = hal.dma_alloc(pages) else {
+        fail(&"no DMA memory for the scratch buffer")
+    };
+    // SAFETY: a fresh block of `pages` pages from the HAL, used only here, returned below.
+    let scratch =
+        unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
+    let r = disk_check::run(&mut disk, scratch);
+    let (stats, flush) = (disk.stats(), disk.has_flush());
+    drop(disk);
+    // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
+    unsafe { hal.dma_dealloc(block) };
+    match r {
+        Ok(c) if dma_left(dma) == 0 => {
+            let _ = writeln!(
+                Serial,
+                "virtio-blk: {:02x}:{:02x}.{}, {} sectors, flush {}: {} bytes from sector {} \
+                 written, read back in 3 pieces and equal, flushed; reads past the end and of \
+                 part of a block refused ({} requests)",
+                at.bus(),
+                at.device(),
+                at.function(),
+                c.capacity,
+                if flush { "yes" } else { "no" },
+                c.bytes,
+                disk_check::FIRST,
+                stats.requests
+            );
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            pass()
+        }
+        Ok(_) => fail(&"DMA pages not returned"),
+        Err(why) => fail(&why),
+    }
+}
+
 /// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
 /// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
 fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
@@ -436,6 +492,9 @@ extern "C" fn kmain(start_info: u32) -> ! {
             let text = cmdline(start_info, &mut buf).unwrap_or("");
             let seed =
                 u64::from(irq::count(irq::TIMER_VECTOR)) ^ bareverbs_unikernel::peer::rdtsc();
+            if cmdline_has(start_info, "bvblk") {
+                blk_check(&pci, hal, dma)
+            }
             if let Some(opts) = bareverbs_unikernel::roce_peer::Options::parse(text, seed) {
                 roce_peer(&pci, hal, dma, &opts)
             }
