@@ -1,0 +1,140 @@
+//! The storage behind a namespace: [`BlockDevice`], and [`RamDisk`], one in memory the
+//! embedder lends.
+
+/// Why a block device failed a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockError {
+    /// The blocks asked for lie past the device's capacity.
+    OutOfRange,
+    /// The buffer is not a whole number of blocks.
+    Misaligned,
+    /// The device failed (it reports it; the data may be lost).
+    Io,
+}
+
+impl core::fmt::Display for BlockError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            BlockError::OutOfRange => "block device: past the capacity",
+            BlockError::Misaligned => "block device: not a whole number of blocks",
+            BlockError::Io => "block device: I/O error",
+        })
+    }
+}
+
+impl core::error::Error for BlockError {}
+
+/// A block device a namespace serves: synchronous reads and writes by LBA.
+///
+/// The target checks every range against [`capacity`](Self::capacity) before it calls, and
+/// passes whole blocks; an implementation still checks (it may be used on its own).
+pub trait BlockDevice {
+    /// Bytes per block (a power of two, 512 to 4096 for the hosts of `docs/nvmeof.md`).
+    fn block_size(&self) -> u32;
+    /// Blocks on the device.
+    fn capacity(&self) -> u64;
+    /// Reads `buf.len() / block_size()` blocks from `lba` into `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`].
+    fn read(&mut self, lba: u64, buf: &mut [u8]) -> Result<(), BlockError>;
+    /// Writes `buf` (whole blocks) at `lba`.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`].
+    fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError>;
+    /// Makes every completed write durable.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::Io`].
+    fn flush(&mut self) -> Result<(), BlockError>;
+    /// Writes `blocks` blocks of zeroes from `lba`.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`].
+    fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError>;
+}
+
+/// The byte range of `blocks` blocks at `lba` on a device of `capacity` blocks of `bs` bytes,
+/// or why not.
+pub fn byte_range(
+    lba: u64,
+    blocks: u64,
+    bs: u32,
+    capacity: u64,
+) -> Result<(usize, usize), BlockError> {
+    let end = lba.checked_add(blocks).ok_or(BlockError::OutOfRange)?;
+    if end > capacity {
+        return Err(BlockError::OutOfRange);
+    }
+    let start = usize::try_from(lba * u64::from(bs)).map_err(|_| BlockError::OutOfRange)?;
+    let len = usize::try_from(blocks * u64::from(bs)).map_err(|_| BlockError::OutOfRange)?;
+    Ok((start, len))
+}
+
+/// A RAM disk over memory the embedder lends (a static buffer, or a test's vector).
+pub struct RamDisk<'m> {
+    mem: &'m mut [u8],
+    block_size: u32,
+    flushes: u64,
+}
+
+impl<'m> RamDisk<'m> {
+    /// A disk of `mem.len() / block_size` blocks; `block_size` is rounded to a power of two
+    /// in 512..=4096.
+    pub fn new(mem: &'m mut [u8], block_size: u32) -> RamDisk<'m> {
+        let block_size = block_size.clamp(512, 4096).next_power_of_two().min(4096);
+        RamDisk {
+            mem,
+            block_size,
+            flushes: 0,
+        }
+    }
+    /// The disk's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.mem
+    }
+    /// Flushes done so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes
+    }
+    fn range(&self, lba: u64, len: usize) -> Result<(usize, usize), BlockError> {
+        if len % self.block_size as usize != 0 {
+            return Err(BlockError::Misaligned);
+        }
+        let blocks = (len / self.block_size as usize) as u64;
+        byte_range(lba, blocks, self.block_size, self.capacity())
+    }
+}
+
+impl BlockDevice for RamDisk<'_> {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn capacity(&self) -> u64 {
+        (self.mem.len() / self.block_size as usize) as u64
+    }
+    fn read(&mut self, lba: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let (at, len) = self.range(lba, buf.len())?;
+        buf.copy_from_slice(&self.mem[at..at + len]);
+        Ok(())
+    }
+    fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError> {
+        let (at, len) = self.range(lba, buf.len())?;
+        self.mem[at..at + len].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), BlockError> {
+        self.flushes += 1;
+        Ok(())
+    }
+    fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let (at, len) = byte_range(lba, blocks, self.block_size, self.capacity())?;
+        self.mem[at..at + len].fill(0);
+        Ok(())
+    }
+}

@@ -1,0 +1,437 @@
+//! Admin and fabrics commands: Connect, Property Get/Set, Identify, Set/Get Features, Keep
+//! Alive, Get Log Page (the asynchronous event request is held in `exec.rs`).
+
+use bareverbs::hal::Clock;
+use bareverbs::verbs::Provider;
+
+use super::ctrl::{Ctrl, Which};
+use super::exec::Dir;
+use super::{ADMIN_DEPTH, AER_HELD, Subsystem, Target, TargetConfig};
+use crate::wire::fabrics::{CNTLID_DYNAMIC, Connect, ConnectData, DISCOVERY_NQN, Property};
+use crate::wire::identify::{self, IDENTIFY_LEN, IdCtrl, IdNs, cns, cntrltype, discovery};
+use crate::wire::{Sqe, Status, fctype, feature, le16, log, opcode, prop};
+
+/// NVMe version the controllers report (1.3).
+pub const VERSION: u32 = 0x0001_0300;
+/// Keep-alive granularity reported (100 ms units).
+const KAS: u16 = 10;
+/// Highest controller ID handed out (the range above is reserved).
+const CNTLID_MAX: u16 = 0xFFEF;
+
+/// What an admin command may touch.
+pub(super) struct Cx<'x, 's> {
+    pub ctrl: &'x mut Ctrl,
+    pub subsystems: &'x mut [Subsystem<'s>],
+    pub cfg: &'x TargetConfig,
+    pub ip: [u8; 4],
+}
+
+/// Which way an admin command's data goes (Connect is handled before).
+pub(super) fn direction(sqe: &Sqe, ctrl: Option<&Ctrl>) -> Result<Dir, Status> {
+    let disc = ctrl.is_some_and(|c| c.which == Which::Discovery);
+    Ok(match sqe.opcode() {
+        opcode::FABRICS => match sqe.fctype() {
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => Dir::None,
+            _ => return Err(Status::INVALID_OPCODE),
+        },
+        opcode::IDENTIFY => Dir::ToHost(IDENTIFY_LEN as u32),
+        opcode::GET_LOG_PAGE => {
+            let numd = (u32::from(le16(&sqe.0, 44)) << 16) | u32::from(le16(&sqe.0, 42));
+            // NUMD is 0's based: at most 2^32 dwords; the caller bounds it by the buffer.
+            let bytes = (u64::from(numd) + 1) * 4;
+            Dir::ToHost(u32::try_from(bytes).map_err(|_| Status::INVALID_FIELD)?)
+        }
+        opcode::SET_FEATURES | opcode::GET_FEATURES | opcode::KEEP_ALIVE => Dir::None,
+        opcode::ASYNC_EVENT => Dir::None,
+        _ if disc => return Err(Status::INVALID_OPCODE),
+        _ => return Err(Status::INVALID_OPCODE),
+    })
+}
+
+fn cap(cfg: &TargetConfig) -> u64 {
+    // MQES (0's based), CQR, TO = 15 (7.5 s), CSS bit 37 (NVM command set).
+    u64::from(cfg.io_depth.max(ADMIN_DEPTH) - 1) | (1 << 16) | (15 << 24) | (1 << 37)
+}
+
+fn csts(cc: u32) -> u32 {
+    let mut v = 0;
+    if cc & prop::CC_EN != 0 {
+        v |= prop::CSTS_RDY;
+    }
+    if cc & prop::CC_SHN_MASK != 0 {
+        v |= prop::CSTS_SHST_DONE;
+    }
+    v
+}
+
+/// Runs an admin command with its data buffer `buf`.
+pub(super) fn run(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Status> {
+    match sqe.opcode() {
+        opcode::FABRICS => property(cx, sqe),
+        opcode::IDENTIFY => identify(cx, sqe, buf),
+        opcode::GET_LOG_PAGE => get_log_page(cx, sqe, buf),
+        opcode::SET_FEATURES => set_features(cx, sqe),
+        opcode::GET_FEATURES => get_features(cx, sqe),
+        opcode::KEEP_ALIVE => Ok(0),
+        _ => Err(Status::INVALID_OPCODE),
+    }
+}
+
+fn property(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
+    let p = Property::parse(sqe).ok_or(Status::INVALID_FIELD)?;
+    if sqe.fctype() == fctype::PROPERTY_GET {
+        return match (p.offset, p.size8) {
+            (prop::CAP, _) => Ok(cap(cx.cfg)),
+            (prop::VS, false) => Ok(u64::from(VERSION)),
+            (prop::CC, false) => Ok(u64::from(cx.ctrl.cc)),
+            (prop::CSTS, false) => Ok(u64::from(csts(cx.ctrl.cc))),
+            _ => Err(Status::INVALID_FIELD),
+        };
+    }
+    match (p.offset, p.size8) {
+        (prop::CC, false) => {
+            cx.ctrl.cc = p.value as u32;
+            Ok(0)
+        }
+        _ => Err(Status::INVALID_FIELD),
+    }
+}
+
+fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Status> {
+    if buf.len() < IDENTIFY_LEN {
+        return Err(Status::INVALID_FIELD);
+    }
+    let cns = sqe.cdw(10) as u8;
+    let sub = match cx.ctrl.which {
+        Which::Discovery => {
+            if cns != cns::CONTROLLER {
+                return Err(Status::INVALID_FIELD);
+            }
+            let disc = IdCtrl {
+                serial: "bareverbs-discovery",
+                model: "bareverbs",
+                firmware: env!("CARGO_PKG_VERSION"),
+                mdts: 0,
+                cntlid: cx.ctrl.cntlid,
+                ver: VERSION,
+                cntrltype: cntrltype::DISCOVERY,
+                aerl: AER_HELD - 1,
+                maxcmd: ADMIN_DEPTH,
+                sgls: 0x5,
+                subnqn: DISCOVERY_NQN.as_bytes(),
+                ioccsz: 4,
+                iorcsz: 1,
+                msdbd: 1,
+                ..IdCtrl::default()
+            };
+            disc.write(buf);
+            return Ok(0);
+        }
+        Which::Nvm(k) => cx.subsystems.get_mut(k).ok_or(Status::INTERNAL)?,
+    };
+    let nn = sub.namespaces.len() as u32;
+    let nsid = sqe.nsid();
+    match cns {
+        cns::CONTROLLER => {
+            let mdts = (cx.cfg.max_transfer / 4096).trailing_zeros() as u8;
+            let inline = cx.cfg.inline_data;
+            IdCtrl {
+                serial: sub.serial,
+                model: "bareverbs",
+                firmware: env!("CARGO_PKG_VERSION"),
+                cmic: 0x02,
+                mdts,
+                cntlid: cx.ctrl.cntlid,
+                ver: VERSION,
+                cntrltype: cntrltype::IO,
+                acl: 3,
+                aerl: AER_HELD - 1,
+                kas: KAS,
+                maxcmd: cx.cfg.io_depth,
+                nn,
+                oncs: 1 << 3,
+                vwc: 1,
+                sgls: 0x5 | if inline > 0 { 1 << 20 } else { 0 },
+                subnqn: sub.nqn.as_bytes(),
+                ioccsz: (64 + inline) / 16,
+                iorcsz: 1,
+                msdbd: 1,
+                ..IdCtrl::default()
+            }
+            .write(buf);
+        }
+        cns::NAMESPACE => {
+            let ns = ns_index(nsid, nn)?;
+            let dev = &sub.namespaces[ns];
+            let blocks = dev.capacity();
+            IdNs {
+                nsze: blocks,
+                ncap: blocks,
+                nuse: blocks,
+                lbads: dev.block_size().trailing_zeros() as u8,
+                nguid: nguid(sub.nqn, nsid),
+            }
+            .write(buf);
+        }
+        cns::ACTIVE_NS_LIST => {
+            let buf = &mut buf[..IDENTIFY_LEN];
+            buf.fill(0);
+            let mut at = 0;
+            for id in (nsid.saturating_add(1)..=nn).take(IDENTIFY_LEN / 4) {
+                buf[at..at + 4].copy_from_slice(&id.to_le_bytes());
+                at += 4;
+            }
+        }
+        cns::NS_DESC_LIST => {
+            ns_index(nsid, nn)?;
+            let buf = &mut buf[..IDENTIFY_LEN];
+            buf.fill(0);
+            buf[0] = identify::nidt::NGUID;
+            buf[1] = 16;
+            buf[4..20].copy_from_slice(&nguid(sub.nqn, nsid));
+            buf[20] = identify::nidt::CSI;
+            buf[21] = 1;
+            // CSI 0: the NVM command set.
+        }
+        _ => return Err(Status::INVALID_FIELD),
+    }
+    Ok(0)
+}
+
+/// `nsid` (1-based) as an index, or Invalid Namespace.
+pub(super) fn ns_index(nsid: u32, nn: u32) -> Result<usize, Status> {
+    if nsid == 0 || nsid > nn {
+        return Err(Status::INVALID_NS);
+    }
+    Ok((nsid - 1) as usize)
+}
+
+/// A namespace GUID from the subsystem's NQN and the NSID (FNV-1a, both halves), stable
+/// across restarts and distinct between subsystems.
+fn nguid(nqn: &str, nsid: u32) -> [u8; 16] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in nqn.bytes().chain(nsid.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&h.to_be_bytes());
+    g[8..].copy_from_slice(&(h.rotate_left(29) ^ 0x6261_7265_7665_7262).to_be_bytes());
+    g
+}
+
+fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Status> {
+    let lid = sqe.0[40];
+    let lpo = crate::wire::le64(&sqe.0, 48);
+    if lpo % 4 != 0 {
+        return Err(Status::INVALID_FIELD);
+    }
+    buf.fill(0);
+    match (cx.ctrl.which, lid) {
+        (Which::Discovery, log::DISCOVERY) => discovery_log(cx, lpo, buf),
+        (Which::Nvm(_), log::SMART | log::ERROR) => {
+            let size = if lid == log::SMART { 512 } else { 64 };
+            if lpo > size {
+                return Err(Status::INVALID_FIELD);
+            }
+            Ok(0)
+        }
+        _ => Err(Status::INVALID_LOG_PAGE),
+    }
+}
+
+/// The discovery log page from byte `lpo`: the header, then one entry per subsystem this
+/// host may connect to.
+fn discovery_log(cx: &mut Cx<'_, '_>, lpo: u64, buf: &mut [u8]) -> Result<u64, Status> {
+    let host = cx.ctrl.hostnqn;
+    let visible = || cx.subsystems.iter().filter(|s| s.allows(host.as_str()));
+    let numrec = visible().count() as u64;
+    let total = (numrec + 1) * discovery::RECORD as u64;
+    if lpo > total {
+        return Err(Status::INVALID_FIELD);
+    }
+    let mut rec = [0u8; discovery::RECORD];
+    for k in 0..=numrec {
+        let start = k * discovery::RECORD as u64;
+        let end = start + discovery::RECORD as u64;
+        let want_end = lpo + buf.len() as u64;
+        if end <= lpo || start >= want_end {
+            continue;
+        }
+        if k == 0 {
+            // The generation counter: the subsystems are fixed for a target's life.
+            discovery::write_header(&mut rec, 1, numrec);
+        } else if let Some(s) = visible().nth((k - 1) as usize) {
+            discovery::Entry {
+                subtype: 2,
+                portid: cx.cfg.port_id,
+                cntlid: CNTLID_DYNAMIC,
+                asqsz: ADMIN_DEPTH,
+                trsvcid: cx.cfg.port,
+                subnqn: s.nqn.as_bytes(),
+                traddr: cx.ip,
+            }
+            .write(&mut rec);
+        }
+        let from = lpo.max(start);
+        let to = want_end.min(end);
+        let src = &rec[(from - start) as usize..(to - start) as usize];
+        let dst = (from - lpo) as usize;
+        buf[dst..dst + src.len()].copy_from_slice(src);
+    }
+    Ok(0)
+}
+
+fn set_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
+    if sqe.cdw(10) & (1 << 31) != 0 {
+        return Err(Status::FEATURE_NOT_SAVEABLE);
+    }
+    let v = sqe.cdw(11);
+    match sqe.cdw(10) as u8 {
+        feature::NUM_QUEUES if cx.ctrl.which != Which::Discovery => {
+            let (nsq, ncq) = (v & 0xFFFF, v >> 16);
+            if nsq == 0xFFFF || ncq == 0xFFFF {
+                return Err(Status::INVALID_FIELD);
+            }
+            let n = (nsq.min(ncq) + 1).min(u32::from(cx.cfg.max_io_queues)) as u16;
+            cx.ctrl.io_granted = n;
+            Ok(num_queues(n))
+        }
+        feature::KEEP_ALIVE => {
+            cx.ctrl.kato_ms = v;
+            Ok(0)
+        }
+        feature::ASYNC_EVENT => {
+            cx.ctrl.aec = v;
+            Ok(0)
+        }
+        _ => Err(Status::INVALID_FIELD),
+    }
+}
+
+fn num_queues(n: u16) -> u64 {
+    let z = u64::from(n.max(1) - 1);
+    z | (z << 16)
+}
+
+fn get_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
+    match sqe.cdw(10) as u8 {
+        feature::NUM_QUEUES if cx.ctrl.which != Which::Discovery => {
+            let n = if cx.ctrl.io_granted == 0 {
+                cx.cfg.max_io_queues
+            } else {
+                cx.ctrl.io_granted
+            };
+            Ok(num_queues(n))
+        }
+        feature::KEEP_ALIVE => Ok(u64::from(cx.ctrl.kato_ms)),
+        feature::ASYNC_EVENT => Ok(u64::from(cx.ctrl.aec)),
+        _ => Err(Status::INVALID_FIELD),
+    }
+}
+
+impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K, Q, D> {
+    /// Connect on queue `q` with its 1024 bytes of data `d`: on the admin queue a new
+    /// controller, on an I/O queue the binding to the host's controller.
+    pub(super) fn connect(&mut self, q: usize, sqe: &Sqe, d: &[u8]) -> Result<u64, Status> {
+        let c = Connect::parse(sqe);
+        if c.recfmt != 0 {
+            return Err(Status::CONNECT_FORMAT);
+        }
+        let data = ConnectData::parse(d).ok_or(Status::CONNECT_INVALID_PARAM)?;
+        let queue = &self.queues[q];
+        if c.qid != queue.qid || c.sqsize == 0 || c.sqsize >= queue.depth {
+            return Err(Status::CONNECT_INVALID_PARAM);
+        }
+        let which = if data.subnqn.as_str() == DISCOVERY_NQN {
+            Which::Discovery
+        } else {
+            let k = self
+                .subsystems
+                .iter()
+                .position(|s| s.nqn == data.subnqn.as_str())
+                .ok_or(Status::CONNECT_INVALID_PARAM)?;
+            if !self.subsystems[k].allows(data.hostnqn.as_str()) {
+                return Err(Status::CONNECT_INVALID_HOST);
+            }
+            Which::Nvm(k)
+        };
+        if c.qid == 0 {
+            return self.new_ctrl(q, which, &c, &data);
+        }
+        // An I/O queue: the controller the admin Connect made, for the same host and
+        // subsystem, with room for this queue ID.
+        let idx = self
+            .ctrls
+            .iter()
+            .position(|x| {
+                x.as_ref().is_some_and(|x| {
+                    x.cntlid == data.cntlid && x.which == which && x.hostnqn == data.hostnqn
+                })
+            })
+            .ok_or(Status::CONNECT_INVALID_PARAM)?;
+        let ctrl = self.ctrls[idx].as_mut().ok_or(Status::INTERNAL)?;
+        let limit = if ctrl.io_granted == 0 {
+            self.cfg.max_io_queues
+        } else {
+            ctrl.io_granted
+        };
+        let dup = self
+            .queues
+            .iter()
+            .any(|o| o.in_use() && o.ctrl == Some(idx) && o.qid == c.qid);
+        if which == Which::Discovery || c.qid > limit || dup {
+            return Err(Status::CONNECT_INVALID_PARAM);
+        }
+        ctrl.io_queues += 1;
+        self.queues[q].ctrl = Some(idx);
+        Ok(u64::from(ctrl.cntlid))
+    }
+
+    fn new_ctrl(
+        &mut self,
+        q: usize,
+        which: Which,
+        c: &Connect,
+        data: &ConnectData,
+    ) -> Result<u64, Status> {
+        if data.cntlid != CNTLID_DYNAMIC {
+            return Err(Status::CONNECT_INVALID_PARAM);
+        }
+        let slot = self
+            .ctrls
+            .iter()
+            .position(|x| x.is_none())
+            .ok_or(Status::CONNECT_BUSY)?;
+        let mut cntlid = self.next_cntlid;
+        // The next ID no live controller has (the table has Q entries: Q + 1 tries find one).
+        for _ in 0..=Q {
+            if !self.ctrls.iter().flatten().any(|x| x.cntlid == cntlid) {
+                break;
+            }
+            cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
+        }
+        self.next_cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
+        let kato_ms = if c.kato_ms == 0 && which != Which::Discovery {
+            self.cfg.default_kato_ms
+        } else {
+            c.kato_ms
+        };
+        self.ctrls[slot] = Some(Ctrl {
+            cntlid,
+            which,
+            hostnqn: data.hostnqn,
+            hostid: data.hostid,
+            kato_ms,
+            last_us: self.clock.now_us(),
+            cc: 0,
+            io_granted: 0,
+            io_queues: 0,
+            aers: 0,
+            aec: 0,
+        });
+        self.counts.controllers += 1;
+        self.queues[q].ctrl = Some(slot);
+        Ok(u64::from(cntlid))
+    }
+}

@@ -1,0 +1,276 @@
+//! A command's way through a queue: its capsule checked, its data located (in the capsule,
+//! or fetched by RDMA READ into a data buffer), executed, and answered (after an RDMA WRITE
+//! of the data it returns).
+
+use bareverbs::hal::Clock;
+use bareverbs::verbs::Provider;
+
+use super::queue::{Cmd, Reply};
+use super::{AER_HELD, Target, admin, io};
+use crate::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, fctype, le16, opcode};
+
+/// Which way a command's data goes, and how much.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    None,
+    ToHost(u32),
+    FromHost(u32),
+}
+
+/// Where a command's data is, once its capsule is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    NoData,
+    /// In the receive buffer, at this offset of the region.
+    InCapsule(usize, u32),
+    /// The host's memory: `(address, key, bytes)`, read before executing.
+    FromHost(u64, u32, u32),
+    /// The host's memory, written after executing.
+    ToHost(u64, u32, u32),
+}
+
+impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K, Q, D> {
+    /// A capsule arrived in receive buffer `slot` of queue `q`.
+    pub(super) fn on_capsule(&mut self, q: usize, slot: u16, byte_len: u32) {
+        let bytes = self.queues[q].capsule_bytes(slot, byte_len);
+        let Some(sqe) = Sqe::parse(bytes) else {
+            // Shorter than an SQE: answered (with the command ID if it got that far), the
+            // queue kept.
+            let cid = if bytes.len() >= 4 { le16(bytes, 2) } else { 0 };
+            self.finish(q, slot, cid, Err(Status::INVALID_FIELD), None, None);
+            return;
+        };
+        if let Some(c) = self.queues[q].ctrl
+            && let Some(ctrl) = self.ctrls[c].as_mut()
+        {
+            ctrl.last_us = self.clock.now_us();
+        }
+        self.start(q, slot, &sqe, byte_len);
+    }
+
+    fn start(&mut self, q: usize, slot: u16, sqe: &Sqe, byte_len: u32) {
+        match self.plan(q, slot, sqe, byte_len) {
+            Err(st) => self.finish(q, slot, sqe.cid(), Err(st), None, None),
+            Ok(Plan::NoData) => self.execute(q, slot, sqe, None, None, None),
+            Ok(Plan::InCapsule(at, len)) => self.execute(q, slot, sqe, Some((at, len)), None, None),
+            Ok(Plan::FromHost(addr, key, len)) => {
+                let Some(ds) = self.queues[q].alloc_data() else {
+                    self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
+                    return;
+                };
+                if self.queues[q]
+                    .post_read(q, slot, ds, (addr, key, len))
+                    .is_err()
+                {
+                    self.end_queue(q, true);
+                }
+            }
+            Ok(Plan::ToHost(addr, key, len)) => {
+                let Some(ds) = self.queues[q].alloc_data() else {
+                    self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
+                    return;
+                };
+                let at = self.queues[q].data_at(ds);
+                self.execute(
+                    q,
+                    slot,
+                    sqe,
+                    Some((at, len)),
+                    Some(ds),
+                    Some((addr, key, len)),
+                );
+            }
+        }
+    }
+
+    /// The checks before any data moves: the queue connected, the opcode known, the
+    /// namespace and range valid, the SGL's type, length and offset.
+    fn plan(&self, q: usize, slot: u16, sqe: &Sqe, byte_len: u32) -> Result<Plan, Status> {
+        let queue = &self.queues[q];
+        let connect = sqe.opcode() == opcode::FABRICS && sqe.fctype() == fctype::CONNECT;
+        if queue.ctrl.is_none() != connect {
+            // Connect first, and once.
+            return Err(Status::SEQUENCE_ERROR);
+        }
+        let dir = if connect {
+            Dir::FromHost(crate::wire::fabrics::CONNECT_DATA_LEN as u32)
+        } else if queue.qid == 0 {
+            let ctrl = queue.ctrl.and_then(|c| self.ctrls[c].as_ref());
+            admin::direction(sqe, ctrl)?
+        } else {
+            let c = queue.ctrl.and_then(|c| self.ctrls[c].as_ref());
+            io::direction(sqe, c, self.subsystems)?
+        };
+        let need = match dir {
+            Dir::None => return Ok(Plan::NoData),
+            Dir::ToHost(n) | Dir::FromHost(n) => n,
+        };
+        if need > queue.slot_len {
+            return Err(Status::INVALID_FIELD);
+        }
+        let sgl = sqe.sgl()?;
+        if sgl.len() != need {
+            return Err(Status::SGL_LENGTH_INVALID);
+        }
+        match (sgl, dir) {
+            (Sgl::Keyed { addr, key, len, .. }, Dir::ToHost(_)) => Ok(Plan::ToHost(addr, key, len)),
+            (Sgl::Keyed { addr, key, len, .. }, _) => Ok(Plan::FromHost(addr, key, len)),
+            (Sgl::InCapsule { offset, len }, Dir::FromHost(_)) => {
+                let room = u64::from(byte_len.min(queue.capsule).saturating_sub(SQE_LEN as u32));
+                if offset
+                    .checked_add(u64::from(len))
+                    .is_none_or(|end| end > room)
+                {
+                    return Err(Status::SGL_OFFSET_INVALID);
+                }
+                let at = usize::from(slot) * queue.capsule as usize + SQE_LEN + offset as usize;
+                Ok(Plan::InCapsule(at, len))
+            }
+            // In-capsule data for a command that returns data, or no data where some is due.
+            _ => Err(Status::INVALID_FIELD),
+        }
+    }
+
+    /// The RDMA READ of command `slot` completed: execute it.
+    pub(super) fn on_read_done(&mut self, q: usize, slot: u16) {
+        let Some(Cmd::Reading(ds)) = self.queues[q].cmds.get(usize::from(slot)).copied() else {
+            return;
+        };
+        let bytes = self.queues[q].capsule_bytes(slot, SQE_LEN as u32);
+        let Some(sqe) = Sqe::parse(bytes) else { return };
+        let len = sqe.sgl().map_or(0, |s| s.len());
+        let at = self.queues[q].data_at(ds);
+        self.execute(q, slot, &sqe, Some((at, len)), Some(ds), None);
+    }
+
+    /// Commands that wait for a data buffer or a response buffer, tried again.
+    pub(super) fn retry_waiting(&mut self, q: usize) {
+        for slot in 0..self.queues[q].depth {
+            if !self.queues[q].in_use() {
+                return;
+            }
+            match self.queues[q].cmds[usize::from(slot)] {
+                Cmd::WaitSlot => {
+                    let bytes = self.queues[q].capsule_bytes(slot, self.queues[q].capsule);
+                    let Some(sqe) = Sqe::parse(bytes) else {
+                        continue;
+                    };
+                    let len = bytes.len() as u32;
+                    self.queues[q].cmds[usize::from(slot)] = Cmd::Idle;
+                    self.start(q, slot, &sqe, len);
+                }
+                Cmd::Respond(reply) => {
+                    if self.queues[q].respond(q, slot, reply).is_err() {
+                        self.end_queue(q, true);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Executes command `slot` with its data at `data` (`(offset in the region, bytes)`),
+    /// then answers.
+    fn execute(
+        &mut self,
+        q: usize,
+        slot: u16,
+        sqe: &Sqe,
+        data: Option<(usize, u32)>,
+        ds: Option<u16>,
+        write: Option<(u64, u32, u32)>,
+    ) {
+        let qid = self.queues[q].qid;
+        let res = if sqe.opcode() == opcode::FABRICS && sqe.fctype() == fctype::CONNECT {
+            let mut d = [0u8; crate::wire::fabrics::CONNECT_DATA_LEN];
+            if let Some((at, len)) = data {
+                let n = (len as usize).min(d.len());
+                d[..n].copy_from_slice(&self.queues[q].bytes_mut(at, n)[..n]);
+            }
+            self.connect(q, sqe, &d)
+        } else if qid == 0 && sqe.opcode() == opcode::ASYNC_EVENT {
+            let held = self.queues[q]
+                .ctrl
+                .and_then(|c| self.ctrls[c].as_mut())
+                .filter(|c| c.aers < AER_HELD)
+                .map(|c| c.aers += 1)
+                .is_some();
+            if held {
+                self.queues[q].cmds[usize::from(slot)] = Cmd::Held;
+                return;
+            }
+            Err(Status::AER_LIMIT)
+        } else {
+            let Target {
+                queues,
+                ctrls,
+                subsystems,
+                cfg,
+                ip,
+                ..
+            } = self;
+            let queue = &mut queues[q];
+            let c = queue.ctrl;
+            let buf = match data {
+                Some((at, len)) => queue.bytes_mut(at, len as usize),
+                None => &mut [],
+            };
+            match c.and_then(|c| ctrls[c].as_mut()) {
+                None => Err(Status::SEQUENCE_ERROR),
+                Some(ctrl) if qid == 0 => {
+                    let mut cx = admin::Cx {
+                        ctrl,
+                        subsystems,
+                        cfg,
+                        ip: *ip,
+                    };
+                    admin::run(&mut cx, sqe, buf)
+                }
+                Some(ctrl) => io::run(ctrl, subsystems, sqe, buf),
+            }
+        };
+        self.finish(q, slot, sqe.cid(), res, ds, write);
+    }
+
+    /// Answers command `slot`: on success with the data write, on failure without (its data
+    /// buffer freed).
+    fn finish(
+        &mut self,
+        q: usize,
+        slot: u16,
+        cid: u16,
+        res: Result<u64, Status>,
+        ds: Option<u16>,
+        write: Option<(u64, u32, u32)>,
+    ) {
+        self.counts.commands += 1;
+        let (result, status, data, write) = match res {
+            Ok(v) => (v, Status::SUCCESS, ds, write),
+            Err(st) => {
+                self.counts.errors += 1;
+                if let Some(ds) = ds {
+                    self.queues[q].free_data(ds);
+                }
+                (0, st, None, None)
+            }
+        };
+        let reply = Reply {
+            cqe: Cqe {
+                result,
+                cid,
+                status,
+                ..Cqe::default()
+            },
+            data: if write.is_some() { data } else { None },
+            write,
+        };
+        if write.is_none()
+            && let Some(ds) = data
+        {
+            self.queues[q].free_data(ds);
+        }
+        if self.queues[q].respond(q, slot, reply).is_err() {
+            self.end_queue(q, true);
+        }
+    }
+}

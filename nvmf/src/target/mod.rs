@@ -1,0 +1,481 @@
+//! The NVMe/RDMA target: a discovery controller and NVM subsystems, each queue an RC QP the
+//! connection manager accepted with NVMe/RDMA's private data.
+//!
+//! The embedder creates one [`Target`] over a protection domain and one completion queue
+//! (every queue's sends and receives complete there), hands it its [`Subsystem`]s, listens
+//! with the CM on [`TargetConfig::port`] and calls [`Target::poll`] in its loop. Each poll
+//! takes the CM's events (requests to the port, disconnections), a bounded number of
+//! completions, retries the commands that wait for a buffer and expires keep-alive timers.
+//!
+//! Errors in a command are NVMe statuses in its response; a queue ends only when its
+//! transport does (a disconnection, a failed RDMA operation such as a READ with a key the
+//! host never gave, which moves the QP to ERROR). A queue's end loses its controller if it
+//! was the admin queue; other controllers keep theirs.
+
+mod admin;
+mod ctrl;
+mod exec;
+mod io;
+mod queue;
+
+use bareverbs::cm::{AcceptParams, Cm, CmEvent, ConnId};
+use bareverbs::hal::Clock;
+use bareverbs::verbs::{
+    AccessFlags, CompletionQueue, ProtectionDomain, Provider, QpCaps, Rc, WorkCompletion,
+};
+
+use crate::block::BlockDevice;
+use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
+
+pub use ctrl::Ctrl;
+use queue::{Kind, Queue};
+
+/// Admin queue depth (commands outstanding at once; Linux asks for 32).
+pub const ADMIN_DEPTH: u16 = 32;
+/// Data buffers of an admin queue.
+const ADMIN_SLOTS: u16 = 4;
+/// Bytes of an admin queue's data buffer (Identify, a log page piece, the Connect data).
+const ADMIN_SLOT_LEN: u32 = 4096;
+/// Asynchronous event requests a controller holds (AERL + 1).
+pub const AER_HELD: u8 = 4;
+/// Completions taken per poll.
+const BUDGET: usize = 64;
+
+/// An NVM subsystem: its NQN, the hosts allowed to connect, and its namespaces (NSID 1 is the
+/// first device).
+pub struct Subsystem<'s> {
+    /// The subsystem's NQN.
+    pub nqn: &'s str,
+    /// Serial number Identify Controller reports (up to 20 ASCII characters).
+    pub serial: &'s str,
+    /// Host NQNs allowed to connect; empty: any host.
+    pub allowed_hosts: &'s [&'s str],
+    /// The namespaces, NSID `k + 1` for `namespaces[k]`.
+    pub namespaces: &'s mut [&'s mut dyn BlockDevice],
+}
+
+impl<'s> Subsystem<'s> {
+    /// A subsystem any host may connect to.
+    pub fn new(nqn: &'s str, namespaces: &'s mut [&'s mut dyn BlockDevice]) -> Subsystem<'s> {
+        Subsystem {
+            nqn,
+            serial: "bareverbs",
+            allowed_hosts: &[],
+            namespaces,
+        }
+    }
+    /// Whether `host` may connect.
+    pub fn allows(&self, host: &str) -> bool {
+        self.allowed_hosts.is_empty() || self.allowed_hosts.contains(&host)
+    }
+}
+
+/// How the target serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// The rdma_cm port it serves (4420).
+    pub port: u16,
+    /// Port ID in the discovery log.
+    pub port_id: u16,
+    /// I/O queues a controller may have at most.
+    pub max_io_queues: u16,
+    /// I/O queue depth at most (2..=the target's `D`).
+    pub io_depth: u16,
+    /// In-capsule data bytes an I/O command may carry (0: none; rounded down to 16).
+    pub inline_data: u32,
+    /// Bytes one I/O command may move at most (a power of two, 4096 or more).
+    pub max_transfer: u32,
+    /// Data buffers of `max_transfer` bytes per I/O queue (commands beyond wait for one).
+    pub data_slots: u16,
+    /// Keep-alive timeout granted when a Connect asks for none (ms; 0: none).
+    pub default_kato_ms: u32,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            port: crate::NVME_RDMA_PORT,
+            port_id: 1,
+            max_io_queues: 4,
+            io_depth: 128,
+            inline_data: 4096,
+            max_transfer: 128 * 1024,
+            data_slots: 32,
+            default_kato_ms: 0,
+        }
+    }
+}
+
+/// What the target counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetCounts {
+    /// Queue connections accepted.
+    pub accepted: u64,
+    /// Queue connection requests rejected (REJ with NVMe/RDMA status).
+    pub rejected: u64,
+    /// Commands answered.
+    pub commands: u64,
+    /// Commands answered with an error status.
+    pub errors: u64,
+    /// Controllers created.
+    pub controllers: u64,
+    /// Controllers lost (disconnect, keep-alive expiry, transport error).
+    pub lost: u64,
+    /// Controllers lost to keep-alive expiry.
+    pub kato_expired: u64,
+    /// Queues ended by a transport error (a failed completion).
+    pub transport_errors: u64,
+}
+
+/// The target, with room for `Q` queues (admin and I/O, all controllers together) of at most
+/// `D` commands each.
+pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: usize = 128> {
+    pd: &'a ProtectionDomain<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+    clock: K,
+    cfg: TargetConfig,
+    subsystems: &'s mut [Subsystem<'s>],
+    queues: [Queue<'a, P, D>; Q],
+    ctrls: [Option<Ctrl>; Q],
+    next_cntlid: u16,
+    /// Connections to disconnect at the next poll (the CM is at hand there).
+    dreq: [Option<ConnId>; Q],
+    ip: [u8; 4],
+    counts: TargetCounts,
+}
+
+/// Why a target cannot be created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetError {
+    /// A configuration value out of range (which one).
+    Config(&'static str),
+}
+
+impl core::fmt::Display for TargetError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TargetError::Config(what) => write!(f, "NVMe/RDMA target: bad {what}"),
+        }
+    }
+}
+
+impl core::error::Error for TargetError {}
+
+impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, 's, P, K, Q, D> {
+    /// A target serving `subsystems` on `pd`'s device, at address `ip` (the CM's,
+    /// [`Cm::ip`]; the discovery log names it), completing every queue's work on `cq`
+    /// (which must hold every queue's outstanding work: `Q × (4 × D)` entries covers it).
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::Config`] for a depth over `D` or below 2, a transfer size that is not a
+    /// power of two of at least 4096 bytes, no data slots, or `D` below the admin depth.
+    pub fn new(
+        pd: &'a ProtectionDomain<'a, P>,
+        cq: &'a CompletionQueue<'a, P>,
+        clock: K,
+        ip: [u8; 4],
+        cfg: TargetConfig,
+        subsystems: &'s mut [Subsystem<'s>],
+    ) -> Result<Self, TargetError> {
+        if cfg.io_depth < 2 || usize::from(cfg.io_depth) > D || D < usize::from(ADMIN_DEPTH) {
+            return Err(TargetError::Config("io_depth"));
+        }
+        if cfg.max_transfer < 4096 || !cfg.max_transfer.is_power_of_two() {
+            return Err(TargetError::Config("max_transfer"));
+        }
+        if cfg.data_slots == 0 || usize::from(cfg.data_slots) > D {
+            return Err(TargetError::Config("data_slots"));
+        }
+        if D > usize::from(u16::MAX) || Q > 255 {
+            return Err(TargetError::Config("Q or D"));
+        }
+        let cfg = TargetConfig {
+            inline_data: cfg.inline_data & !15,
+            ..cfg
+        };
+        Ok(Target {
+            pd,
+            cq,
+            clock,
+            cfg,
+            subsystems,
+            queues: core::array::from_fn(|_| Queue::free()),
+            ctrls: [const { None }; Q],
+            next_cntlid: 1,
+            dreq: [None; Q],
+            ip,
+            counts: TargetCounts::default(),
+        })
+    }
+
+    /// What the target counted so far.
+    pub fn counts(&self) -> TargetCounts {
+        self.counts
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &TargetConfig {
+        &self.cfg
+    }
+
+    /// Live controllers.
+    pub fn controllers(&self) -> impl Iterator<Item = &Ctrl> {
+        self.ctrls.iter().flatten()
+    }
+
+    /// Queues connected (admin and I/O).
+    pub fn queues_in_use(&self) -> usize {
+        self.queues.iter().filter(|q| q.in_use()).count()
+    }
+
+    /// Subsystem `k` (to inspect its namespaces once the target is done with them).
+    pub fn subsystem(&mut self, k: usize) -> Option<&mut Subsystem<'s>> {
+        self.subsystems.get_mut(k)
+    }
+
+    /// One step: the CM's events (the target's own; others are dropped — an embedder that
+    /// shares the CM uses [`on_cm_event`](Self::on_cm_event) and [`progress`](Self::progress)
+    /// instead), then [`progress`](Self::progress). Returns the work done (events and
+    /// completions); 0 means idle.
+    pub fn poll<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
+        let mut work = 0;
+        for _ in 0..2 * Q + 4 {
+            let Some(ev) = cm.poll() else { break };
+            work += 1;
+            let _ = self.on_cm_event(cm, ev);
+        }
+        work + self.progress(cm)
+    }
+
+    /// Takes a CM event: requests to the target's port, and the ends of its connections.
+    /// Hands back the events that are not the target's.
+    pub fn on_cm_event<C: Clock, const N: usize>(
+        &mut self,
+        cm: &mut Cm<'a, P, C, N>,
+        ev: CmEvent<'a, P>,
+    ) -> Option<CmEvent<'a, P>> {
+        match ev {
+            CmEvent::ConnectRequest(r) if r.dst_port == self.cfg.port => {
+                self.on_request(cm, &r);
+                None
+            }
+            CmEvent::Established { id, qp: None, .. } if self.by_conn(id).is_some() => None,
+            CmEvent::Disconnected { id } | CmEvent::Failed { id, qp: None, .. }
+                if self.by_conn(id).is_some() =>
+            {
+                if let Some(q) = self.by_conn(id) {
+                    self.end_queue(q, false);
+                }
+                None
+            }
+            CmEvent::TimeWaitExit { id } if self.by_conn(id).is_some() => None,
+            other => Some(other),
+        }
+    }
+
+    /// Completions (a bounded number), commands waiting for a buffer, keep-alive timers, and
+    /// the disconnections the target decided. Returns the completions taken.
+    pub fn progress<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut taken = 0;
+        while taken < BUDGET {
+            let Ok(n) = self.cq.poll(&mut wc) else { break };
+            if n == 0 {
+                break;
+            }
+            taken += n;
+            for w in &wc[..n] {
+                self.completion(w);
+            }
+        }
+        for q in 0..Q {
+            if self.queues[q].in_use() {
+                self.retry_waiting(q);
+            }
+        }
+        self.expire_keep_alive();
+        for d in self.dreq.iter_mut() {
+            if let Some(id) = d.take() {
+                // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
+                let _ = cm.disconnect(id);
+            }
+        }
+        taken
+    }
+
+    fn by_conn(&self, id: ConnId) -> Option<usize> {
+        self.queues.iter().position(|q| q.in_use() && q.conn == id)
+    }
+
+    /// A request for a queue: checks NVMe/RDMA's private data, sets up the QP and its
+    /// buffers, accepts.
+    fn on_request<C: Clock, const N: usize>(
+        &mut self,
+        cm: &mut Cm<'a, P, C, N>,
+        r: &bareverbs::cm::ConnectRequest,
+    ) {
+        let verdict = self.check_request(r.private_data.as_slice());
+        let (req, depth) = match verdict {
+            Ok(v) => v,
+            Err(st) => {
+                self.counts.rejected += 1;
+                let _ = cm.reject(r.id, &st.to_bytes());
+                return;
+            }
+        };
+        let Some(q) = self.queues.iter().position(|q| !q.in_use()) else {
+            self.counts.rejected += 1;
+            let _ = cm.reject(r.id, &CmRejStatus::NoResources.to_bytes());
+            return;
+        };
+        let admin = req.qid == 0;
+        let (capsule, slots, slot_len) = if admin {
+            (64, ADMIN_SLOTS, ADMIN_SLOT_LEN)
+        } else {
+            (
+                64 + self.cfg.inline_data,
+                self.cfg.data_slots,
+                self.cfg.max_transfer,
+            )
+        };
+        let caps = QpCaps {
+            max_send_wr: 2 * u32::from(depth) + u32::from(slots) + 1,
+            max_recv_wr: u32::from(depth),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let len = Queue::<P, D>::region_len(depth, capsule, slots, slot_len);
+        let built = self
+            .pd
+            .qp_builder(self.cq, self.cq)
+            .caps(caps)
+            .build::<Rc>()
+            .ok()
+            .zip(self.pd.register(len, AccessFlags::LOCAL_WRITE).ok());
+        let Some((qp, mr)) = built else {
+            self.counts.rejected += 1;
+            let _ = cm.reject(r.id, &CmRejStatus::NoResources.to_bytes());
+            return;
+        };
+        let rep = CmRep {
+            recfmt: RECFMT,
+            crqsize: depth,
+        }
+        .to_bytes();
+        let params = AcceptParams {
+            responder_resources: 0,
+            initiator_depth: 16,
+            rnr_retry_count: 7,
+            private_data: &rep,
+        };
+        let qp = match cm.accept(r.id, qp, &params) {
+            Ok(qp) => qp,
+            Err(_) => {
+                self.counts.rejected += 1;
+                return;
+            }
+        };
+        self.counts.accepted += 1;
+        let queue = &mut self.queues[q];
+        queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
+        if queue.post_all_recvs(q).is_err() {
+            self.end_queue(q, true);
+        }
+    }
+
+    /// NVMe/RDMA's checks of a REQ's private data: `(request, depth)` or the REJ status.
+    fn check_request(&self, pdata: &[u8]) -> Result<(CmReq, u16), CmRejStatus> {
+        let req = CmReq::parse(pdata).ok_or(CmRejStatus::InvalidLength)?;
+        if req.recfmt != RECFMT {
+            return Err(CmRejStatus::InvalidRecfmt);
+        }
+        let max = if req.qid == 0 {
+            ADMIN_DEPTH
+        } else {
+            if req.qid > self.cfg.max_io_queues {
+                return Err(CmRejStatus::InvalidQid);
+            }
+            self.cfg.io_depth
+        };
+        let depth = req
+            .hsqsize
+            .checked_add(1)
+            .ok_or(CmRejStatus::InvalidHsqsize)?;
+        if depth < 2 || depth > max {
+            return Err(CmRejStatus::InvalidHsqsize);
+        }
+        if req.hrqsize < depth {
+            return Err(CmRejStatus::InvalidHrqsize);
+        }
+        Ok((req, depth))
+    }
+
+    /// Ends queue `q` (its QP destroyed before its buffers); `dreq`: the target decided, so
+    /// the CM disconnects. An admin queue takes its controller (and its I/O queues) along.
+    fn end_queue(&mut self, q: usize, dreq: bool) {
+        let queue = &mut self.queues[q];
+        if !queue.in_use() {
+            return;
+        }
+        if dreq && let Some(d) = self.dreq.iter_mut().find(|d| d.is_none()) {
+            *d = Some(queue.conn);
+        }
+        let ctrl = queue.ctrl;
+        let admin = queue.qid == 0;
+        queue.close();
+        if let Some(c) = ctrl {
+            if admin {
+                self.lose_ctrl(c);
+            } else if let Some(ctrl) = self.ctrls[c].as_mut() {
+                ctrl.io_queues = ctrl.io_queues.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Loses controller `c`: every queue bound to it ends (the target disconnects them).
+    fn lose_ctrl(&mut self, c: usize) {
+        if self.ctrls[c].take().is_none() {
+            return;
+        }
+        self.counts.lost += 1;
+        for q in 0..Q {
+            if self.queues[q].in_use() && self.queues[q].ctrl == Some(c) {
+                self.end_queue(q, true);
+            }
+        }
+    }
+
+    fn expire_keep_alive(&mut self) {
+        let now = self.clock.now_us();
+        for c in 0..Q {
+            let expired = self.ctrls[c].as_ref().is_some_and(|x| {
+                x.kato_ms != 0 && now.saturating_sub(x.last_us) > u64::from(x.kato_ms) * 1000
+            });
+            if expired {
+                self.counts.kato_expired += 1;
+                self.lose_ctrl(c);
+            }
+        }
+    }
+
+    fn completion(&mut self, w: &WorkCompletion) {
+        let Some((q, epoch, kind, slot)) = queue::decode(w.wr_id) else {
+            return;
+        };
+        if q >= Q || !self.queues[q].in_use() || self.queues[q].epoch != epoch {
+            return; // a queue that ended: its work is void
+        }
+        if w.status != bareverbs::verbs::WcStatus::Success {
+            self.counts.transport_errors += 1;
+            self.end_queue(q, true);
+            return;
+        }
+        match kind {
+            Kind::Recv => self.on_capsule(q, slot, w.byte_len),
+            Kind::Read => self.on_read_done(q, slot),
+            Kind::Send => self.queues[q].send_done(slot),
+        }
+    }
+}

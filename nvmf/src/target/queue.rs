@@ -1,0 +1,315 @@
+//! One queue of the target: its RC QP, one registered region (receive buffers, response
+//! buffers, data buffers), and the state of each command.
+//!
+//! Region layout: `depth` receive buffers of `capsule` bytes (a 64-byte SQE and in-capsule
+//! data), then `depth` 16-byte response buffers, then `slots` data buffers of `slot_len`.
+//! A command keeps its receive buffer until its response is posted; a response buffer is
+//! busy until its SEND completes (with it the RDMA WRITE before it, RC completing in
+//! order), and so is the data buffer that WRITE read from.
+
+use bareverbs::cm::ConnId;
+use bareverbs::verbs::{MemoryRegion, Provider, QueuePair, Rc, Rts, SendFlags, Sge};
+
+use crate::wire::{CQE_LEN, Cqe};
+
+/// What a work request was, in its ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Recv,
+    Read,
+    Send,
+}
+
+/// Work-request ID: queue (8 bits), generation (16), kind (8), slot (16).
+pub(crate) fn encode(q: usize, epoch: u16, kind: Kind, slot: u16) -> u64 {
+    let k = match kind {
+        Kind::Recv => 1u64,
+        Kind::Read => 2,
+        Kind::Send => 3,
+    };
+    ((q as u64 & 0xFF) << 48) | (u64::from(epoch) << 32) | (k << 16) | u64::from(slot)
+}
+
+/// The parts of a work-request ID, or `None` for one this code never made.
+pub(crate) fn decode(id: u64) -> Option<(usize, u16, Kind, u16)> {
+    if id >> 56 != 0 {
+        return None;
+    }
+    let kind = match (id >> 16) & 0xFFFF {
+        1 => Kind::Recv,
+        2 => Kind::Read,
+        3 => Kind::Send,
+        _ => return None,
+    };
+    Some((
+        ((id >> 48) & 0xFF) as usize,
+        (id >> 32) as u16,
+        kind,
+        id as u16,
+    ))
+}
+
+/// Where a command is.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) enum Cmd {
+    /// No command in this receive buffer (a receive is posted).
+    #[default]
+    Idle,
+    /// Waits for a data buffer.
+    WaitSlot,
+    /// RDMA READ of the host's data into data buffer `.0` posted.
+    Reading(u16),
+    /// Executed; the response waits for a response buffer.
+    Respond(Reply),
+    /// An asynchronous event request held open.
+    Held,
+}
+
+/// A response to send: the CQE, the data buffer it used, the RDMA WRITE to do first.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reply {
+    pub cqe: Cqe,
+    pub data: Option<u16>,
+    /// `(remote address, key, bytes)` to write from the data buffer before the response.
+    pub write: Option<(u64, u32, u32)>,
+}
+
+/// A response buffer: free, or busy with the data buffer to free after it.
+const RESP_FREE: u16 = u16::MAX;
+const RESP_NO_DATA: u16 = u16::MAX - 1;
+
+pub(crate) struct Queue<'a, P: Provider, const D: usize> {
+    // The QP goes before its buffers (dropped first: the device stops using them).
+    pub qp: Option<QueuePair<'a, P, Rc, Rts>>,
+    pub mr: Option<MemoryRegion<'a, P>>,
+    pub conn: ConnId,
+    pub epoch: u16,
+    pub qid: u16,
+    pub ctrl: Option<usize>,
+    pub depth: u16,
+    pub capsule: u32,
+    pub slots: u16,
+    pub slot_len: u32,
+    pub sq_head: u16,
+    pub cmds: [Cmd; D],
+    resp: [u16; D],
+    data_busy: [bool; D],
+}
+
+impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
+    pub fn free() -> Self {
+        Queue {
+            qp: None,
+            mr: None,
+            conn: ConnId(0),
+            epoch: 0,
+            qid: 0,
+            ctrl: None,
+            depth: 0,
+            capsule: 0,
+            slots: 0,
+            slot_len: 0,
+            sq_head: 0,
+            cmds: [Cmd::Idle; D],
+            resp: [RESP_FREE; D],
+            data_busy: [false; D],
+        }
+    }
+
+    pub fn in_use(&self) -> bool {
+        self.qp.is_some()
+    }
+
+    pub fn region_len(depth: u16, capsule: u32, slots: u16, slot_len: u32) -> usize {
+        let d = usize::from(depth);
+        d * capsule as usize + d * CQE_LEN + usize::from(slots) * slot_len as usize
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        &mut self,
+        conn: ConnId,
+        qid: u16,
+        depth: u16,
+        capsule: u32,
+        slots: u16,
+        slot_len: u32,
+        qp: QueuePair<'a, P, Rc, Rts>,
+        mr: MemoryRegion<'a, P>,
+    ) {
+        let epoch = self.epoch;
+        *self = Queue::free();
+        self.epoch = epoch;
+        self.conn = conn;
+        self.qid = qid;
+        self.depth = depth.min(D as u16);
+        self.capsule = capsule;
+        self.slots = slots.min(D as u16);
+        self.slot_len = slot_len;
+        self.qp = Some(qp);
+        self.mr = Some(mr);
+    }
+
+    /// Destroys the QP, then the region; later completions of this generation are void.
+    pub fn close(&mut self) {
+        drop(self.qp.take());
+        drop(self.mr.take());
+        self.epoch = self.epoch.wrapping_add(1);
+        self.ctrl = None;
+    }
+
+    fn recv_at(&self, slot: u16) -> usize {
+        usize::from(slot) * self.capsule as usize
+    }
+    fn resp_at(&self, r: u16) -> usize {
+        usize::from(self.depth) * self.capsule as usize + usize::from(r) * CQE_LEN
+    }
+    pub fn data_at(&self, ds: u16) -> usize {
+        self.resp_at(self.depth) + usize::from(ds) * self.slot_len as usize
+    }
+
+    /// The receive buffer of `slot`, `len` bytes (clamped to the buffer).
+    pub fn capsule_bytes(&self, slot: u16, len: u32) -> &[u8] {
+        let at = self.recv_at(slot);
+        let len = len.min(self.capsule) as usize;
+        self.mr
+            .as_ref()
+            .map_or(&[], |m| &m.as_slice()[at..at + len])
+    }
+
+    /// `len` bytes of memory at `at` of the region, writable.
+    pub fn bytes_mut(&mut self, at: usize, len: usize) -> &mut [u8] {
+        match self.mr.as_mut() {
+            Some(m) => m.as_mut_slice().get_mut(at..at + len).unwrap_or(&mut []),
+            None => &mut [],
+        }
+    }
+
+    pub fn post_all_recvs(&mut self, q: usize) -> Result<(), ()> {
+        for s in 0..self.depth {
+            self.post_recv(q, s)?;
+        }
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, q: usize, slot: u16) -> Result<(), ()> {
+        let at = self.recv_at(slot) as u32;
+        let (Some(qp), Some(mr)) = (self.qp.as_mut(), self.mr.as_ref()) else {
+            return Err(());
+        };
+        let sge = mr.sge(at, self.capsule).map_err(|_| ())?;
+        self.cmds[usize::from(slot)] = Cmd::Idle;
+        // SAFETY: the region outlives the QP (`close` destroys the QP first), and the CPU
+        // does not touch a receive buffer between this post and its completion.
+        unsafe {
+            let mut r = qp.recv_batch();
+            r.recv(encode(q, self.epoch, Kind::Recv, slot), &[sge])
+                .map_err(|_| ())?;
+            r.finish();
+        }
+        Ok(())
+    }
+
+    pub fn alloc_data(&mut self) -> Option<u16> {
+        let n = usize::from(self.slots);
+        let k = self.data_busy[..n].iter().position(|b| !b)?;
+        self.data_busy[k] = true;
+        Some(k as u16)
+    }
+
+    pub fn free_data(&mut self, ds: u16) {
+        if let Some(b) = self.data_busy.get_mut(usize::from(ds)) {
+            *b = false;
+        }
+    }
+
+    /// RDMA READ of `len` bytes at `(addr, key)` into data buffer `ds`, for command `slot`.
+    pub fn post_read(
+        &mut self,
+        q: usize,
+        slot: u16,
+        ds: u16,
+        (addr, key, len): (u64, u32, u32),
+    ) -> Result<(), ()> {
+        let at = self.data_at(ds) as u32;
+        let (Some(qp), Some(mr)) = (self.qp.as_mut(), self.mr.as_ref()) else {
+            return Err(());
+        };
+        let sge = mr.sge(at, len.min(self.slot_len)).map_err(|_| ())?;
+        // SAFETY: as in `post_recv`: the data buffer is not touched until the completion.
+        unsafe {
+            let mut s = qp.send_batch();
+            s.rdma_read(
+                encode(q, self.epoch, Kind::Read, slot),
+                SendFlags::SIGNALED,
+                (addr, key),
+                &[sge],
+            )
+            .map_err(|_| ())?;
+            s.finish();
+        }
+        self.cmds[usize::from(slot)] = Cmd::Reading(ds);
+        Ok(())
+    }
+
+    /// Sends `reply` for command `slot` if a response buffer is free (re-posting the
+    /// command's receive buffer first): `Ok(true)` sent, `Ok(false)` kept for later.
+    pub fn respond(&mut self, q: usize, slot: u16, mut reply: Reply) -> Result<bool, ()> {
+        let d = usize::from(self.depth);
+        let Some(r) = self.resp[..d].iter().position(|&x| x == RESP_FREE) else {
+            self.cmds[usize::from(slot)] = Cmd::Respond(reply);
+            return Ok(false);
+        };
+        let r = r as u16;
+        reply.cqe.sq_id = self.qid;
+        self.sq_head = (self.sq_head + 1) % self.depth.max(1);
+        reply.cqe.sq_head = self.sq_head;
+        let at = self.resp_at(r);
+        self.bytes_mut(at, CQE_LEN)
+            .copy_from_slice(&reply.cqe.to_bytes());
+        self.post_recv(q, slot)?;
+        let epoch = self.epoch;
+        let data_at = reply.data.map(|ds| self.data_at(ds) as u32);
+        let (Some(qp), Some(mr)) = (self.qp.as_mut(), self.mr.as_ref()) else {
+            return Err(());
+        };
+        let cqe = mr.sge(at as u32, CQE_LEN as u32).map_err(|_| ())?;
+        let write: Option<(Sge, u64, u32)> = match (reply.write, data_at) {
+            (Some((addr, key, len)), Some(from)) => {
+                Some((mr.sge(from, len).map_err(|_| ())?, addr, key))
+            }
+            _ => None,
+        };
+        // SAFETY: as in `post_recv`: the response buffer and the data buffer are not written
+        // again until the SEND's completion frees them.
+        unsafe {
+            let mut s = qp.send_batch();
+            if let Some((sge, addr, key)) = write {
+                s.rdma_write(
+                    encode(q, epoch, Kind::Send, u16::MAX),
+                    SendFlags::empty(),
+                    (addr, key),
+                    &[sge],
+                )
+                .map_err(|_| ())?;
+            }
+            s.send(encode(q, epoch, Kind::Send, r), SendFlags::SIGNALED, &[cqe])
+                .map_err(|_| ())?;
+            s.finish();
+        }
+        self.resp[usize::from(r)] = reply.data.unwrap_or(RESP_NO_DATA);
+        Ok(true)
+    }
+
+    /// A SEND completed: its response buffer (and data buffer) are free.
+    pub fn send_done(&mut self, r: u16) {
+        let Some(x) = self.resp.get_mut(usize::from(r)) else {
+            return;
+        };
+        let ds = *x;
+        *x = RESP_FREE;
+        if ds != RESP_NO_DATA && ds != RESP_FREE {
+            self.free_data(ds);
+        }
+    }
+}
