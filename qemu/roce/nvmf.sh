@@ -160,6 +160,8 @@ declare -A pending=()
 [ "$appliance" = 1 ] || for s in discover connect fio-rand4k fio-seq128k mkfs reconnect virtio-blk host; do
   pending[$s]="the unikernel has no NVMe-oF appliance yet (its kernel does not know bvnvmf=)"
 done
+grep -a -q "nvmf-uk host: " "$uk_kernel" ||
+  pending[host]="the appliance has no host mode yet (its kernel never prints nvmf-uk host)"
 why=()
 res() { { grep -a "^nvmf-result $1: " "$alog" || true; } | tail -1 | sed "s/^nvmf-result $1: //" | tr -d '\r'; }
 report() { # NAME RESULT ("PASS (…)" / "FAIL (…)" / "")

@@ -23,6 +23,7 @@ pub mod arp;
 pub mod block;
 pub mod cm_peer;
 pub mod disk_check;
+pub mod nvmf_app;
 pub mod peer;
 pub mod roce;
 pub mod roce_peer;

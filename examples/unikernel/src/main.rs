@@ -15,6 +15,7 @@
 mod boot;
 mod console;
 mod irq;
+mod storage;
 
 use core::fmt::Write;
 use core::ptr::NonNull;
@@ -31,7 +32,7 @@ use console::{Exit, Serial, exit};
 
 unsafe extern "C" {
     static __image_end: u8;
-    /// The boot stack (128 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
+    /// The boot stack (256 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
     static boot_stack: u8;
     static boot_stack_top: u8;
 }
@@ -122,9 +123,10 @@ fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
 /// DMA memory given to the driver at most (the region's bitmap limit is 128 MiB).
 const DMA_MAX_PAGES: usize = 16 * 1024;
 
-/// The largest RAM range above the kernel image from the PVH memory map, page-aligned:
-/// (physical address, pages).
-fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
+/// The largest RAM range above the kernel image from the PVH memory map, page-aligned: the DMA
+/// region's (physical address, pages), and where the range ends (the appliance's RAM disk
+/// lies between the region's end and there).
+fn dma_memory(start_info: u32) -> Option<(u64, usize, u64)> {
     // Only the address of the linker-defined symbol is taken.
     let image_end = core::ptr::addr_of!(__image_end) as u64;
     let info = start_info as usize as *const u8;
@@ -162,6 +164,7 @@ fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
         (
             s,
             (((e - s) / PAGE_SIZE as u64) as usize).min(DMA_MAX_PAGES),
+            e,
         )
     })
 }
@@ -339,62 +342,6 @@ fn roce_peer(
     }
 }
 
-/// The virtio-blk boot check (`bvblk` on the command line; `bareverbs_unikernel::disk_check`):
-/// the pattern through the first virtio-blk disk, which the lab then finds in the disk image.
-/// Ends the run with PASS or FAIL.
-fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
-    use bareverbs::hal::Hal;
-    use bareverbs_unikernel::{disk_check, virtio_blk};
-    let fail = |why: &dyn core::fmt::Display| -> ! {
-        let _ = writeln!(Serial, "bareverbs: FAIL virtio-blk: {why}");
-        exit(Exit::Fail)
-    };
-    let Some(at) = virtio_blk::find(pci) else {
-        fail(&"no virtio-blk function on the bus")
-    };
-    // SAFETY: the disk is driven by nothing else; its BARs lie in the identity-mapped,
-    // uncached PCI hole (the HAL's mapping).
-    let mut disk =
-        match unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) } {
-            Ok(d) => d,
-            Err(e) => fail(&e),
-        };
-    let pages = (disk_check::SECTORS * 512).div_ceil(PAGE_SIZE);
-    let Ok(block) = hal.dma_alloc(pages) else {
-        fail(&"no DMA memory for the scratch buffer")
-    };
-    // SAFETY: a fresh block of `pages` pages from the HAL, used only here, returned below.
-    let scratch =
-        unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
-    let r = disk_check::run(&mut disk, scratch);
-    let (stats, flush) = (disk.stats(), disk.has_flush());
-    drop(disk);
-    // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
-    unsafe { hal.dma_dealloc(block) };
-    match r {
-        Ok(c) if dma_left(dma) == 0 => {
-            let _ = writeln!(
-                Serial,
-                "virtio-blk: {:02x}:{:02x}.{}, {} sectors, flush {}: {} bytes from sector {} \
-                 written, read back in 3 pieces and equal, flushed; reads past the end and of \
-                 part of a block refused ({} requests)",
-                at.bus(),
-                at.device(),
-                at.function(),
-                c.capacity,
-                if flush { "yes" } else { "no" },
-                c.bytes,
-                disk_check::FIRST,
-                stats.requests
-            );
-            let _ = writeln!(Serial, "DMA pages outstanding: 0");
-            pass()
-        }
-        Ok(_) => fail(&"DMA pages not returned"),
-        Err(why) => fail(&why),
-    }
-}
-
 /// The second device: software RoCEv2 over the first virtio-net NIC (the demo of
 /// `bareverbs_unikernel::roce`). Ends the run with PASS or FAIL.
 fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
@@ -448,7 +395,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
             exit(Exit::Fail)
         }
     }
-    let Some((pa, pages)) = dma_memory(start_info) else {
+    let Some((pa, pages, ram_end)) = dma_memory(start_info) else {
         let _ = writeln!(
             Serial,
             "bareverbs: FAIL no usable RAM in the PVH memory map"
@@ -493,7 +440,25 @@ extern "C" fn kmain(start_info: u32) -> ! {
             let seed =
                 u64::from(irq::count(irq::TIMER_VECTOR)) ^ bareverbs_unikernel::peer::rdtsc();
             if cmdline_has(start_info, "bvblk") {
-                blk_check(&pci, hal, dma)
+                storage::blk_check(&pci, hal, dma)
+            }
+            if let Some(opts) = bareverbs_unikernel::nvmf_app::Options::parse(text) {
+                let disk_at = pa + (pages * PAGE_SIZE) as u64;
+                let bytes = opts.mib as usize * 1024 * 1024;
+                if disk_at + bytes as u64 > ram_end {
+                    let _ = writeln!(
+                        Serial,
+                        "bareverbs: FAIL nvmf: no room for a {} MiB RAM disk above the DMA region",
+                        opts.mib
+                    );
+                    exit(Exit::Fail)
+                }
+                // SAFETY: RAM from the firmware's memory map above the DMA region (which ends
+                // at `disk_at`) and below the range's end, identity-mapped, used for nothing
+                // else for the rest of the run.
+                let ram =
+                    unsafe { core::slice::from_raw_parts_mut(disk_at as usize as *mut u8, bytes) };
+                storage::appliance(&pci, hal, dma, &opts, ram)
             }
             if let Some(opts) = bareverbs_unikernel::roce_peer::Options::parse(text, seed) {
                 roce_peer(&pci, hal, dma, &opts)
