@@ -78,12 +78,13 @@ fi
 
 # --- Linux A: the host ---------------------------------------------------------------------------
 result() { echo "nvmf-result $1: $2"; }
-# The block device of the connected subsystem NQN's namespace NSID (the multipath head,
-# nvmeXnY), once it has appeared.
+# The block device of the connected subsystem NQN's namespace NSID, once it has appeared: the
+# multipath head under the subsystem (nvmeXnY; a controller that says it may share its
+# namespaces, as nvmet's does) or the controller's own disk (one that does not).
 device() { # NQN NSID
   local s d
   for _ in $(seq 1 100); do
-    for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    for s in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
       [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$1" ] || continue
       for d in "$s"/nvme*n"$2"; do
         [ -e "$d" ] && [ -b "/dev/${d##*/}" ] && { echo "/dev/${d##*/}"; return 0; }
