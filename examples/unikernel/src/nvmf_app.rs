@@ -156,8 +156,8 @@ pub struct Served {
     pub ms: u64,
 }
 
-/// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes 256 KiB, reads it back, compares) and prints
-/// its `nvmf-uk host:` line; then serves [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if
+/// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes
+/// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if
 /// any) on port 4420 of `ctx`'s device until `stop` says so. Prints a line when it listens and
 /// one per controller count change.
 pub fn serve<P: Provider>(

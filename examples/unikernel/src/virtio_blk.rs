@@ -17,11 +17,10 @@
 use core::ptr::NonNull;
 
 use bareverbs::hal::virtio_net::virtio_drivers;
-use bareverbs::hal::virtio_net::{Bridge, PciConfig, StaticHal};
+use bareverbs::hal::virtio_net::{self, Bridge, StaticHal};
 use bareverbs::hal::{ConfigRegionAccess, DmaBlock, Hal, PAGE_SIZE, PciAddress};
 use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::pci::PciTransport;
-use virtio_drivers::transport::pci::bus::{Command, DeviceFunction, PciRoot};
 use virtio_drivers::transport::{DeviceType, Transport};
 
 pub use crate::block::{BlockDevice, BlockError};
@@ -96,13 +95,7 @@ pub fn is_virtio_blk(vendor: u16, device: u16) -> bool {
 
 /// The first virtio-blk function on segment 0, in address order.
 pub fn find<C: ConfigRegionAccess>(access: &C) -> Option<PciAddress> {
-    (0u32..256 * 32 * 8).find_map(|i| {
-        let a = PciAddress::new(0, (i >> 8) as u8, ((i >> 3) & 31) as u8, (i & 7) as u8);
-        // SAFETY: offset 0 exists in every function's configuration header; a read of an absent
-        // function returns all-ones without side effects.
-        let id = unsafe { access.read(a, 0) };
-        is_virtio_blk(id as u16, (id >> 16) as u16).then_some(a)
-    })
+    virtio_net::find_with(access, is_virtio_blk)
 }
 
 /// Requests and failures counted by a [`VirtioBlk`].
@@ -140,7 +133,7 @@ impl<S: StaticHal> VirtioBlk<S, PciTransport> {
     ///
     /// # Safety
     ///
-    /// As [`PciConfig::new`] for `pci`; the function at `address` is driven by nothing else
+    /// As [`virtio_net::PciConfig::new`] for `pci`; the function at `address` is driven by nothing else
     /// while the value lives; its BARs lie where [`StaticHal::mmio_virt`] maps them.
     pub unsafe fn new_pci<C: ConfigRegionAccess>(
         pci: &C,
@@ -148,30 +141,15 @@ impl<S: StaticHal> VirtioBlk<S, PciTransport> {
         clock: fn() -> u64,
     ) -> Result<Self, VirtioBlkError> {
         S::hal().ok_or(VirtioBlkError::NoHal)?;
-        if address.segment() != 0 {
-            return Err(VirtioBlkError::NoDevice);
-        }
-        // SAFETY: offset 0 exists in every function's header; reading it has no side effect.
-        let id = unsafe { pci.read(address, 0) };
-        if !is_virtio_blk(id as u16, (id >> 16) as u16) {
-            return Err(VirtioBlkError::NoDevice);
-        }
         // SAFETY: our caller's promise.
-        let mut root = PciRoot::new(unsafe { PciConfig::new(pci) });
-        let df = DeviceFunction {
-            bus: address.bus(),
-            device: address.device(),
-            function: address.function(),
-        };
-        let (_, old) = root.get_status_command(df);
-        root.set_command(df, old | Command::MEMORY_SPACE | Command::BUS_MASTER);
-        let up = PciTransport::new::<Bridge<S>, _>(&mut root, df)
-            .map_err(VirtioBlkError::Transport)
-            .and_then(|t| Self::new(t, clock));
-        if up.is_err() {
-            root.set_command(df, old);
+        unsafe {
+            virtio_net::with_function(pci, address, is_virtio_blk, |root, df| {
+                PciTransport::new::<Bridge<S>, _>(root, df)
+                    .map_err(VirtioBlkError::Transport)
+                    .and_then(|t| Self::new(t, clock))
+            })
         }
-        up
+        .unwrap_or(Err(VirtioBlkError::NoDevice))
     }
 }
 
