@@ -42,12 +42,15 @@ use core::ptr::NonNull;
 
 use pci_types::{ConfigRegionAccess, PciAddress};
 use virtio_drivers::device::net::VirtIONetRaw;
-use virtio_drivers::transport::pci::bus::{Command, DeviceFunction, PciRoot};
+use virtio_drivers::transport::pci::bus::{DeviceFunction, PciRoot};
 use virtio_drivers::transport::pci::{PciTransport, VirtioPciError};
 
 pub use bridge::{Bridge, GlobalIdentity, StaticHal};
 pub use msix::MsixError;
-pub use pci::{DEVICE_MODERN, DEVICE_TRANSITIONAL, PciConfig, VENDOR, find, is_virtio_net};
+pub use pci::{
+    DEVICE_MODERN, DEVICE_TRANSITIONAL, PciConfig, VENDOR, find, find_with, is_virtio_net,
+    with_function,
+};
 /// The crate this module drives the device with (its error types appear in
 /// [`VirtioNetError`]).
 pub use virtio_drivers;
@@ -149,28 +152,13 @@ impl<S: StaticHal> VirtioNet<S> {
         address: PciAddress,
     ) -> Result<Self, VirtioNetError> {
         let hal = S::hal().ok_or(VirtioNetError::NoHal)?;
-        if address.segment() != 0 {
-            return Err(VirtioNetError::NoDevice);
-        }
-        // SAFETY: offset 0 exists in every function's header; reading it has no side effect.
-        let id = unsafe { pci.read(address, 0) };
-        if !is_virtio_net(id as u16, (id >> 16) as u16) {
-            return Err(VirtioNetError::NoDevice);
-        }
         // SAFETY: our caller's promise.
-        let mut root = PciRoot::new(unsafe { PciConfig::new(pci) });
-        let df = DeviceFunction {
-            bus: address.bus(),
-            device: address.device(),
-            function: address.function(),
-        };
-        let (_, old) = root.get_status_command(df);
-        root.set_command(df, old | Command::MEMORY_SPACE | Command::BUS_MASTER);
-        let up = Self::bring_up(hal, &mut root, df, address);
-        if up.is_err() {
-            root.set_command(df, old);
+        unsafe {
+            pci::with_function(pci, address, is_virtio_net, |root, df| {
+                Self::bring_up(hal, root, df, address)
+            })
         }
-        up
+        .unwrap_or(Err(VirtioNetError::NoDevice))
     }
 
     fn bring_up<C: virtio_drivers::transport::pci::bus::ConfigurationAccess>(

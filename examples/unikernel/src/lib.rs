@@ -20,12 +20,16 @@
 use core::fmt::Write;
 
 pub mod arp;
+pub mod block;
 pub mod cm_peer;
+pub mod disk_check;
+pub mod nvmf_app;
 pub mod peer;
 pub mod roce;
 pub mod roce_peer;
 /// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.
 pub mod tcp;
+pub mod virtio_blk;
 pub mod wait;
 
 use bareverbs::Context;

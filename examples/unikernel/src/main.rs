@@ -15,6 +15,7 @@
 mod boot;
 mod console;
 mod irq;
+mod storage;
 
 use core::fmt::Write;
 use core::ptr::NonNull;
@@ -31,7 +32,7 @@ use console::{Exit, Serial, exit};
 
 unsafe extern "C" {
     static __image_end: u8;
-    /// The boot stack (128 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
+    /// The boot stack (256 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
     static boot_stack: u8;
     static boot_stack_top: u8;
 }
@@ -122,9 +123,10 @@ fn peer_ip(start_info: u32) -> Option<[u8; 4]> {
 /// DMA memory given to the driver at most (the region's bitmap limit is 128 MiB).
 const DMA_MAX_PAGES: usize = 16 * 1024;
 
-/// The largest RAM range above the kernel image from the PVH memory map, page-aligned:
-/// (physical address, pages).
-fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
+/// The largest RAM range above the kernel image from the PVH memory map, page-aligned: the DMA
+/// region's (physical address, pages), and where the range ends (the appliance's RAM disk
+/// lies between the region's end and there).
+fn dma_memory(start_info: u32) -> Option<(u64, usize, u64)> {
     // Only the address of the linker-defined symbol is taken.
     let image_end = core::ptr::addr_of!(__image_end) as u64;
     let info = start_info as usize as *const u8;
@@ -162,6 +164,7 @@ fn dma_memory(start_info: u32) -> Option<(u64, usize)> {
         (
             s,
             (((e - s) / PAGE_SIZE as u64) as usize).min(DMA_MAX_PAGES),
+            e,
         )
     })
 }
@@ -421,7 +424,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
             exit(Exit::Fail)
         }
     }
-    let Some((pa, pages)) = dma_memory(start_info) else {
+    let Some((pa, pages, ram_end)) = dma_memory(start_info) else {
         let _ = writeln!(
             Serial,
             "bareverbs: FAIL no usable RAM in the PVH memory map"
@@ -465,6 +468,27 @@ extern "C" fn kmain(start_info: u32) -> ! {
             let text = cmdline(start_info, &mut buf).unwrap_or("");
             let seed =
                 u64::from(irq::count(irq::TIMER_VECTOR)) ^ bareverbs_unikernel::peer::rdtsc();
+            if cmdline_has(start_info, "bvblk") {
+                storage::blk_check(&pci, hal, dma)
+            }
+            if let Some(opts) = bareverbs_unikernel::nvmf_app::Options::parse(text) {
+                let disk_at = pa + (pages * PAGE_SIZE) as u64;
+                let bytes = opts.mib as usize * 1024 * 1024;
+                if disk_at + bytes as u64 > ram_end {
+                    let _ = writeln!(
+                        Serial,
+                        "bareverbs: FAIL nvmf: no room for a {} MiB RAM disk above the DMA region",
+                        opts.mib
+                    );
+                    exit(Exit::Fail)
+                }
+                // SAFETY: RAM from the firmware's memory map above the DMA region (which ends
+                // at `disk_at`) and below the range's end, identity-mapped, used for nothing
+                // else for the rest of the run.
+                let ram =
+                    unsafe { core::slice::from_raw_parts_mut(disk_at as usize as *mut u8, bytes) };
+                storage::appliance(&pci, hal, dma, &opts, ram)
+            }
             if let Some(opts) = bareverbs_unikernel::roce_peer::Options::parse(text, seed) {
                 roce_peer(&pci, hal, dma, &opts)
             }

@@ -1,0 +1,423 @@
+//! The storage appliance (`bvnvmf=A.B.C.D/N` on the kernel command line): an NVMe over
+//! Fabrics RDMA target on the software RoCE device, serving two NVM subsystems through
+//! `bareverbs-nvmf`'s target — a RAM disk and, when the machine has one, the virtio-blk disk
+//! — to unmodified Linux hosts (`nvme discover` / `nvme connect -t rdma`). How to run it is in
+//! `docs/appliance.md`.
+//!
+//! | subsystem NQN | namespace 1 |
+//! | --- | --- |
+//! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default), 512-byte blocks |
+//! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
+//!
+//! The kernel serves until its console receives `q`, then flushes the virtio-blk disk, prints
+//! what the target counted and powers off.
+
+use core::fmt::Write;
+
+use bareverbs::Context;
+use bareverbs::cm::{Cm, CmConfig, CmError, Service};
+use bareverbs::hal::Clock;
+use bareverbs::verbs::Provider;
+use bareverbs_nvmf::{
+    BlockDevice, Host, HostConfig, HostError, NVME_RDMA_PORT, RamDisk, Subsystem, Target,
+    TargetConfig, TargetCounts,
+};
+
+use crate::{Failure, Step};
+
+/// The RAM disk's subsystem.
+pub const NQN_RAM: &str = "nqn.2026-11.io.bareverbs:ram";
+/// The virtio-blk disk's subsystem.
+pub const NQN_BLK: &str = "nqn.2026-11.io.bareverbs:virtio-blk";
+/// The subsystem Linux's nvmet-rdma serves the appliance's host mode (qemu/roce/nvmf.sh sets
+/// it up on a brd disk).
+pub const NQN_LINUX: &str = "nqn.2026-11.io.bareverbs:linux-brd-uk";
+/// This machine's host NQN.
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:62617265-7665-7262-732d-6e766d660000";
+/// Bytes the host mode writes, reads back and compares.
+pub const HOST_BYTES: usize = 256 * 1024;
+/// Bytes one host command moves.
+const HOST_CHUNK: usize = 32 * 1024;
+/// Milliseconds the host mode keeps trying to connect while the target is not up yet.
+const HOST_CONNECT_MS: u64 = 60_000;
+/// The RAM disk's size when the command line does not say (MiB).
+pub const DEFAULT_MIB: u32 = 64;
+/// The largest RAM disk (MiB).
+pub const MAX_MIB: u32 = 256;
+/// Queues the target holds at once (admin and I/O of every controller: the discovery
+/// controller's, and two subsystems' with an admin and an I/O queue each, and one spare).
+/// The target's queue table lives on the boot stack: these bound its size.
+const QUEUES: usize = 6;
+/// Commands per queue at most (a Linux host asks for 128 and takes what the controller's
+/// MQES allows).
+const DEPTH: usize = 64;
+/// Entries of the completion queue every queue's work completes on.
+const CQ_ENTRIES: u32 = (QUEUES * 4 * DEPTH) as u32;
+/// Connections the CM tracks (every queue, and room for ones in TIME_WAIT).
+const CONNS: usize = 2 * QUEUES;
+
+/// What the command line asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// This machine's IPv4 address.
+    pub ip: [u8; 4],
+    /// Its prefix length.
+    pub prefix: u8,
+    /// The RAM disk's size (MiB).
+    pub mib: u32,
+    /// `bvnvmf.host=`: a Linux nvmet-rdma target to connect to as a host first.
+    pub host: Option<[u8; 4]>,
+}
+
+fn ipv4(s: &str) -> Option<[u8; 4]> {
+    let mut ip = [0u8; 4];
+    let mut parts = s.split('.');
+    for b in &mut ip {
+        *b = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(ip)
+}
+
+impl Options {
+    /// Reads `bvnvmf=A.B.C.D/N`, `bvnvmf.mib=M` and `bvnvmf.host=A.B.C.D` from a kernel
+    /// command line; `None` without a well-formed `bvnvmf=` (the appliance is off).
+    pub fn parse(cmdline: &str) -> Option<Options> {
+        let mut opts: Option<Options> = None;
+        let (mut mib, mut host) = (DEFAULT_MIB, None);
+        for w in cmdline.split_ascii_whitespace() {
+            if let Some(v) = w.strip_prefix("bvnvmf=") {
+                let (ip, prefix) = v.split_once('/').unwrap_or((v, "24"));
+                let prefix: u8 = prefix.parse().ok().filter(|&p| p <= 32)?;
+                opts = Some(Options {
+                    ip: ipv4(ip)?,
+                    prefix,
+                    mib: 0,
+                    host: None,
+                });
+            } else if let Some(v) = w.strip_prefix("bvnvmf.mib=") {
+                mib = v.parse().ok().filter(|&m| (1..=MAX_MIB).contains(&m))?;
+            } else if let Some(v) = w.strip_prefix("bvnvmf.host=") {
+                host = Some(ipv4(v)?);
+            }
+        }
+        opts.map(|o| Options { mib, host, ..o })
+    }
+}
+
+/// Why the appliance stopped early.
+#[derive(Debug)]
+pub enum AppError {
+    /// A verbs step failed.
+    Verbs(Failure),
+    /// The connection manager could not be set up.
+    Cm(&'static str, CmError),
+    /// The target refused its configuration.
+    Target(bareverbs_nvmf::target::TargetError),
+    /// The host mode failed (at which step).
+    Host(&'static str, HostError),
+    /// The host mode read back other bytes than it wrote (at which byte).
+    HostData(usize),
+}
+
+impl From<Failure> for AppError {
+    fn from(f: Failure) -> Self {
+        AppError::Verbs(f)
+    }
+}
+
+impl core::fmt::Display for AppError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AppError::Verbs(e) => write!(f, "{e}"),
+            AppError::Cm(what, e) => write!(f, "{what}: {e}"),
+            AppError::Target(e) => write!(f, "{e}"),
+            AppError::Host(what, e) => write!(f, "host mode, {what}: {e}"),
+            AppError::HostData(at) => write!(f, "host mode: byte {at} read back differs"),
+        }
+    }
+}
+
+/// The CM's and the target's clock: the kernel's millisecond clock.
+#[derive(Clone, Copy)]
+struct Ms<'c>(&'c dyn Fn() -> u64);
+
+impl Clock for Ms<'_> {
+    fn now_us(&self) -> u64 {
+        (self.0)().saturating_mul(1000)
+    }
+}
+
+/// What the target did while it served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// The target's counts.
+    pub counts: TargetCounts,
+    /// Milliseconds it served.
+    pub ms: u64,
+}
+
+/// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes
+/// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if
+/// any) on port 4420 of `ctx`'s device until `stop` says so. Prints a line when it listens and
+/// one per controller count change.
+pub fn serve<P: Provider>(
+    ctx: &Context<P>,
+    opts: &Options,
+    ram: &mut [u8],
+    blk: Option<&mut dyn BlockDevice>,
+    out: &mut dyn Write,
+    clock_ms: &dyn Fn() -> u64,
+    stop: &mut dyn FnMut() -> bool,
+) -> Result<Served, AppError> {
+    let pd = ctx.alloc_pd().at("nvmf: alloc PD")?;
+    let cm_cq = ctx.create_cq(64).at("nvmf: create the CM's CQ")?;
+    let cq = ctx
+        .create_cq(CQ_ENTRIES)
+        .at("nvmf: create the target's CQ")?;
+    // The host mode's (its default 5 queues of 32 commands, each command a send and a
+    // receive).
+    let host_cq = ctx
+        .create_cq(5 * 2 * 32 + 8)
+        .at("nvmf: create the host's CQ")?;
+    let mut cm: Cm<'_, P, Ms<'_>, CONNS> = Cm::new(&pd, &cm_cq, Ms(clock_ms), CmConfig::default())
+        .map_err(|e| AppError::Cm("CM over QP1", e))?;
+    let ip = opts.ip;
+    if let Some(linux) = opts.host {
+        // The RAM disk's memory is the host mode's scratch (the target does not serve yet).
+        let scratch = ram.get_mut(..2 * HOST_CHUNK).ok_or(AppError::HostData(0))?;
+        let done = host_check(&pd, &host_cq, &mut cm, linux, scratch, clock_ms)?;
+        let [a, b, c, d] = linux;
+        let _ = writeln!(
+            out,
+            "nvmf-uk host: ok connected to {NQN_LINUX} at {a}.{b}.{c}.{d} (controller {}, {} blocks of {} B), wrote {} bytes in {} commands, read them back equal, flushed, disconnected; {} ms",
+            done.cntlid, done.blocks, done.block, HOST_BYTES, done.commands, done.ms
+        );
+        ram[..2 * HOST_CHUNK].fill(0);
+    }
+    cm.listen(None, NVME_RDMA_PORT, Service::Rc)
+        .map_err(|e| AppError::Cm("listen on 4420", e))?;
+    let mut ram_disk = RamDisk::new(ram, 512);
+    let ram_blocks = ram_disk.capacity();
+    let mut ram_ns: [&mut dyn BlockDevice; 1] = [&mut ram_disk];
+    let (mut blk_ns, blk_blocks): ([&mut dyn BlockDevice; 1], Option<u64>) = match blk {
+        Some(d) => {
+            let n = d.capacity();
+            ([d], Some(n))
+        }
+        None => ([&mut NoDisk], None),
+    };
+    let blk_count = usize::from(blk_blocks.is_some());
+    let mut subsystems = [
+        Subsystem::new(NQN_RAM, &mut ram_ns),
+        Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count]),
+    ];
+    let mut target: Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH> = Target::new(
+        &pd,
+        &cq,
+        Ms(clock_ms),
+        ip,
+        TargetConfig {
+            io_depth: DEPTH as u16,
+            ..TargetConfig::default()
+        },
+        &mut subsystems,
+    )
+    .map_err(AppError::Target)?;
+    let [a, b, c, d] = ip;
+    let _ = writeln!(
+        out,
+        "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B), {NQN_BLK} ({})",
+        ram_blocks,
+        Blocks(blk_blocks)
+    );
+    let t0 = clock_ms();
+    let mut seen = TargetCounts::default();
+    loop {
+        target.poll(&mut cm);
+        let now = target.counts();
+        if (now.controllers, now.lost, now.rejected) != (seen.controllers, seen.lost, seen.rejected)
+        {
+            let _ = writeln!(
+                out,
+                "nvmf: +{} ms: {} controllers made, {} lost, {} connections rejected, {} commands ({} with an error status)",
+                clock_ms() - t0,
+                now.controllers,
+                now.lost,
+                now.rejected,
+                now.commands,
+                now.errors
+            );
+            seen = now;
+        }
+        if stop() {
+            break;
+        }
+    }
+    Ok(Served {
+        counts: target.counts(),
+        ms: clock_ms() - t0,
+    })
+}
+
+/// What the host mode did.
+struct HostDone {
+    cntlid: u16,
+    blocks: u64,
+    block: u32,
+    commands: u32,
+    ms: u64,
+}
+
+/// The host mode: connects to [`NQN_LINUX`] at `linux` (again, while nobody listens yet, for
+/// [`HOST_CONNECT_MS`]), writes [`HOST_BYTES`] of a pattern from block 0 of namespace 1 in
+/// [`HOST_CHUNK`] pieces, reads them back and compares, flushes and disconnects. `scratch`
+/// holds two pieces.
+fn host_check<'a, P: Provider, const N: usize>(
+    pd: &'a bareverbs::verbs::ProtectionDomain<'a, P>,
+    cq: &'a bareverbs::verbs::CompletionQueue<'a, P>,
+    cm: &mut Cm<'a, P, Ms<'_>, N>,
+    linux: [u8; 4],
+    scratch: &mut [u8],
+    clock_ms: &dyn Fn() -> u64,
+) -> Result<HostDone, AppError> {
+    let t0 = clock_ms();
+    let cfg = HostConfig {
+        addr: linux,
+        subnqn: NQN_LINUX,
+        hostnqn: HOSTNQN,
+        hostid: *b"bareverbs-nvmf\0\0",
+        max_transfer: HOST_CHUNK as u32,
+        ..HostConfig::default()
+    };
+    let idle = &mut || {};
+    let mut host: Host<'_, '_, P, Ms<'_>> = Host::new(pd, cq, Ms(clock_ms), cfg);
+    loop {
+        match host.connect(cm, idle) {
+            Ok(()) => break,
+            Err(HostError::Rejected(_) | HostError::ConnectFailed)
+                if clock_ms() - t0 < HOST_CONNECT_MS =>
+            {
+                host.disconnect(cm, idle).ok();
+                let until = clock_ms() + 500;
+                while clock_ms() < until {
+                    let _ = cm.poll();
+                }
+            }
+            Err(e) => return Err(AppError::Host("connect", e)),
+        }
+    }
+    let r = (|| {
+        let ns = host
+            .identify_namespace(1, idle)
+            .map_err(|e| AppError::Host("identify namespace", e))?;
+        let block = 1u32 << ns.lbads.clamp(9, 12);
+        let per = HOST_CHUNK as u32 / block;
+        let (wbuf, rbuf) = scratch.split_at_mut(HOST_CHUNK);
+        let mut commands = 0;
+        for piece in 0..HOST_BYTES / HOST_CHUNK {
+            let slba = (piece * HOST_CHUNK) as u64 / u64::from(block);
+            for (i, b) in wbuf.iter_mut().enumerate() {
+                *b = (piece * 131 + i * 7 + (i >> 9)) as u8;
+            }
+            host.write(1, 1, slba, per, wbuf, idle)
+                .map_err(|e| AppError::Host("write", e))?;
+            rbuf.fill(0);
+            host.read(1, 1, slba, per, rbuf, idle)
+                .map_err(|e| AppError::Host("read", e))?;
+            commands += 2;
+            if let Some(at) = wbuf.iter().zip(rbuf.iter()).position(|(w, r)| w != r) {
+                return Err(AppError::HostData(piece * HOST_CHUNK + at));
+            }
+        }
+        host.flush(1, 1, idle)
+            .map_err(|e| AppError::Host("flush", e))?;
+        Ok(HostDone {
+            cntlid: host.cntlid(),
+            blocks: ns.nsze,
+            block,
+            commands: commands + 1,
+            ms: 0,
+        })
+    })();
+    let down = host.disconnect(cm, idle);
+    let done = r?;
+    down.map_err(|e| AppError::Host("disconnect", e))?;
+    Ok(HostDone {
+        ms: clock_ms() - t0,
+        ..done
+    })
+}
+
+/// How a namespace's size is printed: blocks, or that there is no disk.
+struct Blocks(Option<u64>);
+
+impl core::fmt::Display for Blocks {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n} blocks of 512 B"),
+            None => write!(f, "no virtio-blk disk: no namespace"),
+        }
+    }
+}
+
+/// The placeholder for a missing virtio-blk disk (never a namespace: the slice is cut before
+/// it).
+struct NoDisk;
+
+impl BlockDevice for NoDisk {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn capacity(&self) -> u64 {
+        0
+    }
+    fn read(&mut self, _: u64, _: &mut [u8]) -> Result<(), bareverbs_nvmf::BlockError> {
+        Err(bareverbs_nvmf::BlockError::OutOfRange)
+    }
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), bareverbs_nvmf::BlockError> {
+        Err(bareverbs_nvmf::BlockError::OutOfRange)
+    }
+    fn flush(&mut self) -> Result<(), bareverbs_nvmf::BlockError> {
+        Ok(())
+    }
+    fn write_zeroes(&mut self, _: u64, _: u64) -> Result<(), bareverbs_nvmf::BlockError> {
+        Err(bareverbs_nvmf::BlockError::OutOfRange)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_from_the_command_line() {
+        assert_eq!(
+            Options::parse("console=x bvnvmf=10.0.0.2/24 bvnvmf.host=10.0.0.3 bvnvmf.mib=32"),
+            Some(Options {
+                ip: [10, 0, 0, 2],
+                prefix: 24,
+                mib: 32,
+                host: Some([10, 0, 0, 3])
+            })
+        );
+        assert_eq!(
+            Options::parse("bvnvmf=10.0.0.2"),
+            Some(Options {
+                ip: [10, 0, 0, 2],
+                prefix: 24,
+                mib: DEFAULT_MIB,
+                host: None
+            })
+        );
+        assert_eq!(
+            Options::parse("bvroce=10.0.0.2/24"),
+            None,
+            "not the appliance"
+        );
+        assert_eq!(Options::parse("bvnvmf=10.0.0.256/24"), None);
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2/33"), None);
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=0"), None);
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=100000"), None);
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.host=10.0.0"), None);
+    }
+}

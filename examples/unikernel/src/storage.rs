@@ -1,0 +1,151 @@
+//! The storage modes of the kernel: the virtio-blk boot check (`bvblk`) and the NVMe-oF
+//! appliance (`bvnvmf=`), each ending the run.
+
+use core::fmt::Write;
+
+use bareverbs::hal::virtio_net::GlobalIdentity;
+use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
+
+use crate::console::{self, Exit, Serial, exit};
+use crate::{clock_ms, dma_left, pass, roce_device};
+
+/// The storage appliance (`bvnvmf=` on the command line; `bareverbs_unikernel::nvmf_app`):
+/// the NVMe-oF target over the software RoCE device, with `ram` as the RAM disk and the first
+/// virtio-blk disk if there is one, until the console receives `q`. Then flushes the disk,
+/// prints what the target counted and powers off (PASS).
+pub(crate) fn appliance(
+    pci: &PortIoConfig,
+    hal: IdentityHal<'static>,
+    dma: &DmaRegion,
+    opts: &bareverbs_unikernel::nvmf_app::Options,
+    ram: &'static mut [u8],
+) -> ! {
+    use bareverbs_unikernel::block::BlockDevice;
+    use bareverbs_unikernel::{nvmf_app, virtio_blk};
+    let dev = roce_device(pci, hal, opts.ip, |_| {});
+    let ctx = bareverbs::Context::new(dev);
+    let mut disk = virtio_blk::find(pci).and_then(|at| {
+        // SAFETY: as in `blk_check`.
+        let d = unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) };
+        match d {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let _ = writeln!(Serial, "nvmf: virtio-blk {at}: {e}: served without it");
+                None
+            }
+        }
+    });
+    let mut stop = || console::try_get() == Some(b'q');
+    let r = nvmf_app::serve(
+        &ctx,
+        opts,
+        ram,
+        disk.as_mut().map(|d| d as &mut dyn BlockDevice),
+        &mut Serial,
+        &clock_ms,
+        &mut stop,
+    );
+    let flushed = disk.as_mut().map(|d| (d.flush(), d.stats()));
+    drop(disk);
+    drop(ctx);
+    match r {
+        Ok(s) => {
+            let c = s.counts;
+            let _ = writeln!(
+                Serial,
+                "nvmf-uk target: ok served {} s: {} queue connections accepted, {} rejected, {} controllers ({} lost), {} commands ({} with an error status)",
+                s.ms / 1000,
+                c.accepted,
+                c.rejected,
+                c.controllers,
+                c.lost,
+                c.commands,
+                c.errors
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL nvmf: {e}");
+            exit(Exit::Fail)
+        }
+    }
+    match flushed {
+        Some((Ok(()), st)) => {
+            let _ = writeln!(
+                Serial,
+                "nvmf-uk virtio-blk: flushed; {} requests, {} bytes read, {} written, {} flushes",
+                st.requests, st.read, st.written, st.flushes
+            );
+        }
+        Some((Err(e), _)) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL nvmf: virtio-blk flush: {e}");
+            exit(Exit::Fail)
+        }
+        None => {}
+    }
+    let left = dma_left(dma);
+    if left != 0 {
+        let _ = writeln!(
+            Serial,
+            "bareverbs: FAIL nvmf: {left} DMA pages not returned"
+        );
+        exit(Exit::Fail)
+    }
+    let _ = writeln!(Serial, "DMA pages outstanding: 0");
+    pass()
+}
+
+/// The virtio-blk boot check (`bvblk` on the command line; `bareverbs_unikernel::disk_check`):
+/// the pattern through the first virtio-blk disk, which the lab then finds in the disk image.
+/// Ends the run with PASS or FAIL.
+pub(crate) fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    use bareverbs::hal::Hal;
+    use bareverbs_unikernel::{disk_check, virtio_blk};
+    let fail = |why: &dyn core::fmt::Display| -> ! {
+        let _ = writeln!(Serial, "bareverbs: FAIL virtio-blk: {why}");
+        exit(Exit::Fail)
+    };
+    let Some(at) = virtio_blk::find(pci) else {
+        fail(&"no virtio-blk function on the bus")
+    };
+    // SAFETY: the disk is driven by nothing else; its BARs lie in the identity-mapped,
+    // uncached PCI hole (the HAL's mapping).
+    let mut disk =
+        match unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) } {
+            Ok(d) => d,
+            Err(e) => fail(&e),
+        };
+    let pages = (disk_check::SECTORS * 512).div_ceil(PAGE_SIZE);
+    let Ok(block) = hal.dma_alloc(pages) else {
+        fail(&"no DMA memory for the scratch buffer")
+    };
+    // SAFETY: a fresh block of `pages` pages from the HAL, used only here, returned below.
+    let scratch =
+        unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
+    let r = disk_check::run(&mut disk, scratch);
+    let (stats, flush) = (disk.stats(), disk.has_flush());
+    drop(disk);
+    // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
+    unsafe { hal.dma_dealloc(block) };
+    match r {
+        Ok(c) if dma_left(dma) == 0 => {
+            let _ = writeln!(
+                Serial,
+                "virtio-blk: {:02x}:{:02x}.{}, {} sectors, flush {}: {} bytes from sector {} \
+                 written, read back in 3 pieces and equal, flushed; reads past the end and of \
+                 part of a block refused ({} requests)",
+                at.bus(),
+                at.device(),
+                at.function(),
+                c.capacity,
+                if flush { "yes" } else { "no" },
+                c.bytes,
+                disk_check::FIRST,
+                stats.requests
+            );
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            pass()
+        }
+        Ok(_) => fail(&"DMA pages not returned"),
+        Err(why) => fail(&why),
+    }
+}

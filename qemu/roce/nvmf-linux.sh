@@ -1,0 +1,228 @@
+#!/bin/bash
+# Runs inside a Linux guest of qemu/roce/nvmf.sh (chrooted into this machine's root by
+# qemu/lab/init.sh): NVMe over Fabrics on RDMA between Linux's nvme-rdma/nvmet-rdma (over
+# rdma_rxe) and, on Linux A, Debian's unmodified nvme-cli and fio.
+#   nvmf-linux.sh KROOT        the rest from the kernel command line:
+#   bvnvmf.role=a|b            a: the host (initiator) of every step; b: Linux's target
+#   bvnvmf.ip=A.B.C.D          this guest's address (/24)
+#   bvnvmf.uk=0|1              A: run the steps against the unikernel target too
+#   bvnvmf.mib=64              the RAM namespaces' size (B's brd disks, the unikernel's RAM disk)
+#   bvnvmf.perf=3              A: runs of each performance job on each target (0: none)
+#   bvnvmf.secs=4              A: seconds each performance run lasts
+#   bvnvmf.timeout=120         A: seconds to wait for a target to appear
+# Linux B serves two subsystems on brd RAM disks: one for Linux A (the baseline and the
+# performance reference), one for the unikernel's host mode. Linux A prints a line
+# `nvmf-result <side> <step>: PASS|FAIL (<what was checked>)` per step, `nvmf-perf <job> <side>
+# <IOPS>` per performance run, and `nvmf-sum <file> <sha256>` for the files it leaves on the
+# unikernel's virtio-blk namespace, which qemu/roce/nvmf.sh checks in the disk image.
+set -u
+kroot=$1
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvnvmf.$1=//p"; }
+role=$(arg role) ip=$(arg ip) uk=$(arg uk) mib=$(arg mib) perf=$(arg perf) secs=$(arg secs)
+limit=$(arg timeout)
+mib=${mib:-64} perf=${perf:-3} secs=${secs:-4} limit=${limit:-120} uk=${uk:-0}
+b_ip=10.0.0.3 uk_ip=10.0.0.2
+# The NQNs (lab.sh's and the unikernel's appliance use the same names).
+nqn_linux=nqn.2026-11.io.bareverbs:linux-brd
+nqn_for_uk=nqn.2026-11.io.bareverbs:linux-brd-uk
+nqn_ram=nqn.2026-11.io.bareverbs:ram
+nqn_blk=nqn.2026-11.io.bareverbs:virtio-blk
+t0=$(date +%s)
+say() { echo "bvnvmf[$role +$(( $(date +%s) - t0 ))s]: $*"; }
+
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+mods=(rdma_rxe rdma_cm)
+[ "$role" = b ] && mods+=(nvmet nvmet-rdma brd) || mods+=(nvme-fabrics nvme-rdma)
+for m in "${mods[@]}"; do
+  case "$m" in
+    brd) modprobe -d "$kroot" brd rd_nr=2 rd_size=$((mib * 1024)) ;;
+    *) modprobe -d "$kroot" "$m" ;;
+  esac || { say "modprobe $m failed"; exit 1; }
+done
+ip link set lo up
+ip link set eth0 mtu 1500 up
+ip addr add "$ip/24" dev eth0
+rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; exit 1; }
+say "rxe0 up on eth0, $ip"
+
+# --- Linux B: nvmet-rdma over configfs ---------------------------------------------------------
+if [ "$role" = b ]; then
+  cfg=/sys/kernel/config
+  mountpoint -q $cfg || mount -t configfs none $cfg || { say "cannot mount configfs"; exit 1; }
+  n=$cfg/nvmet
+  subsystem() { # NQN DEVICE
+    mkdir "$n/subsystems/$1" &&
+    echo 1 > "$n/subsystems/$1/attr_allow_any_host" &&
+    mkdir "$n/subsystems/$1/namespaces/1" &&
+    echo -n "$2" > "$n/subsystems/$1/namespaces/1/device_path" &&
+    echo 1 > "$n/subsystems/$1/namespaces/1/enable"
+  }
+  subsystem "$nqn_linux" /dev/ram0 && subsystem "$nqn_for_uk" /dev/ram1 &&
+  mkdir "$n/ports/1" &&
+  echo ipv4 > "$n/ports/1/addr_adrfam" && echo rdma > "$n/ports/1/addr_trtype" &&
+  echo 4420 > "$n/ports/1/addr_trsvcid" && echo "$ip" > "$n/ports/1/addr_traddr" &&
+  ln -s "$n/subsystems/$nqn_linux" "$n/ports/1/subsystems/$nqn_linux" &&
+  ln -s "$n/subsystems/$nqn_for_uk" "$n/ports/1/subsystems/$nqn_for_uk" ||
+    { say "nvmet configuration failed"; dmesg | tail -5; exit 1; }
+  say "target ready: $nqn_linux on /dev/ram0, $nqn_for_uk on /dev/ram1 ($mib MiB each), $ip:4420"
+  # Serve until the lab stops this guest; what nvmet says on the way is in this log.
+  dmesg -w -l err,warn,notice,info 2>/dev/null | grep --line-buffered -E 'nvmet' | sed 's/^/  [dmesg] /' &
+  last=
+  while :; do
+    sleep 20
+    c=$(cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . ./* | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')
+    [ "$c" = "$last" ] || echo "  [rxe +$(( $(date +%s) - t0 ))s] $c"
+    last=$c
+  done
+fi
+
+# --- Linux A: the host ---------------------------------------------------------------------------
+result() { echo "nvmf-result $1: $2"; }
+# The block device of the connected subsystem NQN's namespace NSID, once it has appeared: the
+# multipath head under the subsystem (nvmeXnY; a controller that says it may share its
+# namespaces, as nvmet's does) or the controller's own disk (one that does not).
+device() { # NQN NSID
+  local s d
+  for _ in $(seq 1 100); do
+    for s in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
+      [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$1" ] || continue
+      for d in "$s"/nvme*n"$2"; do
+        [ -e "$d" ] && [ -b "/dev/${d##*/}" ] && { echo "/dev/${d##*/}"; return 0; }
+      done
+    done
+    sleep 0.2
+  done
+  return 1
+}
+mib_of() { echo $(( $(blockdev --getsize64 "$1") / 1048576 )); }
+discover() { # SIDE IP NQN: nvme discover until it lists NQN (the target may still be booting)
+  local deadline=$(( $(date +%s) + limit )) out tries=0
+  while :; do
+    tries=$((tries + 1))
+    out=$(timeout 60 nvme discover -t rdma -a "$2" -s 4420 2>&1)
+    grep -q "subnqn: *$3\$" <<<"$out" && break
+    [ "$(date +%s)" -ge "$deadline" ] && {
+      sed 's/^/  /' <<<"$out" | tail -20
+      result "$1 discover" "FAIL (no subsystem $3 in nvme discover's log page from $2 after $tries tries, ${limit} s)"
+      return 1; }
+    sleep 1
+  done
+  sed 's/^/  /' <<<"$out"
+  result "$1 discover" "PASS (nvme discover -t rdma -a $2 -s 4420: $(grep -c '^=====Discovery Log Entry' <<<"$out") entries, $3 among them, trtype $(awk '/^trtype:/ {print $2; exit}' <<<"$out"), $tries tries)"
+}
+connect() { # SIDE IP NQN NSID STEP: sets dev
+  local out step=${5:-connect}
+  dev=
+  out=$(timeout 90 nvme connect -t rdma -a "$2" -s 4420 -n "$3" 2>&1) ||
+    { sed 's/^/  /' <<<"$out"; result "$1 $step" "FAIL (nvme connect -n $3: $(tail -1 <<<"$out"))"; return 1; }
+  dev=$(device "$3" "$4") || { result "$1 $step" "FAIL (connected, but no namespace $4 of $3 appeared)"; return 1; }
+  [ "$step" = reconnect ] ||
+    result "$1 $step" "PASS (nvme connect -t rdma -n $3: $dev, $(mib_of "$dev") MiB, model '$(nvme id-ctrl "$dev" 2>/dev/null | awk -F': ' '/^mn / {gsub(/ +$/, "", $2); print $2}')')"
+  return 0
+}
+# A fio job that writes then reads back and verifies every block (crc32c). Queue depth 4: at 16,
+# a 128 KiB job has 2 MiB of RDMA READs in flight from one target, whose bursts overflow the
+# segment's sockets under TCG (rxe then retries after its ACK timeout: 5 writes a second).
+fio_verify() { # SIDE STEP DEV RW BS SIZE
+  local out st
+  out=$(timeout 300 fio --name="$2" --filename="$3" --direct=1 --ioengine=libaio --iodepth=4 \
+          --rw="$4" --bs="$5" --size="$6" --verify=crc32c --do_verify=1 --verify_fatal=1 \
+          --randrepeat=0 --group_reporting --minimal 2>&1); st=$?
+  local w r e
+  # terse v3: 5 the error, 8 read IOPS, 49 write IOPS.
+  e=$(awk -F';' 'NF > 50 {print $5; exit}' <<<"$out")
+  w=$(awk -F';' 'NF > 50 {print $49; exit}' <<<"$out")
+  r=$(awk -F';' 'NF > 50 {print $8; exit}' <<<"$out")
+  if [ "$st" = 0 ] && [ "$e" = 0 ]; then
+    result "$1 $2" "PASS (fio $4 bs=$5 size=$6 iodepth 4, --verify=crc32c: written and read back, every block checked; write $w IOPS, verify $r IOPS)"
+  else
+    sed 's/^/  /' <<<"$out" | tail -15
+    result "$1 $2" "FAIL (fio $4 bs=$5 size=$6 --verify=crc32c: exit $st)"
+    return 1
+  fi
+}
+mnt=/run/tmp/mnt
+files=(small:1 medium:2 large:4) # name:MiB
+mkfs_write() { # SIDE DEV: ext4, mount, write files, remember their checksums, unmount
+  mkdir -p "$mnt"
+  mkfs.ext4 -q -F "$2" >/dev/null 2>&1 || { result "$1 mkfs" "FAIL (mkfs.ext4 $2)"; return 1; }
+  mount "$2" "$mnt" || { result "$1 mkfs" "FAIL (mount $2)"; return 1; }
+  local f total=0
+  for f in "${files[@]}"; do
+    head -c $(( ${f#*:} * 1048576 )) /dev/urandom > "$mnt/${f%:*}" && total=$((total + ${f#*:})) ||
+      { umount "$mnt"; result "$1 mkfs" "FAIL (writing $mnt/${f%:*})"; return 1; }
+  done
+  (cd "$mnt" && sha256sum "${files[@]%:*}") > "/run/tmp/sums-$1"
+  sync
+  umount "$mnt" || { result "$1 mkfs" "FAIL (umount)"; return 1; }
+  result "$1 mkfs" "PASS (mkfs.ext4 on $2, mounted, ${#files[@]} files of $total MiB written, unmounted)"
+}
+reconnect() { # SIDE IP NQN NSID: disconnect, connect again, mount, check the checksums
+  local out
+  out=$(nvme disconnect -n "$3" 2>&1) || { result "$1 reconnect" "FAIL (nvme disconnect: $out)"; return 1; }
+  for _ in $(seq 1 50); do [ -b "$dev" ] || break; sleep 0.2; done
+  [ -b "$dev" ] && { result "$1 reconnect" "FAIL ($dev still there after nvme disconnect)"; return 1; }
+  local gone=$dev
+  connect "$1" "$2" "$3" "$4" reconnect || return 1
+  mount "$dev" "$mnt" || { result "$1 reconnect" "FAIL (mount $dev after the reconnect)"; return 1; }
+  out=$(cd "$mnt" && sha256sum -c "/run/tmp/sums-$1" 2>&1); local st=$?
+  umount "$mnt"
+  [ "$st" = 0 ] || { sed 's/^/  /' <<<"$out"; result "$1 reconnect" "FAIL (checksums after the reconnect)"; return 1; }
+  result "$1 reconnect" "PASS (nvme disconnect: $gone gone; connect again: $dev, mounted, sha256 of ${#files[@]} files as written)"
+}
+# The steps on one target: discover, connect, fio, mkfs, reconnect (the device stays connected).
+steps() { # SIDE IP NQN
+  discover "$1" "$2" "$3" || return 1
+  connect "$1" "$2" "$3" 1 || return 1
+  fio_verify "$1" fio-rand4k "$dev" randwrite 4k 8M
+  fio_verify "$1" fio-seq128k "$dev" write 128k 8M
+  mkfs_write "$1" "$dev" && reconnect "$1" "$2" "$3" 1
+}
+
+say "phase baseline (Linux B at $b_ip)"
+steps linux-linux "$b_ip" "$nqn_linux"
+linux_dev=$dev
+uk_dev=
+if [ "$uk" = 1 ]; then
+  say "phase unikernel (at $uk_ip)"
+  if steps unikernel "$uk_ip" "$nqn_ram"; then
+    uk_dev=$dev
+  fi
+  # The virtio-blk namespace: the files stay on the unikernel's disk image, checked by the lab
+  # from the host once the unikernel has powered off.
+  if connect virtio-blk "$uk_ip" "$nqn_blk" 1 virtio-blk-connect; then
+    if mkfs_write virtio-blk "$dev" && reconnect virtio-blk "$uk_ip" "$nqn_blk" 1; then
+      (cd /run/tmp && while read -r sum f; do echo "nvmf-sum $f $sum"; done < sums-virtio-blk)
+    fi
+    nvme disconnect -n "$nqn_blk" >/dev/null 2>&1
+  fi
+fi
+
+# --- performance: each job alternately on the unikernel's target and on Linux B's --------------
+jobs=("randread-4k randread 4k 32" "randwrite-4k randwrite 4k 32" "seqread-128k read 128k 8")
+perf_run() { # JOB RW BS DEPTH DEV -> IOPS
+  timeout $((secs + 60)) fio --name="$1" --filename="$5" --direct=1 --ioengine=libaio --iodepth="$4" \
+    --rw="$2" --bs="$3" --time_based --runtime="$secs" --ramp_time=1 --norandommap \
+    --randrepeat=0 --group_reporting --minimal 2>/dev/null |
+    awk -F';' -v rw="$2" 'NF > 50 {print (rw ~ /write/ ? $49 : $8); exit}'
+}
+if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
+  say "phase performance ($perf runs of ${secs} s per job and target)"
+  for i in $(seq 1 "$perf"); do
+    for j in "${jobs[@]}"; do
+      read -r name rw bs depth <<<"$j"
+      if [ -n "$uk_dev" ] && [ -b "$uk_dev" ]; then
+        echo "nvmf-perf $name unikernel $(perf_run "$name" "$rw" "$bs" "$depth" "$uk_dev")"
+      fi
+      echo "nvmf-perf $name linux $(perf_run "$name" "$rw" "$bs" "$depth" "$linux_dev")"
+    done
+  done
+fi
+nvme disconnect-all >/dev/null 2>&1
+counters() { # rxe's counters that are not zero
+  (cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && grep -H . ./* | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')
+}
+echo "  [rxe] $(counters)"
+# What the kernel's NVMe and RDMA layers said on the way (timeouts, resets, reconnects).
+dmesg | grep -E 'nvme|rdma|rxe' | tail -40 | sed 's/^/  [dmesg] /'
+say "done"
