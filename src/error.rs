@@ -216,6 +216,10 @@ pub enum Param {
     /// queue pairs, living or leaked): a resize below them is refused, with `value` the CQEs
     /// in use and `max` the size asked.
     CqEntriesInUse,
+    /// The room a shared receive queue's depth needs on a queue pair's receive completion
+    /// queue (reserved once per SRQ and CQ, since any of its receives may complete there):
+    /// `value` entries needed, `max` free.
+    SrqCqRoom,
     /// Port number.
     Port,
     /// P_Key table index.

@@ -107,8 +107,11 @@ impl Last {
         // caller holds the CQ's poll lock.
         let c = unsafe { ctl.as_ref() };
         let (srq, qpn) = (c.srq, c.qpn);
-        // (A queue with CQEs of its earlier life due goes through the general match.)
-        let calm = |q: &super::qptable::QueueView| q.ctl.late.load(Ordering::Relaxed) == 0;
+        // (A queue with CQEs of its earlier life due goes through the general match.
+        // Nor does a metered queue's: its CQEs give back room.)
+        let calm = |q: &super::qptable::QueueView| {
+            q.ctl.late.load(Ordering::Relaxed) == 0 && q.room.is_none()
+        };
         let roles = if send { SENDS } else { 0 }
             | if send && calm(&c.sq) { FAST_SENDS } else { 0 }
             | if recv { RECVS } else { 0 }
@@ -146,6 +149,9 @@ impl PollState {
 /// How many times taking a poll lock is tried before the operation answers `Busy` (a poller
 /// holds it only for a poll, or while its cursor lives).
 const LOCK_TRIES: u32 = 1 << 16;
+/// Spins a poll waits for another thread's poll of the same CQ (a poll holds the lock for the
+/// entries it reads: far fewer spins than this; the device has no clock to wait by).
+const POLL_SPINS: u32 = 1 << 16;
 
 /// The poll locks of a QP's send and receive CQs (one when they are the same), taken in
 /// address order and bounded: what creating, resetting, erroring and destroying a QP hold
@@ -258,6 +264,44 @@ impl<H: Hal> Cq<H> {
     #[inline(always)]
     pub(crate) fn looks_empty(&self) -> bool {
         self.ring.prod().load(Ordering::Relaxed) == self.cons_index.load(Ordering::Relaxed)
+    }
+
+    /// Takes the poll lock, waiting for another poller a bounded number of spins: `None` when
+    /// it still holds the lock after them (that poll takes the completions there are: this
+    /// one finds none now, as `ibv_poll_cq` returning 0).
+    #[inline(always)]
+    pub(crate) fn poll_lock(&self) -> Option<spin::MutexGuard<'_, PollState>> {
+        match self.poll.try_lock() {
+            Some(g) => Some(g),
+            None => self.poll_lock_wait(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_lock_wait(&self) -> Option<spin::MutexGuard<'_, PollState>> {
+        for _ in 0..POLL_SPINS {
+            // Test, then test-and-set: the waiting poller reads the line, not writes it.
+            if !self.poll.is_locked()
+                && let Some(g) = self.poll.try_lock()
+            {
+                return Some(g);
+            }
+            core::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Takes room for one completion of a request posted to a metered work queue (one whose
+    /// whole depth did not fit the CQ when it was created); `false` when the CQ has none.
+    pub(crate) fn take_one(&self) -> bool {
+        self.reserve(1).is_ok()
+    }
+
+    /// Room for completions no request or reservation holds.
+    pub(crate) fn free(&self) -> u32 {
+        self.entries
+            .saturating_sub(self.reserved.load(Ordering::Acquire))
     }
 
     /// Reserves `n` CQEs for a work queue, or says how many are left.

@@ -69,8 +69,8 @@ impl<H: Hal> Pvrdma<H> {
     /// [`harvest`](Self::harvest), the general loop.
     #[inline(always)]
     fn poll_first(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut guard) = cq.poll.try_lock() else {
-            return busy();
+        let Some(mut guard) = cq.poll_lock() else {
+            return Ok(0);
         };
         let ring = &cq.ring;
         if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
@@ -98,8 +98,8 @@ impl<H: Hal> Pvrdma<H> {
     /// where the fast loop stopped.
     #[inline(never)]
     fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut guard) = cq.poll.try_lock() else {
-            return busy();
+        let Some(mut guard) = cq.poll_lock() else {
+            return Ok(0);
         };
         // A copy: the completions written may alias the CQ for the compiler.
         let ring = cq.ring;
@@ -382,13 +382,6 @@ fn send_opcode(raw: u32) -> WcOpcode {
     unsafe { core::mem::transmute::<u8, WcOpcode>(raw as u8) }
 }
 
-/// A poll that found the lock taken (a whole result, so that the refusal is a tail call).
-#[cold]
-#[inline(never)]
-fn busy() -> Result<usize> {
-    Err(Error::Busy { op: Op::PollCq })
-}
-
 /// The refusal of an impossible producer index.
 #[cold]
 #[inline(never)]
@@ -539,6 +532,9 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
                     q.park(done);
                     tag = 0;
                 }
+            } else {
+                // No CQE will come for it: its room is free.
+                q.give_room(1);
             }
             q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
             found = Some(Flush {

@@ -103,6 +103,8 @@ impl<H: Hal> Pvrdma<H> {
                 n = n.wrapping_add(1);
             }
             q.ctl.late.store(late, Ordering::Relaxed);
+            // A metered queue keeps room only for the CQEs still owed.
+            q.settle_room(late);
             q.ctl.done.store(0, Ordering::Relaxed);
             q.ctl.tail.store(0, Ordering::Relaxed);
             q.ctl.unpublished.store(0, Ordering::Relaxed);

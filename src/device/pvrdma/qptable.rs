@@ -48,6 +48,10 @@ pub(crate) struct QueueCtl {
     /// there are (the safe direction: a request counted as published may be parked, never a
     /// published one handed back).
     pub(crate) unpublished: AtomicU32,
+    /// Room a metered queue (`QueueView::room`) holds on its CQ: one entry per request from
+    /// its post until its CQE is consumed (or it is known none will come). Raised by the
+    /// poster, lowered by the poller.
+    pub(crate) held: AtomicU32,
 }
 
 /// What the driver keeps for one outstanding receive of a shared receive queue, in
@@ -167,6 +171,22 @@ pub(crate) struct QueueView {
     /// in driver-private memory. What a CQE is matched against: never the WQE in the ring,
     /// which the device can rewrite (`docs/security.md`).
     pub(crate) shadow: NonNull<Shadow>,
+    /// A metered queue's CQ room counter (`Cq::reserved`, the CQ outlives the QP): the queue's
+    /// whole depth did not fit the CQ when it was created, so each request takes room when it
+    /// is posted and gives it back here. `None`: the depth is reserved for the QP's life.
+    pub(crate) room: Option<NonNull<AtomicU32>>,
+}
+
+/// Gives back `n` entries of a CQ's room counter (`Cq::reserved`).
+fn unreserve(room: NonNull<AtomicU32>, n: u32) {
+    if n != 0 {
+        // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
+        // create_qp).
+        let r = unsafe { room.as_ref() };
+        let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v.saturating_sub(n))
+        });
+    }
 }
 
 /// A QP's control block.
@@ -222,8 +242,10 @@ impl QpCtl {
         let q = if recv { &self.rq } else { &self.sq };
         let late = q.ctl.late.load(Ordering::Relaxed);
         if late != 0 {
-            // A CQE of a request finished before (flushed or discarded): dropped.
+            // A CQE of a request finished before (flushed or discarded): dropped, its room
+            // free.
             q.ctl.late.store(late - 1, Ordering::Relaxed);
+            q.give_room(1);
             return Ok(None);
         }
         let done = q.ctl.done.load(Ordering::Relaxed);
@@ -245,13 +267,19 @@ impl QpCtl {
             ));
         }
         q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
+        q.give_room(1);
         Ok(Some(tag))
     }
 }
 
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
-    fn new(ring: Ring, shadow: NonNull<Shadow>, parked: Option<(NonNull<AtomicU64>, u32)>) -> Self {
+    fn new(
+        ring: Ring,
+        shadow: NonNull<Shadow>,
+        parked: Option<(NonNull<AtomicU64>, u32)>,
+        room: Option<NonNull<AtomicU32>>,
+    ) -> Self {
         QueueView {
             ctl: QueueCtl {
                 done: AtomicU32::new(0),
@@ -259,10 +287,36 @@ impl QueueView {
                 flush: AtomicU32::new(0),
                 late: AtomicU32::new(0),
                 unpublished: AtomicU32::new(0),
+                held: AtomicU32::new(0),
             },
             ring,
             shadow,
             parked,
+            room,
+        }
+    }
+
+    /// A metered queue gives back the CQ room of `n` of its requests (never more than it
+    /// holds); a queue with its depth reserved has nothing to give.
+    pub(crate) fn give_room(&self, n: u32) {
+        if let Some(room) = self.room {
+            let held = self
+                .ctl
+                .held
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                    Some(h.saturating_sub(n))
+                });
+            unreserve(room, held.unwrap_or(0).min(n));
+        }
+    }
+
+    /// A metered queue keeps the CQ room of `keep` requests (at most what it holds) and gives
+    /// back the rest (RESET: only the CQEs still owed keep theirs; destroy: none). The caller
+    /// holds the QP (no post) and its CQs' poll locks (no poll).
+    pub(crate) fn settle_room(&self, keep: u32) {
+        if let Some(room) = self.room {
+            let held = self.ctl.held.fetch_min(keep, Ordering::AcqRel);
+            unreserve(room, held.saturating_sub(keep));
         }
     }
 
@@ -402,6 +456,7 @@ impl<H: Hal> QpCtlMem<H> {
         (qpn, handle): (u32, u32),
         srq_done: Option<NonNull<SrqCounters>>,
         release: Option<BufRelease>,
+        (sq_room, rq_room): (Option<NonNull<AtomicU32>>, Option<NonNull<AtomicU32>>),
     ) -> Result<Self> {
         let head = SHADOWS_AT;
         let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();
@@ -422,8 +477,8 @@ impl<H: Hal> QpCtlMem<H> {
             )
         };
         let ctl = QpCtl {
-            sq: QueueView::new(sq, sq_shadow, None),
-            rq: QueueView::new(rq, rq_shadow, parked),
+            sq: QueueView::new(sq, sq_shadow, None, sq_room),
+            rq: QueueView::new(rq, rq_shadow, parked, rq_room),
             qpn,
             handle,
             srq: srq_done.is_some(),
@@ -597,6 +652,16 @@ impl<H: Hal> QpTable<H> {
             return None;
         }
         Some((NonNull::new(e.ctl.load(Ordering::Relaxed))?, send, recv))
+    }
+
+    /// Whether a live QP receives from the SRQ whose counters are `srq` and completes its
+    /// receives to CQ `cq` (the pair holds one reservation, however many QPs it has).
+    pub(crate) fn srq_pair(&self, cq: u64, srq: NonNull<SrqCounters>) -> bool {
+        let mut found = false;
+        self.for_each_on(cq, |ctl, _, recv| {
+            found |= recv && ctl.srq_done == Some(srq)
+        });
+        found
     }
 
     /// Calls `f` with each live QP completing to CQ `cq` (either role).

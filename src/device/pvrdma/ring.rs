@@ -176,24 +176,32 @@ pub(crate) struct Producer {
     pub(crate) bell: u32,
     /// The per-slot record of the queue (the pollers' `QueueView::shadow`).
     pub(crate) shadow: NonNull<Shadow>,
+    /// Each request takes its CQ room when it is written (`QueueView::room`): the credit
+    /// then covers only the requests that have room, and every other one goes through the
+    /// refill.
+    pub(crate) metered: bool,
 }
 
 impl Producer {
     /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
-    /// `shadow` its pollers read.
-    pub(crate) fn new(slots: u32, bell: u32, shadow: NonNull<Shadow>) -> Self {
-        Producer {
+    /// `shadow` its pollers read (`metered`: see the field).
+    pub(crate) fn new(slots: u32, bell: u32, shadow: NonNull<Shadow>, metered: bool) -> Self {
+        let mut p = Producer {
             tail: 0,
-            credit: slots,
+            credit: 0,
             bell,
             shadow,
-        }
+            metered,
+        };
+        p.reset(slots);
+        p
     }
 
-    /// The queue starts over (a QP reset): nothing published, `slots` of credit.
+    /// The queue starts over (a QP reset): nothing published, `slots` of credit (none for a
+    /// metered queue: its first request takes room).
     pub(crate) fn reset(&mut self, slots: u32) {
         self.tail = 0;
-        self.credit = slots;
+        self.credit = if self.metered { 0 } else { slots };
     }
 }
 

@@ -89,6 +89,9 @@ impl<H: Hal> Pvrdma<H> {
     /// The send queue's credit recomputed (`refill`); `false` when it is full.
     #[inline(always)]
     fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        if qp.sq_prod.metered {
+            return self.meter(qp, c, false);
+        }
         let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
         refill(&mut qp.sq_prod, c, done)
     }
@@ -98,8 +101,59 @@ impl<H: Hal> Pvrdma<H> {
     /// past its allocation (§12.3).
     #[inline(always)]
     fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        if qp.rq_prod.metered {
+            return self.meter(qp, c, true);
+        }
         let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
         !qp.has_srq && refill(&mut qp.rq_prod, c, done)
+    }
+
+    /// The refill of a metered queue (its whole depth did not fit its CQ at creation): the
+    /// next request takes one entry of room on the CQ, so that the CQ never gets more CQEs
+    /// than it holds (QEMU drops those silently). `false` when the ring or the CQ is full
+    /// (`full` says which). Exactly one request's room at a time: a queue never holds room
+    /// it does not use, so none is kept from the CQ's other queues.
+    #[cold]
+    #[inline(never)]
+    fn meter(&self, qp: &mut Qp<H>, c: &mut WqCursor, recv: bool) -> bool {
+        let (s, r) = qp.cq_ptrs();
+        // SAFETY: the CQs outlive the QP and do not move (the provider contract of create_qp).
+        let cq = unsafe { if recv { r.as_ref() } else { s.as_ref() } };
+        let ctl = qp.ctl.ctl();
+        let (q, p) = if recv {
+            (&ctl.rq, &mut qp.rq_prod)
+        } else {
+            (&ctl.sq, &mut qp.sq_prod)
+        };
+        let done = q.ctl.done.load(Ordering::Acquire);
+        if c.tail == done.wrapping_add(c.mask + 1) || !cq.take_one() {
+            return false;
+        }
+        q.ctl.held.fetch_add(1, Ordering::AcqRel);
+        c.limit = c.tail.wrapping_add(1);
+        p.credit = c.limit;
+        true
+    }
+
+    /// The refusal of a request that found its queue full (`recv`: the receive queue): its
+    /// ring, or, for a metered queue whose ring has room, its CQ.
+    #[cold]
+    #[inline(never)]
+    fn full(&self, qp: &Qp<H>, c: &WqCursor, recv: bool) -> Error {
+        let ctl = qp.ctl.ctl();
+        let (q, p, queue) = if recv {
+            (&ctl.rq, &qp.rq_prod, Queue::Recv)
+        } else {
+            (&ctl.sq, &qp.sq_prod, Queue::Send)
+        };
+        let done = q.ctl.done.load(Ordering::Acquire);
+        if p.metered && c.tail != done.wrapping_add(c.mask + 1) {
+            return Error::QueueFull {
+                queue: Queue::Cq,
+                free: qp.cq(recv).free(),
+            };
+        }
+        refuse(Refusal::Full(queue))
     }
 
     /// Starts a batch on the send queue.
@@ -123,16 +177,13 @@ impl<H: Hal> Pvrdma<H> {
         // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
         let nsge = w.sges.len();
         if nsge > c.max_sge as usize {
-            let full = c.tail == c.limit && !self.sq_refill(qp, c);
-            let why = if full {
-                Refusal::Full(Queue::Send)
-            } else {
-                Refusal::Sges(nsge, c.max_sge)
-            };
-            return Err(refuse(why));
+            if c.tail == c.limit && !self.sq_refill(qp, c) {
+                return Err(self.full(qp, c, false));
+            }
+            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.sq_refill(qp, c) {
-            return Err(refuse(Refusal::Full(Queue::Send)));
+            return Err(self.full(qp, c, false));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -272,16 +323,13 @@ impl<H: Hal> Pvrdma<H> {
         // for the refill), the refusal as if the credit were checked first.
         let nsge = sges.len();
         if nsge > c.max_sge as usize {
-            let full = c.tail == c.limit && !self.rq_refill(qp, c);
-            let why = if full {
-                Refusal::Full(Queue::Recv)
-            } else {
-                Refusal::Sges(nsge, c.max_sge)
-            };
-            return Err(refuse(why));
+            if c.tail == c.limit && !self.rq_refill(qp, c) {
+                return Err(self.full(qp, c, true));
+            }
+            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.rq_refill(qp, c) {
-            return Err(refuse(Refusal::Full(Queue::Recv)));
+            return Err(self.full(qp, c, true));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
