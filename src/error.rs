@@ -95,6 +95,9 @@ pub enum Holder {
     PdObjects,
     /// Multicast groups a queue pair is attached to.
     McastGroups,
+    /// Completion events taken from a completion queue's channel and not yet acknowledged
+    /// (`ibv_ack_cq_events`).
+    UnackedEvents,
 }
 
 /// A queue named by [`Error::QueueFull`].

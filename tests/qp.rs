@@ -977,9 +977,29 @@ fn destroy_failures_hand_the_qp_back_and_drop_never_panics() {
     // (the device is not asked, and so never drops them under the QP), and Drop keeps them.
     let commands = model.commands();
     let (cq, e) = cq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(cq);
     drop(pd);
     assert_eq!(model.commands(), commands, "the device was not asked");
@@ -1066,16 +1086,35 @@ fn garbage_from_create_qp_names_nothing_and_keeps_its_pd_and_cq_in_use() {
         "no command names the garbage handle"
     );
     let (cq, e) = cq.destroy().expect_err("the device's QP completes to it");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let (pd, e) = pd.destroy().expect_err("the device's QP is in it");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    let holder = bareverbs::error::Holder::PdObjects;
+    assert_eq!(
+        e,
+        Error::InUse {
+            op: Op::DestroyPd,
+            holder,
+            count: 1
+        }
+    );
     drop((cq, pd));
     drop(ctx);
     assert_clean(&model);
 }
 
 /// A QP that was leaked (`mem::forget`: safe code, the borrow checker no longer sees it) still
-/// uses its PD, CQ and SRQ on the device: destroying them is `Busy`, before the device is asked,
+/// uses its PD, CQ and SRQ on the device: destroying them is refused (`InUse`, naming the QPs
+/// or the PD's objects that hold them), before the device is asked,
 /// and each is handed back; their Drop keeps them (logged), never panics.
 #[test]
 fn a_pd_cq_and_srq_used_by_a_leaked_qp_refuse_destroy_with_busy() {
@@ -1094,13 +1133,41 @@ fn a_pd_cq_and_srq_used_by_a_leaked_qp_refuse_destroy_with_busy() {
     std::mem::forget(qp);
     let commands = model.commands();
     let (srq, e) = srq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroySrq });
+    let holder = bareverbs::error::Holder::Qps;
+    assert_eq!(
+        e,
+        Error::InUse {
+            op: Op::DestroySrq,
+            holder,
+            count: 1
+        }
+    );
     drop(srq);
     let (cq, e) = cq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(cq);
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
     assert_eq!(model.commands(), commands, "the device was not asked");
     let o = model.objects();
@@ -1124,7 +1191,17 @@ fn a_pd_used_by_a_leaked_srq_refuses_destroy_with_busy() {
         .unwrap();
     std::mem::forget(srq);
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
     drop(ctx);
     assert_clean(&model);

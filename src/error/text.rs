@@ -91,6 +91,7 @@ impl Holder {
             Holder::Qps => "destroy those queue pairs first",
             Holder::PdObjects => "destroy them first",
             Holder::McastGroups => "detach it from them first",
+            Holder::UnackedEvents => "acknowledge them first (ack_events)",
         }
     }
 }
@@ -104,6 +105,7 @@ impl Display for Holder {
                                   receive queues, memory regions)"
             }
             Holder::McastGroups => "multicast group(s)",
+            Holder::UnackedEvents => "completion event(s) taken and not acknowledged",
         })
     }
 }

@@ -14,7 +14,7 @@ use super::qptable::QpCtl;
 use super::regs::db;
 use super::ring::Ring;
 use super::{CQES_PER_PAGE, Pvrdma};
-use crate::error::{Error, Object, Op, Queue, Resource, Result};
+use crate::error::{Error, Holder, Object, Op, Queue, Resource, Result};
 use crate::events::{Arm, ChannelId, Slot};
 use crate::verbs::WcOpcode;
 
@@ -480,10 +480,16 @@ impl<H: Hal> Pvrdma<H> {
 
     pub(crate) fn destroy_cq_impl(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
         let hub = self.events.hub();
-        if cq.users.load(Ordering::Relaxed) != 0 || cq.slot.is_some_and(|s| hub.unacked(s) != 0) {
-            // A QP (perhaps one leaked with mem::forget) still completes here, or events taken
-            // from its channel are not acknowledged (`ibv_destroy_cq`'s rule).
-            return Err((cq, Error::Busy { op: Op::DestroyCq }));
+        // A QP (perhaps one leaked with mem::forget) still completes here, or events taken
+        // from its channel are not acknowledged (`ibv_destroy_cq`'s rule).
+        let users = cq.users.load(Ordering::Relaxed);
+        let unacked = cq.slot.map_or(0, |s| hub.unacked(s));
+        if users != 0 {
+            return Err((cq, Error::in_use(Op::DestroyCq, Holder::Qps, users)));
+        }
+        if unacked != 0 {
+            let e = Error::in_use(Op::DestroyCq, Holder::UnackedEvents, unacked);
+            return Err((cq, e));
         }
         let code = (Op::DestroyCq, abi::opcode::DESTROY_CQ);
         let (handle, slot) = (cq.handle, cq.slot);
