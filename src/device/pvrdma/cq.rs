@@ -292,12 +292,6 @@ impl<H: Hal> Cq<H> {
         None
     }
 
-    /// Takes room for one completion of a request posted to a metered work queue (one whose
-    /// whole depth did not fit the CQ when it was created); `false` when the CQ has none.
-    pub(crate) fn take_one(&self) -> bool {
-        self.reserve(1).is_ok()
-    }
-
     /// Room for completions no request or reservation holds.
     pub(crate) fn free(&self) -> u32 {
         self.entries

@@ -69,8 +69,8 @@ impl<H: Hal> Pvrdma<H> {
     /// [`harvest`](Self::harvest), the general loop.
     #[inline(always)]
     fn poll_first(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut guard) = cq.poll_lock() else {
-            return Ok(0);
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return self.poll_contended(cq, out);
         };
         let ring = &cq.ring;
         if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
@@ -98,8 +98,8 @@ impl<H: Hal> Pvrdma<H> {
     /// where the fast loop stopped.
     #[inline(never)]
     fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut guard) = cq.poll_lock() else {
-            return Ok(0);
+        let Some(mut guard) = cq.poll.try_lock() else {
+            return self.poll_contended(cq, out);
         };
         // A copy: the completions written may alias the CQ for the compiler.
         let ring = cq.ring;
@@ -132,6 +132,18 @@ impl<H: Hal> Pvrdma<H> {
             cq.hand_back(guard.head);
         }
         Ok(n)
+    }
+
+    /// A poll that found another thread polling `cq`: it waits for that poll a bounded
+    /// number of spins ([`Cq::poll_lock`]), then polls through the general loop, or finds
+    /// nothing if the other still holds the CQ (it takes the completions there are).
+    #[cold]
+    #[inline(never)]
+    fn poll_contended(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        match cq.poll_lock() {
+            Some(guard) => self.harvest(cq, guard, out, 0),
+            None => Ok(0),
+        }
     }
 
     /// The general loop of [`poll_into`](Self::poll_into), under the CQ's poll lock (`guard`,

@@ -167,7 +167,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Pvrdma::rq_start(self, qp)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn rq_write(
         &self,
         qp: &mut Qp<H>,

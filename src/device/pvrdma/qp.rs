@@ -359,8 +359,14 @@ impl<H: Hal> Pvrdma<H> {
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
             (
-                (sq_res == 0).then(|| NonNull::from(&send_cq.reserved)),
-                (rq_res == 0 && rq.slots != 0).then(|| NonNull::from(&recv_cq.reserved)),
+                (
+                    (sq_res == 0).then(|| NonNull::from(&send_cq.reserved)),
+                    send_cq.entries,
+                ),
+                (
+                    (rq_res == 0 && rq.slots != 0).then(|| NonNull::from(&recv_cq.reserved)),
+                    recv_cq.entries,
+                ),
             ),
         );
         let mask = regs::db::HANDLE_MASK;
@@ -422,7 +428,9 @@ impl<H: Hal> Pvrdma<H> {
                 rq.slots,
                 handle | regs::db::QP_RECV,
                 ctl.ctl().rq.shadow,
-                ctl.ctl().rq.room.is_some(),
+                // (A QP on an SRQ has no receive ring: its receives go the slow way too, to
+                // their refusal.)
+                ctl.ctl().rq.room.is_some() || srq.is_some(),
             ),
             ctl,
             qkey: 0,
@@ -507,8 +515,8 @@ impl<H: Hal> Pvrdma<H> {
         // metered queues' room is all free (their CQEs are gone); the SRQ's reservation goes
         // with the pair's last QP, or passes to the others.
         locks.stop_flush(qp.ctl.ctl());
-        qctl.sq.settle_room(0);
-        qctl.rq.settle_room(0);
+        qctl.sq.give_room(qctl.sq.held(qp.sq_prod.credit));
+        qctl.rq.give_room(qctl.rq.held(qp.rq_prod.credit));
         // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
         let srq_ref = srq.map(|s| unsafe { s.as_ref() });
         // The SRQ's depth, reserved once for the (SRQ, receive CQ) pair by its first QP: given

@@ -48,10 +48,6 @@ pub(crate) struct QueueCtl {
     /// there are (the safe direction: a request counted as published may be parked, never a
     /// published one handed back).
     pub(crate) unpublished: AtomicU32,
-    /// Room a metered queue (`QueueView::room`) holds on its CQ: one entry per request from
-    /// its post until its CQE is consumed (or it is known none will come). Raised by the
-    /// poster, lowered by the poller.
-    pub(crate) held: AtomicU32,
 }
 
 /// What the driver keeps for one outstanding receive of a shared receive queue, in
@@ -175,7 +171,12 @@ pub(crate) struct QueueView {
     /// whole depth did not fit the CQ when it was created, so each request takes room when it
     /// is posted and gives it back here. `None`: the depth is reserved for the QP's life.
     pub(crate) room: Option<NonNull<AtomicU32>>,
+    /// That CQ's entries (what `room` may reach).
+    pub(crate) room_cap: u32,
 }
+
+/// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`).
+pub(crate) type Room = (Option<NonNull<AtomicU32>>, u32);
 
 /// Gives back `n` entries of a CQ's room counter (`Cq::reserved`).
 fn unreserve(room: NonNull<AtomicU32>, n: u32) {
@@ -278,7 +279,7 @@ impl QueueView {
         ring: Ring,
         shadow: NonNull<Shadow>,
         parked: Option<(NonNull<AtomicU64>, u32)>,
-        room: Option<NonNull<AtomicU32>>,
+        (room, room_cap): (Option<NonNull<AtomicU32>>, u32),
     ) -> Self {
         QueueView {
             ctl: QueueCtl {
@@ -287,37 +288,53 @@ impl QueueView {
                 flush: AtomicU32::new(0),
                 late: AtomicU32::new(0),
                 unpublished: AtomicU32::new(0),
-                held: AtomicU32::new(0),
             },
             ring,
             shadow,
             parked,
             room,
+            room_cap,
         }
     }
 
-    /// A metered queue gives back the CQ room of `n` of its requests (never more than it
-    /// holds); a queue with its depth reserved has nothing to give.
+    /// A metered queue takes CQ room for one more request; `false` when the CQ has none (or
+    /// the queue is not metered). Inline: the poster calls nothing on its way (a call makes
+    /// every post save and restore registers around it).
+    #[inline(always)]
+    pub(crate) fn take_room(&self) -> bool {
+        let Some(room) = self.room else {
+            return false;
+        };
+        // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
+        // create_qp).
+        let r = unsafe { room.as_ref() };
+        // Taken, then given back if that went past the CQ's entries (a reservation of a QP
+        // being created that reads the overshoot fails, as it would a moment later anyway).
+        if r.fetch_add(1, Ordering::AcqRel) >= self.room_cap {
+            r.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// A metered queue gives back the CQ room of `n` of its requests (a queue with its depth
+    /// reserved has nothing to give). The room a metered queue holds is never counted apart:
+    /// it is its poster's credit (one entry per request it took room for) minus the requests
+    /// completed (`done`), plus the CQEs still owed for requests finished before (`late`).
     pub(crate) fn give_room(&self, n: u32) {
         if let Some(room) = self.room {
-            let held = self
-                .ctl
-                .held
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
-                    Some(h.saturating_sub(n))
-                });
-            unreserve(room, held.unwrap_or(0).min(n));
+            unreserve(room, n);
         }
     }
 
-    /// A metered queue keeps the CQ room of `keep` requests (at most what it holds) and gives
-    /// back the rest (RESET: only the CQEs still owed keep theirs; destroy: none). The caller
-    /// holds the QP (no post) and its CQs' poll locks (no poll).
-    pub(crate) fn settle_room(&self, keep: u32) {
-        if let Some(room) = self.room {
-            let held = self.ctl.held.fetch_min(keep, Ordering::AcqRel);
-            unreserve(room, held.saturating_sub(keep));
-        }
+    /// The room a metered queue holds while its poster's credit is `credit` (see
+    /// [`give_room`](Self::give_room)).
+    pub(crate) fn held(&self, credit: u32) -> u32 {
+        let (done, late) = (
+            self.ctl.done.load(Ordering::Acquire),
+            self.ctl.late.load(Ordering::Acquire),
+        );
+        credit.wrapping_sub(done).wrapping_add(late)
     }
 
     /// The common case of [`QpCtl::match_cqe`] for this queue, with no effect otherwise: when
@@ -456,7 +473,7 @@ impl<H: Hal> QpCtlMem<H> {
         (qpn, handle): (u32, u32),
         srq_done: Option<NonNull<SrqCounters>>,
         release: Option<BufRelease>,
-        (sq_room, rq_room): (Option<NonNull<AtomicU32>>, Option<NonNull<AtomicU32>>),
+        (sq_room, rq_room): (Room, Room),
     ) -> Result<Self> {
         let head = SHADOWS_AT;
         let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();

@@ -178,7 +178,7 @@ pub(crate) struct Producer {
     pub(crate) shadow: NonNull<Shadow>,
     /// Each request takes its CQ room when it is written (`QueueView::room`): the credit
     /// then covers only the requests that have room, and every other one goes through the
-    /// refill.
+    /// slow refill (as every receive of a QP on an SRQ does, to its refusal).
     pub(crate) metered: bool,
 }
 

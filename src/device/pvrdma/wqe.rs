@@ -12,7 +12,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
-use super::qptable::QueueCtl;
+use super::qptable::{QueueCtl, QueueView};
 use super::regs::db;
 use super::ring::{Producer, Ring, WqCursor};
 use super::srq::Srq;
@@ -57,6 +57,22 @@ fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
     c.tail != c.limit
 }
 
+/// The refill of a metered work queue `q` (`p`, written by the batch `c`; `done` its
+/// completions taken): the next request takes one entry of CQ room, so that the CQ never gets
+/// more CQEs than it holds (QEMU drops those silently), and the limit moves past it; `false`
+/// when the ring or the CQ is full, or there is no ring (a QP on an SRQ). Exactly one
+/// request's room at a time: a queue never holds room it does not use, so it keeps none from
+/// the CQ's other queues. Inline, without a call (see `refill`).
+#[inline(always)]
+fn meter(q: &QueueView, p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
+    if c.tail == done.wrapping_add(c.mask + 1) || !q.take_room() {
+        return false;
+    }
+    c.limit = c.tail.wrapping_add(1);
+    p.credit = c.limit;
+    true
+}
+
 /// Why a post is refused.
 #[derive(Clone, Copy)]
 enum Refusal {
@@ -86,74 +102,72 @@ fn refuse(why: Refusal) -> Error {
 }
 
 impl<H: Hal> Pvrdma<H> {
-    /// The send queue's credit recomputed (`refill`); `false` when it is full.
+    /// The send queue's credit recomputed (`refill`), or a metered queue's room taken
+    /// ([`meter`]); `false` when it is full.
     #[inline(always)]
     fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let q = &qp.ctl.ctl().sq;
+        let done = q.ctl.done.load(Ordering::Acquire);
         if qp.sq_prod.metered {
-            return self.meter(qp, c, false);
+            return meter(q, &mut qp.sq_prod, c, done);
         }
-        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
         refill(&mut qp.sq_prod, c, done)
     }
 
-    /// The receive queue's credit recomputed (`refill`); `false` when it is full. Receives of
-    /// a QP with an SRQ go to the SRQ (the queue has no slots, so no credit): QEMU would read
+    /// The receive queue's credit recomputed (`refill`), or a metered queue's room taken
+    /// ([`meter`]); `false` when it is full. Receives of a QP with an SRQ go to the SRQ (the
+    /// queue has no slots, so no credit, and no room: `meter` refuses them): QEMU would read
     /// past its allocation (§12.3).
     #[inline(always)]
     fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let q = &qp.ctl.ctl().rq;
+        let done = q.ctl.done.load(Ordering::Acquire);
         if qp.rq_prod.metered {
-            return self.meter(qp, c, true);
+            return meter(q, &mut qp.rq_prod, c, done);
         }
-        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-        !qp.has_srq && refill(&mut qp.rq_prod, c, done)
+        refill(&mut qp.rq_prod, c, done)
     }
 
-    /// The refill of a metered queue (its whole depth did not fit its CQ at creation): the
-    /// next request takes one entry of room on the CQ, so that the CQ never gets more CQEs
-    /// than it holds (QEMU drops those silently). `false` when the ring or the CQ is full
-    /// (`full` says which). Exactly one request's room at a time: a queue never holds room
-    /// it does not use, so none is kept from the CQ's other queues.
+    /// The send queue's credit recomputed, taking no CQ room (a request about to be refused):
+    /// `false` when it is full or metered.
+    #[inline(always)]
+    fn sq_credit(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+        !qp.sq_prod.metered && refill(&mut qp.sq_prod, c, done)
+    }
+
+    /// As [`sq_credit`](Self::sq_credit), for the receive queue.
+    #[inline(always)]
+    fn rq_credit(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
+        !qp.rq_prod.metered && refill(&mut qp.rq_prod, c, done)
+    }
+
+    /// The refusal of request `tail` of a work queue (`recv`: the receive queue) whose credit
+    /// ran out, with `sges` (its SGE count and the queue's maximum) when it has too many: the
+    /// ring is full (or absent), or, for a metered queue, the CQ is; else the SGE count.
     #[cold]
     #[inline(never)]
-    fn meter(&self, qp: &mut Qp<H>, c: &mut WqCursor, recv: bool) -> bool {
-        let (s, r) = qp.cq_ptrs();
-        // SAFETY: the CQs outlive the QP and do not move (the provider contract of create_qp).
-        let cq = unsafe { if recv { r.as_ref() } else { s.as_ref() } };
+    fn full(&self, qp: &Qp<H>, tail: u32, mask: u32, recv: bool, sges: (usize, u32)) -> Error {
+        let queue = if recv { Queue::Recv } else { Queue::Send };
         let ctl = qp.ctl.ctl();
         let (q, p) = if recv {
-            (&ctl.rq, &mut qp.rq_prod)
+            (&ctl.rq, &qp.rq_prod)
         } else {
-            (&ctl.sq, &mut qp.sq_prod)
+            (&ctl.sq, &qp.sq_prod)
         };
         let done = q.ctl.done.load(Ordering::Acquire);
-        if c.tail == done.wrapping_add(c.mask + 1) || !cq.take_one() {
-            return false;
+        if !p.metered || q.room.is_none() || tail == done.wrapping_add(mask + 1) {
+            return refuse(Refusal::Full(queue));
         }
-        q.ctl.held.fetch_add(1, Ordering::AcqRel);
-        c.limit = c.tail.wrapping_add(1);
-        p.credit = c.limit;
-        true
-    }
-
-    /// The refusal of a request that found its queue full (`recv`: the receive queue): its
-    /// ring, or, for a metered queue whose ring has room, its CQ.
-    #[cold]
-    #[inline(never)]
-    fn full(&self, qp: &Qp<H>, c: &WqCursor, recv: bool) -> Error {
-        let ctl = qp.ctl.ctl();
-        let (q, p, queue) = if recv {
-            (&ctl.rq, &qp.rq_prod, Queue::Recv)
-        } else {
-            (&ctl.sq, &qp.sq_prod, Queue::Send)
-        };
-        let done = q.ctl.done.load(Ordering::Acquire);
-        if p.metered && c.tail != done.wrapping_add(c.mask + 1) {
+        let free = qp.cq(recv).free();
+        if free == 0 || sges.0 <= sges.1 as usize {
             return Error::QueueFull {
                 queue: Queue::Cq,
-                free: qp.cq(recv).free(),
+                free,
             };
         }
-        refuse(Refusal::Full(queue))
+        refuse(Refusal::Sges(sges.0, sges.1))
     }
 
     /// Starts a batch on the send queue.
@@ -177,13 +191,14 @@ impl<H: Hal> Pvrdma<H> {
         // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
         let nsge = w.sges.len();
         if nsge > c.max_sge as usize {
-            if c.tail == c.limit && !self.sq_refill(qp, c) {
-                return Err(self.full(qp, c, false));
+            if c.tail == c.limit && !self.sq_credit(qp, c) {
+                let (t, m, max) = (c.tail, c.mask, c.max_sge);
+                return Err(self.full(qp, t, m, false, (nsge, max)));
             }
             return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.sq_refill(qp, c) {
-            return Err(self.full(qp, c, false));
+            return Err(self.full(qp, c.tail, c.mask, false, (0, 0)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -323,13 +338,14 @@ impl<H: Hal> Pvrdma<H> {
         // for the refill), the refusal as if the credit were checked first.
         let nsge = sges.len();
         if nsge > c.max_sge as usize {
-            if c.tail == c.limit && !self.rq_refill(qp, c) {
-                return Err(self.full(qp, c, true));
+            if c.tail == c.limit && !self.rq_credit(qp, c) {
+                let (t, m, max) = (c.tail, c.mask, c.max_sge);
+                return Err(self.full(qp, t, m, true, (nsge, max)));
             }
             return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.rq_refill(qp, c) {
-            return Err(self.full(qp, c, true));
+            return Err(self.full(qp, c.tail, c.mask, true, (0, 0)));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
