@@ -423,6 +423,7 @@ impl<H: Hal> Pvrdma<H> {
                 handle | regs::db::QP_SEND,
                 ctl.ctl().sq.shadow,
                 ctl.ctl().sq.room.is_some(),
+                (ctl.ctl().sq.room, ctl.ctl().sq.room_cap),
             ),
             rq_prod: Producer::new(
                 rq.slots,
@@ -431,6 +432,7 @@ impl<H: Hal> Pvrdma<H> {
                 // (A QP on an SRQ has no receive ring: its receives go the slow way too, to
                 // their refusal.)
                 ctl.ctl().rq.room.is_some() || srq.is_some(),
+                (ctl.ctl().rq.room, ctl.ctl().rq.room_cap),
             ),
             ctl,
             qkey: 0,

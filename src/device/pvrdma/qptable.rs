@@ -297,26 +297,6 @@ impl QueueView {
         }
     }
 
-    /// A metered queue takes CQ room for one more request; `false` when the CQ has none (or
-    /// the queue is not metered). Inline: the poster calls nothing on its way (a call makes
-    /// every post save and restore registers around it).
-    #[inline(always)]
-    pub(crate) fn take_room(&self) -> bool {
-        let Some(room) = self.room else {
-            return false;
-        };
-        // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
-        // create_qp).
-        let r = unsafe { room.as_ref() };
-        // Taken, then given back if that went past the CQ's entries (a reservation of a QP
-        // being created that reads the overshoot fails, as it would a moment later anyway).
-        if r.fetch_add(1, Ordering::AcqRel) >= self.room_cap {
-            r.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
-        true
-    }
-
     /// A metered queue gives back the CQ room of `n` of its requests (a queue with its depth
     /// reserved has nothing to give). The room a metered queue holds is never counted apart:
     /// it is its poster's credit (one entry per request it took room for) minus the requests

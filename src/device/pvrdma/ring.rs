@@ -180,18 +180,30 @@ pub(crate) struct Producer {
     /// then covers only the requests that have room, and every other one goes through the
     /// slow refill (as every receive of a QP on an SRQ does, to its refusal).
     pub(crate) metered: bool,
+    /// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`), kept here
+    /// too: the refill reaches them through the QP it already holds.
+    pub(crate) room: Option<NonNull<AtomicU32>>,
+    pub(crate) room_cap: u32,
 }
 
 impl Producer {
     /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
-    /// `shadow` its pollers read (`metered`: see the field).
-    pub(crate) fn new(slots: u32, bell: u32, shadow: NonNull<Shadow>, metered: bool) -> Self {
+    /// `shadow` its pollers read (`metered`, the room and its cap: see the fields).
+    pub(crate) fn new(
+        slots: u32,
+        bell: u32,
+        shadow: NonNull<Shadow>,
+        metered: bool,
+        (room, room_cap): (Option<NonNull<AtomicU32>>, u32),
+    ) -> Self {
         let mut p = Producer {
             tail: 0,
             credit: 0,
             bell,
             shadow,
             metered,
+            room,
+            room_cap,
         };
         p.reset(slots);
         p

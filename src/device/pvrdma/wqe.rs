@@ -12,7 +12,7 @@ use bareverbs_hal::{Hal, Mmio};
 
 use super::abi::{self, send_flags, wr, wr_opcode};
 use super::qp::Qp;
-use super::qptable::{QueueCtl, QueueView};
+use super::qptable::QueueCtl;
 use super::regs::db;
 use super::ring::{Producer, Ring, WqCursor};
 use super::srq::Srq;
@@ -64,8 +64,20 @@ fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
 /// request's room at a time: a queue never holds room it does not use, so it keeps none from
 /// the CQ's other queues. Inline, without a call (see `refill`).
 #[inline(always)]
-fn meter(q: &QueueView, p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
-    if c.tail == done.wrapping_add(c.mask + 1) || !q.take_room() {
+fn meter(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
+    if c.tail == done.wrapping_add(c.mask + 1) {
+        return false;
+    }
+    let Some(room) = p.room else {
+        return false;
+    };
+    // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
+    // create_qp).
+    let r = unsafe { room.as_ref() };
+    // Taken, then given back if that went past the CQ's entries (a concurrent reservation
+    // that reads the overshoot fails, as it would a moment later anyway).
+    if r.fetch_add(1, Ordering::AcqRel) >= p.room_cap {
+        r.fetch_sub(1, Ordering::AcqRel);
         return false;
     }
     c.limit = c.tail.wrapping_add(1);
@@ -106,10 +118,9 @@ impl<H: Hal> Pvrdma<H> {
     /// ([`meter`]); `false` when it is full.
     #[inline(always)]
     fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
-        let q = &qp.ctl.ctl().sq;
-        let done = q.ctl.done.load(Ordering::Acquire);
+        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
         if qp.sq_prod.metered {
-            return meter(q, &mut qp.sq_prod, c, done);
+            return meter(&mut qp.sq_prod, c, done);
         }
         refill(&mut qp.sq_prod, c, done)
     }
@@ -120,10 +131,9 @@ impl<H: Hal> Pvrdma<H> {
     /// past its allocation (§12.3).
     #[inline(always)]
     fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
-        let q = &qp.ctl.ctl().rq;
-        let done = q.ctl.done.load(Ordering::Acquire);
+        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
         if qp.rq_prod.metered {
-            return meter(q, &mut qp.rq_prod, c, done);
+            return meter(&mut qp.rq_prod, c, done);
         }
         refill(&mut qp.rq_prod, c, done)
     }
