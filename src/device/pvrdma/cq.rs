@@ -4,7 +4,7 @@
 //! cursor's, `cursor.rs`).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, Mmio};
 
@@ -25,8 +25,11 @@ pub struct Cq<H: Hal> {
     pub(crate) ring: Ring,
     pub(crate) mem: QueueMem<H>,
     pub(crate) poll: spin::Mutex<PollState>,
-    /// CQEs reserved by the work queues that complete here (≤ entries).
-    pub(crate) reserved: AtomicU32,
+    /// Room left: the entries minus the CQEs reserved by the work queues that complete here
+    /// (their depth, or one per request of a metered queue) and by SRQs; below 0 only for a
+    /// QP kept for good (`reserve_forever`). Counted down, so that a post takes one entry with
+    /// one locked decrement whose flags say whether there was room.
+    pub(crate) room: AtomicI32,
     /// Work queues attached here with requests left to flush.
     pub(crate) flushing: AtomicU32,
     /// QPs that complete here.
@@ -294,27 +297,37 @@ impl<H: Hal> Cq<H> {
 
     /// Room for completions no request or reservation holds.
     pub(crate) fn free(&self) -> u32 {
-        self.entries
-            .saturating_sub(self.reserved.load(Ordering::Acquire))
+        self.room.load(Ordering::Acquire).max(0) as u32
+    }
+
+    /// The CQEs reserved (which may exceed the entries: see `room`).
+    pub(crate) fn reserved(&self) -> u32 {
+        (i64::from(self.entries) - i64::from(self.room.load(Ordering::Acquire))) as u32
     }
 
     /// Reserves `n` CQEs for a work queue, or says how many are left.
     pub(crate) fn reserve(&self, n: u32) -> Result<()> {
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
         let r = self
-            .reserved
+            .room
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                r.checked_add(n).filter(|&t| t <= self.entries)
+                (r >= n).then(|| r - n)
             });
         r.map(|_| ()).map_err(|r| Error::QueueFull {
             queue: Queue::Cq,
-            free: self.entries.saturating_sub(r),
+            free: r.max(0) as u32,
         })
     }
 
     /// Reserves `n` CQEs for good (a QP whose creation had an unknown outcome may complete
     /// here), even beyond the CQ's size: the CQ then refuses every new QP.
     pub(crate) fn reserve_forever(&self, n: u32) {
-        self.reserved.fetch_add(n, Ordering::AcqRel);
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        let _ = self
+            .room
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_sub(n))
+            });
     }
 
     /// Removes every CQE of QP `handle` waiting in the ring from the consumer position `head`
@@ -378,11 +391,7 @@ impl<H: Hal> Cq<H> {
 
     /// Gives back `n` reserved CQEs.
     pub(crate) fn unreserve(&self, n: u32) {
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                Some(r.saturating_sub(n))
-            });
+        super::qptable::unreserve(core::ptr::NonNull::from(&self.room), n, self.entries);
     }
 }
 
@@ -411,7 +420,7 @@ impl<H: Hal> Pvrdma<H> {
             ring: Ring::new(&mem.data, abi::RING_STATE_RX, 1, cqe, abi::CQE_SIZE as u32),
             mem,
             poll: spin::Mutex::new(PollState::new()),
-            reserved: AtomicU32::new(0),
+            room: AtomicI32::new(cqe as i32),
             flushing: AtomicU32::new(0),
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),

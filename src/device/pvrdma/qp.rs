@@ -360,11 +360,11 @@ impl<H: Hal> Pvrdma<H> {
             init.safe,
             (
                 (
-                    (sq_res == 0).then(|| NonNull::from(&send_cq.reserved)),
+                    (sq_res == 0).then(|| NonNull::from(&send_cq.room)),
                     send_cq.entries,
                 ),
                 (
-                    (rq_res == 0 && rq.slots != 0).then(|| NonNull::from(&recv_cq.reserved)),
+                    (rq_res == 0 && rq.slots != 0).then(|| NonNull::from(&recv_cq.room)),
                     recv_cq.entries,
                 ),
             ),
@@ -423,7 +423,7 @@ impl<H: Hal> Pvrdma<H> {
                 handle | regs::db::QP_SEND,
                 ctl.ctl().sq.shadow,
                 ctl.ctl().sq.room.is_some(),
-                (ctl.ctl().sq.room, ctl.ctl().sq.room_cap),
+                ctl.ctl().sq.room,
             ),
             rq_prod: Producer::new(
                 rq.slots,
@@ -432,7 +432,7 @@ impl<H: Hal> Pvrdma<H> {
                 // (A QP on an SRQ has no receive ring: its receives go the slow way too, to
                 // their refusal.)
                 ctl.ctl().rq.room.is_some() || srq.is_some(),
-                (ctl.ctl().rq.room, ctl.ctl().rq.room_cap),
+                ctl.ctl().rq.room,
             ),
             ctl,
             qkey: 0,

@@ -19,7 +19,7 @@
 //! control block only when the entry names that same CQ, so a QP cannot be destroyed under it.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
@@ -170,22 +170,24 @@ pub(crate) struct QueueView {
     /// A metered queue's CQ room counter (`Cq::reserved`, the CQ outlives the QP): the queue's
     /// whole depth did not fit the CQ when it was created, so each request takes room when it
     /// is posted and gives it back here. `None`: the depth is reserved for the QP's life.
-    pub(crate) room: Option<NonNull<AtomicU32>>,
+    pub(crate) room: Option<NonNull<AtomicI32>>,
     /// That CQ's entries (what `room` may reach).
     pub(crate) room_cap: u32,
 }
 
 /// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`).
-pub(crate) type Room = (Option<NonNull<AtomicU32>>, u32);
+pub(crate) type Room = (Option<NonNull<AtomicI32>>, u32);
 
-/// Gives back `n` entries of a CQ's room counter (`Cq::reserved`).
-fn unreserve(room: NonNull<AtomicU32>, n: u32) {
+/// Gives back `n` entries of a CQ's room counter (`Cq::room`), never beyond its `entries`.
+pub(crate) fn unreserve(room: NonNull<AtomicI32>, n: u32, entries: u32) {
     if n != 0 {
-        // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
-        // create_qp).
+        // SAFETY: the CQ outlives the QPs whose queues name it (the provider contract of
+        // create_qp), and the CQ itself.
         let r = unsafe { room.as_ref() };
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        let cap = i32::try_from(entries).unwrap_or(i32::MAX);
         let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-            Some(v.saturating_sub(n))
+            Some(v.saturating_add(n).min(cap))
         });
     }
 }
@@ -279,7 +281,7 @@ impl QueueView {
         ring: Ring,
         shadow: NonNull<Shadow>,
         parked: Option<(NonNull<AtomicU64>, u32)>,
-        (room, room_cap): (Option<NonNull<AtomicU32>>, u32),
+        (room, room_cap): Room,
     ) -> Self {
         QueueView {
             ctl: QueueCtl {
@@ -303,7 +305,7 @@ impl QueueView {
     /// completed (`done`), plus the CQEs still owed for requests finished before (`late`).
     pub(crate) fn give_room(&self, n: u32) {
         if let Some(room) = self.room {
-            unreserve(room, n);
+            unreserve(room, n, self.room_cap);
         }
     }
 

@@ -7,7 +7,7 @@
 //! Every index the device wrote is checked before it is used.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
@@ -180,21 +180,20 @@ pub(crate) struct Producer {
     /// then covers only the requests that have room, and every other one goes through the
     /// slow refill (as every receive of a QP on an SRQ does, to its refusal).
     pub(crate) metered: bool,
-    /// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`), kept here
-    /// too: the refill reaches them through the QP it already holds.
-    pub(crate) room: Option<NonNull<AtomicU32>>,
-    pub(crate) room_cap: u32,
+    /// A metered queue's CQ room counter (`QueueView::room`), kept here too: the refill
+    /// reaches it through the QP it already holds.
+    pub(crate) room: Option<NonNull<AtomicI32>>,
 }
 
 impl Producer {
     /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
-    /// `shadow` its pollers read (`metered`, the room and its cap: see the fields).
+    /// `shadow` its pollers read (`metered`, `room`: see the fields).
     pub(crate) fn new(
         slots: u32,
         bell: u32,
         shadow: NonNull<Shadow>,
         metered: bool,
-        (room, room_cap): (Option<NonNull<AtomicU32>>, u32),
+        room: Option<NonNull<AtomicI32>>,
     ) -> Self {
         let mut p = Producer {
             tail: 0,
@@ -203,7 +202,6 @@ impl Producer {
             shadow,
             metered,
             room,
-            room_cap,
         };
         p.reset(slots);
         p

@@ -74,10 +74,10 @@ fn meter(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
     // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
     // create_qp).
     let r = unsafe { room.as_ref() };
-    // Taken, then given back if that went past the CQ's entries (a concurrent reservation
-    // that reads the overshoot fails, as it would a moment later anyway).
-    if r.fetch_add(1, Ordering::AcqRel) >= p.room_cap {
-        r.fetch_sub(1, Ordering::AcqRel);
+    // Taken, then given back if there was none (a concurrent reservation that reads the
+    // overshoot fails, as it would a moment later anyway).
+    if r.fetch_sub(1, Ordering::AcqRel) < 1 {
+        r.fetch_add(1, Ordering::AcqRel);
         return false;
     }
     c.limit = c.tail.wrapping_add(1);
