@@ -95,6 +95,9 @@ pub enum Holder {
     PdObjects,
     /// Multicast groups a queue pair is attached to.
     McastGroups,
+    /// Completion events taken from a completion queue's channel and not yet acknowledged
+    /// (`ibv_ack_cq_events`).
+    UnackedEvents,
 }
 
 /// A queue named by [`Error::QueueFull`].
@@ -216,6 +219,10 @@ pub enum Param {
     /// queue pairs, living or leaked): a resize below them is refused, with `value` the CQEs
     /// in use and `max` the size asked.
     CqEntriesInUse,
+    /// The room a shared receive queue's depth needs on a queue pair's receive completion
+    /// queue (reserved once per SRQ and CQ, since any of its receives may complete there):
+    /// `value` entries needed, `max` free.
+    SrqCqRoom,
     /// Port number.
     Port,
     /// P_Key table index.

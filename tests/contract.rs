@@ -84,7 +84,7 @@ fn err_register_and_header_err_field_must_agree() {
 }
 
 /// §6c: a PD, CQ or SRQ that a leaked (forgotten) QP still uses, or a PD that a leaked MR
-/// still uses, is refused destruction with `Busy` before the device is asked (QEMU would have
+/// still uses, is refused destruction (`InUse`, naming what holds it) before the device is asked (QEMU would have
 /// destroyed it under its user); the objects are handed back, and dropping them keeps them.
 #[test]
 fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
@@ -106,18 +106,48 @@ fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
     let r = srq.destroy();
     assert_clean(&model);
     let (srq, e) = r.expect_err("the SRQ is in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroySrq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroySrq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     for cq in [scq, rcq] {
         let r = cq.destroy();
         assert_clean(&model);
         let (_cq, e) = r.expect_err("the CQ is in use");
-        assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+        assert!(
+            matches!(
+                e,
+                Error::InUse {
+                    op: Op::DestroyCq,
+                    holder: bareverbs::error::Holder::Qps,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
     drop(srq);
     let r = pd.destroy();
     assert_clean(&model);
     let (pd, e) = r.expect_err("the PD is in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
     assert_eq!(model.commands(), commands, "the device was never asked");
     let o = model.objects();
@@ -129,7 +159,17 @@ fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
     let r = pd.destroy();
     assert_clean(&model);
     let (pd, e) = r.expect_err("the PD is in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
 
     // Users that are destroyed give their objects back.

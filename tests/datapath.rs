@@ -658,44 +658,17 @@ fn posting_errors_are_typed_and_lose_nothing() {
 }
 
 #[test]
-fn a_cq_that_would_overflow_is_refused_at_build() {
+fn a_cq_that_would_overflow_is_refused_at_post() {
     lab(ModelConfig::default(), |model, ctx, pd, cq, gid| {
-        // The send CQ holds 4 completions: a QP that can have 8 sends outstanding is refused
-        // before the device hears of it.
+        // The send CQ holds 4 completions: a QP that can have 8 sends outstanding is made
+        // (the verbs never refuse a QP for its CQ's size), and its sends take the CQ's room
+        // as they are posted.
         let small = ctx.create_cq(4).unwrap();
-        let commands = model.commands();
-        let mut c = caps(8, 1);
-        let e = pd
-            .qp_builder(&small, cq)
-            .caps(c)
-            .build::<Ud>()
-            .err()
-            .unwrap();
-        assert_eq!(
-            e,
-            Error::QueueFull {
-                queue: Queue::Cq,
-                free: 4
-            }
-        );
-        assert_eq!(model.commands(), commands, "refused before the device");
-        c.max_send_wr = 4;
-        let qp = pd.qp_builder(&small, cq).caps(c).build::<Ud>().unwrap();
-        let mut qp = qp.ready(1, 0).map_err(|(_, e)| e).unwrap();
-        // Full: not one more QP completes its sends there.
-        let e = pd
-            .qp_builder(&small, cq)
-            .caps(caps(1, 1))
-            .build::<Ud>()
-            .err()
-            .unwrap();
-        assert_eq!(
-            e,
-            Error::QueueFull {
-                queue: Queue::Cq,
-                free: 0
-            }
-        );
+        let qp = pd.qp_builder(&small, cq).caps(caps(8, 1)).build::<Ud>();
+        let mut qp = qp.unwrap().ready(1, 0).map_err(|(_, e)| e).unwrap();
+        // So is a second QP completing there.
+        let other = pd.qp_builder(&small, cq).caps(caps(1, 1)).build::<Ud>();
+        drop(other.unwrap());
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
         let buf = pd.register(4096, RW).unwrap();
         let sge = [buf.sge(0, 8).unwrap()];
@@ -720,6 +693,24 @@ fn a_cq_that_would_overflow_is_refused_at_build() {
                 (round * 4..round * 4 + 4).collect::<Vec<_>>()
             );
         }
+        // A batch of 5 would overflow it: refused whole, nothing posted, nothing completes.
+        let commands = model.commands();
+        // SAFETY: as above.
+        let e = unsafe {
+            let mut sb = qp.send_batch();
+            (0..5u64)
+                .map(|i| sb.send_to(100 + i, SendFlags::empty(), (&ah, 0xFFFF, 1), &sge))
+                .find_map(|r| r.err())
+        };
+        assert_eq!(
+            e,
+            Some(Error::QueueFull {
+                queue: Queue::Cq,
+                free: 0
+            })
+        );
+        assert_eq!(model.commands(), commands);
+        assert_eq!(small.poll(&mut [WorkCompletion::default(); 8]).unwrap(), 0);
         assert!(
             model.violations().is_empty(),
             "the device never had to drop a CQE"

@@ -765,56 +765,56 @@ fn max_recv_wr_is_enforced_whatever_the_send_queue() {
 // ---------------------------------------------------------------------------------------------
 // Completion-queue capacity
 
+/// Posts `n` raw receives to `qp` (ids from 0) one by one: how many were taken before the
+/// first refusal, and that refusal.
+fn recv_until_refused<S: CanRecv>(
+    qp: &mut QueuePair<'_, P, impl Transport, S>,
+    buf: &MemoryRegion<'_, P>,
+    n: u64,
+) -> (u64, Option<Error>) {
+    for i in 0..n {
+        // SAFETY: the region outlives the QP's receives in these tests.
+        if let Err(e) = unsafe { qp.post_recv_raw(i, &[buf.sge(0, 64).unwrap()]) } {
+            return (i, Some(e));
+        }
+    }
+    (n, None)
+}
+
 #[test]
-fn cq_capacity_is_reserved_at_build_and_released_at_destroy() {
+fn cq_room_a_qp_holds_is_given_back_at_destroy() {
     lab(|model, ctx, pd, big, _| {
         let cq16 = ctx.create_cq(16).unwrap();
         assert_eq!(cq16.entries(), 16);
+        let rbuf = pd.register(4096, RW).unwrap();
+        let init = ConnectedInit::default();
         let qp1 = pd
             .qp_builder(&cq16, &cq16)
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
-        let commands = model.commands();
-        let refused = |s, r| {
-            pd.qp_builder(&cq16, &cq16)
-                .caps(caps(s, r, 1))
-                .build::<Rc>()
-                .err()
-                .unwrap()
-        };
-        assert_eq!(refused(1, 1), full(Queue::Cq, 0));
-        assert_eq!(model.commands(), commands, "refused before the device");
+        // A QP is never refused for its CQ's room: its requests are, while qp1 holds it.
+        let other = pd
+            .qp_builder(&cq16, &cq16)
+            .caps(caps(1, 1, 1))
+            .build::<Rc>()
+            .unwrap();
+        let mut other = other.init(&init).map_err(|(_, e)| e).unwrap();
+        assert_eq!(
+            recv_until_refused(&mut other, &rbuf, 1),
+            (0, Some(full(Queue::Cq, 0)))
+        );
         // Released by drop…
         drop(qp1);
+        assert_eq!(recv_until_refused(&mut other, &rbuf, 1), (1, None));
+        drop(other);
+        // …and by destroy.
         let qp2 = pd
             .qp_builder(&cq16, &cq16)
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
-        assert_eq!(refused(1, 1), full(Queue::Cq, 0));
-        // …and by destroy.
         qp2.destroy().map_err(|(_, e)| e).unwrap();
-        // A build whose receive CQ is full gives back what it reserved on its send CQ.
-        let rcq = ctx.create_cq(4).unwrap();
-        let filler = pd
-            .qp_builder(big, &rcq)
-            .caps(caps(1, 4, 1))
-            .build::<Ud>()
-            .unwrap();
-        let e = pd
-            .qp_builder(&cq16, &rcq)
-            .caps(caps(16, 1, 1))
-            .build::<Ud>()
-            .err()
-            .unwrap();
-        assert_eq!(e, full(Queue::Cq, 0));
-        let all16 = pd
-            .qp_builder(&cq16, big)
-            .caps(caps(16, 1, 1))
-            .build::<Ud>()
-            .unwrap();
-        drop(all16);
         // A build the device refuses gives its reservation back.
         model.fail_command(1, 12);
         assert!(
@@ -825,11 +825,12 @@ fn cq_capacity_is_reserved_at_build_and_released_at_destroy() {
         );
         let qp3 = pd
             .qp_builder(&cq16, &cq16)
-            .caps(caps(8, 8, 1))
-            .build::<Rc>()
+            .caps(caps(16, 0, 1))
+            .build::<Ud>()
             .unwrap();
         drop(qp3);
-        // A QP receiving from an SRQ reserves the SRQ's depth on its receive CQ.
+        // A QP receiving from an SRQ reserves the SRQ's depth on its receive CQ, once for the
+        // SRQ and that CQ: a CQ whose room is held elsewhere cannot take it (nothing made).
         let srq = pd
             .create_srq(SrqAttr {
                 max_wr: 16,
@@ -837,62 +838,92 @@ fn cq_capacity_is_reserved_at_build_and_released_at_destroy() {
                 srq_limit: 0,
             })
             .unwrap();
-        let e = pd
+        let holder = pd
             .qp_builder(&cq16, &cq16)
+            .caps(caps(8, 8, 1))
+            .build::<Rc>()
+            .unwrap();
+        let commands = model.commands();
+        let e = pd
+            .qp_builder(big, &cq16)
             .caps(caps(1, 0, 1))
             .srq(&srq)
             .build::<Rc>()
             .err()
             .unwrap();
-        assert!(
-            matches!(
-                e,
-                Error::QueueFull {
-                    queue: Queue::Cq,
-                    ..
-                }
-            ),
-            "{e:?}"
+        assert_eq!(
+            e,
+            Error::InvalidInput {
+                param: Param::SrqCqRoom,
+                value: 16,
+                max: 0
+            },
+            "{e}"
         );
+        assert_eq!(model.commands(), commands, "refused before the device");
+        drop(holder);
         let with_srq = pd
             .qp_builder(big, &cq16)
             .caps(caps(1, 0, 1))
             .srq(&srq)
             .build::<Rc>()
             .unwrap();
-        assert_eq!(refused(1, 1), full(Queue::Cq, 0));
-        drop(with_srq);
+        let second = pd
+            .qp_builder(big, &cq16)
+            .caps(caps(1, 0, 1))
+            .srq(&srq)
+            .build::<Rc>()
+            .unwrap();
         let qp4 = pd
             .qp_builder(&cq16, &cq16)
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
+        let mut qp4 = qp4.init(&init).map_err(|(_, e)| e).unwrap();
+        assert_eq!(
+            recv_until_refused(&mut qp4, &rbuf, 1),
+            (0, Some(full(Queue::Cq, 0)))
+        );
+        drop((with_srq, second));
         drop(qp4);
+        let qp5 = pd
+            .qp_builder(&cq16, &cq16)
+            .caps(caps(8, 8, 1))
+            .build::<Rc>()
+            .unwrap();
+        let mut qp5 = qp5.init(&init).map_err(|(_, e)| e).unwrap();
+        assert_eq!(recv_until_refused(&mut qp5, &rbuf, 8), (8, None));
+        drop(qp5);
         drop(srq);
-        drop(filler);
-        drop((cq16, rcq));
+        drop((cq16, rbuf));
     });
 }
 
 #[test]
-fn a_refused_build_reports_the_cq_entries_actually_free() {
+fn a_full_cq_is_counted_exactly() {
     lab(|_, ctx, pd, _, _| {
         let cq = ctx.create_cq(16).unwrap();
-        // 4 sends + 16 receives on a CQ with 16 entries free.
-        let e = pd
+        let rbuf = pd.register(4096, RW).unwrap();
+        // 4 sends + 16 receives on a CQ of 16: made; the sends' depth is reserved, the
+        // receives take the 12 entries left as they are posted.
+        let qp = pd
             .qp_builder(&cq, &cq)
             .caps(caps(4, 16, 1))
             .build::<Ud>()
-            .err()
             .unwrap();
-        assert_eq!(e, full(Queue::Cq, 16), "all 16 are free, before and after");
+        let mut qp = qp.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        assert_eq!(
+            recv_until_refused(&mut qp, &rbuf, 16),
+            (12, Some(full(Queue::Cq, 0)))
+        );
+        drop(qp);
         let fits = pd
             .qp_builder(&cq, &cq)
             .caps(caps(8, 8, 1))
             .build::<Ud>()
             .unwrap();
         drop(fits);
-        drop(cq);
+        drop((cq, rbuf));
     });
 }
 
@@ -914,7 +945,7 @@ fn srq_traffic_never_wears_the_cq_down() {
                 .build::<Rc>()
                 .unwrap()
         };
-        // 2 × (8 sends + 16 SRQ receives) = 48 of the CQ's 64.
+        // 2 × 8 sends + 16 SRQ receives (once for the pair) = 32 of the CQ's 64.
         let (mut a, mut b) = connect(build(), build(), gid);
         let rbuf = pd.register(4096, RW).unwrap();
         let src = with_mr(pd, b"round");
@@ -957,44 +988,29 @@ fn srq_traffic_never_wears_the_cq_down() {
         // SAFETY: refused.
         let e = unsafe { a.post_recv_raw(1, &sges[..1]) };
         assert_eq!(e, Err(full(Queue::Recv, 0)));
-        // The reservations are what they were: exactly 16 entries left.
-        let e = pd
+        // The reservations are what they were: a third QP of the pair takes nothing more for
+        // its receives, and exactly 32 - 8 entries are left.
+        let third = build();
+        let q = pd
             .qp_builder(&cq, &cq)
-            .caps(caps(1, 0, 1))
-            .srq(&srq)
-            .build::<Rc>()
-            .err()
+            .caps(caps(16, 32, 1))
+            .build::<Ud>()
             .unwrap();
-        // (The free count it reports is off by the send reservation: see
-        // `a_refused_build_reports_the_cq_entries_actually_free`.)
-        assert!(
-            matches!(
-                e,
-                Error::QueueFull {
-                    queue: Queue::Cq,
-                    ..
-                }
-            ),
-            "1 send + 16 SRQ receives do not fit: {e:?}"
+        let mut q = q.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        assert_eq!(
+            recv_until_refused(&mut q, &rbuf, 32),
+            (8, Some(full(Queue::Cq, 0)))
         );
-        let third = pd
-            .qp_builder(&cq, &cq)
-            .caps(caps(8, 8, 1))
-            .build::<Ud>()
-            .unwrap();
-        let e = pd
-            .qp_builder(&cq, &cq)
-            .caps(caps(1, 1, 1))
-            .build::<Ud>()
-            .err()
-            .unwrap();
-        assert_eq!(e, full(Queue::Cq, 0));
+        drop(q);
+        // The pair's last QP gives the SRQ's reservation back.
         drop((a, b, third));
         let again = pd
             .qp_builder(&cq, &cq)
             .caps(caps(32, 32, 1))
             .build::<Ud>()
             .unwrap();
+        let mut again = again.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        assert_eq!(recv_until_refused(&mut again, &rbuf, 32), (32, None));
         drop(again);
         drop(srq);
         drop(cq);

@@ -197,4 +197,27 @@ fn every_text_is_prose() {
         all[1].to_string(),
         "polling a completion queue: another thread is polling it; poll again"
     );
+    // What a PVRDMA QP on a shared receive queue needs on its receive CQ, and what else holds
+    // a completion queue.
+    let srq = Error::InvalidInput {
+        param: Param::SrqCqRoom,
+        value: 2048,
+        max: 16,
+    };
+    assert_eq!(
+        srq.to_string(),
+        "creating a queue pair: its shared receive queue's 2048 receives may all complete on \
+         its receive completion queue, which has room for 16 more; create that completion \
+         queue larger, or the shared receive queue smaller"
+    );
+    let unacked = Error::InUse {
+        op: Op::DestroyCq,
+        holder: Holder::UnackedEvents,
+        count: 2,
+    };
+    assert_eq!(
+        unacked.to_string(),
+        "destroying a completion queue: still used by 2 completion event(s) taken and not \
+         acknowledged; acknowledge them first (ack_events)"
+    );
 }

@@ -267,30 +267,18 @@ fn case4_illegal_caps_fail_before_the_device_is_touched() {
         Some(invalid(Param::MaxSendWr, 2049, 2048))
     );
     assert!(try_caps(caps(2048, 1, 4, 1)).is_none());
-    // The completion queues' room is a limit too (it replaces the old compile-time bookkeeping
-    // capacity): every request a QP can have outstanding needs room for its completion, since
-    // QEMU drops CQEs silently on a full CQ. A create that does not fit says how much room is
-    // left. 17 send WRs round up to 32 slots; a 16-entry CQ has room for 16.
+    // The completion queues' room is no limit on creation (the verbs never refuse a QP for
+    // its CQ's size): a queue whose depth does not fit its CQ takes room as its requests are
+    // posted (`tests/pvrdma_sizing.rs`). 17 send WRs round up to 32 slots on a 16-entry CQ.
     let on_small = |c: QpCaps| pd.qp_builder(&small, &small).caps(c).build::<Rc>().err();
-    let cq_full = |free| {
-        Some(Error::QueueFull {
-            queue: Queue::Cq,
-            free,
-        })
-    };
-    assert_eq!(on_small(caps(17, 1, 1, 1)), cq_full(16));
-    // One CQ for both queues: 1 + 16 do not fit, and the room reported is the room there is
-    // (nothing half-reserved); asking twice finds the same room.
-    assert_eq!(on_small(caps(1, 16, 1, 1)), cq_full(16));
-    assert_eq!(on_small(caps(1, 16, 1, 1)), cq_full(16));
-    // The same with separate CQs: the receive CQ is the one too small.
+    assert_eq!(on_small(caps(17, 1, 1, 1)), None);
+    assert_eq!(on_small(caps(1, 16, 1, 1)), None);
     let e = pd
         .qp_builder(&cq, &small)
         .caps(caps(1, 17, 1, 1))
         .build::<Rc>()
         .err();
-    assert_eq!(e, cq_full(16));
-    // Exactly full fits.
+    assert_eq!(e, None);
     assert!(on_small(caps(8, 8, 1, 1)).is_none());
     // No inline data on PVRDMA: a request for any is refused, not silently dropped.
     assert_eq!(
@@ -302,8 +290,8 @@ fn case4_illegal_caps_fail_before_the_device_is_touched() {
     );
     assert_eq!(
         model.commands(),
-        before.0 + 4,
-        "only the two valid creates (and their destroys)"
+        before.0 + 10,
+        "only the five valid creates (and their destroys)"
     );
     assert_eq!(model.outstanding_pages(), before.1);
     drop(small);
@@ -312,18 +300,31 @@ fn case4_illegal_caps_fail_before_the_device_is_touched() {
     teardown(&model, ctx);
 }
 
-/// The CQ entries the live QPs completing to `cq` have reserved, read off the room a create
-/// that wants all of `cq` for its send queue is told is left (or 0 when it fits).
+/// The CQ entries the live QPs completing to `cq` hold, read off the receives a new QP
+/// receiving there can post before the CQ is full (a QP is never refused for its CQ's room:
+/// its requests are).
 fn reserved(pd: &ProtectionDomain<'_, P>, cq: &Cq<'_>, other: &Cq<'_>) -> u32 {
-    let whole = caps(cq.entries(), 1, 1, 1);
-    match pd.qp_builder(cq, other).caps(whole).build::<Rc>() {
-        Ok(_) => 0,
-        Err(Error::QueueFull {
-            queue: Queue::Cq,
-            free,
-        }) => cq.entries() - free,
-        Err(e) => panic!("{e}"),
+    let whole = caps(1, cq.entries(), 1, 1);
+    let qp = pd.qp_builder(other, cq).caps(whole).build::<Rc>().unwrap();
+    let mut qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 64).unwrap()];
+    let mut n = 0;
+    while n < cq.entries() {
+        // SAFETY: the region outlives the QP (dropped first, below).
+        match unsafe { qp.post_recv_raw(u64::from(n), &sge) } {
+            Ok(()) => n += 1,
+            Err(Error::QueueFull {
+                queue: Queue::Cq, ..
+            }) => break,
+            Err(e) => panic!("{e}"),
+        }
     }
+    drop(qp);
+    cq.entries() - n
 }
 
 /// The exact PVRDMA sizing: (requested wr, sge) → (slots, sge, stride, data pages), the CQ
@@ -658,8 +659,8 @@ fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
     let model = model();
     let ctx = up(&model);
     let pd = ctx.alloc_pd().unwrap();
-    // Each QP reserves, on its receive CQ, an entry for every request the SRQ can hold (128):
-    // three QPs need 3 x 128 + their send queues (8 + 1 + 1).
+    // The SRQ's depth (128) is reserved once on the receive CQ its QPs share, however many
+    // they are: three QPs hold 128 + their send queues (8 + 1 + 1).
     let cq = ctx.create_cq(512).unwrap();
     let srq = pd
         .create_srq(SrqAttr {
@@ -695,13 +696,10 @@ fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
     }
     assert_eq!(a.raw().queue_pages().1, 0, "no receive ring");
     assert_eq!(model.objects().srqs, 1);
-    // Receives complete to the receive CQ whichever QP the SRQ hands them to: each QP reserved
-    // the SRQ's 128 there, besides its send queue.
+    // Receives complete to the receive CQ whichever QP the SRQ hands them to: the SRQ's 128
+    // reserved there once for the three, besides their send queues.
     let other = ctx.create_cq(1).unwrap();
-    assert_eq!(
-        reserved(&pd, &cq, &other),
-        (8 + 128) + (1 + 128) + (1 + 128)
-    );
+    assert_eq!(reserved(&pd, &cq, &other), 128 + 8 + 1 + 1);
     drop(other);
     let e = pd.qp_builder(&cq, &cq).srq(&srq).build::<Gsi>().err();
     assert_eq!(e, Some(unsupported_feature(Feature::SrqOnQpType)));
@@ -979,9 +977,29 @@ fn destroy_failures_hand_the_qp_back_and_drop_never_panics() {
     // (the device is not asked, and so never drops them under the QP), and Drop keeps them.
     let commands = model.commands();
     let (cq, e) = cq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(cq);
     drop(pd);
     assert_eq!(model.commands(), commands, "the device was not asked");
@@ -1068,16 +1086,35 @@ fn garbage_from_create_qp_names_nothing_and_keeps_its_pd_and_cq_in_use() {
         "no command names the garbage handle"
     );
     let (cq, e) = cq.destroy().expect_err("the device's QP completes to it");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let (pd, e) = pd.destroy().expect_err("the device's QP is in it");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    let holder = bareverbs::error::Holder::PdObjects;
+    assert_eq!(
+        e,
+        Error::InUse {
+            op: Op::DestroyPd,
+            holder,
+            count: 1
+        }
+    );
     drop((cq, pd));
     drop(ctx);
     assert_clean(&model);
 }
 
 /// A QP that was leaked (`mem::forget`: safe code, the borrow checker no longer sees it) still
-/// uses its PD, CQ and SRQ on the device: destroying them is `Busy`, before the device is asked,
+/// uses its PD, CQ and SRQ on the device: destroying them is refused (`InUse`, naming the QPs
+/// or the PD's objects that hold them), before the device is asked,
 /// and each is handed back; their Drop keeps them (logged), never panics.
 #[test]
 fn a_pd_cq_and_srq_used_by_a_leaked_qp_refuse_destroy_with_busy() {
@@ -1096,13 +1133,41 @@ fn a_pd_cq_and_srq_used_by_a_leaked_qp_refuse_destroy_with_busy() {
     std::mem::forget(qp);
     let commands = model.commands();
     let (srq, e) = srq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroySrq });
+    let holder = bareverbs::error::Holder::Qps;
+    assert_eq!(
+        e,
+        Error::InUse {
+            op: Op::DestroySrq,
+            holder,
+            count: 1
+        }
+    );
     drop(srq);
     let (cq, e) = cq.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyCq });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyCq,
+                holder: bareverbs::error::Holder::Qps,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(cq);
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
     assert_eq!(model.commands(), commands, "the device was not asked");
     let o = model.objects();
@@ -1126,7 +1191,17 @@ fn a_pd_used_by_a_leaked_srq_refuses_destroy_with_busy() {
         .unwrap();
     std::mem::forget(srq);
     let (pd, e) = pd.destroy().expect_err("in use");
-    assert_eq!(e, Error::Busy { op: Op::DestroyPd });
+    assert!(
+        matches!(
+            e,
+            Error::InUse {
+                op: Op::DestroyPd,
+                holder: bareverbs::error::Holder::PdObjects,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     drop(pd);
     drop(ctx);
     assert_clean(&model);

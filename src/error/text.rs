@@ -22,6 +22,17 @@ impl Display for Error {
                 Op::ResizeCq
             ),
             Error::InvalidInput {
+                param: Param::SrqCqRoom,
+                value,
+                max,
+            } => write!(
+                f,
+                "{}: its shared receive queue's {value} receives may all complete on its \
+                 receive completion queue, which has room for {max} more; create that \
+                 completion queue larger, or the shared receive queue smaller",
+                Op::CreateQp
+            ),
+            Error::InvalidInput {
                 param: Param::GidTableBuffer,
                 value,
                 max,
@@ -80,6 +91,7 @@ impl Holder {
             Holder::Qps => "destroy those queue pairs first",
             Holder::PdObjects => "destroy them first",
             Holder::McastGroups => "detach it from them first",
+            Holder::UnackedEvents => "acknowledge them first (ack_events)",
         }
     }
 }
@@ -93,6 +105,7 @@ impl Display for Holder {
                                   receive queues, memory regions)"
             }
             Holder::McastGroups => "multicast group(s)",
+            Holder::UnackedEvents => "completion event(s) taken and not acknowledged",
         })
     }
 }
@@ -113,6 +126,7 @@ impl Display for Param {
         f.write_str(match self {
             Param::CqEntries => "completion queue entries",
             Param::CqEntriesInUse => "completion queue entries in use",
+            Param::SrqCqRoom => "completion queue room for a shared receive queue",
             Param::Port => "port number",
             Param::PkeyIndex => "P_Key index",
             Param::GidIndex => "GID index",

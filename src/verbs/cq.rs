@@ -20,10 +20,10 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// # Errors
     ///
     /// [`Error::Protocol`](crate::Error::Protocol) for a CQE that cannot be right (consumed;
-    /// reported by the poll after the one that returned the good completions before it),
-    /// [`Error::Busy`](crate::Error::Busy) on PVRDMA while another thread polls this CQ.
-    /// The software RoCE device waits for the other poll a bounded number of spins instead,
-    /// then returns 0 if it still holds the CQ (it takes the completions there are).
+    /// reported by the poll after the one that returned the good completions before it).
+    /// A poll that meets another thread's poll of this CQ waits for it a bounded number of
+    /// spins (neither device has a clock), then returns 0 if it still holds the CQ (it takes
+    /// the completions there are).
     #[inline]
     ///
     /// # Example

@@ -524,13 +524,10 @@ pub fn run_case<P: Provider, X: Exchange>(
 ) -> Result<u64, CaseError> {
     // The programs' resources: a QP of 1 send and rx_depth receives of one SGE, on one CQ;
     // here the receive buffers come from a pool (rx_depth + the send buffer + one in hand),
-    // each as large as a message (plus the GRH area on UD). The programs' CQ of
-    // rx_depth + 1 entries is too small here: PVRDMA rounds the receive queue up to a power
-    // of two (500 → 512) and the driver reserves a CQ entry for every slot of both queues
-    // (QEMU drops CQEs on a full CQ), so the CQ gets room for the rounded queues.
-    let cq = ctx
-        .create_cq(case.rx_depth.next_power_of_two() + 1)
-        .at("peer: create CQ")?;
+    // each as large as a message (plus the GRH area on UD). The CQ is the programs' own,
+    // rx_depth + 1 entries: the driver never refuses a QP for its CQ's size (a queue whose
+    // rounded depth does not fit takes CQ room as its requests are posted).
+    let cq = ctx.create_cq(case.rx_depth + 1).at("peer: create CQ")?;
     let buf_size = case.size + case.payload_offset() as u32;
     let pool = pd
         .buffer_pool(case.rx_depth + 2, buf_size)

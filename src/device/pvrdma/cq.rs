@@ -4,7 +4,7 @@
 //! cursor's, `cursor.rs`).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, Mmio};
 
@@ -14,7 +14,7 @@ use super::qptable::QpCtl;
 use super::regs::db;
 use super::ring::Ring;
 use super::{CQES_PER_PAGE, Pvrdma};
-use crate::error::{Error, Object, Op, Queue, Resource, Result};
+use crate::error::{Error, Holder, Object, Op, Queue, Resource, Result};
 use crate::events::{Arm, ChannelId, Slot};
 use crate::verbs::WcOpcode;
 
@@ -25,8 +25,11 @@ pub struct Cq<H: Hal> {
     pub(crate) ring: Ring,
     pub(crate) mem: QueueMem<H>,
     pub(crate) poll: spin::Mutex<PollState>,
-    /// CQEs reserved by the work queues that complete here (≤ entries).
-    pub(crate) reserved: AtomicU32,
+    /// Room left: the entries minus the CQEs reserved by the work queues that complete here
+    /// (their depth, or one per request of a metered queue) and by SRQs; below 0 only for a
+    /// QP kept for good (`reserve_forever`). Counted down, so that a post takes one entry with
+    /// one locked decrement whose flags say whether there was room.
+    pub(crate) room: AtomicI32,
     /// Work queues attached here with requests left to flush.
     pub(crate) flushing: AtomicU32,
     /// QPs that complete here.
@@ -109,8 +112,11 @@ impl Last {
         // caller holds the CQ's poll lock.
         let c = unsafe { ctl.as_ref() };
         let (srq, qpn) = (c.srq, c.qpn);
-        // (A queue with CQEs of its earlier life due goes through the general match.)
-        let calm = |q: &super::qptable::QueueView| q.ctl.late.load(Ordering::Relaxed) == 0;
+        // (A queue with CQEs of its earlier life due goes through the general match.
+        // Nor does a metered queue's: its CQEs give back room.)
+        let calm = |q: &super::qptable::QueueView| {
+            q.ctl.late.load(Ordering::Relaxed) == 0 && q.room.is_none()
+        };
         let roles = if send { SENDS } else { 0 }
             | if send && calm(&c.sq) { FAST_SENDS } else { 0 }
             | if recv { RECVS } else { 0 }
@@ -149,6 +155,9 @@ impl PollState {
 /// How many times taking a poll lock is tried before the operation answers `Busy` (a poller
 /// holds it only for a poll, or while its cursor lives).
 const LOCK_TRIES: u32 = 1 << 16;
+/// Spins a poll waits for another thread's poll of the same CQ (a poll holds the lock for the
+/// entries it reads: far fewer spins than this; the device has no clock to wait by).
+const POLL_SPINS: u32 = 1 << 16;
 
 /// The poll locks of a QP's send and receive CQs (one when they are the same), taken in
 /// address order and bounded: what creating, resetting, erroring and destroying a QP hold
@@ -263,23 +272,65 @@ impl<H: Hal> Cq<H> {
         self.ring.prod().load(Ordering::Relaxed) == self.cons_index.load(Ordering::Relaxed)
     }
 
+    /// Takes the poll lock, waiting for another poller a bounded number of spins: `None` when
+    /// it still holds the lock after them (that poll takes the completions there are: this
+    /// one finds none now, as `ibv_poll_cq` returning 0).
+    #[inline(always)]
+    pub(crate) fn poll_lock(&self) -> Option<spin::MutexGuard<'_, PollState>> {
+        match self.poll.try_lock() {
+            Some(g) => Some(g),
+            None => self.poll_lock_wait(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_lock_wait(&self) -> Option<spin::MutexGuard<'_, PollState>> {
+        for _ in 0..POLL_SPINS {
+            // Test, then test-and-set: the waiting poller reads the line, not writes it.
+            if !self.poll.is_locked()
+                && let Some(g) = self.poll.try_lock()
+            {
+                return Some(g);
+            }
+            core::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Room for completions no request or reservation holds.
+    pub(crate) fn free(&self) -> u32 {
+        self.room.load(Ordering::Acquire).max(0) as u32
+    }
+
+    /// The CQEs reserved (which may exceed the entries: see `room`).
+    pub(crate) fn reserved(&self) -> u32 {
+        (i64::from(self.entries) - i64::from(self.room.load(Ordering::Acquire))) as u32
+    }
+
     /// Reserves `n` CQEs for a work queue, or says how many are left.
     pub(crate) fn reserve(&self, n: u32) -> Result<()> {
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
         let r = self
-            .reserved
+            .room
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                r.checked_add(n).filter(|&t| t <= self.entries)
+                (r >= n).then(|| r - n)
             });
         r.map(|_| ()).map_err(|r| Error::QueueFull {
             queue: Queue::Cq,
-            free: self.entries.saturating_sub(r),
+            free: r.max(0) as u32,
         })
     }
 
     /// Reserves `n` CQEs for good (a QP whose creation had an unknown outcome may complete
     /// here), even beyond the CQ's size: the CQ then refuses every new QP.
     pub(crate) fn reserve_forever(&self, n: u32) {
-        self.reserved.fetch_add(n, Ordering::AcqRel);
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        let _ = self
+            .room
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_sub(n))
+            });
     }
 
     /// Removes every CQE of QP `handle` waiting in the ring from the consumer position `head`
@@ -343,11 +394,7 @@ impl<H: Hal> Cq<H> {
 
     /// Gives back `n` reserved CQEs.
     pub(crate) fn unreserve(&self, n: u32) {
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                Some(r.saturating_sub(n))
-            });
+        super::qptable::unreserve(core::ptr::NonNull::from(&self.room), n, self.entries);
     }
 }
 
@@ -376,7 +423,7 @@ impl<H: Hal> Pvrdma<H> {
             ring: Ring::new(&mem.data, abi::RING_STATE_RX, 1, cqe, abi::CQE_SIZE as u32),
             mem,
             poll: spin::Mutex::new(PollState::new()),
-            reserved: AtomicU32::new(0),
+            room: AtomicI32::new(cqe as i32),
             flushing: AtomicU32::new(0),
             users: AtomicU32::new(0),
             deferred: AtomicU32::new(0),
@@ -439,10 +486,16 @@ impl<H: Hal> Pvrdma<H> {
 
     pub(crate) fn destroy_cq_impl(&self, cq: Cq<H>) -> Result<(), (Cq<H>, Error)> {
         let hub = self.events.hub();
-        if cq.users.load(Ordering::Relaxed) != 0 || cq.slot.is_some_and(|s| hub.unacked(s) != 0) {
-            // A QP (perhaps one leaked with mem::forget) still completes here, or events taken
-            // from its channel are not acknowledged (`ibv_destroy_cq`'s rule).
-            return Err((cq, Error::Busy { op: Op::DestroyCq }));
+        // A QP (perhaps one leaked with mem::forget) still completes here, or events taken
+        // from its channel are not acknowledged (`ibv_destroy_cq`'s rule).
+        let users = cq.users.load(Ordering::Relaxed);
+        let unacked = cq.slot.map_or(0, |s| hub.unacked(s));
+        if users != 0 {
+            return Err((cq, Error::in_use(Op::DestroyCq, Holder::Qps, users)));
+        }
+        if unacked != 0 {
+            let e = Error::in_use(Op::DestroyCq, Holder::UnackedEvents, unacked);
+            return Err((cq, e));
         }
         let code = (Op::DestroyCq, abi::opcode::DESTROY_CQ);
         let (handle, slot) = (cq.handle, cq.slot);

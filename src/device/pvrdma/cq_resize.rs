@@ -22,7 +22,7 @@ impl<H: Hal> Pvrdma<H> {
         if entries > max {
             return Err(Error::invalid(Param::CqEntries, entries, max));
         }
-        let reserved = cq.reserved.load(core::sync::atomic::Ordering::Acquire);
+        let reserved = cq.reserved();
         if entries < reserved {
             return Err(Error::invalid(Param::CqEntriesInUse, reserved, entries));
         }

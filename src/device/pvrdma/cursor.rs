@@ -125,7 +125,10 @@ impl<H: Hal> Pvrdma<H> {
                 return Ok(None);
             }
         }
-        let mut st = cq.poll.try_lock().ok_or(Error::Busy { op: Op::PollCq })?;
+        // Another poller that holds the lock through every spin takes what there is.
+        let Some(mut st) = cq.poll_lock() else {
+            return Ok(None);
+        };
         if let Some(e) = st.deferred.take() {
             cq.deferred.store(0, Ordering::Relaxed);
             return Err(e);

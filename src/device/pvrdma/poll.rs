@@ -70,7 +70,7 @@ impl<H: Hal> Pvrdma<H> {
     #[inline(always)]
     fn poll_first(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let Some(mut guard) = cq.poll.try_lock() else {
-            return busy();
+            return self.poll_contended(cq, out);
         };
         let ring = &cq.ring;
         if cq.flushing.load(Ordering::Relaxed) | cq.deferred.load(Ordering::Relaxed) != 0 {
@@ -99,7 +99,7 @@ impl<H: Hal> Pvrdma<H> {
     #[inline(never)]
     fn poll_ready(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         let Some(mut guard) = cq.poll.try_lock() else {
-            return busy();
+            return self.poll_contended(cq, out);
         };
         // A copy: the completions written may alias the CQ for the compiler.
         let ring = cq.ring;
@@ -132,6 +132,18 @@ impl<H: Hal> Pvrdma<H> {
             cq.hand_back(guard.head);
         }
         Ok(n)
+    }
+
+    /// A poll that found another thread polling `cq`: it waits for that poll a bounded
+    /// number of spins ([`Cq::poll_lock`]), then polls through the general loop, or finds
+    /// nothing if the other still holds the CQ (it takes the completions there are).
+    #[cold]
+    #[inline(never)]
+    fn poll_contended(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
+        match cq.poll_lock() {
+            Some(guard) => self.harvest(cq, guard, out, 0),
+            None => Ok(0),
+        }
     }
 
     /// The general loop of [`poll_into`](Self::poll_into), under the CQ's poll lock (`guard`,
@@ -387,13 +399,6 @@ fn send_opcode(raw: u32) -> WcOpcode {
     unsafe { core::mem::transmute::<u8, WcOpcode>(raw as u8) }
 }
 
-/// A poll that found the lock taken (a whole result, so that the refusal is a tail call).
-#[cold]
-#[inline(never)]
-fn busy() -> Result<usize> {
-    Err(Error::Busy { op: Op::PollCq })
-}
-
 /// The refusal of an impossible producer index.
 #[cold]
 #[inline(never)]
@@ -544,6 +549,9 @@ pub(crate) fn take_flush<H: Hal>(dev: &Pvrdma<H>, cq: &Cq<H>, only: Option<u32>)
                     q.park(done);
                     tag = 0;
                 }
+            } else {
+                // No CQE will come for it: its room is free.
+                q.give_room(1);
             }
             q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
             found = Some(Flush {

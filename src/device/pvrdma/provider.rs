@@ -167,7 +167,7 @@ impl<H: Hal> Provider for Pvrdma<H> {
         Pvrdma::rq_start(self, qp)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn rq_write(
         &self,
         qp: &mut Qp<H>,
@@ -319,9 +319,11 @@ impl<H: Hal> Provider for Pvrdma<H> {
     }
 
     fn destroy_pd(&self, pd: Pd) -> Result<(), (Pd, Error)> {
-        if pd.users.load(core::sync::atomic::Ordering::Relaxed) != 0 {
-            // A region or QP (perhaps leaked with mem::forget) still uses it.
-            return Err((pd, Error::Busy { op: Op::DestroyPd }));
+        let users = pd.users.load(core::sync::atomic::Ordering::Relaxed);
+        if users != 0 {
+            // A region, SRQ or QP (perhaps leaked with mem::forget) still uses it.
+            let e = Error::in_use(Op::DestroyPd, crate::error::Holder::PdObjects, users);
+            return Err((pd, e));
         }
         let code = (Op::DestroyPd, abi::opcode::DESTROY_PD);
         let handle = pd.handle;

@@ -58,7 +58,9 @@ pub struct Qp<H: Hal> {
     recv_cq: NonNull<Cq<H>>,
     srq: Option<NonNull<Srq<H>>>,
     pd: NonNull<Pd>,
-    /// CQEs reserved on the send and receive CQ.
+    /// CQEs reserved on the send and receive CQ for the QP's life: a work queue's depth when
+    /// it fit the CQ at creation (0 for a metered queue, whose requests take room as they are
+    /// posted).
     reserved: (u32, u32),
 }
 
@@ -96,6 +98,13 @@ impl<H: Hal> Qp<H> {
     pub(super) fn cq_ptrs(&self) -> (NonNull<Cq<H>>, NonNull<Cq<H>>) {
         (self.send_cq, self.recv_cq)
     }
+
+    /// The receive CQ (`recv`) or the send CQ.
+    pub(super) fn cq(&self, recv: bool) -> &Cq<H> {
+        let p = if recv { self.recv_cq } else { self.send_cq };
+        // SAFETY: the CQs outlive the QP and do not move (the provider contract of create_qp).
+        unsafe { p.as_ref() }
+    }
 }
 
 /// Counts a QP as a user of its PD, CQs and SRQ (released when it is destroyed, never when
@@ -122,6 +131,16 @@ fn quarantine<H: Hal>(
     hold_users(pd, (s, r), srq);
     s.reserve_forever(sq_slots);
     r.reserve_forever(rq_slots);
+}
+
+/// The refusal of a QP whose SRQ's depth (`n` CQEs, reserved once per SRQ and receive CQ)
+/// does not fit the receive CQ: `e` says how much room it has.
+#[cold]
+fn srq_room_error(e: Error, n: u32) -> Error {
+    match e {
+        Error::QueueFull { free, .. } => Error::invalid(crate::error::Param::SrqCqRoom, n, free),
+        e => e,
+    }
 }
 
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
@@ -196,24 +215,37 @@ impl<H: Hal> Pvrdma<H> {
         // The QP joins the table its CQs' pollers read: their locks first, before the device
         // is asked (a poll in progress answers Busy, nothing made).
         let locks = CqLocks::take(send_cq, recv_cq, op)?;
-        // Every request the QP can have outstanding must have room for its CQE (QEMU drops
-        // CQEs silently on a full CQ): reserved now, for the QP's life.
-        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-        if core::ptr::eq(send_cq, recv_cq) {
-            send_cq.reserve(sq.slots + rq_slots)?;
-        } else {
-            send_cq.reserve(sq.slots)?;
-            if let Err(e) = recv_cq.reserve(rq_slots) {
-                send_cq.unreserve(sq.slots);
-                return Err(e);
+        // Every request outstanding must have room for its CQE (QEMU drops CQEs silently on
+        // a full CQ). A work queue whose whole depth fits the CQ has it reserved for the QP's
+        // life (its posts then take nothing); any other is metered: each request takes its
+        // room when it is posted (`QueueFull { Cq }` when there is none) and gives it back
+        // when its CQE is polled. The QP is never refused for the CQ's size.
+        let sq_res = send_cq.reserve(sq.slots).map_or(0, |()| sq.slots);
+        let rq_res = match rq.slots {
+            0 => 0,
+            n => recv_cq.reserve(n).map_or(0, |()| n),
+        };
+        // A receive posted to an SRQ may complete through any of its QPs: the SRQ's depth is
+        // reserved once per (SRQ, receive CQ) pair, by its first QP.
+        let srq_room = match srq {
+            Some(s) if !self.qps.srq_pair(recv_cq.id(), NonNull::from(&s.counters)) => {
+                let n = s.layout.slots;
+                if let Err(e) = recv_cq.reserve(n) {
+                    send_cq.unreserve(sq_res);
+                    recv_cq.unreserve(rq_res);
+                    return Err(srq_room_error(e, n));
+                }
+                n
             }
-        }
+            _ => 0,
+        };
+        let reserved = (sq_res, rq_res, srq_room);
         // The QP stays where create_qp_cmd built it (the result returned): checked and
         // registered in place.
-        let mut r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq));
+        let mut r = self.create_qp_cmd(pd, (send_cq, recv_cq), srq, init, (sq, rq), reserved);
         let Ok(qp) = &mut r else {
-            send_cq.unreserve(sq.slots);
-            recv_cq.unreserve(rq_slots);
+            send_cq.unreserve(sq_res);
+            recv_cq.unreserve(rq_res + srq_room);
             return r;
         };
         hold_users(pd, (send_cq, recv_cq), srq);
@@ -248,9 +280,13 @@ impl<H: Hal> Pvrdma<H> {
         srq: Option<&Srq<H>>,
         init: &QpInit<'_>,
         (sq, rq): (QueueLayout, QueueLayout),
+        (sq_res, rq_res, srq_room): (u32, u32, u32),
     ) -> Result<Qp<H>> {
         let op = Op::CreateQp;
         let qp_type = init.qp_type;
+        // What a QP kept for good keeps reserved (`quarantine`): its reservations (a metered
+        // queue holds room only for requests posted, and it has none).
+        let hold = (sq_res, rq_res + srq_room);
         let mut st = self.state.lock();
         st.room_for(Object::Qp, self.caps.max_qp.min(super::MAX_LIVE_QPS))?;
         if qp_type == QpType::Gsi && st.gsi {
@@ -299,8 +335,7 @@ impl<H: Hal> Pvrdma<H> {
                 // The device may have made the QP: its ring is kept, it keeps its PD, CQs and
                 // SRQ busy for good (and their CQEs reserved), and if it is QP1, QP1 exists.
                 core::mem::forget(mem);
-                let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
-                quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                quarantine(pd, (send_cq, recv_cq), srq, hold);
                 st.gsi |= qp_type == QpType::Gsi;
             }
             return Err(e);
@@ -323,8 +358,17 @@ impl<H: Hal> Pvrdma<H> {
             (qpn, handle),
             srq.map(|s| NonNull::from(&s.counters)),
             init.safe,
+            (
+                (
+                    (sq_res == 0).then(|| NonNull::from(&send_cq.room)),
+                    send_cq.entries,
+                ),
+                (
+                    (rq_res == 0 && rq.slots != 0).then(|| NonNull::from(&recv_cq.room)),
+                    recv_cq.entries,
+                ),
+            ),
         );
-        let rq_slots = srq.map_or(rq.slots, |s| s.layout.slots);
         let mask = regs::db::HANDLE_MASK;
         let nameable = handle <= mask && qpn <= mask;
         let garbage = echoed != [sq.slots, rq.slots, sq.sge, rq.sge] || inline != 0;
@@ -347,7 +391,7 @@ impl<H: Hal> Pvrdma<H> {
                         drop(st);
                         // The device may use the QP's memory: kept for good, with everything
                         // else the QP could use.
-                        quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+                        quarantine(pd, (send_cq, recv_cq), srq, hold);
                         core::mem::forget(mem);
                     }
                 }
@@ -357,7 +401,7 @@ impl<H: Hal> Pvrdma<H> {
         if garbage {
             // Garbage under a handle that cannot be named (checked above): nothing can be
             // told to the device about it, its memory is kept for good.
-            quarantine(pd, (send_cq, recv_cq), srq, (sq.slots, rq_slots));
+            quarantine(pd, (send_cq, recv_cq), srq, hold);
             core::mem::forget((mem, ctl));
             return Err(Error::bad_value(op, &"qp caps", echoed[0]));
         }
@@ -374,8 +418,22 @@ impl<H: Hal> Pvrdma<H> {
             handle_unusable: false,
             sq,
             rq,
-            sq_prod: Producer::new(sq.slots, handle | regs::db::QP_SEND, ctl.ctl().sq.shadow),
-            rq_prod: Producer::new(rq.slots, handle | regs::db::QP_RECV, ctl.ctl().rq.shadow),
+            sq_prod: Producer::new(
+                sq.slots,
+                handle | regs::db::QP_SEND,
+                ctl.ctl().sq.shadow,
+                ctl.ctl().sq.room.is_some(),
+                ctl.ctl().sq.room,
+            ),
+            rq_prod: Producer::new(
+                rq.slots,
+                handle | regs::db::QP_RECV,
+                ctl.ctl().rq.shadow,
+                // (A QP on an SRQ has no receive ring: its receives go the slow way too, to
+                // their refusal.)
+                ctl.ctl().rq.room.is_some() || srq.is_some(),
+                ctl.ctl().rq.room,
+            ),
             ctl,
             qkey: 0,
             sgid_index: 0,
@@ -388,7 +446,7 @@ impl<H: Hal> Pvrdma<H> {
             recv_cq: NonNull::from(recv_cq),
             srq: srq.map(NonNull::from),
             pd: NonNull::from(pd),
-            reserved: (sq.slots, rq_slots),
+            reserved: (sq_res, rq_res),
             mem,
         })
     }
@@ -455,8 +513,22 @@ impl<H: Hal> Pvrdma<H> {
         if self.qps.lookup_ctl(handle) == Some(ctl) {
             self.qps.remove(handle);
         }
-        // A QP destroyed in ERR has nothing left to flush: its CQs stop counting it.
+        // A QP destroyed in ERR has nothing left to flush: its CQs stop counting it. Its
+        // metered queues' room is all free (their CQEs are gone); the SRQ's reservation goes
+        // with the pair's last QP, or passes to the others.
         locks.stop_flush(qp.ctl.ctl());
+        qctl.sq.give_room(qctl.sq.held(qp.sq_prod.credit));
+        qctl.rq.give_room(qctl.rq.held(qp.rq_prod.credit));
+        // SAFETY: the SRQ outlives the QP (the provider contract of create_qp).
+        let srq_ref = srq.map(|s| unsafe { s.as_ref() });
+        // The SRQ's depth, reserved once for the (SRQ, receive CQ) pair by its first QP: given
+        // back by its last.
+        let srq_room = match srq_ref {
+            Some(s) if !self.qps.srq_pair(locks.r.id(), NonNull::from(&s.counters)) => {
+                s.layout.slots
+            }
+            _ => 0,
+        };
         drop(locks);
         // The device no longer has the QP: every outstanding safe buffer comes back.
         self.release_all(&mut qp);
@@ -468,6 +540,7 @@ impl<H: Hal> Pvrdma<H> {
             // (Its CQEs are gone from the rings: all of its room is free.)
             s.unreserve(reserved.0);
             r.unreserve(reserved.1);
+            r.unreserve(srq_room);
             s.users.fetch_sub(1, Ordering::Relaxed);
             r.users.fetch_sub(1, Ordering::Relaxed);
             if let Some(srq) = srq {

@@ -77,7 +77,12 @@ impl<H: Hal> Pvrdma<H> {
         let ctl = qp.ctl.ctl();
         let (purged_sq, purged_rq) = locks.purge(qp.handle, |wr_id| ctl.srq_completed(wr_id));
         let own_rq = if ctl.srq { 0 } else { purged_rq };
-        for (q, purged) in [(&ctl.sq, purged_sq), (&ctl.rq, own_rq)] {
+        let credits = [qp.sq_prod.credit, qp.rq_prod.credit];
+        for ((q, purged), credit) in [(&ctl.sq, purged_sq), (&ctl.rq, own_rq)]
+            .into_iter()
+            .zip(credits)
+        {
+            let held = q.held(credit);
             let (done, tail) = (
                 q.ctl.done.load(Ordering::Relaxed),
                 q.ctl.tail.load(Ordering::Relaxed),
@@ -103,6 +108,9 @@ impl<H: Hal> Pvrdma<H> {
                 n = n.wrapping_add(1);
             }
             q.ctl.late.store(late, Ordering::Relaxed);
+            // A metered queue keeps room only for the CQEs still owed (its credit restarts at
+            // 0: what it holds is then `late`).
+            q.give_room(held.saturating_sub(late));
             q.ctl.done.store(0, Ordering::Relaxed);
             q.ctl.tail.store(0, Ordering::Relaxed);
             q.ctl.unpublished.store(0, Ordering::Relaxed);

@@ -19,7 +19,7 @@
 //! control block only when the entry names that same CQ, so a QP cannot be destroyed under it.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
@@ -167,6 +167,29 @@ pub(crate) struct QueueView {
     /// in driver-private memory. What a CQE is matched against: never the WQE in the ring,
     /// which the device can rewrite (`docs/security.md`).
     pub(crate) shadow: NonNull<Shadow>,
+    /// A metered queue's CQ room counter (`Cq::reserved`, the CQ outlives the QP): the queue's
+    /// whole depth did not fit the CQ when it was created, so each request takes room when it
+    /// is posted and gives it back here. `None`: the depth is reserved for the QP's life.
+    pub(crate) room: Option<NonNull<AtomicI32>>,
+    /// That CQ's entries (what `room` may reach).
+    pub(crate) room_cap: u32,
+}
+
+/// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`).
+pub(crate) type Room = (Option<NonNull<AtomicI32>>, u32);
+
+/// Gives back `n` entries of a CQ's room counter (`Cq::room`), never beyond its `entries`.
+pub(crate) fn unreserve(room: NonNull<AtomicI32>, n: u32, entries: u32) {
+    if n != 0 {
+        // SAFETY: the CQ outlives the QPs whose queues name it (the provider contract of
+        // create_qp), and the CQ itself.
+        let r = unsafe { room.as_ref() };
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        let cap = i32::try_from(entries).unwrap_or(i32::MAX);
+        let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v.saturating_add(n).min(cap))
+        });
+    }
 }
 
 /// A QP's control block.
@@ -222,8 +245,10 @@ impl QpCtl {
         let q = if recv { &self.rq } else { &self.sq };
         let late = q.ctl.late.load(Ordering::Relaxed);
         if late != 0 {
-            // A CQE of a request finished before (flushed or discarded): dropped.
+            // A CQE of a request finished before (flushed or discarded): dropped, its room
+            // free.
             q.ctl.late.store(late - 1, Ordering::Relaxed);
+            q.give_room(1);
             return Ok(None);
         }
         let done = q.ctl.done.load(Ordering::Relaxed);
@@ -245,13 +270,19 @@ impl QpCtl {
             ));
         }
         q.ctl.done.store(done.wrapping_add(1), Ordering::Release);
+        q.give_room(1);
         Ok(Some(tag))
     }
 }
 
 // The control block is created in place by `QpCtlMem::new` and dropped with its memory.
 impl QueueView {
-    fn new(ring: Ring, shadow: NonNull<Shadow>, parked: Option<(NonNull<AtomicU64>, u32)>) -> Self {
+    fn new(
+        ring: Ring,
+        shadow: NonNull<Shadow>,
+        parked: Option<(NonNull<AtomicU64>, u32)>,
+        (room, room_cap): Room,
+    ) -> Self {
         QueueView {
             ctl: QueueCtl {
                 done: AtomicU32::new(0),
@@ -263,7 +294,29 @@ impl QueueView {
             ring,
             shadow,
             parked,
+            room,
+            room_cap,
         }
+    }
+
+    /// A metered queue gives back the CQ room of `n` of its requests (a queue with its depth
+    /// reserved has nothing to give). The room a metered queue holds is never counted apart:
+    /// it is its poster's credit (one entry per request it took room for) minus the requests
+    /// completed (`done`), plus the CQEs still owed for requests finished before (`late`).
+    pub(crate) fn give_room(&self, n: u32) {
+        if let Some(room) = self.room {
+            unreserve(room, n, self.room_cap);
+        }
+    }
+
+    /// The room a metered queue holds while its poster's credit is `credit` (see
+    /// [`give_room`](Self::give_room)).
+    pub(crate) fn held(&self, credit: u32) -> u32 {
+        let (done, late) = (
+            self.ctl.done.load(Ordering::Acquire),
+            self.ctl.late.load(Ordering::Acquire),
+        );
+        credit.wrapping_sub(done).wrapping_add(late)
     }
 
     /// The common case of [`QpCtl::match_cqe`] for this queue, with no effect otherwise: when
@@ -402,6 +455,7 @@ impl<H: Hal> QpCtlMem<H> {
         (qpn, handle): (u32, u32),
         srq_done: Option<NonNull<SrqCounters>>,
         release: Option<BufRelease>,
+        (sq_room, rq_room): (Room, Room),
     ) -> Result<Self> {
         let head = SHADOWS_AT;
         let shadows = (sq.slots() + rq.slots()) as usize * size_of::<Shadow>();
@@ -422,8 +476,8 @@ impl<H: Hal> QpCtlMem<H> {
             )
         };
         let ctl = QpCtl {
-            sq: QueueView::new(sq, sq_shadow, None),
-            rq: QueueView::new(rq, rq_shadow, parked),
+            sq: QueueView::new(sq, sq_shadow, None, sq_room),
+            rq: QueueView::new(rq, rq_shadow, parked, rq_room),
             qpn,
             handle,
             srq: srq_done.is_some(),
@@ -597,6 +651,16 @@ impl<H: Hal> QpTable<H> {
             return None;
         }
         Some((NonNull::new(e.ctl.load(Ordering::Relaxed))?, send, recv))
+    }
+
+    /// Whether a live QP receives from the SRQ whose counters are `srq` and completes its
+    /// receives to CQ `cq` (the pair holds one reservation, however many QPs it has).
+    pub(crate) fn srq_pair(&self, cq: u64, srq: NonNull<SrqCounters>) -> bool {
+        let mut found = false;
+        self.for_each_on(cq, |ctl, _, recv| {
+            found |= recv && ctl.srq_done == Some(srq)
+        });
+        found
     }
 
     /// Calls `f` with each live QP completing to CQ `cq` (either role).

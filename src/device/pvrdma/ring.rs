@@ -7,7 +7,7 @@
 //! Every index the device wrote is checked before it is used.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use bareverbs_hal::{Hal, PAGE_SIZE};
 
@@ -176,24 +176,42 @@ pub(crate) struct Producer {
     pub(crate) bell: u32,
     /// The per-slot record of the queue (the pollers' `QueueView::shadow`).
     pub(crate) shadow: NonNull<Shadow>,
+    /// Each request takes its CQ room when it is written (`QueueView::room`): the credit
+    /// then covers only the requests that have room, and every other one goes through the
+    /// slow refill (as every receive of a QP on an SRQ does, to its refusal).
+    pub(crate) metered: bool,
+    /// A metered queue's CQ room counter (`QueueView::room`), kept here too: the refill
+    /// reaches it through the QP it already holds.
+    pub(crate) room: Option<NonNull<AtomicI32>>,
 }
 
 impl Producer {
     /// A new queue of `slots` slots whose doorbell word is `bell`, with the per-slot record
-    /// `shadow` its pollers read.
-    pub(crate) fn new(slots: u32, bell: u32, shadow: NonNull<Shadow>) -> Self {
-        Producer {
+    /// `shadow` its pollers read (`metered`, `room`: see the fields).
+    pub(crate) fn new(
+        slots: u32,
+        bell: u32,
+        shadow: NonNull<Shadow>,
+        metered: bool,
+        room: Option<NonNull<AtomicI32>>,
+    ) -> Self {
+        let mut p = Producer {
             tail: 0,
-            credit: slots,
+            credit: 0,
             bell,
             shadow,
-        }
+            metered,
+            room,
+        };
+        p.reset(slots);
+        p
     }
 
-    /// The queue starts over (a QP reset): nothing published, `slots` of credit.
+    /// The queue starts over (a QP reset): nothing published, `slots` of credit (none for a
+    /// metered queue: its first request takes room).
     pub(crate) fn reset(&mut self, slots: u32) {
         self.tail = 0;
-        self.credit = slots;
+        self.credit = if self.metered { 0 } else { slots };
     }
 }
 

@@ -132,9 +132,11 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     pub(crate) fn destroy_srq_impl(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
-        if srq.users.load(Ordering::Relaxed) != 0 {
+        let users = srq.users.load(Ordering::Relaxed);
+        if users != 0 {
             // A QP (perhaps one leaked with mem::forget) still receives from it.
-            return Err((srq, Error::Busy { op: Op::DestroySrq }));
+            let e = Error::in_use(Op::DestroySrq, crate::error::Holder::Qps, users);
+            return Err((srq, e));
         }
         let code = (Op::DestroySrq, opcode::DESTROY_SRQ);
         let (handle, pd) = (srq.handle, srq.pd);

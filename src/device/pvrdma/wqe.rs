@@ -57,6 +57,34 @@ fn refill(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
     c.tail != c.limit
 }
 
+/// The refill of a metered work queue `q` (`p`, written by the batch `c`; `done` its
+/// completions taken): the next request takes one entry of CQ room, so that the CQ never gets
+/// more CQEs than it holds (QEMU drops those silently), and the limit moves past it; `false`
+/// when the ring or the CQ is full, or there is no ring (a QP on an SRQ). Exactly one
+/// request's room at a time: a queue never holds room it does not use, so it keeps none from
+/// the CQ's other queues. Inline, without a call (see `refill`).
+#[inline(always)]
+fn meter(p: &mut Producer, c: &mut WqCursor, done: u32) -> bool {
+    if c.tail == done.wrapping_add(c.mask + 1) {
+        return false;
+    }
+    let Some(room) = p.room else {
+        return false;
+    };
+    // SAFETY: the CQ outlives the QP whose queue names it (the provider contract of
+    // create_qp).
+    let r = unsafe { room.as_ref() };
+    // Taken, then given back if there was none (a concurrent reservation that reads the
+    // overshoot fails, as it would a moment later anyway).
+    if r.fetch_sub(1, Ordering::AcqRel) < 1 {
+        r.fetch_add(1, Ordering::AcqRel);
+        return false;
+    }
+    c.limit = c.tail.wrapping_add(1);
+    p.credit = c.limit;
+    true
+}
+
 /// Why a post is refused.
 #[derive(Clone, Copy)]
 enum Refusal {
@@ -89,20 +117,70 @@ fn refuse(why: Refusal) -> Error {
 }
 
 impl<H: Hal> Pvrdma<H> {
-    /// The send queue's credit recomputed (`refill`); `false` when it is full.
+    /// The send queue's credit recomputed (`refill`), or a metered queue's room taken
+    /// ([`meter`]); `false` when it is full.
     #[inline(always)]
     fn sq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
         let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+        if qp.sq_prod.metered {
+            return meter(&mut qp.sq_prod, c, done);
+        }
         refill(&mut qp.sq_prod, c, done)
     }
 
-    /// The receive queue's credit recomputed (`refill`); `false` when it is full. Receives of
-    /// a QP with an SRQ go to the SRQ (the queue has no slots, so no credit): QEMU would read
+    /// The receive queue's credit recomputed (`refill`), or a metered queue's room taken
+    /// ([`meter`]); `false` when it is full. Receives of a QP with an SRQ go to the SRQ (the
+    /// queue has no slots, so no credit, and no room: `meter` refuses them): QEMU would read
     /// past its allocation (§12.3).
     #[inline(always)]
     fn rq_refill(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
         let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
-        !qp.has_srq && refill(&mut qp.rq_prod, c, done)
+        if qp.rq_prod.metered {
+            return meter(&mut qp.rq_prod, c, done);
+        }
+        refill(&mut qp.rq_prod, c, done)
+    }
+
+    /// The send queue's credit recomputed, taking no CQ room (a request about to be refused):
+    /// `false` when it is full or metered.
+    #[inline(always)]
+    fn sq_credit(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().sq.ctl.done.load(Ordering::Acquire);
+        !qp.sq_prod.metered && refill(&mut qp.sq_prod, c, done)
+    }
+
+    /// As [`sq_credit`](Self::sq_credit), for the receive queue.
+    #[inline(always)]
+    fn rq_credit(&self, qp: &mut Qp<H>, c: &mut WqCursor) -> bool {
+        let done = qp.ctl.ctl().rq.ctl.done.load(Ordering::Acquire);
+        !qp.rq_prod.metered && refill(&mut qp.rq_prod, c, done)
+    }
+
+    /// The refusal of request `tail` of a work queue (`recv`: the receive queue) whose credit
+    /// ran out, with `sges` (its SGE count and the queue's maximum) when it has too many: the
+    /// ring is full (or absent), or, for a metered queue, the CQ is; else the SGE count.
+    #[cold]
+    #[inline(never)]
+    fn full(&self, qp: &Qp<H>, tail: u32, mask: u32, recv: bool, sges: (usize, u32)) -> Error {
+        let queue = if recv { Queue::Recv } else { Queue::Send };
+        let ctl = qp.ctl.ctl();
+        let (q, p) = if recv {
+            (&ctl.rq, &qp.rq_prod)
+        } else {
+            (&ctl.sq, &qp.sq_prod)
+        };
+        let done = q.ctl.done.load(Ordering::Acquire);
+        if !p.metered || q.room.is_none() || tail == done.wrapping_add(mask + 1) {
+            return refuse(Refusal::Full(queue));
+        }
+        let free = qp.cq(recv).free();
+        if free == 0 || sges.0 <= sges.1 as usize {
+            return Error::QueueFull {
+                queue: Queue::Cq,
+                free,
+            };
+        }
+        refuse(Refusal::Sges(sges.0, sges.1))
     }
 
     /// Starts a batch on the send queue.
@@ -126,16 +204,14 @@ impl<H: Hal> Pvrdma<H> {
         // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
         let nsge = w.sges.len();
         if nsge > c.max_sge as usize {
-            let full = c.tail == c.limit && !self.sq_refill(qp, c);
-            let why = if full {
-                Refusal::Full(Queue::Send)
-            } else {
-                Refusal::Sges(nsge, c.max_sge)
-            };
-            return Err(refuse(why));
+            if c.tail == c.limit && !self.sq_credit(qp, c) {
+                let (t, m, max) = (c.tail, c.mask, c.max_sge);
+                return Err(self.full(qp, t, m, false, (nsge, max)));
+            }
+            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.sq_refill(qp, c) {
-            return Err(refuse(Refusal::Full(Queue::Send)));
+            return Err(self.full(qp, c.tail, c.mask, false, (0, 0)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -278,16 +354,14 @@ impl<H: Hal> Pvrdma<H> {
         // for the refill), the refusal as if the credit were checked first.
         let nsge = sges.len();
         if nsge > c.max_sge as usize {
-            let full = c.tail == c.limit && !self.rq_refill(qp, c);
-            let why = if full {
-                Refusal::Full(Queue::Recv)
-            } else {
-                Refusal::Sges(nsge, c.max_sge)
-            };
-            return Err(refuse(why));
+            if c.tail == c.limit && !self.rq_credit(qp, c) {
+                let (t, m, max) = (c.tail, c.mask, c.max_sge);
+                return Err(self.full(qp, t, m, true, (nsge, max)));
+            }
+            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
         }
         if c.tail == c.limit && !self.rq_refill(qp, c) {
-            return Err(refuse(Refusal::Full(Queue::Recv)));
+            return Err(self.full(qp, c.tail, c.mask, true, (0, 0)));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
