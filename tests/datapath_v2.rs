@@ -904,17 +904,18 @@ fn a_full_cq_is_counted_exactly() {
     lab(|_, ctx, pd, _, _| {
         let cq = ctx.create_cq(16).unwrap();
         let rbuf = pd.register(4096, RW).unwrap();
-        // 4 sends + 16 receives on a CQ of 16: made; the sends' depth is reserved, the
-        // receives take the 12 entries left as they are posted.
+        // 4 sends + 32 receives on a CQ of 16: made; the two depths do not fit the CQ
+        // together, so both queues are metered: the receives take the CQ's 16 entries as they
+        // are posted, and the 17th finds none.
         let qp = pd
             .qp_builder(&cq, &cq)
-            .caps(caps(4, 16, 1))
+            .caps(caps(4, 32, 1))
             .build::<Ud>()
             .unwrap();
         let mut qp = qp.ready(1, 0).map_err(|(_, e)| e).unwrap();
         assert_eq!(
-            recv_until_refused(&mut qp, &rbuf, 16),
-            (12, Some(full(Queue::Cq, 0)))
+            recv_until_refused(&mut qp, &rbuf, 32),
+            (16, Some(full(Queue::Cq, 0)))
         );
         drop(qp);
         let fits = pd
@@ -989,7 +990,8 @@ fn srq_traffic_never_wears_the_cq_down() {
         let e = unsafe { a.post_recv_raw(1, &sges[..1]) };
         assert_eq!(e, Err(full(Queue::Recv, 0)));
         // The reservations are what they were: a third QP of the pair takes nothing more for
-        // its receives, and exactly 32 - 8 entries are left.
+        // its receives, and exactly 64 - 32 - 8 = 24 entries are left, which a QP whose two
+        // depths (16 + 32) do not fit them takes request by request.
         let third = build();
         let q = pd
             .qp_builder(&cq, &cq)
@@ -999,7 +1001,7 @@ fn srq_traffic_never_wears_the_cq_down() {
         let mut q = q.ready(1, 0).map_err(|(_, e)| e).unwrap();
         assert_eq!(
             recv_until_refused(&mut q, &rbuf, 32),
-            (8, Some(full(Queue::Cq, 0)))
+            (24, Some(full(Queue::Cq, 0)))
         );
         drop(q);
         // The pair's last QP gives the SRQ's reservation back.

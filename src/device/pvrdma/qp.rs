@@ -220,10 +220,20 @@ impl<H: Hal> Pvrdma<H> {
         // life (its posts then take nothing); any other is metered: each request takes its
         // room when it is posted (`QueueFull { Cq }` when there is none) and gives it back
         // when its CQE is polled. The QP is never refused for the CQ's size.
-        let sq_res = send_cq.reserve(sq.slots).map_or(0, |()| sq.slots);
-        let rq_res = match rq.slots {
-            0 => 0,
-            n => recv_cq.reserve(n).map_or(0, |()| n),
+        // One CQ for both queues: both depths reserved, or both metered, so that a send queue
+        // whose depth alone fills the CQ does not leave the receives no room at all.
+        let (sq_res, rq_res) = if send_cq.id() == recv_cq.id() && rq.slots > 0 {
+            let both = sq.slots.saturating_add(rq.slots);
+            send_cq
+                .reserve(both)
+                .map_or((0, 0), |()| (sq.slots, rq.slots))
+        } else {
+            let sq_res = send_cq.reserve(sq.slots).map_or(0, |()| sq.slots);
+            let rq_res = match rq.slots {
+                0 => 0,
+                n => recv_cq.reserve(n).map_or(0, |()| n),
+            };
+            (sq_res, rq_res)
         };
         // A receive posted to an SRQ may complete through any of its QPs: the SRQ's depth is
         // reserved once per (SRQ, receive CQ) pair, by its first QP.
