@@ -18,16 +18,20 @@ for l in sys.stdin:
 n=0 errors=0 failed=0
 for b in $bins; do
   n=$((n + 1))
-  log=$(mktemp)
-  if ! valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=none \
-       --log-file="$log" "$b" -q >/dev/null 2>&1; then
-    failed=$((failed + 1))
-  fi
+  log=$(mktemp) out=$(mktemp) st=0
+  valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=none \
+    --log-file="$log" "$b" -q >"$out" 2>&1 || st=$?
   e=$(awk '/ERROR SUMMARY:/ {s += $4} END {print s + 0}' "$log")
   errors=$((errors + e))
   printf '%-60s %s errors\n' "$(basename "$b")" "$e"
   [ "$e" = 0 ] || sed -n '1,60p' "$log"
-  rm -f "$log"
+  if [ "$st" != 0 ] && [ "$st" != 99 ]; then
+    # A test failed (not a memcheck error): say which, with the end of what it printed.
+    failed=$((failed + 1))
+    echo "memcheck: $(basename "$b") exited with status $st under valgrind:"
+    tail -n 40 "$out"
+  fi
+  rm -f "$log" "$out"
 done
 echo "memcheck: $n binaries, $errors errors"
 [ "$errors" = 0 ] && [ "$failed" = 0 ]
