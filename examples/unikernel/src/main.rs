@@ -482,11 +482,11 @@ extern "C" fn kmain(start_info: u32) -> ! {
                     );
                     exit(Exit::Fail)
                 }
+                let at = disk_at as usize as *mut u8;
                 // SAFETY: RAM from the firmware's memory map above the DMA region (which ends
                 // at `disk_at`) and below the range's end, identity-mapped, used for nothing
                 // else for the rest of the run.
-                let ram =
-                    unsafe { core::slice::from_raw_parts_mut(disk_at as usize as *mut u8, bytes) };
+                let ram = unsafe { core::slice::from_raw_parts_mut(at, bytes) };
                 storage::appliance(&pci, hal, dma, &opts, ram)
             }
             if let Some(opts) = bareverbs_unikernel::roce_peer::Options::parse(text, seed) {
