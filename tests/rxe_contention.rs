@@ -103,13 +103,22 @@ fn two_threads_polling_one_cq_never_see_busy_and_lose_or_double_nothing() {
                 let mut posted = 0u64;
                 let mut mine = Vec::new();
                 let mut wc = [WorkCompletion::default(); 4];
-                // Bounded: each round posts or polls; the writes complete through loopback.
-                for _ in 0..10_000_000u64 {
-                    if done[me].load(Ordering::Acquire) == WRITES
-                        && done[1 - me].load(Ordering::Acquire) == WRITES
-                    {
+                // Bounded in time, not rounds: under valgrind's one-thread-at-a-time
+                // scheduling a thread may spin through many empty rounds while the other
+                // holds the device. Each round posts or polls; the writes complete through
+                // loopback.
+                let start = std::time::Instant::now();
+                let mut rounds = 0u64;
+                loop {
+                    let all = [0, 1].map(|q| done[q].load(Ordering::Acquire));
+                    if all == [WRITES; 2] {
                         break;
                     }
+                    assert!(
+                        start.elapsed() < std::time::Duration::from_secs(600),
+                        "thread {me}: after {rounds} rounds, {posted} posted, completions {all:?}"
+                    );
+                    rounds += 1;
                     let room = u64::from(DEPTH) - (posted - done[me].load(Ordering::Acquire));
                     let n = room.min(WRITES - posted).min(4);
                     if n > 0 {
