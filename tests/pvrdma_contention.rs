@@ -94,13 +94,21 @@ fn run(ctx: &common::Ctx, gid: Gid) {
                 let mut posted = 0u64;
                 let mut mine = Vec::new();
                 let mut wc = [WorkCompletion::default(); 4];
-                // Bounded: each round posts or polls; the writes complete through loopback.
-                for round in 0..10_000_000u64 {
-                    if done[me].load(Ordering::Acquire) == WRITES
-                        && done[1 - me].load(Ordering::Acquire) == WRITES
-                    {
+                // Bounded in time, not rounds: under valgrind's one-thread-at-a-time
+                // scheduling a thread may spin through millions of empty rounds while the
+                // other holds the device. Each round posts or polls.
+                let start = std::time::Instant::now();
+                let mut round = 0u64;
+                loop {
+                    let all = [0, 1].map(|q| done[q].load(Ordering::Acquire));
+                    if all == [WRITES; 2] {
                         break;
                     }
+                    assert!(
+                        start.elapsed() < std::time::Duration::from_secs(600),
+                        "thread {me}: after {round} rounds, {posted} posted, completions {all:?}"
+                    );
+                    round += 1;
                     let room = u64::from(DEPTH) - (posted - done[me].load(Ordering::Acquire));
                     let n = room.min(WRITES - posted).min(4);
                     if n > 0 {

@@ -133,7 +133,7 @@ fn two_threads_polling_one_cq_never_see_busy_and_lose_or_double_nothing() {
                     }
                     // Every other round through the cursor (`ibv_start_poll`), which holds
                     // the poll for as long as the caller reads.
-                    let r = if posted.is_multiple_of(2) {
+                    let r = if rounds.is_multiple_of(2) {
                         shared.poll(&mut wc).map(|got| wc[..got].to_vec())
                     } else {
                         cursor(shared)
