@@ -62,6 +62,7 @@ pub(crate) fn run<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 }
 
 fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
+    super::local::retire_done(q, net.hub);
     if q.sq_next == q.sq_head {
         return;
     }
@@ -83,6 +84,26 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             break;
         }
         let i = q.sq_next;
+        if op::local(q.sq_ref(i).op) {
+            // A bind, fast registration or local invalidation: executed here, in order,
+            // completed once the requests before it have (`local.rs`). A fence waits for
+            // all of them.
+            let flags = SendFlags::from_bits_truncate(u32::from(q.sq_ref(i).flags));
+            if flags.contains(SendFlags::FENCE) && q.sq_tail != i {
+                break;
+            }
+            if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
+                // Bounded: each turn retires one of the requests before `i`.
+                while q.sq_tail != i {
+                    q.retire(WcStatus::WrFlushErr, net.hub);
+                }
+                return fail(net, q, status);
+            }
+            q.cur_pkt = 0;
+            q.sq_next = i.wrapping_add(1);
+            super::local::retire_done(q, net.hub);
+            continue;
+        }
         if q.cur_pkt == 0 {
             let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
             let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
@@ -142,7 +163,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             }
             _ => {
                 let kind = match e.op {
-                    op::SEND | op::SEND_IMM => Kind::Send {
+                    op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
                         imm: e.op == op::SEND_IMM,
                     },
                     _ => Kind::Write {
@@ -168,6 +189,11 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 }
                 if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
                     h.imm = Some(e.imm);
+                }
+                if last && e.op == op::SEND_INV {
+                    // The IETH: the peer's key to invalidate, where ImmDt would be.
+                    h.bth.opcode = super::local::with_inv(s.opcode);
+                    h.imm = Some(e.rkey);
                 }
                 let pd = q.pd;
                 net.send(&route, &h, s.len as usize, |t, out| {
@@ -320,6 +346,11 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
     while q.sq_tail != q.sq_next {
         let e = q.sq_ref(q.sq_tail);
         let (e_op, first) = (e.op, e.first_psn);
+        if op::local(e_op) {
+            // Executed when the requester passed it: done once what was before it is.
+            q.retire(WcStatus::Success, net.hub);
+            continue;
+        }
         let last = psn_add(first, e.npkts.max(1) - 1);
         if psn_diff(psn, last) < 0 {
             if !op::reads(e_op) && psn_diff(psn, first) >= 0 {

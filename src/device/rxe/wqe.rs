@@ -14,10 +14,23 @@ pub(crate) mod op {
     pub(crate) const READ: u8 = 4;
     pub(crate) const CMP_SWAP: u8 = 5;
     pub(crate) const FETCH_ADD: u8 = 6;
+    /// Bind a memory window (local: executed by the requester, nothing sent).
+    pub(crate) const BIND_MW: u8 = 7;
+    /// Fast registration (local).
+    pub(crate) const REG_MR: u8 = 8;
+    /// Local invalidation (local).
+    pub(crate) const LOCAL_INV: u8 = 9;
+    /// SEND with invalidate (its last packet carries the IETH).
+    pub(crate) const SEND_INV: u8 = 10;
 
     /// Whether the operation waits for a response from the peer (READ, atomics).
     pub(crate) fn reads(op: u8) -> bool {
-        op >= READ
+        (READ..=FETCH_ADD).contains(&op)
+    }
+
+    /// Whether the operation is executed locally by the requester (no packet).
+    pub(crate) fn local(op: u8) -> bool {
+        (BIND_MW..=LOCAL_INV).contains(&op)
     }
 }
 
@@ -97,6 +110,9 @@ impl SqEntry {
             op::READ => WcOpcode::RdmaRead,
             op::CMP_SWAP => WcOpcode::CompSwap,
             op::FETCH_ADD => WcOpcode::FetchAdd,
+            op::BIND_MW => WcOpcode::BindMw,
+            op::REG_MR => WcOpcode::RegMr,
+            op::LOCAL_INV => WcOpcode::LocalInv,
             _ => WcOpcode::Send,
         }
     }
@@ -179,6 +195,18 @@ pub(crate) fn recv_wc(opcode: WcOpcode, len: u32, imm: Option<u32>, src_qp: u32)
         } else {
             WcFlags::empty()
         },
+        ..Default::default()
+    }
+}
+
+/// The receive completion of a SEND with invalidate of `len` bytes that invalidated `rkey`.
+pub(crate) fn inv_wc(len: u32, rkey: u32, src_qp: u32) -> WorkCompletion {
+    WorkCompletion {
+        byte_len: len,
+        imm: rkey,
+        src_qp,
+        opcode: WcOpcode::Recv,
+        flags: WcFlags::WITH_INV,
         ..Default::default()
     }
 }
