@@ -37,7 +37,18 @@ fn connect_at<'a, P: bareverbs::Provider>(
     bareverbs::verbs::QueuePair<'a, P, bareverbs::verbs::Rc, bareverbs::verbs::Rts>,
 > {
     use bareverbs::verbs::{AddressVector, ConnectedInit, ConnectedRtr, ConnectedRts};
-    let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    // The software device's pairs let peers read and write (the keys decide); the model's
+    // grant nothing remote, as before.
+    let access = if index == 1 {
+        bareverbs::verbs::AccessFlags::REMOTE_READ | bareverbs::verbs::AccessFlags::REMOTE_WRITE
+    } else {
+        bareverbs::verbs::AccessFlags::empty()
+    };
+    let init = ConnectedInit {
+        access,
+        ..ConnectedInit::default()
+    };
+    let qp = qp.init(&init).map_err(|(_, e)| e)?;
     let rtr = ConnectedRtr::new(peer, 0, AddressVector::new(gid, index));
     let qp = qp.rtr(&rtr).map_err(|(_, e)| e)?;
     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)

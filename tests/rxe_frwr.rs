@@ -39,7 +39,10 @@ fn fast_registration_then_remote_access_then_local_invalidation() {
         assert_eq!((key & !0xFF, key & 0xFF), (old & !0xFF, 0x5A));
         assert_eq!(frmr.key(), key);
         let c = wait(e, &cb, 1);
-        assert_eq!((c[0].wr_id, c[0].opcode, c[0].status), (1, WcOpcode::RegMr, WcStatus::Success));
+        assert_eq!(
+            (c[0].wr_id, c[0].opcode, c[0].status),
+            (1, WcOpcode::RegMr, WcStatus::Success)
+        );
 
         // A writes at the IOVA: the bytes land in B's data region, 4096 further on.
         let mut local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -53,13 +56,19 @@ fn fast_registration_then_remote_access_then_local_invalidation() {
         assert_eq!(&local.as_slice()[..6], b"frwr!!");
         // The data region cannot go while the registration maps it.
         let (data, err) = data.destroy().unwrap_err();
-        assert!(matches!(err, bareverbs::Error::InUse { count: 1, .. }), "{err:?}");
+        assert!(
+            matches!(err, bareverbs::Error::InUse { count: 1, .. }),
+            "{err:?}"
+        );
 
         let mut batch = qb.send_batch();
         batch.local_inv(2, SIG, key).unwrap();
         batch.finish();
         let c = wait(e, &cb, 1);
-        assert_eq!((c[0].wr_id, c[0].opcode, c[0].status), (2, WcOpcode::LocalInv, WcStatus::Success));
+        assert_eq!(
+            (c[0].wr_id, c[0].opcode, c[0].status),
+            (2, WcOpcode::LocalInv, WcStatus::Success)
+        );
         write(&mut qa, 12, (IOVA + 16, key), &local, 6);
         let c = wait(e, &ca, 1);
         assert_eq!((c[0].wr_id, c[0].status), (12, WcStatus::RemAccessErr));
@@ -90,7 +99,10 @@ fn an_invalid_registration_completes_in_error_and_flushes_the_rest_once() {
         batch.finish();
         let c = settle_all(e, &cb);
         assert_eq!(c.len(), 3, "{c:?}");
-        assert_eq!((one(&c, 1).opcode, one(&c, 1).status), (WcOpcode::RegMr, WcStatus::LocQpOpErr));
+        assert_eq!(
+            (one(&c, 1).opcode, one(&c, 1).status),
+            (WcOpcode::RegMr, WcStatus::LocQpOpErr)
+        );
         assert_eq!(one(&c, 2).status, WcStatus::WrFlushErr);
         assert_eq!(one(&c, 3).status, WcStatus::WrFlushErr);
         assert_eq!(state(&qb), QpState::Err);
@@ -144,11 +156,13 @@ fn send_with_inv(
     unsafe {
         let mut r = qb.recv_batch();
         for i in 0..4 {
-            r.recv(100 + i, &[dst.sge(64 * i as u32, 64).unwrap()]).unwrap();
+            r.recv(100 + i, &[dst.sge(64 * i as u32, 64).unwrap()])
+                .unwrap();
         }
         r.finish();
         let mut s = qa.send_batch();
-        s.send_with_inv(1, SIG, rkey, &[src.sge(0, 16).unwrap()]).unwrap();
+        s.send_with_inv(1, SIG, rkey, &[src.sge(0, 16).unwrap()])
+            .unwrap();
         for i in 2..5 {
             s.send(i, SIG, &[src.sge(0, 16).unwrap()]).unwrap();
         }
@@ -178,11 +192,17 @@ fn send_with_invalidate_invalidates_the_peers_registration() {
         let dst = pb.register(256, AccessFlags::LOCAL_WRITE).unwrap();
         send_with_inv(&mut qa, &mut qb, key, (&src, &dst));
         let sent = wait(e, &ca, 4);
-        assert!(sent.iter().all(|c| c.status == WcStatus::Success), "{sent:?}");
+        assert!(
+            sent.iter().all(|c| c.status == WcStatus::Success),
+            "{sent:?}"
+        );
         assert_eq!(one(&sent, 1).opcode, WcOpcode::Send);
         let got = wait(e, &cb, 4);
         let r = one(&got, 100);
-        assert_eq!((r.status, r.opcode, r.byte_len), (WcStatus::Success, WcOpcode::Recv, 16));
+        assert_eq!(
+            (r.status, r.opcode, r.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, 16)
+        );
         assert!(r.flags.contains(WcFlags::WITH_INV) && !r.flags.contains(WcFlags::WITH_IMM));
         assert_eq!(r.invalidated_rkey(), Some(key));
         assert_eq!(&dst.as_slice()[..16], b"invalidate this!");
@@ -238,18 +258,30 @@ fn send_with_invalidate_of_a_key_not_the_receivers_fails_at_both_ends() {
             send_with_inv(&mut qa, &mut qb, rkey, (&src, &dst));
             let sent = settle_all(e, &ca);
             let got = settle_all(e, &cb);
-            assert_eq!(one(&sent, 1).status, WcStatus::RemInvReqErr, "{what}: {sent:?}");
+            assert_eq!(
+                one(&sent, 1).status,
+                WcStatus::RemInvReqErr,
+                "{what}: {sent:?}"
+            );
             for i in 2..5 {
                 assert_eq!(one(&sent, i).status, WcStatus::WrFlushErr, "{what}");
             }
             assert_eq!(sent.len(), 4, "{what}: each once");
-            assert_eq!(one(&got, 100).status, WcStatus::RemInvReqErr, "{what}: {got:?}");
+            assert_eq!(
+                one(&got, 100).status,
+                WcStatus::RemInvReqErr,
+                "{what}: {got:?}"
+            );
             assert!(!one(&got, 100).flags.contains(WcFlags::WITH_INV));
             for i in 101..104 {
                 assert_eq!(one(&got, i).status, WcStatus::WrFlushErr, "{what}");
             }
             assert_eq!(got.len(), 4, "{what}: each once");
-            assert_eq!((state(&qa), state(&qb)), (QpState::Err, QpState::Err), "{what}");
+            assert_eq!(
+                (state(&qa), state(&qb)),
+                (QpState::Err, QpState::Err),
+                "{what}"
+            );
         }
         // Nothing was invalidated: the window still serves its QP, the registration its PD.
         read(&mut qa_w, 30, (plain.addr(), mw_key), &local, 8);
@@ -270,8 +302,14 @@ fn send_with_invalidate_is_rc_only_and_never_inline() {
         let mr = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let uc = pa.qp_builder(&ca, &ca).build::<Uc>().unwrap();
         let av = e.to_b;
-        let uc = uc.init(&ConnectedInit::default()).map_err(|(_, e)| e).unwrap();
-        let uc = uc.rtr(&ConnectedRtr::new(0x100, 0, av)).map_err(|(_, e)| e).unwrap();
+        let uc = uc
+            .init(&ConnectedInit::default())
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let uc = uc
+            .rtr(&ConnectedRtr::new(0x100, 0, av))
+            .map_err(|(_, e)| e)
+            .unwrap();
         let mut uc = uc.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap();
         let mut b = uc.send_batch();
         // SAFETY: refused before the device sees it.
@@ -279,8 +317,48 @@ fn send_with_invalidate_is_rc_only_and_never_inline() {
         let want = bareverbs::error::Feature::OpcodeForQpType;
         assert_eq!(
             r.err(),
-            Some(bareverbs::Error::Unsupported(bareverbs::error::Unsupported::Feature(want)))
+            Some(bareverbs::Error::Unsupported(
+                bareverbs::error::Unsupported::Feature(want)
+            ))
         );
         b.finish();
     });
+}
+
+#[test]
+fn send_with_invalidate_headers_are_laid_out_as_linux_rxe_lays_them_out() {
+    use bareverbs::device::rxe::wire::bth::{Bth, DEFAULT_PKEY, Headers, Layout, opcode};
+    // ib_pack.h: SEND_LAST_WITH_INVALIDATE 0x16, SEND_ONLY_WITH_INVALIDATE 0x17 (RC); rxe's
+    // opcode table: BTH then the 4-byte IETH (the rkey, big-endian), then the payload.
+    assert_eq!(
+        (opcode::RC_SEND_LAST_INV, opcode::RC_SEND_ONLY_INV),
+        (0x16, 0x17)
+    );
+    for op in [0x16, 0x17] {
+        let layout = Layout::of(op).unwrap();
+        assert_eq!(layout.header_len(), 16, "opcode {op:#x}");
+        assert!(layout.payload());
+    }
+    let mut h = Headers::new(Bth {
+        opcode: opcode::RC_SEND_ONLY_INV,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: 0x12,
+        ack_req: true,
+        psn: 0xABCD,
+    });
+    h.imm = Some(0x1122_3344);
+    let mut out = [0u8; 64];
+    let n = h.write(&mut out).unwrap();
+    #[rustfmt::skip]
+    let want: [u8; 16] = [
+        0x17, 0x00, 0xFF, 0xFF, // opcode, SE/M/pad/TVer, P_Key
+        0x00, 0x00, 0x00, 0x12, // reserved, destination QP
+        0x80, 0x00, 0xAB, 0xCD, // AckReq, PSN
+        0x11, 0x22, 0x33, 0x44, // IETH: the rkey
+    ];
+    assert_eq!(&out[..n], &want);
+    let (back, _) = Headers::parse(&want).unwrap();
+    assert_eq!(back, h);
 }

@@ -26,12 +26,21 @@ fn type1_window_read_write_inside_its_range_and_not_outside() {
         let mut mw = pb.alloc_mw(MwType::Type1).unwrap();
         let first = mw.rkey();
         let rw = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        let rkey = qb.bind_mw(1, SIG, &mut mw, &mr.window(1024, 1024, rw).unwrap()).unwrap();
+        let rkey = qb
+            .bind_mw(1, SIG, &mut mw, &mr.window(1024, 1024, rw).unwrap())
+            .unwrap();
         assert_eq!(rkey, mw.rkey());
-        assert_eq!(rkey & 0xFF, (first as u8).wrapping_add(1) as u32, "ibv_inc_rkey");
+        assert_eq!(
+            rkey & 0xFF,
+            (first as u8).wrapping_add(1) as u32,
+            "ibv_inc_rkey"
+        );
         assert_eq!(rkey & !0xFF, first & !0xFF);
         let c = wait(e, &cb, 1);
-        assert_eq!((c[0].wr_id, c[0].opcode, c[0].status), (1, WcOpcode::BindMw, WcStatus::Success));
+        assert_eq!(
+            (c[0].wr_id, c[0].opcode, c[0].status),
+            (1, WcOpcode::BindMw, WcStatus::Success)
+        );
 
         // The region's own rkey grants nothing remotely; the window does.
         let mut local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -51,7 +60,10 @@ fn type1_window_read_write_inside_its_range_and_not_outside() {
         assert_eq!((c[0].wr_id, c[0].status), (12, WcStatus::RemAccessErr));
         assert_eq!(&mr.as_slice()[2046..2050], b"ND\0\0", "nothing written");
         assert_eq!(state(&qa), QpState::Err);
-        assert!(settle_all(e, &cb).is_empty(), "B's side completes nothing for it");
+        assert!(
+            settle_all(e, &cb).is_empty(),
+            "B's side completes nothing for it"
+        );
         drop((qa, qb));
         drop(mw);
         mr.destroy().map_err(|(_, e)| e).unwrap();
@@ -107,11 +119,18 @@ fn rebinding_a_type1_window_kills_its_old_key() {
         mr.as_mut_slice()[3000..3004].copy_from_slice(b"two!");
         let mut mw = pb.alloc_mw(MwType::Type1).unwrap();
         let r = AccessFlags::REMOTE_READ;
-        let old = qb.bind_mw(1, SIG, &mut mw, &mr.window(0, 1024, r).unwrap()).unwrap();
-        let new = qb.bind_mw(2, SIG, &mut mw, &mr.window(2048, 2048, r).unwrap()).unwrap();
+        let old = qb
+            .bind_mw(1, SIG, &mut mw, &mr.window(0, 1024, r).unwrap())
+            .unwrap();
+        let new = qb
+            .bind_mw(2, SIG, &mut mw, &mr.window(2048, 2048, r).unwrap())
+            .unwrap();
         assert_ne!(old, new);
         let c = wait(e, &cb, 2);
-        assert!(c.iter().all(|c| c.opcode == WcOpcode::BindMw && c.status == WcStatus::Success));
+        assert!(
+            c.iter()
+                .all(|c| c.opcode == WcOpcode::BindMw && c.status == WcStatus::Success)
+        );
         let local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         read(&mut qa, 10, (mr.addr() + 3000, new), &local, 4);
         assert_eq!(wait(e, &ca, 1)[0].status, WcStatus::Success);
@@ -141,7 +160,10 @@ fn type2_window_serves_only_the_qp_it_is_bound_to() {
         batch.finish();
         assert_eq!(rkey & 0xFF, 0xA5);
         let c = wait(e, &cb, 1);
-        assert_eq!((c[0].opcode, c[0].status), (WcOpcode::BindMw, WcStatus::Success));
+        assert_eq!(
+            (c[0].opcode, c[0].status),
+            (WcOpcode::BindMw, WcStatus::Success)
+        );
         let local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         read(&mut qa1, 10, (mr.addr(), rkey), &local, 4);
         assert_eq!(wait(e, &ca, 1)[0].status, WcStatus::Success);
@@ -155,7 +177,10 @@ fn type2_window_serves_only_the_qp_it_is_bound_to() {
         batch.bind_mw(2, SIG, &mut mw, 0xA6, &bind).unwrap();
         batch.finish();
         let c = wait(e, &cb, 1);
-        assert_eq!((c[0].wr_id, c[0].opcode, c[0].status), (2, WcOpcode::BindMw, WcStatus::MwBindErr));
+        assert_eq!(
+            (c[0].wr_id, c[0].opcode, c[0].status),
+            (2, WcOpcode::BindMw, WcStatus::MwBindErr)
+        );
         assert_eq!(state(&qb1), QpState::Err);
     });
 }
@@ -235,7 +260,10 @@ fn bind_over_a_region_without_mw_bind_fails_and_flushes_the_rest_once() {
         let c = settle_all(e, &cb);
         assert_eq!(one(&c, 1).status, WcStatus::MwBindErr);
         assert_eq!(one(&c, 1).opcode, WcOpcode::BindMw);
-        assert_eq!((one(&c, 2).status, one(&c, 2).opcode), (WcStatus::WrFlushErr, WcOpcode::LocalInv));
+        assert_eq!(
+            (one(&c, 2).status, one(&c, 2).opcode),
+            (WcStatus::WrFlushErr, WcOpcode::LocalInv)
+        );
         assert_eq!(c.len(), 2);
         assert_eq!(state(&qb), QpState::Err);
         // The region was not touched: it goes.
@@ -280,8 +308,14 @@ fn pvrdma_has_no_windows_fast_registration_or_invalidation() {
         let err = pd.alloc_mw(MwType::Type1).err().unwrap();
         assert_eq!(err, unsupported(Feature::MemoryWindows));
         assert!(err.to_string().contains("rkey"), "{err}");
-        assert_eq!(pd.alloc_mw(MwType::Type2).err(), Some(unsupported(Feature::MemoryWindows)));
-        assert_eq!(pd.alloc_fast_reg_mr(4).err(), Some(unsupported(Feature::FastRegistration)));
+        assert_eq!(
+            pd.alloc_mw(MwType::Type2).err(),
+            Some(unsupported(Feature::MemoryWindows))
+        );
+        assert_eq!(
+            pd.alloc_fast_reg_mr(4).err(),
+            Some(unsupported(Feature::FastRegistration))
+        );
         let a = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
         let b = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
         let (na, nb) = (a.qp_num(), b.qp_num());
@@ -290,11 +324,18 @@ fn pvrdma_has_no_windows_fast_registration_or_invalidation() {
         let _b = common::rc_up(b, na, gid, AccessFlags::empty());
         let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let mut batch = a.send_batch();
-        assert_eq!(batch.local_inv(1, SIG, 0x100).err(), Some(unsupported(Feature::Invalidation)));
+        assert_eq!(
+            batch.local_inv(1, SIG, 0x100).err(),
+            Some(unsupported(Feature::Invalidation))
+        );
         // SAFETY: refused before the device sees it.
         let r = unsafe { batch.send_with_inv(2, SIG, 0x100, &[mr.sge(0, 8).unwrap()]) };
         assert_eq!(r.err(), Some(unsupported(Feature::Invalidation)));
         batch.finish();
-        assert_eq!(cq.poll(&mut [WorkCompletion::default(); 4]).unwrap(), 0, "nothing posted");
+        assert_eq!(
+            cq.poll(&mut [WorkCompletion::default(); 4]).unwrap(),
+            0,
+            "nothing posted"
+        );
     });
 }

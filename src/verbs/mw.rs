@@ -5,8 +5,8 @@
 //! windows and fast registration", states the semantics relied on).
 
 use super::{
-    AccessFlags, CanSend, Context, ExtOp, ExtWqe, KeyKind, MemoryRegion, MwType,
-    ProtectionDomain, Provider, QueuePair, SendBatch, SendFlags, Sge, State, Transport,
+    AccessFlags, CanSend, Context, ExtOp, ExtWqe, KeyKind, MemoryRegion, MwType, ProtectionDomain,
+    Provider, QueuePair, SendBatch, SendFlags, Sge, State, Transport,
 };
 use crate::error::{Error, Param, Result};
 

@@ -4,8 +4,8 @@
 use core::ptr::NonNull;
 
 use super::{
-    AccessFlags, AddressVector, DeviceCaps, Gid, GidType, ModifyAttr, PortAttr, QpAttr, QpCaps,
-    ExtWqe, KeyKind, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, AddressVector, DeviceCaps, ExtWqe, Gid, GidType, KeyKind, ModifyAttr, PortAttr,
+    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
 };
 use crate::error::{Error, Result};
@@ -273,7 +273,9 @@ pub trait Provider {
             KeyKind::Window(_) => crate::error::Feature::MemoryWindows,
             KeyKind::FastReg { .. } => crate::error::Feature::FastRegistration,
         };
-        Err(Error::Unsupported(crate::error::Unsupported::Feature(feature)))
+        Err(Error::Unsupported(crate::error::Unsupported::Feature(
+            feature,
+        )))
     }
     /// Frees the key `key` allocated by [`alloc_key`](Self::alloc_key) in `pd` (whatever its
     /// key is now, bound or not): access through it ends, and the region it was bound over

@@ -83,7 +83,13 @@ pub fn state(qp: &RcQp<'_>) -> QpState {
 }
 
 /// RDMA READ of `len` bytes at `addr` under `rkey` into `dst[0..len]`, signaled `wr_id`.
-pub fn read(qp: &mut RcQp<'_>, wr_id: u64, (addr, rkey): (u64, u32), dst: &MemoryRegion<'_, R>, len: u32) {
+pub fn read(
+    qp: &mut RcQp<'_>,
+    wr_id: u64,
+    (addr, rkey): (u64, u32),
+    dst: &MemoryRegion<'_, R>,
+    len: u32,
+) {
     // SAFETY: the tests leave `dst` alone until the completion is polled.
     unsafe {
         let mut b = qp.send_batch();
@@ -94,7 +100,13 @@ pub fn read(qp: &mut RcQp<'_>, wr_id: u64, (addr, rkey): (u64, u32), dst: &Memor
 }
 
 /// RDMA WRITE of `src[0..len]` to `addr` under `rkey`, signaled `wr_id`.
-pub fn write(qp: &mut RcQp<'_>, wr_id: u64, (addr, rkey): (u64, u32), src: &MemoryRegion<'_, R>, len: u32) {
+pub fn write(
+    qp: &mut RcQp<'_>,
+    wr_id: u64,
+    (addr, rkey): (u64, u32),
+    src: &MemoryRegion<'_, R>,
+    len: u32,
+) {
     // SAFETY: as in `read`.
     unsafe {
         let mut b = qp.send_batch();

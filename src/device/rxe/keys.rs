@@ -174,7 +174,8 @@ impl MrTable {
         let writes = r.access.intersects(WRITES | AccessFlags::LOCAL_WRITE);
         let parent_writes =
             AccessFlags::from_bits_truncate(parent.access).contains(AccessFlags::LOCAL_WRITE);
-        let needs_local = r.access.intersects(WRITES) && !r.access.contains(AccessFlags::LOCAL_WRITE);
+        let needs_local =
+            r.access.intersects(WRITES) && !r.access.contains(AccessFlags::LOCAL_WRITE);
         if (writes && !parent_writes) || needs_local || r.new_key == 0 {
             return false;
         }

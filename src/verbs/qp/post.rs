@@ -10,9 +10,7 @@
 use core::marker::PhantomData;
 
 use super::super::qp_types::QpState;
-use super::super::{
-    AddressHandle, ExtWqe, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode,
-};
+use super::super::{AddressHandle, ExtWqe, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
 use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, State, Transport, Uc};
 use crate::error::Result;
 
