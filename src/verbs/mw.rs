@@ -202,7 +202,7 @@ impl<P: Provider> MemoryRegion<'_, P> {
     /// rights `access`; checked against the region's bounds here (its rights, `MW_BIND`
     /// among them, when the bind executes).
     pub fn window(&self, offset: u64, length: u64, access: AccessFlags) -> Result<MwBind> {
-        let end = offset.checked_add(length).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(length);
         if end > self.len() as u64 {
             return Err(Error::invalid(Param::BufferRange, end, self.len() as u64));
         }
