@@ -246,7 +246,21 @@ fn send_with_invalidate_of_a_key_not_the_receivers_fails_at_both_ends() {
         batch.finish();
         assert_eq!(wait(e, &cb, 1)[0].status, WcStatus::Success);
 
+        // A fast registration of B's own PD: keys that name its slot but not it.
+        let own_data = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut own = pb.alloc_fast_reg_mr(1).unwrap();
+        let reg_own = FastReg {
+            sge: own_data.sge(0, 4096).unwrap(),
+            iova: IOVA,
+            access: RW,
+        };
+        let mut batch = qb_w.send_batch();
+        let own_key = batch.reg_mr(2, SIG, &mut own, 0x44, &reg_own).unwrap();
+        batch.finish();
+        assert_eq!(wait(e, &cb, 1)[0].status, WcStatus::Success);
         let cases = [
+            ("its slot, another low byte", own_key ^ 0x01),
+            ("its slot, other high bits", own_key ^ 0x0001_0000),
             ("a registered region's rkey", plain.rkey()),
             ("another PD's fast registration", other_key),
             ("a type 2 window of another QP", mw_key),
@@ -291,6 +305,8 @@ fn send_with_invalidate_of_a_key_not_the_receivers_fails_at_both_ends() {
         assert_eq!(one(&wait(e, &ca, 1), 31).status, WcStatus::Success);
         read(&mut qa_w, 32, (plain.addr(), plain.rkey()), &local, 8);
         assert_eq!(one(&wait(e, &ca, 1), 32).status, WcStatus::Success);
+        read(&mut qa_w, 33, (IOVA, own_key), &local, 8);
+        assert_eq!(one(&wait(e, &ca, 1), 33).status, WcStatus::Success);
     });
 }
 
