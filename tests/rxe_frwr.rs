@@ -378,3 +378,59 @@ fn send_with_invalidate_headers_are_laid_out_as_linux_rxe_lays_them_out() {
     let (back, _) = Headers::parse(&want).unwrap();
     assert_eq!(back, h);
 }
+
+#[test]
+fn local_requests_complete_in_order_behind_writes_and_reads() {
+    on_rxe(|e| {
+        let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+        let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
+        let (mut qa, _qb) = pair(e, (&pa, &ca), (&pb, &cb));
+        let remote = pb.register(4096, RW).unwrap();
+        let local = pa.register(8192, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut frmr = pa.alloc_fast_reg_mr(1).unwrap();
+        let reg = FastReg {
+            sge: local.sge(4096, 4096).unwrap(),
+            iova: IOVA,
+            access: AccessFlags::LOCAL_WRITE,
+        };
+        let target = (remote.addr(), remote.rkey());
+        let mut b = qa.send_batch();
+        // SAFETY: the buffers are left alone until every completion was polled.
+        unsafe {
+            b.rdma_write(1, SIG, target, &[local.sge(0, 3000).unwrap()])
+                .unwrap();
+            let k1 = b.reg_mr(2, SIG, &mut frmr, 1, &reg).unwrap();
+            // A READ into the fast-registered memory, by its key and IOVA.
+            let into = Sge {
+                addr: IOVA + 8,
+                length: 100,
+                lkey: k1,
+            };
+            b.rdma_read(3, SIG, target, &[into]).unwrap();
+            b.local_inv(4, SIG, k1).unwrap();
+            b.rdma_write(5, SIG, target, &[local.sge(0, 10).unwrap()])
+                .unwrap();
+            b.local_inv(6, SIG | SendFlags::FENCE, k1).unwrap(); // already invalid: allowed
+        }
+        b.finish();
+        let c = wait(e, &ca, 6);
+        let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+        use WcOpcode::*;
+        let ok = WcStatus::Success;
+        assert_eq!(
+            got,
+            [
+                (1, RdmaWrite, ok),
+                (2, RegMr, ok),
+                (3, RdmaRead, ok),
+                (4, LocalInv, ok),
+                (5, RdmaWrite, ok),
+                (6, LocalInv, ok)
+            ]
+        );
+        assert_eq!(
+            &local.as_slice()[4096 + 8..4096 + 108],
+            &remote.as_slice()[..100]
+        );
+    });
+}

@@ -1,14 +1,14 @@
 //! The requester's local work requests — memory-window binds, fast registrations, local
 //! invalidations — executed on the region table when the requester reaches them in the send
-//! queue (nothing goes on the wire), and completed in order once every request before them
-//! has; and the SEND with invalidate's last opcode.
+//! queue and every request before them has completed (nothing goes on the wire); and the
+//! SEND with invalidate's last opcode.
 
 use super::keys::{Bind, Reg};
 use super::mem::MrTable;
 use super::qp_state::QpCore;
-use super::wire::bth::opcode;
+use super::seq::psn_add;
+use super::wire::bth::{PSN_MASK, opcode};
 use super::wqe::op;
-use crate::events::EventHub;
 use crate::verbs::{AccessFlags, MwType, WcStatus};
 
 /// Executes the local request at `i` (once: a rewind walks it again without effect); the
@@ -53,19 +53,12 @@ pub(crate) fn execute(t: &mut MrTable, q: &mut QpCore, i: u32) -> Result<(), WcS
             .map_err(|_| WcStatus::LocQpOpErr),
     };
     ok?;
+    // Marked executed (a rewind walks it again without effect); it stands for the PSN
+    // before it, should an acknowledgement ever find it.
     let s = q.sq(i);
     s.npkts = 1;
-    s.first_psn = psn;
+    s.first_psn = psn_add(psn, PSN_MASK);
     Ok(())
-}
-
-/// Completes the executed local requests at the head of the requests started (every
-/// request before them has completed).
-pub(crate) fn retire_done(q: &mut QpCore, hub: &EventHub) {
-    // Bounded by the requests started (at most the ring's capacity): each turn retires one.
-    while q.sq_tail != q.sq_next && op::local(q.sq_ref(q.sq_tail).op) {
-        q.retire(WcStatus::Success, hub);
-    }
 }
 
 /// The opcode of a SEND with invalidate's last packet, for the plain SEND's `op` (LAST or

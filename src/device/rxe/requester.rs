@@ -62,7 +62,6 @@ pub(crate) fn run<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 }
 
 fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
-    super::local::retire_done(q, net.hub);
     if q.sq_next == q.sq_head {
         return;
     }
@@ -84,29 +83,27 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             break;
         }
         let i = q.sq_next;
-        if op::local(q.sq_ref(i).op) {
-            // A bind, fast registration or local invalidation: executed here, in order,
-            // completed once the requests before it have (`local.rs`). A fence waits for
-            // all of them.
-            let flags = SendFlags::from_bits_truncate(u32::from(q.sq_ref(i).flags));
-            if flags.contains(SendFlags::FENCE) && q.sq_tail != i {
-                break;
-            }
-            if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
-                // Bounded: each turn retires one of the requests before `i`.
-                while q.sq_tail != i {
-                    q.retire(WcStatus::WrFlushErr, net.hub);
-                }
-                return fail(net, q, status);
-            }
-            q.cur_pkt = 0;
-            q.sq_next = i.wrapping_add(1);
-            super::local::retire_done(q, net.hub);
-            continue;
-        }
         if q.cur_pkt == 0 {
             let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
             let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
+            if op::local(e_op) {
+                // A bind, fast registration or local invalidation: executed here once every
+                // request before it has completed (a READ may still be landing in the memory
+                // it changes), and completed at once (`local.rs`).
+                if q.sq_tail != i {
+                    break;
+                }
+                if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
+                    // Bounded: each turn retires one of the requests before `i`.
+                    while q.sq_tail != i {
+                        q.retire(WcStatus::WrFlushErr, net.hub);
+                    }
+                    return fail(net, q, status);
+                }
+                q.sq_next = i.wrapping_add(1);
+                q.retire(WcStatus::Success, net.hub);
+                continue;
+            }
             if (op::reads(e_op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
                 break;
             }
@@ -346,11 +343,6 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
     while q.sq_tail != q.sq_next {
         let e = q.sq_ref(q.sq_tail);
         let (e_op, first) = (e.op, e.first_psn);
-        if op::local(e_op) {
-            // Executed when the requester passed it: done once what was before it is.
-            q.retire(WcStatus::Success, net.hub);
-            continue;
-        }
         let last = psn_add(first, e.npkts.max(1) - 1);
         if psn_diff(psn, last) < 0 {
             if !op::reads(e_op) && psn_diff(psn, first) >= 0 {
@@ -375,7 +367,8 @@ fn rewind(q: &mut QpCore) {
     q.sq_next = q.sq_tail;
     q.psn = q.una;
     q.cur_pkt = 0;
-    if started && q.sq_tail != q.sq_head {
+    // An executed local request at the head stands for no packet: start from the next.
+    if started && q.sq_tail != q.sq_head && !op::local(q.sq_ref(q.sq_tail).op) {
         let first = q.sq(q.sq_tail).first_psn;
         q.cur_pkt = psn_diff(q.una, first).max(0) as u32;
         q.psn = psn_add(first, q.cur_pkt);
