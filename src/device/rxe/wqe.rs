@@ -7,25 +7,27 @@ use crate::verbs::{SendFlags, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion, 
 
 /// Operation codes of a send entry.
 pub(crate) mod op {
+    // Numbered so that each class is one comparison on the per-packet path: the SENDs
+    // first, then the WRITEs, the local requests, and the requests that wait for a response.
     pub(crate) const SEND: u8 = 0;
     pub(crate) const SEND_IMM: u8 = 1;
-    pub(crate) const WRITE: u8 = 2;
-    pub(crate) const WRITE_IMM: u8 = 3;
-    pub(crate) const READ: u8 = 4;
-    pub(crate) const CMP_SWAP: u8 = 5;
-    pub(crate) const FETCH_ADD: u8 = 6;
-    /// Bind a memory window (local: executed by the requester, nothing sent).
-    pub(crate) const BIND_MW: u8 = 7;
-    /// Fast registration (local).
-    pub(crate) const REG_MR: u8 = 8;
-    /// Local invalidation (local).
-    pub(crate) const LOCAL_INV: u8 = 9;
     /// SEND with invalidate (its last packet carries the IETH).
-    pub(crate) const SEND_INV: u8 = 10;
+    pub(crate) const SEND_INV: u8 = 2;
+    pub(crate) const WRITE: u8 = 3;
+    pub(crate) const WRITE_IMM: u8 = 4;
+    /// Bind a memory window (local: executed by the requester, nothing sent).
+    pub(crate) const BIND_MW: u8 = 5;
+    /// Fast registration (local).
+    pub(crate) const REG_MR: u8 = 6;
+    /// Local invalidation (local).
+    pub(crate) const LOCAL_INV: u8 = 7;
+    pub(crate) const READ: u8 = 8;
+    pub(crate) const CMP_SWAP: u8 = 9;
+    pub(crate) const FETCH_ADD: u8 = 10;
 
     /// Whether the operation waits for a response from the peer (READ, atomics).
     pub(crate) fn reads(op: u8) -> bool {
-        (READ..=FETCH_ADD).contains(&op)
+        op >= READ
     }
 
     /// Whether the operation is executed locally by the requester (no packet).
