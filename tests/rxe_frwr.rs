@@ -434,3 +434,47 @@ fn local_requests_complete_in_order_behind_writes_and_reads() {
         );
     });
 }
+
+#[test]
+fn a_multi_packet_send_with_invalidate_carries_the_ieth_on_its_last_packet() {
+    on_rxe(|e| {
+        let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+        let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
+        let (mut qa, mut qb) = pair(e, (&pa, &ca), (&pb, &cb));
+        let data = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut frmr = pb.alloc_fast_reg_mr(1).unwrap();
+        let reg = FastReg {
+            sge: data.sge(0, 4096).unwrap(),
+            iova: IOVA,
+            access: RW,
+        };
+        let mut batch = qb.send_batch();
+        let key = batch.reg_mr(1, SIG, &mut frmr, 3, &reg).unwrap();
+        batch.finish();
+        assert_eq!(wait(e, &cb, 1)[0].status, WcStatus::Success);
+        let mut src = pa.register(3000, AccessFlags::LOCAL_WRITE).unwrap();
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        let dst = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        // SAFETY: the buffers are left alone until the completions were polled.
+        unsafe {
+            let mut r = qb.recv_batch();
+            r.recv(100, &[dst.sge(0, 4096).unwrap()]).unwrap();
+            r.finish();
+            let mut s = qa.send_batch();
+            s.send_with_inv(1, SIG, key, &[src.sge(0, 3000).unwrap()])
+                .unwrap();
+            s.finish();
+        }
+        assert_eq!(one(&wait(e, &ca, 1), 1).status, WcStatus::Success);
+        let r = one(&wait(e, &cb, 1), 100);
+        assert_eq!(
+            (r.status, r.byte_len, r.invalidated_rkey()),
+            (WcStatus::Success, 3000, Some(key))
+        );
+        assert_eq!(&dst.as_slice()[..3000], &src.as_slice()[..3000]);
+        write(&mut qa, 2, (IOVA, key), &src, 8);
+        assert_eq!(one(&wait(e, &ca, 1), 2).status, WcStatus::RemAccessErr);
+    });
+}

@@ -25,6 +25,7 @@ fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, av: AddressVector) -> RcQp
     let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = 4;
+    rtr.path_mtu = Mtu::Mtu1024; // messages of a few KiB take several packets
     let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = 4;
