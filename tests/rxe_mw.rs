@@ -339,3 +339,43 @@ fn pvrdma_has_no_windows_fast_registration_or_invalidation() {
         );
     });
 }
+
+#[test]
+fn atomics_through_a_window_inside_its_range_and_with_its_right_only() {
+    on_rxe(|e| {
+        let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+        let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
+        let (mut qa, mut qb) = pair(e, (&pa, &ca), (&pb, &cb));
+        let mut mr = pb.register(4096, BINDABLE).unwrap();
+        mr.as_mut_slice()[64..72].copy_from_slice(&40u64.to_ne_bytes());
+        let mut mw = pb.alloc_mw(MwType::Type1).unwrap();
+        let at = AccessFlags::REMOTE_ATOMIC;
+        let rkey = qb
+            .bind_mw(1, SIG, &mut mw, &mr.window(64, 8, at).unwrap())
+            .unwrap();
+        wait(e, &cb, 1);
+        let local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let fetch = |qa: &mut RcQp<'_>, wr_id, addr| {
+            // SAFETY: `local` is left alone until the completion is polled.
+            unsafe {
+                let mut b = qa.send_batch();
+                b.atomic_fetch_add(wr_id, SIG, (addr, rkey), 2, &local.sge(0, 8).unwrap())
+                    .unwrap();
+                b.finish();
+            }
+        };
+        fetch(&mut qa, 10, mr.addr() + 64);
+        assert_eq!(one(&wait(e, &ca, 1), 10).status, WcStatus::Success);
+        assert_eq!(&local.as_slice()[..8], &40u64.to_ne_bytes());
+        assert_eq!(&mr.as_slice()[64..72], &42u64.to_ne_bytes());
+        // The next 8 bytes are the region's, not the window's.
+        fetch(&mut qa, 11, mr.addr() + 72);
+        assert_eq!(one(&wait(e, &ca, 1), 11).status, WcStatus::RemAccessErr);
+        assert_eq!(&mr.as_slice()[72..80], &[0; 8]);
+        // A window without REMOTE_WRITE refuses a WRITE over the same bytes.
+        let (mut qa2, _qb2) = pair(e, (&pa, &ca), (&pb, &cb));
+        write(&mut qa2, 12, (mr.addr() + 64, rkey), &local, 8);
+        assert_eq!(one(&wait(e, &ca, 1), 12).status, WcStatus::RemAccessErr);
+        assert_eq!(&mr.as_slice()[64..72], &42u64.to_ne_bytes());
+    });
+}
