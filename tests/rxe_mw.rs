@@ -379,3 +379,29 @@ fn atomics_through_a_window_inside_its_range_and_with_its_right_only() {
         assert_eq!(&mr.as_slice()[64..72], &42u64.to_ne_bytes());
     });
 }
+
+#[test]
+fn a_zero_length_bind_unbinds_a_type1_window_and_frees_its_region() {
+    on_rxe(|e| {
+        let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
+        let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
+        let (mut qa, mut qb) = pair(e, (&pa, &ca), (&pb, &cb));
+        let mr = pb.register(4096, BINDABLE).unwrap();
+        let mut mw = pb.alloc_mw(MwType::Type1).unwrap();
+        let r = AccessFlags::REMOTE_READ;
+        let bound = qb
+            .bind_mw(1, SIG, &mut mw, &mr.window(0, 4096, r).unwrap())
+            .unwrap();
+        let unbound = qb
+            .bind_mw(2, SIG, &mut mw, &mr.window(0, 0, r).unwrap())
+            .unwrap();
+        assert_ne!(bound, unbound);
+        let c = wait(e, &cb, 2);
+        assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+        let local = pa.register(64, AccessFlags::LOCAL_WRITE).unwrap();
+        read(&mut qa, 10, (mr.addr(), unbound), &local, 4);
+        assert_eq!(one(&wait(e, &ca, 1), 10).status, WcStatus::RemAccessErr);
+        // Nothing holds the region any more.
+        mr.destroy().map_err(|(_, e)| e).unwrap();
+    });
+}
