@@ -98,6 +98,9 @@ pub enum Holder {
     /// Completion events taken from a completion queue's channel and not yet acknowledged
     /// (`ibv_ack_cq_events`).
     UnackedEvents,
+    /// Memory windows bound to a memory region, and fast-registered regions mapping its
+    /// memory: they keep remote access to its bytes open.
+    Windows,
 }
 
 /// A queue named by [`Error::QueueFull`].
@@ -267,6 +270,9 @@ pub enum Param {
     BufferRange,
     /// Memory region length.
     MrLength,
+    /// A memory window of the other type than the operation takes (`value` the window's
+    /// type, 1 or 2; `max` the type the operation takes).
+    MwType,
     /// A buffer of another pool than the queue pair's (or a QP without a pool).
     Pool,
     /// Buffers in a pool.
@@ -397,6 +403,8 @@ pub enum Op {
     CreateMr,
     /// Deregistering a memory region.
     DestroyMr,
+    /// Allocating a memory window or a region for fast registration.
+    AllocMw,
     /// Adding a GID to the port's table.
     BindGid,
     /// Removing a GID from the port's table.
@@ -531,6 +539,15 @@ pub enum Feature {
     Ipv6,
     /// Changing a memory region in place (`ibv_rereg_mr`).
     ReregMr,
+    /// Memory windows (`ibv_alloc_mw`, `ibv_bind_mw`, `IBV_WR_BIND_MW`): QEMU's PVRDMA has
+    /// none; grant remote access through a memory region's own rkey instead.
+    MemoryWindows,
+    /// Fast registration (`IB_WR_REG_MR` of a region allocated for it): QEMU's PVRDMA has
+    /// none; register the memory with `ProtectionDomain::register` instead.
+    FastRegistration,
+    /// Invalidating a key by a work request (`IBV_WR_LOCAL_INV`, `IBV_WR_SEND_WITH_INV`):
+    /// QEMU's PVRDMA has none; deregister the region instead, and send without invalidate.
+    Invalidation,
 }
 
 /// What was not found, in an [`Error::NotFound`].

@@ -92,6 +92,9 @@ impl Holder {
             Holder::PdObjects => "destroy them first",
             Holder::McastGroups => "detach it from them first",
             Holder::UnackedEvents => "acknowledge them first (ack_events)",
+            Holder::Windows => {
+                "invalidate them (LOCAL_INV), bind them elsewhere or deallocate them first"
+            }
         }
     }
 }
@@ -106,6 +109,7 @@ impl Display for Holder {
             }
             Holder::McastGroups => "multicast group(s)",
             Holder::UnackedEvents => "completion event(s) taken and not acknowledged",
+            Holder::Windows => "memory window(s) or fast-registered region(s) over it",
         })
     }
 }
@@ -149,6 +153,7 @@ impl Display for Param {
             Param::NumSge => "scatter/gather entries in a request",
             Param::BufferRange => "buffer bytes",
             Param::MrLength => "memory region length",
+            Param::MwType => "memory window type (bind a type 1 window with `bind_mw` on the queue pair, a type 2 window in a send batch)",
             Param::Pool => "buffer pool",
             Param::PoolBuffers => "buffers in a pool",
             Param::BufferSize => "bytes per buffer",
@@ -247,6 +252,7 @@ impl Display for Op {
             Op::DestroySrq => "destroying a shared receive queue",
             Op::CreateMr => "registering a memory region",
             Op::DestroyMr => "deregistering a memory region",
+            Op::AllocMw => "allocating a memory window or a fast-registration region",
             Op::BindGid => "binding a GID",
             Op::UnbindGid => "unbinding a GID",
             Op::PostSend => "posting send requests",
@@ -346,6 +352,16 @@ impl Display for Feature {
             Feature::SrqModify => "modifying a shared receive queue on this device",
             Feature::Ipv6 => "an IPv6 GID: the software device speaks RoCEv2 over IPv4",
             Feature::ReregMr => "changing a memory region in place on this device",
+            Feature::MemoryWindows => {
+                "memory windows on this device: grant access through a region's own rkey"
+            }
+            Feature::FastRegistration => {
+                "fast registration on this device: register the memory with `register`"
+            }
+            Feature::Invalidation => {
+                "invalidating keys by work request on this device: deregister the region \
+                 instead"
+            }
         })
     }
 }

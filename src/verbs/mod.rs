@@ -54,6 +54,7 @@ mod cq;
 mod cq_resize;
 mod gid;
 mod mr;
+mod mw;
 mod pool;
 mod provider;
 mod qp;
@@ -74,6 +75,7 @@ pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCursor};
 pub use gid::GidEntries;
 pub use mr::MemoryRegion;
+pub use mw::{FastReg, FastRegMr, MemoryWindow, MwBind};
 pub use pool::{Buf, BufferPool};
 pub use provider::{PollCq, Provider};
 pub(crate) use qp::local_gid;
@@ -93,8 +95,8 @@ pub use srq::SharedReceiveQueue;
 pub use types::{DeviceCaps, Gid, GidType, LinkLayer, Mtu, PortAttr, PortState};
 pub use wait::{AsyncEventFuture, CqEventFuture, NextCompletion, Ready};
 pub use wr::{
-    RecvWr, SendFlags, SendWqe, Sge, UdTarget, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    ExtOp, ExtWqe, KeyKind, MwType, RecvWr, SendFlags, SendWqe, Sge, UdTarget, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };
 
 use crate::error::Result;

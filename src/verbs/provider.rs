@@ -4,8 +4,9 @@
 use core::ptr::NonNull;
 
 use super::{
-    AccessFlags, AddressVector, DeviceCaps, Gid, GidType, ModifyAttr, PortAttr, QpAttr, QpCaps,
-    QpInit, RecvWr, SendWqe, Sge, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AddressVector, DeviceCaps, ExtWqe, Gid, GidType, KeyKind, ModifyAttr, PortAttr,
+    QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use crate::error::{Error, Result};
 use crate::events::AsyncEvent;
@@ -263,6 +264,44 @@ pub trait Provider {
             crate::error::Feature::ReregMr,
         )))
     }
+    /// Allocates a key in `pd` for a memory window or a fast-registration region (unbound,
+    /// invalid: no access through it until a bind or a registration); returns the key, which
+    /// is also the handle [`free_key`](Self::free_key) and the work requests on it name
+    /// (its index bits never change). A typed `Unsupported` by default.
+    fn alloc_key(&self, _pd: &Self::Pd, kind: KeyKind) -> Result<u32> {
+        let feature = match kind {
+            KeyKind::Window(_) => crate::error::Feature::MemoryWindows,
+            KeyKind::FastReg { .. } => crate::error::Feature::FastRegistration,
+        };
+        Err(Error::Unsupported(crate::error::Unsupported::Feature(
+            feature,
+        )))
+    }
+    /// Frees the key `key` allocated by [`alloc_key`](Self::alloc_key) in `pd` (whatever its
+    /// key is now, bound or not): access through it ends, and the region it was bound over
+    /// is released.
+    fn free_key(&self, _pd: &Self::Pd, _key: u32) -> Result<()> {
+        Err(Error::Unsupported(crate::error::Unsupported::Feature(
+            crate::error::Feature::MemoryWindows,
+        )))
+    }
+    /// Writes a work request on a key (bind, fast registration, invalidation, SEND with
+    /// invalidate) into the QP's send queue, as [`sq_write`](Self::sq_write). A typed
+    /// `Unsupported` by default.
+    ///
+    /// # Safety
+    ///
+    /// As for [`sq_write`](Self::sq_write).
+    unsafe fn sq_write_ext(
+        &self,
+        _qp: &mut Self::Qp,
+        _c: &mut Self::Cursor,
+        wqe: &ExtWqe<'_>,
+    ) -> Result<()> {
+        Err(Error::Unsupported(crate::error::Unsupported::Feature(
+            wqe.op.feature(),
+        )))
+    }
     /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the device raises
     /// SRQ_LIMIT_REACHED once fewer than `limit` receives are posted, and disarms.
     fn modify_srq(&self, srq: &Self::Srq, limit: u32) -> Result<()>;
@@ -294,7 +333,8 @@ pub trait PollCq {
     fn byte_len(&self) -> u32;
     /// Flags.
     fn flags(&self) -> WcFlags;
-    /// Immediate data (0 without [`WcFlags::WITH_IMM`]).
+    /// Immediate data (0 without [`WcFlags::WITH_IMM`]); with [`WcFlags::WITH_INV`], the
+    /// invalidated rkey.
     fn imm(&self) -> u32;
     /// The sender's QP number (UD receives).
     fn src_qp(&self) -> u32;

@@ -233,6 +233,12 @@ pub enum WcOpcode {
     Recv,
     /// A receive consumed by an RDMA WRITE with immediate.
     RecvRdmaWithImm,
+    /// A memory window bound (`IBV_WC_BIND_MW`).
+    BindMw,
+    /// A fast registration (`IB_WC_REG_MR`).
+    RegMr,
+    /// A local invalidation (`IBV_WC_LOCAL_INV`).
+    LocalInv,
 }
 
 bitflags::bitflags! {
@@ -243,6 +249,9 @@ bitflags::bitflags! {
         const GRH = 1 << 0;
         /// `imm` is valid.
         const WITH_IMM = 1 << 1;
+        /// The SEND that completed this receive invalidated the rkey in `imm`
+        /// (`IBV_WC_WITH_INV`; see [`WorkCompletion::invalidated_rkey`]).
+        const WITH_INV = 1 << 2;
     }
 }
 
@@ -254,7 +263,8 @@ pub struct WorkCompletion {
     pub wr_id: u64,
     /// Bytes received (receives, RDMA READ).
     pub byte_len: u32,
-    /// Immediate data, when [`WcFlags::WITH_IMM`].
+    /// Immediate data, when [`WcFlags::WITH_IMM`]; the invalidated rkey, when
+    /// [`WcFlags::WITH_INV`] (`ibv_wc`'s `imm_data` / `invalidated_rkey` union).
     pub imm: u32,
     /// The local QP number.
     pub qp_num: u32,
@@ -266,4 +276,111 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Flags.
     pub flags: WcFlags,
+}
+
+impl WorkCompletion {
+    /// The rkey the peer's SEND with invalidate invalidated here (`ibv_wc.invalidated_rkey`),
+    /// when [`WcFlags::WITH_INV`] is set.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.flags.contains(WcFlags::WITH_INV).then_some(self.imm)
+    }
+}
+
+/// The type of a memory window (`enum ibv_mw_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MwType {
+    /// Type 1: bound by `ibv_bind_mw`, usable by every QP of its PD, rebound in place.
+    Type1,
+    /// Type 2: bound by an `IBV_WR_BIND_MW` work request to the QP that posts it (only that
+    /// QP's peer may use it), the low 8 bits of its key the consumer's; bound again only
+    /// after an invalidation.
+    Type2,
+}
+
+/// What a provider allocates a key for ([`Provider::alloc_key`](super::Provider::alloc_key)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A memory window.
+    Window(MwType),
+    /// A memory region for fast registration of at most `max_pages` pages of 4 KiB.
+    FastReg {
+        /// Pages it may map.
+        max_pages: u32,
+    },
+}
+
+/// The work requests on a key (memory windows, fast registration, invalidation), as the
+/// verbs layer hands them to a provider ([`Provider::sq_write_ext`](super::Provider::sq_write_ext)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtOp<'w> {
+    /// Bind the window keyed `mw` (its key now) over `length` bytes at `addr` of the region
+    /// whose local key is `mr_lkey`, with `access`, under the key `new_rkey`
+    /// (`IBV_WR_BIND_MW`). Length 0 unbinds a type 1 window.
+    BindMw {
+        /// The window's key when posted.
+        mw: u32,
+        /// Its type.
+        kind: MwType,
+        /// The key it gets (its index bits are the window's).
+        new_rkey: u32,
+        /// The local key of the region it is bound over.
+        mr_lkey: u32,
+        /// The first byte, in the region's address space.
+        addr: u64,
+        /// Bytes.
+        length: u64,
+        /// The remote rights it grants.
+        access: super::AccessFlags,
+    },
+    /// Register the fast-registration region keyed `mr` (its key now) over the memory of
+    /// `sge` (inside a region of the QP's PD), at `iova`, with `access`, under `new_key`
+    /// (`IB_WR_REG_MR`).
+    RegMr {
+        /// The region's key when posted.
+        mr: u32,
+        /// The key it gets (lkey and rkey; its index bits are the region's).
+        new_key: u32,
+        /// The memory mapped (one contiguous range of a registered region).
+        sge: Sge,
+        /// The address the region's users name its first byte by.
+        iova: u64,
+        /// The rights it grants.
+        access: super::AccessFlags,
+    },
+    /// Invalidate `key` (a fast-registered region's, or a type 2 window's)
+    /// (`IBV_WR_LOCAL_INV`).
+    LocalInv {
+        /// The key.
+        key: u32,
+    },
+    /// SEND of `sges` that invalidates `rkey` at the peer (`IBV_WR_SEND_WITH_INV`).
+    SendWithInv {
+        /// The peer's key to invalidate.
+        rkey: u32,
+        /// The gather list.
+        sges: &'w [Sge],
+    },
+}
+
+impl ExtOp<'_> {
+    /// The feature a device without this operation names in its `Unsupported` error.
+    pub fn feature(&self) -> crate::error::Feature {
+        use crate::error::Feature;
+        match self {
+            ExtOp::BindMw { .. } => Feature::MemoryWindows,
+            ExtOp::RegMr { .. } => Feature::FastRegistration,
+            ExtOp::LocalInv { .. } | ExtOp::SendWithInv { .. } => Feature::Invalidation,
+        }
+    }
+}
+
+/// One work request on a key, with its `wr_id` and flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtWqe<'w> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Flags (`SIGNALED`, `FENCE`, `SOLICITED`; not `INLINE`).
+    pub flags: SendFlags,
+    /// The operation.
+    pub op: ExtOp<'w>,
 }

@@ -54,10 +54,42 @@ pub(crate) struct MrEntry {
     pub(crate) access: u32,
     /// The low byte of the slot's last key (the next one differs from it).
     pub(crate) generation: u8,
+    /// What the key is (`kind::*`).
+    pub(crate) kind: u8,
+    /// Access through the key is possible: a registration, a bound window, a fast
+    /// registration not invalidated.
+    pub(crate) valid: bool,
+    /// Windows and fast registrations over this region (it cannot be deregistered).
+    pub(crate) binds: u16,
+    /// The region a window or fast registration is over: its slot + 1 (0: none).
+    pub(crate) parent: u16,
+    /// A type 2 window: the QP it is bound to.
+    pub(crate) qpn: u32,
+    /// The CPU address of `addr` (a fast registration's `iova` names other bytes).
+    pub(crate) base: u64,
+    /// A fast-registration region: the bytes it may map.
+    pub(crate) max_len: u64,
 }
 
+/// What a key of the table is.
+pub(crate) mod kind {
+    /// A registered memory region.
+    pub(crate) const MR: u8 = 0;
+    /// A type 1 memory window.
+    pub(crate) const MW1: u8 = 1;
+    /// A type 2 memory window.
+    pub(crate) const MW2: u8 = 2;
+    /// A region for fast registration.
+    pub(crate) const FAST: u8 = 3;
+}
+
+/// The rights only a peer uses.
+const REMOTE: AccessFlags = AccessFlags::REMOTE_READ
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
 /// The bits of a key that name its slot in the table (bits 8 to 15).
-const KEY_INDEX: u32 = (MAX_MR as u32 - 1) << 8;
+pub(super) const KEY_INDEX: u32 = (MAX_MR as u32 - 1) << 8;
 const _: () = assert!(MAX_MR.is_power_of_two() && MAX_MR <= 256);
 
 /// The memory-region table: every region's key, protection domain, bounds and rights.
@@ -69,7 +101,7 @@ const _: () = assert!(MAX_MR.is_power_of_two() && MAX_MR <= 256);
 /// ([`Hal::seed`]): a station on the segment that guesses keys faces 24 unknown bits (16 once
 /// it saw an earlier key of the slot), not a count from 1 (`docs/security.md`).
 pub(crate) struct MrTable {
-    entries: [MrEntry; MAX_MR],
+    pub(super) entries: [MrEntry; MAX_MR],
     /// The stream the key bits come from (valid zeroed; seeded in [`MrTable::seed`]).
     keys: Entropy,
 }
@@ -113,6 +145,9 @@ impl MrTable {
             pd,
             access: access.bits(),
             generation: m.generation,
+            valid: true,
+            base: addr,
+            ..MrEntry::default()
         };
         Some(key)
     }
@@ -151,7 +186,11 @@ impl MrTable {
             .entries
             .get(((key & KEY_INDEX) >> 8) as usize)
             .ok_or(Denied::Key)?;
-        if m.key == 0 || m.key != key || m.pd != pd {
+        if m.key == 0 || m.key != key || m.pd != pd || !m.valid {
+            return Err(Denied::Key);
+        }
+        // A window's key is an rkey only: never a local key.
+        if matches!(m.kind, kind::MW1 | kind::MW2) && !need.intersects(REMOTE) {
             return Err(Denied::Key);
         }
         if len == 0 {
@@ -164,7 +203,7 @@ impl MrTable {
         if !AccessFlags::from_bits_truncate(m.access).contains(need) {
             return Err(Denied::Access);
         }
-        Ok(addr as usize as *mut u8)
+        Ok(m.base.wrapping_add(addr - m.addr) as usize as *mut u8)
     }
 
     /// Copies `out.len()` bytes at byte `offset` of the message the gather list `sges`

@@ -27,9 +27,12 @@
 
 mod check;
 mod cq;
+mod keys;
+mod local;
 mod mem;
 mod net;
 mod post;
+mod post_ext;
 mod provider;
 mod qp;
 mod qp_lock;

@@ -17,14 +17,14 @@ use crate::verbs::{QpState, QpType, SendFlags, SendWqe, Sge};
 /// A batch's copy of a queue's posting state: where it starts and how many it wrote.
 #[derive(Clone, Copy, Debug)]
 pub struct Cursor {
-    start: u32,
-    n: u32,
+    pub(super) start: u32,
+    pub(super) n: u32,
 }
 
 /// Takes the completion-queue room of one request written by the batch `c` (the QP's lock
 /// held); `pending` counts the room of requests written and not yet published. A new batch
 /// first gives back what a batch dropped unfinished had taken.
-fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
+pub(super) fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
     let mut pending = if send { q.sq_pending } else { q.rq_pending };
     let cq = if send { q.send_cq() } else { q.recv_cq() };
     if c.n == 0 && pending != 0 {
@@ -52,7 +52,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// Frees the room a shared receive queue gave up on `cq` as far as its requests allow,
     /// when the device lock is free now (settling is the device lock's; a post only tries it,
     /// holding its QP's lock: never waiting on the device lock under it).
-    fn settle(&self, cq: &super::cq::CqRing) {
+    pub(super) fn settle(&self, cq: &super::cq::CqRing) {
         if let Some(_device) = self.core.try_lock() {
             cq.settle();
         }

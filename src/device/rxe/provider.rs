@@ -8,7 +8,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use bareverbs_hal::{Clock, Hal, Link};
 
 use super::cq::{Cq, Poll};
-use super::mem::{Mem, Mr, Pd};
+use super::mem::{Mem, Mr, Pd, kind as mem_kind};
 use super::post::Cursor;
 use super::qp::Qp;
 use super::srq::Srq;
@@ -17,8 +17,9 @@ use crate::dma::Dma;
 use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
-    AccessFlags, AddressVector, DeviceCaps, Gid, LinkLayer, ModifyAttr, Mtu, PortAttr, PortState,
-    Provider, QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr, WorkCompletion,
+    AccessFlags, AddressVector, DeviceCaps, ExtWqe, Gid, KeyKind, LinkLayer, ModifyAttr, Mtu,
+    MwType, PortAttr, PortState, Provider, QpAttr, QpCaps, QpInit, RecvWr, SendWqe, Sge, SrqAttr,
+    WorkCompletion,
 };
 
 /// The `ibv_mtu` of a path MTU in bytes (one of `seq::MTUS`: 256 is 1, each doubling +1).
@@ -213,6 +214,8 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn destroy_qp(&self, qp: Qp<H>) -> Result<(), (Qp<H>, Error)> {
+        // Its number may be given again: the type 2 windows bound to it end with it.
+        self.lock().tables().mrs.unbind_qp(qp.qpn);
         self.destroy_qp_impl(qp);
         Ok(())
     }
@@ -259,7 +262,20 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn destroy_mr(&self, mr: Mr<H>) -> Result<(), (Mr<H>, Error)> {
-        self.lock().tables().mrs.remove(mr.key);
+        {
+            let mut core = self.lock();
+            let mrs = &mut core.tables().mrs;
+            let binds = mrs.binds(mr.key);
+            if binds > 0 {
+                let e = Error::InUse {
+                    op: Op::DestroyMr,
+                    holder: Holder::Windows,
+                    count: u32::from(binds),
+                };
+                return Err((mr, e));
+            }
+            mrs.remove(mr.key);
+        }
         // SAFETY: the PD outlives the region (create_mr's contract).
         unsafe { mr.pd_users.as_ref() }.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -311,6 +327,38 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     unsafe fn sq_write(&self, qp: &mut Qp<H>, c: &mut Cursor, wqe: &SendWqe<'_, Ah>) -> Result<()> {
         self.sq_write_impl(qp, c, wqe)
+    }
+
+    unsafe fn sq_write_ext(&self, qp: &mut Qp<H>, c: &mut Cursor, wqe: &ExtWqe<'_>) -> Result<()> {
+        self.sq_write_ext_impl(qp, c, wqe)
+    }
+
+    fn alloc_key(&self, pd: &Pd, kind: KeyKind) -> Result<u32> {
+        let (k, max_len) = match kind {
+            KeyKind::Window(MwType::Type1) => (mem_kind::MW1, 0),
+            KeyKind::Window(MwType::Type2) => (mem_kind::MW2, 0),
+            KeyKind::FastReg { max_pages } => {
+                let pages = u64::from(max_pages);
+                (mem_kind::FAST, pages * bareverbs_hal::PAGE_SIZE as u64)
+            }
+        };
+        let key = self
+            .lock()
+            .tables()
+            .mrs
+            .add_key(pd.id, k, max_len)
+            .ok_or(Error::Resource(Resource::Objects {
+                object: Object::Mr,
+                limit: super::MAX_MR as u32,
+            }))?;
+        pd.users.fetch_add(1, Ordering::Relaxed);
+        Ok(key)
+    }
+
+    fn free_key(&self, pd: &Pd, key: u32) -> Result<()> {
+        self.lock().tables().mrs.free_key(key);
+        pd.users.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn sq_commit(&self, qp: &mut Qp<H>, c: &Cursor) {

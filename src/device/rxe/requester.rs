@@ -86,6 +86,24 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         if q.cur_pkt == 0 {
             let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
             let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
+            if op::local(e_op) {
+                // A bind, fast registration or local invalidation: executed here once every
+                // request before it has completed (a READ may still be landing in the memory
+                // it changes), and completed at once (`local.rs`).
+                if q.sq_tail != i {
+                    break;
+                }
+                if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
+                    // Bounded: each turn retires one of the requests before `i`.
+                    while q.sq_tail != i {
+                        q.retire(WcStatus::WrFlushErr, net.hub);
+                    }
+                    return fail(net, q, status);
+                }
+                q.sq_next = i.wrapping_add(1);
+                q.retire(WcStatus::Success, net.hub);
+                continue;
+            }
             if (op::reads(e_op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
                 break;
             }
@@ -142,7 +160,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             }
             _ => {
                 let kind = match e.op {
-                    op::SEND | op::SEND_IMM => Kind::Send {
+                    op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
                         imm: e.op == op::SEND_IMM,
                     },
                     _ => Kind::Write {
@@ -168,6 +186,11 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 }
                 if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
                     h.imm = Some(e.imm);
+                }
+                if last && e.op == op::SEND_INV {
+                    // The IETH: the peer's key to invalidate, where ImmDt would be.
+                    h.bth.opcode = super::local::with_inv(s.opcode);
+                    h.imm = Some(e.rkey);
                 }
                 let pd = q.pd;
                 net.send(&route, &h, s.len as usize, |t, out| {
@@ -344,7 +367,8 @@ fn rewind(q: &mut QpCore) {
     q.sq_next = q.sq_tail;
     q.psn = q.una;
     q.cur_pkt = 0;
-    if started && q.sq_tail != q.sq_head {
+    // An executed local request at the head stands for no packet: start from the next.
+    if started && q.sq_tail != q.sq_head && !op::local(q.sq_ref(q.sq_tail).op) {
         let first = q.sq(q.sq_tail).first_psn;
         q.cur_pkt = psn_diff(q.una, first).max(0) as u32;
         q.psn = psn_add(first, q.cur_pkt);

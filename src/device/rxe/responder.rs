@@ -50,6 +50,7 @@ pub(crate) fn on_request<L: Link>(
     let op = p.headers.bth.opcode;
     let r = match op {
         opcode::RC_SEND_FIRST..=opcode::RC_SEND_ONLY_IMM => send(net, q, p),
+        opcode::RC_SEND_LAST_INV | opcode::RC_SEND_ONLY_INV => send(net, q, p),
         opcode::RC_WRITE_FIRST..=opcode::RC_WRITE_ONLY_IMM => write(net, q, p),
         opcode::RC_READ_REQUEST => read(net, q, p),
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => atomic(net, q, p),
@@ -110,6 +111,7 @@ fn length_ok(op: u8, len: usize, mtu: u32) -> bool {
         | opcode::RC_WRITE_MIDDLE => len == mtu,
         opcode::RC_SEND_LAST
         | opcode::RC_SEND_LAST_IMM
+        | opcode::RC_SEND_LAST_INV
         | opcode::RC_WRITE_LAST
         | opcode::RC_WRITE_LAST_IMM => len >= 1 && len <= mtu,
         _ => len <= mtu,
@@ -132,7 +134,10 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     let op = p.headers.bth.opcode;
     let first = matches!(
         op,
-        opcode::RC_SEND_FIRST | opcode::RC_SEND_ONLY | opcode::RC_SEND_ONLY_IMM
+        opcode::RC_SEND_FIRST
+            | opcode::RC_SEND_ONLY
+            | opcode::RC_SEND_ONLY_IMM
+            | opcode::RC_SEND_ONLY_INV
     );
     let last = op != opcode::RC_SEND_FIRST && op != opcode::RC_SEND_MIDDLE;
     if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Send) {
@@ -163,8 +168,20 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     }
     q.offset = end as u32;
     if last {
+        let inv = matches!(op, opcode::RC_SEND_LAST_INV | opcode::RC_SEND_ONLY_INV);
+        let wc = if inv {
+            // The IETH's key: invalidated only if it is this QP's to invalidate (else the
+            // receive completes in error and the peer gets NAK invalid request, as rxe).
+            let rkey = p.headers.imm.ok_or(Fail::Invalid)?;
+            net.t
+                .mrs
+                .invalidate(rkey, q.pd, Some(q.qpn))
+                .map_err(|_| Fail::Invalid)?;
+            super::wqe::inv_wc(q.offset, rkey, q.attr.dest_qpn)
+        } else {
+            recv_wc(WcOpcode::Recv, q.offset, p.headers.imm, q.attr.dest_qpn)
+        };
         q.inbound = Inbound::Idle;
-        let wc = recv_wc(WcOpcode::Recv, q.offset, p.headers.imm, q.attr.dest_qpn);
         q.complete_wqe(wc, p.headers.bth.se, net.hub);
     }
     accepted(net, q, p, last);
@@ -209,9 +226,10 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         let dst = net
             .t
             .mrs
-            .check(
+            .check_qp(
                 q.write_rkey,
                 q.pd,
+                q.qpn,
                 va,
                 u64::from(len),
                 AccessFlags::REMOTE_WRITE,
@@ -256,7 +274,7 @@ fn remote_range<L: Link>(
     if r.len > 0 {
         net.t
             .mrs
-            .check(r.rkey, q.pd, r.va, u64::from(r.len), need)
+            .check_qp(r.rkey, q.pd, q.qpn, r.va, u64::from(r.len), need)
             .map_err(|_| Fail::Access)?;
     }
     Ok(r)
@@ -331,7 +349,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     let at = net
         .t
         .mrs
-        .check(a.rkey, q.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        .check_qp(a.rkey, q.pd, q.qpn, a.va, 8, AccessFlags::REMOTE_ATOMIC)
         .map_err(|_| Fail::Access)?
         .cast::<u64>();
     // SAFETY: `check` found 8 bytes, 8-byte aligned, inside a region registered with remote

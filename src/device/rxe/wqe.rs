@@ -7,17 +7,32 @@ use crate::verbs::{SendFlags, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion, 
 
 /// Operation codes of a send entry.
 pub(crate) mod op {
+    // Numbered so that each class is one comparison on the per-packet path: the SENDs
+    // first, then the WRITEs, the local requests, and the requests that wait for a response.
     pub(crate) const SEND: u8 = 0;
     pub(crate) const SEND_IMM: u8 = 1;
-    pub(crate) const WRITE: u8 = 2;
-    pub(crate) const WRITE_IMM: u8 = 3;
-    pub(crate) const READ: u8 = 4;
-    pub(crate) const CMP_SWAP: u8 = 5;
-    pub(crate) const FETCH_ADD: u8 = 6;
+    /// SEND with invalidate (its last packet carries the IETH).
+    pub(crate) const SEND_INV: u8 = 2;
+    pub(crate) const WRITE: u8 = 3;
+    pub(crate) const WRITE_IMM: u8 = 4;
+    /// Bind a memory window (local: executed by the requester, nothing sent).
+    pub(crate) const BIND_MW: u8 = 5;
+    /// Fast registration (local).
+    pub(crate) const REG_MR: u8 = 6;
+    /// Local invalidation (local).
+    pub(crate) const LOCAL_INV: u8 = 7;
+    pub(crate) const READ: u8 = 8;
+    pub(crate) const CMP_SWAP: u8 = 9;
+    pub(crate) const FETCH_ADD: u8 = 10;
 
     /// Whether the operation waits for a response from the peer (READ, atomics).
     pub(crate) fn reads(op: u8) -> bool {
         op >= READ
+    }
+
+    /// Whether the operation is executed locally by the requester (no packet).
+    pub(crate) fn local(op: u8) -> bool {
+        (BIND_MW..=LOCAL_INV).contains(&op)
     }
 }
 
@@ -97,6 +112,9 @@ impl SqEntry {
             op::READ => WcOpcode::RdmaRead,
             op::CMP_SWAP => WcOpcode::CompSwap,
             op::FETCH_ADD => WcOpcode::FetchAdd,
+            op::BIND_MW => WcOpcode::BindMw,
+            op::REG_MR => WcOpcode::RegMr,
+            op::LOCAL_INV => WcOpcode::LocalInv,
             _ => WcOpcode::Send,
         }
     }
@@ -179,6 +197,18 @@ pub(crate) fn recv_wc(opcode: WcOpcode, len: u32, imm: Option<u32>, src_qp: u32)
         } else {
             WcFlags::empty()
         },
+        ..Default::default()
+    }
+}
+
+/// The receive completion of a SEND with invalidate of `len` bytes that invalidated `rkey`.
+pub(crate) fn inv_wc(len: u32, rkey: u32, src_qp: u32) -> WorkCompletion {
+    WorkCompletion {
+        byte_len: len,
+        imm: rkey,
+        src_qp,
+        opcode: WcOpcode::Recv,
+        flags: WcFlags::WITH_INV,
         ..Default::default()
     }
 }

@@ -10,7 +10,7 @@
 use core::marker::PhantomData;
 
 use super::super::qp_types::QpState;
-use super::super::{AddressHandle, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
+use super::super::{AddressHandle, ExtWqe, Provider, SendFlags, SendWqe, Sge, UdTarget, WrOpcode};
 use super::{CanRecv, CanSend, Datagram, QueuePair, Rc, State, Transport, Uc};
 use crate::error::Result;
 
@@ -115,6 +115,16 @@ impl<P: Provider, T> SendBatch<'_, P, T> {
         unsafe { self.provider.sq_write(self.qp, &mut self.cursor, &w) }
     }
 
+    /// Writes one work request on a key (memory windows, fast registration, invalidation).
+    ///
+    /// # Safety
+    ///
+    /// The module's contract for the buffers named.
+    pub(crate) unsafe fn push_ext(&mut self, w: &ExtWqe<'_>) -> Result<()> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.provider.sq_write_ext(self.qp, &mut self.cursor, w) }
+    }
+
     /// Publishes every request written, with one doorbell (`ibv_wr_complete`). A batch
     /// dropped without it posts nothing.
     #[inline]
@@ -182,6 +192,35 @@ impl<P: Provider, T> SendBatch<'_, P, T> {
         };
         // SAFETY: forwarded from our caller.
         unsafe { self.push(w) }
+    }
+
+    /// SEND of the bytes in `sges` that invalidates the peer's key `rkey`
+    /// (`IBV_WR_SEND_WITH_INV`): a fast-registered region's or a type 2 window's of the
+    /// receiving QP's PD (the window bound to that QP). The peer's receive completion carries
+    /// [`WcFlags::WITH_INV`](crate::verbs::WcFlags::WITH_INV) and the key; a key the peer may
+    /// not invalidate fails the SEND at both ends (remote invalid request) and both QPs enter
+    /// ERROR.
+    ///
+    /// # Safety
+    ///
+    /// As [`send`](Self::send).
+    pub unsafe fn send_with_inv(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        rkey: u32,
+        sges: &[Sge],
+    ) -> Result<()>
+    where
+        T: Connected,
+    {
+        let w = ExtWqe {
+            wr_id,
+            flags,
+            op: crate::verbs::ExtOp::SendWithInv { rkey, sges },
+        };
+        // SAFETY: forwarded from our caller.
+        unsafe { self.push_ext(&w) }
     }
 
     /// RDMA WRITE of `sges` to `remote_addr` in the peer's region keyed `rkey`.

@@ -10,7 +10,7 @@ pub const DEFAULT_PKEY: u16 = 0xFFFF;
 /// PSNs are 24 bits.
 pub const PSN_MASK: u32 = 0xFF_FFFF;
 
-/// The opcodes this transport speaks: RC (0x00–0x14) and UD (0x64, 0x65).
+/// The opcodes this transport speaks: RC (0x00–0x14, 0x16, 0x17) and UD (0x64, 0x65).
 pub mod opcode {
     /// RC SEND_FIRST.
     pub const RC_SEND_FIRST: u8 = 0x00;
@@ -54,6 +54,10 @@ pub mod opcode {
     pub const RC_COMPARE_SWAP: u8 = 0x13;
     /// RC FETCH_ADD.
     pub const RC_FETCH_ADD: u8 = 0x14;
+    /// RC SEND_LAST_WITH_INVALIDATE (an IETH follows the BTH).
+    pub const RC_SEND_LAST_INV: u8 = 0x16;
+    /// RC SEND_ONLY_WITH_INVALIDATE (an IETH follows the BTH).
+    pub const RC_SEND_ONLY_INV: u8 = 0x17;
     /// UD SEND_ONLY.
     pub const UD_SEND_ONLY: u8 = 0x64;
     /// UD SEND_ONLY_WITH_IMMEDIATE.
@@ -93,6 +97,9 @@ impl Layout {
             0x11 => AETH,
             0x12 => AETH | ATOMIC_ACK_ETH,
             0x13 | 0x14 => ATOMIC_ETH,
+            // The IETH (the rkey to invalidate) is 4 bytes right after the BTH: where ImmDt
+            // is in a SEND with immediate. It is carried in `Headers::imm`.
+            0x16 | 0x17 => PAYLOAD | IMM,
             0x64 => PAYLOAD | DETH,
             0x65 => PAYLOAD | DETH | IMM,
             _ => return None,
@@ -240,7 +247,8 @@ pub struct Headers {
     pub aeth: Option<Aeth>,
     /// AtomicAckETH: the original remote value.
     pub atomic_ack: Option<u64>,
-    /// Immediate data (opaque, as sent).
+    /// Immediate data (opaque, as sent); for SEND_LAST/ONLY_WITH_INVALIDATE, the IETH's
+    /// rkey (the same 4 bytes in the same place).
     pub imm: Option<u32>,
 }
 

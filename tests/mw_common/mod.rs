@@ -1,0 +1,125 @@
+//! What the memory-window and fast-registration tests share: RC pairs between the two rxe
+//! devices of `pair::on_rxe` (or on one of them), and waiting for completions.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use bareverbs::verbs::*;
+
+use crate::pair::{Ends, R};
+
+pub type RcQp<'a> = QueuePair<'a, R, Rc, Rts>;
+pub type Pd<'a> = ProtectionDomain<'a, R>;
+pub type Cq<'a> = CompletionQueue<'a, R>;
+
+pub const SIG: SendFlags = SendFlags::SIGNALED;
+pub const REMOTE: AccessFlags = AccessFlags::REMOTE_READ
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+/// RESET → RTS towards QP `peer` at `av`, every remote right granted by the QP (the keys
+/// decide).
+fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, av: AddressVector) -> RcQp<'a> {
+    let init = ConnectedInit {
+        access: REMOTE,
+        ..Default::default()
+    };
+    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
+    let mut rtr = ConnectedRtr::new(peer, 0, av);
+    rtr.max_dest_rd_atomic = 4;
+    rtr.path_mtu = Mtu::Mtu1024; // messages of a few KiB take several packets
+    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let mut rts = ConnectedRts::new(0);
+    rts.max_rd_atomic = 4;
+    rts.timeout = 8;
+    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+}
+
+/// An RC pair: `a` on device A (PD `pa`, CQ `ca`), `b` on device B, connected.
+pub fn pair<'p>(
+    e: &Ends<'_, R>,
+    (pa, ca): (&'p Pd<'_>, &'p Cq<'_>),
+    (pb, cb): (&'p Pd<'_>, &'p Cq<'_>),
+) -> (RcQp<'p>, RcQp<'p>) {
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let a = pa.qp_builder(ca, ca).caps(caps).build::<Rc>().unwrap();
+    let b = pb.qp_builder(cb, cb).caps(caps).build::<Rc>().unwrap();
+    let (na, nb) = (a.qp_num(), b.qp_num());
+    (up(a, nb, e.to_b), up(b, na, e.to_a))
+}
+
+/// Completions of `cq` until `n` came (the devices run between polls); fewer if they do not.
+pub fn wait(e: &Ends<'_, R>, cq: &Cq<'_>, n: usize) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut wc = [WorkCompletion::default(); 8];
+    for _ in 0..50 {
+        loop {
+            let k = cq.poll(&mut wc).unwrap();
+            out.extend_from_slice(&wc[..k]);
+            if k == 0 {
+                break;
+            }
+        }
+        if out.len() >= n {
+            break;
+        }
+        (e.settle)();
+    }
+    out
+}
+
+/// Everything `cq` has after the devices settled.
+pub fn settle_all(e: &Ends<'_, R>, cq: &Cq<'_>) -> Vec<WorkCompletion> {
+    (e.settle)();
+    wait(e, cq, usize::MAX)
+}
+
+/// The QP's state as the device reports it.
+pub fn state(qp: &RcQp<'_>) -> QpState {
+    qp.query().unwrap().state
+}
+
+/// RDMA READ of `len` bytes at `addr` under `rkey` into `dst[0..len]`, signaled `wr_id`.
+pub fn read(
+    qp: &mut RcQp<'_>,
+    wr_id: u64,
+    (addr, rkey): (u64, u32),
+    dst: &MemoryRegion<'_, R>,
+    len: u32,
+) {
+    // SAFETY: the tests leave `dst` alone until the completion is polled.
+    unsafe {
+        let mut b = qp.send_batch();
+        b.rdma_read(wr_id, SIG, (addr, rkey), &[dst.sge(0, len).unwrap()])
+            .unwrap();
+        b.finish();
+    }
+}
+
+/// RDMA WRITE of `src[0..len]` to `addr` under `rkey`, signaled `wr_id`.
+pub fn write(
+    qp: &mut RcQp<'_>,
+    wr_id: u64,
+    (addr, rkey): (u64, u32),
+    src: &MemoryRegion<'_, R>,
+    len: u32,
+) {
+    // SAFETY: as in `read`.
+    unsafe {
+        let mut b = qp.send_batch();
+        b.rdma_write(wr_id, SIG, (addr, rkey), &[src.sge(0, len).unwrap()])
+            .unwrap();
+        b.finish();
+    }
+}
+
+/// The one completion of `wr_id` among `wcs` (panics when there is not exactly one).
+pub fn one(wcs: &[WorkCompletion], wr_id: u64) -> WorkCompletion {
+    let found: Vec<_> = wcs.iter().filter(|c| c.wr_id == wr_id).collect();
+    assert_eq!(found.len(), 1, "completions of {wr_id} in {wcs:?}");
+    *found[0]
+}
