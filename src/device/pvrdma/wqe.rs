@@ -413,6 +413,9 @@ impl<H: Hal> Pvrdma<H> {
                 free,
             });
         }
+        // Where the SRQ's depth did not fit a receive CQ, each receive takes its room there
+        // now, on every such CQ (`srq_meter.rs`): all or none.
+        srq.counters.charge(wrs.len() as u32)?;
         let mut n = tail0;
         for w in wrs {
             let h = ring.slot(n).cast::<abi::RqWqeHdr>();
