@@ -39,6 +39,7 @@ mod requester;
 mod responder;
 mod rings;
 mod srq;
+mod srq_resize;
 mod tables;
 mod wqe;
 
