@@ -226,6 +226,9 @@ pub enum Param {
     /// queue (reserved once per SRQ and CQ, since any of its receives may complete there):
     /// `value` entries needed, `max` free.
     SrqCqRoom,
+    /// The receives posted to a shared receive queue and not yet completed: a resize below
+    /// them is refused, with `value` the receives outstanding and `max` the size asked.
+    SrqWrInUse,
     /// Port number.
     Port,
     /// P_Key table index.

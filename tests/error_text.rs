@@ -210,6 +210,17 @@ fn every_text_is_prose() {
          its receive completion queue, which has room for 16 more; create that completion \
          queue larger, or the shared receive queue smaller"
     );
+    // A resize below the receives a shared receive queue holds.
+    let in_use = Error::InvalidInput {
+        param: Param::SrqWrInUse,
+        value: 10,
+        max: 4,
+    };
+    assert_eq!(
+        in_use.to_string(),
+        "modifying a shared receive queue: 4 receives asked, but 10 are posted and not yet \
+         taken; ask for at least 10, or resize once they have completed"
+    );
     let unacked = Error::InUse {
         op: Op::DestroyCq,
         holder: Holder::UnackedEvents,

@@ -23,8 +23,12 @@
 //!   object and DMA page is gone and the model saw no violation.
 //!
 //! The reference mirrors the model's loopback execution (`tests/model/src/datapath.rs`) under
-//! `Semantics::LooseVerbs` (a failed request leaves its QPs in RTS; the strict `Verbs`, with
-//! the device's move to ERROR, is checked against rxe by `tests/differential.rs`), which
+//! the strict `Semantics::Verbs` (a failed RC request moves its QP to ERROR, and so does a
+//! fault the responder found, the responder's: the device then flushes the QP's later sends,
+//! its receives, at once for a responder and after the send queue's run for a requester, and
+//! every receive posted after; a request to a QP in ERROR runs out of retries; a one-packet
+//! WRITE with immediate meets RNR before its key is checked; RESET starts the QP over) and
+//! under `Semantics::LooseVerbs` (a failed request leaves its QPs in RTS), which
 //! runs every send inside its doorbell: an RC SEND with no receive posted at the peer completes
 //! with `RnrRetryExcErr` (the model does not retry), to a destroyed peer with `RetryExcErr`; a
 //! UD send that finds no receive, no QP or a wrong Q_Key is dropped and completes successfully;
@@ -458,6 +462,12 @@ struct RQp {
     dev_rq: VecDeque<usize>,
     /// Safe receives whose buffers the driver keeps until the QP is destroyed.
     parked: Vec<usize>,
+    /// `Semantics::Verbs`: the device moved this RC QP to ERROR (a request of it failed, or
+    /// one to it did): its later sends and receives complete flushed, by the device.
+    dev_err: bool,
+    /// Its receives the device holds are flushed once the send queue's run ends (it failed
+    /// as a requester).
+    flush_rq: bool,
 }
 
 /// A send as it reaches the device.
@@ -477,8 +487,13 @@ struct Resolved {
     buf: Option<u32>,
 }
 
+/// The QPs' path MTU in bytes (`ConnectedRtr`'s default, 1024).
+const PATH_MTU: usize = 1024;
+
 struct Ref {
     qemu: bool,
+    /// `Semantics::Verbs`: failed RC requests move QPs to ERROR.
+    strict: bool,
     qps: Vec<RQp>,
     wrs: Vec<Wr>,
     srq_dev: VecDeque<usize>,
@@ -614,6 +629,10 @@ impl Ref {
         } else {
             self.qps[q].rq.push_back(w);
             self.qps[q].dev_rq.push_back(w);
+            if self.qps[q].dev_err {
+                // Taken at the doorbell by a QP in ERROR: flushed there.
+                self.flush_dev_rq(q);
+            }
         }
     }
 
@@ -655,8 +674,78 @@ impl Ref {
         self.rings[TOPO[q].scq].push_back((q, w));
     }
 
-    /// The model's `execute` (tests/model/src/datapath.rs), as the reference sees it.
+    /// The model's run of one send WQE (tests/model/src/datapath.rs), as the reference sees
+    /// it: flushed on a QP the device moved to ERROR, else executed; a failed RC request
+    /// moves its QP to ERROR (`Semantics::Verbs`).
     fn execute(&mut self, q: usize, wr_id: u64, s: &Resolved) -> Exec {
+        if self.qps[q].dev_err {
+            let op = match s.kind {
+                Kind::Write | Kind::WriteImm => WcOpcode::RdmaWrite,
+                Kind::Read => WcOpcode::RdmaRead,
+                Kind::Send | Kind::SendImm => WcOpcode::Send,
+            };
+            return Exec {
+                wc: WorkCompletion {
+                    opcode: op,
+                    ..flush_wc(wr_id, self.qps[q].qpn, false)
+                },
+                vendor_err: 0,
+                consumer: q,
+                data: None,
+                grh: false,
+            };
+        }
+        let e = self.run(q, wr_id, s);
+        if e.wc.status != WcStatus::Success {
+            self.enter_error(q, false);
+        }
+        e
+    }
+
+    /// `Semantics::Verbs`: RC QP `q` goes to ERROR (the model's `enter_error`); a responder's
+    /// receives the device holds are flushed at once, a requester's when its send queue's run
+    /// ends ([`end_run`](Self::end_run)).
+    fn enter_error(&mut self, q: usize, responder: bool) {
+        if !self.strict || TOPO[q].ud {
+            return;
+        }
+        self.qps[q].dev_err = true;
+        if responder {
+            self.flush_dev_rq(q);
+        } else {
+            self.qps[q].flush_rq = true;
+        }
+    }
+
+    /// Completes every receive QP `q`'s device holds (not its SRQ's) as flushed.
+    fn flush_dev_rq(&mut self, q: usize) {
+        self.qps[q].flush_rq = false;
+        let qpn = self.qps[q].qpn;
+        while let Some(r) = self.qps[q].dev_rq.pop_front() {
+            let wc = flush_wc(self.wrs[r].wr_id, qpn, true);
+            self.deliver(
+                r,
+                Exec {
+                    wc,
+                    vendor_err: 0,
+                    consumer: q,
+                    data: None,
+                    grh: false,
+                },
+            );
+        }
+    }
+
+    /// The end of a send doorbell's run on QP `q`: a requester that failed in it has its
+    /// receives flushed now (the order rxe flushes in).
+    fn end_run(&mut self, q: usize) {
+        if self.qps[q].flush_rq {
+            self.flush_dev_rq(q);
+        }
+    }
+
+    /// The model's `execute` (tests/model/src/datapath.rs), as the reference sees it.
+    fn run(&mut self, q: usize, wr_id: u64, s: &Resolved) -> Exec {
         let me = self.qps[q].qpn;
         let kind = if self.qemu { Kind::Send } else { s.kind };
         let sender = |status: WcStatus, opcode: WcOpcode, byte_len: u32| Exec {
@@ -702,6 +791,15 @@ impl Ref {
                 if self.qps[j].st == St::Gone {
                     return sender(WcStatus::RetryExcErr, WcOpcode::Send, 0);
                 }
+                if self.qps[j].dev_err {
+                    // A responder in ERROR drops every request: the retries run out.
+                    let op = match kind {
+                        Kind::Write | Kind::WriteImm => WcOpcode::RdmaWrite,
+                        Kind::Read => WcOpcode::RdmaRead,
+                        Kind::Send | Kind::SendImm => WcOpcode::Send,
+                    };
+                    return sender(WcStatus::RetryExcErr, op, 0);
+                }
                 (j, false)
             }
         };
@@ -709,7 +807,18 @@ impl Ref {
         let len = data.len();
         match kind {
             Kind::Write | Kind::WriteImm => {
+                let has_recv = if TOPO[dest].srq {
+                    !self.srq_dev.is_empty()
+                } else {
+                    !self.qps[dest].dev_rq.is_empty()
+                };
+                if self.strict && kind == Kind::WriteImm && len <= PATH_MTU && !has_recv {
+                    // A one-packet WRITE with immediate: rxe checks for the receive (RNR)
+                    // before the key (a longer one has its key checked by its first packet).
+                    return sender(WcStatus::RnrRetryExcErr, WcOpcode::RdmaWrite, 0);
+                }
                 if !s.remote_ok {
+                    self.enter_error(dest, true);
                     return sender(WcStatus::RemAccessErr, WcOpcode::RdmaWrite, 0);
                 }
                 if kind == Kind::WriteImm {
@@ -742,6 +851,7 @@ impl Ref {
             Kind::Read => {
                 let len = s.payload.len();
                 if !s.remote_ok {
+                    self.enter_error(dest, true);
                     return sender(WcStatus::RemAccessErr, WcOpcode::RdmaRead, 0);
                 }
                 if s.bad_lkey && len > 0 {
@@ -789,6 +899,7 @@ impl Ref {
                                 grh: false,
                             },
                         );
+                        self.enter_error(dest, true);
                         sender(WcStatus::RemInvReqErr, WcOpcode::Send, 0)
                     }
                     None => {
@@ -1464,6 +1575,7 @@ impl<'a> World<'a> {
         for (wr_id, res) in posted {
             r.post_send(q, wr_id, &res);
         }
+        r.end_run(q);
         Ok(())
     }
 
@@ -1570,6 +1682,7 @@ impl<'a> World<'a> {
                     buf: Some(index),
                 };
                 self.r.post_send(q, wr_id, &res);
+                self.r.end_run(q);
             }
             Err((buf, e)) => {
                 ensure_eq!(Err::<(), _>(e), want, "QP {q}: post_send");
@@ -1849,7 +1962,9 @@ impl<'a> World<'a> {
             St::Err => self.r.qps[q].st = St::Err,
             St::Reset => {
                 self.r.discard(q);
-                self.r.qps[q].st = St::Reset;
+                // (A QP the device moved to ERROR starts over.)
+                let p = &mut self.r.qps[q];
+                (p.st, p.dev_err, p.flush_rq) = (St::Reset, false, false);
             }
             St::Gone => self.r.on_destroy(q),
             St::Rts => {}
@@ -2084,6 +2199,8 @@ fn session(model: &Model, ctx: &Ctx, case: &Case, known_bugs: Bugs) -> Result<()
             rq: VecDeque::new(),
             dev_rq: VecDeque::new(),
             parked: Vec::new(),
+            dev_err: false,
+            flush_rq: false,
         });
     }
 
@@ -2103,6 +2220,7 @@ fn session(model: &Model, ctx: &Ctx, case: &Case, known_bugs: Bugs) -> Result<()
         seq: 0,
         r: Ref {
             qemu: model.config().semantics == Semantics::Qemu,
+            strict: model.config().semantics == Semantics::Verbs,
             qps: rqps,
             wrs: Vec::new(),
             srq_dev: VecDeque::new(),
@@ -2226,9 +2344,15 @@ fn run(sem: Semantics, salt: u8) {
 
 #[test]
 fn verbs_contract_verbs_semantics() {
-    // The reference predicts no move to ERROR on a failed request (the driver's own ERROR
-    // and its flushes it does predict): the model's looser verbs.
-    run(Semantics::LooseVerbs, 1);
+    // The strict verbs: a failed RC request moves its QP (and, for a fault the responder
+    // found, the responder) to ERROR, whose later requests and receives the device flushes.
+    run(Semantics::Verbs, 1);
+}
+
+#[test]
+fn verbs_contract_loose_verbs_semantics() {
+    // The model's looser verbs: a failed request leaves both QPs as they were.
+    run(Semantics::LooseVerbs, 3);
 }
 
 #[test]

@@ -4,11 +4,13 @@
 //! more completions than it holds: a work queue whose depth does not fit its CQ takes room as
 //! requests are posted and gives it back as their completions are polled; a post that would
 //! overflow the CQ is refused whole with `QueueFull { Cq }`; a shared receive queue reserves
-//! its depth once per receive CQ, however many QPs it feeds.
+//! its depth once per receive CQ, however many QPs it feeds, and where its depth does not fit
+//! a receive CQ, each receive posted to it takes room on every such CQ (it may complete on
+//! any of them).
 
 mod common;
 
-use bareverbs::error::{Error, Param, Queue};
+use bareverbs::error::{Error, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelConfig};
 use common::{P, rc_up, teardown, up};
@@ -255,7 +257,8 @@ fn an_srq_reserves_its_depth_once_per_cq_and_never_drops_a_completion() {
             .zip(&rn)
             .map(|(q, &p)| rc_up(q, p, gid, RW))
             .collect();
-        // A second SRQ of the same depth fits the CQ's other half; a third does not.
+        // A second SRQ of the same depth fits the CQ's other half; a third does not: its QP
+        // is made all the same, and the SRQ's receives are metered on the CQ (none fits now).
         let srq2 = pd.create_srq(attr).unwrap();
         let srq3 = pd.create_srq(attr).unwrap();
         let on = |s| {
@@ -265,17 +268,20 @@ fn an_srq_reserves_its_depth_once_per_cq_and_never_drops_a_completion() {
                 .build::<Rc>()
         };
         let q2 = on(&srq2).unwrap();
-        let e = on(&srq3).map(|_| ()).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::InvalidInput {
-                    param: Param::SrqCqRoom,
-                    value: 2048,
-                    max: 0
-                }
-            ),
-            "{e:?}"
+        let q3 = on(&srq3).unwrap();
+        let sge3 = mr.sge(0, 64).unwrap();
+        let one3 = [RecvWr {
+            wr_id: 7,
+            sg_list: std::slice::from_ref(&sge3),
+        }];
+        // SAFETY: the region outlives the SRQ.
+        let e = unsafe { srq3.post_recv_raw(&one3) }.unwrap_err();
+        assert_eq!(
+            e,
+            Error::QueueFull {
+                queue: Queue::Cq,
+                free: 0
+            }
         );
         // Every one of the SRQ's 2000 receives completes once, whichever QP takes it.
         let sge = mr.sge(0, 64).unwrap();
@@ -308,9 +314,129 @@ fn an_srq_reserves_its_depth_once_per_cq_and_never_drops_a_completion() {
             .collect();
         ids.sort_unstable();
         assert_eq!(ids, (0..2000).collect::<Vec<_>>(), "every SRQ receive once");
-        // The pair's last QP gives the reservation back: the third SRQ fits then.
+        // The pair's last QP gives the reservation back: the third SRQ's receives fit then.
         drop(rs);
-        let q3 = on(&srq3).unwrap();
+        // SAFETY: as above.
+        unsafe { srq3.post_recv_raw(&one3) }.unwrap();
         drop((ss, q2, q3));
+    });
+}
+
+/// Posts receives `ids` to `srq` in one call, each of `sge`.
+fn srq_recvs(
+    srq: &SharedReceiveQueue<'_, P>,
+    ids: std::ops::Range<u64>,
+    sge: Sge,
+) -> Result<(), Error> {
+    let sges = vec![sge; ids.clone().count()];
+    let wrs: Vec<RecvWr<'_>> = ids
+        .zip(&sges)
+        .map(|(wr_id, s)| RecvWr {
+            wr_id,
+            sg_list: std::slice::from_ref(s),
+        })
+        .collect();
+    // SAFETY: the tests' regions outlive their SRQs.
+    unsafe { srq.post_recv_raw(&wrs) }
+}
+
+/// `n` SENDs on `q`, signaled, of `one`.
+fn sends<S: CanSend>(q: &mut QueuePair<'_, P, Rc, S>, n: u64, one: Sge) {
+    let mut b = q.send_batch();
+    for i in 0..n {
+        // SAFETY: the region outlives the QPs of the test.
+        unsafe { b.send(i, SendFlags::SIGNALED, &[one]) }.unwrap();
+    }
+    b.finish();
+}
+
+#[test]
+fn an_srq_deeper_than_its_cqs_is_metered_on_each_and_never_drops_a_completion() {
+    lab(|ctx, gid| {
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.register(4096, RW).unwrap();
+        let (sge, one) = (mr.sge(0, 64).unwrap(), mr.sge(2048, 8).unwrap());
+        let scq = ctx.create_cq(1024).unwrap();
+        // Two receive CQs, both shallower than the SRQ: neither QP on it is refused.
+        let (c1, c2) = (ctx.create_cq(16).unwrap(), ctx.create_cq(32).unwrap());
+        let c3 = ctx.create_cq(1).unwrap();
+        let srq = pd
+            .create_srq(SrqAttr {
+                max_wr: 256,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let on = |c| {
+            pd.qp_builder(&scq, c)
+                .srq(&srq)
+                .caps(caps(1, 0))
+                .build::<Rc>()
+        };
+        let (r1, r2) = (on(&c1).unwrap(), on(&c2).unwrap());
+        let mk = || {
+            pd.qp_builder(&scq, &scq)
+                .caps(caps(64, 1))
+                .build::<Rc>()
+                .unwrap()
+        };
+        let (s1, s2) = (mk(), mk());
+        let (n1, n2, m1, m2) = (r1.qp_num(), r2.qp_num(), s1.qp_num(), s2.qp_num());
+        let (_r1, _r2) = (rc_up(r1, m1, gid, RW), rc_up(r2, m2, gid, RW));
+        let (mut s1, mut s2) = (rc_up(s1, n1, gid, RW), rc_up(s2, n2, gid, RW));
+        // A receive may complete on either CQ: the smaller one's room is the SRQ's.
+        let room = u64::from(c1.entries().min(c2.entries()));
+        assert!(room < 256, "the SRQ is deeper than its CQs");
+        srq_recvs(&srq, 0..room - 1, sge).unwrap();
+        // Two more do not fit: refused whole (nothing posted), one does.
+        let full = srq_recvs(&srq, 1000..1002, sge);
+        assert_eq!(
+            full,
+            Err(Error::QueueFull {
+                queue: Queue::Cq,
+                free: 1
+            })
+        );
+        srq_recvs(&srq, room - 1..room, sge).unwrap();
+        assert!(cq_full(srq_recvs(&srq, 1000..1001, sge)));
+        // Half arrive through each receiver: each CQ holds its half.
+        let half = room / 2;
+        sends(&mut s1, half, one);
+        sends(&mut s2, room - half, one);
+        assert_eq!(drain(&scq).len() as u64, room);
+        // Still full until a poll: one poll of one CQ gives its receives' room back on both.
+        assert!(cq_full(srq_recvs(&srq, 1000..1001, sge)));
+        let mut got: Vec<WorkCompletion> = drain(&c1);
+        assert_eq!(got.len() as u64, half);
+        srq_recvs(&srq, room..room + half, sge).unwrap();
+        assert!(cq_full(srq_recvs(&srq, 1000..1001, sge)));
+        got.extend(drain(&c2));
+        // Those receives complete too, on the smaller CQ, and fill it exactly.
+        srq_recvs(&srq, room + half..2 * room, sge).unwrap();
+        sends(&mut s1, room, one);
+        assert_eq!(drain(&scq).len() as u64, room);
+        got.extend(drain(&c1));
+        let mut ids: Vec<u64> = got
+            .iter()
+            .inspect(|w| assert_eq!(w.status, WcStatus::Success, "{w:?}"))
+            .map(|w| w.wr_id)
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..2 * room).collect::<Vec<_>>(), "every receive once");
+        // A third receive CQ attached while receives are outstanding takes room for them.
+        srq_recvs(&srq, 3000..3000 + room, sge).unwrap();
+        assert!(u64::from(c3.entries()) < room);
+        let e = on(&c3).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::QueueFull {
+                    queue: Queue::Cq,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        drop((s1, s2, _r1, _r2));
     });
 }

@@ -7,7 +7,7 @@
 
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, Rxe};
-use bareverbs::error::{Error, Queue};
+use bareverbs::error::{Error, Param, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
@@ -365,4 +365,109 @@ fn an_srq_reserves_its_depth_once_per_cq_and_never_drops_a_completion() {
         .map_err(|(_, e)| e)
         .unwrap();
     recvs(&mut own, 0, u64::from(room), mr.sge(0, 8).unwrap()).unwrap();
+}
+
+#[test]
+fn an_srq_resized_keeps_its_receives_in_order_and_never_drops_a_completion() {
+    let l = lab();
+    let pd = l.ctx.alloc_pd().unwrap();
+    let mr = pd.register(8192, ALL).unwrap();
+    let cq = l.ctx.create_cq(16).unwrap();
+    let room = cq.entries();
+    let scq = l.ctx.create_cq(256).unwrap();
+    let srq = pd
+        .create_srq(SrqAttr {
+            max_wr: 4,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let r = pd
+        .qp_builder(&scq, &cq)
+        .srq(&srq)
+        .caps(caps(1, 0))
+        .build::<Rc>()
+        .unwrap();
+    let s = pd
+        .qp_builder(&scq, &scq)
+        .caps(caps(128, 1))
+        .build::<Rc>()
+        .unwrap();
+    let (rn, sn) = (r.qp_num(), s.qp_num());
+    let (_r, mut s) = (up(r, sn), up(s, rn));
+    let post = |ids: std::ops::Range<u64>| {
+        let sges: Vec<Sge> = ids
+            .clone()
+            .map(|i| mr.sge((i % 64) as u32 * 64, 64).unwrap())
+            .collect();
+        let wrs: Vec<RecvWr<'_>> = ids
+            .zip(&sges)
+            .map(|(wr_id, g)| RecvWr {
+                wr_id,
+                sg_list: std::slice::from_ref(g),
+            })
+            .collect();
+        // SAFETY: the region outlives the SRQ.
+        unsafe { srq.post_recv_raw(&wrs) }
+    };
+    let sge = mr.sge(4096, 16).unwrap();
+    // Sends `n` messages and polls the receive CQ until `n` receives have completed.
+    let mut exchange = |n: u64| {
+        for i in 0..n {
+            let mut b = s.send_batch();
+            // SAFETY: the region outlives the QPs.
+            unsafe { b.send(i, SendFlags::SIGNALED, &[sge]) }.unwrap();
+            b.finish();
+        }
+        let mut got = Vec::new();
+        for _ in 0..20_000 {
+            l.clk.advance(1000);
+            l.ctx.process_events();
+            got.extend(drain(&cq));
+            drain(&scq);
+            if got.len() as u64 >= n {
+                break;
+            }
+        }
+        assert!(got.iter().all(|w| w.status == WcStatus::Success));
+        got.iter().map(|w| w.wr_id).collect::<Vec<u64>>()
+    };
+    // Four posted, two taken: the ring's positions have moved on; two more wrap it.
+    post(0..4).unwrap();
+    assert_eq!(exchange(2), [0, 1]);
+    post(4..6).unwrap();
+    assert_eq!(
+        post(6..7),
+        Err(Error::QueueFull {
+            queue: Queue::Srq,
+            free: 0
+        })
+    );
+    // Below the four outstanding: refused, nothing changed.
+    assert_eq!(
+        srq.resize(3),
+        Err(Error::InvalidInput {
+            param: Param::SrqWrInUse,
+            value: 4,
+            max: 3
+        })
+    );
+    assert_eq!(srq.attr().max_wr, 4);
+    // Beyond the CQ's room: the SRQ grows, its receives kept in order; those posted after the
+    // resize complete too, and none is dropped though the CQ holds fewer than the SRQ.
+    let n = 2 * room;
+    assert_eq!(srq.resize(n), Ok(n));
+    assert_eq!((srq.attr().max_wr, srq.query().unwrap().max_wr), (n, n));
+    post(6..u64::from(n) + 2).unwrap();
+    assert!(post(1000..1001).is_err(), "full at its new size");
+    let ids = exchange(u64::from(n));
+    assert_eq!(
+        ids,
+        (2..u64::from(n) + 2).collect::<Vec<_>>(),
+        "in order, each once"
+    );
+    // Empty again: it shrinks back.
+    assert_eq!(srq.resize(4), Ok(4));
+    post(0..4).unwrap();
+    assert_eq!(exchange(4), [0, 1, 2, 3]);
 }

@@ -33,6 +33,16 @@ impl Display for Error {
                 Op::CreateQp
             ),
             Error::InvalidInput {
+                param: Param::SrqWrInUse,
+                value,
+                max,
+            } => write!(
+                f,
+                "{}: {max} receives asked, but {value} are posted and not yet taken; \
+                 ask for at least {value}, or resize once they have completed",
+                Op::ModifySrq
+            ),
+            Error::InvalidInput {
                 param: Param::GidTableBuffer,
                 value,
                 max,
@@ -131,6 +141,7 @@ impl Display for Param {
             Param::CqEntries => "completion queue entries",
             Param::CqEntriesInUse => "completion queue entries in use",
             Param::SrqCqRoom => "completion queue room for a shared receive queue",
+            Param::SrqWrInUse => "shared receive queue requests outstanding",
             Param::Port => "port number",
             Param::PkeyIndex => "P_Key index",
             Param::GidIndex => "GID index",

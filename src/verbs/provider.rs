@@ -307,6 +307,10 @@ pub trait Provider {
     fn modify_srq(&self, srq: &Self::Srq, limit: u32) -> Result<()>;
     /// The SRQ's attributes (`ibv_query_srq`).
     fn query_srq(&self, srq: &Self::Srq) -> Result<SrqAttr>;
+    /// Resizes the SRQ to at least `max_wr` receives (`ibv_modify_srq` with `IBV_SRQ_MAX_WR`),
+    /// keeping the receives posted; returns the size it has. Refuses fewer than the receives
+    /// outstanding (`Param::SrqWrInUse`).
+    fn resize_srq(&self, srq: &Self::Srq, max_wr: u32) -> Result<u32>;
     /// Resizes `cq` to at least `entries` (`ibv_resize_cq`); refuses fewer than the CQEs it
     /// must keep room for.
     fn resize_cq(&self, cq: &mut Self::Cq, entries: u32) -> Result<()>;

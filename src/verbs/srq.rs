@@ -1,4 +1,5 @@
-//! Shared receive queues (`ibv_create_srq` / `ibv_post_srq_recv` / `ibv_destroy_srq`).
+//! Shared receive queues (`ibv_create_srq` / `ibv_post_srq_recv` / `ibv_modify_srq` /
+//! `ibv_destroy_srq`).
 
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
@@ -62,6 +63,55 @@ impl<'a, P: Provider> SharedReceiveQueue<'a, P> {
     /// a device that cannot arm it (QEMU's PVRDMA); the device's error otherwise.
     pub fn modify(&self, limit: u32) -> Result<()> {
         self.ctx.provider().modify_srq(&self.raw, limit)
+    }
+
+    /// Resizes the SRQ to at least `max_wr` receives (`ibv_modify_srq` with
+    /// `IBV_SRQ_MAX_WR`), keeping the receives posted, in order; returns the size it has now
+    /// (also [`attr`](Self::attr)'s and [`query`](Self::query)'s `max_wr`). It may shrink, to
+    /// no fewer than the receives outstanding. On rxe the room the SRQ's receive CQs reserve
+    /// for it follows the new depth (as much as each CQ has free, as at creation).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for more than the device's `max_srq_wr`
+    /// ([`Param::SrqMaxWr`](crate::error::Param::SrqMaxWr)), fewer than the receives posted
+    /// and not yet taken ([`Param::SrqWrInUse`](crate::error::Param::SrqWrInUse)) or than the
+    /// armed limit ([`Param::SrqLimit`](crate::error::Param::SrqLimit)): nothing changed;
+    /// [`Error::Unsupported`] with [`Feature::SrqModify`](crate::error::Feature::SrqModify) on
+    /// a device that cannot resize (QEMU's PVRDMA); [`Error::Resource`] when the new ring's
+    /// memory cannot be had.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::error::{Error, ErrorKind, Param};
+    /// use bareverbs::verbs::*;
+    ///
+    /// /// Grows `srq` to `want` receives where the device can; the size it has.
+    /// fn grow<P: Provider>(srq: &SharedReceiveQueue<'_, P>, want: u32) -> bareverbs::Result<u32> {
+    ///     match srq.resize(want) {
+    ///         Err(e) if e.kind() == ErrorKind::Unsupported => Ok(srq.attr().max_wr),
+    ///         r => r,
+    ///     }
+    /// }
+    ///
+    /// let (_machine, ctx) = pvrdma()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let srq = pd.create_srq(SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 })?;
+    /// // QEMU's PVRDMA cannot resize an SRQ: it keeps its size (rxe grows it to 64).
+    /// assert_eq!(grow(&srq, 64)?, srq.attr().max_wr);
+    /// // Beyond the device is refused before the device is asked, on every device.
+    /// let too_many = ctx.caps().max_srq_wr + 1;
+    /// assert!(matches!(
+    ///     srq.resize(too_many),
+    ///     Err(Error::InvalidInput { param: Param::SrqMaxWr, .. }) | Err(Error::Unsupported(_))
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    pub fn resize(&self, max_wr: u32) -> Result<u32> {
+        self.ctx.provider().resize_srq(&self.raw, max_wr)
     }
 
     /// The SRQ's attributes now (`ibv_query_srq`): its size, SGEs and armed limit (0 when

@@ -33,6 +33,7 @@ mod qptable;
 pub mod regs;
 mod ring;
 mod srq;
+mod srq_meter;
 mod srq_slots;
 mod wqe;
 

@@ -415,6 +415,12 @@ impl<H: Hal> Provider for Pvrdma<H> {
         self.query_srq_impl(srq)
     }
 
+    /// QEMU's MODIFY_SRQ runs its query handler (`docs/pvrdma.md` §5.2): an SRQ's size
+    /// cannot be changed.
+    fn resize_srq(&self, _srq: &Srq<H>, _max_wr: u32) -> Result<u32> {
+        Err(Error::Unsupported(Unsupported::Feature(Feature::SrqModify)))
+    }
+
     fn resize_cq(&self, cq: &mut Cq<H>, entries: u32) -> Result<()> {
         self.resize_cq_impl(cq, entries)
     }

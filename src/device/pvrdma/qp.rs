@@ -133,16 +133,6 @@ fn quarantine<H: Hal>(
     r.reserve_forever(rq_slots);
 }
 
-/// The refusal of a QP whose SRQ's depth (`n` CQEs, reserved once per SRQ and receive CQ)
-/// does not fit the receive CQ: `e` says how much room it has.
-#[cold]
-fn srq_room_error(e: Error, n: u32) -> Error {
-    match e {
-        Error::QueueFull { free, .. } => Error::invalid(crate::error::Param::SrqCqRoom, n, free),
-        e => e,
-    }
-}
-
 fn pvrdma_qp_type(t: QpType) -> Result<u8> {
     match t {
         QpType::Rc => Ok(abi::qp_type::RC),
@@ -236,18 +226,27 @@ impl<H: Hal> Pvrdma<H> {
             (sq_res, rq_res)
         };
         // A receive posted to an SRQ may complete through any of its QPs: the SRQ's depth is
-        // reserved once per (SRQ, receive CQ) pair, by its first QP.
-        let srq_room = match srq {
+        // reserved once per (SRQ, receive CQ) pair, by its first QP, where it fits; where it
+        // does not, the pair is metered: each receive posted to the SRQ takes its room on
+        // every such CQ (`srq_meter.rs`).
+        let (srq_room, srq_metered) = match srq {
             Some(s) if !self.qps.srq_pair(recv_cq.id(), NonNull::from(&s.counters)) => {
                 let n = s.layout.slots;
-                if let Err(e) = recv_cq.reserve(n) {
-                    send_cq.unreserve(sq_res);
-                    recv_cq.unreserve(rq_res);
-                    return Err(srq_room_error(e, n));
+                if recv_cq.reserve(n).is_ok() {
+                    (n, false)
+                } else {
+                    // The poster's lock: the receives outstanding are all published.
+                    let _poster = s.lock.lock();
+                    let m = (recv_cq.id(), NonNull::from(&recv_cq.room), recv_cq.entries);
+                    if let Err(e) = s.counters.meter_attach(m) {
+                        send_cq.unreserve(sq_res);
+                        recv_cq.unreserve(rq_res);
+                        return Err(e);
+                    }
+                    (0, true)
                 }
-                n
             }
-            _ => 0,
+            _ => (0, false),
         };
         let reserved = (sq_res, rq_res, srq_room);
         // The QP stays where create_qp_cmd built it (the result returned): checked and
@@ -256,6 +255,9 @@ impl<H: Hal> Pvrdma<H> {
         let Ok(qp) = &mut r else {
             send_cq.unreserve(sq_res);
             recv_cq.unreserve(rq_res + srq_room);
+            if let (Some(s), true) = (srq, srq_metered) {
+                s.counters.meter_detach(recv_cq.id());
+            }
             return r;
         };
         hold_users(pd, (send_cq, recv_cq), srq);
@@ -533,9 +535,14 @@ impl<H: Hal> Pvrdma<H> {
         let srq_ref = srq.map(|s| unsafe { s.as_ref() });
         // The SRQ's depth, reserved once for the (SRQ, receive CQ) pair by its first QP: given
         // back by its last.
+        // (Or, when the pair was metered, its CQ's entries the SRQ's receives hold.)
         let srq_room = match srq_ref {
             Some(s) if !self.qps.srq_pair(locks.r.id(), NonNull::from(&s.counters)) => {
-                s.layout.slots
+                if s.counters.meter_detach(locks.r.id()) {
+                    0
+                } else {
+                    s.layout.slots
+                }
             }
             _ => 0,
         };

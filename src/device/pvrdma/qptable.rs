@@ -75,19 +75,7 @@ pub(crate) struct QueueView {
 /// A metered queue's CQ room counter and the CQ's entries (`QueueView::room`).
 pub(crate) type Room = (Option<NonNull<AtomicI32>>, u32);
 
-/// Gives back `n` entries of a CQ's room counter (`Cq::room`), never beyond its `entries`.
-pub(crate) fn unreserve(room: NonNull<AtomicI32>, n: u32, entries: u32) {
-    if n != 0 {
-        // SAFETY: the CQ outlives the QPs whose queues name it (the provider contract of
-        // create_qp), and the CQ itself.
-        let r = unsafe { room.as_ref() };
-        let n = i32::try_from(n).unwrap_or(i32::MAX);
-        let cap = i32::try_from(entries).unwrap_or(i32::MAX);
-        let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-            Some(v.saturating_add(n).min(cap))
-        });
-    }
-}
+pub(crate) use super::srq_meter::unreserve;
 
 /// A QP's control block.
 pub(crate) struct QpCtl {

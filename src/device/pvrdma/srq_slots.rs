@@ -5,6 +5,9 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
+use super::srq_meter::SrqMeter;
+use crate::error::Result;
+
 /// What the driver keeps for one outstanding receive of a shared receive queue, in
 /// driver-private memory: its `wr_id`. The SRQ has as many of these as ring slots, which is
 /// as many receives as can be outstanding.
@@ -35,8 +38,11 @@ pub(crate) struct SrqCounters {
     post_hint: AtomicU32,
     match_hint: AtomicU32,
     /// Completions come through the pollers of every CQ its QPs complete to: one matches at
-    /// a time.
-    matching: spin::Mutex<()>,
+    /// a time, under this lock, which also keeps the SRQ's metered receive CQs.
+    matching: spin::Mutex<SrqMeter>,
+    /// How many receive CQs are metered (`SrqMeter::len`), read by the poster without the
+    /// lock: it becomes non-zero only under the poster's lock (`meter_attach`).
+    metered: AtomicU32,
 }
 
 impl SrqCounters {
@@ -50,7 +56,8 @@ impl SrqCounters {
             mask: slots - 1,
             post_hint: AtomicU32::new(0),
             match_hint: AtomicU32::new(0),
-            matching: spin::Mutex::new(()),
+            matching: spin::Mutex::new(SrqMeter::new()),
+            metered: AtomicU32::new(0),
         }
     }
 
@@ -88,7 +95,7 @@ impl SrqCounters {
     /// is (a CQE the device invented or rewrote): nothing the device writes decides which
     /// `wr_id` a completion reports. The search is bounded by the SRQ's size.
     pub(crate) fn complete(&self, wr_id: u64) -> bool {
-        let _g = self.matching.lock();
+        let mut g = self.matching.lock();
         if self.done.load(Ordering::Relaxed) == self.tail.load(Ordering::Acquire) {
             // Nothing published is outstanding (a record being posted is not yet).
             return false;
@@ -102,9 +109,45 @@ impl SrqCounters {
                 l.store(FREE, Ordering::Release);
                 self.match_hint.store(i.wrapping_add(1), Ordering::Relaxed);
                 self.done.fetch_add(1, Ordering::AcqRel);
+                g.discharge();
                 return true;
             }
         }
         false
+    }
+
+    /// `n` receives about to be published take their CQ room on every metered receive CQ
+    /// (`SrqMeter::charge`). The caller holds the SRQ's poster lock.
+    #[inline]
+    pub(crate) fn charge(&self, n: u32) -> Result<()> {
+        if self.metered.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.matching.lock().charge(n)
+    }
+
+    /// Meters receive CQ `m` for this SRQ (`SrqMeter::attach`): the caller holds the SRQ's
+    /// poster lock, so that the receives outstanding are all published and counted.
+    pub(crate) fn meter_attach(
+        &self,
+        m: (u64, core::ptr::NonNull<core::sync::atomic::AtomicI32>, u32),
+    ) -> Result<()> {
+        let mut g = self.matching.lock();
+        let outstanding = self
+            .tail
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.done.load(Ordering::Acquire));
+        let r = g.attach(m, outstanding);
+        self.metered.store(g.len(), Ordering::Release);
+        r
+    }
+
+    /// Receive CQ `cq` stops being metered for this SRQ (its last QP on the SRQ is gone):
+    /// `false` when it was not (its room was reserved).
+    pub(crate) fn meter_detach(&self, cq: u64) -> bool {
+        let mut g = self.matching.lock();
+        let was = g.detach(cq);
+        self.metered.store(g.len(), Ordering::Release);
+        was
     }
 }

@@ -29,6 +29,18 @@ macro_rules! put {
     };
 }
 
+// `write_sges` copies an `Sge` into a WQE's entry byte for byte: the same fields at the same
+// offsets, nothing else.
+const _: () = {
+    use core::mem::offset_of;
+    assert!(
+        size_of::<Sge>() == size_of::<abi::WqeSge>()
+            && offset_of!(Sge, addr) == offset_of!(abi::WqeSge, addr)
+            && offset_of!(Sge, length) == offset_of!(abi::WqeSge, length)
+            && offset_of!(Sge, lkey) == offset_of!(abi::WqeSge, lkey)
+    );
+};
+
 /// Writes the SGEs of a WQE at `p`.
 ///
 /// # Safety
@@ -38,12 +50,16 @@ macro_rules! put {
 unsafe fn write_sges(p: *mut u8, sges: &[Sge]) {
     let e = p.cast::<abi::WqeSge>();
     for (i, s) in sges.iter().enumerate() {
-        // SAFETY: the caller's contract: room for every entry.
+        // SAFETY: the caller's contract: room for every entry; an `Sge` and an
+        // `abi::WqeSge` have the same fields at the same offsets (asserted above): the entry
+        // is a copy of the bytes (one 16-byte copy where the compiler can).
         unsafe {
-            put!(e.add(i), addr, s.addr);
-            put!(e.add(i), length, s.length);
-            put!(e.add(i), lkey, s.lkey);
-        }
+            core::ptr::copy_nonoverlapping(
+                core::ptr::from_ref(s).cast::<u8>(),
+                e.add(i).cast::<u8>(),
+                size_of::<abi::WqeSge>(),
+            )
+        };
     }
 }
 
@@ -157,11 +173,12 @@ impl<H: Hal> Pvrdma<H> {
     }
 
     /// The refusal of request `tail` of a work queue (`recv`: the receive queue) whose credit
-    /// ran out, with `sges` (its SGE count and the queue's maximum) when it has too many: the
-    /// ring is full (or absent), or, for a metered queue, the CQ is; else the SGE count.
+    /// ran out, with `nsge` SGEs: the ring is full (or absent), or, for a metered queue, the CQ
+    /// is; else the SGE count, when it is more than the queue's maximum.
     #[cold]
     #[inline(never)]
-    fn full(&self, qp: &Qp<H>, tail: u32, mask: u32, recv: bool, sges: (usize, u32)) -> Error {
+    fn full(&self, qp: &Qp<H>, tail: u32, mask: u32, recv: bool, nsge: usize) -> Error {
+        let max = if recv { qp.rq.sge } else { qp.sq.sge };
         let queue = if recv { Queue::Recv } else { Queue::Send };
         let ctl = qp.ctl.ctl();
         let (q, p) = if recv {
@@ -174,13 +191,13 @@ impl<H: Hal> Pvrdma<H> {
             return refuse(Refusal::Full(queue));
         }
         let free = qp.cq(recv).free();
-        if free == 0 || sges.0 <= sges.1 as usize {
+        if free == 0 || nsge <= max as usize {
             return Error::QueueFull {
                 queue: Queue::Cq,
                 free,
             };
         }
-        refuse(Refusal::Sges(sges.0, sges.1))
+        refuse(Refusal::Sges(nsge, max))
     }
 
     /// Starts a batch on the send queue.
@@ -201,17 +218,22 @@ impl<H: Hal> Pvrdma<H> {
         c: &mut WqCursor,
         w: &SendWqe<'_, super::Ah>,
     ) -> Result<()> {
-        // As in `rq_write`: the SGE count first, refused as if the credit were checked first.
+        // As in `rq_write`: the SGE count first, refused as if the credit were checked first,
+        // one call site for the refusals that look at the queue.
         let nsge = w.sges.len();
-        if nsge > c.max_sge as usize {
-            if c.tail == c.limit && !self.sq_credit(qp, c) {
-                let (t, m, max) = (c.tail, c.mask, c.max_sge);
-                return Err(self.full(qp, t, m, false, (nsge, max)));
+        let over = nsge > c.max_sge as usize;
+        if over || c.tail == c.limit {
+            let ok = if over {
+                if c.tail != c.limit || self.sq_credit(qp, c) {
+                    return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
+                }
+                false
+            } else {
+                self.sq_refill(qp, c)
+            };
+            if !ok {
+                return Err(self.full(qp, c.tail, c.mask, false, nsge));
             }
-            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
-        }
-        if c.tail == c.limit && !self.sq_refill(qp, c) {
-            return Err(self.full(qp, c.tail, c.mask, false, (0, 0)));
         }
         if w.flags.contains(SendFlags::INLINE) {
             // PVRDMA has no inline data (L-QP forces max_inline_data to 0).
@@ -352,16 +374,22 @@ impl<H: Hal> Pvrdma<H> {
     ) -> Result<()> {
         // The SGE count first (its limit is then no longer needed, which leaves a register
         // for the refill), the refusal as if the credit were checked first.
+        // One call site for both refusals that look at the queue (`full`): its arguments are
+        // then made only where it is called.
         let nsge = sges.len();
-        if nsge > c.max_sge as usize {
-            if c.tail == c.limit && !self.rq_credit(qp, c) {
-                let (t, m, max) = (c.tail, c.mask, c.max_sge);
-                return Err(self.full(qp, t, m, true, (nsge, max)));
+        let over = nsge > c.max_sge as usize;
+        if over || c.tail == c.limit {
+            let ok = if over {
+                if c.tail != c.limit || self.rq_credit(qp, c) {
+                    return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
+                }
+                false
+            } else {
+                self.rq_refill(qp, c)
+            };
+            if !ok {
+                return Err(self.full(qp, c.tail, c.mask, true, nsge));
             }
-            return Err(refuse(Refusal::Sges(nsge, c.max_sge)));
-        }
-        if c.tail == c.limit && !self.rq_refill(qp, c) {
-            return Err(self.full(qp, c.tail, c.mask, true, (0, 0)));
         }
         let h = c.slot().cast::<abi::RqWqeHdr>();
         c.record(wr_id, tag);
@@ -413,6 +441,9 @@ impl<H: Hal> Pvrdma<H> {
                 free,
             });
         }
+        // Where the SRQ's depth did not fit a receive CQ, each receive takes its room there
+        // now, on every such CQ (`srq_meter.rs`): all or none.
+        srq.counters.charge(wrs.len() as u32)?;
         let mut n = tail0;
         for w in wrs {
             let h = ring.slot(n).cast::<abi::RqWqeHdr>();

@@ -42,6 +42,7 @@ mod requester;
 mod responder;
 mod rings;
 mod srq;
+mod srq_resize;
 mod tables;
 mod wqe;
 

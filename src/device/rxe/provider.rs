@@ -237,7 +237,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn srq_attr(&self, srq: &Srq<H>) -> SrqAttr {
-        srq.attr
+        srq.attr()
     }
 
     fn destroy_srq(&self, srq: Srq<H>) -> Result<(), (Srq<H>, Error)> {
@@ -471,6 +471,10 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn modify_srq(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
         self.modify_srq_impl(srq, limit)
+    }
+
+    fn resize_srq(&self, srq: &Srq<H>, max_wr: u32) -> Result<u32> {
+        self.resize_srq_impl(srq, max_wr)
     }
 
     fn query_srq(&self, srq: &Srq<H>) -> Result<SrqAttr> {

@@ -218,7 +218,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if let Some(s) = srq {
             // The first QP of an (SRQ, receive CQ) pair reserves the SRQ's depth there.
             if pair_holder(t, s.core, recv_cq.ring, ptr.as_ptr()).is_none() {
-                let r = recv_cq.ring().reserve_srq(s.attr.max_wr);
+                let r = recv_cq.ring().reserve_srq(s.attr().max_wr);
                 // SAFETY: written above; not reachable by another thread before the device
                 // lock (held) is let go.
                 unsafe { (*ptr.as_ptr()).srq_reserved = r };

@@ -1,6 +1,7 @@
 //! Shared receive queues: a ring of receive requests in HAL memory that the responder of
 //! every QP attached to it takes from, with the limit event.
 
+use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -37,6 +38,27 @@ impl SrqCore {
         unsafe { &mut *self.ring.as_ptr().add((i % self.cap) as usize) }
     }
 
+    /// Moves the requests posted into `ring` (`cap` entries, owned by the SRQ from now on),
+    /// in order; `Err` with their count when they do not fit, or with the armed limit when
+    /// it is above `cap` (nothing changed). Under the device lock (`&mut self`).
+    pub(crate) fn regrow(&mut self, ring: NonNull<RqEntry>, cap: u32) -> Result<(), Error> {
+        let posted = self.head.wrapping_sub(self.tail);
+        if cap < posted {
+            return Err(Error::invalid(Param::SrqWrInUse, posted, cap));
+        }
+        if cap < self.limit {
+            return Err(Error::invalid(Param::SrqLimit, self.limit, cap));
+        }
+        for k in 0..posted {
+            let e = *self.at(self.tail.wrapping_add(k));
+            // SAFETY: k < posted <= cap entries of the new ring (the caller's), which nothing
+            // else reaches yet.
+            unsafe { ring.as_ptr().add(k as usize).write(e) };
+        }
+        (self.ring, self.cap, self.head, self.tail) = (ring, cap, posted, 0);
+        Ok(())
+    }
+
     pub(crate) fn has(&self) -> bool {
         self.head != self.tail
     }
@@ -62,8 +84,14 @@ impl SrqCore {
 /// A shared receive queue.
 pub struct Srq<H: Hal> {
     _mem: Dma<H>,
+    /// The ring of a resized SRQ (its first ring stays in `_mem`, unused): replaced only
+    /// under the device lock, by a resize.
+    ring_mem: UnsafeCell<Option<Dma<H>>>,
     pub(crate) core: NonNull<SrqCore>,
-    pub(crate) attr: SrqAttr,
+    /// The attributes as created (`max_wr`: see `max_wr`).
+    attr: SrqAttr,
+    /// Its size now (a resize changes it, under the device lock).
+    max_wr: AtomicU32,
     pub(crate) users: AtomicU32,
     pd_users: NonNull<AtomicU32>,
     id: u32,
@@ -75,9 +103,28 @@ impl<H: Hal> Srq<H> {
     pub fn number(&self) -> u32 {
         self.id
     }
+
+    /// Keeps `mem`, the ring the core now names (a resize), dropping the one it replaces.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the device lock, and the core no longer names the ring replaced.
+    pub(crate) unsafe fn keep_ring(&self, mem: Dma<H>, max_wr: u32) {
+        // SAFETY: the caller's contract: `ring_mem` is reached only under the device lock.
+        unsafe { *self.ring_mem.get() = Some(mem) };
+        self.max_wr.store(max_wr, Ordering::Release);
+    }
+
+    /// Its attributes now (the size a resize gave it), the limit as created.
+    pub(crate) fn attr(&self) -> SrqAttr {
+        SrqAttr {
+            max_wr: self.max_wr.load(Ordering::Acquire),
+            ..self.attr
+        }
+    }
 }
 
-// SAFETY: the core is reached only under the device lock.
+// SAFETY: the core and `ring_mem` are reached only under the device lock.
 unsafe impl<H: Hal + Send> Send for Srq<H> {}
 // SAFETY: as above.
 unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
@@ -129,8 +176,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         pd.users.fetch_add(1, Ordering::Relaxed);
         Ok(Srq {
             _mem: mem,
+            ring_mem: UnsafeCell::new(None),
             core,
             attr,
+            max_wr: AtomicU32::new(attr.max_wr),
             users: AtomicU32::new(0),
             pd_users: NonNull::from(&pd.users),
             id,
@@ -152,7 +201,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         Ok(())
     }
 
-    fn srq_core<'a>(&self, srq: &Srq<H>, _held: &'a mut super::Core<L>) -> &'a mut SrqCore {
+    pub(crate) fn srq_core<'a>(
+        &self,
+        srq: &Srq<H>,
+        _held: &'a mut super::Core<L>,
+    ) -> &'a mut SrqCore {
         // SAFETY: the core lives as long as the SRQ and is reached only under the device
         // lock, which the caller holds.
         unsafe { &mut *srq.core.as_ptr() }
@@ -192,11 +245,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     pub(crate) fn modify_srq_impl(&self, srq: &Srq<H>, limit: u32) -> Result<()> {
-        if limit > srq.attr.max_wr {
-            return Err(Error::invalid(Param::SrqLimit, limit, srq.attr.max_wr));
-        }
         let mut guard = self.lock();
-        self.srq_core(srq, &mut guard).limit = limit;
+        let s = self.srq_core(srq, &mut guard);
+        if limit > s.cap {
+            return Err(Error::invalid(Param::SrqLimit, limit, s.cap));
+        }
+        s.limit = limit;
         Ok(())
     }
 
@@ -204,6 +258,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let mut guard = self.lock();
         let s = self.srq_core(srq, &mut guard);
         SrqAttr {
+            max_wr: s.cap,
             srq_limit: s.limit,
             ..srq.attr
         }
