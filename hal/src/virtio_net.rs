@@ -279,22 +279,49 @@ impl<S: StaticHal> Link for VirtioNet<S> {
     }
 
     fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
-        if self.broken {
-            return Err(LinkError::Device);
-        }
         if frame.is_empty() || frame.len() > MAX_FRAME {
             return Err(LinkError::Size);
         }
-        self.reclaim()?;
-        let slot = self.tx.idle().ok_or(LinkError::Busy)?;
+        self.transmit_with(&mut [], |buf| {
+            buf.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        })
+        .map(|_| ())
+    }
+
+    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
+    where
+        F: FnOnce(&mut [u8]) -> Option<usize>,
+    {
+        if self.broken {
+            return Err(LinkError::Device);
+        }
+        // Sent buffers are taken back only when every slot is in use: one pass over the used
+        // ring per ring's worth of frames, not an empty look per frame.
+        let slot = match self.tx.idle() {
+            Some(slot) => slot,
+            None => {
+                self.reclaim()?;
+                self.tx.idle().ok_or(LinkError::Busy)?
+            }
+        };
         let buf = self.buffers.slot(RX_BUFFERS + slot);
         let hdr = self
             .raw
             .fill_buffer_header(buf)
             .map_err(|_| LinkError::Device)?;
-        let len = hdr + frame.len().max(MIN_FRAME);
-        buf[hdr..hdr + frame.len()].copy_from_slice(frame);
-        buf[hdr + frame.len()..len].fill(0);
+        // Built in place: the slot is idle, so its buffer is the CPU's alone.
+        let Some(room) = buf.get_mut(hdr..hdr + MAX_FRAME) else {
+            return Err(LinkError::Device);
+        };
+        let Some(n) = build(room) else {
+            return Ok(None);
+        };
+        if n == 0 || n > MAX_FRAME {
+            return Err(LinkError::Size);
+        }
+        let len = hdr + n.max(MIN_FRAME);
+        buf[hdr + n..len].fill(0);
         let buf = &buf[..len];
         // SAFETY: the slot is idle; its buffer is not touched again until `reclaim` passes it
         // (same slot, same length, recorded in `self.tx`) to `transmit_complete`.
@@ -302,7 +329,7 @@ impl<S: StaticHal> Link for VirtioNet<S> {
             Ok(token) => {
                 self.tx.hold(slot, token, len as u16);
                 self.stats.transmitted += 1;
-                Ok(())
+                Ok(Some(n))
             }
             Err(virtio_drivers::Error::QueueFull) => Err(LinkError::Busy),
             Err(_) => Err(LinkError::Device),
@@ -310,11 +337,53 @@ impl<S: StaticHal> Link for VirtioNet<S> {
     }
 
     fn tx_ready(&mut self) -> bool {
-        !self.broken && self.reclaim().is_ok() && self.tx.idle().is_some()
+        !self.broken
+            && (self.tx.idle().is_some() || (self.reclaim().is_ok() && self.tx.idle().is_some()))
     }
 
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        // At most one pass over the ring: a flood of bad frames cannot hold the caller.
+        // At most one pass over the ring: a flood of frames too long cannot hold the caller.
+        for _ in 0..QUEUE_SIZE {
+            match self.receive_if(buf, |_| true)? {
+                Some(n) => return Some(n),
+                None => continue,
+            }
+        }
+        None
+    }
+
+    fn receive_with<R, F>(&mut self, _: &mut [u8], f: F) -> Option<R>
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        let (slot, range) = self.next_frame()?;
+        let r = f(&self.buffers.slot(slot)[range]);
+        self.stats.received += 1;
+        self.refill();
+        Some(r)
+    }
+
+    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
+    where
+        F: FnOnce(&[u8]) -> bool,
+    {
+        let got = self.receive_with(&mut [], |frame| crate::copy_if(frame, buf, want))?;
+        if got.is_none() {
+            // Shown, then refused (or too long for `buf`): dropped, not handed on.
+            self.stats.received -= 1;
+            self.stats.dropped += 1;
+        }
+        Some(got)
+    }
+}
+
+impl<S: StaticHal> VirtioNet<S> {
+    /// The next frame the device returned: its receive slot (taken from the device, not
+    /// reposted: the caller reads it, then calls `refill`) and where the frame lies in it.
+    /// Buffers with lengths the device got wrong are reposted, counted as dropped, and the
+    /// next one looked at, one pass over the ring at most. `None`: nothing arrived (or the
+    /// device broke the queue protocol).
+    fn next_frame(&mut self) -> Option<(usize, Range<usize>)> {
         for _ in 0..QUEUE_SIZE {
             if self.broken {
                 return None;
@@ -337,18 +406,10 @@ impl<S: StaticHal> Link for VirtioNet<S> {
                     return None;
                 }
             };
+            let buffer_len = rx.len();
             self.rx.release(slot);
-            let range = lengths.and_then(|(hdr, len)| frame_range(hdr, len, rx.len(), buf.len()));
-            let got = range.map(|r| {
-                buf[..r.len()].copy_from_slice(&rx[r.clone()]);
-                r.len()
-            });
-            self.refill();
-            match got {
-                Some(n) => {
-                    self.stats.received += 1;
-                    return Some(n);
-                }
+            match lengths.and_then(|(hdr, len)| frame_range(hdr, len, buffer_len, MAX_FRAME)) {
+                Some(range) => return Some((slot, range)),
                 None => self.stats.dropped += 1,
             }
         }
@@ -401,40 +462,64 @@ impl<S: StaticHal> Drop for Buffers<S> {
 }
 
 /// Which buffer slots the device holds: the virtqueue token each was posted with, and the
-/// length handed over.
+/// length handed over. Every operation is O(1) (a per-frame linear scan of the slots was the
+/// largest cost of the RoCE lab's READ responder: docs/measurements.md): an idle-slot bit mask,
+/// and the slot of each token (virtio-drivers' token is the chain's first descriptor, below
+/// [`QUEUE_SIZE`]; a larger one, which a device cannot make it report, is looked for in turn).
 struct Slots<const N: usize> {
     held: [Option<(u16, u16)>; N],
+    /// Bit `i` set: slot `i` is idle.
+    idle: u64,
+    /// Per token below [`QUEUE_SIZE`]: the slot last held with it.
+    by_token: [u8; QUEUE_SIZE],
 }
 
 impl<const N: usize> Slots<N> {
+    const ALL: u64 = if N == 64 { u64::MAX } else { (1u64 << N) - 1 };
+    const FITS: () = assert!(N >= 1 && N <= 64 && N <= u8::MAX as usize);
+
     fn new() -> Self {
-        Slots { held: [None; N] }
+        let () = Self::FITS;
+        Slots {
+            held: [None; N],
+            idle: Self::ALL,
+            by_token: [0; QUEUE_SIZE],
+        }
     }
 
     /// The first slot the device does not hold.
     fn idle(&self) -> Option<usize> {
-        self.held.iter().position(Option::is_none)
+        (self.idle != 0).then(|| self.idle.trailing_zeros() as usize)
     }
 
     fn hold(&mut self, slot: usize, token: u16, len: u16) {
         self.held[slot] = Some((token, len));
+        self.idle &= !(1u64 << slot);
+        if let Some(s) = self.by_token.get_mut(usize::from(token)) {
+            *s = slot as u8;
+        }
     }
 
     /// The slot posted with `token` (a value the device reports: unknown ones give `None`),
     /// and its length.
     fn find(&self, token: u16) -> Option<(usize, usize)> {
-        self.held.iter().enumerate().find_map(|(i, h)| match h {
-            Some((t, len)) if *t == token => Some((i, usize::from(*len))),
+        let is = |i: usize| match self.held.get(i) {
+            Some(Some((t, len))) if *t == token => Some((i, usize::from(*len))),
             _ => None,
-        })
+        };
+        match self.by_token.get(usize::from(token)) {
+            Some(&slot) => is(usize::from(slot)),
+            None => (0..N).find_map(is),
+        }
     }
 
     fn release(&mut self, slot: usize) {
         self.held[slot] = None;
+        self.idle |= 1u64 << slot;
     }
 
     fn held(&self) -> usize {
-        self.held.iter().filter(|h| h.is_some()).count()
+        N - self.idle.count_ones() as usize
     }
 }
 
@@ -463,6 +548,29 @@ mod tests {
             "a released slot no longer answers its token"
         );
         assert_eq!(s.held(), 2);
+    }
+
+    #[test]
+    fn slots_reuse_tokens_and_refuse_stale_ones() {
+        let mut s = Slots::<RX_BUFFERS>::new();
+        for i in 0..RX_BUFFERS {
+            assert_eq!(s.idle(), Some(i));
+            s.hold(i, i as u16, 1);
+        }
+        assert_eq!(s.idle(), None);
+        assert_eq!(s.held(), RX_BUFFERS);
+        // The device hands buffers back out of order; virtio-drivers reuses their tokens.
+        s.release(5);
+        s.release(2);
+        assert_eq!(s.idle(), Some(2), "the lowest idle slot first");
+        s.hold(2, 5, 9);
+        assert_eq!(s.find(5), Some((2, 9)), "token 5 now names slot 2");
+        assert_eq!(s.find(2), None, "slot 2's old token is stale");
+        assert_eq!(s.idle(), Some(5));
+        assert_eq!(s.find(u16::MAX), None, "a token beyond the queue");
+        let mut t = Slots::<2>::new();
+        t.hold(1, 1000, 3);
+        assert_eq!(t.find(1000), Some((1, 3)), "a token beyond the queue, held");
     }
 
     #[test]
