@@ -446,7 +446,10 @@ impl<S: StaticHal> Link for VirtioNet<S> {
         };
         let buf = self.buffers.slot(RX_BUFFERS + slot);
         // Built in place: the slot is idle, so its buffer is the CPU's alone.
-        buf[..HDR].fill(0);
+        // (Stores, not a `memset` call: the header is 12 bytes.)
+        if let Some(h) = buf.first_chunk_mut::<HDR>() {
+            *h = [0; HDR];
+        }
         let Some(n) = build(&mut buf[HDR..HDR + MAX_FRAME]) else {
             return Ok(None);
         };
@@ -454,7 +457,9 @@ impl<S: StaticHal> Link for VirtioNet<S> {
             return Err(LinkError::Size);
         }
         let len = HDR + n.max(MIN_FRAME);
-        buf[HDR + n..len].fill(0);
+        if n < MIN_FRAME {
+            buf[HDR + n..len].fill(0);
+        }
         // The slot's descriptor names its buffer; from here the device's until `reclaim`.
         self.txq.set_len(slot, len as u32);
         self.txq.publish(slot as u16);
