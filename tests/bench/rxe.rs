@@ -161,6 +161,7 @@ impl Link for Wire {
     }
 
     /// Built in the transmit slot, as the virtio-net link builds in its transmit buffer.
+    #[inline]
     fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
     where
         F: FnOnce(&mut [u8]) -> Option<usize>,
@@ -182,6 +183,7 @@ impl Link for Wire {
     }
 
     /// Looked at in the receive slot, copied only when taken, as the virtio-net link does.
+    #[inline]
     fn receive_with<T, F>(&mut self, _: &mut [u8], f: F) -> Option<T>
     where
         F: FnOnce(&[u8]) -> T,
@@ -196,6 +198,7 @@ impl Link for Wire {
         Some(f(&r.buf[slot * FRAME..][..n]))
     }
 
+    #[inline]
     fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
     where
         F: FnOnce(&[u8]) -> bool,
