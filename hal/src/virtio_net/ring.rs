@@ -173,66 +173,94 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
 
     #[repr(C, align(4096))]
     struct Page([u8; crate::PAGE_SIZE]);
 
-    /// The device's side: marks the next used entry (`id`, `len`) and moves the used index.
-    fn device_uses(page: &mut Page, n: u16, id: u32, len: u32) {
-        let e = USED + 4 + 8 * (usize::from(n) % QUEUE_SIZE);
-        page.0[e..e + 4].copy_from_slice(&id.to_le_bytes());
-        page.0[e + 4..e + 8].copy_from_slice(&len.to_le_bytes());
-        page.0[USED + 2..USED + 4].copy_from_slice(&(n.wrapping_add(1)).to_le_bytes());
+    /// The test's page, reached only through raw pointers (the ring's and the device's);
+    /// freed when the guard goes.
+    struct Held(NonNull<Page>);
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            // SAFETY: made by `Box::into_raw` in `page`, freed once.
+            drop(unsafe { std::boxed::Box::from_raw(self.0.as_ptr()) });
+        }
     }
 
-    fn word(page: &Page, at: usize) -> u16 {
-        u16::from_le_bytes([page.0[at], page.0[at + 1]])
+    fn page() -> (Held, NonNull<u8>) {
+        let b = std::boxed::Box::new(Page([0xAA; crate::PAGE_SIZE]));
+        let p = NonNull::from(std::boxed::Box::leak(b));
+        (Held(p), p.cast())
+    }
+
+    fn put(p: NonNull<u8>, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= crate::PAGE_SIZE);
+        // SAFETY: inside the test's page.
+        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.as_ptr().add(at), bytes.len()) }
+    }
+
+    fn get<const N: usize>(p: NonNull<u8>, at: usize) -> [u8; N] {
+        assert!(at + N <= crate::PAGE_SIZE);
+        // SAFETY: inside the test's page.
+        unsafe { p.as_ptr().add(at).cast::<[u8; N]>().read() }
+    }
+
+    fn word(p: NonNull<u8>, at: usize) -> u16 {
+        u16::from_le_bytes(get::<2>(p, at))
+    }
+
+    /// The device's side: marks used entry `n` (`id`, `len`) and moves the used index past it.
+    fn device_uses(p: NonNull<u8>, n: u16, id: u32, len: u32) {
+        let e = USED + 4 + 8 * (usize::from(n) % QUEUE_SIZE);
+        put(p, e, &id.to_le_bytes());
+        put(p, e + 4, &len.to_le_bytes());
+        put(p, USED + 2, &n.wrapping_add(1).to_le_bytes());
     }
 
     #[test]
     fn publishes_and_pops_in_ring_order_across_the_wrap() {
-        let mut page = Page([0xAA; crate::PAGE_SIZE]);
-        let p = NonNull::from(&mut page).cast::<u8>();
-        // SAFETY: the page is this test's, used only through the ring and, between its calls,
-        // as the device.
+        let (_held, p) = page();
+        // SAFETY: the page is this test's (held until the end), used through the ring and, between its
+        // calls, as the device.
         let mut r = unsafe { Ring::new(p, 0x10_0000) };
         assert_eq!(r.areas(), (0x10_0000, 0x10_0000 + 1024, 0x10_0000 + 2048));
         r.describe(3, 0xdead_0000, 2048, F_WRITE, 0);
         r.set_len(3, 60);
-        assert_eq!(&page.0[48..56], &0xdead_0000u64.to_le_bytes());
-        assert_eq!(&page.0[56..60], &60u32.to_le_bytes());
-        assert_eq!(word(&page, 60), F_WRITE);
+        assert_eq!(get::<8>(p, 48), 0xdead_0000u64.to_le_bytes());
+        assert_eq!(get::<4>(p, 56), 60u32.to_le_bytes());
+        assert_eq!(word(p, 60), F_WRITE);
         for n in 0..(3 * QUEUE_SIZE as u16) {
             r.publish(n % 7);
-            assert_eq!(word(&page, AVAIL + 2), n + 1, "the index follows");
+            assert_eq!(word(p, AVAIL + 2), n + 1, "the index follows");
             assert_eq!(
-                word(&page, AVAIL + 4 + 2 * (usize::from(n) % QUEUE_SIZE)),
+                word(p, AVAIL + 4 + 2 * (usize::from(n) % QUEUE_SIZE)),
                 n % 7
             );
             assert_eq!(r.pop(), None, "nothing used yet");
-            device_uses(&mut page, n, u32::from(n % 7), 100 + u32::from(n));
+            device_uses(p, n, u32::from(n % 7), 100 + u32::from(n));
             assert_eq!(r.pop(), Some(Ok((u32::from(n % 7), 100 + u32::from(n)))));
         }
         assert!(r.wants_notify());
-        page.0[USED] = 1;
+        put(p, USED, &1u16.to_le_bytes());
         assert!(!r.wants_notify(), "the device asked for no notifications");
         r.set_interrupts(false);
-        assert_eq!(word(&page, AVAIL), 1);
+        assert_eq!(word(p, AVAIL), 1);
         r.set_interrupts(true);
-        assert_eq!(word(&page, AVAIL), 0);
+        assert_eq!(word(p, AVAIL), 0);
     }
 
     #[test]
     fn a_used_index_beyond_the_queue_is_refused() {
-        let mut page = Page([0; crate::PAGE_SIZE]);
-        let p = NonNull::from(&mut page).cast::<u8>();
+        let (_held, p) = page();
         // SAFETY: as above.
         let mut r = unsafe { Ring::new(p, 0) };
-        let far = QUEUE_SIZE as u16 + 1;
-        page.0[USED + 2..USED + 4].copy_from_slice(&far.to_le_bytes());
+        put(p, USED + 2, &(QUEUE_SIZE as u16 + 1).to_le_bytes());
         assert_eq!(r.pop(), Some(Err(())));
-        page.0[USED + 2..USED + 4].copy_from_slice(&(QUEUE_SIZE as u16).to_le_bytes());
+        put(p, USED + 2, &(QUEUE_SIZE as u16).to_le_bytes());
         assert!(
             matches!(r.pop(), Some(Ok(_))),
             "a full ring's worth is fine"
