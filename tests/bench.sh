@@ -46,9 +46,10 @@
 # rdma-core's packages (see rdma_core.sh) the rdma-core column is `-`.
 #
 # The software RoCE device (tests/bench/rxe.rs): two rxe devices over an in-memory link that
-# copies each frame once in and once out, as virtio-net does; every call on the requester's
-# device runs inside bench_req, every call on the responder's inside bench_resp, and each
-# scenario runs under callgrind once per side, counting only inside that side's function
+# builds each frame in place and copies it once out, as the virtio-net link does; every call on
+# the requester's device runs inside bench_req, every call on the responder's inside
+# bench_resp, and each scenario runs under callgrind once per side, counting only inside that
+# side's function
 # (--toggle-collect: the two sides interleave in one run, and the call tree, not the clock,
 # says whose an instruction is). Two builds: `guest`, the bench as the example kernel is built
 # (the driver crates at opt-level "z", one codegen unit, LTO; the kernel's own memcpy, memmove

@@ -50,7 +50,7 @@ pub mod x86;
 use core::ptr::NonNull;
 
 pub use clock::Clock;
-pub use link::{Link, LinkError};
+pub use link::{Link, LinkError, copy_if};
 pub use pci_types::{ConfigRegionAccess, PciAddress};
 pub use region::{DmaRegion, IdentityHal, MAX_REGION_PAGES, MmioRegion};
 

@@ -4,6 +4,21 @@
 //! and strips whatever its hardware needs (a virtio-net header, padding to 60 bytes). The
 //! transport polls the link from its own calls (post, poll), so the seam needs no thread and
 //! no interrupt.
+//!
+//! Frames need not be copied across the seam. [`Link::transmit_with`] lets the transport build
+//! a frame (headers, payload, ICRC) straight in the NIC's transmit buffer, and
+//! [`Link::receive_with`] / [`Link::receive_if`] show a received frame where the NIC put it, so
+//! that a frame not for this interface is dropped before any copy or check. Their default
+//! methods go through [`Link::transmit`] and [`Link::receive`] with a caller's scratch buffer
+//! (one copy each way), so a NIC that implements only those keeps working.
+//!
+//! A NIC that can filter in hardware (or whose device model can: virtio-net's
+//! `VIRTIO_NET_F_CTRL_RX` with promiscuous mode off) should take only frames to its own MAC,
+//! broadcast and the multicast groups asked for: those are all the transport looks at, and a
+//! shared segment (a QEMU socket or multicast netdev echoes every frame, the sender's own
+//! included) otherwise costs a ring slot and a look per foreign frame. A promiscuous NIC
+//! (virtio-net through virtio-drivers 0.13, which negotiates no control queue) hands every
+//! frame on; the transport then drops foreign ones in [`Link::receive_if`]'s test, uncopied.
 
 /// Why a frame could not be sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,4 +54,75 @@ pub trait Link {
     /// Moves the next received frame into `buf` and returns its length, or `None` when no
     /// frame has arrived. A frame longer than `buf` is dropped (and the next one looked at).
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize>;
+
+    /// Builds one frame in the NIC's own transmit buffer and sends it: `build` gets a buffer of
+    /// at most [`max_frame`](Self::max_frame) bytes (its content is whatever an earlier frame
+    /// left) and returns the frame's length, or `None` to send nothing (the slot stays free).
+    /// `Ok(Some(len))` once sent; `Ok(None)` when `build` declined; [`LinkError::Busy`] (and
+    /// `build` not called) when no transmit slot is free; [`LinkError::Size`] when `build`
+    /// returned an empty frame or one longer than its buffer.
+    ///
+    /// The default asks [`tx_ready`](Self::tx_ready), builds in `scratch` and sends it with
+    /// [`transmit`](Self::transmit) (one copy); a NIC with its own transmit buffers leaves
+    /// `scratch` alone.
+    fn transmit_with<F>(&mut self, scratch: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
+    where
+        F: FnOnce(&mut [u8]) -> Option<usize>,
+        Self: Sized,
+    {
+        // Asked first, so that a full ring costs a question, not a frame built and dropped.
+        if !self.tx_ready() {
+            return Err(LinkError::Busy);
+        }
+        let room = scratch.len().min(self.max_frame());
+        let Some(n) = build(&mut scratch[..room]) else {
+            return Ok(None);
+        };
+        if n == 0 || n > room {
+            return Err(LinkError::Size);
+        }
+        self.transmit(&scratch[..n]).map(|()| Some(n))
+    }
+
+    /// Shows the next received frame to `f` where it lies (in the NIC's own receive buffer)
+    /// and returns what `f` made of it, or `None` when no frame has arrived. The buffer goes
+    /// back to the NIC when `f` returns: what must outlive the call, `f` copies.
+    ///
+    /// The default receives into `scratch` with [`receive`](Self::receive) (one copy; frames
+    /// longer than `scratch` are dropped); a NIC with its own receive buffers leaves `scratch`
+    /// alone and shows every frame it holds.
+    fn receive_with<R, F>(&mut self, scratch: &mut [u8], f: F) -> Option<R>
+    where
+        F: FnOnce(&[u8]) -> R,
+        Self: Sized,
+    {
+        let n = self.receive(scratch)?;
+        scratch.get(..n).map(f)
+    }
+
+    /// Receives the next frame into `buf` if `want` takes it, looked at where the NIC put it:
+    /// `Some(Some(len))` when copied, `Some(None)` when `want` refused it (or it is longer than
+    /// `buf`) and it was dropped uncopied, `None` when no frame has arrived. The transport's
+    /// receive: a frame not for this interface costs a look at its first bytes, not a copy.
+    ///
+    /// The default is [`receive`](Self::receive) followed by `want` (the copy first).
+    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
+    where
+        F: FnOnce(&[u8]) -> bool,
+        Self: Sized,
+    {
+        let n = self.receive(buf)?;
+        Some(buf.get(..n).is_some_and(want).then_some(n))
+    }
+}
+
+/// Copies a frame the NIC holds into `buf` when `want` takes it and it fits: the body of
+/// [`Link::receive_if`] for a NIC that shows frames in place (its [`Link::receive_with`]).
+pub fn copy_if(frame: &[u8], buf: &mut [u8], want: impl FnOnce(&[u8]) -> bool) -> Option<usize> {
+    let dst = buf.get_mut(..frame.len())?;
+    if !want(frame) {
+        return None;
+    }
+    dst.copy_from_slice(frame);
+    Some(frame.len())
 }

@@ -1,16 +1,23 @@
-//! A virtio-net NIC as a [`Link`], through the `virtio-drivers` crate (`VirtIONetRaw`: no heap).
+//! A virtio-net NIC as a [`Link`]: the `virtio-drivers` crate's PCI transport, and the link's
+//! own split virtqueues (no heap).
 //!
 //! [`VirtioNet`] keeps [`RX_BUFFERS`] receive buffers posted and transmits through a pool of
 //! [`TX_BUFFERS`] transmit buffers, all [`BUFFER_SIZE`] bytes, in one block of DMA memory
 //! allocated once at bring-up. Frames cross the seam without the virtio-net header: it is
-//! stripped on receive and written in front of the frame on transmit. The link polls; a driver
+//! stripped on receive and written in front of the frame on transmit. Frames are built in the
+//! transmit buffer ([`Link::transmit_with`]) and looked at in the receive buffer
+//! ([`Link::receive_with`], [`Link::receive_if`]): the plain `transmit` and `receive` copy.
+//! Each descriptor names one buffer for good (module `ring`), so a frame costs one entry of
+//! each ring, not virtio-drivers' general chain bookkeeping. The link polls; a driver
 //! that halts while it waits routes the NIC's interrupts to itself first
 //! ([`VirtioNet::route_interrupts`], through MSI-X: virtio-drivers assigns no vector).
 //!
-//! The NIC stays promiscuous: virtio-drivers 0.13 negotiates no control queue, so the receive
-//! filter cannot be set through it. A NIC that can filter (virtio-net's `VIRTIO_NET_F_CTRL_RX`
-//! with `VIRTIO_NET_CTRL_RX_PROMISC` off) should take only its own MAC, broadcast and the
-//! multicast groups asked for.
+//! The receive filter: when the device offers the control queue and its receive-mode commands
+//! (`VIRTIO_NET_F_CTRL_VQ`, `VIRTIO_NET_F_CTRL_RX`), bring-up turns promiscuous mode off
+//! (`VIRTIO_NET_CTRL_RX_PROMISC`, 0), so the device hands on only frames to this MAC and
+//! broadcast ([`VirtioNet::filters`]). A virtio-net device starts promiscuous, and QEMU's socket
+//! and multicast netdevs echo every frame back to its sender: without the filter, each frame
+//! the link sends comes back as one more to receive and drop.
 //!
 //! virtio-drivers reaches DMA and MMIO through associated functions, so the bareverbs HAL must
 //! be reachable from a static: a [`StaticHal`] names it, and [`GlobalIdentity`] is the ready
@@ -29,21 +36,24 @@
 //! nic.transmit(&frame)?;
 //! ```
 //!
-//! What virtio-drivers 0.13 negotiates: MAC, STATUS, event index and version 1; no checksum
-//! offload, no segmentation offload, no mergeable receive buffers: every frame fits in one
-//! buffer and is complete.
+//! What the link negotiates: MAC, STATUS, the control queue with its receive-mode commands, and
+//! version 1; no event index, no indirect descriptors, no checksum offload, no segmentation
+//! offload, no mergeable receive buffers: every frame fits in one buffer and is complete.
 
 mod bridge;
 mod msix;
 mod pci;
+mod ring;
 
 use core::ops::Range;
 use core::ptr::NonNull;
 
 use pci_types::{ConfigRegionAccess, PciAddress};
-use virtio_drivers::device::net::VirtIONetRaw;
 use virtio_drivers::transport::pci::bus::{DeviceFunction, PciRoot};
 use virtio_drivers::transport::pci::{PciTransport, VirtioPciError};
+use virtio_drivers::transport::{DeviceStatus, Transport};
+
+use ring::{F_WRITE, Ring};
 
 pub use bridge::{Bridge, GlobalIdentity, StaticHal};
 pub use msix::MsixError;
@@ -120,28 +130,59 @@ pub struct LinkStats {
     pub dropped: u64,
 }
 
-/// A virtio-net PCI function driven through virtio-drivers' `VirtIONetRaw`, as a [`Link`].
+/// A virtio-net PCI function, as a [`Link`]: virtio-drivers' PCI transport (capabilities,
+/// feature negotiation, queue registers), and the link's own split virtqueues
+/// (module `ring`), each descriptor bound to one buffer for good.
 ///
-/// Dropping it resets the device (virtio-drivers' transport does) before the buffers return to
-/// the HAL.
+/// Dropping it resets the device (virtio-drivers' transport does) before the queues and the
+/// buffers return to the HAL.
 pub struct VirtioNet<S: StaticHal> {
-    // Declared first: dropped first, so the device is reset before the buffers go.
-    raw: VirtIONetRaw<Bridge<S>, PciTransport, QUEUE_SIZE>,
-    buffers: Buffers<S>,
+    // Declared first: dropped first, so the device is reset before the memory goes.
+    transport: PciTransport,
+    /// The queues' pages (receive, transmit, control), reached through `rxq` and `txq`; held
+    /// for their return to the HAL.
+    _queues: Pages<S>,
+    buffers: Pages<S>,
+    rxq: Ring,
+    txq: Ring,
     rx: Slots<RX_BUFFERS>,
     tx: Slots<TX_BUFFERS>,
     address: PciAddress,
     mac: [u8; 6],
-    /// The device broke the queue protocol (an unknown token): the link is dead.
+    /// Whether the device filters frames to this MAC and broadcast (promiscuous mode off
+    /// through the control queue), or hands on every frame of the segment.
+    filters: bool,
+    /// The device broke the queue protocol (an unknown buffer, a used index out of range):
+    /// the link is dead.
     broken: bool,
     stats: LinkStats,
 }
 
+/// The features asked for: the MAC, the link status, the control queue and its receive-mode
+/// commands, virtio 1.0. No offloads, no mergeable buffers, no event index, no indirect
+/// descriptors: every frame fits one buffer.
+const FEATURES: u64 = F_MAC | F_STATUS | F_CTRL_VQ | F_CTRL_RX | F_VERSION_1;
+const F_MAC: u64 = 1 << 5;
+const F_STATUS: u64 = 1 << 16;
+const F_CTRL_VQ: u64 = 1 << 17;
+const F_CTRL_RX: u64 = 1 << 18;
+const F_VERSION_1: u64 = 1 << 32;
+/// Queue indices: receive, transmit, control (no multiqueue).
+const RX_QUEUE: u16 = 0;
+const TX_QUEUE: u16 = 1;
+const CTRL_QUEUE: u16 = 2;
+/// The virtio-net header in front of every frame (`struct virtio_net_hdr` with
+/// `num_buffers`, as virtio 1.0 has it): all zeros on transmit.
+const HDR: usize = 12;
+/// Polls for the control queue's answer before going on promiscuous.
+const CTRL_POLLS: u32 = 1 << 22;
+
 impl<S: StaticHal> VirtioNet<S> {
     /// Brings up the virtio-net function at `address`: enables memory decoding and bus
     /// mastering, builds virtio-drivers' PCI transport (the BARs must already be assigned, as
-    /// firmware does), negotiates, allocates the rings and buffers, and posts every receive
-    /// buffer. On failure everything allocated is returned and the command register restored.
+    /// firmware does), negotiates, sets up the queues and buffers, posts every receive buffer
+    /// and turns promiscuous mode off when the device has the control queue. On failure
+    /// everything allocated is returned and the command register restored.
     ///
     /// # Safety
     ///
@@ -167,35 +208,124 @@ impl<S: StaticHal> VirtioNet<S> {
         df: DeviceFunction,
         address: PciAddress,
     ) -> Result<Self, VirtioNetError> {
-        // Buffers first: dropped last on failure too (after the transport reset the device).
-        let block = hal.dma_alloc(PAGES).map_err(|_| VirtioNetError::OutOfDma)?;
-        let buffers = Buffers::<S> {
-            paddr: block.paddr,
-            vaddr: block.vaddr,
-            _hal: core::marker::PhantomData,
-        };
-        let transport =
+        use virtio_drivers::Error as E;
+        // Memory first: dropped last on failure too (after the transport reset the device).
+        let buffers = Pages::<S>::new(hal, PAGES)?;
+        let rings = Pages::<S>::new(hal, 3)?;
+        let mut transport =
             PciTransport::new::<Bridge<S>, C>(root, df).map_err(VirtioNetError::Transport)?;
-        let raw = VirtIONetRaw::new(transport).map_err(|e| match e {
-            virtio_drivers::Error::DmaError => VirtioNetError::OutOfDma,
-            e => VirtioNetError::Device(e),
-        })?;
+        transport.set_status(DeviceStatus::empty());
+        transport.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER);
+        let features = transport.read_device_features() & FEATURES;
+        if features & F_VERSION_1 == 0 {
+            return Err(VirtioNetError::Device(E::Unsupported));
+        }
+        transport.write_driver_features(features);
+        let ok = DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK;
+        transport.set_status(ok);
+        if !transport.get_status().contains(DeviceStatus::FEATURES_OK) {
+            return Err(VirtioNetError::Device(E::NotReady));
+        }
+        let ctrl = features & (F_CTRL_VQ | F_CTRL_RX) == F_CTRL_VQ | F_CTRL_RX;
+        // SAFETY: three pages of `rings`, one per queue, owned by the value built below and
+        // returned only after the transport reset the device.
+        let (mut rxq, mut txq, mut ctrlq) = unsafe {
+            (
+                Ring::new(rings.page(0), rings.paddr(0)),
+                Ring::new(rings.page(1), rings.paddr(1)),
+                Ring::new(rings.page(2), rings.paddr(2)),
+            )
+        };
+        let queues: &[(u16, &Ring)] = if ctrl {
+            &[(RX_QUEUE, &rxq), (TX_QUEUE, &txq), (CTRL_QUEUE, &ctrlq)]
+        } else {
+            &[(RX_QUEUE, &rxq), (TX_QUEUE, &txq)]
+        };
+        for &(q, ring) in queues {
+            if transport.queue_used(q) {
+                return Err(VirtioNetError::Device(E::AlreadyUsed));
+            }
+            if (transport.max_queue_size(q) as usize) < QUEUE_SIZE {
+                return Err(VirtioNetError::Device(E::InvalidParam));
+            }
+            let (desc, driver, device) = ring.areas();
+            transport.queue_set(q, QUEUE_SIZE as u32, desc, driver, device);
+        }
+        // Each descriptor names its buffer for good: receive slot i is descriptor i of the
+        // receive queue, transmit slot j descriptor j of the transmit queue.
+        for i in 0..RX_BUFFERS {
+            rxq.describe(
+                i,
+                buffers.paddr_at(i * BUFFER_SIZE),
+                BUFFER_SIZE as u32,
+                F_WRITE,
+                0,
+            );
+        }
+        for j in 0..TX_BUFFERS {
+            let at = (RX_BUFFERS + j) * BUFFER_SIZE;
+            txq.describe(j, buffers.paddr_at(at), 0, 0, 0);
+        }
+        rxq.set_interrupts(false);
+        txq.set_interrupts(false);
+        ctrlq.set_interrupts(false);
+        transport.finish_init();
+        let mac = transport
+            .read_config_space::<[u8; 6]>(0)
+            .map_err(VirtioNetError::Device)?;
         let mut net = VirtioNet {
-            mac: raw.mac_address(),
-            raw,
+            transport,
+            _queues: rings,
             buffers,
+            rxq,
+            txq,
             rx: Slots::new(),
             tx: Slots::new(),
             address,
+            mac,
+            filters: false,
             broken: false,
             stats: LinkStats::default(),
         };
-        net.raw.disable_interrupts();
         net.refill();
-        if net.rx.held() != RX_BUFFERS {
-            return Err(VirtioNetError::Device(virtio_drivers::Error::QueueFull));
+        if ctrl {
+            net.filters = net.promiscuous_off(&mut ctrlq);
         }
         Ok(net)
+    }
+
+    /// Turns promiscuous mode off (`VIRTIO_NET_CTRL_RX_PROMISC`, 0) through the control
+    /// queue, whose page holds the command past the queue's structures: whether the device
+    /// acknowledged it. Unanswered after [`CTRL_POLLS`] looks, the link stays promiscuous (the
+    /// command's buffers are never reused).
+    fn promiscuous_off(&mut self, ctrlq: &mut Ring) -> bool {
+        let (Some((cmd, cmd_paddr)), Some((ack, ack_paddr))) =
+            (ctrlq.spare(ring::END), ctrlq.spare(ring::END + 8))
+        else {
+            return false;
+        };
+        // SAFETY: bytes of the control queue's page past its structures, the driver's until
+        // the command is posted below; read back only after the device used the chain.
+        unsafe {
+            // Class VIRTIO_NET_CTRL_RX (0), command PROMISC (0), value off (0).
+            cmd.cast::<[u8; 3]>().write_volatile([0, 0, 0]);
+            ack.write_volatile(0xff);
+        }
+        ctrlq.describe(0, cmd_paddr, 3, ring::F_NEXT, 1);
+        ctrlq.describe(1, ack_paddr, 1, F_WRITE, 0);
+        ctrlq.publish(0);
+        self.transport.notify(CTRL_QUEUE);
+        for _ in 0..CTRL_POLLS {
+            match ctrlq.pop() {
+                None => core::hint::spin_loop(),
+                Some(Ok((0, _))) => {
+                    // SAFETY: the device used the chain: the byte is the driver's again.
+                    return unsafe { ack.read_volatile() } == 0;
+                }
+                Some(_) => return false,
+            }
+        }
+        false
     }
 
     /// Routes the NIC's interrupts, a received frame and a completed transmission alike, to
@@ -215,7 +345,8 @@ impl<S: StaticHal> VirtioNet<S> {
         // SAFETY: the caller's promise; the queues exist since bring-up, and this value drives
         // the function.
         unsafe { msix::route::<S, C>(pci, self.address, msg) }?;
-        self.raw.enable_interrupts();
+        self.rxq.set_interrupts(true);
+        self.txq.set_interrupts(true);
         Ok(())
     }
 
@@ -234,35 +365,43 @@ impl<S: StaticHal> VirtioNet<S> {
         self.broken
     }
 
+    /// Whether the device filters the frames it hands on (this MAC, broadcast), or is
+    /// promiscuous: without the control queue, or if it did not acknowledge the command.
+    pub fn filters(&self) -> bool {
+        self.filters
+    }
+
     /// Posts every receive buffer the device does not hold.
     fn refill(&mut self) {
+        let mut posted = false;
         while let Some(slot) = self.rx.idle() {
-            let buf = self.buffers.slot(slot);
-            // SAFETY: the slot is idle: nothing else refers to its buffer until
-            // `receive_complete` with the token returned here, which `receive` calls with the
-            // same buffer (recorded in `self.rx`).
-            match unsafe { self.raw.receive_begin(buf) } {
-                Ok(token) => self.rx.hold(slot, token, BUFFER_SIZE as u16),
-                Err(_) => return,
-            }
+            // The slot is idle: its buffer is the CPU's; from here the device's, until the
+            // used ring gives descriptor `slot` back (`next_frame`).
+            self.rxq.publish(slot as u16);
+            self.rx.hold(slot, slot as u16, BUFFER_SIZE as u16);
+            posted = true;
+        }
+        if posted && self.rxq.wants_notify() {
+            self.transport.notify(RX_QUEUE);
         }
     }
 
     /// Takes back every transmit buffer the device is done with.
     fn reclaim(&mut self) -> Result<(), LinkError> {
-        while let Some(token) = self.raw.poll_transmit() {
-            let Some((slot, len)) = self.tx.find(token) else {
+        // At most a ring's worth: a device cannot hold the caller.
+        for _ in 0..QUEUE_SIZE {
+            let Some(used) = self.txq.pop() else {
+                return Ok(());
+            };
+            // A buffer the device does not hold (an id out of range, or not posted): broken.
+            let slot = used.ok().and_then(|(id, _)| {
+                let id = u16::try_from(id).ok()?;
+                self.tx.find(id).map(|(slot, _)| slot)
+            });
+            let Some(slot) = slot else {
                 self.broken = true;
                 return Err(LinkError::Device);
             };
-            let buf = &self.buffers.slot(RX_BUFFERS + slot)[..len];
-            // SAFETY: the buffer handed to `transmit_begin` with this token (same slot, same
-            // length).
-            if unsafe { self.raw.transmit_complete(token, buf) }.is_err() {
-                // The used ring changed under us: a device breaking the protocol.
-                self.broken = true;
-                return Err(LinkError::Device);
-            }
             self.tx.release(slot);
         }
         Ok(())
@@ -279,76 +418,130 @@ impl<S: StaticHal> Link for VirtioNet<S> {
     }
 
     fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
-        if self.broken {
-            return Err(LinkError::Device);
-        }
         if frame.is_empty() || frame.len() > MAX_FRAME {
             return Err(LinkError::Size);
         }
-        self.reclaim()?;
-        let slot = self.tx.idle().ok_or(LinkError::Busy)?;
-        let buf = self.buffers.slot(RX_BUFFERS + slot);
-        let hdr = self
-            .raw
-            .fill_buffer_header(buf)
-            .map_err(|_| LinkError::Device)?;
-        let len = hdr + frame.len().max(MIN_FRAME);
-        buf[hdr..hdr + frame.len()].copy_from_slice(frame);
-        buf[hdr + frame.len()..len].fill(0);
-        let buf = &buf[..len];
-        // SAFETY: the slot is idle; its buffer is not touched again until `reclaim` passes it
-        // (same slot, same length, recorded in `self.tx`) to `transmit_complete`.
-        match unsafe { self.raw.transmit_begin(buf) } {
-            Ok(token) => {
-                self.tx.hold(slot, token, len as u16);
-                self.stats.transmitted += 1;
-                Ok(())
-            }
-            Err(virtio_drivers::Error::QueueFull) => Err(LinkError::Busy),
-            Err(_) => Err(LinkError::Device),
+        self.transmit_with(&mut [], |buf| {
+            buf.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        })
+        .map(|_| ())
+    }
+
+    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
+    where
+        F: FnOnce(&mut [u8]) -> Option<usize>,
+    {
+        if self.broken {
+            return Err(LinkError::Device);
         }
+        // Sent buffers are taken back only when every slot is in use: one pass over the used
+        // ring per ring's worth of frames, not an empty look per frame.
+        let slot = match self.tx.idle() {
+            Some(slot) => slot,
+            None => {
+                self.reclaim()?;
+                self.tx.idle().ok_or(LinkError::Busy)?
+            }
+        };
+        let buf = self.buffers.slot(RX_BUFFERS + slot);
+        // Built in place: the slot is idle, so its buffer is the CPU's alone.
+        // (Stores, not a `memset` call: the header is 12 bytes.)
+        if let Some(h) = buf.first_chunk_mut::<HDR>() {
+            *h = [0; HDR];
+        }
+        let Some(n) = build(&mut buf[HDR..HDR + MAX_FRAME]) else {
+            return Ok(None);
+        };
+        if n == 0 || n > MAX_FRAME {
+            return Err(LinkError::Size);
+        }
+        let len = HDR + n.max(MIN_FRAME);
+        if n < MIN_FRAME {
+            buf[HDR + n..len].fill(0);
+        }
+        // The slot's descriptor names its buffer; from here the device's until `reclaim`.
+        self.txq.set_len(slot, len as u32);
+        self.txq.publish(slot as u16);
+        self.tx.hold(slot, slot as u16, len as u16);
+        self.stats.transmitted += 1;
+        if self.txq.wants_notify() {
+            self.transport.notify(TX_QUEUE);
+        }
+        Ok(Some(n))
     }
 
     fn tx_ready(&mut self) -> bool {
-        !self.broken && self.reclaim().is_ok() && self.tx.idle().is_some()
+        !self.broken
+            && (self.tx.idle().is_some() || (self.reclaim().is_ok() && self.tx.idle().is_some()))
     }
 
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        // At most one pass over the ring: a flood of bad frames cannot hold the caller.
+        // At most one pass over the ring: a flood of frames too long cannot hold the caller.
+        for _ in 0..QUEUE_SIZE {
+            match self.receive_if(buf, |_| true)? {
+                Some(n) => return Some(n),
+                None => continue,
+            }
+        }
+        None
+    }
+
+    fn receive_with<R, F>(&mut self, _: &mut [u8], f: F) -> Option<R>
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        let (slot, range) = self.next_frame()?;
+        let r = f(&self.buffers.slot(slot)[range]);
+        self.stats.received += 1;
+        self.refill();
+        Some(r)
+    }
+
+    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
+    where
+        F: FnOnce(&[u8]) -> bool,
+    {
+        let got = self.receive_with(&mut [], |frame| crate::copy_if(frame, buf, want))?;
+        if got.is_none() {
+            // Shown, then refused (or too long for `buf`): dropped, not handed on.
+            self.stats.received -= 1;
+            self.stats.dropped += 1;
+        }
+        Some(got)
+    }
+}
+
+impl<S: StaticHal> VirtioNet<S> {
+    /// The next frame the device returned: its receive slot (taken from the device, not
+    /// reposted: the caller reads it, then calls `refill`) and where the frame lies in it.
+    /// Buffers with lengths the device got wrong are reposted, counted as dropped, and the
+    /// next one looked at, one pass over the ring at most. `None`: nothing arrived (or the
+    /// device broke the queue protocol).
+    fn next_frame(&mut self) -> Option<(usize, Range<usize>)> {
         for _ in 0..QUEUE_SIZE {
             if self.broken {
                 return None;
             }
             self.refill();
-            let token = self.raw.poll_receive()?;
-            let Some((slot, _)) = self.rx.find(token) else {
+            let used = self.rxq.pop()?;
+            // A buffer the device does not hold (an id out of range, or not posted): broken.
+            let got = used.ok().and_then(|(id, len)| {
+                let id = u16::try_from(id).ok()?;
+                let (slot, _) = self.rx.find(id)?;
+                Some((slot, len))
+            });
+            let Some((slot, len)) = got else {
                 self.broken = true;
                 return None;
             };
-            let rx = self.buffers.slot(slot);
-            // SAFETY: the buffer handed to `receive_begin` with this token (recorded in
-            // `self.rx`).
-            let lengths = match unsafe { self.raw.receive_complete(token, rx) } {
-                Ok(l) => Some(l),
-                // Recycled, but shorter than a header.
-                Err(virtio_drivers::Error::IoError) => None,
-                Err(_) => {
-                    self.broken = true;
-                    return None;
-                }
-            };
             self.rx.release(slot);
-            let range = lengths.and_then(|(hdr, len)| frame_range(hdr, len, rx.len(), buf.len()));
-            let got = range.map(|r| {
-                buf[..r.len()].copy_from_slice(&rx[r.clone()]);
-                r.len()
-            });
-            self.refill();
-            match got {
-                Some(n) => {
-                    self.stats.received += 1;
-                    return Some(n);
-                }
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            let range = len
+                .checked_sub(HDR)
+                .and_then(|n| frame_range(HDR, n, BUFFER_SIZE, MAX_FRAME));
+            match range {
+                Some(range) => return Some((slot, range)),
                 None => self.stats.dropped += 1,
             }
         }
@@ -363,27 +556,57 @@ fn frame_range(hdr: usize, len: usize, buffer_len: usize, room: usize) -> Option
     (len > 0 && end <= buffer_len && len <= room).then_some(hdr..end)
 }
 
-/// The DMA block holding every buffer: receive slots first, then transmit slots.
-struct Buffers<S: StaticHal> {
+/// A block of DMA memory the link owns: the buffers (receive slots first, then transmit
+/// slots) or the queues' pages.
+struct Pages<S: StaticHal> {
     paddr: u64,
     vaddr: NonNull<u8>,
+    pages: usize,
     _hal: core::marker::PhantomData<S>,
 }
 
-impl<S: StaticHal> Buffers<S> {
+impl<S: StaticHal> Pages<S> {
+    fn new(hal: &S::Hal, pages: usize) -> Result<Self, VirtioNetError> {
+        let block = hal.dma_alloc(pages).map_err(|_| VirtioNetError::OutOfDma)?;
+        Ok(Pages {
+            paddr: block.paddr,
+            vaddr: block.vaddr,
+            pages,
+            _hal: core::marker::PhantomData,
+        })
+    }
+
+    /// The CPU address of page `i`.
+    fn page(&self, i: usize) -> NonNull<u8> {
+        assert!(i < self.pages);
+        // SAFETY: inside the block (`i` is in range).
+        unsafe { self.vaddr.add(i * PAGE_SIZE) }
+    }
+
+    /// The bus address of page `i`.
+    fn paddr(&self, i: usize) -> u64 {
+        self.paddr_at(i * PAGE_SIZE)
+    }
+
+    /// The bus address of byte `at` of the block.
+    fn paddr_at(&self, at: usize) -> u64 {
+        assert!(at < self.pages * PAGE_SIZE);
+        self.paddr + at as u64
+    }
+
     /// Buffer `i` (receive slots `0..RX_BUFFERS`, then transmit slots).
     fn slot(&mut self, i: usize) -> &mut [u8] {
-        assert!(i < RX_BUFFERS + TX_BUFFERS);
-        // SAFETY: `i` is in range, so the slice lies inside the block of `PAGES` pages, which
-        // this value owns; `&mut self` makes it the only reference the CPU holds (the device
-        // may hold the buffer: the callers' virtio-drivers contracts keep the CPU off it then).
+        assert!((i + 1) * BUFFER_SIZE <= self.pages * PAGE_SIZE);
+        // SAFETY: `i` is in range, so the slice lies inside the block, which this value owns;
+        // `&mut self` makes it the only reference the CPU holds (the device may hold the
+        // buffer: the link's slot bookkeeping keeps the CPU off it then).
         unsafe {
             core::slice::from_raw_parts_mut(self.vaddr.as_ptr().add(i * BUFFER_SIZE), BUFFER_SIZE)
         }
     }
 }
 
-impl<S: StaticHal> Drop for Buffers<S> {
+impl<S: StaticHal> Drop for Pages<S> {
     fn drop(&mut self) {
         if let Some(hal) = S::hal() {
             // SAFETY: the block came from this HAL (`StaticHal` returns the same one), is
@@ -393,48 +616,73 @@ impl<S: StaticHal> Drop for Buffers<S> {
                 hal.dma_dealloc(DmaBlock {
                     paddr: self.paddr,
                     vaddr: self.vaddr,
-                    pages: PAGES,
+                    pages: self.pages,
                 })
             }
         }
     }
 }
 
-/// Which buffer slots the device holds: the virtqueue token each was posted with, and the
-/// length handed over.
+/// Which buffer slots the device holds: the descriptor (token) each was posted with, and the
+/// length handed over. Every operation is O(1) (a per-frame linear scan of the slots was the
+/// largest cost of the RoCE lab's READ responder: docs/measurements.md): an idle-slot bit mask,
+/// and the slot of each token (a descriptor index, below [`QUEUE_SIZE`]; a larger one, which
+/// only a device breaking the protocol reports, is looked for in turn and not found).
 struct Slots<const N: usize> {
     held: [Option<(u16, u16)>; N],
+    /// Bit `i` set: slot `i` is idle.
+    idle: u64,
+    /// Per token below [`QUEUE_SIZE`]: the slot last held with it.
+    by_token: [u8; QUEUE_SIZE],
 }
 
 impl<const N: usize> Slots<N> {
+    const ALL: u64 = if N == 64 { u64::MAX } else { (1u64 << N) - 1 };
+    const FITS: () = assert!(N >= 1 && N <= 64 && N <= u8::MAX as usize);
+
     fn new() -> Self {
-        Slots { held: [None; N] }
+        let () = Self::FITS;
+        Slots {
+            held: [None; N],
+            idle: Self::ALL,
+            by_token: [0; QUEUE_SIZE],
+        }
     }
 
     /// The first slot the device does not hold.
     fn idle(&self) -> Option<usize> {
-        self.held.iter().position(Option::is_none)
+        (self.idle != 0).then(|| self.idle.trailing_zeros() as usize)
     }
 
     fn hold(&mut self, slot: usize, token: u16, len: u16) {
         self.held[slot] = Some((token, len));
+        self.idle &= !(1u64 << slot);
+        if let Some(s) = self.by_token.get_mut(usize::from(token)) {
+            *s = slot as u8;
+        }
     }
 
     /// The slot posted with `token` (a value the device reports: unknown ones give `None`),
     /// and its length.
     fn find(&self, token: u16) -> Option<(usize, usize)> {
-        self.held.iter().enumerate().find_map(|(i, h)| match h {
-            Some((t, len)) if *t == token => Some((i, usize::from(*len))),
+        let is = |i: usize| match self.held.get(i) {
+            Some(Some((t, len))) if *t == token => Some((i, usize::from(*len))),
             _ => None,
-        })
+        };
+        match self.by_token.get(usize::from(token)) {
+            Some(&slot) => is(usize::from(slot)),
+            None => (0..N).find_map(is),
+        }
     }
 
     fn release(&mut self, slot: usize) {
         self.held[slot] = None;
+        self.idle |= 1u64 << slot;
     }
 
+    #[cfg(test)]
     fn held(&self) -> usize {
-        self.held.iter().filter(|h| h.is_some()).count()
+        N - self.idle.count_ones() as usize
     }
 }
 
@@ -463,6 +711,29 @@ mod tests {
             "a released slot no longer answers its token"
         );
         assert_eq!(s.held(), 2);
+    }
+
+    #[test]
+    fn slots_reuse_tokens_and_refuse_stale_ones() {
+        let mut s = Slots::<RX_BUFFERS>::new();
+        for i in 0..RX_BUFFERS {
+            assert_eq!(s.idle(), Some(i));
+            s.hold(i, i as u16, 1);
+        }
+        assert_eq!(s.idle(), None);
+        assert_eq!(s.held(), RX_BUFFERS);
+        // The device hands buffers back out of order; virtio-drivers reuses their tokens.
+        s.release(5);
+        s.release(2);
+        assert_eq!(s.idle(), Some(2), "the lowest idle slot first");
+        s.hold(2, 5, 9);
+        assert_eq!(s.find(5), Some((2, 9)), "token 5 now names slot 2");
+        assert_eq!(s.find(2), None, "slot 2's old token is stale");
+        assert_eq!(s.idle(), Some(5));
+        assert_eq!(s.find(u16::MAX), None, "a token beyond the queue");
+        let mut t = Slots::<2>::new();
+        t.hold(1, 1000, 3);
+        assert_eq!(t.find(1000), Some((1, 3)), "a token beyond the queue, held");
     }
 
     #[test]

@@ -15,6 +15,8 @@
 #   BAREVERBS_ROCE_GRACE=15          seconds Linux A may go on after the unikernel exited
 #   BAREVERBS_ROCE_TIMEOUT=1500      seconds for the whole lab
 #   BAREVERBS_ROCE_BENCH=3           throughput runs per side and case (0: none)
+#   BAREVERBS_ROCE_PROFILE=read      the counted case whose window the unikernel's profile covers
+#                                    (read|write|atomic; none: no profile)
 #
 # Linux A (10.0.0.1) runs every case of qemu/roce/cases twice: against Linux B (10.0.0.3) and
 # against the unikernel (10.0.0.2, booted once A's baseline is over). Both Linux guests are
@@ -29,6 +31,10 @@
 # unikernel's own marker), and `roce efficiency <case>: unikernel X linux Y ratio r` gives
 # the window's instructions per payload byte for `read` and `write`, where both play the same
 # role (the responder of the READs, the requester of the WRITEs).
+# Profile: the plugin also records, over one case's window of the unikernel (`read` unless
+# BAREVERBS_ROCE_PROFILE says otherwise), the instructions of each translated block; the lab
+# maps the blocks to the unikernel's symbols (nm) and prints `roce profile <case>:` lines, the
+# top 15 symbols and their share of the window.
 # Throughput: a plugin slows its guest, so the throughput comes from other runs, after the
 # cases, with a fresh Linux B and a fresh unikernel, both uncounted: Linux A runs `read` and
 # `write` against Linux B and the unikernel in turn (A B A B ..., BAREVERBS_ROCE_BENCH each),
@@ -134,7 +140,11 @@ build_counter() { # sets counter (the plugin) or why
   stage "instruction counter built against $(sed -n 's/^#define QEMU_PLUGIN_VERSION /plugin API /p' "$hdr") ($(basename "$(dirname "$(dirname "$(dirname "$hdr")")")")'s qemu-plugin.h)"
 }
 b_count=$cache/roce-icount-linux-b.txt uk_count=$cache/roce-icount-unikernel.txt
-rm -f "$b_count" "$uk_count"
+uk_prof=$cache/roce-profile-unikernel.txt
+rm -f "$b_count" "$uk_count" "$uk_prof"
+# The case the profile covers, as its marks' low byte (as in `efficiency` below).
+prof_case=${BAREVERBS_ROCE_PROFILE:-read} prof_kk=
+case "$prof_case" in write) prof_kk=01 ;; read) prof_kk=02 ;; atomic) prof_kk=03 ;; *) prof_kk= ;; esac
 counter_why="the baseline alone"
 if [ "$mode" = full ]; then
   why=
@@ -172,6 +182,7 @@ uk_cases() { # [CASE-NAMES-RE]
 unikernel() { # LOG CASES [COUNT]
   local log=$1 dump=()
   accel_of "${3:-}"
+  [ -n "${3:-}" ] && [ -n "$prof_kk" ] && acc[-1]+=",prof=$uk_prof,from=00$prof_kk,to=01$prof_kk"
   [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && [ -z "${uk_pid:-}" ] &&
     dump=(-object "filter-dump,id=dump0,netdev=nu,file=$cache/roce.pcap")
   : > "$log"
@@ -354,6 +365,23 @@ efficiency() {
     fi
   done
 }
+# `roce profile <case>:` the unikernel's top 15 symbols over the profiled window (the blocks'
+# first addresses, each given to the symbol at or below it in the unikernel's ELF).
+profile() {
+  [ -n "$prof_kk" ] && [ -s "$uk_prof" ] || return 0
+  command -v nm > /dev/null || { echo "roce profile $prof_case: - (no nm)"; return 0; }
+  # (Both address columns are 16 hex digits, so a text sort orders them; at one address the
+  # symbol, tagged S, comes before the blocks, tagged P.)
+  { nm -C -n --defined-only "$uk_kernel" 2>/dev/null |
+      awk '$2 ~ /^[tTwW]$/ {a = $1; $1 = ""; $2 = ""; sub(/^ +/, ""); print "S", a, $0}'
+    awk '{print "P", $1, $2}' "$uk_prof"; } |
+    LC_ALL=C sort -k2,2 -k1,1r | awk '$1 == "S" {s = $0; sub(/^S [0-9a-f]+ /, "", s); next}
+      {by[s == "" ? "?" : s] += $3} END {for (k in by) print by[k], k}' |
+    sort -rn | awk -v case="$prof_case" '{n[NR] = $1; t += $1; $1 = ""; sub(/^ /, ""); name[NR] = $0}
+      END {if (t == 0) exit
+        printf "roce profile %s: %.1fM instructions in the unikernel'"'"'s window, top symbols:\n", case, t / 1e6
+        for (i = 1; i <= NR && i <= 15; i++) printf "roce profile %s: %5.1f%% %s\n", case, 100 * n[i] / t, substr(name[i], 1, 110)}'
+}
 median() { sort -n | awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
   else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 # `roce throughput <case>`: the medians of the throughput runs' average bandwidth (MB/s).
@@ -407,6 +435,7 @@ if [ "$mode" = full ]; then
   [ "$uk_pass" = $((total - cm_total)) ] || why+=("roce $uk_pass/$((total - cm_total))")
   [ "$cm_pass" = "$cm_total" ] || why+=("cm $cm_pass/$cm_total")
   efficiency
+  profile
   throughput
   if ! grep -a -q "bareverbs: PASS" "$ulog" 2>/dev/null; then
     why+=("the unikernel did not print bareverbs: PASS (QEMU status ${uk_status:-none})")

@@ -2,10 +2,10 @@
 //! under `valgrind --tool=callgrind`).
 //!
 //! Two `Rxe` devices, A (the requester) and B (the responder), joined by [`Wire`]: an in-memory
-//! link that costs what a virtio-net NIC costs the driver, one copy of each frame into a
-//! transmit buffer and one copy out of a receive buffer into the device's, with no allocation
-//! (the model's `MemLink` copies a frame three times on transmit, allocating, and once on
-//! receive: not this). Every call
+//! link that costs what the HAL's virtio-net link costs the driver: each frame built in place
+//! in a transmit buffer (`Link::transmit_with`), looked at in place and copied once out of a
+//! receive buffer into the device's (`Link::receive_if`), with no allocation (the model's
+//! `MemLink` allocates per frame: not this). Every call
 //! on A goes through [`bench_req`], every call on B through [`bench_resp`]: callgrind counts
 //! inside one of them (`--toggle-collect=bench_req` or `=bench_resp`), so the two sides of one
 //! run are measured apart, each with its share of the link's copies (transmit in the sender's
@@ -158,6 +158,52 @@ impl Link for Wire {
             }
         }
         None
+    }
+
+    /// Built in the transmit slot, as the virtio-net link builds in its transmit buffer.
+    #[inline]
+    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
+    where
+        F: FnOnce(&mut [u8]) -> Option<usize>,
+    {
+        let mut r = self.tx.borrow_mut();
+        if r.tail - r.head == SLOTS {
+            return Err(LinkError::Busy);
+        }
+        let slot = r.tail % SLOTS;
+        let Some(n) = build(&mut r.buf[slot * FRAME..][..FRAME]) else {
+            return Ok(None);
+        };
+        if n == 0 || n > FRAME {
+            return Err(LinkError::Size);
+        }
+        r.len[slot] = n;
+        r.tail += 1;
+        Ok(Some(n))
+    }
+
+    /// Looked at in the receive slot, copied only when taken, as the virtio-net link does.
+    #[inline]
+    fn receive_with<T, F>(&mut self, _: &mut [u8], f: F) -> Option<T>
+    where
+        F: FnOnce(&[u8]) -> T,
+    {
+        let mut r = self.rx.borrow_mut();
+        if r.head == r.tail {
+            return None;
+        }
+        let slot = r.head % SLOTS;
+        r.head += 1;
+        let n = r.len[slot];
+        Some(f(&r.buf[slot * FRAME..][..n]))
+    }
+
+    #[inline]
+    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
+    where
+        F: FnOnce(&[u8]) -> bool,
+    {
+        self.receive_with(&mut [], |frame| bareverbs::hal::copy_if(frame, buf, want))
     }
 }
 

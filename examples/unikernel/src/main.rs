@@ -291,6 +291,7 @@ fn roce_device(
         }
     };
     setup(&mut nic);
+    let filters = nic.filters();
     let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip }) {
         Ok(d) => d,
         Err(e) => {
@@ -300,10 +301,15 @@ fn roce_device(
     };
     let _ = writeln!(
         Serial,
-        "roce: over virtio-net {:02x}:{:02x}.{}",
+        "roce: over virtio-net {:02x}:{:02x}.{}, {}",
         address.bus(),
         address.device(),
-        address.function()
+        address.function(),
+        if filters {
+            "the device filters (promiscuous mode off)"
+        } else {
+            "promiscuous"
+        }
     );
     dev
 }

@@ -227,14 +227,19 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     };
     // (frames in, when that count last changed)
     let seen = Cell::new((frames_in(), clock_ms()));
+    // Halts (and clock reads: the rounds of the waits) so far.
+    let halts = Cell::new((0u64, 0u64));
     let idle_clock = || {
         let now = clock_ms();
         let frames = frames_in();
         let (before, since) = seen.get();
+        let (h, rounds) = halts.get();
+        halts.set((h, rounds + 1));
         if frames != before {
             seen.set((frames, now));
         } else if idle.nic_interrupts || now.saturating_sub(since) >= IDLE_MS {
             (idle.halt)();
+            halts.set((h + 1, rounds + 1));
             return clock_ms();
         }
         now
@@ -273,6 +278,7 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
             continue;
         }
         let counts0 = ctx.provider().port_counts();
+        let halts0 = halts.get();
         let r = match case {
             PeerCase::Ping(p) => {
                 let mut x = TcpExchange {
@@ -314,8 +320,10 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
             Ok(detail) => {
                 let _ = writeln!(
                     out,
-                    "roce-uk {}: ok {detail}; {roce} RoCE frames in, {ms} ms",
-                    case.name()
+                    "roce-uk {}: ok {detail}; {roce} RoCE frames in, {ms} ms, {} of {} rounds halted",
+                    case.name(),
+                    halts.get().0 - halts0.0,
+                    halts.get().1 - halts0.1
                 );
             }
             Err(e) => {

@@ -367,8 +367,18 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             } else {
                 core.tables().loopback.pop(rx)
             };
-            let Some(n) = looped.or_else(|| core.link.receive(rx)) else {
-                break;
+            let n = match looped {
+                Some(n) => n,
+                None => {
+                    // Looked at in the NIC's buffer: a frame not for this interface is
+                    // dropped there, uncopied and unchecked.
+                    let (link, t) = core.parts();
+                    match link.receive_if(rx, |f| t.port.wants(f)) {
+                        Some(Some(n)) => n,
+                        Some(None) => continue,
+                        None => break,
+                    }
+                }
             };
             let Some(frame) = rx.get(..n) else { continue };
             let (link, t) = core.parts();

@@ -1,5 +1,6 @@
 //! Sending one RoCEv2 frame: the outer headers from a route, the transport headers, the
-//! payload copied straight from registered memory into the transmit buffer, the ICRC.
+//! payload copied straight from registered memory into the NIC's transmit buffer (through
+//! [`Link::transmit_with`]), the ICRC.
 
 use bareverbs_hal::{Link, LinkError};
 
@@ -73,31 +74,38 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        // Room first: a frame is built only when it can go out now.
+        // Room first: a frame is built only when it can go out now (`transmit_with` calls
+        // `build` only with a free transmit slot).
         let looped = route.dst_ip == route.src_ip;
-        if !(if looped {
-            self.t.loopback.has_room()
-        } else {
-            self.link.tx_ready()
-        }) {
+        if looped && !self.t.loopback.has_room() {
             return Err(Unsent::Busy);
         }
-        let id = self.t.ip_id;
-        self.t.ip_id = id.wrapping_add(1);
-        let at = begin(self.tx, route, id, headers, len).ok_or(Unsent::Lost)?;
-        let payload = self.tx.get_mut(at..at + len).ok_or(Unsent::Lost)?;
-        fill(&self.t.mrs, payload).map_err(Unsent::Denied)?;
-        let n = finish(self.tx).ok_or(Unsent::Lost)?;
+        let (mrs, ip_id) = (&self.t.mrs, &mut self.t.ip_id);
+        let mut denied = None;
+        // Headers, payload and ICRC written where the frame goes out from.
+        let build = |buf: &mut [u8]| {
+            let id = *ip_id;
+            *ip_id = id.wrapping_add(1);
+            let at = begin(buf, route, id, headers, len)?;
+            let payload = buf.get_mut(at..at + len)?;
+            if let Err(d) = fill(mrs, payload) {
+                denied = Some(d);
+                return None;
+            }
+            finish(buf)
+        };
         if looped {
             // To this interface: looped back, never on the wire.
+            let n = build(self.tx).ok_or(denied.map_or(Unsent::Lost, Unsent::Denied))?;
             return if self.t.loopback.push(&self.tx[..n]) {
                 Ok(())
             } else {
                 Err(Unsent::Busy)
             };
         }
-        match self.link.transmit(&self.tx[..n]) {
-            Ok(()) => Ok(()),
+        match self.link.transmit_with(self.tx, build) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(denied.map_or(Unsent::Lost, Unsent::Denied)),
             Err(LinkError::Busy) => Err(Unsent::Busy),
             Err(_) => Err(Unsent::Lost),
         }

@@ -171,6 +171,20 @@ impl Port {
         }
     }
 
+    /// Whether the NIC should hand `frame` on: to this interface's MAC, or to a group
+    /// (broadcast, multicast). Else it is counted as dropped (not for us) before any copy,
+    /// parse or ICRC: a promiscuous NIC on a shared segment shows every station's frames, its
+    /// own echoed ones too (docs/porting.md).
+    pub(crate) fn wants(&mut self, frame: &[u8]) -> bool {
+        let ok = frame
+            .first_chunk::<6>()
+            .is_some_and(|d| *d == self.mac || d[0] & 1 == 1);
+        if !ok {
+            self.drop(Discard::NotForUs);
+        }
+        ok
+    }
+
     /// Takes back the count of a RoCE packet the transport could not take now (it is looked
     /// at again, and counted then).
     pub(crate) fn unhand(&mut self) {

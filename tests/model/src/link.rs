@@ -181,14 +181,39 @@ impl Link for MemLink {
         if frame.is_empty() || frame.len() > self.max_frame {
             return Err(LinkError::Size);
         }
+        self.transmit_with(&mut [], |buf| {
+            buf.get_mut(..frame.len())?.copy_from_slice(frame);
+            Some(frame.len())
+        })
+        .map(|_| ())
+    }
+
+    /// As a NIC with its own transmit buffers (virtio-net's): the frame is built in this
+    /// link's buffer, then copied onto the segment (the device's copy, as QEMU's virtio-net
+    /// model copies a transmit buffer out of the guest).
+    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
+    where
+        F: FnOnce(&mut [u8]) -> Option<usize>,
+    {
         if let Some(c) = &mut self.seg.0.lock().unwrap().credit[self.id] {
             if *c == 0 {
                 return Err(LinkError::Busy);
             }
             *c -= 1;
         }
-        self.seg.deliver(self.id, frame.to_vec());
-        Ok(())
+        let mut buf = vec![0; self.max_frame];
+        let Some(n) = build(&mut buf) else {
+            // Nothing sent: the slot is free again.
+            if let Some(c) = &mut self.seg.0.lock().unwrap().credit[self.id] {
+                *c += 1;
+            }
+            return Ok(None);
+        };
+        if n == 0 || n > self.max_frame {
+            return Err(LinkError::Size);
+        }
+        self.seg.deliver(self.id, buf[..n].to_vec());
+        Ok(Some(n))
     }
 
     fn tx_ready(&mut self) -> bool {
@@ -196,14 +221,28 @@ impl Link for MemLink {
     }
 
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let mut g = self.seg.0.lock().unwrap();
         loop {
-            let f = g.queues[self.id].pop_front()?;
-            if f.len() <= buf.len() {
-                buf[..f.len()].copy_from_slice(&f);
-                return Some(f.len());
+            if let Some(n) = self.receive_if(buf, |_| true)? {
+                return Some(n);
             }
         }
+    }
+
+    /// As a NIC with its own receive buffers: the frame is shown where the segment put it.
+    fn receive_with<R, F>(&mut self, _: &mut [u8], f: F) -> Option<R>
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        let frame = self.seg.0.lock().unwrap().queues[self.id].pop_front()?;
+        Some(f(&frame))
+    }
+
+    /// Looked at in place, copied only when taken (as virtio-net's).
+    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
+    where
+        F: FnOnce(&[u8]) -> bool,
+    {
+        self.receive_with(&mut [], |frame| bareverbs_hal::copy_if(frame, buf, want))
     }
 }
 
