@@ -196,6 +196,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         write: Option<(u64, u32, u32)>,
     ) {
         let qid = self.queues[q].qid;
+        let mut enabled = false;
         let res = if sqe.opcode() == opcode::FABRICS && sqe.fctype() == fctype::CONNECT {
             let mut d = [0u8; crate::wire::fabrics::CONNECT_DATA_LEN];
             if let Some((at, len)) = data {
@@ -226,6 +227,9 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             } = self;
             let queue = &mut queues[q];
             let c = queue.ctrl;
+            enabled = c
+                .and_then(|c| ctrls[c].as_ref())
+                .is_some_and(|x| x.cc & prop::CC_EN != 0);
             let buf = match data {
                 Some((at, len)) => queue.bytes_mut(at, len as usize),
                 None => &mut [],
@@ -244,7 +248,37 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 Some(ctrl) => io::run(ctrl, subsystems, sqe, buf),
             }
         };
+        // A Property Set that cleared CC.EN resets the controller (before its own answer).
+        if enabled
+            && qid == 0
+            && let Some(c) = self.queues[q].ctrl
+            && self.ctrls[c]
+                .as_ref()
+                .is_some_and(|x| x.cc & prop::CC_EN == 0)
+        {
+            self.reset_ctrl(c);
+        }
         self.finish(q, slot, sqe.cid(), res, ds, write);
+    }
+
+    /// Answers the asynchronous event requests queue `q` holds with `status` (their receive
+    /// buffers go back to the host's use); returns how many.
+    pub(super) fn release_held(&mut self, q: usize, status: Status) -> usize {
+        let mut n = 0;
+        for slot in 0..self.queues[q].depth {
+            if !self.queues[q].in_use() {
+                break;
+            }
+            if !matches!(self.queues[q].cmds[usize::from(slot)], Cmd::Held) {
+                continue;
+            }
+            let bytes = self.queues[q].capsule_bytes(slot, SQE_LEN as u32);
+            let cid = if bytes.len() >= 4 { le16(bytes, 2) } else { 0 };
+            self.queues[q].cmds[usize::from(slot)] = Cmd::Idle;
+            self.finish(q, slot, cid, Err(status), None, None);
+            n += 1;
+        }
+        n
     }
 
     /// Answers command `slot`: on success with the data write, on failure without (its data

@@ -37,6 +37,8 @@ pub mod opcode {
     pub const GET_LOG_PAGE: u8 = 0x02;
     /// Admin: Identify.
     pub const IDENTIFY: u8 = 0x06;
+    /// Admin: Abort.
+    pub const ABORT: u8 = 0x08;
     /// Admin: Set Features.
     pub const SET_FEATURES: u8 = 0x09;
     /// Admin: Get Features.
@@ -85,12 +87,18 @@ impl Status {
     pub const DATA_TRANSFER_ERROR: Status = Status(0x004);
     /// Internal error.
     pub const INTERNAL: Status = Status(0x006);
+    /// Internal error, do not retry: what a held Asynchronous Event Request is answered when
+    /// its controller is reset (as nvmet answers the ones it holds when their queue ends).
+    pub const INTERNAL_DNR: Status = Status(0x006 | Self::DNR);
     /// Invalid namespace or format.
     pub const INVALID_NS: Status = Status(0x00B | Self::DNR);
     /// Command sequence error.
     pub const SEQUENCE_ERROR: Status = Status(0x00C | Self::DNR);
     /// Data SGL length invalid.
     pub const SGL_LENGTH_INVALID: Status = Status(0x00F | Self::DNR);
+    /// Invalid number of SGL descriptors (a descriptor list of no descriptor, of a part of
+    /// one, or of more than MSDBD).
+    pub const SGL_COUNT_INVALID: Status = Status(0x00E | Self::DNR);
     /// SGL descriptor type invalid.
     pub const SGL_TYPE_INVALID: Status = Status(0x011 | Self::DNR);
     /// SGL offset invalid.
