@@ -162,7 +162,8 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 subnqn: sub.nqn.as_bytes(),
                 ioccsz: (64 + inline) / 16,
                 iorcsz: 1,
-                msdbd: 1,
+                // A descriptor list travels in the capsule: only with in-capsule data.
+                msdbd: if inline >= 16 { super::MSDBD } else { 1 },
                 ..IdCtrl::default()
             }
             .write(buf);

@@ -17,6 +17,7 @@ mod ctrl;
 mod exec;
 mod io;
 mod queue;
+mod remote;
 
 use bareverbs::cm::{AcceptParams, Cm, CmEvent, ConnId};
 use bareverbs::hal::Clock;
@@ -29,6 +30,7 @@ use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
 
 pub use ctrl::Ctrl;
 use queue::{Kind, Queue};
+pub use remote::MSDBD;
 
 /// Admin queue depth (commands outstanding at once; Linux asks for 32).
 pub const ADMIN_DEPTH: u16 = 32;
@@ -345,7 +347,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             )
         };
         let caps = QpCaps {
-            max_send_wr: 2 * u32::from(depth) + u32::from(slots) + 1,
+            // Responses, and each data command's READs or WRITEs (one per descriptor).
+            max_send_wr: 2 * u32::from(depth) + 2 * u32::from(slots) * u32::from(MSDBD) + 1,
             max_recv_wr: u32::from(depth),
             max_send_sge: 1,
             max_recv_sge: 1,

@@ -307,6 +307,14 @@ pub enum Sgl {
         /// Bytes.
         len: u32,
     },
+    /// Last Segment with an offset: a list of descriptors (16 bytes each) in the in-capsule
+    /// data, the command's data described by them in order.
+    LastSegment {
+        /// Offset of the list from the start of the in-capsule data.
+        offset: u64,
+        /// Bytes of the list.
+        len: u32,
+    },
 }
 
 /// SGL identifiers (byte 15 of a descriptor): type in bits 7:4, subtype in 3:0.
@@ -317,11 +325,13 @@ pub mod sgl_id {
     pub const KEYED_INVALIDATE: u8 = 0x4F;
     /// Data block, offset (in-capsule data).
     pub const OFFSET: u8 = 0x01;
+    /// Last Segment, offset (a descriptor list in the in-capsule data).
+    pub const LAST_SEGMENT_OFFSET: u8 = 0x31;
 }
 
 impl Sgl {
-    /// Decodes a descriptor: keyed (0x40, 0x4F) or data block with offset (0x01); anything
-    /// else is [`Status::SGL_TYPE_INVALID`].
+    /// Decodes a descriptor: keyed (0x40, 0x4F), data block with offset (0x01) or Last
+    /// Segment with offset (0x31); anything else is [`Status::SGL_TYPE_INVALID`].
     pub fn parse(d: &[u8; 16]) -> Result<Sgl, Status> {
         match d[15] {
             sgl_id::KEYED | sgl_id::KEYED_INVALIDATE => {
@@ -337,6 +347,10 @@ impl Sgl {
                 })
             }
             sgl_id::OFFSET => Ok(Sgl::InCapsule {
+                offset: le64(d, 0),
+                len: le32(d, 8),
+            }),
+            sgl_id::LAST_SEGMENT_OFFSET => Ok(Sgl::LastSegment {
                 offset: le64(d, 0),
                 len: le32(d, 8),
             }),
@@ -368,14 +382,21 @@ impl Sgl {
                 put32(&mut d, 8, len);
                 d[15] = sgl_id::OFFSET;
             }
+            Sgl::LastSegment { offset, len } => {
+                put64(&mut d, 0, offset);
+                put32(&mut d, 8, len);
+                d[15] = sgl_id::LAST_SEGMENT_OFFSET;
+            }
         }
         d
     }
-    /// Bytes described.
+    /// Bytes described (of a Last Segment: the bytes of its descriptor list).
     pub fn len(&self) -> u32 {
         match *self {
             Sgl::Null => 0,
-            Sgl::Keyed { len, .. } | Sgl::InCapsule { len, .. } => len,
+            Sgl::Keyed { len, .. } | Sgl::InCapsule { len, .. } | Sgl::LastSegment { len, .. } => {
+                len
+            }
         }
     }
     /// Whether it describes no data.
