@@ -356,6 +356,15 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
                 )
                 .map_err(|_| ())?;
             }
+            // --- SEND with Invalidate: not yet ------------------------------------------
+            // A command whose one keyed descriptor asked for invalidation (subtype 0xF,
+            // `Sgl::Keyed { invalidate: true, .. }`) should be answered with a SEND with
+            // Invalidate carrying that key (what nvmet does, and what saves Linux's host its
+            // own LOCAL_INV). The verbs' batch gains `send_with_inv(wr_id, flags, rkey,
+            // sges)` in this round; then the key travels in `Reply` from `plan` to here and
+            // this SEND becomes that one when it is set. Never for a key the host did not ask
+            // to invalidate: the peer fails such a SEND and both QPs go to ERROR.
+            // ---------------------------------------------------------------------------
             s.send(encode(q, epoch, Kind::Send, r), SendFlags::SIGNALED, &[cqe])
                 .map_err(|_| ())?;
             s.finish();
