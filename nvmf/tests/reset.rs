@@ -140,6 +140,51 @@ fn a_reset_answers_every_outstanding_admin_command_once() {
 }
 
 #[test]
+fn a_reset_with_io_in_flight_ends_those_commands_with_their_queue() {
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    h.write(1, 1, 0, 8, &pattern(4096, 1), &mut idle).unwrap();
+    // Eight reads submitted and not waited for, then the reset at once: the target has
+    // taken some, maybe all; their queue goes, and with it every one of them.
+    let reads: Vec<u16> = (0..8)
+        .map(|k| {
+            h.submit(1, Sqe::rw(opcode::READ, 0, 1, k * 8, 8), Data::In(4096))
+                .unwrap()
+        })
+        .collect();
+    let cc = h.property_get(prop::CC, false, &mut idle).unwrap() as u32;
+    h.property_set(prop::CC, cc & !prop::CC_EN, &mut idle)
+        .unwrap();
+    settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 500);
+    assert!(!h.connected(1) && !h.connected(2));
+    assert_eq!(t.queues_in_use(), 1, "the I/O queues' resources are freed");
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    for s in reads {
+        // Answered before the reset, or gone with the queue.
+        match h.wait(1, s, &mut [], &mut idle) {
+            Ok(_) | Err(HostError::NotConnected) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    // Enabled again, the queue connects again and the data is there.
+    h.property_set(prop::CC, cc, &mut idle).unwrap();
+    h.reconnect_io(&mut cma, 1, &mut idle).unwrap();
+    let mut back = vec![0u8; 4096];
+    h.read(1, 1, 0, 8, &mut back, &mut idle).unwrap();
+    assert_eq!(back, pattern(4096, 1));
+    let _ = &disk;
+}
+
+#[test]
 fn shutdown_reports_shst_complete_and_a_reset_brings_the_controller_back() {
     setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
     let clk = l.clk.clone();
