@@ -167,8 +167,9 @@ fn cap_and_maxcmd_follow_the_io_depth() {
 
 /// What Linux's host does beyond this crate's host: keyed SGLs asking for invalidation
 /// (subtype 0xF, answered with a plain SEND), CC written with EN = 0 and read back before
-/// EN = 1, Identify CNS 0x06 (refused, which Linux tolerates), the SMART log for every
-/// namespace (NSID 0xFFFFFFFF), the active list from an NSID past the last.
+/// EN = 1 (a reset: the I/O queues connect again), Identify CNS 0x06 (refused, which Linux
+/// tolerates), the SMART log for every namespace (NSID 0xFFFFFFFF), the active list from an
+/// NSID past the last.
 #[test]
 fn what_linux_sends_besides() {
     setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
@@ -188,10 +189,19 @@ fn what_linux_sends_besides() {
     // Disabled, the controller refuses everything but the fabrics commands.
     let refused = Err(bareverbs_nvmf::HostError::Status(Status::SEQUENCE_ERROR));
     assert_eq!(h.identify_namespace(1, &mut idle).map(|_| ()), refused);
-    let mut one = [0u8; 512];
-    assert_eq!(h.read(1, 1, 0, 1, &mut one, &mut idle), refused);
+    // Clearing EN reset the controller: its I/O queues ended (tests/reset.rs has the rest).
+    for _ in 0..500 {
+        idle();
+        h.poll();
+        while let Some(e) = cma.poll() {
+            h.on_cm_event(e);
+        }
+    }
+    assert!(!h.connected(1) && !h.connected(2));
     h.property_set(prop::CC, cfg | 1, &mut idle).unwrap();
     assert_eq!(h.property_get(prop::CSTS, false, &mut idle).unwrap() & 1, 1);
+    h.reconnect_io(&mut cma, 1, &mut idle).unwrap();
+    h.reconnect_io(&mut cma, 2, &mut idle).unwrap();
     let mut b = [0xAAu8; 4096];
     assert_eq!(
         h.identify(0x06, 0, &mut b, &mut idle),

@@ -10,23 +10,34 @@
 #   bvnvmf.perf=3              A: runs of each performance job on each target (0: none)
 #   bvnvmf.secs=4              A: seconds each performance run lasts
 #   bvnvmf.timeout=120         A: seconds to wait for a target to appear
+#   bvnvmf.count=0|1           A: after the performance jobs, the counted runs (below)
+#   bvnvmf.mark=PATH           B: the instruction counter's marker (qemu/roce/mark.c), run for
+#                              each `mark CODE` line on the console (a counted Linux B)
 # Linux B serves two subsystems on brd RAM disks: one for Linux A (the baseline and the
 # performance reference), one for the unikernel's host mode. Linux A prints a line
 # `nvmf-result <side> <step>: PASS|FAIL (<what was checked>)` per step, `nvmf-perf <job> <side>
 # <IOPS>` per performance run, and `nvmf-sum <file> <sha256>` for the files it leaves on the
 # unikernel's virtio-blk namespace, which qemu/roce/nvmf.sh checks in the disk image.
+# Counted runs (bvnvmf.count=1): once the performance jobs are over, A prints `phase counted`
+# and waits for a counted Linux B and a counted unikernel (booted by the lab under the
+# instruction counter), then runs each job once on each, between two marks: it prints
+# `nvmf-mark <side> <code>`, the lab has the target run that mark and answers `ack <code>` on
+# A's console once the counter recorded it; A then prints `nvmf-count <job> <side> <I/Os>`.
 set -u
 kroot=$1
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvnvmf.$1=//p"; }
 role=$(arg role) ip=$(arg ip) uk=$(arg uk) mib=$(arg mib) perf=$(arg perf) secs=$(arg secs)
-limit=$(arg timeout)
-mib=${mib:-64} perf=${perf:-3} secs=${secs:-4} limit=${limit:-120} uk=${uk:-0}
+limit=$(arg timeout) count=$(arg count) mark=$(arg mark)
+mib=${mib:-64} perf=${perf:-3} secs=${secs:-4} limit=${limit:-120} uk=${uk:-0} count=${count:-0}
 b_ip=10.0.0.3 uk_ip=10.0.0.2
 # The NQNs (lab.sh's and the unikernel's appliance use the same names).
 nqn_linux=nqn.2026-11.io.bareverbs:linux-brd
 nqn_for_uk=nqn.2026-11.io.bareverbs:linux-brd-uk
 nqn_ram=nqn.2026-11.io.bareverbs:ram
 nqn_blk=nqn.2026-11.io.bareverbs:virtio-blk
+# Linux A's host NQN (the unikernel's allow list names it) and one no target lets in.
+hostnqn=nqn.2026-11.io.bareverbs:lab-a
+stranger=nqn.2026-11.io.bareverbs:lab-stranger
 t0=$(date +%s)
 say() { echo "bvnvmf[$role +$(( $(date +%s) - t0 ))s]: $*"; }
 
@@ -67,6 +78,14 @@ if [ "$role" = b ]; then
   say "target ready: $nqn_linux on /dev/ram0, $nqn_for_uk on /dev/ram1 ($mib MiB each), $ip:4420"
   # Serve until the lab stops this guest; what nvmet says on the way is in this log.
   dmesg -w -l err,warn,notice,info 2>/dev/null | grep --line-buffered -E 'nvmet' | sed 's/^/  [dmesg] /' &
+  if [ -n "$mark" ]; then
+    # Counted: the lab's marks arrive on the console; nothing else runs here (every process
+    # would count).
+    while :; do
+      read -r w code < /dev/console || { sleep 1; continue; }
+      [ "$w" = mark ] && "$mark" "$code"
+    done
+  fi
   last=
   while :; do
     sleep 20
@@ -99,7 +118,7 @@ discover() { # SIDE IP NQN: nvme discover until it lists NQN (the target may sti
   local deadline=$(( $(date +%s) + limit )) out tries=0
   while :; do
     tries=$((tries + 1))
-    out=$(timeout 60 nvme discover -t rdma -a "$2" -s 4420 2>&1)
+    out=$(timeout 60 nvme discover -t rdma -a "$2" -s 4420 --hostnqn="$hostnqn" 2>&1)
     grep -q "subnqn: *$3\$" <<<"$out" && break
     [ "$(date +%s)" -ge "$deadline" ] && {
       sed 's/^/  /' <<<"$out" | tail -20
@@ -113,7 +132,7 @@ discover() { # SIDE IP NQN: nvme discover until it lists NQN (the target may sti
 connect() { # SIDE IP NQN NSID STEP: sets dev
   local out step=${5:-connect}
   dev=
-  out=$(timeout 90 nvme connect -t rdma -a "$2" -s 4420 -n "$3" 2>&1) ||
+  out=$(timeout 90 nvme connect -t rdma -a "$2" -s 4420 -n "$3" --hostnqn="$hostnqn" 2>&1) ||
     { sed 's/^/  /' <<<"$out"; result "$1 $step" "FAIL (nvme connect -n $3: $(tail -1 <<<"$out"))"; return 1; }
   dev=$(device "$3" "$4") || { result "$1 $step" "FAIL (connected, but no namespace $4 of $3 appeared)"; return 1; }
   [ "$step" = reconnect ] ||
@@ -179,6 +198,25 @@ steps() { # SIDE IP NQN
   mkfs_write "$1" "$dev" && reconnect "$1" "$2" "$3" 1
 }
 
+# The unikernel's allow list (bvnvmf.allow= names $hostnqn alone): another host NQN finds no
+# subsystem in the discovery log, and its connect to a subsystem this guest is not connected
+# to (nvme-cli would refuse a second connection itself) is refused by the target: the
+# kernel logs Connect's status, invalid host ("Connect for subsystem … is not allowed").
+allow_list() { # NQN (not connected)
+  local out n st log
+  out=$(timeout 60 nvme discover -t rdma -a "$uk_ip" -s 4420 --hostnqn="$stranger" 2>&1)
+  n=$(grep -c '^=====Discovery Log Entry' <<<"$out")
+  out=$(timeout 90 nvme connect -t rdma -a "$uk_ip" -s 4420 -n "$1" --hostnqn="$stranger" 2>&1); st=$?
+  log=$(dmesg | grep -a "is not allowed, hostnqn: $stranger" | tail -1 | sed 's/^\[[^]]*\] //')
+  if [ "$st" != 0 ] && [ "$n" = 0 ] && [ -n "$log" ]; then
+    result "unikernel allow-list" "PASS (hostnqn $stranger: no entry in its discovery log; nvme connect -n $1 refused by the target: '$log'; $hostnqn connected)"
+  else
+    sed 's/^/  /' <<<"$out" | tail -5
+    result "unikernel allow-list" "FAIL (hostnqn $stranger: $n discovery log entries, nvme connect exit $st, ${log:-no Connect Invalid Host in the kernel log})"
+    nvme disconnect -n "$1" >/dev/null 2>&1
+  fi
+}
+
 say "phase baseline (Linux B at $b_ip)"
 steps linux-linux "$b_ip" "$nqn_linux"
 linux_dev=$dev
@@ -188,6 +226,7 @@ if [ "$uk" = 1 ]; then
   if steps unikernel "$uk_ip" "$nqn_ram"; then
     uk_dev=$dev
   fi
+  allow_list "$nqn_blk"
   # The virtio-blk namespace: the files stay on the unikernel's disk image, checked by the lab
   # from the host once the unikernel has powered off.
   if connect virtio-blk "$uk_ip" "$nqn_blk" 1 virtio-blk-connect; then
@@ -219,6 +258,53 @@ if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
   done
 fi
 nvme disconnect-all >/dev/null 2>&1
+
+# --- counted runs: each job once on each target, between the instruction counter's marks ------
+# The lab's `ack WHAT` on this console, within SECONDS.
+wait_ack() { # WHAT SECONDS
+  local w c deadline=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    read -r -t 5 w c < /dev/console || continue
+    [ "$w" = ack ] && [ "$c" = "$1" ] && return 0
+  done
+  say "no ack for $1 in $2 s"
+  return 1
+}
+# A mark: ask the lab (`nvmf-mark SIDE CODE` on this console), wait for its `ack CODE`.
+mark() { # SIDE CODE
+  echo "nvmf-mark $1 $2"
+  wait_ack "$2" 30
+}
+count_run() { # JOB RW BS DEPTH DEV SIDE KK -> prints nvmf-count JOB SIDE IOS
+  local kb ios
+  mark "$6" "00$7" || return 1
+  kb=$(timeout $((secs + 60)) fio --name="$1" --filename="$5" --direct=1 --ioengine=libaio --iodepth="$4" \
+    --rw="$2" --bs="$3" --time_based --runtime="$secs" --norandommap \
+    --randrepeat=0 --group_reporting --minimal 2>/dev/null |
+    awk -F';' -v rw="$2" 'NF > 50 {print (rw ~ /write/ ? $47 : $6); exit}')
+  mark "$6" "01$7" || return 1
+  ios=$(( ${kb:-0} * 1024 / $(numfmt --from=iec "${3^^}") ))
+  echo "nvmf-count $1 $6 $ios"
+}
+if [ "$count" = 1 ] && [ "$uk" = 1 ]; then
+  say "phase counted (a counted Linux B and unikernel, one run of ${secs} s per job and target)"
+  # The lab acknowledges once the targets of the runs above are gone and the counted ones
+  # are booting (the discovery below waits for them).
+  if wait_ack counted 120 && discover counted-linux "$b_ip" "$nqn_linux" && connect counted-linux "$b_ip" "$nqn_linux" 1; then
+    c_linux=$dev
+    if discover counted-unikernel "$uk_ip" "$nqn_ram" && connect counted-unikernel "$uk_ip" "$nqn_ram" 1; then
+      c_uk=$dev
+      k=0
+      for j in "${jobs[@]}"; do
+        read -r name rw bs depth <<<"$j"
+        k=$((k + 1))
+        count_run "$name" "$rw" "$bs" "$depth" "$c_uk" unikernel "0$k"
+        count_run "$name" "$rw" "$bs" "$depth" "$c_linux" linux "0$k"
+      done
+    fi
+  fi
+  nvme disconnect-all >/dev/null 2>&1
+fi
 counters() { # rxe's counters that are not zero
   (cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && grep -H . ./* | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')
 }

@@ -12,7 +12,8 @@
 #   BAREVERBS_NVMF_RUNS=3              runs of each performance job on each target (0: none)
 #   BAREVERBS_NVMF_SECS=4              seconds each performance run lasts
 #   BAREVERBS_NVMF_MIB=64              the RAM namespaces' size in MiB (and the disk image's)
-#   BAREVERBS_NVMF_TIMEOUT=600         seconds for the whole lab
+#   BAREVERBS_NVMF_TIMEOUT=900         seconds for the whole lab
+#   BAREVERBS_NVMF_COUNT=1             the counted runs (0: none, no efficiency lines)
 #
 # Linux B (10.0.0.3) serves nvmet-rdma over configfs on brd RAM disks; Linux A (10.0.0.1) is
 # the host: `nvme discover`, `nvme connect`, fio with --verify=crc32c, mkfs.ext4 / mount / write /
@@ -25,6 +26,16 @@
 # jobs alternate between both targets. Prints `nvmf <step>: PASS|FAIL|SKIP (…)` per step, a
 # line per performance job, the time of each stage, and the verdict; the exit status is 0
 # unless a step that is expected to work failed.
+# The appliance lets in Linux A's host NQN alone (`bvnvmf.allow=`): `nvmf allow-list` is A's
+# discover and connect with another one, refused.
+# Efficiency: the instruction counter of the RoCE lab (qemu/roce/icount.sh) counts every
+# instruction of a target's vCPU (Linux B: kernel and user). Counted guests run slower, so
+# after the performance jobs the lab powers the unikernel off, and boots a counted Linux B
+# (same address) and a counted unikernel (RAM namespace only); Linux A runs each job once on
+# each, between two marks (Linux B runs qemu/roce/mark.c on its console's word, the unikernel
+# its marker on `mXXXX`; this script relays A's requests and acknowledges them once the
+# counter has the mark). `nvmf <job> efficiency: unikernel X linux Y ratio r` is the window's
+# instructions per I/O that fio reports.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -36,7 +47,8 @@ stage() { echo "[nvmf +$(( $(date +%s) - t0 ))s] $*"; }
 
 # shellcheck source=qemu/lab/host.sh
 source "$lab_dir/host.sh"
-install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio nvme-cli fio e2fsprogs
+install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio nvme-cli fio e2fsprogs \
+  gcc libglib2.0-dev pkg-config xz-utils
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
 
@@ -51,7 +63,7 @@ grep -a -q "bvnvmf=" "$uk_kernel" 2>/dev/null && appliance=1
 
 port=$(( 20000 + ($$ + 7) % 20000 ))
 seg="socket,mcast=230.0.0.1:$port,localaddr=127.0.0.1"
-limit=${BAREVERBS_NVMF_TIMEOUT:-600}
+limit=${BAREVERBS_NVMF_TIMEOUT:-900}
 qemu=${BAREVERBS_NVMF_QEMU:-${BAREVERBS_ROCE_QEMU:-}}
 if [ -z "$qemu" ]; then
   qemu=$("$here/modern-qemu.sh") || { qemu=qemu-system-x86_64; stage "no modern QEMU to be had: the system's runs"; }
@@ -60,18 +72,87 @@ accel=${BAREVERBS_NVMF_ACCEL:-tcg}
 runs=${BAREVERBS_NVMF_RUNS:-3}
 secs=${BAREVERBS_NVMF_SECS:-4}
 mib=${BAREVERBS_NVMF_MIB:-64}
+# Linux A's host NQN, the one the appliance lets in (nvmf-linux.sh's).
+hostnqn=nqn.2026-11.io.bareverbs:lab-a
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-linux() { # NAME ROLE IP MAC
+
+# The instruction counter (qemu/roce/icount.sh: build_counter, window_count).
+# shellcheck source=qemu/roce/icount.sh
+source "$here/icount.sh"
+b_count=$cache/nvmf-icount-linux-b.txt uk_count=$cache/nvmf-icount-unikernel.txt
+rm -f "$b_count" "$uk_count"
+counter_why="BAREVERBS_NVMF_COUNT=0"
+if [ "${BAREVERBS_NVMF_COUNT:-1}" = 1 ] && [ "$appliance" = 1 ]; then
+  why=
+  build_counter || { counter_why=$why; stage "no instruction counts: $why"; }
+elif [ "$appliance" = 0 ]; then
+  counter_why="no unikernel target"
+fi
+count_arg=0
+[ -n "$counter" ] && count_arg=1
+
+# A guest's console input: a FIFO held open on a descriptor (console_fd[NAME]).
+declare -A console_fd=()
+console_in() { # NAME -> the FIFO's path; opens it
+  local f=$cache/nvmf-console-$1.in fd
+  rm -f "$f"; mkfifo "$f"
+  exec {fd}<>"$f"
+  console_fd[$1]=$fd
+  echo "$f"
+}
+say_to() { # NAME LINE: a line to a guest's console
+  [ -n "${console_fd[$1]:-}" ] && printf '%s\n' "$2" >&"${console_fd[$1]}"
+}
+linux() { # NAME ROLE IP MAC [EXTRA-KERNEL-ARGUMENTS] [COUNT]
+  local acc=(-accel "$accel") extra=${5:-}
+  [ -n "${6:-}" ] && acc=(-accel tcg -plugin "$counter,out=$6")
+  console_in "$1" > /dev/null
   timeout "$limit" "$qemu" \
-    -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
+    "${acc[@]}" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-linux.sh bvnvmf.role=$2 bvnvmf.ip=$3 bvnvmf.uk=$appliance bvnvmf.mib=$mib bvnvmf.perf=$runs bvnvmf.secs=$secs" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-linux.sh bvnvmf.role=$2 bvnvmf.ip=$3 bvnvmf.uk=$appliance bvnvmf.mib=$mib bvnvmf.perf=$runs bvnvmf.secs=$secs$extra" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4",romfile=,rx_queue_size=1024 \
-    > "$cache/nvmf-linux-$1.log" 2>&1 &
+    < "$cache/nvmf-console-$1.in" > "$cache/nvmf-linux-$1.log" 2>&1 &
   pids+=($!)
+  last_pid=$!
+}
+# The appliance (10.0.0.2): its console's output to LOG, its input from a FIFO (the lab's `q`
+# powers it off, `mXXXX` runs a mark); with a disk image, the virtio-blk namespace.
+unikernel() { # NAME LOG EXTRA-KERNEL-ARGUMENTS [DISK] [COUNT]
+  local acc=(-accel "$accel") drive=() out=$cache/nvmf-console-$1.out
+  [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw" -device virtio-blk-pci,drive=d0,addr=0x4.0)
+  [ -n "${5:-}" ] && acc=(-accel tcg -plugin "$counter,out=$5")
+  rm -f "$out"; mkfifo "$out"
+  console_in "$1" > /dev/null
+  cat "$out" > "$2" &
+  readers+=($!)
+  timeout "$limit" "$qemu" \
+    "${acc[@]}" -machine q35 -cpu max -m 512M -nodefaults -vga none -display none -no-reboot \
+    -serial "pipe:$cache/nvmf-console-$1" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+    -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
+    "${drive[@]}" -kernel "$uk_kernel" \
+    -append "bvnvmf=10.0.0.2/24 bvnvmf.mib=$mib bvnvmf.allow=$hostnqn$3" \
+    > "$cache/nvmf-$1.qemu" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+readers=()
+# Powers a unikernel off (`q` on its console); sets uk_exit: its QEMU status.
+power_off() { # NAME PID
+  say_to "$1" q || true
+  for _ in $(seq 1 60); do kill -0 "$2" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$2" 2>/dev/null; then
+    stage "stopping the $1: still running 30 s after its console's q"
+    kill "$2" 2>/dev/null || true
+    wait "$2" || true
+    uk_exit="none: stopped by the lab"
+  else
+    wait "$2" && uk_exit=0 || uk_exit=$?
+    stage "the $1 exited (status $uk_exit: 33 powered off on request, 35 FAIL)"
+  fi
 }
 
 # The virtio-blk boot check first (`bvblk`: examples/unikernel/src/disk_check.rs): the kernel
@@ -101,14 +182,16 @@ boot=$(blk_boot)
 stage "the virtio-blk boot check: ${boot%% *}"
 
 alog=$cache/nvmf-linux-a.log blog=$cache/nvmf-linux-b.log ulog=$cache/nvmf-unikernel.log
+clog=$cache/nvmf-unikernel-counted.log
 img=$cache/nvmf-disk.img
-rm -f "$ulog" "$cache/nvmf-unikernel.qemu" "$img" "$cache"/nvmf-console.{in,out}
+rm -f "$ulog" "$clog" "$cache"/nvmf-unikernel*.qemu "$img" "$cache"/nvmf-console*
 stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, $("$qemu" --version | head -1), on mcast group port $port"
-linux a a 10.0.0.1 52:54:00:00:00:01
-a_pid=${pids[0]}
+linux a a 10.0.0.1 52:54:00:00:00:01 " bvnvmf.count=$count_arg"
+a_pid=$last_pid
 linux b b 10.0.0.3 52:54:00:00:00:03
-b_pid=${pids[1]}
-uk_pid='' uk_status='' stopped='' reader=''
+b_pid=$last_pid
+uk_pid='' uk_status='' stopped='' cuk_pid='' cuk_status='' counted='' relayed=0
+waiting=() # marks relayed to a target, not yet acknowledged to A: "SIDE CODE"
 deadline=$(( t0 + limit ))
 while kill -0 "$a_pid" 2>/dev/null; do
   if [ "$(date +%s)" -ge "$deadline" ]; then stopped="the lab's timeout (${limit} s)"; break; fi
@@ -116,48 +199,62 @@ while kill -0 "$a_pid" 2>/dev/null; do
   if [ "$appliance" = 1 ] && [ -z "$uk_pid" ] && grep -a -q "phase unikernel" "$alog"; then
     stage "baseline over; booting the unikernel (10.0.0.2) with a ${mib} MiB raw disk image"
     truncate -s "${mib}M" "$img"
-    # The console: output to the log, input from a FIFO (the lab's `q` powers the appliance off).
-    mkfifo "$cache/nvmf-console.in" "$cache/nvmf-console.out"
-    cat "$cache/nvmf-console.out" > "$ulog" &
-    reader=$!
-    exec 7<>"$cache/nvmf-console.in"
-    timeout "$limit" "$qemu" \
-      -accel "$accel" -machine q35 -cpu max -m 512M -nodefaults -vga none -display none -no-reboot \
-      -serial "pipe:$cache/nvmf-console" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-      -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
-      -drive "file=$img,if=none,id=d0,format=raw" -device virtio-blk-pci,drive=d0,addr=0x4.0 \
-      -kernel "$uk_kernel" \
-      -append "bvnvmf=10.0.0.2/24 bvnvmf.host=10.0.0.3 bvnvmf.mib=$mib" \
-      > "$cache/nvmf-unikernel.qemu" 2>&1 &
-    uk_pid=$!
-    pids+=("$uk_pid")
+    unikernel unikernel "$ulog" " bvnvmf.host=10.0.0.3" "$img"
+    uk_pid=$last_pid
   fi
-  sleep 0.5
+  # The counted runs: the unikernel powered off (its disk image is then complete), Linux B
+  # booted again counted, and a counted unikernel.
+  if [ -n "$counter" ] && [ -z "$counted" ] && grep -a -q "phase counted" "$alog"; then
+    counted=1
+    if [ -n "$uk_pid" ]; then power_off unikernel "$uk_pid"; uk_status=$uk_exit; fi
+    kill "$b_pid" 2>/dev/null || true
+    wait "$b_pid" 2>/dev/null || true
+    stage "booting a counted Linux B and a counted unikernel (TCG, the instruction counter)"
+    linux b-counted b 10.0.0.3 52:54:00:00:00:03 " bvnvmf.mark=$counter_mark" "$b_count"
+    b_pid=$last_pid
+    unikernel unikernel-counted "$clog" "" "" "$uk_count"
+    cuk_pid=$last_pid
+    say_to a "ack counted"
+  fi
+  # A's mark requests: to the target's console; acknowledged once the counter has the mark.
+  if [ -n "$counted" ]; then
+    mapfile -t reqs < <({ grep -a "^nvmf-mark " "$alog" || true; } | tr -d '\r')
+    while [ "$relayed" -lt ${#reqs[@]} ]; do
+      read -r _ side code <<<"${reqs[$relayed]}"
+      relayed=$((relayed + 1))
+      case "$side" in
+        linux) say_to b-counted "mark $code" ;;
+        unikernel) say_to unikernel-counted "m$code" ;;
+      esac
+      waiting+=("$side $code")
+    done
+    left=()
+    for w in "${waiting[@]}"; do
+      read -r side code <<<"$w"
+      f=$b_count
+      [ "$side" = unikernel ] && f=$uk_count
+      if grep -q "^mark $code " "$f" 2>/dev/null; then say_to a "ack $code"; else left+=("$w"); fi
+    done
+    waiting=("${left[@]}")
+  fi
+  sleep 0.3
 done
 if [ -n "$stopped" ]; then stage "stopping: $stopped"; else stage "Linux A done"; fi
 # The appliance powers off on `q` at its console; then the disk image is complete.
-if [ -n "$uk_pid" ]; then
-  echo q >&7 || true
-  for _ in $(seq 1 60); do kill -0 "$uk_pid" 2>/dev/null || break; sleep 0.5; done
-  if kill -0 "$uk_pid" 2>/dev/null; then
-    stage "stopping the unikernel: still running 30 s after its console's q"
-    kill "$uk_pid" 2>/dev/null || true
-    wait "$uk_pid" || true
-    uk_status="none: stopped by the lab"
-  else
-    wait "$uk_pid" && uk_status=0 || uk_status=$?
-    stage "the unikernel exited (status $uk_status: 33 powered off on request, 35 FAIL)"
-  fi
-  exec 7>&-
-  [ -n "$reader" ] && { kill "$reader" 2>/dev/null || true; }
-fi
+if [ -n "$uk_pid" ] && [ -z "$uk_status" ]; then power_off unikernel "$uk_pid"; uk_status=$uk_exit; fi
+if [ -n "$cuk_pid" ]; then power_off unikernel-counted "$cuk_pid"; cuk_status=$uk_exit; fi
+# The consoles' readers end with their QEMU (end of file); a few seconds to drain.
+for r in "${readers[@]}"; do
+  for _ in $(seq 1 10); do kill -0 "$r" 2>/dev/null || break; sleep 0.5; done
+  kill "$r" 2>/dev/null || true
+done
 cleanup
 
 # --- the verdict -------------------------------------------------------------------------------
 # Steps that do not work yet: printed as SKIP with the reason (and what this run said), not
 # counted. Empty once everything works.
 declare -A pending=()
-[ "$appliance" = 1 ] || for s in discover connect fio-rand4k fio-seq128k mkfs reconnect virtio-blk host; do
+[ "$appliance" = 1 ] || for s in discover connect fio-rand4k fio-seq128k mkfs reconnect allow-list virtio-blk host; do
   pending[$s]="the unikernel has no NVMe-oF appliance yet (its kernel does not know bvnvmf=)"
 done
 grep -a -q "nvmf-uk host: " "$uk_kernel" ||
@@ -182,7 +279,7 @@ for s in discover connect fio-rand4k fio-seq128k mkfs reconnect; do
   echo "nvmf linux-linux $s: ${r:-FAIL (no result)}"
   [[ "$r" == PASS* ]] || why+=("linux-linux $s")
 done
-for s in discover connect fio-rand4k fio-seq128k mkfs reconnect; do
+for s in discover connect fio-rand4k fio-seq128k mkfs reconnect allow-list; do
   report "$s" "$(res "unikernel $s")"
 done
 
@@ -228,12 +325,34 @@ for job in randread-4k randwrite-4k seqread-128k; do
   fi
 done
 
+# Efficiency: each job's window (marks 00KK..01KK) of the counted targets, per I/O fio reports.
+k=0
+for job in randread-4k randwrite-4k seqread-128k; do
+  k=$((k + 1))
+  if [ -z "$counter" ]; then
+    echo "nvmf $job efficiency: SKIP (no instruction counter: $counter_why)"
+    continue
+  fi
+  ios() { { grep -a "^nvmf-count $job $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4; exit}'; }
+  iu=$(ios unikernel) il=$(ios linux)
+  u=$(window_count "$uk_count" "0$k") l=$(window_count "$b_count" "0$k")
+  if [ -n "$u" ] && [ -n "$l" ] && [ "${iu:-0}" -gt 0 ] && [ "${il:-0}" -gt 0 ]; then
+    awk -v j="$job" -v u="$u" -v l="$l" -v iu="$iu" -v il="$il" 'BEGIN {
+      printf "nvmf %s efficiency: unikernel %.0f linux %.0f ratio %.2f (instructions per I/O: %.1fM over %d I/Os, %.1fM over %d)\n",
+        j, u / iu, l / il, (u / iu) / (l / il), u / 1e6, iu, l / 1e6, il }'
+  else
+    echo "nvmf $job efficiency: FAIL (windows: unikernel ${u:--} instructions, ${iu:--} I/Os; linux ${l:--}, ${il:--})"
+    why+=("$job efficiency")
+  fi
+done
+
 tail_of() { echo "[nvmf] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
 [ -n "$stopped" ] && why+=("stopped: $stopped")
 if [ ${#why[@]} -gt 0 ]; then
   tail_of "Linux B" "$blog"
   tail_of "Linux A" "$alog" 25
   [ -s "$ulog" ] && tail_of "the unikernel" "$ulog"
+  [ -s "$clog" ] && tail_of "the counted unikernel" "$clog"
 fi
 stage "done"
 skipped=

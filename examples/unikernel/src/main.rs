@@ -314,6 +314,27 @@ fn roce_device(
     dev
 }
 
+/// Routes the NIC's interrupts to device vector 0 (an idle wait then halts until the next
+/// frame); whether they are.
+fn route_nic_interrupts(
+    pci: &PortIoConfig,
+    hal: IdentityHal<'static>,
+    nic: &mut VirtioNet<GlobalIdentity>,
+) -> bool {
+    let Some(msg) = hal.msi_message(0) else {
+        return false;
+    };
+    // SAFETY: `pci` reaches the NIC's function, as given to `VirtioNet::new`; nothing else
+    // uses its MSI-X table.
+    match unsafe { nic.route_interrupts(pci, msg) } {
+        Ok(()) => true,
+        Err(e) => {
+            let _ = writeln!(Serial, "roce: virtio-net interrupts not routed: {e}");
+            false
+        }
+    }
+}
+
 /// Milliseconds since boot, from the LAPIC timer's ticks.
 fn clock_ms() -> u64 {
     Ticks.now_us() / 1000
@@ -329,18 +350,7 @@ fn roce_peer(
 ) -> ! {
     let mut nic_interrupts = false;
     let dev = roce_device(pci, hal, opts.net.ip, |nic| {
-        // The NIC's interrupts on device vector 0: an idle wait halts until the next frame.
-        let Some(msg) = hal.msi_message(0) else {
-            return;
-        };
-        // SAFETY: `pci` reaches the NIC's function, as given to `VirtioNet::new`; nothing else
-        // uses its MSI-X table.
-        match unsafe { nic.route_interrupts(pci, msg) } {
-            Ok(()) => nic_interrupts = true,
-            Err(e) => {
-                let _ = writeln!(Serial, "roce: virtio-net interrupts not routed: {e}");
-            }
-        }
+        nic_interrupts = route_nic_interrupts(pci, hal, nic)
     });
     let idle = bareverbs_unikernel::roce_peer::Idle {
         halt: &irq::wait,

@@ -10,7 +10,9 @@
 //! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
 //!
 //! The kernel serves until its console receives `q`, then flushes the virtio-blk disk, prints
-//! what the target counted and powers off.
+//! what the target counted and powers off. Its console also takes the lab's instruction-count
+//! marks ([`Console`]). Between rounds that found nothing to do it halts (the embedder's idle
+//! hook), so that an idle appliance leaves the CPU to others.
 
 use core::fmt::Write;
 
@@ -55,10 +57,14 @@ const DEPTH: usize = 64;
 const CQ_ENTRIES: u32 = (QUEUES * 4 * DEPTH) as u32;
 /// Connections the CM tracks (every queue, and room for ones in TIME_WAIT).
 const CONNS: usize = 2 * QUEUES;
+/// Host NQNs `bvnvmf.allow=` takes at most.
+pub const MAX_ALLOW: usize = 4;
+/// The longest NQN (bytes; NVMe-oF's 223).
+const MAX_NQN: usize = 223;
 
 /// What the command line asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Options {
+pub struct Options<'a> {
     /// This machine's IPv4 address.
     pub ip: [u8; 4],
     /// Its prefix length.
@@ -67,6 +73,11 @@ pub struct Options {
     pub mib: u32,
     /// `bvnvmf.host=`: a Linux nvmet-rdma target to connect to as a host first.
     pub host: Option<[u8; 4]>,
+    /// `bvnvmf.allow=NQN[,NQN…]`: the host NQNs both subsystems let in (the first `allowed`;
+    /// none: any host).
+    pub allow: [&'a str; MAX_ALLOW],
+    /// How many of `allow` are set.
+    pub allowed: usize,
 }
 
 fn ipv4(s: &str) -> Option<[u8; 4]> {
@@ -78,12 +89,15 @@ fn ipv4(s: &str) -> Option<[u8; 4]> {
     parts.next().is_none().then_some(ip)
 }
 
-impl Options {
-    /// Reads `bvnvmf=A.B.C.D/N`, `bvnvmf.mib=M` and `bvnvmf.host=A.B.C.D` from a kernel
-    /// command line; `None` without a well-formed `bvnvmf=` (the appliance is off).
-    pub fn parse(cmdline: &str) -> Option<Options> {
-        let mut opts: Option<Options> = None;
+impl<'a> Options<'a> {
+    /// Reads `bvnvmf=A.B.C.D/N`, `bvnvmf.mib=M`, `bvnvmf.host=A.B.C.D` and
+    /// `bvnvmf.allow=NQN[,NQN…]` (at most [`MAX_ALLOW`], each 1 to 223 bytes) from a kernel
+    /// command line; `None` without a well-formed `bvnvmf=` (the appliance is off) or with a
+    /// malformed word.
+    pub fn parse(cmdline: &'a str) -> Option<Options<'a>> {
+        let mut opts: Option<Options<'a>> = None;
         let (mut mib, mut host) = (DEFAULT_MIB, None);
+        let (mut allow, mut allowed) = ([""; MAX_ALLOW], 0);
         for w in cmdline.split_ascii_whitespace() {
             if let Some(v) = w.strip_prefix("bvnvmf=") {
                 let (ip, prefix) = v.split_once('/').unwrap_or((v, "24"));
@@ -93,15 +107,95 @@ impl Options {
                     prefix,
                     mib: 0,
                     host: None,
+                    allow: [""; MAX_ALLOW],
+                    allowed: 0,
                 });
             } else if let Some(v) = w.strip_prefix("bvnvmf.mib=") {
                 mib = v.parse().ok().filter(|&m| (1..=MAX_MIB).contains(&m))?;
             } else if let Some(v) = w.strip_prefix("bvnvmf.host=") {
                 host = Some(ipv4(v)?);
+            } else if let Some(v) = w.strip_prefix("bvnvmf.allow=") {
+                allowed = 0;
+                for nqn in v.split(',') {
+                    if nqn.is_empty() || nqn.len() > MAX_NQN || allowed == MAX_ALLOW {
+                        return None;
+                    }
+                    allow[allowed] = nqn;
+                    allowed += 1;
+                }
             }
         }
-        opts.map(|o| Options { mib, host, ..o })
+        opts.map(|o| Options {
+            mib,
+            host,
+            allow,
+            allowed,
+            ..o
+        })
     }
+
+    /// The host NQNs let in (empty: any host).
+    pub fn allowed_hosts(&self) -> &[&'a str] {
+        &self.allow[..self.allowed.min(MAX_ALLOW)]
+    }
+}
+
+/// What a byte on the console asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `q`: stop serving.
+    Quit,
+    /// `m` and four hex digits: run the instruction counter's mark of that code ([`mark`]).
+    Mark(u16),
+}
+
+/// The console's commands, a byte at a time: `q`, and `mXXXX` (the lab's marks around a
+/// counted job). Anything else is ignored (and ends a mark being read).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Console {
+    /// A mark being read: its digits so far, and how many.
+    mark: Option<(u16, u8)>,
+}
+
+impl Console {
+    /// Takes one byte; the command it completes, if any.
+    pub fn feed(&mut self, b: u8) -> Option<Command> {
+        if let Some((code, n)) = self.mark.take()
+            && let Some(d) = char::from(b).to_digit(16)
+        {
+            let code = code << 4 | d as u16;
+            if n == 3 {
+                return Some(Command::Mark(code));
+            }
+            self.mark = Some((code, n + 1));
+            return None;
+        }
+        match b {
+            b'q' => Some(Command::Quit),
+            b'm' => {
+                self.mark = Some((0, 0));
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Runs the instruction counter's mark `code` (`qemu/roce/icount.c`: the lab's windows
+/// `00KK`..`01KK` around counted job KK, for KK 01 to 03); whether `code` is one of those.
+/// The marker is an instruction with the code inside, so each code is its own.
+pub fn mark(code: u16) -> bool {
+    use crate::roce_peer::mark as m;
+    match code {
+        0x0001 => m::<0x0001>(),
+        0x0002 => m::<0x0002>(),
+        0x0003 => m::<0x0003>(),
+        0x0101 => m::<0x0101>(),
+        0x0102 => m::<0x0102>(),
+        0x0103 => m::<0x0103>(),
+        _ => return false,
+    }
+    true
 }
 
 /// Why the appliance stopped early.
@@ -159,15 +253,18 @@ pub struct Served {
 /// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes
 /// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if
 /// any) on port 4420 of `ctx`'s device until `stop` says so. Prints a line when it listens and
-/// one per controller count change.
+/// one per controller count change. `idle` is called after every round with the work it did
+/// (the embedder halts when there was none and no frame came in).
+#[allow(clippy::too_many_arguments)]
 pub fn serve<P: Provider>(
     ctx: &Context<P>,
-    opts: &Options,
+    opts: &Options<'_>,
     ram: &mut [u8],
     blk: Option<&mut dyn BlockDevice>,
     out: &mut dyn Write,
     clock_ms: &dyn Fn() -> u64,
     stop: &mut dyn FnMut() -> bool,
+    idle: &mut dyn FnMut(usize),
 ) -> Result<Served, AppError> {
     let pd = ctx.alloc_pd().at("nvmf: alloc PD")?;
     let cm_cq = ctx.create_cq(64).at("nvmf: create the CM's CQ")?;
@@ -207,9 +304,16 @@ pub fn serve<P: Provider>(
         None => ([&mut NoDisk], None),
     };
     let blk_count = usize::from(blk_blocks.is_some());
+    let allow = opts.allowed_hosts();
     let mut subsystems = [
-        Subsystem::new(NQN_RAM, &mut ram_ns),
-        Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count]),
+        Subsystem {
+            allowed_hosts: allow,
+            ..Subsystem::new(NQN_RAM, &mut ram_ns)
+        },
+        Subsystem {
+            allowed_hosts: allow,
+            ..Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count])
+        },
     ];
     let mut target: Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH> = Target::new(
         &pd,
@@ -230,10 +334,22 @@ pub fn serve<P: Provider>(
         ram_blocks,
         Blocks(blk_blocks)
     );
+    match allow {
+        [] => {
+            let _ = writeln!(out, "nvmf: any host NQN may connect");
+        }
+        _ => {
+            let _ = write!(out, "nvmf: host NQNs allowed:");
+            for nqn in allow {
+                let _ = write!(out, " {nqn}");
+            }
+            let _ = writeln!(out);
+        }
+    }
     let t0 = clock_ms();
     let mut seen = TargetCounts::default();
     loop {
-        target.poll(&mut cm);
+        let work = target.poll(&mut cm);
         let now = target.counts();
         if (now.controllers, now.lost, now.rejected) != (seen.controllers, seen.lost, seen.rejected)
         {
@@ -252,6 +368,7 @@ pub fn serve<P: Provider>(
         if stop() {
             break;
         }
+        idle(work);
     }
     Ok(Served {
         counts: target.counts(),
@@ -387,7 +504,10 @@ impl BlockDevice for NoDisk {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::string::ToString;
+    use std::vec::Vec;
 
     #[test]
     fn options_from_the_command_line() {
@@ -397,7 +517,9 @@ mod tests {
                 ip: [10, 0, 0, 2],
                 prefix: 24,
                 mib: 32,
-                host: Some([10, 0, 0, 3])
+                host: Some([10, 0, 0, 3]),
+                allow: [""; MAX_ALLOW],
+                allowed: 0,
             })
         );
         assert_eq!(
@@ -406,7 +528,9 @@ mod tests {
                 ip: [10, 0, 0, 2],
                 prefix: 24,
                 mib: DEFAULT_MIB,
-                host: None
+                host: None,
+                allow: [""; MAX_ALLOW],
+                allowed: 0,
             })
         );
         assert_eq!(
@@ -419,5 +543,44 @@ mod tests {
         assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=0"), None);
         assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=100000"), None);
         assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.host=10.0.0"), None);
+    }
+
+    #[test]
+    fn allow_list_from_the_command_line() {
+        let o = Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=nqn.a:x,nqn.b:y").unwrap();
+        assert_eq!(o.allowed_hosts(), ["nqn.a:x", "nqn.b:y"]);
+        let o = Options::parse("bvnvmf=10.0.0.2").unwrap();
+        assert!(o.allowed_hosts().is_empty(), "no list: any host");
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow="), None);
+        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,,b"), None);
+        assert_eq!(
+            Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,b,c,d,e"),
+            None
+        );
+        let long = "bvnvmf=10.0.0.2 bvnvmf.allow=".to_string() + &"n".repeat(224);
+        assert_eq!(Options::parse(&long), None, "longer than an NQN");
+        let o = Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,b,c,d").unwrap();
+        assert_eq!(o.allowed_hosts().len(), MAX_ALLOW);
+    }
+
+    #[test]
+    fn console_commands() {
+        let mut c = Console::default();
+        let got: Vec<_> = b"xm0101\nqm01z2m00ffq"
+            .iter()
+            .filter_map(|&b| c.feed(b))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Command::Mark(0x0101),
+                Command::Quit,
+                Command::Mark(0x00ff),
+                Command::Quit
+            ],
+            "a mark broken by a non-digit is dropped"
+        );
+        assert!(mark(0x0001) && mark(0x0103));
+        assert!(!mark(0x0104) && !mark(0x0201));
     }
 }

@@ -7,7 +7,7 @@ use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
 use crate::console::{self, Exit, Serial, exit};
-use crate::{clock_ms, dma_left, pass, roce_device};
+use crate::{clock_ms, dma_left, irq, pass, roce_device, route_nic_interrupts};
 
 /// The storage appliance (`bvnvmf=` on the command line; `bareverbs_unikernel::nvmf_app`):
 /// the NVMe-oF target over the software RoCE device, with `ram` as the RAM disk and the first
@@ -17,12 +17,15 @@ pub(crate) fn appliance(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
     dma: &DmaRegion,
-    opts: &bareverbs_unikernel::nvmf_app::Options,
+    opts: &bareverbs_unikernel::nvmf_app::Options<'_>,
     ram: &'static mut [u8],
 ) -> ! {
     use bareverbs_unikernel::block::BlockDevice;
-    use bareverbs_unikernel::{nvmf_app, virtio_blk};
-    let dev = roce_device(pci, hal, opts.ip, |_| {});
+    use bareverbs_unikernel::{nvmf_app, roce_peer, virtio_blk};
+    let mut nic_interrupts = false;
+    let dev = roce_device(pci, hal, opts.ip, |nic| {
+        nic_interrupts = route_nic_interrupts(pci, hal, nic)
+    });
     let ctx = bareverbs::Context::new(dev);
     let mut disk = virtio_blk::find(pci).and_then(|at| {
         // SAFETY: as in `blk_check`.
@@ -35,7 +38,46 @@ pub(crate) fn appliance(
             }
         }
     });
-    let mut stop = || console::try_get() == Some(b'q');
+    // The console: `q` stops, `mXXXX` runs the instruction counter's mark XXXX (the lab's
+    // windows around a counted fio job).
+    let mut commands = nvmf_app::Console::default();
+    let mut stop = || {
+        while let Some(b) = console::try_get() {
+            match commands.feed(b) {
+                Some(nvmf_app::Command::Quit) => return true,
+                Some(nvmf_app::Command::Mark(code)) if nvmf_app::mark(code) => {
+                    let _ = writeln!(Serial, "nvmf-uk mark {code:04x}");
+                }
+                Some(nvmf_app::Command::Mark(_)) | None => {}
+            }
+        }
+        false
+    };
+    // Idle: a round that did no work and saw no new frame halts the CPU until the NIC's
+    // interrupt (or the timer's); without the NIC's interrupts, only after IDLE_MS without a
+    // frame, until the timer's.
+    let frames_in = || {
+        let c = ctx.provider().port_counts();
+        c.roce + c.stack + c.dropped + c.arp_answered
+    };
+    let (mut seen, mut since) = (frames_in(), clock_ms());
+    let mut idle = |work: usize| {
+        let (frames, now) = (frames_in(), clock_ms());
+        if work > 0 || frames != seen {
+            (seen, since) = (frames, now);
+        } else if nic_interrupts || now.saturating_sub(since) >= roce_peer::IDLE_MS {
+            irq::wait();
+        }
+    };
+    let _ = writeln!(
+        Serial,
+        "nvmf: idle rounds halt {}",
+        if nic_interrupts {
+            "until the NIC's interrupt or the timer's"
+        } else {
+            "after 32 ms without a frame, until the timer's interrupt"
+        }
+    );
     let r = nvmf_app::serve(
         &ctx,
         opts,
@@ -44,6 +86,7 @@ pub(crate) fn appliance(
         &mut Serial,
         &clock_ms,
         &mut stop,
+        &mut idle,
     );
     let flushed = disk.as_mut().map(|d| (d.flush(), d.stats()));
     drop(disk);

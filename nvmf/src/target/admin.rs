@@ -1,5 +1,6 @@
 //! Admin and fabrics commands: Connect, Property Get/Set, Identify, Set/Get Features, Keep
-//! Alive, Get Log Page (the asynchronous event request is held in `exec.rs`).
+//! Alive, Get Log Page, Abort (the asynchronous event request is held in `exec.rs`, a
+//! controller reset by CC.EN = 0 done in `mod.rs`).
 
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
@@ -42,7 +43,9 @@ pub(super) fn direction(sqe: &Sqe) -> Result<Dir, Status> {
             let bytes = (u64::from(numd) + 1) * 4;
             Dir::ToHost(u32::try_from(bytes).map_err(|_| Status::INVALID_FIELD)?)
         }
-        opcode::SET_FEATURES | opcode::GET_FEATURES | opcode::KEEP_ALIVE => Dir::None,
+        opcode::SET_FEATURES | opcode::GET_FEATURES | opcode::KEEP_ALIVE | opcode::ABORT => {
+            Dir::None
+        }
         opcode::ASYNC_EVENT => Dir::None,
         _ => return Err(Status::INVALID_OPCODE),
     })
@@ -74,6 +77,9 @@ pub(super) fn run(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64,
         opcode::SET_FEATURES => set_features(cx, sqe),
         opcode::GET_FEATURES => get_features(cx, sqe),
         opcode::KEEP_ALIVE => Ok(0),
+        // Abort: never performed (Dword 0 bit 0 set: "not aborted", which the specification
+        // allows); commands here finish on their own. Not a discovery controller's command.
+        opcode::ABORT if cx.ctrl.which != Which::Discovery => Ok(1),
         _ => Err(Status::INVALID_OPCODE),
     }
 }
@@ -156,7 +162,8 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 subnqn: sub.nqn.as_bytes(),
                 ioccsz: (64 + inline) / 16,
                 iorcsz: 1,
-                msdbd: 1,
+                // A descriptor list travels in the capsule: only with in-capsule data.
+                msdbd: if inline >= 16 { super::MSDBD } else { 1 },
                 ..IdCtrl::default()
             }
             .write(buf);

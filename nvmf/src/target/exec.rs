@@ -7,6 +7,7 @@ use bareverbs::verbs::Provider;
 
 use super::ctrl::Which;
 use super::queue::{Cmd, Reply};
+use super::remote::{self, Remote};
 use super::{AER_HELD, Target, admin, io};
 use crate::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, fctype, le16, opcode, prop};
 
@@ -24,10 +25,10 @@ enum Plan {
     NoData,
     /// In the receive buffer, at this offset of the region.
     InCapsule(usize, u32),
-    /// The host's memory: `(address, key, bytes)`, read before executing.
-    FromHost(u64, u32, u32),
-    /// The host's memory, written after executing.
-    ToHost(u64, u32, u32),
+    /// The host's memory, `.1` bytes, read before executing.
+    FromHost(Remote, u32),
+    /// The host's memory, `.1` bytes, written after executing.
+    ToHost(Remote, u32),
 }
 
 impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K, Q, D> {
@@ -54,34 +55,24 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             Err(st) => self.finish(q, slot, sqe.cid(), Err(st), None, None),
             Ok(Plan::NoData) => self.execute(q, slot, sqe, None, None, None),
             Ok(Plan::InCapsule(at, len)) => self.execute(q, slot, sqe, Some((at, len)), None, None),
-            Ok(Plan::FromHost(addr, key, len)) => {
+            Ok(Plan::FromHost(from, len)) => {
                 let Some(ds) = self.queues[q].alloc_data() else {
                     self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
                     self.queues[q].pending = true;
                     return;
                 };
-                if self.queues[q]
-                    .post_read(q, slot, ds, (addr, key, len))
-                    .is_err()
-                {
+                if self.queues[q].post_read(q, slot, ds, from, len).is_err() {
                     self.end_queue(q, true);
                 }
             }
-            Ok(Plan::ToHost(addr, key, len)) => {
+            Ok(Plan::ToHost(to, len)) => {
                 let Some(ds) = self.queues[q].alloc_data() else {
                     self.queues[q].cmds[usize::from(slot)] = Cmd::WaitSlot;
                     self.queues[q].pending = true;
                     return;
                 };
                 let at = self.queues[q].data_at(ds);
-                self.execute(
-                    q,
-                    slot,
-                    sqe,
-                    Some((at, len)),
-                    Some(ds),
-                    Some((addr, key, len)),
-                );
+                self.execute(q, slot, sqe, Some((at, len)), Some(ds), Some(to));
             }
         }
     }
@@ -120,22 +111,48 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             return Err(Status::INVALID_FIELD);
         }
         let sgl = sqe.sgl()?;
-        if sgl.len() != need {
+        let list = matches!(sgl, Sgl::LastSegment { .. });
+        if !list && sgl.len() != need {
             return Err(Status::SGL_LENGTH_INVALID);
         }
+        // In-capsule bytes at `offset`, `len` of them, within what was received: their
+        // place in the region.
+        let in_capsule = |offset: u64, len: u32| -> Result<usize, Status> {
+            let room = u64::from(byte_len.min(queue.capsule).saturating_sub(SQE_LEN as u32));
+            if offset
+                .checked_add(u64::from(len))
+                .is_none_or(|end| end > room)
+            {
+                return Err(Status::SGL_OFFSET_INVALID);
+            }
+            Ok(usize::from(slot) * queue.capsule as usize + SQE_LEN + offset as usize)
+        };
         match (sgl, dir) {
-            (Sgl::Keyed { addr, key, len, .. }, Dir::ToHost(_)) => Ok(Plan::ToHost(addr, key, len)),
-            (Sgl::Keyed { addr, key, len, .. }, _) => Ok(Plan::FromHost(addr, key, len)),
+            (Sgl::Keyed { addr, key, len, .. }, Dir::ToHost(_)) => {
+                Ok(Plan::ToHost(Remote::One(addr, key, len), len))
+            }
+            (Sgl::Keyed { addr, key, len, .. }, _) => {
+                Ok(Plan::FromHost(Remote::One(addr, key, len), len))
+            }
             (Sgl::InCapsule { offset, len }, Dir::FromHost(_)) => {
-                let room = u64::from(byte_len.min(queue.capsule).saturating_sub(SQE_LEN as u32));
-                if offset
-                    .checked_add(u64::from(len))
-                    .is_none_or(|end| end > room)
-                {
-                    return Err(Status::SGL_OFFSET_INVALID);
+                Ok(Plan::InCapsule(in_capsule(offset, len)?, len))
+            }
+            // A list of keyed descriptors in the capsule (a Last Segment): checked whole
+            // before any data moves.
+            (Sgl::LastSegment { offset, len }, _) => {
+                if len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(remote::MSDBD) {
+                    return Err(Status::SGL_COUNT_INVALID);
                 }
-                let at = usize::from(slot) * queue.capsule as usize + SQE_LEN + offset as usize;
-                Ok(Plan::InCapsule(at, len))
+                let at = in_capsule(offset, len)?;
+                let bytes = queue.capsule_bytes(slot, byte_len);
+                let from = at - usize::from(slot) * queue.capsule as usize;
+                let n =
+                    remote::check_list(bytes.get(from..from + len as usize).unwrap_or(&[]), need)?;
+                let r = Remote::List { at: at as u32, n };
+                Ok(match dir {
+                    Dir::ToHost(_) => Plan::ToHost(r, need),
+                    _ => Plan::FromHost(r, need),
+                })
             }
             // In-capsule data for a command that returns data, or no data where some is due.
             _ => Err(Status::INVALID_FIELD),
@@ -144,12 +161,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
 
     /// The RDMA READ of command `slot` completed: execute it.
     pub(super) fn on_read_done(&mut self, q: usize, slot: u16) {
-        let Some(Cmd::Reading(ds)) = self.queues[q].cmds.get(usize::from(slot)).copied() else {
+        let Some(Cmd::Reading(ds, len)) = self.queues[q].cmds.get(usize::from(slot)).copied()
+        else {
             return;
         };
         let bytes = self.queues[q].capsule_bytes(slot, SQE_LEN as u32);
         let Some(sqe) = Sqe::parse(bytes) else { return };
-        let len = sqe.sgl().map_or(0, |s| s.len());
         let at = self.queues[q].data_at(ds);
         self.execute(q, slot, &sqe, Some((at, len)), Some(ds), None);
     }
@@ -193,9 +210,10 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         sqe: &Sqe,
         data: Option<(usize, u32)>,
         ds: Option<u16>,
-        write: Option<(u64, u32, u32)>,
+        write: Option<Remote>,
     ) {
         let qid = self.queues[q].qid;
+        let mut enabled = false;
         let res = if sqe.opcode() == opcode::FABRICS && sqe.fctype() == fctype::CONNECT {
             let mut d = [0u8; crate::wire::fabrics::CONNECT_DATA_LEN];
             if let Some((at, len)) = data {
@@ -226,6 +244,9 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             } = self;
             let queue = &mut queues[q];
             let c = queue.ctrl;
+            enabled = c
+                .and_then(|c| ctrls[c].as_ref())
+                .is_some_and(|x| x.cc & prop::CC_EN != 0);
             let buf = match data {
                 Some((at, len)) => queue.bytes_mut(at, len as usize),
                 None => &mut [],
@@ -244,7 +265,37 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 Some(ctrl) => io::run(ctrl, subsystems, sqe, buf),
             }
         };
+        // A Property Set that cleared CC.EN resets the controller (before its own answer).
+        if enabled
+            && qid == 0
+            && let Some(c) = self.queues[q].ctrl
+            && self.ctrls[c]
+                .as_ref()
+                .is_some_and(|x| x.cc & prop::CC_EN == 0)
+        {
+            self.reset_ctrl(c);
+        }
         self.finish(q, slot, sqe.cid(), res, ds, write);
+    }
+
+    /// Answers the asynchronous event requests queue `q` holds with `status` (their receive
+    /// buffers go back to the host's use); returns how many.
+    pub(super) fn release_held(&mut self, q: usize, status: Status) -> usize {
+        let mut n = 0;
+        for slot in 0..self.queues[q].depth {
+            if !self.queues[q].in_use() {
+                break;
+            }
+            if !matches!(self.queues[q].cmds[usize::from(slot)], Cmd::Held) {
+                continue;
+            }
+            let bytes = self.queues[q].capsule_bytes(slot, SQE_LEN as u32);
+            let cid = if bytes.len() >= 4 { le16(bytes, 2) } else { 0 };
+            self.queues[q].cmds[usize::from(slot)] = Cmd::Idle;
+            self.finish(q, slot, cid, Err(status), None, None);
+            n += 1;
+        }
+        n
     }
 
     /// Answers command `slot`: on success with the data write, on failure without (its data
@@ -256,7 +307,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         cid: u16,
         res: Result<u64, Status>,
         ds: Option<u16>,
-        write: Option<(u64, u32, u32)>,
+        write: Option<Remote>,
     ) {
         self.counts.commands += 1;
         let (result, status, data, write) = match res {

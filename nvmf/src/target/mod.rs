@@ -17,6 +17,7 @@ mod ctrl;
 mod exec;
 mod io;
 mod queue;
+mod remote;
 
 use bareverbs::cm::{AcceptParams, Cm, CmEvent, ConnId};
 use bareverbs::hal::Clock;
@@ -29,6 +30,7 @@ use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
 
 pub use ctrl::Ctrl;
 use queue::{Kind, Queue};
+pub use remote::MSDBD;
 
 /// Admin queue depth (commands outstanding at once; Linux asks for 32).
 pub const ADMIN_DEPTH: u16 = 32;
@@ -127,6 +129,8 @@ pub struct TargetCounts {
     pub kato_expired: u64,
     /// Queues ended by a transport error (a failed completion).
     pub transport_errors: u64,
+    /// Controller resets (CC.EN cleared by the host).
+    pub resets: u64,
 }
 
 /// The target, with room for `Q` queues (admin and I/O, all controllers together) of at most
@@ -343,7 +347,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             )
         };
         let caps = QpCaps {
-            max_send_wr: 2 * u32::from(depth) + u32::from(slots) + 1,
+            // Responses, and each data command's READs or WRITEs (one per descriptor).
+            max_send_wr: 2 * u32::from(depth) + 2 * u32::from(slots) * u32::from(MSDBD) + 1,
             max_recv_wr: u32::from(depth),
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -435,6 +440,34 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             } else if let Some(ctrl) = self.ctrls[c].as_mut() {
                 ctrl.io_queues = ctrl.io_queues.saturating_sub(1);
             }
+        }
+    }
+
+    /// Resets controller `c` (its host cleared CC.EN): its I/O queues end (the target
+    /// disconnects them; their outstanding commands are aborted with them), the asynchronous
+    /// event requests it holds are answered (Internal Error, DNR), and what Set Features
+    /// granted is forgotten (Number of Queues, the event configuration). The admin queue and
+    /// the association stay; CSTS.RDY follows CC.EN, so it reads 0, and CC.EN = 1 enables it
+    /// again.
+    fn reset_ctrl(&mut self, c: usize) {
+        let mut admin = None;
+        for q in 0..Q {
+            if self.queues[q].in_use() && self.queues[q].ctrl == Some(c) {
+                if self.queues[q].qid == 0 {
+                    admin = Some(q);
+                } else {
+                    self.end_queue(q, true);
+                }
+            }
+        }
+        if let Some(q) = admin {
+            self.release_held(q, crate::wire::Status::INTERNAL_DNR);
+        }
+        if let Some(x) = self.ctrls[c].as_mut() {
+            x.aers = 0;
+            x.io_granted = 0;
+            x.aec = 0;
+            self.counts.resets += 1;
         }
     }
 

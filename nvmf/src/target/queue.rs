@@ -10,6 +10,7 @@
 use bareverbs::cm::ConnId;
 use bareverbs::verbs::{MemoryRegion, Provider, QueuePair, Rc, Rts, SendFlags, Sge};
 
+use super::remote::{self, Pieces, Remote};
 use crate::wire::{CQE_LEN, Cqe};
 
 /// What a work request was, in its ID.
@@ -57,8 +58,8 @@ pub(crate) enum Cmd {
     Idle,
     /// Waits for a data buffer.
     WaitSlot,
-    /// RDMA READ of the host's data into data buffer `.0` posted.
-    Reading(u16),
+    /// RDMA READ of the host's data (`.1` bytes) into data buffer `.0` posted.
+    Reading(u16, u32),
     /// Executed; the response waits for a response buffer.
     Respond(Reply),
     /// An asynchronous event request held open.
@@ -70,8 +71,8 @@ pub(crate) enum Cmd {
 pub(crate) struct Reply {
     pub cqe: Cqe,
     pub data: Option<u16>,
-    /// `(remote address, key, bytes)` to write from the data buffer before the response.
-    pub write: Option<(u64, u32, u32)>,
+    /// Where to write the data buffer's bytes before the response.
+    pub write: Option<Remote>,
 }
 
 /// A response buffer: free, or busy with the data buffer to free after it.
@@ -234,32 +235,68 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         }
     }
 
-    /// RDMA READ of `len` bytes at `(addr, key)` into data buffer `ds`, for command `slot`.
+    /// The pieces of `r`, in order (a list read from the region).
+    fn pieces(&self, r: Remote) -> Pieces {
+        match r {
+            Remote::One(addr, key, len) => {
+                let mut p = [(0, 0, 0); remote::MSDBD as usize];
+                p[0] = (addr, key, len);
+                (p, 1)
+            }
+            Remote::List { at, n } => {
+                let len = usize::from(n.min(remote::MSDBD)) * 16;
+                let at = at as usize;
+                let list = self
+                    .mr
+                    .as_ref()
+                    .and_then(|m| m.as_slice().get(at..at + len))
+                    .unwrap_or(&[]);
+                remote::pieces(list)
+            }
+        }
+    }
+
+    /// RDMA READs of the host's data at `from` (`len` bytes) into data buffer `ds`, one per
+    /// piece, for command `slot`; the last one signalled (RC completes them in order).
     pub fn post_read(
         &mut self,
         q: usize,
         slot: u16,
         ds: u16,
-        (addr, key, len): (u64, u32, u32),
+        from: Remote,
+        len: u32,
     ) -> Result<(), ()> {
         let at = self.data_at(ds) as u32;
+        let (pieces, n) = self.pieces(from);
+        let slot_len = self.slot_len;
+        let epoch = self.epoch;
         let (Some(qp), Some(mr)) = (self.qp.as_mut(), self.mr.as_ref()) else {
             return Err(());
         };
-        let sge = mr.sge(at, len.min(self.slot_len)).map_err(|_| ())?;
         // SAFETY: as in `post_recv`: the data buffer is not touched until the completion.
         unsafe {
             let mut s = qp.send_batch();
-            s.rdma_read(
-                encode(q, self.epoch, Kind::Read, slot),
-                SendFlags::SIGNALED,
-                (addr, key),
-                &[sge],
-            )
-            .map_err(|_| ())?;
+            let mut off = 0u32;
+            for (i, &(addr, key, plen)) in pieces[..n].iter().enumerate() {
+                let plen = plen.min(slot_len - off);
+                let sge = mr.sge(at + off, plen).map_err(|_| ())?;
+                let flags = if i + 1 == n {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                };
+                s.rdma_read(
+                    encode(q, epoch, Kind::Read, slot),
+                    flags,
+                    (addr, key),
+                    &[sge],
+                )
+                .map_err(|_| ())?;
+                off += plen;
+            }
             s.finish();
         }
-        self.cmds[usize::from(slot)] = Cmd::Reading(ds);
+        self.cmds[usize::from(slot)] = Cmd::Reading(ds, len);
         Ok(())
     }
 
@@ -286,6 +323,11 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         let at = self.resp_at(r);
         self.bytes_mut(at, CQE_LEN)
             .copy_from_slice(&reply.cqe.to_bytes());
+        // The pieces to write, read before the receive buffer (where a list is) goes back.
+        let (pieces, n) = match reply.write {
+            Some(w) => self.pieces(w),
+            None => ([(0, 0, 0); remote::MSDBD as usize], 0),
+        };
         self.post_recv(q, slot)?;
         let epoch = self.epoch;
         let data_at = reply.data.map(|ds| self.data_at(ds) as u32);
@@ -293,17 +335,19 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             return Err(());
         };
         let cqe = mr.sge(at as u32, CQE_LEN as u32).map_err(|_| ())?;
-        let write: Option<(Sge, u64, u32)> = match (reply.write, data_at) {
-            (Some((addr, key, len)), Some(from)) => {
-                Some((mr.sge(from, len).map_err(|_| ())?, addr, key))
+        let mut writes: [Option<(Sge, u64, u32)>; remote::MSDBD as usize] = Default::default();
+        if let Some(from) = data_at {
+            let mut off = 0u32;
+            for (w, &(addr, key, len)) in writes.iter_mut().zip(&pieces[..n]) {
+                *w = Some((mr.sge(from + off, len).map_err(|_| ())?, addr, key));
+                off = off.saturating_add(len);
             }
-            _ => None,
-        };
+        }
         // SAFETY: as in `post_recv`: the response buffer and the data buffer are not written
         // again until the SEND's completion frees them.
         unsafe {
             let mut s = qp.send_batch();
-            if let Some((sge, addr, key)) = write {
+            for &(sge, addr, key) in writes.iter().flatten() {
                 s.rdma_write(
                     encode(q, epoch, Kind::Send, u16::MAX),
                     SendFlags::empty(),
@@ -312,6 +356,15 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
                 )
                 .map_err(|_| ())?;
             }
+            // --- SEND with Invalidate: not yet ------------------------------------------
+            // A command whose one keyed descriptor asked for invalidation (subtype 0xF,
+            // `Sgl::Keyed { invalidate: true, .. }`) should be answered with a SEND with
+            // Invalidate carrying that key (what nvmet does, and what saves Linux's host its
+            // own LOCAL_INV). The verbs' batch gains `send_with_inv(wr_id, flags, rkey,
+            // sges)` in this round; then the key travels in `Reply` from `plan` to here and
+            // this SEND becomes that one when it is set. Never for a key the host did not ask
+            // to invalidate: the peer fails such a SEND and both QPs go to ERROR.
+            // ---------------------------------------------------------------------------
             s.send(encode(q, epoch, Kind::Send, r), SendFlags::SIGNALED, &[cqe])
                 .map_err(|_| ())?;
             s.finish();

@@ -37,6 +37,8 @@ pub mod opcode {
     pub const GET_LOG_PAGE: u8 = 0x02;
     /// Admin: Identify.
     pub const IDENTIFY: u8 = 0x06;
+    /// Admin: Abort.
+    pub const ABORT: u8 = 0x08;
     /// Admin: Set Features.
     pub const SET_FEATURES: u8 = 0x09;
     /// Admin: Get Features.
@@ -85,12 +87,18 @@ impl Status {
     pub const DATA_TRANSFER_ERROR: Status = Status(0x004);
     /// Internal error.
     pub const INTERNAL: Status = Status(0x006);
+    /// Internal error, do not retry: what a held Asynchronous Event Request is answered when
+    /// its controller is reset (as nvmet answers the ones it holds when their queue ends).
+    pub const INTERNAL_DNR: Status = Status(0x006 | Self::DNR);
     /// Invalid namespace or format.
     pub const INVALID_NS: Status = Status(0x00B | Self::DNR);
     /// Command sequence error.
     pub const SEQUENCE_ERROR: Status = Status(0x00C | Self::DNR);
     /// Data SGL length invalid.
     pub const SGL_LENGTH_INVALID: Status = Status(0x00F | Self::DNR);
+    /// Invalid number of SGL descriptors (a descriptor list of no descriptor, of a part of
+    /// one, or of more than MSDBD).
+    pub const SGL_COUNT_INVALID: Status = Status(0x00E | Self::DNR);
     /// SGL descriptor type invalid.
     pub const SGL_TYPE_INVALID: Status = Status(0x011 | Self::DNR);
     /// SGL offset invalid.
@@ -299,6 +307,14 @@ pub enum Sgl {
         /// Bytes.
         len: u32,
     },
+    /// Last Segment with an offset: a list of descriptors (16 bytes each) in the in-capsule
+    /// data, the command's data described by them in order.
+    LastSegment {
+        /// Offset of the list from the start of the in-capsule data.
+        offset: u64,
+        /// Bytes of the list.
+        len: u32,
+    },
 }
 
 /// SGL identifiers (byte 15 of a descriptor): type in bits 7:4, subtype in 3:0.
@@ -309,11 +325,13 @@ pub mod sgl_id {
     pub const KEYED_INVALIDATE: u8 = 0x4F;
     /// Data block, offset (in-capsule data).
     pub const OFFSET: u8 = 0x01;
+    /// Last Segment, offset (a descriptor list in the in-capsule data).
+    pub const LAST_SEGMENT_OFFSET: u8 = 0x31;
 }
 
 impl Sgl {
-    /// Decodes a descriptor: keyed (0x40, 0x4F) or data block with offset (0x01); anything
-    /// else is [`Status::SGL_TYPE_INVALID`].
+    /// Decodes a descriptor: keyed (0x40, 0x4F), data block with offset (0x01) or Last
+    /// Segment with offset (0x31); anything else is [`Status::SGL_TYPE_INVALID`].
     pub fn parse(d: &[u8; 16]) -> Result<Sgl, Status> {
         match d[15] {
             sgl_id::KEYED | sgl_id::KEYED_INVALIDATE => {
@@ -329,6 +347,10 @@ impl Sgl {
                 })
             }
             sgl_id::OFFSET => Ok(Sgl::InCapsule {
+                offset: le64(d, 0),
+                len: le32(d, 8),
+            }),
+            sgl_id::LAST_SEGMENT_OFFSET => Ok(Sgl::LastSegment {
                 offset: le64(d, 0),
                 len: le32(d, 8),
             }),
@@ -360,14 +382,21 @@ impl Sgl {
                 put32(&mut d, 8, len);
                 d[15] = sgl_id::OFFSET;
             }
+            Sgl::LastSegment { offset, len } => {
+                put64(&mut d, 0, offset);
+                put32(&mut d, 8, len);
+                d[15] = sgl_id::LAST_SEGMENT_OFFSET;
+            }
         }
         d
     }
-    /// Bytes described.
+    /// Bytes described (of a Last Segment: the bytes of its descriptor list).
     pub fn len(&self) -> u32 {
         match *self {
             Sgl::Null => 0,
-            Sgl::Keyed { len, .. } | Sgl::InCapsule { len, .. } => len,
+            Sgl::Keyed { len, .. } | Sgl::InCapsule { len, .. } | Sgl::LastSegment { len, .. } => {
+                len
+            }
         }
     }
     /// Whether it describes no data.

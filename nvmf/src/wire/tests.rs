@@ -31,12 +31,19 @@ fn sgl_descriptors_encode_and_decode() {
     assert_eq!(b[15], 0x01);
     assert_eq!(Sgl::parse(&b), Ok(c));
     assert_eq!(Sgl::parse(&Sgl::Null.to_bytes()), Ok(Sgl::Null));
+    let ls = Sgl::LastSegment {
+        offset: 0x20,
+        len: 48,
+    };
+    let b = ls.to_bytes();
+    assert_eq!((b[15], b[0], b[8]), (0x31, 0x20, 48));
+    assert_eq!(Sgl::parse(&b), Ok(ls));
     // Every other identifier is refused.
     for id in 0..=255u8 {
         let mut d = [0u8; 16];
         d[8] = 1;
         d[15] = id;
-        let ok = matches!(id, 0x40 | 0x4F | 0x01);
+        let ok = matches!(id, 0x40 | 0x4F | 0x01 | 0x31);
         assert_eq!(Sgl::parse(&d).is_ok(), ok, "{id:#x}");
         if !ok {
             assert_eq!(Sgl::parse(&d), Err(Status::SGL_TYPE_INVALID));
