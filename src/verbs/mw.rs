@@ -144,6 +144,20 @@ pub struct FastReg {
     pub access: AccessFlags,
 }
 
+impl TryFrom<u32> for MwType {
+    type Error = Error;
+
+    /// The type `ibv_alloc_mw` names by number: `IBV_MW_TYPE_1` (1) or `IBV_MW_TYPE_2` (2);
+    /// any other number is [`Error::InvalidInput`] for [`Param::MwType`].
+    fn try_from(v: u32) -> Result<Self> {
+        match v {
+            1 => Ok(MwType::Type1),
+            2 => Ok(MwType::Type2),
+            v => Err(Error::invalid(Param::MwType, v, 2u32)),
+        }
+    }
+}
+
 /// The key with its low byte replaced by `byte` (`ib_update_fast_reg_key`).
 fn with_byte(key: u32, byte: u8) -> u32 {
     (key & !0xFF) | u32::from(byte)

@@ -1,14 +1,15 @@
 //! What the memory-window and fast-registration tests share: RC pairs between the two rxe
-//! devices of `pair::on_rxe` (or on one of them), and waiting for completions.
+//! devices of `pair::on_rxe` (or on one of them; on the PVRDMA model's one device for the
+//! translated rdma-core cases), and waiting for completions.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use bareverbs::verbs::*;
 
 use crate::pair::{Ends, R};
 
-pub type RcQp<'a> = QueuePair<'a, R, Rc, Rts>;
-pub type Pd<'a> = ProtectionDomain<'a, R>;
-pub type Cq<'a> = CompletionQueue<'a, R>;
+pub type RcQp<'a, P = R> = QueuePair<'a, P, Rc, Rts>;
+pub type Pd<'a, P = R> = ProtectionDomain<'a, P>;
+pub type Cq<'a, P = R> = CompletionQueue<'a, P>;
 
 pub const SIG: SendFlags = SendFlags::SIGNALED;
 pub const REMOTE: AccessFlags = AccessFlags::REMOTE_READ
@@ -17,7 +18,11 @@ pub const REMOTE: AccessFlags = AccessFlags::REMOTE_READ
 
 /// RESET → RTS towards QP `peer` at `av`, every remote right granted by the QP (the keys
 /// decide).
-fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, av: AddressVector) -> RcQp<'a> {
+fn up<'a, P: Provider>(
+    qp: QueuePair<'a, P, Rc, Reset>,
+    peer: u32,
+    av: AddressVector,
+) -> RcQp<'a, P> {
     let init = ConnectedInit {
         access: REMOTE,
         ..Default::default()
@@ -34,11 +39,11 @@ fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, av: AddressVector) -> RcQp
 }
 
 /// An RC pair: `a` on device A (PD `pa`, CQ `ca`), `b` on device B, connected.
-pub fn pair<'p>(
-    e: &Ends<'_, R>,
-    (pa, ca): (&'p Pd<'_>, &'p Cq<'_>),
-    (pb, cb): (&'p Pd<'_>, &'p Cq<'_>),
-) -> (RcQp<'p>, RcQp<'p>) {
+pub fn pair<'p, P: Provider>(
+    e: &Ends<'_, P>,
+    (pa, ca): (&'p Pd<'_, P>, &'p Cq<'_, P>),
+    (pb, cb): (&'p Pd<'_, P>, &'p Cq<'_, P>),
+) -> (RcQp<'p, P>, RcQp<'p, P>) {
     let caps = QpCaps {
         max_send_wr: 16,
         max_recv_wr: 16,
@@ -53,7 +58,7 @@ pub fn pair<'p>(
 }
 
 /// Completions of `cq` until `n` came (the devices run between polls); fewer if they do not.
-pub fn wait(e: &Ends<'_, R>, cq: &Cq<'_>, n: usize) -> Vec<WorkCompletion> {
+pub fn wait<P: Provider>(e: &Ends<'_, P>, cq: &Cq<'_, P>, n: usize) -> Vec<WorkCompletion> {
     let mut out = Vec::new();
     let mut wc = [WorkCompletion::default(); 8];
     for _ in 0..50 {
@@ -73,22 +78,22 @@ pub fn wait(e: &Ends<'_, R>, cq: &Cq<'_>, n: usize) -> Vec<WorkCompletion> {
 }
 
 /// Everything `cq` has after the devices settled.
-pub fn settle_all(e: &Ends<'_, R>, cq: &Cq<'_>) -> Vec<WorkCompletion> {
+pub fn settle_all<P: Provider>(e: &Ends<'_, P>, cq: &Cq<'_, P>) -> Vec<WorkCompletion> {
     (e.settle)();
     wait(e, cq, usize::MAX)
 }
 
 /// The QP's state as the device reports it.
-pub fn state(qp: &RcQp<'_>) -> QpState {
+pub fn state<P: Provider>(qp: &RcQp<'_, P>) -> QpState {
     qp.query().unwrap().state
 }
 
 /// RDMA READ of `len` bytes at `addr` under `rkey` into `dst[0..len]`, signaled `wr_id`.
-pub fn read(
-    qp: &mut RcQp<'_>,
+pub fn read<P: Provider>(
+    qp: &mut RcQp<'_, P>,
     wr_id: u64,
     (addr, rkey): (u64, u32),
-    dst: &MemoryRegion<'_, R>,
+    dst: &MemoryRegion<'_, P>,
     len: u32,
 ) {
     // SAFETY: the tests leave `dst` alone until the completion is polled.
@@ -101,11 +106,11 @@ pub fn read(
 }
 
 /// RDMA WRITE of `src[0..len]` to `addr` under `rkey`, signaled `wr_id`.
-pub fn write(
-    qp: &mut RcQp<'_>,
+pub fn write<P: Provider>(
+    qp: &mut RcQp<'_, P>,
     wr_id: u64,
     (addr, rkey): (u64, u32),
-    src: &MemoryRegion<'_, R>,
+    src: &MemoryRegion<'_, P>,
     len: u32,
 ) {
     // SAFETY: as in `read`.
