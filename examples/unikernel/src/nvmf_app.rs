@@ -355,13 +355,14 @@ pub fn serve<P: Provider>(
         {
             let _ = writeln!(
                 out,
-                "nvmf: +{} ms: {} controllers made, {} lost, {} connections rejected, {} commands ({} with an error status)",
+                "nvmf: +{} ms: {} controllers made, {} lost, {} connections rejected, {} commands ({} with an error status, {} answered with Invalidate)",
                 clock_ms() - t0,
                 now.controllers,
                 now.lost,
                 now.rejected,
                 now.commands,
-                now.errors
+                now.errors,
+                now.invalidated
             );
             seen = now;
         }

@@ -131,6 +131,9 @@ pub struct TargetCounts {
     pub transport_errors: u64,
     /// Controller resets (CC.EN cleared by the host).
     pub resets: u64,
+    /// Responses sent as SEND with Invalidate of the key the command named (the host asked
+    /// for it; a device without the operation answers with a plain SEND instead).
+    pub invalidated: u64,
 }
 
 /// The target, with room for `Q` queues (admin and I/O, all controllers together) of at most
@@ -217,7 +220,10 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
 
     /// What the target counted so far.
     pub fn counts(&self) -> TargetCounts {
-        self.counts
+        TargetCounts {
+            invalidated: self.queues.iter().map(|q| q.invalidated).sum(),
+            ..self.counts
+        }
     }
 
     /// The configuration in force.

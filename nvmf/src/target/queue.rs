@@ -11,7 +11,7 @@ use bareverbs::cm::ConnId;
 use bareverbs::verbs::{MemoryRegion, Provider, QueuePair, Rc, Rts, SendFlags, Sge};
 
 use super::remote::{self, Pieces, Remote};
-use crate::wire::{CQE_LEN, Cqe};
+use crate::wire::{CQE_LEN, Cqe, SQE_LEN, Sgl, Sqe};
 
 /// What a work request was, in its ID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +102,8 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     pub cmds: [Cmd; D],
     resp: [u16; D],
     data_busy: [bool; D],
+    /// Responses sent with Invalidate, over every connection this queue slot carried.
+    pub invalidated: u64,
 }
 
 impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
@@ -124,6 +126,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             cmds: [Cmd::Idle; D],
             resp: [RESP_FREE; D],
             data_busy: [false; D],
+            invalidated: 0,
         }
     }
 
@@ -148,9 +151,9 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         qp: QueuePair<'a, P, Rc, Rts>,
         mr: MemoryRegion<'a, P>,
     ) {
-        let epoch = self.epoch;
+        let (epoch, invalidated) = (self.epoch, self.invalidated);
         *self = Queue::free();
-        self.epoch = epoch;
+        (self.epoch, self.invalidated) = (epoch, invalidated);
         self.conn = conn;
         self.qid = qid;
         self.depth = depth.min(D as u16);
@@ -300,6 +303,21 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         Ok(())
     }
 
+    /// The R_Key command `slot` asks to have invalidated with its response: its data
+    /// pointer is one keyed data block with the invalidate subtype. (Linux's host asks so for
+    /// the keys of its fast registrations.)
+    fn invalidate_key(&self, slot: u16) -> Option<u32> {
+        let sqe = Sqe::parse(self.capsule_bytes(slot, SQE_LEN as u32))?;
+        match sqe.sgl() {
+            Ok(Sgl::Keyed {
+                key,
+                invalidate: true,
+                ..
+            }) => Some(key),
+            _ => None,
+        }
+    }
+
     /// Sends `reply` for command `slot` if a response buffer is free (re-posting the
     /// command's receive buffer first): `Ok(true)` sent, `Ok(false)` kept for later.
     pub fn respond(&mut self, q: usize, slot: u16, mut reply: Reply) -> Result<bool, ()> {
@@ -328,6 +346,9 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             Some(w) => self.pieces(w),
             None => ([(0, 0, 0); remote::MSDBD as usize], 0),
         };
+        // The key the host asked to have invalidated with the response, read from the
+        // command (still in its receive buffer) before that buffer goes back.
+        let invalidate = self.invalidate_key(slot);
         self.post_recv(q, slot)?;
         let epoch = self.epoch;
         let data_at = reply.data.map(|ds| self.data_at(ds) as u32);
@@ -356,17 +377,21 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
                 )
                 .map_err(|_| ())?;
             }
-            // --- SEND with Invalidate: not yet ------------------------------------------
-            // A command whose one keyed descriptor asked for invalidation (subtype 0xF,
-            // `Sgl::Keyed { invalidate: true, .. }`) should be answered with a SEND with
-            // Invalidate carrying that key (what nvmet does, and what saves Linux's host its
-            // own LOCAL_INV). The verbs' batch gains `send_with_inv(wr_id, flags, rkey,
-            // sges)` in this round; then the key travels in `Reply` from `plan` to here and
-            // this SEND becomes that one when it is set. Never for a key the host did not ask
-            // to invalidate: the peer fails such a SEND and both QPs go to ERROR.
-            // ---------------------------------------------------------------------------
-            s.send(encode(q, epoch, Kind::Send, r), SendFlags::SIGNALED, &[cqe])
-                .map_err(|_| ())?;
+            // A command whose keyed descriptor asked for invalidation (subtype 0xF) is
+            // answered with a SEND with Invalidate of that key, as nvmet-rdma answers, which
+            // saves the host its own LOCAL_INV; never a key the host did not name (the peer
+            // would fail the SEND and both QPs go to ERROR). A device without the operation
+            // answers with a plain SEND: the host then invalidates the key itself.
+            let wr_id = encode(q, epoch, Kind::Send, r);
+            let with_inv =
+                invalidate.map(|key| s.send_with_inv(wr_id, SendFlags::SIGNALED, key, &[cqe]));
+            match with_inv {
+                Some(Ok(())) => self.invalidated += 1,
+                None | Some(Err(bareverbs::Error::Unsupported(_))) => {
+                    s.send(wr_id, SendFlags::SIGNALED, &[cqe]).map_err(|_| ())?
+                }
+                Some(Err(_)) => return Err(()),
+            }
             s.finish();
         }
         self.resp[usize::from(r)] = reply.data.unwrap_or(RESP_NO_DATA);
