@@ -69,7 +69,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     if headers.bth.pkey & 0x7FFF != 0x7FFF {
         return Err(Discard::BadBth);
     }
-    let hlen = layout.header_len();
+    let hlen = layout.header_bytes();
     let body_len = transport
         .len()
         .checked_sub(hlen + ICRC_LEN)
