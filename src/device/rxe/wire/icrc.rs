@@ -56,8 +56,9 @@ fn staged<const IP: usize, const FIXED: usize, const BLOCKS: usize>(packet: &[u8
     // The staged bytes as two fixed-size copies: the headers, and the 16 bytes that end
     // the staged part (overlapping the headers when fewer than 16 follow them).
     put(b, at + staged - 16, *chunk::<16>(packet, staged - 16));
-    put(b, at, *headers);
-    let h = &mut b[at..end];
+    // The headers as an array: the masks below are stores at fixed offsets, no bounds check.
+    let h = b.get_mut(at..)?.first_chunk_mut::<FIXED>()?;
+    *h = *headers;
     if IP == IPV4_LEN {
         h[1] = 0xFF; // TOS
         h[8] = 0xFF; // TTL
