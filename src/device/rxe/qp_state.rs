@@ -309,7 +309,8 @@ impl QpCore {
         let i = self.rq_tail;
         self.rq_tail = i.wrapping_add(1);
         // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
-        self.wqe = unsafe { *self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        let slot = unsafe { &*self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        self.wqe.copy_from(slot);
         true
     }
 
