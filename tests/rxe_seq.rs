@@ -78,7 +78,7 @@ fn messages_are_cut_as_rxe_cuts_them() {
         "a READ of 3000 bytes takes 3 PSNs"
     );
     assert_eq!(packets(0, 1024), Some(1));
-    for bad in [0, 100, 1000, 1500, 8192] {
+    for bad in [0, 1, 128, 100, 1000, 1500, 8192, 1 << 31] {
         assert_eq!(packets(10, bad), None, "MTU {bad}");
         assert_eq!(segments(Kind::Send { imm: false }, 10, bad).count(), 0);
     }

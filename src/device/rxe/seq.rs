@@ -56,7 +56,9 @@ pub struct Segment {
 /// Packets of a message of `len` bytes at path MTU `mtu` (a zero-length message is one
 /// packet). `None` when `mtu` is not one of [`MTUS`].
 pub fn packets(len: u32, mtu: u32) -> Option<u32> {
-    MTUS.contains(&mtu).then(|| len.div_ceil(mtu).max(1))
+    // One of MTUS: the powers of two from 256 to 4096 (two compares, not a walk of the list).
+    let mtu_ok = mtu.is_power_of_two() && (MTUS[0]..=MTUS[MTUS.len() - 1]).contains(&mtu);
+    mtu_ok.then(|| len.div_ceil(mtu).max(1))
 }
 
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
