@@ -367,6 +367,7 @@ impl QpCore {
     /// Whether the device's progress has work for this QP without a frame arriving: answers
     /// or an acknowledgement held back, or (ready to send) requests not sent yet, a
     /// retransmission or RNR timer running.
+    #[inline(always)]
     pub(crate) fn wants_progress(&self) -> bool {
         self.backlog.is_some()
             || self.ack_due.is_some()
