@@ -70,6 +70,7 @@ pub(crate) struct CqRing {
 }
 
 impl CqRing {
+    #[inline(always)]
     fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
         // SAFETY: the entries are `cap` slots after the header in the same block; the index
         // is reduced modulo `cap`.

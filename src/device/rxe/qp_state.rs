@@ -103,6 +103,7 @@ impl QpCore {
         matches!(self.qp_type, QpType::Ud | QpType::Gsi)
     }
 
+    #[inline(always)]
     pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
         // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
         // `&mut self` only; the index is reduced modulo the capacity.
@@ -110,11 +111,13 @@ impl QpCore {
     }
 
     /// The send entry `i` (a count, reduced modulo the capacity), to read.
+    #[inline(always)]
     pub(crate) fn sq_ref(&self, i: u32) -> &SqEntry {
         // SAFETY: as for `sq`; shared, through `&self`.
         unsafe { &*self.sq.as_ptr().add((i % self.sq_cap) as usize) }
     }
 
+    #[inline(always)]
     pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
         // SAFETY: as for `sq`.
         unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
