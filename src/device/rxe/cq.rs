@@ -133,6 +133,7 @@ impl CqRing {
     /// so posts on several cores (each under its QP's lock only) and the transport never take
     /// more than there is; a concurrent poll only lowers `taken`. Bounded: each failed swap
     /// means another core's take or give went through.
+    #[inline(always)]
     pub(crate) fn take(&self, n: u32) -> bool {
         self.taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
@@ -344,6 +345,7 @@ impl<'c> Poll<'c> {
         }))
     }
 
+    #[inline(always)]
     fn release_current(&mut self) {
         if self.live && self.cur.tag != 0 {
             if let Some(r) = self.cur.release {
