@@ -135,11 +135,21 @@ impl CqRing {
     /// means another core's take or give went through.
     #[inline(always)]
     pub(crate) fn take(&self, n: u32) -> bool {
-        self.taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                (self.cap.saturating_sub(t) >= n).then_some(t + n)
-            })
-            .is_ok()
+        // `fetch_update` written out: at opt-level "z" it stays an out-of-line call with its
+        // closure.
+        let mut t = self.taken.load(Ordering::Acquire);
+        loop {
+            if self.cap.saturating_sub(t) < n {
+                return false;
+            }
+            match self
+                .taken
+                .compare_exchange_weak(t, t + n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => t = now,
+            }
+        }
     }
 
     /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
