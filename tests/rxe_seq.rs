@@ -2,7 +2,7 @@
 //! (`src/device/rxe/seq.rs`), as rxe cuts messages (`docs/roce-v2.md` §6.2).
 
 use bareverbs::device::rxe::seq::{
-    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segments,
+    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segment, segments,
 };
 use bareverbs::device::rxe::wire::bth::opcode::*;
 use proptest::prelude::*;
@@ -124,7 +124,11 @@ proptest! {
                 prop_assert_eq!(s.len, mtu);
             }
             at += s.len;
+            // One packet alone is the same packet.
+            prop_assert_eq!(segment(kind, len, mtu, i as u32), Some(*s));
         }
         prop_assert_eq!(at, len);
+        prop_assert_eq!(segment(kind, len, mtu, segs.len() as u32), None);
+        prop_assert_eq!(segment(kind, len, mtu + 1, 0), None);
     }
 }

@@ -159,7 +159,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                         imm: e.op == op::WRITE_IMM,
                     },
                 };
-                let Some(s) = seq::segments_from(kind, e.len, mtu, k).next() else {
+                let Some(s) = seq::segment(kind, e.len, mtu, k) else {
                     break;
                 };
                 let last = k + 1 == e.npkts;

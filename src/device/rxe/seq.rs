@@ -71,34 +71,44 @@ pub fn segments(kind: Kind, len: u32, mtu: u32) -> impl Iterator<Item = Segment>
 /// before it.
 pub fn segments_from(kind: Kind, len: u32, mtu: u32, from: u32) -> impl Iterator<Item = Segment> {
     let n = packets(len, mtu).unwrap_or(0);
-    (from.min(n)..n).map(move |i| {
-        let (first, last) = (i == 0, i + 1 == n);
-        let offset = i * mtu;
-        let opcode = match (kind, first, last) {
-            (Kind::Send { imm: false }, true, true) => opcode::RC_SEND_ONLY,
-            (Kind::Send { imm: true }, true, true) => opcode::RC_SEND_ONLY_IMM,
-            (Kind::Send { .. }, true, false) => opcode::RC_SEND_FIRST,
-            (Kind::Send { .. }, false, false) => opcode::RC_SEND_MIDDLE,
-            (Kind::Send { imm: false }, false, true) => opcode::RC_SEND_LAST,
-            (Kind::Send { imm: true }, false, true) => opcode::RC_SEND_LAST_IMM,
-            (Kind::Write { imm: false }, true, true) => opcode::RC_WRITE_ONLY,
-            (Kind::Write { imm: true }, true, true) => opcode::RC_WRITE_ONLY_IMM,
-            (Kind::Write { .. }, true, false) => opcode::RC_WRITE_FIRST,
-            (Kind::Write { .. }, false, false) => opcode::RC_WRITE_MIDDLE,
-            (Kind::Write { imm: false }, false, true) => opcode::RC_WRITE_LAST,
-            (Kind::Write { imm: true }, false, true) => opcode::RC_WRITE_LAST_IMM,
-            (Kind::ReadResponse, true, true) => opcode::RC_READ_RESPONSE_ONLY,
-            (Kind::ReadResponse, true, false) => opcode::RC_READ_RESPONSE_FIRST,
-            (Kind::ReadResponse, false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
-            (Kind::ReadResponse, false, true) => opcode::RC_READ_RESPONSE_LAST,
-        };
-        Segment {
-            opcode,
-            offset,
-            len: if last { len - offset } else { mtu },
-            index: i,
-            // Responses ask for nothing; requests on the last packet and periodically.
-            ack_req: kind != Kind::ReadResponse && (last || (i + 1) % ACK_EVERY == 0),
-        }
-    })
+    (from.min(n)..n).map(move |i| nth(kind, len, mtu, n, i))
+}
+
+/// Packet `i` of [`segments`], alone (no iterator: the requester sends one packet at a time);
+/// `None` past the last packet or when `mtu` is not one of [`MTUS`].
+pub fn segment(kind: Kind, len: u32, mtu: u32, i: u32) -> Option<Segment> {
+    let n = packets(len, mtu)?;
+    (i < n).then(|| nth(kind, len, mtu, n, i))
+}
+
+/// Packet `i` of the `n` of a `kind` message of `len` bytes at path MTU `mtu` (`i < n`).
+fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
+    let (first, last) = (i == 0, i + 1 == n);
+    let offset = i * mtu;
+    let opcode = match (kind, first, last) {
+        (Kind::Send { imm: false }, true, true) => opcode::RC_SEND_ONLY,
+        (Kind::Send { imm: true }, true, true) => opcode::RC_SEND_ONLY_IMM,
+        (Kind::Send { .. }, true, false) => opcode::RC_SEND_FIRST,
+        (Kind::Send { .. }, false, false) => opcode::RC_SEND_MIDDLE,
+        (Kind::Send { imm: false }, false, true) => opcode::RC_SEND_LAST,
+        (Kind::Send { imm: true }, false, true) => opcode::RC_SEND_LAST_IMM,
+        (Kind::Write { imm: false }, true, true) => opcode::RC_WRITE_ONLY,
+        (Kind::Write { imm: true }, true, true) => opcode::RC_WRITE_ONLY_IMM,
+        (Kind::Write { .. }, true, false) => opcode::RC_WRITE_FIRST,
+        (Kind::Write { .. }, false, false) => opcode::RC_WRITE_MIDDLE,
+        (Kind::Write { imm: false }, false, true) => opcode::RC_WRITE_LAST,
+        (Kind::Write { imm: true }, false, true) => opcode::RC_WRITE_LAST_IMM,
+        (Kind::ReadResponse, true, true) => opcode::RC_READ_RESPONSE_ONLY,
+        (Kind::ReadResponse, true, false) => opcode::RC_READ_RESPONSE_FIRST,
+        (Kind::ReadResponse, false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
+        (Kind::ReadResponse, false, true) => opcode::RC_READ_RESPONSE_LAST,
+    };
+    Segment {
+        opcode,
+        offset,
+        len: if last { len - offset } else { mtu },
+        index: i,
+        // Responses ask for nothing; requests on the last packet and periodically.
+        ack_req: kind != Kind::ReadResponse && (last || (i + 1) % ACK_EVERY == 0),
+    }
 }
