@@ -109,6 +109,6 @@ fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
         len: if last { len - offset } else { mtu },
         index: i,
         // Responses ask for nothing; requests on the last packet and periodically.
-        ack_req: kind != Kind::ReadResponse && (last || (i + 1) % ACK_EVERY == 0),
+        ack_req: kind != Kind::ReadResponse && (last || (i + 1).is_multiple_of(ACK_EVERY)),
     }
 }
