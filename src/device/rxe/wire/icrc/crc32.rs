@@ -33,6 +33,7 @@ pub fn update(r: u32, data: &[u8]) -> u32 {
 
 /// The register after the bytes of `head`, then `data`, from `r`: one pass over both (with
 /// the folding, one reduction at the end, none between them).
+#[inline(always)]
 pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if head.len() * 16 + data.len() >= clmul::MIN && accelerated() {
