@@ -55,6 +55,7 @@ pub struct Segment {
 
 /// Packets of a message of `len` bytes at path MTU `mtu` (a zero-length message is one
 /// packet). `None` when `mtu` is not one of [`MTUS`].
+#[inline(always)]
 pub fn packets(len: u32, mtu: u32) -> Option<u32> {
     // One of MTUS: the powers of two from 256 to 4096 (two compares, not a walk of the list).
     let mtu_ok = mtu.is_power_of_two() && (MTUS[0]..=MTUS[MTUS.len() - 1]).contains(&mtu);

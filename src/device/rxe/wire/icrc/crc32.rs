@@ -44,6 +44,7 @@ pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
 }
 
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
+#[inline(always)]
 pub fn accelerated() -> bool {
     /// 0: not asked yet, 1: no, 2: yes.
     static HAS: AtomicU8 = AtomicU8::new(0);
@@ -61,6 +62,7 @@ pub fn accelerated() -> bool {
 }
 
 /// CPUID leaf 1, ECX bit 1: PCLMULQDQ. Not under Miri, which runs no CPUID.
+#[cold]
 fn detect() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
