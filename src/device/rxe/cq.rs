@@ -435,6 +435,7 @@ impl PollCq for Poll<'_> {
 }
 
 impl Drop for Poll<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.release_current();
         self.ring.tail.store(self.pos, Ordering::Release);

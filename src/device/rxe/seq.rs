@@ -83,6 +83,7 @@ pub fn segment(kind: Kind, len: u32, mtu: u32, i: u32) -> Option<Segment> {
 }
 
 /// Packet `i` of the `n` of a `kind` message of `len` bytes at path MTU `mtu` (`i < n`).
+#[inline(always)]
 fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
     let (first, last) = (i == 0, i + 1 == n);
     let offset = i * mtu;
