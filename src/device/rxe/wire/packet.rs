@@ -168,6 +168,7 @@ pub fn begin(
 
 /// Completes a frame [`begin`] started, once its payload is in place: the pad and the ICRC.
 /// Returns the frame's length; `None` when `buf` does not hold a frame [`begin`] started.
+#[inline(always)]
 pub fn finish(buf: &mut [u8]) -> Option<usize> {
     let total = usize::from(be16(buf.get(..ROCE_OFFSET + 2)?, ETH_LEN + 2));
     let end = ETH_LEN + total;
