@@ -74,7 +74,7 @@ fn staged<const IP: usize, const FIXED: usize, const BLOCKS: usize>(packet: &[u8
     h[IP + 6] = 0xFF; // UDP checksum
     h[IP + 7] = 0xFF;
     h[IP + UDP_LEN + 4] = 0xFF; // FECN, BECN, reserved
-    let r = crc32::update_blocks(0, &blocks[..end / 16], &packet[staged..]);
+    let r = crc32::update_blocks(0, blocks.get(..end / 16)?, packet.get(staged..)?);
     Some(!r)
 }
 
