@@ -83,7 +83,7 @@ impl CqRing {
 
     /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
     /// it is armed for it. `false` when the ring is full (the completion is lost).
-#[inline(always)]
+    #[inline(always)]
     pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
         let h = self.head.load(Ordering::Relaxed);
         if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {

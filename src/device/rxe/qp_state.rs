@@ -197,7 +197,7 @@ impl QpCore {
     }
 
     /// Adds a completion to the send or the receive CQ, on the room its request took.
-#[inline(always)]
+    #[inline(always)]
     fn push(
         &mut self,
         send: bool,

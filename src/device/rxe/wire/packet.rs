@@ -41,7 +41,9 @@ pub struct Packet<'a> {
 /// IPv4 is parsed; everything else is [`Frame::Other`].
 pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     let eth = EthHeader::parse(frame)?;
-    let body = &frame[ETH_LEN..];
+    // Slices taken with `get` throughout (the bounds were checked; an index is an out-of-line
+    // call with its panic path at opt-level "z").
+    let body = frame.get(ETH_LEN..).ok_or(Discard::Truncated)?;
     match eth.ethertype {
         ETHERTYPE_ARP => {
             return Ok(Arp::parse(body).map_or(Frame::Other, Frame::Arp));
@@ -62,9 +64,13 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
         return Ok(Frame::Other);
     }
     let ip = Ipv4Header::parse(body)?;
-    let datagram = &body[IPV4_LEN..usize::from(ip.total_len)];
+    let datagram = body
+        .get(IPV4_LEN..usize::from(ip.total_len))
+        .ok_or(Discard::Truncated)?;
     let udp = UdpHeader::parse(datagram, &ip)?;
-    let transport = &datagram[UDP_LEN..usize::from(udp.len)];
+    let transport = datagram
+        .get(UDP_LEN..usize::from(udp.len))
+        .ok_or(Discard::Truncated)?;
     let (headers, layout) = Headers::parse(transport)?;
     if headers.bth.pkey & 0x7FFF != 0x7FFF {
         return Err(Discard::BadBth);
@@ -81,7 +87,9 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     let end = transport.len() - ICRC_LEN;
     let sent = *chunk::<ICRC_LEN>(transport, end);
     // The ICRC covers the IP packet up to the end of the pad.
-    let covered = &body[..IPV4_LEN + UDP_LEN + end];
+    let covered = body
+        .get(..IPV4_LEN + UDP_LEN + end)
+        .ok_or(Discard::Truncated)?;
     if icrc(covered) != Some(u32::from_le_bytes(sent)) {
         return Err(Discard::BadIcrc);
     }
@@ -90,7 +98,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
         ip,
         udp,
         headers,
-        payload: &transport[hlen..end - pad],
+        payload: transport.get(hlen..end - pad).ok_or(Discard::Truncated)?,
     }))
 }
 
@@ -181,7 +189,7 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     // The pad (0 to 3 bytes) zeroed by one 4-byte store (no `memset` call): the bytes after
     // it are the ICRC's, written below (`pad_at + 4 <= end`).
     put(buf, pad_at, [0; 4]);
-    let crc = icrc(&buf[ETH_LEN..icrc_at])?;
+    let crc = icrc(buf.get(ETH_LEN..icrc_at)?)?;
     put(buf, icrc_at, crc.to_le_bytes());
     Some(end)
 }
