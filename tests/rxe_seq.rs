@@ -2,7 +2,7 @@
 //! (`src/device/rxe/seq.rs`), as rxe cuts messages (`docs/roce-v2.md` §6.2).
 
 use bareverbs::device::rxe::seq::{
-    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segments,
+    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segment, segments,
 };
 use bareverbs::device::rxe::wire::bth::opcode::*;
 use proptest::prelude::*;
@@ -78,7 +78,7 @@ fn messages_are_cut_as_rxe_cuts_them() {
         "a READ of 3000 bytes takes 3 PSNs"
     );
     assert_eq!(packets(0, 1024), Some(1));
-    for bad in [0, 100, 1000, 1500, 8192] {
+    for bad in [0, 1, 128, 100, 1000, 1500, 8192, 1 << 31] {
         assert_eq!(packets(10, bad), None, "MTU {bad}");
         assert_eq!(segments(Kind::Send { imm: false }, 10, bad).count(), 0);
     }
@@ -124,7 +124,11 @@ proptest! {
                 prop_assert_eq!(s.len, mtu);
             }
             at += s.len;
+            // One packet alone is the same packet.
+            prop_assert_eq!(segment(kind, len, mtu, i as u32), Some(*s));
         }
         prop_assert_eq!(at, len);
+        prop_assert_eq!(segment(kind, len, mtu, segs.len() as u32), None);
+        prop_assert_eq!(segment(kind, len, mtu + 1, 0), None);
     }
 }

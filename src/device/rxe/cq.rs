@@ -70,6 +70,7 @@ pub(crate) struct CqRing {
 }
 
 impl CqRing {
+    #[inline(always)]
     fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
         // SAFETY: the entries are `cap` slots after the header in the same block; the index
         // is reduced modulo `cap`.
@@ -82,6 +83,7 @@ impl CqRing {
 
     /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
     /// it is armed for it. `false` when the ring is full (the completion is lost).
+    #[inline(always)]
     pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
         let h = self.head.load(Ordering::Relaxed);
         if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
@@ -132,12 +134,23 @@ impl CqRing {
     /// so posts on several cores (each under its QP's lock only) and the transport never take
     /// more than there is; a concurrent poll only lowers `taken`. Bounded: each failed swap
     /// means another core's take or give went through.
+    #[inline(always)]
     pub(crate) fn take(&self, n: u32) -> bool {
-        self.taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                (self.cap.saturating_sub(t) >= n).then_some(t + n)
-            })
-            .is_ok()
+        // `fetch_update` written out: at opt-level "z" it stays an out-of-line call with its
+        // closure.
+        let mut t = self.taken.load(Ordering::Acquire);
+        loop {
+            if self.cap.saturating_sub(t) < n {
+                return false;
+            }
+            match self
+                .taken
+                .compare_exchange_weak(t, t + n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => t = now,
+            }
+        }
     }
 
     /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
@@ -343,6 +356,7 @@ impl<'c> Poll<'c> {
         }))
     }
 
+    #[inline(always)]
     fn release_current(&mut self) {
         if self.live && self.cur.tag != 0 {
             if let Some(r) = self.cur.release {
@@ -422,6 +436,7 @@ impl PollCq for Poll<'_> {
 }
 
 impl Drop for Poll<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.release_current();
         self.ring.tail.store(self.pos, Ordering::Release);

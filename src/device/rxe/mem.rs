@@ -174,6 +174,7 @@ impl MrTable {
 
     /// The CPU address of `len` bytes at `addr` of the region with `key` in `pd`, with the
     /// right `need` (empty: local read).
+    #[inline(always)]
     pub(crate) fn check(
         &self,
         key: u32,

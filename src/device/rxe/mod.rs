@@ -341,6 +341,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
     /// held: `q`).
+    #[inline(always)]
     pub(crate) fn note(&self, q: &qp_state::QpCore) {
         if q.wants_progress() {
             self.mark(q.qpn);

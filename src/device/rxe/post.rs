@@ -31,7 +31,6 @@ pub(super) fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
         cq.give(core::mem::take(&mut pending));
     }
     let taken = cq.take(1);
-    let free = cq.free();
     pending += u32::from(taken);
     if send {
         q.sq_pending = pending;
@@ -43,7 +42,7 @@ pub(super) fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
     } else {
         Err(Error::QueueFull {
             queue: Queue::Cq,
-            free,
+            free: if send { q.send_cq() } else { q.recv_cq() }.free(),
         })
     }
 }

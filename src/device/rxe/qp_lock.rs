@@ -41,6 +41,7 @@ impl QpGuard<'_> {
     ///
     /// `q` is a living QP's core (as [`word`] asks), alive while the guard is; the caller
     /// holds no other QP's lock unless it holds the device lock (the lock order).
+    #[inline(always)]
     pub(crate) unsafe fn lock(q: NonNull<QpCore>) -> Self {
         // SAFETY: the caller's contract.
         let w = unsafe { word(q) };
@@ -66,6 +67,7 @@ impl QpGuard<'_> {
     /// # Safety
     ///
     /// As for [`lock`](Self::lock).
+    #[inline(always)]
     pub(crate) unsafe fn try_lock(q: NonNull<QpCore>, spins: u32) -> Option<Self> {
         // SAFETY: the caller's contract.
         let w = unsafe { word(q) };

@@ -103,6 +103,7 @@ impl QpCore {
         matches!(self.qp_type, QpType::Ud | QpType::Gsi)
     }
 
+    #[inline(always)]
     pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
         // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
         // `&mut self` only; the index is reduced modulo the capacity.
@@ -110,11 +111,13 @@ impl QpCore {
     }
 
     /// The send entry `i` (a count, reduced modulo the capacity), to read.
+    #[inline(always)]
     pub(crate) fn sq_ref(&self, i: u32) -> &SqEntry {
         // SAFETY: as for `sq`; shared, through `&self`.
         unsafe { &*self.sq.as_ptr().add((i % self.sq_cap) as usize) }
     }
 
+    #[inline(always)]
     pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
         // SAFETY: as for `sq`.
         unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
@@ -194,6 +197,7 @@ impl QpCore {
     }
 
     /// Adds a completion to the send or the receive CQ, on the room its request took.
+    #[inline(always)]
     fn push(
         &mut self,
         send: bool,
@@ -309,7 +313,8 @@ impl QpCore {
         let i = self.rq_tail;
         self.rq_tail = i.wrapping_add(1);
         // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
-        self.wqe = unsafe { *self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        let slot = unsafe { &*self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        self.wqe.copy_from(slot);
         true
     }
 
@@ -366,6 +371,7 @@ impl QpCore {
     /// Whether the device's progress has work for this QP without a frame arriving: answers
     /// or an acknowledgement held back, or (ready to send) requests not sent yet, a
     /// retransmission or RNR timer running.
+    #[inline(always)]
     pub(crate) fn wants_progress(&self) -> bool {
         self.backlog.is_some()
             || self.ack_due.is_some()

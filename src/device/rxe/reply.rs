@@ -45,6 +45,7 @@ pub(crate) const ANSWER_BURST: u32 = 32;
 
 /// The route to the peer of `q` along its path; `None` while the peer's MAC is being
 /// resolved (ARP), or when it cannot be (the requester retries).
+#[inline(always)]
 fn path<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) -> Option<Route> {
     let mac = net.peer_mac(q).ok()??;
     Some(net.route(q, mac))

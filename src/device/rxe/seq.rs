@@ -55,8 +55,11 @@ pub struct Segment {
 
 /// Packets of a message of `len` bytes at path MTU `mtu` (a zero-length message is one
 /// packet). `None` when `mtu` is not one of [`MTUS`].
+#[inline(always)]
 pub fn packets(len: u32, mtu: u32) -> Option<u32> {
-    MTUS.contains(&mtu).then(|| len.div_ceil(mtu).max(1))
+    // One of MTUS: the powers of two from 256 to 4096 (two compares, not a walk of the list).
+    let mtu_ok = mtu.is_power_of_two() && (MTUS[0]..=MTUS[MTUS.len() - 1]).contains(&mtu);
+    mtu_ok.then(|| len.div_ceil(mtu).max(1))
 }
 
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
@@ -69,34 +72,45 @@ pub fn segments(kind: Kind, len: u32, mtu: u32) -> impl Iterator<Item = Segment>
 /// before it.
 pub fn segments_from(kind: Kind, len: u32, mtu: u32, from: u32) -> impl Iterator<Item = Segment> {
     let n = packets(len, mtu).unwrap_or(0);
-    (from.min(n)..n).map(move |i| {
-        let (first, last) = (i == 0, i + 1 == n);
-        let offset = i * mtu;
-        let opcode = match (kind, first, last) {
-            (Kind::Send { imm: false }, true, true) => opcode::RC_SEND_ONLY,
-            (Kind::Send { imm: true }, true, true) => opcode::RC_SEND_ONLY_IMM,
-            (Kind::Send { .. }, true, false) => opcode::RC_SEND_FIRST,
-            (Kind::Send { .. }, false, false) => opcode::RC_SEND_MIDDLE,
-            (Kind::Send { imm: false }, false, true) => opcode::RC_SEND_LAST,
-            (Kind::Send { imm: true }, false, true) => opcode::RC_SEND_LAST_IMM,
-            (Kind::Write { imm: false }, true, true) => opcode::RC_WRITE_ONLY,
-            (Kind::Write { imm: true }, true, true) => opcode::RC_WRITE_ONLY_IMM,
-            (Kind::Write { .. }, true, false) => opcode::RC_WRITE_FIRST,
-            (Kind::Write { .. }, false, false) => opcode::RC_WRITE_MIDDLE,
-            (Kind::Write { imm: false }, false, true) => opcode::RC_WRITE_LAST,
-            (Kind::Write { imm: true }, false, true) => opcode::RC_WRITE_LAST_IMM,
-            (Kind::ReadResponse, true, true) => opcode::RC_READ_RESPONSE_ONLY,
-            (Kind::ReadResponse, true, false) => opcode::RC_READ_RESPONSE_FIRST,
-            (Kind::ReadResponse, false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
-            (Kind::ReadResponse, false, true) => opcode::RC_READ_RESPONSE_LAST,
-        };
-        Segment {
-            opcode,
-            offset,
-            len: if last { len - offset } else { mtu },
-            index: i,
-            // Responses ask for nothing; requests on the last packet and periodically.
-            ack_req: kind != Kind::ReadResponse && (last || (i + 1) % ACK_EVERY == 0),
-        }
-    })
+    (from.min(n)..n).map(move |i| nth(kind, len, mtu, n, i))
+}
+
+/// Packet `i` of [`segments`], alone (no iterator: the requester sends one packet at a time);
+/// `None` past the last packet or when `mtu` is not one of [`MTUS`].
+pub fn segment(kind: Kind, len: u32, mtu: u32, i: u32) -> Option<Segment> {
+    let n = packets(len, mtu)?;
+    (i < n).then(|| nth(kind, len, mtu, n, i))
+}
+
+/// Packet `i` of the `n` of a `kind` message of `len` bytes at path MTU `mtu` (`i < n`).
+#[inline(always)]
+fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
+    let (first, last) = (i == 0, i + 1 == n);
+    let offset = i * mtu;
+    let opcode = match (kind, first, last) {
+        (Kind::Send { imm: false }, true, true) => opcode::RC_SEND_ONLY,
+        (Kind::Send { imm: true }, true, true) => opcode::RC_SEND_ONLY_IMM,
+        (Kind::Send { .. }, true, false) => opcode::RC_SEND_FIRST,
+        (Kind::Send { .. }, false, false) => opcode::RC_SEND_MIDDLE,
+        (Kind::Send { imm: false }, false, true) => opcode::RC_SEND_LAST,
+        (Kind::Send { imm: true }, false, true) => opcode::RC_SEND_LAST_IMM,
+        (Kind::Write { imm: false }, true, true) => opcode::RC_WRITE_ONLY,
+        (Kind::Write { imm: true }, true, true) => opcode::RC_WRITE_ONLY_IMM,
+        (Kind::Write { .. }, true, false) => opcode::RC_WRITE_FIRST,
+        (Kind::Write { .. }, false, false) => opcode::RC_WRITE_MIDDLE,
+        (Kind::Write { imm: false }, false, true) => opcode::RC_WRITE_LAST,
+        (Kind::Write { imm: true }, false, true) => opcode::RC_WRITE_LAST_IMM,
+        (Kind::ReadResponse, true, true) => opcode::RC_READ_RESPONSE_ONLY,
+        (Kind::ReadResponse, true, false) => opcode::RC_READ_RESPONSE_FIRST,
+        (Kind::ReadResponse, false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
+        (Kind::ReadResponse, false, true) => opcode::RC_READ_RESPONSE_LAST,
+    };
+    Segment {
+        opcode,
+        offset,
+        len: if last { len - offset } else { mtu },
+        index: i,
+        // Responses ask for nothing; requests on the last packet and periodically.
+        ack_req: kind != Kind::ReadResponse && (last || (i + 1).is_multiple_of(ACK_EVERY)),
+    }
 }

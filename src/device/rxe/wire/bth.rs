@@ -75,6 +75,29 @@ mod has {
     pub const PAYLOAD: u8 = 1 << 6;
 }
 
+/// [`Layout::of`] of every opcode.
+static LAYOUTS: [Option<Layout>; 256] = {
+    let mut t = [None; 256];
+    let mut op = 0;
+    while op < 256 {
+        t[op] = Layout::of(op as u8);
+        op += 1;
+    }
+    t
+};
+
+/// [`Layout::header_len`] of every layout (each fits a byte: at most 12 + 8 + 16 + 28 + 4 + 8
+/// + 4 + 4).
+static HEADER_LENS: [u8; 256] = {
+    let mut t = [0; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        t[bits] = Layout(bits as u8).header_len() as u8;
+        bits += 1;
+    }
+    t
+};
+
 /// The extended headers of an opcode, in wire order (DETH, RETH, AtomicETH, AETH,
 /// AtomicAckETH, ImmDt), and whether it carries a payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +137,19 @@ impl Layout {
     /// Whether a payload follows the headers.
     pub const fn payload(self) -> bool {
         self.has(has::PAYLOAD)
+    }
+
+    /// [`Layout::of`], from a table made at compile time (one load; the match is a chain of
+    /// compares and jumps at opt-level "z").
+    #[inline(always)]
+    pub fn lookup(op: u8) -> Option<Layout> {
+        LAYOUTS[usize::from(op)]
+    }
+
+    /// [`Layout::header_len`], from a table made at compile time.
+    #[inline(always)]
+    pub fn header_bytes(self) -> usize {
+        usize::from(HEADER_LENS[usize::from(self.0)])
     }
 
     /// Bytes of the BTH and the extended headers.
@@ -271,8 +307,8 @@ impl Headers {
     /// [`Discard::UnknownOpcode`].
     pub fn parse(b: &[u8]) -> Result<(Self, Layout), Discard> {
         let bth = Bth::parse(b)?;
-        let layout = Layout::of(bth.opcode).ok_or(Discard::UnknownOpcode)?;
-        let h = b.get(..layout.header_len()).ok_or(Discard::Truncated)?;
+        let layout = Layout::lookup(bth.opcode).ok_or(Discard::UnknownOpcode)?;
+        let h = b.get(..layout.header_bytes()).ok_or(Discard::Truncated)?;
         let mut at = BTH_LEN;
         let mut out = Headers::new(bth);
         if layout.has(has::DETH) {
@@ -320,8 +356,8 @@ impl Headers {
     /// length; `None` when the opcode is unknown, an extended header it needs is absent, or
     /// `out` is too short.
     pub fn write(&self, out: &mut [u8]) -> Option<usize> {
-        let layout = Layout::of(self.bth.opcode)?;
-        let out = out.get_mut(..layout.header_len())?;
+        let layout = Layout::lookup(self.bth.opcode)?;
+        let out = out.get_mut(..layout.header_bytes())?;
         self.bth.write(out);
         let mut at = BTH_LEN;
         if layout.has(has::DETH) {

@@ -10,37 +10,56 @@ pub mod crc32;
 
 use super::bth::BTH_LEN;
 use super::ip::{IPV4_LEN, UDP_LEN};
+use super::{chunk, put};
 
 /// Bytes of the ICRC.
 pub const ICRC_LEN: usize = 4;
 /// Bytes of an IPv6 header.
 const IPV6_LEN: usize = 40;
 
-/// The 8 bytes of 0xFF, the IP, UDP and base transport headers (IPv6), and up to a block of
-/// what follows them: the blocks the CRC starts with.
-const STAGED: usize = (8 + IPV6_LEN + UDP_LEN + BTH_LEN).div_ceil(16);
-
 /// The ICRC of `packet`: the IP packet from its header up to the end of the pad (the ICRC
 /// itself excluded), IPv4 without options or IPv6. `None` when the packet is too short to
 /// hold the IP, UDP and base transport headers, or is not IPv4 or IPv6.
+///
+/// One pass, with no partial block at either end: the CRC register that starts all-ones and
+/// takes 8 bytes of 0xFF equals the one that starts at zero and takes `00 00 00 00 FF FF FF
+/// FF` (the start value is the same as the complement of the first four bytes), and a
+/// register at zero stays zero over zero bytes. So the masked headers are staged after as
+/// many zero bytes as make the whole stream end on a block boundary; the CRC folds the
+/// staged blocks, then the rest of the packet in place, in whole blocks.
 pub fn icrc(packet: &[u8]) -> Option<u32> {
-    let ip_len = match packet.first()? >> 4 {
-        4 => IPV4_LEN,
-        6 => IPV6_LEN,
-        _ => return None,
-    };
-    let fixed = ip_len + UDP_LEN + BTH_LEN;
-    if packet.len() < fixed {
-        return None;
+    match packet.first()? >> 4 {
+        4 => staged::<IPV4_LEN, { IPV4_LEN + UDP_LEN + BTH_LEN }, 5>(packet),
+        6 => staged::<IPV6_LEN, { IPV6_LEN + UDP_LEN + BTH_LEN }, 7>(packet),
+        _ => None,
     }
-    // The 8 bytes of 0xFF, then the IP, UDP and base transport headers, masked, then the
-    // packet's next bytes up to a whole block: the CRC runs over these blocks and the rest of
-    // the packet in one pass.
-    let mut blocks = [[0xFFu8; 16]; STAGED];
-    let staged = blocks.as_flattened_mut();
-    let h = &mut staged[8..8 + fixed];
-    h.copy_from_slice(&packet[..fixed]);
-    if ip_len == IPV4_LEN {
+}
+
+/// [`icrc`] for an IP header of `IP` bytes; `FIXED` is the IP, UDP and base transport
+/// headers' length, `BLOCKS` the staged blocks (up to 23 bytes before the packet, `FIXED`
+/// bytes and a block after them: `(23 + FIXED + 16).div_ceil(16)`).
+#[inline(always)]
+fn staged<const IP: usize, const FIXED: usize, const BLOCKS: usize>(packet: &[u8]) -> Option<u32> {
+    const { assert!(BLOCKS * 16 >= 23 + FIXED + 16 && FIXED >= 16) };
+    let len = packet.len();
+    let headers = packet.first_chunk::<FIXED>()?;
+    // Where the packet starts in the staged blocks: 8 to 23, so that `at + len` is a whole
+    // number of blocks.
+    let at = 8 + (len + 8).wrapping_neg() % 16;
+    // The staged blocks end after the headers, on a block boundary; `at + len` is one too
+    // and not below it, so the packet holds the `staged` bytes (FIXED to FIXED + 15).
+    let end = (at + FIXED).next_multiple_of(16);
+    let staged = end - at;
+    let mut blocks = [[0u8; 16]; BLOCKS];
+    let b = blocks.as_flattened_mut();
+    put(b, at - 4, [0xFF; 4]);
+    // The staged bytes as two fixed-size copies: the headers, and the 16 bytes that end
+    // the staged part (overlapping the headers when fewer than 16 follow them).
+    put(b, at + staged - 16, *chunk::<16>(packet, staged - 16));
+    // The headers as an array: the masks below are stores at fixed offsets, no bounds check.
+    let h = b.get_mut(at..)?.first_chunk_mut::<FIXED>()?;
+    *h = *headers;
+    if IP == IPV4_LEN {
         h[1] = 0xFF; // TOS
         h[8] = 0xFF; // TTL
         h[10] = 0xFF; // header checksum
@@ -52,19 +71,10 @@ pub fn icrc(packet: &[u8]) -> Option<u32> {
         h[3] = 0xFF;
         h[7] = 0xFF; // hop limit
     }
-    h[ip_len + 6] = 0xFF; // UDP checksum
-    h[ip_len + 7] = 0xFF;
-    h[ip_len + UDP_LEN + 4] = 0xFF; // FECN, BECN, reserved
-    let head = 8 + fixed;
-    let more = (head.next_multiple_of(16) - head).min(packet.len() - fixed);
-    staged[head..head + more].copy_from_slice(&packet[fixed..fixed + more]);
-    let end = head + more;
-    let r = if end.is_multiple_of(16) {
-        crc32::update_blocks(crc32::INIT, &blocks[..end / 16], &packet[fixed + more..])
-    } else {
-        // The packet ends inside the staged bytes.
-        crc32::update(crc32::INIT, &staged[..end])
-    };
+    h[IP + 6] = 0xFF; // UDP checksum
+    h[IP + 7] = 0xFF;
+    h[IP + UDP_LEN + 4] = 0xFF; // FECN, BECN, reserved
+    let r = crc32::update_blocks(0, blocks.get(..end / 16)?, packet.get(staged..)?);
     Some(!r)
 }
 

@@ -40,21 +40,25 @@ pub enum Discard {
 }
 
 /// Reads a big-endian `u16` at `at` (the caller checked the bounds).
+#[inline(always)]
 pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
 /// Reads a big-endian 24-bit value at `at` (the caller checked the bounds).
+#[inline(always)]
 pub(crate) fn be24(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
 }
 
 /// Reads a big-endian `u32` at `at` (the caller checked the bounds).
+#[inline(always)]
 pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// Reads a big-endian `u64` at `at` (the caller checked the bounds).
+#[inline(always)]
 pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(*chunk(b, at))
 }

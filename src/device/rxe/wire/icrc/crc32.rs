@@ -33,6 +33,7 @@ pub fn update(r: u32, data: &[u8]) -> u32 {
 
 /// The register after the bytes of `head`, then `data`, from `r`: one pass over both (with
 /// the folding, one reduction at the end, none between them).
+#[inline(always)]
 pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if head.len() * 16 + data.len() >= clmul::MIN && accelerated() {
@@ -43,6 +44,7 @@ pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
 }
 
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
+#[inline(always)]
 pub fn accelerated() -> bool {
     /// 0: not asked yet, 1: no, 2: yes.
     static HAS: AtomicU8 = AtomicU8::new(0);
@@ -60,6 +62,7 @@ pub fn accelerated() -> bool {
 }
 
 /// CPUID leaf 1, ECX bit 1: PCLMULQDQ. Not under Miri, which runs no CPUID.
+#[cold]
 fn detect() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
@@ -266,7 +269,7 @@ mod clmul {
         let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pmu, 0x10);
         let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
         let r = _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32;
-        slice16(r, tail)
+        if tail.is_empty() { r } else { slice16(r, tail) }
     }
 }
 
