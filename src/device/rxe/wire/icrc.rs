@@ -50,7 +50,8 @@ fn staged<const IP: usize, const FIXED: usize, const BLOCKS: usize>(packet: &[u8
     // and not below it, so the packet holds the `staged` bytes (FIXED to FIXED + 15).
     let end = (at + FIXED).next_multiple_of(16);
     let staged = end - at;
-    let mut blocks = [[0u8; 16]; BLOCKS];
+    // Zeroed as one fixed-size value (at opt-level "z" an array repeat is a store loop).
+    let mut blocks = const { [[0u8; 16]; BLOCKS] };
     let b = blocks.as_flattened_mut();
     put(b, at - 4, [0xFF; 4]);
     // The staged bytes as two fixed-size copies: the headers, and the 16 bytes that end
