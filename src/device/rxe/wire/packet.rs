@@ -3,7 +3,7 @@
 
 use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
-use super::icrc::{ICRC_LEN, icrc};
+use super::icrc::{ICRC_LEN, icrc, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 use super::{Discard, be16, chunk, put, put24};
 
@@ -198,7 +198,7 @@ pub fn ack(buf: &mut [u8], route: &Route, id: u16, bth: &Bth, aeth: Aeth) -> Opt
     bth.write(b);
     t[0] = aeth.syndrome;
     put24(t, 1, aeth.msn);
-    let crc = icrc(f.get(ETH_LEN..ACK_FRAME_LEN - ICRC_LEN)?)?;
+    let crc = icrc_v4(f.get(ETH_LEN..ACK_FRAME_LEN - ICRC_LEN)?)?;
     put(f, ACK_FRAME_LEN - ICRC_LEN, crc.to_le_bytes());
     Some(ACK_FRAME_LEN)
 }
