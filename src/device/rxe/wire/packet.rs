@@ -218,7 +218,7 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     // The pad (0 to 3 bytes) zeroed by one 4-byte store (no `memset` call): the bytes after
     // it are the ICRC's, written below (`pad_at + 4 <= end`).
     put(buf, pad_at, [0; 4]);
-    let crc = icrc(buf.get(ETH_LEN..icrc_at)?)?;
+    let crc = icrc_v4(buf.get(ETH_LEN..icrc_at)?)?;
     put(buf, icrc_at, crc.to_le_bytes());
     Some(end)
 }
