@@ -3,7 +3,7 @@
 
 use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
-use super::icrc::{ICRC_LEN, icrc, icrc_v4};
+use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 use super::{Discard, be16, chunk, put, put24};
 
@@ -90,7 +90,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     let covered = body
         .get(..IPV4_LEN + UDP_LEN + end)
         .ok_or(Discard::Truncated)?;
-    if icrc(covered) != Some(u32::from_le_bytes(sent)) {
+    if icrc_v4(covered) != Some(u32::from_le_bytes(sent)) {
         return Err(Discard::BadIcrc);
     }
     Ok(Frame::Roce(Packet {
