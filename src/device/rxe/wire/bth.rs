@@ -217,6 +217,7 @@ impl Bth {
     }
 
     /// Writes the BTH into `out` (MigReq, FECN, BECN, TVer and the reserved bits 0).
+    #[inline(always)]
     pub fn write(&self, out: &mut [u8]) {
         out[0] = self.opcode;
         out[1] = u8::from(self.se) << 7 | (self.pad & 3) << 4;
