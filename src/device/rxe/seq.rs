@@ -59,7 +59,13 @@ pub struct Segment {
 pub fn packets(len: u32, mtu: u32) -> Option<u32> {
     // One of MTUS: the powers of two from 256 to 4096 (two compares, not a walk of the list).
     let mtu_ok = mtu.is_power_of_two() && (MTUS[0]..=MTUS[MTUS.len() - 1]).contains(&mtu);
-    mtu_ok.then(|| len.div_ceil(mtu).max(1))
+    // A power of two: a shift and a mask (`div_ceil` and `then` are out-of-line calls at
+    // opt-level "z").
+    if !mtu_ok {
+        return None;
+    }
+    let n = (len >> mtu.trailing_zeros()) + u32::from(len & (mtu - 1) != 0);
+    Some(n.max(1))
 }
 
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
