@@ -120,3 +120,26 @@ fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
         ack_req: kind != Kind::ReadResponse && (last || (i + 1).is_multiple_of(ACK_EVERY)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count by shift and mask equals the rounded-up quotient at every MTU, around each
+    /// multiple and at the ends of the range.
+    #[test]
+    fn packets_equals_the_quotient_rounded_up() {
+        for &mtu in MTUS.iter() {
+            for k in [0u32, 1, 2, 3, 1000, u32::MAX / mtu - 1, u32::MAX / mtu] {
+                for len in [k * mtu, (k * mtu).saturating_sub(1), k * mtu + 1] {
+                    assert_eq!(
+                        packets(len, mtu),
+                        Some(len.div_ceil(mtu).max(1)),
+                        "{len} {mtu}"
+                    );
+                }
+            }
+            assert_eq!(packets(u32::MAX, mtu), Some(u32::MAX.div_ceil(mtu)));
+        }
+    }
+}
