@@ -139,11 +139,7 @@ fn a_key_the_host_asks_to_invalidate_dies_with_the_response() {
         &data[..],
         "the data came through the key"
     );
-    assert_eq!(
-        invalidated.get(),
-        1,
-        "answered with a SEND with Invalidate"
-    );
+    assert_eq!(invalidated.get(), 1, "answered with a SEND with Invalidate");
 
     // The key is dead: C's next write through it fails, and the region is unchanged.
     let mut b = qc.send_batch();

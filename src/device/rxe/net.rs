@@ -6,10 +6,11 @@ use bareverbs_hal::{Link, LinkError};
 
 use super::mem::{Denied, MrTable};
 use super::qp_state::QpCore;
+use super::rings::Loopback;
 use super::tables::Tables;
-use super::wire::bth::Headers;
+use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, begin, finish};
+use super::wire::packet::{Route, ack, begin, finish};
 use crate::error::Result;
 use crate::events::EventHub;
 
@@ -57,10 +58,17 @@ impl<L: Link> Net<'_, L> {
     /// The MAC of the peer of the connected QP `q`: kept in the QP once known, else from the
     /// neighbour cache (learnt from ARP only), else resolved — `Ok(None)` while an ARP request
     /// is out; the error when nobody answered it.
+    /// The known MAC's test inlined; the resolution apart.
+    #[inline(always)]
     pub(crate) fn peer_mac(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
-        if let Some(m) = q.peer_mac {
-            return Ok(Some(m));
+        match q.peer_mac {
+            Some(m) => Ok(Some(m)),
+            None => self.resolve_peer(q),
         }
+    }
+
+    /// [`Net::peer_mac`] of a QP whose peer's MAC is not kept yet.
+    fn resolve_peer(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
         let m = self.t.port.resolve(self.link, q.peer_ip, self.now)?;
         q.peer_mac = m;
         Ok(m)
@@ -74,18 +82,10 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        // Room first: a frame is built only when it can go out now (`transmit_with` calls
-        // `build` only with a free transmit slot).
-        let looped = route.dst_ip == route.src_ip;
-        if looped && !self.t.loopback.has_room() {
-            return Err(Unsent::Busy);
-        }
-        let (mrs, ip_id) = (&self.t.mrs, &mut self.t.ip_id);
+        let mrs = &self.t.mrs;
         let mut denied = None;
         // Headers, payload and ICRC written where the frame goes out from.
-        let build = |buf: &mut [u8]| {
-            let id = *ip_id;
-            *ip_id = id.wrapping_add(1);
+        let build = |buf: &mut [u8], id: u16| {
             let at = begin(buf, route, id, headers, len)?;
             let payload = buf.get_mut(at..at + len)?;
             if let Err(d) = fill(mrs, payload) {
@@ -94,20 +94,70 @@ impl<L: Link> Net<'_, L> {
             }
             finish(buf)
         };
-        if looped {
-            // To this interface: looped back, never on the wire.
-            let n = build(self.tx).ok_or(denied.map_or(Unsent::Lost, Unsent::Denied))?;
-            return if self.t.loopback.push(&self.tx[..n]) {
-                Ok(())
-            } else {
-                Err(Unsent::Busy)
-            };
-        }
-        match self.link.transmit_with(self.tx, build) {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(denied.map_or(Unsent::Lost, Unsent::Denied)),
-            Err(LinkError::Busy) => Err(Unsent::Busy),
-            Err(_) => Err(Unsent::Lost),
-        }
+        let r = transmit(
+            self.link,
+            self.tx,
+            &mut self.t.loopback,
+            &mut self.t.ip_id,
+            route,
+            build,
+        );
+        r.map_err(|e| match (e, denied) {
+            (Unsent::Lost, Some(d)) => Unsent::Denied(d),
+            (e, _) => e,
+        })
+    }
+
+    /// Sends the acknowledgement `aeth` with `bth` (an RC ACK, pad 0), built whole at fixed
+    /// offsets ([`ack`]).
+    pub(crate) fn send_ack(&mut self, route: &Route, bth: &Bth, aeth: Aeth) -> Result<(), Unsent> {
+        let build = |buf: &mut [u8], id: u16| ack(buf, route, id, bth, aeth);
+        transmit(
+            self.link,
+            self.tx,
+            &mut self.t.loopback,
+            &mut self.t.ip_id,
+            route,
+            build,
+        )
+    }
+}
+
+/// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
+/// along `route`: looped back when it is to this interface, else through the NIC. Room
+/// first: a frame is built only when it can go out now (`transmit_with` calls `build` only
+/// with a free transmit slot). `Lost` when `build` returns `None`.
+#[inline(always)]
+fn transmit<L: Link>(
+    link: &mut L,
+    tx: &mut [u8],
+    loopback: &mut Loopback,
+    ip_id: &mut u16,
+    route: &Route,
+    build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
+) -> Result<(), Unsent> {
+    let looped = route.dst_ip == route.src_ip;
+    if looped && !loopback.has_room() {
+        return Err(Unsent::Busy);
+    }
+    let build = |buf: &mut [u8]| {
+        let id = *ip_id;
+        *ip_id = id.wrapping_add(1);
+        build(buf, id)
+    };
+    if looped {
+        // To this interface: looped back, never on the wire.
+        let n = build(tx).ok_or(Unsent::Lost)?;
+        return if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
+            Ok(())
+        } else {
+            Err(Unsent::Busy)
+        };
+    }
+    match link.transmit_with(tx, build) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Unsent::Lost),
+        Err(LinkError::Busy) => Err(Unsent::Busy),
+        Err(_) => Err(Unsent::Lost),
     }
 }

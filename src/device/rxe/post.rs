@@ -24,6 +24,7 @@ pub struct Cursor {
 /// Takes the completion-queue room of one request written by the batch `c` (the QP's lock
 /// held); `pending` counts the room of requests written and not yet published. A new batch
 /// first gives back what a batch dropped unfinished had taken.
+#[inline(always)]
 pub(super) fn take_room(q: &mut QpCore, send: bool, c: &Cursor) -> Result<()> {
     let mut pending = if send { q.sq_pending } else { q.rq_pending };
     let cq = if send { q.send_cq() } else { q.recv_cq() };

@@ -51,10 +51,10 @@ fn path<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) -> Option<Route> {
     Some(net.route(q, mac))
 }
 
-/// The headers of an answer to the peer of `q`: `op` at `psn`, with an AETH of `syn` (the
-/// middle READ responses carry none).
-fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
-    let mut h = Headers::new(Bth {
+/// The BTH of an answer to the peer of `q`: `op` at `psn`.
+#[inline(always)]
+fn answer_bth(q: &QpCore, op: u8, psn: u32) -> Bth {
+    Bth {
         opcode: op,
         se: false,
         pad: 0,
@@ -62,7 +62,13 @@ fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
         dest_qp: q.attr.dest_qpn,
         ack_req: false,
         psn,
-    });
+    }
+}
+
+/// The headers of an answer to the peer of `q`: `op` at `psn`, with an AETH of `syn` (the
+/// middle READ responses carry none).
+fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
+    let mut h = Headers::new(answer_bth(q, op, psn));
     h.aeth = syn.map(|syndrome| Aeth {
         syndrome,
         msn: q.msn,
@@ -90,8 +96,13 @@ fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> 
     let Some(route) = path(net, q) else {
         return false;
     };
-    let h = reply(q, opcode::RC_ACK, psn, Some(syn));
-    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
+    let bth = answer_bth(q, opcode::RC_ACK, psn);
+    let aeth = Aeth {
+        syndrome: syn,
+        msn: q.msn,
+    };
+    // Built whole at fixed offsets: an acknowledgement has no payload and one layout.
+    !matches!(net.send_ack(&route, &bth, aeth), Err(Unsent::Busy))
 }
 
 /// Keeps the ACK or NAK `syn` of `psn` for later: one is held, the answer to the latest PSN,

@@ -59,7 +59,13 @@ pub struct Segment {
 pub fn packets(len: u32, mtu: u32) -> Option<u32> {
     // One of MTUS: the powers of two from 256 to 4096 (two compares, not a walk of the list).
     let mtu_ok = mtu.is_power_of_two() && (MTUS[0]..=MTUS[MTUS.len() - 1]).contains(&mtu);
-    mtu_ok.then(|| len.div_ceil(mtu).max(1))
+    // A power of two: a shift and a mask (`div_ceil` and `then` are out-of-line calls at
+    // opt-level "z").
+    if !mtu_ok {
+        return None;
+    }
+    let n = (len >> mtu.trailing_zeros()) + u32::from(len & (mtu - 1) != 0);
+    Some(n.max(1))
 }
 
 /// The packets of a `kind` message of `len` bytes at path MTU `mtu`, in order; empty when
@@ -112,5 +118,28 @@ fn nth(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Segment {
         index: i,
         // Responses ask for nothing; requests on the last packet and periodically.
         ack_req: kind != Kind::ReadResponse && (last || (i + 1).is_multiple_of(ACK_EVERY)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count by shift and mask equals the rounded-up quotient at every MTU, around each
+    /// multiple and at the ends of the range.
+    #[test]
+    fn packets_equals_the_quotient_rounded_up() {
+        for &mtu in MTUS.iter() {
+            for k in [0u32, 1, 2, 3, 1000, u32::MAX / mtu - 1, u32::MAX / mtu] {
+                for len in [k * mtu, (k * mtu).saturating_sub(1), k * mtu + 1] {
+                    assert_eq!(
+                        packets(len, mtu),
+                        Some(len.div_ceil(mtu).max(1)),
+                        "{len} {mtu}"
+                    );
+                }
+            }
+            assert_eq!(packets(u32::MAX, mtu), Some(u32::MAX.div_ceil(mtu)));
+        }
     }
 }

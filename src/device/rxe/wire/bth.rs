@@ -5,6 +5,8 @@ use super::{Discard, be16, be24, be32, be64, put, put24};
 
 /// Bytes of the base transport header.
 pub const BTH_LEN: usize = 12;
+/// Bytes of an AETH.
+pub const AETH_LEN: usize = 4;
 /// The default partition key (full membership).
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
 /// PSNs are 24 bits.
@@ -215,6 +217,7 @@ impl Bth {
     }
 
     /// Writes the BTH into `out` (MigReq, FECN, BECN, TVer and the reserved bits 0).
+    #[inline(always)]
     pub fn write(&self, out: &mut [u8]) {
         out[0] = self.opcode;
         out[1] = u8::from(self.se) << 7 | (self.pad & 3) << 4;

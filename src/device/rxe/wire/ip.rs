@@ -94,6 +94,7 @@ impl Ipv4Header {
     }
 
     /// Writes the header, with DF set and its checksum, into `out`.
+    #[inline(always)]
     pub fn write(&self, out: &mut [u8; IPV4_LEN]) {
         out[0] = 0x45;
         out[1] = self.tos;

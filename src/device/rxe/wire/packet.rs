@@ -1,11 +1,11 @@
 //! Whole frames: a received frame classified and checked ([`parse`]), and a RoCEv2 frame
 //! built as Linux builds one ([`begin`], [`finish`], [`build`]).
 
-use super::bth::{BTH_LEN, Headers};
+use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
-use super::icrc::{ICRC_LEN, icrc};
+use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
-use super::{Discard, be16, chunk, put};
+use super::{Discard, be16, chunk, put, put24};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
 pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
@@ -90,7 +90,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     let covered = body
         .get(..IPV4_LEN + UDP_LEN + end)
         .ok_or(Discard::Truncated)?;
-    if icrc(covered) != Some(u32::from_le_bytes(sent)) {
+    if icrc_v4(covered) != Some(u32::from_le_bytes(sent)) {
         return Err(Discard::BadIcrc);
     }
     Ok(Frame::Roce(Packet {
@@ -144,7 +144,14 @@ pub fn begin(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    // The outer headers written in place (no staging copy).
+    outer(buf, route, id, total as u16)?;
+    Some(ROCE_OFFSET + hlen)
+}
+
+/// Writes the outer headers (Ethernet, IPv4 of `total` bytes with identification `id`, UDP)
+/// of a frame along `route` in place at the start of `buf` (no staging copy).
+#[inline(always)]
+fn outer(buf: &mut [u8], route: &Route, id: u16, total: u16) -> Option<()> {
     let (eth, rest) = buf.split_first_chunk_mut::<ETH_LEN>()?;
     let (ip, rest) = rest.split_first_chunk_mut::<IPV4_LEN>()?;
     let udp = rest.first_chunk_mut::<UDP_LEN>()?;
@@ -156,7 +163,7 @@ pub fn begin(
     .write(eth);
     Ipv4Header {
         tos: route.tos,
-        total_len: total as u16,
+        total_len: total,
         id,
         ttl: route.ttl,
         protocol: PROTO_UDP,
@@ -167,11 +174,33 @@ pub fn begin(
     UdpHeader {
         src_port: route.src_port,
         dst_port: ROCE_PORT,
-        len: udp_len as u16,
+        len: total - IPV4_LEN as u16,
         checksum: 0,
     }
     .write(udp);
-    Some(ROCE_OFFSET + hlen)
+    Some(())
+}
+
+/// Bytes of an acknowledgement's frame: the outer headers, BTH, AETH, ICRC (no payload, no
+/// pad).
+pub const ACK_FRAME_LEN: usize = ROCE_OFFSET + BTH_LEN + AETH_LEN + ICRC_LEN;
+
+/// Builds a whole acknowledgement (an RC ACK or NAK: `bth`, whose opcode the caller set and
+/// whose pad count is 0, then `aeth`) into `buf`, at fixed offsets: the frame
+/// [`begin`] and [`finish`] would build from the same headers, without the general path's
+/// header record, layout lookups and lengths. Returns [`ACK_FRAME_LEN`]; `None` when `buf`
+/// is shorter.
+pub fn ack(buf: &mut [u8], route: &Route, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
+    let f = buf.first_chunk_mut::<ACK_FRAME_LEN>()?;
+    outer(f, route, id, (ACK_FRAME_LEN - ETH_LEN) as u16)?;
+    let (_, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    let (b, t) = t.split_first_chunk_mut::<BTH_LEN>()?;
+    bth.write(b);
+    t[0] = aeth.syndrome;
+    put24(t, 1, aeth.msn);
+    let crc = icrc_v4(f.get(ETH_LEN..ACK_FRAME_LEN - ICRC_LEN)?)?;
+    put(f, ACK_FRAME_LEN - ICRC_LEN, crc.to_le_bytes());
+    Some(ACK_FRAME_LEN)
 }
 
 /// Completes a frame [`begin`] started, once its payload is in place: the pad and the ICRC.
@@ -189,7 +218,7 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     // The pad (0 to 3 bytes) zeroed by one 4-byte store (no `memset` call): the bytes after
     // it are the ICRC's, written below (`pad_at + 4 <= end`).
     put(buf, pad_at, [0; 4]);
-    let crc = icrc(buf.get(ETH_LEN..icrc_at)?)?;
+    let crc = icrc_v4(buf.get(ETH_LEN..icrc_at)?)?;
     put(buf, icrc_at, crc.to_le_bytes());
     Some(end)
 }
@@ -211,3 +240,52 @@ pub fn build(
 /// Bytes a frame needs beyond its payload, at most (IPv4, the largest transport headers,
 /// pad, ICRC).
 pub const MAX_OVERHEAD: usize = ROCE_OFFSET + BTH_LEN + 28 + 3 + ICRC_LEN;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::rxe::wire::bth::opcode;
+
+    /// The acknowledgement built at fixed offsets is the frame the general path builds from the
+    /// same headers, byte for byte, and parses back as the same headers.
+    #[test]
+    fn ack_equals_the_general_build() {
+        let route = Route {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_ip: [10, 0, 0, 1],
+            dst_ip: [10, 0, 0, 2],
+            tos: 0x12,
+            ttl: 63,
+            src_port: 0xC123,
+        };
+        for (i, (syn, msn, psn)) in [(0x1F, 0, 0), (0x60, 0xFF_FFFF, 0xAB_CDEF), (0x21, 7, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let bth = Bth {
+                opcode: opcode::RC_ACK,
+                se: false,
+                pad: 0,
+                pkey: 0xFFFF,
+                dest_qp: 0x12_3456 + i as u32,
+                ack_req: false,
+                psn,
+            };
+            let aeth = Aeth { syndrome: syn, msn };
+            let mut h = Headers::new(bth);
+            h.aeth = Some(aeth);
+            let id = 0x8000 + i as u16;
+            let (mut a, mut b) = ([0xEEu8; 128], [0x55u8; 128]);
+            let n = ack(&mut a, &route, id, &bth, aeth).unwrap();
+            assert_eq!(begin(&mut b, &route, id, &h, 0), Some(ROCE_OFFSET + 16));
+            assert_eq!(finish(&mut b), Some(n));
+            assert_eq!(a[..n], b[..n]);
+            match parse(&a[..n]) {
+                Ok(Frame::Roce(p)) => assert_eq!(p.headers, h),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(ack(&mut a[..n - 1], &route, id, &bth, aeth), None);
+        }
+    }
+}
