@@ -259,12 +259,7 @@ fn the_cm_rejects_private_data_nvme_rdma_refuses() {
 fn io_queue_connects_the_controller_refuses() {
     let mut cfg = hcfg(HOST_A);
     cfg.io_queues = 1;
-    setup!(l, t, h, cma, cmb, disk, tcfg(), cfg);
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), cfg; idle);
     h.connect(&mut cma, &mut idle).unwrap();
     assert_eq!(h.io_queues(), 1);
     // Queue 2 at the transport level, not granted by Number of Queues.

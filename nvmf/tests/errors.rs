@@ -20,12 +20,7 @@ fn status(r: Result<bareverbs_nvmf::Cqe, HostError>) -> Status {
 
 #[test]
 fn every_error_is_a_status_and_the_queues_stay_up() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let mut none: [u8; 0] = [];
     let run = |h: &mut H, qid: u16, s: Sqe, d: Data<'_>, idle: &mut dyn FnMut()| {
@@ -311,12 +306,7 @@ fn every_error_is_a_status_and_the_queues_stay_up() {
 /// answered with a status echoing its command ID; every queue stays up, nothing is lost.
 #[test]
 fn random_capsules_are_each_answered() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut rnd = move || {

@@ -245,12 +245,7 @@ fn a_controller_lost_with_aers_held_leaks_nothing() {
 
 #[test]
 fn abort_is_answered_not_performed() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let aer = h
         .submit(0, Sqe::new(opcode::ASYNC_EVENT, 0), Data::None)

@@ -52,12 +52,7 @@ fn status(r: Result<bareverbs_nvmf::wire::Cqe, HostError>) -> Status {
 
 #[test]
 fn a_descriptor_list_moves_each_piece_to_its_place() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let mut id = [0u8; IDENTIFY_LEN];
     h.identify(cns::CONTROLLER, 0, &mut id, &mut idle).unwrap();
@@ -109,12 +104,7 @@ fn a_descriptor_list_moves_each_piece_to_its_place() {
 
 #[test]
 fn malformed_descriptor_lists_get_their_statuses_and_the_queue_stays() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let (addr, key) = h.data_key(1, 0).unwrap();
     let k = |len| keyed(addr, len, key);

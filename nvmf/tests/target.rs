@@ -137,12 +137,7 @@ fn connect_identify_write_read_flush_zeroes() {
 fn cap_and_maxcmd_follow_the_io_depth() {
     let mut cfg = tcfg();
     cfg.io_depth = 16;
-    setup!(l, t, h, cma, cmb, disk, cfg, hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, cfg, hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let cap = h.property_get(prop::CAP, true, &mut idle).unwrap();
     assert_eq!(cap & 0xFFFF, 15, "MQES, 0's based");
@@ -172,12 +167,7 @@ fn cap_and_maxcmd_follow_the_io_depth() {
 /// NSID past the last.
 #[test]
 fn what_linux_sends_besides() {
-    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
-    let clk = l.clk.clone();
-    let mut idle = || {
-        clk.advance(20);
-        t.poll(&mut cmb);
-    };
+    setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A); idle);
     h.connect(&mut cma, &mut idle).unwrap();
     let cfg = (6 << 16) | (4 << 20);
     h.property_set(prop::CC, cfg, &mut idle).unwrap();

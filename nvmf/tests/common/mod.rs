@@ -139,6 +139,16 @@ pub fn settle<'a, 'b, 's, 'n>(
 /// subsystem `NQN`, a target (`$tcfg`) on B and a host (`$hcfg`) on A.
 #[macro_export]
 macro_rules! setup {
+    // The same, and `$idle`: one round of the test's idle time (20 µs of the clock, then a
+    // poll of the target), the closure every host call waits with.
+    ($l:ident, $t:ident, $h:ident, $cma:ident, $cmb:ident, $disk:ident, $tcfg:expr, $hcfg:expr; $idle:ident) => {
+        setup!($l, $t, $h, $cma, $cmb, $disk, $tcfg, $hcfg);
+        let clk = $l.clk.clone();
+        let mut $idle = || {
+            clk.advance(20);
+            $t.poll(&mut $cmb);
+        };
+    };
     ($l:ident, $t:ident, $h:ident, $cma:ident, $cmb:ident, $disk:ident, $tcfg:expr, $hcfg:expr) => {
         let $l = lab();
         let sa = side(&$l.a);
