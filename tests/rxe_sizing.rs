@@ -471,3 +471,73 @@ fn an_srq_resized_keeps_its_receives_in_order_and_never_drops_a_completion() {
     post(0..4).unwrap();
     assert_eq!(exchange(4), [0, 1, 2, 3]);
 }
+
+#[test]
+fn an_srq_deeper_than_its_cqs_room_leaves_the_cqs_other_queues_their_room() {
+    // rdma-core's SRQ fixture: a CQ of 10 for both queues of QPs on an SRQ of 2000. The SRQ
+    // is not reserved (it does not fit), so the sends keep the CQ's room, and the SRQ's
+    // receives take room one at a time as they complete.
+    let l = lab();
+    let pd = l.ctx.alloc_pd().unwrap();
+    let mr = pd.register(4096, ALL).unwrap();
+    let cq = l.ctx.create_cq(10).unwrap();
+    let srq = pd
+        .create_srq(SrqAttr {
+            max_wr: 2000,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let a = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .caps(caps(4, 0))
+        .build::<Rc>()
+        .unwrap();
+    let b = pd
+        .qp_builder(&cq, &cq)
+        .srq(&srq)
+        .caps(caps(4, 0))
+        .build::<Rc>()
+        .unwrap();
+    let (na, nb) = (a.qp_num(), b.qp_num());
+    let (mut a, _b) = (up(a, nb), up(b, na));
+    let sge = mr.sge(0, 64).unwrap();
+    let wrs: Vec<RecvWr<'_>> = (0..20u64)
+        .map(|i| RecvWr {
+            wr_id: 100 + i,
+            sg_list: core::slice::from_ref(&sge),
+        })
+        .collect();
+    // SAFETY: the region outlives the QPs of the test.
+    unsafe { srq.post_recv_raw(&wrs) }.unwrap();
+    for round in 0..3u64 {
+        let mut s = a.send_batch();
+        // SAFETY: as above.
+        unsafe { s.send(round, SendFlags::SIGNALED, &[sge]) }
+            .unwrap_or_else(|e| panic!("round {round}: the send found no room: {e}"));
+        s.finish();
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            l.clk.advance(100);
+            got.extend(drain(&cq));
+            if got.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(
+            got.len(),
+            2,
+            "the SEND's and its receive's completions: {got:?}"
+        );
+        assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+        assert!(
+            got.iter()
+                .any(|w| w.wr_id == round && w.opcode == WcOpcode::Send)
+        );
+        assert!(
+            got.iter()
+                .any(|w| w.wr_id == 100 + round && w.opcode == WcOpcode::Recv)
+        );
+    }
+}

@@ -154,7 +154,10 @@ impl CqRing {
     }
 
     /// Reserves room for a shared receive queue of `depth` whose first QP completes here:
-    /// as much as there is (never more than the free room); returns it (device lock held).
+    /// all of it when it fits the free room, else none (its requests then take free room one
+    /// at a time, and wait, not-ready to the sender, while there is none: a reservation of
+    /// whatever was free would leave the CQ's other queues no room at all); returns it
+    /// (device lock held).
     pub(crate) fn reserve_srq(&self, depth: u32) -> u32 {
         self.settle();
         let mut r = 0;
@@ -162,7 +165,11 @@ impl CqRing {
         let _ = self
             .taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                r = depth.min(self.cap.saturating_sub(t));
+                r = if depth <= self.cap.saturating_sub(t) {
+                    depth
+                } else {
+                    0
+                };
                 Some(t + r)
             });
         self.srq_room.fetch_add(r, Ordering::Relaxed);

@@ -82,6 +82,8 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 pub const MAX_MR: usize = 256;
 /// Work requests per queue.
 pub const MAX_WR: u32 = 1024;
+/// Receive requests per shared receive queue (rdma-core's SRQ fixtures ask 2000).
+pub const MAX_SRQ_WR: u32 = 4096;
 /// Scatter/gather entries per work request.
 pub const MAX_SGE: u32 = 4;
 /// Bytes of inline data a send request carries.

@@ -546,7 +546,7 @@ pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
         max_mcast_grp: 0,
         max_ah: u32::MAX,
         max_srq: super::srq::MAX_SRQ,
-        max_srq_wr: super::MAX_WR,
+        max_srq_wr: super::MAX_SRQ_WR,
         max_srq_sge: super::MAX_SGE,
         gid_tbl_len: 2,
         max_pkeys: 1,

@@ -10,7 +10,7 @@ use bareverbs_hal::{Clock, Hal, Link};
 use super::mem::Pd;
 use super::rings::AsyncRing;
 use super::wqe::RqEntry;
-use super::{MAX_SGE, MAX_WR, Rxe};
+use super::{MAX_SGE, MAX_SRQ_WR, Rxe};
 use crate::dma::Dma;
 use crate::error::{Error, Holder, Object, Param, Queue, Resource, Result};
 use crate::events::{Count, EventHub};
@@ -131,8 +131,8 @@ unsafe impl<H: Hal + Sync> Sync for Srq<H> {}
 
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     pub(crate) fn plan_srq_impl(&self, attr: &SrqAttr) -> Result<SrqAttr> {
-        if attr.max_wr > MAX_WR {
-            return Err(Error::invalid(Param::SrqMaxWr, attr.max_wr, MAX_WR));
+        if attr.max_wr > MAX_SRQ_WR {
+            return Err(Error::invalid(Param::SrqMaxWr, attr.max_wr, MAX_SRQ_WR));
         }
         if attr.max_sge > MAX_SGE {
             return Err(Error::invalid(Param::SrqMaxSge, attr.max_sge, MAX_SGE));
