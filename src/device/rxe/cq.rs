@@ -108,8 +108,19 @@ impl CqRing {
     }
 
     /// Takes the poll lock, waiting for another poller a bounded number of spins (the
-    /// device has no clock to wait by): `false` when it is still held after them.
+    /// device has no clock to wait by): `false` when it is still held after them. The free
+    /// lock's one swap inline; the wait out of line.
+    #[inline(always)]
     fn claim(&self) -> bool {
+        self.polling
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            || self.claim_wait()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim_wait(&self) -> bool {
         for _ in 0..POLL_SPINS {
             // Test, then test-and-set: the waiting poller reads the line, not writes it.
             if !self.polling.load(Ordering::Relaxed)
@@ -205,6 +216,7 @@ impl CqRing {
     }
 
     /// Gives back room taken by `n` requests that will not complete here.
+    #[inline(always)]
     pub(crate) fn give(&self, n: u32) {
         self.taken.fetch_sub(n, Ordering::Release);
     }
@@ -233,8 +245,23 @@ impl CqRing {
         }
     }
 
+    #[inline(always)]
     fn ready(&self) -> bool {
         self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
+    }
+
+    /// Ends a poll (the poll lock is held): the entries up to `tail` are consumed, `own` of
+    /// them on `taken`'s room and `srq` on the SRQs' reservation, which go back.
+    #[inline(always)]
+    fn consumed(&self, tail: u32, own: u32, srq: u32) {
+        self.tail.store(tail, Ordering::Release);
+        if own != 0 {
+            self.give(own);
+        }
+        if srq != 0 {
+            self.srq_used.fetch_sub(srq, Ordering::Release);
+        }
+        self.polling.store(false, Ordering::Release);
     }
 }
 
@@ -295,17 +322,38 @@ impl<H: Hal> Cq<H> {
     }
 
     /// Takes up to `out.len()` completions (a buffer of the safe path goes back to its pool).
-    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut p) = Poll::start(self.ring(), None)? else {
-            return Ok(0);
-        };
-        let mut n = 0;
-        // Bounded by the caller's buffer (and the ring's entries).
-        while n < out.len() && p.advance()? {
-            out[n] = p.cur.wc;
-            n += 1;
+    /// Read in place, straight into `out`: the entries between `tail` and `head` are the
+    /// poller's alone while it holds the poll lock, so no cursor copies them first.
+    #[inline(always)]
+    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let ring = self.ring();
+        if !ring.ready() || !ring.claim() {
+            // Empty, or another poller held the ring through every spin: it takes the
+            // completions there are (as `ibv_poll_cq` returning 0).
+            return 0;
         }
-        Ok(n)
+        let tail = ring.tail.load(Ordering::Relaxed);
+        let ready = ring.head.load(Ordering::Acquire).wrapping_sub(tail);
+        // Bounded by the caller's buffer and by the ring (`head` never runs more than `cap`
+        // ahead of `tail`).
+        let n = out.len().min(ready.min(ring.cap) as usize);
+        let mut srq = 0;
+        for (i, wc) in out[..n].iter_mut().enumerate() {
+            // SAFETY: entries before `head` were written by the producer (Release on head,
+            // Acquire above) and are not rewritten until `tail` passes them.
+            let e = unsafe { (*ring.entry(tail.wrapping_add(i as u32))).assume_init_ref() };
+            *wc = e.wc;
+            srq += u32::from(e.srq_room);
+            if e.tag != 0
+                && let Some(r) = e.release
+            {
+                // SAFETY: the buffer was moved into the QP by a safe post; its completion is
+                // handled once, here (the entry is consumed below).
+                unsafe { r.release(e.tag - 1) };
+            }
+        }
+        ring.consumed(tail.wrapping_add(n as u32), n as u32 - srq, srq);
+        n
     }
 
     /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one.
@@ -446,13 +494,6 @@ impl Drop for Poll<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.release_current();
-        self.ring.tail.store(self.pos, Ordering::Release);
-        if self.own != 0 {
-            self.ring.give(self.own);
-        }
-        if self.srq != 0 {
-            self.ring.srq_used.fetch_sub(self.srq, Ordering::Release);
-        }
-        self.ring.polling.store(false, Ordering::Release);
+        self.ring.consumed(self.pos, self.own, self.srq);
     }
 }
