@@ -342,11 +342,34 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 
     /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
-    /// held: `q`).
+    /// held: `q`). Only this QP's lock holders change its bit (but for a QP already gone from
+    /// the table), so a set bit read under it stays set: no atomic write then.
     #[inline(always)]
     pub(crate) fn note(&self, q: &qp_state::QpCore) {
         if q.wants_progress() {
-            self.mark(q.qpn);
+            let bit = Tables::bit(q.qpn);
+            if self.busy.load(Ordering::Relaxed) & bit == 0 {
+                self.busy.fetch_or(bit, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// After a frame for queue pair `q` (its lock is held): it joins the busy set when it has
+    /// work for the progress, and leaves it when it has none, as the progress's own visit
+    /// would (with no work, that visit does nothing: `wants_progress`), so that the progress
+    /// does not visit it for nothing. As in `note`, the bit read under the lock is current.
+    #[inline(always)]
+    fn note_frame(&self, q: &qp_state::QpCore) {
+        if q.wants_progress() {
+            self.note(q);
+            return;
+        }
+        let busy = self.busy.load(Ordering::Relaxed);
+        if busy != 0 {
+            let bit = Tables::bit(q.qpn);
+            if busy & bit != 0 {
+                self.busy.fetch_and(!bit, Ordering::AcqRel);
+            }
         }
     }
 
@@ -485,7 +508,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
             _ => responder::on_request(&mut net, q, p, frame),
         }
-        self.note(q);
+        self.note_frame(q);
         true
     }
 
