@@ -66,6 +66,11 @@ pub(crate) struct CqRing {
     pub(crate) overflow: AtomicU32,
     pub(crate) id: u32,
     pub(crate) slot: Option<Slot>,
+    /// What the CQ is armed for ([`Arm`] as a number): the event hub's word of `slot`, or
+    /// `unarmed` for a CQ without one; read at every completion added, so one load.
+    arm: NonNull<AtomicU32>,
+    /// Always 0 ([`Arm::None`]): `arm` of a CQ that takes no part in events.
+    unarmed: AtomicU32,
     entries: NonNull<MaybeUninit<Cqe>>,
 }
 
@@ -73,8 +78,8 @@ impl CqRing {
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
         // SAFETY: the entries are `cap` slots after the header in the same block; the index
-        // is reduced modulo `cap`.
-        unsafe { self.entries.as_ptr().add((i % self.cap) as usize) }
+        // is reduced modulo `cap` (a power of two: `new`).
+        unsafe { self.entries.as_ptr().add((i & (self.cap - 1)) as usize) }
     }
 
     pub(crate) fn cap(&self) -> u32 {
@@ -94,17 +99,28 @@ impl CqRing {
         // until `head` moves past it.
         unsafe { self.entry(h).write(MaybeUninit::new(e)) };
         self.head.store(h.wrapping_add(1), Ordering::Release);
-        if let Some(slot) = self.slot {
-            let fire = match hub.armed(slot) {
-                Arm::Next => true,
-                Arm::Solicited => e.solicited || e.wc.status != WcStatus::Success,
-                Arm::None => false,
-            };
-            if fire {
-                hub.cq_notified(slot);
-            }
+        // SAFETY: `arm` is the hub's word of this CQ's slot (the hub is in the device block,
+        // which outlives every CQ) or this ring's own `unarmed`; only ever reached as an atomic.
+        let arm = unsafe { self.arm.as_ref() }.load(Ordering::Acquire);
+        if arm != Arm::None as u32 {
+            self.armed(arm, e.solicited || e.wc.status != WcStatus::Success, hub);
         }
         true
+    }
+
+    /// A completion was added to the CQ armed for `arm`: its event, when the arm asks for
+    /// one (`solicited`: the completion was solicited, or an error). Out of line: rare.
+    #[cold]
+    #[inline(never)]
+    fn armed(&self, arm: u32, solicited: bool, hub: &EventHub) {
+        let fire = match arm {
+            a if a == Arm::Next as u32 => true,
+            a if a == Arm::Solicited as u32 => solicited,
+            _ => false,
+        };
+        if let (true, Some(slot)) = (fire, self.slot) {
+            hub.cq_notified(slot);
+        }
     }
 
     /// Takes the poll lock, waiting for another poller a bounded number of spins (the
@@ -279,7 +295,13 @@ unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
 
 impl<H: Hal> Cq<H> {
     /// Allocates a ring of at least `entries` (a power of two).
-    pub(crate) fn new(hal: &H, entries: u32, id: u32, slot: Option<Slot>) -> Result<Self> {
+    pub(crate) fn new(
+        hal: &H,
+        entries: u32,
+        id: u32,
+        slot: Option<Slot>,
+        hub: &EventHub,
+    ) -> Result<Self> {
         if entries == 0 || entries > MAX_CQE {
             return Err(Error::invalid(Param::CqEntries, entries, MAX_CQE));
         }
@@ -289,9 +311,15 @@ impl<H: Hal> Cq<H> {
         let mem = Dma::new(hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
         let ring = mem.base().cast::<CqRing>();
         // SAFETY: the block holds the header and `cap` entries after it, page-aligned (so
-        // aligned for both); the header is written before any reference exists.
+        // aligned for both); the header is written before any reference exists (`unarmed`'s
+        // place is taken without one).
         unsafe {
             let entries = mem.base().add(at).cast::<MaybeUninit<Cqe>>();
+            let arm = match slot {
+                Some(s) => NonNull::from(hub.arm_word(s)),
+                // The field's place in the block (the header is written just below).
+                None => NonNull::new_unchecked(core::ptr::addr_of_mut!((*ring.as_ptr()).unarmed)),
+            };
             ring.write(CqRing {
                 head: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
@@ -305,6 +333,8 @@ impl<H: Hal> Cq<H> {
                 overflow: AtomicU32::new(0),
                 id,
                 slot,
+                arm,
+                unarmed: AtomicU32::new(0),
                 entries,
             });
         }

@@ -131,7 +131,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
             },
             None => self.hub().attach(id, None),
         };
-        match Cq::new(&self.hal, entries, id, slot) {
+        match Cq::new(&self.hal, entries, id, slot, self.hub()) {
             Ok(cq) => Ok(cq),
             Err(e) => {
                 if let Some(s) = slot {
