@@ -143,6 +143,18 @@ impl QpCore {
     /// Completes the oldest send request with `status` (its completion when it is signaled
     /// or failed; its buffer back to the pool otherwise) and retires it.
     pub(crate) fn retire(&mut self, status: WcStatus, hub: &EventHub) {
+        self.retire_with(status, hub);
+    }
+
+    /// [`retire`](Self::retire) of a request the peer acknowledged (the common case: once a
+    /// message), inlined into the acknowledgement's handling.
+    #[inline(always)]
+    pub(crate) fn retire_acked(&mut self, hub: &EventHub) {
+        self.retire_with(WcStatus::Success, hub);
+    }
+
+    #[inline(always)]
+    fn retire_with(&mut self, status: WcStatus, hub: &EventHub) {
         if self.sq_tail == self.sq_head {
             // Nothing outstanding (a caller's bug, or a peer's answer to nothing): no
             // completion can be made up.
@@ -157,13 +169,9 @@ impl QpCore {
             self.sq_next = self.sq_tail;
             self.cur_pkt = 0;
         }
-        let byte_len = if op_code == op::READ {
-            len
-        } else if op::reads(op_code) {
-            8
-        } else {
-            len
-        };
+        // A READ's length is its data's; the atomics (the operations after READ) return 8
+        // bytes.
+        let byte_len = if op_code > op::READ { 8 } else { len };
         if status == WcStatus::Success && !signaled {
             self.send_cq().give(1);
             self.release_tag(tag);

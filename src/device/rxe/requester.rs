@@ -362,7 +362,7 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
             return true;
         }
         q.una = psn_add(last, 1);
-        q.retire(WcStatus::Success, net.hub);
+        q.retire_acked(net.hub);
     }
     false
 }
