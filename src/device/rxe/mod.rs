@@ -347,7 +347,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     #[inline(always)]
     pub(crate) fn note(&self, q: &qp_state::QpCore) {
         if q.wants_progress() {
-            let bit = Tables::bit(q.qpn);
+            let bit = q.busy_bit;
             if self.busy.load(Ordering::Relaxed) & bit == 0 {
                 self.busy.fetch_or(bit, Ordering::AcqRel);
             }
@@ -366,7 +366,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
         let busy = self.busy.load(Ordering::Relaxed);
         if busy != 0 {
-            let bit = Tables::bit(q.qpn);
+            let bit = q.busy_bit;
             if busy & bit != 0 {
                 self.busy.fetch_and(!bit, Ordering::AcqRel);
             }

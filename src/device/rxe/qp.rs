@@ -162,6 +162,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         unsafe {
             ptr.write(QpCore {
                 qpn,
+                busy_bit: super::tables::Tables::bit(qpn),
                 qp_type: init.qp_type,
                 pd: pd.id,
                 sig_all: init.sq_sig_all,
