@@ -49,6 +49,9 @@ pub(crate) struct QpCore {
     // block) are reached through `sq()` and `rq()` only.
     pub(crate) sq: NonNull<SqEntry>,
     pub(crate) sq_cap: u32,
+    /// The send ring's slots less one (a power of two less one, at least `sq_cap - 1`): the
+    /// slot of count `i` is `i & sq_mask`.
+    pub(crate) sq_mask: u32,
     /// Requests posted, completed, and started (counts; slot = count % cap).
     pub(crate) sq_head: u32,
     pub(crate) sq_tail: u32,
@@ -66,7 +69,9 @@ pub(crate) struct QpCore {
     pub(crate) rnr_until: u64,
     // The receive queue and the responder.
     pub(crate) rq: NonNull<RqEntry>,
-    pub(crate) rq_cap: u32,
+    /// The receive ring's slots less one (at least its capacity, `caps.max_recv_wr`, less
+    /// one), as `sq_mask`.
+    pub(crate) rq_mask: u32,
     pub(crate) rq_head: u32,
     pub(crate) rq_tail: u32,
     /// The expected PSN and the message sequence number.
@@ -108,22 +113,22 @@ impl QpCore {
 
     #[inline(always)]
     pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
-        // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
-        // `&mut self` only; the index is reduced modulo the capacity.
-        unsafe { &mut *self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+        // SAFETY: `sq` is `sq_mask + 1` entries in the QP's block (valid zeroed), reached
+        // through `&mut self` only; the index is masked to them.
+        unsafe { &mut *self.sq.as_ptr().add((i & self.sq_mask) as usize) }
     }
 
     /// The send entry `i` (a count, reduced modulo the capacity), to read.
     #[inline(always)]
     pub(crate) fn sq_ref(&self, i: u32) -> &SqEntry {
         // SAFETY: as for `sq`; shared, through `&self`.
-        unsafe { &*self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+        unsafe { &*self.sq.as_ptr().add((i & self.sq_mask) as usize) }
     }
 
     #[inline(always)]
     pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
         // SAFETY: as for `sq`.
-        unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
+        unsafe { &mut *self.rq.as_ptr().add((i & self.rq_mask) as usize) }
     }
 
     pub(crate) fn send_cq(&self) -> &CqRing {
@@ -324,7 +329,7 @@ impl QpCore {
         let i = self.rq_tail;
         self.rq_tail = i.wrapping_add(1);
         // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
-        let slot = unsafe { &*self.rq.as_ptr().add((i % self.rq_cap) as usize) };
+        let slot = unsafe { &*self.rq.as_ptr().add((i & self.rq_mask) as usize) };
         // Field by field, the four scatter entries as four fixed copies (valid zeroed, so
         // the unused ones copy harmlessly): no loop over the used ones, and no whole-entry
         // assignment (a byte-wise `rep movsb` of 80 bytes at opt-level "z").
