@@ -386,16 +386,29 @@ impl<H: Hal> Cq<H> {
         n
     }
 
-    /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one.
-    pub(crate) fn poll_qp(&self, qpn: u32, wc: &mut WorkCompletion) -> Result<Option<u32>> {
-        let Some(mut p) = Poll::start(self.ring(), Some(qpn))? else {
-            return Ok(None);
-        };
-        if !p.advance()? {
-            return Ok(None);
+    /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one (the
+    /// buffer tag + 1, or 0: the buffer is the caller's now). Another QP's completion first
+    /// is left where it is. Read in place, as [`poll`](Self::poll).
+    pub(crate) fn poll_qp(&self, qpn: u32, wc: &mut WorkCompletion) -> Option<u32> {
+        let ring = self.ring();
+        if !ring.ready() || !ring.claim() {
+            return None;
         }
-        *wc = p.cur.wc;
-        Ok(Some(p.take_tag().unwrap_or(0)))
+        let tail = ring.tail.load(Ordering::Relaxed);
+        if ring.head.load(Ordering::Acquire) == tail {
+            ring.consumed(tail, 0, 0);
+            return None;
+        }
+        // SAFETY: as in `poll`: an entry before `head`, the poller's alone.
+        let e = unsafe { (*ring.entry(tail)).assume_init_ref() };
+        if e.wc.qp_num != qpn {
+            ring.consumed(tail, 0, 0);
+            return None;
+        }
+        *wc = e.wc;
+        let (tag, srq) = (e.tag, u32::from(e.srq_room));
+        ring.consumed(tail.wrapping_add(1), 1 - srq, srq);
+        Some(tag)
     }
 }
 

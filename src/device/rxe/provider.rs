@@ -400,7 +400,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
         self.progress();
-        cq.poll_qp(qp.qpn, wc)
+        Ok(cq.poll_qp(qp.qpn, wc))
     }
 
     fn req_notify_cq(&self, cq: &Cq<H>, solicited_only: bool) -> Result<()> {
