@@ -13,14 +13,13 @@ use super::{Core, MAX_QP, QP_SPINS, Rxe, qp_lock, qp_state, reply, requester};
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
     /// held: `q`). Only this QP's lock holders change its bit (but for a QP already gone from
-    /// the table), so a set bit read under it stays set: no atomic write then.
+    /// the table), so a set bit read under it stays set: then neither its work is looked at
+    /// nor the set written.
     #[inline(always)]
     pub(crate) fn note(&self, q: &qp_state::QpCore) {
-        if q.wants_progress() {
-            let bit = q.busy_bit;
-            if self.busy.load(Ordering::Relaxed) & bit == 0 {
-                self.busy.fetch_or(bit, Ordering::AcqRel);
-            }
+        let bit = q.busy_bit;
+        if self.busy.load(Ordering::Relaxed) & bit == 0 && q.wants_progress() {
+            self.busy.fetch_or(bit, Ordering::AcqRel);
         }
     }
 
