@@ -350,6 +350,12 @@ impl EventHub {
         self.slot(slot).arm.store(arm as u32, Ordering::Release);
     }
 
+    /// The word that holds what the CQ in `slot` is armed for ([`Arm`] as a number): for a
+    /// device that looks at it on every completion it adds, one load.
+    pub(crate) fn arm_word(&self, slot: Slot) -> &AtomicU32 {
+        &self.slot(slot).arm
+    }
+
     /// What the CQ in `slot` is armed for.
     pub fn armed(&self, slot: Slot) -> Arm {
         match self.slot(slot).arm.load(Ordering::Acquire) {

@@ -66,6 +66,11 @@ pub(crate) struct CqRing {
     pub(crate) overflow: AtomicU32,
     pub(crate) id: u32,
     pub(crate) slot: Option<Slot>,
+    /// What the CQ is armed for ([`Arm`] as a number): the event hub's word of `slot`, or
+    /// `unarmed` for a CQ without one; read at every completion added, so one load.
+    arm: NonNull<AtomicU32>,
+    /// Always 0 ([`Arm::None`]): `arm` of a CQ that takes no part in events.
+    unarmed: AtomicU32,
     entries: NonNull<MaybeUninit<Cqe>>,
 }
 
@@ -73,8 +78,8 @@ impl CqRing {
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
         // SAFETY: the entries are `cap` slots after the header in the same block; the index
-        // is reduced modulo `cap`.
-        unsafe { self.entries.as_ptr().add((i % self.cap) as usize) }
+        // is reduced modulo `cap` (a power of two: `new`).
+        unsafe { self.entries.as_ptr().add((i & (self.cap - 1)) as usize) }
     }
 
     pub(crate) fn cap(&self) -> u32 {
@@ -94,22 +99,44 @@ impl CqRing {
         // until `head` moves past it.
         unsafe { self.entry(h).write(MaybeUninit::new(e)) };
         self.head.store(h.wrapping_add(1), Ordering::Release);
-        if let Some(slot) = self.slot {
-            let fire = match hub.armed(slot) {
-                Arm::Next => true,
-                Arm::Solicited => e.solicited || e.wc.status != WcStatus::Success,
-                Arm::None => false,
-            };
-            if fire {
-                hub.cq_notified(slot);
-            }
+        // SAFETY: `arm` is the hub's word of this CQ's slot (the hub is in the device block,
+        // which outlives every CQ) or this ring's own `unarmed`; only ever reached as an atomic.
+        let arm = unsafe { self.arm.as_ref() }.load(Ordering::Acquire);
+        if arm != Arm::None as u32 {
+            self.armed(arm, e.solicited || e.wc.status != WcStatus::Success, hub);
         }
         true
     }
 
+    /// A completion was added to the CQ armed for `arm`: its event, when the arm asks for
+    /// one (`solicited`: the completion was solicited, or an error). Out of line: rare.
+    #[cold]
+    #[inline(never)]
+    fn armed(&self, arm: u32, solicited: bool, hub: &EventHub) {
+        let fire = match arm {
+            a if a == Arm::Next as u32 => true,
+            a if a == Arm::Solicited as u32 => solicited,
+            _ => false,
+        };
+        if let (true, Some(slot)) = (fire, self.slot) {
+            hub.cq_notified(slot);
+        }
+    }
+
     /// Takes the poll lock, waiting for another poller a bounded number of spins (the
-    /// device has no clock to wait by): `false` when it is still held after them.
+    /// device has no clock to wait by): `false` when it is still held after them. The free
+    /// lock's one swap inline; the wait out of line.
+    #[inline(always)]
     fn claim(&self) -> bool {
+        self.polling
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            || self.claim_wait()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim_wait(&self) -> bool {
         for _ in 0..POLL_SPINS {
             // Test, then test-and-set: the waiting poller reads the line, not writes it.
             if !self.polling.load(Ordering::Relaxed)
@@ -205,6 +232,7 @@ impl CqRing {
     }
 
     /// Gives back room taken by `n` requests that will not complete here.
+    #[inline(always)]
     pub(crate) fn give(&self, n: u32) {
         self.taken.fetch_sub(n, Ordering::Release);
     }
@@ -233,8 +261,23 @@ impl CqRing {
         }
     }
 
+    #[inline(always)]
     fn ready(&self) -> bool {
         self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
+    }
+
+    /// Ends a poll (the poll lock is held): the entries up to `tail` are consumed, `own` of
+    /// them on `taken`'s room and `srq` on the SRQs' reservation, which go back.
+    #[inline(always)]
+    fn consumed(&self, tail: u32, own: u32, srq: u32) {
+        self.tail.store(tail, Ordering::Release);
+        if own != 0 {
+            self.give(own);
+        }
+        if srq != 0 {
+            self.srq_used.fetch_sub(srq, Ordering::Release);
+        }
+        self.polling.store(false, Ordering::Release);
     }
 }
 
@@ -252,7 +295,13 @@ unsafe impl<H: Hal + Sync> Sync for Cq<H> {}
 
 impl<H: Hal> Cq<H> {
     /// Allocates a ring of at least `entries` (a power of two).
-    pub(crate) fn new(hal: &H, entries: u32, id: u32, slot: Option<Slot>) -> Result<Self> {
+    pub(crate) fn new(
+        hal: &H,
+        entries: u32,
+        id: u32,
+        slot: Option<Slot>,
+        hub: &EventHub,
+    ) -> Result<Self> {
         if entries == 0 || entries > MAX_CQE {
             return Err(Error::invalid(Param::CqEntries, entries, MAX_CQE));
         }
@@ -262,9 +311,15 @@ impl<H: Hal> Cq<H> {
         let mem = Dma::new(hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
         let ring = mem.base().cast::<CqRing>();
         // SAFETY: the block holds the header and `cap` entries after it, page-aligned (so
-        // aligned for both); the header is written before any reference exists.
+        // aligned for both); the header is written before any reference exists (`unarmed`'s
+        // place is taken without one).
         unsafe {
             let entries = mem.base().add(at).cast::<MaybeUninit<Cqe>>();
+            let arm = match slot {
+                Some(s) => NonNull::from(hub.arm_word(s)),
+                // The field's place in the block (the header is written just below).
+                None => NonNull::new_unchecked(core::ptr::addr_of_mut!((*ring.as_ptr()).unarmed)),
+            };
             ring.write(CqRing {
                 head: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
@@ -278,6 +333,8 @@ impl<H: Hal> Cq<H> {
                 overflow: AtomicU32::new(0),
                 id,
                 slot,
+                arm,
+                unarmed: AtomicU32::new(0),
                 entries,
             });
         }
@@ -295,29 +352,63 @@ impl<H: Hal> Cq<H> {
     }
 
     /// Takes up to `out.len()` completions (a buffer of the safe path goes back to its pool).
-    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let Some(mut p) = Poll::start(self.ring(), None)? else {
-            return Ok(0);
-        };
-        let mut n = 0;
-        // Bounded by the caller's buffer (and the ring's entries).
-        while n < out.len() && p.advance()? {
-            out[n] = p.cur.wc;
-            n += 1;
+    /// Read in place, straight into `out`: the entries between `tail` and `head` are the
+    /// poller's alone while it holds the poll lock, so no cursor copies them first.
+    #[inline(always)]
+    pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let ring = self.ring();
+        if !ring.ready() || !ring.claim() {
+            // Empty, or another poller held the ring through every spin: it takes the
+            // completions there are (as `ibv_poll_cq` returning 0).
+            return 0;
         }
-        Ok(n)
+        let tail = ring.tail.load(Ordering::Relaxed);
+        let ready = ring.head.load(Ordering::Acquire).wrapping_sub(tail);
+        // Bounded by the caller's buffer and by the ring (`head` never runs more than `cap`
+        // ahead of `tail`).
+        let n = out.len().min(ready.min(ring.cap) as usize);
+        let mut srq = 0;
+        for (i, wc) in out[..n].iter_mut().enumerate() {
+            // SAFETY: entries before `head` were written by the producer (Release on head,
+            // Acquire above) and are not rewritten until `tail` passes them.
+            let e = unsafe { (*ring.entry(tail.wrapping_add(i as u32))).assume_init_ref() };
+            *wc = e.wc;
+            srq += u32::from(e.srq_room);
+            if e.tag != 0
+                && let Some(r) = e.release
+            {
+                // SAFETY: the buffer was moved into the QP by a safe post; its completion is
+                // handled once, here (the entry is consumed below).
+                unsafe { r.release(e.tag - 1) };
+            }
+        }
+        ring.consumed(tail.wrapping_add(n as u32), n as u32 - srq, srq);
+        n
     }
 
-    /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one.
-    pub(crate) fn poll_qp(&self, qpn: u32, wc: &mut WorkCompletion) -> Result<Option<u32>> {
-        let Some(mut p) = Poll::start(self.ring(), Some(qpn))? else {
-            return Ok(None);
-        };
-        if !p.advance()? {
-            return Ok(None);
+    /// Takes the next completion of queue pair `qpn` into `wc`; `Some(tag)` for one (the
+    /// buffer tag + 1, or 0: the buffer is the caller's now). Another QP's completion first
+    /// is left where it is. Read in place, as [`poll`](Self::poll).
+    pub(crate) fn poll_qp(&self, qpn: u32, wc: &mut WorkCompletion) -> Option<u32> {
+        let ring = self.ring();
+        if !ring.ready() || !ring.claim() {
+            return None;
         }
-        *wc = p.cur.wc;
-        Ok(Some(p.take_tag().unwrap_or(0)))
+        let tail = ring.tail.load(Ordering::Relaxed);
+        if ring.head.load(Ordering::Acquire) == tail {
+            ring.consumed(tail, 0, 0);
+            return None;
+        }
+        // SAFETY: as in `poll`: an entry before `head`, the poller's alone.
+        let e = unsafe { (*ring.entry(tail)).assume_init_ref() };
+        if e.wc.qp_num != qpn {
+            ring.consumed(tail, 0, 0);
+            return None;
+        }
+        *wc = e.wc;
+        let (tag, srq) = (e.tag, u32::from(e.srq_room));
+        ring.consumed(tail.wrapping_add(1), 1 - srq, srq);
+        Some(tag)
     }
 }
 
@@ -446,13 +537,6 @@ impl Drop for Poll<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.release_current();
-        self.ring.tail.store(self.pos, Ordering::Release);
-        if self.own != 0 {
-            self.ring.give(self.own);
-        }
-        if self.srq != 0 {
-            self.ring.srq_used.fetch_sub(self.srq, Ordering::Release);
-        }
-        self.ring.polling.store(false, Ordering::Release);
+        self.ring.consumed(self.pos, self.own, self.srq);
     }
 }

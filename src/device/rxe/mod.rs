@@ -25,6 +25,7 @@
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
 //! The embedder's IP stack shares the NIC through [`Rxe::stack`].
 
+mod busy;
 mod check;
 mod cq;
 mod keys;
@@ -51,7 +52,7 @@ pub mod seq;
 pub mod wire;
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::AtomicU64;
 
 use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 
@@ -341,20 +342,6 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         self.core.lock()
     }
 
-    /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
-    /// held: `q`).
-    #[inline(always)]
-    pub(crate) fn note(&self, q: &qp_state::QpCore) {
-        if q.wants_progress() {
-            self.mark(q.qpn);
-        }
-    }
-
-    /// Puts queue pair `qpn` in the busy set (the progress looks at it once).
-    pub(crate) fn mark(&self, qpn: u32) {
-        self.busy.fetch_or(Tables::bit(qpn), Ordering::AcqRel);
-    }
-
     fn progress_locked(&self, core: &mut Core<L>) {
         let now = self.now();
         // Bounded: RX_BUDGET frames a call, however many the segment sends.
@@ -485,71 +472,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
             _ => responder::on_request(&mut net, q, p, frame),
         }
-        self.note(q);
+        self.note_frame(q);
         true
-    }
-
-    /// Runs the timers of the queue pairs that have work without a frame arriving (the
-    /// busy set, `Rxe::busy`), and sends on their backlogs, a bounded turn each; the
-    /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep
-    /// the NIC from the others. Idle QPs are not visited: a poll costs nothing per QP.
-    fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let busy = self.busy.load(Ordering::Acquire);
-        if busy == 0 {
-            return;
-        }
-        let first = core.tables().turn % MAX_QP as u32;
-        // Bit j of `slots` is slot (first + j) % MAX_QP: the rotation starts at `first`.
-        let slots = (busy as u32).rotate_right(first);
-        let mut next = None;
-        let mut left = slots;
-        // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
-        loop {
-            let (slot, bit) = if left != 0 {
-                let j = left.trailing_zeros();
-                left &= left - 1;
-                let i = (first + j) % MAX_QP as u32;
-                (Some(i as usize), 1u64 << i)
-            } else if busy & tables::GSI_BIT != 0 {
-                (None, tables::GSI_BIT)
-            } else {
-                break;
-            };
-            let t = core.tables();
-            let q = match slot {
-                Some(i) => t.qps[i],
-                None => t.gsi,
-            };
-            if let Some(q) = NonNull::new(q) {
-                // The next progress starts after the first QP served now.
-                if let Some(i) = slot {
-                    next.get_or_insert(i + 1);
-                }
-                // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
-                // progress (it stays in the busy set).
-                let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
-                    if slot.is_none() {
-                        break;
-                    }
-                    continue;
-                };
-                let mut net = self.net(core, now);
-                reply::drain(&mut net, &mut q);
-                requester::on_timer(&mut net, &mut q);
-                if !q.wants_progress() {
-                    // Under the QP's lock: a post that adds work marks it again after this.
-                    self.busy.fetch_and(!bit, Ordering::AcqRel);
-                }
-            } else {
-                self.busy.fetch_and(!bit, Ordering::AcqRel);
-            }
-            if slot.is_none() {
-                break;
-            }
-        }
-        if let Some(n) = next {
-            core.tables().turn = n as u32;
-        }
     }
 }
 

@@ -131,7 +131,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
             },
             None => self.hub().attach(id, None),
         };
-        match Cq::new(&self.hal, entries, id, slot) {
+        match Cq::new(&self.hal, entries, id, slot, self.hub()) {
             Ok(cq) => Ok(cq),
             Err(e) => {
                 if let Some(s) = slot {
@@ -395,12 +395,12 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn poll_cq(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
         self.progress();
-        cq.poll(out)
+        Ok(cq.poll(out))
     }
 
     fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
         self.progress();
-        cq.poll_qp(qp.qpn, wc)
+        Ok(cq.poll_qp(qp.qpn, wc))
     }
 
     fn req_notify_cq(&self, cq: &Cq<H>, solicited_only: bool) -> Result<()> {

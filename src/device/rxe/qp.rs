@@ -135,8 +135,14 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let same = core::ptr::eq(send_cq, recv_cq);
         // The core, its lock (zeroed: unlocked), then the rings.
         let at_sq = HEAD_BYTES;
-        let at_rq = at_sq + sq_cap as usize * size_of::<SqEntry>();
-        let bytes = at_rq + rq_cap as usize * size_of::<RqEntry>();
+        // Each ring's slots: a power of two at least its capacity, so that a count's slot is
+        // the count masked (and stays so as the counts wrap at 2^32).
+        let (sq_slots, rq_slots) = (
+            sq_cap.max(1).next_power_of_two(),
+            rq_cap.next_power_of_two(),
+        );
+        let at_rq = at_sq + sq_slots as usize * size_of::<SqEntry>();
+        let bytes = at_rq + rq_slots as usize * size_of::<RqEntry>();
         let mem = Dma::new(&self.hal, bytes.div_ceil(bareverbs_hal::PAGE_SIZE))?;
         let mut core = self.lock();
         let t = core.tables();
@@ -162,6 +168,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         unsafe {
             ptr.write(QpCore {
                 qpn,
+                busy_bit: super::tables::Tables::bit(qpn),
                 qp_type: init.qp_type,
                 pd: pd.id,
                 sig_all: init.sq_sig_all,
@@ -181,6 +188,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 mtu: self.mtu,
                 sq: mem.base().add(at_sq).cast(),
                 sq_cap,
+                sq_mask: sq_slots - 1,
                 sq_head: 0,
                 sq_tail: 0,
                 sq_next: 0,
@@ -192,7 +200,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 deadline: 0,
                 rnr_until: 0,
                 rq: mem.base().add(at_rq).cast(),
-                rq_cap,
+                rq_mask: rq_slots - 1,
                 rq_head: 0,
                 rq_tail: 0,
                 epsn: 0,

@@ -18,6 +18,9 @@ use crate::verbs::{
 /// A queue pair's whole state, at the start of its block (the rings follow).
 pub(crate) struct QpCore {
     pub(crate) qpn: u32,
+    /// Its bit in the device's busy set (`Tables::bit` of `qpn`), kept from creation: the
+    /// marks read it on every post and every frame.
+    pub(crate) busy_bit: u64,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,
     pub(crate) sig_all: bool,
@@ -46,6 +49,9 @@ pub(crate) struct QpCore {
     // block) are reached through `sq()` and `rq()` only.
     pub(crate) sq: NonNull<SqEntry>,
     pub(crate) sq_cap: u32,
+    /// The send ring's slots less one (a power of two less one, at least `sq_cap - 1`): the
+    /// slot of count `i` is `i & sq_mask`.
+    pub(crate) sq_mask: u32,
     /// Requests posted, completed, and started (counts; slot = count % cap).
     pub(crate) sq_head: u32,
     pub(crate) sq_tail: u32,
@@ -63,7 +69,9 @@ pub(crate) struct QpCore {
     pub(crate) rnr_until: u64,
     // The receive queue and the responder.
     pub(crate) rq: NonNull<RqEntry>,
-    pub(crate) rq_cap: u32,
+    /// The receive ring's slots less one (at least its capacity, `caps.max_recv_wr`, less
+    /// one), as `sq_mask`.
+    pub(crate) rq_mask: u32,
     pub(crate) rq_head: u32,
     pub(crate) rq_tail: u32,
     /// The expected PSN and the message sequence number.
@@ -105,22 +113,22 @@ impl QpCore {
 
     #[inline(always)]
     pub(crate) fn sq(&mut self, i: u32) -> &mut SqEntry {
-        // SAFETY: `sq` is `sq_cap` entries in the QP's block (valid zeroed), reached through
-        // `&mut self` only; the index is reduced modulo the capacity.
-        unsafe { &mut *self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+        // SAFETY: `sq` is `sq_mask + 1` entries in the QP's block (valid zeroed), reached
+        // through `&mut self` only; the index is masked to them.
+        unsafe { &mut *self.sq.as_ptr().add((i & self.sq_mask) as usize) }
     }
 
     /// The send entry `i` (a count, reduced modulo the capacity), to read.
     #[inline(always)]
     pub(crate) fn sq_ref(&self, i: u32) -> &SqEntry {
         // SAFETY: as for `sq`; shared, through `&self`.
-        unsafe { &*self.sq.as_ptr().add((i % self.sq_cap) as usize) }
+        unsafe { &*self.sq.as_ptr().add((i & self.sq_mask) as usize) }
     }
 
     #[inline(always)]
     pub(crate) fn rq(&mut self, i: u32) -> &mut RqEntry {
         // SAFETY: as for `sq`.
-        unsafe { &mut *self.rq.as_ptr().add((i % self.rq_cap) as usize) }
+        unsafe { &mut *self.rq.as_ptr().add((i & self.rq_mask) as usize) }
     }
 
     pub(crate) fn send_cq(&self) -> &CqRing {
@@ -143,6 +151,18 @@ impl QpCore {
     /// Completes the oldest send request with `status` (its completion when it is signaled
     /// or failed; its buffer back to the pool otherwise) and retires it.
     pub(crate) fn retire(&mut self, status: WcStatus, hub: &EventHub) {
+        self.retire_with(status, hub);
+    }
+
+    /// [`retire`](Self::retire) of a request the peer acknowledged (the common case: once a
+    /// message), inlined into the acknowledgement's handling.
+    #[inline(always)]
+    pub(crate) fn retire_acked(&mut self, hub: &EventHub) {
+        self.retire_with(WcStatus::Success, hub);
+    }
+
+    #[inline(always)]
+    fn retire_with(&mut self, status: WcStatus, hub: &EventHub) {
         if self.sq_tail == self.sq_head {
             // Nothing outstanding (a caller's bug, or a peer's answer to nothing): no
             // completion can be made up.
@@ -157,13 +177,9 @@ impl QpCore {
             self.sq_next = self.sq_tail;
             self.cur_pkt = 0;
         }
-        let byte_len = if op_code == op::READ {
-            len
-        } else if op::reads(op_code) {
-            8
-        } else {
-            len
-        };
+        // A READ's length is its data's; the atomics (the operations after READ) return 8
+        // bytes.
+        let byte_len = if op_code > op::READ { 8 } else { len };
         if status == WcStatus::Success && !signaled {
             self.send_cq().give(1);
             self.release_tag(tag);
@@ -313,8 +329,20 @@ impl QpCore {
         let i = self.rq_tail;
         self.rq_tail = i.wrapping_add(1);
         // SAFETY: as for `rq`; the slot is apart from `self.wqe`.
-        let slot = unsafe { &*self.rq.as_ptr().add((i % self.rq_cap) as usize) };
-        self.wqe.copy_from(slot);
+        let slot = unsafe { &*self.rq.as_ptr().add((i & self.rq_mask) as usize) };
+        // Field by field, the four scatter entries as four fixed copies (valid zeroed, so
+        // the unused ones copy harmlessly): no loop over the used ones, and no whole-entry
+        // assignment (a byte-wise `rep movsb` of 80 bytes at opt-level "z").
+        const _: () = assert!(super::MAX_SGE == 4, "one copy per scatter entry below");
+        let w = &mut self.wqe;
+        w.wr_id = slot.wr_id;
+        w.tag = slot.tag;
+        w.nsge = slot.nsge;
+        w.srq_room = slot.srq_room;
+        w.sges[0] = slot.sges[0];
+        w.sges[1] = slot.sges[1];
+        w.sges[2] = slot.sges[2];
+        w.sges[3] = slot.sges[3];
         true
     }
 

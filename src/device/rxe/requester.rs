@@ -344,6 +344,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// Completes the send and write requests the peer acknowledged through `psn`; stops at a
 /// READ or atomic (those complete with their responses). `true` when such a request is
 /// covered by the acknowledge: its response was lost.
+#[inline(always)]
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
     // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
     // whatever PSN the peer wrote.
@@ -362,7 +363,7 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
             return true;
         }
         q.una = psn_add(last, 1);
-        q.retire(WcStatus::Success, net.hub);
+        q.retire_acked(net.hub);
     }
     false
 }

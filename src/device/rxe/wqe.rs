@@ -136,19 +136,6 @@ impl RqEntry {
     pub(crate) fn sges(&self) -> &[Sge] {
         &self.sges[..usize::from(self.nsge).min(MAX_SGE as usize)]
     }
-
-    /// Becomes a copy of `src` as far as it is read: its fields and the scatter entries it
-    /// uses (the unused ones are never read, [`RqEntry::sges`]). A whole-entry assignment is a
-    /// byte-wise `rep movsb` of 80 bytes at opt-level "z".
-    pub(crate) fn copy_from(&mut self, src: &RqEntry) {
-        self.wr_id = src.wr_id;
-        self.tag = src.tag;
-        self.nsge = src.nsge;
-        self.srq_room = src.srq_room;
-        for (d, s) in self.sges.iter_mut().zip(src.sges()) {
-            *d = *s;
-        }
-    }
 }
 
 /// What the responder is in the middle of.
