@@ -23,24 +23,35 @@ const POLY: u32 = 0xEDB8_8320;
 
 /// The register after `data`, from `r`.
 pub fn update(r: u32, data: &[u8]) -> u32 {
+    update_masked(r, &[], data)
+}
+
+/// The register after `data` with its bytes ORed with `mask` (block `i` of `data` with
+/// `mask[i]`; mask bytes past `data`'s end ignored), from `r`: the ICRC's masked headers read
+/// in place, with no copy.
+#[inline(always)]
+pub fn update_masked(r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if data.len() >= clmul::MIN && accelerated() {
         // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
-        return unsafe { clmul::update(r, &[], data) };
+        return unsafe { clmul::update_masked(r, mask, data) };
     }
-    slice16(r, data)
+    soft_masked(r, mask, data)
 }
 
-/// The register after the bytes of `head`, then `data`, from `r`: one pass over both (with
-/// the folding, one reduction at the end, none between them).
-#[inline(always)]
-pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if head.len() * 16 + data.len() >= clmul::MIN && accelerated() {
-        // SAFETY: as in `update`.
-        return unsafe { clmul::update(r, head, data) };
+/// [`update_masked`] by the tables.
+fn soft_masked(mut r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+    let (blocks, tail) = data.as_chunks::<16>();
+    let n = mask.len().min(blocks.len());
+    for (b, m) in blocks[..n].iter().zip(mask) {
+        let v: [u8; 16] = core::array::from_fn(|i| b[i] | m[i]);
+        r = slice16(r, &v);
     }
-    slice16(slice16(r, head.as_flattened()), data)
+    r = slice16(r, blocks[n..].as_flattened());
+    match mask.get(blocks.len()) {
+        Some(m) => tail.iter().zip(m).fold(r, |r, (&b, &m)| step(r, b | m)),
+        None => slice16(r, tail),
+    }
 }
 
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
@@ -115,6 +126,12 @@ pub const fn bytewise(mut r: u32, data: &[u8]) -> u32 {
     r
 }
 
+/// The register after one byte.
+#[inline(always)]
+fn step(r: u32, b: u8) -> u32 {
+    TABLES[0][((r ^ u32::from(b)) & 0xFF) as usize] ^ (r >> 8)
+}
+
 /// Slice-by-16: 16 bytes per step, each through its own table.
 fn slice16(mut r: u32, data: &[u8]) -> u32 {
     let t = &TABLES;
@@ -128,24 +145,28 @@ fn slice16(mut r: u32, data: &[u8]) -> u32 {
         r ^= at(7, c, 0) ^ at(6, c, 1) ^ at(5, c, 2) ^ at(4, c, 3);
         r ^= at(3, d, 0) ^ at(2, d, 1) ^ at(1, d, 2) ^ at(0, d, 3);
     }
-    for &b in tail {
-        r = t[0][((r ^ u32::from(b)) & 0xFF) as usize] ^ (r >> 8);
-    }
-    r
+    tail.iter().fold(r, |r, &b| step(r, b))
 }
 
 // ---- The folding constants, from the polynomial. ----
 
-/// x^n mod P, in the polynomial's normal bit order (x^31 in the most significant bit).
-const fn xpow_mod(n: u32) -> u32 {
+/// x^n mod P, in the polynomial's normal bit order (x^31 in the most significant bit); `n`
+/// may be negative (P's constant term is 1, so x has an inverse modulo P).
+const fn xpow_mod(n: i32) -> u32 {
+    let normal = POLY.reverse_bits();
     let mut r: u32 = 1;
     let mut i = 0;
-    while i < n {
-        let carry = r & 0x8000_0000 != 0;
-        r <<= 1;
-        if carry {
-            r ^= POLY.reverse_bits();
-        }
+    while i < n.unsigned_abs() {
+        r = if n > 0 {
+            // Times x: the x^32 that leaves the register is replaced by P's lower terms.
+            let carry = r & 0x8000_0000 != 0;
+            (r << 1) ^ if carry { normal } else { 0 }
+        } else if r & 1 != 0 {
+            // Divided by x: r + P is divisible by x, and P's x^32 term becomes x^31.
+            ((r ^ normal) >> 1) | 0x8000_0000
+        } else {
+            r >> 1
+        };
         i += 1;
     }
     r
@@ -153,7 +174,7 @@ const fn xpow_mod(n: u32) -> u32 {
 
 /// The multiplier that moves a 64-bit half of the reflected register `n` bits on: x^n mod P,
 /// reflected, shifted left by one (a reflected carry-less product comes out one bit low).
-const fn key(n: u32) -> u64 {
+const fn key(n: i32) -> u64 {
     (xpow_mod(n).reverse_bits() as u64) << 1
 }
 
@@ -184,10 +205,11 @@ const P_REFLECTED: u64 = (((1u64 << 32) | POLY.reverse_bits() as u64).reverse_bi
 mod clmul {
     use core::arch::x86_64::{
         __m128i, _mm_and_si128, _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_cvtsi128_si32,
-        _mm_loadu_si128, _mm_set_epi32, _mm_set_epi64x, _mm_srli_si128, _mm_xor_si128,
+        _mm_loadu_si128, _mm_or_si128, _mm_set_epi32, _mm_set_epi64x, _mm_setzero_si128,
+        _mm_srli_si128, _mm_xor_si128,
     };
 
-    use super::{P_REFLECTED, key, mu, slice16};
+    use super::{P_REFLECTED, key, mu};
 
     /// The shortest run folded (shorter ones cost less by the tables).
     pub(super) const MIN: usize = 32;
@@ -196,18 +218,53 @@ mod clmul {
     const K_FOLD4: (u64, u64) = (key(4 * 128 + 32), key(4 * 128 - 32));
     /// One block on (128 bits).
     const K_FOLD1: (u64, u64) = (key(128 + 32), key(128 - 32));
+    /// `t` bytes on (`FOLD_BYTES[t]`, `t` below 16), for a tail of `t` bytes.
+    static FOLD_BYTES: [(u64, u64); 16] = {
+        let mut k = [(0, 0); 16];
+        let mut t = 0;
+        while t < 16 {
+            k[t] = (key(8 * t as i32 + 32), key(8 * t as i32 - 32));
+            t += 1;
+        }
+        k
+    };
     /// 64 bits on, for the reduction to 64 bits.
     const K_64: u64 = key(64);
     const MU: u64 = mu();
 
-    /// The register after the bytes of `head`, then `data`, from `r`.
+    /// Zeros, then ones: the 16 bytes from `WINDOW[t]` keep the last `t` bytes of a block.
+    static WINDOW: [u8; 32] = {
+        let mut w = [0; 32];
+        let mut i = 16;
+        while i < 32 {
+            w[i] = 0xFF;
+            i += 1;
+        }
+        w
+    };
+
+    /// [`super::update_masked`] by folding.
     ///
     /// # Safety
     ///
     /// The processor has PCLMULQDQ.
     #[target_feature(enable = "pclmulqdq")]
-    pub(super) unsafe fn update(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
-        let (blocks, tail) = data.as_chunks::<16>();
+    pub(super) unsafe fn update_masked(r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+        let n = data.len();
+        if n < 16 {
+            return super::soft_masked(r, mask, data);
+        }
+        let (blocks, t) = (n / 16, n % 16);
+        let p = data.as_ptr();
+        // The 16 bytes of `data` from `$at`, which is at most `n - 16`.
+        macro_rules! at {
+            ($at:expr) => {{
+                let at: usize = $at;
+                debug_assert!(at + 16 <= n);
+                // SAFETY: `at + 16 <= n` (each use says why): the bytes lie within `data`.
+                unsafe { _mm_loadu_si128(p.add(at).cast::<__m128i>()) }
+            }};
+        }
         // One block into a register.
         macro_rules! load {
             ($b:expr) => {{
@@ -225,34 +282,55 @@ mod clmul {
                 )
             };
         }
-        let (first, head, mut rest) = match (head.split_first(), blocks.split_first()) {
-            (Some((first, head)), _) => (first, head, blocks),
-            (None, Some((first, rest))) => (first, head, rest),
-            (None, None) => return slice16(r, data),
-        };
-        // The register enters as the first four bytes' complement.
-        let mut x = _mm_xor_si128(load!(first), _mm_cvtsi32_si128(r as i32));
+        let zero = _mm_setzero_si128();
         let k1 = _mm_set_epi64x(K_FOLD1.1 as i64, K_FOLD1.0 as i64);
-        for b in head {
-            x = _mm_xor_si128(fold!(x, k1), load!(b));
+        // The register enters as the first four bytes' complement (`n >= 16`).
+        let first = _mm_or_si128(at!(0), mask.first().map_or(zero, |m| load!(m)));
+        let mut x = _mm_xor_si128(first, _mm_cvtsi32_si128(r as i32));
+        // Block `i` next; the masked blocks one at a time (`i < blocks`: `16 * i + 16 <= n`).
+        let mut i = 1;
+        while let Some(m) = mask.get(i)
+            && i < blocks
+        {
+            x = _mm_xor_si128(fold!(x, k1), _mm_or_si128(at!(16 * i), load!(m)));
+            i += 1;
         }
-        if let [b1, b2, b3, more @ ..] = rest {
-            let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
+        // Four at a time from eight blocks on: four running states, the first `x`.
+        if blocks - i >= 8 {
+            // `i + 3 <= blocks`.
+            let (mut x1, mut x2, mut x3) = (at!(16 * i), at!(16 * i + 16), at!(16 * i + 32));
+            i += 3;
             let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-            rest = more;
-            while let [b0, b1, b2, b3, more @ ..] = rest {
-                x = _mm_xor_si128(fold!(x, k4), load!(b0));
-                x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
-                x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
-                x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
-                rest = more;
+            while blocks - i >= 4 {
+                // `i + 4 <= blocks`.
+                x = _mm_xor_si128(fold!(x, k4), at!(16 * i));
+                x1 = _mm_xor_si128(fold!(x1, k4), at!(16 * i + 16));
+                x2 = _mm_xor_si128(fold!(x2, k4), at!(16 * i + 32));
+                x3 = _mm_xor_si128(fold!(x3, k4), at!(16 * i + 48));
+                i += 4;
             }
             x = _mm_xor_si128(fold!(x, k1), x1);
             x = _mm_xor_si128(fold!(x, k1), x2);
             x = _mm_xor_si128(fold!(x, k1), x3);
         }
-        for b in rest {
-            x = _mm_xor_si128(fold!(x, k1), load!(b));
+        while i < blocks {
+            x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
+            i += 1;
+        }
+        // A tail of `t` bytes: the state moved `t` bytes on, plus the tail as the end of a
+        // block: the end of the data's last 16 bytes (`n >= 16`), with the mask of the same
+        // bytes where the mask reaches that far.
+        if t != 0 {
+            let at = n - 16;
+            let m = mask
+                .as_flattened()
+                .get(at..)
+                .and_then(|m| m.first_chunk::<16>());
+            let last = _mm_or_si128(at!(at), m.map_or(zero, |m| load!(m)));
+            let keep = WINDOW.get(t..).and_then(|w| w.first_chunk::<16>());
+            let last = _mm_and_si128(last, keep.map_or(zero, |w| load!(w)));
+            let (lo, hi) = FOLD_BYTES.get(t).copied().unwrap_or_default();
+            x = _mm_xor_si128(fold!(x, _mm_set_epi64x(hi as i64, lo as i64)), last);
         }
         // 128 bits to 96: the low half moved 64 bits on into the high half.
         let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k1, 0x10), _mm_srli_si128(x, 8));
@@ -268,8 +346,7 @@ mod clmul {
         let pmu = _mm_set_epi64x(MU as i64, P_REFLECTED as i64);
         let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pmu, 0x10);
         let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
-        let r = _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32;
-        if tail.is_empty() { r } else { slice16(r, tail) }
+        _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32
     }
 }
 
@@ -316,14 +393,42 @@ mod tests {
                     #[cfg(target_arch = "x86_64")]
                     if len >= 16 && accelerated() {
                         // SAFETY: the processor has PCLMULQDQ.
-                        let folded = unsafe { clmul::update(r, &[], d) };
+                        let folded = unsafe { clmul::update_masked(r, &[], d) };
                         assert_eq!(folded, want, "clmul start {start} len {len}");
                     }
-                    // The same bytes as whole blocks of a head, then the rest.
-                    let (head, _) = d.as_chunks::<16>();
-                    for h in 0..=head.len().min(6) {
-                        let got = update_blocks(r, &head[..h], &d[h * 16..]);
-                        assert_eq!(got, want, "head of {h} start {start} len {len}");
+                }
+            }
+        }
+    }
+
+    /// With a mask over the first blocks, every algorithm equals the byte-at-a-time CRC of
+    /// the data with the mask ORed on, for every length up to `LONGEST`, every mask length
+    /// (none, shorter than the data, reaching past its end).
+    #[test]
+    fn masked_equals_the_bytes_masked() {
+        let data: [u8; 320] =
+            core::array::from_fn(|i| (i as u32).wrapping_mul(0x9E37_79B1) as u8 ^ (i >> 5) as u8);
+        let mask: [[u8; 16]; 5] = core::array::from_fn(|b| {
+            core::array::from_fn(|i| [0, 0xFF, 0x0F, 0x81][(b * 7 + i * 3 + i / 5) % 4])
+        });
+        for len in 0..=LONGEST {
+            for blocks in 0..=mask.len() {
+                let (d, m) = (&data[..len], &mask[..blocks]);
+                let or: Vec<u8> = d
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| b | m.as_flattened().get(i).copied().unwrap_or(0))
+                    .collect();
+                for r in [INIT, 0, 0x1234_5678] {
+                    let want = bytewise(r, &or);
+                    let what = format!("len {len} mask {blocks} r {r:#x}");
+                    assert_eq!(soft_masked(r, m, d), want, "tables {what}");
+                    assert_eq!(update_masked(r, m, d), want, "update_masked {what}");
+                    #[cfg(target_arch = "x86_64")]
+                    if len >= 16 && accelerated() {
+                        // SAFETY: the processor has PCLMULQDQ.
+                        let folded = unsafe { clmul::update_masked(r, m, d) };
+                        assert_eq!(folded, want, "clmul {what}");
                     }
                 }
             }
