@@ -30,9 +30,9 @@ pub fn update(r: u32, data: &[u8]) -> u32 {
 /// `mask[i]`; mask bytes past `data`'s end ignored), from `r`: the ICRC's masked headers read
 /// in place, with no copy.
 #[inline(always)]
-pub fn update_masked(r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+pub fn update_masked<const B: usize>(r: u32, mask: &[[u8; 16]; B], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= clmul::MIN && accelerated() {
+    if data.len() >= clmul::MIN.max(16 * B.saturating_sub(1)) && accelerated() {
         // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
         return unsafe { clmul::update_masked(r, mask, data) };
     }
@@ -249,9 +249,13 @@ mod clmul {
     ///
     /// The processor has PCLMULQDQ.
     #[target_feature(enable = "pclmulqdq")]
-    pub(super) unsafe fn update_masked(r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+    pub(super) unsafe fn update_masked<const B: usize>(
+        r: u32,
+        mask: &[[u8; 16]; B],
+        data: &[u8],
+    ) -> u32 {
         let n = data.len();
-        if n < 16 {
+        if n < 16 * B.saturating_sub(1).max(1) {
             return super::soft_masked(r, mask, data);
         }
         let (blocks, t) = (n / 16, n % 16);
@@ -287,13 +291,30 @@ mod clmul {
         // The register enters as the first four bytes' complement (`n >= 16`).
         let first = _mm_or_si128(at!(0), mask.first().map_or(zero, |m| load!(m)));
         let mut x = _mm_xor_si128(first, _mm_cvtsi32_si128(r as i32));
-        // Block `i` next; the masked blocks one at a time (`i < blocks`: `16 * i + 16 <= n`).
+        // Block `i` and its mask next.
         let mut i = 1;
-        while let Some(m) = mask.get(i)
+        macro_rules! masked {
+            ($m:expr) => {
+                x = _mm_xor_si128(fold!(x, k1), _mm_or_si128(at!(16 * i), load!($m)));
+                i += 1;
+            };
+        }
+        // The masked blocks: all but the last whole (`n >= 16 * (B - 1)`, so `16 * i + 16 <=
+        // n`), the first two of them without a loop (`i` and `B` constants there), any more
+        // in one; the last where it is whole (`i < blocks`).
+        if i + 1 < B {
+            masked!(&mask[i]);
+        }
+        if i + 1 < B {
+            masked!(&mask[i]);
+        }
+        while i + 1 < B {
+            masked!(&mask[i]);
+        }
+        if let Some(m) = mask.get(i)
             && i < blocks
         {
-            x = _mm_xor_si128(fold!(x, k1), _mm_or_si128(at!(16 * i), load!(m)));
-            i += 1;
+            masked!(m);
         }
         // Four at a time from eight blocks on: four running states, the first `x`.
         if blocks - i >= 8 {
@@ -412,25 +433,33 @@ mod tests {
             core::array::from_fn(|i| [0, 0xFF, 0x0F, 0x81][(b * 7 + i * 3 + i / 5) % 4])
         });
         for len in 0..=LONGEST {
-            for blocks in 0..=mask.len() {
-                let (d, m) = (&data[..len], &mask[..blocks]);
-                let or: Vec<u8> = d
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &b)| b | m.as_flattened().get(i).copied().unwrap_or(0))
-                    .collect();
-                for r in [INIT, 0, 0x1234_5678] {
-                    let want = bytewise(r, &or);
-                    let what = format!("len {len} mask {blocks} r {r:#x}");
-                    assert_eq!(soft_masked(r, m, d), want, "tables {what}");
-                    assert_eq!(update_masked(r, m, d), want, "update_masked {what}");
-                    #[cfg(target_arch = "x86_64")]
-                    if len >= 16 && accelerated() {
-                        // SAFETY: the processor has PCLMULQDQ.
-                        let folded = unsafe { clmul::update_masked(r, m, d) };
-                        assert_eq!(folded, want, "clmul {what}");
-                    }
-                }
+            let d = &data[..len];
+            masked_agree::<0>(d, &[]);
+            masked_agree::<1>(d, mask.first_chunk().unwrap());
+            masked_agree::<2>(d, mask.first_chunk().unwrap());
+            masked_agree::<3>(d, mask.first_chunk().unwrap());
+            masked_agree::<4>(d, mask.first_chunk().unwrap());
+            masked_agree::<5>(d, &mask);
+        }
+    }
+
+    /// [`masked_equals_the_bytes_masked`] for one mask.
+    fn masked_agree<const B: usize>(d: &[u8], m: &[[u8; 16]; B]) {
+        let or: Vec<u8> = d
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| b | m.as_flattened().get(i).copied().unwrap_or(0))
+            .collect();
+        for r in [INIT, 0, 0x1234_5678] {
+            let want = bytewise(r, &or);
+            let what = format!("len {} mask {B} r {r:#x}", d.len());
+            assert_eq!(soft_masked(r, m, d), want, "tables {what}");
+            assert_eq!(update_masked(r, m, d), want, "update_masked {what}");
+            #[cfg(target_arch = "x86_64")]
+            if d.len() >= 16 && accelerated() {
+                // SAFETY: the processor has PCLMULQDQ.
+                let folded = unsafe { clmul::update_masked(r, m, d) };
+                assert_eq!(folded, want, "clmul {what}");
             }
         }
     }
