@@ -23,7 +23,7 @@ const IPV6_LEN: usize = 40;
 pub fn icrc(packet: &[u8]) -> Option<u32> {
     match packet.first()? >> 4 {
         4 => icrc_v4(packet),
-        6 => masked::<{ IPV6_LEN + UDP_LEN + BTH_LEN }, 4>(packet, &MASK_V6),
+        6 => masked::<{ IPV6_LEN + UDP_LEN + BTH_LEN }, 4>(packet, &MASK_V6.0),
         _ => None,
     }
 }
@@ -31,7 +31,7 @@ pub fn icrc(packet: &[u8]) -> Option<u32> {
 /// [`icrc`] of an IPv4 packet (the version is not looked at). `None` as [`icrc`].
 #[inline(always)]
 pub fn icrc_v4(packet: &[u8]) -> Option<u32> {
-    masked::<{ IPV4_LEN + UDP_LEN + BTH_LEN }, 3>(packet, &MASK_V4)
+    masked::<{ IPV4_LEN + UDP_LEN + BTH_LEN }, 3>(packet, &MASK_V4.0)
 }
 
 /// The register after the 8 bytes of 0xFF that precede the packet.
@@ -39,7 +39,7 @@ const ONES: u32 = crc32::bytewise(crc32::INIT, &[0xFF; 8]);
 
 /// The fields routers may change, as the blocks ORed onto the packet's first bytes: TOS,
 /// TTL and header checksum of IPv4, the UDP checksum, BTH byte 4 (FECN, BECN, reserved).
-const MASK_V4: [[u8; 16]; 3] = mask(
+static MASK_V4: Aligned<[[u8; 16]; 3]> = Aligned(mask(
     &[
         1,
         8,
@@ -50,10 +50,10 @@ const MASK_V4: [[u8; 16]; 3] = mask(
         IPV4_LEN + UDP_LEN + 4,
     ],
     0,
-);
+));
 
 /// As [`MASK_V4`] for IPv6: traffic class and flow label (the version stays), hop limit.
-const MASK_V6: [[u8; 16]; 4] = mask(
+static MASK_V6: Aligned<[[u8; 16]; 4]> = Aligned(mask(
     &[
         1,
         2,
@@ -64,7 +64,11 @@ const MASK_V6: [[u8; 16]; 4] = mask(
         IPV6_LEN + UDP_LEN + 4,
     ],
     0x0F,
-);
+));
+
+/// Masks on a 16-byte boundary: the folding ORs them on straight from memory.
+#[repr(C, align(16))]
+struct Aligned<T>(T);
 
 /// Blocks with 0xFF at the bytes `at` and `first` in byte 0.
 const fn mask<const B: usize>(at: &[usize], first: u8) -> [[u8; 16]; B] {
