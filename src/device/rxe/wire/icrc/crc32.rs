@@ -218,30 +218,36 @@ mod clmul {
     const K_FOLD4: (u64, u64) = (key(4 * 128 + 32), key(4 * 128 - 32));
     /// One block on (128 bits).
     const K_FOLD1: (u64, u64) = (key(128 + 32), key(128 - 32));
-    /// `t` bytes on (`FOLD_BYTES[t]`, `t` below 16), for a tail of `t` bytes.
-    static FOLD_BYTES: [(u64, u64); 16] = {
-        let mut k = [(0, 0); 16];
+    /// For a tail of `t` bytes (`TAIL[t]`, `t` below 16): the multipliers that move the state
+    /// `t` bytes on, and the mask that keeps the last `t` bytes of a block. One aligned
+    /// entry: both loads from one address.
+    #[repr(C, align(16))]
+    struct Tail {
+        keys: [u64; 2],
+        keep: [u8; 16],
+    }
+    static TAIL: [Tail; 16] = {
+        let mut all = [const {
+            Tail {
+                keys: [0; 2],
+                keep: [0; 16],
+            }
+        }; 16];
         let mut t = 0;
         while t < 16 {
-            k[t] = (key(8 * t as i32 + 32), key(8 * t as i32 - 32));
+            all[t].keys = [key(8 * t as i32 + 32), key(8 * t as i32 - 32)];
+            let mut i = 16 - t;
+            while i < 16 {
+                all[t].keep[i] = 0xFF;
+                i += 1;
+            }
             t += 1;
         }
-        k
+        all
     };
     /// 64 bits on, for the reduction to 64 bits.
     const K_64: u64 = key(64);
     const MU: u64 = mu();
-
-    /// Zeros, then ones: the 16 bytes from `WINDOW[t]` keep the last `t` bytes of a block.
-    static WINDOW: [u8; 32] = {
-        let mut w = [0; 32];
-        let mut i = 16;
-        while i < 32 {
-            w[i] = 0xFF;
-            i += 1;
-        }
-        w
-    };
 
     /// [`super::update_masked`] by folding.
     ///
@@ -348,10 +354,11 @@ mod clmul {
                 .get(at..)
                 .and_then(|m| m.first_chunk::<16>());
             let last = _mm_or_si128(at!(at), m.map_or(zero, |m| load!(m)));
-            let keep = WINDOW.get(t..).and_then(|w| w.first_chunk::<16>());
-            let last = _mm_and_si128(last, keep.map_or(zero, |w| load!(w)));
-            let (lo, hi) = FOLD_BYTES.get(t).copied().unwrap_or_default();
-            x = _mm_xor_si128(fold!(x, _mm_set_epi64x(hi as i64, lo as i64)), last);
+            let Tail { keys, keep } = &TAIL[t];
+            let last = _mm_and_si128(last, load!(keep));
+            // SAFETY: an unaligned 16-byte load from a `[u64; 2]`.
+            let keys = unsafe { _mm_loadu_si128(keys.as_ptr().cast::<__m128i>()) };
+            x = _mm_xor_si128(fold!(x, keys), last);
         }
         // 128 bits to 96: the low half moved 64 bits on into the high half.
         let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k1, 0x10), _mm_srli_si128(x, 8));
