@@ -322,27 +322,30 @@ mod clmul {
         {
             masked!(m);
         }
-        // Four at a time from eight blocks on: four running states, the first `x`.
-        if blocks - i >= 8 {
-            // `i + 3 <= blocks`.
-            let (mut x1, mut x2, mut x3) = (at!(16 * i), at!(16 * i + 16), at!(16 * i + 32));
-            i += 3;
-            let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-            while blocks - i >= 4 {
-                // `i + 4 <= blocks`.
-                x = _mm_xor_si128(fold!(x, k4), at!(16 * i));
-                x1 = _mm_xor_si128(fold!(x1, k4), at!(16 * i + 16));
-                x2 = _mm_xor_si128(fold!(x2, k4), at!(16 * i + 32));
-                x3 = _mm_xor_si128(fold!(x3, k4), at!(16 * i + 48));
-                i += 4;
+        // The rest, where there is one (a short packet ends in its masked blocks).
+        if i < blocks {
+            // Four at a time from eight blocks on: four running states, the first `x`.
+            if blocks - i >= 8 {
+                // `i + 3 <= blocks`.
+                let (mut x1, mut x2, mut x3) = (at!(16 * i), at!(16 * i + 16), at!(16 * i + 32));
+                i += 3;
+                let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
+                while blocks - i >= 4 {
+                    // `i + 4 <= blocks`.
+                    x = _mm_xor_si128(fold!(x, k4), at!(16 * i));
+                    x1 = _mm_xor_si128(fold!(x1, k4), at!(16 * i + 16));
+                    x2 = _mm_xor_si128(fold!(x2, k4), at!(16 * i + 32));
+                    x3 = _mm_xor_si128(fold!(x3, k4), at!(16 * i + 48));
+                    i += 4;
+                }
+                x = _mm_xor_si128(fold!(x, k1), x1);
+                x = _mm_xor_si128(fold!(x, k1), x2);
+                x = _mm_xor_si128(fold!(x, k1), x3);
             }
-            x = _mm_xor_si128(fold!(x, k1), x1);
-            x = _mm_xor_si128(fold!(x, k1), x2);
-            x = _mm_xor_si128(fold!(x, k1), x3);
-        }
-        while i < blocks {
-            x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
-            i += 1;
+            while i < blocks {
+                x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
+                i += 1;
+            }
         }
         // A tail of `t` bytes: the state moved `t` bytes on, plus the tail as the end of a
         // block: the end of the data's last 16 bytes (`n >= 16`), with the mask of the same
