@@ -1,7 +1,8 @@
 //! CRC-32 of IEEE 802.3 (Ethernet's, the one the ICRC uses: polynomial 0x04C11DB7, bits
 //! reflected, register preset to all-ones and inverted at the end), in two algorithms:
 //!
-//! - carry-less multiplication (PCLMULQDQ) folding 64 bytes per step, then a Barrett
+//! - carry-less multiplication (PCLMULQDQ) folding 64 bytes per step (one or two blocks of
+//!   16 per step on short runs), a tail of `t` bytes folded on by x^(8t), then a Barrett
 //!   reduction, on x86_64 processors that have the instruction (about 0.4 instructions a byte);
 //! - slice-by-16 everywhere else and for short runs: 16 tables of 256 words (16 KiB, built at
 //!   compile time), 16 bytes per step (about 3 instructions a byte).
@@ -10,8 +11,9 @@
 //! otherwise by one CPUID query at the first CRC, remembered. Every constant is derived below
 //! from the polynomial by the definitions of the folding method, none typed in.
 //!
-//! The functions work on the raw register: start from [`INIT`], feed [`update`], and invert
-//! the result.
+//! The functions work on the raw register: start from [`INIT`], feed [`update`] (or
+//! [`update_masked`], which ORs a mask onto the data's first blocks as it reads them: the
+//! ICRC's fields routers may change), and invert the result.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -39,8 +41,8 @@ pub fn update_masked<const B: usize>(r: u32, mask: &[[u8; 16]; B], data: &[u8]) 
     soft_masked(r, mask, data)
 }
 
-/// [`update_masked`] by the tables.
-fn soft_masked(mut r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+/// [`update_masked`] by the tables (the processors without PCLMULQDQ).
+pub(super) fn soft_masked(mut r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
     let (blocks, tail) = data.as_chunks::<16>();
     let n = mask.len().min(blocks.len());
     for (b, m) in blocks[..n].iter().zip(mask) {
