@@ -142,11 +142,8 @@ mod tests {
                     s as u8
                 })
                 .collect();
-            let cases: [(u8, usize, &[usize], &[[u8; 16]]); 2] = [
-                (0x40, IPV4_LEN, &v4, &MASK_V4.0),
-                (0x60, IPV6_LEN, &v6, &MASK_V6.0),
-            ];
-            for (version, ip_len, masked, mask) in cases {
+            let v4_case = (0x40, IPV4_LEN, &v4[..], MASK_V4.0.as_slice());
+            for (version, ip_len, masked, mask) in [v4_case, (0x60, IPV6_LEN, &v6, &MASK_V6.0)] {
                 for len in 0..=longest {
                     let mut p = body[..len].to_vec();
                     if let Some(b) = p.first_mut() {
