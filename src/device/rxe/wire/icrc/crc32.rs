@@ -328,33 +328,39 @@ mod clmul {
         }
         // The rest, where there is one (a short packet ends in its masked blocks).
         if i < blocks {
-            // Four at a time from eight blocks on: four running states, the first `x`.
-            if blocks - i >= 8 {
-                // `i + 3 <= blocks`.
-                let (mut x1, mut x2, mut x3) = (at!(16 * i), at!(16 * i + 16), at!(16 * i + 32));
-                i += 3;
+            // Four at a time from eight blocks on: four running states, the first `x` (over
+            // the blocks as a slice: one pointer and one count a step), the last few one at a
+            // time.
+            if blocks - i >= 8
+                && let Some([b1, b2, b3, more @ ..]) = data.as_chunks::<16>().0.get(i..)
+            {
+                let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
                 let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-                while blocks - i >= 4 {
-                    // `i + 4 <= blocks`.
-                    x = _mm_xor_si128(fold!(x, k4), at!(16 * i));
-                    x1 = _mm_xor_si128(fold!(x1, k4), at!(16 * i + 16));
-                    x2 = _mm_xor_si128(fold!(x2, k4), at!(16 * i + 32));
-                    x3 = _mm_xor_si128(fold!(x3, k4), at!(16 * i + 48));
-                    i += 4;
+                let mut rest = more;
+                while let [b0, b1, b2, b3, more @ ..] = rest {
+                    x = _mm_xor_si128(fold!(x, k4), load!(b0));
+                    x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
+                    x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
+                    x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
+                    rest = more;
                 }
                 x = _mm_xor_si128(fold!(x, k1), x1);
                 x = _mm_xor_si128(fold!(x, k1), x2);
                 x = _mm_xor_si128(fold!(x, k1), x3);
-            }
-            // Two at a time (`i + 2 <= blocks`), then the last one.
-            let k2 = _mm_set_epi64x(K_FOLD2.1 as i64, K_FOLD2.0 as i64);
-            while blocks - i >= 2 {
-                let b = _mm_xor_si128(fold!(at!(16 * i), k1), at!(16 * i + 16));
-                x = _mm_xor_si128(fold!(x, k2), b);
-                i += 2;
-            }
-            if i < blocks {
-                x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
+                for b in rest {
+                    x = _mm_xor_si128(fold!(x, k1), load!(b));
+                }
+            } else {
+                // Fewer: two at a time (`i + 2 <= blocks`), then the last one.
+                let k2 = _mm_set_epi64x(K_FOLD2.1 as i64, K_FOLD2.0 as i64);
+                while blocks - i >= 2 {
+                    let b = _mm_xor_si128(fold!(at!(16 * i), k1), at!(16 * i + 16));
+                    x = _mm_xor_si128(fold!(x, k2), b);
+                    i += 2;
+                }
+                if i < blocks {
+                    x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
+                }
             }
         }
         // A tail of `t` bytes: the state moved `t` bytes on, plus the tail as the end of a
