@@ -1,7 +1,8 @@
 //! CRC-32 of IEEE 802.3 (Ethernet's, the one the ICRC uses: polynomial 0x04C11DB7, bits
 //! reflected, register preset to all-ones and inverted at the end), in two algorithms:
 //!
-//! - carry-less multiplication (PCLMULQDQ) folding 64 bytes per step, then a Barrett
+//! - carry-less multiplication (PCLMULQDQ) folding 64 bytes per step (one or two blocks of
+//!   16 per step on short runs), a tail of `t` bytes folded on by x^(8t), then a Barrett
 //!   reduction, on x86_64 processors that have the instruction (about 0.4 instructions a byte);
 //! - slice-by-16 everywhere else and for short runs: 16 tables of 256 words (16 KiB, built at
 //!   compile time), 16 bytes per step (about 3 instructions a byte).
@@ -10,8 +11,9 @@
 //! otherwise by one CPUID query at the first CRC, remembered. Every constant is derived below
 //! from the polynomial by the definitions of the folding method, none typed in.
 //!
-//! The functions work on the raw register: start from [`INIT`], feed [`update`], and invert
-//! the result.
+//! The functions work on the raw register: start from [`INIT`], feed [`update`] (or
+//! [`update_masked`], which ORs a mask onto the data's first blocks as it reads them: the
+//! ICRC's fields routers may change), and invert the result.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -23,24 +25,35 @@ const POLY: u32 = 0xEDB8_8320;
 
 /// The register after `data`, from `r`.
 pub fn update(r: u32, data: &[u8]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if data.len() >= clmul::MIN && accelerated() {
-        // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
-        return unsafe { clmul::update(r, &[], data) };
-    }
-    slice16(r, data)
+    update_masked(r, &[], data)
 }
 
-/// The register after the bytes of `head`, then `data`, from `r`: one pass over both (with
-/// the folding, one reduction at the end, none between them).
+/// The register after `data` with its bytes ORed with `mask` (block `i` of `data` with
+/// `mask[i]`; mask bytes past `data`'s end ignored), from `r`: the ICRC's masked headers read
+/// in place, with no copy.
 #[inline(always)]
-pub fn update_blocks(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
+pub fn update_masked<const B: usize>(r: u32, mask: &[[u8; 16]; B], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if head.len() * 16 + data.len() >= clmul::MIN && accelerated() {
-        // SAFETY: as in `update`.
-        return unsafe { clmul::update(r, head, data) };
+    if data.len() >= clmul::MIN.max(16 * B.saturating_sub(1)) && accelerated() {
+        // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
+        return unsafe { clmul::update_masked(r, mask, data) };
     }
-    slice16(slice16(r, head.as_flattened()), data)
+    soft_masked(r, mask, data)
+}
+
+/// [`update_masked`] by the tables (the processors without PCLMULQDQ).
+pub(super) fn soft_masked(mut r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
+    let (blocks, tail) = data.as_chunks::<16>();
+    let n = mask.len().min(blocks.len());
+    for (b, m) in blocks[..n].iter().zip(mask) {
+        let v: [u8; 16] = core::array::from_fn(|i| b[i] | m[i]);
+        r = slice16(r, &v);
+    }
+    r = slice16(r, blocks[n..].as_flattened());
+    match mask.get(blocks.len()) {
+        Some(m) => tail.iter().zip(m).fold(r, |r, (&b, &m)| step(r, b | m)),
+        None => slice16(r, tail),
+    }
 }
 
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
@@ -115,6 +128,12 @@ pub const fn bytewise(mut r: u32, data: &[u8]) -> u32 {
     r
 }
 
+/// The register after one byte.
+#[inline(always)]
+fn step(r: u32, b: u8) -> u32 {
+    TABLES[0][((r ^ u32::from(b)) & 0xFF) as usize] ^ (r >> 8)
+}
+
 /// Slice-by-16: 16 bytes per step, each through its own table.
 fn slice16(mut r: u32, data: &[u8]) -> u32 {
     let t = &TABLES;
@@ -128,24 +147,28 @@ fn slice16(mut r: u32, data: &[u8]) -> u32 {
         r ^= at(7, c, 0) ^ at(6, c, 1) ^ at(5, c, 2) ^ at(4, c, 3);
         r ^= at(3, d, 0) ^ at(2, d, 1) ^ at(1, d, 2) ^ at(0, d, 3);
     }
-    for &b in tail {
-        r = t[0][((r ^ u32::from(b)) & 0xFF) as usize] ^ (r >> 8);
-    }
-    r
+    tail.iter().fold(r, |r, &b| step(r, b))
 }
 
 // ---- The folding constants, from the polynomial. ----
 
-/// x^n mod P, in the polynomial's normal bit order (x^31 in the most significant bit).
-const fn xpow_mod(n: u32) -> u32 {
+/// x^n mod P, in the polynomial's normal bit order (x^31 in the most significant bit); `n`
+/// may be negative (P's constant term is 1, so x has an inverse modulo P).
+const fn xpow_mod(n: i32) -> u32 {
+    let normal = POLY.reverse_bits();
     let mut r: u32 = 1;
     let mut i = 0;
-    while i < n {
-        let carry = r & 0x8000_0000 != 0;
-        r <<= 1;
-        if carry {
-            r ^= POLY.reverse_bits();
-        }
+    while i < n.unsigned_abs() {
+        r = if n > 0 {
+            // Times x: the x^32 that leaves the register is replaced by P's lower terms.
+            let carry = r & 0x8000_0000 != 0;
+            (r << 1) ^ if carry { normal } else { 0 }
+        } else if r & 1 != 0 {
+            // Divided by x: r + P is divisible by x, and P's x^32 term becomes x^31.
+            ((r ^ normal) >> 1) | 0x8000_0000
+        } else {
+            r >> 1
+        };
         i += 1;
     }
     r
@@ -153,7 +176,7 @@ const fn xpow_mod(n: u32) -> u32 {
 
 /// The multiplier that moves a 64-bit half of the reflected register `n` bits on: x^n mod P,
 /// reflected, shifted left by one (a reflected carry-less product comes out one bit low).
-const fn key(n: u32) -> u64 {
+const fn key(n: i32) -> u64 {
     (xpow_mod(n).reverse_bits() as u64) << 1
 }
 
@@ -184,10 +207,11 @@ const P_REFLECTED: u64 = (((1u64 << 32) | POLY.reverse_bits() as u64).reverse_bi
 mod clmul {
     use core::arch::x86_64::{
         __m128i, _mm_and_si128, _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_cvtsi128_si32,
-        _mm_loadu_si128, _mm_set_epi32, _mm_set_epi64x, _mm_srli_si128, _mm_xor_si128,
+        _mm_loadu_si128, _mm_or_si128, _mm_set_epi32, _mm_set_epi64x, _mm_setzero_si128,
+        _mm_srli_si128, _mm_xor_si128,
     };
 
-    use super::{P_REFLECTED, key, mu, slice16};
+    use super::{P_REFLECTED, key, mu};
 
     /// The shortest run folded (shorter ones cost less by the tables).
     pub(super) const MIN: usize = 32;
@@ -196,18 +220,65 @@ mod clmul {
     const K_FOLD4: (u64, u64) = (key(4 * 128 + 32), key(4 * 128 - 32));
     /// One block on (128 bits).
     const K_FOLD1: (u64, u64) = (key(128 + 32), key(128 - 32));
+    /// Two blocks on (256 bits).
+    const K_FOLD2: (u64, u64) = (key(2 * 128 + 32), key(2 * 128 - 32));
+    /// For a tail of `t` bytes (`TAIL[t]`, `t` below 16): the multipliers that move the state
+    /// `t` bytes on, and the mask that keeps the last `t` bytes of a block. One aligned
+    /// entry: both loads from one address.
+    #[repr(C, align(16))]
+    struct Tail {
+        keys: [u64; 2],
+        keep: [u8; 16],
+    }
+    static TAIL: [Tail; 16] = {
+        let mut all = [const {
+            Tail {
+                keys: [0; 2],
+                keep: [0; 16],
+            }
+        }; 16];
+        let mut t = 0;
+        while t < 16 {
+            all[t].keys = [key(8 * t as i32 + 32), key(8 * t as i32 - 32)];
+            let mut i = 16 - t;
+            while i < 16 {
+                all[t].keep[i] = 0xFF;
+                i += 1;
+            }
+            t += 1;
+        }
+        all
+    };
     /// 64 bits on, for the reduction to 64 bits.
     const K_64: u64 = key(64);
     const MU: u64 = mu();
 
-    /// The register after the bytes of `head`, then `data`, from `r`.
+    /// [`super::update_masked`] by folding.
     ///
     /// # Safety
     ///
     /// The processor has PCLMULQDQ.
     #[target_feature(enable = "pclmulqdq")]
-    pub(super) unsafe fn update(r: u32, head: &[[u8; 16]], data: &[u8]) -> u32 {
-        let (blocks, tail) = data.as_chunks::<16>();
+    pub(super) unsafe fn update_masked<const B: usize>(
+        r: u32,
+        mask: &[[u8; 16]; B],
+        data: &[u8],
+    ) -> u32 {
+        let n = data.len();
+        if n < 16 * B.saturating_sub(1).max(1) {
+            return super::soft_masked(r, mask, data);
+        }
+        let (blocks, t) = (n / 16, n % 16);
+        let p = data.as_ptr();
+        // The 16 bytes of `data` from `$at`, which is at most `n - 16`.
+        macro_rules! at {
+            ($at:expr) => {{
+                let at: usize = $at;
+                debug_assert!(at + 16 <= n);
+                // SAFETY: `at + 16 <= n` (each use says why): the bytes lie within `data`.
+                unsafe { _mm_loadu_si128(p.add(at).cast::<__m128i>()) }
+            }};
+        }
         // One block into a register.
         macro_rules! load {
             ($b:expr) => {{
@@ -225,34 +296,88 @@ mod clmul {
                 )
             };
         }
-        let (first, head, mut rest) = match (head.split_first(), blocks.split_first()) {
-            (Some((first, head)), _) => (first, head, blocks),
-            (None, Some((first, rest))) => (first, head, rest),
-            (None, None) => return slice16(r, data),
-        };
-        // The register enters as the first four bytes' complement.
-        let mut x = _mm_xor_si128(load!(first), _mm_cvtsi32_si128(r as i32));
+        let zero = _mm_setzero_si128();
         let k1 = _mm_set_epi64x(K_FOLD1.1 as i64, K_FOLD1.0 as i64);
-        for b in head {
-            x = _mm_xor_si128(fold!(x, k1), load!(b));
+        // The register enters as the first four bytes' complement (`n >= 16`).
+        let first = _mm_or_si128(at!(0), mask.first().map_or(zero, |m| load!(m)));
+        let mut x = _mm_xor_si128(first, _mm_cvtsi32_si128(r as i32));
+        // Block `i` and its mask next.
+        let mut i = 1;
+        macro_rules! masked {
+            ($m:expr) => {
+                x = _mm_xor_si128(fold!(x, k1), _mm_or_si128(at!(16 * i), load!($m)));
+                i += 1;
+            };
         }
-        if let [b1, b2, b3, more @ ..] = rest {
-            let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
-            let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-            rest = more;
-            while let [b0, b1, b2, b3, more @ ..] = rest {
-                x = _mm_xor_si128(fold!(x, k4), load!(b0));
-                x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
-                x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
-                x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
-                rest = more;
+        // The masked blocks: all but the last whole (`n >= 16 * (B - 1)`, so `16 * i + 16 <=
+        // n`), the first two of them without a loop (`i` and `B` constants there), any more
+        // in one; the last where it is whole (`i < blocks`).
+        if i + 1 < B {
+            masked!(&mask[i]);
+        }
+        if i + 1 < B {
+            masked!(&mask[i]);
+        }
+        while i + 1 < B {
+            masked!(&mask[i]);
+        }
+        if let Some(m) = mask.get(i)
+            && i < blocks
+        {
+            masked!(m);
+        }
+        // The rest, where there is one (a short packet ends in its masked blocks).
+        if i < blocks {
+            // Four at a time from eight blocks on: four running states, the first `x` (over
+            // the blocks as a slice: one pointer and one count a step), the last few one at a
+            // time.
+            if blocks - i >= 8
+                && let Some([b1, b2, b3, more @ ..]) = data.as_chunks::<16>().0.get(i..)
+            {
+                let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
+                let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
+                let mut rest = more;
+                while let [b0, b1, b2, b3, more @ ..] = rest {
+                    x = _mm_xor_si128(fold!(x, k4), load!(b0));
+                    x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
+                    x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
+                    x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
+                    rest = more;
+                }
+                x = _mm_xor_si128(fold!(x, k1), x1);
+                x = _mm_xor_si128(fold!(x, k1), x2);
+                x = _mm_xor_si128(fold!(x, k1), x3);
+                for b in rest {
+                    x = _mm_xor_si128(fold!(x, k1), load!(b));
+                }
+            } else {
+                // Fewer: two at a time (`i + 2 <= blocks`), then the last one.
+                let k2 = _mm_set_epi64x(K_FOLD2.1 as i64, K_FOLD2.0 as i64);
+                while blocks - i >= 2 {
+                    let b = _mm_xor_si128(fold!(at!(16 * i), k1), at!(16 * i + 16));
+                    x = _mm_xor_si128(fold!(x, k2), b);
+                    i += 2;
+                }
+                if i < blocks {
+                    x = _mm_xor_si128(fold!(x, k1), at!(16 * i));
+                }
             }
-            x = _mm_xor_si128(fold!(x, k1), x1);
-            x = _mm_xor_si128(fold!(x, k1), x2);
-            x = _mm_xor_si128(fold!(x, k1), x3);
         }
-        for b in rest {
-            x = _mm_xor_si128(fold!(x, k1), load!(b));
+        // A tail of `t` bytes: the state moved `t` bytes on, plus the tail as the end of a
+        // block: the end of the data's last 16 bytes (`n >= 16`), with the mask of the same
+        // bytes where the mask reaches that far.
+        if t != 0 {
+            let at = n - 16;
+            let m = mask
+                .as_flattened()
+                .get(at..)
+                .and_then(|m| m.first_chunk::<16>());
+            let last = _mm_or_si128(at!(at), m.map_or(zero, |m| load!(m)));
+            let Tail { keys, keep } = &TAIL[t];
+            let last = _mm_and_si128(last, load!(keep));
+            // SAFETY: an unaligned 16-byte load from a `[u64; 2]`.
+            let keys = unsafe { _mm_loadu_si128(keys.as_ptr().cast::<__m128i>()) };
+            x = _mm_xor_si128(fold!(x, keys), last);
         }
         // 128 bits to 96: the low half moved 64 bits on into the high half.
         let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k1, 0x10), _mm_srli_si128(x, 8));
@@ -268,8 +393,7 @@ mod clmul {
         let pmu = _mm_set_epi64x(MU as i64, P_REFLECTED as i64);
         let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pmu, 0x10);
         let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
-        let r = _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32;
-        if tail.is_empty() { r } else { slice16(r, tail) }
+        _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32
     }
 }
 
@@ -316,16 +440,52 @@ mod tests {
                     #[cfg(target_arch = "x86_64")]
                     if len >= 16 && accelerated() {
                         // SAFETY: the processor has PCLMULQDQ.
-                        let folded = unsafe { clmul::update(r, &[], d) };
+                        let folded = unsafe { clmul::update_masked(r, &[], d) };
                         assert_eq!(folded, want, "clmul start {start} len {len}");
                     }
-                    // The same bytes as whole blocks of a head, then the rest.
-                    let (head, _) = d.as_chunks::<16>();
-                    for h in 0..=head.len().min(6) {
-                        let got = update_blocks(r, &head[..h], &d[h * 16..]);
-                        assert_eq!(got, want, "head of {h} start {start} len {len}");
-                    }
                 }
+            }
+        }
+    }
+
+    /// With a mask over the first blocks, every algorithm equals the byte-at-a-time CRC of
+    /// the data with the mask ORed on, for every length up to `LONGEST`, every mask length
+    /// (none, shorter than the data, reaching past its end).
+    #[test]
+    fn masked_equals_the_bytes_masked() {
+        let data: [u8; 320] =
+            core::array::from_fn(|i| (i as u32).wrapping_mul(0x9E37_79B1) as u8 ^ (i >> 5) as u8);
+        let mask: [[u8; 16]; 5] = core::array::from_fn(|b| {
+            core::array::from_fn(|i| [0, 0xFF, 0x0F, 0x81][(b * 7 + i * 3 + i / 5) % 4])
+        });
+        for len in 0..=LONGEST {
+            let d = &data[..len];
+            masked_agree::<0>(d, &[]);
+            masked_agree::<1>(d, mask.first_chunk().unwrap());
+            masked_agree::<2>(d, mask.first_chunk().unwrap());
+            masked_agree::<3>(d, mask.first_chunk().unwrap());
+            masked_agree::<4>(d, mask.first_chunk().unwrap());
+            masked_agree::<5>(d, &mask);
+        }
+    }
+
+    /// [`masked_equals_the_bytes_masked`] for one mask.
+    fn masked_agree<const B: usize>(d: &[u8], m: &[[u8; 16]; B]) {
+        let or: Vec<u8> = d
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| b | m.as_flattened().get(i).copied().unwrap_or(0))
+            .collect();
+        for r in [INIT, 0, 0x1234_5678] {
+            let want = bytewise(r, &or);
+            let what = format!("len {} mask {B} r {r:#x}", d.len());
+            assert_eq!(soft_masked(r, m, d), want, "tables {what}");
+            assert_eq!(update_masked(r, m, d), want, "update_masked {what}");
+            #[cfg(target_arch = "x86_64")]
+            if d.len() >= 16 && accelerated() {
+                // SAFETY: the processor has PCLMULQDQ.
+                let folded = unsafe { clmul::update_masked(r, m, d) };
+                assert_eq!(folded, want, "clmul {what}");
             }
         }
     }
