@@ -12,12 +12,12 @@
 //!   is checked by the responder.
 
 use super::qp_state::QpCore;
-use super::wire::packet::Packet;
+use super::wire::packet::View;
 use crate::verbs::{QpState, QpType};
 
 /// Whether `p` may reach the transport of `q`.
-pub(crate) fn admit(q: &QpCore, p: &Packet<'_>) -> bool {
-    type_state_ok(q, p.headers.bth.opcode) && addr_ok(q, p)
+pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
+    type_state_ok(q, p.opcode()) && addr_ok(q, p)
 }
 
 /// The opcode's transport (its top three bits) is the QP's, and the QP receives.
@@ -33,10 +33,10 @@ fn type_state_ok(q: &QpCore, opcode: u8) -> bool {
 }
 
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
-fn addr_ok(q: &QpCore, p: &Packet<'_>) -> bool {
+fn addr_ok(q: &QpCore, p: &View<'_>) -> bool {
     match q.qp_type {
         QpType::Rc | QpType::Uc => {
-            p.ip.src == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac)
+            p.src_ip() == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac())
         }
         _ => true,
     }

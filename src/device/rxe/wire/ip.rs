@@ -71,6 +71,13 @@ impl Ipv4Header {
     /// and a wrong header checksum are [`Discard::BadIp`]; a total length the packet does not
     /// hold is [`Discard::Truncated`] (trailing Ethernet padding is allowed).
     pub fn parse(packet: &[u8]) -> Result<Self, Discard> {
+        Self::check(packet).map(Self::read)
+    }
+
+    /// [`Ipv4Header::parse`]'s checks only: the header's bytes, whose total length (bytes 2
+    /// and 3) the packet holds.
+    #[inline(always)]
+    pub(crate) fn check(packet: &[u8]) -> Result<&[u8; IPV4_LEN], Discard> {
         let h = packet.first_chunk::<IPV4_LEN>().ok_or(Discard::Truncated)?;
         if h[0] >> 4 != 4 {
             return Err(Discard::NotRoce);
@@ -78,19 +85,25 @@ impl Ipv4Header {
         if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || header_sum(h) != 0xFFFF {
             return Err(Discard::BadIp);
         }
-        let total_len = be16(h, 2);
-        if usize::from(total_len) < IPV4_LEN || usize::from(total_len) > packet.len() {
+        let total_len = usize::from(be16(h, 2));
+        if total_len < IPV4_LEN || total_len > packet.len() {
             return Err(Discard::Truncated);
         }
-        Ok(Ipv4Header {
+        Ok(h)
+    }
+
+    /// The fields of a header [`Ipv4Header::check`] passed.
+    #[inline(always)]
+    pub(crate) fn read(h: &[u8; IPV4_LEN]) -> Self {
+        Ipv4Header {
             tos: h[1],
-            total_len,
+            total_len: be16(h, 2),
             id: be16(h, 4),
             ttl: h[8],
             protocol: h[9],
-            src: [h[12], h[13], h[14], h[15]],
-            dst: [h[16], h[17], h[18], h[19]],
-        })
+            src: *super::chunk(h, 12),
+            dst: *super::chunk(h, 16),
+        }
     }
 
     /// Writes the header, with DF set and its checksum, into `out`.
@@ -129,27 +142,45 @@ impl UdpHeader {
     /// header says). A length the datagram does not hold is [`Discard::Truncated`]; a non-zero
     /// checksum is verified over the IPv4 pseudo-header ([`Discard::BadUdpChecksum`]).
     pub fn parse(datagram: &[u8], ip: &Ipv4Header) -> Result<Self, Discard> {
-        let h = datagram.get(..UDP_LEN).ok_or(Discard::Truncated)?;
-        let u = UdpHeader {
-            src_port: be16(h, 0),
-            dst_port: be16(h, 2),
-            len: be16(h, 4),
-            checksum: be16(h, 6),
-        };
-        let len = usize::from(u.len);
+        Self::check(datagram, &ip.src, &ip.dst).map(|(h, _)| Self::read(h))
+    }
+
+    /// [`UdpHeader::parse`]'s checks only, for a datagram from `src` to `dst`: the header's
+    /// bytes and the length it gives (which the datagram holds).
+    #[inline(always)]
+    pub(crate) fn check<'a>(
+        datagram: &'a [u8],
+        src: &[u8; 4],
+        dst: &[u8; 4],
+    ) -> Result<(&'a [u8; UDP_LEN], usize), Discard> {
+        let h = datagram
+            .first_chunk::<UDP_LEN>()
+            .ok_or(Discard::Truncated)?;
+        let len = usize::from(be16(h, 4));
         if len < UDP_LEN || len > datagram.len() {
             return Err(Discard::Truncated);
         }
-        if u.checksum != 0 {
-            let mut sum = ones_sum(0, &ip.src);
-            sum = ones_sum(sum, &ip.dst);
+        if be16(h, 6) != 0 {
+            let mut sum = ones_sum(0, src);
+            sum = ones_sum(sum, dst);
             sum = ones_sum(sum, &[0, PROTO_UDP]);
-            sum = ones_sum(sum, &u.len.to_be_bytes());
+            sum = ones_sum(sum, &h[4..6]);
             if ones_sum(sum, &datagram[..len]) != 0xFFFF {
                 return Err(Discard::BadUdpChecksum);
             }
         }
-        Ok(u)
+        Ok((h, len))
+    }
+
+    /// The fields of a header [`UdpHeader::check`] passed.
+    #[inline(always)]
+    pub(crate) fn read(h: &[u8; UDP_LEN]) -> Self {
+        UdpHeader {
+            src_port: be16(h, 0),
+            dst_port: be16(h, 2),
+            len: be16(h, 4),
+            checksum: be16(h, 6),
+        }
     }
 
     /// Writes the header into `out`.
