@@ -205,7 +205,7 @@ impl<'a> View<'a> {
 
 /// [`parse`], the RoCEv2 packet left in place ([`View`]): every check [`parse`] makes, in
 /// the same order, with the same outcome.
-#[inline]
+#[inline(always)]
 pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     let eth = EthHeader::parse(frame)?;
     // Slices taken with `get` throughout (the bounds were checked; an index is an out-of-line
