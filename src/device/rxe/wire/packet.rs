@@ -5,7 +5,7 @@ use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout,
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
-use super::{Discard, be16, be24, chunk, put, put24};
+use super::{Discard, be16, chunk, put, put24};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
 pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
@@ -110,7 +110,8 @@ impl<'a> View<'a> {
     /// The BTH's destination QP.
     #[inline(always)]
     pub(crate) fn dest_qp(&self) -> u32 {
-        be24(self.head, ROCE_OFFSET + 5)
+        // One 4-byte load with the reserved byte before masked off (not three byte loads).
+        u32::from_be_bytes(*chunk(self.head, ROCE_OFFSET + 4)) & 0xFF_FFFF
     }
 
     /// The BTH's acknowledge request bit.
@@ -122,7 +123,8 @@ impl<'a> View<'a> {
     /// The BTH's PSN.
     #[inline(always)]
     pub(crate) fn psn(&self) -> u32 {
-        be24(self.head, ROCE_OFFSET + 9)
+        // As `dest_qp`: the AckReq byte before masked off.
+        u32::from_be_bytes(*chunk(self.head, ROCE_OFFSET + 8)) & 0xFF_FFFF
     }
 
     /// The DETH (UD).
