@@ -135,10 +135,14 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) -> Result<(
             | opcode::RC_SEND_ONLY_INV
     );
     let last = op != opcode::RC_SEND_FIRST && op != opcode::RC_SEND_MIDDLE;
-    if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Send) {
+    // A first packet starts a message, any other continues a SEND.
+    if q.inbound != if first { Inbound::Idle } else { Inbound::Send } {
         return Err(Fail::Invalid);
     }
-    if !length_ok(op, p.payload().len(), q.mtu) {
+    // FIRST and MIDDLE fill the path MTU, LAST carries 1 to MTU bytes, ONLY up to MTU.
+    let len = p.payload().len();
+    let mtu = q.mtu as usize;
+    if len > mtu || (!last && len != mtu) || (!first && len == 0) {
         return Err(Fail::Invalid);
     }
     if first {
