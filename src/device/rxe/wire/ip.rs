@@ -66,6 +66,19 @@ fn header_sum(h: &[u8; IPV4_LEN]) -> u32 {
     ((s & 0xFFFF) + (s >> 16)) as u32
 }
 
+/// Whether an IPv4 header's checksum is right: the one's-complement sum of the header is all
+/// ones. Read in the machine's byte order (no swaps): a one's-complement sum taken with the
+/// bytes of every 16-bit word swapped is the true sum swapped (RFC 1071), and all ones swapped
+/// is all ones. Not folded: the folded sum of a non-zero total `s` is the number in 1..=0xFFFF
+/// congruent to `s` modulo 0xFFFF, so it is all ones exactly when `s` is a non-zero multiple
+/// of 0xFFFF.
+#[inline(always)]
+fn header_ok(h: &[u8; IPV4_LEN]) -> bool {
+    let w = |at: usize| u64::from(u32::from_ne_bytes(*super::chunk::<4>(h, at)));
+    let s = w(0) + w(4) + w(8) + w(12) + w(16);
+    s != 0 && s % 0xFFFF == 0
+}
+
 impl Ipv4Header {
     /// The header at the start of `packet` (the frame after Ethernet). Options, fragments
     /// and a wrong header checksum are [`Discard::BadIp`]; a total length the packet does not
@@ -82,7 +95,7 @@ impl Ipv4Header {
         if h[0] >> 4 != 4 {
             return Err(Discard::NotRoce);
         }
-        if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || header_sum(h) != 0xFFFF {
+        if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || !header_ok(h) {
             return Err(Discard::BadIp);
         }
         let total_len = usize::from(be16(h, 2));
@@ -194,7 +207,7 @@ impl UdpHeader {
 
 #[cfg(test)]
 mod tests {
-    use super::{IPV4_LEN, header_sum, ones_sum};
+    use super::{IPV4_LEN, header_ok, header_sum, ones_sum};
 
     /// The straight-line header sum equals the definition, on headers of every extreme
     /// (all zeros, all ones, carries out of every word) and on pseudo-random ones.
@@ -219,6 +232,39 @@ mod tests {
         for h in &headers {
             assert_eq!(header_sum(h), reference(0, h), "{h:?}");
         }
+    }
+
+    /// The check without swaps or folds says what the folded sum says, on headers of every
+    /// extreme and on pseudo-random ones, each also with its checksum made right.
+    #[test]
+    fn header_check_equals_the_sum() {
+        let mut x: u32 = 0x2545_F491;
+        let mut headers = std::vec![[0u8; IPV4_LEN], [0xFF; IPV4_LEN]];
+        for i in 0..4000 {
+            let mut h = [0u8; IPV4_LEN];
+            for b in &mut h {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = if i % 3 == 0 {
+                    0xFF ^ (x as u8 & 1)
+                } else {
+                    x as u8
+                };
+            }
+            headers.push(h);
+            h[10..12].fill(0);
+            let sum = !(header_sum(&h) as u16);
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            headers.push(h);
+        }
+        let mut right = 0;
+        for h in &headers {
+            let ok = reference(0, h) == 0xFFFF;
+            assert_eq!(header_ok(h), ok, "{h:?}");
+            right += usize::from(ok);
+        }
+        assert!(right >= 4000, "{right}");
     }
 
     /// The definition: 16-bit big-endian halves (an odd last byte the high half of one),
