@@ -459,3 +459,168 @@ proptest! {
         }
     }
 }
+
+/// The packet read in place gives, for every opcode, the extended headers its layout
+/// has — where the general parse (each header after the ones before it) finds them —
+/// and no others, from frames whose every header byte differs.
+#[test]
+fn view_reads_what_the_general_parse_reads() {
+    let route = Route {
+        src_mac: [2, 0, 0, 0, 0, 1],
+        dst_mac: [2, 0, 0, 0, 0, 2],
+        src_ip: [10, 0, 0, 1],
+        dst_ip: [10, 0, 0, 2],
+        tos: 0,
+        ttl: 64,
+        src_port: 0xC000,
+    };
+    let mut seen = 0;
+    for op in 0..=255u8 {
+        let Some(layout) = Layout::lookup(op) else {
+            continue;
+        };
+        let mut h = Headers::new(Bth {
+            opcode: op,
+            se: op & 1 == 1,
+            pad: 0,
+            pkey: 0xFFFF,
+            dest_qp: 0x12_3456,
+            ack_req: op & 2 == 2,
+            psn: 0xAB_CDEF,
+        });
+        h.deth = Some(Deth {
+            qkey: 0x0102_0304,
+            src_qp: 0x05_0607,
+        });
+        h.reth = Some(Reth {
+            va: 0x1112_1314_1516_1718,
+            rkey: 0x191A_1B1C,
+            len: 0x1D1E_1F20,
+        });
+        h.atomic = Some(AtomicEth {
+            va: 0x2122_2324_2526_2728,
+            rkey: 0x292A_2B2C,
+            swap_add: 0x3132_3334_3536_3738,
+            compare: 0x393A_3B3C_3D3E_3F40,
+        });
+        h.aeth = Some(Aeth {
+            syndrome: 0x41,
+            msn: 0x42_4344,
+        });
+        h.atomic_ack = Some(0x5152_5354_5556_5758);
+        h.imm = Some(0x6162_6364);
+        let payload: &[u8] = if layout.payload() { b"abcde" } else { b"" };
+        let mut buf = [0u8; 256];
+        let n = build(&mut buf, &route, 7, &h, payload).unwrap();
+        let Ok(Frame::Roce(p)) = parse(&buf[..n]) else {
+            panic!("{op:#x}");
+        };
+        let (general, _) = Headers::parse(&buf[42..n]).unwrap();
+        assert_eq!(p.headers, general, "{op:#x}");
+        assert_eq!(p.payload, payload, "{op:#x}");
+        // Each header present is the one written, and only those the layout has.
+        let some = [
+            p.headers.deth.map(|d| d == h.deth.unwrap()),
+            p.headers.reth.map(|r| r == h.reth.unwrap()),
+            p.headers.atomic.map(|a| a == h.atomic.unwrap()),
+            p.headers.aeth.map(|a| a == h.aeth.unwrap()),
+            p.headers.atomic_ack.map(|a| a == h.atomic_ack.unwrap()),
+            p.headers.imm.map(|i| i == h.imm.unwrap()),
+        ];
+        assert!(some.iter().all(|s| *s != Some(false)), "{op:#x}");
+        let lens = [8, 16, 28, 4, 8, 4];
+        let ext: usize = some
+            .iter()
+            .zip(lens)
+            .filter(|(s, _)| s.is_some())
+            .map(|(_, l)| l)
+            .sum();
+        assert_eq!(12 + ext, layout.header_bytes(), "{op:#x}");
+        seen += 1;
+    }
+    assert_eq!(seen, 25);
+}
+
+/// A frame is taken for RoCE (checked strictly: accepted or refused) exactly when it is
+/// IPv4 UDP to port 4791 and not a fragment's tail — options or not, whatever its length —
+/// and left to the IP stack otherwise; on frames mutated in the bytes that decide it.
+#[test]
+fn roce_is_told_from_the_rest_as_defined() {
+    let be16 = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
+    // None: shorter than an Ethernet header (refused as truncated).
+    let spec = |f: &[u8]| -> Option<bool> {
+        if f.len() < 14 {
+            return None;
+        }
+        let Some(body) = f.get(14..).filter(|_| be16(f, 12) == 0x0800) else {
+            return Some(false);
+        };
+        let ihl = usize::from(body.first().map_or(0, |b| b & 0xF)) * 4;
+        Some(
+            body.len() >= ihl + 8
+                && ihl >= 20
+                && body[0] >> 4 == 4
+                && body[9] == 17
+                && be16(body, 6) & 0x1FFF == 0
+                && be16(body, ihl + 2) == 4791,
+        )
+    };
+    let route = Route {
+        src_mac: [2, 0, 0, 0, 0, 1],
+        dst_mac: [2, 0, 0, 0, 0, 2],
+        src_ip: [10, 0, 0, 1],
+        dst_ip: [10, 0, 0, 2],
+        tos: 0,
+        ttl: 64,
+        src_port: 0xC000,
+    };
+    let h = Headers::new(Bth {
+        opcode: opcode::RC_SEND_ONLY,
+        se: false,
+        pad: 0,
+        pkey: 0xFFFF,
+        dest_qp: 17,
+        ack_req: true,
+        psn: 5,
+    });
+    let mut good = [0u8; 128];
+    let n = build(&mut good, &route, 1, &h, b"payload!").unwrap();
+    // The bytes that decide: version and IHL, protocol, flags and offset, the port at
+    // every IHL, and the frame's length.
+    let (mut x, mut roce, mut other) = (0x1234_5678u32, 0, 0);
+    for _ in 0..20_000 {
+        let mut f = good;
+        for _ in 0..2 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let at = [14, 14, 23, 20, 21, 36, 37, 40, 41, 44, 45, 12, 13][x as usize % 13];
+            let v = [
+                0x45, 0x46, 0x4F, 0x55, 0x44, 17, 6, 0, 0x12, 0xB7, 0x20, 0x40, 0x08,
+            ][(x >> 8) as usize % 13];
+            f[at] = v;
+        }
+        let len = if x >> 20 & 1 == 0 {
+            n
+        } else {
+            (x >> 21) as usize % (n + 1)
+        };
+        let f = &f[..len];
+        let got = parse(f);
+        match spec(f) {
+            None => assert_eq!(got, Err(Discard::Truncated), "{f:?}"),
+            Some(true) => {
+                roce += 1;
+                assert!(
+                    !matches!(got, Ok(Frame::Other | Frame::Arp(_))),
+                    "{f:?} {got:?}"
+                );
+            }
+            Some(false) => {
+                other += 1;
+                assert_eq!(got, Ok(Frame::Other), "{f:?}");
+            }
+        }
+    }
+    assert!(roce > 1000 && other > 1000, "{roce} {other}");
+}

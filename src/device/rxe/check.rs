@@ -12,32 +12,28 @@
 //!   is checked by the responder.
 
 use super::qp_state::QpCore;
-use super::wire::packet::Packet;
+use super::wire::packet::View;
 use crate::verbs::{QpState, QpType};
 
-/// Whether `p` may reach the transport of `q`.
-pub(crate) fn admit(q: &QpCore, p: &Packet<'_>) -> bool {
-    type_state_ok(q, p.headers.bth.opcode) && addr_ok(q, p)
-}
-
-/// The opcode's transport (its top three bits) is the QP's, and the QP receives.
-fn type_state_ok(q: &QpCore, opcode: u8) -> bool {
-    let transport = match q.qp_type {
-        QpType::Rc => 0,
-        QpType::Uc => 1,
+/// Whether `p` may reach the transport of `q`: the QP receives, the opcode's transport (its
+/// top three bits) is the QP's, and a connected QP's packet comes from its peer's address
+/// (and MAC, once known). One match on the QP's type for both checks.
+pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
+    if !matches!(q.state, QpState::Rtr | QpState::Rts) {
+        return false;
+    }
+    let transport = p.opcode() >> 5;
+    match q.qp_type {
+        QpType::Rc => transport == 0 && from_peer(q, p),
+        QpType::Uc => transport == 1 && from_peer(q, p),
         // The GSI QP (QP1) is a datagram QP: its Q_Key is checked by the responder.
-        QpType::Ud | QpType::Gsi => 3,
-        _ => return false,
-    };
-    opcode >> 5 == transport && matches!(q.state, QpState::Rtr | QpState::Rts)
+        QpType::Ud | QpType::Gsi => transport == 3,
+        _ => false,
+    }
 }
 
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
-fn addr_ok(q: &QpCore, p: &Packet<'_>) -> bool {
-    match q.qp_type {
-        QpType::Rc | QpType::Uc => {
-            p.ip.src == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac)
-        }
-        _ => true,
-    }
+#[inline(always)]
+fn from_peer(q: &QpCore, p: &View<'_>) -> bool {
+    p.src_ip() == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac())
 }

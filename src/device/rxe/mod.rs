@@ -67,7 +67,7 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
-use port::{Port, PortCounts, Rx};
+use port::{Port, PortCounts};
 use tables::Tables;
 
 /// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
@@ -375,11 +375,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // One call site: the port's classification is inlined here once. A kept frame
             // passed the port's checks already; its source may be this interface only if it
             // was looped back, which the port then allowed.
-            let rx = t.port.take(link, frame, now, looped.is_some());
-            // By reference: the packet is not moved out of `rx` (a 176-byte copy per frame).
-            match &rx {
-                Rx::Roce(p) => {
-                    if !self.dispatch(core, p, frame, now) {
+            match t.port.take(link, frame, now, looped.is_some()) {
+                Ok(Some(p)) => {
+                    if !self.dispatch(core, &p, now) {
                         // Its QP is locked elsewhere: kept, in order, for the next progress,
                         // and not counted as handed to the transport yet.
                         core.tables().port.unhand();
@@ -387,8 +385,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                         break;
                     }
                 }
-                Rx::Stack => t.stack.push(frame),
-                Rx::Dropped(_) => {}
+                Ok(None) => t.stack.push(frame),
+                Err(_) => {}
             }
         }
         self.run_timers(core, now);
@@ -431,14 +429,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// requests or as a request to it. `false` when that QP's lock is held elsewhere (the
     /// frame is kept for the next progress: the progress never waits for a QP, so an
     /// interrupt handler that runs it cannot wait for the thread it preempted).
-    fn dispatch(
-        &self,
-        core: &mut Core<L>,
-        p: &wire::packet::Packet<'_>,
-        frame: &[u8],
-        now: u64,
-    ) -> bool {
-        let qpn = p.headers.bth.dest_qp;
+    fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::View<'_>, now: u64) -> bool {
+        let qpn = p.dest_qp();
         let Some(&mut q) = core.tables().qp_slot(qpn) else {
             return true;
         };
@@ -468,9 +460,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
         let mut net = self.net(core, now);
         use wire::bth::opcode as o;
-        match p.headers.bth.opcode {
+        match p.opcode() {
             o::RC_READ_RESPONSE_FIRST..=o::RC_ATOMIC_ACK => requester::on_response(&mut net, q, p),
-            _ => responder::on_request(&mut net, q, p, frame),
+            _ => responder::on_request(&mut net, q, p),
         }
         self.note_frame(q);
         true

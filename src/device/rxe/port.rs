@@ -8,7 +8,7 @@ use bareverbs_hal::Link;
 
 use super::wire::Discard;
 use super::wire::eth::{Arp, ArpOp, Mac};
-use super::wire::packet::{Frame, Packet, parse};
+use super::wire::packet::{Packet, Seen, View, classify};
 use crate::error::{Error, Op, Result};
 use crate::verbs::Gid;
 
@@ -118,13 +118,17 @@ impl Port {
     /// whatever the sender wrote). Frames to another station's MAC are dropped (a promiscuous
     /// NIC passes them up); broadcast and multicast ones go on (ARP, the IP stack's).
     pub fn receive<'a, L: Link>(&mut self, link: &mut L, frame: &'a [u8], now: u64) -> Rx<'a> {
-        self.take(link, frame, now, false)
+        match self.take(link, frame, now, false) {
+            Ok(Some(v)) => Rx::Roce(v.packet()),
+            Ok(None) => Rx::Stack,
+            Err(d) => Rx::Dropped(d),
+        }
     }
 
-    /// [`Port::receive`]; with `looped`, a frame the device sent to its own address (its
-    /// source is this interface, which a frame from the wire may not claim). Inlined into the
-    /// device's progress: the packet is built where the progress reads it (not moved out of
-    /// the parse's result, 176 bytes, about 80 instructions a frame at opt-level "z").
+    /// [`Port::receive`], the packet read in place: `Ok(Some)` for the transport, `Ok(None)`
+    /// for the IP stack, `Err` dropped (and counted). With `looped`, a frame the device sent
+    /// to its own address (its source is this interface, which a frame from the wire may not
+    /// claim). Inlined into the device's progress (one call site).
     #[inline(always)]
     pub(crate) fn take<'a, L: Link>(
         &mut self,
@@ -132,20 +136,20 @@ impl Port {
         frame: &'a [u8],
         now: u64,
         looped: bool,
-    ) -> Rx<'a> {
+    ) -> Result<Option<View<'a>>, Discard> {
         let to_us = frame.get(..6).is_some_and(|d| *d == self.mac);
         let group = frame.first().is_some_and(|d| d & 1 == 1);
-        match parse(frame) {
-            Ok(Frame::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
-            Ok(Frame::Roce(p)) if p.ip.src == self.ip && !looped => self.drop(Discard::Martian),
-            Ok(Frame::Roce(p)) if martian(p.ip.src) => self.drop(Discard::Martian),
-            Ok(Frame::Roce(p)) if p.ip.dst == self.ip => {
+        match classify(frame) {
+            Ok(Seen::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
+            Ok(Seen::Roce(p)) if p.src_ip() == self.ip && !looped => self.drop(Discard::Martian),
+            Ok(Seen::Roce(p)) if martian(p.src_ip()) => self.drop(Discard::Martian),
+            Ok(Seen::Roce(p)) if p.dst_ip() == self.ip => {
                 self.counts.roce += 1;
-                Rx::Roce(p)
+                Ok(Some(p))
             }
-            Ok(Frame::Roce(_)) => self.drop(Discard::NotRoce),
+            Ok(Seen::Roce(_)) => self.drop(Discard::NotRoce),
             Ok(_) if !to_us && !group => self.drop(Discard::NotForUs),
-            Ok(Frame::Arp(a)) => {
+            Ok(Seen::Arp(a)) => {
                 if a.sender_ip == self.ip || martian(a.sender_ip) {
                     // Someone claims this interface's address, or none a station can have:
                     // nothing is learnt (the IP stack sees it).
@@ -161,11 +165,11 @@ impl Port {
                     self.counts.arp_answered += 1;
                 }
                 self.counts.stack += 1;
-                Rx::Stack
+                Ok(None)
             }
-            Ok(Frame::Other) => {
+            Ok(Seen::Other) => {
                 self.counts.stack += 1;
-                Rx::Stack
+                Ok(None)
             }
             Err(d) => self.drop(d),
         }
@@ -180,7 +184,7 @@ impl Port {
             .first_chunk::<6>()
             .is_some_and(|d| *d == self.mac || d[0] & 1 == 1);
         if !ok {
-            self.drop(Discard::NotForUs);
+            self.counts.dropped += 1;
         }
         ok
     }
@@ -191,9 +195,9 @@ impl Port {
         self.counts.roce -= 1;
     }
 
-    fn drop(&mut self, d: Discard) -> Rx<'static> {
+    fn drop<T>(&mut self, d: Discard) -> Result<T, Discard> {
         self.counts.dropped += 1;
-        Rx::Dropped(d)
+        Err(d)
     }
 
     /// The MAC of `ip` (on this segment): `Ok(Some)` when known; `Ok(None)` while an ARP

@@ -13,7 +13,7 @@ use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
-use super::wire::packet::{Packet, Route};
+use super::wire::packet::{Route, View};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
@@ -463,12 +463,11 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
 }
 
 /// An answer from the peer (ACK, NAK, READ response, atomic acknowledge).
-pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
+pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     if q.state != QpState::Rts || q.qp_type != QpType::Rc {
         return;
     }
-    let h = &p.headers;
-    let psn = h.bth.psn;
+    let psn = p.psn();
     // Only answers to what was sent and not yet acknowledged count: one older than the
     // oldest unacknowledged PSN answers nothing outstanding, and rxe's completer ignores it
     // (a NAK of the PSN before would move the requester back over acknowledged requests).
@@ -480,8 +479,8 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
         return;
     }
     let before = (q.una, q.sq_tail);
-    let syndrome = h.aeth.map_or(0, |a| a.syndrome);
-    match h.bth.opcode {
+    let syndrome = p.aeth().map_or(0, |a| a.syndrome);
+    match p.opcode() {
         opcode::RC_ACK => match syndrome >> 5 {
             0 => {
                 if ack_through(net, q, psn) {
@@ -519,7 +518,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
             if !matches!(e.op, op::CMP_SWAP | op::FETCH_ADD) || e.first_psn != psn {
                 return;
             }
-            let orig = h.atomic_ack.unwrap_or(0).to_ne_bytes();
+            let orig = p.atomic_ack().unwrap_or(0).to_ne_bytes();
             let status = match net.t.mrs.scatter(q.pd, e.sges(), 0, &orig) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocProtErr,
@@ -547,8 +546,8 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Pac
     run(net, q);
 }
 
-fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
-    let psn = p.headers.bth.psn;
+fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
+    let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
     if q.sq_tail == q.sq_next || psn != q.una {
         // Not the next one expected: a gap (the timer re-requests) or a duplicate.
@@ -570,13 +569,13 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) 
         (false, false) => opcode::RC_READ_RESPONSE_MIDDLE,
     };
     let len = if idx + 1 == n { e.len - idx * mtu } else { mtu };
-    if p.headers.bth.opcode != want || p.payload.len() != len as usize {
+    if p.opcode() != want || p.payload().len() != len as usize {
         return;
     }
     if net
         .t
         .mrs
-        .scatter(q.pd, e.sges(), idx * mtu, p.payload)
+        .scatter(q.pd, e.sges(), idx * mtu, p.payload())
         .is_err()
     {
         return fail(net, q, WcStatus::LocProtErr);

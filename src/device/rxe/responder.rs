@@ -13,7 +13,7 @@ use super::qp_state::{QpCore, qp_allows};
 use super::reply::{ack, answer_from, answer_in_order, answered, syndrome};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
-use super::wire::packet::Packet;
+use super::wire::packet::View;
 use super::wqe::{Inbound, RdResource, recv_wc};
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -21,19 +21,14 @@ use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus, Wo
 pub(crate) const GRH_LEN: usize = 40;
 
 /// A request from the peer.
-pub(crate) fn on_request<L: Link>(
-    net: &mut Net<'_, L>,
-    q: &mut QpCore,
-    p: &Packet<'_>,
-    frame: &[u8],
-) {
+pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     if q.datagram() {
-        return ud_receive(net, q, p, frame);
+        return ud_receive(net, q, p);
     }
     if !matches!(q.state, QpState::Rtr | QpState::Rts) || q.qp_type != QpType::Rc {
         return;
     }
-    let psn = p.headers.bth.psn;
+    let psn = p.psn();
     let d = psn_diff(psn, q.epsn);
     if d > 0 {
         if !q.nak_sent {
@@ -47,7 +42,7 @@ pub(crate) fn on_request<L: Link>(
         return duplicate(net, q, p);
     }
     q.nak_sent = false;
-    let op = p.headers.bth.opcode;
+    let op = p.opcode();
     let r = match op {
         opcode::RC_SEND_FIRST..=opcode::RC_SEND_ONLY_IMM => send(net, q, p),
         opcode::RC_SEND_LAST_INV | opcode::RC_SEND_ONLY_INV => send(net, q, p),
@@ -119,19 +114,19 @@ fn length_ok(op: u8, len: usize, mtu: u32) -> bool {
 }
 
 /// Ends a message: the MSN counts it, the packet is acknowledged when it asks.
-fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, end: bool) {
-    let psn = p.headers.bth.psn;
+fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>, end: bool) {
+    let psn = p.psn();
     q.epsn = psn_add(psn, 1);
     if end {
         q.msn = (q.msn + 1) & PSN_MASK;
     }
-    if p.headers.bth.ack_req {
+    if p.ack_req() {
         answer_in_order(net, q, syndrome::ACK, psn);
     }
 }
 
-fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
-    let op = p.headers.bth.opcode;
+fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) -> Result<(), Fail> {
+    let op = p.opcode();
     let first = matches!(
         op,
         opcode::RC_SEND_FIRST
@@ -140,10 +135,14 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
             | opcode::RC_SEND_ONLY_INV
     );
     let last = op != opcode::RC_SEND_FIRST && op != opcode::RC_SEND_MIDDLE;
-    if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Send) {
+    // A first packet starts a message, any other continues a SEND.
+    if q.inbound != if first { Inbound::Idle } else { Inbound::Send } {
         return Err(Fail::Invalid);
     }
-    if !length_ok(op, p.payload.len(), q.mtu) {
+    // FIRST and MIDDLE fill the path MTU, LAST carries 1 to MTU bytes, ONLY up to MTU.
+    let len = p.payload().len();
+    let mtu = q.mtu as usize;
+    if len > mtu || (!last && len != mtu) || (!first && len == 0) {
         return Err(Fail::Invalid);
     }
     if first {
@@ -154,14 +153,14 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
         q.inbound = Inbound::Send;
     }
     let room = super::mem::sge_bytes(q.wqe.sges());
-    let end = u64::from(q.offset) + p.payload.len() as u64;
+    let end = u64::from(q.offset) + p.payload().len() as u64;
     if end > room {
         return Err(Fail::Length);
     }
     if net
         .t
         .mrs
-        .scatter(q.pd, q.wqe.sges(), q.offset, p.payload)
+        .scatter(q.pd, q.wqe.sges(), q.offset, p.payload())
         .is_err()
     {
         return Err(Fail::Local);
@@ -172,25 +171,24 @@ fn send<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
         let wc = if inv {
             // The IETH's key: invalidated only if it is this QP's to invalidate (else the
             // receive completes in error and the peer gets NAK invalid request, as rxe).
-            let rkey = p.headers.imm.ok_or(Fail::Invalid)?;
+            let rkey = p.imm().ok_or(Fail::Invalid)?;
             net.t
                 .mrs
                 .invalidate(rkey, q.pd, Some(q.qpn))
                 .map_err(|_| Fail::Invalid)?;
             super::wqe::inv_wc(q.offset, rkey, q.attr.dest_qpn)
         } else {
-            recv_wc(WcOpcode::Recv, q.offset, p.headers.imm, q.attr.dest_qpn)
+            recv_wc(WcOpcode::Recv, q.offset, p.imm(), q.attr.dest_qpn)
         };
         q.inbound = Inbound::Idle;
-        q.complete_wqe(wc, p.headers.bth.se, net.hub);
+        q.complete_wqe(wc, p.se(), net.hub);
     }
     accepted(net, q, p, last);
     Ok(())
 }
 
-fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
-    let h = &p.headers;
-    let op = h.bth.opcode;
+fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) -> Result<(), Fail> {
+    let op = p.opcode();
     let first = matches!(
         op,
         opcode::RC_WRITE_FIRST | opcode::RC_WRITE_ONLY | opcode::RC_WRITE_ONLY_IMM
@@ -200,7 +198,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
     if first != (q.inbound == Inbound::Idle) || (!first && q.inbound != Inbound::Write) {
         return Err(Fail::Invalid);
     }
-    if !length_ok(op, p.payload.len(), q.mtu) {
+    if !length_ok(op, p.payload().len(), q.mtu) {
         return Err(Fail::Invalid);
     }
     if !qp_allows(q, AccessFlags::REMOTE_WRITE) {
@@ -210,12 +208,12 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
         return Err(Fail::Rnr);
     }
     if first {
-        let r = remote_range(net, q, h.reth, AccessFlags::REMOTE_WRITE)?;
+        let r = remote_range(net, q, p.reth(), AccessFlags::REMOTE_WRITE)?;
         (q.write_va, q.write_rkey, q.write_len) = (r.va, r.rkey, r.len);
         q.offset = 0;
         q.inbound = Inbound::Write;
     }
-    let len = p.payload.len() as u32;
+    let len = p.payload().len() as u32;
     let end = q.offset.checked_add(len).ok_or(Fail::Invalid)?;
     if end > q.write_len || (last && end != q.write_len) {
         return Err(Fail::Invalid);
@@ -237,7 +235,7 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
             .map_err(|_| Fail::Access)?;
         // SAFETY: `check` found the bytes inside a region registered with remote write (the
         // registration keeps them allocated); the payload is in the receive buffer.
-        unsafe { core::ptr::copy(p.payload.as_ptr(), dst, p.payload.len()) };
+        unsafe { core::ptr::copy(p.payload().as_ptr(), dst, p.payload().len()) };
     }
     q.offset = end;
     if last {
@@ -249,10 +247,10 @@ fn write<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resul
             let wc = recv_wc(
                 WcOpcode::RecvRdmaWithImm,
                 q.write_len,
-                h.imm,
+                p.imm(),
                 q.attr.dest_qpn,
             );
-            q.complete_recv(&e, wc, h.bth.se, net.hub);
+            q.complete_recv(&e, wc, p.se(), net.hub);
         }
     }
     accepted(net, q, p, last);
@@ -310,13 +308,13 @@ fn remember(q: &mut QpCore, mut r: RdResource) -> RdResource {
     r
 }
 
-fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) -> Result<(), Fail> {
     may_start(q)?;
     if !qp_allows(q, AccessFlags::REMOTE_READ) {
         return Err(Fail::Invalid);
     }
-    let r = remote_range(net, q, p.headers.reth, AccessFlags::REMOTE_READ)?;
-    let psn = p.headers.bth.psn;
+    let r = remote_range(net, q, p.reth(), AccessFlags::REMOTE_READ)?;
+    let psn = p.psn();
     let n = r.len.div_ceil(q.mtu).max(1);
     let res = RdResource {
         kind: 1,
@@ -337,12 +335,12 @@ fn read<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result
     Ok(())
 }
 
-fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Result<(), Fail> {
+fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) -> Result<(), Fail> {
     may_start(q)?;
     if !qp_allows(q, AccessFlags::REMOTE_ATOMIC) {
         return Err(Fail::Invalid);
     }
-    let a = p.headers.atomic.ok_or(Fail::Invalid)?;
+    let a = p.atomic().ok_or(Fail::Invalid)?;
     if a.va & 7 != 0 {
         return Err(Fail::Invalid);
     }
@@ -357,7 +355,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
     // transport (the embedder's contract keeps the CPU off registered remote memory).
     let orig = unsafe {
         let orig = at.read_volatile();
-        let new = if p.headers.bth.opcode == opcode::RC_COMPARE_SWAP {
+        let new = if p.opcode() == opcode::RC_COMPARE_SWAP {
             if orig == a.compare { a.swap_add } else { orig }
         } else {
             orig.wrapping_add(a.swap_add)
@@ -365,7 +363,7 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
         at.write_volatile(new);
         orig
     };
-    let psn = p.headers.bth.psn;
+    let psn = p.psn();
     let res = RdResource {
         kind: 2,
         first: psn,
@@ -387,13 +385,13 @@ fn atomic<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) -> Resu
 }
 
 /// A request the responder has seen: acknowledged again, or its READ or atomic replayed.
-fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
-    let psn = p.headers.bth.psn;
+fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
+    let psn = p.psn();
     let found = |kind: u8| answered(q, psn).filter(|r| r.kind == kind);
-    match p.headers.bth.opcode {
+    match p.opcode() {
         opcode::RC_READ_REQUEST => {
             let Some(r) = found(1) else { return };
-            let Some(reth) = p.headers.reth else { return };
+            let Some(reth) = p.reth() else { return };
             if reth.rkey != r.rkey {
                 return;
             }
@@ -414,17 +412,13 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>) {
 }
 
 /// A UD datagram: its Q_Key checked, its payload after a GRH slot in the next receive.
-fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, frame: &[u8]) {
-    let h = &p.headers;
+fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     if !matches!(q.state, QpState::Rtr | QpState::Rts)
-        || !matches!(
-            h.bth.opcode,
-            opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_IMM
-        )
+        || !matches!(p.opcode(), opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_IMM)
     {
         return;
     }
-    let Some(deth) = h.deth else { return };
+    let Some(deth) = p.deth() else { return };
     let qkey = if q.qp_type == QpType::Gsi {
         super::GSI_QKEY
     } else {
@@ -436,26 +430,24 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Packet<'_>, fra
     let Some(e) = q.take_recv(&mut net.t.async_events, net.hub) else {
         return;
     };
-    let total = GRH_LEN + p.payload.len();
-    let mut wc = recv_wc(WcOpcode::Recv, total as u32, h.imm, deth.src_qp);
+    let total = GRH_LEN + p.payload().len();
+    let mut wc = recv_wc(WcOpcode::Recv, total as u32, p.imm(), deth.src_qp);
     wc.flags |= WcFlags::GRH;
     if super::mem::sge_bytes(e.sges()) < total as u64 {
         wc.status = WcStatus::LocLenErr;
     } else {
         // For IPv4 the GRH slot is 20 zero bytes and the IPv4 header.
         let mut grh = [0u8; GRH_LEN];
-        if let Some(ip) = frame.get(14..34) {
-            grh[20..].copy_from_slice(ip);
-        }
+        grh[20..].copy_from_slice(p.ip_header());
         let ok = net.t.mrs.scatter(q.pd, e.sges(), 0, &grh).is_ok()
             && net
                 .t
                 .mrs
-                .scatter(q.pd, e.sges(), GRH_LEN as u32, p.payload)
+                .scatter(q.pd, e.sges(), GRH_LEN as u32, p.payload())
                 .is_ok();
         if !ok {
             wc.status = WcStatus::LocProtErr;
         }
     }
-    q.complete_recv(&e, wc, h.bth.se, net.hub);
+    q.complete_recv(&e, wc, p.se(), net.hub);
 }

@@ -154,6 +154,69 @@ impl Layout {
         usize::from(HEADER_LENS[usize::from(self.0)])
     }
 
+    /// The DETH in `ext` (the extended headers after the BTH, as long as this layout says),
+    /// if the layout has one: it comes first.
+    #[inline(always)]
+    pub(crate) fn deth(self, ext: &[u8]) -> Option<Deth> {
+        let h = ext.first_chunk::<8>().filter(|_| self.has(has::DETH))?;
+        Some(Deth {
+            qkey: be32(h, 0),
+            src_qp: be24(h, 5),
+        })
+    }
+
+    /// The RETH in `ext`, if the layout has one: first (no DETH comes with it).
+    #[inline(always)]
+    pub(crate) fn reth(self, ext: &[u8]) -> Option<Reth> {
+        let h = ext.first_chunk::<16>().filter(|_| self.has(has::RETH))?;
+        Some(Reth {
+            va: be64(h, 0),
+            rkey: be32(h, 8),
+            len: be32(h, 12),
+        })
+    }
+
+    /// The AtomicETH in `ext`, if the layout has one: alone.
+    #[inline(always)]
+    pub(crate) fn atomic(self, ext: &[u8]) -> Option<AtomicEth> {
+        let h = ext
+            .first_chunk::<28>()
+            .filter(|_| self.has(has::ATOMIC_ETH))?;
+        Some(AtomicEth {
+            va: be64(h, 0),
+            rkey: be32(h, 8),
+            swap_add: be64(h, 12),
+            compare: be64(h, 20),
+        })
+    }
+
+    /// The AETH in `ext`, if the layout has one: first (acknowledges and READ responses have
+    /// no DETH, RETH or AtomicETH).
+    #[inline(always)]
+    pub(crate) fn aeth(self, ext: &[u8]) -> Option<Aeth> {
+        let h = ext.first_chunk::<4>().filter(|_| self.has(has::AETH))?;
+        Some(Aeth {
+            syndrome: h[0],
+            msn: be24(h, 1),
+        })
+    }
+
+    /// The AtomicAckETH in `ext`, if the layout has one: last (after the AETH, no ImmDt).
+    #[inline(always)]
+    pub(crate) fn atomic_ack(self, ext: &[u8]) -> Option<u64> {
+        let h = ext
+            .last_chunk::<8>()
+            .filter(|_| self.has(has::ATOMIC_ACK_ETH))?;
+        Some(u64::from_be_bytes(*h))
+    }
+
+    /// The ImmDt (or IETH) in `ext`, if the layout has one: always last.
+    #[inline(always)]
+    pub(crate) fn imm(self, ext: &[u8]) -> Option<u32> {
+        let h = ext.last_chunk::<4>().filter(|_| self.has(has::IMM))?;
+        Some(u32::from_be_bytes(*h))
+    }
+
     /// Bytes of the BTH and the extended headers.
     pub const fn header_len(self) -> usize {
         let mut n = BTH_LEN;

@@ -66,31 +66,57 @@ fn header_sum(h: &[u8; IPV4_LEN]) -> u32 {
     ((s & 0xFFFF) + (s >> 16)) as u32
 }
 
+/// Whether an IPv4 header's checksum is right: the one's-complement sum of the header is all
+/// ones. Read in the machine's byte order (no swaps): a one's-complement sum taken with the
+/// bytes of every 16-bit word swapped is the true sum swapped (RFC 1071), and all ones swapped
+/// is all ones. Not folded: the folded sum of a non-zero total `s` is the number in 1..=0xFFFF
+/// congruent to `s` modulo 0xFFFF, so it is all ones exactly when `s` is a non-zero multiple
+/// of 0xFFFF.
+#[inline(always)]
+fn header_ok(h: &[u8; IPV4_LEN]) -> bool {
+    let w = |at: usize| u64::from(u32::from_ne_bytes(*super::chunk::<4>(h, at)));
+    let s = w(0) + w(4) + w(8) + w(12) + w(16);
+    s != 0 && s % 0xFFFF == 0
+}
+
 impl Ipv4Header {
     /// The header at the start of `packet` (the frame after Ethernet). Options, fragments
     /// and a wrong header checksum are [`Discard::BadIp`]; a total length the packet does not
     /// hold is [`Discard::Truncated`] (trailing Ethernet padding is allowed).
     pub fn parse(packet: &[u8]) -> Result<Self, Discard> {
+        Self::check(packet).map(Self::read)
+    }
+
+    /// [`Ipv4Header::parse`]'s checks only: the header's bytes, whose total length (bytes 2
+    /// and 3) the packet holds.
+    #[inline(always)]
+    pub(crate) fn check(packet: &[u8]) -> Result<&[u8; IPV4_LEN], Discard> {
         let h = packet.first_chunk::<IPV4_LEN>().ok_or(Discard::Truncated)?;
         if h[0] >> 4 != 4 {
             return Err(Discard::NotRoce);
         }
-        if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || header_sum(h) != 0xFFFF {
+        if h[0] & 0xF != 5 || be16(h, 6) & 0x3FFF != 0 || !header_ok(h) {
             return Err(Discard::BadIp);
         }
-        let total_len = be16(h, 2);
-        if usize::from(total_len) < IPV4_LEN || usize::from(total_len) > packet.len() {
+        let total_len = usize::from(be16(h, 2));
+        if total_len < IPV4_LEN || total_len > packet.len() {
             return Err(Discard::Truncated);
         }
-        Ok(Ipv4Header {
+        Ok(h)
+    }
+
+    /// The fields of a header [`Ipv4Header::check`] passed.
+    #[inline(always)]
+    pub(crate) fn read(h: &[u8; IPV4_LEN]) -> Self {
+        Ipv4Header {
             tos: h[1],
-            total_len,
+            total_len: be16(h, 2),
             id: be16(h, 4),
             ttl: h[8],
             protocol: h[9],
-            src: [h[12], h[13], h[14], h[15]],
-            dst: [h[16], h[17], h[18], h[19]],
-        })
+            src: *super::chunk(h, 12),
+            dst: *super::chunk(h, 16),
+        }
     }
 
     /// Writes the header, with DF set and its checksum, into `out`.
@@ -129,27 +155,45 @@ impl UdpHeader {
     /// header says). A length the datagram does not hold is [`Discard::Truncated`]; a non-zero
     /// checksum is verified over the IPv4 pseudo-header ([`Discard::BadUdpChecksum`]).
     pub fn parse(datagram: &[u8], ip: &Ipv4Header) -> Result<Self, Discard> {
-        let h = datagram.get(..UDP_LEN).ok_or(Discard::Truncated)?;
-        let u = UdpHeader {
-            src_port: be16(h, 0),
-            dst_port: be16(h, 2),
-            len: be16(h, 4),
-            checksum: be16(h, 6),
-        };
-        let len = usize::from(u.len);
+        Self::check(datagram, &ip.src, &ip.dst).map(|(h, _)| Self::read(h))
+    }
+
+    /// [`UdpHeader::parse`]'s checks only, for a datagram from `src` to `dst`: the header's
+    /// bytes and the length it gives (which the datagram holds).
+    #[inline(always)]
+    pub(crate) fn check<'a>(
+        datagram: &'a [u8],
+        src: &[u8; 4],
+        dst: &[u8; 4],
+    ) -> Result<(&'a [u8; UDP_LEN], usize), Discard> {
+        let h = datagram
+            .first_chunk::<UDP_LEN>()
+            .ok_or(Discard::Truncated)?;
+        let len = usize::from(be16(h, 4));
         if len < UDP_LEN || len > datagram.len() {
             return Err(Discard::Truncated);
         }
-        if u.checksum != 0 {
-            let mut sum = ones_sum(0, &ip.src);
-            sum = ones_sum(sum, &ip.dst);
+        if be16(h, 6) != 0 {
+            let mut sum = ones_sum(0, src);
+            sum = ones_sum(sum, dst);
             sum = ones_sum(sum, &[0, PROTO_UDP]);
-            sum = ones_sum(sum, &u.len.to_be_bytes());
+            sum = ones_sum(sum, &h[4..6]);
             if ones_sum(sum, &datagram[..len]) != 0xFFFF {
                 return Err(Discard::BadUdpChecksum);
             }
         }
-        Ok(u)
+        Ok((h, len))
+    }
+
+    /// The fields of a header [`UdpHeader::check`] passed.
+    #[inline(always)]
+    pub(crate) fn read(h: &[u8; UDP_LEN]) -> Self {
+        UdpHeader {
+            src_port: be16(h, 0),
+            dst_port: be16(h, 2),
+            len: be16(h, 4),
+            checksum: be16(h, 6),
+        }
     }
 
     /// Writes the header into `out`.
@@ -163,7 +207,7 @@ impl UdpHeader {
 
 #[cfg(test)]
 mod tests {
-    use super::{IPV4_LEN, header_sum, ones_sum};
+    use super::{IPV4_LEN, header_ok, header_sum, ones_sum};
 
     /// The straight-line header sum equals the definition, on headers of every extreme
     /// (all zeros, all ones, carries out of every word) and on pseudo-random ones.
@@ -188,6 +232,39 @@ mod tests {
         for h in &headers {
             assert_eq!(header_sum(h), reference(0, h), "{h:?}");
         }
+    }
+
+    /// The check without swaps or folds says what the folded sum says, on headers of every
+    /// extreme and on pseudo-random ones, each also with its checksum made right.
+    #[test]
+    fn header_check_equals_the_sum() {
+        let mut x: u32 = 0x2545_F491;
+        let mut headers = std::vec![[0u8; IPV4_LEN], [0xFF; IPV4_LEN]];
+        for i in 0..4000 {
+            let mut h = [0u8; IPV4_LEN];
+            for b in &mut h {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = if i % 3 == 0 {
+                    0xFF ^ (x as u8 & 1)
+                } else {
+                    x as u8
+                };
+            }
+            headers.push(h);
+            h[10..12].fill(0);
+            let sum = !(header_sum(&h) as u16);
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            headers.push(h);
+        }
+        let mut right = 0;
+        for h in &headers {
+            let ok = reference(0, h) == 0xFFFF;
+            assert_eq!(header_ok(h), ok, "{h:?}");
+            right += usize::from(ok);
+        }
+        assert!(right >= 4000, "{right}");
     }
 
     /// The definition: 16-bit big-endian halves (an odd last byte the high half of one),
