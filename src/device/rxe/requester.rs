@@ -13,7 +13,7 @@ use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
-use super::wire::packet::{Packet, Route};
+use super::wire::packet::{Packet, Route, Template};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
@@ -75,15 +75,14 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if q.sq_next == q.sq_head {
         return;
     }
-    let mac = match net.peer_mac(q) {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
+    match net.path(q) {
+        Ok(true) => {}
+        Ok(false) => return,
         Err(_) => {
             // Nobody answers for the peer's address: the request cannot be delivered.
             return fail(net, q, WcStatus::RetryExcErr);
         }
-    };
-    let route = net.route(q, mac);
+    }
     let mtu = q.mtu;
     let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
     let mut sent = 0;
@@ -126,6 +125,10 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         // entry is 200 bytes.
         let e = q.sq_ref(i);
         let (e_op, e_first, e_npkts) = (e.op, e.first_psn, e.npkts);
+        // Made by `path` above; nothing in between drops it (the QP's lock is held).
+        let Some(outer) = q.hdr.as_ref() else {
+            break;
+        };
         let k = q.cur_pkt;
         let psn = q.psn;
         let mut bth = Bth {
@@ -147,7 +150,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                     rkey: e.rkey,
                     len: e.len - done.min(e.len),
                 });
-                net.send(&route, &h, 0, |_, _| Ok(()))
+                net.send(outer, &h, 0, |_, _| Ok(()))
             }
             op::CMP_SWAP | op::FETCH_ADD => {
                 let cas = e.op == op::CMP_SWAP;
@@ -163,7 +166,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                     swap_add: if cas { e.swap } else { e.compare_add },
                     compare: if cas { e.compare_add } else { 0 },
                 });
-                net.send(&route, &h, 0, |_, _| Ok(()))
+                net.send(outer, &h, 0, |_, _| Ok(()))
             }
             _ => {
                 let kind = match e.op {
@@ -200,7 +203,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                     h.imm = Some(e.rkey);
                 }
                 let pd = q.pd;
-                net.send(&route, &h, s.len as usize, |t, out| {
+                net.send(outer, &h, s.len as usize, |t, out| {
                     payload(t, pd, e, s.offset, out)
                 })
             }
@@ -288,7 +291,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 continue;
             }
         };
-        let route = Route {
+        let outer = Template::new(&Route {
             src_mac: net.t.port.mac(),
             dst_mac: mac,
             src_ip: net.t.port.ip(),
@@ -296,7 +299,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             tos: e.ud_tos,
             ttl: e.ud_ttl,
             src_port: q.src_port,
-        };
+        });
         let imm = e.op == op::SEND_IMM;
         let mut h = Headers::new(Bth {
             opcode: if imm {
@@ -325,7 +328,7 @@ fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             h.imm = Some(e.imm);
         }
         let pd = q.pd;
-        match net.send(&route, &h, e.len as usize, |t, out| {
+        match net.send(&outer, &h, e.len as usize, |t, out| {
             payload(t, pd, &e, 0, out)
         }) {
             Err(Unsent::Busy) => return,

@@ -5,6 +5,7 @@ use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+pub use super::template::{Route, Template};
 use super::{Discard, be16, chunk, put, put24};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
@@ -102,25 +103,6 @@ pub fn parse(frame: &[u8]) -> Result<Frame<'_>, Discard> {
     }))
 }
 
-/// Where a RoCEv2 frame goes and what its outer headers carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Route {
-    /// The sender's MAC.
-    pub src_mac: Mac,
-    /// The next hop's MAC.
-    pub dst_mac: Mac,
-    /// The sender's IPv4 address (the one inside its GID).
-    pub src_ip: [u8; 4],
-    /// The receiver's IPv4 address.
-    pub dst_ip: [u8; 4],
-    /// IPv4 TOS (the address vector's traffic class).
-    pub tos: u8,
-    /// IPv4 TTL (the address vector's hop limit).
-    pub ttl: u8,
-    /// The UDP source port ([`super::addr`]).
-    pub src_port: u16,
-}
-
 /// Writes the outer headers and the transport headers of a frame whose payload is
 /// `payload_len` bytes into `buf` (the BTH's pad count is set from the length; the IPv4
 /// identification is `id`). Returns where the payload goes; the caller writes it there and
@@ -129,6 +111,17 @@ pub struct Route {
 pub fn begin(
     buf: &mut [u8],
     route: &Route,
+    id: u16,
+    headers: &Headers,
+    payload_len: usize,
+) -> Option<usize> {
+    begin_with(buf, &Template::new(route), id, headers, payload_len)
+}
+
+/// [`begin`] with the route's outer headers made beforehand ([`Template`]).
+pub fn begin_with(
+    buf: &mut [u8],
+    outer: &Template,
     id: u16,
     headers: &Headers,
     payload_len: usize,
@@ -144,41 +137,8 @@ pub fn begin(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    outer(buf, route, id, total as u16)?;
+    outer.write(buf.first_chunk_mut()?, id, total as u16);
     Some(ROCE_OFFSET + hlen)
-}
-
-/// Writes the outer headers (Ethernet, IPv4 of `total` bytes with identification `id`, UDP)
-/// of a frame along `route` in place at the start of `buf` (no staging copy).
-#[inline(always)]
-fn outer(buf: &mut [u8], route: &Route, id: u16, total: u16) -> Option<()> {
-    let (eth, rest) = buf.split_first_chunk_mut::<ETH_LEN>()?;
-    let (ip, rest) = rest.split_first_chunk_mut::<IPV4_LEN>()?;
-    let udp = rest.first_chunk_mut::<UDP_LEN>()?;
-    EthHeader {
-        dst: route.dst_mac,
-        src: route.src_mac,
-        ethertype: ETHERTYPE_IPV4,
-    }
-    .write(eth);
-    Ipv4Header {
-        tos: route.tos,
-        total_len: total,
-        id,
-        ttl: route.ttl,
-        protocol: PROTO_UDP,
-        src: route.src_ip,
-        dst: route.dst_ip,
-    }
-    .write(ip);
-    UdpHeader {
-        src_port: route.src_port,
-        dst_port: ROCE_PORT,
-        len: total - IPV4_LEN as u16,
-        checksum: 0,
-    }
-    .write(udp);
-    Some(())
 }
 
 /// Bytes of an acknowledgement's frame: the outer headers, BTH, AETH, ICRC (no payload, no
@@ -191,9 +151,14 @@ pub const ACK_FRAME_LEN: usize = ROCE_OFFSET + BTH_LEN + AETH_LEN + ICRC_LEN;
 /// header record, layout lookups and lengths. Returns [`ACK_FRAME_LEN`]; `None` when `buf`
 /// is shorter.
 pub fn ack(buf: &mut [u8], route: &Route, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
+    ack_with(buf, &Template::new(route), id, bth, aeth)
+}
+
+/// [`ack`] with the route's outer headers made beforehand ([`Template`]).
+pub fn ack_with(buf: &mut [u8], outer: &Template, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
     let f = buf.first_chunk_mut::<ACK_FRAME_LEN>()?;
-    outer(f, route, id, (ACK_FRAME_LEN - ETH_LEN) as u16)?;
-    let (_, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    let (o, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    outer.write(o, id, (ACK_FRAME_LEN - ETH_LEN) as u16);
     let (b, t) = t.split_first_chunk_mut::<BTH_LEN>()?;
     bth.write(b);
     t[0] = aeth.syndrome;
