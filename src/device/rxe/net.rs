@@ -10,7 +10,7 @@ use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, ack_with, begin_with, finish};
+use super::wire::packet::{Route, ack_with, begin_bth, begin_with, finish};
 use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
@@ -97,6 +97,7 @@ impl<L: Link> Net<'_, L> {
     }
 
     /// Sends a frame with `headers` and `len` payload bytes that `fill` writes.
+    #[inline(always)]
     pub(crate) fn send(
         &mut self,
         outer: &Template,
@@ -104,11 +105,40 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
+        let begin = |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
+        self.send_framed(outer, len, begin, fill)
+    }
+
+    /// Sends a frame whose transport header is `bth` alone (no extended header; its pad
+    /// count set from the length) with `len` payload bytes that `fill` writes: the common
+    /// one-packet SEND, without the header record's layout lookups ([`begin_bth`]).
+    #[inline(always)]
+    pub(crate) fn send_bth(
+        &mut self,
+        outer: &Template,
+        bth: &Bth,
+        len: usize,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
+    ) -> Result<(), Unsent> {
+        let begin = |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, bth, len);
+        self.send_framed(outer, len, begin, fill)
+    }
+
+    /// Sends a frame whose headers `begin` writes (given the buffer and the IPv4
+    /// identification; it returns where the payload goes) with `len` payload bytes that
+    /// `fill` writes.
+    fn send_framed(
+        &mut self,
+        outer: &Template,
+        len: usize,
+        begin: impl FnOnce(&mut [u8], u16) -> Option<usize>,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
+    ) -> Result<(), Unsent> {
         let mrs = &self.t.mrs;
         let mut denied = None;
         // Headers, payload and ICRC written where the frame goes out from.
         let build = |buf: &mut [u8], id: u16| {
-            let at = begin_with(buf, outer, id, headers, len)?;
+            let at = begin(buf, id)?;
             let payload = buf.get_mut(at..at + len)?;
             if let Err(d) = fill(mrs, payload) {
                 denied = Some(d);

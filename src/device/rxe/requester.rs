@@ -141,6 +141,17 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             psn,
         };
         let r = match e.op {
+            op::SEND if e_npkts == 1 => {
+                // The common one-packet SEND: its BTH alone, the whole message (no segment,
+                // no header record).
+                bth.opcode = opcode::RC_SEND_ONLY;
+                bth.se = SendFlags::from_bits_truncate(u32::from(e.flags))
+                    .contains(SendFlags::SOLICITED);
+                let pd = q.pd;
+                net.send_bth(outer, &bth, e.len as usize, |t, out| {
+                    payload(t, pd, e, 0, out)
+                })
+            }
             op::READ => {
                 bth.opcode = opcode::RC_READ_REQUEST;
                 let done = k * mtu;
