@@ -100,7 +100,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             ));
         }
         let inline = w.flags.contains(SendFlags::INLINE);
-        let len = sge_bytes(w.sges);
+        // One entry (the common case) read directly: the sum over the list is a call.
+        let len = match w.sges {
+            [s] => u64::from(s.length),
+            sges => sge_bytes(sges),
+        };
         if inline && (len > u64::from(qp.caps.max_inline_data) || op::reads(op_code)) {
             return Err(Error::Unsupported(Unsupported::Feature(
                 Feature::InlineData,
@@ -163,7 +167,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             e.inline_len = at as u8;
             e.nsge = 0;
         } else {
-            e.sges[..w.sges.len()].copy_from_slice(w.sges);
+            match (w.sges, e.sges.first_mut()) {
+                // One entry stored as one (a slice copy is a `memcpy` call).
+                ([s], Some(d)) => *d = *s,
+                (sges, _) => e.sges[..sges.len()].copy_from_slice(sges),
+            }
             e.nsge = w.sges.len() as u8;
             e.inline_len = 0xFF;
         }
