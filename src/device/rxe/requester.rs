@@ -30,18 +30,25 @@ const RNR_US: [u32; 32] = [
 ];
 
 /// READ and atomic requests started and not completed.
-fn reads_out(q: &mut QpCore) -> u32 {
+fn reads_out(q: &QpCore) -> u32 {
     let mut n = 0;
     let mut i = q.sq_tail;
     // Bounded by the requests started and not completed: `sq_next - sq_tail` is at most the
     // ring's capacity (MAX_WR), a distance between two wrapping counts that cannot wrap.
     while i != q.sq_next {
-        if op::reads(q.sq(i).op) {
+        if op::reads(q.sq_ref(i).op) {
             n += 1;
         }
         i = i.wrapping_add(1);
     }
     n
+}
+
+/// Whether a READ or atomic (`e_op`), or a request with the fence flag, may start: the READs
+/// and atomics in flight below the initiator depth, and none at all before a fenced one.
+fn may_start(q: &QpCore, e_op: u8, fence: bool) -> bool {
+    let out = reads_out(q);
+    !(op::reads(e_op) && out >= u32::from(q.attr.max_rd_atomic).max(1)) && !(fence && out > 0)
 }
 
 /// Sends what the window allows. Inlined: most calls (after an acknowledgement, from the
@@ -84,7 +91,6 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         }
     }
     let mtu = q.mtu;
-    let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
     let mut sent = 0;
     // Bounded by BURST packets (a plain count).
     while q.sq_next != q.sq_head && sent < BURST {
@@ -92,9 +98,16 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             break;
         }
         let i = q.sq_next;
-        if q.cur_pkt == 0 {
-            let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
-            let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
+        let k = q.cur_pkt;
+        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
+        // entry is 200 bytes.
+        let e = q.sq_ref(i);
+        let e_op = e.op;
+        // The message's first PSN and packet count: set when its first packet goes (stored
+        // in the entry just after it is sent).
+        let (e_first, e_npkts) = if k == 0 {
+            let fence =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
             if op::local(e_op) {
                 // A bind, fast registration or local invalidation: executed here once every
                 // request before it has completed (a READ may still be landing in the memory
@@ -110,26 +123,21 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 q.retire(WcStatus::Success, net.hub);
                 continue;
             }
-            if (op::reads(e_op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
+            if (op::reads(e_op) || fence) && !may_start(q, e_op, fence) {
                 break;
             }
-            let psn = q.psn;
-            let s = q.sq(i);
-            s.first_psn = psn;
-            s.npkts = match s.op {
+            let n = match e_op {
                 op::CMP_SWAP | op::FETCH_ADD => 1,
-                _ => seq::packets(s.len, mtu).unwrap_or(1),
+                _ => seq::packets(e.len, mtu).unwrap_or(1),
             };
-        }
-        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
-        // entry is 200 bytes.
-        let e = q.sq_ref(i);
-        let (e_op, e_first, e_npkts) = (e.op, e.first_psn, e.npkts);
+            (q.psn, n)
+        } else {
+            (e.first_psn, e.npkts)
+        };
         // Made by `path` above; nothing in between drops it (the QP's lock is held).
         let Some(outer) = q.hdr.as_ref() else {
             break;
         };
-        let k = q.cur_pkt;
         let psn = q.psn;
         let mut bth = Bth {
             opcode: 0,
@@ -191,7 +199,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 let Some(s) = seq::segment(kind, e.len, mtu, k) else {
                     break;
                 };
-                let last = k + 1 == e.npkts;
+                let last = k + 1 == e_npkts;
                 bth.opcode = s.opcode;
                 bth.ack_req = s.ack_req;
                 let solicited = SendFlags::from_bits_truncate(u32::from(e.flags))
@@ -219,6 +227,11 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 })
             }
         };
+        if k == 0 {
+            let s = q.sq(i);
+            s.first_psn = e_first;
+            s.npkts = e_npkts;
+        }
         match r {
             Ok(()) => {}
             Err(Unsent::Busy) => break,
