@@ -27,6 +27,7 @@
 
 mod check;
 mod cq;
+mod datagram;
 mod keys;
 mod local;
 mod mem;

@@ -1,4 +1,5 @@
-//! The requester and the completer of a queue pair: send requests cut into packets at the
+//! The requester and the completer of a connected queue pair (a datagram QP's requester is
+//! `datagram.rs`): send requests cut into packets at the
 //! path MTU inside the PSN window, READ and atomic depth and fences respected; then the
 //! peer's answers — coalesced ACKs, NAKs, READ responses, atomic acknowledges — complete the
 //! requests in order; a timer or a sequence NAK rewinds to the oldest unacknowledged PSN
@@ -8,19 +9,17 @@
 
 use bareverbs_hal::Link;
 
-use super::mem::Denied;
+use super::datagram::{BURST, payload, run_ud};
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
-use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
-use super::wire::packet::{Packet, Route, Template};
-use super::wqe::{SqEntry, op};
+use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
+use super::wire::packet::Packet;
+use super::wqe::op;
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
 /// Unacknowledged PSNs a requester may have in flight (rxe's window).
 pub(crate) const WINDOW: i32 = 128;
-/// Packets one call sends at most (bounded work per verbs call).
-const BURST: u32 = 256;
 
 /// Microseconds of each RNR timer code (IBA table; code 0 is the longest).
 const RNR_US: [u32; 32] = [
@@ -275,97 +274,6 @@ fn deadline(now: u64, timeout: u64) -> u64 {
     } else {
         now.saturating_add(timeout).max(1)
     }
-}
-
-/// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
-/// from registered memory.
-fn payload(
-    t: &super::mem::MrTable,
-    pd: u32,
-    e: &SqEntry,
-    offset: u32,
-    out: &mut [u8],
-) -> Result<(), Denied> {
-    if e.is_inline() {
-        let from = offset as usize;
-        let src = e.inline.get(from..from + out.len()).ok_or(Denied::Bounds)?;
-        out.copy_from_slice(src);
-        Ok(())
-    } else {
-        t.gather(pd, e.sges(), offset, out)
-    }
-}
-
-fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
-    let mut sent = 0;
-    // Bounded: each turn retires the oldest request (the queue holds at most MAX_WR), and at
-    // most BURST go out.
-    while q.sq_tail != q.sq_head && sent < BURST {
-        let e = *q.sq(q.sq_tail);
-        if e.len > net.mtu {
-            // Larger than the port MTU: rxe sends nothing and completes it successfully.
-            q.retire(WcStatus::Success, net.hub);
-            continue;
-        }
-        let mac = match net.t.port.resolve(net.link, e.ud_ip, net.now) {
-            Ok(Some(m)) => m,
-            Ok(None) => return,
-            Err(_) => {
-                q.retire(WcStatus::RetryExcErr, net.hub);
-                continue;
-            }
-        };
-        let outer = Template::new(&Route {
-            src_mac: net.t.port.mac(),
-            dst_mac: mac,
-            src_ip: net.t.port.ip(),
-            dst_ip: e.ud_ip,
-            tos: e.ud_tos,
-            ttl: e.ud_ttl,
-            src_port: q.src_port,
-        });
-        let imm = e.op == op::SEND_IMM;
-        let mut h = Headers::new(Bth {
-            opcode: if imm {
-                opcode::UD_SEND_ONLY_IMM
-            } else {
-                opcode::UD_SEND_ONLY
-            },
-            se: SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED),
-            pad: 0,
-            pkey: DEFAULT_PKEY,
-            dest_qp: e.ud_qpn,
-            ack_req: false,
-            psn: q.psn,
-        });
-        h.deth = Some(Deth {
-            qkey: if q.qp_type == QpType::Gsi {
-                super::GSI_QKEY
-            } else if e.ud_qkey & 0x8000_0000 != 0 {
-                q.attr.qkey
-            } else {
-                e.ud_qkey
-            },
-            src_qp: q.qpn,
-        });
-        if imm {
-            h.imm = Some(e.imm);
-        }
-        let pd = q.pd;
-        match net.send(&outer, &h, e.len as usize, |t, out| {
-            payload(t, pd, &e, 0, out)
-        }) {
-            Err(Unsent::Busy) => return,
-            Err(Unsent::Denied(_)) => {
-                return fail(net, q, WcStatus::LocProtErr);
-            }
-            Ok(()) | Err(Unsent::Lost) => {}
-        }
-        sent += 1;
-        q.psn = psn_add(q.psn, 1);
-        q.retire(WcStatus::Success, net.hub);
-    }
-    q.sq_next = q.sq_tail;
 }
 
 /// Completes the send and write requests the peer acknowledged through `psn`; stops at a
