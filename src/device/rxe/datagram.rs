@@ -54,15 +54,18 @@ pub(super) fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 continue;
             }
         };
-        let outer = Template::new(&Route {
-            src_mac: net.t.port.mac(),
-            dst_mac: mac,
-            src_ip: net.t.port.ip(),
-            dst_ip: e.ud_ip,
-            tos: e.ud_tos,
-            ttl: e.ud_ttl,
-            src_port: q.src_port,
-        });
+        let outer = Template::new(
+            &Route {
+                src_mac: net.t.port.mac(),
+                dst_mac: mac,
+                src_ip: net.t.port.ip(),
+                dst_ip: e.ud_ip,
+                tos: e.ud_tos,
+                ttl: e.ud_ttl,
+                src_port: q.src_port,
+            },
+            e.ud_qpn,
+        );
         let imm = e.op == op::SEND_IMM;
         let mut h = Headers::new(Bth {
             opcode: if imm {

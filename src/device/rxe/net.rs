@@ -10,7 +10,7 @@ use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, ack_with, begin_bth, begin_with, finish};
+use super::wire::packet::{Route, ack, begin_bth, begin_with, finish};
 use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
@@ -85,7 +85,7 @@ impl<L: Link> Net<'_, L> {
         let Some(mac) = self.peer_mac(q)? else {
             return Ok(false);
         };
-        q.hdr = Some(Template::new(&self.route(q, mac)));
+        q.hdr = Some(Template::new(&self.route(q, mac), q.attr.dest_qpn));
         Ok(true)
     }
 
@@ -160,15 +160,15 @@ impl<L: Link> Net<'_, L> {
         })
     }
 
-    /// Sends the acknowledgement `aeth` with `bth` (an RC ACK, pad 0), built whole at fixed
-    /// offsets ([`ack_with`]).
+    /// Sends the acknowledgement (ACK or NAK) `aeth` of `psn` along `outer`, built whole at
+    /// fixed offsets ([`ack`]).
     pub(crate) fn send_ack(
         &mut self,
         outer: &Template,
-        bth: &Bth,
+        psn: u32,
         aeth: Aeth,
     ) -> Result<(), Unsent> {
-        let build = |buf: &mut [u8], id: u16| ack_with(buf, outer, id, bth, aeth);
+        let build = |buf: &mut [u8], id: u16| ack(buf, outer, id, psn, aeth);
         transmit(
             self.link,
             self.tx,

@@ -95,7 +95,6 @@ pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u
 /// Sends an ACK or NAK (`syn`) for `psn` along the path; whether it went (or was lost on the
 /// way out, as on a wire: the peer's retry recovers it).
 fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> bool {
-    let bth = answer_bth(q, opcode::RC_ACK, psn);
     let aeth = Aeth {
         syndrome: syn,
         msn: q.msn,
@@ -104,7 +103,7 @@ fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> 
         return false;
     };
     // Built whole at fixed offsets: an acknowledgement has no payload and one layout.
-    !matches!(net.send_ack(outer, &bth, aeth), Err(Unsent::Busy))
+    !matches!(net.send_ack(outer, psn, aeth), Err(Unsent::Busy))
 }
 
 /// Keeps the ACK or NAK `syn` of `psn` for later: one is held, the answer to the latest PSN,

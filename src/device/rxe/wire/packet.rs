@@ -1,12 +1,12 @@
 //! Whole frames: a received frame classified and checked ([`parse`]), and a RoCEv2 frame
 //! built as Linux builds one ([`begin`], [`finish`], [`build`]).
 
-use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers};
+use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers, opcode};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 pub use super::template::{Route, Template};
-use super::{Discard, be16, chunk, put, put24};
+use super::{Discard, be16, chunk, put};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
 pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
@@ -115,7 +115,8 @@ pub fn begin(
     headers: &Headers,
     payload_len: usize,
 ) -> Option<usize> {
-    begin_with(buf, &Template::new(route), id, headers, payload_len)
+    let outer = Template::new(route, headers.bth.dest_qp);
+    begin_with(buf, &outer, id, headers, payload_len)
 }
 
 /// [`begin`] with the route's outer headers made beforehand ([`Template`]).
@@ -141,9 +142,10 @@ pub fn begin_with(
     Some(ROCE_OFFSET + hlen)
 }
 
-/// [`begin_with`] for a frame whose transport header is `bth` alone (no extended header),
-/// at fixed offsets: no header record, no layout lookup. The BTH's pad count is set from
-/// `payload_len`.
+/// [`begin_with`] for a frame whose transport header is a BTH alone (no extended header), at
+/// fixed offsets: no header record, no layout lookup. `bth` gives the opcode, SE, AckReq and
+/// PSN; the P_Key is the default one and the destination QP the template's; the pad count is
+/// set from `payload_len`.
 #[inline(always)]
 pub fn begin_bth(
     buf: &mut [u8],
@@ -159,9 +161,9 @@ pub fn begin_bth(
     }
     let (o, t) = buf.split_first_chunk_mut::<ROCE_OFFSET>()?;
     outer.write(o, id, total as u16);
+    let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
     let b = t.first_chunk_mut::<BTH_LEN>()?;
-    bth.write(b);
-    b[1] = (b[1] & !0x30) | (pad as u8) << 4;
+    outer.write_bth(b, bth.opcode, flags, bth.ack_req, bth.psn);
     Some(ROCE_OFFSET + BTH_LEN)
 }
 
@@ -169,24 +171,19 @@ pub fn begin_bth(
 /// pad).
 pub const ACK_FRAME_LEN: usize = ROCE_OFFSET + BTH_LEN + AETH_LEN + ICRC_LEN;
 
-/// Builds a whole acknowledgement (an RC ACK or NAK: `bth`, whose opcode the caller set and
-/// whose pad count is 0, then `aeth`) into `buf`, at fixed offsets: the frame
-/// [`begin`] and [`finish`] would build from the same headers, without the general path's
-/// header record, layout lookups and lengths. Returns [`ACK_FRAME_LEN`]; `None` when `buf`
-/// is shorter.
-pub fn ack(buf: &mut [u8], route: &Route, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
-    ack_with(buf, &Template::new(route), id, bth, aeth)
-}
-
-/// [`ack`] with the route's outer headers made beforehand ([`Template`]).
-pub fn ack_with(buf: &mut [u8], outer: &Template, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
+/// Builds a whole acknowledgement along `outer` into `buf`: an RC ACK or NAK (opcode
+/// Acknowledge, no SE, no AckReq, pad 0, the default P_Key, the template's destination QP) for
+/// `psn`, then `aeth`; at fixed offsets, the frame [`begin`] and [`finish`] would build from
+/// the same headers, without the general path's header record, layout lookups and lengths.
+/// Returns [`ACK_FRAME_LEN`]; `None` when `buf` is shorter.
+pub fn ack(buf: &mut [u8], outer: &Template, id: u16, psn: u32, aeth: Aeth) -> Option<usize> {
     let f = buf.first_chunk_mut::<ACK_FRAME_LEN>()?;
     let (o, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
     outer.write(o, id, (ACK_FRAME_LEN - ETH_LEN) as u16);
     let (b, t) = t.split_first_chunk_mut::<BTH_LEN>()?;
-    bth.write(b);
-    t[0] = aeth.syndrome;
-    put24(t, 1, aeth.msn);
+    outer.write_bth(b, opcode::RC_ACK, 0, false, psn);
+    let word = u32::from(aeth.syndrome) << 24 | aeth.msn & 0xFF_FFFF;
+    put(t, 0, word.to_be_bytes());
     let crc = icrc_v4(f.get(ETH_LEN..ACK_FRAME_LEN - ICRC_LEN)?)?;
     put(f, ACK_FRAME_LEN - ICRC_LEN, crc.to_le_bytes());
     Some(ACK_FRAME_LEN)
@@ -266,7 +263,8 @@ mod tests {
             h.aeth = Some(aeth);
             let id = 0x8000 + i as u16;
             let (mut a, mut b) = ([0xEEu8; 128], [0x55u8; 128]);
-            let n = ack(&mut a, &route, id, &bth, aeth).unwrap();
+            let outer = Template::new(&route, bth.dest_qp);
+            let n = ack(&mut a, &outer, id, psn, aeth).unwrap();
             assert_eq!(begin(&mut b, &route, id, &h, 0), Some(ROCE_OFFSET + 16));
             assert_eq!(finish(&mut b), Some(n));
             assert_eq!(a[..n], b[..n]);
@@ -274,7 +272,7 @@ mod tests {
                 Ok(Frame::Roce(p)) => assert_eq!(p.headers, h),
                 other => panic!("{other:?}"),
             }
-            assert_eq!(ack(&mut a[..n - 1], &route, id, &bth, aeth), None);
+            assert_eq!(ack(&mut a[..n - 1], &outer, id, psn, aeth), None);
         }
     }
 
@@ -291,7 +289,7 @@ mod tests {
             ttl: 9,
             src_port: 0xC321,
         };
-        let outer = Template::new(&route);
+        let outer = Template::new(&route, 0xAB_CDEF);
         for len in 0..9 {
             let bth = Bth {
                 opcode: opcode::RC_SEND_ONLY,

@@ -3,6 +3,7 @@
 //! sends copies them and patches the four fields that vary (the IPv4 total length and
 //! identification, the IPv4 header checksum, the UDP length).
 
+use super::bth::{BTH_LEN, DEFAULT_PKEY};
 use super::eth::{ETH_LEN, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 use super::{be16, chunk, put};
@@ -48,6 +49,9 @@ pub struct Template {
     /// The first 40 bytes of the outer headers, as words (a frame's copy is five stores; at
     /// opt-level "z" an array copy is a `memcpy` call or a byte-wise `rep movsb`).
     words: [u64; WORDS],
+    /// The BTH's first eight bytes with the opcode and the SE/pad byte zero (the default
+    /// P_Key, the destination QP), little-endian.
+    bth: u64,
     /// The IPv4 header sum of the constant fields, folded to 16 bits.
     sum: u16,
     /// The route is to this interface's own address (the frame is looped back).
@@ -55,8 +59,8 @@ pub struct Template {
 }
 
 impl Template {
-    /// The template of the frames along `route`.
-    pub fn new(route: &Route) -> Self {
+    /// The template of the frames along `route` to the queue pair `dest_qp`.
+    pub fn new(route: &Route, dest_qp: u32) -> Self {
         let mut b = [0u8; ROCE_OFFSET];
         let (eth, rest) = b.split_at_mut(ETH_LEN);
         let (ip, udp) = rest.split_at_mut(IPV4_LEN);
@@ -97,8 +101,11 @@ impl Template {
         for (i, w) in words.iter_mut().enumerate() {
             *w = u64::from_ne_bytes(*chunk::<8>(&b, 8 * i));
         }
+        let [_, q2, q1, q0] = dest_qp.to_be_bytes();
+        let [p1, p0] = DEFAULT_PKEY.to_be_bytes();
         Template {
             words,
+            bth: u64::from_le_bytes([0, 0, p1, p0, 0, q2, q1, q0]),
             sum,
             looped: route.dst_ip == route.src_ip,
         }
@@ -137,6 +144,20 @@ impl Template {
         let s = (s & 0xFFFF) + (s >> 16);
         let s = (s & 0xFFFF) + (s >> 16);
         put(f, CSUM_AT, (!(s as u16)).to_be_bytes());
+    }
+
+    /// Writes a BTH to the template's queue pair with the default P_Key into `b`: `opcode`,
+    /// the byte of SE, MigReq, pad count and TVer `flags`, AckReq `ack_req`, `psn` (its low
+    /// 24 bits). Two stores: the header as [`Bth::write`](super::bth::Bth::write) writes it.
+    #[inline(always)]
+    pub fn write_bth(&self, b: &mut [u8; BTH_LEN], opcode: u8, flags: u8, ack_req: bool, psn: u32) {
+        let head = self.bth | u64::from(opcode) | u64::from(flags) << 8;
+        put(b, 0, head.to_le_bytes());
+        put(
+            b,
+            8,
+            (u32::from(ack_req) << 31 | psn & 0xFF_FFFF).to_be_bytes(),
+        );
     }
 }
 
@@ -212,7 +233,7 @@ mod tests {
                 checksum: 0,
             }
             .write(udp);
-            let t = Template::new(&route);
+            let t = Template::new(&route, next() & 0xFF_FFFF);
             let mut got = [0xA5u8; ROCE_OFFSET];
             t.write(&mut got, id, total);
             assert_eq!(got, want, "{route:?} {total} {id}");
@@ -227,8 +248,8 @@ mod tests {
             ttl: 64,
             src_port: 0xC000,
         };
-        assert!(Template::new(&same).looped());
+        assert!(Template::new(&same, 1).looped());
         same.dst_ip[3] = 2;
-        assert!(!Template::new(&same).looped());
+        assert!(!Template::new(&same, 1).looped());
     }
 }
