@@ -175,10 +175,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             e.nsge = w.sges.len() as u8;
             e.inline_len = 0xFF;
         }
-        let u = w.ud.map_or((0, 0, [0; 4], 0, 0), |u| {
-            (u.remote_qpn, u.remote_qkey, u.ah.ip, u.ah.tos, u.ah.ttl)
-        });
-        (e.ud_qpn, e.ud_qkey, e.ud_ip, e.ud_tos, e.ud_ttl) = u;
+        // A datagram's destination (a datagram QP's requests only, checked above: a connected
+        // QP's requester never reads these fields).
+        if let Some(u) = w.ud {
+            (e.ud_qpn, e.ud_qkey, e.ud_ip, e.ud_tos, e.ud_ttl) =
+                (u.remote_qpn, u.remote_qkey, u.ah.ip, u.ah.tos, u.ah.ttl);
+        }
         c.n += 1;
         Ok(())
     }
