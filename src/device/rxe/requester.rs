@@ -47,7 +47,8 @@ fn reads_out(q: &QpCore) -> u32 {
 /// and atomics in flight below the initiator depth, and none at all before a fenced one.
 fn may_start(q: &QpCore, e_op: u8, fence: bool) -> bool {
     let out = reads_out(q);
-    !(op::reads(e_op) && out >= u32::from(q.attr.max_rd_atomic).max(1)) && !(fence && out > 0)
+    let deep = op::reads(e_op) && out >= u32::from(q.attr.max_rd_atomic).max(1);
+    !(deep || (fence && out > 0))
 }
 
 /// Sends what the window allows. Inlined: most calls (after an acknowledgement, from the
