@@ -1,6 +1,7 @@
-//! The outer headers of a connected QP's frames follow its path: made once from the address
-//! vector and the peer's MAC, and made again after a modify that changes them (another peer,
-//! another traffic class and hop limit), for the requester's SENDs and the responder's ACKs.
+//! What a connected QP's frames carry. Their outer headers follow its path: made once from the
+//! address vector and the peer's MAC, and made again after a modify that changes them (another
+//! peer, another traffic class and hop limit), for the requester's SENDs and the responder's
+//! ACKs. Their payload comes from the request's gather list, checked as the packet is built.
 
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::packet::{Frame, Packet, parse};
@@ -107,19 +108,29 @@ fn send_one(
     cq: &CompletionQueue<'_, R>,
     mr: &MemoryRegion<'_, R>,
 ) {
-    // SAFETY: the buffer stays registered and untouched until the completion.
+    assert_eq!(send(l, qp, cq, mr.sge(0, 16).unwrap()), WcStatus::Success);
+}
+
+/// Posts one signaled SEND of `sge` and runs until `cq` has its completion: its status.
+fn send(
+    l: &Lab,
+    qp: &mut QueuePair<'_, R, Rc, Rts>,
+    cq: &CompletionQueue<'_, R>,
+    sge: Sge,
+) -> WcStatus {
+    // SAFETY: the buffer stays registered and untouched until the completion (or it names
+    // no memory the device may read: the request fails).
     unsafe {
         let mut s = qp.send_batch();
-        s.send(7, SendFlags::SIGNALED, &[mr.sge(0, 16).unwrap()])
-            .unwrap();
+        s.send(7, SendFlags::SIGNALED, &[sge]).unwrap();
         s.finish();
     }
     let mut wc = [WorkCompletion::default(); 1];
     for _ in 0..200 {
         l.run(1);
         if cq.poll(&mut wc).unwrap() == 1 {
-            assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
-            return;
+            assert_eq!(wc[0].wr_id, 7);
+            return wc[0].status;
         }
     }
     panic!("no completion");
@@ -188,4 +199,48 @@ fn a_new_path_after_a_modify_is_the_one_the_frames_take() {
     along(&l, start, (2, 0), ACK, (0x48, 5));
     assert!(l.sent(start, 1).is_empty(), "B is not part of it");
     drop((qb, qc));
+}
+
+#[test]
+fn a_gather_entry_is_read_where_it_points_and_refused_past_its_region() {
+    let l = lab();
+    let pds: Vec<_> = l.ctx[..2].iter().map(|c| c.alloc_pd().unwrap()).collect();
+    let cqs: Vec<_> = l.ctx[..2].iter().map(|c| c.create_cq(8).unwrap()).collect();
+    let qa = pds[0].qp_builder(&cqs[0], &cqs[0]).caps(caps());
+    let qb = pds[1].qp_builder(&cqs[1], &cqs[1]).caps(caps());
+    let (qa, qb) = (qa.build::<Rc>().unwrap(), qb.build::<Rc>().unwrap());
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let mut qa = connect(qa, (nb, 1), (0, 64));
+    let mut qb = connect(qb, (na, 0), (0, 64));
+    let mut ma = pds[0].register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = pds[1].register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    for (i, b) in ma.as_mut_slice().iter_mut().enumerate() {
+        *b = (i * 7) as u8;
+    }
+    // SAFETY: the buffer stays registered and untouched until the test ends.
+    unsafe {
+        let mut r = qb.recv_batch();
+        r.recv(1, &[mb.sge(0, 64).unwrap()]).unwrap();
+        r.recv(2, &[mb.sge(64, 64).unwrap()]).unwrap();
+        r.finish();
+    }
+    // 60 bytes from offset 4000: where the entry points, the pad after them.
+    let sge = ma.sge(4000, 60).unwrap();
+    assert_eq!(send(&l, &mut qa, &cqs[0], sge), WcStatus::Success);
+    assert_eq!(mb.as_slice()[..60], ma.as_slice()[4000..4060]);
+    // No bytes: nothing is read, whatever the entry names.
+    let none = Sge {
+        addr: 0,
+        length: 0,
+        lkey: ma.lkey() ^ 0x100,
+    };
+    assert_eq!(send(&l, &mut qa, &cqs[0], none), WcStatus::Success);
+    // 64 bytes from 32 before the region's end: refused, the QP in error.
+    let past = Sge {
+        addr: ma.addr() + 4096 - 32,
+        length: 64,
+        lkey: ma.lkey(),
+    };
+    assert_eq!(send(&l, &mut qa, &cqs[0], past), WcStatus::LocProtErr);
+    assert_eq!(qa.query().unwrap().state, QpState::Err);
 }

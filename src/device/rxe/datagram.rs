@@ -11,7 +11,7 @@ use super::seq::psn_add;
 use super::wire::bth::{Bth, DEFAULT_PKEY, Deth, Headers, opcode};
 use super::wire::packet::{Route, Template};
 use super::wqe::{SqEntry, op};
-use crate::verbs::{QpType, SendFlags, WcStatus};
+use crate::verbs::{AccessFlags, QpType, SendFlags, WcStatus};
 
 /// Packets one call sends at most (bounded work per verbs call).
 pub(super) const BURST: u32 = 256;
@@ -29,6 +29,19 @@ pub(super) fn payload(
         let from = offset as usize;
         let src = e.inline.get(from..from + out.len()).ok_or(Denied::Bounds)?;
         out.copy_from_slice(src);
+        Ok(())
+    } else if let ([s], false) = (e.sges(), out.is_empty()) {
+        // One entry (the common case): checked and copied directly, not through the list's
+        // walk; a range past its end is refused as the walk refuses it.
+        let (at, n) = (u64::from(offset), out.len() as u64);
+        if at + n > u64::from(s.length) {
+            return Err(Denied::Bounds);
+        }
+        let a = s.addr.checked_add(at).ok_or(Denied::Bounds)?;
+        let p = t.check(s.lkey, pd, a, n, AccessFlags::empty())?;
+        // SAFETY: `check` found the `n` bytes at `p` inside a registered region (the
+        // registration contract keeps it allocated); `out` is `n` bytes.
+        unsafe { core::ptr::copy(p, out.as_mut_ptr(), out.len()) };
         Ok(())
     } else {
         t.gather(pd, e.sges(), offset, out)
