@@ -94,6 +94,7 @@ pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u
 
 /// Sends an ACK or NAK (`syn`) for `psn` along the path; whether it went (or was lost on the
 /// way out, as on a wire: the peer's retry recovers it).
+#[inline(always)]
 fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> bool {
     let aeth = Aeth {
         syndrome: syn,
