@@ -14,8 +14,8 @@ use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
-use super::wire::packet::Packet;
-use super::wqe::op;
+use super::wire::packet::{Packet, Template};
+use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
 /// Unacknowledged PSNs a requester may have in flight (rxe's window).
@@ -128,7 +128,9 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             }
             let n = match e_op {
                 op::CMP_SWAP | op::FETCH_ADD => 1,
-                _ => seq::packets(e.len, mtu).unwrap_or(1),
+                // One packet (what `packets` gives for it, or for an MTU it refuses).
+                _ if e.len <= mtu => 1,
+                _ => packets(e.len, mtu),
             };
             (q.psn, n)
         } else {
@@ -160,72 +162,11 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                     payload(t, pd, e, 0, out)
                 })
             }
-            op::READ => {
-                bth.opcode = opcode::RC_READ_REQUEST;
-                let done = k * mtu;
-                let mut h = Headers::new(bth);
-                h.reth = Some(Reth {
-                    va: e.remote_addr.wrapping_add(u64::from(done)),
-                    rkey: e.rkey,
-                    len: e.len - done.min(e.len),
-                });
-                net.send(outer, &h, 0, |_, _| Ok(()))
-            }
-            op::CMP_SWAP | op::FETCH_ADD => {
-                let cas = e.op == op::CMP_SWAP;
-                bth.opcode = if cas {
-                    opcode::RC_COMPARE_SWAP
-                } else {
-                    opcode::RC_FETCH_ADD
-                };
-                let mut h = Headers::new(bth);
-                h.atomic = Some(AtomicEth {
-                    va: e.remote_addr,
-                    rkey: e.rkey,
-                    swap_add: if cas { e.swap } else { e.compare_add },
-                    compare: if cas { e.compare_add } else { 0 },
-                });
-                net.send(outer, &h, 0, |_, _| Ok(()))
-            }
-            _ => {
-                let kind = match e.op {
-                    op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
-                        imm: e.op == op::SEND_IMM,
-                    },
-                    _ => Kind::Write {
-                        imm: e.op == op::WRITE_IMM,
-                    },
-                };
-                let Some(s) = seq::segment(kind, e.len, mtu, k) else {
-                    break;
-                };
-                let last = k + 1 == e_npkts;
-                bth.opcode = s.opcode;
-                bth.ack_req = s.ack_req;
-                let solicited = SendFlags::from_bits_truncate(u32::from(e.flags))
-                    .contains(SendFlags::SOLICITED);
-                bth.se = last && solicited && e.op != op::WRITE;
-                let mut h = Headers::new(bth);
-                if k == 0 && matches!(kind, Kind::Write { .. }) {
-                    h.reth = Some(Reth {
-                        va: e.remote_addr,
-                        rkey: e.rkey,
-                        len: e.len,
-                    });
-                }
-                if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
-                    h.imm = Some(e.imm);
-                }
-                if last && e.op == op::SEND_INV {
-                    // The IETH: the peer's key to invalidate, where ImmDt would be.
-                    h.bth.opcode = super::local::with_inv(s.opcode);
-                    h.imm = Some(e.rkey);
-                }
-                let pd = q.pd;
-                net.send(outer, &h, s.len as usize, |t, out| {
-                    payload(t, pd, e, s.offset, out)
-                })
-            }
+            // The others: a packet of a longer message, a READ, an atomic.
+            _ => match request(net, outer, e, q.pd, bth, (k, e_npkts), mtu) {
+                Some(r) => r,
+                None => break,
+            },
         };
         if k == 0 {
             let s = q.sq(i);
@@ -267,6 +208,94 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             }
         }
     }
+}
+
+/// Sends packet `k` of the `npkts` of the request `e` (not a one-packet SEND) with `bth`
+/// (its PSN and destination set) along `outer`: a READ's request, an atomic, a SEND's or
+/// WRITE's packet at path MTU `mtu`. `None` when the MTU cuts no such packet. Apart from the
+/// requester's turn: the one-packet SEND's path stays lean.
+fn request<L: Link>(
+    net: &mut Net<'_, L>,
+    outer: &Template,
+    e: &SqEntry,
+    pd: u32,
+    mut bth: Bth,
+    (k, e_npkts): (u32, u32),
+    mtu: u32,
+) -> Option<Result<(), Unsent>> {
+    match e.op {
+        op::READ => {
+            bth.opcode = opcode::RC_READ_REQUEST;
+            let done = k * mtu;
+            let mut h = Headers::new(bth);
+            h.reth = Some(Reth {
+                va: e.remote_addr.wrapping_add(u64::from(done)),
+                rkey: e.rkey,
+                len: e.len - done.min(e.len),
+            });
+            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+        }
+        op::CMP_SWAP | op::FETCH_ADD => {
+            let cas = e.op == op::CMP_SWAP;
+            bth.opcode = if cas {
+                opcode::RC_COMPARE_SWAP
+            } else {
+                opcode::RC_FETCH_ADD
+            };
+            let mut h = Headers::new(bth);
+            h.atomic = Some(AtomicEth {
+                va: e.remote_addr,
+                rkey: e.rkey,
+                swap_add: if cas { e.swap } else { e.compare_add },
+                compare: if cas { e.compare_add } else { 0 },
+            });
+            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+        }
+        _ => {
+            let kind = match e.op {
+                op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
+                    imm: e.op == op::SEND_IMM,
+                },
+                _ => Kind::Write {
+                    imm: e.op == op::WRITE_IMM,
+                },
+            };
+            let s = seq::segment(kind, e.len, mtu, k)?;
+            let last = k + 1 == e_npkts;
+            bth.opcode = s.opcode;
+            bth.ack_req = s.ack_req;
+            let solicited =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED);
+            bth.se = last && solicited && e.op != op::WRITE;
+            let mut h = Headers::new(bth);
+            if k == 0 && matches!(kind, Kind::Write { .. }) {
+                h.reth = Some(Reth {
+                    va: e.remote_addr,
+                    rkey: e.rkey,
+                    len: e.len,
+                });
+            }
+            if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
+                h.imm = Some(e.imm);
+            }
+            if last && e.op == op::SEND_INV {
+                // The IETH: the peer's key to invalidate, where ImmDt would be.
+                h.bth.opcode = super::local::with_inv(s.opcode);
+                h.imm = Some(e.rkey);
+            }
+            Some(net.send(outer, &h, s.len as usize, |t, out| {
+                payload(t, pd, e, s.offset, out)
+            }))
+        }
+    }
+}
+
+/// The packets of a message of `len` bytes at path MTU `mtu` (1 for an MTU [`seq::packets`]
+/// refuses). Out of line: the requester's turn computes it for a message longer than one
+/// packet only, and inlined its MTU checks were hoisted into every turn.
+#[inline(never)]
+fn packets(len: u32, mtu: u32) -> u32 {
+    seq::packets(len, mtu).unwrap_or(1)
 }
 
 fn deadline(now: u64, timeout: u64) -> u64 {
