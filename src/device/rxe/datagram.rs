@@ -18,6 +18,7 @@ pub(super) const BURST: u32 = 256;
 
 /// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
 /// from registered memory.
+#[inline(always)]
 pub(super) fn payload(
     t: &MrTable,
     pd: u32,
