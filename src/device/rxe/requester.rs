@@ -309,6 +309,7 @@ fn deadline(now: u64, timeout: u64) -> u64 {
 /// Completes the send and write requests the peer acknowledged through `psn`; stops at a
 /// READ or atomic (those complete with their responses). `true` when such a request is
 /// covered by the acknowledge: its response was lost.
+#[inline(always)]
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
     // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
     // whatever PSN the peer wrote.
