@@ -1,6 +1,6 @@
-//! Sending one RoCEv2 frame: the outer headers from a route, the transport headers, the
-//! payload copied straight from registered memory into the NIC's transmit buffer (through
-//! [`Link::transmit_with`]), the ICRC.
+//! Sending one RoCEv2 frame: the outer headers from a route's template (a connected QP keeps
+//! its own, `Net::path`), the transport headers, the payload copied straight from registered
+//! memory into the NIC's transmit buffer (through [`Link::transmit_with`]), the ICRC.
 
 use bareverbs_hal::{Link, LinkError};
 
@@ -181,9 +181,9 @@ impl<L: Link> Net<'_, L> {
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// with the outer headers `outer`: looped back when it is to this interface, else through the NIC. Room
-/// first: a frame is built only when it can go out now (`transmit_with` calls `build` only
-/// with a free transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: looped back when it is to this interface, else through
+/// the NIC. Room first: a frame is built only when it can go out now (`transmit_with` calls
+/// `build` only with a free transmit slot). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,

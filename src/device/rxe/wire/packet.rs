@@ -1,5 +1,6 @@
 //! Whole frames: a received frame classified and checked ([`parse`]), and a RoCEv2 frame
-//! built as Linux builds one ([`begin`], [`finish`], [`build`]).
+//! built as Linux builds one ([`begin`], [`finish`], [`build`]; from a queue pair's template
+//! of its outer headers: [`begin_with`], [`begin_bth`], [`ack`]).
 
 use super::bth::{AETH_LEN, Aeth, BTH_LEN, Bth, Headers, opcode};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
