@@ -91,151 +91,123 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         }
     }
     let mtu = q.mtu;
-    // The first packet apart from the loop: most turns send one (a one-packet message), and
-    // the loop's set-up costs more than its one round.
-    let mut sent = match step(net, q, mtu) {
-        Step::Sent => 1,
-        Step::Next => 0,
-        Step::Stop => return,
-    };
+    let mut sent = 0;
     // Bounded by BURST packets (a plain count).
     while q.sq_next != q.sq_head && sent < BURST {
-        match step(net, q, mtu) {
-            Step::Sent => sent += 1,
-            Step::Next => {}
-            Step::Stop => return,
+        if psn_diff(q.psn, q.una) >= WINDOW {
+            break;
         }
-    }
-}
-
-/// What one [`step`] of the requester's turn did.
-enum Step {
-    /// A packet went out (or was lost on the way: the timer covers it).
-    Sent,
-    /// A local request was executed and completed: on to the next.
-    Next,
-    /// The turn ends: the window, the NIC or a request's rules hold it, or the QP failed.
-    Stop,
-}
-
-/// One packet of the request at `q.sq_next`, or its execution if it is local. Out of line
-/// (its two calls in the turn share it).
-#[inline(never)]
-fn step<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, mtu: u32) -> Step {
-    if psn_diff(q.psn, q.una) >= WINDOW {
-        return Step::Stop;
-    }
-    let i = q.sq_next;
-    let k = q.cur_pkt;
-    // Read in place (a shared borrow of the QP until the frame is out), not copied: the
-    // entry is 200 bytes.
-    let e = q.sq_ref(i);
-    let e_op = e.op;
-    // The message's first PSN and packet count: set when its first packet goes (stored
-    // in the entry just after it is sent).
-    let (e_first, e_npkts) = if k == 0 {
-        let fence = SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
-        if op::local(e_op) {
-            // A bind, fast registration or local invalidation: executed here once every
-            // request before it has completed (a READ may still be landing in the memory
-            // it changes), and completed at once (`local.rs`).
-            if q.sq_tail != i {
-                return Step::Stop;
+        let i = q.sq_next;
+        let k = q.cur_pkt;
+        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
+        // entry is 200 bytes.
+        let e = q.sq_ref(i);
+        let e_op = e.op;
+        // The message's first PSN and packet count: set when its first packet goes (stored
+        // in the entry just after it is sent).
+        let (e_first, e_npkts) = if k == 0 {
+            let fence =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
+            if op::local(e_op) {
+                // A bind, fast registration or local invalidation: executed here once every
+                // request before it has completed (a READ may still be landing in the memory
+                // it changes), and completed at once (`local.rs`).
+                if q.sq_tail != i {
+                    break;
+                }
+                if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
+                    // Nothing before it is left to flush (checked just above).
+                    return fail(net, q, status);
+                }
+                q.sq_next = i.wrapping_add(1);
+                q.retire(WcStatus::Success, net.hub);
+                continue;
             }
-            if let Err(status) = super::local::execute(&mut net.t.mrs, q, i) {
-                // Nothing before it is left to flush (checked just above).
-                fail(net, q, status);
-                return Step::Stop;
+            if (op::reads(e_op) || fence) && !may_start(q, e_op, fence) {
+                break;
             }
-            q.sq_next = i.wrapping_add(1);
-            q.retire(WcStatus::Success, net.hub);
-            return Step::Next;
-        }
-        if (op::reads(e_op) || fence) && !may_start(q, e_op, fence) {
-            return Step::Stop;
-        }
-        let n = match e_op {
-            op::CMP_SWAP | op::FETCH_ADD => 1,
-            // One packet (what `packets` gives for it, or for an MTU it refuses).
-            _ if e.len <= mtu => 1,
-            _ => packets(e.len, mtu),
+            let n = match e_op {
+                op::CMP_SWAP | op::FETCH_ADD => 1,
+                // One packet (what `packets` gives for it, or for an MTU it refuses).
+                _ if e.len <= mtu => 1,
+                _ => packets(e.len, mtu),
+            };
+            (q.psn, n)
+        } else {
+            (e.first_psn, e.npkts)
         };
-        (q.psn, n)
-    } else {
-        (e.first_psn, e.npkts)
-    };
-    // Made by `path` above; nothing in between drops it (the QP's lock is held).
-    let Some(outer) = q.hdr.as_ref() else {
-        return Step::Stop;
-    };
-    let psn = q.psn;
-    let mut bth = Bth {
-        opcode: 0,
-        se: false,
-        pad: 0,
-        pkey: DEFAULT_PKEY,
-        dest_qp: q.attr.dest_qpn,
-        ack_req: true,
-        psn,
-    };
-    let r = match e.op {
-        op::SEND if e_npkts == 1 => {
-            // The common one-packet SEND: its BTH alone, the whole message (no segment,
-            // no header record).
-            bth.opcode = opcode::RC_SEND_ONLY;
-            bth.se =
-                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED);
-            let pd = q.pd;
-            net.send_bth(outer, &bth, e.len as usize, |t, out| {
-                payload(t, pd, e, 0, out)
-            })
-        }
-        // The others: a packet of a longer message, a READ, an atomic.
-        _ => match request(net, outer, e, q.pd, bth, (k, e_npkts), mtu) {
-            Some(r) => r,
-            None => return Step::Stop,
-        },
-    };
-    if k == 0 {
-        let s = q.sq(i);
-        s.first_psn = e_first;
-        s.npkts = e_npkts;
-    }
-    match r {
-        Ok(()) => {}
-        Err(Unsent::Busy) => return Step::Stop,
-        Err(Unsent::Denied(_)) => {
-            // The gather list names memory the QP may not read: this request fails with
-            // a local protection error, after the ones before it (flushed: the QP is
-            // going to the error state), in order.
-            // Bounded: each turn retires one of the requests before `i` (fewer than the
-            // ring's capacity).
-            while q.sq_tail != i {
-                q.retire(WcStatus::WrFlushErr, net.hub);
+        // Made by `path` above; nothing in between drops it (the QP's lock is held).
+        let Some(outer) = q.hdr.as_ref() else {
+            break;
+        };
+        let psn = q.psn;
+        let mut bth = Bth {
+            opcode: 0,
+            se: false,
+            pad: 0,
+            pkey: DEFAULT_PKEY,
+            dest_qp: q.attr.dest_qpn,
+            ack_req: true,
+            psn,
+        };
+        let r = match e.op {
+            op::SEND if e_npkts == 1 => {
+                // The common one-packet SEND: its BTH alone, the whole message (no segment,
+                // no header record).
+                bth.opcode = opcode::RC_SEND_ONLY;
+                bth.se = SendFlags::from_bits_truncate(u32::from(e.flags))
+                    .contains(SendFlags::SOLICITED);
+                let pd = q.pd;
+                net.send_bth(outer, &bth, e.len as usize, |t, out| {
+                    payload(t, pd, e, 0, out)
+                })
             }
-            fail(net, q, WcStatus::LocProtErr);
-            return Step::Stop;
+            // The others: a packet of a longer message, a READ, an atomic.
+            _ => match request(net, outer, e, q.pd, bth, (k, e_npkts), mtu) {
+                Some(r) => r,
+                None => break,
+            },
+        };
+        if k == 0 {
+            let s = q.sq(i);
+            s.first_psn = e_first;
+            s.npkts = e_npkts;
         }
-        // Lost on the way out: the retransmission timer covers it.
-        Err(Unsent::Lost) => {}
-    }
-    if q.deadline == 0 {
-        q.deadline = deadline(net.now, q.timeout_us());
-    }
-    if op::reads(e_op) {
-        // A READ's request stands for all its responses' PSNs.
-        q.psn = psn_add(e_first, e_npkts);
-        q.cur_pkt = 0;
-        q.sq_next = i.wrapping_add(1);
-    } else {
-        q.psn = psn_add(psn, 1);
-        q.cur_pkt += 1;
-        if q.cur_pkt >= e_npkts {
+        match r {
+            Ok(()) => {}
+            Err(Unsent::Busy) => break,
+            Err(Unsent::Denied(_)) => {
+                // The gather list names memory the QP may not read: this request fails with
+                // a local protection error, after the ones before it (flushed: the QP is
+                // going to the error state), in order.
+                // Bounded: each turn retires one of the requests before `i` (fewer than the
+                // ring's capacity).
+                while q.sq_tail != i {
+                    q.retire(WcStatus::WrFlushErr, net.hub);
+                }
+                return fail(net, q, WcStatus::LocProtErr);
+            }
+            // Lost on the way out: the retransmission timer covers it.
+            Err(Unsent::Lost) => {}
+        }
+        sent += 1;
+        if q.deadline == 0 {
+            q.deadline = deadline(net.now, q.timeout_us());
+        }
+        if op::reads(e_op) {
+            // A READ's request stands for all its responses' PSNs.
+            q.psn = psn_add(e_first, e_npkts);
             q.cur_pkt = 0;
             q.sq_next = i.wrapping_add(1);
+        } else {
+            q.psn = psn_add(psn, 1);
+            q.cur_pkt += 1;
+            if q.cur_pkt >= e_npkts {
+                q.cur_pkt = 0;
+                q.sq_next = i.wrapping_add(1);
+            }
         }
     }
-    Step::Sent
 }
 
 /// Sends packet `k` of the `npkts` of the request `e` (not a one-packet SEND) with `bth`
