@@ -28,6 +28,7 @@
 mod busy;
 mod check;
 mod cq;
+mod datagram;
 mod keys;
 mod local;
 mod mem;

@@ -1,6 +1,6 @@
-//! Sending one RoCEv2 frame: the outer headers from a route, the transport headers, the
-//! payload copied straight from registered memory into the NIC's transmit buffer (through
-//! [`Link::transmit_with`]), the ICRC.
+//! Sending one RoCEv2 frame: the outer headers from a route's template (a connected QP keeps
+//! its own, `Net::path`), the transport headers, the payload copied straight from registered
+//! memory into the NIC's transmit buffer (through [`Link::transmit_with`]), the ICRC.
 
 use bareverbs_hal::{Link, LinkError};
 
@@ -10,7 +10,8 @@ use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, ack, begin, finish};
+use super::wire::packet::{Route, ack, begin_bth, begin_with, finish};
+use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
 
@@ -67,6 +68,27 @@ impl<L: Link> Net<'_, L> {
         }
     }
 
+    /// Makes sure the connected QP `q` keeps the outer headers of its frames to its peer
+    /// (`q.hdr`, made once the peer's MAC is known, dropped at every modify): `Ok(false)`
+    /// while an ARP request is out; the error when nobody answered it. The kept template's
+    /// test inlined; its making apart.
+    #[inline(always)]
+    pub(crate) fn path(&mut self, q: &mut QpCore) -> Result<bool> {
+        if q.hdr.is_some() {
+            return Ok(true);
+        }
+        self.make_path(q)
+    }
+
+    /// [`Net::path`] of a QP without its template.
+    fn make_path(&mut self, q: &mut QpCore) -> Result<bool> {
+        let Some(mac) = self.peer_mac(q)? else {
+            return Ok(false);
+        };
+        q.hdr = Some(Template::new(&self.route(q, mac), q.attr.dest_qpn));
+        Ok(true)
+    }
+
     /// [`Net::peer_mac`] of a QP whose peer's MAC is not kept yet.
     fn resolve_peer(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
         let m = self.t.port.resolve(self.link, q.peer_ip, self.now)?;
@@ -75,18 +97,48 @@ impl<L: Link> Net<'_, L> {
     }
 
     /// Sends a frame with `headers` and `len` payload bytes that `fill` writes.
+    #[inline(always)]
     pub(crate) fn send(
         &mut self,
-        route: &Route,
+        outer: &Template,
         headers: &Headers,
         len: usize,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
+    ) -> Result<(), Unsent> {
+        let begin = |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
+        self.send_framed(outer, len, begin, fill)
+    }
+
+    /// Sends a frame whose transport header is `bth` alone (no extended header; its pad
+    /// count set from the length) with `len` payload bytes that `fill` writes: the common
+    /// one-packet SEND, without the header record's layout lookups ([`begin_bth`]).
+    #[inline(always)]
+    pub(crate) fn send_bth(
+        &mut self,
+        outer: &Template,
+        bth: &Bth,
+        len: usize,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
+    ) -> Result<(), Unsent> {
+        let begin = |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, bth, len);
+        self.send_framed(outer, len, begin, fill)
+    }
+
+    /// Sends a frame whose headers `begin` writes (given the buffer and the IPv4
+    /// identification; it returns where the payload goes) with `len` payload bytes that
+    /// `fill` writes.
+    fn send_framed(
+        &mut self,
+        outer: &Template,
+        len: usize,
+        begin: impl FnOnce(&mut [u8], u16) -> Option<usize>,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
         let mrs = &self.t.mrs;
         let mut denied = None;
         // Headers, payload and ICRC written where the frame goes out from.
         let build = |buf: &mut [u8], id: u16| {
-            let at = begin(buf, route, id, headers, len)?;
+            let at = begin(buf, id)?;
             let payload = buf.get_mut(at..at + len)?;
             if let Err(d) = fill(mrs, payload) {
                 denied = Some(d);
@@ -99,7 +151,7 @@ impl<L: Link> Net<'_, L> {
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
-            route,
+            outer,
             build,
         );
         r.map_err(|e| match (e, denied) {
@@ -108,35 +160,40 @@ impl<L: Link> Net<'_, L> {
         })
     }
 
-    /// Sends the acknowledgement `aeth` with `bth` (an RC ACK, pad 0), built whole at fixed
-    /// offsets ([`ack`]).
-    pub(crate) fn send_ack(&mut self, route: &Route, bth: &Bth, aeth: Aeth) -> Result<(), Unsent> {
-        let build = |buf: &mut [u8], id: u16| ack(buf, route, id, bth, aeth);
+    /// Sends the acknowledgement (ACK or NAK) `aeth` of `psn` along `outer`, built whole at
+    /// fixed offsets ([`ack`]).
+    pub(crate) fn send_ack(
+        &mut self,
+        outer: &Template,
+        psn: u32,
+        aeth: Aeth,
+    ) -> Result<(), Unsent> {
+        let build = |buf: &mut [u8], id: u16| ack(buf, outer, id, psn, aeth);
         transmit(
             self.link,
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
-            route,
+            outer,
             build,
         )
     }
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// along `route`: looped back when it is to this interface, else through the NIC. Room
-/// first: a frame is built only when it can go out now (`transmit_with` calls `build` only
-/// with a free transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: looped back when it is to this interface, else through
+/// the NIC. Room first: a frame is built only when it can go out now (`transmit_with` calls
+/// `build` only with a free transmit slot). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,
     tx: &mut [u8],
     loopback: &mut Loopback,
     ip_id: &mut u16,
-    route: &Route,
+    outer: &Template,
     build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
 ) -> Result<(), Unsent> {
-    let looped = route.dst_ip == route.src_ip;
+    let looped = outer.looped();
     if looped && !loopback.has_room() {
         return Err(Unsent::Busy);
     }

@@ -100,7 +100,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             ));
         }
         let inline = w.flags.contains(SendFlags::INLINE);
-        let len = sge_bytes(w.sges);
+        // One entry (the common case) read directly: the sum over the list is a call.
+        let len = match w.sges {
+            [s] => u64::from(s.length),
+            sges => sge_bytes(sges),
+        };
         if inline && (len > u64::from(qp.caps.max_inline_data) || op::reads(op_code)) {
             return Err(Error::Unsupported(Unsupported::Feature(
                 Feature::InlineData,
@@ -163,14 +167,20 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             e.inline_len = at as u8;
             e.nsge = 0;
         } else {
-            e.sges[..w.sges.len()].copy_from_slice(w.sges);
+            match (w.sges, e.sges.first_mut()) {
+                // One entry stored as one (a slice copy is a `memcpy` call).
+                ([s], Some(d)) => *d = *s,
+                (sges, _) => e.sges[..sges.len()].copy_from_slice(sges),
+            }
             e.nsge = w.sges.len() as u8;
             e.inline_len = 0xFF;
         }
-        let u = w.ud.map_or((0, 0, [0; 4], 0, 0), |u| {
-            (u.remote_qpn, u.remote_qkey, u.ah.ip, u.ah.tos, u.ah.ttl)
-        });
-        (e.ud_qpn, e.ud_qkey, e.ud_ip, e.ud_tos, e.ud_ttl) = u;
+        // A datagram's destination (a datagram QP's requests only, checked above: a connected
+        // QP's requester never reads these fields).
+        if let Some(u) = w.ud {
+            (e.ud_qpn, e.ud_qkey, e.ud_ip, e.ud_tos, e.ud_ttl) =
+                (u.remote_qpn, u.remote_qkey, u.ah.ip, u.ah.tos, u.ah.ttl);
+        }
         c.n += 1;
         Ok(())
     }

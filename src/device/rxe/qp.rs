@@ -185,6 +185,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 peer_ip: [0; 4],
                 peer_mac: None,
                 src_port: ud_source_port(qpn),
+                hdr: None,
                 mtu: self.mtu,
                 sq: mem.base().add(at_sq).cast(),
                 sq_cap,
@@ -266,6 +267,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // Whatever the new state, the progress looks at the QP once (it leaves the busy set
         // again when it has nothing to do).
         self.mark(q.qpn);
+        // The frames' outer headers are made again from the new path when next needed.
+        q.hdr = None;
         let mut attr = q.attr;
         attr.merge(m);
         let has = |b| m.mask.contains(b);

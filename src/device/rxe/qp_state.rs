@@ -8,6 +8,7 @@ use super::cq::{CqRing, Cqe};
 use super::rings::AsyncRing;
 use super::srq::SrqCore;
 use super::wire::eth::Mac;
+use super::wire::template::Template;
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry, flushed, op};
 use crate::events::EventHub;
 use crate::verbs::{
@@ -44,6 +45,10 @@ pub(crate) struct QpCore {
     pub(crate) peer_ip: [u8; 4],
     pub(crate) peer_mac: Option<Mac>,
     pub(crate) src_port: u16,
+    /// The outer headers of the frames to the peer, made once its MAC is known
+    /// ([`Net::path`](super::net::Net::path)); dropped at every modify (the path, the address
+    /// vector or the peer may change).
+    pub(crate) hdr: Option<Template>,
     pub(crate) mtu: u32,
     // The send queue and the requester. The rings (`sq`, `rq`: set at creation, in the QP's
     // block) are reached through `sq()` and `rq()` only.

@@ -18,7 +18,7 @@ use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{Kind, psn_add, psn_diff, segments_from};
 use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
-use super::wire::packet::Route;
+use super::wire::template::Template;
 use super::wqe::RdResource;
 use crate::verbs::{AccessFlags, QpState};
 
@@ -43,12 +43,14 @@ pub(super) mod syndrome {
 /// 2 GiB is 8 M packets).
 pub(crate) const ANSWER_BURST: u32 = 32;
 
-/// The route to the peer of `q` along its path; `None` while the peer's MAC is being
-/// resolved (ARP), or when it cannot be (the requester retries).
+/// The outer headers of the frames to the peer of `q` along its path; `None` while the
+/// peer's MAC is being resolved (ARP), or when it cannot be (the requester retries).
 #[inline(always)]
-fn path<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) -> Option<Route> {
-    let mac = net.peer_mac(q).ok()??;
-    Some(net.route(q, mac))
+fn path<'q, L: Link>(net: &mut Net<'_, L>, q: &'q mut QpCore) -> Option<&'q Template> {
+    if !net.path(q).ok()? {
+        return None;
+    }
+    q.hdr.as_ref()
 }
 
 /// The BTH of an answer to the peer of `q`: `op` at `psn`.
@@ -92,17 +94,17 @@ pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u
 
 /// Sends an ACK or NAK (`syn`) for `psn` along the path; whether it went (or was lost on the
 /// way out, as on a wire: the peer's retry recovers it).
+#[inline(always)]
 fn ack_now<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) -> bool {
-    let Some(route) = path(net, q) else {
-        return false;
-    };
-    let bth = answer_bth(q, opcode::RC_ACK, psn);
     let aeth = Aeth {
         syndrome: syn,
         msn: q.msn,
     };
+    let Some(outer) = path(net, q) else {
+        return false;
+    };
     // Built whole at fixed offsets: an acknowledgement has no payload and one layout.
-    !matches!(net.send_ack(&route, &bth, aeth), Err(Unsent::Busy))
+    !matches!(net.send_ack(outer, psn, aeth), Err(Unsent::Busy))
 }
 
 /// Keeps the ACK or NAK `syn` of `psn` for later: one is held, the answer to the latest PSN,
@@ -138,7 +140,7 @@ pub(super) fn answer_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn
 fn respond_read<L: Link>(
     net: &mut Net<'_, L>,
     q: &mut QpCore,
-    route: Route,
+    outer: &Template,
     res: &RdResource,
     from: u32,
 ) -> bool {
@@ -153,7 +155,7 @@ fn respond_read<L: Link>(
         let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
         let h = reply(q, s.opcode, psn, syn);
         let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
-        let r = net.send(&route, &h, s.len as usize, |t, out| {
+        let r = net.send(outer, &h, s.len as usize, |t, out| {
             if out.is_empty() {
                 return Ok(());
             }
@@ -205,15 +207,16 @@ pub(super) fn answer_from<L: Link>(
     r: RdResource,
     psn: u32,
 ) -> bool {
-    let Some(route) = path(net, q) else {
+    // A copy: the READ's responses change the QP as they go out.
+    let Some(&outer) = path(net, q) else {
         q.backlog = Some((r.n, psn));
         return false;
     };
     q.backlog = None;
     let done = if r.kind == 1 {
-        respond_read(net, q, route, &r, psn_diff(psn, r.first).max(0) as u32)
+        respond_read(net, q, &outer, &r, psn_diff(psn, r.first).max(0) as u32)
     } else {
-        atomic_ack(net, q, route, r.first, r.orig)
+        atomic_ack(net, q, &outer, r.first, r.orig)
     };
     if done {
         // Answered in full at least once: counted for the limit of requests in flight.
@@ -269,7 +272,7 @@ pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 fn atomic_ack<L: Link>(
     net: &mut Net<'_, L>,
     q: &QpCore,
-    route: Route,
+    outer: &Template,
     psn: u32,
     orig: u64,
 ) -> bool {
@@ -279,5 +282,5 @@ fn atomic_ack<L: Link>(
     net.answers -= 1;
     let mut h = reply(q, opcode::RC_ATOMIC_ACK, psn, Some(syndrome::ACK));
     h.atomic_ack = Some(orig);
-    !matches!(net.send(&route, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
+    !matches!(net.send(outer, &h, 0, |_, _| Ok(())), Err(Unsent::Busy))
 }

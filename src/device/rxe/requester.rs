@@ -1,4 +1,5 @@
-//! The requester and the completer of a queue pair: send requests cut into packets at the
+//! The requester and the completer of a connected queue pair (a datagram QP's requester is
+//! `datagram.rs`): send requests cut into packets at the
 //! path MTU inside the PSN window, READ and atomic depth and fences respected; then the
 //! peer's answers — coalesced ACKs, NAKs, READ responses, atomic acknowledges — complete the
 //! requests in order; a timer or a sequence NAK rewinds to the oldest unacknowledged PSN
@@ -8,19 +9,17 @@
 
 use bareverbs_hal::Link;
 
-use super::mem::Denied;
+use super::datagram::{BURST, payload, run_ud};
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
-use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode};
-use super::wire::packet::{Route, View};
+use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
+use super::wire::packet::{Template, View};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
 /// Unacknowledged PSNs a requester may have in flight (rxe's window).
 pub(crate) const WINDOW: i32 = 128;
-/// Packets one call sends at most (bounded work per verbs call).
-const BURST: u32 = 256;
 
 /// Microseconds of each RNR timer code (IBA table; code 0 is the longest).
 const RNR_US: [u32; 32] = [
@@ -30,18 +29,26 @@ const RNR_US: [u32; 32] = [
 ];
 
 /// READ and atomic requests started and not completed.
-fn reads_out(q: &mut QpCore) -> u32 {
+fn reads_out(q: &QpCore) -> u32 {
     let mut n = 0;
     let mut i = q.sq_tail;
     // Bounded by the requests started and not completed: `sq_next - sq_tail` is at most the
     // ring's capacity (MAX_WR), a distance between two wrapping counts that cannot wrap.
     while i != q.sq_next {
-        if op::reads(q.sq(i).op) {
+        if op::reads(q.sq_ref(i).op) {
             n += 1;
         }
         i = i.wrapping_add(1);
     }
     n
+}
+
+/// Whether a READ or atomic (`e_op`), or a request with the fence flag, may start: the READs
+/// and atomics in flight below the initiator depth, and none at all before a fenced one.
+fn may_start(q: &QpCore, e_op: u8, fence: bool) -> bool {
+    let out = reads_out(q);
+    let deep = op::reads(e_op) && out >= u32::from(q.attr.max_rd_atomic).max(1);
+    !(deep || (fence && out > 0))
 }
 
 /// Sends what the window allows. Inlined: most calls (after an acknowledgement, from the
@@ -75,17 +82,15 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     if q.sq_next == q.sq_head {
         return;
     }
-    let mac = match net.peer_mac(q) {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
+    match net.path(q) {
+        Ok(true) => {}
+        Ok(false) => return,
         Err(_) => {
             // Nobody answers for the peer's address: the request cannot be delivered.
             return fail(net, q, WcStatus::RetryExcErr);
         }
-    };
-    let route = net.route(q, mac);
+    }
     let mtu = q.mtu;
-    let max_rd = u32::from(q.attr.max_rd_atomic).max(1);
     let mut sent = 0;
     // Bounded by BURST packets (a plain count).
     while q.sq_next != q.sq_head && sent < BURST {
@@ -93,9 +98,16 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             break;
         }
         let i = q.sq_next;
-        if q.cur_pkt == 0 {
-            let (e_op, flags) = (q.sq_ref(i).op, q.sq_ref(i).flags);
-            let fence = SendFlags::from_bits_truncate(u32::from(flags)).contains(SendFlags::FENCE);
+        let k = q.cur_pkt;
+        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
+        // entry is 200 bytes.
+        let e = q.sq_ref(i);
+        let e_op = e.op;
+        // The message's first PSN and packet count: set when its first packet goes (stored
+        // in the entry just after it is sent).
+        let (e_first, e_npkts) = if k == 0 {
+            let fence =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::FENCE);
             if op::local(e_op) {
                 // A bind, fast registration or local invalidation: executed here once every
                 // request before it has completed (a READ may still be landing in the memory
@@ -111,22 +123,23 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 q.retire(WcStatus::Success, net.hub);
                 continue;
             }
-            if (op::reads(e_op) && reads_out(q) >= max_rd) || (fence && reads_out(q) > 0) {
+            if (op::reads(e_op) || fence) && !may_start(q, e_op, fence) {
                 break;
             }
-            let psn = q.psn;
-            let s = q.sq(i);
-            s.first_psn = psn;
-            s.npkts = match s.op {
+            let n = match e_op {
                 op::CMP_SWAP | op::FETCH_ADD => 1,
-                _ => seq::packets(s.len, mtu).unwrap_or(1),
+                // One packet (what `packets` gives for it, or for an MTU it refuses).
+                _ if e.len <= mtu => 1,
+                _ => packets(e.len, mtu),
             };
-        }
-        // Read in place (a shared borrow of the QP until the frame is out), not copied: the
-        // entry is 200 bytes.
-        let e = q.sq_ref(i);
-        let (e_op, e_first, e_npkts) = (e.op, e.first_psn, e.npkts);
-        let k = q.cur_pkt;
+            (q.psn, n)
+        } else {
+            (e.first_psn, e.npkts)
+        };
+        // Made by `path` above; nothing in between drops it (the QP's lock is held).
+        let Some(outer) = q.hdr.as_ref() else {
+            break;
+        };
         let psn = q.psn;
         let mut bth = Bth {
             opcode: 0,
@@ -138,73 +151,28 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             psn,
         };
         let r = match e.op {
-            op::READ => {
-                bth.opcode = opcode::RC_READ_REQUEST;
-                let done = k * mtu;
-                let mut h = Headers::new(bth);
-                h.reth = Some(Reth {
-                    va: e.remote_addr.wrapping_add(u64::from(done)),
-                    rkey: e.rkey,
-                    len: e.len - done.min(e.len),
-                });
-                net.send(&route, &h, 0, |_, _| Ok(()))
-            }
-            op::CMP_SWAP | op::FETCH_ADD => {
-                let cas = e.op == op::CMP_SWAP;
-                bth.opcode = if cas {
-                    opcode::RC_COMPARE_SWAP
-                } else {
-                    opcode::RC_FETCH_ADD
-                };
-                let mut h = Headers::new(bth);
-                h.atomic = Some(AtomicEth {
-                    va: e.remote_addr,
-                    rkey: e.rkey,
-                    swap_add: if cas { e.swap } else { e.compare_add },
-                    compare: if cas { e.compare_add } else { 0 },
-                });
-                net.send(&route, &h, 0, |_, _| Ok(()))
-            }
-            _ => {
-                let kind = match e.op {
-                    op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
-                        imm: e.op == op::SEND_IMM,
-                    },
-                    _ => Kind::Write {
-                        imm: e.op == op::WRITE_IMM,
-                    },
-                };
-                let Some(s) = seq::segment(kind, e.len, mtu, k) else {
-                    break;
-                };
-                let last = k + 1 == e.npkts;
-                bth.opcode = s.opcode;
-                bth.ack_req = s.ack_req;
-                let solicited = SendFlags::from_bits_truncate(u32::from(e.flags))
+            op::SEND if e_npkts == 1 => {
+                // The common one-packet SEND: its BTH alone, the whole message (no segment,
+                // no header record).
+                bth.opcode = opcode::RC_SEND_ONLY;
+                bth.se = SendFlags::from_bits_truncate(u32::from(e.flags))
                     .contains(SendFlags::SOLICITED);
-                bth.se = last && solicited && e.op != op::WRITE;
-                let mut h = Headers::new(bth);
-                if k == 0 && matches!(kind, Kind::Write { .. }) {
-                    h.reth = Some(Reth {
-                        va: e.remote_addr,
-                        rkey: e.rkey,
-                        len: e.len,
-                    });
-                }
-                if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
-                    h.imm = Some(e.imm);
-                }
-                if last && e.op == op::SEND_INV {
-                    // The IETH: the peer's key to invalidate, where ImmDt would be.
-                    h.bth.opcode = super::local::with_inv(s.opcode);
-                    h.imm = Some(e.rkey);
-                }
                 let pd = q.pd;
-                net.send(&route, &h, s.len as usize, |t, out| {
-                    payload(t, pd, e, s.offset, out)
+                net.send_bth(outer, &bth, e.len as usize, |t, out| {
+                    payload(t, pd, e, 0, out)
                 })
             }
+            // The others: a packet of a longer message, a READ, an atomic.
+            _ => match request(net, outer, e, q.pd, bth, (k, e_npkts), mtu) {
+                Some(r) => r,
+                None => break,
+            },
         };
+        if k == 0 {
+            let s = q.sq(i);
+            s.first_psn = e_first;
+            s.npkts = e_npkts;
+        }
         match r {
             Ok(()) => {}
             Err(Unsent::Busy) => break,
@@ -242,103 +210,100 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     }
 }
 
+/// Sends packet `k` of the `npkts` of the request `e` (not a one-packet SEND) with `bth`
+/// (its PSN and destination set) along `outer`: a READ's request, an atomic, a SEND's or
+/// WRITE's packet at path MTU `mtu`. `None` when the MTU cuts no such packet. Apart from the
+/// requester's turn: the one-packet SEND's path stays lean.
+fn request<L: Link>(
+    net: &mut Net<'_, L>,
+    outer: &Template,
+    e: &SqEntry,
+    pd: u32,
+    mut bth: Bth,
+    (k, e_npkts): (u32, u32),
+    mtu: u32,
+) -> Option<Result<(), Unsent>> {
+    match e.op {
+        op::READ => {
+            bth.opcode = opcode::RC_READ_REQUEST;
+            let done = k * mtu;
+            let mut h = Headers::new(bth);
+            h.reth = Some(Reth {
+                va: e.remote_addr.wrapping_add(u64::from(done)),
+                rkey: e.rkey,
+                len: e.len - done.min(e.len),
+            });
+            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+        }
+        op::CMP_SWAP | op::FETCH_ADD => {
+            let cas = e.op == op::CMP_SWAP;
+            bth.opcode = if cas {
+                opcode::RC_COMPARE_SWAP
+            } else {
+                opcode::RC_FETCH_ADD
+            };
+            let mut h = Headers::new(bth);
+            h.atomic = Some(AtomicEth {
+                va: e.remote_addr,
+                rkey: e.rkey,
+                swap_add: if cas { e.swap } else { e.compare_add },
+                compare: if cas { e.compare_add } else { 0 },
+            });
+            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+        }
+        _ => {
+            let kind = match e.op {
+                op::SEND | op::SEND_IMM | op::SEND_INV => Kind::Send {
+                    imm: e.op == op::SEND_IMM,
+                },
+                _ => Kind::Write {
+                    imm: e.op == op::WRITE_IMM,
+                },
+            };
+            let s = seq::segment(kind, e.len, mtu, k)?;
+            let last = k + 1 == e_npkts;
+            bth.opcode = s.opcode;
+            bth.ack_req = s.ack_req;
+            let solicited =
+                SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED);
+            bth.se = last && solicited && e.op != op::WRITE;
+            let mut h = Headers::new(bth);
+            if k == 0 && matches!(kind, Kind::Write { .. }) {
+                h.reth = Some(Reth {
+                    va: e.remote_addr,
+                    rkey: e.rkey,
+                    len: e.len,
+                });
+            }
+            if last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM) {
+                h.imm = Some(e.imm);
+            }
+            if last && e.op == op::SEND_INV {
+                // The IETH: the peer's key to invalidate, where ImmDt would be.
+                h.bth.opcode = super::local::with_inv(s.opcode);
+                h.imm = Some(e.rkey);
+            }
+            Some(net.send(outer, &h, s.len as usize, |t, out| {
+                payload(t, pd, e, s.offset, out)
+            }))
+        }
+    }
+}
+
+/// The packets of a message of `len` bytes at path MTU `mtu` (1 for an MTU [`seq::packets`]
+/// refuses). Out of line: the requester's turn computes it for a message longer than one
+/// packet only, and inlined its MTU checks were hoisted into every turn.
+#[inline(never)]
+fn packets(len: u32, mtu: u32) -> u32 {
+    seq::packets(len, mtu).unwrap_or(1)
+}
+
 fn deadline(now: u64, timeout: u64) -> u64 {
     if timeout == 0 {
         0
     } else {
         now.saturating_add(timeout).max(1)
     }
-}
-
-/// Writes `out.len()` bytes of the message at `offset` into `out`: from the inline copy or
-/// from registered memory.
-fn payload(
-    t: &super::mem::MrTable,
-    pd: u32,
-    e: &SqEntry,
-    offset: u32,
-    out: &mut [u8],
-) -> Result<(), Denied> {
-    if e.is_inline() {
-        let from = offset as usize;
-        let src = e.inline.get(from..from + out.len()).ok_or(Denied::Bounds)?;
-        out.copy_from_slice(src);
-        Ok(())
-    } else {
-        t.gather(pd, e.sges(), offset, out)
-    }
-}
-
-fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
-    let mut sent = 0;
-    // Bounded: each turn retires the oldest request (the queue holds at most MAX_WR), and at
-    // most BURST go out.
-    while q.sq_tail != q.sq_head && sent < BURST {
-        let e = *q.sq(q.sq_tail);
-        if e.len > net.mtu {
-            // Larger than the port MTU: rxe sends nothing and completes it successfully.
-            q.retire(WcStatus::Success, net.hub);
-            continue;
-        }
-        let mac = match net.t.port.resolve(net.link, e.ud_ip, net.now) {
-            Ok(Some(m)) => m,
-            Ok(None) => return,
-            Err(_) => {
-                q.retire(WcStatus::RetryExcErr, net.hub);
-                continue;
-            }
-        };
-        let route = Route {
-            src_mac: net.t.port.mac(),
-            dst_mac: mac,
-            src_ip: net.t.port.ip(),
-            dst_ip: e.ud_ip,
-            tos: e.ud_tos,
-            ttl: e.ud_ttl,
-            src_port: q.src_port,
-        };
-        let imm = e.op == op::SEND_IMM;
-        let mut h = Headers::new(Bth {
-            opcode: if imm {
-                opcode::UD_SEND_ONLY_IMM
-            } else {
-                opcode::UD_SEND_ONLY
-            },
-            se: SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED),
-            pad: 0,
-            pkey: DEFAULT_PKEY,
-            dest_qp: e.ud_qpn,
-            ack_req: false,
-            psn: q.psn,
-        });
-        h.deth = Some(Deth {
-            qkey: if q.qp_type == QpType::Gsi {
-                super::GSI_QKEY
-            } else if e.ud_qkey & 0x8000_0000 != 0 {
-                q.attr.qkey
-            } else {
-                e.ud_qkey
-            },
-            src_qp: q.qpn,
-        });
-        if imm {
-            h.imm = Some(e.imm);
-        }
-        let pd = q.pd;
-        match net.send(&route, &h, e.len as usize, |t, out| {
-            payload(t, pd, &e, 0, out)
-        }) {
-            Err(Unsent::Busy) => return,
-            Err(Unsent::Denied(_)) => {
-                return fail(net, q, WcStatus::LocProtErr);
-            }
-            Ok(()) | Err(Unsent::Lost) => {}
-        }
-        sent += 1;
-        q.psn = psn_add(q.psn, 1);
-        q.retire(WcStatus::Success, net.hub);
-    }
-    q.sq_next = q.sq_tail;
 }
 
 /// Completes the send and write requests the peer acknowledged through `psn`; stops at a

@@ -7,6 +7,7 @@
 //! - [`icrc`]: the invariant CRC;
 //! - [`addr`]: GIDs and the UDP source ports derived from QPs;
 //! - [`packet`]: whole frames, parsed ([`packet::parse`]) and built ([`packet::build`], or [`packet::begin`] and [`packet::finish`] around a payload written in place).
+//! - [`template`]: a route's outer headers made once, patched per frame.
 
 pub mod addr;
 pub mod bth;
@@ -14,6 +15,7 @@ pub mod eth;
 pub mod icrc;
 pub mod ip;
 pub mod packet;
+pub mod template;
 
 /// Why a received frame was dropped (each one a counter for the embedder; none is answered).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,11 +1,13 @@
 //! Whole frames: a received frame classified and checked ([`parse`]), and a RoCEv2 frame
-//! built as Linux builds one ([`begin`], [`finish`], [`build`]).
+//! built as Linux builds one ([`begin`], [`finish`], [`build`]; from a queue pair's template
+//! of its outer headers: [`begin_with`], [`begin_bth`], [`ack`]).
 
-use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout, Reth};
+use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout, Reth, opcode};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
-use super::{Discard, be16, chunk, put, put24};
+pub use super::template::{Route, Template};
+use super::{Discard, be16, chunk, put};
 
 /// Bytes before the transport headers of a RoCEv2 frame over IPv4.
 pub const ROCE_OFFSET: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
@@ -291,25 +293,6 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     }))
 }
 
-/// Where a RoCEv2 frame goes and what its outer headers carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Route {
-    /// The sender's MAC.
-    pub src_mac: Mac,
-    /// The next hop's MAC.
-    pub dst_mac: Mac,
-    /// The sender's IPv4 address (the one inside its GID).
-    pub src_ip: [u8; 4],
-    /// The receiver's IPv4 address.
-    pub dst_ip: [u8; 4],
-    /// IPv4 TOS (the address vector's traffic class).
-    pub tos: u8,
-    /// IPv4 TTL (the address vector's hop limit).
-    pub ttl: u8,
-    /// The UDP source port ([`super::addr`]).
-    pub src_port: u16,
-}
-
 /// Writes the outer headers and the transport headers of a frame whose payload is
 /// `payload_len` bytes into `buf` (the BTH's pad count is set from the length; the IPv4
 /// identification is `id`). Returns where the payload goes; the caller writes it there and
@@ -318,6 +301,18 @@ pub struct Route {
 pub fn begin(
     buf: &mut [u8],
     route: &Route,
+    id: u16,
+    headers: &Headers,
+    payload_len: usize,
+) -> Option<usize> {
+    let outer = Template::new(route, headers.bth.dest_qp);
+    begin_with(buf, &outer, id, headers, payload_len)
+}
+
+/// [`begin`] with the route's outer headers made beforehand ([`Template`]).
+pub fn begin_with(
+    buf: &mut [u8],
+    outer: &Template,
     id: u16,
     headers: &Headers,
     payload_len: usize,
@@ -333,60 +328,52 @@ pub fn begin(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    outer(buf, route, id, total as u16)?;
+    outer.write(buf.first_chunk_mut()?, id, total as u16);
     Some(ROCE_OFFSET + hlen)
 }
 
-/// Writes the outer headers (Ethernet, IPv4 of `total` bytes with identification `id`, UDP)
-/// of a frame along `route` in place at the start of `buf` (no staging copy).
+/// [`begin_with`] for a frame whose transport header is a BTH alone (no extended header), at
+/// fixed offsets: no header record, no layout lookup. `bth` gives the opcode, SE, AckReq and
+/// PSN; the P_Key is the default one and the destination QP the template's; the pad count is
+/// set from `payload_len`.
 #[inline(always)]
-fn outer(buf: &mut [u8], route: &Route, id: u16, total: u16) -> Option<()> {
-    let (eth, rest) = buf.split_first_chunk_mut::<ETH_LEN>()?;
-    let (ip, rest) = rest.split_first_chunk_mut::<IPV4_LEN>()?;
-    let udp = rest.first_chunk_mut::<UDP_LEN>()?;
-    EthHeader {
-        dst: route.dst_mac,
-        src: route.src_mac,
-        ethertype: ETHERTYPE_IPV4,
+pub fn begin_bth(
+    buf: &mut [u8],
+    outer: &Template,
+    id: u16,
+    bth: &Bth,
+    payload_len: usize,
+) -> Option<usize> {
+    let pad = payload_len.wrapping_neg() & 3;
+    let total = IPV4_LEN + UDP_LEN + BTH_LEN + payload_len + pad + ICRC_LEN;
+    if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
+        return None;
     }
-    .write(eth);
-    Ipv4Header {
-        tos: route.tos,
-        total_len: total,
-        id,
-        ttl: route.ttl,
-        protocol: PROTO_UDP,
-        src: route.src_ip,
-        dst: route.dst_ip,
-    }
-    .write(ip);
-    UdpHeader {
-        src_port: route.src_port,
-        dst_port: ROCE_PORT,
-        len: total - IPV4_LEN as u16,
-        checksum: 0,
-    }
-    .write(udp);
-    Some(())
+    let (o, t) = buf.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    outer.write(o, id, total as u16);
+    let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
+    let b = t.first_chunk_mut::<BTH_LEN>()?;
+    outer.write_bth(b, bth.opcode, flags, bth.ack_req, bth.psn);
+    Some(ROCE_OFFSET + BTH_LEN)
 }
 
 /// Bytes of an acknowledgement's frame: the outer headers, BTH, AETH, ICRC (no payload, no
 /// pad).
 pub const ACK_FRAME_LEN: usize = ROCE_OFFSET + BTH_LEN + AETH_LEN + ICRC_LEN;
 
-/// Builds a whole acknowledgement (an RC ACK or NAK: `bth`, whose opcode the caller set and
-/// whose pad count is 0, then `aeth`) into `buf`, at fixed offsets: the frame
-/// [`begin`] and [`finish`] would build from the same headers, without the general path's
-/// header record, layout lookups and lengths. Returns [`ACK_FRAME_LEN`]; `None` when `buf`
-/// is shorter.
-pub fn ack(buf: &mut [u8], route: &Route, id: u16, bth: &Bth, aeth: Aeth) -> Option<usize> {
+/// Builds a whole acknowledgement along `outer` into `buf`: an RC ACK or NAK (opcode
+/// Acknowledge, no SE, no AckReq, pad 0, the default P_Key, the template's destination QP) for
+/// `psn`, then `aeth`; at fixed offsets, the frame [`begin`] and [`finish`] would build from
+/// the same headers, without the general path's header record, layout lookups and lengths.
+/// Returns [`ACK_FRAME_LEN`]; `None` when `buf` is shorter.
+pub fn ack(buf: &mut [u8], outer: &Template, id: u16, psn: u32, aeth: Aeth) -> Option<usize> {
     let f = buf.first_chunk_mut::<ACK_FRAME_LEN>()?;
-    outer(f, route, id, (ACK_FRAME_LEN - ETH_LEN) as u16)?;
-    let (_, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    let (o, t) = f.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    outer.write(o, id, (ACK_FRAME_LEN - ETH_LEN) as u16);
     let (b, t) = t.split_first_chunk_mut::<BTH_LEN>()?;
-    bth.write(b);
-    t[0] = aeth.syndrome;
-    put24(t, 1, aeth.msn);
+    outer.write_bth(b, opcode::RC_ACK, 0, false, psn);
+    let word = u32::from(aeth.syndrome) << 24 | aeth.msn & 0xFF_FFFF;
+    put(t, 0, word.to_be_bytes());
     let crc = icrc_v4(f.get(ETH_LEN..ACK_FRAME_LEN - ICRC_LEN)?)?;
     put(f, ACK_FRAME_LEN - ICRC_LEN, crc.to_le_bytes());
     Some(ACK_FRAME_LEN)
@@ -466,7 +453,8 @@ mod tests {
             h.aeth = Some(aeth);
             let id = 0x8000 + i as u16;
             let (mut a, mut b) = ([0xEEu8; 128], [0x55u8; 128]);
-            let n = ack(&mut a, &route, id, &bth, aeth).unwrap();
+            let outer = Template::new(&route, bth.dest_qp);
+            let n = ack(&mut a, &outer, id, psn, aeth).unwrap();
             assert_eq!(begin(&mut b, &route, id, &h, 0), Some(ROCE_OFFSET + 16));
             assert_eq!(finish(&mut b), Some(n));
             assert_eq!(a[..n], b[..n]);
@@ -474,7 +462,46 @@ mod tests {
                 Ok(Frame::Roce(p)) => assert_eq!(p.headers, h),
                 other => panic!("{other:?}"),
             }
-            assert_eq!(ack(&mut a[..n - 1], &route, id, &bth, aeth), None);
+            assert_eq!(ack(&mut a[..n - 1], &outer, id, psn, aeth), None);
+        }
+    }
+
+    /// A frame with a BTH alone built at fixed offsets is the one the general path builds from
+    /// the same header, byte for byte, at every pad count; one byte short of room is refused.
+    #[test]
+    fn a_bth_alone_equals_the_general_build() {
+        let route = Route {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_ip: [10, 0, 0, 1],
+            dst_ip: [10, 0, 0, 2],
+            tos: 0x20,
+            ttl: 9,
+            src_port: 0xC321,
+        };
+        let outer = Template::new(&route, 0xAB_CDEF);
+        for len in 0..9 {
+            let bth = Bth {
+                opcode: opcode::RC_SEND_ONLY,
+                se: len % 2 == 1,
+                pad: 0,
+                pkey: 0xFFFF,
+                dest_qp: 0xAB_CDEF,
+                ack_req: true,
+                psn: 0xFF_FFF0 + len as u32,
+            };
+            let (mut a, mut b) = ([0xEEu8; 128], [0x55u8; 128]);
+            let at = begin_bth(&mut a, &outer, 77, &bth, len).unwrap();
+            assert_eq!(
+                begin_with(&mut b, &outer, 77, &Headers::new(bth), len),
+                Some(at)
+            );
+            a[at..at + len].fill(len as u8);
+            b[at..at + len].fill(len as u8);
+            let n = finish(&mut a).unwrap();
+            assert_eq!(finish(&mut b), Some(n));
+            assert_eq!(a[..n], b[..n]);
+            assert_eq!(begin_bth(&mut a[..n - 1], &outer, 77, &bth, len), None);
         }
     }
 }
