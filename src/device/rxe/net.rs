@@ -116,11 +116,13 @@ impl<L: Link> Net<'_, L> {
     pub(crate) fn send_bth(
         &mut self,
         outer: &Template,
-        bth: &Bth,
+        bth: Bth,
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        let begin = |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, bth, len);
+        // Captured by value (`move`): the frame's closure carries the header and the length,
+        // not pointers to copies of them on the caller's stack.
+        let begin = move |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, &bth, len);
         self.send_framed(outer, len, begin, fill)
     }
 
@@ -136,12 +138,14 @@ impl<L: Link> Net<'_, L> {
     ) -> Result<(), Unsent> {
         let mrs = &self.t.mrs;
         let mut denied = None;
-        // Headers, payload and ICRC written where the frame goes out from.
-        let build = |buf: &mut [u8], id: u16| {
+        let refused = &mut denied;
+        // Headers, payload and ICRC written where the frame goes out from; `begin`, `fill`
+        // and `len` moved in (their values in the closure, not pointers to them).
+        let build = move |buf: &mut [u8], id: u16| {
             let at = begin(buf, id)?;
             let payload = buf.get_mut(at..at + len)?;
             if let Err(d) = fill(mrs, payload) {
-                denied = Some(d);
+                *refused = Some(d);
                 return None;
             }
             finish(buf)

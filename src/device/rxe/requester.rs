@@ -158,7 +158,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 bth.se = SendFlags::from_bits_truncate(u32::from(e.flags))
                     .contains(SendFlags::SOLICITED);
                 let pd = q.pd;
-                net.send_bth(outer, &bth, e.len as usize, |t, out| {
+                net.send_bth(outer, bth, e.len as usize, move |t, out| {
                     payload(t, pd, e, 0, out)
                 })
             }
