@@ -10,7 +10,8 @@ use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, ack, begin_bth, begin_with, finish};
+use super::wire::icrc::ICRC_LEN;
+use super::wire::packet::{Route, ack, begin_bth, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
@@ -143,12 +144,15 @@ impl<L: Link> Net<'_, L> {
         // and `len` moved in (their values in the closure, not pointers to them).
         let build = move |buf: &mut [u8], id: u16| {
             let at = begin(buf, id)?;
-            let payload = buf.get_mut(at..at + len)?;
+            let pad_at = at + len;
+            let payload = buf.get_mut(at..pad_at)?;
             if let Err(d) = fill(mrs, payload) {
                 *refused = Some(d);
                 return None;
             }
-            finish(buf)
+            // The frame's end from the lengths (`begin` sized the frame from them), not read
+            // back from its headers.
+            finish_at(buf, pad_at, pad_at + (len.wrapping_neg() & 3) + ICRC_LEN)
         };
         let r = transmit(
             self.link,
