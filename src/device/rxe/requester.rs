@@ -260,7 +260,7 @@ fn request<L: Link>(
                     imm: e.op == op::WRITE_IMM,
                 },
             };
-            let s = seq::segment(kind, e.len, mtu, k)?;
+            let s = seq::segment_of(kind, e.len, mtu, e_npkts, k)?;
             let last = k + 1 == e_npkts;
             bth.opcode = s.opcode;
             bth.ack_req = s.ack_req;
