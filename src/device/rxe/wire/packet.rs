@@ -349,7 +349,10 @@ pub fn begin_bth(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    let (o, t) = buf.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    // The headers as one array (one bounds check), split at fixed offsets (none).
+    let (o, t) = buf
+        .first_chunk_mut::<{ ROCE_OFFSET + BTH_LEN }>()?
+        .split_first_chunk_mut::<ROCE_OFFSET>()?;
     outer.write(o, id, total as u16);
     let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
     let b = t.first_chunk_mut::<BTH_LEN>()?;
