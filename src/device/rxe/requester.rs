@@ -511,6 +511,9 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Vie
     run(net, q);
 }
 
+/// A READ response: its payload scattered, the READ completed with its last. Inlined into
+/// [`on_response`]: every packet of a READ's answer comes here.
+#[inline(always)]
 fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
