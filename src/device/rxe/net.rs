@@ -106,7 +106,7 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        let begin = |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
+        let begin = move |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
         self.send_framed(outer, len, begin, fill)
     }
 
