@@ -2,7 +2,7 @@
 //! (`src/device/rxe/seq.rs`), as rxe cuts messages (`docs/roce-v2.md` §6.2).
 
 use bareverbs::device::rxe::seq::{
-    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segment, segments,
+    ACK_EVERY, Kind, MTUS, Segment, packets, psn_add, psn_diff, segment, segment_of, segments,
 };
 use bareverbs::device::rxe::wire::bth::opcode::*;
 use proptest::prelude::*;
@@ -126,7 +126,18 @@ proptest! {
             at += s.len;
             // One packet alone is the same packet.
             prop_assert_eq!(segment(kind, len, mtu, i as u32), Some(*s));
+            // And from the count kept: the same packet.
+            let n = segs.len() as u32;
+            prop_assert_eq!(segment_of(kind, len, mtu, n, i as u32), Some(*s));
         }
+        // A count that does not cut the message at the MTU gives no packet.
+        let n = segs.len() as u32;
+        prop_assert_eq!(segment_of(kind, len, mtu, n, n), None);
+        prop_assert_eq!(segment_of(kind, len, mtu, 0, 0), None);
+        if len > mtu {
+            prop_assert_eq!(segment_of(kind, len, mtu, n - 1, n - 2), None);
+        }
+        prop_assert_eq!(segment_of(kind, len, mtu, n + 1, n - 1), None);
         prop_assert_eq!(at, len);
         prop_assert_eq!(segment(kind, len, mtu, segs.len() as u32), None);
         prop_assert_eq!(segment(kind, len, mtu + 1, 0), None);

@@ -10,7 +10,8 @@ use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
-use super::wire::packet::{Route, ack, begin_bth, begin_with, finish};
+use super::wire::icrc::ICRC_LEN;
+use super::wire::packet::{Route, ack, begin_bth, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
@@ -105,7 +106,7 @@ impl<L: Link> Net<'_, L> {
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        let begin = |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
+        let begin = move |buf: &mut [u8], id: u16| begin_with(buf, outer, id, headers, len);
         self.send_framed(outer, len, begin, fill)
     }
 
@@ -116,11 +117,13 @@ impl<L: Link> Net<'_, L> {
     pub(crate) fn send_bth(
         &mut self,
         outer: &Template,
-        bth: &Bth,
+        bth: Bth,
         len: usize,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
     ) -> Result<(), Unsent> {
-        let begin = |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, bth, len);
+        // Captured by value (`move`): the frame's closure carries the header and the length,
+        // not pointers to copies of them on the caller's stack.
+        let begin = move |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, &bth, len);
         self.send_framed(outer, len, begin, fill)
     }
 
@@ -136,15 +139,20 @@ impl<L: Link> Net<'_, L> {
     ) -> Result<(), Unsent> {
         let mrs = &self.t.mrs;
         let mut denied = None;
-        // Headers, payload and ICRC written where the frame goes out from.
-        let build = |buf: &mut [u8], id: u16| {
+        let refused = &mut denied;
+        // Headers, payload and ICRC written where the frame goes out from; `begin`, `fill`
+        // and `len` moved in (their values in the closure, not pointers to them).
+        let build = move |buf: &mut [u8], id: u16| {
             let at = begin(buf, id)?;
-            let payload = buf.get_mut(at..at + len)?;
+            let pad_at = at + len;
+            let payload = buf.get_mut(at..pad_at)?;
             if let Err(d) = fill(mrs, payload) {
-                denied = Some(d);
+                *refused = Some(d);
                 return None;
             }
-            finish(buf)
+            // The frame's end from the lengths (`begin` sized the frame from them), not read
+            // back from its headers.
+            finish_at(buf, pad_at, pad_at + (len.wrapping_neg() & 3) + ICRC_LEN)
         };
         let r = transmit(
             self.link,

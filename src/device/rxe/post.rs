@@ -1,8 +1,6 @@
 //! Posting: send and receive requests written into a queue pair's rings by a batch, made
 //! visible at its commit, which runs the requester (the "doorbell" of the software device).
 
-use core::ptr::NonNull;
-
 use bareverbs_hal::{Clock, Hal, Link};
 
 use super::mem::sge_bytes;
@@ -187,27 +185,27 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     pub(crate) fn sq_commit_impl(&self, qp: &mut Qp<H>, c: &Cursor, flushed: bool) {
         qp.sq_head = c.start.wrapping_add(c.n);
-        {
-            // SAFETY: as in `sq_write_impl`.
-            let mut q = unsafe { QpGuard::lock(qp.core) };
-            q.sq_head = qp.sq_head;
-            q.sq_pending = 0;
-            if !(flushed || q.state == QpState::Err) {
-                // In the busy set while its lock is held: a progress that visits it after
-                // this sees the new requests (it leaves the set only under this lock, with
-                // none left).
-                self.note(&q);
-                drop(q);
-                // The frames go out now if the NIC is free; if another thread has it (a
-                // progress, a post on another QP), the next progress sends them.
-                if let Some(mut core) = self.core.try_lock() {
-                    let now = self.now();
-                    self.run_requester(&mut core, qp.core, now);
-                }
-                return;
-            }
+        // The device's lock first, when it is free (the lock order: the device's, then the
+        // QP's): the frames go out now, under the one QP lock that publishes the requests. If
+        // another thread has it (a progress, a post on another QP), the next progress sends
+        // them.
+        let mut core = self.core.try_lock();
+        // SAFETY: as in `sq_write_impl`; the device lock, when held, was taken before it.
+        let mut q = unsafe { QpGuard::lock(qp.core) };
+        q.sq_head = qp.sq_head;
+        q.sq_pending = 0;
+        if flushed || q.state == QpState::Err {
+            drop(q);
+            drop(core);
+            return self.flush_locked(qp);
         }
-        self.flush_locked(qp);
+        if let Some(core) = core.as_deref_mut() {
+            let now = self.now();
+            requester::run(&mut self.net(core, now), &mut q);
+        }
+        // In the busy set while its lock is held: a progress that visits it after this sees
+        // the new requests (it leaves the set only under this lock, with none left).
+        self.note(&q);
     }
 
     /// Flushes every request of the QP (an error state, or a batch that asked it): the
@@ -285,15 +283,5 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if flush {
             self.flush_locked(qp);
         }
-    }
-
-    /// Runs the requester of the QP whose core is `q` (the device lock is held: `core`;
-    /// the QP's is taken here, after it: the lock order).
-    pub(crate) fn run_requester(&self, core: &mut super::Core<L>, q: NonNull<QpCore>, now: u64) {
-        let mut net = self.net(core, now);
-        // SAFETY: a living QP (its owner is posting); the device lock is held, no QP lock.
-        let mut q = unsafe { QpGuard::lock(q) };
-        requester::run(&mut net, &mut q);
-        self.note(&q);
     }
 }

@@ -158,7 +158,7 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
                 bth.se = SendFlags::from_bits_truncate(u32::from(e.flags))
                     .contains(SendFlags::SOLICITED);
                 let pd = q.pd;
-                net.send_bth(outer, &bth, e.len as usize, |t, out| {
+                net.send_bth(outer, bth, e.len as usize, move |t, out| {
                     payload(t, pd, e, 0, out)
                 })
             }
@@ -260,7 +260,7 @@ fn request<L: Link>(
                     imm: e.op == op::WRITE_IMM,
                 },
             };
-            let s = seq::segment(kind, e.len, mtu, k)?;
+            let s = seq::segment_of(kind, e.len, mtu, e_npkts, k)?;
             let last = k + 1 == e_npkts;
             bth.opcode = s.opcode;
             bth.ack_req = s.ack_req;
@@ -511,6 +511,9 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Vie
     run(net, q);
 }
 
+/// A READ response: its payload scattered, the READ completed with its last. Inlined into
+/// [`on_response`]: every packet of a READ's answer comes here.
+#[inline(always)]
 fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));

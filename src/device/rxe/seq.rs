@@ -81,6 +81,18 @@ pub fn segments_from(kind: Kind, len: u32, mtu: u32, from: u32) -> impl Iterator
     (from.min(n)..n).map(move |i| nth(kind, len, mtu, n, i))
 }
 
+/// Packet `i` of the `n` of a message of `len` bytes at path MTU `mtu`, `n` counted by
+/// [`packets`] when the message started (the requester keeps it): [`segment`] without the
+/// count again, nor its MTU checks. `None` past the last packet, or when `n` does not cut
+/// `len` at `mtu` (a packet would be longer than the MTU, or none would be left for the
+/// last one).
+#[inline(always)]
+pub fn segment_of(kind: Kind, len: u32, mtu: u32, n: u32, i: u32) -> Option<Segment> {
+    let rest = len.checked_sub(i.checked_mul(mtu)?)?;
+    let fits = i < n && if i == n - 1 { rest <= mtu } else { rest > mtu };
+    fits.then(|| nth(kind, len, mtu, n, i))
+}
+
 /// Packet `i` of [`segments`], alone (no iterator: the requester sends one packet at a time);
 /// `None` past the last packet or when `mtu` is not one of [`MTUS`].
 pub fn segment(kind: Kind, len: u32, mtu: u32, i: u32) -> Option<Segment> {

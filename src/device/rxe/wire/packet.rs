@@ -349,7 +349,10 @@ pub fn begin_bth(
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
-    let (o, t) = buf.split_first_chunk_mut::<ROCE_OFFSET>()?;
+    // The headers as one array (one bounds check), split at fixed offsets (none).
+    let (o, t) = buf
+        .first_chunk_mut::<{ ROCE_OFFSET + BTH_LEN }>()?
+        .split_first_chunk_mut::<ROCE_OFFSET>()?;
     outer.write(o, id, total as u16);
     let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
     let b = t.first_chunk_mut::<BTH_LEN>()?;
@@ -396,6 +399,24 @@ pub fn finish(buf: &mut [u8]) -> Option<usize> {
     put(buf, pad_at, [0; 4]);
     let crc = icrc_v4(buf.get(ETH_LEN..icrc_at)?)?;
     put(buf, icrc_at, crc.to_le_bytes());
+    Some(end)
+}
+
+/// [`finish`] of a frame whose payload ends at `pad_at` and which ends at `end`, both known to
+/// the sender (from [`begin`]'s offset and the payload's length: `end` is `pad_at` plus the
+/// pad and the ICRC), without reading the lengths back from the headers. Returns `end`;
+/// `None` when they leave no room for the pad and the ICRC, or `end` is past `buf`.
+#[inline(always)]
+pub fn finish_at(buf: &mut [u8], pad_at: usize, end: usize) -> Option<usize> {
+    let icrc_at = end.checked_sub(ICRC_LEN)?;
+    let f = buf.get_mut(..end)?;
+    if pad_at < ROCE_OFFSET + BTH_LEN || pad_at > icrc_at {
+        return None;
+    }
+    // As in `finish`: the pad zeroed by one 4-byte store (`pad_at + 4 <= end`).
+    put(f, pad_at, [0; 4]);
+    let crc = icrc_v4(f.get(ETH_LEN..icrc_at)?)?;
+    put(f, icrc_at, crc.to_le_bytes());
     Some(end)
 }
 
@@ -501,6 +522,13 @@ mod tests {
             let n = finish(&mut a).unwrap();
             assert_eq!(finish(&mut b), Some(n));
             assert_eq!(a[..n], b[..n]);
+            // The frame finished from the offsets its sender knows is the same one.
+            b[at + len..].fill(0x77);
+            let end = at + len + (len.wrapping_neg() & 3) + ICRC_LEN;
+            assert_eq!(finish_at(&mut b, at + len, end), Some(n));
+            assert_eq!(a[..n], b[..n]);
+            assert_eq!(finish_at(&mut b[..n - 1], at + len, end), None);
+            assert_eq!(finish_at(&mut b, end - ICRC_LEN + 1, end), None);
             assert_eq!(begin_bth(&mut a[..n - 1], &outer, 77, &bth, len), None);
         }
     }
