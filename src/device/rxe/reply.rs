@@ -127,6 +127,7 @@ fn hold(q: &mut QpCore, syn: u8, psn: u32) {
 /// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
 /// the requests before its PSN) overtaking them would tell the requester they were lost (it
 /// retries the READ). It is then held ([`hold`]) and sent once they are out ([`drain`]).
+#[inline(always)]
 pub(super) fn answer_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
     if q.backlog.is_none() {
         ack(net, q, syn, psn);
