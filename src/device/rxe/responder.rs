@@ -114,6 +114,7 @@ fn length_ok(op: u8, len: usize, mtu: u32) -> bool {
 }
 
 /// Ends a message: the MSN counts it, the packet is acknowledged when it asks.
+#[inline(always)]
 fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>, end: bool) {
     let psn = p.psn();
     q.epsn = psn_add(psn, 1);
