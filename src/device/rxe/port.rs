@@ -303,5 +303,6 @@ impl Port {
 /// Whether `ip` is an address no station on the segment sends from: unspecified (0/8),
 /// loopback (127/8), multicast (224/4) or broadcast (and the reserved 240/4).
 fn martian(ip: [u8; 4]) -> bool {
-    matches!(ip[0], 0 | 127 | 224..=255)
+    // 224 to 255 and 0 in one comparison (they wrap to 0 to 32), then 127.
+    ip[0].wrapping_add(32) <= 32 || ip[0] == 127
 }
