@@ -3,7 +3,7 @@
 //! of its outer headers: [`begin_with`], [`begin_bth`], [`ack`]).
 
 use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout, Reth, opcode};
-use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
+use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 pub use super::template::{Route, Template};
@@ -211,16 +211,18 @@ impl<'a> View<'a> {
 /// the same order, with the same outcome.
 #[inline(always)]
 pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
-    let eth = EthHeader::parse(frame)?;
+    let eth = frame.first_chunk::<ETH_LEN>().ok_or(Discard::Truncated)?;
     // Slices taken with `get` throughout (the bounds were checked; an index is an out-of-line
     // call with its panic path at opt-level "z").
     let body = frame.get(ETH_LEN..).ok_or(Discard::Truncated)?;
-    match eth.ethertype {
-        ETHERTYPE_ARP => {
-            return Ok(Arp::parse(body).map_or(Seen::Other, Seen::Arp));
-        }
-        ETHERTYPE_IPV4 => {}
-        _ => return Ok(Seen::Other),
+    // The EtherType as it lies in the frame, against the constants in network order (no
+    // byte swap of the field).
+    let ethertype = u16::from_ne_bytes(*chunk(eth, 12));
+    if ethertype == ETHERTYPE_ARP.to_be() {
+        return Ok(Arp::parse(body).map_or(Seen::Other, Seen::Arp));
+    }
+    if ethertype != ETHERTYPE_IPV4.to_be() {
+        return Ok(Seen::Other);
     }
     // Is it for RoCE? Decided before the strict checks: an IP packet for the embedder's stack
     // may carry options or be a fragment. Without options (the only kind RoCE uses) the outer
