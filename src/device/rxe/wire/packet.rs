@@ -267,7 +267,9 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     let layout = Layout::lookup(bth[0]).ok_or(Discard::UnknownOpcode)?;
     let hlen = layout.header_bytes();
     let ext = transport.get(BTH_LEN..hlen).ok_or(Discard::Truncated)?;
-    if be16(bth, 2) & 0x7FFF != 0x7FFF {
+    // The P_Key's low 15 bits all ones (the default partition, either membership), tested
+    // as the bytes lie: the membership bit set, then all ones.
+    if u16::from_ne_bytes(*chunk(bth, 2)) | u16::from_ne_bytes([0x80, 0]) != 0xFFFF {
         return Err(Discard::BadBth);
     }
     let body_len = transport
