@@ -35,5 +35,10 @@ pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
 #[inline(always)]
 fn from_peer(q: &QpCore, p: &View<'_>) -> bool {
-    p.src_ip() == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac())
+    // Compared where the MAC lies in the QP (not the `Option` copied out first).
+    p.src_ip() == q.peer_ip
+        && match &q.peer_mac {
+            Some(m) => *m == p.src_mac(),
+            None => true,
+        }
 }
