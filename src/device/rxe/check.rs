@@ -22,14 +22,19 @@ pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         return false;
     }
-    let transport = p.opcode() >> 5;
-    match q.qp_type {
-        QpType::Rc => transport == 0 && from_peer(q, p),
-        QpType::Uc => transport == 1 && from_peer(q, p),
+    // The transport (the opcode's top three bits) each QP type takes, by the type's
+    // discriminant (none: 8, no opcode's); one load, no jump table.
+    const TRANSPORT: [u8; 7] = {
+        let mut t = [8; 7];
+        t[QpType::Rc as usize] = 0;
+        t[QpType::Uc as usize] = 1;
         // The GSI QP (QP1) is a datagram QP: its Q_Key is checked by the responder.
-        QpType::Ud | QpType::Gsi => transport == 3,
-        _ => false,
-    }
+        t[QpType::Ud as usize] = 3;
+        t[QpType::Gsi as usize] = 3;
+        t
+    };
+    let want = TRANSPORT.get(q.qp_type as usize).copied().unwrap_or(8);
+    p.opcode() >> 5 == want && (!matches!(q.qp_type, QpType::Rc | QpType::Uc) || from_peer(q, p))
 }
 
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
