@@ -17,7 +17,7 @@ use crate::verbs::{QpState, QpType};
 
 /// Whether `p` may reach the transport of `q`: the QP receives, the opcode's transport (its
 /// top three bits) is the QP's, and a connected QP's packet comes from its peer's address
-/// (and MAC, once known). One match on the QP's type for both checks.
+/// (and MAC, once known).
 pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         return false;
