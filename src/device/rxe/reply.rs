@@ -82,6 +82,7 @@ fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
 /// is not known yet) it is held ([`hold`]) and sent from the device's progress: a busy NIC
 /// delays an acknowledgement, it does not lose it. A newer acknowledgement sent supersedes
 /// the one held.
+#[inline(always)]
 pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
     // The QP's outer headers kept (every acknowledgement after the first): sent from here,
     // the making of the path apart ([`ack_path`]), so that this stays a small function.
