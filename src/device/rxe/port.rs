@@ -7,7 +7,7 @@
 use bareverbs_hal::Link;
 
 use super::wire::Discard;
-use super::wire::eth::{Arp, ArpOp, Mac};
+use super::wire::eth::{Arp, ArpOp, Mac, same_mac};
 use super::wire::packet::{Packet, Seen, View, classify};
 use crate::error::{Error, Op, Result};
 use crate::verbs::Gid;
@@ -137,7 +137,9 @@ impl Port {
         now: u64,
         looped: bool,
     ) -> Result<Option<View<'a>>, Discard> {
-        let to_us = frame.get(..6).is_some_and(|d| *d == self.mac);
+        let to_us = frame
+            .first_chunk::<6>()
+            .is_some_and(|d| same_mac(d, &self.mac));
         let group = frame.first().is_some_and(|d| d & 1 == 1);
         match classify(frame) {
             Ok(Seen::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
