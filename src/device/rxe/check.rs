@@ -12,6 +12,7 @@
 //!   is checked by the responder.
 
 use super::qp_state::QpCore;
+use super::wire::eth::same_mac;
 use super::wire::packet::View;
 use crate::verbs::{QpState, QpType};
 
@@ -43,7 +44,7 @@ fn from_peer(q: &QpCore, p: &View<'_>) -> bool {
     // Compared where the MAC lies in the QP (not the `Option` copied out first).
     p.src_ip() == q.peer_ip
         && match &q.peer_mac {
-            Some(m) => *m == p.src_mac(),
+            Some(m) => same_mac(m, &p.src_mac()),
             None => true,
         }
 }

@@ -184,7 +184,7 @@ impl Port {
     pub(crate) fn wants(&mut self, frame: &[u8]) -> bool {
         let ok = frame
             .first_chunk::<6>()
-            .is_some_and(|d| *d == self.mac || d[0] & 1 == 1);
+            .is_some_and(|d| same_mac(d, &self.mac) || d[0] & 1 == 1);
         if !ok {
             self.counts.dropped += 1;
         }
