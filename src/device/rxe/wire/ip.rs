@@ -73,7 +73,7 @@ fn header_sum(h: &[u8; IPV4_LEN]) -> u32 {
 /// congruent to `s` modulo 0xFFFF, so it is all ones exactly when `s` is a non-zero multiple
 /// of 0xFFFF.
 #[inline(always)]
-fn header_ok(h: &[u8; IPV4_LEN]) -> bool {
+pub(crate) fn header_ok(h: &[u8; IPV4_LEN]) -> bool {
     let w = |at: usize| u64::from(u32::from_ne_bytes(*super::chunk::<4>(h, at)));
     let s = w(0) + w(4) + w(8) + w(12) + w(16);
     s != 0 && s % 0xFFFF == 0

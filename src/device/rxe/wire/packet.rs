@@ -5,7 +5,7 @@
 use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout, Reth, opcode};
 use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
-use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader, header_ok};
 pub use super::template::{Route, Template};
 use super::{Discard, be16, chunk, put};
 
@@ -252,10 +252,18 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     {
         return Ok(Seen::Other);
     }
-    let ip = Ipv4Header::check(body)?;
-    let datagram = body
-        .get(IPV4_LEN..usize::from(be16(ip, 2)))
-        .ok_or(Discard::Truncated)?;
+    // `Ipv4Header::check` with what is known here (version 4, no options, no fragment
+    // offset) left out; a total length short of the IPv4 and UDP headers is refused at once,
+    // as that check and `UdpHeader::check` would (both: truncated).
+    let ip = chunk::<IPV4_LEN>(outer, ETH_LEN);
+    if ip[6] & 0x20 != 0 || !header_ok(ip) {
+        return Err(Discard::BadIp);
+    }
+    let total = usize::from(be16(ip, 2));
+    if total < IPV4_LEN + UDP_LEN || total > body.len() {
+        return Err(Discard::Truncated);
+    }
+    let datagram = body.get(IPV4_LEN..total).ok_or(Discard::Truncated)?;
     let (_, udp_len) = UdpHeader::check(datagram, chunk(ip, 12), chunk(ip, 16))?;
     let transport = datagram.get(UDP_LEN..udp_len).ok_or(Discard::Truncated)?;
     let bth = transport
