@@ -218,11 +218,12 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     // The EtherType as it lies in the frame, against the constants in network order (no
     // byte swap of the field).
     let ethertype = u16::from_ne_bytes(*chunk(eth, 12));
-    if ethertype == ETHERTYPE_ARP.to_be() {
-        return Ok(Arp::parse(body).map_or(Seen::Other, Seen::Arp));
-    }
     if ethertype != ETHERTYPE_IPV4.to_be() {
-        return Ok(Seen::Other);
+        return Ok(if ethertype == ETHERTYPE_ARP.to_be() {
+            Arp::parse(body).map_or(Seen::Other, Seen::Arp)
+        } else {
+            Seen::Other
+        });
     }
     // Is it for RoCE? Decided before the strict checks: an IP packet for the embedder's stack
     // may carry options or be a fragment. Without options (the only kind RoCE uses) the outer
