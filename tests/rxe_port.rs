@@ -273,13 +273,32 @@ fn roce_frames_to_another_mac_or_from_a_martian_source_are_dropped() {
     let f = roce_to(BROADCAST, MAC_B, IP_B, IP_A);
     assert_eq!(a.receive(&mut la, &f, 0), Rx::Dropped(Discard::NotForUs));
     // From the wire with this interface's own address as its source, or one no station has.
-    for src in [IP_A, [0, 0, 0, 0], [127, 0, 0, 1], [224, 0, 0, 1], [255; 4]] {
+    for src in [
+        IP_A,
+        [0, 0, 0, 0],
+        [0, 9, 9, 9],
+        [127, 0, 0, 1],
+        [224, 0, 0, 1],
+        [239, 1, 1, 1],
+        [240, 0, 0, 1],
+        [255; 4],
+    ] {
         let f = roce_from(MAC_B, src, IP_A);
         assert_eq!(
             a.receive(&mut la, &f, 0),
             Rx::Dropped(Discard::Martian),
             "{src:?}"
         );
+    }
+    // The first bytes either side of those ranges are stations' addresses.
+    for src in [
+        [1, 0, 0, 1],
+        [126, 9, 9, 9],
+        [128, 0, 0, 1],
+        [223, 255, 255, 254],
+    ] {
+        let f = roce_from(MAC_B, src, IP_A);
+        assert!(matches!(a.receive(&mut la, &f, 0), Rx::Roce(_)), "{src:?}");
     }
     // Another frame to another station's unicast MAC does not reach the IP stack either; a
     // broadcast one does.
@@ -288,5 +307,5 @@ fn roce_frames_to_another_mac_or_from_a_martian_source_are_dropped() {
     assert_eq!(a.receive(&mut la, &tcp, 0), Rx::Dropped(Discard::NotForUs));
     tcp[..6].copy_from_slice(&BROADCAST);
     assert_eq!(a.receive(&mut la, &tcp, 0), Rx::Stack);
-    assert_eq!(a.counts().roce, 0);
+    assert_eq!(a.counts().roce, 4);
 }

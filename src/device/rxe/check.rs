@@ -12,28 +12,39 @@
 //!   is checked by the responder.
 
 use super::qp_state::QpCore;
+use super::wire::eth::same_mac;
 use super::wire::packet::View;
 use crate::verbs::{QpState, QpType};
 
 /// Whether `p` may reach the transport of `q`: the QP receives, the opcode's transport (its
 /// top three bits) is the QP's, and a connected QP's packet comes from its peer's address
-/// (and MAC, once known). One match on the QP's type for both checks.
+/// (and MAC, once known).
 pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         return false;
     }
-    let transport = p.opcode() >> 5;
-    match q.qp_type {
-        QpType::Rc => transport == 0 && from_peer(q, p),
-        QpType::Uc => transport == 1 && from_peer(q, p),
+    // The transport (the opcode's top three bits) each QP type takes, by the type's
+    // discriminant (none: 8, no opcode's); one load, no jump table.
+    const TRANSPORT: [u8; 7] = {
+        let mut t = [8; 7];
+        t[QpType::Rc as usize] = 0;
+        t[QpType::Uc as usize] = 1;
         // The GSI QP (QP1) is a datagram QP: its Q_Key is checked by the responder.
-        QpType::Ud | QpType::Gsi => transport == 3,
-        _ => false,
-    }
+        t[QpType::Ud as usize] = 3;
+        t[QpType::Gsi as usize] = 3;
+        t
+    };
+    let want = TRANSPORT.get(q.qp_type as usize).copied().unwrap_or(8);
+    p.opcode() >> 5 == want && (!matches!(q.qp_type, QpType::Rc | QpType::Uc) || from_peer(q, p))
 }
 
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
 #[inline(always)]
 fn from_peer(q: &QpCore, p: &View<'_>) -> bool {
-    p.src_ip() == q.peer_ip && q.peer_mac.is_none_or(|m| m == p.src_mac())
+    // Compared where the MAC lies in the QP (not the `Option` copied out first).
+    p.src_ip() == q.peer_ip
+        && match &q.peer_mac {
+            Some(m) => same_mac(m, &p.src_mac()),
+            None => true,
+        }
 }

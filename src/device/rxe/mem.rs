@@ -262,32 +262,32 @@ impl MrTable {
         need: AccessFlags,
         mut f: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), Denied> {
+        if len == 0 {
+            return Ok(());
+        }
         let mut skip = u64::from(offset);
         let mut done = 0usize;
-        // Bounded by the list's entries (at most MAX_SGE, checked when posted).
+        // Bounded by the list's entries (at most MAX_SGE, checked when posted). Ends as soon
+        // as the last byte is placed (most lists: in their first entry), before the next
+        // entry is looked at.
         for s in sges {
-            if done == len {
-                break;
-            }
             let l = u64::from(s.length);
             if skip >= l {
                 skip -= l;
                 continue;
             }
+            // Not 0: `skip < l`, and `done < len` (the walk returns when they are equal).
             let n = ((l - skip) as usize).min(len - done);
             let a = s.addr.checked_add(skip).ok_or(Denied::Bounds)?;
             let p = self.check(s.lkey, pd, a, n as u64, need)?;
-            if n > 0 {
-                f(p, done, n);
-            }
+            f(p, done, n);
             done += n;
+            if done == len {
+                return Ok(());
+            }
             skip = 0;
         }
-        if done == len {
-            Ok(())
-        } else {
-            Err(Denied::Bounds)
-        }
+        Err(Denied::Bounds)
     }
 }
 

@@ -7,7 +7,7 @@
 use bareverbs_hal::Link;
 
 use super::wire::Discard;
-use super::wire::eth::{Arp, ArpOp, Mac};
+use super::wire::eth::{Arp, ArpOp, Mac, same_mac};
 use super::wire::packet::{Packet, Seen, View, classify};
 use crate::error::{Error, Op, Result};
 use crate::verbs::Gid;
@@ -137,7 +137,9 @@ impl Port {
         now: u64,
         looped: bool,
     ) -> Result<Option<View<'a>>, Discard> {
-        let to_us = frame.get(..6).is_some_and(|d| *d == self.mac);
+        let to_us = frame
+            .first_chunk::<6>()
+            .is_some_and(|d| same_mac(d, &self.mac));
         let group = frame.first().is_some_and(|d| d & 1 == 1);
         match classify(frame) {
             Ok(Seen::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
@@ -182,7 +184,7 @@ impl Port {
     pub(crate) fn wants(&mut self, frame: &[u8]) -> bool {
         let ok = frame
             .first_chunk::<6>()
-            .is_some_and(|d| *d == self.mac || d[0] & 1 == 1);
+            .is_some_and(|d| same_mac(d, &self.mac) || d[0] & 1 == 1);
         if !ok {
             self.counts.dropped += 1;
         }
@@ -303,5 +305,6 @@ impl Port {
 /// Whether `ip` is an address no station on the segment sends from: unspecified (0/8),
 /// loopback (127/8), multicast (224/4) or broadcast (and the reserved 240/4).
 fn martian(ip: [u8; 4]) -> bool {
-    matches!(ip[0], 0 | 127 | 224..=255)
+    // 224 to 255 and 0 in one comparison (they wrap to 0 to 32), then 127.
+    ip[0].wrapping_add(32) <= 32 || ip[0] == 127
 }

@@ -82,8 +82,35 @@ fn reply(q: &QpCore, op: u8, psn: u32, syn: Option<u8>) -> Headers {
 /// is not known yet) it is held ([`hold`]) and sent from the device's progress: a busy NIC
 /// delays an acknowledgement, it does not lose it. A newer acknowledgement sent supersedes
 /// the one held.
+#[inline(always)]
 pub(super) fn ack<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
-    if ack_now(net, q, syn, psn) {
+    // The QP's outer headers kept (every acknowledgement after the first): sent from here,
+    // the making of the path apart ([`ack_path`]), so that this stays a small function.
+    let Some(outer) = q.hdr.as_ref() else {
+        return ack_path(net, q, syn, psn);
+    };
+    let aeth = Aeth {
+        syndrome: syn,
+        msn: q.msn,
+    };
+    let sent = !matches!(net.send_ack(outer, psn, aeth), Err(Unsent::Busy));
+    acked(q, sent, syn, psn);
+}
+
+/// [`ack`] of a QP without its outer headers yet: the path made first (or the answer held
+/// while the peer's MAC is resolved).
+#[cold]
+#[inline(never)]
+fn ack_path<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
+    let sent = ack_now(net, q, syn, psn);
+    acked(q, sent, syn, psn);
+}
+
+/// After an ACK or NAK (`syn`) of `psn` was offered to the NIC: the one held for an earlier
+/// PSN superseded when it went, else it is held.
+#[inline(always)]
+fn acked(q: &mut QpCore, sent: bool, syn: u8, psn: u32) {
+    if sent {
         if q.ack_due.is_some_and(|(held, _)| psn_diff(psn, held) >= 0) {
             q.ack_due = None;
         }
@@ -127,6 +154,7 @@ fn hold(q: &mut QpCore, syn: u8, psn: u32) {
 /// for room (`q.backlog`): an acknowledgement (or an RNR or sequence NAK, which acknowledges
 /// the requests before its PSN) overtaking them would tell the requester they were lost (it
 /// retries the READ). It is then held ([`hold`]) and sent once they are out ([`drain`]).
+#[inline(always)]
 pub(super) fn answer_in_order<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, syn: u8, psn: u32) {
     if q.backlog.is_none() {
         ack(net, q, syn, psn);

@@ -114,8 +114,12 @@ fn length_ok(op: u8, len: usize, mtu: u32) -> bool {
 }
 
 /// Ends a message: the MSN counts it, the packet is acknowledged when it asks.
+#[inline(always)]
 fn accepted<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>, end: bool) {
-    let psn = p.psn();
+    // The expected PSN: `on_request` hands a request on only then (not read from the frame
+    // again).
+    let psn = q.epsn;
+    debug_assert_eq!(psn, p.psn());
     q.epsn = psn_add(psn, 1);
     if end {
         q.msn = (q.msn + 1) & PSN_MASK;

@@ -204,16 +204,22 @@ impl Layout {
     /// The AtomicAckETH in `ext`, if the layout has one: last (after the AETH, no ImmDt).
     #[inline(always)]
     pub(crate) fn atomic_ack(self, ext: &[u8]) -> Option<u64> {
-        let h = ext
-            .last_chunk::<8>()
-            .filter(|_| self.has(has::ATOMIC_ACK_ETH))?;
+        // The layout's bit first: `last_chunk` stays an out-of-line call at opt-level "z".
+        if !self.has(has::ATOMIC_ACK_ETH) {
+            return None;
+        }
+        let h = ext.last_chunk::<8>()?;
         Some(u64::from_be_bytes(*h))
     }
 
     /// The ImmDt (or IETH) in `ext`, if the layout has one: always last.
     #[inline(always)]
     pub(crate) fn imm(self, ext: &[u8]) -> Option<u32> {
-        let h = ext.last_chunk::<4>().filter(|_| self.has(has::IMM))?;
+        // As `atomic_ack`: most packets carry none, and they skip the call.
+        if !self.has(has::IMM) {
+            return None;
+        }
+        let h = ext.last_chunk::<4>()?;
         Some(u32::from_be_bytes(*h))
     }
 

@@ -5,6 +5,13 @@ use super::{Discard, be16, chunk, put};
 /// A MAC address.
 pub type Mac = [u8; 6];
 
+/// Whether two MACs are the same, compared as a 4-byte and a 2-byte word (the arrays'
+/// equality loads each MAC as one 48-bit number, assembled with shifts).
+#[inline(always)]
+pub(crate) fn same_mac(a: &Mac, b: &Mac) -> bool {
+    chunk::<4>(a, 0) == chunk::<4>(b, 0) && chunk::<2>(a, 4) == chunk::<2>(b, 4)
+}
+
 /// The broadcast MAC address.
 pub const BROADCAST: Mac = [0xFF; 6];
 

@@ -3,9 +3,9 @@
 //! of its outer headers: [`begin_with`], [`begin_bth`], [`ack`]).
 
 use super::bth::{AETH_LEN, Aeth, AtomicEth, BTH_LEN, Bth, Deth, Headers, Layout, Reth, opcode};
-use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, EthHeader, Mac};
+use super::eth::{Arp, ETH_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Mac};
 use super::icrc::{ICRC_LEN, icrc_v4};
-use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader, header_ok};
 pub use super::template::{Route, Template};
 use super::{Discard, be16, chunk, put};
 
@@ -211,16 +211,19 @@ impl<'a> View<'a> {
 /// the same order, with the same outcome.
 #[inline(always)]
 pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
-    let eth = EthHeader::parse(frame)?;
+    let eth = frame.first_chunk::<ETH_LEN>().ok_or(Discard::Truncated)?;
     // Slices taken with `get` throughout (the bounds were checked; an index is an out-of-line
     // call with its panic path at opt-level "z").
     let body = frame.get(ETH_LEN..).ok_or(Discard::Truncated)?;
-    match eth.ethertype {
-        ETHERTYPE_ARP => {
-            return Ok(Arp::parse(body).map_or(Seen::Other, Seen::Arp));
-        }
-        ETHERTYPE_IPV4 => {}
-        _ => return Ok(Seen::Other),
+    // The EtherType as it lies in the frame, against the constants in network order (no
+    // byte swap of the field).
+    let ethertype = u16::from_ne_bytes(*chunk(eth, 12));
+    if ethertype != ETHERTYPE_IPV4.to_be() {
+        return Ok(if ethertype == ETHERTYPE_ARP.to_be() {
+            Arp::parse(body).map_or(Seen::Other, Seen::Arp)
+        } else {
+            Seen::Other
+        });
     }
     // Is it for RoCE? Decided before the strict checks: an IP packet for the embedder's stack
     // may carry options or be a fragment. Without options (the only kind RoCE uses) the outer
@@ -250,10 +253,18 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     {
         return Ok(Seen::Other);
     }
-    let ip = Ipv4Header::check(body)?;
-    let datagram = body
-        .get(IPV4_LEN..usize::from(be16(ip, 2)))
-        .ok_or(Discard::Truncated)?;
+    // `Ipv4Header::check` with what is known here (version 4, no options, no fragment
+    // offset) left out; a total length short of the IPv4 and UDP headers is refused at once,
+    // as that check and `UdpHeader::check` would (both: truncated).
+    let ip = chunk::<IPV4_LEN>(outer, ETH_LEN);
+    if ip[6] & 0x20 != 0 || !header_ok(ip) {
+        return Err(Discard::BadIp);
+    }
+    let total = usize::from(be16(ip, 2));
+    if total < IPV4_LEN + UDP_LEN || total > body.len() {
+        return Err(Discard::Truncated);
+    }
+    let datagram = body.get(IPV4_LEN..total).ok_or(Discard::Truncated)?;
     let (_, udp_len) = UdpHeader::check(datagram, chunk(ip, 12), chunk(ip, 16))?;
     let transport = datagram.get(UDP_LEN..udp_len).ok_or(Discard::Truncated)?;
     let bth = transport
@@ -265,7 +276,9 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     let layout = Layout::lookup(bth[0]).ok_or(Discard::UnknownOpcode)?;
     let hlen = layout.header_bytes();
     let ext = transport.get(BTH_LEN..hlen).ok_or(Discard::Truncated)?;
-    if be16(bth, 2) & 0x7FFF != 0x7FFF {
+    // The P_Key's low 15 bits all ones (the default partition, either membership), tested
+    // as the bytes lie: the membership bit set, then all ones.
+    if u16::from_ne_bytes(*chunk(bth, 2)) | u16::from_ne_bytes([0x80, 0]) != 0xFFFF {
         return Err(Discard::BadBth);
     }
     let body_len = transport
