@@ -7,6 +7,9 @@
 //! - Two threads, each with its own QP and CQs on both devices, SENDing to each other's
 //!   device: both finish, every completion exactly once, every byte where it belongs.
 
+mod common;
+mod pair;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
@@ -18,6 +21,7 @@ use bareverbs::hal::{Link, LinkError};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use pair::{IP_A, IP_B, rxe_rc_up};
 
 /// A NIC whose transmit can be made to stop, inside the call, until the test lets it go:
 /// the thread in it holds the device lock all that time.
@@ -65,8 +69,6 @@ impl Link for GateLink {
 
 type R = Rxe<Model, GateLink, TestClock>;
 
-const IP_A: [u8; 4] = [10, 0, 0, 2];
-const IP_B: [u8; 4] = [10, 0, 0, 3];
 const DEPTH: u32 = 8;
 /// Bytes of each message (its sequence number first).
 const MSG: usize = 64;
@@ -103,21 +105,6 @@ fn devices() -> (Context<R>, Context<R>, Arc<AtomicU8>, Segment) {
     (a, b, gate, seg)
 }
 
-/// Brings `q` to RTS towards `peer` (QPN) at `ip`.
-fn up<'a>(q: QueuePair<'a, R, Rc, Reset>, peer: u32, ip: [u8; 4]) -> QueuePair<'a, R, Rc, Rts> {
-    let init = ConnectedInit {
-        access: AccessFlags::LOCAL_WRITE,
-        ..Default::default()
-    };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
-    let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
-}
-
 /// Polls `cq` once (its device runs first), collecting (wr_id, byte_len), checking success.
 fn poll(cq: &CompletionQueue<'_, R>, into: &mut Vec<(u64, u32)>) {
     let mut wc = [WorkCompletion::default(); 4];
@@ -141,8 +128,8 @@ fn a_post_and_a_poll_do_not_wait_for_the_device_lock() {
     let qb0 = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
     let qb1 = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
     let (na, nb) = ([qa0.qp_num(), qa1.qp_num()], [qb0.qp_num(), qb1.qp_num()]);
-    let (mut qa0, mut qa1) = (up(qa0, nb[0], IP_B), up(qa1, nb[1], IP_B));
-    let (mut qb0, mut qb1) = (up(qb0, na[0], IP_A), up(qb1, na[1], IP_A));
+    let (mut qa0, mut qa1) = (rxe_rc_up(qa0, nb[0], IP_B), rxe_rc_up(qa1, nb[1], IP_B));
+    let (mut qb0, mut qb1) = (rxe_rc_up(qb0, na[0], IP_A), rxe_rc_up(qb1, na[1], IP_A));
     let sge_b = |k: u32| mb.sge(k * MSG as u32, MSG as u32).unwrap();
     // SAFETY (all posts below): the regions outlive the QPs and their completions.
     unsafe {
@@ -250,8 +237,8 @@ fn two_threads_on_two_qps_and_cqs_both_progress_and_complete_everything_once() {
     let [qa0, qa1] = qa;
     let [qb0, qb1] = qb;
     let pairs = [
-        (up(qa0, nb[0], IP_B), up(qb0, na[0], IP_A)),
-        (up(qa1, nb[1], IP_B), up(qb1, na[1], IP_A)),
+        (rxe_rc_up(qa0, nb[0], IP_B), rxe_rc_up(qb0, na[0], IP_A)),
+        (rxe_rc_up(qa1, nb[1], IP_B), rxe_rc_up(qb1, na[1], IP_A)),
     ];
     let [ma0, ma1] = ma;
     let [mb0, mb1] = mb;
@@ -336,7 +323,7 @@ fn a_full_nic_is_asked_before_a_frame_is_built() {
     let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
     let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
-    let (mut qa, mut qb) = (up(qa, nb, IP_B), up(qb, na, IP_A));
+    let (mut qa, mut qb) = (rxe_rc_up(qa, nb, IP_B), rxe_rc_up(qb, na, IP_A));
     let (sa, sb) = (
         ma.sge(0, MSG as u32).unwrap(),
         mb.sge(0, MSG as u32).unwrap(),

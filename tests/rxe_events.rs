@@ -3,31 +3,16 @@
 //! completion and none at others; an arm is used up by its event; a CQ never armed raises
 //! none; a CQ on no channel still completes (and its arm is accepted).
 
+mod common;
+mod pair;
+
 use bareverbs::Context;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
+use bareverbs_model::link::TestClock;
 use bareverbs_model::{Model, ModelConfig};
+use pair::{IP_A, IP_B, R, rxe_devices, rxe_rc_up};
 
-type R = Rxe<Model, MemLink, TestClock>;
-
-const IP_A: [u8; 4] = [10, 0, 0, 2];
-const IP_B: [u8; 4] = [10, 0, 0, 3];
 const SIG: SendFlags = SendFlags::SIGNALED;
-
-fn up<'a>(q: QueuePair<'a, R, Rc, Reset>, peer: u32, ip: [u8; 4]) -> QueuePair<'a, R, Rc, Rts> {
-    let init = ConnectedInit {
-        access: AccessFlags::LOCAL_WRITE,
-        ..Default::default()
-    };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
-    let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
-}
 
 /// Runs both devices until `cq` has a completion, and takes it.
 fn next(
@@ -51,11 +36,7 @@ fn next(
 #[test]
 fn arms_raise_one_event_each_at_the_completions_they_name() {
     let model = Model::new(ModelConfig::default());
-    let (seg, clk) = (Segment::new(), TestClock::default());
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
-    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
+    let (a, b, clk, _seg) = rxe_devices(&model);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (cha, chb) = (
         a.create_comp_channel().unwrap(),
@@ -68,8 +49,8 @@ fn arms_raise_one_event_each_at_the_completions_they_name() {
     let qa = pa.qp_builder(&ca, &plain).build::<Rc>().unwrap();
     let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
-    let mut qa = up(qa, nb, IP_B);
-    let mut qb = up(qb, na, IP_A);
+    let mut qa = rxe_rc_up(qa, nb, IP_B);
+    let mut qb = rxe_rc_up(qb, na, IP_A);
     let ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mb = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
 

@@ -3,40 +3,14 @@
 //! (`ibv_poll_cq`) and through a queue pair's own poll on the safe path; a QP's poll takes its
 //! own completions only, leaving another QP's that comes first where it is.
 
+mod common;
+mod pair;
+
 use bareverbs::Context;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
+use bareverbs_model::link::TestClock;
 use bareverbs_model::{Model, ModelConfig};
-
-type R = Rxe<Model, MemLink, TestClock>;
-
-const IP_A: [u8; 4] = [10, 0, 0, 2];
-const IP_B: [u8; 4] = [10, 0, 0, 3];
-
-fn devices() -> (Context<R>, Context<R>, TestClock, Segment) {
-    let model = Model::new(ModelConfig::default());
-    let (seg, clk) = (Segment::new(), TestClock::default());
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
-    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
-    (a, b, clk, seg)
-}
-
-fn up<'a>(q: QueuePair<'a, R, Rc, Reset>, peer: u32, ip: [u8; 4]) -> QueuePair<'a, R, Rc, Rts> {
-    let init = ConnectedInit {
-        access: AccessFlags::LOCAL_WRITE,
-        ..Default::default()
-    };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
-    let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
-}
+use pair::{IP_A, IP_B, R, rxe_devices, rxe_rc_up};
 
 fn step(clk: &TestClock, a: &Context<R>, b: &Context<R>) {
     clk.advance(100);
@@ -46,7 +20,7 @@ fn step(clk: &TestClock, a: &Context<R>, b: &Context<R>) {
 
 #[test]
 fn polls_give_back_the_room_of_the_completions_they_take() {
-    let (a, b, clk, _seg) = devices();
+    let (a, b, clk, _seg) = rxe_devices(&Model::new(ModelConfig::default()));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     // Four entries each: the traffic below is ten times that.
     let (ca, cb) = (a.create_cq(4).unwrap(), b.create_cq(4).unwrap());
@@ -55,8 +29,8 @@ fn polls_give_back_the_room_of_the_completions_they_take() {
     let qa = pa.qp_builder(&ca, &ca).pool(&pool).build::<Rc>().unwrap();
     let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
-    let mut qa = up(qa, nb, IP_B);
-    let mut qb = up(qb, na, IP_A);
+    let mut qa = rxe_rc_up(qa, nb, IP_B);
+    let mut qb = rxe_rc_up(qb, na, IP_A);
     let mb = pb.register(64, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..40u64 {
         // SAFETY: `mb` stays registered until the receive's completion, taken below.
@@ -91,7 +65,7 @@ fn polls_give_back_the_room_of_the_completions_they_take() {
 
 #[test]
 fn a_queue_pairs_poll_leaves_another_qps_completion_that_comes_first() {
-    let (a, b, clk, _seg) = devices();
+    let (a, b, clk, _seg) = rxe_devices(&Model::new(ModelConfig::default()));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
     let pool = pa.buffer_pool(4, 64).unwrap();
@@ -101,8 +75,8 @@ fn a_queue_pairs_poll_leaves_another_qps_completion_that_comes_first() {
     let r1 = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
     let r2 = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
     let (n1, n2, m1, m2) = (q1.qp_num(), q2.qp_num(), r1.qp_num(), r2.qp_num());
-    let (mut q1, mut q2) = (up(q1, m1, IP_B), up(q2, m2, IP_B));
-    let (mut r1, mut r2) = (up(r1, n1, IP_A), up(r2, n2, IP_A));
+    let (mut q1, mut q2) = (rxe_rc_up(q1, m1, IP_B), rxe_rc_up(q2, m2, IP_B));
+    let (mut r1, mut r2) = (rxe_rc_up(r1, n1, IP_A), rxe_rc_up(r2, n2, IP_A));
     let mb = pb.register(128, AccessFlags::LOCAL_WRITE).unwrap();
     // SAFETY: `mb` stays registered until the receives' completions (drained below).
     unsafe {

@@ -6,7 +6,10 @@
 use bareverbs::Context;
 use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::device::rxe::{Config, Rxe};
-use bareverbs::verbs::{AddressVector, Gid, Provider};
+use bareverbs::verbs::{
+    AccessFlags, AddressVector, ConnectedInit, ConnectedRtr, ConnectedRts, Gid, Provider,
+    QueuePair, Rc, Reset, Rts,
+};
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 
@@ -51,12 +54,7 @@ pub fn on_pvrdma<T>(cfg: ModelConfig, f: impl FnOnce(&Ends<'_, Pv>) -> T) -> T {
 /// Runs `f` on two rxe devices on one segment; then checks that every page came back.
 pub fn on_rxe<T>(f: impl FnOnce(&Ends<'_, R>) -> T) -> T {
     let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
-    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
+    let (a, b, clk, _seg) = rxe_devices(&model);
     let settle = || {
         for _ in 0..100 {
             clk.advance(100);
@@ -75,4 +73,34 @@ pub fn on_rxe<T>(f: impl FnOnce(&Ends<'_, R>) -> T) -> T {
     drop((a, b));
     assert_eq!(model.outstanding_pages(), 0, "rxe: DMA pages leaked");
     out
+}
+
+/// Two rxe devices on the model's segment, A at [`IP_A`] and B at [`IP_B`], with their clock
+/// (and the segment, which must outlive them).
+pub fn rxe_devices(model: &Model) -> (Context<R>, Context<R>, TestClock, Segment) {
+    let (seg, clk) = (Segment::new(), TestClock::default());
+    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
+    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
+    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
+    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
+    (a, b, clk, seg)
+}
+
+/// Brings an RC QP on an rxe device (local write access) to RTS towards QP `peer` at `ip`.
+pub fn rxe_rc_up<'a, P: Provider>(
+    q: QueuePair<'a, P, Rc, Reset>,
+    peer: u32,
+    ip: [u8; 4],
+) -> QueuePair<'a, P, Rc, Rts> {
+    let init = ConnectedInit {
+        access: AccessFlags::LOCAL_WRITE,
+        ..Default::default()
+    };
+    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
+    let av = AddressVector::new(Gid::from_ipv4(ip), 1);
+    let q = q
+        .rtr(&ConnectedRtr::new(peer, 0, av))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
 }

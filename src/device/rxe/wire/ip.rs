@@ -211,16 +211,12 @@ impl UdpHeader {
 mod tests {
     use super::{IPV4_LEN, header_ok, header_sum, ones_sum};
 
-    /// The straight-line header sum equals the definition, on headers of every extreme
-    /// (all zeros, all ones, carries out of every word) and on pseudo-random ones.
-    #[test]
-    fn header_sum_equals_the_definition() {
-        let mut x: u32 = 0x9E37_79B9;
-        // Version 4 throughout (the callers check it first); the rest extreme or random.
+    /// `n` version-4 headers after an all-zero and an all-ones one (version 4 too: the callers
+    /// check it first), every third mostly ones (carries out of every word), the rest
+    /// pseudo-random from `seed`.
+    fn headers(mut x: u32, n: usize) -> std::vec::Vec<[u8; IPV4_LEN]> {
         let mut headers = std::vec![[0u8; IPV4_LEN], [0xFF; IPV4_LEN]];
-        headers[0][0] = 0x40;
-        headers[1][0] = 0x4F;
-        for i in 0..2000 {
+        for i in 0..n {
             let mut h = [0u8; IPV4_LEN];
             for b in &mut h {
                 x ^= x << 13;
@@ -234,7 +230,17 @@ mod tests {
             }
             headers.push(h);
         }
-        for h in &headers {
+        for h in &mut headers {
+            h[0] = 0x40 | (h[0] & 0xF);
+        }
+        headers
+    }
+
+    /// The straight-line header sum equals the definition, on headers of every extreme
+    /// (all zeros, all ones, carries out of every word) and on pseudo-random ones.
+    #[test]
+    fn header_sum_equals_the_definition() {
+        for h in &headers(0x9E37_79B9, 2000) {
             assert_eq!(header_sum(h), reference(0, h), "{h:?}");
         }
     }
@@ -243,32 +249,16 @@ mod tests {
     /// of every extreme and on pseudo-random ones, each also with its checksum made right.
     #[test]
     fn header_check_equals_the_sum() {
-        let mut x: u32 = 0x2545_F491;
-        // Version 4 throughout (the callers check it first); the rest extreme or random.
-        let mut headers = std::vec![[0u8; IPV4_LEN], [0xFF; IPV4_LEN]];
-        headers[0][0] = 0x40;
-        headers[1][0] = 0x4F;
-        for i in 0..4000 {
-            let mut h = [0u8; IPV4_LEN];
-            for b in &mut h {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                *b = if i % 3 == 0 {
-                    0xFF ^ (x as u8 & 1)
-                } else {
-                    x as u8
-                };
-            }
-            h[0] = 0x40 | (h[0] & 0xF);
-            headers.push(h);
+        let mut all = std::vec::Vec::new();
+        for mut h in headers(0x2545_F491, 4000) {
+            all.push(h);
             h[10..12].fill(0);
             let sum = !(header_sum(&h) as u16);
             h[10..12].copy_from_slice(&sum.to_be_bytes());
-            headers.push(h);
+            all.push(h);
         }
         let mut right = 0;
-        for h in &headers {
+        for h in &all {
             let ok = reference(0, h) == 0xFFFF;
             assert_eq!(header_ok(h), ok, "{h:?}");
             right += usize::from(ok);
