@@ -379,7 +379,7 @@ impl<S: StaticHal> VirtioNet<S> {
             // The slot is idle: its buffer is the CPU's; from here the device's, until the
             // used ring gives descriptor `slot` back (`next_frame`).
             self.rxq.publish(slot as u16);
-            self.rx.hold(slot, slot as u16, BUFFER_SIZE as u16);
+            self.rx.hold(slot, BUFFER_SIZE as u16);
             posted = true;
         }
         if posted && self.rxq.wants_notify() {
@@ -464,7 +464,7 @@ impl<S: StaticHal> Link for VirtioNet<S> {
         // The slot's descriptor names its buffer; from here the device's until `reclaim`.
         self.txq.set_len(slot, len as u32);
         self.txq.publish(slot as u16);
-        self.tx.hold(slot, slot as u16, len as u16);
+        self.tx.hold(slot, len as u16);
         self.stats.transmitted += 1;
         if self.txq.wants_notify() {
             self.transport.notify(TX_QUEUE);

@@ -87,29 +87,27 @@ impl<S: StaticHal> Drop for Pages<S> {
     }
 }
 
-/// Which buffer slots the device holds: the descriptor (token) each was posted with, and the
-/// length handed over. Every operation is O(1) (a per-frame linear scan of the slots was the
-/// largest cost of the RoCE lab's READ responder: docs/measurements.md): an idle-slot bit mask,
-/// and the slot of each token (a descriptor index, below [`QUEUE_SIZE`]; a larger one, which
-/// only a device breaking the protocol reports, is looked for in turn and not found).
+/// Which buffer slots the device holds, and the length handed over with each. A slot is
+/// posted under its own number as the descriptor id (the link's queues give each buffer the
+/// descriptor of its slot), so the id the device reports back names the slot directly: every
+/// operation is O(1) (a per-frame linear scan of the slots was the largest cost of the RoCE
+/// lab's READ responder: docs/measurements.md). An id the device reports that is out of range
+/// or not held, which only a device breaking the protocol reports, is not found.
 pub(super) struct Slots<const N: usize> {
-    held: [Option<(u16, u16)>; N],
+    held: [Option<u16>; N],
     /// Bit `i` set: slot `i` is idle.
     idle: u64,
-    /// Per token below [`QUEUE_SIZE`]: the slot last held with it.
-    by_token: [u8; QUEUE_SIZE],
 }
 
 impl<const N: usize> Slots<N> {
     const ALL: u64 = if N == 64 { u64::MAX } else { (1u64 << N) - 1 };
-    const FITS: () = assert!(N >= 1 && N <= 64 && N <= u8::MAX as usize);
+    const FITS: () = assert!(N >= 1 && N <= 64 && N <= QUEUE_SIZE);
 
     pub(super) fn new() -> Self {
         let () = Self::FITS;
         Slots {
             held: [None; N],
             idle: Self::ALL,
-            by_token: [0; QUEUE_SIZE],
         }
     }
 
@@ -118,25 +116,18 @@ impl<const N: usize> Slots<N> {
         (self.idle != 0).then(|| self.idle.trailing_zeros() as usize)
     }
 
-    pub(super) fn hold(&mut self, slot: usize, token: u16, len: u16) {
-        self.held[slot] = Some((token, len));
+    /// Slot `slot` handed to the device (under descriptor id `slot`) with `len` bytes.
+    pub(super) fn hold(&mut self, slot: usize, len: u16) {
+        self.held[slot] = Some(len);
         self.idle &= !(1u64 << slot);
-        if let Some(s) = self.by_token.get_mut(usize::from(token)) {
-            *s = slot as u8;
-        }
     }
 
-    /// The slot posted with `token` (a value the device reports: unknown ones give `None`),
-    /// and its length.
-    pub(super) fn find(&self, token: u16) -> Option<(usize, usize)> {
-        let is = |i: usize| match self.held.get(i) {
-            Some(Some((t, len))) if *t == token => Some((i, usize::from(*len))),
-            _ => None,
-        };
-        match self.by_token.get(usize::from(token)) {
-            Some(&slot) => is(usize::from(slot)),
-            None => (0..N).find_map(is),
-        }
+    /// The slot the device names by descriptor `id` (a value the device reports: one out of
+    /// range or not held gives `None`), and its length.
+    pub(super) fn find(&self, id: u16) -> Option<(usize, usize)> {
+        let slot = usize::from(id);
+        let len = (*self.held.get(slot)?)?;
+        Some((slot, usize::from(len)))
     }
 
     pub(super) fn release(&mut self, slot: usize) {
@@ -156,49 +147,43 @@ mod tests {
     use crate::virtio_net::RX_BUFFERS;
 
     #[test]
-    fn slots_track_tokens() {
+    fn slots_answer_the_ids_they_hold() {
         let mut s = Slots::<3>::new();
         assert_eq!(s.idle(), Some(0));
-        s.hold(0, 7, 100);
-        s.hold(1, 2, 60);
+        s.hold(0, 100);
+        s.hold(1, 60);
         assert_eq!(s.idle(), Some(2));
         assert_eq!(s.held(), 2);
-        assert_eq!(s.find(2), Some((1, 60)));
-        assert_eq!(s.find(7), Some((0, 100)));
-        assert_eq!(s.find(3), None, "a token nobody posted");
-        s.hold(2, 3, 1);
+        assert_eq!(s.find(1), Some((1, 60)));
+        assert_eq!(s.find(0), Some((0, 100)));
+        assert_eq!(s.find(2), None, "an id nobody posted");
+        s.hold(2, 1);
         assert_eq!(s.idle(), None);
         s.release(0);
         assert_eq!(s.idle(), Some(0));
-        assert_eq!(
-            s.find(7),
-            None,
-            "a released slot no longer answers its token"
-        );
+        assert_eq!(s.find(0), None, "a released slot no longer answers its id");
         assert_eq!(s.held(), 2);
     }
 
     #[test]
-    fn slots_reuse_tokens_and_refuse_stale_ones() {
+    fn slots_are_reused_lowest_first_and_refuse_ids_out_of_range() {
         let mut s = Slots::<RX_BUFFERS>::new();
         for i in 0..RX_BUFFERS {
             assert_eq!(s.idle(), Some(i));
-            s.hold(i, i as u16, 1);
+            s.hold(i, 1);
         }
         assert_eq!(s.idle(), None);
         assert_eq!(s.held(), RX_BUFFERS);
-        // The device hands buffers back out of order; virtio-drivers reuses their tokens.
+        // The device hands buffers back out of order.
         s.release(5);
         s.release(2);
         assert_eq!(s.idle(), Some(2), "the lowest idle slot first");
-        s.hold(2, 5, 9);
-        assert_eq!(s.find(5), Some((2, 9)), "token 5 now names slot 2");
-        assert_eq!(s.find(2), None, "slot 2's old token is stale");
+        s.hold(2, 9);
+        assert_eq!(s.find(2), Some((2, 9)));
+        assert_eq!(s.find(5), None, "slot 5 is idle");
         assert_eq!(s.idle(), Some(5));
-        assert_eq!(s.find(u16::MAX), None, "a token beyond the queue");
-        let mut t = Slots::<2>::new();
-        t.hold(1, 1000, 3);
-        assert_eq!(t.find(1000), Some((1, 3)), "a token beyond the queue, held");
+        assert_eq!(s.find(RX_BUFFERS as u16), None, "an id past the slots");
+        assert_eq!(s.find(u16::MAX), None, "an id beyond the queue");
     }
 
     #[test]
