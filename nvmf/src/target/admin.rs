@@ -24,7 +24,7 @@ pub const DISCOVERY_KATO_MS: u32 = 120_000;
 
 /// The keep-alive timeout granted for `asked` ms (a Connect's KATO, or Set Features'): none
 /// asked, the default (`discovery`: [`DISCOVERY_KATO_MS`]); else the value rounded up to the
-/// granularity reported (KAS, 100 ms); never more than the maximum, never 0.
+/// granularity reported (KAS: 1 s); never more than the maximum, never 0.
 pub(super) fn grant_kato(cfg: &TargetConfig, asked: u32, discovery: bool) -> u32 {
     let step = u32::from(KAS) * 100;
     let want = match (asked, discovery) {
