@@ -190,7 +190,7 @@ fn connect_and_vanish(kato_ms: u32, cycles: u32) {
     let mut cma = cm(&sa, &l.clk);
     // The target's CM tracks twice as many connections as the target has queues (as the
     // appliance's): a connection whose controller expired keeps its entry while its DREQ goes
-    // unanswered (16 sends, 4.096 s apart), and new hosts need entries meanwhile.
+    // unanswered (16 sends, 6.144 s apart), and new hosts need entries meanwhile.
     let mut cmb: Cm<'_, R, TestClock, 16> =
         Cm::new(&sb.pd, &sb.mcq, l.clk.clone(), CmConfig::default()).unwrap();
     cmb.listen(None, 4420, Service::Rc).unwrap();
