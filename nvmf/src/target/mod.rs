@@ -163,7 +163,9 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     queues: [Queue<'a, P, D>; Q],
     ctrls: [Option<Ctrl>; Q],
     next_cntlid: u16,
-    /// Connections to disconnect at the next poll (the CM is at hand there).
+    /// Connections to disconnect at the end of `progress` (the CM is at hand there): the
+    /// queues it ended, each in use when it ended, so at most `Q` (a connection left out
+    /// would keep its CM entry for ever).
     dreq: [Option<ConnId>; Q],
     ip: [u8; 4],
     counts: TargetCounts,
@@ -420,7 +422,11 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         queue.opened_us = self.clock.now_us();
         queue.station = r.src_ip;
         if queue.post_all_recvs(q).is_err() {
-            self.end_queue(q, true);
+            // The CM is at hand: disconnected now, not through the table of `dreq` (which
+            // then holds only the queues `progress` ends, at most `Q` between two drains,
+            // whatever the number of requests a poll takes).
+            self.end_queue(q, false);
+            let _ = cm.disconnect(r.id);
         }
     }
 
