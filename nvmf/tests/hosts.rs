@@ -178,8 +178,8 @@ impl Link for PoolLink {
 type V = Rxe<Model, PoolLink, TestClock>;
 type VHost<'a, 'n> = Host<'a, 'n, V, TestClock, 3, 32>;
 
-/// `cycles` hosts, each a machine of its own (its own device, MAC, QPs, CM; its address one
-/// of four, as DHCP hands them out again), each asking for keep-alive `kato_ms`, connect (an
+/// `cycles` hosts, each a machine of its own (its own device, MAC, IPv4 address, QPs, CM),
+/// each asking for keep-alive `kato_ms`, connect (an
 /// admin and two I/O queues) and vanish: their QPs, CM and device gone without a word. The
 /// target (8 queues: room for two such hosts) frees each within the keep-alive bound, so
 /// every cycle gets its controller within that bound, and afterwards another host is served.
@@ -212,7 +212,7 @@ fn connect_and_vanish(kato_ms: u32, cycles: u32) {
             link: pool[(cycle % 4) as usize].clone(),
             mac: [0x52, 0x54, 0, 1, hi, lo],
         };
-        let ip = [10, 1, 0, 1 + (cycle % 4) as u8];
+        let ip = [10, 1, hi, lo];
         let ctx = bareverbs::Context::new(
             V::new(l.model.clone(), nic, l.clk.clone(), Config { ip }).unwrap(),
         );
