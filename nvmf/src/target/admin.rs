@@ -5,10 +5,12 @@
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
 
-use super::ctrl::{Ctrl, Which};
-use super::exec::Dir;
+use super::ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
+use super::exec::{Dir, Fail};
 use super::{ADMIN_DEPTH, AER_HELD, Subsystem, Target, TargetConfig};
-use crate::wire::fabrics::{CNTLID_DYNAMIC, Connect, ConnectData, DISCOVERY_NQN, Property};
+use crate::wire::fabrics::{
+    CNTLID_DYNAMIC, Connect, ConnectData, DISCOVERY_NQN, Nqn, Property, invalid,
+};
 use crate::wire::identify::{self, IDENTIFY_LEN, IdCtrl, IdNs, cns, cntrltype, discovery};
 use crate::wire::{Sqe, Status, fctype, feature, le16, log, opcode, prop};
 
@@ -16,8 +18,22 @@ use crate::wire::{Sqe, Status, fctype, feature, le16, log, opcode, prop};
 pub const VERSION: u32 = 0x0001_0300;
 /// Keep-alive granularity reported (100 ms units).
 const KAS: u16 = 10;
-/// Keep-alive timeout of a discovery controller whose Connect asked for none (ms).
+/// Keep-alive timeout of a discovery controller whose Connect asked for none (ms; at most
+/// [`TargetConfig::max_kato_ms`]).
 pub const DISCOVERY_KATO_MS: u32 = 120_000;
+
+/// The keep-alive timeout granted for `asked` ms (a Connect's KATO, or Set Features'): none
+/// asked, the default (`discovery`: [`DISCOVERY_KATO_MS`]); else the value rounded up to the
+/// granularity reported (KAS: 1 s); never more than the maximum, never 0.
+pub(super) fn grant_kato(cfg: &TargetConfig, asked: u32, discovery: bool) -> u32 {
+    let step = u32::from(KAS) * 100;
+    let want = match (asked, discovery) {
+        (0, true) => DISCOVERY_KATO_MS,
+        (0, false) => cfg.default_kato_ms,
+        (k, _) => k.div_ceil(step).saturating_mul(step),
+    };
+    want.min(cfg.max_kato_ms).max(1)
+}
 /// Highest controller ID handed out (the range above is reserved).
 const CNTLID_MAX: u16 = 0xFFEF;
 
@@ -153,6 +169,7 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 cntrltype: cntrltype::IO,
                 acl: 3,
                 aerl: AER_HELD - 1,
+                elpe: (ERROR_LOG_ENTRIES - 1) as u8,
                 kas: KAS,
                 maxcmd: cx.cfg.io_depth,
                 nn,
@@ -237,15 +254,42 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
     buf.fill(0);
     match (cx.ctrl.which, lid) {
         (Which::Discovery, log::DISCOVERY) => discovery_log(cx, lpo, buf),
-        (Which::Nvm(_), log::SMART | log::ERROR) => {
-            let size = if lid == log::SMART { 512 } else { 64 };
-            if lpo > size {
-                return Err(Status::INVALID_FIELD);
-            }
-            Ok(0)
+        (Which::Nvm(_), log::SMART) => {
+            // All zeroes but the number of error log entries over the controller's life.
+            let mut page = [0u8; 512];
+            let n = log::SMART_ERROR_ENTRIES;
+            page[n..n + 8].copy_from_slice(&cx.ctrl.errors.count().to_le_bytes());
+            copy_from(&page, lpo, buf)
         }
+        (Which::Nvm(_), log::ERROR) => error_log(&cx.ctrl.errors, lpo, buf),
         _ => Err(Status::INVALID_LOG_PAGE),
     }
+}
+
+/// Bytes of `page` from `lpo` into `buf` (the rest of `buf` zero); an offset past the page is
+/// an invalid field.
+fn copy_from(page: &[u8], lpo: u64, buf: &mut [u8]) -> Result<u64, Status> {
+    let from = usize::try_from(lpo)
+        .ok()
+        .filter(|&f| f <= page.len())
+        .ok_or(Status::INVALID_FIELD)?;
+    let src = &page[from..];
+    let n = src.len().min(buf.len());
+    buf[..n].copy_from_slice(&src[..n]);
+    Ok(0)
+}
+
+/// The Error Information log from byte `lpo`: one 64-byte entry per error kept, the newest
+/// first (as nvmet orders them), then empty entries (error count 0) up to the
+/// [`ERROR_LOG_ENTRIES`] Identify Controller's ELPE announces.
+fn error_log(errors: &ErrorLog, lpo: u64, buf: &mut [u8]) -> Result<u64, Status> {
+    let mut page = [0u8; ERROR_LOG_ENTRIES * log::ERROR_ENTRY_LEN];
+    for (k, slot) in page.chunks_exact_mut(log::ERROR_ENTRY_LEN).enumerate() {
+        if let Some(e) = errors.newest(k) {
+            e.write(slot);
+        }
+    }
+    copy_from(&page, lpo, buf)
 }
 
 /// The discovery log page from byte `lpo`: the header, then one entry per subsystem this
@@ -305,8 +349,10 @@ fn set_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
             cx.ctrl.io_granted = n;
             Ok(num_queues(n))
         }
+        // The timeout asked for, within the target's bounds (Get Features tells the host
+        // what it got).
         feature::KEEP_ALIVE => {
-            cx.ctrl.kato_ms = v;
+            cx.ctrl.kato_ms = grant_kato(cx.cfg, v, cx.ctrl.which == Which::Discovery);
             Ok(0)
         }
         feature::ASYNC_EVENT => {
@@ -340,16 +386,31 @@ fn get_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
 
 impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K, Q, D> {
     /// Connect on queue `q` with its 1024 bytes of data `d`: on the admin queue a new
-    /// controller, on an I/O queue the binding to the host's controller.
-    pub(super) fn connect(&mut self, q: usize, sqe: &Sqe, d: &[u8]) -> Result<u64, Status> {
+    /// controller, on an I/O queue the binding to the host's controller. A refusal for an
+    /// invalid parameter names it in dword 0 ([`invalid`]).
+    pub(super) fn connect(&mut self, q: usize, sqe: &Sqe, d: &[u8]) -> Result<u64, Fail> {
         let c = Connect::parse(sqe);
         if c.recfmt != 0 {
-            return Err(Status::CONNECT_FORMAT);
+            return Err(Status::CONNECT_FORMAT.into());
         }
-        let data = ConnectData::parse(d).ok_or(Status::CONNECT_INVALID_PARAM)?;
+        let param = |dw0: u32| Fail {
+            status: Status::CONNECT_INVALID_PARAM,
+            dw0,
+        };
+        let data = ConnectData::parse(d).ok_or_else(|| {
+            let subnqn_ok = d.get(256..512).and_then(Nqn::from_field).is_some();
+            param(invalid::data(if subnqn_ok {
+                invalid::HOSTNQN
+            } else {
+                invalid::SUBNQN
+            }))
+        })?;
         let queue = &self.queues[q];
-        if c.qid != queue.qid || c.sqsize == 0 || c.sqsize >= queue.depth {
-            return Err(Status::CONNECT_INVALID_PARAM);
+        if c.qid != queue.qid {
+            return Err(param(invalid::sqe(invalid::QID)));
+        }
+        if c.sqsize == 0 || c.sqsize >= queue.depth {
+            return Err(param(invalid::sqe(invalid::SQSIZE)));
         }
         let which = if data.subnqn.as_str() == DISCOVERY_NQN {
             Which::Discovery
@@ -358,26 +419,33 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 .subsystems
                 .iter()
                 .position(|s| s.nqn == data.subnqn.as_str())
-                .ok_or(Status::CONNECT_INVALID_PARAM)?;
+                .ok_or(param(invalid::data(invalid::SUBNQN)))?;
             if !self.subsystems[k].allows(data.hostnqn.as_str()) {
-                return Err(Status::CONNECT_INVALID_HOST);
+                return Err(Status::CONNECT_INVALID_HOST.into());
             }
             Which::Nvm(k)
         };
         if c.qid == 0 {
             return self.new_ctrl(q, which, &c, &data);
         }
-        // An I/O queue: the controller the admin Connect made, for the same host and
-        // subsystem, with room for this queue ID.
+        // An I/O queue: the controller the admin Connect made, for the same subsystem and
+        // host (NQN and host ID), from the same station as its admin queue. Anything else is
+        // answered as a controller ID that does not exist (nvmet's answer to one): a stranger
+        // learns nothing of the controllers others have, and takes no part in them.
+        let station = queue.station;
         let idx = self
             .ctrls
             .iter()
             .position(|x| {
                 x.as_ref().is_some_and(|x| {
-                    x.cntlid == data.cntlid && x.which == which && x.hostnqn == data.hostnqn
+                    x.cntlid == data.cntlid
+                        && x.which == which
+                        && x.hostnqn == data.hostnqn
+                        && x.hostid == data.hostid
+                        && x.station == station
                 })
             })
-            .ok_or(Status::CONNECT_INVALID_PARAM)?;
+            .ok_or(param(invalid::data(invalid::CNTLID)))?;
         let ctrl = self.ctrls[idx].as_mut().ok_or(Status::INTERNAL)?;
         let limit = if ctrl.io_granted == 0 {
             self.cfg.max_io_queues
@@ -389,7 +457,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             .iter()
             .any(|o| o.in_use() && o.ctrl == Some(idx) && o.qid == c.qid);
         if which == Which::Discovery || c.qid > limit || dup {
-            return Err(Status::CONNECT_INVALID_PARAM);
+            return Err(param(invalid::sqe(invalid::QID)));
         }
         ctrl.io_queues += 1;
         self.queues[q].ctrl = Some(idx);
@@ -402,9 +470,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         which: Which,
         c: &Connect,
         data: &ConnectData,
-    ) -> Result<u64, Status> {
+    ) -> Result<u64, Fail> {
         if data.cntlid != CNTLID_DYNAMIC {
-            return Err(Status::CONNECT_INVALID_PARAM);
+            return Err(Fail {
+                status: Status::CONNECT_INVALID_PARAM,
+                dw0: invalid::data(invalid::CNTLID),
+            });
         }
         let slot = self
             .ctrls
@@ -421,17 +492,15 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         }
         self.next_cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
         // No timeout asked: the configured default for an I/O controller, two minutes for a
-        // discovery controller (nvmet's), so that one a host forgot does not stay forever.
-        let kato_ms = match (c.kato_ms, which) {
-            (0, Which::Discovery) => DISCOVERY_KATO_MS,
-            (0, Which::Nvm(_)) => self.cfg.default_kato_ms,
-            (k, _) => k,
-        };
+        // discovery controller (nvmet's); any timeout at most the configured maximum. So a
+        // controller whose host vanished never stays beyond that.
+        let kato_ms = grant_kato(&self.cfg, c.kato_ms, which == Which::Discovery);
         self.ctrls[slot] = Some(Ctrl {
             cntlid,
             which,
             hostnqn: data.hostnqn,
             hostid: data.hostid,
+            station: self.queues[q].station,
             kato_ms,
             last_us: self.clock.now_us(),
             cc: 0,
@@ -439,6 +508,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             io_queues: 0,
             aers: 0,
             aec: 0,
+            errors: ErrorLog::default(),
         });
         self.counts.controllers += 1;
         self.queues[q].ctrl = Some(slot);

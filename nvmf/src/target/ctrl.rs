@@ -1,7 +1,12 @@
 //! A controller: what one host's association with one subsystem (or the discovery
-//! subsystem) holds.
+//! subsystem) holds, and its error log.
 
 use crate::wire::fabrics::Nqn;
+use crate::wire::log::ErrorEntry;
+
+/// Error Information log entries a controller keeps (its newest errors; Identify
+/// Controller's ELPE is this less one).
+pub const ERROR_LOG_ENTRIES: usize = 8;
 
 /// Which subsystem a controller belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,6 +15,41 @@ pub enum Which {
     Discovery,
     /// NVM subsystem `k` of the target's list.
     Nvm(usize),
+}
+
+/// A controller's Error Information log: its newest [`ERROR_LOG_ENTRIES`] errors in a ring,
+/// and how many it had in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorLog {
+    ring: [ErrorEntry; ERROR_LOG_ENTRIES],
+    count: u64,
+}
+
+impl ErrorLog {
+    /// Errors logged over the controller's life.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Logs `e`, numbered one past the last (its `count` is set here); the oldest entry
+    /// makes room.
+    pub(crate) fn record(&mut self, e: ErrorEntry) {
+        self.count = self.count.saturating_add(1);
+        let at = ((self.count - 1) % ERROR_LOG_ENTRIES as u64) as usize;
+        self.ring[at] = ErrorEntry {
+            count: self.count,
+            ..e
+        };
+    }
+
+    /// The `k`-th newest entry kept (0: the newest), or `None` past those.
+    pub fn newest(&self, k: usize) -> Option<&ErrorEntry> {
+        if k >= ERROR_LOG_ENTRIES || k as u64 >= self.count {
+            return None;
+        }
+        let at = ((self.count - 1 - k as u64) % ERROR_LOG_ENTRIES as u64) as usize;
+        self.ring.get(at)
+    }
 }
 
 /// A live controller.
@@ -23,7 +63,11 @@ pub struct Ctrl {
     pub hostnqn: Nqn,
     /// The host's identifier.
     pub hostid: [u8; 16],
-    /// Keep-alive timeout (ms; 0: none).
+    /// The station its admin queue came from (the CM request's source address): its I/O
+    /// queues must come from there too.
+    pub station: [u8; 4],
+    /// Keep-alive timeout in force (ms; never 0: see
+    /// [`TargetConfig::max_kato_ms`](super::TargetConfig::max_kato_ms)).
     pub kato_ms: u32,
     /// When a command last arrived on one of its queues (µs).
     pub last_us: u64,
@@ -37,4 +81,6 @@ pub struct Ctrl {
     pub aers: u8,
     /// Asynchronous event configuration.
     pub aec: u32,
+    /// The commands it answered with an error status.
+    pub errors: ErrorLog,
 }

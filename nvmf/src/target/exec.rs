@@ -9,7 +9,48 @@ use super::ctrl::Which;
 use super::queue::{Cmd, Reply};
 use super::remote::{self, Remote};
 use super::{AER_HELD, Target, admin, io};
+use crate::wire::log::{ErrorEntry, NO_LOCATION};
 use crate::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, fctype, le16, opcode, prop};
+
+/// A command's failure: its status, and dword 0 of its response (where a Connect's invalid
+/// parameter is; 0 otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Fail {
+    pub status: Status,
+    pub dw0: u32,
+}
+
+impl From<Status> for Fail {
+    fn from(status: Status) -> Fail {
+        Fail { status, dw0: 0 }
+    }
+}
+
+/// The byte of the command a status blames (the Error Information log's parameter error
+/// location), when one field is the cause: the opcode, the namespace, the data pointer, the
+/// starting LBA, a Connect's field in the command.
+fn location(sqe: &Sqe, f: Fail) -> u16 {
+    match f.status {
+        Status::INVALID_OPCODE => 0,
+        Status::INVALID_NS => 4,
+        Status::SGL_LENGTH_INVALID
+        | Status::SGL_COUNT_INVALID
+        | Status::SGL_TYPE_INVALID
+        | Status::SGL_OFFSET_INVALID => 24,
+        Status::LBA_RANGE if is_rw(sqe) => 40,
+        Status::CONNECT_FORMAT => 40,
+        Status::CONNECT_INVALID_PARAM if f.dw0 >> 16 == 0 && f.dw0 != 0 => f.dw0 as u16,
+        _ => NO_LOCATION,
+    }
+}
+
+/// Whether `sqe` is an NVM command with a starting LBA.
+fn is_rw(sqe: &Sqe) -> bool {
+    matches!(
+        sqe.opcode(),
+        opcode::READ | opcode::WRITE | opcode::WRITE_ZEROES
+    )
+}
 
 /// Which way a command's data goes, and how much.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +80,14 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             // Shorter than an SQE: answered (with the command ID if it got that far), the
             // queue kept.
             let cid = if bytes.len() >= 4 { le16(bytes, 2) } else { 0 };
-            self.finish(q, slot, cid, Err(Status::INVALID_FIELD), None, None);
+            self.finish(
+                q,
+                slot,
+                (cid, None),
+                Err(Status::INVALID_FIELD.into()),
+                None,
+                None,
+            );
             return;
         };
         if let Some(c) = self.queues[q].ctrl
@@ -52,7 +100,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
 
     fn start(&mut self, q: usize, slot: u16, sqe: &Sqe, byte_len: u32) {
         match self.plan(q, slot, sqe, byte_len) {
-            Err(st) => self.finish(q, slot, sqe.cid(), Err(st), None, None),
+            Err(st) => self.finish(q, slot, (sqe.cid(), Some(sqe)), Err(st.into()), None, None),
             Ok(Plan::NoData) => self.execute(q, slot, sqe, None, None, None),
             Ok(Plan::InCapsule(at, len)) => self.execute(q, slot, sqe, Some((at, len)), None, None),
             Ok(Plan::FromHost(from, len)) => {
@@ -232,7 +280,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 self.queues[q].cmds[usize::from(slot)] = Cmd::Held;
                 return;
             }
-            Err(Status::AER_LIMIT)
+            Err(Status::AER_LIMIT.into())
         } else {
             let Target {
                 queues,
@@ -264,6 +312,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 }
                 Some(ctrl) => io::run(ctrl, subsystems, sqe, buf),
             }
+            .map_err(Fail::from)
         };
         // A Property Set that cleared CC.EN resets the controller (before its own answer).
         if enabled
@@ -275,7 +324,34 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         {
             self.reset_ctrl(c);
         }
-        self.finish(q, slot, sqe.cid(), res, ds, write);
+        self.finish(q, slot, (sqe.cid(), Some(sqe)), res, ds, write);
+    }
+
+    /// Logs failure `f` of command `cid` (`sqe`) on queue `q` in the error log of the queue's
+    /// controller (a queue without one, before its Connect or after a refused one, has no
+    /// log to write: nothing a stranger sends reaches another host's log).
+    fn log_error(&mut self, q: usize, cid: u16, sqe: Option<&Sqe>, f: Fail) {
+        let sqid = self.queues[q].qid;
+        let Some(ctrl) = self.queues[q].ctrl.and_then(|c| self.ctrls[c].as_mut()) else {
+            return;
+        };
+        let (location, lba, nsid) = match sqe {
+            Some(s) => (
+                location(s, f),
+                if sqid != 0 && is_rw(s) { s.slba() } else { 0 },
+                s.nsid(),
+            ),
+            None => (NO_LOCATION, 0, 0),
+        };
+        ctrl.errors.record(ErrorEntry {
+            count: 0,
+            sqid,
+            cid,
+            status: f.status,
+            location,
+            lba,
+            nsid,
+        });
     }
 
     /// Answers the asynchronous event requests queue `q` holds with `status` (their receive
@@ -289,35 +365,37 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             if !matches!(self.queues[q].cmds[usize::from(slot)], Cmd::Held) {
                 continue;
             }
-            let bytes = self.queues[q].capsule_bytes(slot, SQE_LEN as u32);
-            let cid = if bytes.len() >= 4 { le16(bytes, 2) } else { 0 };
+            let sqe = Sqe::parse(self.queues[q].capsule_bytes(slot, SQE_LEN as u32));
+            let cid = sqe.map_or(0, |s| s.cid());
             self.queues[q].cmds[usize::from(slot)] = Cmd::Idle;
-            self.finish(q, slot, cid, Err(status), None, None);
+            self.finish(q, slot, (cid, sqe.as_ref()), Err(status.into()), None, None);
             n += 1;
         }
         n
     }
 
-    /// Answers command `slot`: on success with the data write, on failure without (its data
-    /// buffer freed).
+    /// Answers command `slot` (its ID, and the command when its capsule held one): on
+    /// success with the data write, on failure without (its data buffer freed), the failure
+    /// logged in its controller's error log.
     fn finish(
         &mut self,
         q: usize,
         slot: u16,
-        cid: u16,
-        res: Result<u64, Status>,
+        (cid, sqe): (u16, Option<&Sqe>),
+        res: Result<u64, Fail>,
         ds: Option<u16>,
         write: Option<Remote>,
     ) {
         self.counts.commands += 1;
         let (result, status, data, write) = match res {
             Ok(v) => (v, Status::SUCCESS, ds, write),
-            Err(st) => {
+            Err(f) => {
                 self.counts.errors += 1;
                 if let Some(ds) = ds {
                     self.queues[q].free_data(ds);
                 }
-                (0, st, None, None)
+                self.log_error(q, cid, sqe, f);
+                (u64::from(f.dw0), f.status, None, None)
             }
         };
         let reply = Reply {

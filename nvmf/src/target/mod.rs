@@ -28,7 +28,7 @@ use bareverbs::verbs::{
 use crate::block::BlockDevice;
 use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
 
-pub use ctrl::Ctrl;
+pub use ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
 use queue::{Kind, Queue};
 pub use remote::MSDBD;
 
@@ -42,6 +42,13 @@ const ADMIN_SLOT_LEN: u32 = 4096;
 pub const AER_HELD: u8 = 4;
 /// How long an accepted queue may stay without a controller (µs).
 pub const CONNECT_WITHIN_US: u64 = 30_000_000;
+/// [`TargetConfig::default_kato_ms`]'s default: two minutes (nvmet's for a discovery
+/// controller whose host asks for none).
+pub const DEFAULT_KATO_MS: u32 = 120_000;
+/// [`TargetConfig::max_kato_ms`]'s default: two minutes. Linux's host sends Keep Alive every
+/// half of its `keep_alive_tmo` (and asks for that plus 10 s), so any `keep_alive_tmo` below
+/// 240 s keeps its controller alive here.
+pub const MAX_KATO_MS: u32 = 120_000;
 /// Completions taken per poll.
 const BUDGET: usize = 64;
 
@@ -91,8 +98,16 @@ pub struct TargetConfig {
     pub max_transfer: u32,
     /// Data buffers of `max_transfer` bytes per I/O queue (commands beyond wait for one).
     pub data_slots: u16,
-    /// Keep-alive timeout granted when a Connect asks for none (ms; 0: none).
+    /// Keep-alive timeout granted to an I/O controller whose Connect asks for none (ms,
+    /// 1..=[`max_kato_ms`](Self::max_kato_ms)). A host that asks for none sends no Keep
+    /// Alive (Linux's host with `keep_alive_tmo=0`), so its controller lasts this long after
+    /// its last command.
     pub default_kato_ms: u32,
+    /// The longest keep-alive timeout granted (ms, 1 or more): a Connect or Set Features that
+    /// asks for more gets this. A controller whose host vanished is lost at most this long
+    /// after its last command, its queues with it; Get Features (Keep Alive Timer) reports
+    /// the value in force.
+    pub max_kato_ms: u32,
 }
 
 impl Default for TargetConfig {
@@ -105,7 +120,8 @@ impl Default for TargetConfig {
             inline_data: 4096,
             max_transfer: 128 * 1024,
             data_slots: 32,
-            default_kato_ms: 0,
+            default_kato_ms: DEFAULT_KATO_MS,
+            max_kato_ms: MAX_KATO_MS,
         }
     }
 }
@@ -147,7 +163,9 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     queues: [Queue<'a, P, D>; Q],
     ctrls: [Option<Ctrl>; Q],
     next_cntlid: u16,
-    /// Connections to disconnect at the next poll (the CM is at hand there).
+    /// Connections to disconnect at the end of `progress` (the CM is at hand there): the
+    /// queues it ended, each in use when it ended, so at most `Q` (a connection left out
+    /// would keep its CM entry for ever).
     dreq: [Option<ConnId>; Q],
     ip: [u8; 4],
     counts: TargetCounts,
@@ -178,7 +196,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// # Errors
     ///
     /// [`TargetError::Config`] for a depth over `D` or below 2, a transfer size that is not a
-    /// power of two of at least 4096 bytes, no data slots, or `D` below the admin depth.
+    /// power of two of at least 4096 bytes, no data slots, `D` below the admin depth, a
+    /// keep-alive maximum of 0, or a keep-alive default of 0 or above the maximum.
     pub fn new(
         pd: &'a ProtectionDomain<'a, P>,
         cq: &'a CompletionQueue<'a, P>,
@@ -198,6 +217,12 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
         if D > usize::from(u16::MAX) || Q > 255 {
             return Err(TargetError::Config("Q or D"));
+        }
+        if cfg.max_kato_ms == 0 {
+            return Err(TargetError::Config("max_kato_ms"));
+        }
+        if cfg.default_kato_ms == 0 || cfg.default_kato_ms > cfg.max_kato_ms {
+            return Err(TargetError::Config("default_kato_ms"));
         }
         let cfg = TargetConfig {
             inline_data: cfg.inline_data & !15,
@@ -395,8 +420,13 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         let queue = &mut self.queues[q];
         queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
         queue.opened_us = self.clock.now_us();
+        queue.station = r.src_ip;
         if queue.post_all_recvs(q).is_err() {
-            self.end_queue(q, true);
+            // The CM is at hand: disconnected now, not through the table of `dreq` (which
+            // then holds only the queues `progress` ends, at most `Q` between two drains,
+            // whatever the number of requests a poll takes).
+            self.end_queue(q, false);
+            let _ = cm.disconnect(r.id);
         }
     }
 
@@ -493,8 +523,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     fn expire_keep_alive(&mut self) {
         let now = self.clock.now_us();
         for c in 0..Q {
+            // Every controller has a timeout (0 is never granted).
             let expired = self.ctrls[c].as_ref().is_some_and(|x| {
-                x.kato_ms != 0 && now.saturating_sub(x.last_us) > u64::from(x.kato_ms) * 1000
+                now.saturating_sub(x.last_us) > u64::from(x.kato_ms.max(1)) * 1000
             });
             if expired {
                 self.counts.kato_expired += 1;

@@ -95,6 +95,8 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     /// When the connection was accepted (µs): a queue without a controller long after is
     /// ended.
     pub opened_us: u64,
+    /// The station the connection came from (the CM request's source address).
+    pub station: [u8; 4],
     /// Where the search for a free response buffer starts.
     resp_cursor: u16,
     /// Some command waits for a buffer (the poll's retry pass skips the queue otherwise).
@@ -121,6 +123,7 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             slot_len: 0,
             sq_head: 0,
             opened_us: 0,
+            station: [0; 4],
             resp_cursor: 0,
             pending: false,
             cmds: [Cmd::Idle; D],

@@ -12,6 +12,34 @@ pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 /// Controller ID that asks the subsystem to allocate one (admin Connect).
 pub const CNTLID_DYNAMIC: u16 = 0xFFFF;
 
+/// Where a Connect's invalid parameter is, for dword 0 of its response with
+/// [`Status::CONNECT_INVALID_PARAM`](super::Status::CONNECT_INVALID_PARAM): the byte offset in
+/// bits 15:0 (IPO), and bit 16 (IATTR bit 0) set when that offset is in the Connect data, clear
+/// when it is in the command. Linux's host prints the field it names ("Connect Invalid Data
+/// Parameter, cntlid: 5", "Connect Invalid SQE Parameter, qid 2").
+pub mod invalid {
+    /// Dword 0 naming byte `offset` of the Connect data.
+    pub const fn data(offset: u16) -> u32 {
+        (1 << 16) | offset as u32
+    }
+    /// Dword 0 naming byte `offset` of the Connect command.
+    pub const fn sqe(offset: u16) -> u32 {
+        offset as u32
+    }
+    /// The host identifier's offset in the Connect data.
+    pub const HOSTID: u16 = 0;
+    /// The controller ID's offset in the Connect data.
+    pub const CNTLID: u16 = 16;
+    /// The subsystem NQN's offset in the Connect data.
+    pub const SUBNQN: u16 = 256;
+    /// The host NQN's offset in the Connect data.
+    pub const HOSTNQN: u16 = 512;
+    /// The queue ID's offset in the Connect command.
+    pub const QID: u16 = 42;
+    /// The submission queue size's offset in the Connect command.
+    pub const SQSIZE: u16 = 44;
+}
+
 /// The Connect command's fields (SQE bytes 40–51).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Connect {

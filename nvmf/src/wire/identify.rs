@@ -51,6 +51,8 @@ pub struct IdCtrl<'n> {
     pub aerl: u8,
     /// Log page attributes.
     pub lpa: u8,
+    /// Error Information log entries the controller keeps (0's based).
+    pub elpe: u8,
     /// Keep-alive granularity (100 ms units; 0: no keep-alive).
     pub kas: u16,
     /// Maximum outstanding commands.
@@ -97,6 +99,7 @@ impl IdCtrl<'_> {
         b[258] = self.acl;
         b[259] = self.aerl;
         b[261] = self.lpa;
+        b[262] = self.elpe;
         put16(b, 320, self.kas);
         b[512] = 0x66;
         b[513] = 0x44;

@@ -435,14 +435,78 @@ pub mod feature {
     pub const KEEP_ALIVE: u8 = 0x0F;
 }
 
-/// Log page identifiers.
+/// Log page identifiers, and the Error Information log's entry.
 pub mod log {
+    use super::{Status, le16, le32, le64, put16, put32, put64};
+
     /// Error information.
     pub const ERROR: u8 = 0x01;
     /// SMART / health information.
     pub const SMART: u8 = 0x02;
     /// Discovery.
     pub const DISCOVERY: u8 = 0x70;
+    /// Bytes of one Error Information log entry.
+    pub const ERROR_ENTRY_LEN: usize = 64;
+    /// Byte of the SMART / Health Information log where the number of Error Information log
+    /// entries over the controller's life is (16 bytes; the target writes the low 8).
+    pub const SMART_ERROR_ENTRIES: usize = 176;
+    /// Parameter Error Location when no byte of the command is to blame.
+    pub const NO_LOCATION: u16 = 0xFFFF;
+
+    /// One Error Information log entry (log identifier 01h): a command answered with an
+    /// error status.
+    ///
+    /// Layout (64 bytes, little-endian): error count (bytes 0–7; 0 marks an empty entry),
+    /// submission queue ID (8–9), command ID (10–11), status field (12–13: the CQE's status
+    /// above a phase bit, as in the CQE's last word), parameter error location (14–15: byte
+    /// in bits 7:0 and bit in 10:8 of the command, FFFFh none), LBA (16–23), namespace
+    /// (24–27), vendor-specific (28, 0); bytes 29–63 are 0 here (transport type, command set,
+    /// command-specific information and the version of the layout: version 0).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct ErrorEntry {
+        /// The controller's count of errors when this one was logged (1 for its first).
+        pub count: u64,
+        /// Submission queue ID the command came on.
+        pub sqid: u16,
+        /// The command's identifier.
+        pub cid: u16,
+        /// The status it was answered with.
+        pub status: Status,
+        /// The byte (bits 7:0) and bit (10:8) of the command at fault, or [`NO_LOCATION`].
+        pub location: u16,
+        /// The first LBA of the command (Read, Write, Write Zeroes; else 0).
+        pub lba: u64,
+        /// The command's namespace ID (0 for one that names none).
+        pub nsid: u32,
+    }
+
+    impl ErrorEntry {
+        /// Encodes into `b` (at least [`ERROR_ENTRY_LEN`] bytes; the entry's 64 overwritten).
+        pub fn write(&self, b: &mut [u8]) {
+            let b = &mut b[..ERROR_ENTRY_LEN];
+            b.fill(0);
+            put64(b, 0, self.count);
+            put16(b, 8, self.sqid);
+            put16(b, 10, self.cid);
+            put16(b, 12, self.status.0 << 1);
+            put16(b, 14, self.location);
+            put64(b, 16, self.lba);
+            put32(b, 24, self.nsid);
+        }
+        /// Decodes 64 bytes (`None` when shorter).
+        pub fn parse(b: &[u8]) -> Option<ErrorEntry> {
+            let b = b.get(..ERROR_ENTRY_LEN)?;
+            Some(ErrorEntry {
+                count: le64(b, 0),
+                sqid: le16(b, 8),
+                cid: le16(b, 10),
+                status: Status(le16(b, 12) >> 1),
+                location: le16(b, 14),
+                lba: le64(b, 16),
+                nsid: le32(b, 24),
+            })
+        }
+    }
 }
 
 #[cfg(test)]

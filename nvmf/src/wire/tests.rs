@@ -272,3 +272,40 @@ fn parsers_take_any_bytes() {
         }
     }
 }
+
+#[test]
+fn an_error_log_entry_round_trips_in_its_64_bytes() {
+    use super::log::{ERROR_ENTRY_LEN, ErrorEntry, NO_LOCATION};
+    let e = ErrorEntry {
+        count: 0x0102_0304_0506_0708,
+        sqid: 2,
+        cid: 0xBEEF,
+        status: Status::LBA_RANGE,
+        location: 40,
+        lba: 0x1122_3344_5566_7788,
+        nsid: 9,
+    };
+    let mut b = [0xEEu8; ERROR_ENTRY_LEN + 4];
+    e.write(&mut b);
+    assert_eq!(ErrorEntry::parse(&b).unwrap(), e);
+    assert_eq!(&b[0..8], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(&b[8..12], &[2, 0, 0xEF, 0xBE]);
+    // The status above the phase bit, as in a CQE: 0x4080 << 1.
+    assert_eq!(&b[12..14], &0x8100u16.to_le_bytes());
+    assert_eq!(&b[14..16], &[40, 0]);
+    assert_eq!(&b[24..28], &[9, 0, 0, 0]);
+    assert!(b[28..64].iter().all(|&x| x == 0), "the rest zero");
+    assert_eq!(&b[64..], &[0xEE; 4], "nothing past the entry");
+    assert!(ErrorEntry::parse(&b[..63]).is_none());
+    assert_eq!(NO_LOCATION, 0xFFFF);
+}
+
+#[test]
+fn a_connect_refusal_names_its_field_as_linux_reads_it() {
+    use super::fabrics::invalid;
+    // Bit 16 set: the offset is in the Connect data (Linux: "Connect Invalid Data Parameter").
+    assert_eq!(invalid::data(invalid::CNTLID), 0x1_0010);
+    assert_eq!(invalid::data(invalid::HOSTNQN), 0x1_0200);
+    // Clear: in the command ("Connect Invalid SQE Parameter, qid …").
+    assert_eq!(invalid::sqe(invalid::QID), 42);
+}
