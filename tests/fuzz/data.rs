@@ -527,9 +527,7 @@ fn churn(w: &mut World<'_>, r: &mut Rng, t: &mut Trace) {
                 // SAFETY: as above.
                 let sends: Vec<u64> = ids[n as usize..]
                     .iter()
-                    .filter(|&&id| {
-                        unsafe { b.send_to(id, SendFlags::SIGNALED, to, &[]) }.is_ok()
-                    })
+                    .filter(|&&id| unsafe { b.send_to(id, SendFlags::SIGNALED, to, &[]) }.is_ok())
                     .copied()
                     .collect();
                 b.finish();

@@ -121,7 +121,6 @@ thread_local! {
     static MODEL: Model = Model::default();
 }
 
-
 struct Owned<T> {
     ptr: NonNull<T>,
     users: u32,
@@ -389,7 +388,6 @@ fn count(r: &mut Rng, small: u32, edges: &[u32]) -> u32 {
     }
 }
 
-
 /// The fuzzer's books of one buffer pool while its QP lives: which buffers are posted (by
 /// wr_id), and how many the driver keeps after their request was flushed (a receive the
 /// device took may still be written: parked until the QP is destroyed). At every step the
@@ -472,7 +470,6 @@ impl PoolBooks {
 
 // ---------------------------------------------------------------------------------------------
 // One execution.
-
 
 /// What one execution found.
 struct Found {

@@ -463,7 +463,14 @@ impl<'c> World<'c> {
         Some((pd, scq, rcq, srq))
     }
 
-    pub(crate) fn add_users(&mut self, pd: usize, scq: usize, rcq: usize, srq: Option<usize>, d: i32) {
+    pub(crate) fn add_users(
+        &mut self,
+        pd: usize,
+        scq: usize,
+        rcq: usize,
+        srq: Option<usize>,
+        d: i32,
+    ) {
         self.use_pd(pd, d);
         self.use_cq(scq, d);
         self.use_cq(rcq, d);

@@ -372,7 +372,11 @@ impl<'c> World<'c> {
     }
 
     /// Drops everything, dependents first, each class in a random order, explicitly or not.
-    pub(crate) fn teardown(mut self, r: &mut Rng, t: &mut Trace) -> (bool, bool, Vec<String>, Vec<String>) {
+    pub(crate) fn teardown(
+        mut self,
+        r: &mut Rng,
+        t: &mut Trace,
+    ) -> (bool, bool, Vec<String>, Vec<String>) {
         note!(t, "teardown");
         if self.honest {
             self.flush_all(r, t);
