@@ -1,12 +1,17 @@
-//! Shared helpers of the firmware-style tests: a model machine and a driver brought up on it.
+//! The helpers every test binary may share, one copy each: a model machine and a driver
+//! brought up on it, an RC pair on that one device and the lab it runs in, and polling a CQ dry
+//! (on any device). Two devices on a segment are `pair`'s; CM set-ups `cm_common`'s; memory
+//! windows' `mw_common`'s.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use bareverbs::Context;
 use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
+use bareverbs::error::{Feature, Queue, Unsupported};
 use bareverbs::verbs::{
-    AccessFlags, AddressVector, ConnectedInit, ConnectedRtr, ConnectedRts, Gid, QueuePair, Rc,
-    Reset, Rts,
+    AccessFlags, AddressVector, Buf, BufferPool, CompletionQueue, ConnectedInit, ConnectedRtr,
+    ConnectedRts, Gid, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, Rc, Reset, Rts,
+    SendFlags, Sge, SharedReceiveQueue, WorkCompletion,
 };
+use bareverbs::{Context, Error};
 use bareverbs_model::{Model, ModelConfig};
 
 pub type Ctx = Context<Pvrdma<Model>>;
@@ -83,4 +88,138 @@ pub fn rc_up<'a>(
         .map_err(|(_, e)| e)
         .unwrap();
     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+}
+
+/// Everything `cq` holds now, polled a few entries at a time until a poll comes back empty
+/// (several polls, so that a test sees a poll continue where the last one stopped). Any
+/// device: the one "poll a CQ into a `Vec`" of the tests.
+pub fn drain<Pr: Provider>(cq: &CompletionQueue<'_, Pr>) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut wc = [WorkCompletion::default(); 3];
+    loop {
+        let n = cq.poll(&mut wc).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&wc[..n]);
+    }
+}
+
+/// Capacities of `send` and `recv` requests, `sge` entries each way, no inline data.
+pub fn caps(send: u32, recv: u32, sge: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        max_send_sge: sge,
+        max_recv_sge: sge,
+        max_inline_data: 0,
+    }
+}
+
+/// Local write and remote read and write: the access the loopback tests register and grant.
+pub const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// Brings two RC QPs of the model up, connected to each other over `gid` (remote read and
+/// write granted).
+pub fn connect<'a>(
+    a: QueuePair<'a, P, Rc, Reset>,
+    b: QueuePair<'a, P, Rc, Reset>,
+    gid: Gid,
+) -> (QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>) {
+    let (qa, qb) = (a.qp_num(), b.qp_num());
+    let up = |qp, peer| {
+        rc_up(
+            qp,
+            peer,
+            gid,
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
+    };
+    (up(a, qb), up(b, qa))
+}
+
+/// Two RC QPs of the model connected to each other, in RTS, on one CQ (16 WRs and 4 SGEs each
+/// way), receiving from `srq` and posting `pool`'s buffers when given.
+pub fn rc_pair<'a>(
+    pd: &'a ProtectionDomain<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+    gid: Gid,
+    srq: Option<&'a SharedReceiveQueue<'a, P>>,
+    pool: Option<&'a BufferPool<'a, P>>,
+) -> (QueuePair<'a, P, Rc, Rts>, QueuePair<'a, P, Rc, Rts>) {
+    let build = || {
+        let mut b = pd.qp_builder(cq, cq).caps(caps(16, 16, 4));
+        if let Some(s) = srq {
+            b = b.srq(s);
+        }
+        if let Some(p) = pool {
+            b = b.pool(p);
+        }
+        b.build::<Rc>().unwrap()
+    };
+    connect(build(), build(), gid)
+}
+
+/// A 4 KiB region of `pd` ([`RW`]) that starts with `bytes`.
+pub fn with_mr<'a>(pd: &'a ProtectionDomain<'a, P>, bytes: &[u8]) -> MemoryRegion<'a, P> {
+    let mut mr = pd.register(4096, RW).unwrap();
+    mr.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+    mr
+}
+
+/// A buffer of `pool` holding `bytes`.
+pub fn buf_with<'p>(pool: &'p BufferPool<'p, P>, bytes: &[u8]) -> Buf<'p, P> {
+    let mut b = pool.alloc().expect("a free buffer");
+    b.set_len(bytes.len() as u32).unwrap();
+    b.as_mut_slice().copy_from_slice(bytes);
+    b
+}
+
+/// A context on a fresh model built with `cfg` and brought up with `config`, a bound GID, a
+/// PD and a 256-entry CQ; runs `f` and tears everything down (every DMA page back, no
+/// violation).
+pub fn lab_with(
+    cfg: ModelConfig,
+    config: Config,
+    f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid),
+) {
+    let model = Model::new(cfg);
+    let ctx = Context::new(Pvrdma::probe(model.clone(), &model, config).unwrap());
+    let g = ctx.bind_gid(0, Gid::link_local_from_mac(cfg.mac)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    f(&model, &ctx, &pd, &cq, g.gid());
+    drop(cq);
+    drop(pd);
+    drop(g);
+    teardown(&model, ctx);
+}
+
+/// [`lab_with`] the default machine and [`CONFIG`].
+pub fn lab(f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid)) {
+    lab_with(ModelConfig::default(), CONFIG, f)
+}
+
+/// The error of a post the device does not support.
+pub fn unsupported(f: Feature) -> Error {
+    Error::Unsupported(Unsupported::Feature(f))
+}
+
+/// The error of a post to a full queue with `free` entries left.
+pub fn full(queue: Queue, free: u32) -> Error {
+    Error::QueueFull { queue, free }
+}
+
+/// Posts one signaled SEND of `sge` (raw) and publishes it.
+///
+/// # Safety
+///
+/// The memory `sge` names stays registered and untouched until the completion is polled.
+pub unsafe fn send1<Pr: Provider>(qp: &mut QueuePair<'_, Pr, Rc, Rts>, wr_id: u64, sge: Sge) {
+    let mut b = qp.send_batch();
+    // SAFETY: forwarded from our caller.
+    unsafe { b.send(wr_id, SendFlags::SIGNALED, &[sge]).unwrap() };
+    b.finish();
 }
