@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::rc_to_rts;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,12 +63,12 @@ fn rc_up<'a, P: Provider>(
         access: RW,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &init,
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 /// Everything one cursor poll returns; `slow`: read slowly (an application that works on each

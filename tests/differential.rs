@@ -24,6 +24,7 @@
 use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::{CapsConfig, ModelConfig};
+use common::{drain, rc_to_rts};
 use pair::{Ends, Pv, on_rxe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
@@ -120,17 +121,6 @@ fn wc(w: &WorkCompletion) -> Wc {
     (w.wr_id, w.status, w.opcode, len)
 }
 
-fn drain<P: Provider>(cq: &CompletionQueue<'_, P>, into: &mut Vec<Wc>) {
-    let mut buf = [WorkCompletion::default(); 8];
-    loop {
-        let n = cq.poll(&mut buf).unwrap();
-        if n == 0 {
-            return;
-        }
-        into.extend(buf[..n].iter().map(wc));
-    }
-}
-
 fn rc_up<'a, P: Provider>(
     qp: QueuePair<'a, P, Rc, Reset>,
     peer: u32,
@@ -142,14 +132,12 @@ fn rc_up<'a, P: Provider>(
         access,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = depth;
     rtr.min_rnr_timer = 1;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 8, 7, 0);
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 fn caps() -> QpCaps {
@@ -247,8 +235,8 @@ fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
             }
         }
         (e.settle)();
-        drain(&ca, &mut got_a);
-        drain(&cb, &mut got_b);
+        got_a.extend(drain(&ca).iter().map(wc));
+        got_b.extend(drain(&cb).iter().map(wc));
     }
     let states = (qa.query().unwrap().state, qb.query().unwrap().state);
     drop((qa, qb));
@@ -535,8 +523,8 @@ fn run_ud<P: Provider>(e: &Ends<'_, P>) -> (Vec<Wc>, Vec<Wc>) {
         sb.finish();
     }
     (e.settle)();
-    drain(&ca, &mut got_a);
-    drain(&cb, &mut got_b);
+    got_a.extend(drain(&ca).iter().map(wc));
+    got_b.extend(drain(&cb).iter().map(wc));
     (got_a, got_b)
 }
 
@@ -577,7 +565,7 @@ fn try_atomic<P: Provider>(e: &Ends<'_, P>) -> Result<Vec<Wc>, Error> {
     }
     (e.settle)();
     let mut got = Vec::new();
-    drain(&ca, &mut got);
+    got.extend(drain(&ca).iter().map(wc));
     Ok(got)
 }
 

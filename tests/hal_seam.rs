@@ -3,6 +3,7 @@
 //! region's address), `Hal::consume_barrier` between a command's acknowledgement and its
 //! payload, and cleans and invalidates memory the embedder registers zero-copy.
 mod common;
+use common::rc_to_rts;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
@@ -109,16 +110,13 @@ fn up(model: &Model) -> (Context<P>, Arc<Mutex<Seen>>) {
 }
 
 fn rts<'a>(qp: QueuePair<'a, P, Rc, Reset>, peer: u32, g: Gid) -> QueuePair<'a, P, Rc, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
     let av = AddressVector::new(g, 0);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 #[test]

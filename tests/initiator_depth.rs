@@ -11,6 +11,7 @@ use bareverbs::error::{Attr, Error, Op};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 use common::{teardown, up};
 
 type R = Rxe<Model, MemLink, TestClock>;
@@ -50,18 +51,13 @@ fn connect<'a, P: Provider>(
         access: ALL,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut av = AddressVector::new(dgid, sgid_index);
     av.hop_limit = 64;
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
     let mut rts = ConnectedRts::new(0);
     if let Some(d) = depth {
         rts.max_rd_atomic = d;
     }
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &ConnectedRtr::new(peer, 0, av), &rts)
 }
 
 fn drain<P: Provider>(tick: &mut dyn FnMut(), cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {

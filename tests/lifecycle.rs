@@ -35,19 +35,6 @@ fn once<F: Future>(f: F) -> Poll<F::Output> {
     core::pin::pin!(f).poll(&mut cx)
 }
 
-/// Everything the CQ has now.
-fn drain(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 4];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&wc[..n]);
-    }
-}
-
 /// An RC QP on `cq` (both roles), connected to itself.
 fn rc_self<'a>(
     pd: &'a ProtectionDomain<'a, P>,

@@ -531,15 +531,12 @@ fn connect<'a>(
     gid: Gid,
 ) -> QueuePair<'a, P, Rc, Rts> {
     let av = AddressVector::new(gid, 0);
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, psn, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(psn)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(peer, psn, av),
+        &ConnectedRts::new(psn),
+    )
 }
 
 #[test]

@@ -3,12 +3,15 @@
 //! peer, another traffic class and hop limit), for the requester's SENDs and the responder's
 //! ACKs. Their payload comes from the request's gather list, checked as the packet is built.
 
+mod common;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::packet::{Frame, Packet, parse};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;
@@ -88,17 +91,14 @@ fn connect<'a>(
     (qpn, at): (u32, usize),
     (tc, hops): (u8, u8),
 ) -> QueuePair<'a, R, Rc, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
     let mut av = AddressVector::new(Gid::from_ipv4(IPS[at]), 1);
     (av.traffic_class, av.hop_limit) = (tc, hops);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(qpn, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(qpn, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 /// Posts one signaled SEND of 16 bytes from `mr` and runs until `cq` has its completion.

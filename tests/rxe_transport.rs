@@ -3,11 +3,14 @@
 //! rights, alignment, no receive posted), and a lossy segment (drop, duplicate, reorder) over
 //! which every request still completes exactly once with the right bytes.
 
+mod common;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::{drain, rc_to_rts};
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;
@@ -71,17 +74,6 @@ impl Lab {
     }
 }
 
-fn drain<P: Provider>(cq: &CompletionQueue<'_, P>, into: &mut Vec<WorkCompletion>) {
-    let mut wc = [WorkCompletion::default(); 8];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return;
-        }
-        into.extend_from_slice(&wc[..n]);
-    }
-}
-
 /// Brings an RC QP to RTS towards `peer` (QPN, IP) with `mtu`.
 fn up<'a>(
     qp: QueuePair<'a, R, Rc, Reset>,
@@ -90,21 +82,17 @@ fn up<'a>(
     mtu: Mtu,
     psns: (u32, u32),
 ) -> RcQp<'a> {
-    let qp = qp
-        .init(&ConnectedInit {
-            access: ALL,
-            ..Default::default()
-        })
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let init = ConnectedInit {
+        access: ALL,
+        ..Default::default()
+    };
     let mut rtr = ConnectedRtr::new(peer, psns.1, AddressVector::new(Gid::from_ipv4(ip), 1));
     rtr.path_mtu = mtu;
     rtr.max_dest_rd_atomic = 4;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(psns.0);
     rts.max_rd_atomic = 4;
     rts.timeout = 8; // about 1 ms
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 fn caps(depth: u32) -> QpCaps {
@@ -171,8 +159,8 @@ fn every_opcode(faults: Faults, mtu: Mtu, rounds: u32) -> Lab {
             }
             assert!(
                 l.pump(50, || {
-                    drain(&ca, &mut wa);
-                    drain(&cb, &mut wb);
+                    wa.extend(drain(&ca));
+                    wb.extend(drain(&cb));
                     wa.len() == 1 && wb.len() == 1
                 }),
                 "round {i}: SEND did not complete ({wa:?} {wb:?})"
@@ -227,8 +215,8 @@ fn every_opcode(faults: Faults, mtu: Mtu, rounds: u32) -> Lab {
             let want_b = usize::from(i % 2 == 1);
             assert!(
                 l.pump(50, || {
-                    drain(&ca, &mut wa);
-                    drain(&cb, &mut wb);
+                    wa.extend(drain(&ca));
+                    wb.extend(drain(&cb));
                     wa.len() == 1 && wb.len() == want_b
                 }),
                 "round {i}: WRITE did not complete ({wa:?} {wb:?})"
@@ -266,7 +254,7 @@ fn every_opcode(faults: Faults, mtu: Mtu, rounds: u32) -> Lab {
             }
             assert!(
                 l.pump(50, || {
-                    drain(&ca, &mut wa);
+                    wa.extend(drain(&ca));
                     wa.len() == 1
                 }),
                 "round {i}: READ did not complete"
@@ -313,7 +301,7 @@ fn every_opcode(faults: Faults, mtu: Mtu, rounds: u32) -> Lab {
             }
             assert!(
                 l.pump(50, || {
-                    drain(&ca, &mut wa);
+                    wa.extend(drain(&ca));
                     wa.len() == 2
                 }),
                 "round {i}: atomics did not complete"
@@ -411,20 +399,16 @@ fn pair<'a>(
         .unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
     let bring = |qp: QueuePair<'a, R, Rc, Reset>, peer, ip, access, (sq, rq): (u32, u32)| {
-        let qp = qp
-            .init(&ConnectedInit {
-                access,
-                ..Default::default()
-            })
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let init = ConnectedInit {
+            access,
+            ..Default::default()
+        };
         let mut rtr = ConnectedRtr::new(peer, rq, AddressVector::new(Gid::from_ipv4(ip), 1));
         rtr.max_dest_rd_atomic = 1;
         rtr.min_rnr_timer = 1;
-        let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
         let mut rts = ConnectedRts::new(sq);
         (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 8, retry, rnr_retry);
-        qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+        rc_to_rts(qp, &init, &rtr, &rts)
     };
     Pair {
         qa: bring(qa, nb, IP_B, ALL, (psn_a, psn_b)),
@@ -439,7 +423,7 @@ fn wait_a(l: &Lab, p: &Pair<'_>, n: usize) -> Vec<WorkCompletion> {
     let mut got = Vec::new();
     assert!(
         l.pump(100, || {
-            drain(p.ca, &mut got);
+            got.extend(drain(p.ca));
             got.len() >= n
         }),
         "{n} completions expected, got {got:?}"
@@ -556,7 +540,7 @@ fn receiver_not_ready_waits_for_a_receive_or_fails_when_retries_run_out() {
         }
         let mut got = Vec::new();
         l.run(2000);
-        drain(p.ca, &mut got);
+        got.extend(drain(p.ca));
         assert!(
             got.is_empty(),
             "no completion while B has no receive: {got:?}"
@@ -575,7 +559,7 @@ fn receiver_not_ready_waits_for_a_receive_or_fails_when_retries_run_out() {
         let got = wait_a(&l, &p, 1);
         assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
         let mut rb = Vec::new();
-        drain(p.cb, &mut rb);
+        rb.extend(drain(p.cb));
         assert_eq!(rb.len(), 1, "received once: {rb:?}");
         assert_eq!((rb[0].wr_id, rb[0].byte_len), (7, 100));
         drop(p);
@@ -734,12 +718,12 @@ fn ud_datagrams_carry_a_grh_and_a_wrong_qkey_is_dropped() {
         }
         let (mut wa, mut wb) = (Vec::new(), Vec::new());
         assert!(l.pump(100, || {
-            drain(&ca, &mut wa);
-            drain(&cb, &mut wb);
+            wa.extend(drain(&ca));
+            wb.extend(drain(&cb));
             wa.len() == 2 && !wb.is_empty()
         }));
         l.run(2000);
-        drain(&cb, &mut wb);
+        wb.extend(drain(&cb));
         assert_eq!(
             wb.len(),
             1,
@@ -802,7 +786,7 @@ fn two_queue_pairs_of_one_device_talk_through_loopback() {
         }
         let mut got = Vec::new();
         assert!(l.pump(10, || {
-            drain(&cq, &mut got);
+            got.extend(drain(&cq));
             got.len() == 3
         }));
         got.sort_by_key(|w| w.wr_id);
@@ -886,7 +870,7 @@ fn the_safe_path_and_a_shared_receive_queue_work_over_rxe() {
                 assert_eq!(c.wc.status, WcStatus::Success);
                 got_a.push((c.wc.wr_id, c.buf.is_some()));
             }
-            drain(&cb, &mut got_b);
+            got_b.extend(drain(&cb));
             got_a.len() == 2 && got_b.len() == 2
         }));
         assert_eq!(
@@ -1017,7 +1001,7 @@ fn an_srq_below_its_limit_raises_the_async_event_once() {
         for (id, event) in [(1u64, false), (2, true), (3, false)] {
             send(&mut qa, id);
             assert!(l.pump(50, || {
-                drain(&cqs.0, &mut got);
+                got.extend(drain(&cqs.0));
                 got.len() == id as usize
             }));
             let want = event.then(|| AsyncEvent::SrqLimitReached(srq.raw().number()));
@@ -1103,7 +1087,7 @@ fn a_duplicate_atomic_is_answered_from_the_replay_cache_not_executed_again() {
         assert_eq!(rw.as_slice()[..8], 42u64.to_le_bytes(), "not added twice");
         // A took the duplicate acknowledgement for nothing: no completion, still RTS.
         let mut more = Vec::new();
-        drain(p.ca, &mut more);
+        more.extend(drain(p.ca));
         assert!(more.is_empty(), "no second completion: {more:?}");
         assert_eq!(ma.as_slice()[..8], [0; 8], "nothing written again");
         assert_eq!(p.qa.query().unwrap().state, QpState::Rts);
@@ -1271,7 +1255,7 @@ fn throttled_read_then_send<'a>(
     post_a_send(p, ma);
     let mut got = Vec::new();
     for _ in 0..400 {
-        drain(p.ca, &mut got);
+        got.extend(drain(p.ca));
         if got.len() >= 2 {
             break;
         }
@@ -1290,7 +1274,7 @@ fn an_acknowledgement_waits_behind_the_read_responses_the_nic_had_no_room_for() 
         post_b_recv(p, mb);
         let start = throttled_read_then_send(&l, p, (ma, mb), |_, _| {});
         let mut rb = Vec::new();
-        drain(p.cb, &mut rb);
+        rb.extend(drain(p.cb));
         assert_eq!(rb.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [9]);
 
         let reads = read_requests(&l, start);

@@ -6,6 +6,7 @@
 
 use bareverbs::device::pvrdma::{Config, Opcodes, Pvrdma};
 use bareverbs::error::{Feature, Queue, Unsupported};
+use bareverbs::verbs::CanRecv;
 use bareverbs::verbs::{
     AccessFlags, AddressVector, Buf, BufferPool, CompletionQueue, ConnectedInit, ConnectedRtr,
     ConnectedRts, Gid, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, Rc, Reset, Rts,
@@ -69,6 +70,20 @@ pub fn big_stack(f: impl FnOnce() + Send + 'static) {
 /// The driver on the model.
 pub type P = Pvrdma<Model>;
 
+/// Brings an RC QP from RESET through INIT, RTR and RTS with the attributes given: the one
+/// bring-up every test's RC set-up (its rights, path, depths and PSNs) goes through, on any
+/// device.
+pub fn rc_to_rts<'a, Pr: Provider>(
+    qp: QueuePair<'a, Pr, Rc, Reset>,
+    init: &ConnectedInit,
+    rtr: &ConnectedRtr,
+    rts: &ConnectedRts,
+) -> QueuePair<'a, Pr, Rc, Rts> {
+    let qp = qp.init(init).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rtr(rtr).map_err(|(_, e)| e).unwrap();
+    qp.rts(rts).map_err(|(_, e)| e).unwrap()
+}
+
 /// Brings an RC QP through INIT (with `access`), RTR to QP `peer` over the GID at index 0,
 /// and RTS, as the tests connect their pairs.
 pub fn rc_up<'a>(
@@ -81,13 +96,13 @@ pub fn rc_up<'a>(
         access,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let av = AddressVector::new(gid, 0);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &init,
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 /// Everything `cq` holds now, polled a few entries at a time until a poll comes back empty
@@ -222,4 +237,20 @@ pub unsafe fn send1<Pr: Provider>(qp: &mut QueuePair<'_, Pr, Rc, Rts>, wr_id: u6
     // SAFETY: forwarded from our caller.
     unsafe { b.send(wr_id, SendFlags::SIGNALED, &[sge]).unwrap() };
     b.finish();
+}
+
+/// Posts `n` receives (ids from `first`) of `sge` in one batch: the error of the first refused.
+pub fn recvs<Pr: Provider, S: CanRecv>(
+    q: &mut QueuePair<'_, Pr, Rc, S>,
+    first: u64,
+    n: u64,
+    sge: Sge,
+) -> Result<(), Error> {
+    let mut b = q.recv_batch();
+    for i in first..first + n {
+        // SAFETY: the callers' regions outlive the QPs of their tests.
+        unsafe { b.recv(i, &[sge]) }?;
+    }
+    b.finish();
+    Ok(())
 }

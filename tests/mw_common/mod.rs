@@ -3,6 +3,7 @@
 //! translated rdma-core cases), and waiting for completions.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use crate::common::{drain, rc_to_rts};
 use bareverbs::verbs::*;
 
 use crate::pair::{Ends, R};
@@ -27,15 +28,13 @@ fn up<'a, P: Provider>(
         access: REMOTE,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = 4;
     rtr.path_mtu = Mtu::Mtu1024; // messages of a few KiB take several packets
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = 4;
     rts.timeout = 8;
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 /// An RC pair: `a` on device A (PD `pa`, CQ `ca`), `b` on device B, connected.
@@ -60,15 +59,8 @@ pub fn pair<'p, P: Provider>(
 /// Completions of `cq` until `n` came (the devices run between polls); fewer if they do not.
 pub fn wait<P: Provider>(e: &Ends<'_, P>, cq: &Cq<'_, P>, n: usize) -> Vec<WorkCompletion> {
     let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
     for _ in 0..50 {
-        loop {
-            let k = cq.poll(&mut wc).unwrap();
-            out.extend_from_slice(&wc[..k]);
-            if k == 0 {
-                break;
-            }
-        }
+        out.extend(drain(cq));
         if out.len() >= n {
             break;
         }

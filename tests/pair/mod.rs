@@ -3,6 +3,7 @@
 //! run the same program on both.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use crate::common::rc_to_rts;
 use bareverbs::Context;
 use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::device::rxe::{Config, Rxe};
@@ -96,11 +97,11 @@ pub fn rxe_rc_up<'a, P: Provider>(
         access: AccessFlags::LOCAL_WRITE,
         ..Default::default()
     };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
     let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        q,
+        &init,
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
