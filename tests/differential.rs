@@ -24,7 +24,7 @@
 use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::{CapsConfig, ModelConfig};
-use common::{drain, rc_to_rts};
+use common::{caps, drain, rc_to_rts};
 use pair::{Ends, Pv, on_rxe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
@@ -140,16 +140,6 @@ fn rc_up<'a, P: Provider>(
     rc_to_rts(qp, &init, &rtr, &rts)
 }
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
-}
-
 /// Runs an RC scenario on `e`.
 fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
     let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
@@ -162,8 +152,12 @@ fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
         })
         .unwrap()
     });
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let mut bb = pb.qp_builder(&cb, &cb).caps(caps());
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let mut bb = pb.qp_builder(&cb, &cb).caps(caps(16, 16, 1));
     if let Some(srq) = &srq {
         bb = bb.srq(srq);
     }
@@ -487,7 +481,11 @@ fn ud<'a, P: Provider>(
     cq: &'a CompletionQueue<'a, P>,
     qkey: u32,
 ) -> QueuePair<'a, P, Ud, Rts> {
-    let q = pd.qp_builder(cq, cq).caps(caps()).build::<Ud>().unwrap();
+    let q = pd
+        .qp_builder(cq, cq)
+        .caps(caps(16, 16, 1))
+        .build::<Ud>()
+        .unwrap();
     let q = q
         .init(&DatagramInit::new(qkey))
         .map_err(|(_, e)| e)
@@ -549,8 +547,16 @@ fn ud_datagrams_complete_alike() {
 fn try_atomic<P: Provider>(e: &Ends<'_, P>) -> Result<Vec<Wc>, Error> {
     let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
     let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
     let all = RW | AccessFlags::REMOTE_ATOMIC;
     let mut qa = rc_up(qa, nb, e.to_b, all, 1);

@@ -4,17 +4,14 @@
 //! works after `ConnectedRtr::new` / `ConnectedRts::new` on both devices.
 
 mod common;
+mod pair;
 
-use bareverbs::Context;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::error::{Attr, Error, Op};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 use common::rc_to_rts;
 use common::{teardown, up};
-
-type R = Rxe<Model, MemLink, TestClock>;
+use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -25,18 +22,6 @@ const REFUSED: Error = Error::MissingAttribute {
     op: Op::PostSend,
     attr: Attr::InitiatorDepth,
 };
-
-fn rxe_pair() -> (Model, TestClock, Context<R>, Context<R>) {
-    let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let dev = |l, ip| Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap();
-    let a = Context::new(dev(la, [10, 0, 0, 2]));
-    let b = Context::new(dev(lb, [10, 0, 0, 3]));
-    (model, clk, a, b)
-}
 
 /// RESET → RTS towards `peer` (its GID `dgid`) with the step-by-step defaults, the initiator
 /// depth replaced by `depth` when given.
@@ -73,7 +58,7 @@ fn drain<P: Provider>(tick: &mut dyn FnMut(), cq: &CompletionQueue<'_, P>) -> Ve
 
 #[test]
 fn step_by_step_defaults_give_depth_one_each_way() {
-    let (_m, _clk, a, b) = rxe_pair();
+    let (_m, _clk, a, b) = rxe_pair(None);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
@@ -87,7 +72,7 @@ fn step_by_step_defaults_give_depth_one_each_way() {
 
 #[test]
 fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
-    let (_m, clk, a, b) = rxe_pair();
+    let (_m, clk, a, b) = rxe_pair(None);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();

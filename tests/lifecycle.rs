@@ -12,9 +12,7 @@ mod common;
 use core::future::Future;
 use core::task::{Context as TaskContext, Poll, Waker};
 
-use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::verbs::*;
-use bareverbs_model::{Model, ModelConfig};
 use common::*;
 
 type RcQp<'a> = QueuePair<'a, P, Rc, Rts>;
@@ -45,28 +43,6 @@ fn rc_self<'a>(
     let qp = pd.qp_builder(cq, cq).caps(c).build::<Rc>().unwrap();
     let qpn = qp.qp_num();
     rc_up(qp, qpn, gid, AccessFlags::empty())
-}
-
-/// A context on a fresh model with `cfg`, a bound GID, a PD and a 64-entry CQ; runs `f` and
-/// tears everything down.
-fn lab_with(
-    cfg: ModelConfig,
-    f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid),
-) {
-    let model = Model::new(cfg);
-    let ctx = bareverbs::Context::new(Pvrdma::probe(model.clone(), &model, CONFIG).unwrap());
-    let g = ctx.bind_gid(0, Gid::link_local_from_mac(cfg.mac)).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    f(&model, &ctx, &pd, &cq, g.gid());
-    drop(cq);
-    drop(pd);
-    drop(g);
-    teardown(&model, ctx);
-}
-
-fn lab(f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid)) {
-    lab_with(ModelConfig::default(), f)
 }
 
 // ---------------------------------------------------------------------------------------------

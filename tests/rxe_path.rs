@@ -11,6 +11,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::caps;
 use common::rc_to_rts;
 
 type R = Rxe<Model, MemLink, TestClock>;
@@ -71,16 +72,6 @@ impl Lab {
                 }
             })
             .collect()
-    }
-}
-
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
     }
 }
 
@@ -157,7 +148,7 @@ fn a_new_path_after_a_modify_is_the_one_the_frames_take() {
     let cqs: Vec<_> = l.ctx.iter().map(|c| c.create_cq(8).unwrap()).collect();
     let qps: Vec<_> = (0..3)
         .map(|i| {
-            let b = pds[i].qp_builder(&cqs[i], &cqs[i]).caps(caps());
+            let b = pds[i].qp_builder(&cqs[i], &cqs[i]).caps(caps(4, 4, 1));
             b.build::<Rc>().unwrap()
         })
         .collect();
@@ -206,8 +197,8 @@ fn a_gather_entry_is_read_where_it_points_and_refused_past_its_region() {
     let l = lab();
     let pds: Vec<_> = l.ctx[..2].iter().map(|c| c.alloc_pd().unwrap()).collect();
     let cqs: Vec<_> = l.ctx[..2].iter().map(|c| c.create_cq(8).unwrap()).collect();
-    let qa = pds[0].qp_builder(&cqs[0], &cqs[0]).caps(caps());
-    let qb = pds[1].qp_builder(&cqs[1], &cqs[1]).caps(caps());
+    let qa = pds[0].qp_builder(&cqs[0], &cqs[0]).caps(caps(4, 4, 1));
+    let qb = pds[1].qp_builder(&cqs[1], &cqs[1]).caps(caps(4, 4, 1));
     let (qa, qb) = (qa.build::<Rc>().unwrap(), qb.build::<Rc>().unwrap());
     let (na, nb) = (qa.qp_num(), qb.qp_num());
     let mut qa = connect(qa, (nb, 1), (0, 64));
