@@ -6,7 +6,7 @@ mod common;
 mod pair;
 
 use bareverbs::verbs::*;
-use common::caps;
+use common::{caps, poll_until};
 use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -18,15 +18,9 @@ fn wait<P: Provider>(
     cq: &CompletionQueue<'_, P>,
     n: usize,
 ) -> Vec<WorkCompletion> {
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 4];
-    for _ in 0..10_000 {
-        tick();
-        let k = cq.poll(&mut wc).unwrap();
-        got.extend_from_slice(&wc[..k]);
-        if got.len() >= n {
-            return got;
-        }
+    let got = poll_until(tick, cq, n, 10_000);
+    if got.len() >= n {
+        return got;
     }
     panic!("{} of {n} completions: {got:?}", got.len());
 }

@@ -10,7 +10,7 @@ use bareverbs::error::{Attr, Error, Op};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelConfig};
 use common::rc_to_rts;
-use common::{teardown, up};
+use common::{poll_until, teardown, up};
 use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -43,17 +43,6 @@ fn connect<'a, P: Provider>(
         rts.max_rd_atomic = d;
     }
     rc_to_rts(qp, &init, &ConnectedRtr::new(peer, 0, av), &rts)
-}
-
-fn drain<P: Provider>(tick: &mut dyn FnMut(), cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    for _ in 0..2_000 {
-        tick();
-        let k = cq.poll(&mut wc).unwrap();
-        got.extend_from_slice(&wc[..k]);
-    }
-    got
 }
 
 #[test]
@@ -111,7 +100,7 @@ fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
         b.process_events();
     };
     assert!(
-        drain(tick, &ca).is_empty(),
+        poll_until(tick, &ca, usize::MAX, 2_000).is_empty(),
         "a refused request posted something"
     );
     assert_eq!(
@@ -128,7 +117,7 @@ fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
     unsafe {
         qb.post_send_raw_read(7, (lw.addr(), lw.rkey()), &[back.sge(0, 4).unwrap()]);
     }
-    let got = drain(tick, &cb);
+    let got = poll_until(tick, &cb, usize::MAX, 2_000);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].status, WcStatus::Success);
     assert_eq!(&back.as_slice()[..4], b"data");
@@ -191,7 +180,7 @@ fn pvrdma_refuses_a_read_on_a_depth_zero_qp_as_the_device_applied_it() {
             batch.finish();
             r
         };
-        let got = drain(&mut || {}, &cq);
+        let got = poll_until(&mut || {}, &cq, usize::MAX, 2_000);
         if refused {
             assert_eq!(r, Err(REFUSED), "caps {rd_atom:?}, depth {depth:?}");
             assert!(got.is_empty(), "{got:?}");

@@ -120,6 +120,25 @@ pub fn drain<Pr: Provider>(cq: &CompletionQueue<'_, Pr>) -> Vec<WorkCompletion> 
     }
 }
 
+/// Completions of `cq` until `n` came, `tick` (the devices' time and work) run between polls,
+/// for `rounds` rounds at most: fewer when they do not come (`usize::MAX`: all that came).
+pub fn poll_until<Pr: Provider>(
+    tick: &mut dyn FnMut(),
+    cq: &CompletionQueue<'_, Pr>,
+    n: usize,
+    rounds: usize,
+) -> Vec<WorkCompletion> {
+    let mut got = drain(cq);
+    for _ in 0..rounds {
+        if got.len() >= n {
+            break;
+        }
+        tick();
+        got.extend(drain(cq));
+    }
+    got
+}
+
 /// Capacities of `send` and `recv` requests, `sge` entries each way, no inline data.
 pub fn caps(send: u32, recv: u32, sge: u32) -> QpCaps {
     QpCaps {

@@ -3,7 +3,7 @@
 //! translated rdma-core cases), and waiting for completions.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use crate::common::{drain, rc_to_rts};
+use crate::common::{poll_until, rc_to_rts};
 use bareverbs::verbs::*;
 
 use crate::pair::{Ends, R};
@@ -58,15 +58,7 @@ pub fn pair<'p, P: Provider>(
 
 /// Completions of `cq` until `n` came (the devices run between polls); fewer if they do not.
 pub fn wait<P: Provider>(e: &Ends<'_, P>, cq: &Cq<'_, P>, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    for _ in 0..50 {
-        out.extend(drain(cq));
-        if out.len() >= n {
-            break;
-        }
-        (e.settle)();
-    }
-    out
+    poll_until(&mut || (e.settle)(), cq, n, 50)
 }
 
 /// Everything `cq` has after the devices settled.
