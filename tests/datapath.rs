@@ -19,10 +19,6 @@ type P = Pvrdma<Model>;
 type RcQp<'a> = QueuePair<'a, P, Rc, Rts>;
 type UdQp<'a> = QueuePair<'a, P, Ud, Rts>;
 
-fn invalid(param: Param, value: u64, max: u64) -> Error {
-    Error::InvalidInput { param, value, max }
-}
-
 #[test]
 fn rc_send_recv_moves_bytes_and_hands_buffers_back() {
     lab(|model, _ctx, pd, cq, gid| {

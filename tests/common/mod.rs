@@ -236,6 +236,11 @@ pub fn lab(f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQue
     lab_with(ModelConfig::default(), CONFIG, f)
 }
 
+/// The error of an argument `param` of `value`, above `max`.
+pub fn invalid(param: bareverbs::error::Param, value: u64, max: u64) -> Error {
+    Error::InvalidInput { param, value, max }
+}
+
 /// The error of a post the device does not support.
 pub fn unsupported(f: Feature) -> Error {
     Error::Unsupported(Unsupported::Feature(f))
@@ -272,4 +277,36 @@ pub fn recvs<Pr: Provider, S: CanRecv>(
     }
     b.finish();
     Ok(())
+}
+
+/// The CQ entries the live QPs completing to `cq` hold, read off the receives a new QP
+/// receiving there can post before the CQ is full (a QP is never refused for its CQ's room:
+/// its requests are).
+pub fn reserved(
+    pd: &ProtectionDomain<'_, P>,
+    cq: &CompletionQueue<'_, P>,
+    other: &CompletionQueue<'_, P>,
+) -> u32 {
+    let whole = caps(1, cq.entries(), 1);
+    let qp = pd.qp_builder(other, cq).caps(whole).build::<Rc>().unwrap();
+    let mut qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 64).unwrap()];
+    let mut n = 0;
+    while n < cq.entries() {
+        // SAFETY: the region outlives the QP (dropped first, below).
+        match unsafe { qp.post_recv_raw(u64::from(n), &sge) } {
+            Ok(()) => n += 1,
+            Err(Error::QueueFull {
+                queue: bareverbs::error::Queue::Cq,
+                ..
+            }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drop(qp);
+    cq.entries() - n
 }
