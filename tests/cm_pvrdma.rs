@@ -12,8 +12,7 @@ use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::verbs::*;
 use bareverbs_model::link::TestClock;
 use bareverbs_model::{Model, ModelConfig, Mux};
-use common::caps;
-use common::up;
+use common::{caps, up};
 
 type P = Pvrdma<Model>;
 type TestCm<'a> = Cm<'a, P, TestClock, 8>;

@@ -5,7 +5,6 @@
 
 mod common;
 
-use common::rc_to_rts;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +15,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 
 const DEPTH: u32 = 16;
 /// RDMA WRITEs per thread.

@@ -3,7 +3,6 @@
 //! region's address), `Hal::consume_barrier` between a command's acknowledgement and its
 //! payload, and cleans and invalidates memory the embedder registers zero-copy.
 mod common;
-use common::rc_to_rts;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +12,7 @@ use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::hal::{DmaBlock, DmaError, Hal, Mmio};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelMmio};
-use common::{CONFIG, model};
+use common::{CONFIG, model, rc_to_rts};
 
 /// What the checking HAL saw.
 #[derive(Debug, Default)]

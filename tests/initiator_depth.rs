@@ -9,8 +9,7 @@ mod pair;
 use bareverbs::error::{Attr, Error, Op};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelConfig};
-use common::rc_to_rts;
-use common::{poll_until, teardown, up};
+use common::{poll_until, rc_to_rts, teardown, up};
 use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE

@@ -11,8 +11,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-use common::caps;
-use common::rc_to_rts;
+use common::{caps, rc_to_rts};
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;

@@ -8,7 +8,6 @@
 
 mod common;
 
-use common::{drain, rc_to_rts};
 use std::collections::BTreeMap;
 
 use bareverbs::Context;
@@ -20,6 +19,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::{drain, rc_to_rts};
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;

@@ -3,9 +3,9 @@
 //! translated rdma-core cases), and waiting for completions.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use crate::common::{poll_until, rc_to_rts};
 use bareverbs::verbs::*;
 
+use crate::common::{poll_until, rc_to_rts};
 use crate::pair::{Ends, R};
 
 pub type RcQp<'a, P = R> = QueuePair<'a, P, Rc, Rts>;

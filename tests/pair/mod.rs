@@ -3,7 +3,6 @@
 //! run the same program on both.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use crate::common::rc_to_rts;
 use bareverbs::Context;
 use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::device::rxe::{Config, Rxe};
@@ -13,6 +12,8 @@ use bareverbs::verbs::{
 };
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+
+use crate::common::rc_to_rts;
 
 /// The software RoCE device on the model's segment.
 pub type R = Rxe<Model, MemLink, TestClock>;
