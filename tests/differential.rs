@@ -24,7 +24,7 @@
 use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::{CapsConfig, ModelConfig};
-use common::{caps, drain, rc_to_rts};
+use common::{caps, drain, rc_to_rts, ud_to_rts};
 use pair::{Ends, Pv, on_rxe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
@@ -486,14 +486,7 @@ fn ud<'a, P: Provider>(
         .caps(caps(16, 16, 1))
         .build::<Ud>()
         .unwrap();
-    let q = q
-        .init(&DatagramInit::new(qkey))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
-    q.rts(&DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
-        .unwrap()
+    ud_to_rts(q, qkey)
 }
 
 /// A UD scenario: a datagram delivered, one with no receive posted, one with the wrong

@@ -17,16 +17,6 @@ use common::*;
 
 type RcQp<'a> = QueuePair<'a, P, Rc, Rts>;
 
-fn caps(send: u32, recv: u32, sge: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        max_send_sge: sge,
-        max_recv_sge: sge,
-        max_inline_data: 0,
-    }
-}
-
 /// Polls `f` once with a waker that does nothing.
 fn once<F: Future>(f: F) -> Poll<F::Output> {
     let mut cx = TaskContext::from_waker(Waker::noop());

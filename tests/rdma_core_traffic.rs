@@ -23,7 +23,7 @@ mod pair;
 use bareverbs::error::{Error, ErrorKind, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::ModelConfig;
-use common::rc_to_rts;
+use common::{rc_to_rts, ud_to_rts};
 use pair::{Ends, on_pvrdma, on_rxe};
 
 const NUM_MSGS: u32 = 1000;
@@ -380,14 +380,7 @@ fn ud_qp<'a, P: Provider>(
         .caps(QPEX_CAPS)
         .build::<Ud>()
         .map_err(|e| refused(&e))?;
-    let q = q
-        .init(&DatagramInit::new(UD_QKEY))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
-    Ok(q.rts(&DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
-        .unwrap())
+    Ok(ud_to_rts(q, UD_QKEY))
 }
 
 /// `full_rq_bad_flow`: posting `max_recv_wr` + 1 receives fails (ENOMEM).

@@ -84,6 +84,22 @@ pub fn rc_to_rts<'a, Pr: Provider>(
     qp.rts(rts).map_err(|(_, e)| e).unwrap()
 }
 
+/// Brings a UD QP from RESET through INIT (Q_Key `qkey`), RTR and RTS (send PSN 0), on any
+/// device.
+pub fn ud_to_rts<'a, Pr: Provider>(
+    qp: QueuePair<'a, Pr, bareverbs::verbs::Ud, Reset>,
+    qkey: u32,
+) -> QueuePair<'a, Pr, bareverbs::verbs::Ud, Rts> {
+    let qp = qp
+        .init(&bareverbs::verbs::DatagramInit::new(qkey))
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let qp = qp.rtr(&()).map_err(|(_, e)| e).unwrap();
+    qp.rts(&bareverbs::verbs::DatagramRts { sq_psn: 0 })
+        .map_err(|(_, e)| e)
+        .unwrap()
+}
+
 /// Brings an RC QP through INIT (with `access`), RTR to QP `peer` over the GID at index 0,
 /// and RTS, as the tests connect their pairs.
 pub fn rc_up<'a>(

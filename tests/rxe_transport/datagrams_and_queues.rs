@@ -73,14 +73,7 @@ fn ud_up<'a>(
     cq: &'a CompletionQueue<'a, R>,
 ) -> QueuePair<'a, R, Ud, Rts> {
     let q = pd.qp_builder(cq, cq).caps(caps(8)).build::<Ud>().unwrap();
-    let q = q
-        .init(&DatagramInit::new(0x1111_1111))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
-    q.rts(&DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
-        .unwrap()
+    ud_to_rts(q, 0x1111_1111)
 }
 
 #[test]

@@ -11,7 +11,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-use common::{drain, rc_to_rts};
+use common::{drain, rc_to_rts, ud_to_rts};
 
 // The tests by behaviour (this file: the set-up, every opcode, a lossy segment, the errors a
 // peer reports, retries and the PSN window).
