@@ -1,5 +1,6 @@
-//! Driver bugs found by the properties, reduced to their shortest form. Each failed when found; the
-//! property run skips the steps that reach them unless `PROPS_KNOWN_BUGS` says otherwise.
+//! Driver bugs found by the properties, reduced to their shortest form. Each failed when
+//! found; the property run skips the steps that reach them unless `PROPS_KNOWN_BUGS` says
+//! otherwise.
 
 use super::*;
 
