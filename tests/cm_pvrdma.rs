@@ -12,7 +12,7 @@ use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::verbs::*;
 use bareverbs_model::link::TestClock;
 use bareverbs_model::{Model, ModelConfig, Mux};
-use common::up;
+use common::{caps, up};
 
 type P = Pvrdma<Model>;
 type TestCm<'a> = Cm<'a, P, TestClock, 8>;
@@ -49,16 +49,6 @@ fn pump<'a>(
     done(ea, eb)
 }
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
-}
-
 /// RC through the CM between two guests at `ips`, then a disconnect from the active side.
 fn rc_connect_disconnect(ips: ([u8; 4], [u8; 4])) {
     let mux = Mux::new();
@@ -80,7 +70,11 @@ fn rc_body(mux: &Mux, a: &Context<P>, b: &Context<P>, ips: ([u8; 4], [u8; 4])) {
     let mut cmb: TestCm<'_> = Cm::new(&pb, &gb, clk.clone(), CmConfig::default()).unwrap();
     assert_eq!((cma.ip(), cmb.ip()), ips);
     cmb.listen(None, 7174, Service::Rc).unwrap();
-    let qa = pa.qp_builder(&da, &da).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&da, &da)
+        .caps(caps(4, 4, 1))
+        .build::<Rc>()
+        .unwrap();
     let qa_num = qa.qp_num();
     let params = ConnectParams {
         private_data: b"over QP1 of a PVRDMA",
@@ -103,7 +97,11 @@ fn rc_body(mux: &Mux, a: &Context<P>, b: &Context<P>, ips: ([u8; 4], [u8; 4])) {
     };
     assert_eq!((req.src_ip, req.dst_ip, req.dst_port), (ips.0, ips.1, 7174));
     assert_eq!(&req.private_data.as_slice()[..20], b"over QP1 of a PVRDMA");
-    let qb = pb.qp_builder(&db, &db).caps(caps()).build::<Rc>().unwrap();
+    let qb = pb
+        .qp_builder(&db, &db)
+        .caps(caps(4, 4, 1))
+        .build::<Rc>()
+        .unwrap();
     let qb_num = qb.qp_num();
     let qb = cmb
         .accept(req.id, qb, &AcceptParams::default())
@@ -213,7 +211,11 @@ fn lonely_body(mux: &Mux, a: &Context<P>) {
     let (ga, da) = (a.create_cq(64).unwrap(), a.create_cq(16).unwrap());
     let clk = TestClock::default();
     let mut cma: TestCm<'_> = Cm::new(&pa, &ga, clk.clone(), CmConfig::default()).unwrap();
-    let qa = pa.qp_builder(&da, &da).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&da, &da)
+        .caps(caps(4, 4, 1))
+        .build::<Rc>()
+        .unwrap();
     cma.connect(qa, [10, 0, 0, 9], 7174, &ConnectParams::default())
         .map_err(|(_, e)| e)
         .unwrap();

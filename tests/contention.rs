@@ -15,6 +15,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 
 const DEPTH: u32 = 16;
 /// RDMA WRITEs per thread.
@@ -62,12 +63,12 @@ fn rc_up<'a, P: Provider>(
         access: RW,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &init,
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 /// Everything one cursor poll returns; `slow`: read slowly (an application that works on each

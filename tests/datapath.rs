@@ -19,97 +19,9 @@ type P = Pvrdma<Model>;
 type RcQp<'a> = QueuePair<'a, P, Rc, Rts>;
 type UdQp<'a> = QueuePair<'a, P, Ud, Rts>;
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
-
-fn invalid(param: Param, value: u64, max: u64) -> Error {
-    Error::InvalidInput { param, value, max }
-}
-
-fn caps(wr: u32, sge: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: wr,
-        max_recv_wr: wr,
-        max_send_sge: sge,
-        max_recv_sge: sge,
-        max_inline_data: 0,
-    }
-}
-
-/// Two RC QPs connected to each other, in RTS (16 WRs and 4 SGEs each way), receiving from
-/// `srq` and posting `pool`'s buffers when given.
-fn rc_pair<'a>(
-    pd: &'a ProtectionDomain<'a, P>,
-    cq: &'a CompletionQueue<'a, P>,
-    gid: Gid,
-    srq: Option<&'a SharedReceiveQueue<'a, P>>,
-    pool: Option<&'a BufferPool<'a, P>>,
-) -> (RcQp<'a>, RcQp<'a>) {
-    let build = || {
-        let mut b = pd.qp_builder(cq, cq).caps(caps(16, 4));
-        if let Some(s) = srq {
-            b = b.srq(s);
-        }
-        if let Some(p) = pool {
-            b = b.pool(p);
-        }
-        b.build::<Rc>().unwrap()
-    };
-    let (a, b) = (build(), build());
-    let (qa, qb) = (a.qp_num(), b.qp_num());
-    let up = |qp, peer| {
-        rc_up(
-            qp,
-            peer,
-            gid,
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        )
-    };
-    (up(a, qb), up(b, qa))
-}
-
-fn with_mr<'a>(pd: &'a ProtectionDomain<'a, P>, bytes: &[u8]) -> MemoryRegion<'a, P> {
-    let mut mr = pd.register(4096, RW).unwrap();
-    mr.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-    mr
-}
-
-/// A buffer of `pool` holding `bytes`.
-fn buf_with<'p>(pool: &'p BufferPool<'p, P>, bytes: &[u8]) -> Buf<'p, P> {
-    let mut b = pool.alloc().expect("a free buffer");
-    b.set_len(bytes.len() as u32).unwrap();
-    b.as_mut_slice().copy_from_slice(bytes);
-    b
-}
-
-fn poll_all(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut wc = [WorkCompletion::default(); 64];
-    let n = cq.poll(&mut wc).unwrap();
-    wc[..n].to_vec()
-}
-
-/// Sets up a context with a bound GID, a PD and a CQ, runs `f`, and tears everything down
-/// (every DMA page back, no violation).
-fn lab(
-    cfg: ModelConfig,
-    f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid),
-) {
-    let model = Model::new(cfg);
-    let ctx = up(&model);
-    let g = ctx.bind_gid(0, Gid::link_local_from_mac(cfg.mac)).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    f(&model, &ctx, &pd, &cq, g.gid());
-    drop(cq);
-    drop(pd);
-    drop(g);
-    teardown(&model, ctx);
-}
-
 #[test]
 fn rc_send_recv_moves_bytes_and_hands_buffers_back() {
-    lab(ModelConfig::default(), |model, _ctx, pd, cq, gid| {
+    lab(|model, _ctx, pd, cq, gid| {
         let pool = pd.buffer_pool(8, 256).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         b.post_recv(7, pool.alloc().unwrap())
@@ -188,7 +100,7 @@ fn rc_send_recv_moves_bytes_and_hands_buffers_back() {
 
 #[test]
 fn send_with_imm_delivers_the_immediate() {
-    lab(ModelConfig::default(), |_, _, pd, cq, gid| {
+    lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(4, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         b.post_recv(1, pool.alloc().unwrap())
@@ -222,7 +134,7 @@ fn send_with_imm_delivers_the_immediate() {
 
 #[test]
 fn rdma_write_read_and_write_with_imm() {
-    lab(ModelConfig::default(), |_, _, pd, cq, gid| {
+    lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(4, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         let target = pd.register(8192, RW).unwrap();
@@ -309,11 +221,11 @@ fn rdma_write_read_and_write_with_imm() {
 
 #[test]
 fn ud_sends_carry_a_grh_and_check_the_qkey() {
-    lab(ModelConfig::default(), |_, _, pd, cq, gid| {
+    lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(8, 4096).unwrap();
         let ud = || {
             pd.qp_builder(cq, cq)
-                .caps(caps(16, 2))
+                .caps(caps(16, 16, 2))
                 .pool(&pool)
                 .build::<Ud>()
                 .unwrap()
@@ -369,7 +281,7 @@ fn ud_sends_carry_a_grh_and_check_the_qkey() {
 
 #[test]
 fn an_srq_feeds_two_rc_qps() {
-    lab(ModelConfig::default(), |_, _, pd, cq, gid| {
+    lab(|_, _, pd, cq, gid| {
         let srq = pd
             .create_srq(SrqAttr {
                 max_wr: 64,
@@ -397,7 +309,7 @@ fn an_srq_feeds_two_rc_qps() {
                 .unwrap();
         }
         assert_eq!(pool.free_count(), 2);
-        let wcs = poll_all(cq);
+        let wcs = drain(cq);
         let recvs: Vec<_> = wcs.iter().filter(|w| w.opcode == WcOpcode::Recv).collect();
         assert_eq!(recvs.len(), 2);
         assert_eq!(
@@ -426,7 +338,7 @@ fn an_srq_feeds_two_rc_qps() {
 
 #[test]
 fn a_batch_is_one_doorbell_and_a_full_queue_posts_nothing() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, None);
         let rbuf = pd.register(16 * 64, RW).unwrap();
         let rsges: Vec<_> = (0..16).map(|i| rbuf.sge(i * 64, 64).unwrap()).collect();
@@ -472,7 +384,7 @@ fn a_batch_is_one_doorbell_and_a_full_queue_posts_nothing() {
             sb.finish();
         }
         assert_eq!(model.counters().0, doorbells + 2, "16 WRs, one doorbell");
-        let wcs = poll_all(cq);
+        let wcs = drain(cq);
         let sends: Vec<_> = wcs
             .iter()
             .filter(|w| w.opcode == WcOpcode::Send)
@@ -510,7 +422,7 @@ fn a_batch_is_one_doorbell_and_a_full_queue_posts_nothing() {
         }
         // No receive posted: the first send fails (the model does not retry: RNR retries
         // exhausted at once) and moves the QP to ERROR, which flushes the other 15, as rxe does.
-        let wcs = poll_all(cq);
+        let wcs = drain(cq);
         let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
         let mut want = vec![(0, WcStatus::RnrRetryExcErr)];
         want.extend((1..16).map(|i| (i, WcStatus::WrFlushErr)));
@@ -520,7 +432,7 @@ fn a_batch_is_one_doorbell_and_a_full_queue_posts_nothing() {
 
 #[test]
 fn posting_errors_are_typed_and_lose_nothing() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let pool = pd.buffer_pool(32, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         let buf = pd.register(4096, RW).unwrap();
@@ -590,7 +502,7 @@ fn posting_errors_are_typed_and_lose_nothing() {
         }
         // The failed send moves A to ERROR, as on rxe and hardware: the write behind it is
         // flushed.
-        let wcs = poll_all(cq);
+        let wcs = drain(cq);
         assert_eq!(
             wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
             [(3, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
@@ -605,7 +517,7 @@ fn posting_errors_are_typed_and_lose_nothing() {
                 .unwrap();
             sb.finish();
         }
-        let wcs = poll_all(cq);
+        let wcs = drain(cq);
         assert_eq!(
             wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
             [(2, WcStatus::RemAccessErr)]
@@ -659,15 +571,15 @@ fn posting_errors_are_typed_and_lose_nothing() {
 
 #[test]
 fn a_cq_that_would_overflow_is_refused_at_post() {
-    lab(ModelConfig::default(), |model, ctx, pd, cq, gid| {
+    lab(|model, ctx, pd, cq, gid| {
         // The send CQ holds 4 completions: a QP that can have 8 sends outstanding is made
         // (the verbs never refuse a QP for its CQ's size), and its sends take the CQ's room
         // as they are posted.
         let small = ctx.create_cq(4).unwrap();
-        let qp = pd.qp_builder(&small, cq).caps(caps(8, 1)).build::<Ud>();
+        let qp = pd.qp_builder(&small, cq).caps(caps(8, 8, 1)).build::<Ud>();
         let mut qp = qp.unwrap().ready(1, 0).map_err(|(_, e)| e).unwrap();
         // So is a second QP completing there.
-        let other = pd.qp_builder(&small, cq).caps(caps(1, 1)).build::<Ud>();
+        let other = pd.qp_builder(&small, cq).caps(caps(1, 1, 1)).build::<Ud>();
         drop(other.unwrap());
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
         let buf = pd.register(4096, RW).unwrap();
@@ -723,7 +635,7 @@ fn a_cq_that_would_overflow_is_refused_at_post() {
 
 #[test]
 fn garbage_in_the_cq_is_an_error_not_an_index() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let (mut a, _b) = rc_pair(pd, cq, gid, None, None);
         let h = cq.raw().handle();
         let qa = a.raw().handle();
@@ -815,7 +727,7 @@ fn garbage_in_the_cq_is_an_error_not_an_index() {
 
 #[test]
 fn a_refused_cqe_behind_good_ones_is_reported_by_the_next_poll() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let (mut a, _b) = rc_pair(pd, cq, gid, None, None);
         let (h, qa) = (cq.raw().handle(), a.raw().handle());
         let buf = pd.register(4096, RW).unwrap();
@@ -851,7 +763,7 @@ fn a_refused_cqe_behind_good_ones_is_reported_by_the_next_poll() {
 
 #[test]
 fn arming_raises_one_interrupt_per_arm() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let (mut a, _b) = rc_pair(pd, cq, gid, None, None);
         let src = with_mr(pd, b"x");
         cq.req_notify(false).expect("arm");
@@ -891,7 +803,7 @@ fn qemu_semantics_run_every_opcode_as_send() {
         semantics: Semantics::Qemu,
         ..Default::default()
     };
-    lab(cfg, |model, _, pd, cq, gid| {
+    lab_with(cfg, CONFIG, |model, _, pd, cq, gid| {
         let pool = pd.buffer_pool(4, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         let target = pd.register(4096, RW).unwrap();
@@ -946,7 +858,7 @@ fn qemu_semantics_run_every_opcode_as_send() {
 
 #[test]
 fn dropping_a_qp_with_posted_buffers_returns_every_page() {
-    lab(ModelConfig::default(), |model, _, pd, cq, gid| {
+    lab(|model, _, pd, cq, gid| {
         let before = model.outstanding_pages();
         {
             let pool = pd.buffer_pool(8, 4096).unwrap();

@@ -24,6 +24,7 @@
 use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::{CapsConfig, ModelConfig};
+use common::{caps, drain, rc_to_rts, ud_to_rts};
 use pair::{Ends, Pv, on_rxe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
@@ -120,17 +121,6 @@ fn wc(w: &WorkCompletion) -> Wc {
     (w.wr_id, w.status, w.opcode, len)
 }
 
-fn drain<P: Provider>(cq: &CompletionQueue<'_, P>, into: &mut Vec<Wc>) {
-    let mut buf = [WorkCompletion::default(); 8];
-    loop {
-        let n = cq.poll(&mut buf).unwrap();
-        if n == 0 {
-            return;
-        }
-        into.extend(buf[..n].iter().map(wc));
-    }
-}
-
 fn rc_up<'a, P: Provider>(
     qp: QueuePair<'a, P, Rc, Reset>,
     peer: u32,
@@ -142,24 +132,12 @@ fn rc_up<'a, P: Provider>(
         access,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = depth;
     rtr.min_rnr_timer = 1;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 8, 7, 0);
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
-}
-
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 /// Runs an RC scenario on `e`.
@@ -174,8 +152,12 @@ fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
         })
         .unwrap()
     });
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let mut bb = pb.qp_builder(&cb, &cb).caps(caps());
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let mut bb = pb.qp_builder(&cb, &cb).caps(caps(16, 16, 1));
     if let Some(srq) = &srq {
         bb = bb.srq(srq);
     }
@@ -247,8 +229,8 @@ fn run_rc<P: Provider>(e: &Ends<'_, P>, s: &Scenario) -> Outcome {
             }
         }
         (e.settle)();
-        drain(&ca, &mut got_a);
-        drain(&cb, &mut got_b);
+        got_a.extend(drain(&ca).iter().map(wc));
+        got_b.extend(drain(&cb).iter().map(wc));
     }
     let states = (qa.query().unwrap().state, qb.query().unwrap().state);
     drop((qa, qb));
@@ -499,15 +481,12 @@ fn ud<'a, P: Provider>(
     cq: &'a CompletionQueue<'a, P>,
     qkey: u32,
 ) -> QueuePair<'a, P, Ud, Rts> {
-    let q = pd.qp_builder(cq, cq).caps(caps()).build::<Ud>().unwrap();
-    let q = q
-        .init(&DatagramInit::new(qkey))
-        .map_err(|(_, e)| e)
+    let q = pd
+        .qp_builder(cq, cq)
+        .caps(caps(16, 16, 1))
+        .build::<Ud>()
         .unwrap();
-    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
-    q.rts(&DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
-        .unwrap()
+    ud_to_rts(q, qkey)
 }
 
 /// A UD scenario: a datagram delivered, one with no receive posted, one with the wrong
@@ -535,8 +514,8 @@ fn run_ud<P: Provider>(e: &Ends<'_, P>) -> (Vec<Wc>, Vec<Wc>) {
         sb.finish();
     }
     (e.settle)();
-    drain(&ca, &mut got_a);
-    drain(&cb, &mut got_b);
+    got_a.extend(drain(&ca).iter().map(wc));
+    got_b.extend(drain(&cb).iter().map(wc));
     (got_a, got_b)
 }
 
@@ -561,8 +540,16 @@ fn ud_datagrams_complete_alike() {
 fn try_atomic<P: Provider>(e: &Ends<'_, P>) -> Result<Vec<Wc>, Error> {
     let (pa, pb) = (e.a.alloc_pd().unwrap(), e.b.alloc_pd().unwrap());
     let (ca, cb) = (e.a.create_cq(64).unwrap(), e.b.create_cq(64).unwrap());
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
     let (na, nb) = (qa.qp_num(), qb.qp_num());
     let all = RW | AccessFlags::REMOTE_ATOMIC;
     let mut qa = rc_up(qa, nb, e.to_b, all, 1);
@@ -577,7 +564,7 @@ fn try_atomic<P: Provider>(e: &Ends<'_, P>) -> Result<Vec<Wc>, Error> {
     }
     (e.settle)();
     let mut got = Vec::new();
-    drain(&ca, &mut got);
+    got.extend(drain(&ca).iter().map(wc));
     Ok(got)
 }
 

@@ -1,12 +1,15 @@
 //! What the errors say: each `Display` text names what was asked, what was possible and what
 //! holds what, in prose (no `Debug` names), on the software RoCE device.
 
+mod common;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, MAX_INLINE, MAX_WR, Rxe};
 use bareverbs::error::{Error, ErrorKind, Feature, Holder, Op, Param, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 
 type R = Rxe<Model, MemLink, TestClock>;
 
@@ -26,16 +29,13 @@ fn ctx() -> Context<R> {
 /// An RC QP at RTS, connected to itself through the device's loopback.
 fn loopback(qp: QueuePair<'_, R, Rc, Reset>) -> QueuePair<'_, R, Rc, Rts> {
     let me = qp.qp_num();
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
     let av = AddressVector::new(Gid::from_ipv4([10, 0, 0, 2]), 1);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(me, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(me, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 #[test]

@@ -12,7 +12,7 @@ use bareverbs::error::{Error, Feature, Unsupported};
 use bareverbs::hal::{DmaBlock, DmaError, Hal, Mmio};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelMmio};
-use common::{CONFIG, model};
+use common::{CONFIG, model, rc_to_rts};
 
 /// What the checking HAL saw.
 #[derive(Debug, Default)]
@@ -109,16 +109,13 @@ fn up(model: &Model) -> (Context<P>, Arc<Mutex<Seen>>) {
 }
 
 fn rts<'a>(qp: QueuePair<'a, P, Rc, Reset>, peer: u32, g: Gid) -> QueuePair<'a, P, Rc, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
     let av = AddressVector::new(g, 0);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 #[test]

@@ -3,68 +3,43 @@
 //! (WRITE and READ on rxe, whose depth defaults to at least 1).
 
 mod common;
+mod pair;
 
-use bareverbs::Context;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
-use bareverbs_model::{Model, ModelConfig};
-
-type R = Rxe<Model, MemLink, TestClock>;
+use common::{caps, poll_until};
+use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
-
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
-}
-
-fn rxe_pair(seed: (u64, u64)) -> (Model, TestClock, Context<R>, Context<R>) {
-    let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let dev = |l, ip| Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap();
-    model.set_seed(seed.0);
-    let a = Context::new(dev(la, [10, 0, 0, 2]));
-    model.set_seed(seed.1);
-    let b = Context::new(dev(lb, [10, 0, 0, 3]));
-    (model, clk, a, b)
-}
 
 fn wait<P: Provider>(
     tick: &mut dyn FnMut(),
     cq: &CompletionQueue<'_, P>,
     n: usize,
 ) -> Vec<WorkCompletion> {
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 4];
-    for _ in 0..10_000 {
-        tick();
-        let k = cq.poll(&mut wc).unwrap();
-        got.extend_from_slice(&wc[..k]);
-        if got.len() >= n {
-            return got;
-        }
+    let got = poll_until(tick, cq, n, 10_000);
+    if got.len() >= n {
+        return got;
     }
     panic!("{} of {n} completions: {got:?}", got.len());
 }
 
 #[test]
 fn two_rxe_devices_connect_by_handshake_and_write_and_read() {
-    let (_model, clk, a, b) = rxe_pair((1, 2));
+    let (_model, clk, a, b) = rxe_pair(Some((1, 2)));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
     let (ea, eb) = (qa.endpoint().unwrap(), qb.endpoint().unwrap());
     // What a side channel would carry: 24 bytes each way.
     let ea = Endpoint::from_bytes(&ea.to_bytes()).unwrap();
@@ -131,7 +106,7 @@ fn two_rxe_devices_connect_by_handshake_and_write_and_read() {
 #[test]
 fn the_same_seeds_give_the_same_psns_and_other_seeds_others() {
     let psns = |seed| {
-        let (_m, _c, a, b) = rxe_pair(seed);
+        let (_m, _c, a, b) = rxe_pair(Some(seed));
         let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
         let (ca, cb) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
         let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
@@ -144,11 +119,19 @@ fn the_same_seeds_give_the_same_psns_and_other_seeds_others() {
 
 #[test]
 fn overrides_are_applied_and_a_failed_handshake_hands_the_qp_back_in_reset() {
-    let (_model, _clk, a, b) = rxe_pair((3, 4));
+    let (_model, _clk, a, b) = rxe_pair(Some((3, 4)));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Rc>().unwrap();
-    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Rc>().unwrap();
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(16, 16, 1))
+        .build::<Rc>()
+        .unwrap();
     let eb = qb.endpoint().unwrap();
     // An MTU above what the link carries: RTR fails, the QP comes back in RESET.
     let opts = Handshake {
@@ -189,11 +172,19 @@ fn overrides_are_applied_and_a_failed_handshake_hands_the_qp_back_in_reset() {
 
 #[test]
 fn a_uc_qp_connects_with_no_read_depth() {
-    let (_model, _clk, a, b) = rxe_pair((9, 10));
+    let (_model, _clk, a, b) = rxe_pair(Some((9, 10)));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Uc>().unwrap();
-    let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Uc>().unwrap();
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(16, 16, 1))
+        .build::<Uc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(16, 16, 1))
+        .build::<Uc>()
+        .unwrap();
     let eb = qb.endpoint().unwrap();
     let qa = qa.handshake(&eb).map_err(|(_, e)| e).unwrap();
     let at = qa.query().unwrap();
@@ -210,8 +201,16 @@ fn pvrdma_connects_by_handshake_with_the_depth_clamped_to_its_zero() {
         let _g = ctx.bind_gid(0, gid).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64).unwrap();
-        let qa = pd.qp_builder(&cq, &cq).caps(caps()).build::<Rc>().unwrap();
-        let qb = pd.qp_builder(&cq, &cq).caps(caps()).build::<Rc>().unwrap();
+        let qa = pd
+            .qp_builder(&cq, &cq)
+            .caps(caps(16, 16, 1))
+            .build::<Rc>()
+            .unwrap();
+        let qb = pd
+            .qp_builder(&cq, &cq)
+            .caps(caps(16, 16, 1))
+            .build::<Rc>()
+            .unwrap();
         let (ea, eb) = (qa.endpoint().unwrap(), qb.endpoint().unwrap());
         assert_eq!(ea.gid, gid);
         let mut qa = qa.handshake(&eb).map_err(|(_, e)| e).unwrap();

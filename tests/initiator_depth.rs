@@ -4,16 +4,13 @@
 //! works after `ConnectedRtr::new` / `ConnectedRts::new` on both devices.
 
 mod common;
+mod pair;
 
-use bareverbs::Context;
-use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::error::{Attr, Error, Op};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-use common::{teardown, up};
-
-type R = Rxe<Model, MemLink, TestClock>;
+use common::{poll_until, rc_to_rts, teardown, up};
+use pair::rxe_pair;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -24,18 +21,6 @@ const REFUSED: Error = Error::MissingAttribute {
     op: Op::PostSend,
     attr: Attr::InitiatorDepth,
 };
-
-fn rxe_pair() -> (Model, TestClock, Context<R>, Context<R>) {
-    let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let dev = |l, ip| Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap();
-    let a = Context::new(dev(la, [10, 0, 0, 2]));
-    let b = Context::new(dev(lb, [10, 0, 0, 3]));
-    (model, clk, a, b)
-}
 
 /// RESET → RTS towards `peer` (its GID `dgid`) with the step-by-step defaults, the initiator
 /// depth replaced by `depth` when given.
@@ -50,34 +35,18 @@ fn connect<'a, P: Provider>(
         access: ALL,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut av = AddressVector::new(dgid, sgid_index);
     av.hop_limit = 64;
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
     let mut rts = ConnectedRts::new(0);
     if let Some(d) = depth {
         rts.max_rd_atomic = d;
     }
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
-}
-
-fn drain<P: Provider>(tick: &mut dyn FnMut(), cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    for _ in 0..2_000 {
-        tick();
-        let k = cq.poll(&mut wc).unwrap();
-        got.extend_from_slice(&wc[..k]);
-    }
-    got
+    rc_to_rts(qp, &init, &ConnectedRtr::new(peer, 0, av), &rts)
 }
 
 #[test]
 fn step_by_step_defaults_give_depth_one_each_way() {
-    let (_m, _clk, a, b) = rxe_pair();
+    let (_m, _clk, a, b) = rxe_pair(None);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
@@ -91,7 +60,7 @@ fn step_by_step_defaults_give_depth_one_each_way() {
 
 #[test]
 fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
-    let (_m, clk, a, b) = rxe_pair();
+    let (_m, clk, a, b) = rxe_pair(None);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
@@ -130,7 +99,7 @@ fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
         b.process_events();
     };
     assert!(
-        drain(tick, &ca).is_empty(),
+        poll_until(tick, &ca, usize::MAX, 2_000).is_empty(),
         "a refused request posted something"
     );
     assert_eq!(
@@ -147,7 +116,7 @@ fn rxe_refuses_read_and_atomics_on_a_depth_zero_qp_and_posts_nothing() {
     unsafe {
         qb.post_send_raw_read(7, (lw.addr(), lw.rkey()), &[back.sge(0, 4).unwrap()]);
     }
-    let got = drain(tick, &cb);
+    let got = poll_until(tick, &cb, usize::MAX, 2_000);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].status, WcStatus::Success);
     assert_eq!(&back.as_slice()[..4], b"data");
@@ -210,7 +179,7 @@ fn pvrdma_refuses_a_read_on_a_depth_zero_qp_as_the_device_applied_it() {
             batch.finish();
             r
         };
-        let got = drain(&mut || {}, &cq);
+        let got = poll_until(&mut || {}, &cq, usize::MAX, 2_000);
         if refused {
             assert_eq!(r, Err(REFUSED), "caps {rd_atom:?}, depth {depth:?}");
             assert!(got.is_empty(), "{got:?}");

@@ -12,40 +12,15 @@ mod common;
 use core::future::Future;
 use core::task::{Context as TaskContext, Poll, Waker};
 
-use bareverbs::device::pvrdma::Pvrdma;
 use bareverbs::verbs::*;
-use bareverbs_model::{Model, ModelConfig};
 use common::*;
 
 type RcQp<'a> = QueuePair<'a, P, Rc, Rts>;
-
-fn caps(send: u32, recv: u32, sge: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: recv,
-        max_send_sge: sge,
-        max_recv_sge: sge,
-        max_inline_data: 0,
-    }
-}
 
 /// Polls `f` once with a waker that does nothing.
 fn once<F: Future>(f: F) -> Poll<F::Output> {
     let mut cx = TaskContext::from_waker(Waker::noop());
     core::pin::pin!(f).poll(&mut cx)
-}
-
-/// Everything the CQ has now.
-fn drain(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 4];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&wc[..n]);
-    }
 }
 
 /// An RC QP on `cq` (both roles), connected to itself.
@@ -58,28 +33,6 @@ fn rc_self<'a>(
     let qp = pd.qp_builder(cq, cq).caps(c).build::<Rc>().unwrap();
     let qpn = qp.qp_num();
     rc_up(qp, qpn, gid, AccessFlags::empty())
-}
-
-/// A context on a fresh model with `cfg`, a bound GID, a PD and a 64-entry CQ; runs `f` and
-/// tears everything down.
-fn lab_with(
-    cfg: ModelConfig,
-    f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid),
-) {
-    let model = Model::new(cfg);
-    let ctx = bareverbs::Context::new(Pvrdma::probe(model.clone(), &model, CONFIG).unwrap());
-    let g = ctx.bind_gid(0, Gid::link_local_from_mac(cfg.mac)).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    f(&model, &ctx, &pd, &cq, g.gid());
-    drop(cq);
-    drop(pd);
-    drop(g);
-    teardown(&model, ctx);
-}
-
-fn lab(f: impl FnOnce(&Model, &Ctx, &ProtectionDomain<'_, P>, &CompletionQueue<'_, P>, Gid)) {
-    lab_with(ModelConfig::default(), f)
 }
 
 // ---------------------------------------------------------------------------------------------

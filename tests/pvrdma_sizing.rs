@@ -13,7 +13,7 @@ mod common;
 use bareverbs::error::{Error, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelConfig};
-use common::{P, rc_up, teardown, up};
+use common::{P, drain, rc_up, recvs, teardown, up};
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
 
@@ -36,35 +36,6 @@ fn lab(f: impl FnOnce(&common::Ctx, Gid)) {
     f(&ctx, g.gid());
     drop(g);
     teardown(&model, ctx);
-}
-
-/// Everything the CQ holds now (flushes included).
-fn drain(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut all = Vec::new();
-    let mut wc = [WorkCompletion::default(); 64];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return all;
-        }
-        all.extend_from_slice(&wc[..n]);
-    }
-}
-
-/// Posts `n` receives (ids from `first`) in one batch: the error of the first refused.
-fn recvs<S: CanRecv>(
-    q: &mut QueuePair<'_, P, Rc, S>,
-    first: u64,
-    n: u64,
-    sge: Sge,
-) -> Result<(), Error> {
-    let mut b = q.recv_batch();
-    for i in first..first + n {
-        // SAFETY: the region outlives the QPs of the test.
-        unsafe { b.recv(i, &[sge]) }?;
-    }
-    b.finish();
-    Ok(())
 }
 
 fn cq_full(e: Result<(), Error>) -> bool {

@@ -23,6 +23,7 @@ mod pair;
 use bareverbs::error::{Error, ErrorKind, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::ModelConfig;
+use common::{rc_to_rts, ud_to_rts};
 use pair::{Ends, on_pvrdma, on_rxe};
 
 const NUM_MSGS: u32 = 1000;
@@ -92,15 +93,13 @@ fn rc_up<'a, P: Provider>(
         access,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     // RCResources.to_rts: ibv_rc_pingpong's values.
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.path_mtu = Mtu::Mtu1024;
     (rtr.max_dest_rd_atomic, rtr.min_rnr_timer) = (1, 12);
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     (rts.max_rd_atomic, rts.timeout, rts.retry_cnt, rts.rnr_retry) = (1, 14, 7, 7);
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 /// `create_qp_ex`'s caps: `num_msgs` WRs each way.
@@ -381,14 +380,7 @@ fn ud_qp<'a, P: Provider>(
         .caps(QPEX_CAPS)
         .build::<Ud>()
         .map_err(|e| refused(&e))?;
-    let q = q
-        .init(&DatagramInit::new(UD_QKEY))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let q = q.rtr(&()).map_err(|(_, e)| e).unwrap();
-    Ok(q.rts(&DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
-        .unwrap())
+    Ok(ud_to_rts(q, UD_QKEY))
 }
 
 /// `full_rq_bad_flow`: posting `max_recv_wr` + 1 receives fails (ENOMEM).

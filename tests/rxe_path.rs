@@ -3,12 +3,15 @@
 //! peer, another traffic class and hop limit), for the requester's SENDs and the responder's
 //! ACKs. Their payload comes from the request's gather list, checked as the packet is built.
 
+mod common;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::packet::{Frame, Packet, parse};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::{caps, rc_to_rts};
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;
@@ -71,16 +74,6 @@ impl Lab {
     }
 }
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
-}
-
 /// Brings `qp` from Reset to RTS towards `peer` (its QPN, its endpoint) with traffic class
 /// `tc` and hop limit `hops`.
 fn connect<'a>(
@@ -88,17 +81,14 @@ fn connect<'a>(
     (qpn, at): (u32, usize),
     (tc, hops): (u8, u8),
 ) -> QueuePair<'a, R, Rc, Rts> {
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
     let mut av = AddressVector::new(Gid::from_ipv4(IPS[at]), 1);
     (av.traffic_class, av.hop_limit) = (tc, hops);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(qpn, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        qp,
+        &ConnectedInit::default(),
+        &ConnectedRtr::new(qpn, 0, av),
+        &ConnectedRts::new(0),
+    )
 }
 
 /// Posts one signaled SEND of 16 bytes from `mr` and runs until `cq` has its completion.
@@ -157,7 +147,7 @@ fn a_new_path_after_a_modify_is_the_one_the_frames_take() {
     let cqs: Vec<_> = l.ctx.iter().map(|c| c.create_cq(8).unwrap()).collect();
     let qps: Vec<_> = (0..3)
         .map(|i| {
-            let b = pds[i].qp_builder(&cqs[i], &cqs[i]).caps(caps());
+            let b = pds[i].qp_builder(&cqs[i], &cqs[i]).caps(caps(4, 4, 1));
             b.build::<Rc>().unwrap()
         })
         .collect();
@@ -206,8 +196,8 @@ fn a_gather_entry_is_read_where_it_points_and_refused_past_its_region() {
     let l = lab();
     let pds: Vec<_> = l.ctx[..2].iter().map(|c| c.alloc_pd().unwrap()).collect();
     let cqs: Vec<_> = l.ctx[..2].iter().map(|c| c.create_cq(8).unwrap()).collect();
-    let qa = pds[0].qp_builder(&cqs[0], &cqs[0]).caps(caps());
-    let qb = pds[1].qp_builder(&cqs[1], &cqs[1]).caps(caps());
+    let qa = pds[0].qp_builder(&cqs[0], &cqs[0]).caps(caps(4, 4, 1));
+    let qb = pds[1].qp_builder(&cqs[1], &cqs[1]).caps(caps(4, 4, 1));
     let (qa, qb) = (qa.build::<Rc>().unwrap(), qb.build::<Rc>().unwrap());
     let (na, nb) = (qa.qp_num(), qb.qp_num());
     let mut qa = connect(qa, (nb, 1), (0, 64));

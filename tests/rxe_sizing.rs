@@ -5,12 +5,15 @@
 //! it is refused whole with `QueueFull { Cq }`; a shared receive queue reserves room once per
 //! receive CQ, and its completions are never dropped.
 
+mod common;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::error::{Error, Param, Queue};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::{drain, rc_to_rts, recvs};
 
 type R = Rxe<Model, MemLink, TestClock>;
 
@@ -56,42 +59,11 @@ fn up<'a>(q: QueuePair<'a, R, Rc, Reset>, peer: u32) -> QueuePair<'a, R, Rc, Rts
         access: ALL,
         ..Default::default()
     };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, AddressVector::new(Gid::from_ipv4(IP), 1));
     rtr.min_rnr_timer = 1;
-    let q = q.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     (rts.timeout, rts.rnr_retry) = (8, 7);
-    q.rts(&rts).map_err(|(_, e)| e).unwrap()
-}
-
-/// Everything the CQ holds now.
-fn drain(cq: &CompletionQueue<'_, R>) -> Vec<WorkCompletion> {
-    let mut all = Vec::new();
-    let mut wc = [WorkCompletion::default(); 16];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return all;
-        }
-        all.extend_from_slice(&wc[..n]);
-    }
-}
-
-/// Posts `n` receives (ids from `first`) in one batch: the error of the first refused.
-fn recvs<S: CanRecv>(
-    q: &mut QueuePair<'_, R, Rc, S>,
-    first: u64,
-    n: u64,
-    sge: Sge,
-) -> Result<(), Error> {
-    let mut b = q.recv_batch();
-    for i in first..first + n {
-        // SAFETY: the region outlives the QPs of the test.
-        unsafe { b.recv(i, &[sge]) }?;
-    }
-    b.finish();
-    Ok(())
+    rc_to_rts(q, &init, &rtr, &rts)
 }
 
 #[test]

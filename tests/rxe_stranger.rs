@@ -6,6 +6,8 @@
 //! One test per defect the threat model names, each failing before its fix, and the property:
 //! no frame from anyone but a QP's peer changes any state of that QP.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use bareverbs::Context;
@@ -17,6 +19,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::{drain, rc_to_rts};
 
 type R = Rxe<Model, MemLink, TestClock>;
 type Ctx = Context<R>;
@@ -201,32 +204,18 @@ fn up<'a>(
         access: ALL,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, psns.1, AddressVector::new(Gid::from_ipv4(ip), 1));
     (rtr.path_mtu, rtr.max_dest_rd_atomic) = (mtu, rd);
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(psns.0);
     (rts.max_rd_atomic, rts.timeout, rts.retry_cnt) = (rd, 8, 3);
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
-}
-
-fn poll_all<P: Provider>(cq: &CompletionQueue<'_, P>) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 16];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&wc[..n]);
-    }
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 /// Runs both devices until the request outstanding on `cq`'s QP had time to complete, and
 /// checks that it did, successfully, once.
 fn one_success(l: &Lab, cq: &CompletionQueue<'_, R>) {
     l.run(20, 10);
-    let got = poll_all(cq);
+    let got = drain(cq);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].status, WcStatus::Success);
 }
@@ -273,8 +262,8 @@ macro_rules! connected {
             s.finish();
         }
         $l.run(20, 10);
-        assert_eq!(poll_all(&$ca).len(), 1, "the first SEND completes");
-        assert_eq!(poll_all(&$cb).len(), 1, "and is received");
+        assert_eq!(drain(&$ca).len(), 1, "the first SEND completes");
+        assert_eq!(drain(&$cb).len(), 1, "and is received");
     };
 }
 
@@ -312,7 +301,7 @@ fn a_stranger_at_its_own_addresses_changes_nothing_on_either_side() {
     l.forge(stranger, to_b, &h, b"evil");
     l.run(3, 10);
     assert_eq!(seen(&qb), before_b, "B's QP unchanged");
-    assert!(poll_all(&cb).is_empty(), "nothing received from a stranger");
+    assert!(drain(&cb).is_empty(), "nothing received from a stranger");
     assert_eq!(mb.as_slice()[1024..1028], [0; 4], "nothing written");
     assert!(
         l.roce_sent(start, l.lb).is_empty(),
@@ -333,7 +322,7 @@ fn a_stranger_at_its_own_addresses_changes_nothing_on_either_side() {
     l.forge(stranger, (MAC_A, IP_A), &nak, &[]);
     l.a.process_events();
     assert!(
-        poll_all(&ca).is_empty(),
+        drain(&ca).is_empty(),
         "a stranger's ACK or NAK completes nothing"
     );
     assert_eq!(seen(&qa).0, QpState::Rts);
@@ -376,7 +365,7 @@ fn answers_go_along_the_path_not_to_the_frames_source_mac() {
         !sent.is_empty() && sent.iter().all(|f| f.0 == MAC_A),
         "{sent:?}"
     );
-    assert_eq!(poll_all(&cb).len(), 1);
+    assert_eq!(drain(&cb).len(), 1);
     drop((qa, qb, ma, mb));
 }
 
@@ -447,7 +436,7 @@ fn a_frame_to_another_stations_mac_is_not_taken() {
     );
     l.run(3, 10);
     assert_eq!(seen(&qb), before);
-    assert!(poll_all(&cb).is_empty());
+    assert!(drain(&cb).is_empty());
     drop((qa, qb, ma, mb));
 }
 
@@ -474,7 +463,7 @@ fn frames_from_the_devices_own_address_off_the_wire_are_dropped() {
     );
     l.run(3, 10);
     assert_eq!(seen(&q2), before);
-    assert!(poll_all(&cb).is_empty());
+    assert!(drain(&cb).is_empty());
     drop((q1, q2, mb));
 }
 
@@ -504,7 +493,7 @@ fn a_nak_older_than_the_oldest_outstanding_request_is_ignored() {
         l.roce_sent(start, l.la).is_empty(),
         "no retransmission for an old NAK"
     );
-    assert!(poll_all(&ca).is_empty(), "no retry exhausted");
+    assert!(drain(&ca).is_empty(), "no retry exhausted");
     one_success(&l, &ca);
     drop((qa, qb, ma, mb));
 }
@@ -538,7 +527,7 @@ fn repeated_sequence_naks_start_one_retry_at_a_time() {
     let again = l.roce_sent(start, l.la).len();
     assert!(again <= 16, "{again} frames for 200 NAKs of one gap");
     l.run(30, 10);
-    assert_eq!(poll_all(&ca).len(), 16);
+    assert_eq!(drain(&ca).len(), 16);
     drop((qa, qb, ma, mb));
 }
 
@@ -640,7 +629,7 @@ fn a_read_flood_on_one_queue_pair_does_not_hold_back_another_ones_acks() {
     );
     l.seg.set_tx_credit(l.lb, None);
     l.run(100, 10);
-    assert_eq!(poll_all(&ca).len(), 24, "everything completes");
+    assert_eq!(drain(&ca).len(), 24, "everything completes");
     drop((qa1, qa2, qb1, qb2, ma, mb));
 }
 
@@ -857,8 +846,8 @@ fn a_stranger_flooding_every_opcode_at_every_live_qp_changes_nothing() {
         r.finish();
     }
     l.run(30, 10);
-    assert_eq!(poll_all(&ca).len(), 3);
-    assert_eq!(poll_all(&cb).len(), 1);
+    assert_eq!(drain(&ca).len(), 3);
+    assert_eq!(drain(&cb).len(), 1);
     let before = (
         seen(&qa),
         seen(&qb),
@@ -908,7 +897,7 @@ fn a_stranger_flooding_every_opcode_at_every_live_qp_changes_nothing() {
         "memory unchanged"
     );
     assert!(
-        poll_all(&ca).is_empty() && poll_all(&cb).is_empty(),
+        drain(&ca).is_empty() && drain(&cb).is_empty(),
         "no completion"
     );
     let answered: Vec<_> = l
@@ -925,8 +914,8 @@ fn a_stranger_flooding_every_opcode_at_every_live_qp_changes_nothing() {
         s.finish();
     }
     l.run(20, 10);
-    assert_eq!(poll_all(&ca).len(), 1);
-    assert_eq!(poll_all(&cb).len(), 1);
+    assert_eq!(drain(&ca).len(), 1);
+    assert_eq!(drain(&cb).len(), 1);
     let _ = ROCE_OFFSET;
     drop((qa, qb, ma, mb));
 }

@@ -12,6 +12,7 @@ use bareverbs::error::{Error, Feature, NotFound, Param, Unsupported};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
+use common::rc_to_rts;
 
 type R = Rxe<Model, MemLink, TestClock>;
 const IP: [u8; 4] = [10, 0, 0, 2];
@@ -124,15 +125,10 @@ fn up<'a>(q: QueuePair<'a, R, Rc, Reset>, peer: u32) -> QueuePair<'a, R, Rc, Rts
         access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         ..Default::default()
     };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
     let av = AddressVector::new(Gid::from_ipv4(IP), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.timeout = 8;
-    q.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(q, &init, &ConnectedRtr::new(peer, 0, av), &rts)
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use bareverbs::verbs::*;
 
+use crate::common::{poll_until, rc_to_rts};
 use crate::pair::{Ends, R};
 
 pub type RcQp<'a, P = R> = QueuePair<'a, P, Rc, Rts>;
@@ -27,15 +28,13 @@ fn up<'a, P: Provider>(
         access: REMOTE,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = 4;
     rtr.path_mtu = Mtu::Mtu1024; // messages of a few KiB take several packets
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = 4;
     rts.timeout = 8;
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(qp, &init, &rtr, &rts)
 }
 
 /// An RC pair: `a` on device A (PD `pa`, CQ `ca`), `b` on device B, connected.
@@ -59,22 +58,7 @@ pub fn pair<'p, P: Provider>(
 
 /// Completions of `cq` until `n` came (the devices run between polls); fewer if they do not.
 pub fn wait<P: Provider>(e: &Ends<'_, P>, cq: &Cq<'_, P>, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    for _ in 0..50 {
-        loop {
-            let k = cq.poll(&mut wc).unwrap();
-            out.extend_from_slice(&wc[..k]);
-            if k == 0 {
-                break;
-            }
-        }
-        if out.len() >= n {
-            break;
-        }
-        (e.settle)();
-    }
-    out
+    poll_until(&mut || (e.settle)(), cq, n, 50)
 }
 
 /// Everything `cq` has after the devices settled.

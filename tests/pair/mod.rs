@@ -13,6 +13,8 @@ use bareverbs::verbs::{
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 
+use crate::common::rc_to_rts;
+
 /// The software RoCE device on the model's segment.
 pub type R = Rxe<Model, MemLink, TestClock>;
 /// The PVRDMA driver on the model.
@@ -78,12 +80,35 @@ pub fn on_rxe<T>(f: impl FnOnce(&Ends<'_, R>) -> T) -> T {
 /// Two rxe devices on the model's segment, A at [`IP_A`] and B at [`IP_B`], with their clock
 /// (and the segment, which must outlive them).
 pub fn rxe_devices(model: &Model) -> (Context<R>, Context<R>, TestClock, Segment) {
+    rxe_devices_seeded(model, None)
+}
+
+/// [`rxe_devices`], the model's seed set to `seeds.0` before A is made and to `seeds.1` before
+/// B (their starting PSNs and key bits) when given.
+pub fn rxe_devices_seeded(
+    model: &Model,
+    seeds: Option<(u64, u64)>,
+) -> (Context<R>, Context<R>, TestClock, Segment) {
     let (seg, clk) = (Segment::new(), TestClock::default());
     let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
     let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
-    let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
+    let dev = |l, ip, seed: Option<u64>| {
+        if let Some(s) = seed {
+            model.set_seed(s);
+        }
+        Context::new(Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap())
+    };
+    let a = dev(la, IP_A, seeds.map(|s| s.0));
+    let b = dev(lb, IP_B, seeds.map(|s| s.1));
     (a, b, clk, seg)
+}
+
+/// A fresh model and two rxe devices on it ([`rxe_devices_seeded`]), with the clock; the
+/// segment lives on in the devices' links.
+pub fn rxe_pair(seeds: Option<(u64, u64)>) -> (Model, TestClock, Context<R>, Context<R>) {
+    let model = Model::new(ModelConfig::default());
+    let (a, b, clk, _seg) = rxe_devices_seeded(&model, seeds);
+    (model, clk, a, b)
 }
 
 /// Brings an RC QP on an rxe device (local write access) to RTS towards QP `peer` at `ip`.
@@ -96,11 +121,11 @@ pub fn rxe_rc_up<'a, P: Provider>(
         access: AccessFlags::LOCAL_WRITE,
         ..Default::default()
     };
-    let q = q.init(&init).map_err(|(_, e)| e).unwrap();
     let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    let q = q
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    q.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    rc_to_rts(
+        q,
+        &init,
+        &ConnectedRtr::new(peer, 0, av),
+        &ConnectedRts::new(0),
+    )
 }

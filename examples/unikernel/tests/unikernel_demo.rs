@@ -2,6 +2,7 @@
 //! against the device model, where a PVRDMA exists: the device path of the example is tested
 //! on every `cargo test`, not only in the nested lab.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use bareverbs_model::{Model, ModelConfig};

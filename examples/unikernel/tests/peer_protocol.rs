@@ -2,6 +2,7 @@
 //! protocol: the formats and the data each side must see, checked on the host. Also what the
 //! real stack showed the lab that the model now does too.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use bareverbs::verbs::*;

@@ -195,7 +195,7 @@ pub enum Semantics {
     /// As `Verbs`, but looser where rxe and hardware are strict: the responder QP's access
     /// flags and READ depth are not checked, and a failed request leaves both QPs as they
     /// were (no move to ERROR, nothing flushed by the device). The device the property tests'
-    /// reference model (`tests/props.rs`) predicts; every other test runs `Verbs`.
+    /// reference model (`tests/props/`) predicts; every other test runs `Verbs`.
     LooseVerbs,
 }
 

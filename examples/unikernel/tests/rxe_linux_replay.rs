@@ -50,7 +50,7 @@ fn pcap(bytes: &[u8]) -> Vec<Vec<u8>> {
 /// segment hands back to its NIC (identical bytes: a retransmission would carry a new IPv4
 /// identification).
 fn recording() -> Vec<Vec<u8>> {
-    let all = pcap(include_bytes!("data/rxe/linux-rc-ud.pcap"));
+    let all = pcap(include_bytes!("../../../tests/data/rxe/linux-rc-ud.pcap"));
     let mut out: Vec<Vec<u8>> = Vec::new();
     for f in all {
         if f[6..12] == UK_MAC && out.iter().rev().take(8).any(|g| *g == f) {
