@@ -36,9 +36,9 @@
 //!     peer_qpn: u32,
 //!     peer: AddressVector,
 //! ) -> bareverbs::Result<QueuePair<'a, P, Rc, Rts>> {
-//!     let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
-//!     let qp = qp.rtr(&ConnectedRtr::new(peer_qpn, 0, peer)).map_err(|(_, e)| e)?;
-//!     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+//!     let qp = qp.init(&ConnectedInit::default())?;
+//!     let qp = qp.rtr(&ConnectedRtr::new(peer_qpn, 0, peer))?;
+//!     Ok(qp.rts(&ConnectedRts::new(0))?)
 //! }
 //!
 //! # fn main() -> bareverbs::Result<()> {
@@ -58,11 +58,11 @@
 //! let (mut a, mut b) = (connect(a, qpn_b, av)?, connect(b, qpn_a, av)?);
 //!
 //! // A buffer moves into the QP when posted and comes back with its completion.
-//! b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+//! b.post_recv(1, pool.alloc().expect("a free buffer"))?;
 //! let mut buf = pool.alloc().expect("a free buffer");
 //! buf.set_len(5)?;
 //! buf.as_mut_slice().copy_from_slice(b"hello");
-//! a.post_send(2, buf).map_err(|(_, e)| e)?;
+//! a.post_send(2, buf)?;
 //! let got = b.poll_one()?.expect("a receive completion");
 //! assert_eq!((got.wc.status, got.wc.byte_len), (WcStatus::Success, 5));
 //! assert_eq!(got.buf.expect("the buffer").as_slice(), b"hello");

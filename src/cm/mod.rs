@@ -43,7 +43,7 @@
 //! use bareverbs_model::link::{Segment, TestClock};
 //! use bareverbs_model::{Model, ModelConfig};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn main() -> Result<(), bareverbs::cm::CmError> {
 //! let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
 //! let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
 //! let client = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
@@ -58,7 +58,7 @@
 //! server_cm.listen(None, 7174, Service::Rc)?;
 //! let qp = client_pd.qp_builder(&client_cq, &client_cq).build::<Rc>()?;
 //! let hello = ConnectParams { private_data: b"hello", ..ConnectParams::default() };
-//! let id = client_cm.connect(qp, [10, 0, 0, 2], 7174, &hello).map_err(|(_, e)| e)?;
+//! let id = client_cm.connect(qp, [10, 0, 0, 2], 7174, &hello)?;
 //!
 //! let (mut client_qp, mut server_qp) = (None, None);
 //! for _ in 0..1000 {
@@ -68,7 +68,7 @@
 //!         let qp = server_pd.qp_builder(&server_cq, &server_cq).build::<Rc>()?;
 //!         // The QP reaches RTS here, before the REP goes out.
 //!         let accepted = server_cm.accept(request.id, qp, &AcceptParams::default());
-//!         server_qp = Some(accepted.map_err(|(_, e)| e)?);
+//!         server_qp = Some(accepted?);
 //!     }
 //!     if let Some(CmEvent::Established { qp: Some(qp), .. }) = client_cm.poll() {
 //!         client_qp = Some(qp); // in RTS, connected to the server's QP
@@ -205,6 +205,24 @@ impl From<Error> for CmError {
     }
 }
 
+/// A verbs hand-back's error, the object dropped (as [`Error`]'s own conversion does): `?`
+/// on a queue pair's transition in a function that returns a `CmError`.
+impl<T> From<(T, Error)> for CmError {
+    fn from((object, e): (T, Error)) -> Self {
+        drop(object);
+        CmError::Verbs(e)
+    }
+}
+
+/// The CM's hand-back's error ([`Cm::connect`], [`Cm::accept`] hand the queue pair back with
+/// it), the queue pair dropped: `?` where the caller does not want it back.
+impl<T> From<(T, CmError)> for CmError {
+    fn from((object, e): (T, CmError)) -> Self {
+        drop(object);
+        e
+    }
+}
+
 /// Which rdma_cm port space a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
@@ -291,7 +309,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             max_inline_data: 0,
         };
         let gsi = pd.qp_builder(cq, cq).caps(caps).build::<Gsi>()?;
-        let gsi = gsi.ready(GSI_QKEY, 0).map_err(|(_, e)| e)?;
+        let gsi = gsi.ready(GSI_QKEY, 0)?;
         let mr = pd.register(REGION, AccessFlags::LOCAL_WRITE)?;
         let entropy = ctx.entropy();
         let mut cm = Cm {
@@ -384,6 +402,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     fn progress(&mut self) {
+        // The device's own work first (the software device's frames: this side's peers are
+        // served, its QP1 datagrams taken), then QP1's completions.
+        self.ctx.progress();
         let mut wc = [WorkCompletion::default(); 8];
         let mut taken = 0;
         while taken < BUDGET {

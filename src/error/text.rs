@@ -51,6 +51,16 @@ impl Display for Error {
                 "a GID table buffer of {value} entries is too small: the device has {max} \
                  valid entries"
             ),
+            Error::InvalidInput {
+                param: Param::Pool,
+                value,
+                ..
+            } => write!(
+                f,
+                "buffer {value} is not of this queue pair's pool: the safe posts take buffers \
+                 of the pool the queue pair was built with (`.pool(&pool)`, QpBuilder::pool); \
+                 build it with one, or post that pool's buffers"
+            ),
             Error::InvalidInput { param, value, max } => {
                 write!(f, "{param} of {value} asked, at most {max} possible")
             }
@@ -85,6 +95,17 @@ impl Display for Error {
                 "completion queue full: room for {free} more completions (each request \
                  outstanding needs one until its completion is polled); nothing was posted: \
                  poll the completion queue, or create it larger"
+            ),
+            Error::QueueFull {
+                queue: queue @ (Queue::Send | Queue::Recv),
+                free,
+            } => write!(
+                f,
+                "{queue} full: room for {free} more requests; nothing was posted: poll for \
+                 completions, or build the queue pair deeper with `.caps(...)` \
+                 (QpBuilder::caps); without it a queue has the default depth of {} requests \
+                 (QpCaps::default())",
+                crate::verbs::QpCaps::DEFAULT.max_send_wr
             ),
             Error::QueueFull { queue, free } => write!(
                 f,

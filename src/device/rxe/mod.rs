@@ -207,10 +207,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     ///     peer: u32,
     ///     ip: [u8; 4],
     /// ) -> bareverbs::Result<QueuePair<'a, P, Rc, Rts>> {
-    ///     let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    ///     let qp = qp.init(&ConnectedInit::default())?;
     ///     let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    ///     let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av)).map_err(|(_, e)| e)?;
-    ///     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+    ///     let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av))?;
+    ///     Ok(qp.rts(&ConnectedRts::new(0))?)
     /// }
     ///
     /// # fn main() -> bareverbs::Result<()> {
@@ -231,11 +231,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// let mut qa = connect(qa, qpn_b, ip_b)?;
     /// let mut qb = connect(qb, qpn_a, ip_a)?;
     ///
-    /// qb.post_recv(1, pool_b.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// qb.post_recv(1, pool_b.alloc().expect("a free buffer"))?;
     /// let mut buf = pool_a.alloc().expect("a free buffer");
     /// buf.set_len(11)?;
     /// buf.as_mut_slice().copy_from_slice(b"over RoCEv2");
-    /// qa.post_send(2, buf).map_err(|(_, e)| e)?;
+    /// qa.post_send(2, buf)?;
     /// // Wait for B's receive: between polls, time moves and both sides run.
     /// let step = || {
     ///     clock.advance(100);
