@@ -288,6 +288,9 @@ pub enum Param {
     GidTableBuffer,
     /// A completion vector (`comp_vector`), below the device's `num_comp_vectors`.
     CompVector,
+    /// The GRH slot of a UD receive ([`Context::init_ah_from_wc`](crate::Context::init_ah_from_wc)):
+    /// `value` the bytes given, `max` the 40 it takes.
+    Grh,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -318,6 +321,9 @@ pub enum Attr {
     /// it): a queue pair of depth 0 may have no RDMA READ or atomic outstanding, so one posted
     /// there is refused instead of stalling or being NAKed at the peer.
     InitiatorDepth,
+    /// A GRH: a UD completion with [`WcFlags::GRH`](crate::verbs::WcFlags::GRH) and a slot
+    /// holding a RoCE header (RoCEv2's IPv4 header, or an IPv6 GRH), to answer its sender.
+    Grh,
 }
 
 /// What ran out, in an [`Error::Resource`].
@@ -428,6 +434,8 @@ pub enum Op {
     QueryGid,
     /// Resolving a peer's link address (ARP).
     ResolveAddress,
+    /// Making an address handle (or its address vector) from a completion.
+    CreateAh,
 }
 
 /// What a device reported in an [`Error::Device`].
@@ -573,6 +581,13 @@ pub enum NotFound {
         port: u8,
         /// The index.
         index: u32,
+    },
+    /// The port's GID table holds no such GID (of the type needed).
+    Gid {
+        /// The port.
+        port: u8,
+        /// The GID looked for.
+        gid: crate::verbs::Gid,
     },
     /// The port's P_Key table holds no such P_Key (`ibv_get_pkey_index`'s -1).
     Pkey {

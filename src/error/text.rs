@@ -61,6 +61,15 @@ impl Display for Error {
                  of the pool the queue pair was built with (`.pool(&pool)`, QpBuilder::pool); \
                  build it with one, or post that pool's buffers"
             ),
+            Error::InvalidInput {
+                param: Param::Grh,
+                value,
+                max,
+            } => write!(
+                f,
+                "a GRH slot of {value} bytes: a UD receive's GRH slot is {max} bytes, the \
+                 first {max} of its buffer"
+            ),
             Error::InvalidInput { param, value, max } => {
                 write!(f, "{param} of {value} asked, at most {max} possible")
             }
@@ -191,6 +200,7 @@ impl Display for Param {
             Param::BufferSize => "bytes per buffer",
             Param::GidTableBuffer => "GID table buffer entries",
             Param::CompVector => "completion vector",
+            Param::Grh => "GRH bytes",
         })
     }
 }
@@ -216,6 +226,10 @@ impl Display for Attr {
                 "an initiator depth of at least 1 for an RDMA READ or atomic: this queue pair's \
                  max_rd_atomic (set at RTS, as the device applied it) is 0; set \
                  ConnectedRts::max_rd_atomic or use the handshake",
+            ),
+            Attr::Grh => f.write_str(
+                "a GRH: a UD receive's completion with the GRH flag, its buffer's first 40 \
+                 bytes holding RoCEv2's IPv4 header or an IPv6 GRH of RoCE",
             ),
         }
     }
@@ -295,6 +309,7 @@ impl Display for Op {
             Op::QuerySrq => "querying a shared receive queue",
             Op::QueryGid => "reading a GID table entry",
             Op::ResolveAddress => "resolving a peer's link address",
+            Op::CreateAh => "making an address handle from a completion",
         })
     }
 }
@@ -408,6 +423,21 @@ impl Display for NotFound {
             NotFound::Bar { bar } => write!(f, "BAR {bar} is absent or too small"),
             NotFound::GidEntry { port, index } => {
                 write!(f, "no GID is bound at index {index} of port {port}")
+            }
+            NotFound::Gid { port, gid } => {
+                let g = gid.0;
+                match gid.ipv4() {
+                    Some([a, b, c, d]) => write!(
+                        f,
+                        "port {port}'s GID table has no GID of this type for {a}.{b}.{c}.{d}"
+                    ),
+                    None => write!(
+                        f,
+                        "port {port}'s GID table has no GID of this type for \
+                         {:02x}{:02x}:{:02x}{:02x}:…:{:02x}{:02x}",
+                        g[0], g[1], g[2], g[3], g[14], g[15]
+                    ),
+                }
             }
             NotFound::Pkey { port, pkey } => {
                 write!(f, "port {port}'s P_Key table has no P_Key {pkey:#06x}")

@@ -69,7 +69,7 @@ mod wr;
 
 use core::mem::ManuallyDrop;
 
-pub use ah::AddressHandle;
+pub use ah::{AddressHandle, GRH_LEN};
 pub use buf_release::BufRelease;
 pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCursor};
@@ -362,17 +362,31 @@ impl<P: Provider> Context<P> {
         Ok(GidEntries::new(self, port))
     }
 
-    /// Fills `out` with the first `out.len()` bound entries of port `port`'s GID table (as
-    /// [`gid_table`](Self::gid_table)); returns how many.
+    /// Fills `out` with the bound entries of port `port`'s GID table (as
+    /// [`gid_table`](Self::gid_table)); returns how many. A buffer too short for them is an
+    /// error, as `ibv_query_gid_table`'s EINVAL: an empty table and a short buffer are told
+    /// apart (the entries that fit are written all the same).
     ///
     /// # Errors
     ///
-    /// As [`gid_table`](Self::gid_table).
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for
+    /// [`Param::GidTableBuffer`](crate::error::Param::GidTableBuffer) when `out` is shorter
+    /// than the bound entries (`value` its length, `max` the entries: the length it needs);
+    /// as [`gid_table`](Self::gid_table) for the port.
     pub fn bound_gids(&self, port: u8, out: &mut [(u32, Gid)]) -> Result<usize> {
-        let mut n = 0;
-        for (slot, e) in out.iter_mut().zip(self.gid_table(port)?) {
-            *slot = e;
+        let mut n = 0usize;
+        for e in self.gid_table(port)? {
+            if let Some(slot) = out.get_mut(n) {
+                *slot = e;
+            }
             n += 1;
+        }
+        if n > out.len() {
+            return Err(crate::error::Error::invalid(
+                crate::error::Param::GidTableBuffer,
+                out.len() as u64,
+                n as u64,
+            ));
         }
         Ok(n)
     }
