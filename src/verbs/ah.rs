@@ -109,13 +109,14 @@ impl<P: Provider> Context<P> {
     /// use bareverbs::verbs::*;
     /// let (ctx, _clock) = rxe_loopback()?;
     /// let pd = ctx.alloc_pd()?;
-    /// let cq = ctx.create_cq(64)?;
+    /// // One CQ each: a QP's own poll stops at another QP's completion.
+    /// let (client_cq, server_cq) = (ctx.create_cq(64)?, ctx.create_cq(64)?);
     /// // UD receives start with the 40-byte GRH slot: buffers of 40 + 64 bytes.
     /// let pool = pd.buffer_pool(8, (GRH_LEN + 64) as u32)?;
-    /// let ud = |qkey| -> bareverbs::Result<_> {
-    ///     Ok(pd.qp_builder(&cq, &cq).pool(&pool).build::<Ud>()?.ready(qkey, 0)?)
+    /// let ud = |cq, qkey| -> bareverbs::Result<_> {
+    ///     Ok(pd.qp_builder(cq, cq).pool(&pool).build::<Ud>()?.ready(qkey, 0)?)
     /// };
-    /// let (mut client, mut server) = (ud(0x1111)?, ud(0x2222)?);
+    /// let (mut client, mut server) = (ud(&client_cq, 0x1111)?, ud(&server_cq, 0x2222)?);
     /// client.post_recv(1, pool.alloc().expect("a free buffer"))?;
     /// server.post_recv(2, pool.alloc().expect("a free buffer"))?;
     ///
@@ -124,13 +125,9 @@ impl<P: Provider> Context<P> {
     /// let mut ping = pool.alloc().expect("a free buffer");
     /// ping.set_len(4)?;
     /// ping.as_mut_slice().copy_from_slice(b"ping");
-    /// client.post_send_to(3, ping, &to_server, server.qp_num(), 0x2222)?;
+    /// client.post_send_to(3, ping, (&to_server, server.qp_num(), 0x2222))?;
     ///
-    /// let got = loop {
-    ///     if let Some(c) = server.poll_one()? {
-    ///         break c;
-    ///     }
-    /// };
+    /// let got = (0..10_000).find_map(|_| server.poll_one().transpose()).expect("a datagram")?;
     /// let buf = got.buf.expect("the receive's buffer");
     /// assert_eq!(&buf.as_slice()[GRH_LEN..], b"ping");
     /// // The answer's address: from the completion and the buffer's GRH slot.
@@ -142,14 +139,12 @@ impl<P: Provider> Context<P> {
     /// let mut pong = pool.alloc().expect("a free buffer");
     /// pong.set_len(4)?;
     /// pong.as_mut_slice().copy_from_slice(b"pong");
-    /// server.post_send_to(4, pong, &to_client, got.wc.src_qp, 0x1111)?;
+    /// server.post_send_to(4, pong, (&to_client, got.wc.src_qp, 0x1111))?;
     ///
-    /// let answer = loop {
-    ///     match client.poll_one()? {
-    ///         Some(c) if c.wc.opcode == WcOpcode::Recv => break c,
-    ///         _ => {}
-    ///     }
-    /// };
+    /// let answer = (0..10_000)
+    ///     .filter_map(|_| client.poll_one().transpose())
+    ///     .find(|c| c.as_ref().map_or(true, |c| c.wc.opcode == WcOpcode::Recv))
+    ///     .expect("the answer")?;
     /// assert_eq!(&answer.buf.expect("its buffer").as_slice()[GRH_LEN..], b"pong");
     /// # Ok(()) }
     /// ```
