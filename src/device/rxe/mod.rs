@@ -24,6 +24,24 @@
 //! There is no thread: the transport runs inside the verbs calls. Posting sends what the
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
 //! The embedder's IP stack shares the NIC through [`Rxe::stack`].
+//!
+//! # What must run
+//!
+//! A device's frames are taken, and its timers run, only inside calls into that device:
+//! [`Provider::progress`](crate::verbs::Provider::progress) ([`Rxe::progress`],
+//! [`Context::progress`](crate::Context::progress)), which every wait the crate offers runs —
+//! a future of a completion queue or a completion channel, each time it is polled;
+//! [`Context::block_on`](crate::Context::block_on) between polls; a completion channel's
+//! `get_cq_event`; the CM's `poll` and `next_event`; the NVMe-oF target's and host's loops —
+//! and any poll of one of its completion queues, and [`Context::interrupt`](crate::Context::interrupt)
+//! from the NIC's interrupt.
+//!
+//! So a **passive peer** — one whose memory a peer READs and WRITEs while it posts nothing —
+//! is served as long as its application waits on one of those, or calls `progress` from its
+//! own loop. One that waits on anything else (a lock, a flag, another device) serves nothing
+//! until it calls into the device again: the peer's requests wait, and after its retry count
+//! they fail. The **active side** needs its device to run too: for its address resolution
+//! (ARP), for the acknowledgements that free its window, and for its retransmissions.
 
 mod busy;
 mod check;
