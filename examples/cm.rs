@@ -14,16 +14,37 @@ use bareverbs_model::link::{Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 
 fn main() -> Result<(), CmError> {
-    let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
-    let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
+    let (model, segment, clock) = (
+        Model::new(ModelConfig::default()),
+        Segment::new(),
+        TestClock::default(),
+    );
+    let device = |mac, ip| {
+        Rxe::new(
+            model.clone(),
+            segment.attach(mac, 1514),
+            clock.clone(),
+            Config { ip },
+        )
+    };
     let client = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
     let server = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
     let (client_pd, server_pd) = (client.alloc_pd()?, server.alloc_pd()?);
     // Each CM owns a completion queue; the connections' QPs use others.
     let (client_cm_cq, server_cm_cq) = (client.create_cq(32)?, server.create_cq(32)?);
     let (client_cq, server_cq) = (client.create_cq(64)?, server.create_cq(64)?);
-    let mut client_cm: Cm<_, _> = Cm::new(&client_pd, &client_cm_cq, clock.clone(), CmConfig::default())?;
-    let mut server_cm: Cm<_, _> = Cm::new(&server_pd, &server_cm_cq, clock.clone(), CmConfig::default())?;
+    let mut client_cm: Cm<_, _> = Cm::new(
+        &client_pd,
+        &client_cm_cq,
+        clock.clone(),
+        CmConfig::default(),
+    )?;
+    let mut server_cm: Cm<_, _> = Cm::new(
+        &server_pd,
+        &server_cm_cq,
+        clock.clone(),
+        CmConfig::default(),
+    )?;
 
     // The server's memory the client writes and reads: its address and key go to the client
     // in the REP's private data (as rping sends them in a message).
@@ -37,7 +58,10 @@ fn main() -> Result<(), CmError> {
     server_cm.listen(None, 7174, Service::Rc)?;
     // QpCaps::default(): 16 requests each way, 1 scatter/gather entry each.
     let qp = client_pd.qp_builder(&client_cq, &client_cq).build::<Rc>()?;
-    let hello = ConnectParams { private_data: b"hello", ..ConnectParams::default() };
+    let hello = ConnectParams {
+        private_data: b"hello",
+        ..ConnectParams::default()
+    };
     let id = client_cm.connect(qp, [10, 0, 0, 2], 7174, &hello)?;
 
     let (mut client_qp, mut server_qp, mut remote) = (None, None, (0, 0));
@@ -47,20 +71,32 @@ fn main() -> Result<(), CmError> {
             assert_eq!(&request.private_data.as_slice()[..5], b"hello");
             let qp = server_pd.qp_builder(&server_cq, &server_cq).build::<Rc>()?;
             // The QP reaches RTS here, before the REP goes out.
-            let params = AcceptParams { private_data: &key, ..AcceptParams::default() };
+            let params = AcceptParams {
+                private_data: &key,
+                ..AcceptParams::default()
+            };
             server_qp = Some(server_cm.accept(request.id, qp, &params)?);
         }
-        if let Some(CmEvent::Established { qp: Some(qp), private_data, .. }) = client_cm.poll() {
+        if let Some(CmEvent::Established {
+            qp: Some(qp),
+            private_data,
+            ..
+        }) = client_cm.poll()
+        {
             let p = private_data.as_slice();
             let addr = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
-            remote = (addr, u32::from_be_bytes(p[8..12].try_into().expect("4 bytes")));
+            remote = (
+                addr,
+                u32::from_be_bytes(p[8..12].try_into().expect("4 bytes")),
+            );
             client_qp = Some(qp); // in RTS, connected to the server's QP
         }
         if client_qp.is_some() && server_qp.is_some() {
             break;
         }
     }
-    let (mut client_qp, mut server_qp) = (client_qp.expect("connected"), server_qp.expect("accepted"));
+    let (mut client_qp, mut server_qp) =
+        (client_qp.expect("connected"), server_qp.expect("accepted"));
     assert_eq!(client_qp.query()?.dest_qpn, server_qp.qp_num());
 
     // The server posts 8 receives into its region (its queue holds 16).
@@ -81,8 +117,18 @@ fn main() -> Result<(), CmError> {
     // SAFETY: `local` is left to the device until every completion has been polled.
     unsafe {
         let mut batch = client_qp.send_batch();
-        batch.rdma_write(100, SendFlags::SIGNALED, (addr + 1024, rkey), &[local.sge(0, 12)?])?;
-        batch.rdma_read(101, SendFlags::SIGNALED, (addr + 2048, rkey), &[local.sge(64, 12)?])?;
+        batch.rdma_write(
+            100,
+            SendFlags::SIGNALED,
+            (addr + 1024, rkey),
+            &[local.sge(0, 12)?],
+        )?;
+        batch.rdma_read(
+            101,
+            SendFlags::SIGNALED,
+            (addr + 2048, rkey),
+            &[local.sge(64, 12)?],
+        )?;
         for i in 0..8 {
             batch.send(200 + i, SendFlags::SIGNALED, &[local.sge(0, 12)?])?;
         }

@@ -2,7 +2,7 @@
 //!
 //! A `#![no_std]`, heap-free RDMA verbs driver for unikernels, bare-metal appliances and
 //! firmware. It drives an RDMA device through a HAL the embedder provides (the
-//! `bareverbs-hal` crate, re-exported as [`hal`]: DMA memory, register windows, PCI
+//! `bareverbs-hal` crate, re-exported as `bareverbs::hal`: DMA memory, register windows, PCI
 //! configuration space, and for the software device an Ethernet link and a clock), and offers
 //! the verbs objects with `libibverbs` semantics and a connection manager with `librdmacm`'s.
 //!
@@ -31,7 +31,7 @@
 //! - A connection by the CM, with RDMA WRITE and READ: [`cm`]; without a CM, each side's
 //!   endpoint exchanged by hand: [`QueuePair::handshake`].
 //! - Unreliable datagrams, answered through the sender's address:
-//!   [`AddressVector::from_wc`](verbs::AddressVector::from_wc).
+//!   [`Context::init_ah_from_wc`].
 //! - Two software devices on an in-memory segment: [`Rxe::new`](device::rxe::Rxe::new); a
 //!   peer that only waits while its memory is used: [`Context::block_on`].
 //! - Waiting without a loop: [`CompletionQueue::next_completion`],

@@ -23,7 +23,12 @@ fn pvrdma(model: &Model) -> Context<Pvrdma<Model>> {
 fn rxe(model: &Model) -> (Context<R>, Segment) {
     let seg = Segment::new();
     let link = seg.attach([2, 0, 0, 0, 0, 1], 1514);
-    let dev = Rxe::new(model.clone(), link, TestClock::default(), Config { ip: [10, 0, 0, 1] });
+    let dev = Rxe::new(
+        model.clone(),
+        link,
+        TestClock::default(),
+        Config { ip: [10, 0, 0, 1] },
+    );
     (Context::new(dev.unwrap()), seg)
 }
 
@@ -74,12 +79,27 @@ fn question_mark_takes_a_refused_safe_post_and_the_buffer_goes_back_to_its_pool(
     let pool = pd.buffer_pool(2, 64).unwrap();
     // No `.pool(&pool)`: the safe path refuses the buffer.
     let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
-    let mut qp = qp.init(&ConnectedInit::default()).map_err(Error::from).unwrap();
+    let mut qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(Error::from)
+        .unwrap();
     let e = post(&mut qp, pool.alloc().unwrap()).unwrap_err();
-    assert!(matches!(e, Error::InvalidInput { param: Param::Pool, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidInput {
+                param: Param::Pool,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(pool.free_count(), 2, "the buffer is back in its pool");
     let text = e.to_string();
-    assert!(text.contains(".pool(&pool)") && text.contains("QpBuilder::pool"), "{text}");
+    assert!(
+        text.contains(".pool(&pool)") && text.contains("QpBuilder::pool"),
+        "{text}"
+    );
     assert!(!text.contains("of 0 asked"), "{text}");
 }
 
@@ -138,7 +158,10 @@ fn fill_default<P: Provider>(ctx: &Context<P>) -> (u32, Error) {
     let pool = pd.buffer_pool(40, 64).unwrap();
     let qp = pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>().unwrap();
     let depth = qp.caps().max_recv_wr;
-    let mut qp = qp.init(&ConnectedInit::default()).map_err(Error::from).unwrap();
+    let mut qp = qp
+        .init(&ConnectedInit::default())
+        .map_err(Error::from)
+        .unwrap();
     for i in 0..40 {
         if let Err((_, e)) = qp.post_recv(i, pool.alloc().unwrap()) {
             assert_eq!(u32::try_from(i).unwrap(), depth);

@@ -114,9 +114,13 @@ fn run(wait: Wait) -> (Option<WcStatus>, Option<WcStatus>, [u8; 8]) {
             unsafe {
                 let mut batch = qa.send_batch();
                 let w = [local.sge(0, 8).unwrap()];
-                batch.rdma_write(1, SendFlags::SIGNALED, (addr, rkey), &w).unwrap();
+                batch
+                    .rdma_write(1, SendFlags::SIGNALED, (addr, rkey), &w)
+                    .unwrap();
                 let r = [local.sge(8, 8).unwrap()];
-                batch.rdma_read(2, SendFlags::SIGNALED, (addr + 8, rkey), &r).unwrap();
+                batch
+                    .rdma_read(2, SendFlags::SIGNALED, (addr + 8, rkey), &r)
+                    .unwrap();
                 batch.finish();
             }
             let mut wc = [WorkCompletion::default(); 2];
@@ -134,7 +138,9 @@ fn run(wait: Wait) -> (Option<WcStatus>, Option<WcStatus>, [u8; 8]) {
             // SAFETY: `local` is left alone until this send's completion (or the QP's end).
             unsafe {
                 let mut batch = qa.send_batch();
-                batch.send(3, SendFlags::SIGNALED, &[local.sge(0, 4).unwrap()]).unwrap();
+                batch
+                    .send(3, SendFlags::SIGNALED, &[local.sge(0, 4).unwrap()])
+                    .unwrap();
                 batch.finish();
             }
             if statuses.iter().all(Option::is_some) {
@@ -201,7 +207,11 @@ fn the_progress_hook_is_on_provider_and_a_no_op_on_pvrdma() {
     );
     let before = model.commands();
     drive(&ctx);
-    assert_eq!(model.commands(), before, "no command for a progress on PVRDMA");
+    assert_eq!(
+        model.commands(),
+        before,
+        "no command for a progress on PVRDMA"
+    );
     let (a, _b, _seg) = devices(&model);
     drive(&a);
 }

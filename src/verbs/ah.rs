@@ -87,14 +87,14 @@ impl<P: Provider> Context<P> {
     ///
     /// # Errors
     ///
-    /// - [`Error::MissingAttribute`] with [`Attr::Grh`](crate::error::Attr::Grh): `wc` has no
+    /// - [`Error::MissingAttribute`] with [`Attr::Grh`]: `wc` has no
     ///   [`WcFlags::GRH`], or the slot holds neither header (or an IPv6 next header of
     ///   neither RoCE);
     /// - [`Error::InvalidInput`] for [`Param::Grh`]: `grh` shorter than [`GRH_LEN`];
-    /// - [`Error::Unsupported`] ([`Feature::Multicast`](crate::error::Feature::Multicast))
+    /// - [`Error::Unsupported`] ([`Feature::Multicast`])
     ///   when the datagram was sent to a multicast address (no GID of the table answers
     ///   for it);
-    /// - [`Error::NotFound`] ([`NotFound::Gid`](crate::error::NotFound::Gid)) when the
+    /// - [`Error::NotFound`] ([`NotFound::Gid`]) when the
     ///   port's table has no GID of that type for the address it was sent to; a port out of
     ///   range as [`query_gid`](Self::query_gid).
     ///
@@ -160,37 +160,53 @@ impl<P: Provider> Context<P> {
         let Some(grh) = grh.first_chunk::<GRH_LEN>() else {
             return Err(Error::invalid(Param::Grh, grh.len() as u64, GRH_LEN as u64));
         };
-        let (dgid, local, gid_type, hop_limit, traffic_class, flow_label) =
-            match grh_version(grh) {
-                Some(4) => {
-                    let ip = &grh[IPV4_AT..];
-                    let (src, dst) = ([ip[12], ip[13], ip[14], ip[15]], [ip[16], ip[17], ip[18], ip[19]]);
-                    // Class D (224.0.0.0/4): multicast, which no GID of the table is.
-                    if dst[0] >> 4 == 0xE {
-                        return Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)));
-                    }
-                    let (ttl, tos) = (ip[8], ip[1]);
-                    (Gid::from_ipv4(src), Gid::from_ipv4(dst), GidType::RoceV2, ttl, tos, 0)
+        let (dgid, local, gid_type, hop_limit, traffic_class, flow_label) = match grh_version(grh) {
+            Some(4) => {
+                let ip = &grh[IPV4_AT..];
+                let (src, dst) = (
+                    [ip[12], ip[13], ip[14], ip[15]],
+                    [ip[16], ip[17], ip[18], ip[19]],
+                );
+                // Class D (224.0.0.0/4): multicast, which no GID of the table is.
+                if dst[0] >> 4 == 0xE {
+                    return Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)));
                 }
-                Some(_) => {
-                    let mut sgid = [0u8; 16];
-                    sgid.copy_from_slice(&grh[8..24]);
-                    let mut dgid = [0u8; 16];
-                    dgid.copy_from_slice(&grh[24..40]);
-                    if dgid[0] == 0xFF {
-                        return Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)));
-                    }
-                    let gid_type = match grh[6] {
-                        NEXT_UDP => GidType::RoceV2,
-                        NEXT_IB => GidType::RoceV1,
-                        _ => return Err(no_grh()),
-                    };
-                    let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
-                    let tclass = ((vtf >> 20) & 0xFF) as u8;
-                    (Gid(sgid), Gid(dgid), gid_type, grh[7], tclass, vtf & 0xF_FFFF)
+                let (ttl, tos) = (ip[8], ip[1]);
+                (
+                    Gid::from_ipv4(src),
+                    Gid::from_ipv4(dst),
+                    GidType::RoceV2,
+                    ttl,
+                    tos,
+                    0,
+                )
+            }
+            Some(_) => {
+                let mut sgid = [0u8; 16];
+                sgid.copy_from_slice(&grh[8..24]);
+                let mut dgid = [0u8; 16];
+                dgid.copy_from_slice(&grh[24..40]);
+                if dgid[0] == 0xFF {
+                    return Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)));
                 }
-                None => return Err(no_grh()),
-            };
+                let gid_type = match grh[6] {
+                    NEXT_UDP => GidType::RoceV2,
+                    NEXT_IB => GidType::RoceV1,
+                    _ => return Err(no_grh()),
+                };
+                let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+                let tclass = ((vtf >> 20) & 0xFF) as u8;
+                (
+                    Gid(sgid),
+                    Gid(dgid),
+                    gid_type,
+                    grh[7],
+                    tclass,
+                    vtf & 0xF_FFFF,
+                )
+            }
+            None => return Err(no_grh()),
+        };
         let index = self
             .gid_table(port)?
             .find(|&(i, g)| g == local && self.provider.gid_type(port, i) == gid_type)

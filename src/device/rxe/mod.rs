@@ -1,4 +1,4 @@
-//! Software RoCEv2 over a plain Ethernet NIC (a [`Link`]), interoperating with Linux's
+//! Software RoCEv2 over a plain Ethernet NIC (a `hal::Link`), interoperating with Linux's
 //! `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
 //!
 //! Built in layers, each with every fact of its own (`docs/roce-v2.md`):
