@@ -609,7 +609,8 @@ impl core::error::Error for Error {}
 /// down its own way. A caller that does not want it writes `?`: the object is dropped here,
 /// as its `Drop` does (a queue pair destroyed, a buffer back in its pool), and the error goes
 /// on. A function whose error type is not [`Error`] (a `Box<dyn Error>`, say) takes it with
-/// `.map_err(Error::from)?`.
+/// `.map_err(Error::from)?`; `unwrap` and `expect` take a hand-back as it is (the queue pair
+/// and the buffer print their number and state).
 ///
 /// ```
 /// # include!("doctests.rs");

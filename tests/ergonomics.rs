@@ -398,3 +398,24 @@ fn a_datagram_that_cannot_be_answered_gets_a_typed_error() {
     };
     assert!(short.to_string().contains("is 40 bytes"), "{short}");
 }
+
+#[test]
+fn a_hand_back_unwraps_and_prints_the_queue_pair_with_its_error() {
+    let model = Model::new(ModelConfig::default());
+    let ctx = pvrdma(&model);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+    let qpn = qp.qp_num();
+    // `expect` takes a hand-back as it is: the queue pair prints.
+    let qp = qp.init(&ConnectedInit::default()).expect("RESET -> INIT");
+    let av = AddressVector::new(Gid::from_ipv4([10, 9, 9, 9]), 5);
+    let (qp, e) = qp.rtr(&ConnectedRtr::new(0x20, 0, av)).unwrap_err();
+    let text = format!("{:?}", (&qp, e));
+    assert!(text.contains(&format!("qp_num: {qpn}")), "{text}");
+    assert!(
+        text.contains("qp_type: Rc") && text.contains("state: Init"),
+        "{text}"
+    );
+    assert!(text.contains("BoundGid"), "{text}");
+}

@@ -240,6 +240,18 @@ pub struct QueuePair<'a, P: Provider, T: Transport, S: State> {
     _t: PhantomData<(T, S)>,
 }
 
+/// Its number, transport and state: what `unwrap` and `expect` print of a hand-back
+/// (`Err((qp, error))`) besides the error.
+impl<P: Provider, T: Transport, S: State> core::fmt::Debug for QueuePair<'_, P, T, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &T::TYPE)
+            .field("state", &S::STATE)
+            .finish()
+    }
+}
+
 impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {
     /// The QP number (`qp_num`).
     pub fn qp_num(&self) -> u32 {
