@@ -48,10 +48,10 @@ fn connect_at<'a, P: bareverbs::Provider>(
         access,
         ..ConnectedInit::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e)?;
+    let qp = qp.init(&init)?;
     let rtr = ConnectedRtr::new(peer, 0, AddressVector::new(gid, index));
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e)?;
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+    let qp = qp.rtr(&rtr)?;
+    Ok(qp.rts(&ConnectedRts::new(0))?)
 }
 
 /// Two RC queue pairs on `cq` (64 entries or more) with `pool`, 16 requests of 2 entries each

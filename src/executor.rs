@@ -13,7 +13,11 @@ use core::task::{Context as TaskContext, Poll, Waker};
 /// [`CompletionChannel::cq_event`](crate::verbs::CompletionChannel::cq_event),
 /// [`Context::async_event`](crate::Context::async_event)) look at the device each time they
 /// are polled (a channel's and the async events' futures also process the device's events when
-/// the driver polls), so spinning finds what they wait for. It also spins forever if nothing
+/// the driver polls, and each runs its device's [`progress`](crate::Context::progress)), so
+/// spinning finds what they wait for. A future that is not the crate's (or that waits on
+/// another device than the one whose peers must be served) leaves the device unprogressed:
+/// [`Context::block_on`](crate::Context::block_on) runs the device between polls. It also
+/// spins forever if nothing
 /// ever comes: bound the wait in the future itself, or use [`block_on_with`] and give up from
 /// its idle step. An embedder that takes interrupts halts the CPU between polls instead (the
 /// example kernel's `wait::block_on` does, with a waker its interrupt handler wakes).
@@ -30,8 +34,8 @@ use core::task::{Context as TaskContext, Poll, Waker};
 /// let cq = ctx.create_cq(64)?;
 /// let pool = pd.buffer_pool(4, 64)?;
 /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
-/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-/// a.post_send(2, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+/// b.post_recv(1, pool.alloc().expect("a free buffer"))?;
+/// a.post_send(2, pool.alloc().expect("a free buffer"))?;
 /// // The CQ's next completion, whichever QP it is of.
 /// let wc = bareverbs::block_on(cq.next_completion())?;
 /// assert_eq!(wc.status, WcStatus::Success);

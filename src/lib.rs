@@ -1,75 +1,63 @@
 //! # bareverbs
 //!
 //! A `#![no_std]`, heap-free RDMA verbs driver for unikernels, bare-metal appliances and
-//! firmware. It drives an RDMA device through a HAL the embedder provides ([`bareverbs_hal`]:
-//! DMA memory, register windows, PCI configuration space, and for the software device an
-//! Ethernet link and a clock), and offers the verbs objects with `libibverbs` semantics.
+//! firmware. It drives an RDMA device through a HAL the embedder provides (the
+//! `bareverbs-hal` crate, re-exported as `bareverbs::hal`: DMA memory, register windows, PCI
+//! configuration space, and for the software device an Ethernet link and a clock), and offers
+//! the verbs objects with `libibverbs` semantics and a connection manager with `librdmacm`'s.
 //!
 //! Two devices:
 //! - [`device::pvrdma`]: the VMware paravirtual RDMA NIC as QEMU emulates it, found on PCI
 //!   and brought up by [`Pvrdma::probe`](device::pvrdma::Pvrdma::probe);
-//! - [`device::rxe`]: software RoCEv2 over any Ethernet NIC (a [`hal::Link`]), interoperating
+//! - [`device::rxe`]: software RoCEv2 over any Ethernet NIC (a `hal::Link`), interoperating
 //!   with Linux's `rdma_rxe`, opened by [`Rxe::new`](device::rxe::Rxe::new).
 //!
 //! The rest:
 //! - [`verbs`]: the device-agnostic API — [`Context`], [`ProtectionDomain`],
-//!   [`CompletionQueue`], [`QueuePair`] (typed by transport and state), buffer pools, memory
-//!   regions, completion channels and futures — over a [`Provider`];
-//! - [`block_on`]: the smallest executor for those futures;
+//!   [`CompletionQueue`], [`QueuePair`] (typed by transport and state; RC, UC, UD, GSI),
+//!   buffer pools, memory regions and windows, shared receive queues, address handles,
+//!   completion channels and futures — over a [`Provider`];
+//! - [`cm`]: connection management on the wire, `rdma_cm`'s messages on QP1 (listen,
+//!   connect, accept, reject, disconnect, SIDR for UD), interoperating with Linux;
+//! - [`block_on`], [`Context::block_on`]: the smallest executor for those futures;
 //! - [`pci`]: PCI enumeration and BAR sizing;
-//! - [`Error`]: one `Copy` error type.
+//! - [`Error`]: one `Copy` error type; a call that consumes an object hands it back with
+//!   the error, and `?` takes the error alone.
 //!
-//! # Quick start
+//! # Where to start
 //!
-//! On the device model (`bareverbs-model`, a software PVRDMA with QEMU's behaviour: memory,
-//! PCI configuration space and the device in one value). On a machine, your [`hal::Hal`] and
-//! [`hal::ConfigRegionAccess`] implementations take its place.
+//! - The hello-world is the README's example (a doctest): the same generic code on both
+//!   devices, the safe and the raw paths.
+//! - A connection by the CM, with RDMA WRITE and READ: [`cm`]; without a CM, each side's
+//!   endpoint exchanged by hand: [`QueuePair::handshake`].
+//! - Unreliable datagrams, answered through the sender's address:
+//!   [`Context::init_ah_from_wc`].
+//! - Two software devices on an in-memory segment: [`Rxe::new`](device::rxe::Rxe::new); a
+//!   peer that only waits while its memory is used: [`Context::block_on`].
+//! - Waiting without a loop: [`CompletionQueue::next_completion`],
+//!   [`CompletionChannel`](verbs::CompletionChannel).
+//! - NVMe over Fabrics, target and host: the `bareverbs-nvmf` crate's documentation.
 //!
+//! What must run for a peer to be served: a hardware device (PVRDMA) serves RDMA READs and
+//! WRITEs on this side's memory by itself; the software device serves them inside this
+//! side's calls — any wait the crate offers, a poll, or [`Context::progress`].
+//!
+//! # Depending on the crates
+//!
+//! ```toml
+//! [dependencies]
+//! bareverbs = "0.1"        # the driver, the verbs, the CM (re-exports bareverbs-hal as `hal`)
+//! bareverbs-hal = "0.1"    # to implement the HAL for your platform (or its ready ones)
+//! bareverbs-nvmf = { path = "…/nvmf" }  # NVMe over Fabrics on RDMA, target and host (not on crates.io)
+//!
+//! [dev-dependencies]
+//! bareverbs-model = "0.1"  # the device model, an in-memory Ethernet segment, a test clock
 //! ```
-//! use bareverbs::Context;
-//! use bareverbs::device::pvrdma::{Config, Pvrdma};
-//! use bareverbs::verbs::*;
-//! use bareverbs_model::Model;
 //!
-//! fn connect<'a, P: Provider>(
-//!     qp: QueuePair<'a, P, Rc, Reset>,
-//!     peer_qpn: u32,
-//!     peer: AddressVector,
-//! ) -> bareverbs::Result<QueuePair<'a, P, Rc, Rts>> {
-//!     let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
-//!     let qp = qp.rtr(&ConnectedRtr::new(peer_qpn, 0, peer)).map_err(|(_, e)| e)?;
-//!     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
-//! }
-//!
-//! # fn main() -> bareverbs::Result<()> {
-//! let machine = Model::default();
-//! let ctx = Context::new(Pvrdma::probe(machine.clone(), &machine, Config::default())?);
-//! // RoCE addresses by GID: one bound before a QP connects (dropping the binding removes it).
-//! let gid = ctx.bind_gid(0, Gid::link_local_from_mac([0x52, 0x54, 0, 0x12, 0x34, 0x57]))?;
-//! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq(256)?;
-//! let pool = pd.buffer_pool(16, 1024)?; // 16 registered buffers of 1 KiB
-//!
-//! // Two RC queue pairs, connected to each other: RESET -> INIT -> RTR -> RTS.
-//! let a = pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>()?;
-//! let b = pd.qp_builder(&cq, &cq).pool(&pool).build::<Rc>()?;
-//! let av = AddressVector::new(gid.gid(), gid.index() as u8);
-//! let (qpn_a, qpn_b) = (a.qp_num(), b.qp_num());
-//! let (mut a, mut b) = (connect(a, qpn_b, av)?, connect(b, qpn_a, av)?);
-//!
-//! // A buffer moves into the QP when posted and comes back with its completion.
-//! b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-//! let mut buf = pool.alloc().expect("a free buffer");
-//! buf.set_len(5)?;
-//! buf.as_mut_slice().copy_from_slice(b"hello");
-//! a.post_send(2, buf).map_err(|(_, e)| e)?;
-//! let got = b.poll_one()?.expect("a receive completion");
-//! assert_eq!((got.wc.status, got.wc.byte_len), (WcStatus::Success, 5));
-//! assert_eq!(got.buf.expect("the buffer").as_slice(), b"hello");
-//! # let sent = a.poll_one()?.expect("a send completion");
-//! # assert_eq!(sent.wc.wr_id, 2);
-//! # Ok(()) }
-//! ```
+//! From a checkout, `path = "…"` each (`hal/`, `nvmf/`, and the model's directory). The
+//! examples in this documentation run on `bareverbs-model`: on a machine, your
+//! `hal::Hal` and `hal::ConfigRegionAccess` implementations take the model's place, and
+//! your NIC the in-memory segment's.
 //!
 //! Dropping destroys (best effort, never panicking); `destroy()` reports. The objects borrow
 //! what they were made from, so nothing outlives what it needs.

@@ -706,7 +706,7 @@ fn a_qp_change_during_a_poll_of_its_cq_is_busy_not_a_deadlock() {
         }
         let cursor = cq.start_poll().unwrap().expect("a completion");
         let busy = |op| Error::Busy { op };
-        let (a, e) = a.to_error().err().expect("refused while polled");
+        let (a, e) = a.to_error().expect_err("refused while polled");
         assert_eq!(e, busy(Op::ModifyQp));
         let (a, e) = a.destroy().expect_err("refused while polled");
         assert_eq!(e, busy(Op::DestroyQp));

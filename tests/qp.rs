@@ -619,7 +619,7 @@ fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
     let ctx = up(&model);
     let pd = ctx.alloc_pd().unwrap();
     // The SRQ's depth (128) is reserved once on the receive CQ its QPs share, however many
-    // they are: three QPs hold 128 + their send queues (8 + 1 + 1).
+    // they are: three QPs hold 128 + their send queues (8, and the default 16 twice).
     let cq = ctx.create_cq(512).unwrap();
     let srq = pd
         .create_srq(SrqAttr {
@@ -658,7 +658,7 @@ fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
     // Receives complete to the receive CQ whichever QP the SRQ hands them to: the SRQ's 128
     // reserved there once for the three, besides their send queues.
     let other = ctx.create_cq(1).unwrap();
-    assert_eq!(reserved(&pd, &cq, &other), 128 + 8 + 1 + 1);
+    assert_eq!(reserved(&pd, &cq, &other), 128 + 8 + 16 + 16);
     drop(other);
     let e = pd.qp_builder(&cq, &cq).srq(&srq).build::<Gsi>().err();
     assert_eq!(e, Some(unsupported(Feature::SrqOnQpType)));

@@ -213,7 +213,15 @@ fn query_gid_answers_what_was_bound_zero_where_nothing_is_and_refuses_out_of_ran
     let all: Vec<_> = ctx.gid_table(1).unwrap().collect();
     assert_eq!(all, [(0, gid0()), (7, a), (len - 1, b)]);
     let mut two = [(0, Gid([0; 16])); 2];
-    assert_eq!(ctx.bound_gids(1, &mut two).unwrap(), 2);
+    // Too short for the 3 bound: an error naming the length needed (what fits is written).
+    assert_eq!(
+        ctx.bound_gids(1, &mut two),
+        Err(Error::InvalidInput {
+            param: Param::GidTableBuffer,
+            value: 2,
+            max: 3
+        })
+    );
     assert_eq!(two, [(0, gid0()), (7, a)]);
     let mut many = [(0, Gid([0; 16])); 8];
     assert_eq!(ctx.bound_gids(1, &mut many).unwrap(), 3);

@@ -30,57 +30,26 @@
 //!
 //! The CM owns its completion queue: nothing else may use it.
 //!
+//! # What must run
+//!
+//! The CM makes progress inside [`Cm::poll`] (and [`Cm::next_event`]): poll it, or await its
+//! future, until the connection is up, and on while it lives (the peer's DREQ, resends). Once
+//! connected, RDMA READs and WRITEs that the peer aims at this side's memory need nothing of
+//! the CM: on PVRDMA the device serves them; on the software RoCE device this side's device
+//! serves them inside its own calls — any wait the crate offers (a future of a completion
+//! queue or channel, [`Context::block_on`], [`Cm::poll`]), a poll, or
+//! [`Context::progress`]. A passive side that waits on nothing of the crate's (a lock, a
+//! flag) while its memory is used calls [`Context::progress`] from that loop.
+//!
 //! # Example
 //!
-//! Two software RoCE devices on an in-memory Ethernet segment (the test model's), one
-//! listening on rping's port, the other connecting to it:
+//! Two software RoCE devices on an in-memory Ethernet segment (the test model's): the server
+//! listens on rping's port and sends its region's address and key in the REP; the client
+//! connects, then RDMA-WRITEs into the server's region, RDMA-READs from it and sends 8
+//! messages into the server's 8 receives (`examples/cm.rs`, `cargo run --example cm`):
 //!
 //! ```
-//! use bareverbs::Context;
-//! use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectParams, Service};
-//! use bareverbs::device::rxe::{Config, Rxe};
-//! use bareverbs::verbs::Rc;
-//! use bareverbs_model::link::{Segment, TestClock};
-//! use bareverbs_model::{Model, ModelConfig};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
-//! let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
-//! let client = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
-//! let server = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
-//! let (client_pd, server_pd) = (client.alloc_pd()?, server.alloc_pd()?);
-//! // Each CM owns a completion queue; the connections' QPs use others.
-//! let (client_cm_cq, server_cm_cq) = (client.create_cq(32)?, server.create_cq(32)?);
-//! let (client_cq, server_cq) = (client.create_cq(32)?, server.create_cq(32)?);
-//! let mut client_cm: Cm<_, _> = Cm::new(&client_pd, &client_cm_cq, clock.clone(), CmConfig::default())?;
-//! let mut server_cm: Cm<_, _> = Cm::new(&server_pd, &server_cm_cq, clock.clone(), CmConfig::default())?;
-//!
-//! server_cm.listen(None, 7174, Service::Rc)?;
-//! let qp = client_pd.qp_builder(&client_cq, &client_cq).build::<Rc>()?;
-//! let hello = ConnectParams { private_data: b"hello", ..ConnectParams::default() };
-//! let id = client_cm.connect(qp, [10, 0, 0, 2], 7174, &hello).map_err(|(_, e)| e)?;
-//!
-//! let (mut client_qp, mut server_qp) = (None, None);
-//! for _ in 0..1000 {
-//!     clock.advance(100); // µs: the CM's timers run on the embedder's clock
-//!     if let Some(CmEvent::ConnectRequest(request)) = server_cm.poll() {
-//!         assert_eq!(&request.private_data.as_slice()[..5], b"hello");
-//!         let qp = server_pd.qp_builder(&server_cq, &server_cq).build::<Rc>()?;
-//!         // The QP reaches RTS here, before the REP goes out.
-//!         let accepted = server_cm.accept(request.id, qp, &AcceptParams::default());
-//!         server_qp = Some(accepted.map_err(|(_, e)| e)?);
-//!     }
-//!     if let Some(CmEvent::Established { qp: Some(qp), .. }) = client_cm.poll() {
-//!         client_qp = Some(qp); // in RTS, connected to the server's QP
-//!     }
-//!     if client_qp.is_some() && server_qp.is_some() {
-//!         break;
-//!     }
-//! }
-//! let (client_qp, server_qp) = (client_qp.unwrap(), server_qp.unwrap());
-//! assert_eq!(client_qp.query()?.dest_qpn, server_qp.qp_num());
-//! client_cm.disconnect(id)?;
-//! # Ok(()) }
+#![doc = include_str!("../../examples/cm.rs")]
 //! ```
 
 mod active;
@@ -205,6 +174,24 @@ impl From<Error> for CmError {
     }
 }
 
+/// A verbs hand-back's error, the object dropped (as [`Error`]'s own conversion does): `?`
+/// on a queue pair's transition in a function that returns a `CmError`.
+impl<T> From<(T, Error)> for CmError {
+    fn from((object, e): (T, Error)) -> Self {
+        drop(object);
+        CmError::Verbs(e)
+    }
+}
+
+/// The CM's hand-back's error ([`Cm::connect`], [`Cm::accept`] hand the queue pair back with
+/// it), the queue pair dropped: `?` where the caller does not want it back.
+impl<T> From<(T, CmError)> for CmError {
+    fn from((object, e): (T, CmError)) -> Self {
+        drop(object);
+        e
+    }
+}
+
 /// Which rdma_cm port space a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
@@ -291,7 +278,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             max_inline_data: 0,
         };
         let gsi = pd.qp_builder(cq, cq).caps(caps).build::<Gsi>()?;
-        let gsi = gsi.ready(GSI_QKEY, 0).map_err(|(_, e)| e)?;
+        let gsi = gsi.ready(GSI_QKEY, 0)?;
         let mr = pd.register(REGION, AccessFlags::LOCAL_WRITE)?;
         let entropy = ctx.entropy();
         let mut cm = Cm {
@@ -384,6 +371,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     fn progress(&mut self) {
+        // The device's own work first (the software device's frames: this side's peers are
+        // served, its QP1 datagrams taken), then QP1's completions.
+        self.ctx.progress();
         let mut wc = [WorkCompletion::default(); 8];
         let mut taken = 0;
         while taken < BUDGET {

@@ -51,6 +51,25 @@ impl Display for Error {
                 "a GID table buffer of {value} entries is too small: the device has {max} \
                  valid entries"
             ),
+            Error::InvalidInput {
+                param: Param::Pool,
+                value,
+                ..
+            } => write!(
+                f,
+                "buffer {value} is not of this queue pair's pool: the safe posts take buffers \
+                 of the pool the queue pair was built with (`.pool(&pool)`, QpBuilder::pool); \
+                 build it with one, or post that pool's buffers"
+            ),
+            Error::InvalidInput {
+                param: Param::Grh,
+                value,
+                max,
+            } => write!(
+                f,
+                "a GRH slot of {value} bytes: a UD receive's GRH slot is {max} bytes, the \
+                 first {max} of its buffer"
+            ),
             Error::InvalidInput { param, value, max } => {
                 write!(f, "{param} of {value} asked, at most {max} possible")
             }
@@ -85,6 +104,17 @@ impl Display for Error {
                 "completion queue full: room for {free} more completions (each request \
                  outstanding needs one until its completion is polled); nothing was posted: \
                  poll the completion queue, or create it larger"
+            ),
+            Error::QueueFull {
+                queue: queue @ (Queue::Send | Queue::Recv),
+                free,
+            } => write!(
+                f,
+                "{queue} full: room for {free} more requests; nothing was posted: poll for \
+                 completions, or build the queue pair deeper with `.caps(...)` \
+                 (QpBuilder::caps); without it a queue has the default depth of {} requests \
+                 (QpCaps::default())",
+                crate::verbs::QpCaps::DEFAULT.max_send_wr
             ),
             Error::QueueFull { queue, free } => write!(
                 f,
@@ -170,6 +200,7 @@ impl Display for Param {
             Param::BufferSize => "bytes per buffer",
             Param::GidTableBuffer => "GID table buffer entries",
             Param::CompVector => "completion vector",
+            Param::Grh => "GRH bytes",
         })
     }
 }
@@ -195,6 +226,10 @@ impl Display for Attr {
                 "an initiator depth of at least 1 for an RDMA READ or atomic: this queue pair's \
                  max_rd_atomic (set at RTS, as the device applied it) is 0; set \
                  ConnectedRts::max_rd_atomic or use the handshake",
+            ),
+            Attr::Grh => f.write_str(
+                "a GRH: a UD receive's completion with the GRH flag, its buffer's first 40 \
+                 bytes holding RoCEv2's IPv4 header or an IPv6 GRH of RoCE",
             ),
         }
     }
@@ -274,6 +309,7 @@ impl Display for Op {
             Op::QuerySrq => "querying a shared receive queue",
             Op::QueryGid => "reading a GID table entry",
             Op::ResolveAddress => "resolving a peer's link address",
+            Op::CreateAh => "making an address handle from a completion",
         })
     }
 }
@@ -387,6 +423,21 @@ impl Display for NotFound {
             NotFound::Bar { bar } => write!(f, "BAR {bar} is absent or too small"),
             NotFound::GidEntry { port, index } => {
                 write!(f, "no GID is bound at index {index} of port {port}")
+            }
+            NotFound::Gid { port, gid } => {
+                let g = gid.0;
+                match gid.ipv4() {
+                    Some([a, b, c, d]) => write!(
+                        f,
+                        "port {port}'s GID table has no GID of this type for {a}.{b}.{c}.{d}"
+                    ),
+                    None => write!(
+                        f,
+                        "port {port}'s GID table has no GID of this type for \
+                         {:02x}{:02x}:{:02x}{:02x}:…:{:02x}{:02x}",
+                        g[0], g[1], g[2], g[3], g[14], g[15]
+                    ),
+                }
             }
             NotFound::Pkey { port, pkey } => {
                 write!(f, "port {port}'s P_Key table has no P_Key {pkey:#06x}")

@@ -27,8 +27,8 @@ use crate::events::{CHANNELS, ChannelId, CqId};
 /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
 ///
 /// cq.req_notify(false)?; // one event, at the next completion
-/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-/// a.post_send(2, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+/// b.post_recv(1, pool.alloc().expect("a free buffer"))?;
+/// a.post_send(2, pool.alloc().expect("a free buffer"))?;
 /// let id = bareverbs::block_on(channel.cq_event());
 /// assert_eq!(id, cq.id());
 /// cq.ack_events(1); // before the CQ may be destroyed
@@ -69,11 +69,13 @@ impl<'c, P: Provider> CompletionChannel<'c, P> {
     /// Takes the next event of one of its CQs (`ibv_get_cq_event` on a non-blocking channel):
     /// the CQ's identity (compare with [`CompletionQueue::id`](super::CompletionQueue::id)),
     /// or `None` when there is none now. The device's pending notifications are taken first,
-    /// so a channel works without interrupts too. Each event returned must be acknowledged
+    /// so a channel works without interrupts too, and its [`progress`](Context::progress)
+    /// runs (a peer's READs and WRITEs on the software RoCE device are served). Each event returned must be acknowledged
     /// ([`CompletionQueue::ack_events`](super::CompletionQueue::ack_events)) before its CQ
     /// can be destroyed.
     pub fn get_cq_event(&self) -> Option<CqId> {
         let p = self.ctx.provider();
+        p.progress();
         p.process_events();
         p.events().take_event(self.id)
     }

@@ -38,8 +38,8 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// let cq = ctx.create_cq(64)?;
     /// let pool = pd.buffer_pool(4, 64)?;
     /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
-    /// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-    /// a.post_send(2, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// b.post_recv(1, pool.alloc().expect("a free buffer"))?;
+    /// a.post_send(2, pool.alloc().expect("a free buffer"))?;
     ///
     /// let mut wc = [WorkCompletion::default(); 8];
     /// let n = cq.poll(&mut wc)?; // both QPs' completions, in the caller's array
@@ -71,8 +71,8 @@ impl<'c, P: Provider> CompletionQueue<'c, P> {
     /// let pool = pd.buffer_pool(8, 64)?;
     /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
     /// for i in 0..3 {
-    ///     b.post_recv(i, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-    ///     a.post_send(10 + i, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    ///     b.post_recv(i, pool.alloc().expect("a free buffer"))?;
+    ///     a.post_send(10 + i, pool.alloc().expect("a free buffer"))?;
     /// }
     /// let mut received = 0;
     /// if let Some(mut c) = cq.start_poll()? {

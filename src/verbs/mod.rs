@@ -69,7 +69,7 @@ mod wr;
 
 use core::mem::ManuallyDrop;
 
-pub use ah::AddressHandle;
+pub use ah::{AddressHandle, GRH_LEN};
 pub use buf_release::BufRelease;
 pub use channel::CompletionChannel;
 pub use cq::{CompletionQueue, PollCursor};
@@ -265,6 +265,64 @@ impl<P: Provider> Context<P> {
         self.provider.process_events()
     }
 
+    /// Runs the device's work for its peers now ([`Provider::progress`]): on the software
+    /// RoCE device, the frames received — a peer's READs, WRITEs and atomics on this side's
+    /// memory are served here — and the timers; nothing on PVRDMA, whose device runs by
+    /// itself. Bounded; never waits.
+    ///
+    /// The crate's waits call it already (its futures when polled, [`block_on`](Self::block_on),
+    /// completion channels, the CM). An application that waits on anything else — a lock, a
+    /// socket, its own flag — while a peer uses its memory calls it from that loop, or waits
+    /// through [`block_on`](Self::block_on).
+    pub fn progress(&self) {
+        self.provider.progress()
+    }
+
+    /// Runs `fut` to completion on this core, as [`crate::block_on`], running this device's
+    /// [`progress`](Self::progress) between polls: whatever `fut` waits for — a completion
+    /// of this device, another device's, a flag of the application's — the peers using this
+    /// device's memory are served meanwhile. Spins: it returns only when `fut` does (bound
+    /// the wait in the future, or use [`crate::block_on_with`] with an idle step that gives
+    /// up).
+    ///
+    /// # Example
+    ///
+    /// A side that only waits while its memory is written: an RDMA WRITE lands in `dst`
+    /// while the application awaits its own condition (here the written bytes themselves,
+    /// on the software RoCE device in loopback: the same device is both ends).
+    ///
+    /// ```
+    /// # include!("../doctests.rs");
+    /// # fn main() -> bareverbs::Result<()> {
+    /// use bareverbs::verbs::*;
+    /// use std::task::Poll;
+    /// let (ctx, _clock) = rxe_loopback()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(64)?;
+    /// let pool = pd.buffer_pool(4, 64)?;
+    /// let (mut a, _b) = rc_pair(&pd, &cq, &pool, rxe_gid())?;
+    /// let mut src = pd.register(8, AccessFlags::LOCAL_WRITE)?;
+    /// let dst = pd.register(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// src.as_mut_slice().copy_from_slice(b"written!");
+    /// // SAFETY: `src` is left alone until the completion is polled.
+    /// unsafe {
+    ///     let mut batch = a.send_batch();
+    ///     batch.rdma_write(1, SendFlags::SIGNALED, (dst.addr(), dst.rkey()), &[src.sge(0, 8)?])?;
+    ///     batch.finish();
+    /// }
+    /// // Not a future of the crate's: `block_on` serves the peer between its polls.
+    /// let landed = std::future::poll_fn(|_| match dst.as_slice() {
+    ///     b"written!" => Poll::Ready(()),
+    ///     _ => Poll::Pending,
+    /// });
+    /// ctx.block_on(landed);
+    /// assert_eq!(bareverbs::block_on(cq.next_completion())?.status, WcStatus::Success);
+    /// # Ok(()) }
+    /// ```
+    pub fn block_on<F: core::future::Future>(&self, fut: F) -> F::Output {
+        crate::block_on_with(fut, || self.progress())
+    }
+
     /// Interrupts and notifications counted so far, by cause.
     pub fn irq_counts(&self) -> IrqCounts {
         self.provider.events().counts()
@@ -304,17 +362,31 @@ impl<P: Provider> Context<P> {
         Ok(GidEntries::new(self, port))
     }
 
-    /// Fills `out` with the first `out.len()` bound entries of port `port`'s GID table (as
-    /// [`gid_table`](Self::gid_table)); returns how many.
+    /// Fills `out` with the bound entries of port `port`'s GID table (as
+    /// [`gid_table`](Self::gid_table)); returns how many. A buffer too short for them is an
+    /// error, as `ibv_query_gid_table`'s EINVAL: an empty table and a short buffer are told
+    /// apart (the entries that fit are written all the same).
     ///
     /// # Errors
     ///
-    /// As [`gid_table`](Self::gid_table).
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for
+    /// [`Param::GidTableBuffer`](crate::error::Param::GidTableBuffer) when `out` is shorter
+    /// than the bound entries (`value` its length, `max` the entries: the length it needs);
+    /// as [`gid_table`](Self::gid_table) for the port.
     pub fn bound_gids(&self, port: u8, out: &mut [(u32, Gid)]) -> Result<usize> {
-        let mut n = 0;
-        for (slot, e) in out.iter_mut().zip(self.gid_table(port)?) {
-            *slot = e;
+        let mut n = 0usize;
+        for e in self.gid_table(port)? {
+            if let Some(slot) = out.get_mut(n) {
+                *slot = e;
+            }
             n += 1;
+        }
+        if n > out.len() {
+            return Err(crate::error::Error::invalid(
+                crate::error::Param::GidTableBuffer,
+                out.len() as u64,
+                n as u64,
+            ));
         }
         Ok(n)
     }

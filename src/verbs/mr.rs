@@ -23,7 +23,7 @@ use crate::error::{Attr, Error, Op, Param, Result};
 /// # ) -> bareverbs::Result<()> {
 /// let mut buf = pool.alloc().expect("a free buffer");
 /// buf.as_mut_slice()[..5].copy_from_slice(b"hello");
-/// qp.post_send(1, buf).map_err(|(_, e)| e)?;
+/// qp.post_send(1, buf)?;
 /// buf.as_mut_slice()[0] = b'j'; // error: `buf` was moved into the queue pair
 /// # Ok(()) }
 /// ```

@@ -58,7 +58,7 @@ use crate::error::{Error, Param, Result};
 /// assert!(wc.iter().any(|c| c.opcode == WcOpcode::RdmaRead && c.status == WcStatus::Success));
 /// assert_eq!(&local.as_slice()[..5], b"hello");
 /// drop(mw); // deallocated: the window's key is dead, the region free to go
-/// mr.destroy().map_err(|(_, e)| e)?;
+/// mr.destroy()?;
 /// # Ok(()) }
 /// ```
 pub struct MemoryWindow<'a, P: Provider> {

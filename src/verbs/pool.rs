@@ -56,8 +56,8 @@ unsafe fn release_bit(ctx: NonNull<u8>, index: u32) {
 /// assert_eq!(pool.free_count(), 3);
 ///
 /// let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid.gid())?;
-/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
-/// a.post_send(2, buf).map_err(|(_, e)| e)?; // `buf` is the QP's now
+/// b.post_recv(1, pool.alloc().expect("a free buffer"))?;
+/// a.post_send(2, buf)?; // `buf` is the QP's now
 /// let got = b.poll_one()?.expect("a receive completion");
 /// assert_eq!(got.buf.as_ref().map(|b| b.as_slice()), Some(&b"abc"[..]));
 /// drop(got); // the receive buffer goes back to the pool

@@ -233,6 +233,18 @@ pub trait Provider {
     fn events(&self) -> &EventHub;
     /// Takes the device's notifications now, as an interrupt does (bounded; never waits).
     fn process_events(&self);
+    /// Runs the work a device does for its peers without a call of this side's application
+    /// asking for it: on a device whose transport is software (the software RoCE device,
+    /// [`Rxe::progress`](crate::device::rxe::Rxe::progress)), taking the frames the NIC
+    /// received — so that a peer's RDMA READs, WRITEs and atomics on this side's memory are
+    /// served — and running the retransmission timers. Bounded; never waits. By default
+    /// nothing: a hardware device (PVRDMA) serves its peers by itself.
+    ///
+    /// Every wait the crate offers runs it: its futures each time they are polled,
+    /// [`Context::block_on`](super::Context::block_on) between polls, a completion channel's
+    /// [`get_cq_event`](super::CompletionChannel::get_cq_event), the CM's
+    /// [`poll`](crate::cm::Cm::poll) and [`next_event`](crate::cm::Cm::next_event).
+    fn progress(&self) {}
     /// The interrupt entry for the device's vector `vector` (interrupt-safe: see the
     /// provider's documentation).
     fn interrupt(&self, vector: u16);

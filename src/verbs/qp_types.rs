@@ -71,7 +71,15 @@ impl QpState {
 
 /// Queue pair capacities (`struct ibv_qp_cap`). In a request, the minimum wanted; from create
 /// and query, what the queue pair actually has (each ≥ the request).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// The default, [`QpCaps::DEFAULT`] (what [`QpBuilder`](super::QpBuilder) asks for unless
+/// [`caps`](super::QpBuilder::caps) says otherwise): 16 send and 16 receive requests
+/// outstanding, 1 scatter/gather entry each, no inline data: well within both devices'
+/// limits (PVRDMA's rings of 16 slots fit a page each). On PVRDMA a queue
+/// pair reserves a completion for every request it may have outstanding, so its completion
+/// queue(s) need room for 32 more (16 + 16 on one CQ). Ask for deeper queues with
+/// `.caps(QpCaps { max_send_wr: 256, ..QpCaps::default() })`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpCaps {
     /// Outstanding send work requests.
     pub max_send_wr: u32,
@@ -83,6 +91,26 @@ pub struct QpCaps {
     pub max_recv_sge: u32,
     /// Bytes of inline data per send work request.
     pub max_inline_data: u32,
+}
+
+impl QpCaps {
+    /// The capacities a queue pair gets unless asked otherwise (and [`QpCaps::default`]): 16
+    /// requests outstanding each way, 1 scatter/gather entry each, no inline data.
+    pub const DEFAULT: QpCaps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+}
+
+impl Default for QpCaps {
+    /// [`QpCaps::DEFAULT`]: the depths [`QpBuilder`](super::QpBuilder) gives a queue pair
+    /// unless [`caps`](super::QpBuilder::caps) says otherwise.
+    fn default() -> Self {
+        QpCaps::DEFAULT
+    }
 }
 
 bitflags::bitflags! {

@@ -27,12 +27,10 @@ use super::Provider;
 ///     let (mut a, mut b) = rc_pair(&pd, &cq, &pool, gid)?;
 ///     let (pool, cq) = (&pool, &cq);
 ///     let polled = std::thread::scope(|s| {
-///         let poster = s.spawn(move || {
-///             let buf = pool.alloc().expect("a free buffer");
-///             b.post_recv(1, buf).map_err(|(_, e)| e).unwrap();
-///             let buf = pool.alloc().expect("a free buffer");
-///             a.post_send(2, buf).map_err(|(_, e)| e).unwrap();
-///             (a, b) // handed back, alive until their completions are taken
+///         let poster = s.spawn(move || -> bareverbs::Result<_> {
+///             b.post_recv(1, pool.alloc().expect("a free buffer"))?;
+///             a.post_send(2, pool.alloc().expect("a free buffer"))?;
+///             Ok((a, b)) // handed back, alive until their completions are taken
 ///         });
 ///         let poller = s.spawn(move || {
 ///             let mut wc = [WorkCompletion::default(); 4];
@@ -42,7 +40,7 @@ use super::Provider;
 ///             }
 ///             n
 ///         });
-///         let qps = poster.join().unwrap();
+///         let qps = poster.join().unwrap().unwrap();
 ///         let n = poller.join().unwrap();
 ///         drop(qps);
 ///         n

@@ -5,6 +5,10 @@
 //! woken from the provider's interrupt entry (or from
 //! [`Context::process_events`](super::Context::process_events) when the driver polls).
 //!
+//! Each poll of a future first runs its device's [`Provider::progress`]: on the software RoCE
+//! device, a side that only awaits one of these futures still serves its peers' READs and
+//! WRITEs, each time its executor polls.
+//!
 //! One task waits on a given CQ, channel or the async events at a time: a second one
 //! registering replaces the first's waker.
 
@@ -41,6 +45,7 @@ impl<P: Provider> Future for Ready<'_, '_, P> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<()>> {
         let (p, raw) = (self.cq.ctx.provider(), self.cq.raw());
+        p.progress();
         if p.cq_ready(raw) {
             return Poll::Ready(Ok(()));
         }
@@ -141,6 +146,7 @@ impl<P: Provider> Future for AsyncEventFuture<'_, P> {
     type Output = AsyncEvent;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<AsyncEvent> {
+        self.ctx.progress();
         if let Some(e) = self.ctx.get_async_event() {
             return Poll::Ready(e);
         }

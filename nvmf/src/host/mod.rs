@@ -439,6 +439,7 @@ impl<'a, 'n, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, 'n,
     }
 
     fn progress(&mut self) -> usize {
+        self.cq.context().progress();
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
         while taken < 64 {

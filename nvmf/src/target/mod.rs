@@ -314,6 +314,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Completions (a bounded number), commands waiting for a buffer, keep-alive timers, and
     /// the disconnections the target decided. Returns the completions taken.
     pub fn progress<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
+        self.cq.context().progress();
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
         while taken < BUDGET {

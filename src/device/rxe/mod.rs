@@ -1,4 +1,4 @@
-//! Software RoCEv2 over a plain Ethernet NIC (a [`Link`]), interoperating with Linux's
+//! Software RoCEv2 over a plain Ethernet NIC (a `hal::Link`), interoperating with Linux's
 //! `rdma_rxe`: what `rdma_rxe` is for Linux, without an OS.
 //!
 //! Built in layers, each with every fact of its own (`docs/roce-v2.md`):
@@ -24,6 +24,24 @@
 //! There is no thread: the transport runs inside the verbs calls. Posting sends what the
 //! window allows; polling a CQ first takes the frames the NIC received and runs the timers.
 //! The embedder's IP stack shares the NIC through [`Rxe::stack`].
+//!
+//! # What must run
+//!
+//! A device's frames are taken, and its timers run, only inside calls into that device:
+//! [`Provider::progress`](crate::verbs::Provider::progress) ([`Rxe::progress`],
+//! [`Context::progress`](crate::Context::progress)), which every wait the crate offers runs —
+//! a future of a completion queue or a completion channel, each time it is polled;
+//! [`Context::block_on`](crate::Context::block_on) between polls; a completion channel's
+//! `get_cq_event`; the CM's `poll` and `next_event`; the NVMe-oF target's and host's loops —
+//! and any poll of one of its completion queues, and [`Context::interrupt`](crate::Context::interrupt)
+//! from the NIC's interrupt.
+//!
+//! So a **passive peer** — one whose memory a peer READs and WRITEs while it posts nothing —
+//! is served as long as its application waits on one of those, or calls `progress` from its
+//! own loop. One that waits on anything else (a lock, a flag, another device) serves nothing
+//! until it calls into the device again: the peer's requests wait, and after its retry count
+//! they fail. The **active side** needs its device to run too: for its address resolution
+//! (ARP), for the acknowledgements that free its window, and for its retransmissions.
 
 mod busy;
 mod check;
@@ -207,10 +225,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     ///     peer: u32,
     ///     ip: [u8; 4],
     /// ) -> bareverbs::Result<QueuePair<'a, P, Rc, Rts>> {
-    ///     let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    ///     let qp = qp.init(&ConnectedInit::default())?;
     ///     let av = AddressVector::new(Gid::from_ipv4(ip), 1);
-    ///     let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av)).map_err(|(_, e)| e)?;
-    ///     qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)
+    ///     let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av))?;
+    ///     Ok(qp.rts(&ConnectedRts::new(0))?)
     /// }
     ///
     /// # fn main() -> bareverbs::Result<()> {
@@ -231,11 +249,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// let mut qa = connect(qa, qpn_b, ip_b)?;
     /// let mut qb = connect(qb, qpn_a, ip_a)?;
     ///
-    /// qb.post_recv(1, pool_b.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+    /// qb.post_recv(1, pool_b.alloc().expect("a free buffer"))?;
     /// let mut buf = pool_a.alloc().expect("a free buffer");
     /// buf.set_len(11)?;
     /// buf.as_mut_slice().copy_from_slice(b"over RoCEv2");
-    /// qa.post_send(2, buf).map_err(|(_, e)| e)?;
+    /// qa.post_send(2, buf)?;
     /// // Wait for B's receive: between polls, time moves and both sides run.
     /// let step = || {
     ///     clock.advance(100);

@@ -440,6 +440,10 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         self.progress();
     }
 
+    fn progress(&self) {
+        Rxe::progress(self);
+    }
+
     fn interrupt(&self, _vector: u16) {
         // The NIC's interrupt only says frames arrived: take them.
         self.progress();

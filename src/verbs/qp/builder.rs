@@ -44,7 +44,7 @@ use crate::error::{Error, Feature, Result, Unsupported};
 ///
 /// // A datagram QP goes from RESET to RTS in one step, with its Q_Key.
 /// let ud = pd.qp_builder(&send_cq, &recv_cq).build::<Ud>()?;
-/// let ud = ud.ready(0x1111, 0).map_err(|(_, e)| e)?;
+/// let ud = ud.ready(0x1111, 0)?;
 /// assert_eq!(ud.query()?.qkey, 0x1111);
 /// # Ok(()) }
 /// ```
@@ -63,8 +63,9 @@ pub struct QpBuilder<'a, P: Provider> {
 
 impl<'c, P: Provider> ProtectionDomain<'c, P> {
     /// Starts building a queue pair in this protection domain, completing sends to `send_cq`
-    /// and receives to `recv_cq` (which may be the same CQ). Capacities default to 1 work
-    /// request and 1 scatter/gather entry each way.
+    /// and receives to `recv_cq` (which may be the same CQ). Capacities default to
+    /// [`QpCaps::default()`]: 16 work requests outstanding and 1 scatter/gather entry each
+    /// way, no inline data; [`QpBuilder::caps`] asks for others.
     #[inline(never)]
     pub fn qp_builder<'a>(
         &'a self,
@@ -78,13 +79,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
             recv_cq: recv_cq.raw(),
             srq: None,
             pool: None,
-            caps: QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
+            caps: QpCaps::DEFAULT,
             sq_sig_all: false,
             user_context: 0,
             ex: QpInitEx::default(),
@@ -93,7 +88,10 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
 }
 
 impl<'a, P: Provider> QpBuilder<'a, P> {
-    /// The requested capacities (the minimums: the QP gets at least these).
+    /// The requested capacities (the minimums: the QP gets at least these). Without this call,
+    /// [`QpCaps::default()`]: 16 requests outstanding each way, 1 scatter/gather entry each,
+    /// no inline data. A post beyond the depth is refused whole with
+    /// [`Error::QueueFull`].
     #[inline(never)]
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;

@@ -15,6 +15,66 @@
 //!
 //! Every one of them is a field of [`Handshake`], overridable.
 //!
+//! # Example
+//!
+//! Two software RoCE devices on an in-memory segment (on machines: any channel carries the
+//! 24 bytes each way); each side's queue pair has the default depths, 16 requests each way,
+//! and both use them: 8 receives posted, 8 messages sent.
+//!
+//! ```
+//! use bareverbs::Context;
+//! use bareverbs::device::rxe::{Config, Rxe};
+//! use bareverbs::verbs::*;
+//! use bareverbs_model::link::{Segment, TestClock};
+//! use bareverbs_model::Model;
+//!
+//! # fn main() -> bareverbs::Result<()> {
+//! let (machine, segment, clock) = (Model::default(), Segment::new(), TestClock::default());
+//! let device = |mac, ip| Rxe::new(machine.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
+//! let a = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
+//! let b = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (cq_a, cq_b) = (a.create_cq(64)?, b.create_cq(64)?);
+//! let (pool_a, pool_b) = (pd_a.buffer_pool(16, 256)?, pd_b.buffer_pool(16, 256)?);
+//! let qa = pd_a.qp_builder(&cq_a, &cq_a).pool(&pool_a).build::<Rc>()?;
+//! let qb = pd_b.qp_builder(&cq_b, &cq_b).pool(&pool_b).build::<Rc>()?;
+//!
+//! // Each side sends its 24 bytes to the other, however it likes.
+//! let (to_b, to_a) = (qa.endpoint()?.to_bytes(), qb.endpoint()?.to_bytes());
+//! let mut qa = qa.handshake(&Endpoint::from_bytes(&to_a)?)?;
+//! let mut qb = qb.handshake(&Endpoint::from_bytes(&to_b)?)?;
+//!
+//! for i in 0..8 {
+//!     qb.post_recv(i, pool_b.alloc().expect("a free buffer"))?;
+//! }
+//! for i in 0..8u8 {
+//!     let mut buf = pool_a.alloc().expect("a free buffer");
+//!     buf.set_len(6)?;
+//!     buf.as_mut_slice().copy_from_slice(&[b'h', b'e', b'l', b'l', b'o', b'0' + i]);
+//!     qa.post_send(100 + u64::from(i), buf)?;
+//! }
+//! // B's wait runs B's device (its frames in); A's runs in the idle step, as A's own thread
+//! // or machine would run it (its address resolution, sends and acknowledgements).
+//! for i in 0..8u8 {
+//!     let next = std::future::poll_fn(|_| match qb.poll_one() {
+//!         Ok(None) => std::task::Poll::Pending,
+//!         other => std::task::Poll::Ready(other),
+//!     });
+//!     let got = bareverbs::block_on_with(next, || a.progress())?.expect("a completion");
+//!     assert_eq!(got.wc.status, WcStatus::Success);
+//!     assert_eq!(got.buf.expect("its buffer").as_slice(), &[b'h', b'e', b'l', b'l', b'o', b'0' + i]);
+//! }
+//! for _ in 0..8 {
+//!     assert_eq!(a.block_on(cq_a.next_completion())?.status, WcStatus::Success);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! What must run for a peer's READs and WRITEs on this side's memory to be served, once
+//! connected: nothing on PVRDMA; on the software RoCE device, this side's calls into its device
+//! — a wait of the crate's, a poll, or [`Context::progress`](crate::verbs::Context::progress)
+//! (`docs/cm.md`).
+//!
 //! # PSNs
 //!
 //! Each queue pair draws its starting PSN from the context's entropy

@@ -140,18 +140,18 @@ impl<P: Provider> Drop for QpInner<'_, P> {
 /// let (qpn_a, qpn_b) = (a.qp_num(), b.qp_num());
 /// let av = AddressVector::new(gid.gid(), gid.index() as u8); // the peer's GID: here, ours
 ///
-/// let a = a.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
-/// let a = a.rtr(&ConnectedRtr::new(qpn_b, 0, av)).map_err(|(_, e)| e)?;
-/// let mut a = a.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)?;
-/// let b = b.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
-/// let b = b.rtr(&ConnectedRtr::new(qpn_a, 0, av)).map_err(|(_, e)| e)?;
-/// let mut b = b.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e)?;
+/// let a = a.init(&ConnectedInit::default())?;
+/// let a = a.rtr(&ConnectedRtr::new(qpn_b, 0, av))?;
+/// let mut a = a.rts(&ConnectedRts::new(0))?;
+/// let b = b.init(&ConnectedInit::default())?;
+/// let b = b.rtr(&ConnectedRtr::new(qpn_a, 0, av))?;
+/// let mut b = b.rts(&ConnectedRts::new(0))?;
 ///
-/// b.post_recv(1, pool.alloc().expect("a free buffer")).map_err(|(_, e)| e)?;
+/// b.post_recv(1, pool.alloc().expect("a free buffer"))?;
 /// let mut buf = pool.alloc().expect("a free buffer");
 /// buf.set_len(5)?;
 /// buf.as_mut_slice().copy_from_slice(b"hello");
-/// a.post_send(2, buf).map_err(|(_, e)| e)?;
+/// a.post_send(2, buf)?;
 /// let got = b.poll_one()?.expect("a receive completion");
 /// assert_eq!((got.wc.wr_id, got.wc.byte_len), (1, 5));
 /// assert_eq!(got.buf.expect("the buffer").as_slice(), b"hello");
@@ -183,7 +183,7 @@ impl<P: Provider> Drop for QpInner<'_, P> {
 /// #     mut qp: QueuePair<'a, P, Rc, Init>,
 /// # ) -> bareverbs::Result<()> {
 /// let buf = pool.alloc().expect("a free buffer");
-/// qp.post_send(1, buf).map_err(|(_, e)| e)?; // error: the QP is in INIT
+/// qp.post_send(1, buf)?; // error: the QP is in INIT
 /// # Ok(()) }
 /// ```
 ///
@@ -196,7 +196,7 @@ impl<P: Provider> Drop for QpInner<'_, P> {
 /// #     mut qp: QueuePair<'a, P, Rc, Reset>,
 /// # ) -> bareverbs::Result<()> {
 /// let buf = pool.alloc().expect("a free buffer");
-/// qp.post_recv(1, buf).map_err(|(_, e)| e)?; // error: the QP is in RESET
+/// qp.post_recv(1, buf)?; // error: the QP is in RESET
 /// # Ok(()) }
 /// ```
 ///
@@ -219,7 +219,7 @@ impl<P: Provider> Drop for QpInner<'_, P> {
 /// #     mut qp: QueuePair<'a, P, Rc, Rts>,
 /// # ) -> bareverbs::Result<()> {
 /// let buf = pool.alloc().expect("a free buffer");
-/// qp.post_send_to(1, buf, (ah, 7, 0x1111)).map_err(|(_, e)| e)?; // error: RC has one peer
+/// qp.post_send_to(1, buf, (ah, 7, 0x1111))?; // error: RC has one peer
 /// # Ok(()) }
 /// ```
 ///
@@ -238,6 +238,18 @@ impl<P: Provider> Drop for QpInner<'_, P> {
 pub struct QueuePair<'a, P: Provider, T: Transport, S: State> {
     inner: QpInner<'a, P>,
     _t: PhantomData<(T, S)>,
+}
+
+/// Its number, transport and state: what `unwrap` and `expect` print of a hand-back
+/// (`Err((qp, error))`) besides the error.
+impl<P: Provider, T: Transport, S: State> core::fmt::Debug for QueuePair<'_, P, T, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &T::TYPE)
+            .field("state", &S::STATE)
+            .finish()
+    }
 }
 
 impl<'a, P: Provider, T: Transport, S: State> QueuePair<'a, P, T, S> {

@@ -472,7 +472,7 @@ impl<P: Provider, T> SendBatch<'_, P, T> {
 ///     max_inline_data: 0,
 /// };
 /// let qp = pd.qp_builder(&cq, &cq).caps(caps).build::<Ud>()?;
-/// let mut qp = qp.ready(0x1111, 0).map_err(|(_, e)| e)?;
+/// let mut qp = qp.ready(0x1111, 0)?;
 /// let depth = qp.caps().max_recv_wr; // 16 or more
 /// let mr = pd.register(depth as usize * 64, AccessFlags::LOCAL_WRITE)?;
 /// // SAFETY: the CPU leaves `mr` alone while the receives are posted.
