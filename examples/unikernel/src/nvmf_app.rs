@@ -52,7 +52,7 @@ pub const MAX_MIB: u32 = 256;
 /// admin and [`IO_QUEUES`] I/O queues each, and two spare for a discovery controller and a
 /// host that reconnects while its old controller still waits for its keep-alive to expire
 /// (a host that vanished holds its queues at most the target's keep-alive maximum, 120 s).
-/// The target's queue table lives on the boot stack (about 3.9 KB a queue), and each I/O
+/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters included), and each I/O
 /// queue registers about 4.3 MiB of the DMA region (its 32 data buffers of 128 KiB and its
 /// 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
 /// no resources), as one beyond the table.
@@ -394,7 +394,7 @@ pub fn serve<P: Provider>(
                     let [a, b, c, d] = r.station;
                     let _ = write!(
                         out,
-                        "nvmf: refused #{} from {a}.{b}.{c}.{d} at +{} ms: {}",
+                        "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
                         r.seq,
                         (r.at_us / 1000).saturating_sub(t0),
                         r.reason
@@ -409,7 +409,7 @@ pub fn serve<P: Provider>(
                     }
                 }
                 None => {
-                    let _ = writeln!(out, "nvmf: refused #{refusals}: not kept (a burst)");
+                    let _ = writeln!(out, "nvmf: refusal {refusals}: not kept (a burst)");
                 }
             }
         }

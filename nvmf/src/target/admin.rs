@@ -43,8 +43,9 @@ pub(super) struct Cx<'x, 's> {
     pub subsystems: &'x mut [Subsystem<'s>],
     pub cfg: &'x TargetConfig,
     pub ip: [u8; 4],
-    /// The controller's counts (its queues summed), for the SMART log.
-    pub io: &'x super::IoCounts,
+    /// The controller's counts (its queues summed), for the SMART log (only for Get Log
+    /// Page: summed on demand, nothing on other commands' way).
+    pub io: Option<&'x super::IoCounts>,
     /// The target's clock as last read, and when the target was made (µs).
     pub now_us: u64,
     pub born_us: u64,
@@ -276,7 +277,8 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
 /// Error Information log entries. The rest is 0: no temperature sensor, no spare, no wear.
 fn smart_log(cx: &Cx<'_, '_>) -> [u8; log::SMART_LEN] {
     let mut page = [0u8; log::SMART_LEN];
-    let io = cx.io;
+    let none = super::IoCounts::default();
+    let io = cx.io.unwrap_or(&none);
     let hours = cx.now_us.saturating_sub(cx.born_us) / 3_600_000_000;
     let minutes = cx.ctrl.busy_time_us(cx.now_us) / 60_000_000;
     for (at, v) in [

@@ -313,8 +313,8 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         } else {
             // The SMART log's counts: the controller's queues summed (only for Get Log Page).
             let io = match (qid, sqe.opcode(), self.queues[q].ctrl) {
-                (0, opcode::GET_LOG_PAGE, Some(c)) => self.ctrl_io(c),
-                _ => super::IoCounts::default(),
+                (0, opcode::GET_LOG_PAGE, Some(c)) => Some(self.ctrl_io(c)),
+                _ => None,
             };
             let (now_us, born_us) = (self.now_us, self.born_us);
             let Target {
@@ -342,7 +342,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                         subsystems,
                         cfg,
                         ip: *ip,
-                        io: &io,
+                        io: io.as_ref(),
                         now_us,
                         born_us,
                     };
