@@ -12,8 +12,9 @@
 //! The kernel serves until its console receives `q`, then prints what the target counted
 //! ([`report`]), flushes the virtio-blk disk and powers off. `s` on the console prints the
 //! counters while it serves; every refused connection or Connect is printed as it happens,
-//! with its reason. Its console also takes the lab's instruction-count marks ([`Console`]). Between rounds that found nothing to do it halts (the embedder's idle
-//! hook), so that an idle appliance leaves the CPU to others.
+//! with its reason. Its console also takes the lab's instruction-count marks ([`Console`]).
+//! Between rounds that found nothing to do it halts (the embedder's idle hook), so that an
+//! idle appliance leaves the CPU to others.
 
 use core::fmt::Write;
 
@@ -52,9 +53,9 @@ pub const MAX_MIB: u32 = 256;
 /// admin and [`IO_QUEUES`] I/O queues each, and two spare for a discovery controller and a
 /// host that reconnects while its old controller still waits for its keep-alive to expire
 /// (a host that vanished holds its queues at most the target's keep-alive maximum, 120 s).
-/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters included), and each I/O
-/// queue registers about 4.3 MiB of the DMA region (its 32 data buffers of 128 KiB and its
-/// 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
+/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters
+/// included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
+/// buffers of 128 KiB and its 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
 /// no resources), as one beyond the table.
 const QUEUES: usize = 14;
 /// I/O queues a controller may have (Linux asks for one per CPU and takes what Number of
@@ -489,20 +490,17 @@ fn counts_line(out: &mut dyn Write, name: &str, c: &IoCounts) {
     if c.errors > 0 {
         let _ = write!(out, "nvmf-uk counters: {name}: errors by status:");
         for &(st, n) in c.by_status.iter().filter(|e| e.1 != 0) {
-            let _ = write!(out, " {:#05x}x{n}", st.0);
+            let _ = write!(out, " {:#06x}={n}", st.0);
         }
         if c.other_errors > 0 {
-            let _ = write!(out, " otherx{}", c.other_errors);
+            let _ = write!(out, " other={}", c.other_errors);
         }
         let _ = writeln!(out);
     }
     if c.latency.iter().any(|&n| n > 0) {
-        let _ = write!(
-            out,
-            "nvmf-uk counters: {name}: latency (from µs: commands):"
-        );
+        let _ = write!(out, "nvmf-uk counters: {name}: latency (from µs=commands):");
         for k in (0..LATENCY_BUCKETS).filter(|&k| c.latency[k] > 0) {
-            let _ = write!(out, " {}:{}", bucket_floor_us(k), c.latency[k]);
+            let _ = write!(out, " {}={}", bucket_floor_us(k), c.latency[k]);
         }
         let _ = writeln!(out);
     }

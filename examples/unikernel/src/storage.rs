@@ -38,8 +38,8 @@ pub(crate) fn appliance(
             }
         }
     });
-    // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction counter's mark XXXX (the lab's
-    // windows around a counted fio job).
+    // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction
+    // counter's mark XXXX (the lab's windows around a counted fio job).
     let mut commands = nvmf_app::Console::default();
     let mut console_in = || {
         while let Some(b) = console::try_get() {
