@@ -22,7 +22,7 @@ use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmError, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
-use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, bucket_floor_us};
+use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, bucket_floor_us};
 use bareverbs_nvmf::{
     BlockDevice, Host, HostConfig, HostError, NVME_RDMA_PORT, RamDisk, Subsystem, Target,
     TargetConfig, TargetCounts,
@@ -72,6 +72,9 @@ const CQ_ENTRIES: u32 = (QUEUES * 4 * DEPTH) as u32;
 const CONNS: usize = 2 * QUEUES;
 /// Host NQNs `bvnvmf.allow=` takes at most.
 pub const MAX_ALLOW: usize = 4;
+/// Refusal lines printed a second at most (the console is slow, and anyone may send
+/// connection requests).
+const REFUSAL_LINES: u32 = 8;
 /// The longest NQN (bytes; NVMe-oF's 223).
 const MAX_NQN: usize = 223;
 
@@ -367,7 +370,7 @@ pub fn serve<P: Provider>(
     }
     let t0 = clock_ms();
     let mut seen = TargetCounts::default();
-    let mut refusals = 0;
+    let (mut refusals, mut window_ms, mut lines) = (0, t0, 0);
     loop {
         let work = target.poll(&mut cm);
         let now = target.counts();
@@ -386,31 +389,47 @@ pub fn serve<P: Provider>(
             );
             seen = now;
         }
-        // Every refusal, with its reason (the log keeps the newest few: a burst larger than
-        // that between two rounds is told as a number).
-        while refusals < now.refusals {
-            refusals += 1;
-            match target.refusal(refusals) {
-                Some(r) => {
-                    let [a, b, c, d] = r.station;
-                    let _ = write!(
+        // Every refusal, with its reason. The console is slow and the requests may come from
+        // anyone: at most REFUSAL_LINES lines a second; the rest (and those the target's log
+        // no longer keeps) are told as a number when lines may be printed again.
+        if refusals < now.refusals {
+            let ms = clock_ms();
+            if ms.saturating_sub(window_ms) >= 1000 {
+                (window_ms, lines) = (ms, 0);
+            }
+            while refusals < now.refusals && lines < REFUSAL_LINES {
+                let oldest = now.refusals.saturating_sub(REFUSALS_KEPT as u64) + 1;
+                if refusals + 1 < oldest {
+                    let _ = writeln!(
                         out,
-                        "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
-                        r.seq,
-                        (r.at_us / 1000).saturating_sub(t0),
-                        r.reason
+                        "nvmf: refusals {} to {}: not printed (more than {REFUSAL_LINES} a second, or a burst)",
+                        refusals + 1,
+                        oldest - 1
                     );
-                    match r.hostnqn {
-                        Some(n) => {
-                            let _ = writeln!(out, " (host {})", n.as_str());
-                        }
-                        None => {
-                            let _ = writeln!(out);
-                        }
-                    }
+                    refusals = oldest - 1;
+                    lines += 1;
+                    continue;
                 }
-                None => {
-                    let _ = writeln!(out, "nvmf: refusal {refusals}: not kept (a burst)");
+                refusals += 1;
+                lines += 1;
+                let Some(r) = target.refusal(refusals) else {
+                    continue;
+                };
+                let [a, b, c, d] = r.station;
+                let _ = write!(
+                    out,
+                    "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
+                    r.seq,
+                    (r.at_us / 1000).saturating_sub(t0),
+                    r.reason
+                );
+                match r.hostnqn {
+                    Some(n) => {
+                        let _ = writeln!(out, " (host {})", n.as_str());
+                    }
+                    None => {
+                        let _ = writeln!(out);
+                    }
                 }
             }
         }
