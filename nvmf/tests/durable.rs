@@ -14,7 +14,7 @@ use bareverbs_nvmf::block::{BlockDevice, BlockError, RamDisk};
 use bareverbs_nvmf::host::{Data, HostError};
 use bareverbs_nvmf::target::Subsystem;
 use bareverbs_nvmf::wire::identify::IDENTIFY_LEN;
-use bareverbs_nvmf::wire::{Sqe, Status, feature, log, opcode};
+use bareverbs_nvmf::wire::{Sqe, Status, feature, log, opcode, prop};
 use common::*;
 
 const NQN_DISK: &str = "nqn.2026-11.io.bareverbs:cached";
@@ -365,6 +365,15 @@ fn a_disabled_write_cache_writes_through() {
     set_wce(&mut h, true, idle!(l.clk, t, cmb)).unwrap();
     h.write(1, 1, 8, 8, &data, idle!(l.clk, t, cmb)).unwrap();
     assert_eq!(ops(&shared), [Op::Write(8)]);
+    // Off, then a controller reset (CC.EN cleared and set): on again, as every feature.
+    set_wce(&mut h, false, idle!(l.clk, t, cmb)).unwrap();
+    let cc = h
+        .property_get(prop::CC, false, idle!(l.clk, t, cmb))
+        .unwrap() as u32;
+    h.property_set(prop::CC, cc & !prop::CC_EN, idle!(l.clk, t, cmb))
+        .unwrap();
+    h.property_set(prop::CC, cc, idle!(l.clk, t, cmb)).unwrap();
+    assert_eq!(get_wce(&mut h, idle!(l.clk, t, cmb)), Ok(1));
     let _ = &mut cma;
 }
 

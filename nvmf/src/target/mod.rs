@@ -615,7 +615,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Resets controller `c` (its host cleared CC.EN): its I/O queues end (the target
     /// disconnects them; their outstanding commands are aborted with them), the asynchronous
     /// event requests it holds are answered (Internal Error, DNR), and what Set Features
-    /// granted is forgotten (Number of Queues, the event configuration). The admin queue and
+    /// granted is forgotten (Number of Queues, the event configuration, the write cache
+    /// enable: on again). The admin queue and
     /// the association stay; CSTS.RDY follows CC.EN, so it reads 0, and CC.EN = 1 enables it
     /// again.
     fn reset_ctrl(&mut self, c: usize) {
@@ -636,6 +637,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             x.aers = 0;
             x.io_granted = 0;
             x.aec = 0;
+            x.wce = true;
             self.counts.resets += 1;
         }
     }
