@@ -7,6 +7,14 @@
 //! takes the CM's events (requests to the port, disconnections), a bounded number of
 //! completions, retries the commands that wait for a buffer and expires keep-alive timers.
 //!
+//! A command is answered once it was executed on its namespace's [`BlockDevice`] (a write is
+//! on the device, a Flush after the device's flush, a write with Force Unit Access after a
+//! flush where the device has a volatile cache); a device's failure is an error status. The
+//! target counts per queue and per controller ([`IoCounts`]: commands, errors by status,
+//! bytes, a latency histogram) and fills the SMART log from those counts; it logs every
+//! connection request and Connect it refuses ([`Target::refusal`]). `docs/nvmeof.md` has the
+//! rules.
+//!
 //! Errors in a command are NVMe statuses in its response; a queue ends only when its
 //! transport does (a disconnection, a failed RDMA operation such as a READ with a key the
 //! host never gave, which moves the QP to ERROR). A queue's end loses its controller if it
