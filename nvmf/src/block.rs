@@ -45,12 +45,39 @@ pub trait BlockDevice {
     ///
     /// [`BlockError`].
     fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError>;
-    /// Makes every completed write durable.
+    /// Makes every completed write durable: returns only once the medium's own flush (if
+    /// it has a cache) completed.
     ///
     /// # Errors
     ///
-    /// [`BlockError::Io`].
+    /// [`BlockError::Io`]: the medium failed the flush (what it held may be lost).
     fn flush(&mut self) -> Result<(), BlockError>;
+    /// Whether a completed write may sit in a volatile cache until [`flush`](Self::flush)
+    /// (a disk with a write-back cache). `false`: a completed write is on the medium (a RAM
+    /// disk: the memory is the medium, there is nothing in between). The target reports it
+    /// in Identify Controller's Volatile Write Cache bit, and makes writes with Force Unit
+    /// Access durable by a flush only where it is `true`.
+    ///
+    /// The default is `true`, the safe answer for a device that does not say: hosts then
+    /// flush, and a write with Force Unit Access costs a flush.
+    fn volatile_cache(&self) -> bool {
+        true
+    }
+    /// Writes `buf` at `lba` and returns only once it is on stable media (Force Unit
+    /// Access): the default writes, then flushes when [`volatile_cache`](Self::volatile_cache)
+    /// says there is a cache. A device with a cheaper way (a FUA write of its own) overrides
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`] of the write or of the flush.
+    fn write_fua(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError> {
+        self.write(lba, buf)?;
+        if self.volatile_cache() {
+            self.flush()?;
+        }
+        Ok(())
+    }
     /// Writes `blocks` blocks of zeroes from `lba`.
     ///
     /// # Errors
@@ -131,6 +158,11 @@ impl BlockDevice for RamDisk<'_> {
     fn flush(&mut self) -> Result<(), BlockError> {
         self.flushes += 1;
         Ok(())
+    }
+    /// No cache: a completed write is in the memory that is the disk (which does not survive
+    /// a power loss anyway: a RAM disk is not durable storage).
+    fn volatile_cache(&self) -> bool {
+        false
     }
     fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         let (at, len) = byte_range(lba, blocks, self.block_size, self.capacity())?;

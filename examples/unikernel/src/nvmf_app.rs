@@ -9,10 +9,12 @@
 //! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default), 512-byte blocks |
 //! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
 //!
-//! The kernel serves until its console receives `q`, then flushes the virtio-blk disk, prints
-//! what the target counted and powers off. Its console also takes the lab's instruction-count
-//! marks ([`Console`]). Between rounds that found nothing to do it halts (the embedder's idle
-//! hook), so that an idle appliance leaves the CPU to others.
+//! The kernel serves until its console receives `q`, then prints what the target counted
+//! ([`report`]), flushes the virtio-blk disk and powers off. `s` on the console prints the
+//! counters while it serves; every refused connection or Connect is printed as it happens,
+//! with its reason. Its console also takes the lab's instruction-count marks ([`Console`]).
+//! Between rounds that found nothing to do it halts (the embedder's idle hook), so that an
+//! idle appliance leaves the CPU to others.
 
 use core::fmt::Write;
 
@@ -20,6 +22,7 @@ use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmError, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
+use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, bucket_floor_us};
 use bareverbs_nvmf::{
     BlockDevice, Host, HostConfig, HostError, NVME_RDMA_PORT, RamDisk, Subsystem, Target,
     TargetConfig, TargetCounts,
@@ -50,9 +53,9 @@ pub const MAX_MIB: u32 = 256;
 /// admin and [`IO_QUEUES`] I/O queues each, and two spare for a discovery controller and a
 /// host that reconnects while its old controller still waits for its keep-alive to expire
 /// (a host that vanished holds its queues at most the target's keep-alive maximum, 120 s).
-/// The target's queue table lives on the boot stack (about 3.9 KB a queue), and each I/O
-/// queue registers about 4.3 MiB of the DMA region (its 32 data buffers of 128 KiB and its
-/// 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
+/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters
+/// included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
+/// buffers of 128 KiB and its 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
 /// no resources), as one beyond the table.
 const QUEUES: usize = 14;
 /// I/O queues a controller may have (Linux asks for one per CPU and takes what Number of
@@ -69,6 +72,9 @@ const CQ_ENTRIES: u32 = (QUEUES * 4 * DEPTH) as u32;
 const CONNS: usize = 2 * QUEUES;
 /// Host NQNs `bvnvmf.allow=` takes at most.
 pub const MAX_ALLOW: usize = 4;
+/// Refusal lines printed a second at most (the console is slow, and anyone may send
+/// connection requests).
+const REFUSAL_LINES: u32 = 8;
 /// The longest NQN (bytes; NVMe-oF's 223).
 const MAX_NQN: usize = 223;
 
@@ -155,11 +161,13 @@ impl<'a> Options<'a> {
 pub enum Command {
     /// `q`: stop serving.
     Quit,
+    /// `s`: print the counters ([`report`]).
+    Stats,
     /// `m` and four hex digits: run the instruction counter's mark of that code ([`mark`]).
     Mark(u16),
 }
 
-/// The console's commands, a byte at a time: `q`, and `mXXXX` (the lab's marks around a
+/// The console's commands, a byte at a time: `q`, `s`, and `mXXXX` (the lab's marks around a
 /// counted job). Anything else is ignored (and ends a mark being read).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Console {
@@ -182,6 +190,7 @@ impl Console {
         }
         match b {
             b'q' => Some(Command::Quit),
+            b's' => Some(Command::Stats),
             b'm' => {
                 self.mark = Some((0, 0));
                 None
@@ -261,10 +270,12 @@ pub struct Served {
 }
 
 /// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes
-/// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if
-/// any) on port 4420 of `ctx`'s device until `stop` says so. Prints a line when it listens and
-/// one per controller count change. `idle` is called after every round with the work it did
-/// (the embedder halts when there was none and no frame came in).
+/// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves
+/// [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if any) on port 4420 of `ctx`'s device
+/// until `console` returns [`Command::Quit`] ([`Command::Stats`]: prints the counters). Prints
+/// a line when it listens, one per controller count change, one per refusal (with its
+/// reason), and the counters at the end. `idle` is called after every round with the work it
+/// did (the embedder halts when there was none and no frame came in).
 #[allow(clippy::too_many_arguments)]
 pub fn serve<P: Provider>(
     ctx: &Context<P>,
@@ -273,7 +284,7 @@ pub fn serve<P: Provider>(
     blk: Option<&mut dyn BlockDevice>,
     out: &mut dyn Write,
     clock_ms: &dyn Fn() -> u64,
-    stop: &mut dyn FnMut() -> bool,
+    console: &mut dyn FnMut() -> Option<Command>,
     idle: &mut dyn FnMut(usize),
 ) -> Result<Served, AppError> {
     let pd = ctx.alloc_pd().at("nvmf: alloc PD")?;
@@ -306,9 +317,9 @@ pub fn serve<P: Provider>(
     let mut ram_disk = RamDisk::new(ram, 512);
     let ram_blocks = ram_disk.capacity();
     let mut ram_ns: [&mut dyn BlockDevice; 1] = [&mut ram_disk];
-    let (mut blk_ns, blk_blocks): ([&mut dyn BlockDevice; 1], Option<u64>) = match blk {
+    let (mut blk_ns, blk_blocks): ([&mut dyn BlockDevice; 1], Option<(u64, bool)>) = match blk {
         Some(d) => {
-            let n = d.capacity();
+            let n = (d.capacity(), d.volatile_cache());
             ([d], Some(n))
         }
         None => ([&mut NoDisk], None),
@@ -341,7 +352,7 @@ pub fn serve<P: Provider>(
     let [a, b, c, d] = ip;
     let _ = writeln!(
         out,
-        "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B), {NQN_BLK} ({})",
+        "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B, no volatile write cache), {NQN_BLK} ({})",
         ram_blocks,
         Blocks(blk_blocks)
     );
@@ -359,6 +370,7 @@ pub fn serve<P: Provider>(
     }
     let t0 = clock_ms();
     let mut seen = TargetCounts::default();
+    let (mut refusals, mut window_ms, mut lines) = (0, t0, 0);
     loop {
         let work = target.poll(&mut cm);
         let now = target.counts();
@@ -377,15 +389,169 @@ pub fn serve<P: Provider>(
             );
             seen = now;
         }
-        if stop() {
-            break;
+        // Every refusal, with its reason. The console is slow and the requests may come from
+        // anyone: at most REFUSAL_LINES lines a second; the rest (and those the target's log
+        // no longer keeps) are told as a number when lines may be printed again.
+        if refusals < now.refusals {
+            let ms = clock_ms();
+            if ms.saturating_sub(window_ms) >= 1000 {
+                (window_ms, lines) = (ms, 0);
+            }
+            while refusals < now.refusals && lines < REFUSAL_LINES {
+                let oldest = now.refusals.saturating_sub(REFUSALS_KEPT as u64) + 1;
+                if refusals + 1 < oldest {
+                    let _ = writeln!(
+                        out,
+                        "nvmf: refusals {} to {}: not printed (more than {REFUSAL_LINES} a second, or a burst)",
+                        refusals + 1,
+                        oldest - 1
+                    );
+                    refusals = oldest - 1;
+                    lines += 1;
+                    continue;
+                }
+                refusals += 1;
+                lines += 1;
+                let Some(r) = target.refusal(refusals) else {
+                    continue;
+                };
+                let [a, b, c, d] = r.station;
+                let _ = write!(
+                    out,
+                    "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
+                    r.seq,
+                    (r.at_us / 1000).saturating_sub(t0),
+                    r.reason
+                );
+                match r.hostnqn {
+                    Some(n) => {
+                        let _ = writeln!(out, " (host {})", n.as_str());
+                    }
+                    None => {
+                        let _ = writeln!(out);
+                    }
+                }
+            }
+        }
+        match console() {
+            Some(Command::Quit) => break,
+            Some(Command::Stats) => report(out, &target, clock_ms() - t0),
+            _ => {}
         }
         idle(work);
     }
+    report(out, &target, clock_ms() - t0);
     Ok(Served {
         counts: target.counts(),
         ms: clock_ms() - t0,
     })
+}
+
+/// Prints the target's counters: the totals (commands, errors by status, bytes, the latency
+/// histogram's non-empty buckets, refusals), then each live controller (its host, its busy
+/// time) and each connected queue. Lines start with `nvmf-uk counters`.
+pub fn report<P: Provider, K: Clock, const Q: usize, const D: usize>(
+    out: &mut dyn Write,
+    target: &Target<'_, '_, P, K, Q, D>,
+    ms: u64,
+) {
+    let c = target.counts();
+    let all = target.io_counts();
+    let _ = writeln!(
+        out,
+        "nvmf-uk counters: after {ms} ms: {} queue connections accepted, {} rejected, {} refusals, {} controllers made, {} lost",
+        c.accepted, c.rejected, c.refusals, c.controllers, c.lost
+    );
+    counts_line(out, "all", &all);
+    for x in target.controllers() {
+        let io = target.ctrl_counts(x.cntlid).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "nvmf-uk counters: controller {} (host {}): busy {} ms, write cache {}",
+            x.cntlid,
+            x.hostnqn.as_str(),
+            x.busy_time_us(target.now_us()) / 1000,
+            if x.wce { "on" } else { "off" }
+        );
+        let mut name = heapless_name::<16>();
+        let _ = write!(name, "controller {}", x.cntlid);
+        counts_line(out, name.as_str(), &io);
+    }
+    for q in target.queue_counts() {
+        let mut name = heapless_name::<24>();
+        match q.cntlid {
+            Some(id) => {
+                let _ = write!(name, "ctrl {id} queue {}", q.qid);
+            }
+            None => {
+                let _ = write!(name, "queue {} (no Connect)", q.qid);
+            }
+        }
+        counts_line(out, name.as_str(), &q.counts);
+    }
+}
+
+/// One line of counts, and one of its errors by status and its latency histogram when there
+/// are any.
+fn counts_line(out: &mut dyn Write, name: &str, c: &IoCounts) {
+    let _ = writeln!(
+        out,
+        "nvmf-uk counters: {name}: {} commands, {} errors, {} reads ({} bytes), {} writes ({} bytes), {} medium flushes, {} media errors",
+        c.commands,
+        c.errors,
+        c.reads,
+        c.bytes_read,
+        c.writes,
+        c.bytes_written,
+        c.medium_flushes,
+        c.media_errors
+    );
+    if c.errors > 0 {
+        let _ = write!(out, "nvmf-uk counters: {name}: errors by status:");
+        for &(st, n) in c.by_status.iter().filter(|e| e.1 != 0) {
+            let _ = write!(out, " {:#06x}={n}", st.0);
+        }
+        if c.other_errors > 0 {
+            let _ = write!(out, " other={}", c.other_errors);
+        }
+        let _ = writeln!(out);
+    }
+    if c.latency.iter().any(|&n| n > 0) {
+        let _ = write!(out, "nvmf-uk counters: {name}: latency (from µs=commands):");
+        for k in (0..LATENCY_BUCKETS).filter(|&k| c.latency[k] > 0) {
+            let _ = write!(out, " {}={}", bucket_floor_us(k), c.latency[k]);
+        }
+        let _ = writeln!(out);
+    }
+}
+
+/// A short name built without the heap.
+fn heapless_name<const N: usize>() -> Name<N> {
+    Name { b: [0; N], len: 0 }
+}
+
+/// A few bytes of text on the stack (cut at `N`).
+struct Name<const N: usize> {
+    b: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Name<N> {
+    fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.b[..self.len]).unwrap_or("?")
+    }
+}
+
+impl<const N: usize> Write for Name<N> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for &c in s.as_bytes() {
+            if self.len < N {
+                self.b[self.len] = c;
+                self.len += 1;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the host mode did.
@@ -477,13 +643,18 @@ fn host_check<'a, P: Provider, const N: usize>(
     })
 }
 
-/// How a namespace's size is printed: blocks, or that there is no disk.
-struct Blocks(Option<u64>);
+/// How a namespace's size is printed: blocks and whether it has a volatile write cache (what
+/// Identify's VWC bit then says), or that there is no disk.
+struct Blocks(Option<(u64, bool)>);
 
 impl core::fmt::Display for Blocks {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.0 {
-            Some(n) => write!(f, "{n} blocks of 512 B"),
+            Some((n, cache)) => write!(
+                f,
+                "{n} blocks of 512 B, volatile write cache {}",
+                if cache { "yes" } else { "no" }
+            ),
             None => write!(f, "no virtio-blk disk: no namespace"),
         }
     }
@@ -578,7 +749,7 @@ mod tests {
     #[test]
     fn console_commands() {
         let mut c = Console::default();
-        let got: Vec<_> = b"xm0101\nqm01z2m00ffq"
+        let got: Vec<_> = b"xm0101\nqm01z2m00ffsq"
             .iter()
             .filter_map(|&b| c.feed(b))
             .collect();
@@ -588,6 +759,7 @@ mod tests {
                 Command::Mark(0x0101),
                 Command::Quit,
                 Command::Mark(0x00ff),
+                Command::Stats,
                 Command::Quit
             ],
             "a mark broken by a non-digit is dropped"

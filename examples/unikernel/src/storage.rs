@@ -11,8 +11,8 @@ use crate::{clock_ms, dma_left, irq, pass, roce_device, route_nic_interrupts};
 
 /// The storage appliance (`bvnvmf=` on the command line; `bareverbs_unikernel::nvmf_app`):
 /// the NVMe-oF target over the software RoCE device, with `ram` as the RAM disk and the first
-/// virtio-blk disk if there is one, until the console receives `q`. Then flushes the disk,
-/// prints what the target counted and powers off (PASS).
+/// virtio-blk disk if there is one, until the console receives `q` (`s`: the counters). Then
+/// prints what the target counted, flushes the disk and powers off (PASS).
 pub(crate) fn appliance(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
@@ -38,20 +38,20 @@ pub(crate) fn appliance(
             }
         }
     });
-    // The console: `q` stops, `mXXXX` runs the instruction counter's mark XXXX (the lab's
-    // windows around a counted fio job).
+    // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction
+    // counter's mark XXXX (the lab's windows around a counted fio job).
     let mut commands = nvmf_app::Console::default();
-    let mut stop = || {
+    let mut console_in = || {
         while let Some(b) = console::try_get() {
             match commands.feed(b) {
-                Some(nvmf_app::Command::Quit) => return true,
+                Some(c @ (nvmf_app::Command::Quit | nvmf_app::Command::Stats)) => return Some(c),
                 Some(nvmf_app::Command::Mark(code)) if nvmf_app::mark(code) => {
                     let _ = writeln!(Serial, "nvmf-uk mark {code:04x}");
                 }
                 Some(nvmf_app::Command::Mark(_)) | None => {}
             }
         }
-        false
+        None
     };
     // Idle: a round that did no work and saw no new frame halts the CPU until the NIC's
     // interrupt (or the timer's); without the NIC's interrupts, only after IDLE_MS without a
@@ -85,9 +85,10 @@ pub(crate) fn appliance(
         disk.as_mut().map(|d| d as &mut dyn BlockDevice),
         &mut Serial,
         &clock_ms,
-        &mut stop,
+        &mut console_in,
         &mut idle,
     );
+    let cache = disk.as_ref().is_some_and(|d| d.volatile_cache());
     let flushed = disk.as_mut().map(|d| (d.flush(), d.stats()));
     drop(disk);
     drop(ctx);
@@ -115,8 +116,12 @@ pub(crate) fn appliance(
         Some((Ok(()), st)) => {
             let _ = writeln!(
                 Serial,
-                "nvmf-uk virtio-blk: flushed; {} requests, {} bytes read, {} written, {} flushes",
-                st.requests, st.read, st.written, st.flushes
+                "nvmf-uk virtio-blk: flushed; {} requests, {} bytes read, {} written, {} flushes; write cache {}",
+                st.requests,
+                st.read,
+                st.written,
+                st.flushes,
+                if cache { "write-back" } else { "write-through" }
             );
         }
         Some((Err(e), _)) => {

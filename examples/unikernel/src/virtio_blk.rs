@@ -11,6 +11,13 @@
 //! [`BlockError::Io`] (the device may still write into the DMA block, never into the
 //! caller's buffers; the block goes back to the HAL only after the device was reset).
 //!
+//! A request is complete when the device returned it with status OK: a write is then in the
+//! device (on the medium, or in its write-back cache), and the caller's answer waits for it.
+//! Flush is the device's own (`VIRTIO_BLK_T_FLUSH`), offered as the FLUSH feature; the cache
+//! mode is read from the configuration (CONFIG_WCE) when offered, else deduced from FLUSH,
+//! and reported as [`BlockDevice::volatile_cache`]. virtio-blk has no write with Force Unit
+//! Access: the trait's default (write, then flush) gives it.
+//!
 //! The protocol (request header `{type u32, reserved u32, sector u64}`, device-written data,
 //! a one-byte status; types In 0, Out 1, Flush 4) is the virtio specification's block device.
 
@@ -47,6 +54,9 @@ const STATUS_AT: usize = 64;
 const REQ_IN: u32 = 0;
 const REQ_OUT: u32 = 1;
 const REQ_FLUSH: u32 = 4;
+/// Where the `writeback` byte lies in the configuration space (after capacity 0..8,
+/// size_max, seg_max, geometry, blk_size and the topology fields 24..32).
+const CONFIG_WRITEBACK: usize = 32;
 
 bareverbs::bitflags::bitflags! {
     /// The feature bits this driver negotiates.
@@ -56,6 +66,9 @@ bareverbs::bitflags::bitflags! {
         const RO = 1 << 5;
         /// The device has a write cache: Flush makes writes durable.
         const FLUSH = 1 << 9;
+        /// The cache mode is in the configuration space (`writeback`, byte 32: 1 write-back,
+        /// 0 write-through).
+        const CONFIG_WCE = 1 << 11;
         /// The modern interface (a driver must take it when offered).
         const VERSION_1 = 1 << 32;
     }
@@ -120,6 +133,8 @@ pub struct VirtioBlk<S: StaticHal, T: Transport> {
     dma: Dma<S>,
     sectors: u64,
     features: Features,
+    /// Whether the device caches writes until a flush (see [`VirtioBlk::volatile_cache`]).
+    writeback: bool,
     clock: fn() -> u64,
     broken: bool,
     stats: BlkStats,
@@ -176,6 +191,17 @@ impl<S: StaticHal, T: Transport> VirtioBlk<S, T> {
                 Ok(u64::from(lo) | u64::from(hi) << 32)
             })
             .map_err(VirtioBlkError::Device)?;
+        // The cache mode, as the virtio specification has the driver deduce it: the
+        // `writeback` byte when the device offers it; otherwise a cache exactly when the
+        // device offers Flush.
+        let writeback = if features.contains(Features::CONFIG_WCE) {
+            transport
+                .read_config_space::<u8>(CONFIG_WRITEBACK)
+                .map_err(VirtioBlkError::Device)?
+                != 0
+        } else {
+            features.contains(Features::FLUSH)
+        };
         let queue = VirtQueue::new(&mut transport, QUEUE, false, false).map_err(|e| match e {
             virtio_drivers::Error::DmaError => VirtioBlkError::OutOfDma,
             e => VirtioBlkError::Device(e),
@@ -187,6 +213,7 @@ impl<S: StaticHal, T: Transport> VirtioBlk<S, T> {
             dma,
             sectors,
             features,
+            writeback,
             clock,
             broken: false,
             stats: BlkStats::default(),
@@ -204,6 +231,13 @@ impl<S: StaticHal, T: Transport> VirtioBlk<S, T> {
     /// Whether the device has a write cache that Flush empties.
     pub fn has_flush(&self) -> bool {
         self.features.contains(Features::FLUSH)
+    }
+
+    /// Whether completed writes may sit in the device's volatile cache until a flush: the
+    /// configuration's `writeback` byte when the device offers it, else whether it offers
+    /// Flush (no Flush, no cache: writes go through).
+    pub fn volatile_cache(&self) -> bool {
+        self.writeback
     }
 
     /// Whether the device broke the protocol or stopped answering (the disk is dead then).
@@ -353,12 +387,19 @@ impl<S: StaticHal, T: Transport> BlockDevice for VirtioBlk<S, T> {
         Ok(())
     }
 
+    /// Returns once the device completed its Flush request (when it offers Flush; without
+    /// it writes go through and there is nothing to flush). A failed or unanswered flush is
+    /// [`BlockError::Io`].
     fn flush(&mut self) -> Result<(), BlockError> {
         if self.has_flush() {
             self.request(REQ_FLUSH, 0, 0)?;
             self.stats.flushes += 1;
         }
         Ok(())
+    }
+
+    fn volatile_cache(&self) -> bool {
+        self.writeback
     }
 
     fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {

@@ -43,6 +43,12 @@ pub(super) struct Cx<'x, 's> {
     pub subsystems: &'x mut [Subsystem<'s>],
     pub cfg: &'x TargetConfig,
     pub ip: [u8; 4],
+    /// The controller's counts (its queues summed), for the SMART log (only for Get Log
+    /// Page: summed on demand, nothing on other commands' way).
+    pub io: Option<&'x super::IoCounts>,
+    /// The target's clock as last read, and when the target was made (µs).
+    pub now_us: u64,
+    pub born_us: u64,
 }
 
 /// Which way an admin command's data goes (Connect is handled before).
@@ -174,7 +180,9 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 maxcmd: cx.cfg.io_depth,
                 nn,
                 oncs: 1 << 3,
-                vwc: 1,
+                // Set where a namespace of the subsystem has a volatile cache (flush
+                // behaviour bits 2:1 left 00b: not indicated, as a 1.3 controller).
+                vwc: u8::from(sub.volatile_cache()),
                 sgls: 0x5 | if inline > 0 { 1 << 20 } else { 0 },
                 subnqn: sub.nqn.as_bytes(),
                 ioccsz: (64 + inline) / 16,
@@ -254,16 +262,44 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
     buf.fill(0);
     match (cx.ctrl.which, lid) {
         (Which::Discovery, log::DISCOVERY) => discovery_log(cx, lpo, buf),
-        (Which::Nvm(_), log::SMART) => {
-            // All zeroes but the number of error log entries over the controller's life.
-            let mut page = [0u8; 512];
-            let n = log::SMART_ERROR_ENTRIES;
-            page[n..n + 8].copy_from_slice(&cx.ctrl.errors.count().to_le_bytes());
-            copy_from(&page, lpo, buf)
-        }
+        (Which::Nvm(_), log::SMART) => copy_from(&smart_log(cx), lpo, buf),
         (Which::Nvm(_), log::ERROR) => error_log(&cx.ctrl.errors, lpo, buf),
         _ => Err(Status::INVALID_LOG_PAGE),
     }
+}
+
+/// The SMART / Health Information log of the controller (the same for any NSID: the
+/// controller's, over its life, of this host's commands only; other hosts' traffic is not
+/// theirs to read). Filled: Data Units Read and Written (thousands of 512-byte units, rounded
+/// up), Host Read and Write Commands (Reads and Writes completed successfully), Controller
+/// Busy Time (minutes with an I/O command outstanding), Power On Hours (since the target
+/// started), Media and Data Integrity Errors (commands the medium failed), and the number of
+/// Error Information log entries. The rest is 0: no temperature sensor, no spare, no wear.
+fn smart_log(cx: &Cx<'_, '_>) -> [u8; log::SMART_LEN] {
+    let mut page = [0u8; log::SMART_LEN];
+    let none = super::IoCounts::default();
+    let io = cx.io.unwrap_or(&none);
+    let hours = cx.now_us.saturating_sub(cx.born_us) / 3_600_000_000;
+    let minutes = cx.ctrl.busy_time_us(cx.now_us) / 60_000_000;
+    for (at, v) in [
+        (
+            log::SMART_DATA_UNITS_READ,
+            super::IoCounts::data_units(io.units_read),
+        ),
+        (
+            log::SMART_DATA_UNITS_WRITTEN,
+            super::IoCounts::data_units(io.units_written),
+        ),
+        (log::SMART_HOST_READS, io.reads),
+        (log::SMART_HOST_WRITES, io.writes),
+        (log::SMART_BUSY_MINUTES, minutes),
+        (log::SMART_POWER_ON_HOURS, hours),
+        (log::SMART_MEDIA_ERRORS, io.media_errors),
+        (log::SMART_ERROR_ENTRIES, cx.ctrl.errors.count()),
+    ] {
+        page[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    page
 }
 
 /// Bytes of `page` from `lpo` into `buf` (the rest of `buf` zero); an offset past the page is
@@ -359,7 +395,21 @@ fn set_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
             cx.ctrl.aec = v;
             Ok(0)
         }
+        // Where the subsystem has a volatile cache: off, this controller's writes are
+        // written through (each made durable before its answer).
+        feature::VOLATILE_WC if has_cache(cx) => {
+            cx.ctrl.wce = v & 1 != 0;
+            Ok(0)
+        }
         _ => Err(Status::INVALID_FIELD),
+    }
+}
+
+/// Whether the controller's subsystem has a volatile write cache (Identify's VWC bit).
+fn has_cache(cx: &Cx<'_, '_>) -> bool {
+    match cx.ctrl.which {
+        Which::Nvm(k) => cx.subsystems.get(k).is_some_and(|s| s.volatile_cache()),
+        Which::Discovery => false,
     }
 }
 
@@ -380,6 +430,7 @@ fn get_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
         }
         feature::KEEP_ALIVE => Ok(u64::from(cx.ctrl.kato_ms)),
         feature::ASYNC_EVENT => Ok(u64::from(cx.ctrl.aec)),
+        feature::VOLATILE_WC if has_cache(cx) => Ok(u64::from(cx.ctrl.wce)),
         _ => Err(Status::INVALID_FIELD),
     }
 }
@@ -502,13 +553,18 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             hostid: data.hostid,
             station: self.queues[q].station,
             kato_ms,
-            last_us: self.clock.now_us(),
+            last_us: self.now_us,
             cc: 0,
             io_granted: 0,
             io_queues: 0,
             aers: 0,
             aec: 0,
             errors: ErrorLog::default(),
+            wce: true,
+            outstanding: 0,
+            busy_since_us: 0,
+            busy_us: 0,
+            retired: super::IoCounts::default(),
         });
         self.counts.controllers += 1;
         self.queues[q].ctrl = Some(slot);

@@ -1,6 +1,7 @@
 //! A controller: what one host's association with one subsystem (or the discovery
 //! subsystem) holds, and its error log.
 
+use super::counts::IoCounts;
 use crate::wire::fabrics::Nqn;
 use crate::wire::log::ErrorEntry;
 
@@ -83,4 +84,50 @@ pub struct Ctrl {
     pub aec: u32,
     /// The commands it answered with an error status.
     pub errors: ErrorLog,
+    /// Volatile write cache enabled (Set Features, Volatile Write Cache; on at first). Off,
+    /// its writes are written through: each is made durable (a flush of the medium, where
+    /// it has a cache) before its response.
+    pub wce: bool,
+    /// Commands outstanding on its I/O queues (the controller is busy while there are).
+    pub outstanding: u32,
+    /// When it last became busy (µs).
+    pub busy_since_us: u64,
+    /// Time it was busy with I/O commands before that (µs).
+    pub busy_us: u64,
+    /// The counts of its queues that ended (a live queue's are its own until it ends).
+    pub retired: IoCounts,
+}
+
+impl Ctrl {
+    /// Microseconds it was busy with I/O commands (some outstanding on an I/O queue) up to
+    /// `now_us`: the SMART log's Controller Busy Time, before its rounding to minutes.
+    pub fn busy_time_us(&self, now_us: u64) -> u64 {
+        let open = if self.outstanding > 0 {
+            now_us.saturating_sub(self.busy_since_us)
+        } else {
+            0
+        };
+        self.busy_us.saturating_add(open)
+    }
+
+    /// One more command outstanding on an I/O queue, at `now_us`.
+    pub(crate) fn busy_begin(&mut self, now_us: u64) {
+        if self.outstanding == 0 {
+            self.busy_since_us = now_us;
+        }
+        self.outstanding += 1;
+    }
+
+    /// `n` fewer commands outstanding, at `now_us`.
+    pub(crate) fn busy_end(&mut self, n: u32, now_us: u64) {
+        if n == 0 || self.outstanding == 0 {
+            return;
+        }
+        self.outstanding = self.outstanding.saturating_sub(n);
+        if self.outstanding == 0 {
+            self.busy_us = self
+                .busy_us
+                .saturating_add(now_us.saturating_sub(self.busy_since_us));
+        }
+    }
 }

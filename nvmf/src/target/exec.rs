@@ -90,10 +90,26 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             );
             return;
         };
-        if let Some(c) = self.queues[q].ctrl
+        // The time it is taken at: the clock as last read (at the start of this poll, or at
+        // the last response), no read of its own.
+        let now = self.now_us;
+        let queue = &mut self.queues[q];
+        if let Some(t) = queue.since.get_mut(usize::from(slot)) {
+            *t = now as u32;
+        }
+        if let Some(c) = queue.ctrl
             && let Some(ctrl) = self.ctrls[c].as_mut()
         {
-            ctrl.last_us = self.clock.now_us();
+            ctrl.last_us = now;
+            // An I/O command of a controller: it is busy until the response.
+            if queue.qid != 0
+                && let Some(k) = queue.counted.get_mut(usize::from(slot))
+                && !*k
+            {
+                *k = true;
+                queue.busy += 1;
+                ctrl.busy_begin(now);
+            }
         }
         self.start(q, slot, &sqe, byte_len);
     }
@@ -268,7 +284,20 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 let n = (len as usize).min(d.len());
                 d[..n].copy_from_slice(&self.queues[q].bytes_mut(at, n)[..n]);
             }
-            self.connect(q, sqe, &d)
+            let r = self.connect(q, sqe, &d);
+            if let Err(f) = r {
+                // Every refused Connect is logged with its reason and the host it named.
+                let host = d
+                    .get(512..768)
+                    .and_then(crate::wire::fabrics::Nqn::from_field);
+                let station = self.queues[q].station;
+                self.refuse(
+                    station,
+                    super::RefusalReason::Connect(f.status, f.dw0),
+                    host,
+                );
+            }
+            r
         } else if qid == 0 && sqe.opcode() == opcode::ASYNC_EVENT {
             let held = self.queues[q]
                 .ctrl
@@ -282,6 +311,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             }
             Err(Status::AER_LIMIT.into())
         } else {
+            // The SMART log's counts: the controller's queues summed (only for Get Log Page).
+            let io = match (qid, sqe.opcode(), self.queues[q].ctrl) {
+                (0, opcode::GET_LOG_PAGE, Some(c)) => Some(self.ctrl_io(c)),
+                _ => None,
+            };
+            let (now_us, born_us) = (self.now_us, self.born_us);
             let Target {
                 queues,
                 ctrls,
@@ -307,10 +342,34 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                         subsystems,
                         cfg,
                         ip: *ip,
+                        io: io.as_ref(),
+                        now_us,
+                        born_us,
                     };
                     admin::run(&mut cx, sqe, buf)
                 }
-                Some(ctrl) => io::run(ctrl, subsystems, sqe, buf),
+                Some(ctrl) => {
+                    let len = buf.len() as u64;
+                    let r = io::run(ctrl, subsystems, sqe, buf);
+                    if let Ok(flushes) = r {
+                        let c = &mut queue.counts;
+                        c.medium_flushes += u64::from(flushes);
+                        match sqe.opcode() {
+                            opcode::READ => {
+                                c.reads += 1;
+                                c.bytes_read += len;
+                                c.units_read += len / 512;
+                            }
+                            opcode::WRITE => {
+                                c.writes += 1;
+                                c.bytes_written += len;
+                                c.units_written += len / 512;
+                            }
+                            _ => {}
+                        }
+                    }
+                    r.map(|_| 0)
+                }
             }
             .map_err(Fail::from)
         };
@@ -387,6 +446,33 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         write: Option<Remote>,
     ) {
         self.counts.commands += 1;
+        // The clock read once per command, here: its latency, and the time the next
+        // capsules of this poll are taken at.
+        let now = self.clock.now_us();
+        self.now_us = now;
+        let queue = &mut self.queues[q];
+        let s = usize::from(slot);
+        let c = &mut queue.counts;
+        c.commands += 1;
+        if let Err(f) = res {
+            c.error(f.status);
+            if matches!(f.status, Status::MEDIA_ERROR | Status::WRITE_FAULT) {
+                c.media_errors += 1;
+            }
+        }
+        let held = queue.qid == 0 && sqe.is_some_and(|x| x.opcode() == opcode::ASYNC_EVENT);
+        if !held && let Some(&t) = queue.since.get(s) {
+            c.latency[super::latency_bucket(u64::from((now as u32).wrapping_sub(t)))] += 1;
+        }
+        if let Some(k) = queue.counted.get_mut(s)
+            && *k
+        {
+            *k = false;
+            queue.busy = queue.busy.saturating_sub(1);
+            if let Some(x) = queue.ctrl.and_then(|c| self.ctrls[c].as_mut()) {
+                x.busy_end(1, now);
+            }
+        }
         let (result, status, data, write) = match res {
             Ok(v) => (v, Status::SUCCESS, ds, write),
             Err(f) => {

@@ -64,42 +64,76 @@ pub(super) fn direction(
     }
 }
 
-fn media(e: BlockError) -> Status {
+/// A medium's failure as a status: a read's is an unrecovered read error (the host may
+/// retry), a write's or a flush's a write fault with Do Not Retry (what the medium's cache
+/// held may be lost: no retry may turn that into a success).
+fn media(e: BlockError, writing: bool) -> Status {
     match e {
         BlockError::OutOfRange => Status::LBA_RANGE,
         BlockError::Misaligned => Status::INVALID_FIELD,
+        BlockError::Io if writing => Status::WRITE_FAULT,
         BlockError::Io => Status::MEDIA_ERROR,
     }
 }
 
-/// Runs an I/O command with its data buffer `buf` (checked by [`direction`] before).
+/// Force Unit Access: bit 30 of command dword 12 of a Read, Write or Write Zeroes.
+const FUA: u32 = 1 << 30;
+
+/// Runs an I/O command with its data buffer `buf` (checked by [`direction`] before); the
+/// flushes of the medium it made.
+///
+/// Durability: a command is answered only once the device returned (a write is on the
+/// medium, or in its cache); a Flush once the device's flush returned; a Write or Write
+/// Zeroes with Force Unit Access — or of a controller whose host disabled the volatile write
+/// cache — is followed by a flush where the medium has a cache, before its answer; a Read
+/// with Force Unit Access flushes first (it then reads from stable media). A failure of any
+/// of these is the command's status, never a success.
 pub(super) fn run(
     ctrl: &mut Ctrl,
     subsystems: &mut [Subsystem<'_>],
     sqe: &Sqe,
     buf: &mut [u8],
-) -> Result<u64, Status> {
+) -> Result<u32, Status> {
     let Which::Nvm(k) = ctrl.which else {
         return Err(Status::SEQUENCE_ERROR);
     };
     let sub = subsystems.get_mut(k).ok_or(Status::INTERNAL)?;
     let i = ns_index(sqe.nsid(), sub.namespaces.len() as u32)?;
     let dev = &mut *sub.namespaces[i];
-    match sqe.opcode() {
+    let op = sqe.opcode();
+    // Whether the command must be on stable media before its answer, and whether that takes
+    // a flush of this medium.
+    let fua = sqe.cdw(12) & FUA != 0 || (!ctrl.wce && op != opcode::READ);
+    let flush = fua && dev.volatile_cache();
+    match op {
         opcode::READ => {
             let (slba, _) = range(dev, sqe)?;
-            dev.read(slba, buf).map_err(media)?;
+            if flush {
+                dev.flush().map_err(|e| media(e, true))?;
+            }
+            dev.read(slba, buf).map_err(|e| media(e, false))?;
         }
         opcode::WRITE => {
             let (slba, _) = range(dev, sqe)?;
-            dev.write(slba, buf).map_err(media)?;
+            if flush {
+                dev.write_fua(slba, buf).map_err(|e| media(e, true))?;
+            } else {
+                dev.write(slba, buf).map_err(|e| media(e, true))?;
+            }
         }
         opcode::WRITE_ZEROES => {
             let (slba, nlb) = range(dev, sqe)?;
-            dev.write_zeroes(slba, u64::from(nlb)).map_err(media)?;
+            dev.write_zeroes(slba, u64::from(nlb))
+                .map_err(|e| media(e, true))?;
+            if flush {
+                dev.flush().map_err(|e| media(e, true))?;
+            }
         }
-        opcode::FLUSH => dev.flush().map_err(media)?,
+        opcode::FLUSH => {
+            dev.flush().map_err(|e| media(e, true))?;
+            return Ok(1);
+        }
         _ => return Err(Status::INVALID_OPCODE),
     }
-    Ok(0)
+    Ok(u32::from(flush))
 }

@@ -7,12 +7,21 @@
 //! takes the CM's events (requests to the port, disconnections), a bounded number of
 //! completions, retries the commands that wait for a buffer and expires keep-alive timers.
 //!
+//! A command is answered once it was executed on its namespace's [`BlockDevice`] (a write is
+//! on the device, a Flush after the device's flush, a write with Force Unit Access after a
+//! flush where the device has a volatile cache); a device's failure is an error status. The
+//! target counts per queue and per controller ([`IoCounts`]: commands, errors by status,
+//! bytes, a latency histogram) and fills the SMART log from those counts; it logs every
+//! connection request and Connect it refuses ([`Target::refusal`]). `docs/nvmeof.md` has the
+//! rules.
+//!
 //! Errors in a command are NVMe statuses in its response; a queue ends only when its
 //! transport does (a disconnection, a failed RDMA operation such as a READ with a key the
 //! host never gave, which moves the QP to ERROR). A queue's end loses its controller if it
 //! was the admin queue; other controllers keep theirs.
 
 mod admin;
+mod counts;
 mod ctrl;
 mod exec;
 mod io;
@@ -27,7 +36,13 @@ use bareverbs::verbs::{
 
 use crate::block::BlockDevice;
 use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
+use crate::wire::fabrics::Nqn;
 
+use counts::RefusalLog;
+pub use counts::{
+    IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, Refusal, RefusalReason, STATUS_KINDS,
+    bucket_floor_us, latency_bucket,
+};
 pub use ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
 use queue::{Kind, Queue};
 pub use remote::MSDBD;
@@ -79,6 +94,27 @@ impl<'s> Subsystem<'s> {
     pub fn allows(&self, host: &str) -> bool {
         self.allowed_hosts.is_empty() || self.allowed_hosts.contains(&host)
     }
+    /// Whether a namespace of it has a volatile write cache
+    /// ([`BlockDevice::volatile_cache`]): what its controllers report in Identify
+    /// Controller's Volatile Write Cache bit. The bit is the controller's, and a controller
+    /// serves every namespace of its subsystem, so one namespace with a cache sets it; a
+    /// Flush of a namespace without one completes at once.
+    pub fn volatile_cache(&self) -> bool {
+        self.namespaces.iter().any(|d| d.volatile_cache())
+    }
+}
+
+/// One queue's counts, as [`Target::queue_counts`] lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// The controller it is bound to (none before its Connect).
+    pub cntlid: Option<u16>,
+    /// Its queue ID (0: admin).
+    pub qid: u16,
+    /// The station it came from.
+    pub station: [u8; 4],
+    /// What it counted since it was accepted.
+    pub counts: IoCounts,
 }
 
 /// How the target serves.
@@ -150,6 +186,8 @@ pub struct TargetCounts {
     /// Responses sent as SEND with Invalidate of the key the command named (the host asked
     /// for it; a device without the operation answers with a plain SEND instead).
     pub invalidated: u64,
+    /// Connection requests and Connects refused ([`Target::refusal`] tells why).
+    pub refusals: u64,
 }
 
 /// The target, with room for `Q` queues (admin and I/O, all controllers together) of at most
@@ -169,6 +207,14 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     dreq: [Option<ConnId>; Q],
     ip: [u8; 4],
     counts: TargetCounts,
+    /// The clock as last read (at the start of `progress` and at each response): the time
+    /// a capsule is taken at, and the keep-alive timers'.
+    now_us: u64,
+    /// When the target was made (µs): the SMART log's power-on hours count from it.
+    born_us: u64,
+    /// The counts of the queues that ended.
+    retired: IoCounts,
+    refusals: RefusalLog,
 }
 
 /// Why a target cannot be created.
@@ -228,6 +274,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             inline_data: cfg.inline_data & !15,
             ..cfg
         };
+        let now_us = clock.now_us();
         Ok(Target {
             pd,
             cq,
@@ -240,6 +287,10 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             dreq: [None; Q],
             ip,
             counts: TargetCounts::default(),
+            now_us,
+            born_us: now_us,
+            retired: IoCounts::default(),
+            refusals: RefusalLog::default(),
         })
     }
 
@@ -247,8 +298,82 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     pub fn counts(&self) -> TargetCounts {
         TargetCounts {
             invalidated: self.queues.iter().map(|q| q.invalidated).sum(),
+            refusals: self.refusals.count(),
             ..self.counts
         }
+    }
+
+    /// Every queue's counts summed, those that ended included: the target's I/O counts.
+    pub fn io_counts(&self) -> IoCounts {
+        let mut all = self.retired;
+        for q in self.queues.iter().filter(|q| q.in_use()) {
+            all.add(&q.counts);
+        }
+        all
+    }
+
+    /// The counts of the controller with ID `cntlid` (its queues', those that ended
+    /// included), or `None` when no live controller has it.
+    pub fn ctrl_counts(&self, cntlid: u16) -> Option<IoCounts> {
+        let c = self
+            .ctrls
+            .iter()
+            .position(|x| x.as_ref().is_some_and(|x| x.cntlid == cntlid))?;
+        Some(self.ctrl_io(c))
+    }
+
+    /// Controller `c`'s counts.
+    fn ctrl_io(&self, c: usize) -> IoCounts {
+        let mut sum = self.ctrls[c]
+            .as_ref()
+            .map(|x| x.retired)
+            .unwrap_or_default();
+        for q in self
+            .queues
+            .iter()
+            .filter(|q| q.in_use() && q.ctrl == Some(c))
+        {
+            sum.add(&q.counts);
+        }
+        sum
+    }
+
+    /// The connected queues' counts.
+    pub fn queue_counts(&self) -> impl Iterator<Item = QueueCounts> + '_ {
+        self.queues
+            .iter()
+            .filter(|q| q.in_use())
+            .map(|q| QueueCounts {
+                cntlid: q
+                    .ctrl
+                    .and_then(|c| self.ctrls[c].as_ref())
+                    .map(|x| x.cntlid),
+                qid: q.qid,
+                station: q.station,
+                counts: q.counts,
+            })
+    }
+
+    /// Refusal number `seq` (1 for the first; [`TargetCounts::refusals`] is the newest's),
+    /// if it is among the newest [`REFUSALS_KEPT`].
+    pub fn refusal(&self, seq: u64) -> Option<Refusal> {
+        self.refusals.get(seq).copied()
+    }
+
+    /// The target's clock as it last read it (µs).
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Logs a refusal of a request or Connect from `station`.
+    fn refuse(&mut self, station: [u8; 4], reason: RefusalReason, hostnqn: Option<Nqn>) {
+        self.refusals.record(Refusal {
+            seq: 0,
+            at_us: self.now_us,
+            station,
+            reason,
+            hostnqn,
+        });
     }
 
     /// The configuration in force.
@@ -315,6 +440,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// the disconnections the target decided. Returns the completions taken.
     pub fn progress<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         self.cq.context().progress();
+        self.now_us = self.clock.now_us();
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
         while taken < BUDGET {
@@ -354,17 +480,20 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         cm: &mut Cm<'a, P, C, N>,
         r: &bareverbs::cm::ConnectRequest,
     ) {
+        self.now_us = self.clock.now_us();
         let verdict = self.check_request(r.private_data.as_slice());
         let (req, depth) = match verdict {
             Ok(v) => v,
             Err(st) => {
                 self.counts.rejected += 1;
+                self.refuse(r.src_ip, RefusalReason::Request(st), None);
                 let _ = cm.reject(r.id, &st.to_bytes());
                 return;
             }
         };
         let Some(q) = self.queues.iter().position(|q| !q.in_use()) else {
             self.counts.rejected += 1;
+            self.refuse(r.src_ip, RefusalReason::NoQueue, None);
             let _ = cm.reject(r.id, &CmRejStatus::NoResources.to_bytes());
             return;
         };
@@ -396,6 +525,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             .zip(self.pd.register(len, AccessFlags::LOCAL_WRITE).ok());
         let Some((qp, mr)) = built else {
             self.counts.rejected += 1;
+            self.refuse(r.src_ip, RefusalReason::NoMemory, None);
             let _ = cm.reject(r.id, &CmRejStatus::NoResources.to_bytes());
             return;
         };
@@ -414,13 +544,14 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             Ok(qp) => qp,
             Err(_) => {
                 self.counts.rejected += 1;
+                self.refuse(r.src_ip, RefusalReason::AcceptFailed, None);
                 return;
             }
         };
         self.counts.accepted += 1;
         let queue = &mut self.queues[q];
         queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
-        queue.opened_us = self.clock.now_us();
+        queue.opened_us = self.now_us;
         queue.station = r.src_ip;
         if queue.post_all_recvs(q).is_err() {
             // The CM is at hand: disconnected now, not through the table of `dreq` (which
@@ -470,7 +601,17 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
         let ctrl = queue.ctrl;
         let admin = queue.qid == 0;
+        // Its counts go to its controller's and the target's; its outstanding commands end
+        // with it (no longer busy).
+        let (counts, busy) = (queue.counts, queue.busy);
+        queue.counted = [false; D];
+        queue.busy = 0;
         queue.close();
+        self.retired.add(&counts);
+        if let Some(x) = ctrl.and_then(|c| self.ctrls[c].as_mut()) {
+            x.retired.add(&counts);
+            x.busy_end(busy, self.now_us);
+        }
         if let Some(c) = ctrl {
             if admin {
                 self.lose_ctrl(c);
@@ -483,7 +624,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Resets controller `c` (its host cleared CC.EN): its I/O queues end (the target
     /// disconnects them; their outstanding commands are aborted with them), the asynchronous
     /// event requests it holds are answered (Internal Error, DNR), and what Set Features
-    /// granted is forgotten (Number of Queues, the event configuration). The admin queue and
+    /// granted is forgotten (Number of Queues, the event configuration, the write cache
+    /// enable: on again). The admin queue and
     /// the association stay; CSTS.RDY follows CC.EN, so it reads 0, and CC.EN = 1 enables it
     /// again.
     fn reset_ctrl(&mut self, c: usize) {
@@ -504,6 +646,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             x.aers = 0;
             x.io_granted = 0;
             x.aec = 0;
+            x.wce = true;
             self.counts.resets += 1;
         }
     }
@@ -522,7 +665,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     }
 
     fn expire_keep_alive(&mut self) {
-        let now = self.clock.now_us();
+        let now = self.now_us;
         for c in 0..Q {
             // Every controller has a timeout (0 is never granted).
             let expired = self.ctrls[c].as_ref().is_some_and(|x| {
@@ -538,7 +681,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Queues with no controller [`CONNECT_WITHIN_US`] after they were accepted (no Connect
     /// came, or it failed and the host left the queue open): ended, their resources freed.
     fn expire_unconnected(&mut self) {
-        let now = self.clock.now_us();
+        let now = self.now_us;
         for q in 0..Q {
             let queue = &self.queues[q];
             if queue.in_use()

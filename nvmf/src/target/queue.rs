@@ -10,6 +10,7 @@
 use bareverbs::cm::ConnId;
 use bareverbs::verbs::{MemoryRegion, Provider, QueuePair, Rc, Rts, SendFlags, Sge};
 
+use super::counts::IoCounts;
 use super::remote::{self, Pieces, Remote};
 use crate::wire::{CQE_LEN, Cqe, SQE_LEN, Sgl, Sqe};
 
@@ -106,6 +107,15 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     data_busy: [bool; D],
     /// Responses sent with Invalidate, over every connection this queue slot carried.
     pub invalidated: u64,
+    /// This connection's counts.
+    pub counts: IoCounts,
+    /// When each command's capsule was taken (µs of the target's clock, low 32 bits).
+    pub since: [u32; D],
+    /// Commands counted outstanding on the controller (busy time): I/O commands that
+    /// arrived on the queue bound to it, until their response.
+    pub counted: [bool; D],
+    /// How many of `counted` are set.
+    pub busy: u32,
 }
 
 impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
@@ -130,6 +140,10 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             resp: [RESP_FREE; D],
             data_busy: [false; D],
             invalidated: 0,
+            counts: IoCounts::default(),
+            since: [0; D],
+            counted: [false; D],
+            busy: 0,
         }
     }
 

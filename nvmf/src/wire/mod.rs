@@ -119,8 +119,13 @@ impl Status {
     pub const CONNECT_INVALID_PARAM: Status = Status(0x182 | Self::DNR);
     /// Connect: invalid host.
     pub const CONNECT_INVALID_HOST: Status = Status(0x184 | Self::DNR);
-    /// Unrecoverable error (the device behind a namespace failed).
+    /// Unrecovered read error (media errors, code 81h): the device behind a namespace failed
+    /// a read (the host may retry).
     pub const MEDIA_ERROR: Status = Status(0x281);
+    /// Write fault (media errors, code 80h), do not retry: the device behind a namespace
+    /// failed a write or a flush. What its cache held may be lost, so a retry that succeeds
+    /// must not hide it from the host.
+    pub const WRITE_FAULT: Status = Status(0x280 | Self::DNR);
 
     /// Whether this is success.
     pub fn is_ok(self) -> bool {
@@ -427,6 +432,8 @@ pub mod prop {
 
 /// Feature identifiers.
 pub mod feature {
+    /// Volatile write cache (bit 0 of dword 11: write cache enable).
+    pub const VOLATILE_WC: u8 = 0x06;
     /// Number of queues.
     pub const NUM_QUEUES: u8 = 0x07;
     /// Asynchronous event configuration.
@@ -450,6 +457,28 @@ pub mod log {
     /// Byte of the SMART / Health Information log where the number of Error Information log
     /// entries over the controller's life is (16 bytes; the target writes the low 8).
     pub const SMART_ERROR_ENTRIES: usize = 176;
+    /// SMART / Health log: Data Units Read (16 bytes): thousands of 512-byte units the host
+    /// read, rounded up.
+    pub const SMART_DATA_UNITS_READ: usize = 32;
+    /// SMART / Health log: Data Units Written (16 bytes), as Data Units Read.
+    pub const SMART_DATA_UNITS_WRITTEN: usize = 48;
+    /// SMART / Health log: Host Read Commands (16 bytes).
+    pub const SMART_HOST_READS: usize = 64;
+    /// SMART / Health log: Host Write Commands (16 bytes).
+    pub const SMART_HOST_WRITES: usize = 80;
+    /// SMART / Health log: Controller Busy Time (16 bytes, minutes).
+    pub const SMART_BUSY_MINUTES: usize = 96;
+    /// SMART / Health log: Power On Hours (16 bytes).
+    pub const SMART_POWER_ON_HOURS: usize = 128;
+    /// SMART / Health log: Media and Data Integrity Errors (16 bytes).
+    pub const SMART_MEDIA_ERRORS: usize = 160;
+    /// Bytes of the SMART / Health log page.
+    pub const SMART_LEN: usize = 512;
+
+    /// A SMART / Health log counter at byte `at` of `page` (the low 8 of its 16 bytes).
+    pub fn smart_field(page: &[u8], at: usize) -> u64 {
+        le64(page, at)
+    }
     /// Parameter Error Location when no byte of the command is to blame.
     pub const NO_LOCATION: u16 = 0xFFFF;
 
