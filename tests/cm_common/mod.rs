@@ -41,6 +41,12 @@ impl Lab {
 
 /// Three devices (A, B, C), A and B seeded with `seeds` (their IDs and PSNs replay).
 pub fn lab(faults: Faults, seeds: (u64, u64)) -> Lab {
+    lab_seeded(faults, [seeds.0, seeds.1, seeds.1 ^ 0x5A5A])
+}
+
+/// Three devices (A, B, C) on one segment with `faults`, each seeded with its own of
+/// `seeds` (their IDs and PSNs replay). The NVMe-oF tests' lab too (`nvmf/tests/common`).
+pub fn lab_seeded(faults: Faults, seeds: [u64; 3]) -> Lab {
     let model = Model::new(ModelConfig::default());
     let seg = Segment::new();
     let clk = TestClock::default();
@@ -49,11 +55,11 @@ pub fn lab(faults: Faults, seeds: (u64, u64)) -> Lab {
     let lc = seg.attach([0x52, 0x54, 0, 0, 0, 4], 1514);
     seg.set_faults(faults);
     let dev = |l, ip| Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap();
-    model.set_seed(seeds.0);
+    model.set_seed(seeds[0]);
     let a = Context::new(dev(la, IP_A));
-    model.set_seed(seeds.1);
+    model.set_seed(seeds[1]);
     let b = Context::new(dev(lb, IP_B));
-    model.set_seed(seeds.1 ^ 0x5A5A);
+    model.set_seed(seeds[2]);
     let c = Context::new(dev(lc, IP_C));
     Lab {
         model,

@@ -2,58 +2,30 @@
 //! hosts, B the target), a CM on each, a target with one RAM-disk subsystem, hosts.
 #![allow(dead_code)] // each test binary uses a different subset
 
+/// The devices, the segment and the CM set-up, shared with the driver crate's CM tests (one
+/// copy: the workspace's `tests/cm_common`).
+#[path = "../../../tests/cm_common/mod.rs"]
+mod cm_common;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use cm_common::{IP_A, IP_B, IP_C, Lab, R, TestCm};
+
 use bareverbs::Context;
-use bareverbs::cm::{Cm, CmConfig, Service};
-use bareverbs::device::rxe::{Config, Rxe};
+use bareverbs::cm::{CmConfig, Service};
 use bareverbs::verbs::*;
-use bareverbs_model::link::{MemLink, Segment, TestClock};
-use bareverbs_model::{Model, ModelConfig};
+use bareverbs_model::link::{Faults, TestClock};
 use bareverbs_nvmf::host::{Host, HostConfig};
 use bareverbs_nvmf::target::{Target, TargetConfig};
 
-pub type R = Rxe<Model, MemLink, TestClock>;
-pub type TestCm<'a> = Cm<'a, R, TestClock, 8>;
 pub type T<'a, 's> = Target<'a, 's, R, TestClock, 8, 128>;
 pub type H<'a, 'n> = Host<'a, 'n, R, TestClock, 3, 32>;
 
-pub const IP_A: [u8; 4] = [10, 0, 0, 2];
-pub const IP_B: [u8; 4] = [10, 0, 0, 3];
-pub const IP_C: [u8; 4] = [10, 0, 0, 4];
 pub const NQN: &str = "nqn.2026-11.io.bareverbs:ram0";
 pub const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001";
 pub const HOST_C: &str = "nqn.2014-08.org.nvmexpress:uuid:cccccccc-0000-0000-0000-000000000003";
 
-pub struct Lab {
-    pub model: Model,
-    pub seg: Segment,
-    pub clk: TestClock,
-    pub a: Context<R>,
-    pub b: Context<R>,
-    pub c: Context<R>,
-}
-
+/// Three devices on one segment, seeded 7, 8 and 9 (their IDs and PSNs replay).
 pub fn lab() -> Lab {
-    let model = Model::new(ModelConfig::default());
-    let seg = Segment::new();
-    let clk = TestClock::default();
-    let la = seg.attach([0x52, 0x54, 0, 0, 0, 2], 1514);
-    let lb = seg.attach([0x52, 0x54, 0, 0, 0, 3], 1514);
-    let lc = seg.attach([0x52, 0x54, 0, 0, 0, 4], 1514);
-    let dev = |l, ip| Rxe::new(model.clone(), l, clk.clone(), Config { ip }).unwrap();
-    model.set_seed(7);
-    let a = Context::new(dev(la, IP_A));
-    model.set_seed(8);
-    let b = Context::new(dev(lb, IP_B));
-    model.set_seed(9);
-    let c = Context::new(dev(lc, IP_C));
-    Lab {
-        model,
-        seg,
-        clk,
-        a,
-        b,
-        c,
-    }
+    cm_common::lab_seeded(Faults::default(), [7, 8, 9])
 }
 
 /// A device's protection domain, CM completion queue and data completion queue.
@@ -72,7 +44,7 @@ pub fn side(ctx: &Context<R>) -> Side<'_> {
 }
 
 pub fn cm<'a>(s: &'a Side<'a>, clk: &TestClock) -> TestCm<'a> {
-    Cm::new(&s.pd, &s.mcq, clk.clone(), CmConfig::default()).unwrap()
+    cm_common::cm(&s.pd, &s.mcq, clk, CmConfig::default())
 }
 
 /// The target's CM, listening on 4420.
