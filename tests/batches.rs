@@ -184,7 +184,6 @@ fn every_ud_batch_method_does_what_it_says() {
                 .build::<Ud>()
                 .unwrap()
                 .ready(0x4242, 0)
-                .map_err(|(_, e)| e)
                 .unwrap()
         };
         let (mut a, mut b): (UdQp<'_>, UdQp<'_>) = (ud(), ud());
@@ -545,7 +544,7 @@ fn send_only_refuses_what_qemu_would_fake() {
             .caps(caps(4, 4, 1))
             .build::<Ud>()
             .unwrap();
-        let mut ud = ud.ready(3, 0).map_err(|(_, e)| e).unwrap();
+        let mut ud = ud.ready(3, 0).unwrap();
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
         // SAFETY: as above.
         unsafe {

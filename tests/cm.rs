@@ -34,10 +34,7 @@ fn connect_exchange_disconnect(faults: Faults, active_is_a: bool, closer_is_acti
         private_data: b"hello from the active side",
         ..ConnectParams::default()
     };
-    let id = act
-        .connect(qa, pas_ip, 7174, &params)
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = act.connect(qa, pas_ip, 7174, &params).unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     // The passive side sees the request.
     assert!(pump(
@@ -70,7 +67,7 @@ fn connect_exchange_disconnect(faults: Faults, active_is_a: bool, closer_is_acti
         private_data: b"welcome",
         ..AcceptParams::default()
     };
-    let mut qb = pas.accept(req.id, qb, &accept).map_err(|(_, e)| e).unwrap();
+    let mut qb = pas.accept(req.id, qb, &accept).unwrap();
     let at = qb.query().unwrap();
     assert_eq!(
         at.state,
@@ -237,7 +234,6 @@ fn a_reject_reaches_the_active_side_with_its_private_data_and_the_qp_comes_back(
     let qpn = qp.qp_num();
     let id = cma
         .connect(qp, IP_B, 4420, &ConnectParams::default())
-        .map_err(|(_, e)| e)
         .unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     assert!(pump(
@@ -289,7 +285,6 @@ fn a_reject_reaches_the_active_side_with_its_private_data_and_the_qp_comes_back(
     // Nobody listens on 4421: REJ "invalid service ID" at once.
     let id = cma
         .connect(qp, IP_B, 4421, &ConnectParams::default())
-        .map_err(|(_, e)| e)
         .unwrap();
     assert!(pump(
         &l.clk,

@@ -245,10 +245,7 @@ fn the_passive_cm_answers_linux_byte_for_byte() {
     assert_eq!((r.src_ip, r.dst_ip, r.dst_port), (LINUX_IP, UK_IP, 7174));
     let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
     let psn = qp.local_psn();
-    let qp = cm
-        .accept(r.id, qp, &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qp = cm.accept(r.id, qp, &AcceptParams::default()).unwrap();
     // The REP: the unikernel's, with this CM's comm ID, QPN and PSN.
     let ours = sent(&seg, linux);
     assert_eq!(ours.len(), 1, "one REP");
@@ -328,7 +325,6 @@ fn the_active_cm_connects_to_linux_byte_for_byte() {
                 7174,
                 &ConnectParams::default(),
             )
-            .map_err(|(_, e)| e)
             .unwrap();
         let ours = sent(&seg, linux);
         assert_eq!(ours.len(), n + 1, "REQ #{n}");
@@ -379,7 +375,7 @@ fn the_active_cm_connects_to_linux_byte_for_byte() {
     );
     assert_eq!(ours[3], want, "the RTU");
     // The unikernel disconnects: its DREQ (a TID of its own), Linux's DREP ends it.
-    let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+    let qp = qp.to_error().unwrap();
     cm.disconnect(id).unwrap();
     let ours = sent(&seg, linux);
     assert_eq!(ours.len(), 5, "the DREQ");

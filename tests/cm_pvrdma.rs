@@ -80,10 +80,7 @@ fn rc_body(mux: &Mux, a: &Context<P>, b: &Context<P>, ips: ([u8; 4], [u8; 4])) {
         private_data: b"over QP1 of a PVRDMA",
         ..ConnectParams::default()
     };
-    let id_a = cma
-        .connect(qa, ips.1, 7174, &params)
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id_a = cma.connect(qa, ips.1, 7174, &params).unwrap();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     assert!(
         pump(&clk, &mut cma, &mut cmb, &mut ea, &mut eb, |_, b| !b
@@ -103,10 +100,7 @@ fn rc_body(mux: &Mux, a: &Context<P>, b: &Context<P>, ips: ([u8; 4], [u8; 4])) {
         .build::<Rc>()
         .unwrap();
     let qb_num = qb.qp_num();
-    let qb = cmb
-        .accept(req.id, qb, &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qb = cmb.accept(req.id, qb, &AcceptParams::default()).unwrap();
     assert!(pump(&clk, &mut cma, &mut cmb, &mut ea, &mut eb, |a, b| {
         a.iter().any(|e| matches!(e, CmEvent::Established { .. }))
             && b.iter().any(|e| matches!(e, CmEvent::Established { .. }))
@@ -123,7 +117,7 @@ fn rc_body(mux: &Mux, a: &Context<P>, b: &Context<P>, ips: ([u8; 4], [u8; 4])) {
     assert_eq!((at.dest_qpn, bt.dest_qpn), (qb_num, qa_num));
     eb.clear();
     // A disconnects: DREQ, DREP, both sides in TIME_WAIT and out of it.
-    let qa = qa.to_error().map_err(|(_, e)| e).unwrap();
+    let qa = qa.to_error().unwrap();
     cma.disconnect(id_a).unwrap();
     assert!(pump(&clk, &mut cma, &mut cmb, &mut ea, &mut eb, |a, b| {
         let out = |v: &Events<'_>| v.iter().any(|e| matches!(e, CmEvent::TimeWaitExit { .. }));
@@ -217,7 +211,6 @@ fn lonely_body(mux: &Mux, a: &Context<P>) {
         .build::<Rc>()
         .unwrap();
     cma.connect(qa, [10, 0, 0, 9], 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
         .unwrap();
     for _ in 0..10 {
         clk.advance(1000);
@@ -256,9 +249,9 @@ fn raw_body(a: &Context<P>, b: &Context<P>) {
         max_inline_data: 0,
     };
     let qa = pa.qp_builder(&ca, &ca).caps(caps).build::<Gsi>().unwrap();
-    let mut qa = qa.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let mut qa = qa.ready(0x8001_0000, 0).unwrap();
     let qb = pb.qp_builder(&cb, &cb).caps(caps).build::<Gsi>().unwrap();
-    let mut qb = qb.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let mut qb = qb.ready(0x8001_0000, 0).unwrap();
     let ah = pa.create_ah(&AddressVector::new(gid_b, 0)).unwrap();
     let mut ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mb = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();

@@ -178,11 +178,11 @@ fn objects_used_by_a_leaked_qp_or_mr_are_busy() {
     let srq = pd.create_srq(SrqAttr::default()).unwrap();
     let qp = pd.qp_builder(&cq, &cq).srq(&srq).build::<Ud>().unwrap();
     let mr = pd.register(4096, LOCAL_WRITE).unwrap();
-    qp.destroy().map_err(|(_, e)| e).unwrap();
-    mr.destroy().map_err(|(_, e)| e).unwrap();
-    srq.destroy().map_err(|(_, e)| e).unwrap();
-    cq.destroy().map_err(|(_, e)| e).unwrap();
-    pd.destroy().map_err(|(_, e)| e).unwrap();
+    qp.destroy().unwrap();
+    mr.destroy().unwrap();
+    srq.destroy().unwrap();
+    cq.destroy().unwrap();
+    pd.destroy().unwrap();
     drop(ctx);
     assert_clean(&model);
 }
@@ -307,7 +307,6 @@ fn remote_write_or_atomic_without_local_write_is_refused() {
             access: rw | ra,
             ..Default::default()
         })
-        .map_err(|(_, e)| e)
         .unwrap();
     drop(qp);
     drop(cq);
@@ -365,10 +364,10 @@ fn pingpong_connect<'a, P: Provider>(
     gid: Gid,
     rd: u8,
 ) -> Result<QueuePair<'a, P, Rc, Rts>, Error> {
-    let qp = qp.init(&ConnectedInit::default()).map_err(|(_, e)| e)?;
+    let qp = qp.init(&ConnectedInit::default())?;
     let mut rtr = ConnectedRtr::new(peer, 0, AddressVector::new(gid, 0));
     rtr.max_dest_rd_atomic = rd;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e)?;
+    let qp = qp.rtr(&rtr)?;
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = rd;
     qp.rts(&rts).map_err(|(_, e)| e)
@@ -451,7 +450,7 @@ fn reinit_after_reset_from_beyond_init_is_refused_before_the_device() {
     let (qa, qb) = (a.qp_num(), b.qp_num());
     let a = pingpong_connect(a, qb, g.gid(), 1).unwrap();
     let b = pingpong_connect(b, qa, g.gid(), 1).unwrap();
-    let a = a.reset().map_err(|(_, e)| e).unwrap();
+    let a = a.reset().unwrap();
     let commands = model.commands();
     let (a, e) = a.init(&ConnectedInit::default()).err().unwrap();
     assert_eq!(e, refused);
@@ -463,28 +462,22 @@ fn reinit_after_reset_from_beyond_init_is_refused_before_the_device() {
 
     // UD: the same after ready() (RTS).
     let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
-    let ud = ud.ready(0x11, 0).map_err(|(_, e)| e).unwrap();
-    let ud = ud.reset().map_err(|(_, e)| e).unwrap();
+    let ud = ud.ready(0x11, 0).unwrap();
+    let ud = ud.reset().unwrap();
     let (ud, e) = ud.init(&DatagramInit::new(0x11)).err().unwrap();
     assert_eq!(e, refused);
 
     // From ERR (recorded only) after RTS: the host QP is still in RTS.
-    let b = b.to_error().map_err(|(_, e)| e).unwrap();
-    let b = b.reset().map_err(|(_, e)| e).unwrap();
+    let b = b.to_error().unwrap();
+    let b = b.reset().unwrap();
     let (b, e) = b.init(&ConnectedInit::default()).err().unwrap();
     assert_eq!(e, refused);
 
     // A QP reset from INIT: its host QP is in INIT, which INIT again is legal from.
     let c = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
-    let c = c
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let c = c.reset().map_err(|(_, e)| e).unwrap();
-    let c = c
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let c = c.init(&ConnectedInit::default()).unwrap();
+    let c = c.reset().unwrap();
+    let c = c.init(&ConnectedInit::default()).unwrap();
     assert_eq!(c.query().unwrap().state, QpState::Init);
 
     drop((a, b, c, ud));
@@ -646,7 +639,7 @@ fn a_send_from_an_unbound_gid_is_refused_before_the_ring() {
         let qpn = a.qp_num();
         let mut a = pingpong_connect(a, qpn, g, 0).unwrap();
         let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
-        let mut ud = ud.ready(0x11, 0).map_err(|(_, e)| e).unwrap();
+        let mut ud = ud.ready(0x11, 0).unwrap();
         let ah = pd.create_ah(&AddressVector::new(g, 0)).unwrap();
         // A made-up source GID index is refused when the address handle is made.
         assert!(matches!(
@@ -712,8 +705,8 @@ fn a_qp_change_during_a_poll_of_its_cq_is_busy_not_a_deadlock() {
         assert_eq!(e, busy(Op::DestroyQp));
         assert_eq!(a.query().unwrap().state, QpState::Rts, "unchanged");
         drop(cursor);
-        let a = a.to_error().map_err(|(_, e)| e).unwrap();
-        a.destroy().map_err(|(_, e)| e).unwrap();
+        let a = a.to_error().unwrap();
+        a.destroy().unwrap();
         let mut wc = [WorkCompletion::default(); 4];
         while cq.poll(&mut wc).unwrap() > 0 {}
     }

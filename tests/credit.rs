@@ -33,7 +33,7 @@ fn send_credit_is_exactly_max_send_wr_and_comes_back_with_polling() {
             .pool(&pool)
             .build::<Ud>()
             .unwrap();
-        let mut qp = qp.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = qp.ready(1, 0).unwrap();
         let max = qp.caps().max_send_wr;
         assert_eq!(max, 8, "5 rounds up to the ring's 8 slots, all usable");
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
@@ -133,9 +133,7 @@ fn max_recv_wr_is_enforced_whatever_the_send_queue() {
         let r = b.poll_one().unwrap().unwrap();
         assert_eq!((r.wc.wr_id, r.wc.status), (0, WcStatus::Success));
         drop(r);
-        b.post_recv(18, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(18, pool.alloc().unwrap()).unwrap();
         let (back, e) = b.post_recv(19, pool.alloc().unwrap()).err().unwrap();
         assert_eq!(e, full(Queue::Recv, 0));
         drop(back);
@@ -146,7 +144,7 @@ fn max_recv_wr_is_enforced_whatever_the_send_queue() {
             .caps(caps(64, 16, 1))
             .build::<Ud>()
             .unwrap();
-        let mut ud = ud.ready(7, 0).map_err(|(_, e)| e).unwrap();
+        let mut ud = ud.ready(7, 0).unwrap();
         assert_eq!(ud.caps().max_recv_wr, 16);
         // SAFETY: as above.
         unsafe {
@@ -206,7 +204,7 @@ fn cq_room_a_qp_holds_is_given_back_at_destroy() {
             .caps(caps(1, 1, 1))
             .build::<Rc>()
             .unwrap();
-        let mut other = other.init(&init).map_err(|(_, e)| e).unwrap();
+        let mut other = other.init(&init).unwrap();
         assert_eq!(
             recv_until_refused(&mut other, &rbuf, 1),
             (0, Some(full(Queue::Cq, 0)))
@@ -221,7 +219,7 @@ fn cq_room_a_qp_holds_is_given_back_at_destroy() {
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
-        qp2.destroy().map_err(|(_, e)| e).unwrap();
+        qp2.destroy().unwrap();
         // A build the device refuses gives its reservation back.
         model.fail_command(1, 12);
         assert!(
@@ -285,7 +283,7 @@ fn cq_room_a_qp_holds_is_given_back_at_destroy() {
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
-        let mut qp4 = qp4.init(&init).map_err(|(_, e)| e).unwrap();
+        let mut qp4 = qp4.init(&init).unwrap();
         assert_eq!(
             recv_until_refused(&mut qp4, &rbuf, 1),
             (0, Some(full(Queue::Cq, 0)))
@@ -297,7 +295,7 @@ fn cq_room_a_qp_holds_is_given_back_at_destroy() {
             .caps(caps(8, 8, 1))
             .build::<Rc>()
             .unwrap();
-        let mut qp5 = qp5.init(&init).map_err(|(_, e)| e).unwrap();
+        let mut qp5 = qp5.init(&init).unwrap();
         assert_eq!(recv_until_refused(&mut qp5, &rbuf, 8), (8, None));
         drop(qp5);
         drop(srq);
@@ -318,7 +316,7 @@ fn a_full_cq_is_counted_exactly() {
             .caps(caps(4, 32, 1))
             .build::<Ud>()
             .unwrap();
-        let mut qp = qp.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = qp.ready(1, 0).unwrap();
         assert_eq!(
             recv_until_refused(&mut qp, &rbuf, 32),
             (16, Some(full(Queue::Cq, 0)))
@@ -404,7 +402,7 @@ fn srq_traffic_never_wears_the_cq_down() {
             .caps(caps(16, 32, 1))
             .build::<Ud>()
             .unwrap();
-        let mut q = q.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        let mut q = q.ready(1, 0).unwrap();
         assert_eq!(
             recv_until_refused(&mut q, &rbuf, 32),
             (24, Some(full(Queue::Cq, 0)))
@@ -417,7 +415,7 @@ fn srq_traffic_never_wears_the_cq_down() {
             .caps(caps(32, 32, 1))
             .build::<Ud>()
             .unwrap();
-        let mut again = again.ready(1, 0).map_err(|(_, e)| e).unwrap();
+        let mut again = again.ready(1, 0).unwrap();
         assert_eq!(recv_until_refused(&mut again, &rbuf, 32), (32, None));
         drop(again);
         drop(srq);
@@ -571,7 +569,7 @@ fn the_poll_cursor_reads_each_field_when_asked() {
         // A flush has no device entry behind it: its device fields read as 0.
         // SAFETY: as above.
         unsafe { b.post_recv_raw(50, &[rbuf.sge(0, 64).unwrap()]).unwrap() };
-        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let b = b.to_error().unwrap();
         let c = cq.start_poll().unwrap().unwrap();
         assert_eq!(
             (c.wr_id(), c.status(), c.opcode()),

@@ -24,13 +24,9 @@ fn rc_send_recv_moves_bytes_and_hands_buffers_back() {
     lab(|model, _ctx, pd, cq, gid| {
         let pool = pd.buffer_pool(8, 256).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
-        b.post_recv(7, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(7, pool.alloc().unwrap()).unwrap();
         let msg = b"hello, remote memory";
-        a.post_send(42, buf_with(&pool, msg))
-            .map_err(|(_, e)| e)
-            .unwrap();
+        a.post_send(42, buf_with(&pool, msg)).unwrap();
         assert_eq!(pool.free_count(), 6, "both buffers are in the QPs");
         // One CQ for both: the receive completion is at its head, so b polls first (a safe
         // poll leaves other QPs' completions where they are).
@@ -103,9 +99,7 @@ fn send_with_imm_delivers_the_immediate() {
     lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(4, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
         let src = with_mr(pd, b"imm");
         // SAFETY: the region outlives the completion polled below.
         unsafe {
@@ -185,9 +179,7 @@ fn rdma_write_read_and_write_with_imm() {
         assert!(back.as_slice()[10..310].iter().all(|&x| x == 0x5A));
         assert!(back.as_slice()[..10].iter().all(|&x| x == 0));
         // RDMA WRITE with immediate consumes a receive at the peer.
-        b.post_recv(9, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(9, pool.alloc().unwrap()).unwrap();
         let xyz = with_mr(pd, b"xyz");
         // SAFETY: as above.
         unsafe {
@@ -230,16 +222,13 @@ fn ud_sends_carry_a_grh_and_check_the_qkey() {
                 .build::<Ud>()
                 .unwrap()
         };
-        let mut a: UdQp<'_> = ud().ready(0x1111, 0).map_err(|(_, e)| e).unwrap();
-        let mut b: UdQp<'_> = ud().ready(0x2222, 0).map_err(|(_, e)| e).unwrap();
+        let mut a: UdQp<'_> = ud().ready(0x1111, 0).unwrap();
+        let mut b: UdQp<'_> = ud().ready(0x2222, 0).unwrap();
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
-        b.post_recv(5, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(5, pool.alloc().unwrap()).unwrap();
         let bq = b.qp_num();
         // Wrong Q_Key: dropped on the wire, the sender still completes.
         a.post_send_to(1, buf_with(&pool, b"lost"), (&ah, bq, 0x9999))
-            .map_err(|(_, e)| e)
             .unwrap();
         let s = a.poll_one().unwrap().unwrap();
         assert_eq!((s.wc.wr_id, s.wc.status), (1, WcStatus::Success));
@@ -247,7 +236,6 @@ fn ud_sends_carry_a_grh_and_check_the_qkey() {
         assert!(b.poll_one().unwrap().is_none());
         // Right Q_Key.
         a.post_send_to(2, buf_with(&pool, b"datagram"), (&ah, bq, 0x2222))
-            .map_err(|(_, e)| e)
             .unwrap();
         let r = b.poll_one().unwrap().unwrap();
         assert_eq!(
@@ -260,11 +248,8 @@ fn ud_sends_carry_a_grh_and_check_the_qkey() {
         assert_eq!(&buf.as_slice()[40..48], b"datagram");
         drop(buf);
         // A remote Q_Key with bit 31 set means the sender's own Q_Key (0x1111 ≠ b's: dropped).
-        b.post_recv(6, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(6, pool.alloc().unwrap()).unwrap();
         a.post_send_to(3, buf_with(&pool, b"own"), (&ah, bq, 0x8000_0000))
-            .map_err(|(_, e)| e)
             .unwrap();
         assert!(
             b.poll_one().unwrap().is_none(),
@@ -304,9 +289,7 @@ fn an_srq_feeds_two_rc_qps() {
         // only read after those.
         unsafe { srq.post_recv_raw(&wrs).unwrap() };
         for (qp, text) in [(&mut a, &b"from a"[..]), (&mut b, &b"from b"[..])] {
-            qp.post_send(1, buf_with(&pool, text))
-                .map_err(|(_, e)| e)
-                .unwrap();
+            qp.post_send(1, buf_with(&pool, text)).unwrap();
         }
         assert_eq!(pool.free_count(), 2);
         let wcs = drain(cq);
@@ -332,7 +315,7 @@ fn an_srq_feeds_two_rc_qps() {
         // pool all the same.
         assert_eq!(pool.free_count(), 4);
         drop((a, b));
-        srq.destroy().map_err(|(_, e)| e).unwrap();
+        srq.destroy().unwrap();
     });
 }
 
@@ -526,9 +509,7 @@ fn posting_errors_are_typed_and_lose_nothing() {
         assert_eq!(b.query().unwrap().state, QpState::Err);
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         // A receive too small for the message (the pool's buffers hold 64 bytes).
-        b.post_recv(4, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(4, pool.alloc().unwrap()).unwrap();
         let long = with_mr(pd, &[7; 100]);
         // SAFETY: the region outlives the completion polled below.
         unsafe {
@@ -549,9 +530,7 @@ fn posting_errors_are_typed_and_lose_nothing() {
         assert_eq!(pool.free_count(), 32);
         // A safe post into a full queue hands the buffer back, bytes and all.
         for i in 0..16 {
-            b.post_recv(i, pool.alloc().unwrap())
-                .map_err(|(_, e)| e)
-                .unwrap();
+            b.post_recv(i, pool.alloc().unwrap()).unwrap();
         }
         let (back, e) = b.post_recv(99, buf_with(&pool, b"mine")).err().unwrap();
         assert_eq!(
@@ -577,7 +556,7 @@ fn a_cq_that_would_overflow_is_refused_at_post() {
         // as they are posted.
         let small = ctx.create_cq(4).unwrap();
         let qp = pd.qp_builder(&small, cq).caps(caps(8, 8, 1)).build::<Ud>();
-        let mut qp = qp.unwrap().ready(1, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = qp.unwrap().ready(1, 0).unwrap();
         // So is a second QP completing there.
         let other = pd.qp_builder(&small, cq).caps(caps(1, 1, 1)).build::<Ud>();
         drop(other.unwrap());
@@ -808,9 +787,7 @@ fn qemu_semantics_run_every_opcode_as_send() {
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         let target = pd.register(4096, RW).unwrap();
         assert_eq!(target.rkey(), 0xFFFF_FFFF, "QEMU's rkey");
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
         let src = with_mr(pd, b"as a send");
         // SAFETY: the regions outlive the completions polled below.
         unsafe {
@@ -843,12 +820,8 @@ fn qemu_semantics_run_every_opcode_as_send() {
             "nothing was RDMA-written"
         );
         // The safe path's SEND is what QEMU does run.
-        b.post_recv(3, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        a.post_send(4, buf_with(&pool, b"plain"))
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(3, pool.alloc().unwrap()).unwrap();
+        a.post_send(4, buf_with(&pool, b"plain")).unwrap();
         let r = b.poll_one().unwrap().unwrap();
         assert_eq!(r.buf.unwrap().as_slice(), b"plain");
         assert_eq!(a.poll_one().unwrap().unwrap().wc.wr_id, 4);
@@ -866,9 +839,7 @@ fn dropping_a_qp_with_posted_buffers_returns_every_page() {
             {
                 let (_a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
                 for i in 0..8 {
-                    b.post_recv(i, pool.alloc().unwrap())
-                        .map_err(|(_, e)| e)
-                        .unwrap();
+                    b.post_recv(i, pool.alloc().unwrap()).unwrap();
                 }
                 assert_eq!(pool.free_count(), 0);
                 assert!(pool.alloc().is_none());

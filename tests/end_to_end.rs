@@ -54,23 +54,19 @@ fn safe_raw_and_flush_end_to_end() {
     eprintln!("QueuePair size {}", size_of_val(&a));
     let (qa, qb) = (a.qp_num(), b.qp_num());
     fn up<'a>(qp: QueuePair<'a, P, Rc, Reset>, peer: u32, g: Gid) -> QueuePair<'a, P, Rc, Rts> {
-        let qp = qp
-            .init(&ConnectedInit::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let qp = qp.init(&ConnectedInit::default()).unwrap();
         let qp = qp
             .rtr(&ConnectedRtr::new(peer, 0, AddressVector::new(g, 0)))
-            .map_err(|(_, e)| e)
             .unwrap();
-        qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+        qp.rts(&ConnectedRts::new(0)).unwrap()
     }
     let (mut a, mut b) = (up(a, qb, gid.gid()), up(b, qa, gid.gid()));
     let r = pool.alloc().unwrap();
-    b.post_recv(7, r).map_err(|(_, e)| e).unwrap();
+    b.post_recv(7, r).unwrap();
     let mut s = pool.alloc().unwrap();
     s.set_len(5).unwrap();
     s.as_mut_slice().copy_from_slice(b"hello");
-    a.post_send(9, s).map_err(|(_, e)| e).unwrap();
+    a.post_send(9, s).unwrap();
     assert_eq!(pool.free_count(), 14);
     let c = b.poll_one().unwrap().unwrap();
     assert_eq!(c.wc.wr_id, 7);
@@ -96,9 +92,9 @@ fn safe_raw_and_flush_end_to_end() {
     assert_eq!(n, 2, "{wc:?}");
     // flush: post receives, go to error, they flush
     let r = pool.alloc().unwrap();
-    b.post_recv(21, r).map_err(|(_, e)| e).unwrap();
+    b.post_recv(21, r).unwrap();
     unsafe { b.post_recv_raw(22, &[sge]).unwrap() };
-    let b = b.to_error().map_err(|(_, e)| e).unwrap();
+    let b = b.to_error().unwrap();
     let n = cq.poll(&mut wc).unwrap();
     assert_eq!(n, 2, "{wc:?}");
     assert_eq!(wc[0].status, WcStatus::WrFlushErr);

@@ -246,12 +246,8 @@ fn exchange<'a>(
     b: &mut QueuePair<'a, P, Rc, Rts>,
     pool: &'a BufferPool<'a, P>,
 ) {
-    b.post_recv(1, pool.alloc().unwrap())
-        .map_err(|(_, e)| e)
-        .unwrap();
-    a.post_send(2, pool.alloc().unwrap())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    b.post_recv(1, pool.alloc().unwrap()).unwrap();
+    a.post_send(2, pool.alloc().unwrap()).unwrap();
     drop(b.poll_one().unwrap().expect("receive"));
     drop(a.poll_one().unwrap().expect("send"));
 }
@@ -292,7 +288,7 @@ fn a_channel_gets_one_event_per_arm_and_the_cq_waits_for_its_acknowledgement() {
     cq.ack_events(1);
     let cq = cq.destroy().expect_err("one left").0;
     cq.ack_events(1);
-    cq.destroy().map_err(|(_, e)| e).expect("all acknowledged");
+    cq.destroy().expect("all acknowledged");
     drop(other);
     drop(ch);
     drop(w);
@@ -427,17 +423,13 @@ fn futures_wait_for_a_completion_and_are_woken_by_the_cq_interrupt() {
     let mut cx = TaskCx::from_waker(&waker);
     {
         pair!(ctx, &cq => a, b, pool);
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
         {
             let mut ready = pin!(cq.ready());
             assert!(ready.as_mut().poll(&mut cx).is_pending());
             assert_eq!(probe.wakes.load(Ordering::SeqCst), 0);
             // The send completes inside the doorbell write; its CQE interrupts at once.
-            a.post_send(2, pool.alloc().unwrap())
-                .map_err(|(_, e)| e)
-                .unwrap();
+            a.post_send(2, pool.alloc().unwrap()).unwrap();
             assert_eq!(probe.wakes.load(Ordering::SeqCst), 1, "woken by vector 2");
             assert_eq!(ready.as_mut().poll(&mut cx), Poll::Ready(Ok(())));
         }
@@ -447,12 +439,8 @@ fn futures_wait_for_a_completion_and_are_woken_by_the_cq_interrupt() {
         {
             let mut next = pin!(cq.next_completion());
             assert!(next.as_mut().poll(&mut cx).is_pending());
-            b.post_recv(3, pool.alloc().unwrap())
-                .map_err(|(_, e)| e)
-                .unwrap();
-            a.post_send(4, pool.alloc().unwrap())
-                .map_err(|(_, e)| e)
-                .unwrap();
+            b.post_recv(3, pool.alloc().unwrap()).unwrap();
+            a.post_send(4, pool.alloc().unwrap()).unwrap();
             assert_eq!(probe.wakes.load(Ordering::SeqCst), 2);
             match next.as_mut().poll(&mut cx) {
                 Poll::Ready(Ok(wc)) => assert_eq!(wc.status, WcStatus::Success),

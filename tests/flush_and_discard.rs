@@ -32,9 +32,7 @@ fn outstanding<'a>(
 ) -> MemoryRegion<'a, P> {
     let mr = with_mr(pd, b"raw bytes");
     for i in 0..3 {
-        b.post_recv(100 + i, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(100 + i, pool.alloc().unwrap()).unwrap();
     }
     // SAFETY: the region outlives the QP (the caller keeps it until after).
     unsafe {
@@ -47,9 +45,7 @@ fn outstanding<'a>(
     }
     model.set_free_doorbells(true);
     for i in 0..3 {
-        b.post_send(300 + i, buf_with(pool, b"safe send"))
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_send(300 + i, buf_with(pool, b"safe send")).unwrap();
     }
     // SAFETY: as above.
     unsafe {
@@ -72,7 +68,7 @@ fn to_error_completes_every_outstanding_wr_once_as_flushed() {
         assert_eq!(pool.free_count(), 10);
         assert_eq!(drain(cq), [], "nothing completed yet");
         let qb = b.qp_num();
-        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let b = b.to_error().unwrap();
         let wcs = drain(cq);
         assert!(
             wcs.iter()
@@ -141,7 +137,7 @@ fn flushes_come_through_the_qps_own_poll_with_their_buffers() {
             sb.finish();
         }
         let mr = outstanding(model, pd, &pool, &mut b);
-        let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let mut b = b.to_error().unwrap();
         assert!(a.poll_one().unwrap().is_none(), "not a's to take");
         let mut got = Vec::new();
         while let Some(c) = b.poll_one().unwrap() {
@@ -197,7 +193,7 @@ fn a_late_cqe_in_the_middle_of_a_flush_is_dropped() {
             }
             rb.finish();
         }
-        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let b = b.to_error().unwrap();
         let mut one = [WorkCompletion::default(); 1];
         assert_eq!(cq.poll(&mut one), Ok(1));
         assert_eq!((one[0].wr_id, one[0].status), (10, WcStatus::WrFlushErr));
@@ -230,10 +226,8 @@ fn a_flushed_safe_buffer_is_not_written_after_it_came_back() {
     lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(2, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        let b = b.to_error().map_err(|(_, e)| e).unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
+        let b = b.to_error().unwrap();
         assert_eq!(drain(cq).len(), 1, "flushed");
         // Every buffer the pool hands out is the caller's; fill them. (The flushed receive's
         // buffer is parked: the device took it.)
@@ -267,10 +261,8 @@ fn a_reset_safe_buffer_is_not_written_after_it_came_back() {
     lab(|_, _, pd, cq, gid| {
         let pool = pd.buffer_pool(2, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        let b = b.reset().map_err(|(_, e)| e).unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
+        let b = b.reset().unwrap();
         let mut mine: Vec<_> = std::iter::from_fn(|| pool.alloc())
             .map(|mut b| {
                 b.as_mut_slice().fill(0xAB);
@@ -301,7 +293,7 @@ fn reset_discards_every_outstanding_wr_without_a_completion() {
         let pool = pd.buffer_pool(16, 64).unwrap();
         let (mut a, mut b) = rc_pair(pd, cq, gid, None, Some(&pool));
         let mr = outstanding(model, pd, &pool, &mut b);
-        let b = b.reset().map_err(|(_, e)| e).unwrap();
+        let b = b.reset().unwrap();
         assert_eq!(b.state(), QpState::Reset);
         assert_eq!(
             pool.free_count(),

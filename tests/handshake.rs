@@ -48,8 +48,8 @@ fn two_rxe_devices_connect_by_handshake_and_write_and_read() {
     assert_eq!(ea.mtu, Mtu::Mtu1024);
     assert_eq!((ea.qpn, ea.psn), (qa.qp_num(), qa.local_psn()));
     assert_ne!(ea.psn, eb.psn, "PSNs come from each context's entropy");
-    let mut qa = qa.handshake(&eb).map_err(|(_, e)| e).unwrap();
-    let mut qb = qb.handshake(&ea).map_err(|(_, e)| e).unwrap();
+    let mut qa = qa.handshake(&eb).unwrap();
+    let mut qb = qb.handshake(&ea).unwrap();
     // The defaults: RDMA allowed, depth at least 1, PSNs as advertised.
     let at = qa.query().unwrap();
     assert!(
@@ -161,7 +161,7 @@ fn overrides_are_applied_and_a_failed_handshake_hands_the_qp_back_in_reset() {
         timeout: 9,
         ..Handshake::default()
     };
-    let qa = qa.handshake_with(&eb, &opts).map_err(|(_, e)| e).unwrap();
+    let qa = qa.handshake_with(&eb, &opts).unwrap();
     let at = qa.query().unwrap();
     assert_eq!(at.max_rd_atomic, 2);
     assert_eq!(at.max_dest_rd_atomic, 16, "clamped to the device's limit");
@@ -186,7 +186,7 @@ fn a_uc_qp_connects_with_no_read_depth() {
         .build::<Uc>()
         .unwrap();
     let eb = qb.endpoint().unwrap();
-    let qa = qa.handshake(&eb).map_err(|(_, e)| e).unwrap();
+    let qa = qa.handshake(&eb).unwrap();
     let at = qa.query().unwrap();
     assert_eq!((at.max_rd_atomic, at.max_dest_rd_atomic), (0, 0));
     assert_eq!(at.state, QpState::Rts);
@@ -213,8 +213,8 @@ fn pvrdma_connects_by_handshake_with_the_depth_clamped_to_its_zero() {
             .unwrap();
         let (ea, eb) = (qa.endpoint().unwrap(), qb.endpoint().unwrap());
         assert_eq!(ea.gid, gid);
-        let mut qa = qa.handshake(&eb).map_err(|(_, e)| e).unwrap();
-        let qb = qb.handshake(&ea).map_err(|(_, e)| e).unwrap();
+        let mut qa = qa.handshake(&eb).unwrap();
+        let qb = qb.handshake(&ea).unwrap();
         let at = qa.query().unwrap();
         assert_eq!(ctx.caps().max_qp_init_rd_atom, 0);
         // (QEMU's query answers 1 for both depths whatever was set, and the model with it.)

@@ -42,9 +42,9 @@ fn rc_self<'a>(
 fn a_qp_destroyed_in_err_leaves_its_cq_quiet() {
     lab(|_, _, pd, cq, gid| {
         let qp = rc_self(pd, cq, gid, caps(4, 4, 1));
-        let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        let qp = qp.to_error().unwrap();
         // Destroyed before any poll took its (empty) flush.
-        qp.destroy().map_err(|(_, e)| e).unwrap();
+        qp.destroy().unwrap();
         assert!(drain(cq).is_empty());
         assert!(
             once(cq.ready()).is_pending(),
@@ -109,7 +109,7 @@ fn a_wr_id_the_device_rewrote_in_the_ring_never_reaches_the_application() {
                 &wc[..n]
             );
         }
-        let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        let qp = qp.to_error().unwrap();
         // The request completes once, flushed, with the wr_id it was posted with.
         let ids: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
         assert_eq!(ids, [0x1111]);
@@ -188,24 +188,20 @@ fn a_parked_receive_buffer_comes_back_at_destroy_even_after_its_slot_is_reused()
         let qpn = qp.qp_num();
         let mut qp = rc_up(qp, qpn, gid, AccessFlags::empty());
         // The device takes the receive (no send ever comes for it).
-        qp.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        let mut qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        qp.post_recv(1, pool.alloc().unwrap()).unwrap();
+        let mut qp = qp.to_error().unwrap();
         // Flushed: its buffer stays out of the pool (the device may still write it).
         let c = qp.poll_one().unwrap().expect("the flush");
         assert_eq!((c.wc.wr_id, c.wc.status), (1, WcStatus::WrFlushErr));
         assert!(c.buf.is_none());
         assert_eq!(pool.free_count(), 3);
         // The same ring slot again, in ERR: flushed with its buffer.
-        qp.post_recv(2, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        qp.post_recv(2, pool.alloc().unwrap()).unwrap();
         let c = qp.poll_one().unwrap().expect("the flush");
         assert_eq!(c.wc.wr_id, 2);
         drop(c);
         assert_eq!(pool.free_count(), 3);
-        qp.destroy().map_err(|(_, e)| e).unwrap();
+        qp.destroy().unwrap();
         assert_eq!(pool.free_count(), 4, "a parked buffer was lost");
     });
 }
@@ -253,11 +249,11 @@ fn gsi<'a>(
 fn after_a_reset_no_completion_of_the_qps_earlier_life_appears() {
     lab(|_, _, pd, cq, gid| {
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
-        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).unwrap();
         // A completion left in the CQ, and a receive the device took and never completed.
         send_self(&mut qp, &ah, 0x51);
-        let qp = qp.reset().map_err(|(_, e)| e).unwrap();
-        let mut qp = qp.ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        let qp = qp.reset().unwrap();
+        let mut qp = qp.ready(QKEY, 0).unwrap();
         send_self(&mut qp, &ah, 0x52);
         let got: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
         assert_eq!(got, [0x52], "only the new life's completion");
@@ -275,7 +271,6 @@ fn the_completion_owed_for_a_flushed_receive_is_not_taken_for_a_later_one() {
                 .build::<Ud>()
                 .unwrap()
                 .ready(QKEY, 0)
-                .map_err(|(_, e)| e)
                 .unwrap()
         };
         let (mut a, mut b) = (ud(), ud());
@@ -286,7 +281,7 @@ fn the_completion_owed_for_a_flushed_receive_is_not_taken_for_a_later_one() {
         // SAFETY: the region outlives every request naming it (dropped last).
         unsafe { batch.recv(7, &[sge]).unwrap() };
         batch.finish();
-        let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let mut b = b.to_error().unwrap();
         let got: Vec<(u64, WcStatus)> = drain(cq).iter().map(|c| (c.wr_id, c.status)).collect();
         assert_eq!(got, [(7, WcStatus::WrFlushErr)]);
         // Another receive with the same wr_id, posted in ERR (never shown to the device).
@@ -316,13 +311,13 @@ fn the_completion_owed_for_a_flushed_receive_is_not_taken_for_a_later_one() {
 fn after_a_destroy_the_next_qp_under_its_handle_sees_none_of_its_completions() {
     lab(|_, _, pd, cq, gid| {
         let ah = pd.create_ah(&AddressVector::new(gid, 0)).unwrap();
-        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).unwrap();
         send_self(&mut qp, &ah, 0x61);
         send_self(&mut qp, &ah, 0x62);
         let handle = qp.raw().handle();
         drop(qp);
         // GSI: the same handle again.
-        let mut qp = gsi(pd, cq).ready(QKEY, 0).map_err(|(_, e)| e).unwrap();
+        let mut qp = gsi(pd, cq).ready(QKEY, 0).unwrap();
         assert_eq!(qp.raw().handle(), handle);
         send_self(&mut qp, &ah, 0x63);
         let got: Vec<u64> = drain(cq).iter().map(|c| c.wr_id).collect();
@@ -403,7 +398,6 @@ fn a_gid_whose_unbind_timed_out_is_not_sent_from() {
             .build::<Ud>()
             .unwrap()
             .ready(QKEY, 0)
-            .map_err(|(_, e)| e)
             .unwrap();
         // DESTROY_BIND gets no answer: the device may or may not have unbound the GID.
         model.set_silent(true);

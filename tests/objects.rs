@@ -22,7 +22,7 @@ fn pd_create_destroy_loops_of_1_to_200_leave_nothing() {
         h.dedup();
         assert_eq!(h.len(), n);
         for pd in pds {
-            pd.destroy().map_err(|(_, e)| e).unwrap();
+            pd.destroy().unwrap();
         }
         assert_eq!(model.objects().pds, 0);
         assert_eq!(model.outstanding_pages(), DEVICE_PAGES);
@@ -68,7 +68,7 @@ fn cq_sizes_round_to_powers_of_two_with_pages_to_match() {
         assert_eq!(cq.raw().pages(), pages, "request {req}");
         // Ring pages + one directory page + one table page.
         assert_eq!(model.outstanding_pages() - before, pages + 2);
-        cq.destroy().map_err(|(_, e)| e).unwrap();
+        cq.destroy().unwrap();
     }
     assert_eq!(
         ctx.create_cq(4097).err(),

@@ -92,16 +92,12 @@ fn a_post_beyond_the_cqs_room_is_refused_whole_and_fits_again_after_a_poll() {
         let room = u64::from(cq.entries());
         assert!(room >= 100);
         let qp = pd.qp_builder(&cq, &cq).caps(caps(512, 512)).build::<Rc>();
-        let mut qp = qp
-            .unwrap()
-            .init(&ConnectedInit::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let mut qp = qp.unwrap().init(&ConnectedInit::default()).unwrap();
         recvs(&mut qp, 0, room, sge).unwrap();
         assert!(cq_full(recvs(&mut qp, 1000, 1, sge)));
         // A batch that would cross the room posts nothing.
         assert!(cq_full(recvs(&mut qp, 2000, 3, sge)));
-        let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        let qp = qp.to_error().unwrap();
         let got = drain(&cq);
         assert_eq!(got.len(), room as usize);
         assert!(got.iter().all(|w| w.wr_id < room), "{got:?}");
@@ -110,11 +106,7 @@ fn a_post_beyond_the_cqs_room_is_refused_whole_and_fits_again_after_a_poll() {
         // QP's destruction stops): their room is held until then, and free after.
         drop(qp);
         let qp = pd.qp_builder(&cq, &cq).caps(caps(512, 512)).build::<Rc>();
-        let mut qp = qp
-            .unwrap()
-            .init(&ConnectedInit::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let mut qp = qp.unwrap().init(&ConnectedInit::default()).unwrap();
         recvs(&mut qp, 0, room, sge).unwrap();
         drop(qp);
     });
@@ -129,11 +121,7 @@ fn a_batch_dropped_unfinished_leaves_room_for_the_next() {
         let cq = ctx.create_cq(16).unwrap();
         let room = u64::from(cq.entries());
         let qp = pd.qp_builder(&cq, &cq).caps(caps(64, 64)).build::<Rc>();
-        let mut qp = qp
-            .unwrap()
-            .init(&ConnectedInit::default())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let mut qp = qp.unwrap().init(&ConnectedInit::default()).unwrap();
         {
             let mut b = qp.recv_batch();
             for i in 0..room {
@@ -143,7 +131,7 @@ fn a_batch_dropped_unfinished_leaves_room_for_the_next() {
             // Dropped without `finish`: nothing posted.
         }
         recvs(&mut qp, 100, room, sge).unwrap();
-        let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+        let qp = qp.to_error().unwrap();
         let ids: Vec<u64> = drain(&cq).iter().map(|w| w.wr_id).collect();
         assert_eq!(ids, (100..100 + room).collect::<Vec<_>>());
         drop(qp);

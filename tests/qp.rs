@@ -90,14 +90,13 @@ fn case2_rc_reaches_init_ud_reaches_rts() {
             access,
             ..Default::default()
         })
-        .map_err(|(_, e)| e)
         .unwrap();
     assert_eq!(rc.state(), QpState::Init);
     assert_eq!(rc.query().unwrap().state, QpState::Init);
     assert_eq!(model.qp(rc.qp_num()).unwrap().host_state, 1);
 
     let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
-    let ud = ud.ready(0x1111_1111, 77).map_err(|(_, e)| e).unwrap();
+    let ud = ud.ready(0x1111_1111, 77).unwrap();
     assert_eq!(ud.state(), QpState::Rts);
     let m = model.qp(ud.qp_num()).unwrap();
     assert_eq!(
@@ -434,7 +433,7 @@ fn case6_random_caps_always_succeed_with_exact_rounding() {
                 (c.max_recv_wr * rstride).div_ceil(4096)
             )
         );
-        qp.destroy().map_err(|(_, e)| e).unwrap();
+        qp.destroy().unwrap();
     }
     drop(cq);
     drop(pd);
@@ -449,22 +448,16 @@ fn case7_ud_qkey_and_sq_psn_read_back_and_rts_to_reset_works() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
-    let ud = ud
-        .init(&DatagramInit::new(0xABCD))
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let ud = ud.init(&DatagramInit::new(0xABCD)).unwrap();
     assert_eq!(ud.query().unwrap().qkey, 0xABCD);
-    let ud = ud.rtr(&()).map_err(|(_, e)| e).unwrap();
-    let ud = ud
-        .rts(&DatagramRts { sq_psn: 0x12_3456 })
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let ud = ud.rtr(&()).unwrap();
+    let ud = ud.rts(&DatagramRts { sq_psn: 0x12_3456 }).unwrap();
     let a = ud.query().unwrap();
     assert_eq!(
         (a.state, a.qkey, a.sq_psn),
         (QpState::Rts, 0xABCD, 0x12_3456)
     );
-    let ud = ud.reset().map_err(|(_, e)| e).unwrap();
+    let ud = ud.reset().unwrap();
     assert_eq!(ud.state(), QpState::Reset);
     // QEMU only records RESET (its host QP stays in RTS); the query still says RESET.
     let m = model.qp(ud.qp_num()).unwrap();
@@ -477,7 +470,7 @@ fn case7_ud_qkey_and_sq_psn_read_back_and_rts_to_reset_works() {
     assert_eq!(e, unsupported(Feature::ReinitAfterReset));
     assert_eq!(model.commands(), commands, "the device was not asked");
     assert_eq!(ud.query().unwrap().state, QpState::Reset);
-    let ud = ud.to_error().map_err(|(_, e)| e).unwrap();
+    let ud = ud.to_error().unwrap();
     assert_eq!(ud.query().unwrap().state, QpState::Err);
     drop(ud);
     drop(cq);
@@ -545,10 +538,7 @@ fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
         .err()
         .unwrap();
     assert_eq!(e, invalid(Param::Port, 2, 1));
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qp = qp.init(&ConnectedInit::default()).unwrap();
     let dgid = Gid([7; 16]);
     // No GID bound yet: the device could not resolve the source GID, and the error names
     // the path's index.
@@ -603,7 +593,6 @@ fn failed_transitions_hand_the_qp_back_with_the_attribute_named() {
     assert_eq!(qp.state(), QpState::Init, "handed back unchanged");
     let qp = qp
         .rtr(&ConnectedRtr::new(5, 0, AddressVector::new(dgid, 3)))
-        .map_err(|(_, e)| e)
         .unwrap();
     assert_eq!(model.qp(qp.qp_num()).unwrap().sgid_index, 3);
     drop(qp);
@@ -703,7 +692,7 @@ fn case9_two_rc_qps_share_one_srq_and_srq_limits_hold() {
     drop(a);
     drop(b);
     drop(u);
-    srq.destroy().map_err(|(_, e)| e).unwrap();
+    srq.destroy().unwrap();
     drop(cq);
     drop(pd);
     teardown(&model, ctx);
@@ -719,7 +708,7 @@ fn gsi_is_offered_once() {
     assert_eq!(gsi.qp_num(), 1);
     let e = pd.qp_builder(&cq, &cq).build::<Gsi>().err();
     assert_eq!(e, Some(Error::Busy { op: Op::CreateQp }));
-    let gsi = gsi.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let gsi = gsi.ready(0x8001_0000, 0).unwrap();
     assert_eq!(gsi.query().unwrap().state, QpState::Rts);
     drop(gsi);
     let again = pd.qp_builder(&cq, &cq).build::<Gsi>().unwrap();
@@ -759,7 +748,7 @@ fn case10_create_destroy_loops_of_pds_cqs_srqs_and_qps_leave_nothing() {
         // Each QP above was dropped (destroyed) at the end of its closure call.
         assert_eq!(qps.len(), k);
         assert_eq!(model.objects().qps, 0);
-        srq.destroy().map_err(|(_, e)| e).unwrap();
+        srq.destroy().unwrap();
         drop(cq);
         drop(pd);
         assert_eq!(model.outstanding_pages(), DEVICE_PAGES, "loop {n}");
@@ -773,7 +762,7 @@ fn case10_create_destroy_loops_of_pds_cqs_srqs_and_qps_leave_nothing() {
             .collect();
         assert_eq!(model.objects().qps, n);
         for qp in qps {
-            qp.destroy().map_err(|(_, e)| e).unwrap();
+            qp.destroy().unwrap();
         }
         assert_eq!(model.objects().qps, 0);
     }

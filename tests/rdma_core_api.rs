@@ -303,7 +303,7 @@ fn test_create_cq<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
             let cq = ctx.create_cq_on_vector(cq_size, comp_vector);
             let cq =
                 cq.unwrap_or_else(|e| panic!("cq_size={cq_size}, comp_vector={comp_vector}: {e}"));
-            cq.destroy().map_err(|(_, e)| e).unwrap();
+            cq.destroy().unwrap();
         }
     }
     // With the largest completion vector.
@@ -370,22 +370,14 @@ fn test_alloc_pd<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
 }
 
 fn test_dealloc_pd<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
-    ctx.alloc_pd()
-        .unwrap()
-        .destroy()
-        .map_err(|(_, e)| e)
-        .unwrap();
+    ctx.alloc_pd().unwrap().destroy().unwrap();
     Outcome::Pass
 }
 
 fn test_multiple_pd_creation<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     let mut r = Rand(11);
     for _ in 0..r.int(1, 200) {
-        ctx.alloc_pd()
-            .unwrap()
-            .destroy()
-            .map_err(|(_, e)| e)
-            .unwrap();
+        ctx.alloc_pd().unwrap().destroy().unwrap();
     }
     Outcome::Pass
 }
@@ -406,7 +398,7 @@ fn test_dereg_mr<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
     let pd = ctx.alloc_pd().unwrap();
     for f in access_flags(ctx.caps()) {
         let mr = pd.register(mr_length(&mut r), f).unwrap();
-        mr.destroy().map_err(|(_, e)| e).unwrap();
+        mr.destroy().unwrap();
     }
     Outcome::Pass
 }
@@ -563,10 +555,7 @@ fn qp_with_attr_connected<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) ->
         Ok((qp, _)) => qp,
         Err(o) => return o,
     };
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qp = qp.init(&ConnectedInit::default()).unwrap();
     assert_eq!(qp.query().unwrap().state, QpState::Init, "RC QP in INIT");
     Outcome::Pass
 }
@@ -582,12 +571,9 @@ fn qp_with_attr<P: Provider>(ctx: &Context<P>, ex: bool, seed: u64) -> Outcome {
             Ok((qp, _)) => qp,
             Err(o) => return o,
         };
-        let qp = qp.init(&DatagramInit::new(0)).map_err(|(_, e)| e).unwrap();
-        let qp = qp.rtr(&()).map_err(|(_, e)| e).unwrap();
-        let qp = qp
-            .rts(&DatagramRts { sq_psn: 0 })
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let qp = qp.init(&DatagramInit::new(0)).unwrap();
+        let qp = qp.rtr(&()).unwrap();
+        let qp = qp.rts(&DatagramRts { sq_psn: 0 }).unwrap();
         assert_eq!(qp.query().unwrap().state, QpState::Rts, "UD QP in RTS");
     }
     Outcome::Pass
@@ -704,22 +690,16 @@ fn test_modify_ud_qp<P: Provider>(_: &str, ctx: &Context<P>) -> Outcome {
             Ok((qp, _)) => qp,
             Err(o) => return o,
         };
-        let qp = qp
-            .init(&DatagramInit::new(0x123))
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let qp = qp.init(&DatagramInit::new(0x123)).unwrap();
         assert_eq!(qp.query().unwrap().qkey, 0x123, "QKey is not as expected");
-        let qp = qp.rtr(&()).map_err(|(_, e)| e).unwrap();
-        let qp = qp
-            .rts(&DatagramRts { sq_psn: 0x45 })
-            .map_err(|(_, e)| e)
-            .unwrap();
+        let qp = qp.rtr(&()).unwrap();
+        let qp = qp.rts(&DatagramRts { sq_psn: 0x45 }).unwrap();
         assert_eq!(
             qp.query().unwrap().sq_psn,
             0x45,
             "SQ PSN is not as expected"
         );
-        let qp = qp.reset().map_err(|(_, e)| e).unwrap();
+        let qp = qp.reset().unwrap();
         assert_eq!(qp.query().unwrap().state, QpState::Reset, "QP state");
     }
     Outcome::Pass
@@ -759,14 +739,13 @@ fn rd_atomic_up<'a, P: Provider>(
             access: AccessFlags::LOCAL_WRITE,
             ..Default::default()
         })
-        .map_err(|(_, e)| e)
         .unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, av);
     rtr.max_dest_rd_atomic = 12;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rtr(&rtr).unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = 12;
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    qp.rts(&rts).unwrap()
 }
 
 /// `test_modify_rc_qp_rd_atomic` (`RCQPTest`, `RCResources` with both depths 12): the

@@ -76,7 +76,7 @@ fn alloc<P: Provider>(e: &Ends<'_, P>, kind: MwType, dealloc: bool) -> Result<()
     let mw = supported(pd.alloc_mw(kind), "memory windows unsupported")?;
     assert_eq!(mw.kind(), kind);
     if dealloc {
-        mw.dealloc().map_err(|(_, e)| e).unwrap();
+        mw.dealloc().unwrap();
     }
     Ok(())
 }
@@ -350,7 +350,7 @@ fn invalidate_mw_type2_remote<'p, P: Provider>(
 fn dealloc_mws<'p, P: Provider>(_: &Ends<'_, P>, c: &mut Side<'p, P>, s: &mut Side<'p, P>) {
     for p in [s, c] {
         let mw = p.mw.take().unwrap();
-        mw.dealloc().map_err(|(_, e)| e).unwrap();
+        mw.dealloc().unwrap();
     }
 }
 

@@ -806,10 +806,7 @@ fn test_mr_rereg_atomic<P: Provider>(e: &Ends<'_, P>) -> Outcome {
     }
     let st = one_status(e, Op::FetchAdd, (&mut qa, &cqs.0, &ma), &mb);
     assert_eq!(st, WcStatus::RemAccessErr, "Remote access error");
-    let (qa, qb) = (
-        qa.reset().map_err(|(_, e)| e).unwrap(),
-        qb.reset().map_err(|(_, e)| e).unwrap(),
-    );
+    let (qa, qb) = (qa.reset().unwrap(), qb.reset().unwrap());
     let (mut qa, mut qb) = connect_mr_pair(e, qa, qb);
     for m in [&mut ma, &mut mb] {
         m.rereg_access(atomic).unwrap();

@@ -45,11 +45,11 @@ fn a_mad_goes_from_qp1_to_qp1_with_the_gsi_keys_and_another_qkey_is_dropped() {
         let qb = pb.qp_builder(&cb, &cb).caps(caps()).build::<Gsi>().unwrap();
         assert_eq!((qa.qp_num(), qb.qp_num()), (1, 1));
         // The Q_Key given at INIT does not matter: QP1 always uses 0x80010000.
-        let mut qa = qa.ready(0x1234, 0).map_err(|(_, e)| e).unwrap();
-        let mut qb = qb.ready(GSI_QKEY, 0).map_err(|(_, e)| e).unwrap();
+        let mut qa = qa.ready(0x1234, 0).unwrap();
+        let mut qb = qb.ready(GSI_QKEY, 0).unwrap();
         // A UD QP on A too, to send a datagram with the wrong Q_Key to B's QP1.
         let ud = pa.qp_builder(&ca, &ca).caps(caps()).build::<Ud>().unwrap();
-        let mut ud = ud.ready(0x5555, 0).map_err(|(_, e)| e).unwrap();
+        let mut ud = ud.ready(0x5555, 0).unwrap();
         let mut ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
         let mb = pb.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
         let mad: Vec<u8> = (0..256u32).map(|i| (i * 3 + 5) as u8).collect();

@@ -181,7 +181,7 @@ fn a_new_path_after_a_modify_is_the_one_the_frames_take() {
     along(&l, start, (1, 0), ACK, (0x20, 9));
 
     // A's QP turned to C, with another traffic class and hop limit.
-    let qa = qa.reset().map_err(|(_, e)| e).unwrap();
+    let qa = qa.reset().unwrap();
     let mut qa = connect(qa, (qpns[2], 2), (0x88, 3));
     let start = l.seg.sent().len();
     send_one(&l, &mut qa, &cqs[0], &mrs[0]);

@@ -94,11 +94,7 @@ fn a_post_beyond_the_cqs_room_is_refused_whole_and_fits_again_after_a_poll() {
     let room = cq.entries();
     assert!(room >= 100);
     let qp = pd.qp_builder(&cq, &cq).caps(caps(512, 512)).build::<Rc>();
-    let mut qp = qp
-        .unwrap()
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let mut qp = qp.unwrap().init(&ConnectedInit::default()).unwrap();
     recvs(&mut qp, 0, u64::from(room), sge).unwrap();
     let full = Err(Error::QueueFull {
         queue: Queue::Cq,
@@ -108,7 +104,7 @@ fn a_post_beyond_the_cqs_room_is_refused_whole_and_fits_again_after_a_poll() {
     // A batch that would cross the room leaves nothing behind (dropped unfinished).
     assert_eq!(recvs(&mut qp, 2000, 3, sge), full);
     // Every request posted completes once (flushed): exactly `room`, none of the refused.
-    let mut qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+    let mut qp = qp.to_error().unwrap();
     let got = drain(&cq);
     assert_eq!(got.len(), room as usize);
     assert!(got.iter().all(|w| w.wr_id < u64::from(room)), "{got:?}");
@@ -127,11 +123,7 @@ fn a_batch_dropped_unfinished_gives_its_room_back_at_the_next_batch() {
     let cq = l.ctx.create_cq(16).unwrap();
     let room = u64::from(cq.entries());
     let qp = pd.qp_builder(&cq, &cq).caps(caps(64, 64)).build::<Rc>();
-    let mut qp = qp
-        .unwrap()
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let mut qp = qp.unwrap().init(&ConnectedInit::default()).unwrap();
     {
         let mut b = qp.recv_batch();
         for i in 0..room {
@@ -141,7 +133,7 @@ fn a_batch_dropped_unfinished_gives_its_room_back_at_the_next_batch() {
         // Dropped without `finish`: nothing posted.
     }
     recvs(&mut qp, 100, room, sge).unwrap();
-    let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+    let qp = qp.to_error().unwrap();
     let ids: Vec<u64> = drain(&cq).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (100..100 + room).collect::<Vec<_>>());
     drop(qp);
@@ -158,8 +150,8 @@ fn no_qp_waits_for_anothers_room_longer_than_one_poll() {
     let init = ConnectedInit::default();
     let a = pd.qp_builder(&cq, &cq).caps(caps(64, 64)).build::<Rc>();
     let b = pd.qp_builder(&cq, &cq).caps(caps(64, 64)).build::<Rc>();
-    let mut a = a.unwrap().init(&init).map_err(|(_, e)| e).unwrap();
-    let mut b = b.unwrap().init(&init).map_err(|(_, e)| e).unwrap();
+    let mut a = a.unwrap().init(&init).unwrap();
+    let mut b = b.unwrap().init(&init).unwrap();
     recvs(&mut a, 0, room, sge).unwrap();
     assert!(matches!(
         recvs(&mut b, 0, 1, sge),
@@ -168,7 +160,7 @@ fn no_qp_waits_for_anothers_room_longer_than_one_poll() {
             ..
         })
     ));
-    let a = a.to_error().map_err(|(_, e)| e).unwrap();
+    let a = a.to_error().unwrap();
     let mut wc = vec![WorkCompletion::default(); room as usize];
     assert_eq!(cq.poll(&mut wc).unwrap(), room as usize);
     // One poll later, B has the whole CQ.
@@ -332,10 +324,7 @@ fn an_srq_reserves_its_depth_once_per_cq_and_never_drops_a_completion() {
         .caps(caps(1, 64))
         .build::<Rc>()
         .unwrap();
-    let mut own = own
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let mut own = own.init(&ConnectedInit::default()).unwrap();
     recvs(&mut own, 0, u64::from(room), mr.sge(0, 8).unwrap()).unwrap();
 }
 

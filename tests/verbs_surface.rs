@@ -58,7 +58,6 @@ fn query_qp_reports_the_device_values_and_the_attributes_last_set() {
             access,
             ..Default::default()
         })
-        .map_err(|(_, e)| e)
         .unwrap();
     let peer = Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
     let av = AddressVector {
@@ -74,7 +73,7 @@ fn query_qp_reports_the_device_values_and_the_attributes_last_set() {
         max_dest_rd_atomic: 4,
         ..ConnectedRtr::new(0x123, 0x777, av)
     };
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rtr(&rtr).unwrap();
     let rts = ConnectedRts {
         timeout: 18,
         retry_cnt: 5,
@@ -82,7 +81,7 @@ fn query_qp_reports_the_device_values_and_the_attributes_last_set() {
         max_rd_atomic: 2,
         ..ConnectedRts::new(0x999)
     };
-    let qp = qp.rts(&rts).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rts(&rts).unwrap();
     let a = qp.query().unwrap();
     assert_eq!((a.state, a.cur_state), (QpState::Rts, QpState::Rts));
     // From the device (QEMU's host QP): PSNs and peer, MTU forced to 1024, access flags 0.
@@ -102,7 +101,7 @@ fn query_qp_reports_the_device_values_and_the_attributes_last_set() {
     assert!(!a.sq_draining);
     assert_eq!(a.qp_num, qp.qp_num());
 
-    let qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+    let qp = qp.to_error().unwrap();
     let a = qp.query().unwrap();
     assert_eq!((a.state, a.cur_state), (QpState::Err, QpState::Err));
     assert_eq!(a.av, Some(av), "the record survives the state change");
@@ -119,7 +118,7 @@ fn query_qp_of_ud_and_gsi_takes_what_qemu_does_not_report_from_the_record() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let ud = pd.qp_builder(&cq, &cq).build::<Ud>().unwrap();
-    let ud = ud.ready(0x1111_2222, 0x55).map_err(|(_, e)| e).unwrap();
+    let ud = ud.ready(0x1111_2222, 0x55).unwrap();
     let a = ud.query().unwrap();
     assert_eq!(
         (a.state, a.qkey, a.sq_psn),
@@ -134,10 +133,7 @@ fn query_qp_of_ud_and_gsi_takes_what_qemu_does_not_report_from_the_record() {
 
     // QP1: QEMU answers only its state (RTS, whatever was asked).
     let gsi = pd.qp_builder(&cq, &cq).build::<Gsi>().unwrap();
-    let gsi = gsi
-        .init(&DatagramInit::new(0x8001_0000))
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let gsi = gsi.init(&DatagramInit::new(0x8001_0000)).unwrap();
     let a = gsi.query().unwrap();
     assert_eq!((a.state, a.cur_state), (QpState::Init, QpState::Init));
     assert_eq!((a.qkey, a.qp_type), (0x8001_0000, QpType::Gsi));
@@ -333,7 +329,7 @@ fn srq_limit_arms_raises_srq_limit_reached_once_and_disarms() {
     assert_eq!(n, 8);
     assert!(wcs[..n].iter().all(|w| w.status == WcStatus::Success));
     drop((a, b));
-    srq.destroy().map_err(|(_, e)| e).unwrap();
+    srq.destroy().unwrap();
     drop(mr);
     drop((cq, pd, _g));
     teardown(&model, ctx);
@@ -469,7 +465,7 @@ fn posting_to_a_qp_in_err_flushes_each_request_once_without_the_device() {
             .unwrap();
         let an = a.qp_num();
         let a = rc_up(a, an, gid0(), RW);
-        let mut a = a.to_error().map_err(|(_, e)| e).unwrap();
+        let mut a = a.to_error().unwrap();
         let mr = pd.register(4096, RW).unwrap();
         let sge = mr.sge(0, 64).unwrap();
         let (doorbells, _, _) = model.counters();
@@ -483,12 +479,8 @@ fn posting_to_a_qp_in_err_flushes_each_request_once_without_the_device() {
             s.finish();
             a.post_recv_raw(3, &[sge]).unwrap();
         }
-        a.post_send(4, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
-        a.post_recv(5, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        a.post_send(4, pool.alloc().unwrap()).unwrap();
+        a.post_recv(5, pool.alloc().unwrap()).unwrap();
         assert_eq!(pool.free_count(), 6);
         let (doorbells_after, _, _) = model.counters();
         assert_eq!(doorbells_after, doorbells, "the device was not rung");
@@ -505,16 +497,14 @@ fn posting_to_a_qp_in_err_flushes_each_request_once_without_the_device() {
         assert_eq!(cq.poll(&mut wcs).unwrap(), 0, "once");
         assert_eq!(pool.free_count(), 8, "the safe buffers came back");
         // Again, after the queue drained (the flag was cleared), through the QP's own poll.
-        a.post_send(6, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        a.post_send(6, pool.alloc().unwrap()).unwrap();
         let c = a.poll_one().unwrap().expect("flushed");
         assert_eq!((c.wc.wr_id, c.wc.status), (6, WcStatus::WrFlushErr));
         assert!(c.buf.is_some(), "the buffer, with its completion");
         drop(c);
         assert!(a.poll_one().unwrap().is_none());
         // Reset: the ring starts over, the QP works again from INIT.
-        let a = a.reset().map_err(|(_, e)| e).unwrap();
+        let a = a.reset().unwrap();
         drop(a);
         drop((mr, pool));
         drop((cq, pd, _g));
@@ -539,7 +529,7 @@ fn a_qp_in_err_posts_no_more_than_its_queue_holds() {
         })
         .build::<Ud>()
         .unwrap();
-    let mut qp = qp.to_error().map_err(|(_, e)| e).unwrap();
+    let mut qp = qp.to_error().unwrap();
     let mr = pd.register(4096, RW).unwrap();
     let sge = mr.sge(0, 64).unwrap();
     // SAFETY: the region outlives the completions polled below.

@@ -181,10 +181,7 @@ fn rejected(req: &[u8]) -> Option<u16> {
         private_data: req,
         ..ConnectParams::default()
     };
-    let id = cma
-        .connect(qp, IP_B, 4420, &params)
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let id = cma.connect(qp, IP_B, 4420, &params).unwrap();
     for _ in 0..10_000 {
         l.clk.advance(100);
         t.poll(&mut cmb);

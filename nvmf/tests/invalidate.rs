@@ -25,13 +25,10 @@ fn rc_up<'a>(
         access: RW,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
+    let qp = qp.init(&init).unwrap();
     let av = AddressVector::new(Gid::from_ipv4(peer_ip), 1);
-    let qp = qp
-        .rtr(&ConnectedRtr::new(peer, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    let qp = qp.rtr(&ConnectedRtr::new(peer, 0, av)).unwrap();
+    qp.rts(&ConnectedRts::new(0)).unwrap()
 }
 
 /// Polls `cq` (advancing time, running the target) until one completion arrives.

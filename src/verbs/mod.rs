@@ -32,6 +32,14 @@ macro_rules! destroy_and_drop {
             }
         }
 
+        /// Its kind alone (the device's handle is not the caller's): what `unwrap` and
+        /// `expect` print of a hand-back (`Err((object, error))`) besides the error.
+        impl<P: Provider> core::fmt::Debug for $ty<'_, P> {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.debug_struct(stringify!($ty)).finish_non_exhaustive()
+            }
+        }
+
         impl<P: Provider> Drop for $ty<'_, P> {
             fn drop(&mut self) {
                 // SAFETY: `raw` is taken once, here, and `self` is gone afterwards.

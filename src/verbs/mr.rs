@@ -33,6 +33,18 @@ pub struct MemoryRegion<'a, P: Provider> {
     _pd: PhantomData<&'a P::Pd>,
 }
 
+/// Its length and keys: what `unwrap` and `expect` print of a hand-back
+/// (`Err((mr, error))`) besides the error.
+impl<P: Provider> core::fmt::Debug for MemoryRegion<'_, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
 /// ib_core's rule for every memory registration (EINVAL there): memory that peers may write,
 /// or use atomically, must be locally writable too.
 fn check_access(access: AccessFlags) -> Result<()> {

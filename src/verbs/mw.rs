@@ -70,6 +70,16 @@ pub struct MemoryWindow<'a, P: Provider> {
     rkey: u32,
 }
 
+/// Its type and key: what `unwrap` and `expect` print of a hand-back besides the error.
+impl<P: Provider> core::fmt::Debug for MemoryWindow<'_, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemoryWindow")
+            .field("kind", &self.kind)
+            .field("rkey", &self.rkey)
+            .finish()
+    }
+}
+
 /// Where a window is bound: a range of a memory region and the remote rights it grants
 /// (`struct ibv_mw_bind_info`); made by [`MemoryRegion::window`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +138,16 @@ pub struct FastRegMr<'a, P: Provider> {
     handle: u32,
     key: u32,
     max_pages: u32,
+}
+
+/// Its key and size: what `unwrap` and `expect` print of a hand-back besides the error.
+impl<P: Provider> core::fmt::Debug for FastRegMr<'_, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FastRegMr")
+            .field("key", &self.key)
+            .field("max_pages", &self.max_pages)
+            .finish()
+    }
 }
 
 /// A fast registration: the memory mapped, where peers find it, and the rights granted

@@ -30,6 +30,15 @@ pub struct SharedReceiveQueue<'a, P: Provider> {
     _pd: PhantomData<&'a P::Pd>,
 }
 
+/// Its attributes: what `unwrap` and `expect` print of a hand-back besides the error.
+impl<P: Provider> core::fmt::Debug for SharedReceiveQueue<'_, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SharedReceiveQueue")
+            .field("attr", &self.attr())
+            .finish()
+    }
+}
+
 impl<'a, P: Provider> SharedReceiveQueue<'a, P> {
     /// The actual attributes (each ≥ the request).
     pub fn attr(&self) -> SrqAttr {

@@ -167,13 +167,13 @@ fn bench_poll_empty(b: &mut Bench<'_>) -> usize {
 #[unsafe(no_mangle)]
 #[inline(never)]
 fn bench_safe_post_send_1<'a>(b: &mut Bench<'a>, buf: Buf<'a, P>) {
-    b.sqp.post_send(b.wr_id, buf).map_err(|(_, e)| e).unwrap();
+    b.sqp.post_send(b.wr_id, buf).unwrap();
 }
 
 #[unsafe(no_mangle)]
 #[inline(never)]
 fn bench_safe_post_recv_1<'a>(b: &mut Bench<'a>, buf: Buf<'a, P>) {
-    b.sqp.post_recv(b.wr_id, buf).map_err(|(_, e)| e).unwrap();
+    b.sqp.post_recv(b.wr_id, buf).unwrap();
 }
 
 #[unsafe(no_mangle)]
@@ -386,7 +386,7 @@ fn run_once(key: &str, b: &mut Bench<'_>) {
         }
         "safe_post_send_1" => {
             let r = b.buf();
-            b.sqp.post_recv(OTHER, r).map_err(|(_, e)| e).unwrap();
+            b.sqp.post_recv(OTHER, r).unwrap();
             b.ring_safe(db::QP_RECV);
             let s = b.buf();
             b.clear_bells();
@@ -402,13 +402,13 @@ fn run_once(key: &str, b: &mut Bench<'_>) {
             b.rang(safe | db::QP_RECV, 0);
             b.ring_safe(db::QP_RECV);
             let s = b.buf();
-            b.sqp.post_send(OTHER, s).map_err(|(_, e)| e).unwrap();
+            b.sqp.post_send(OTHER, s).unwrap();
             b.ring_safe(db::QP_SEND);
             b.drain_safe(2);
         }
         "safe_poll_1" => {
             let s = b.buf();
-            b.sqp.post_send(OTHER, s).map_err(|(_, e)| e).unwrap();
+            b.sqp.post_send(OTHER, s).unwrap();
             b.inject(b.scq.raw().handle(), b.sqp.qp_num(), [OTHER]);
             b.clear_bells();
             let c = bench_safe_poll_1(b).expect("a completion");
@@ -483,12 +483,9 @@ fn rc_to_itself<'a>(
         access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         ..ConnectedInit::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
-    let qp = qp
-        .rtr(&ConnectedRtr::new(qpn, 0, av))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+    let qp = qp.init(&init).unwrap();
+    let qp = qp.rtr(&ConnectedRtr::new(qpn, 0, av)).unwrap();
+    qp.rts(&ConnectedRts::new(0)).unwrap()
 }
 
 fn main() {
@@ -544,7 +541,6 @@ fn main() {
         .build::<Ud>()
         .unwrap()
         .ready(QKEY, 0)
-        .map_err(|(_, e)| e)
         .unwrap();
     let sges: [Sge; 16] = core::array::from_fn(|i| mr.sge(i as u32 * LEN, LEN).unwrap());
     let mut b = Bench {

@@ -245,14 +245,14 @@ fn up<'a>(qp: QueuePair<'a, R, Rc, Reset>, peer: u32, ip: [u8; 4], mtu: Mtu) -> 
         access: ALL,
         ..Default::default()
     };
-    let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
+    let qp = qp.init(&init).unwrap();
     let mut rtr = ConnectedRtr::new(peer, 0, AddressVector::new(Gid::from_ipv4(ip), 1));
     rtr.path_mtu = mtu;
     rtr.max_dest_rd_atomic = 4;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rtr(&rtr).unwrap();
     let mut rts = ConnectedRts::new(0);
     rts.max_rd_atomic = 4;
-    qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    qp.rts(&rts).unwrap()
 }
 
 /// What a scenario moves.

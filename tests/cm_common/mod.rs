@@ -108,7 +108,6 @@ pub fn rc_qp<'a>(
 /// A connects `qa` to B's port 7174 with the default parameters.
 pub fn connect_to_b<'a>(a: &mut TestCm<'a>, qa: QueuePair<'a, R, Rc, Reset>) -> ConnId {
     a.connect(qa, IP_B, 7174, &ConnectParams::default())
-        .map_err(|(_, e)| e)
         .unwrap()
 }
 
@@ -159,10 +158,7 @@ pub fn accept_request<'a>(
     let CmEvent::ConnectRequest(r) = eb.remove(0) else {
         panic!()
     };
-    let qb = b
-        .accept(r.id, qb, &AcceptParams::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qb = b.accept(r.id, qb, &AcceptParams::default()).unwrap();
     assert!(pump(clk, a, b, ea, eb, 1000, 1000, done));
     (r, qb)
 }
@@ -230,7 +226,7 @@ pub fn send_from_c(l: &Lab, dst: [u8; 4], mads: &[Vec<u8>]) {
         })
         .build::<Gsi>()
         .unwrap();
-    let mut qp = qp.ready(0x8001_0000, 0).map_err(|(_, e)| e).unwrap();
+    let mut qp = qp.ready(0x8001_0000, 0).unwrap();
     let mut mr = pd.register(256 * 32, AccessFlags::LOCAL_WRITE).unwrap();
     let ah = pd
         .create_ah(&AddressVector::new(Gid::from_ipv4(dst), 1))

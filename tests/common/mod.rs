@@ -79,9 +79,9 @@ pub fn rc_to_rts<'a, Pr: Provider>(
     rtr: &ConnectedRtr,
     rts: &ConnectedRts,
 ) -> QueuePair<'a, Pr, Rc, Rts> {
-    let qp = qp.init(init).map_err(|(_, e)| e).unwrap();
-    let qp = qp.rtr(rtr).map_err(|(_, e)| e).unwrap();
-    qp.rts(rts).map_err(|(_, e)| e).unwrap()
+    let qp = qp.init(init).unwrap();
+    let qp = qp.rtr(rtr).unwrap();
+    qp.rts(rts).unwrap()
 }
 
 /// Brings a UD QP from RESET through INIT (Q_Key `qkey`), RTR and RTS (send PSN 0), on any
@@ -90,13 +90,9 @@ pub fn ud_to_rts<'a, Pr: Provider>(
     qp: QueuePair<'a, Pr, bareverbs::verbs::Ud, Reset>,
     qkey: u32,
 ) -> QueuePair<'a, Pr, bareverbs::verbs::Ud, Rts> {
-    let qp = qp
-        .init(&bareverbs::verbs::DatagramInit::new(qkey))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let qp = qp.rtr(&()).map_err(|(_, e)| e).unwrap();
+    let qp = qp.init(&bareverbs::verbs::DatagramInit::new(qkey)).unwrap();
+    let qp = qp.rtr(&()).unwrap();
     qp.rts(&bareverbs::verbs::DatagramRts { sq_psn: 0 })
-        .map_err(|(_, e)| e)
         .unwrap()
 }
 
@@ -305,10 +301,7 @@ pub fn reserved(
 ) -> u32 {
     let whole = caps(1, cq.entries(), 1);
     let qp = pd.qp_builder(other, cq).caps(whole).build::<Rc>().unwrap();
-    let mut qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let mut qp = qp.init(&ConnectedInit::default()).unwrap();
     let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 64).unwrap()];
     let mut n = 0;

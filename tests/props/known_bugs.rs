@@ -37,10 +37,10 @@ fn pair<'a>(
         .unwrap();
     let (qa, qb) = (a.qp_num(), b.qp_num());
     let up = |qp: QueuePair<'a, P, Rc, Reset>, peer: u32| {
-        let qp = qp.init(&rc_init()).map_err(|(_, e)| e).unwrap();
+        let qp = qp.init(&rc_init()).unwrap();
         let rtr = ConnectedRtr::new(peer, 0, AddressVector::new(gid, 0));
-        let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
-        qp.rts(&ConnectedRts::new(0)).map_err(|(_, e)| e).unwrap()
+        let qp = qp.rtr(&rtr).unwrap();
+        qp.rts(&ConnectedRts::new(0)).unwrap()
     };
     Pair {
         a: up(a, qb),
@@ -100,8 +100,8 @@ fn late_receive_after_error_writes_a_reused_buffer() {
 
         let r = pool.alloc().unwrap();
         let index = r.index();
-        b.post_recv(1, r).map_err(|(_, e)| e).unwrap();
-        let mut b = b.to_error().map_err(|(_, e)| e).unwrap();
+        b.post_recv(1, r).unwrap();
+        let mut b = b.to_error().unwrap();
         let c = b.poll_one().unwrap().expect("the flush");
         assert_eq!((c.wc.wr_id, c.wc.status), (1, WcStatus::WrFlushErr));
         drop(c); // no buffer: the device took the receive, so it stays parked
@@ -146,8 +146,8 @@ fn late_receive_after_reset_writes_a_reused_buffer() {
         let r = pool.alloc().unwrap();
         let index = r.index();
         let mut b = b;
-        b.post_recv(1, r).map_err(|(_, e)| e).unwrap();
-        let _b = b.reset().map_err(|(_, e)| e).unwrap();
+        b.post_recv(1, r).unwrap();
+        let _b = b.reset().unwrap();
         assert_eq!(
             pool.free_count(),
             3,
@@ -199,7 +199,7 @@ fn late_receive_after_partial_flush_is_refused() {
             b.post_recv_raw(1, &[recv_mr.sge(0, 64).unwrap()]).unwrap();
             b.post_recv_raw(2, &[recv_mr.sge(64, 64).unwrap()]).unwrap();
         }
-        let _b = b.to_error().map_err(|(_, e)| e).unwrap();
+        let _b = b.to_error().unwrap();
         let mut wc = [WorkCompletion::default(); 4];
         assert_eq!(cq.poll(&mut wc[..1]).unwrap(), 1);
         assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::WrFlushErr));

@@ -278,8 +278,8 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
     xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
     // perftest's client disconnects its data connection and waits; its exit takes the control
     // connection down.
-    let data = data.to_error().map_err(|(_, e)| e).unwrap();
-    let ctl = ctl.to_error().map_err(|(_, e)| e).unwrap();
+    let data = data.to_error().unwrap();
+    let ctl = ctl.to_error().unwrap();
     for id in [data_id, ctl_id] {
         cm.disconnect(id).unwrap();
         loop {

@@ -187,21 +187,16 @@ fn exchange(ctx: &Ctx, semantics: Semantics) {
                 .build::<Ud>()
                 .unwrap()
                 .ready(UD_QKEY, 0)
-                .map_err(|(_, e)| e)
                 .unwrap()
         };
         let (mut a, mut b) = (ud(), ud());
-        b.post_recv(1, pool.alloc().unwrap())
-            .map_err(|(_, e)| e)
-            .unwrap();
+        b.post_recv(1, pool.alloc().unwrap()).unwrap();
         // From the unikernel's GID (index 1) to the Linux side's.
         let ah = pd.create_ah(&AddressVector::new(linux, 1)).unwrap();
         let mut msg = pool.alloc().unwrap();
         msg.set_len(1024).unwrap();
         msg.as_mut_slice().fill(0x7B);
-        a.post_send_to(2, msg, (&ah, b.qp_num(), UD_QKEY))
-            .map_err(|(_, e)| e)
-            .unwrap();
+        a.post_send_to(2, msg, (&ah, b.qp_num(), UD_QKEY)).unwrap();
         let r = b.poll_one().unwrap().expect("the datagram");
         assert_eq!((r.wc.byte_len, r.wc.src_qp), (40 + 1024, a.qp_num()));
         assert!(r.wc.flags.contains(WcFlags::GRH));
@@ -270,12 +265,10 @@ fn connect<'a>(qp: Qp<'a, Reset>, peer: u32, gid: Gid) -> Qp<'a, Rts> {
 
 /// One SEND from `a` to `b`: two CQEs, the receive's and the send's.
 fn one<'a>(pool: &'a BufferPool<'a, P>, a: &mut Qp<'a, Rts>, b: &mut Qp<'a, Rts>) {
-    b.post_recv(1, pool.alloc().unwrap())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    b.post_recv(1, pool.alloc().unwrap()).unwrap();
     let mut m = pool.alloc().unwrap();
     m.set_len(8).unwrap();
-    a.post_send(2, m).map_err(|(_, e)| e).unwrap();
+    a.post_send(2, m).unwrap();
     let r = b.poll_one().unwrap().expect("the receive");
     assert_eq!(r.wc.status, WcStatus::Success);
     let s = a.poll_one().unwrap().expect("the send");
@@ -334,12 +327,10 @@ fn an_rc_receive_on_qemu_carries_the_grh_flag_and_source_qp_0() {
             let (a, b) = (rc(), rc());
             let (qa, qb) = (a.qp_num(), b.qp_num());
             let (mut a, mut b) = (connect(a, qb, g.gid()), connect(b, qa, g.gid()));
-            b.post_recv(1, pool.alloc().unwrap())
-                .map_err(|(_, e)| e)
-                .unwrap();
+            b.post_recv(1, pool.alloc().unwrap()).unwrap();
             let mut m = pool.alloc().unwrap();
             m.set_len(8).unwrap();
-            a.post_send(2, m).map_err(|(_, e)| e).unwrap();
+            a.post_send(2, m).unwrap();
             let r = b.poll_one().unwrap().expect("the receive");
             let qemu = semantics == Semantics::Qemu;
             assert_eq!(

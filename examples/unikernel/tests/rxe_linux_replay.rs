@@ -210,20 +210,17 @@ fn bareverbs_answers_linux_byte_for_byte() {
     let mut mr = pd.register(4 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let qp = pd.qp_builder(&cq, &cq).caps(CAPS).build::<Rc>().unwrap();
     assert_eq!(qp.qp_num(), uk_qpn, "the QPN the unikernel had");
-    let qp = qp
-        .init(&ConnectedInit::default())
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let qp = qp.init(&ConnectedInit::default()).unwrap();
     let mut rtr = ConnectedRtr::new(
         linux_qpn,
         rq_psn,
         AddressVector::new(Gid::from_ipv4(LINUX_IP), 1),
     );
     rtr.max_dest_rd_atomic = 1;
-    let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+    let qp = qp.rtr(&rtr).unwrap();
     let mut rts = ConnectedRts::new(sq_psn);
     rts.max_rd_atomic = 1;
-    let mut qp = qp.rts(&rts).map_err(|(_, e)| e).unwrap();
+    let mut qp = qp.rts(&rts).unwrap();
     learn_linux(&ctx, &seg, linux, &frames);
     // The unikernel's messages are the pingpong pattern (peer.rs): message i, byte k.
     let case = bareverbs_unikernel::peer::Case::parse("rc-server -s 4096").unwrap();
@@ -335,12 +332,9 @@ fn bareverbs_answers_linux_ud_byte_for_byte() {
     let mut mr = pd.register(4 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let qp = pd.qp_builder(&cq, &cq).caps(CAPS).build::<Ud>().unwrap();
     assert_eq!(qp.qp_num(), uk_qpn, "the QPN the unikernel had");
-    let qp = qp
-        .init(&DatagramInit::new(qkey))
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let qp = qp.rtr(&()).map_err(|(_, e)| e).unwrap();
-    let mut qp = qp.rts(&DatagramRts { sq_psn }).map_err(|(_, e)| e).unwrap();
+    let qp = qp.init(&DatagramInit::new(qkey)).unwrap();
+    let qp = qp.rtr(&()).unwrap();
+    let mut qp = qp.rts(&DatagramRts { sq_psn }).unwrap();
     let ah = pd
         .create_ah(&AddressVector::new(Gid::from_ipv4(LINUX_IP), 1))
         .unwrap();
