@@ -313,11 +313,15 @@ fn deadline(now: u64, timeout: u64) -> u64 {
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
     // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
     // whatever PSN the peer wrote.
-    while q.sq_tail != q.sq_next {
+    while in_flight(q) {
+        // The oldest request is the one still being sent (part of its packets out): the
+        // acknowledge can only be of some of those (the caller took PSNs before `q.psn`
+        // only), never of all.
+        let sending = q.sq_tail == q.sq_next;
         let e = q.sq_ref(q.sq_tail);
         let (e_op, first) = (e.op, e.first_psn);
         let last = psn_add(first, e.npkts.max(1) - 1);
-        if psn_diff(psn, last) < 0 {
+        if sending || psn_diff(psn, last) < 0 {
             if !op::reads(e_op) && psn_diff(psn, first) >= 0 {
                 // Part of a multi-packet message.
                 q.una = psn_add(psn, 1);
@@ -331,6 +335,14 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
         q.retire_acked(net.hub);
     }
     false
+}
+
+/// Whether packets were sent that the peer has not answered for yet: requests started and
+/// not completed, or some of the packets of the request being sent (a message longer than
+/// the window stops in its middle until the peer acknowledges part of it).
+#[inline(always)]
+fn in_flight(q: &QpCore) -> bool {
+    q.sq_tail != q.sq_next || q.cur_pkt != 0
 }
 
 /// Go back to the oldest unacknowledged PSN and send again from the oldest incomplete
@@ -387,7 +399,7 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// timer) waits and sends it again; a sequence error goes back to it; the others fail it.
 fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code: u8) {
     if rnr {
-        if q.sq_tail == q.sq_next {
+        if !in_flight(q) {
             return;
         }
         if q.attr.rnr_retry != 7 {
@@ -420,7 +432,7 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
         2 => WcStatus::RemAccessErr,
         _ => WcStatus::RemOpErr,
     };
-    if q.sq_tail == q.sq_next {
+    if !in_flight(q) {
         // The acknowledge completed everything: nothing left to fail.
         return;
     }
@@ -439,7 +451,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Vie
     if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < 0 {
         return;
     }
-    if q.sq_tail == q.sq_next {
+    if !in_flight(q) {
         // Nothing sent is waiting for an answer: whatever this is, it answers nothing.
         return;
     }
