@@ -252,6 +252,8 @@ if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
       read -r name rw bs depth <<<"$j"
       if [ -n "$uk_dev" ] && [ -b "$uk_dev" ]; then
         echo "nvmf-perf $name unikernel $(perf_run "$name" "$rw" "$bs" "$depth" "$uk_dev")"
+        # rxe's counters after each run on the appliance (what the loss on the segment cost).
+        echo "nvmf-rxe $name unikernel $i: $(cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && grep -H . ./* | sed 's|^\./||' | grep -v ':0$' | grep -E 'retry|seq|duplicate|rnr|ack' | tr '\n' ' ')"
       fi
       echo "nvmf-perf $name linux $(perf_run "$name" "$rw" "$bs" "$depth" "$linux_dev")"
     done

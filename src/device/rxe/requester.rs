@@ -386,6 +386,7 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     }
     if q.deadline != 0 && net.now >= q.deadline {
         if q.una != q.psn || q.sq_next != q.sq_tail {
+            net.t.transport.timeouts += 1;
             q.seq_retry = false;
             retry(net, q);
         } else {
@@ -399,6 +400,7 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// timer) waits and sends it again; a sequence error goes back to it; the others fail it.
 fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code: u8) {
     if rnr {
+        net.t.transport.rnr_naks_received += 1;
         if !in_flight(q) {
             return;
         }
@@ -415,6 +417,7 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
     }
     let status = match code {
         0 => {
+            net.t.transport.seq_naks_received += 1;
             if q.seq_retry {
                 // A go-back-N retry is under way and nothing was acknowledged since: this
                 // NAK is about the same gap (a duplicate, or the responder's answer to the
@@ -531,6 +534,9 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
     if q.sq_tail == q.sq_next || psn != q.una {
         // Not the next one expected: a gap (the timer re-requests) or a duplicate.
+        if psn_diff(psn, q.una) > 0 {
+            net.t.transport.read_gaps += 1;
+        }
         return;
     }
     let e = q.sq_ref(q.sq_tail);

@@ -282,12 +282,7 @@ pub fn run_case<P: Provider>(
             let _ = writeln!(
                 out,
                 "roce-uk {name}: ok {} {} of {} bytes, {} ({} bytes), connected in {} ms; {ms} ms in all",
-                d.count,
-                d.unit,
-                d.size,
-                d.how,
-                d.checked,
-                d.connect_ms
+                d.count, d.unit, d.size, d.how, d.checked, d.connect_ms
             );
             true
         }
