@@ -313,15 +313,11 @@ fn deadline(now: u64, timeout: u64) -> u64 {
 fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool {
     // Bounded by the requests started (at most MAX_WR): each turn retires one or returns,
     // whatever PSN the peer wrote.
-    while in_flight(q) {
-        // The oldest request is the one still being sent (part of its packets out): the
-        // acknowledge can only be of some of those (the caller took PSNs before `q.psn`
-        // only), never of all.
-        let sending = q.sq_tail == q.sq_next;
+    while q.sq_tail != q.sq_next {
         let e = q.sq_ref(q.sq_tail);
         let (e_op, first) = (e.op, e.first_psn);
         let last = psn_add(first, e.npkts.max(1) - 1);
-        if sending || psn_diff(psn, last) < 0 {
+        if psn_diff(psn, last) < 0 {
             if !op::reads(e_op) && psn_diff(psn, first) >= 0 {
                 // Part of a multi-packet message.
                 q.una = psn_add(psn, 1);
@@ -333,6 +329,15 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
         }
         q.una = psn_add(last, 1);
         q.retire_acked(net.hub);
+    }
+    if q.cur_pkt != 0 {
+        // The oldest request is the one being sent (the window stopped it in its middle):
+        // the acknowledge is of some of its packets (the caller took PSNs before `q.psn`
+        // only), which the window no longer needs to hold.
+        let first = q.sq_ref(q.sq_tail).first_psn;
+        if psn_diff(psn, first) >= 0 {
+            q.una = psn_add(psn, 1);
+        }
     }
     false
 }
@@ -533,9 +538,17 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
     if q.sq_tail == q.sq_next || psn != q.una {
-        // Not the next one expected: a gap (the timer re-requests) or a duplicate.
-        if psn_diff(psn, q.una) > 0 {
+        // Not the next one expected: a duplicate, or a gap.
+        if psn_diff(psn, q.una) > 0 && q.sq_tail != q.sq_next {
             net.t.transport.read_gaps += 1;
+            if q.sq_ref(q.sq_tail).op == op::READ && net.now >= q.gap_retry_at {
+                // A response of the READ at the oldest unacknowledged PSN was lost: it is
+                // asked again from there now (a new READ request for the rest), not at the
+                // timer, as rxe's completer does. At most once per sixteenth of the timeout:
+                // the responses already on the way from before are not new gaps.
+                q.gap_retry_at = net.now + (q.timeout_us() / 16).max(1);
+                rewind(q);
+            }
         }
         return;
     }
