@@ -337,8 +337,8 @@ for job in randread-4k randwrite-4k seqread-128k; do
   fi
 done
 
-# What each side's transport counted over the timed runs on the appliance: Linux A's rxe after
-# each run, the appliance's last line of its own counts.
+# What each side's transport counted over the timed runs: Linux A's rxe after each run (on
+# either target), the appliance's last line of its own counts.
 { grep -a "^nvmf-rxe " "$alog" || true; } | tr -d '\r' | sed 's/^nvmf-rxe /nvmf rxe counters (Linux A) after /'
 t=$({ grep -a "^nvmf-uk transport " "$ulog" 2>/dev/null || true; } | tail -1 | tr -d '\r')
 [ -n "$t" ] && echo "nvmf transport (the appliance) ${t#nvmf-uk transport }"
