@@ -544,9 +544,13 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
             if q.sq_ref(q.sq_tail).op == op::READ && net.now >= q.gap_retry_at {
                 // A response of the READ at the oldest unacknowledged PSN was lost: it is
                 // asked again from there now (a new READ request for the rest), not at the
-                // timer, as rxe's completer does. At most once per sixteenth of the timeout:
-                // the responses already on the way from before are not new gaps.
-                q.gap_retry_at = net.now + (q.timeout_us() / 16).max(1);
+                // timer (rxe's completer drops the response and waits for its timer: a
+                // READ of thousands of packets then costs a timeout per loss). The responder
+                // takes the new request as a duplicate and answers from its PSN. At most
+                // once per sixteenth of the timeout
+                // (and per millisecond): the responses already on the way from before are
+                // not new gaps.
+                q.gap_retry_at = net.now + (q.timeout_us() / 16).max(1_000);
                 rewind(q);
             }
         }
