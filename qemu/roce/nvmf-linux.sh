@@ -245,6 +245,10 @@ perf_run() { # JOB RW BS DEPTH DEV -> IOPS
     --randrepeat=0 --group_reporting --minimal 2>/dev/null |
     awk -F';' -v rw="$2" 'NF > 50 {print (rw ~ /write/ ? $49 : $8); exit}'
 }
+rxe_counts() { # this side's rxe counters of retries, sequence errors and duplicates
+  (cd /sys/class/infiniband/rxe0/ports/1/hw_counters 2>/dev/null && grep -H . ./* | sed 's|^\./||' |
+    grep -v ':0$' | grep -E 'retry|seq|duplicate|rnr|ack' | tr '\n' ' ')
+}
 if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
   say "phase performance ($perf runs of ${secs} s per job and target)"
   for i in $(seq 1 "$perf"); do
@@ -252,8 +256,12 @@ if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
       read -r name rw bs depth <<<"$j"
       if [ -n "$uk_dev" ] && [ -b "$uk_dev" ]; then
         echo "nvmf-perf $name unikernel $(perf_run "$name" "$rw" "$bs" "$depth" "$uk_dev")"
+        # rxe's counters after each run (what the loss on the segment cost, and which side's
+        # retransmissions paid for it), to tell a slow run's cause.
+        echo "nvmf-rxe $name unikernel $i: $(rxe_counts)"
       fi
       echo "nvmf-perf $name linux $(perf_run "$name" "$rw" "$bs" "$depth" "$linux_dev")"
+      echo "nvmf-rxe $name linux $i: $(rxe_counts)"
     done
   done
 fi

@@ -272,8 +272,9 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
         if let PeerCase::Cm(c) = case {
+            let name = spec.split(',').next().unwrap_or(spec);
             let passed =
-                crate::cm_peer::run_case(&ctx, &pd, opts.peer, &c, deadline, clock_ms, out);
+                crate::cm_peer::run_case(&ctx, &pd, opts.peer, name, &c, deadline, clock_ms, out);
             outcome.failed += u32::from(!passed);
             continue;
         }

@@ -61,8 +61,35 @@ pub(crate) fn appliance(
         c.roce + c.stack + c.dropped + c.arp_answered
     };
     let (mut seen, mut since) = (frames_in(), clock_ms());
+    // Once a second, when they changed: what the transport counted (the evidence of loss on
+    // the segment and of what was done about it), and the CPU's halts and interrupts.
+    let t0 = clock_ms();
+    let (mut shown, mut shown_at) = (ctx.provider().transport_counts(), t0);
     let mut idle = |work: usize| {
         let (frames, now) = (frames_in(), clock_ms());
+        if now.saturating_sub(shown_at) >= 1000 {
+            shown_at = now;
+            let c = ctx.provider().transport_counts();
+            if c != shown {
+                shown = c;
+                let _ = writeln!(
+                    Serial,
+                    "nvmf-uk transport +{} ms: timeouts {}, seq NAKs received {} sent {}, RNR NAKs received {} sent {}, duplicates {}, out of sequence {}, READ gaps {}; NIC interrupts {}, timer ticks {}, halts {}",
+                    now - t0,
+                    c.timeouts,
+                    c.seq_naks_received,
+                    c.seq_naks_sent,
+                    c.rnr_naks_received,
+                    c.rnr_naks_sent,
+                    c.duplicates,
+                    c.out_of_sequence,
+                    c.read_gaps,
+                    irq::count(irq::DEVICE_VECTORS.start),
+                    irq::count(irq::TIMER_VECTOR),
+                    irq::halts()
+                );
+            }
+        }
         if work > 0 || frames != seen {
             (seen, since) = (frames, now);
         } else if nic_interrupts || now.saturating_sub(since) >= roce_peer::IDLE_MS {

@@ -87,7 +87,8 @@ fn run(twist: Twist) -> (String, bool) {
             let t0 = Instant::now();
             let mut out = String::new();
             let clock = move || ms_since(t0);
-            run_case(&ctx, &pd, LNX_IP, &case, 20_000, &clock, &mut out);
+            let name = "ib_send_bw-client";
+            run_case(&ctx, &pd, LNX_IP, name, &case, 20_000, &clock, &mut out);
             tx.send(out).unwrap();
         })
     };

@@ -86,6 +86,7 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
+pub use port::TransportCounts;
 use port::{Port, PortCounts};
 use tables::Tables;
 
@@ -335,6 +336,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// Frames the port handled, by outcome.
     pub fn port_counts(&self) -> PortCounts {
         self.core.lock().tables().port.counts()
+    }
+
+    /// What the reliable transport counted: retransmission timeouts, NAKs sent and
+    /// received, duplicate and out-of-sequence requests.
+    pub fn transport_counts(&self) -> TransportCounts {
+        self.core.lock().tables().transport
     }
 
     /// Runs the transport now: takes what the NIC received (answering ARP, queueing the IP

@@ -42,6 +42,32 @@ pub enum Rx<'a> {
     Dropped(Discard),
 }
 
+/// What the reliable-connection transport of the device counted, as Linux's rxe counts it in
+/// its `hw_counters` (the names in brackets): the evidence of loss on the segment and of
+/// what each side did about it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportCounts {
+    /// Requests that came again, PSNs the responder had already taken (`duplicate_request`).
+    pub duplicates: u64,
+    /// Requests after a gap (the PSN beyond the expected one), dropped
+    /// (`out_of_seq_request`).
+    pub out_of_sequence: u64,
+    /// Sequence NAKs the responder sent: one per gap.
+    pub seq_naks_sent: u64,
+    /// RNR NAKs the responder sent (a SEND with no receive posted).
+    pub rnr_naks_sent: u64,
+    /// Sequence NAKs the requester received (`rcvd_seq_err`).
+    pub seq_naks_received: u64,
+    /// RNR NAKs the requester received (`rcvd_rnr_err`).
+    pub rnr_naks_received: u64,
+    /// Retransmission timeouts: the requester's timer expired with packets unanswered
+    /// (`completer_retry_err`).
+    pub timeouts: u64,
+    /// READ responses after a gap in a READ's responses, dropped (the retransmission timer
+    /// asks for the READ again from the first missing one).
+    pub read_gaps: u64,
+}
+
 /// Frames the port handled, by outcome.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PortCounts {

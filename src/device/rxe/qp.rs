@@ -219,6 +219,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 backlog: None,
                 ack_due: None,
                 seq_retry: false,
+                gap_retry_at: 0,
             });
         }
         if let Some(slot) = t.qp_slot(qpn) {

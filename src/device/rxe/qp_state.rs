@@ -108,6 +108,9 @@ pub(crate) struct QpCore {
     /// sequence NAKs are ignored until it does (or the timer fires), as rxe runs one retry
     /// at a time.
     pub(crate) seq_retry: bool,
+    /// Before this time (µs) a gap in a READ's responses asks for nothing: the responses of
+    /// the READ asked before are still on their way (0: any time).
+    pub(crate) gap_retry_at: u64,
 }
 
 impl QpCore {
@@ -313,6 +316,7 @@ impl QpCore {
         self.backlog = None;
         self.ack_due = None;
         self.seq_retry = false;
+        self.gap_retry_at = 0;
     }
 
     /// Takes the next receive request (from the SRQ when the QP has one) off its queue into

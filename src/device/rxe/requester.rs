@@ -330,7 +330,24 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
         q.una = psn_add(last, 1);
         q.retire_acked(net.hub);
     }
+    if q.cur_pkt != 0 {
+        // The oldest request is the one being sent (the window stopped it in its middle):
+        // the acknowledge is of some of its packets (the caller took PSNs before `q.psn`
+        // only), which the window no longer needs to hold.
+        let first = q.sq_ref(q.sq_tail).first_psn;
+        if psn_diff(psn, first) >= 0 {
+            q.una = psn_add(psn, 1);
+        }
+    }
     false
+}
+
+/// Whether packets were sent that the peer has not answered for yet: requests started and
+/// not completed, or some of the packets of the request being sent (a message longer than
+/// the window stops in its middle until the peer acknowledges part of it).
+#[inline(always)]
+fn in_flight(q: &QpCore) -> bool {
+    q.sq_tail != q.sq_next || q.cur_pkt != 0
 }
 
 /// Go back to the oldest unacknowledged PSN and send again from the oldest incomplete
@@ -374,6 +391,7 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     }
     if q.deadline != 0 && net.now >= q.deadline {
         if q.una != q.psn || q.sq_next != q.sq_tail {
+            net.t.transport.timeouts += 1;
             q.seq_retry = false;
             retry(net, q);
         } else {
@@ -387,7 +405,8 @@ pub(crate) fn on_timer<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
 /// timer) waits and sends it again; a sequence error goes back to it; the others fail it.
 fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code: u8) {
     if rnr {
-        if q.sq_tail == q.sq_next {
+        net.t.transport.rnr_naks_received += 1;
+        if !in_flight(q) {
             return;
         }
         if q.attr.rnr_retry != 7 {
@@ -403,6 +422,7 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
     }
     let status = match code {
         0 => {
+            net.t.transport.seq_naks_received += 1;
             if q.seq_retry {
                 // A go-back-N retry is under way and nothing was acknowledged since: this
                 // NAK is about the same gap (a duplicate, or the responder's answer to the
@@ -420,7 +440,7 @@ fn nak<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32, rnr: bool, code:
         2 => WcStatus::RemAccessErr,
         _ => WcStatus::RemOpErr,
     };
-    if q.sq_tail == q.sq_next {
+    if !in_flight(q) {
         // The acknowledge completed everything: nothing left to fail.
         return;
     }
@@ -439,7 +459,7 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Vie
     if psn_diff(psn, q.psn) >= 0 || psn_diff(psn, q.una) < 0 {
         return;
     }
-    if q.sq_tail == q.sq_next {
+    if !in_flight(q) {
         // Nothing sent is waiting for an answer: whatever this is, it answers nothing.
         return;
     }
@@ -518,7 +538,22 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
     if q.sq_tail == q.sq_next || psn != q.una {
-        // Not the next one expected: a gap (the timer re-requests) or a duplicate.
+        // Not the next one expected: a duplicate, or a gap.
+        if psn_diff(psn, q.una) > 0 && q.sq_tail != q.sq_next {
+            net.t.transport.read_gaps += 1;
+            if q.sq_ref(q.sq_tail).op == op::READ && net.now >= q.gap_retry_at {
+                // A response of the READ at the oldest unacknowledged PSN was lost: it is
+                // asked again from there now (a new READ request for the rest), not at the
+                // timer (rxe's completer drops the response and waits for its timer: a
+                // READ of thousands of packets then costs a timeout per loss). The responder
+                // takes the new request as a duplicate and answers from its PSN. At most
+                // once per sixteenth of the timeout
+                // (and per millisecond): the responses already on the way from before are
+                // not new gaps.
+                q.gap_retry_at = net.now + (q.timeout_us() / 16).max(1_000);
+                rewind(q);
+            }
+        }
         return;
     }
     let e = q.sq_ref(q.sq_tail);

@@ -31,7 +31,9 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
     let psn = p.psn();
     let d = psn_diff(psn, q.epsn);
     if d > 0 {
+        net.t.transport.out_of_sequence += 1;
         if !q.nak_sent {
+            net.t.transport.seq_naks_sent += 1;
             q.nak_sent = true;
             let e = q.epsn;
             answer_in_order(net, q, syndrome::SEQ, e);
@@ -39,6 +41,7 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
         return;
     }
     if d < 0 {
+        net.t.transport.duplicates += 1;
         return duplicate(net, q, p);
     }
     q.nak_sent = false;
@@ -54,6 +57,7 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
     match r {
         Ok(()) => {}
         Err(Fail::Rnr) => {
+            net.t.transport.rnr_naks_sent += 1;
             let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
             answer_in_order(net, q, syn, psn);
         }

@@ -7,6 +7,7 @@ use core::ptr::NonNull;
 
 use super::mem::MrTable;
 use super::port::Port;
+use super::port::TransportCounts;
 use super::qp_state::QpCore;
 use super::rings::{AsyncRing, Loopback, StackRing};
 use super::{FIRST_QPN, GSI_QPN, MAX_QP};
@@ -33,6 +34,8 @@ pub(crate) struct Tables {
     pub(crate) srq_next: u32,
     /// Which queue pair has the first turn at the next progress.
     pub(crate) turn: u32,
+    /// What the reliable transport counted (retries, NAKs, duplicates).
+    pub(crate) transport: TransportCounts,
 }
 
 const _: () = assert!(

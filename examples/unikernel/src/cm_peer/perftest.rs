@@ -40,11 +40,14 @@ pub use msg::{DEST_LEN, Dest};
 /// perftest's port (both connections).
 pub const PT_PORT: u16 = 18515;
 /// The largest `-s` a case may ask for.
-pub const MAX_PT_SIZE: u32 = 64 * 1024;
+pub const MAX_PT_SIZE: u32 = 8 * 1024 * 1024;
 /// The largest page size (perftest's cycle buffer) taken from the peer.
 const MAX_CYCLE: u32 = 64 * 1024;
 /// Work requests in flight in the data phase (receives, SENDs, WRITEs or READs).
 const WINDOW: u32 = 16;
+/// Bytes of receive or READ slots at most: messages of more than a sixteenth of this have
+/// fewer slots (two of 8 MiB), so that a case's region fits the kernel's DMA memory.
+const SLOT_BYTES: u32 = 16 * 1024 * 1024;
 /// READs/atomics this side offers and asks for on `ib_read_bw`'s data connection (the CM
 /// clamps it to the device's limit).
 const DEPTH: u8 = 16;
@@ -105,11 +108,11 @@ impl PtVerb {
 /// bytes, 1000 iterations.
 pub(super) fn parse(spec: &str) -> Option<CmCase> {
     let mut words = spec.split(',').filter(|w| !w.is_empty());
-    let name = words.next()?;
+    let name = untagged(words.next()?)?;
     let (verb, linux_serves) = [PtVerb::Send, PtVerb::Write, PtVerb::Read]
         .iter()
         .flat_map(|&v| [(v, true), (v, false)])
-        .find(|&(v, s)| v.case_name(s) == name)?;
+        .find(|&(v, s)| v.case_name(s).split_once('-') == Some(name))?;
     let (mut size, mut iters, mut rdma_cm) = (65536u32, 1000u32, false);
     while let Some(w) = words.next() {
         match w {
@@ -127,9 +130,30 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
     })
 }
 
+/// A case's name as its program and role, without the tag that tells two cases of one
+/// program apart (`ib_write_bw-8m-server` is `ib_write_bw`, `server`): a word of letters and
+/// digits between the program and the role. `None` for a malformed tag.
+fn untagged(name: &str) -> Option<(&str, &str)> {
+    let (program, rest) = name.split_once('-')?;
+    let role = match rest.rsplit_once('-') {
+        Some((tag, role)) => {
+            let ok = !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphanumeric());
+            ok.then_some(role)?
+        }
+        None => rest,
+    };
+    Some((program, role))
+}
+
 /// A receive or READ slot: the message rounded up to a cache line.
 fn stride(size: u32) -> u32 {
     size.next_multiple_of(LINE)
+}
+
+/// Receive or READ slots of messages of `size` bytes: [`WINDOW`], fewer for large messages
+/// (at least one).
+fn slots(size: u32) -> u32 {
+    (SLOT_BYTES / stride(size)).clamp(1, WINDOW)
 }
 
 /// Bytes of the case's region: the control messages, then the data area of the role.
@@ -137,9 +161,9 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32
     let size = case.size;
     let data = match (verb, linux_serves) {
         // Receive slots and the image of the sender's cycle buffer.
-        (PtVerb::Send, false) => WINDOW * stride(size) + size.max(MAX_CYCLE),
+        (PtVerb::Send, false) => slots(size) * stride(size) + size.max(MAX_CYCLE),
         // READ slots and the first READ's bytes.
-        (PtVerb::Read, true) => (WINDOW + 1) * stride(size),
+        (PtVerb::Read, true) => (slots(size) + 1) * stride(size),
         (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
         // What the unikernel SENDs or WRITEs.
@@ -427,7 +451,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 self.send_all(qp, case)?;
             }
             (PtVerb::Send, false) => {
-                self.post_slots(qp, case.size, WINDOW.min(case.count))?;
+                self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 tally.checked += self.receive_all(qp, case, agreed)?;
             }
@@ -436,7 +460,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 if verb == PtVerb::Write {
                     self.write_all(qp, case, &peer)?;
                 } else {
-                    let window = WINDOW.min(u32::from(attr.max_rd_atomic.max(1)));
+                    let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
                     tally.checked += self.read_all(qp, case, &peer, window)?;
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
@@ -553,7 +577,22 @@ mod tests {
         assert_eq!(PtVerb::Send.case_name(true), "ib_send_bw-server");
         // -R is what these cases are; sizes within the region's bounds.
         assert_eq!(parse("ib_send_bw-server,-s,4096"), None);
-        assert_eq!(parse("ib_send_bw-server,-R,-s,65537"), None);
+        assert_eq!(parse("ib_send_bw-server,-R,-s,8388609"), None);
+        // A tag tells cases of one program apart.
+        let t = parse("ib_write_bw-8m-server,-R,-s,8388608,-n,5").expect("tagged");
+        assert_eq!(
+            (t.program, t.size, t.count),
+            (
+                Program::Perftest {
+                    verb: PtVerb::Write,
+                    linux_serves: true
+                },
+                8 << 20,
+                5
+            )
+        );
+        assert_eq!(parse("ib_write_bw-8-m-server,-R"), None);
+        assert_eq!(parse("ib_write_bw--server,-R"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-n,0"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-x,1"), None);
         assert_eq!(parse("ib_atomic_bw-server,-R"), None);

@@ -6,7 +6,7 @@ use bareverbs::verbs::*;
 
 use super::super::{CaseError, CmCase, RECV_BASE, SEND_BASE, Session};
 use super::msg::prefill;
-use super::{Agreed, DATA_AT, SENTINEL, WINDOW, cycle_steps, stride};
+use super::{Agreed, DATA_AT, SENTINEL, WINDOW, cycle_steps, slots, stride};
 use crate::Step;
 
 impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
@@ -42,7 +42,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         (0..n).try_for_each(|k| self.post_slot(qp, size, k))
     }
 
-    /// `ib_send_bw`'s server: takes the client's `-n` SENDs (the first [`WINDOW`] receives
+    /// `ib_send_bw`'s server: takes the client's `-n` SENDs (the first [`slots`] receives
     /// posted by the caller), each `-s` bytes and the bytes the client's cycle buffer holds at
     /// its place: the first message at each place is kept (after the slots), the later ones
     /// compared with it. Returns the bytes checked.
@@ -54,9 +54,10 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     ) -> Result<u64, CaseError> {
         let (size, n) = (case.size, case.count);
         let (period, step) = cycle_steps(size, agreed.cycle, agreed.line);
-        let image = (DATA_AT + WINDOW * stride(size)) as usize;
+        let slots = slots(size);
+        let image = (DATA_AT + slots * stride(size)) as usize;
         for i in 0..n {
-            let k = i % WINDOW;
+            let k = i % slots;
             let w = self.wait(RECV_BASE + u64::from(k), "a SEND")?;
             if w.byte_len != size
                 || w.opcode != WcOpcode::Recv
@@ -80,7 +81,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     at: at as u32,
                 });
             }
-            if i + WINDOW < n {
+            if i + slots < n {
                 self.post_slot(qp, size, k)?;
             }
         }
@@ -158,7 +159,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     ) -> Result<u64, CaseError> {
         let size = case.size;
         let from = (peer.vaddr, peer.rkey);
-        let first = (DATA_AT + WINDOW * stride(size)) as usize;
+        let first = (DATA_AT + slots(size) * stride(size)) as usize;
         self.pipeline(
             case.count,
             window,
