@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
 export PROPTEST_CASES=${PROPTEST_CASES:-16}
 export BAREVERBS_FUZZ_EXECS=${BAREVERBS_FUZZ_EXECS:-200}
+# The tests with long runs (8 MiB messages, 200 hosts, seconds of lossy traffic) take a
+# smaller budget under valgrind when this is set.
+export BAREVERBS_MEMCHECK=1
 bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
