@@ -19,8 +19,8 @@ n=${1:-${NVMF_FUZZ_N:-50000}}
 seed=${2:-${NVMF_FUZZ_SEED:-$(date +%s%N | cut -c1-18)}}
 
 # Coverage floors, per 100,000 capsules (scaled to N). Set from a first measurement of the CI
-# run (100,000 capsules, seed 20261125): successes 27,672, error statuses 61,340, disconnects
-# 6,872, good-host I/O 35,451. Each floor is about 60 % of that: a change that makes the
+# run (100,000 capsules, seed 20261125): successes 27,649, error statuses 61,363, disconnects
+# 6,870, good-host I/O 37,869. Each floor is about 60 % of that: a change that makes the
 # capsules die before the target's command paths (or stops the other host being served)
 # fails CI, the seed-to-seed spread does not.
 floor_successes=16500

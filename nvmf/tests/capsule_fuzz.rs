@@ -133,6 +133,9 @@ struct Reach {
     good_io: u64,
     /// Writes to the medium by commands whose queue ended before their answer.
     late_writes: u64,
+    /// Times host A could not connect again at once (the target still held its last
+    /// controller's queues) and waited.
+    reconnect_waits: u64,
     /// Answers on the wire for no capsule of the batch (the host's own keep-alives).
     strays: u64,
 }
@@ -157,6 +160,7 @@ impl Reach {
         self.good_io += o.good_io;
         self.strays += o.strays;
         self.late_writes += o.late_writes;
+        self.reconnect_waits += o.reconnect_waits;
     }
 }
 
@@ -196,6 +200,18 @@ fn keyed_ranges(capsule: &[u8], key: u32) -> Vec<(u64, u64)> {
         at(&capsule[j..j + 16]);
     }
     out
+}
+
+/// Whether no capsule of `batch` but the `i`th names bytes of `[addr, addr + len)` with `key`
+/// (then that range held one value all through the batch, but for the `i`th's own transfer).
+fn alone(batch: &[Sent], i: usize, addr: u64, len: u64, key: u32) -> bool {
+    let end = addr.wrapping_add(len);
+    batch.iter().enumerate().all(|(j, y)| {
+        j == i
+            || keyed_ranges(&y.bytes, key)
+                .iter()
+                .all(|&(a, n)| a.wrapping_add(n) <= addr || a >= end)
+    })
 }
 
 /// Where host A's watched region is, its key, and another key of host A's (a queue's).
@@ -493,14 +509,15 @@ fn the_capsule_fuzzer() {
     eprintln!(
         "nvmf-fuzz: medium writes checked {} (data compared {}), reads compared {}, host bytes \
          written (inside named ranges) {}, capsules left unanswered by an ended queue {} (their \
-         writes that ran {}), stray answers {}",
+         writes that ran {}), stray answers {}, waits to connect again {}",
         reach.medium_writes,
         reach.data_checked,
         reach.reads_checked,
         reach.host_bytes_written,
         reach.unanswered_on_end,
         reach.late_writes,
-        reach.strays
+        reach.strays,
+        reach.reconnect_waits
     );
     println!(
         "nvmf-fuzz: {} capsules, {failures} failures; answered {}, successes {}, error statuses \
@@ -579,29 +596,59 @@ fn session(seed: u64, capsules: u64) -> Reach {
     while sent_total < capsules {
         // Host A's queues up again where the target ended them.
         if !ha.connected(0) || !ha.connected(1) || !ha.connected(2) {
-            let mut idle = || {
-                clk.advance(20);
-                t.poll(&mut cmb);
-            };
-            let ok = if ha.connected(0) {
-                (1..3).all(|q| ha.connected(q) || ha.reconnect_io(&mut cma, q, &mut idle).is_ok())
-            } else {
-                false
+            let ok = {
+                let mut idle = || {
+                    clk.advance(20);
+                    t.poll(&mut cmb);
+                };
+                if ha.connected(0) {
+                    (1..3)
+                        .all(|q| ha.connected(q) || ha.reconnect_io(&mut cma, q, &mut idle).is_ok())
+                } else {
+                    false
+                }
             };
             if !ok {
-                let _ = ha.disconnect(&mut cma, &mut idle);
-                // Bounded: a few tries, the target given time to free what it held.
-                let mut up = false;
-                for _ in 0..20 {
-                    if ha.connect(&mut cma, &mut idle).is_ok() {
-                        up = true;
-                        break;
+                let _ = ha.disconnect(&mut cma, &mut || {
+                    clk.advance(20);
+                    t.poll(&mut cmb);
+                });
+                // Bounded: tries 1 s apart for up to 40 s, host C served meanwhile, the
+                // target given time to free what it held (a controller whose queues ended
+                // without a disconnection goes at its keep-alive timeout, 10 s here).
+                let mut err = None;
+                for k in 0..40 {
+                    let r = ha.connect(&mut cma, &mut || {
+                        clk.advance(20);
+                        t.poll(&mut cmb);
+                    });
+                    match r {
+                        Ok(()) => {
+                            err = None;
+                            break;
+                        }
+                        Err(e) => err = Some(e),
+                    }
+                    if k == 0 {
+                        reach.reconnect_waits += 1;
                     }
                     for _ in 0..1000 {
-                        idle();
+                        clk.advance(1000);
+                        t.poll(&mut cmb);
+                        ha.poll();
+                        while let Some(e) = cma.poll() {
+                            ha.on_cm_event(e);
+                        }
+                        hc.poll();
+                        while let Some(e) = cmc.poll() {
+                            hc.on_cm_event(e);
+                        }
                     }
                 }
-                assert!(up, "seed {seed}: host A cannot connect again");
+                assert!(
+                    err.is_none(),
+                    "seed {seed}: host A cannot connect again: {err:?}"
+                );
             }
             // What the reconnection put on the wire is not the batch's; the new queues' QPs
             // may take the numbers (and PSNs) of those that ended.
@@ -811,25 +858,55 @@ fn session(seed: u64, capsules: u64) -> Reach {
                     && u64::from(s.nlb()) * BS as u64 == len as u64
             })
         };
+        // Whether the bytes `x` names are `bytes`: `Some(true)`, `Some(false)`, or `None`
+        // when that cannot be told (a descriptor list, a key of another region, bytes
+        // another capsule named too; for a command of an earlier batch, host memory that
+        // differs: it may have changed since).
+        let verdict = |x: &Sent, i: Option<usize>, bytes: &[u8]| -> Option<bool> {
+            let s = x.sqe()?;
+            if s.opcode() == opcode::WRITE_ZEROES {
+                return Some(bytes.iter().all(|&b| b == 0));
+            }
+            match s.sgl() {
+                Ok(Sgl::InCapsule { offset, len }) if len as usize == bytes.len() => {
+                    let from = 64 + offset as usize;
+                    Some(x.bytes.get(from..from + bytes.len()) == Some(bytes))
+                }
+                Ok(Sgl::Keyed { addr, len, key, .. })
+                    if key == m.key
+                        && len as usize == bytes.len()
+                        && i.is_none_or(|i| alone(&batch, i, addr, u64::from(len), m.key)) =>
+                {
+                    let o = addr.wrapping_sub(m.addr) as usize;
+                    let r = o..o + bytes.len();
+                    let same = before.get(r.clone()) == Some(bytes) || after.get(r) == Some(bytes);
+                    (same || i.is_some()).then_some(same)
+                }
+                _ => None,
+            }
+        };
         let mut used = vec![false; batch.len()];
         for (at, bytes) in &writes {
-            let hit = batch.iter().enumerate().find(|(i, x)| {
-                !used[*i] && x.answer.is_some_and(|a| a.is_ok()) && names(x, *at, bytes.len())
-            });
-            let Some((i, x)) = hit else {
-                if let Some(k) = limbo.iter().position(|x| names(x, *at, bytes.len())) {
-                    let x = limbo.remove(k).unwrap();
-                    if x.sqe().unwrap().opcode() == opcode::WRITE_ZEROES {
-                        assert!(
-                            bytes.iter().all(|&b| b == 0),
-                            "seed {seed}: Write Zeroes wrote data"
-                        );
-                    }
-                    reach.medium_writes += 1;
-                    reach.late_writes += 1;
-                    shadow[*at..*at + bytes.len()].copy_from_slice(bytes);
-                    continue;
+            // The commands that name these blocks: this batch's answered with success, then
+            // those of ended queues; the one whose data it is (or, failing that, one whose
+            // data cannot be told).
+            let mut cands: Vec<(Option<usize>, Option<usize>, Option<bool>)> = Vec::new();
+            for (i, x) in batch.iter().enumerate() {
+                if !used[i] && x.answer.is_some_and(|a| a.is_ok()) && names(x, *at, bytes.len()) {
+                    cands.push((Some(i), None, verdict(x, Some(i), bytes)));
                 }
+            }
+            for (k, x) in limbo.iter().enumerate() {
+                if names(x, *at, bytes.len()) {
+                    cands.push((None, Some(k), verdict(x, None, bytes)));
+                }
+            }
+            let pick = cands
+                .iter()
+                .find(|c| c.2 == Some(true))
+                .or_else(|| cands.iter().find(|c| c.2.is_none()))
+                .copied();
+            let Some((i, k, v)) = pick else {
                 let what: Vec<_> = batch
                     .iter()
                     .map(|x| {
@@ -847,44 +924,20 @@ fn session(seed: u64, capsules: u64) -> Reach {
                     .collect();
                 panic!(
                     "seed {seed}: the medium written at byte {at} ({} bytes) by no command of \
-                     {what:?} (queues {:?}), last batch {prev:?}",
+                     {what:?} as it said ({} named the blocks; queues {:?}), last batch {prev:?}",
                     bytes.len(),
+                    cands.len(),
                     (0..3).map(|q| ha.connected(q)).collect::<Vec<_>>()
                 );
             };
-            used[i] = true;
             reach.medium_writes += 1;
-            let s = x.sqe().unwrap();
-            if s.opcode() == opcode::WRITE_ZEROES {
-                assert!(
-                    bytes.iter().all(|&b| b == 0),
-                    "seed {seed}: Write Zeroes wrote data"
-                );
-                reach.data_checked += 1;
-            } else {
-                match s.sgl() {
-                    Ok(Sgl::InCapsule { offset, len }) if len as usize == bytes.len() => {
-                        let from = 64 + offset as usize;
-                        assert!(
-                            x.bytes.get(from..from + bytes.len()) == Some(bytes.as_slice()),
-                            "seed {seed}: a Write's in-capsule data not what the medium got"
-                        );
-                        reach.data_checked += 1;
-                    }
-                    Ok(Sgl::Keyed { addr, len, key, .. })
-                        if key == m.key && len as usize == bytes.len() =>
-                    {
-                        let o = addr.wrapping_sub(m.addr) as usize;
-                        let r = o..o + bytes.len();
-                        assert!(
-                            before.get(r.clone()) == Some(bytes.as_slice())
-                                || after.get(r) == Some(bytes.as_slice()),
-                            "seed {seed}: a Write's keyed data not what the medium got"
-                        );
-                        reach.data_checked += 1;
-                    }
-                    _ => {}
-                }
+            reach.data_checked += u64::from(v.is_some());
+            if let Some(i) = i {
+                used[i] = true;
+            }
+            if let Some(k) = k {
+                limbo.remove(k);
+                reach.late_writes += 1;
             }
             shadow[*at..*at + bytes.len()].copy_from_slice(bytes);
         }
@@ -941,14 +994,8 @@ fn session(seed: u64, capsules: u64) -> Reach {
                 let Ok(Sgl::Keyed { addr, len, key, .. }) = s.sgl() else {
                     continue;
                 };
-                let (end, len) = (addr.wrapping_add(u64::from(len)), u64::from(len));
-                let alone = batch.iter().enumerate().all(|(j, y)| {
-                    j == i
-                        || keyed_ranges(&y.bytes, m.key)
-                            .iter()
-                            .all(|&(a, n)| a.wrapping_add(n) <= addr || a >= end)
-                });
-                if key != m.key || s.nsid() != 1 || !alone {
+                let len = u64::from(len);
+                if key != m.key || s.nsid() != 1 || !alone(&batch, i, addr, len, m.key) {
                     continue;
                 }
                 let o = addr.wrapping_sub(m.addr) as usize;
