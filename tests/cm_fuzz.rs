@@ -68,7 +68,7 @@ struct Reach {
     /// A stranger's episodes that ran late because the stranger's answers held the send
     /// buffers answers may use (B's REJ dropped: A's REQ retried until it gave up).
     starved: u64,
-    /// Episodes that waited for a free entry in A's table.
+    /// Episodes that waited for free entries in A's or B's table.
     table_full: u64,
     resent: u64,
 }
@@ -279,6 +279,15 @@ fn session(seed: u64, mads: u64) -> Reach {
         let (p, q) = ids(f);
         [p, q].iter().any(|v| *v == x_a.0 || *v == x_b.0)
     };
+    let x_qps = [xqa.qp_num(), xqb.qp_num()].map(|q| {
+        let b = q.to_be_bytes();
+        [b[1], b[2], b[3]]
+    });
+    let x_qpn = |f: &[u8]| {
+        f[62 + 24..]
+            .windows(3)
+            .any(|w| x_qps.iter().any(|q| w == q))
+    };
     let base = (cma.counts(), cmb.counts());
     // The CM MADs A and B sent: the material (a ring of 64).
     let mut seen = l.seg.sent().len();
@@ -307,6 +316,25 @@ fn session(seed: u64, mads: u64) -> Reach {
         episode += 1;
         reach.episodes += 1;
         let stranger = rng.below(2) == 0;
+        // A stranger's episode starts with room in both tables (a peer's episode can leave
+        // entries that end on their own timers: a REP resent until its RTU comes or the
+        // retries run out), so that a refusal "no resources" is never the previous
+        // episode's doing.
+        let mut waited = 0u32;
+        while stranger && (cma.in_use() > 4 || cmb.in_use() > 4) && waited < 600 {
+            if waited == 0 {
+                reach.table_full += 1;
+            }
+            waited += 1;
+            l.clk.advance(1_000_000);
+            l.c.process_events();
+            while cma.poll().is_some() {}
+            while let Some(e) = cmb.poll() {
+                if let CmEvent::ConnectRequest(r) = e {
+                    let _ = cmb.reject(r.id, &[]);
+                }
+            }
+        }
         let accept = rng.below(4) != 0;
         let a_closes = rng.below(2) == 0;
         let hold = 5 + rng.below(50) as u32;
@@ -358,6 +386,11 @@ fn session(seed: u64, mads: u64) -> Reach {
                         continue;
                     }
                     let mut f = mangle(&mut rng, t);
+                    // The peer's never name the bystander: by its IDs, or by a QP number of
+                    // it (a REQ from a QP of a live connection makes it stale).
+                    if !stranger && (x_ids(&f) || x_qpn(&f)) {
+                        continue;
+                    }
                     if stranger {
                         // From the stranger (or a martian source), to either side.
                         f[6..12].copy_from_slice(&MAC_C);
@@ -415,12 +448,17 @@ fn session(seed: u64, mads: u64) -> Reach {
                         reach.disconnected += 1;
                         held_a.remove(&id);
                     }
-                    CmEvent::Established { id, .. }
-                    | CmEvent::Failed { id, .. }
-                    | CmEvent::Disconnected { id }
-                        if id == x_a =>
+                    e @ (CmEvent::Established { .. }
+                    | CmEvent::Failed { .. }
+                    | CmEvent::Disconnected { .. })
+                        if matches!(e, CmEvent::Established { id, .. }
+                            | CmEvent::Failed { id, .. }
+                            | CmEvent::Disconnected { id } if id == x_a) =>
                     {
-                        panic!("seed {seed}: the bystander's A side saw an event")
+                        panic!(
+                            "seed {seed}: the bystander's A side saw {e:?} in episode \
+                             {episode} (a stranger's: {stranger})"
+                        )
                     }
                     CmEvent::ConnectRequest(r) => {
                         // A listens nowhere: never.
@@ -468,12 +506,17 @@ fn session(seed: u64, mads: u64) -> Reach {
                         reach.disconnected += 1;
                         held_b.remove(&id);
                     }
-                    CmEvent::Established { id, .. }
-                    | CmEvent::Failed { id, .. }
-                    | CmEvent::Disconnected { id }
-                        if id == x_b =>
+                    e @ (CmEvent::Established { .. }
+                    | CmEvent::Failed { .. }
+                    | CmEvent::Disconnected { .. })
+                        if matches!(e, CmEvent::Established { id, .. }
+                            | CmEvent::Failed { id, .. }
+                            | CmEvent::Disconnected { id } if id == x_b) =>
                     {
-                        panic!("seed {seed}: the bystander's B side saw an event")
+                        panic!(
+                            "seed {seed}: the bystander's B side saw {e:?} in episode \
+                             {episode} (a stranger's: {stranger})"
+                        )
                     }
                     _ => {}
                 }

@@ -21,8 +21,8 @@ n=${1:-${CM_FUZZ_N:-200000}}
 seed=${2:-${CM_FUZZ_SEED:-$(date +%s%N | cut -c1-18)}}
 
 # Coverage floors, per 1,000,000 MADs (scaled to N). Set from a first measurement of the CI
-# run (1,000,000 MADs, seed 20261125): established 521, rejected 151, disconnected 1,042,
-# dropped 543,502 (seeds 7 and 99: 549/179/1,098/551,816 and 507/153/1,014/568,300). Each
+# run (1,000,000 MADs, seed 20261125): established 556, rejected 179, disconnected 1,112,
+# dropped 555,600 (seeds 7 and 99: 486/177/972/557,569 and 543/160/1,086/570,362). Each
 # floor is about 60 % of that: a change that makes the MADs die before the CM's state
 # machines, or the episodes stall, fails CI; the seed-to-seed spread does not.
 floor_established=310
