@@ -136,6 +136,8 @@ struct Reach {
     /// Times host A could not connect again at once (the target still held its last
     /// controller's queues) and waited.
     reconnect_waits: u64,
+    /// Why the first try to connect again failed, by error.
+    reconnect_errors: BTreeMap<String, u64>,
     /// Answers on the wire for no capsule of the batch (the host's own keep-alives).
     strays: u64,
 }
@@ -161,6 +163,9 @@ impl Reach {
         self.strays += o.strays;
         self.late_writes += o.late_writes;
         self.reconnect_waits += o.reconnect_waits;
+        for (k, v) in &o.reconnect_errors {
+            *self.reconnect_errors.entry(k.clone()).or_default() += v;
+        }
     }
 }
 
@@ -519,6 +524,10 @@ fn the_capsule_fuzzer() {
         reach.strays,
         reach.reconnect_waits
     );
+    eprintln!(
+        "nvmf-fuzz: first tries to connect again that failed, by error: {:?}",
+        reach.reconnect_errors
+    );
     println!(
         "nvmf-fuzz: {} capsules, {failures} failures; answered {}, successes {}, error statuses \
          {}, disconnects {}, good-host I/O {}, seed {seed}",
@@ -631,6 +640,8 @@ fn session(seed: u64, capsules: u64) -> Reach {
                     }
                     if k == 0 {
                         reach.reconnect_waits += 1;
+                        let e = format!("{:?}", err.as_ref().unwrap());
+                        *reach.reconnect_errors.entry(e).or_default() += 1;
                     }
                     for _ in 0..1000 {
                         clk.advance(1000);
