@@ -880,8 +880,10 @@ fn session(seed: u64, capsules: u64) -> Reach {
             }
             match s.sgl() {
                 Ok(Sgl::InCapsule { offset, len }) if len as usize == bytes.len() => {
-                    let from = 64 + offset as usize;
-                    Some(x.bytes.get(from..from + bytes.len()) == Some(bytes))
+                    let from = usize::try_from(offset)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(64);
+                    Some(x.bytes.get(from..from.saturating_add(bytes.len())) == Some(bytes))
                 }
                 Ok(Sgl::Keyed { addr, len, key, .. })
                     if key == m.key
@@ -889,7 +891,7 @@ fn session(seed: u64, capsules: u64) -> Reach {
                         && i.is_none_or(|i| alone(&batch, i, addr, u64::from(len), m.key)) =>
                 {
                     let o = addr.wrapping_sub(m.addr) as usize;
-                    let r = o..o + bytes.len();
+                    let r = o..o.saturating_add(bytes.len());
                     let same = before.get(r.clone()) == Some(bytes) || after.get(r) == Some(bytes);
                     (same || i.is_some()).then_some(same)
                 }
@@ -1010,10 +1012,11 @@ fn session(seed: u64, capsules: u64) -> Reach {
                     continue;
                 }
                 let o = addr.wrapping_sub(m.addr) as usize;
-                let from = s.slba() as usize * BS;
+                let from = (s.slba() as usize).saturating_mul(BS);
                 let len = len as usize;
                 assert!(
-                    after.get(o..o + len) == shadow.get(from..from + len),
+                    after.get(o..o.saturating_add(len))
+                        == shadow.get(from..from.saturating_add(len)),
                     "seed {seed}: a Read put other data in host memory (LBA {}, {len} bytes \
                      at +{o})",
                     s.slba()
