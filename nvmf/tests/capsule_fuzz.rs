@@ -446,8 +446,9 @@ fn answers(
 #[test]
 fn a_hostile_host_cannot_make_the_target_misbehave() {
     let mut reach = Reach::default();
+    // Small: the suite runs under memcheck too.
     for seed in [1u64, 20261125] {
-        reach.add(&session(seed, 1500));
+        reach.add(&session(seed, 400));
     }
     assert!(
         reach.successes > 0 && reach.answered > reach.successes,
@@ -460,7 +461,7 @@ fn a_hostile_host_cannot_make_the_target_misbehave() {
     assert!(reach.disconnects > 0 && reach.good_io > 0, "{reach:?}");
 }
 
-/// The fuzzer: `NVMF_FUZZ_CAPSULES` capsules (default 1,000) from `NVMF_FUZZ_SEED` (default
+/// The fuzzer: `NVMF_FUZZ_CAPSULES` capsules (default 300) from `NVMF_FUZZ_SEED` (default
 /// 1), in sessions of [`SESSION`]; each failed session prints the seed that replays it.
 #[test]
 fn the_capsule_fuzzer() {
@@ -470,7 +471,7 @@ fn the_capsule_fuzzer() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(d)
     };
-    let budget = env("NVMF_FUZZ_CAPSULES", 1_000);
+    let budget = env("NVMF_FUZZ_CAPSULES", 300);
     let seed = env("NVMF_FUZZ_SEED", 1);
     let t0 = std::time::Instant::now();
     let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
