@@ -901,9 +901,8 @@ fn session(seed: u64, capsules: u64) -> Reach {
         };
         let mut used = vec![false; batch.len()];
         for (at, bytes) in &writes {
-            // The commands that name these blocks: this batch's answered with success, then
-            // those of ended queues; the one whose data it is (or, failing that, one whose
-            // data cannot be told).
+            // The commands that name these blocks: this batch's answered with success, and
+            // those of ended queues.
             let mut cands: Vec<(Option<usize>, Option<usize>, Option<bool>)> = Vec::new();
             for (i, x) in batch.iter().enumerate() {
                 if !used[i] && x.answer.is_some_and(|a| a.is_ok()) && names(x, *at, bytes.len()) {
@@ -915,11 +914,20 @@ fn session(seed: u64, capsules: u64) -> Reach {
                     cands.push((None, Some(k), verdict(x, None, bytes)));
                 }
             }
+            // This batch's first (each of them wrote, for it was answered with success),
+            // those whose data it is before those whose data cannot be told.
+            let rank = |c: &(Option<usize>, Option<usize>, Option<bool>)| match c {
+                (Some(_), _, Some(true)) => Some(0),
+                (Some(_), _, None) => Some(1),
+                (None, _, Some(true)) => Some(2),
+                (None, _, None) => Some(3),
+                _ => None,
+            };
             let pick = cands
                 .iter()
-                .find(|c| c.2 == Some(true))
-                .or_else(|| cands.iter().find(|c| c.2.is_none()))
-                .copied();
+                .filter_map(|c| rank(c).map(|r| (r, *c)))
+                .min_by_key(|(r, _)| *r)
+                .map(|(_, c)| c);
             let Some((i, k, v)) = pick else {
                 let what: Vec<_> = batch
                     .iter()
@@ -964,7 +972,20 @@ fn session(seed: u64, capsules: u64) -> Reach {
             {
                 assert!(
                     used[i],
-                    "seed {seed}: a Write answered with success wrote nothing"
+                    "seed {seed}: a Write answered with success wrote nothing: {:?}, writes {:?}",
+                    (
+                        x.qid,
+                        s.opcode(),
+                        s.nsid(),
+                        s.slba(),
+                        s.nlb(),
+                        s.sgl(),
+                        x.bytes.len()
+                    ),
+                    writes
+                        .iter()
+                        .map(|(a, b)| (a / BS, b.len() / BS))
+                        .collect::<Vec<_>>()
                 );
             }
         }
