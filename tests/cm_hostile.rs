@@ -1,8 +1,9 @@
 //! The CM against hostile input from a third station (C) on the segment, while A and B hold a
 //! connection: short and malformed datagrams, wrong class, version, method or attribute,
 //! unknown communication IDs, a REP for a REQ never sent, a DREQ for somebody else's
-//! connection, a REQ flood past the table's capacity. In every case: bounded work, no panic,
-//! and the A–B connection undisturbed (it still carries data and disconnects cleanly).
+//! connection, a REQ flood past the table's capacity, answers provoked from an address that
+//! never resolves. In every case: bounded work, no panic, and the A–B connection undisturbed
+//! (it still carries data and disconnects cleanly).
 
 mod cm_common;
 
@@ -461,4 +462,85 @@ fn a_duplicate_req_gets_an_mra_and_a_req_with_a_connections_qp_from_elsewhere_is
     assert_eq!(eb.len(), 1, "a new request, not a stale one: {eb:?}");
     assert!(!b_sent(&l, start).contains(&attr::DREQ));
     still_fine(&l, &mut cma, &mut cmb, u, &pa, &pb, (&da, &db));
+}
+
+/// A CM datagram to QP1 at B, forged from `src_ip` (with C's MAC), on the wire as it is.
+fn forged_to_b(l: &Lab, src_ip: [u8; 4], mad: &[u8]) {
+    use bareverbs::device::rxe::wire::bth::{Bth, Deth, Headers, opcode};
+    use bareverbs::device::rxe::wire::packet::{Route, build};
+    let route = Route {
+        src_mac: [0x52, 0x54, 0, 0, 0, 4],
+        dst_mac: [0x52, 0x54, 0, 0, 0, 3],
+        src_ip,
+        dst_ip: IP_B,
+        tos: 0,
+        ttl: 64,
+        src_port: 0xC000,
+    };
+    let mut h = Headers::new(Bth {
+        opcode: opcode::UD_SEND_ONLY,
+        se: false,
+        pad: 0,
+        pkey: 0xFFFF,
+        dest_qp: 1,
+        ack_req: false,
+        psn: 0,
+    });
+    h.deth = Some(Deth {
+        qkey: 0x8001_0000,
+        src_qp: 1,
+    });
+    let mut buf = vec![0u8; 1600];
+    let n = build(&mut buf, &route, 1, &h, mad).unwrap();
+    l.seg.inject(2, &buf[..n]);
+}
+
+#[test]
+fn answers_to_a_stranger_whose_address_does_not_resolve_do_not_hold_up_a_disconnection() {
+    setup!(l, pa, pb, da, db, cma, cmb, u);
+    let _ = (&pa, &pb, &da, &db);
+    // A stranger on an address nobody answers ARP for keeps B answering: DREQs for
+    // connections B does not know (each gets a DREP, which waits for the address to
+    // resolve). B's own DREQ to A, and A's DREP, still get through.
+    let mut ea = Vec::new();
+    let mut eb = Vec::new();
+    let mut k = 0u32;
+    for round in 0..5000u32 {
+        for _ in 0..4 {
+            k += 1;
+            let ids = Ids {
+                local: 0x7000_0000 + k,
+                remote: 0x0100_0000 + k,
+            };
+            forged_to_b(&l, [10, 0, 0, 99], &encode_dreq(ids, 0x77, u64::from(k)).0);
+        }
+        if round == 100 {
+            cmb.disconnect(u.b_id).unwrap();
+        }
+        l.clk.advance(1000);
+        while let Some(e) = cma.poll() {
+            ea.push(e);
+        }
+        while let Some(e) = cmb.poll() {
+            eb.push(e);
+        }
+        if !ea.is_empty() && !eb.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        matches!(ea[..], [CmEvent::Disconnected { id }] if id == u.a_id),
+        "A: {ea:?} (B sent {} answers, deferred {})",
+        cmb.counts().sent,
+        cmb.counts().send_dropped
+    );
+    assert!(
+        matches!(eb[..], [CmEvent::Disconnected { id }] if id == u.b_id),
+        "{eb:?}"
+    );
+    assert!(
+        cmb.counts().send_dropped > 0,
+        "the answers did fill their buffers"
+    );
+    drop(u);
 }

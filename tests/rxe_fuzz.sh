@@ -3,12 +3,15 @@
 #
 # Sends N mutated frames (default 200000) from a third station on the in-memory segment at two
 # rxe devices talking RC (tests/rxe_hostile.rs, the_mutation_fuzzer): the endpoints' own
-# recent frames and requests forged at the live PSNs, mangled, from the peers' addresses or
-# foreign ones, the ICRC resealed half the time. Storms of 20,000 frames, seeds SEED, SEED+1,
-# ... (default: RXE_FUZZ_SEED, else from the clock). Prints, last:
-#     rxe-fuzz: <N> frames, <F> failures, seed <S>
-# and the rate on stderr. A failed storm prints the command that replays it. Exit status 1
-# when anything failed.
+# recent frames and requests and responses forged as the peer (its MAC, IP, UDP source port
+# and destination QPN) at the live PSNs, mangled, from the peers' addresses or foreign ones,
+# the ICRC resealed or not. Storms of 20,000 frames, seeds SEED, SEED+1, ... (default:
+# RXE_FUZZ_SEED, else from the clock). Prints, last:
+#     rxe-fuzz: <N> frames, <F> failures; QP errors <X>, flushes <Y>, completions <Z>, NAKs <W>, seed <S>
+# (counted from what the devices did: QPs queried in the error state, completions polled by
+# status, NAK frames on the segment), and the rate and the other counts on stderr. A failed
+# storm prints the command that replays it. Exit status 1 when anything failed, or when the
+# run reached less than the floors below.
 #
 # A release build with overflow checks and debug assertions on (an arithmetic overflow on a
 # network value is a panic, hence a failure), in its own target directory.
@@ -16,6 +19,17 @@ set -eu
 cd "$(dirname "$0")/.."
 n=${1:-${RXE_FUZZ_N:-200000}}
 seed=${2:-${RXE_FUZZ_SEED:-$(date +%s%N | cut -c1-18)}}
+
+# Coverage floors, per 1,000,000 frames (scaled to N). Set from a first measurement of the
+# CI run (1,000,000 frames, seed 20261125): QP errors 19,659, flushes 6,800, completions
+# 72,258, NAKs 21,075 (seeds 7 and 12345 within 1 % of those). Each floor is about 60 % of
+# that: a change that makes the storms die at the door again (the twentyfold fall the peer
+# check once caused) fails CI, the seed-to-seed spread does not.
+floor_qp_errors=12000
+floor_flushes=4000
+floor_completions=43000
+floor_naks=12500
+
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz"
 export CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
 export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true
@@ -26,11 +40,26 @@ bin=$(cargo test --release -p bareverbs --test rxe_hostile --no-run --message-fo
 out=$(RXE_FUZZ_FRAMES=$n RXE_FUZZ_SEED=$seed "$bin" --exact the_mutation_fuzzer --nocapture \
     --test-threads 1 2>&1) && rc=0 || rc=$?
 printf '%s\n' "$out" | grep -v '^rxe-fuzz: [0-9]* frames, [0-9]* failures' | grep -v '^$' >&2 || true
-line=$(printf '%s\n' "$out" | grep '^rxe-fuzz: [0-9]* frames, [0-9]* failures, seed ' | tail -n 1)
+line=$(printf '%s\n' "$out" | grep '^rxe-fuzz: [0-9]* frames, [0-9]* failures; .*, seed ' | tail -n 1)
 if [ -z "$line" ]; then
     echo "rxe-fuzz: the fuzzer died before its summary (above)"
     echo "rxe-fuzz: $n frames, 1 failures, seed $seed"
     exit 1
 fi
 echo "$line"
-[ "$rc" -eq 0 ]
+[ "$rc" -eq 0 ] || exit 1
+# The floors, scaled to the frames sent (a run shorter than a storm is held to nothing).
+get() { printf '%s\n' "$line" | sed -n "s/.*[;,] $1 \([0-9]*\).*/\1/p"; }
+frames=$(printf '%s\n' "$line" | sed -n 's/^rxe-fuzz: \([0-9]*\) frames.*/\1/p')
+low=0
+for k in "QP errors:$floor_qp_errors" "flushes:$floor_flushes" \
+    "completions:$floor_completions" "NAKs:$floor_naks"; do
+    name=${k%:*}
+    want=$(( ${k##*:} * frames / 1000000 ))
+    got=$(get "$name")
+    if [ "${got:-0}" -lt "$want" ]; then
+        echo "rxe-fuzz: $name $got, below the floor $want for $frames frames"
+        low=1
+    fi
+done
+[ "$low" -eq 0 ]

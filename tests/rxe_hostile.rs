@@ -4,15 +4,25 @@
 //! QPN, PSN, keys, addresses, lengths, syndromes) and lengths, sends them from the peers'
 //! addresses or from foreign ones (its own, half-spoofed, martian, to another MAC), and
 //! reseals the ICRC half the time (so that half pass the wire checks and reach the transport,
-//! half exercise the parser). Whatever it sends, the devices never panic, never write outside
-//! the memory they own (the model's guard pages), complete every posted request exactly once,
-//! and give every page back.
+//! half exercise the parser). Since a connected QP takes packets from its peer only, a good
+//! share of the frames are forged *as the peer*: its MAC, IPv4 address, UDP source port and
+//! the destination QPN it uses, at the PSNs live on the connection (requests at the PSN the
+//! responder expects next, responses at the PSNs the requester has outstanding), so that they
+//! pass the peer check and reach the requester's and the responder's state machines.
+//! Whatever it sends, the devices never panic, never write outside the memory they own (the
+//! model's guard pages), complete every posted request exactly once, and give every page back.
+//!
+//! What the storms reached is counted from what the devices did, not estimated: QPs found in
+//! the error state (queried each round) and the QP error events the devices raised,
+//! completions by status as polled from the CQs (successes, flushes, errors), and the NAKs
+//! the endpoints put on the segment.
 //!
 //! `a_hostile_station_cannot_make_the_devices_misbehave` runs a small fixed budget with the
 //! suite; `the_mutation_fuzzer` runs the budget `RXE_FUZZ_FRAMES` from the seed
 //! `RXE_FUZZ_SEED` in storms of [`STORM`] frames (seeds SEED, SEED+1, ...), counts the
-//! storms that failed, and prints `rxe-fuzz: N frames, F failures, seed S` (`tests/rxe_fuzz.sh`
-//! runs it in release).
+//! storms that failed, and prints
+//! `rxe-fuzz: N frames, F failures; QP errors X, flushes Y, completions Z, NAKs W, seed S`
+//! (`tests/rxe_fuzz.sh` runs it in release and holds the counts to its floors).
 
 use std::collections::HashMap;
 
@@ -37,6 +47,54 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 const SIG: SendFlags = SendFlags::SIGNALED;
+
+/// What a storm reached, counted from what the devices did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reach {
+    /// QPs found in the error state by a query (each QP once per time it was found there,
+    /// before it was reset and connected again).
+    qp_errors: u64,
+    /// QP error events raised (fatal, request error, access error).
+    qp_events: u64,
+    /// Completions polled with the status "flushed".
+    flushes: u64,
+    /// Completions polled with the status "success".
+    completions: u64,
+    /// Completions polled with another error status.
+    error_completions: u64,
+    /// NAKs (AETH syndrome 011xxxxx) the endpoints sent.
+    naks: u64,
+    /// RNR NAKs (AETH syndrome 001xxxxx) the endpoints sent.
+    rnr_naks: u64,
+    /// Frames forged as the peer, at a live PSN.
+    as_peer: u64,
+}
+
+impl Reach {
+    fn add(&mut self, o: &Reach) {
+        self.qp_errors += o.qp_errors;
+        self.qp_events += o.qp_events;
+        self.flushes += o.flushes;
+        self.completions += o.completions;
+        self.error_completions += o.error_completions;
+        self.naks += o.naks;
+        self.rnr_naks += o.rnr_naks;
+        self.as_peer += o.as_peer;
+    }
+}
+
+/// Counts the (N)AKs among `frame` if it is an endpoint's acknowledge.
+fn count_ack(reach: &mut Reach, frame: &[u8]) {
+    if let Ok(Frame::Roce(p)) = parse(frame)
+        && let Some(a) = p.headers.aeth
+    {
+        match a.syndrome >> 5 {
+            0b011 => reach.naks += 1,
+            0b001 => reach.rnr_naks += 1,
+            _ => {}
+        }
+    }
+}
 
 fn up<'a>(
     qp: QueuePair<'a, R, Rc, Reset>,
@@ -146,7 +204,13 @@ fn forge(rng: &mut Rng, seen: &[u8]) -> Option<Vec<u8>> {
         src_port: p.udp.src_port,
     };
     let mut h = p.headers;
-    h.bth.psn = (h.bth.psn + 1) & 0xFF_FFFF;
+    // The PSN the responder expects next: after a READ request, one past the responses it
+    // asked for (256-byte MTU).
+    let step = match (h.bth.opcode, h.reth) {
+        (opcode::RC_READ_REQUEST, Some(r)) => r.len.div_ceil(256).max(1),
+        _ => 1,
+    };
+    h.bth.psn = h.bth.psn.wrapping_add(step) & 0xFF_FFFF;
     const OPS: [u8; 12] = [
         opcode::RC_SEND_FIRST,
         opcode::RC_SEND_MIDDLE,
@@ -210,11 +274,85 @@ fn forge(rng: &mut Rng, seen: &[u8]) -> Option<Vec<u8>> {
     Some(buf)
 }
 
+/// A response forged as the responder: the route and destination QPN of `resp` (the latest
+/// frame the responder sent the requester: its MAC, IPv4 address, UDP source port), at a PSN
+/// the requester has outstanding (that of `req`, the latest request, or a little before), a
+/// random response opcode and syndrome (ACK, RNR NAK, the NAK codes, or anything), an MSN near
+/// the live one, and a payload of a READ response's sizes.
+fn forge_response(rng: &mut Rng, req: &[u8], resp: &[u8]) -> Option<Vec<u8>> {
+    let (Ok(Frame::Roce(q)), Ok(Frame::Roce(r))) = (parse(req), parse(resp)) else {
+        return None;
+    };
+    let route = Route {
+        src_mac: r.src_mac,
+        dst_mac: resp[..6].try_into().ok()?,
+        src_ip: r.ip.src,
+        dst_ip: r.ip.dst,
+        tos: 0,
+        ttl: 64,
+        src_port: r.udp.src_port,
+    };
+    let mut h = bareverbs::device::rxe::wire::bth::Headers::new(r.headers.bth);
+    // The requester's outstanding PSNs end at the latest request's last one.
+    let last = match (q.headers.bth.opcode, q.headers.reth) {
+        (opcode::RC_READ_REQUEST, Some(x)) => x.len.div_ceil(256).max(1) - 1,
+        _ => 0,
+    };
+    let back = rng.below(4) as u32;
+    h.bth.psn = q.headers.bth.psn.wrapping_add(last).wrapping_sub(back) & 0xFF_FFFF;
+    if rng.below(8) == 0 {
+        h.bth.psn = rng.next_u64() as u32 & 0xFF_FFFF;
+    }
+    const OPS: [u8; 6] = [
+        opcode::RC_READ_RESPONSE_FIRST,
+        opcode::RC_READ_RESPONSE_MIDDLE,
+        opcode::RC_READ_RESPONSE_LAST,
+        opcode::RC_READ_RESPONSE_ONLY,
+        opcode::RC_ACK,
+        opcode::RC_ATOMIC_ACK,
+    ];
+    h.bth.opcode = OPS[rng.below(OPS.len() as u64) as usize];
+    h.bth.ack_req = false;
+    let msn = r.headers.aeth.map_or(0, |a| a.msn);
+    let syndrome = match rng.below(10) {
+        0 => rng.below(32) as u8,           // ACK with credits
+        1 => 0x1F,                          // ACK, credits invalid
+        2 => 0x20 | rng.below(32) as u8,    // RNR NAK
+        3..=7 => 0x60 | rng.below(5) as u8, // NAK: sequence, invalid, access, op, RD
+        _ => rng.next_u64() as u8,          // anything
+    };
+    h.aeth = matches!(h.bth.opcode, 0x0D | 0x0F | 0x10 | 0x11 | 0x12).then(|| {
+        bareverbs::device::rxe::wire::bth::Aeth {
+            syndrome,
+            msn: match rng.below(3) {
+                0 => msn,
+                1 => msn.wrapping_add(1 + rng.below(3) as u32) & 0xFF_FFFF,
+                _ => rng.next_u64() as u32 & 0xFF_FFFF,
+            },
+        }
+    });
+    h.atomic_ack = (h.bth.opcode == opcode::RC_ATOMIC_ACK).then(|| rng.next_u64());
+    let payload: Vec<u8> = match h.bth.opcode {
+        0x0D..=0x10 => (0..[0usize, 1, 100, 255, 256, 257][rng.below(6) as usize])
+            .map(|_| rng.next_u64() as u8)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut buf = vec![0u8; 1600];
+    let n = build(&mut buf, &route, 7, &h, &payload)?;
+    buf.truncate(n);
+    Some(buf)
+}
+
 #[test]
 fn a_hostile_station_cannot_make_the_devices_misbehave() {
+    let mut reach = Reach::default();
     for seed in [1u64, 42, 20261123] {
-        storm(seed, 10_000);
+        reach.add(&storm(seed, 10_000));
     }
+    // Frames forged as the peer reach both state machines: QPs break, requests flush.
+    assert!(reach.qp_errors > 0 && reach.flushes > 0, "{reach:?}");
+    assert!(reach.naks > 0 && reach.completions > 0, "{reach:?}");
 }
 
 /// The fuzzer: `RXE_FUZZ_FRAMES` frames (default 20,000) from `RXE_FUZZ_SEED` (default 1), in
@@ -231,28 +369,78 @@ fn the_mutation_fuzzer() {
     let seed = env("RXE_FUZZ_SEED", 1);
     let t0 = std::time::Instant::now();
     let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
+    let mut reach = Reach::default();
     // Bounded: the budget is finite and each storm spends at least one frame of it.
     while done < budget {
         let n = (budget - done).min(u64::from(STORM)) as u32;
         let s = seed.wrapping_add(k);
-        let r = std::panic::catch_unwind(|| storm(s, n));
-        if r.is_err() {
-            failures += 1;
-            eprintln!("rxe-fuzz: storm failed; replay with tests/rxe_fuzz.sh {n} {s}");
+        match std::panic::catch_unwind(|| storm(s, n)) {
+            Ok(r) => reach.add(&r),
+            Err(_) => {
+                failures += 1;
+                eprintln!("rxe-fuzz: storm failed; replay with tests/rxe_fuzz.sh {n} {s}");
+            }
         }
         done += u64::from(n.max(1));
         k += 1;
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "rxe-fuzz: {:.0} frames/s ({done} frames in {secs:.1} s)",
-        done as f64 / secs.max(1e-9)
+        "rxe-fuzz: {:.0} frames/s ({done} frames in {secs:.1} s); {} forged as the peer at live \
+         PSNs, QP error events {}, error completions {}, RNR NAKs {}",
+        done as f64 / secs.max(1e-9),
+        reach.as_peer,
+        reach.qp_events,
+        reach.error_completions,
+        reach.rnr_naks,
     );
-    println!("rxe-fuzz: {done} frames, {failures} failures, seed {seed}");
+    println!(
+        "rxe-fuzz: {done} frames, {failures} failures; QP errors {}, flushes {}, completions {}, \
+         NAKs {}, seed {seed}",
+        reach.qp_errors, reach.flushes, reach.completions, reach.naks
+    );
     assert_eq!(failures, 0, "rxe-fuzz: {failures} storms failed");
 }
 
-fn storm(seed: u64, frames: u32) {
+/// The endpoints' frames since the last look: kept as material (a ring of 256), the latest
+/// request of the requester (A, station 0) and the latest response of the responder (B,
+/// station 1) remembered, the NAKs counted.
+#[derive(Default)]
+struct Wire {
+    seen: usize,
+    next: usize,
+    recorded: Vec<Vec<u8>>,
+    last_req: Option<Vec<u8>>,
+    last_resp: Option<Vec<u8>>,
+}
+
+impl Wire {
+    fn look(&mut self, seg: &Segment, reach: &mut Reach) {
+        let fresh = seg.sent_since(self.seen);
+        self.seen += fresh.len();
+        for (from, f) in fresh {
+            if from >= 2 || f.len() <= ROCE_OFFSET + 12 || f[12..14] != [8, 0] {
+                continue;
+            }
+            count_ack(reach, &f);
+            let op = f[ROCE_OFFSET];
+            if from == 0 && (op < 0x0D || op == 0x13 || op == 0x14) {
+                self.last_req = Some(f.clone());
+            }
+            if from == 1 && (0x0D..=0x12).contains(&op) {
+                self.last_resp = Some(f.clone());
+            }
+            if self.recorded.len() < 256 {
+                self.recorded.push(f);
+            } else {
+                self.recorded[self.next % 256] = f;
+            }
+            self.next += 1;
+        }
+    }
+}
+
+fn storm(seed: u64, frames: u32) -> Reach {
     let model = Model::new(ModelConfig::default());
     // The devices' seeds (keys, PSNs) follow the storm's.
     model.set_seed(seed);
@@ -267,11 +455,29 @@ fn storm(seed: u64, frames: u32) {
     let b = Context::new(
         Rxe::new(model.clone(), lb, clk.clone(), Config { ip: [10, 0, 0, 3] }).unwrap(),
     );
+    let mut reach = Reach::default();
+    let mut wire = Wire::default();
     let pump = |n: u32| {
         for _ in 0..n {
             clk.advance(200);
             a.process_events();
             b.process_events();
+        }
+    };
+    let events = |reach: &mut Reach| {
+        for ctx in [&a, &b] {
+            // Bounded: the hub holds a finite number of events.
+            for _ in 0..1024 {
+                match ctx.get_async_event() {
+                    Some(
+                        AsyncEvent::QpFatal(_)
+                        | AsyncEvent::QpRequestError(_)
+                        | AsyncEvent::QpAccessError(_),
+                    ) => reach.qp_events += 1,
+                    Some(_) => {}
+                    None => break,
+                }
+            }
         }
     };
     let mut rng = Rng::new(seed);
@@ -296,19 +502,22 @@ fn storm(seed: u64, frames: u32) {
         let ma = pa.register(8192, ALL).unwrap();
         let mb = pb.register(8192, ALL).unwrap();
         let mut wc = [WorkCompletion::default(); 16];
-        let mut take = |cq: &CompletionQueue<'_, R>, done: &mut HashMap<u64, u32>| loop {
-            let n = cq.poll(&mut wc).unwrap();
-            if n == 0 {
-                break;
-            }
-            for w in &wc[..n] {
-                *done.entry(w.wr_id).or_default() += 1;
-            }
-        };
+        let mut take =
+            |cq: &CompletionQueue<'_, R>, done: &mut HashMap<u64, u32>, reach: &mut Reach| loop {
+                let n = cq.poll(&mut wc).unwrap();
+                if n == 0 {
+                    break;
+                }
+                for w in &wc[..n] {
+                    *done.entry(w.wr_id).or_default() += 1;
+                    match w.status {
+                        WcStatus::Success => reach.completions += 1,
+                        WcStatus::WrFlushErr => reach.flushes += 1,
+                        _ => reach.error_completions += 1,
+                    }
+                }
+            };
         let mut id = 0u64;
-        let mut resets = 0u32;
-        let mut recorded: Vec<Vec<u8>> = Vec::new();
-        let (mut seen, mut next) = (0usize, 0usize);
         for round in 0..frames.div_ceil(50) {
             // Legitimate traffic, while the queues have room (an errored QP flushes it).
             // SAFETY: the regions stay registered until the QPs are destroyed.
@@ -351,78 +560,80 @@ fn storm(seed: u64, frames: u32) {
                 }
                 s.finish();
             }
-            pump(5);
-            // What the endpoints sent since the last round: the recent ones are kept (a ring
-            // of 256) as the material to mangle, at PSNs near the live ones.
-            let fresh = seg.sent_since(seen);
-            seen += fresh.len();
-            for (from, f) in fresh {
-                if from < 2 && f.len() > ROCE_OFFSET && f[12..14] == [8, 0] {
-                    if recorded.len() < 256 {
-                        recorded.push(f);
-                    } else {
-                        recorded[next % 256] = f;
-                    }
-                    next += 1;
-                }
-            }
-            // The latest request an endpoint sent: the base of forged ones at the PSN its
-            // responder expects next.
-            let latest = recorded
-                .iter()
-                .rev()
-                .take(16)
-                .find(|f| f.len() > ROCE_OFFSET + 12 && f[ROCE_OFFSET] < 0x11)
-                .cloned();
+            // The requests go out, and part of them is answered: the storm comes while
+            // the rest is in flight (its PSNs outstanding).
+            pump(1 + rng.below(3) as u32);
+            wire.look(&seg, &mut reach);
             for _ in 0..50 {
-                if recorded.is_empty() {
+                if wire.recorded.is_empty() {
                     break;
                 }
-                let f = &recorded[rng.below(recorded.len() as u64) as usize];
-                let mut frame = match &latest {
-                    Some(l) if rng.below(2) == 0 => {
-                        let mut g = forge(&mut rng, l).unwrap_or_else(|| l.clone());
-                        // A forged frame is mangled too, now and then.
-                        if rng.below(4) == 0 {
-                            g = mangle(&mut rng, &g);
-                        }
-                        g
+                let (mut frame, peer) = match rng.below(8) {
+                    // A request as the requester, at the PSN its responder expects next.
+                    0..=1 if wire.last_req.is_some() => {
+                        let l = wire.last_req.as_ref().unwrap();
+                        (forge(&mut rng, l).unwrap_or_else(|| l.clone()), true)
                     }
-                    _ => mangle(&mut rng, f),
+                    // A response as the responder, at a PSN the requester has outstanding.
+                    2..=3 if wire.last_req.is_some() && wire.last_resp.is_some() => {
+                        let (q, r) = (wire.last_req.as_ref(), wire.last_resp.as_ref());
+                        let g = forge_response(&mut rng, q.unwrap(), r.unwrap());
+                        (g.unwrap_or_else(|| r.unwrap().clone()), true)
+                    }
+                    _ => {
+                        let f = &wire.recorded[rng.below(wire.recorded.len() as u64) as usize];
+                        (mangle(&mut rng, f), false)
+                    }
                 };
-                disguise(&mut rng, &mut frame);
-                // The ICRC resealed half the time: those reach the transport, the others
-                // test the parser.
-                if rng.below(2) == 0 {
-                    let _ = finish(&mut frame);
+                if peer {
+                    // As the peer: sealed and from its addresses, mangled now and then.
+                    reach.as_peer += 1;
+                    if rng.below(8) == 0 {
+                        frame = mangle(&mut rng, &frame);
+                        let _ = finish(&mut frame);
+                    }
+                } else {
+                    disguise(&mut rng, &mut frame);
+                    // The ICRC resealed half the time: those reach the transport, the others
+                    // test the parser.
+                    if rng.below(2) == 0 {
+                        let _ = finish(&mut frame);
+                    }
                 }
                 seg.inject(2, &frame);
                 if rng.below(4) == 0 {
                     pump(1);
+                    wire.look(&seg, &mut reach);
                 }
             }
             pump(5);
-            take(&ca, &mut done);
-            take(&cb, &mut done);
+            wire.look(&seg, &mut reach);
+            take(&ca, &mut done, &mut reach);
+            take(&cb, &mut done, &mut reach);
+            events(&mut reach);
             // A QP the storm put in error: flushed (its completions counted), reset, and
             // connected again, so that the storm keeps reaching live QPs.
             let err = |q: &QueuePair<'_, R, Rc, Rts>| q.query().unwrap().state == QpState::Err;
-            if err(&qa) || err(&qb) {
+            let (ea, eb) = (err(&qa), err(&qb));
+            if ea || eb {
+                reach.qp_errors += u64::from(ea) + u64::from(eb);
                 let ea = qa.to_error().map_err(|(_, e)| e).unwrap();
                 let eb = qb.to_error().map_err(|(_, e)| e).unwrap();
                 pump(2);
-                take(&ca, &mut done);
-                take(&cb, &mut done);
-                resets += 1;
+                wire.look(&seg, &mut reach);
+                take(&ca, &mut done, &mut reach);
+                take(&cb, &mut done, &mut reach);
                 let (psn_a, psn_b) = (a.random_psn(), b.random_psn());
                 let ea = ea.reset().map_err(|(_, e)| e).unwrap();
                 let eb = eb.reset().map_err(|(_, e)| e).unwrap();
                 qa = up(ea, nb, [10, 0, 0, 3], (psn_a, psn_b));
                 qb = up(eb, na, [10, 0, 0, 2], (psn_b, psn_a));
+                // The new connection's PSNs are learnt from its own frames.
+                (wire.last_req, wire.last_resp) = (None, None);
             }
         }
         assert!(
-            resets > 0,
+            reach.qp_errors > 0,
             "seed {seed}: the storm never broke a connection"
         );
         // The storm reached the transports (a valid ICRC), not only the wire checks.
@@ -435,8 +646,10 @@ fn storm(seed: u64, frames: u32) {
         let qa = qa.to_error().map_err(|(_, e)| e).unwrap();
         let qb = qb.to_error().map_err(|(_, e)| e).unwrap();
         pump(10);
-        take(&ca, &mut done);
-        take(&cb, &mut done);
+        wire.look(&seg, &mut reach);
+        take(&ca, &mut done, &mut reach);
+        take(&cb, &mut done, &mut reach);
+        events(&mut reach);
         let twice: Vec<_> = done.iter().filter(|(_, n)| **n > 1).collect();
         assert!(
             twice.is_empty(),
@@ -461,4 +674,5 @@ fn storm(seed: u64, frames: u32) {
         model.check_guards(),
         "seed {seed}: nothing written outside the DMA blocks"
     );
+    reach
 }

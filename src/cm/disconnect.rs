@@ -77,7 +77,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
             if !known {
                 // Nobody's here: answer as Linux does (IDs swapped), so a peer that lost
                 // its DREP stops resending.
-                self.send(
+                self.answer(
                     ip,
                     &drep(Ids {
                         local: ids.remote,

@@ -89,6 +89,13 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 const RECV_SLOTS: usize = 16;
 /// Datagrams being sent at once.
 const SEND_SLOTS: usize = 8;
+/// Send buffers that answers to datagrams which open no connection may hold (a REJ to a
+/// request refused, a DREP to an unknown DREQ, an MRA to a duplicate REQ, SIDR answers): the
+/// others stay for the connections' own messages. A send holds its buffer until it leaves,
+/// and one to an address that does not resolve waits for the neighbour lookup to give up: a
+/// stranger that provokes answers from such addresses would otherwise hold every buffer and
+/// keep connections from being made or ended.
+const ANSWER_SLOTS: usize = 4;
 /// A receive buffer: the 40-byte GRH slot and a MAD.
 const RECV_LEN: usize = 40 + MAD_LEN;
 /// Receive buffers' stride in the region.
@@ -435,9 +442,25 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         Ok(())
     }
 
-    /// Sends `m` to QP1 at `ip`; dropped (and counted) when every send buffer is in flight.
+    /// Sends a connection's message `m` to QP1 at `ip`; dropped (and counted) when every
+    /// send buffer is in flight. It takes the buffers answers may not first.
     fn send(&mut self, ip: [u8; 4], m: &Mad) {
-        let Some(slot) = (0..SEND_SLOTS).find(|s| self.send_busy & (1 << s) == 0) else {
+        let free = (0..SEND_SLOTS)
+            .rev()
+            .find(|s| self.send_busy & (1 << s) == 0);
+        self.send_in(free, ip, m);
+    }
+
+    /// Sends `m`, an answer to a datagram that opens no connection, to QP1 at `ip`, in one
+    /// of the [`ANSWER_SLOTS`] buffers answers may hold; dropped (and counted) when those are
+    /// in flight.
+    fn answer(&mut self, ip: [u8; 4], m: &Mad) {
+        let free = (0..ANSWER_SLOTS).find(|s| self.send_busy & (1 << s) == 0);
+        self.send_in(free, ip, m);
+    }
+
+    fn send_in(&mut self, free: Option<usize>, ip: [u8; 4], m: &Mad) {
+        let Some(slot) = free else {
             self.counts.send_dropped += 1;
             return;
         };

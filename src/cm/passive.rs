@@ -93,7 +93,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                 _ => None,
             };
             if let Some(a) = answer {
-                self.send(ip, &a);
+                self.answer(ip, &a);
             }
             return true;
         }
@@ -105,7 +105,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                 && c.peer_ip == ip
         });
         if let Some(i) = stale {
-            self.send(ip, &reject(reason::STALE_CONN).encode(m.tid()));
+            self.answer(ip, &reject(reason::STALE_CONN).encode(m.tid()));
             self.start_disconnect(i, now);
             return true;
         }
@@ -114,7 +114,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .then(|| self.listener(sid as u16, Service::Rc))
             .flatten();
         let Some(l) = listener else {
-            self.send(ip, &reject(reason::INVALID_SERVICE_ID).encode(m.tid()));
+            self.answer(ip, &reject(reason::INVALID_SERVICE_ID).encode(m.tid()));
             return true;
         };
         // rdma_cm's checks: its header, IPv4, the address connected to is this one (and
@@ -124,11 +124,11 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             h.dst_ip == self.ip && l.ip.is_none_or(|a| a == h.dst_ip) && h.src_ip == ip
         });
         if !fits || req.transport != 0 {
-            self.send(ip, &reject(reason::CONSUMER).encode(m.tid()));
+            self.answer(ip, &reject(reason::CONSUMER).encode(m.tid()));
             return true;
         }
         let Some(i) = self.take_entry() else {
-            self.send(ip, &reject(reason::NO_RESOURCES).encode(m.tid()));
+            self.answer(ip, &reject(reason::NO_RESOURCES).encode(m.tid()));
             return true;
         };
         let local_id = self.new_id();
@@ -171,7 +171,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             }
             .encode(tid)
         };
-        self.send(ip, &m);
+        self.answer(ip, &m);
         self.conns[i] = Conn::idle();
         self.counts.evicted += 1;
         Some(i)
@@ -340,7 +340,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         let ip = c.peer_ip;
         c.pending &= !(pend::REQUEST | pend::SIDR_REQUEST);
         c.close();
-        self.send(ip, &m);
+        self.answer(ip, &m);
         Ok(())
     }
 
@@ -393,11 +393,11 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .encode(m.tid())
         };
         if listener.is_none() {
-            self.send(ip, &answer(sidr_status::UNSUPPORTED_SID));
+            self.answer(ip, &answer(sidr_status::UNSUPPORTED_SID));
             return true;
         }
         let Some(i) = self.take_entry() else {
-            self.send(ip, &answer(sidr_status::REJECT));
+            self.answer(ip, &answer(sidr_status::REJECT));
             return true;
         };
         let local_id = self.new_id();
@@ -445,7 +445,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         let ip = c.peer_ip;
         c.pending &= !pend::SIDR_REQUEST;
         c.close();
-        self.send(ip, &m);
+        self.answer(ip, &m);
         Ok(())
     }
 
