@@ -318,5 +318,9 @@ counters() { # rxe's counters that are not zero
 }
 echo "  [rxe] $(counters)"
 # What the kernel's NVMe and RDMA layers said on the way (timeouts, resets, reconnects).
-dmesg | grep -E 'nvme|rdma|rxe' | tail -40 | sed 's/^/  [dmesg] /'
+# A queue's timed-out commands come one line each: they are told as a count, so that what
+# came before them (rxe's own complaints) stays in view.
+dmesg | grep -E 'nvme|rdma|rxe' | awk '/I\/O [0-9]+ QID [0-9]+ timeout/ {n++; next}
+  n {print "(" n " lines: I/O ... timeout)"; n = 0} {print} END {if (n) print "(" n " lines: I/O ... timeout)"}' |
+  tail -60 | sed 's/^/  [dmesg] /'
 say "done"
