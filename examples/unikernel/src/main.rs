@@ -32,7 +32,7 @@ use console::{Exit, Serial, exit};
 
 unsafe extern "C" {
     static __image_end: u8;
-    /// The boot stack (256 KiB, painted with a pattern before `kmain` runs; `boot.rs`).
+    /// The boot stack (1 MiB, painted with a pattern before `kmain` runs; `boot.rs`).
     static boot_stack: u8;
     static boot_stack_top: u8;
 }
