@@ -27,6 +27,10 @@
 //! `the_capsule_fuzzer` runs `NVMF_FUZZ_CAPSULES` from `NVMF_FUZZ_SEED` in sessions of
 //! [`SESSION`] capsules (fresh devices, target and hosts; seeds SEED, SEED+1, ...) and prints
 //! what it reached (`tests/capsule_fuzz.sh` runs it in release).
+//!
+//! One file of about a thousand lines, on purpose: the mutator, the four oracles and the
+//! shadow state they share (the medium's copy, the watched region, the answers seen) are one
+//! machine, and split into modules each would reach into the others' state.
 
 mod common;
 
