@@ -21,6 +21,7 @@
 //! release).
 
 mod cm_common;
+mod fuzz_budget;
 
 use std::collections::HashMap;
 
@@ -177,32 +178,23 @@ fn a_hostile_station_cannot_disturb_the_cm() {
 /// sessions of [`SESSION`] MADs; each failed session prints the seed that replays it.
 #[test]
 fn the_cm_fuzzer() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let budget = env("CM_FUZZ_MADS", 4_000);
-    let seed = env("CM_FUZZ_SEED", 1);
-    let t0 = std::time::Instant::now();
-    let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
     let mut reach = Reach::default();
-    // Bounded: the budget is finite and each session spends at least one MAD of it.
-    while done < budget {
-        let n = (budget - done).min(SESSION);
-        let s = seed.wrapping_add(k);
-        match std::panic::catch_unwind(|| session(s, n)) {
-            Ok(r) => reach.add(&r),
-            Err(_) => {
-                failures += 1;
-                eprintln!("cm-fuzz: session failed; replay with tests/cm_fuzz.sh {n} {s}");
-            }
-        }
-        done += n.max(1);
-        k += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let spent = fuzz_budget::spend(
+        "cm-fuzz",
+        "session",
+        "cm_fuzz.sh",
+        ("CM_FUZZ_MADS", 4_000),
+        "CM_FUZZ_SEED",
+        SESSION,
+        session,
+        |r| reach.add(&r),
+    );
+    let fuzz_budget::Spent {
+        seed,
+        done,
+        failures,
+        secs,
+    } = spent;
     eprintln!(
         "cm-fuzz: {:.0} MADs/s ({done} MADs in {secs:.1} s); from the stranger {}, from the \
          peer's addresses {}; episodes {}, drained {}; requests refused as not the episode's {}, \

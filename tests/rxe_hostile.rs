@@ -26,6 +26,8 @@
 
 use std::collections::HashMap;
 
+mod fuzz_budget;
+
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::bth::{AtomicEth, Reth, opcode};
 use bareverbs::device::rxe::wire::packet::{Frame, ROCE_OFFSET, Route, build, finish, parse};
@@ -359,32 +361,24 @@ fn a_hostile_station_cannot_make_the_devices_misbehave() {
 /// storms of [`STORM`] frames; each failed storm prints the seed that replays it.
 #[test]
 fn the_mutation_fuzzer() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let budget = env("RXE_FUZZ_FRAMES", 20_000);
-    let seed = env("RXE_FUZZ_SEED", 1);
-    let t0 = std::time::Instant::now();
-    let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
     let mut reach = Reach::default();
-    // Bounded: the budget is finite and each storm spends at least one frame of it.
-    while done < budget {
-        let n = (budget - done).min(u64::from(STORM)) as u32;
-        let s = seed.wrapping_add(k);
-        match std::panic::catch_unwind(|| storm(s, n)) {
-            Ok(r) => reach.add(&r),
-            Err(_) => {
-                failures += 1;
-                eprintln!("rxe-fuzz: storm failed; replay with tests/rxe_fuzz.sh {n} {s}");
-            }
-        }
-        done += u64::from(n.max(1));
-        k += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let spent = fuzz_budget::spend(
+        "rxe-fuzz",
+        "storm",
+        "rxe_fuzz.sh",
+        ("RXE_FUZZ_FRAMES", 20_000),
+        "RXE_FUZZ_SEED",
+        u64::from(STORM),
+        // At most STORM frames a storm: the count fits its u32.
+        |s, n| storm(s, n as u32),
+        |r| reach.add(&r),
+    );
+    let fuzz_budget::Spent {
+        seed,
+        done,
+        failures,
+        secs,
+    } = spent;
     eprintln!(
         "rxe-fuzz: {:.0} frames/s ({done} frames in {secs:.1} s); {} forged as the peer at live \
          PSNs, QP error events {}, error completions {}, RNR NAKs {}",

@@ -34,6 +34,9 @@
 
 mod common;
 
+#[path = "../../tests/fuzz_budget/mod.rs"]
+mod fuzz_budget;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
@@ -469,32 +472,23 @@ fn a_hostile_host_cannot_make_the_target_misbehave() {
 /// 1), in sessions of [`SESSION`]; each failed session prints the seed that replays it.
 #[test]
 fn the_capsule_fuzzer() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let budget = env("NVMF_FUZZ_CAPSULES", 300);
-    let seed = env("NVMF_FUZZ_SEED", 1);
-    let t0 = std::time::Instant::now();
-    let (mut done, mut failures, mut k) = (0u64, 0u64, 0u64);
     let mut reach = Reach::default();
-    // Bounded: the budget is finite and each session spends at least one capsule of it.
-    while done < budget {
-        let n = (budget - done).min(SESSION);
-        let s = seed.wrapping_add(k);
-        match std::panic::catch_unwind(|| session(s, n)) {
-            Ok(r) => reach.add(&r),
-            Err(_) => {
-                failures += 1;
-                eprintln!("nvmf-fuzz: session failed; replay with tests/capsule_fuzz.sh {n} {s}");
-            }
-        }
-        done += n.max(1);
-        k += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let spent = fuzz_budget::spend(
+        "nvmf-fuzz",
+        "session",
+        "capsule_fuzz.sh",
+        ("NVMF_FUZZ_CAPSULES", 300),
+        "NVMF_FUZZ_SEED",
+        SESSION,
+        session,
+        |r| reach.add(&r),
+    );
+    let fuzz_budget::Spent {
+        seed,
+        done,
+        failures,
+        secs,
+    } = spent;
     let ops: Vec<String> = reach
         .opcodes
         .iter()
