@@ -136,7 +136,18 @@ pub struct LinkStats {
     pub errors: u64,
     /// Transmissions refused because every descriptor was in flight.
     pub busy: u64,
+    /// Times the receive side started over at the NIC's head: its head stood still, away
+    /// from where the driver looked, for [`STALL_POLLS`] empty looks twice (a done bit
+    /// written out of turn had put them apart).
+    pub rx_resyncs: u64,
+    /// Times transmit descriptors were taken back by the NIC's head after [`STALL_POLLS`]
+    /// refusals in a row (a NIC that moved on without writing done bits back).
+    pub tx_resyncs: u64,
 }
+
+/// Empty receive looks (or busy transmit refusals) before the NIC's head register is read
+/// to find a NIC and a driver out of step: one register read in that many.
+pub const STALL_POLLS: u32 = 64;
 
 /// An Intel NIC of family `F` as a [`Link`]: queue 0 of each direction, polled.
 pub struct IntelNic<H: Hal, F: Family> {
@@ -150,6 +161,10 @@ pub struct IntelNic<H: Hal, F: Family> {
     /// Whether the last receive descriptor was part of a frame still going on (its later
     /// descriptors are refused too).
     in_fragment: bool,
+    /// Empty receive looks since the head was last read, and the head read then.
+    rx_stall: (u32, u32),
+    /// Busy transmit refusals in a row.
+    tx_stall: u32,
     _family: core::marker::PhantomData<F>,
 }
 
@@ -228,6 +243,8 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
             mac,
             stats: LinkStats::default(),
             in_fragment: false,
+            rx_stall: (0, u32::MAX),
+            tx_stall: 0,
             _family: core::marker::PhantomData,
         };
         // On failure from here, `nic`'s Drop resets the NIC before the memory goes.
@@ -303,6 +320,7 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
             match verdict {
                 Rx::Empty => {
                     self.announce_rx();
+                    self.rx_stalled();
                     return None;
                 }
                 Rx::Frame(len) if !fragment => return Some((i, len)),
@@ -328,6 +346,41 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
         }
         self.announce_rx();
         None
+    }
+
+    /// Counts an empty look; every [`STALL_POLLS`] of them reads the NIC's head, and when it
+    /// stood still since the last read, away from the driver, starts over there (the head is
+    /// the NIC's word: bounded, and only trusted to say where to start looking).
+    fn rx_stalled(&mut self) {
+        self.rx_stall.0 += 1;
+        if self.rx_stall.0 < STALL_POLLS {
+            return;
+        }
+        let head = self.regs.read32(F::RX_RING.head);
+        let still = head == self.rx_stall.1;
+        self.rx_stall = (0, head);
+        let head = head as usize;
+        if still && head < RX_DESC && head != self.rings.rx_next() {
+            let tail = self.rings.rx_resync(&self.dma, head);
+            self.in_fragment = false;
+            self.hal.publish_barrier();
+            self.regs.write32(F::RX_RING.tail, tail);
+            self.stats.rx_resyncs += 1;
+        }
+    }
+
+    /// Counts a busy refusal; after [`STALL_POLLS`] in a row, takes back the descriptors the
+    /// NIC's head has passed.
+    fn tx_stalled(&mut self) {
+        self.tx_stall += 1;
+        if self.tx_stall < STALL_POLLS {
+            return;
+        }
+        self.tx_stall = 0;
+        let head = self.regs.read32(F::TX_RING.head) as usize;
+        if head < TX_DESC && self.rings.tx_resync(head) > 0 {
+            self.stats.tx_resyncs += 1;
+        }
     }
 
     /// Gives receive descriptor `i` back (the tail written once a batch is due).
@@ -445,8 +498,10 @@ impl<H: Hal, F: Family> Link for IntelNic<H, F> {
     {
         if !self.rings.tx_free(&self.dma) {
             self.stats.busy += 1;
+            self.tx_stalled();
             return Err(LinkError::Busy);
         }
+        self.tx_stall = 0;
         let buf = self.rings.tx_buffer(&self.dma);
         let Some(n) = build(&mut buf[..MAX_FRAME]) else {
             return Ok(None);

@@ -225,6 +225,34 @@ impl Rings {
         ((usize::from(self.rx_next) + RX_DESC - 1) % RX_DESC) as u32
     }
 
+    /// The next receive descriptor the driver will look at.
+    pub(crate) fn rx_next(&self) -> usize {
+        usize::from(self.rx_next)
+    }
+
+    /// Starts over at receive descriptor `head` (below [`RX_DESC`]), every descriptor
+    /// rewritten whole: after a NIC that wrote a done bit out of turn left the driver and the
+    /// NIC at different places. Returns the tail to write.
+    pub(crate) fn rx_resync<H: Hal>(&mut self, dma: &Dma<H>, head: usize) -> u32 {
+        for i in 0..RX_DESC {
+            Self::give_rx(dma, i);
+        }
+        self.rx_next = (head % RX_DESC) as u16;
+        self.rx_tail()
+    }
+
+    /// Takes back the transmit descriptors before `head` (below [`TX_DESC`]) as done, for a
+    /// NIC that moved its head without writing done bits back. At most those held.
+    pub(crate) fn tx_resync(&mut self, head: usize) -> usize {
+        let mut n = 0;
+        while self.tx_held > 0 && usize::from(self.tx_clean) != head % TX_DESC {
+            self.tx_clean = ((usize::from(self.tx_clean) + 1) % TX_DESC) as u16;
+            self.tx_held -= 1;
+            n += 1;
+        }
+        n
+    }
+
     /// Whether descriptors were given back but not yet announced.
     pub(crate) fn rx_pending(&self) -> bool {
         self.rx_unposted != 0
