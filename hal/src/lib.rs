@@ -17,7 +17,8 @@
 //! and, with the `x86_64` feature, [`x86::PortIoConfig`][PortIoConfig] (configuration
 //! mechanism #1 over ports 0xCF8/0xCFC), and with the `virtio-net` feature
 //! [`virtio_net::VirtioNet`][VirtioNet] (a virtio-net NIC as a [`Link`], through the
-//! `virtio-drivers` crate).
+//! `virtio-drivers` crate), and with the `igb` and `e1000e` features `igb::Igb` and
+//! `e1000e::E1000e` (Intel NICs as [`Link`]s, sharing the module `intel`).
 //!
 //! Without those features the two items are not compiled; their links then lead to the
 //! documentation built with every feature (as docs.rs builds it).
@@ -40,6 +41,12 @@
 )]
 
 pub mod clock;
+#[cfg(feature = "e1000e")]
+pub mod e1000e;
+#[cfg(feature = "igb")]
+pub mod igb;
+#[cfg(any(feature = "igb", feature = "e1000e"))]
+pub mod intel;
 pub mod link;
 mod region;
 #[cfg(feature = "virtio-net")]

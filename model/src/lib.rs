@@ -34,6 +34,7 @@
 mod datapath;
 mod device;
 pub mod hostile;
+pub mod intel;
 pub mod link;
 mod mem;
 mod pci;
