@@ -106,7 +106,7 @@ impl Link for Thin {
             (s.since, s.taken) = (now, 0);
             return None;
         }
-        if s.taken >= (now - s.since) * s.per_ms / 1000 + 1 {
+        if s.taken > (now - s.since) * s.per_ms / 1000 {
             return None;
         }
         let frame = s.buffer.pop_front()?;
@@ -239,16 +239,14 @@ struct Seen {
 /// with B's ACKs thinned to one in `keep` and `faults` on the segment; checks that every
 /// request completes exactly once, successfully, and the bytes arrived.
 fn run(op: Op, len: u32, mtu: Mtu, count: u32, keep: u32, faults: Faults) -> Seen {
-    run_from(false, op, len, mtu, count, keep, faults, None)
+    run_from(false, op, (len, mtu, count), keep, faults, None)
 }
 
 /// [`run`], with B as the requester when `b_asks` (A answers, its ACKs thinned).
 fn run_from(
     b_asks: bool,
     op: Op,
-    len: u32,
-    mtu: Mtu,
-    count: u32,
+    (len, mtu, count): (u32, Mtu, u32),
     keep: u32,
     faults: Faults,
     slow_a: SlowRx,
@@ -458,8 +456,8 @@ fn reads_of_1_and_8_mib_complete_both_ways() {
     sizes(Op::Read, 1, CLEAN);
     let len = if under_memcheck() { MIB } else { 8 * MIB };
     for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
-        run_from(true, Op::Read, len, mtu, 1, 1, CLEAN, None);
-        run_from(true, Op::Write, len, mtu, 1, 1, CLEAN, None);
+        run_from(true, Op::Read, (len, mtu, 1), 1, CLEAN, None);
+        run_from(true, Op::Write, (len, mtu, 1), 1, CLEAN, None);
     }
 }
 
@@ -511,9 +509,7 @@ fn reads_in_parts_keep_a_slow_requester_from_overflowing() {
         let seen = run_from(
             false,
             Op::Read,
-            len,
-            Mtu::Mtu1024,
-            count,
+            (len, Mtu::Mtu1024, count),
             1,
             CLEAN,
             Some((150, 100)),
