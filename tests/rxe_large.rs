@@ -11,7 +11,7 @@ mod pair;
 use bareverbs::Context;
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
-use bareverbs_hal::{Link, LinkError};
+use bareverbs_hal::{Clock, Link, LinkError};
 use bareverbs_model::link::{Faults, MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
 use pair::{IP_A, IP_B};
@@ -25,6 +25,24 @@ struct Thin {
     keep: u32,
     seen: u32,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// A slow receiver, when set: frames wait in a buffer of bounded size and come out at a
+    /// bounded rate.
+    slow: Option<Slow>,
+}
+
+/// A receiver slower than the segment, as a guest under emulation is: what arrives goes into
+/// a buffer of `room` frames (its ring and the socket before it; the rest of a burst is
+/// dropped), from which the device takes `per_ms` frames a millisecond of the test clock.
+struct Slow {
+    room: usize,
+    per_ms: u64,
+    clk: TestClock,
+    /// Frames taken so far, and the time counting started.
+    taken: u64,
+    since: u64,
+    buffer: std::collections::VecDeque<Vec<u8>>,
+    /// Frames the full buffer dropped.
+    overflow: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The BTH opcode of an IPv4 RoCEv2 frame (Ethernet 14 + IPv4 20 + UDP 8), and its AETH
@@ -69,7 +87,32 @@ impl Link for Thin {
         self.inner.tx_ready()
     }
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        self.inner.receive(buf)
+        let Some(s) = self.slow.as_mut() else {
+            return self.inner.receive(buf);
+        };
+        // Everything the segment delivered so far arrives; what does not fit is lost.
+        let mut f = vec![0; self.inner.max_frame()];
+        while let Some(n) = self.inner.receive(&mut f) {
+            if s.buffer.len() < s.room {
+                s.buffer.push_back(f[..n].to_vec());
+            } else {
+                s.overflow
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let now = s.clk.now_us();
+        if s.buffer.is_empty() {
+            // Idle: the rate counts from the next arrival.
+            (s.since, s.taken) = (now, 0);
+            return None;
+        }
+        if s.taken > (now - s.since) * s.per_ms / 1000 {
+            return None;
+        }
+        let frame = s.buffer.pop_front()?;
+        s.taken += 1;
+        buf.get_mut(..frame.len())?.copy_from_slice(&frame);
+        Some(frame.len())
     }
 }
 
@@ -105,19 +148,35 @@ struct Bed {
     clk: TestClock,
     seg: Segment,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Frames the slow receiver's full buffer dropped.
+    overflow: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
-fn bed(model: &Model, keep_a: u32, keep_b: u32) -> Bed {
+/// A's receiver slow ([`Slow`]): its room in frames and the frames it takes a millisecond.
+type SlowRx = Option<(usize, u64)>;
+
+fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
     let (seg, clk) = (Segment::new(), TestClock::default());
     let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let overflow = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let frame = bareverbs::device::rxe::FRAME;
     let thin = |mac: [u8; 6], keep: u32| Thin {
         inner: seg.attach(mac, frame),
         keep,
         seen: 0,
         dropped: dropped.clone(),
+        slow: None,
     };
-    let la = thin([0x52, 0x54, 0, 0, 0, 2], keep_a);
+    let mut la = thin([0x52, 0x54, 0, 0, 0, 2], keep_a);
+    la.slow = slow_a.map(|(room, per_ms)| Slow {
+        room,
+        per_ms,
+        clk: clk.clone(),
+        taken: 0,
+        since: 0,
+        buffer: Default::default(),
+        overflow: overflow.clone(),
+    });
     let lb = thin([0x52, 0x54, 0, 0, 0, 3], keep_b);
     let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
     let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
@@ -127,6 +186,7 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32) -> Bed {
         clk,
         seg,
         dropped,
+        overflow,
     }
 }
 
@@ -171,30 +231,31 @@ struct Seen {
     thinned: u64,
     /// Segment damage (dropped, duplicated, reordered).
     damage: (u64, u64, u64),
+    /// Frames a slow receiver's full buffer dropped.
+    overflow: u64,
 }
 
 /// Runs `count` `op`s of `len` bytes from A to B (a READ: A reads B's memory) at `mtu`,
 /// with B's ACKs thinned to one in `keep` and `faults` on the segment; checks that every
 /// request completes exactly once, successfully, and the bytes arrived.
 fn run(op: Op, len: u32, mtu: Mtu, count: u32, keep: u32, faults: Faults) -> Seen {
-    run_from(false, op, len, mtu, count, keep, faults)
+    run_from(false, op, (len, mtu, count), keep, faults, None)
 }
 
 /// [`run`], with B as the requester when `b_asks` (A answers, its ACKs thinned).
 fn run_from(
     b_asks: bool,
     op: Op,
-    len: u32,
-    mtu: Mtu,
-    count: u32,
+    (len, mtu, count): (u32, Mtu, u32),
     keep: u32,
     faults: Faults,
+    slow_a: SlowRx,
 ) -> Seen {
     let model = Model::new(ModelConfig::default());
     let t = if b_asks {
-        bed(&model, keep, 1)
+        bed(&model, keep, 1, slow_a)
     } else {
-        bed(&model, 1, keep)
+        bed(&model, 1, keep, slow_a)
     };
     let (a, b) = if b_asks { (&t.b, &t.a) } else { (&t.a, &t.b) };
     let (ip_a, ip_b) = if b_asks { (IP_B, IP_A) } else { (IP_A, IP_B) };
@@ -324,6 +385,7 @@ fn run_from(
             .count(),
         thinned: t.dropped.load(std::sync::atomic::Ordering::Relaxed),
         damage: t.seg.damage(),
+        overflow: t.overflow.load(std::sync::atomic::Ordering::Relaxed),
     };
     eprintln!(
         "{op:?} {len} B x{count} at {mtu:?} (B asks: {b_asks}), ACKs 1 in {keep}, {faults:?}: \
@@ -394,8 +456,8 @@ fn reads_of_1_and_8_mib_complete_both_ways() {
     sizes(Op::Read, 1, CLEAN);
     let len = if under_memcheck() { MIB } else { 8 * MIB };
     for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
-        run_from(true, Op::Read, len, mtu, 1, 1, CLEAN);
-        run_from(true, Op::Write, len, mtu, 1, 1, CLEAN);
+        run_from(true, Op::Read, (len, mtu, 1), 1, CLEAN, None);
+        run_from(true, Op::Write, (len, mtu, 1), 1, CLEAN, None);
     }
 }
 
@@ -427,5 +489,35 @@ fn large_messages_complete_on_a_lossy_segment() {
                 .all(|s| s.damage.0 > 0 && s.damage.1 > 0 && s.damage.2 > 0),
             "{seen:?}"
         );
+    }
+}
+
+/// A requester whose receiver is slower than the segment, as a guest under emulation is (a
+/// buffer of 150 frames, 100 frames a millisecond taken from it), reading from a responder that
+/// answers each request whole at once (as Linux's rxe does): the requester asks for a long
+/// READ in parts of 64 packets, at most a window of responses in flight, so its buffer never
+/// overflows and nothing is sent twice. (Asked for whole, 3 READs of 1 MiB put 13,823 frames
+/// on the segment and 9,124 overflowed.)
+#[test]
+fn reads_in_parts_keep_a_slow_requester_from_overflowing() {
+    let lens: &[(u32, u32)] = if under_memcheck() {
+        &[(MIB, 2)]
+    } else {
+        &[(MIB, 3), (8 * MIB, 1)]
+    };
+    for &(len, count) in lens {
+        let seen = run_from(
+            false,
+            Op::Read,
+            (len, Mtu::Mtu1024, count),
+            1,
+            CLEAN,
+            Some((150, 100)),
+        );
+        let packets = (len / 1024 * count) as usize;
+        let requests = packets / 64;
+        assert_eq!(seen.overflow, 0, "{seen:?}");
+        // Every response once, and one request per part.
+        assert_eq!(seen.frames, packets + requests, "{seen:?}");
     }
 }

@@ -148,9 +148,12 @@ window() { # 0|1 CASE
   "$mark" "0$1$k" || say "mark 0$1$k failed"
 }
 
+# The cases the baseline does not run (qemu/roce/cases' `#@ no-baseline` line).
+nobase=" $(sed -n 's/^#@ no-baseline //p' "$here/cases" | tr '\n' ' ') "
 phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX case"
   local name opts delay
   while read -r name opts; do
+    [ "$2" != roce ] && [[ "$nobase" == *" $name "* ]] && continue
     read -r -a opt <<<"$opts"
     program "$1" "$name" "$3" "${opt[@]}"
     delay=0

@@ -13,6 +13,7 @@
 #   bvnvmf.count=0|1           A: after the performance jobs, the counted runs (below)
 #   bvnvmf.mark=PATH           B: the instruction counter's marker (qemu/roce/mark.c), run for
 #                              each `mark CODE` line on the console (a counted Linux B)
+#   bvnvmf.blocks=PATH         A: qemu/roce/blocks.c's writer and checker (`nvmf restart`)
 # Linux B serves two subsystems on brd RAM disks: one for Linux A (the baseline and the
 # performance reference), one for the unikernel's host mode. Linux A prints a line
 # `nvmf-result <side> <step>: PASS|FAIL (<what was checked>)` per step, `nvmf-perf <job> <side>
@@ -193,12 +194,47 @@ reconnect() { # SIDE IP NQN NSID: disconnect, connect again, mount, check the ch
   [ "$st" = 0 ] || { sed 's/^/  /' <<<"$out"; result "$1 reconnect" "FAIL (checksums after the reconnect)"; return 1; }
   result "$1 reconnect" "PASS (nvme disconnect: $gone gone; connect again: $dev, mounted, sha256 of ${#files[@]} files as written)"
 }
+# The SMART / Health log's counters of DEV's controller: data units read and written
+# (thousands of 512-byte units), host read and write commands.
+smart() { # DEV -> "DUR DUW HRC HWC"
+  nvme smart-log "$1" -o json 2>/dev/null | tr -d ' ,"' | awk -F: '
+    $1 == "data_units_read" {r = $2} $1 == "data_units_written" {w = $2}
+    $1 == "host_read_commands" {hr = $2} $1 == "host_write_commands" {hw = $2}
+    END {if (r == "" || w == "" || hr == "" || hw == "") exit 1; print r, w, hr, hw}'
+}
+# `nvme smart-log` over the connection the two fio jobs of `steps` used, before and after
+# them: the target's counters moved by what fio did. Each job writes 8 MiB and reads it back
+# (randwrite 4k: 2048 writes and 2048 reads; write 128k: 64 of each, more when the target's
+# transfer limit splits them); 16 MiB each way is 32.77 thousands of 512-byte units, so the
+# data units move by 32 to 34 (rounded up at both ends; a read or two of the kernel's own, a
+# partition scan, may add one).
+smart_check() { # SIDE BEFORE AFTER
+  local b a
+  read -r -a b <<<"$2"; read -r -a a <<<"$3"
+  local dr=$((a[0] - b[0])) dw=$((a[1] - b[1])) hr=$((a[2] - b[2])) hw=$((a[3] - b[3]))
+  local what="data units read +$dr written +$dw, host read commands +$hr write commands +$hw (before: $2; after: $3)"
+  if [ "$dw" -ge 32 ] && [ "$dw" -le 34 ] && [ "$dr" -ge 32 ] && [ "$dr" -le 35 ] &&
+     [ "$hw" -ge 2112 ] && [ "$hw" -le $((2048 + 64 * 32)) ] && [ "$hr" -ge 2112 ] && [ "$hr" -le $((2048 + 64 * 32 + 64)) ]; then
+    result "$1 smart-log" "PASS (nvme smart-log on the controller fio used: $what; fio wrote 16 MiB in 2048 + 64 writes and read it back)"
+  else
+    result "$1 smart-log" "FAIL (nvme smart-log: $what; fio wrote and read 16 MiB in 2048 + 64 commands each way)"
+  fi
+}
 # The steps on one target: discover, connect, fio, mkfs, reconnect (the device stays connected).
 steps() { # SIDE IP NQN
+  local before after
   discover "$1" "$2" "$3" || return 1
   connect "$1" "$2" "$3" 1 || return 1
+  before=$(smart "$dev") || before=
   fio_verify "$1" fio-rand4k "$dev" randwrite 4k 8M
   fio_verify "$1" fio-seq128k "$dev" write 128k 8M
+  if [ "$1" = unikernel ]; then
+    if after=$(smart "$dev") && [ -n "$before" ]; then
+      smart_check "$1" "$before" "$after"
+    else
+      result "$1 smart-log" "FAIL (nvme smart-log $dev gave no counters: before '${before}', after '${after:-}')"
+    fi
+  fi
   mkfs_write "$1" "$dev" && reconnect "$1" "$2" "$3" 1
 }
 
@@ -221,6 +257,90 @@ allow_list() { # NQN (not connected)
   fi
 }
 
+# The lab's `ack WHAT` on this console, within SECONDS.
+wait_ack() { # WHAT SECONDS
+  local w c deadline=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    read -r -t 5 w c < /dev/console || continue
+    [ "$w" = ack ] && [ "$c" = "$1" ] && return 0
+  done
+  say "no ack for $1 in $2 s"
+  return 1
+}
+
+# `nvmf restart`: the appliance killed in the middle of a write and booted again on the same
+# disk. Linux A connects to its virtio-blk namespace with no controller-loss timeout and a
+# reconnect every second; fio writes 8 MiB with crc32c checksums and fsyncs (job 1); the
+# next 8 MiB are written with generation 1 of qemu/roce/blocks.c's records and synced, then
+# generation 2 goes over them in 4 KiB writes (job 2), and after its first MiB this guest asks
+# the lab (`nvmf-restart kill`) to SIGKILL the appliance's QEMU and boot it again at the same
+# address; its `ack killed` starts the clock. Job 2's writer is killed too (what it had not
+# handed to the kernel never goes; what it had is sent again once the controller is back).
+# The host reconnects by itself; then fio reads job 1 back (--verify_only: every block's
+# checksum and offset), and every sector of job 2's range must hold generation 1 or 2 of
+# itself, nothing else.
+blocks=$(arg blocks)
+restart() { # NQN
+  local out ctrl c st t_ack t_lost= t_live= wpid v
+  local gen_first=$((8 * 2048)) gen_count=$((8 * 2048)) # sectors of 512 bytes: 8 MiB at 8 MiB
+  [ -x "$blocks" ] || { result "unikernel restart" "FAIL (no generation writer: bvnvmf.blocks=$blocks)"; return 1; }
+  out=$(timeout 90 nvme connect -t rdma -a "$uk_ip" -s 4420 -n "$1" --hostnqn="$hostnqn"           --ctrl-loss-tmo=-1 --reconnect-delay=1 2>&1) ||
+    { sed 's/^/  /' <<<"$out"; result "unikernel restart" "FAIL (nvme connect --ctrl-loss-tmo=-1 -n $1: $(tail -1 <<<"$out"))"; return 1; }
+  dev=$(device "$1" 1) || { result "unikernel restart" "FAIL (connected, but no namespace 1 of $1 appeared)"; return 1; }
+  ctrl=
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && [ -n "$(cat "$c/address" 2>/dev/null)" ] && ctrl=$c
+  done
+  [ -n "$ctrl" ] || { result "unikernel restart" "FAIL (no controller of $1 in /sys/class/nvme)"; return 1; }
+  local job1=(fio --name=restart-job1 --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4
+              --rw=write --bs=64k --offset=0 --size=8M --verify=crc32c --verify_fatal=1 --minimal)
+  out=$(timeout 300 "${job1[@]}" --do_verify=1 --end_fsync=1 2>&1) ||
+    { sed 's/^/  /' <<<"$out" | tail -5; result "unikernel restart" "FAIL (job 1, fio write --verify=crc32c --end_fsync=1 failed before the kill)"; return 1; }
+  out=$(timeout 300 "$blocks" write "$dev" "$gen_first" "$gen_count" 1 65536 2>&1) ||
+    { result "unikernel restart" "FAIL (generation 1 of job 2's range: $(tail -1 <<<"$out"))"; return 1; }
+  "$blocks" write "$dev" "$gen_first" "$gen_count" 2 4096 > /run/tmp/job2.log 2>&1 &
+  wpid=$!
+  for _ in $(seq 1 600); do grep -q '^written' /run/tmp/job2.log && break; kill -0 "$wpid" 2>/dev/null || break; sleep 0.1; done
+  if ! kill -0 "$wpid" 2>/dev/null; then
+    result "unikernel restart" "FAIL (job 2 ended before the kill: $(tail -1 /run/tmp/job2.log))"; return 1
+  fi
+  echo "nvmf-restart kill"
+  wait_ack killed 120 || { kill -KILL "$wpid"; result "unikernel restart" "FAIL (the lab did not kill the appliance)"; return 1; }
+  t_ack=$(date +%s%N)
+  kill -KILL "$wpid" 2>/dev/null
+  # The controller's state: it leaves `live` when the host sees the target gone, and comes
+  # back to it once the host has reconnected (no nvme connect here).
+  for _ in $(seq 1 3000); do
+    st=$(cat "$ctrl/state" 2>/dev/null)
+    [ -z "$t_lost" ] && [ "$st" != live ] && t_lost=$(date +%s%N)
+    [ -n "$t_lost" ] && [ "$st" = live ] && { t_live=$(date +%s%N); break; }
+    sleep 0.1
+  done
+  wait "$wpid" 2>/dev/null
+  [ -n "$t_live" ] || { result "unikernel restart" "FAIL (the controller did not come back by itself in 300 s: state ${st:-none}, ${t_lost:+left live}${t_lost:-never left live})"; return 1; }
+  local secs lost_after
+  secs=$(awk -v a="$t_ack" -v b="$t_live" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
+  lost_after=$(awk -v a="$t_ack" -v b="$t_lost" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
+  out=$(timeout 300 "${job1[@]}" --verify_only 2>&1); v=$?
+  local e kb
+  e=$(awk -F';' 'NF > 50 {print $5; exit}' <<<"$out") kb=$(awk -F';' 'NF > 50 {print $6; exit}' <<<"$out")
+  if [ "$v" != 0 ] || [ "$e" != 0 ] || [ "$kb" != 8192 ]; then
+    sed 's/^/  /' <<<"$out" | tail -8
+    result "unikernel restart" "FAIL (job 1 read back after the restart: fio --verify_only exit $v, error ${e:-none}, ${kb:-no} KiB verified of 8192)"
+    return 1
+  fi
+  out=$(timeout 300 "$blocks" check "$dev" "$gen_first" "$gen_count" 1 2 2>&1) ||
+    { result "unikernel restart" "FAIL (job 2's range unread: $out)"; return 1; }
+  local old new other
+  read -r _ old _ new _ other _ <<<"$out"
+  if [ "$other" = 0 ] && [ $((old + new)) = "$gen_count" ]; then
+    result "unikernel restart" "PASS (appliance SIGKILLed in the middle of a write, booted again on its disk image; Linux A reconnected by itself ${secs} s after the kill (--ctrl-loss-tmo=-1 --reconnect-delay=1; the loss seen after ${lost_after} s); job 1, 8 MiB written with fio --verify=crc32c and fsynced: every block read back intact; job 2's 8 MiB: $new sectors new, $old old, 0 of anything else; the writer had reported $(tail -1 /run/tmp/job2.log | tr -dc 0-9) sectors when killed)"
+  else
+    result "unikernel restart" "FAIL (job 2's range after the restart: $out; old or new wanted, every one of $gen_count sectors)"
+    return 1
+  fi
+}
+
 say "phase baseline (Linux B at $b_ip)"
 steps linux-linux "$b_ip" "$nqn_linux"
 linux_dev=$dev
@@ -231,6 +351,8 @@ if [ "$uk" = 1 ]; then
     uk_dev=$dev
   fi
   allow_list "$nqn_blk"
+  restart "$nqn_blk"
+  nvme disconnect -n "$nqn_blk" >/dev/null 2>&1
   # The virtio-blk namespace: the files stay on the unikernel's disk image, checked by the lab
   # from the host once the unikernel has powered off.
   if connect virtio-blk "$uk_ip" "$nqn_blk" 1 virtio-blk-connect; then
@@ -272,16 +394,6 @@ fi
 nvme disconnect-all >/dev/null 2>&1
 
 # --- counted runs: each job once on each target, between the instruction counter's marks ------
-# The lab's `ack WHAT` on this console, within SECONDS.
-wait_ack() { # WHAT SECONDS
-  local w c deadline=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    read -r -t 5 w c < /dev/console || continue
-    [ "$w" = ack ] && [ "$c" = "$1" ] && return 0
-  done
-  say "no ack for $1 in $2 s"
-  return 1
-}
 # A mark: ask the lab (`nvmf-mark SIDE CODE` on this console), wait for its `ack CODE`.
 mark() { # SIDE CODE
   echo "nvmf-mark $1 $2"

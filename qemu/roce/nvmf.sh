@@ -92,6 +92,9 @@ elif [ "$appliance" = 0 ]; then
 fi
 count_arg=0
 [ -n "$counter" ] && count_arg=1
+# `nvmf restart`'s writer and checker of generations, for Linux A (qemu/roce/blocks.c).
+blocks=$cache/blocks
+gcc -O2 -Wall -Wextra -Werror -o "$blocks" "$here/blocks.c" || blocks=
 
 # A guest's console input: a FIFO held open on a descriptor (console_fd[NAME]).
 declare -A console_fd=()
@@ -123,7 +126,7 @@ linux() { # NAME ROLE IP MAC [EXTRA-KERNEL-ARGUMENTS] [COUNT]
 # powers it off, `mXXXX` runs a mark); with a disk image, the virtio-blk namespace.
 unikernel() { # NAME LOG EXTRA-KERNEL-ARGUMENTS [DISK] [COUNT]
   local acc=(-accel "$accel") drive=() out=$cache/nvmf-console-$1.out
-  [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw" -device virtio-blk-pci,drive=d0,addr=0x4.0)
+  [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw,cache=none" -device virtio-blk-pci,drive=d0,addr=0x4.0)
   [ -n "${5:-}" ] && acc=(-accel tcg -plugin "$counter,out=$5")
   rm -f "$out"; mkfifo "$out"
   console_in "$1" > /dev/null
@@ -182,15 +185,18 @@ boot=$(blk_boot)
 stage "the virtio-blk boot check: ${boot%% *}"
 
 alog=$cache/nvmf-linux-a.log blog=$cache/nvmf-linux-b.log ulog=$cache/nvmf-unikernel.log
+# The appliance booted again by `nvmf restart` (same disk image and address): its log, and
+# the name and log of the appliance that runs now.
+rlog=$cache/nvmf-unikernel-restarted.log uk_name=unikernel ulast=$ulog
 clog=$cache/nvmf-unikernel-counted.log
 img=$cache/nvmf-disk.img
-rm -f "$ulog" "$clog" "$cache"/nvmf-unikernel*.qemu "$img" "$cache"/nvmf-console*
+rm -f "$ulog" "$rlog" "$clog" "$cache"/nvmf-unikernel*.qemu "$img" "$cache"/nvmf-console*
 stage "booting Linux A (10.0.0.1) and Linux B (10.0.0.3), ${accel^^}, $("$qemu" --version | head -1), on mcast group port $port"
-linux a a 10.0.0.1 52:54:00:00:00:01 " bvnvmf.count=$count_arg"
+linux a a 10.0.0.1 52:54:00:00:00:01 " bvnvmf.count=$count_arg bvnvmf.blocks=$blocks"
 a_pid=$last_pid
 linux b b 10.0.0.3 52:54:00:00:00:03
 b_pid=$last_pid
-uk_pid='' uk_status='' stopped='' cuk_pid='' cuk_status='' counted='' relayed=0
+uk_pid='' uk_status='' stopped='' cuk_pid='' cuk_status='' counted='' relayed=0 restarted=
 waiting=() # marks relayed to a target, not yet acknowledged to A: "SIDE CODE"
 deadline=$(( t0 + limit ))
 while kill -0 "$a_pid" 2>/dev/null; do
@@ -202,11 +208,24 @@ while kill -0 "$a_pid" 2>/dev/null; do
     unikernel unikernel "$ulog" " bvnvmf.host=10.0.0.3" "$img"
     uk_pid=$last_pid
   fi
+  # `nvmf restart`: Linux A asks for the appliance's QEMU to be killed (SIGKILL: no flush, no
+  # goodbye to the host) in the middle of its write; it is booted again at once, on the same
+  # disk image, at the same address, with the same command line.
+  if [ -n "$uk_pid" ] && [ -z "$restarted" ] && grep -a -q "^nvmf-restart kill" "$alog"; then
+    restarted=1
+    # The QEMU is the child of its `timeout` (uk_pid).
+    for c in $(pgrep -P "$uk_pid"); do kill -KILL "$c" 2>/dev/null || true; done
+    wait "$uk_pid" 2>/dev/null || true
+    say_to a "ack killed"
+    stage "the appliance's QEMU killed (SIGKILL) in the middle of Linux A's write; booting it again on the same disk image"
+    unikernel unikernel-restarted "$rlog" " bvnvmf.host=10.0.0.3" "$img"
+    uk_pid=$last_pid uk_name=unikernel-restarted ulast=$rlog
+  fi
   # The counted runs: the unikernel powered off (its disk image is then complete), Linux B
   # booted again counted, and a counted unikernel.
   if [ -n "$counter" ] && [ -z "$counted" ] && grep -a -q "phase counted" "$alog"; then
     counted=1
-    if [ -n "$uk_pid" ]; then power_off unikernel "$uk_pid"; uk_status=$uk_exit; fi
+    if [ -n "$uk_pid" ]; then power_off "$uk_name" "$uk_pid"; uk_status=$uk_exit; fi
     kill "$b_pid" 2>/dev/null || true
     wait "$b_pid" 2>/dev/null || true
     stage "booting a counted Linux B and a counted unikernel (TCG, the instruction counter)"
@@ -241,7 +260,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
 done
 if [ -n "$stopped" ]; then stage "stopping: $stopped"; else stage "Linux A done"; fi
 # The appliance powers off on `q` at its console; then the disk image is complete.
-if [ -n "$uk_pid" ] && [ -z "$uk_status" ]; then power_off unikernel "$uk_pid"; uk_status=$uk_exit; fi
+if [ -n "$uk_pid" ] && [ -z "$uk_status" ]; then power_off "$uk_name" "$uk_pid"; uk_status=$uk_exit; fi
 if [ -n "$cuk_pid" ]; then power_off unikernel-counted "$cuk_pid"; cuk_status=$uk_exit; fi
 # The consoles' readers end with their QEMU (end of file); a few seconds to drain.
 for r in "${readers[@]}"; do
@@ -254,7 +273,7 @@ cleanup
 # Steps that do not work yet: printed as SKIP with the reason (and what this run said), not
 # counted. Empty once everything works.
 declare -A pending=()
-[ "$appliance" = 1 ] || for s in discover connect fio-rand4k fio-seq128k mkfs reconnect allow-list virtio-blk host; do
+[ "$appliance" = 1 ] || for s in discover connect fio-rand4k fio-seq128k smart-log mkfs reconnect allow-list restart virtio-blk host; do
   pending[$s]="the unikernel has no NVMe-oF appliance yet (its kernel does not know bvnvmf=)"
 done
 grep -a -q "nvmf-uk host: " "$uk_kernel" ||
@@ -279,7 +298,7 @@ for s in discover connect fio-rand4k fio-seq128k mkfs reconnect; do
   echo "nvmf linux-linux $s: ${r:-FAIL (no result)}"
   [[ "$r" == PASS* ]] || why+=("linux-linux $s")
 done
-for s in discover connect fio-rand4k fio-seq128k mkfs reconnect allow-list; do
+for s in discover connect fio-rand4k fio-seq128k smart-log mkfs reconnect allow-list restart; do
   report "$s" "$(res "unikernel $s")"
 done
 
@@ -346,7 +365,7 @@ done
 # What each side's transport counted over the timed runs: Linux A's rxe after each run (on
 # either target), the appliance's last line of its own counts.
 { grep -a "^nvmf-rxe " "$alog" || true; } | tr -d '\r' | sed 's/^nvmf-rxe /nvmf rxe counters (Linux A) after /'
-t=$({ grep -a "^nvmf-uk transport " "$ulog" 2>/dev/null || true; } | tail -1 | tr -d '\r')
+t=$({ grep -a "^nvmf-uk transport " "$ulast" 2>/dev/null || true; } | tail -1 | tr -d '\r')
 [ -n "$t" ] && echo "nvmf transport (the appliance) ${t#nvmf-uk transport }"
 
 # Efficiency: each job's window (marks 00KK..01KK) of the counted targets, per I/O fio reports.
@@ -376,6 +395,7 @@ if [ ${#why[@]} -gt 0 ]; then
   tail_of "Linux B" "$blog"
   tail_of "Linux A" "$alog" 25
   [ -s "$ulog" ] && tail_of "the unikernel" "$ulog"
+  [ -s "$rlog" ] && tail_of "the unikernel booted again" "$rlog"
   [ -s "$clog" ] && tail_of "the counted unikernel" "$clog"
 fi
 stage "done"

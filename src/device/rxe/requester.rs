@@ -21,6 +21,22 @@ use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 /// Unacknowledged PSNs a requester may have in flight (rxe's window).
 pub(crate) const WINDOW: i32 = 128;
 
+/// Response packets one READ request asks for at most. A longer READ is asked for in parts
+/// of this many packets (at fixed places: packet `k` belongs to the part from
+/// `k - k % READ_PART`), each a READ request of its own, and its parts' responses in flight
+/// are kept within the window: nothing acknowledges READ responses, and a responder answers a
+/// request whole at once (Linux's rxe does), so a READ of thousands of packets asked at once
+/// arrives faster than a slow receiver takes it and its buffers drop the rest. A part asked
+/// again after a loss starts at the first missing packet and ends where its part ends (a
+/// responder replays only within the request it had).
+pub(crate) const READ_PART: u32 = 64;
+
+/// Where the part of a READ holding packet `k` (of `n`) ends: its next part's first packet.
+#[inline(always)]
+fn part_end(k: u32, n: u32) -> u32 {
+    (k - k % READ_PART).saturating_add(READ_PART).min(n)
+}
+
 /// Microseconds of each RNR timer code (IBA table; code 0 is the longest).
 const RNR_US: [u32; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
@@ -28,15 +44,21 @@ const RNR_US: [u32; 32] = [
     245_760, 327_680, 491_520,
 ];
 
-/// READ and atomic requests started and not completed.
+/// READ and atomic requests started and not completed (a READ of more than one part as two:
+/// its last parts may both be in flight).
 fn reads_out(q: &QpCore) -> u32 {
     let mut n = 0;
     let mut i = q.sq_tail;
     // Bounded by the requests started and not completed: `sq_next - sq_tail` is at most the
     // ring's capacity (MAX_WR), a distance between two wrapping counts that cannot wrap.
     while i != q.sq_next {
-        if op::reads(q.sq_ref(i).op) {
-            n += 1;
+        let e = q.sq_ref(i);
+        if op::reads(e.op) {
+            n += if e.op == op::READ && e.npkts > READ_PART {
+                2
+            } else {
+                1
+            };
         }
         i = i.wrapping_add(1);
     }
@@ -136,6 +158,27 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         } else {
             (e.first_psn, e.npkts)
         };
+        if e_op == op::READ {
+            // A part of a READ: its responses within the window (one part always goes when
+            // nothing is in flight), and, after the first part, the READs in flight within
+            // the initiator depth (this READ's parts counted).
+            let part = part_end(k, e_npkts) - k;
+            let out = psn_diff(q.psn, q.una);
+            if out > 0 && out + part as i32 > WINDOW {
+                break;
+            }
+            if k != 0 {
+                let mine = if out > 0 {
+                    let from = psn_diff(q.psn, e_first).min(out).max(1) as u32;
+                    from.div_ceil(READ_PART)
+                } else {
+                    0
+                };
+                if reads_out(q) + mine >= u32::from(q.attr.max_rd_atomic).max(1) {
+                    break;
+                }
+            }
+        }
         // Made by `path` above; nothing in between drops it (the QP's lock is held).
         let Some(outer) = q.hdr.as_ref() else {
             break;
@@ -194,8 +237,17 @@ fn run_rc<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
         if q.deadline == 0 {
             q.deadline = deadline(net.now, q.timeout_us());
         }
-        if op::reads(e_op) {
-            // A READ's request stands for all its responses' PSNs.
+        if e_op == op::READ {
+            // A READ's request stands for all its part's responses' PSNs.
+            let end = part_end(k, e_npkts);
+            q.psn = psn_add(e_first, end);
+            if end >= e_npkts {
+                q.cur_pkt = 0;
+                q.sq_next = i.wrapping_add(1);
+            } else {
+                q.cur_pkt = end;
+            }
+        } else if op::reads(e_op) {
             q.psn = psn_add(e_first, e_npkts);
             q.cur_pkt = 0;
             q.sq_next = i.wrapping_add(1);
@@ -226,12 +278,14 @@ fn request<L: Link>(
     match e.op {
         op::READ => {
             bth.opcode = opcode::RC_READ_REQUEST;
-            let done = k * mtu;
+            // Packet `k` to the end of its part (`READ_PART`).
+            let done = k.saturating_mul(mtu).min(e.len);
+            let end = part_end(k, e_npkts).saturating_mul(mtu).min(e.len);
             let mut h = Headers::new(bth);
             h.reth = Some(Reth {
                 va: e.remote_addr.wrapping_add(u64::from(done)),
                 rkey: e.rkey,
-                len: e.len - done.min(e.len),
+                len: end - done.min(end),
             });
             Some(net.send(outer, &h, 0, |_, _| Ok(())))
         }
@@ -333,9 +387,10 @@ fn ack_through<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, psn: u32) -> bool 
     if q.cur_pkt != 0 {
         // The oldest request is the one being sent (the window stopped it in its middle):
         // the acknowledge is of some of its packets (the caller took PSNs before `q.psn`
-        // only), which the window no longer needs to hold.
-        let first = q.sq_ref(q.sq_tail).first_psn;
-        if psn_diff(psn, first) >= 0 {
+        // only), which the window no longer needs to hold. (A READ asked for in parts
+        // advances with its responses only.)
+        let e = q.sq_ref(q.sq_tail);
+        if !op::reads(e.op) && psn_diff(psn, e.first_psn) >= 0 {
             q.una = psn_add(psn, 1);
         }
     }
@@ -537,9 +592,10 @@ pub(crate) fn on_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &Vie
 fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     let psn = p.psn();
     ack_through(net, q, psn_add(psn, super::wire::bth::PSN_MASK));
-    if q.sq_tail == q.sq_next || psn != q.una {
+    // (A READ still being asked for in parts is in flight with `sq_next` at it.)
+    if !in_flight(q) || psn != q.una {
         // Not the next one expected: a duplicate, or a gap.
-        if psn_diff(psn, q.una) > 0 && q.sq_tail != q.sq_next {
+        if psn_diff(psn, q.una) > 0 && in_flight(q) {
             net.t.transport.read_gaps += 1;
             if q.sq_ref(q.sq_tail).op == op::READ && net.now >= q.gap_retry_at {
                 // A response of the READ at the oldest unacknowledged PSN was lost: it is
@@ -565,7 +621,9 @@ fn read_response<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
         return;
     }
     let (idx, n, mtu) = (idx as u32, e.npkts, q.mtu);
-    let want = match (idx == 0, idx + 1 == n) {
+    // Each part of the READ (`READ_PART`) was asked for as a request of its own: its
+    // responses run from a first to a last.
+    let want = match (idx % READ_PART == 0, idx + 1 == part_end(idx, n)) {
         (true, true) => opcode::RC_READ_RESPONSE_ONLY,
         (true, false) => opcode::RC_READ_RESPONSE_FIRST,
         (false, true) => opcode::RC_READ_RESPONSE_LAST,
