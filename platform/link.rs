@@ -1,7 +1,9 @@
-//! Links the kernel binary freestanding: our linker script, no PIE, no C runtime.
+// The kernel binaries' build script (each binary's `build.rs` includes this file after naming
+// `LINKER_SCRIPT`, `linker/unikernel.ld` relative to its manifest): links the binary
+// freestanding: our linker script, no PIE, no C runtime.
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir");
-    let script = format!("{dir}/../../linker/unikernel.ld");
+    let script = format!("{dir}/{LINKER_SCRIPT}");
     println!("cargo:rerun-if-changed={script}");
     for arg in [
         format!("-Wl,-T,{script}"),

@@ -12,5 +12,6 @@ if [ -n "${MIRI_LOCAL_CRATES:-}" ] && [ -n "${RUSTC_WRAPPER:-}" ]; then
 fi
 case "$(basename "$1")" in
   bareverbs-unikernel) exec "$(dirname "$0")/boot.sh" "$@" ;;
+  bareverbs-appliance) exec "$(dirname "$0")/appliance.sh" "$@" ;;
   *) exec "$@" ;;
 esac

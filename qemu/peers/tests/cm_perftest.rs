@@ -15,7 +15,7 @@ use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-use bareverbs_unikernel::cm_peer::{CmCase, run_case};
+use bareverbs_lab_peers::cm_peer::{CmCase, run_case};
 
 type R = Rxe<Model, MemLink, TestClock>;
 
