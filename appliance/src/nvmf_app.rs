@@ -15,7 +15,10 @@
 //! Between rounds that found nothing to do it halts (the embedder's idle hook), so that an
 //! idle appliance leaves the CPU to others.
 
+use core::cell::UnsafeCell;
 use core::fmt::Write;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmError, Service};
@@ -50,8 +53,8 @@ const HOST_CONNECT_MS: u64 = 60_000;
 /// admin and [`IO_QUEUES`] I/O queues each, and two spare for a discovery controller and a
 /// host that reconnects while its old controller still waits for its keep-alive to expire
 /// (a host that vanished holds its queues at most the target's keep-alive maximum, 120 s).
-/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters
-/// included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
+/// The target's queue table lives in static memory ([`TARGET_MEMORY`] bytes: about 4.6 KB a
+/// queue, its counters included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
 /// buffers of 128 KiB and its 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
 /// no resources), as one beyond the table.
 const QUEUES: usize = 14;
@@ -145,6 +148,8 @@ pub enum AppError {
     Host(&'static str, HostError),
     /// The host mode read back other bytes than it wrote (at which byte).
     HostData(usize),
+    /// The target's memory was taken already, or is too small for the target.
+    TargetMemory,
 }
 
 impl From<Failure> for AppError {
@@ -161,7 +166,41 @@ impl core::fmt::Display for AppError {
             AppError::Target(e) => write!(f, "{e}"),
             AppError::Host(what, e) => write!(f, "host mode, {what}: {e}"),
             AppError::HostData(at) => write!(f, "host mode: byte {at} read back differs"),
+            AppError::TargetMemory => write!(
+                f,
+                "no memory for the target (taken already, or the target needs more than {TARGET_MEMORY} bytes)"
+            ),
         }
+    }
+}
+
+/// Bytes of the static memory the target is built in ([`TargetMemory`]).
+pub const TARGET_MEMORY: usize = 128 * 1024;
+
+/// The memory the appliance's target lives in: static, taken once a run.
+#[repr(C, align(64))]
+struct TargetMemory(UnsafeCell<MaybeUninit<[u8; TARGET_MEMORY]>>);
+
+// SAFETY: the memory is reached only through `take`, which hands it out once.
+unsafe impl Sync for TargetMemory {}
+
+static TARGET_MEMORY_CELL: TargetMemory = TargetMemory(UnsafeCell::new(MaybeUninit::uninit()));
+static TARGET_MEMORY_TAKEN: AtomicBool = AtomicBool::new(false);
+
+impl TargetMemory {
+    /// The memory, as an uninitialised `T`, the first time it is asked for (for any lifetime:
+    /// the memory is static, and nothing else reaches it); `None` after that, or when a `T`
+    /// does not fit (size or alignment).
+    fn take<'t, T>() -> Option<&'t mut MaybeUninit<T>> {
+        if size_of::<T>() > TARGET_MEMORY || align_of::<T>() > align_of::<TargetMemory>() {
+            return None;
+        }
+        if TARGET_MEMORY_TAKEN.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        // SAFETY: the static's bytes, handed out once (the flag above); large and aligned
+        // enough for a `T` (checked above); `MaybeUninit` asks nothing of their contents.
+        Some(unsafe { &mut *TARGET_MEMORY_CELL.0.get().cast::<MaybeUninit<T>>() })
     }
 }
 
@@ -251,7 +290,12 @@ pub fn serve<P: Provider>(
             ..Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count])
         },
     ];
-    let mut target: Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH> = Target::new(
+    // The target's queue table is too large for the stack: it is built in the appliance's
+    // static memory for it (one target a run).
+    let slot = TargetMemory::take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
+        .ok_or(AppError::TargetMemory)?;
+    let mut target = Target::new_in(
+        slot,
         &pd,
         &cq,
         Ms(clock_ms),
@@ -270,6 +314,11 @@ pub fn serve<P: Provider>(
         "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B, no volatile write cache), {NQN_BLK} ({})",
         ram_blocks,
         Blocks(blk_blocks)
+    );
+    let _ = writeln!(
+        out,
+        "nvmf: the target's queue table in static memory: {} of {TARGET_MEMORY} bytes",
+        size_of::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
     );
     match allow {
         [] => {
@@ -350,12 +399,12 @@ pub fn serve<P: Provider>(
         }
         match console() {
             Some(Command::Quit) => break,
-            Some(Command::Stats) => report(out, &target, clock_ms() - t0),
+            Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
             _ => {}
         }
         idle(work);
     }
-    report(out, &target, clock_ms() - t0);
+    report(out, &*target, clock_ms() - t0);
     Ok(Served {
         counts: target.counts(),
         ms: clock_ms() - t0,

@@ -191,4 +191,3 @@ fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
         }
     }
 }
-

@@ -28,6 +28,9 @@ mod io;
 mod queue;
 mod remote;
 
+use core::mem::MaybeUninit;
+use core::ptr;
+
 use bareverbs::cm::{AcceptParams, Cm, CmEvent, ConnId};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::{
@@ -234,6 +237,31 @@ impl core::fmt::Display for TargetError {
 
 impl core::error::Error for TargetError {}
 
+/// A value built in memory its owner lent ([`Target::new_in`]): used through `Deref`, dropped
+/// in place when this is dropped (the memory stays the lender's).
+pub struct InPlace<'t, T>(&'t mut T);
+
+impl<T> core::ops::Deref for InPlace<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0
+    }
+}
+
+impl<T> core::ops::DerefMut for InPlace<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0
+    }
+}
+
+impl<T> Drop for InPlace<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: the value was initialised in place by its constructor and is dropped only
+        // here, once; nothing reads it afterwards (this borrow ends with `self`).
+        unsafe { ptr::drop_in_place(&raw mut *self.0) }
+    }
+}
+
 impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, 's, P, K, Q, D> {
     /// A target serving `subsystems` on `pd`'s device, at address `ip` (the CM's,
     /// [`Cm::ip`]; the discovery log names it), completing every queue's work on `cq`
@@ -252,6 +280,103 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         cfg: TargetConfig,
         subsystems: &'s mut [Subsystem<'s>],
     ) -> Result<Self, TargetError> {
+        let cfg = Self::checked(cfg)?;
+        let now_us = clock.now_us();
+        Ok(Target {
+            pd,
+            cq,
+            clock,
+            cfg,
+            subsystems,
+            queues: core::array::from_fn(|_| Queue::free()),
+            ctrls: [const { None }; Q],
+            next_cntlid: 1,
+            dreq: [None; Q],
+            ip,
+            counts: TargetCounts::default(),
+            now_us,
+            born_us: now_us,
+            retired: IoCounts::default(),
+            refusals: RefusalLog::default(),
+        })
+    }
+
+    /// [`Target::new`], built in `slot` rather than returned: a target with room for many
+    /// queues is large (its queue table holds every queue's buffers' descriptors, a few KB a
+    /// queue), too large for a small stack, so a kernel keeps it in a `static` or other
+    /// memory of its own. The queues are written one at a time; nothing of the target's size
+    /// passes through the stack. The target is dropped when the [`InPlace`] is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Target::new`]; `slot` is then left as it was (uninitialised).
+    pub fn new_in<'t>(
+        slot: &'t mut MaybeUninit<Self>,
+        pd: &'a ProtectionDomain<'a, P>,
+        cq: &'a CompletionQueue<'a, P>,
+        clock: K,
+        ip: [u8; 4],
+        cfg: TargetConfig,
+        subsystems: &'s mut [Subsystem<'s>],
+    ) -> Result<InPlace<'t, Self>, TargetError> {
+        // Every field of the target is written below: this pattern names them all, so that
+        // a field added to the target fails to compile here until it is written too.
+        let _every_field = |t: Self| {
+            let Target {
+                pd: _,
+                cq: _,
+                clock: _,
+                cfg: _,
+                subsystems: _,
+                queues: _,
+                ctrls: _,
+                next_cntlid: _,
+                dreq: _,
+                ip: _,
+                counts: _,
+                now_us: _,
+                born_us: _,
+                retired: _,
+                refusals: _,
+            } = t;
+        };
+        let cfg = Self::checked(cfg)?;
+        let now_us = clock.now_us();
+        let p = slot.as_mut_ptr();
+        // SAFETY: `p` is valid for writes of a `Self` (the slot's memory, borrowed mutably
+        // for 't); each field is written exactly once through a raw field pointer (no
+        // reference to uninitialised memory is made), the arrays element by element; the
+        // pattern above checks that these are all of the fields, so the slot holds a whole,
+        // valid target when `assume_init_mut` is called.
+        let target = unsafe {
+            ptr::addr_of_mut!((*p).pd).write(pd);
+            ptr::addr_of_mut!((*p).cq).write(cq);
+            ptr::addr_of_mut!((*p).clock).write(clock);
+            ptr::addr_of_mut!((*p).cfg).write(cfg);
+            ptr::addr_of_mut!((*p).subsystems).write(subsystems);
+            let queues = ptr::addr_of_mut!((*p).queues).cast::<Queue<'a, P, D>>();
+            for i in 0..Q {
+                queues.add(i).write(Queue::free());
+            }
+            let ctrls = ptr::addr_of_mut!((*p).ctrls).cast::<Option<Ctrl>>();
+            for i in 0..Q {
+                ctrls.add(i).write(None);
+            }
+            ptr::addr_of_mut!((*p).next_cntlid).write(1);
+            ptr::addr_of_mut!((*p).dreq).write([None; Q]);
+            ptr::addr_of_mut!((*p).ip).write(ip);
+            ptr::addr_of_mut!((*p).counts).write(TargetCounts::default());
+            ptr::addr_of_mut!((*p).now_us).write(now_us);
+            ptr::addr_of_mut!((*p).born_us).write(now_us);
+            ptr::addr_of_mut!((*p).retired).write(IoCounts::default());
+            ptr::addr_of_mut!((*p).refusals).write(RefusalLog::default());
+            slot.assume_init_mut()
+        };
+        Ok(InPlace(target))
+    }
+
+    /// `cfg` if the target can work with it, its inline data size rounded down to 16 bytes.
+    fn checked(cfg: TargetConfig) -> Result<TargetConfig, TargetError> {
         if cfg.io_depth < 2 || usize::from(cfg.io_depth) > D || D < usize::from(ADMIN_DEPTH) {
             return Err(TargetError::Config("io_depth"));
         }
@@ -270,27 +395,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         if cfg.default_kato_ms == 0 || cfg.default_kato_ms > cfg.max_kato_ms {
             return Err(TargetError::Config("default_kato_ms"));
         }
-        let cfg = TargetConfig {
+        Ok(TargetConfig {
             inline_data: cfg.inline_data & !15,
             ..cfg
-        };
-        let now_us = clock.now_us();
-        Ok(Target {
-            pd,
-            cq,
-            clock,
-            cfg,
-            subsystems,
-            queues: core::array::from_fn(|_| Queue::free()),
-            ctrls: [const { None }; Q],
-            next_cntlid: 1,
-            dreq: [None; Q],
-            ip,
-            counts: TargetCounts::default(),
-            now_us,
-            born_us: now_us,
-            retired: IoCounts::default(),
-            refusals: RefusalLog::default(),
         })
     }
 
