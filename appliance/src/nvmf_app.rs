@@ -174,7 +174,7 @@ impl core::fmt::Display for AppError {
     }
 }
 
-/// Bytes of the static memory the target is built in ([`TargetMemory`]).
+/// Bytes of the static memory the target is built in (one target a run).
 pub const TARGET_MEMORY: usize = 128 * 1024;
 
 /// The memory the appliance's target lives in: static, taken once a run.
