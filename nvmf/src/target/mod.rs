@@ -310,6 +310,64 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// # Errors
     ///
     /// As [`Target::new`]; `slot` is then left as it was (uninitialised).
+    ///
+    /// # Example
+    ///
+    /// The crate's example with the target in a slot of its own (here on the heap of the
+    /// test; a kernel's is a `static`), a configuration it refuses first:
+    ///
+    /// ```
+    /// use std::mem::MaybeUninit;
+    /// use bareverbs::Context;
+    /// use bareverbs::cm::{Cm, CmConfig, Service};
+    /// use bareverbs::device::rxe::{Config, Rxe};
+    /// use bareverbs_model::link::{Segment, TestClock};
+    /// use bareverbs_model::{Model, ModelConfig};
+    /// use bareverbs_nvmf::{BlockDevice, Host, HostConfig, RamDisk, Subsystem};
+    /// use bareverbs_nvmf::{Target, TargetConfig, TargetError};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
+    /// let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
+    /// let host_dev = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
+    /// let target_dev = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
+    /// let pd = target_dev.alloc_pd()?;
+    /// let (cm_cq, cq) = (target_dev.create_cq(64)?, target_dev.create_cq(8 * 4 * 128)?);
+    /// let mut target_cm: Cm<_, _, 8> = Cm::new(&pd, &cm_cq, clock.clone(), CmConfig::default())?;
+    /// target_cm.listen(None, 4420, Service::Rc)?;
+    /// let mut memory = vec![0u8; 1 << 20];
+    /// let mut disk = RamDisk::new(&mut memory, 512);
+    /// let mut namespaces: [&mut dyn BlockDevice; 1] = [&mut disk];
+    /// let mut subsystems = [Subsystem::new("nqn.2026-11.io.example:ram", &mut namespaces)];
+    ///
+    /// let mut slot = Box::new(MaybeUninit::<Target<'_, '_, _, _, 8, 128>>::uninit());
+    /// let bad = TargetConfig { io_depth: 1, ..TargetConfig::default() };
+    /// let refused = Target::new_in(&mut slot, &pd, &cq, clock.clone(), target_cm.ip(), bad, &mut []);
+    /// assert_eq!(refused.err(), Some(TargetError::Config("io_depth")));
+    /// let config = TargetConfig::default();
+    /// let mut target =
+    ///     Target::new_in(&mut slot, &pd, &cq, clock.clone(), target_cm.ip(), config, &mut subsystems)?;
+    ///
+    /// let config = HostConfig { addr: [10, 0, 0, 2], subnqn: "nqn.2026-11.io.example:ram", ..HostConfig::default() };
+    /// let host_pd = host_dev.alloc_pd()?;
+    /// let (host_cm_cq, host_cq) = (host_dev.create_cq(64)?, host_dev.create_cq(2 * 2 * 32)?);
+    /// let mut host_cm: Cm<_, _, 8> = Cm::new(&host_pd, &host_cm_cq, clock.clone(), CmConfig::default())?;
+    /// let mut host: Host<'_, '_, _, _, 2, 32> = Host::new(&host_pd, &host_cq, clock.clone(), config);
+    /// let mut idle = || {
+    ///     clock.advance(20);
+    ///     target.poll(&mut target_cm);
+    /// };
+    /// host.connect(&mut host_cm, &mut idle)?;
+    /// let blocks = [0xA5u8; 512];
+    /// host.write(1, 1, 3, 1, &blocks, &mut idle)?;
+    /// let mut back = [0u8; 512];
+    /// host.read(1, 1, 3, 1, &mut back, &mut idle)?;
+    /// assert_eq!(back, blocks);
+    /// host.disconnect(&mut host_cm, &mut idle)?;
+    /// drop(idle);
+    /// assert_eq!(target.counts().controllers, 1);
+    /// # Ok(()) }
+    /// ```
     pub fn new_in<'t>(
         slot: &'t mut MaybeUninit<Self>,
         pd: &'a ProtectionDomain<'a, P>,
