@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Cargo's runner for the host target (.cargo/config.toml). The unikernel is booted in QEMU;
+# Cargo's runner for the host target (.cargo/config.toml). The kernels are booted in QEMU (the
+# example by boot.sh, the appliance by appliance.sh);
 # everything else cargo runs (tests, doctests, tools) is executed directly — except under
 # `cargo miri`, which runs them itself.
 set -euo pipefail
@@ -12,5 +13,6 @@ if [ -n "${MIRI_LOCAL_CRATES:-}" ] && [ -n "${RUSTC_WRAPPER:-}" ]; then
 fi
 case "$(basename "$1")" in
   bareverbs-unikernel) exec "$(dirname "$0")/boot.sh" "$@" ;;
+  bareverbs-appliance) exec "$(dirname "$0")/appliance.sh" "$@" ;;
   *) exec "$@" ;;
 esac

@@ -53,7 +53,7 @@
 # (--toggle-collect: the two sides interleave in one run, and the call tree, not the clock,
 # says whose an instruction is). Two builds: `guest`, the bench as the example kernel is built
 # (the driver crates at opt-level "z", one codegen unit, LTO; the kernel's own memcpy, memmove
-# and memset, examples/unikernel/src/cmem.rs, linked in: tests/bench/rxe_guest.rs), into
+# and memset, platform/src/cmem.rs, linked in: tests/bench/rxe_guest.rs), into
 # target/callgrind-guest/; and `o3`, the bench profile as it is (opt-level 3, the C library's
 # memory functions). Lines, per build:
 #   bench rxe_<op>_<side>_<mtu> <build> <instr/B> <floor instr/B>

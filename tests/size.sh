@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The driver's footprint in the example kernel: the sizes of the public objects, then the
-# driver's .text bytes.
+# The driver's footprint in the kernel that uses the most of it, the lab peers' (the example
+# kernel's demo on both devices, then every peer mode of the labs): the sizes of the public
+# objects, then the driver's .text bytes.
 #
 #   tests/size.sh        # prints `size <Object> <bytes>` lines, then `driver_text_bytes N`
 #
 # Objects: size_of of each public object for the example kernel's HAL, P = Pvrdma<IdentityHal>
 # (QueuePair is QueuePair<P, Rc, Rts>), printed by `tests/bench/ops.rs sizes`.
 #
-# Text: the kernel is built as `cargo build --release -p bareverbs-unikernel` builds it
-# (examples/unikernel, linked with linker/unikernel.ld), once more with DWARF line tables
+# Text: the kernel is built as `cargo build --release -p bareverbs-lab-peers` builds it
+# (qemu/peers, linked with linker/unikernel.ld), once more with DWARF line tables
 # (`debug = "line-tables-only"`, in target/size) and v0 symbol mangling, whose demangled names
 # carry generic arguments (`bareverbs::verbs::Context<bareverbs::device::rxe::Rxe<…>>::
 # create_cq`); the script checks that both builds have text symbols of the same sizes, i.e.
@@ -77,14 +78,14 @@ bin=$(CARGO_TARGET_DIR=target/callgrind CARGO_PROFILE_BENCH_DEBUG=line-tables-on
 "$bin" sizes
 
 # The kernel.
-kernel=$(cargo build --release -p bareverbs-unikernel --message-format=json 2>/dev/null |
+kernel=$(cargo build --release -p bareverbs-lab-peers --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) || true
-[ -n "$kernel" ] && [ -f "$kernel" ] || { echo "size.sh: cannot build the example kernel" >&2; exit 1; }
+[ -n "$kernel" ] && [ -f "$kernel" ] || { echo "size.sh: cannot build the lab peers' kernel" >&2; exit 1; }
 
 # The same kernel with line tables, for the inlined code.
 lined=$(CARGO_TARGET_DIR=target/size CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
   RUSTFLAGS="-C symbol-mangling-version=v0" \
-  cargo build --release -p bareverbs-unikernel --message-format=json 2>/dev/null |
+  cargo build --release -p bareverbs-lab-peers --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) || true
 [ -n "$lined" ] && [ -f "$lined" ] || { echo "size.sh: cannot build the kernel with line tables" >&2; exit 1; }
 # The same code: the sizes of the text symbols, as a sorted list (their names differ by the

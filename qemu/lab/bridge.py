@@ -5,7 +5,7 @@ programs' connection exchange across, both ways, and runs the cases.
 
     bridge.py SOCKET GID_INDEX CASE [CASE...]      CASE = "rc-server -s 4096 -n 200", ...
 
-The console's lines that start with "@@BV " are the protocol (examples/unikernel/src/peer.rs);
+The console's lines that start with "@@BV " are the protocol (qemu/peers/src/peer.rs);
 every other line is the unikernel's log and is copied to stdout. For each case it prints
 "linux-peer <case>: PASS <iters> iters <bytes> bytes" (from the Linux program's own summary,
 after its exit code 0 and the unikernel's DONE ok) or "linux-peer <case>: FAIL <why>".

@@ -72,8 +72,8 @@ fi
 # --- the inner guest: the unikernel, or Linux with its own vmw_pvrdma (--reference) -----------
 if [ "$mode" = unikernel ]; then
   stage "building the unikernel"
-  (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
-  inner_kernel="$repo/target/release/bareverbs-unikernel"
+  (cd "$repo" && cargo build --release -p bareverbs-lab-peers 2>&1 | tail -1)
+  inner_kernel="$repo/target/release/bareverbs-lab-peers"
   inner_initrd=none
 else
   if [ ! -f "$cache/vmw_pvrdma.ko" ]; then

@@ -57,10 +57,10 @@ install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibve
   gcc libglib2.0-dev pkg-config xz-utils
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
-uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-unikernel}
+uk_kernel=${BAREVERBS_ROCE_KERNEL:-$repo/target/release/bareverbs-lab-peers}
 if [ "$mode" = full ] && [ -z "${BAREVERBS_ROCE_KERNEL:-}" ]; then
   stage "building the unikernel"
-  (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
+  (cd "$repo" && cargo build --release -p bareverbs-lab-peers 2>&1 | tail -1)
 fi
 
 only=${BAREVERBS_ROCE_ONLY:-}

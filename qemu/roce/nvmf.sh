@@ -52,10 +52,10 @@ install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio nvme
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"
 
-uk_kernel=${BAREVERBS_NVMF_KERNEL:-$repo/target/release/bareverbs-unikernel}
+uk_kernel=${BAREVERBS_NVMF_KERNEL:-$repo/target/release/bareverbs-appliance}
 if [ -z "${BAREVERBS_NVMF_KERNEL:-}" ]; then
   stage "building the unikernel"
-  (cd "$repo" && cargo build --release -p bareverbs-unikernel 2>&1 | tail -1)
+  (cd "$repo" && cargo build --release -p bareverbs-appliance 2>&1 | tail -1)
 fi
 # The appliance is there when the kernel knows its command-line word.
 appliance=0
@@ -158,7 +158,7 @@ power_off() { # NAME PID
   fi
 }
 
-# The virtio-blk boot check first (`bvblk`: examples/unikernel/src/disk_check.rs): the kernel
+# The virtio-blk boot check first (`bvblk`: appliance/src/disk_check.rs): the kernel
 # writes a pattern through its virtio-blk driver, reads it back, flushes and powers off; this
 # host then finds the pattern in the raw image (sector s: "bareverbs virtio-blk sector s" in
 # 8 digits and a newline, padded with dots to 512 bytes, for s in 8..327).

@@ -30,11 +30,12 @@ LINK = r"(bareverbs_hal::virtio_net|virtio_drivers)::"
 RXE = "bareverbs::device::rxe::"
 
 
-# The example's RoCE demo and RoCE peer mode (examples/unikernel/src/roce.rs, roce_peer.rs) use
+# The example's RoCE demo and the RoCE peer mode (examples/unikernel/src/roce.rs,
+# qemu/peers/src/roce_peer.rs) use
 # only the rxe device: driver code inlined into them is the rxe device's. So is driver code inlined into any function of the
 # example instantiated for the rxe device (the kernel is built with v0 symbol mangling, whose
-# names carry the generic arguments: `bareverbs_unikernel::peer::run_case::<…Rxe<…>…>`).
-RXE_USER = r"bareverbs_unikernel::(roce|roce_peer)(::|$)"
+# names carry the generic arguments: `bareverbs_lab_peers::peer::run_case::<…Rxe<…>…>`).
+RXE_USER = r"(bareverbs_unikernel::roce|bareverbs_lab_peers::roce_peer)(::|$)"
 
 
 def driver_crate_symbol(name):

@@ -8,8 +8,12 @@
 //! QPs and over UD through a registered buffer pool, payloads checked byte for byte), destroys everything, and says whether it
 //! all worked.
 //!
-//! [`peer`] is the second part the lab runs: the same kernel exchanging data with Debian's
-//! unmodified `ibv_rc_pingpong` / `ibv_ud_pingpong` over the serial console.
+//! Without a PVRDMA, [`roce`] is the second device: bareverbs' software RoCEv2 over the first
+//! virtio-net NIC, two QPs of each kind exchanging every operation, every byte checked.
+//!
+//! The machine it runs on (boot, console, interrupts, waits) is `bareverbs-platform`'s; the
+//! storage appliance and the lab peers are binaries of their own (`appliance/`,
+//! `qemu/peers/`).
 #![no_std]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -19,18 +23,11 @@
 
 use core::fmt::Write;
 
-pub mod arp;
-pub mod block;
-pub mod cm_peer;
-pub mod disk_check;
-pub mod nvmf_app;
-pub mod peer;
 pub mod roce;
-pub mod roce_peer;
-/// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.
-pub mod tcp;
-pub mod virtio_blk;
-pub mod wait;
+
+/// The waits the demo halts in (the platform's).
+pub use bareverbs_platform::wait;
+pub use bareverbs_platform::{DisplayGid, Failure, Step};
 
 use bareverbs::Context;
 use bareverbs::device::pvrdma::{self, Config, Pvrdma};
@@ -47,37 +44,6 @@ pub enum Verdict {
     Pass,
     /// No PVRDMA on the bus.
     NoDevice,
-}
-
-/// Which step failed, and how.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// The step.
-    pub step: &'static str,
-    /// The error.
-    pub error: Error,
-}
-
-impl core::fmt::Display for Failure {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}: {}", self.step, self.error)
-    }
-}
-
-trait Step<T> {
-    fn at(self, step: &'static str) -> Result<T, Failure>;
-}
-
-impl<T> Step<T> for Result<T, Error> {
-    fn at(self, step: &'static str) -> Result<T, Failure> {
-        self.map_err(|error| Failure { step, error })
-    }
-}
-
-impl<T, O> Step<T> for Result<T, (O, Error)> {
-    fn at(self, step: &'static str) -> Result<T, Failure> {
-        self.map_err(|(_, error)| Failure { step, error })
-    }
 }
 
 fn name(vendor: u16, device: u16) -> &'static str {
@@ -565,18 +531,4 @@ fn report_qp<W: Write>(out: &mut W, kind: &str, want: &QpCaps, qpn: u32, got: Qp
         got.max_recv_sge,
         got.max_inline_data
     );
-}
-
-struct DisplayGid(Gid);
-
-impl core::fmt::Display for DisplayGid {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        for (i, pair) in self.0.0.chunks(2).enumerate() {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
-        }
-        Ok(())
-    }
 }

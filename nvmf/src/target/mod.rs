@@ -28,6 +28,9 @@ mod io;
 mod queue;
 mod remote;
 
+use core::mem::MaybeUninit;
+use core::ptr;
+
 use bareverbs::cm::{AcceptParams, Cm, CmEvent, ConnId};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::{
@@ -234,6 +237,31 @@ impl core::fmt::Display for TargetError {
 
 impl core::error::Error for TargetError {}
 
+/// A value built in memory its owner lent ([`Target::new_in`]): used through `Deref`, dropped
+/// in place when this is dropped (the memory stays the lender's).
+pub struct InPlace<'t, T>(&'t mut T);
+
+impl<T> core::ops::Deref for InPlace<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0
+    }
+}
+
+impl<T> core::ops::DerefMut for InPlace<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0
+    }
+}
+
+impl<T> Drop for InPlace<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: the value was initialised in place by its constructor and is dropped only
+        // here, once; nothing reads it afterwards (this borrow ends with `self`).
+        unsafe { ptr::drop_in_place(&raw mut *self.0) }
+    }
+}
+
 impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, 's, P, K, Q, D> {
     /// A target serving `subsystems` on `pd`'s device, at address `ip` (the CM's,
     /// [`Cm::ip`]; the discovery log names it), completing every queue's work on `cq`
@@ -252,6 +280,161 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         cfg: TargetConfig,
         subsystems: &'s mut [Subsystem<'s>],
     ) -> Result<Self, TargetError> {
+        let cfg = Self::checked(cfg)?;
+        let now_us = clock.now_us();
+        Ok(Target {
+            pd,
+            cq,
+            clock,
+            cfg,
+            subsystems,
+            queues: core::array::from_fn(|_| Queue::free()),
+            ctrls: [const { None }; Q],
+            next_cntlid: 1,
+            dreq: [None; Q],
+            ip,
+            counts: TargetCounts::default(),
+            now_us,
+            born_us: now_us,
+            retired: IoCounts::default(),
+            refusals: RefusalLog::default(),
+        })
+    }
+
+    /// [`Target::new`], built in `slot` rather than returned: a target with room for many
+    /// queues is large (its queue table holds every queue's buffers' descriptors, a few KB a
+    /// queue), too large for a small stack, so a kernel keeps it in a `static` or other
+    /// memory of its own. The queues are written one at a time; nothing of the target's size
+    /// passes through the stack. The target is dropped when the [`InPlace`] is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Target::new`]; `slot` is then left as it was (uninitialised).
+    ///
+    /// # Example
+    ///
+    /// The crate's example with the target in a slot of its own (here on the heap of the
+    /// test; a kernel's is a `static`), a configuration it refuses first:
+    ///
+    /// ```
+    /// use std::mem::MaybeUninit;
+    /// use bareverbs::Context;
+    /// use bareverbs::cm::{Cm, CmConfig, Service};
+    /// use bareverbs::device::rxe::{Config, Rxe};
+    /// use bareverbs_model::link::{Segment, TestClock};
+    /// use bareverbs_model::{Model, ModelConfig};
+    /// use bareverbs_nvmf::{BlockDevice, Host, HostConfig, RamDisk, Subsystem};
+    /// use bareverbs_nvmf::{Target, TargetConfig, TargetError};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (model, segment, clock) = (Model::new(ModelConfig::default()), Segment::new(), TestClock::default());
+    /// let device = |mac, ip| Rxe::new(model.clone(), segment.attach(mac, 1514), clock.clone(), Config { ip });
+    /// let host_dev = Context::new(device([2, 0, 0, 0, 0, 1], [10, 0, 0, 1])?);
+    /// let target_dev = Context::new(device([2, 0, 0, 0, 0, 2], [10, 0, 0, 2])?);
+    /// let pd = target_dev.alloc_pd()?;
+    /// let (cm_cq, cq) = (target_dev.create_cq(64)?, target_dev.create_cq(8 * 4 * 128)?);
+    /// let mut target_cm: Cm<_, _, 8> = Cm::new(&pd, &cm_cq, clock.clone(), CmConfig::default())?;
+    /// target_cm.listen(None, 4420, Service::Rc)?;
+    /// let mut memory = vec![0u8; 1 << 20];
+    /// let mut disk = RamDisk::new(&mut memory, 512);
+    /// let mut namespaces: [&mut dyn BlockDevice; 1] = [&mut disk];
+    /// let mut subsystems = [Subsystem::new("nqn.2026-11.io.example:ram", &mut namespaces)];
+    ///
+    /// let mut slot = Box::new(MaybeUninit::<Target<'_, '_, _, _, 8, 128>>::uninit());
+    /// let bad = TargetConfig { io_depth: 1, ..TargetConfig::default() };
+    /// let refused = Target::new_in(&mut slot, &pd, &cq, clock.clone(), target_cm.ip(), bad, &mut []);
+    /// assert_eq!(refused.err(), Some(TargetError::Config("io_depth")));
+    /// let config = TargetConfig::default();
+    /// let mut target =
+    ///     Target::new_in(&mut slot, &pd, &cq, clock.clone(), target_cm.ip(), config, &mut subsystems)?;
+    ///
+    /// let config = HostConfig { addr: [10, 0, 0, 2], subnqn: "nqn.2026-11.io.example:ram", ..HostConfig::default() };
+    /// let host_pd = host_dev.alloc_pd()?;
+    /// let (host_cm_cq, host_cq) = (host_dev.create_cq(64)?, host_dev.create_cq(2 * 2 * 32)?);
+    /// let mut host_cm: Cm<_, _, 8> = Cm::new(&host_pd, &host_cm_cq, clock.clone(), CmConfig::default())?;
+    /// let mut host: Host<'_, '_, _, _, 2, 32> = Host::new(&host_pd, &host_cq, clock.clone(), config);
+    /// let mut idle = || {
+    ///     clock.advance(20);
+    ///     target.poll(&mut target_cm);
+    /// };
+    /// host.connect(&mut host_cm, &mut idle)?;
+    /// let blocks = [0xA5u8; 512];
+    /// host.write(1, 1, 3, 1, &blocks, &mut idle)?;
+    /// let mut back = [0u8; 512];
+    /// host.read(1, 1, 3, 1, &mut back, &mut idle)?;
+    /// assert_eq!(back, blocks);
+    /// host.disconnect(&mut host_cm, &mut idle)?;
+    /// drop(idle);
+    /// assert_eq!(target.counts().controllers, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn new_in<'t>(
+        slot: &'t mut MaybeUninit<Self>,
+        pd: &'a ProtectionDomain<'a, P>,
+        cq: &'a CompletionQueue<'a, P>,
+        clock: K,
+        ip: [u8; 4],
+        cfg: TargetConfig,
+        subsystems: &'s mut [Subsystem<'s>],
+    ) -> Result<InPlace<'t, Self>, TargetError> {
+        // Every field of the target is written below: this pattern names them all, so that
+        // a field added to the target fails to compile here until it is written too.
+        let _every_field = |t: Self| {
+            let Target {
+                pd: _,
+                cq: _,
+                clock: _,
+                cfg: _,
+                subsystems: _,
+                queues: _,
+                ctrls: _,
+                next_cntlid: _,
+                dreq: _,
+                ip: _,
+                counts: _,
+                now_us: _,
+                born_us: _,
+                retired: _,
+                refusals: _,
+            } = t;
+        };
+        let cfg = Self::checked(cfg)?;
+        let now_us = clock.now_us();
+        let p = slot.as_mut_ptr();
+        // SAFETY: `p` is valid for writes of a `Self` (the slot's memory, borrowed mutably
+        // for 't); each field is written exactly once through a raw field pointer (no
+        // reference to uninitialised memory is made), the arrays element by element; the
+        // pattern above checks that these are all of the fields, so the slot holds a whole,
+        // valid target when `assume_init_mut` is called.
+        let target = unsafe {
+            ptr::addr_of_mut!((*p).pd).write(pd);
+            ptr::addr_of_mut!((*p).cq).write(cq);
+            ptr::addr_of_mut!((*p).clock).write(clock);
+            ptr::addr_of_mut!((*p).cfg).write(cfg);
+            ptr::addr_of_mut!((*p).subsystems).write(subsystems);
+            let queues = ptr::addr_of_mut!((*p).queues).cast::<Queue<'a, P, D>>();
+            for i in 0..Q {
+                queues.add(i).write(Queue::free());
+            }
+            let ctrls = ptr::addr_of_mut!((*p).ctrls).cast::<Option<Ctrl>>();
+            for i in 0..Q {
+                ctrls.add(i).write(None);
+            }
+            ptr::addr_of_mut!((*p).next_cntlid).write(1);
+            ptr::addr_of_mut!((*p).dreq).write([None; Q]);
+            ptr::addr_of_mut!((*p).ip).write(ip);
+            ptr::addr_of_mut!((*p).counts).write(TargetCounts::default());
+            ptr::addr_of_mut!((*p).now_us).write(now_us);
+            ptr::addr_of_mut!((*p).born_us).write(now_us);
+            ptr::addr_of_mut!((*p).retired).write(IoCounts::default());
+            ptr::addr_of_mut!((*p).refusals).write(RefusalLog::default());
+            slot.assume_init_mut()
+        };
+        Ok(InPlace(target))
+    }
+
+    /// `cfg` if the target can work with it, its inline data size rounded down to 16 bytes.
+    fn checked(cfg: TargetConfig) -> Result<TargetConfig, TargetError> {
         if cfg.io_depth < 2 || usize::from(cfg.io_depth) > D || D < usize::from(ADMIN_DEPTH) {
             return Err(TargetError::Config("io_depth"));
         }
@@ -270,27 +453,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         if cfg.default_kato_ms == 0 || cfg.default_kato_ms > cfg.max_kato_ms {
             return Err(TargetError::Config("default_kato_ms"));
         }
-        let cfg = TargetConfig {
+        Ok(TargetConfig {
             inline_data: cfg.inline_data & !15,
             ..cfg
-        };
-        let now_us = clock.now_us();
-        Ok(Target {
-            pd,
-            cq,
-            clock,
-            cfg,
-            subsystems,
-            queues: core::array::from_fn(|_| Queue::free()),
-            ctrls: [const { None }; Q],
-            next_cntlid: 1,
-            dreq: [None; Q],
-            ip,
-            counts: TargetCounts::default(),
-            now_us,
-            born_us: now_us,
-            retired: IoCounts::default(),
-            refusals: RefusalLog::default(),
         })
     }
 

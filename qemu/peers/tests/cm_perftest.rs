@@ -13,9 +13,9 @@ use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmEvent, ConnId, ConnectParams};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
+use bareverbs_lab_peers::cm_peer::{CmCase, run_case};
 use bareverbs_model::link::{MemLink, Segment, TestClock};
 use bareverbs_model::{Model, ModelConfig};
-use bareverbs_unikernel::cm_peer::{CmCase, run_case};
 
 type R = Rxe<Model, MemLink, TestClock>;
 

@@ -24,7 +24,7 @@ use x86_64::instructions::port::Port;
 use x86_64::registers::model_specific::Msr;
 use x86_64::structures::idt::InterruptDescriptorTable;
 
-use bareverbs_unikernel::wait::{Cpu, Entry};
+use crate::wait::{Cpu, Entry};
 
 use crate::console::{Exit, Serial, exit};
 

@@ -190,9 +190,7 @@ impl From<Failure> for SessionError {
     }
 }
 
-/// Milliseconds without a received frame after which a wait halts the CPU, when a frame does
-/// not interrupt (see [`serve`]).
-pub const IDLE_MS: u64 = 32;
+pub use bareverbs_platform::machine::IDLE_MS;
 
 /// How a waiting unikernel idles.
 #[derive(Clone, Copy)]
@@ -338,24 +336,7 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     Ok(outcome)
 }
 
-/// Runs the lab's instruction-counter marker with code `CODE`: `nopl 0x4256CODE(%rax)`, a
-/// no-op that `qemu/roce/icount.c` (a QEMU plugin) records with the guest's instruction count.
-/// Elsewhere it costs one instruction.
-#[inline(always)]
-pub fn mark<const CODE: u16>() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a multi-byte NOP: its memory operand is only encoded, never accessed; no
-    // register, flag or memory changes.
-    unsafe {
-        core::arch::asm!(
-            ".byte 0x0f, 0x1f, 0x80",
-            ".2byte {code}",
-            ".byte 0x56, 0x42",
-            code = const CODE,
-            options(nomem, nostack, preserves_flags)
-        );
-    }
-}
+pub use bareverbs_platform::mark;
 
 /// Opens (`end` false) or closes a perftest case's counting window: code `0x00KK` and
 /// `0x01KK`, KK 1 for `write`, 2 for `read`, 3 for `atomic` (as `qemu/roce/linux.sh` marks

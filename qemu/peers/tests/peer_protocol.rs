@@ -6,8 +6,8 @@
 mod common;
 
 use bareverbs::verbs::*;
+use bareverbs_lab_peers::peer::{Case, Dest, Kind, Line, LineBuf, UD_QKEY, grh_ok};
 use bareverbs_model::{Model, Semantics};
-use bareverbs_unikernel::peer::{Case, Dest, Kind, Line, LineBuf, UD_QKEY, grh_ok};
 use common::*;
 
 /// `docs/roce-v2.md` §10.1's example message, without its NUL.

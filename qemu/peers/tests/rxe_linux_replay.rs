@@ -223,7 +223,7 @@ fn bareverbs_answers_linux_byte_for_byte() {
     let mut qp = qp.rts(&rts).unwrap();
     learn_linux(&ctx, &seg, linux, &frames);
     // The unikernel's messages are the pingpong pattern (peer.rs): message i, byte k.
-    let case = bareverbs_unikernel::peer::Case::parse("rc-server -s 4096").unwrap();
+    let case = bareverbs_lab_peers::peer::Case::parse("rc-server -s 4096").unwrap();
     let m = mr.as_mut_slice();
     for (k, b) in m[..4096].iter_mut().enumerate() {
         *b = case.pattern(0, k);
@@ -340,7 +340,7 @@ fn bareverbs_answers_linux_ud_byte_for_byte() {
         .unwrap();
     learn_linux(&ctx, &seg, linux, &frames);
 
-    let case = bareverbs_unikernel::peer::Case::parse("ud-client -s 1024").unwrap();
+    let case = bareverbs_lab_peers::peer::Case::parse("ud-client -s 1024").unwrap();
     let size = case.size as usize;
     let grh = case.payload_offset();
     let slot = 4096;
@@ -386,7 +386,7 @@ fn bareverbs_answers_linux_ud_byte_for_byte() {
             let at = (recv.wr_id as usize % 2) * slot;
             let m = &mr.as_slice()[at..at + grh + size];
             assert!(
-                bareverbs_unikernel::peer::grh_ok(
+                bareverbs_lab_peers::peer::grh_ok(
                     &m[..grh],
                     &Gid::from_ipv4(LINUX_IP),
                     &Gid::from_ipv4(UK_IP)

@@ -1,5 +1,4 @@
-//! Serial console (COM1), QEMU's isa-debug-exit, a `log` backend, and the C symbols the
-//! precompiled `core` of the linux-gnu target expects (the memory functions in `cmem.rs`).
+//! Serial console (COM1), QEMU's isa-debug-exit and a `log` backend.
 
 use core::arch::asm;
 use core::fmt::{self, Write};
@@ -109,18 +108,3 @@ pub fn init_log() {
         log::set_max_level(log::LevelFilter::Info);
     }
 }
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    let _ = writeln!(Serial, "bareverbs: FAIL panic: {info}");
-    exit(Exit::Fail)
-}
-
-// The C memory functions the precompiled `core` calls, in their own file: the host benchmark
-// (tests/bench/rxe_guest.rs) compiles the same file, to measure the driver with them.
-#[path = "cmem.rs"]
-mod cmem;
-
-/// Referenced by `core`'s unwind tables even with panic=abort; never called.
-#[unsafe(no_mangle)]
-pub extern "C" fn rust_eh_personality() {}

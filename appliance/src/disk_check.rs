@@ -7,7 +7,7 @@
 
 use core::fmt::Write;
 
-use crate::block::{BlockDevice, BlockError};
+use bareverbs_platform::block::{BlockDevice, BlockError};
 
 /// The first sector of the pattern.
 pub const FIRST: u64 = 8;

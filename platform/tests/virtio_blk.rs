@@ -1,4 +1,4 @@
-//! The unikernel's virtio-blk driver against a software virtio-blk device on the host: the
+//! The kernels' virtio-blk driver against a software virtio-blk device on the host: the
 //! device side of the split virtqueue over memory whose "physical" addresses are its host
 //! addresses, executing In/Out/Flush on a disk in a vector, or misbehaving on demand (silent,
 //! completing a request it was never given, failing with an I/O status, read-only).
@@ -13,8 +13,8 @@ use bareverbs::hal::virtio_net::virtio_drivers::transport::{
     DeviceStatus, DeviceType, InterruptStatus, Transport,
 };
 use bareverbs::hal::virtio_net::virtio_drivers::{self, PhysAddr};
-use bareverbs_unikernel::block::{BlockDevice, BlockError};
-use bareverbs_unikernel::virtio_blk::{CHUNK, TIMEOUT_MS, VirtioBlk};
+use bareverbs_platform::block::{BlockDevice, BlockError};
+use bareverbs_platform::virtio_blk::{CHUNK, TIMEOUT_MS, VirtioBlk};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 const REGION_PAGES: usize = 256;

@@ -1,12 +1,11 @@
-//! The storage appliance (`bvnvmf=A.B.C.D/N` on the kernel command line): an NVMe over
-//! Fabrics RDMA target on the software RoCE device, serving two NVM subsystems through
+//! The storage appliance: an NVMe over Fabrics RDMA target on the software RoCE device, serving two NVM subsystems through
 //! `bareverbs-nvmf`'s target — a RAM disk and, when the machine has one, the virtio-blk disk
 //! — to unmodified Linux hosts (`nvme discover` / `nvme connect -t rdma`). How to run it is in
 //! `docs/appliance.md`.
 //!
 //! | subsystem NQN | namespace 1 |
 //! | --- | --- |
-//! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default), 512-byte blocks |
+//! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default; [`crate::cmdline`]), 512-byte blocks |
 //! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
 //!
 //! The kernel serves until its console receives `q`, then prints what the target counted
@@ -16,7 +15,10 @@
 //! Between rounds that found nothing to do it halts (the embedder's idle hook), so that an
 //! idle appliance leaves the CPU to others.
 
+use core::cell::UnsafeCell;
 use core::fmt::Write;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmError, Service};
@@ -28,7 +30,9 @@ use bareverbs_nvmf::{
     TargetConfig, TargetCounts,
 };
 
-use crate::{Failure, Step};
+use bareverbs_platform::{Failure, Step};
+
+use crate::cmdline::Options;
 
 /// The RAM disk's subsystem.
 pub const NQN_RAM: &str = "nqn.2026-11.io.bareverbs:ram";
@@ -45,16 +49,12 @@ pub const HOST_BYTES: usize = 256 * 1024;
 const HOST_CHUNK: usize = 32 * 1024;
 /// Milliseconds the host mode keeps trying to connect while the target is not up yet.
 const HOST_CONNECT_MS: u64 = 60_000;
-/// The RAM disk's size when the command line does not say (MiB).
-pub const DEFAULT_MIB: u32 = 64;
-/// The largest RAM disk (MiB).
-pub const MAX_MIB: u32 = 256;
 /// Queues the target holds at once (admin and I/O of every controller): four hosts with an
 /// admin and [`IO_QUEUES`] I/O queues each, and two spare for a discovery controller and a
 /// host that reconnects while its old controller still waits for its keep-alive to expire
 /// (a host that vanished holds its queues at most the target's keep-alive maximum, 120 s).
-/// The target's queue table lives on the boot stack (about 4.6 KB a queue, its counters
-/// included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
+/// The target's queue table lives in static memory ([`TARGET_MEMORY`] bytes: about 4.6 KB a
+/// queue, its counters included), and each I/O queue registers about 4.3 MiB of the DMA region (its 32 data
 /// buffers of 128 KiB and its 64 receive buffers): these bound it. A queue the DMA region cannot hold is refused (REJ,
 /// no resources), as one beyond the table.
 const QUEUES: usize = 14;
@@ -70,91 +70,9 @@ const CQ_ENTRIES: u32 = (QUEUES * 4 * DEPTH) as u32;
 /// ended whose DREQ goes unanswered (a host that vanished: 16 sends 6.144 s apart) or that
 /// wait in TIME_WAIT.
 const CONNS: usize = 2 * QUEUES;
-/// Host NQNs `bvnvmf.allow=` takes at most.
-pub const MAX_ALLOW: usize = 4;
 /// Refusal lines printed a second at most (the console is slow, and anyone may send
 /// connection requests).
 const REFUSAL_LINES: u32 = 8;
-/// The longest NQN (bytes; NVMe-oF's 223).
-const MAX_NQN: usize = 223;
-
-/// What the command line asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Options<'a> {
-    /// This machine's IPv4 address.
-    pub ip: [u8; 4],
-    /// Its prefix length.
-    pub prefix: u8,
-    /// The RAM disk's size (MiB).
-    pub mib: u32,
-    /// `bvnvmf.host=`: a Linux nvmet-rdma target to connect to as a host first.
-    pub host: Option<[u8; 4]>,
-    /// `bvnvmf.allow=NQN[,NQN…]`: the host NQNs both subsystems let in (the first `allowed`;
-    /// none: any host).
-    pub allow: [&'a str; MAX_ALLOW],
-    /// How many of `allow` are set.
-    pub allowed: usize,
-}
-
-fn ipv4(s: &str) -> Option<[u8; 4]> {
-    let mut ip = [0u8; 4];
-    let mut parts = s.split('.');
-    for b in &mut ip {
-        *b = parts.next()?.parse().ok()?;
-    }
-    parts.next().is_none().then_some(ip)
-}
-
-impl<'a> Options<'a> {
-    /// Reads `bvnvmf=A.B.C.D/N`, `bvnvmf.mib=M`, `bvnvmf.host=A.B.C.D` and
-    /// `bvnvmf.allow=NQN[,NQN…]` (at most [`MAX_ALLOW`], each 1 to 223 bytes) from a kernel
-    /// command line; `None` without a well-formed `bvnvmf=` (the appliance is off) or with a
-    /// malformed word.
-    pub fn parse(cmdline: &'a str) -> Option<Options<'a>> {
-        let mut opts: Option<Options<'a>> = None;
-        let (mut mib, mut host) = (DEFAULT_MIB, None);
-        let (mut allow, mut allowed) = ([""; MAX_ALLOW], 0);
-        for w in cmdline.split_ascii_whitespace() {
-            if let Some(v) = w.strip_prefix("bvnvmf=") {
-                let (ip, prefix) = v.split_once('/').unwrap_or((v, "24"));
-                let prefix: u8 = prefix.parse().ok().filter(|&p| p <= 32)?;
-                opts = Some(Options {
-                    ip: ipv4(ip)?,
-                    prefix,
-                    mib: 0,
-                    host: None,
-                    allow: [""; MAX_ALLOW],
-                    allowed: 0,
-                });
-            } else if let Some(v) = w.strip_prefix("bvnvmf.mib=") {
-                mib = v.parse().ok().filter(|&m| (1..=MAX_MIB).contains(&m))?;
-            } else if let Some(v) = w.strip_prefix("bvnvmf.host=") {
-                host = Some(ipv4(v)?);
-            } else if let Some(v) = w.strip_prefix("bvnvmf.allow=") {
-                allowed = 0;
-                for nqn in v.split(',') {
-                    if nqn.is_empty() || nqn.len() > MAX_NQN || allowed == MAX_ALLOW {
-                        return None;
-                    }
-                    allow[allowed] = nqn;
-                    allowed += 1;
-                }
-            }
-        }
-        opts.map(|o| Options {
-            mib,
-            host,
-            allow,
-            allowed,
-            ..o
-        })
-    }
-
-    /// The host NQNs let in (empty: any host).
-    pub fn allowed_hosts(&self) -> &[&'a str] {
-        &self.allow[..self.allowed.min(MAX_ALLOW)]
-    }
-}
 
 /// What a byte on the console asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +122,7 @@ impl Console {
 /// `00KK`..`01KK` around counted job KK, for KK 01 to 03); whether `code` is one of those.
 /// The marker is an instruction with the code inside, so each code is its own.
 pub fn mark(code: u16) -> bool {
-    use crate::roce_peer::mark as m;
+    use bareverbs_platform::mark as m;
     match code {
         0x0001 => m::<0x0001>(),
         0x0002 => m::<0x0002>(),
@@ -230,6 +148,8 @@ pub enum AppError {
     Host(&'static str, HostError),
     /// The host mode read back other bytes than it wrote (at which byte).
     HostData(usize),
+    /// The target's memory was taken already, or is too small for the target.
+    TargetMemory,
 }
 
 impl From<Failure> for AppError {
@@ -246,7 +166,41 @@ impl core::fmt::Display for AppError {
             AppError::Target(e) => write!(f, "{e}"),
             AppError::Host(what, e) => write!(f, "host mode, {what}: {e}"),
             AppError::HostData(at) => write!(f, "host mode: byte {at} read back differs"),
+            AppError::TargetMemory => write!(
+                f,
+                "no memory for the target (taken already, or the target needs more than {TARGET_MEMORY} bytes)"
+            ),
         }
+    }
+}
+
+/// Bytes of the static memory the target is built in (one target a run).
+pub const TARGET_MEMORY: usize = 128 * 1024;
+
+/// The memory the appliance's target lives in: static, taken once a run.
+#[repr(C, align(64))]
+struct TargetMemory(UnsafeCell<MaybeUninit<[u8; TARGET_MEMORY]>>);
+
+// SAFETY: the memory is reached only through `take`, which hands it out once.
+unsafe impl Sync for TargetMemory {}
+
+static TARGET_MEMORY_CELL: TargetMemory = TargetMemory(UnsafeCell::new(MaybeUninit::uninit()));
+static TARGET_MEMORY_TAKEN: AtomicBool = AtomicBool::new(false);
+
+impl TargetMemory {
+    /// The memory, as an uninitialised `T`, the first time it is asked for (for any lifetime:
+    /// the memory is static, and nothing else reaches it); `None` after that, or when a `T`
+    /// does not fit (size or alignment).
+    fn take<'t, T>() -> Option<&'t mut MaybeUninit<T>> {
+        if size_of::<T>() > TARGET_MEMORY || align_of::<T>() > align_of::<TargetMemory>() {
+            return None;
+        }
+        if TARGET_MEMORY_TAKEN.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        // SAFETY: the static's bytes, handed out once (the flag above); large and aligned
+        // enough for a `T` (checked above); `MaybeUninit` asks nothing of their contents.
+        Some(unsafe { &mut *TARGET_MEMORY_CELL.0.get().cast::<MaybeUninit<T>>() })
     }
 }
 
@@ -336,7 +290,12 @@ pub fn serve<P: Provider>(
             ..Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count])
         },
     ];
-    let mut target: Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH> = Target::new(
+    // The target's queue table is too large for the stack: it is built in the appliance's
+    // static memory for it (one target a run).
+    let slot = TargetMemory::take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
+        .ok_or(AppError::TargetMemory)?;
+    let mut target = Target::new_in(
+        slot,
         &pd,
         &cq,
         Ms(clock_ms),
@@ -355,6 +314,11 @@ pub fn serve<P: Provider>(
         "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B, no volatile write cache), {NQN_BLK} ({})",
         ram_blocks,
         Blocks(blk_blocks)
+    );
+    let _ = writeln!(
+        out,
+        "nvmf: the target's queue table in static memory: {} of {TARGET_MEMORY} bytes",
+        size_of::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
     );
     match allow {
         [] => {
@@ -435,12 +399,12 @@ pub fn serve<P: Provider>(
         }
         match console() {
             Some(Command::Quit) => break,
-            Some(Command::Stats) => report(out, &target, clock_ms() - t0),
+            Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
             _ => {}
         }
         idle(work);
     }
-    report(out, &target, clock_ms() - t0);
+    report(out, &*target, clock_ms() - t0);
     Ok(Served {
         counts: target.counts(),
         ms: clock_ms() - t0,
@@ -689,62 +653,7 @@ impl BlockDevice for NoDisk {
 mod tests {
     extern crate std;
     use super::*;
-    use std::string::ToString;
     use std::vec::Vec;
-
-    #[test]
-    fn options_from_the_command_line() {
-        assert_eq!(
-            Options::parse("console=x bvnvmf=10.0.0.2/24 bvnvmf.host=10.0.0.3 bvnvmf.mib=32"),
-            Some(Options {
-                ip: [10, 0, 0, 2],
-                prefix: 24,
-                mib: 32,
-                host: Some([10, 0, 0, 3]),
-                allow: [""; MAX_ALLOW],
-                allowed: 0,
-            })
-        );
-        assert_eq!(
-            Options::parse("bvnvmf=10.0.0.2"),
-            Some(Options {
-                ip: [10, 0, 0, 2],
-                prefix: 24,
-                mib: DEFAULT_MIB,
-                host: None,
-                allow: [""; MAX_ALLOW],
-                allowed: 0,
-            })
-        );
-        assert_eq!(
-            Options::parse("bvroce=10.0.0.2/24"),
-            None,
-            "not the appliance"
-        );
-        assert_eq!(Options::parse("bvnvmf=10.0.0.256/24"), None);
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2/33"), None);
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=0"), None);
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.mib=100000"), None);
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.host=10.0.0"), None);
-    }
-
-    #[test]
-    fn allow_list_from_the_command_line() {
-        let o = Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=nqn.a:x,nqn.b:y").unwrap();
-        assert_eq!(o.allowed_hosts(), ["nqn.a:x", "nqn.b:y"]);
-        let o = Options::parse("bvnvmf=10.0.0.2").unwrap();
-        assert!(o.allowed_hosts().is_empty(), "no list: any host");
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow="), None);
-        assert_eq!(Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,,b"), None);
-        assert_eq!(
-            Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,b,c,d,e"),
-            None
-        );
-        let long = "bvnvmf=10.0.0.2 bvnvmf.allow=".to_string() + &"n".repeat(224);
-        assert_eq!(Options::parse(&long), None, "longer than an NQN");
-        let o = Options::parse("bvnvmf=10.0.0.2 bvnvmf.allow=a,b,c,d").unwrap();
-        assert_eq!(o.allowed_hosts().len(), MAX_ALLOW);
-    }
 
     #[test]
     fn console_commands() {

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use bareverbs::verbs::Gid;
 use bareverbs_hal::{Link, LinkError};
-use bareverbs_model::link::{Faults, MemLink, Segment};
-use bareverbs_unikernel::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
-use bareverbs_unikernel::tcp::pingpong::{self, Dest};
-use bareverbs_unikernel::tcp::{
+use bareverbs_lab_peers::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use bareverbs_lab_peers::tcp::pingpong::{self, Dest};
+use bareverbs_lab_peers::tcp::{
     Error, Field, FlowError, NetConfig, PORT, Retry, Stack, Step, Storage,
 };
+use bareverbs_model::link::{Faults, MemLink, Segment};
 
 const UNI_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const LNX_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];

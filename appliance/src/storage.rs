@@ -1,27 +1,32 @@
-//! The storage modes of the kernel: the virtio-blk boot check (`bvblk`) and the NVMe-oF
-//! appliance (`bvnvmf=`), each ending the run.
+//! The appliance's two runs: the NVMe-oF target itself, and the virtio-blk boot check
+//! (`bvblk`), each ending the run.
 
 use core::fmt::Write;
 
 use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
-use crate::console::{self, Exit, Serial, exit};
-use crate::{clock_ms, dma_left, irq, pass, roce_device, route_nic_interrupts};
+use bareverbs_appliance::cmdline::Options;
+use bareverbs_platform::console::{self, Exit, Serial, exit};
+use bareverbs_platform::irq;
+use bareverbs_platform::machine::{
+    IDLE_MS, clock_ms, dma_left, pass, roce_device, route_nic_interrupts,
+};
 
-/// The storage appliance (`bvnvmf=` on the command line; `bareverbs_unikernel::nvmf_app`):
-/// the NVMe-oF target over the software RoCE device, with `ram` as the RAM disk and the first
-/// virtio-blk disk if there is one, until the console receives `q` (`s`: the counters). Then
-/// prints what the target counted, flushes the disk and powers off (PASS).
+/// The storage appliance (`bareverbs_appliance::nvmf_app`): the NVMe-oF target over the
+/// software RoCE device, with `ram` as the RAM disk and the first virtio-blk disk if there is
+/// one, until the console receives `q` or `opts.serve_secs` have passed (`s`: the counters).
+/// Then prints what the target counted, flushes the disk and powers off (PASS).
 pub(crate) fn appliance(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
     dma: &DmaRegion,
-    opts: &bareverbs_unikernel::nvmf_app::Options<'_>,
+    opts: &Options<'_>,
     ram: &'static mut [u8],
 ) -> ! {
-    use bareverbs_unikernel::block::BlockDevice;
-    use bareverbs_unikernel::{nvmf_app, roce_peer, virtio_blk};
+    use bareverbs_appliance::nvmf_app;
+    use bareverbs_platform::block::BlockDevice;
+    use bareverbs_platform::virtio_blk;
     let mut nic_interrupts = false;
     let dev = roce_device(pci, hal, opts.ip, |nic| {
         nic_interrupts = route_nic_interrupts(pci, hal, nic)
@@ -41,7 +46,13 @@ pub(crate) fn appliance(
     // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction
     // counter's mark XXXX (the lab's windows around a counted fio job).
     let mut commands = nvmf_app::Console::default();
+    let stop_at = opts
+        .serve_secs
+        .map(|s| clock_ms().saturating_add(u64::from(s) * 1000));
     let mut console_in = || {
+        if stop_at.is_some_and(|t| clock_ms() >= t) {
+            return Some(nvmf_app::Command::Quit);
+        }
         while let Some(b) = console::try_get() {
             match commands.feed(b) {
                 Some(c @ (nvmf_app::Command::Quit | nvmf_app::Command::Stats)) => return Some(c),
@@ -92,7 +103,7 @@ pub(crate) fn appliance(
         }
         if work > 0 || frames != seen {
             (seen, since) = (frames, now);
-        } else if nic_interrupts || now.saturating_sub(since) >= roce_peer::IDLE_MS {
+        } else if nic_interrupts || now.saturating_sub(since) >= IDLE_MS {
             irq::wait();
         }
     };
@@ -169,12 +180,13 @@ pub(crate) fn appliance(
     pass()
 }
 
-/// The virtio-blk boot check (`bvblk` on the command line; `bareverbs_unikernel::disk_check`):
+/// The virtio-blk boot check (`bvblk` on the command line; `bareverbs_appliance::disk_check`):
 /// the pattern through the first virtio-blk disk, which the lab then finds in the disk image.
 /// Ends the run with PASS or FAIL.
 pub(crate) fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
     use bareverbs::hal::Hal;
-    use bareverbs_unikernel::{disk_check, virtio_blk};
+    use bareverbs_appliance::disk_check;
+    use bareverbs_platform::virtio_blk;
     let fail = |why: &dyn core::fmt::Display| -> ! {
         let _ = writeln!(Serial, "bareverbs: FAIL virtio-blk: {why}");
         exit(Exit::Fail)
