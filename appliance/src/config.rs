@@ -28,6 +28,8 @@ use heapless::Vec;
 pub const MAX_SUBSYSTEMS: usize = 8;
 /// Namespaces a subsystem has at most.
 pub const MAX_NAMESPACES: usize = 8;
+/// virtio-blk disks the appliance drives at most (`blk:0` to `blk:3`).
+pub const MAX_DISKS: usize = 4;
 /// Host NQNs a subsystem lets in at most (its allow list).
 pub const MAX_ALLOW: usize = 4;
 /// The longest NQN (bytes): NVMe's limit, 223.
@@ -45,6 +47,8 @@ pub const NQN_BLK: &str = "nqn.2026-11.io.bareverbs:virtio-blk";
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 /// The port when `bvnvmf.port=` does not say (NVMe over RDMA's, 4420).
 pub const DEFAULT_PORT: u16 = 4420;
+/// The address without `bvnvmf=`: QEMU's user network's guest address (prefix 24).
+pub const DEFAULT_IP: [u8; 4] = [10, 0, 2, 15];
 
 /// What the machine has, against which a configuration is checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +96,9 @@ pub struct Config<'a> {
     pub port: u16,
     /// `bvnvmf.host=`: a Linux nvmet-rdma target to connect to as a host before serving.
     pub host: Option<[u8; 4]>,
+    /// `bvnvmf.serve=S`: seconds to serve before stopping as on the console's `q` (none:
+    /// until `q`).
+    pub serve_secs: Option<u32>,
     /// The subsystems, in the order declared.
     pub subsystems: Vec<SubsystemConfig<'a>, MAX_SUBSYSTEMS>,
     /// Whether they are the built-in ones (no `bvnvmf.subsys=` word).
@@ -103,8 +110,6 @@ pub struct Config<'a> {
 pub enum Problem {
     /// A `bvnvmf…` word the appliance does not know.
     UnknownWord,
-    /// No `bvnvmf=A.B.C.D[/N]` word: the appliance has no address.
-    NoAddress,
     /// A word that may appear once appears again.
     Repeated,
     /// Not an IPv4 address (`A.B.C.D`, each 0 to 255).
@@ -113,6 +118,8 @@ pub enum Problem {
     BadPrefix,
     /// A port that is not 1 to 65535.
     BadPort,
+    /// A number of seconds that is not 1 to 4294967295.
+    BadSeconds,
     /// A size that is not a number of bytes with an optional K, M or G (powers of 1024).
     BadSize,
     /// A size of zero or not a multiple of [`RAM_BLOCK`].
@@ -165,7 +172,8 @@ pub enum Problem {
 /// A refused configuration: the word and what is wrong with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConfigError<'a> {
-    /// The word as written (empty for [`Problem::NoAddress`]).
+    /// The word as written (empty when the built-in RAM namespace does not fit: no word asked
+    /// for it).
     pub word: &'a str,
     /// What is wrong.
     pub problem: Problem,
@@ -176,15 +184,13 @@ impl fmt::Display for Problem {
         match *self {
             Problem::UnknownWord => write!(
                 f,
-                "unknown word (known: bvnvmf= .port= .host= .mib= .subsys= .ns= .allow=)"
+                "unknown word (known: bvnvmf= .port= .host= .serve= .mib= .subsys= .ns= .allow=)"
             ),
-            Problem::NoAddress => {
-                write!(f, "no address: the command line needs bvnvmf=A.B.C.D[/N]")
-            }
             Problem::Repeated => write!(f, "given twice"),
             Problem::BadAddress => write!(f, "not an IPv4 address A.B.C.D"),
             Problem::BadPrefix => write!(f, "prefix length above 32"),
             Problem::BadPort => write!(f, "not a port from 1 to 65535"),
+            Problem::BadSeconds => write!(f, "not a number of seconds from 1 to 4294967295"),
             Problem::BadSize => write!(f, "not a size (bytes, or a number with K, M or G)"),
             Problem::SizeNotBlocks => write!(f, "size zero or not a multiple of {RAM_BLOCK} bytes"),
             Problem::BadMib => write!(f, "not a size in MiB the machine has room for"),
@@ -281,6 +287,7 @@ struct Reader<'a> {
     address: Option<([u8; 4], u8)>,
     port: Option<u16>,
     host: Option<[u8; 4]>,
+    serve: Option<u32>,
     mib: Option<(&'a str, u32)>,
     /// `bvnvmf.allow=` before any subsystem: the built-in configuration's list.
     allow: Option<(&'a str, Vec<&'a str, MAX_ALLOW>)>,
@@ -295,16 +302,19 @@ struct Reader<'a> {
 impl<'a> Config<'a> {
     /// Reads the appliance's words from `cmdline` and checks them against `machine`.
     ///
+    /// Without `bvnvmf=` the appliance is at [`DEFAULT_IP`]/24.
+    ///
     /// # Errors
     ///
     /// The first word that is unknown, malformed or contradicts an earlier one or the
-    /// machine, as a [`ConfigError`]; [`Problem::NoAddress`] when no word gives the address.
+    /// machine, as a [`ConfigError`].
     pub fn parse(cmdline: &'a str, machine: &Machine) -> Result<Config<'a>, ConfigError<'a>> {
         let mut r = Reader {
             machine: *machine,
             address: None,
             port: None,
             host: None,
+            serve: None,
             mib: None,
             allow: None,
             subsystems: Vec::new(),
@@ -370,6 +380,17 @@ impl<'a> Reader<'a> {
                     return Err(Problem::Repeated);
                 }
                 self.host = Some(ipv4(value).ok_or(Problem::BadAddress)?);
+            }
+            "bvnvmf.serve" => {
+                if self.serve.is_some() {
+                    return Err(Problem::Repeated);
+                }
+                match value.parse::<u32>() {
+                    Ok(t) if t != 0 && value.bytes().all(|c| c.is_ascii_digit()) => {
+                        self.serve = Some(t)
+                    }
+                    _ => return Err(Problem::BadSeconds),
+                }
             }
             "bvnvmf.mib" => {
                 if self.mib.is_some() {
@@ -486,10 +507,7 @@ impl<'a> Reader<'a> {
     }
 
     fn finish(self) -> Result<Config<'a>, ConfigError<'a>> {
-        let (ip, prefix) = self.address.ok_or(ConfigError {
-            word: "",
-            problem: Problem::NoAddress,
-        })?;
+        let (ip, prefix) = self.address.unwrap_or((DEFAULT_IP, 24));
         let port = self.port.unwrap_or(DEFAULT_PORT);
         if let Some((_, word)) = self
             .subsystems
@@ -514,6 +532,7 @@ impl<'a> Reader<'a> {
                 prefix,
                 port,
                 host: self.host,
+                serve_secs: self.serve,
                 subsystems: self.subsystems,
                 built_in: false,
             });
@@ -553,6 +572,7 @@ impl<'a> Reader<'a> {
             prefix,
             port,
             host: self.host,
+            serve_secs: self.serve,
             subsystems,
             built_in: true,
         })

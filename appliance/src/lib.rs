@@ -4,7 +4,7 @@
 //! `bareverbs-platform`'s machine; this library is what it serves and how, written against the
 //! driver's traits so that its parts are tested on the host:
 //!
-//! - [`cmdline`]: what the kernel command line asks for (the one place configuration is read);
+//! - [`config`]: what the kernel command line declares (subsystems, namespaces, allow lists, address, port), checked against the machine before anything is served;
 //! - [`nvmf_app`]: the target's serving loop, its console commands and counter report, and the
 //!   host mode the NVMe-oF lab checks first;
 //! - [`disk_check`]: the virtio-blk boot check (a pattern written, read back and flushed).
@@ -17,6 +17,6 @@
     clippy::undocumented_unsafe_blocks
 )]
 
-pub mod cmdline;
+pub mod config;
 pub mod disk_check;
 pub mod nvmf_app;

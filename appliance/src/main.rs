@@ -2,7 +2,7 @@
 //! software RoCEv2 device on the first virtio-net NIC and serves NVMe over Fabrics on it (a
 //! RAM disk, and the first virtio-blk disk when there is one) until its console receives `q`
 //! (or `bvnvmf.serve=S` seconds passed); then reports what it served, flushes the disk and
-//! powers off with PASS. What the command line may say: `bareverbs_appliance::cmdline`.
+//! powers off with PASS. What it serves is declared on the command line: `bareverbs_appliance::config`.
 //! `cargo appliance` builds and boots it (`qemu/appliance.sh`); docs/appliance.md.
 //!
 //! With `bvblk` on the command line it runs the virtio-blk boot check instead (the NVMe-oF
@@ -17,9 +17,11 @@ mod storage;
 
 use core::fmt::Write;
 
-use bareverbs_appliance::cmdline::Options;
+use bareverbs_appliance::config::{Config, MAX_DISKS, Machine};
+use bareverbs_appliance::nvmf_app::HOST_SCRATCH;
 use bareverbs_platform::console::{Exit, Serial, exit};
 use bareverbs_platform::machine::{self, CMDLINE};
+use bareverbs_platform::virtio_blk;
 
 #[unsafe(no_mangle)]
 extern "C" fn kmain(start_info: u32) -> ! {
@@ -32,22 +34,37 @@ extern "C" fn kmain(start_info: u32) -> ! {
     }
     let mut buf = [0u8; CMDLINE];
     let text = m.cmdline(&mut buf).unwrap_or("");
-    let Some(opts) = Options::parse(text) else {
-        let _ = writeln!(
-            Serial,
-            "bareverbs: FAIL nvmf: a malformed bvnvmf word on the command line: {text}"
-        );
-        exit(Exit::Fail)
+    // The configuration, checked against the machine before anything is served.
+    let disks = (0..MAX_DISKS)
+        .take_while(|&n| virtio_blk::find_nth(&m.pci, n).is_some())
+        .count();
+    let machine = Machine {
+        disks,
+        // The host mode's scratch (64 KiB) comes out of the RAM namespaces' memory too.
+        ram_bytes: m.ram_room().saturating_sub(HOST_SCRATCH as u64),
     };
-    let bytes = opts.mib as usize * 1024 * 1024;
+    let config = match Config::parse(text, &machine) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(Serial, "nvmf: config refused: {e}");
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL nvmf: the command line's configuration is refused (docs/appliance.md, Configuration); nothing served"
+            );
+            exit(Exit::Fail)
+        }
+    };
+    let mut bytes = usize::try_from(config.ram_bytes()).unwrap_or(usize::MAX);
+    if config.host.is_some() {
+        bytes = bytes.max(HOST_SCRATCH);
+    }
     // SAFETY: the only call in this run.
     let Some(ram) = (unsafe { m.ram_above_dma(bytes) }) else {
         let _ = writeln!(
             Serial,
-            "bareverbs: FAIL nvmf: no room for a {} MiB RAM disk above the DMA region",
-            opts.mib
+            "bareverbs: FAIL nvmf: no room for {bytes} bytes of RAM namespaces above the DMA region"
         );
         exit(Exit::Fail)
     };
-    storage::appliance(&m.pci, m.hal, m.dma, &opts, ram)
+    storage::appliance(&m.pci, m.hal, m.dma, &config, ram)
 }

@@ -26,18 +26,14 @@ use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
 use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, bucket_floor_us};
 use bareverbs_nvmf::{
-    BlockDevice, Host, HostConfig, HostError, NVME_RDMA_PORT, RamDisk, Subsystem, Target,
+    BlockDevice, Host, HostConfig, HostError, RamDisk, Subsystem, Target,
     TargetConfig, TargetCounts,
 };
 
 use bareverbs_platform::{Failure, Step};
 
-use crate::cmdline::Options;
+use crate::config::{Config, MAX_NAMESPACES, MAX_SUBSYSTEMS, Medium, RAM_BLOCK};
 
-/// The RAM disk's subsystem.
-pub const NQN_RAM: &str = "nqn.2026-11.io.bareverbs:ram";
-/// The virtio-blk disk's subsystem.
-pub const NQN_BLK: &str = "nqn.2026-11.io.bareverbs:virtio-blk";
 /// The subsystem Linux's nvmet-rdma serves the appliance's host mode (qemu/roce/nvmf.sh sets
 /// it up on a brd disk).
 pub const NQN_LINUX: &str = "nqn.2026-11.io.bareverbs:linux-brd-uk";
@@ -47,6 +43,9 @@ pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:62617265-7665-7262-73
 pub const HOST_BYTES: usize = 256 * 1024;
 /// Bytes one host command moves.
 const HOST_CHUNK: usize = 32 * 1024;
+/// Bytes of the RAM handed to [`serve`] the host mode uses as its scratch (before the target
+/// serves; zeroed after).
+pub const HOST_SCRATCH: usize = 2 * HOST_CHUNK;
 /// Milliseconds the host mode keeps trying to connect while the target is not up yet.
 const HOST_CONNECT_MS: u64 = 60_000;
 /// Queues the target holds at once (admin and I/O of every controller): four hosts with an
@@ -150,6 +149,9 @@ pub enum AppError {
     HostData(usize),
     /// The target's memory was taken already, or is too small for the target.
     TargetMemory,
+    /// The memory or the disks handed over do not hold the namespaces the configuration
+    /// declares.
+    Namespaces,
 }
 
 impl From<Failure> for AppError {
@@ -166,6 +168,10 @@ impl core::fmt::Display for AppError {
             AppError::Target(e) => write!(f, "{e}"),
             AppError::Host(what, e) => write!(f, "host mode, {what}: {e}"),
             AppError::HostData(at) => write!(f, "host mode: byte {at} read back differs"),
+            AppError::Namespaces => write!(
+                f,
+                "the RAM or the disks handed over do not hold the configuration's namespaces"
+            ),
             AppError::TargetMemory => write!(
                 f,
                 "no memory for the target (taken already, or the target needs more than {TARGET_MEMORY} bytes)"
@@ -223,19 +229,30 @@ pub struct Served {
     pub ms: u64,
 }
 
-/// At `opts.ip`. With `opts.host`, first connects as a host to [`NQN_LINUX`] there (writes
-/// 256 KiB, reads it back, compares) and prints its `nvmf-uk host:` line; then serves
-/// [`NQN_RAM`] (on `ram`) and [`NQN_BLK`] (on `blk`, if any) on port 4420 of `ctx`'s device
-/// until `console` returns [`Command::Quit`] ([`Command::Stats`]: prints the counters). Prints
-/// a line when it listens, one per controller count change, one per refusal (with its
-/// reason), and the counters at the end. `idle` is called after every round with the work it
-/// did (the embedder halts when there was none and no frame came in).
+/// Namespaces the appliance serves at most (every subsystem's together).
+pub const MAX_NAMESPACES_IN_ALL: usize = MAX_SUBSYSTEMS * MAX_NAMESPACES;
+
+/// At `config.ip`. With `config.host`, first connects as a host to [`NQN_LINUX`] there
+/// (writes 256 KiB, reads it back, compares; `ram`'s first 64 KiB are its scratch, zeroed
+/// after) and prints its `nvmf-uk host:` line; then serves `config`'s subsystems on
+/// `config.port` of `ctx`'s device until `console` returns [`Command::Quit`]
+/// ([`Command::Stats`]: prints the counters). The RAM namespaces are laid over `ram` in the
+/// order they are declared; `blk:N` is `disks[N]` (`None`: a disk that did not come up). Prints a line when it listens and one per
+/// subsystem, one per controller count change, one per refusal (with its reason), and the
+/// counters at the end. `idle` is called after every round with the work it did (the embedder
+/// halts when there was none and no frame came in).
+///
+/// # Errors
+///
+/// [`AppError::Namespaces`] when `ram` or `disks` do not hold what `config` declares (it was
+/// checked against a [`crate::config::Machine`] that `ram` and `disks` do not match); the
+/// verbs', the CM's and the target's errors as they come.
 #[allow(clippy::too_many_arguments)]
 pub fn serve<P: Provider>(
     ctx: &Context<P>,
-    opts: &Options<'_>,
+    config: &Config<'_>,
     ram: &mut [u8],
-    blk: Option<&mut dyn BlockDevice>,
+    disks: &mut [Option<&mut dyn BlockDevice>],
     out: &mut dyn Write,
     clock_ms: &dyn Fn() -> u64,
     console: &mut dyn FnMut() -> Option<Command>,
@@ -253,10 +270,11 @@ pub fn serve<P: Provider>(
         .at("nvmf: create the host's CQ")?;
     let mut cm: Cm<'_, P, Ms<'_>, CONNS> = Cm::new(&pd, &cm_cq, Ms(clock_ms), CmConfig::default())
         .map_err(|e| AppError::Cm("CM over QP1", e))?;
-    let ip = opts.ip;
-    if let Some(linux) = opts.host {
-        // The RAM disk's memory is the host mode's scratch (the target does not serve yet).
-        let scratch = ram.get_mut(..2 * HOST_CHUNK).ok_or(AppError::HostData(0))?;
+    let (ip, port) = (config.ip, config.port);
+    if let Some(linux) = config.host {
+        // The RAM namespaces' memory is the host mode's scratch (the target does not serve
+        // yet).
+        let scratch = ram.get_mut(..HOST_SCRATCH).ok_or(AppError::HostData(0))?;
         let done = host_check(&pd, &host_cq, &mut cm, linux, scratch, clock_ms)?;
         let [a, b, c, d] = linux;
         let _ = writeln!(
@@ -264,32 +282,108 @@ pub fn serve<P: Provider>(
             "nvmf-uk host: ok connected to {NQN_LINUX} at {a}.{b}.{c}.{d} (controller {}, {} blocks of {} B), wrote {} bytes in {} commands, read them back equal, flushed, disconnected; {} ms",
             done.cntlid, done.blocks, done.block, HOST_BYTES, done.commands, done.ms
         );
-        ram[..2 * HOST_CHUNK].fill(0);
+        ram[..HOST_SCRATCH].fill(0);
     }
-    cm.listen(None, NVME_RDMA_PORT, Service::Rc)
-        .map_err(|e| AppError::Cm("listen on 4420", e))?;
-    let mut ram_disk = RamDisk::new(ram, 512);
-    let ram_blocks = ram_disk.capacity();
-    let mut ram_ns: [&mut dyn BlockDevice; 1] = [&mut ram_disk];
-    let (mut blk_ns, blk_blocks): ([&mut dyn BlockDevice; 1], Option<(u64, bool)>) = match blk {
-        Some(d) => {
-            let n = (d.capacity(), d.volatile_cache());
-            ([d], Some(n))
+    cm.listen(None, port, Service::Rc)
+        .map_err(|e| AppError::Cm("listen on the configured port", e))?;
+
+    // The RAM namespaces, over `ram` in the order declared.
+    let mut rams: heapless::Vec<RamDisk<'_>, MAX_NAMESPACES_IN_ALL> = heapless::Vec::new();
+    let mut rest = ram;
+    for m in config.subsystems.iter().flat_map(|s| s.namespaces.iter()) {
+        if let Medium::Ram { bytes } = *m {
+            let bytes = usize::try_from(bytes).map_err(|_| AppError::Namespaces)?;
+            if bytes > rest.len() {
+                return Err(AppError::Namespaces);
+            }
+            let (this, after) = rest.split_at_mut(bytes);
+            rams.push(RamDisk::new(this, RAM_BLOCK as u32))
+                .map_err(|_| AppError::Namespaces)?;
+            rest = after;
         }
-        None => ([&mut NoDisk], None),
-    };
-    let blk_count = usize::from(blk_blocks.is_some());
-    let allow = opts.allowed_hosts();
-    let mut subsystems = [
-        Subsystem {
-            allowed_hosts: allow,
-            ..Subsystem::new(NQN_RAM, &mut ram_ns)
-        },
-        Subsystem {
-            allowed_hosts: allow,
-            ..Subsystem::new(NQN_BLK, &mut blk_ns[..blk_count])
-        },
-    ];
+    }
+    // Every namespace in subsystem order (the unused tail of the table stays on empty
+    // placeholders), then a slice of it for each subsystem.
+    let mut placeholders = [const { NoDisk }; MAX_NAMESPACES_IN_ALL];
+    let mut table: [&mut dyn BlockDevice; MAX_NAMESPACES_IN_ALL] =
+        placeholders.each_mut().map(|d| d as &mut dyn BlockDevice);
+    let mut ram_disks = rams.iter_mut();
+    let mut used = 0;
+    for m in config.subsystems.iter().flat_map(|s| s.namespaces.iter()) {
+        let dev: &mut dyn BlockDevice = match *m {
+            Medium::Ram { .. } => ram_disks.next().ok_or(AppError::Namespaces)?,
+            Medium::Blk { index } => disks
+                .get_mut(index)
+                .and_then(Option::take)
+                .ok_or(AppError::Namespaces)?,
+        };
+        *table.get_mut(used).ok_or(AppError::Namespaces)? = dev;
+        used += 1;
+    }
+    // The subsystems in an array (the target borrows them for as long as it lives, which a
+    // container with its own drop could not lend); the unused tail is never handed over.
+    let mut table_of_subsystems: [Subsystem<'_>; MAX_SUBSYSTEMS] =
+        core::array::from_fn(|_| Subsystem::new("", &mut []));
+    let mut rest: &mut [&mut dyn BlockDevice] = &mut table[..used];
+    let declared = config.subsystems.len().min(MAX_SUBSYSTEMS);
+    for (slot, s) in table_of_subsystems.iter_mut().zip(&config.subsystems) {
+        let n = s.namespaces.len();
+        if n > rest.len() {
+            return Err(AppError::Namespaces);
+        }
+        let (these, after) = core::mem::take(&mut rest).split_at_mut(n);
+        *slot = Subsystem {
+            allowed_hosts: &s.allow,
+            ..Subsystem::new(s.nqn, these)
+        };
+        rest = after;
+    }
+    let subsystems = &mut table_of_subsystems[..declared];
+    // What is served, before the target takes the subsystems.
+    let [a, b, c, d] = ip;
+    let _ = writeln!(
+        out,
+        "nvmf: target on {a}.{b}.{c}.{d}:{port}: {} subsystems ({})",
+        subsystems.len(),
+        if config.built_in {
+            "the built-in configuration"
+        } else {
+            "as the command line declares them"
+        }
+    );
+    for (s, declared) in subsystems.iter().zip(config.subsystems.iter()) {
+        let _ = write!(out, "nvmf: subsystem {}:", s.nqn);
+        if s.namespaces.is_empty() {
+            let _ = write!(out, " no namespace (no disk),");
+        }
+        for (k, (dev, m)) in s.namespaces.iter().zip(declared.namespaces.iter()).enumerate() {
+            let what = match *m {
+                Medium::Ram { .. } => Medium::Ram { bytes: 0 },
+                blk => blk,
+            };
+            let _ = write!(
+                out,
+                " ns {} {} ({} blocks of {} B, volatile write cache {}),",
+                k + 1,
+                MediumName(what),
+                dev.capacity(),
+                dev.block_size(),
+                if dev.volatile_cache() { "yes" } else { "no" }
+            );
+        }
+        match s.allowed_hosts {
+            [] => {
+                let _ = writeln!(out, " any host NQN may connect");
+            }
+            hosts => {
+                let _ = write!(out, " host NQNs allowed:");
+                for nqn in hosts {
+                    let _ = write!(out, " {nqn}");
+                }
+                let _ = writeln!(out);
+            }
+        }
+    }
     // The target's queue table is too large for the stack: it is built in the appliance's
     // static memory for it (one target a run).
     let slot = TargetMemory::take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
@@ -301,37 +395,19 @@ pub fn serve<P: Provider>(
         Ms(clock_ms),
         ip,
         TargetConfig {
+            port,
             io_depth: DEPTH as u16,
             max_io_queues: IO_QUEUES,
             ..TargetConfig::default()
         },
-        &mut subsystems,
+        subsystems,
     )
     .map_err(AppError::Target)?;
-    let [a, b, c, d] = ip;
-    let _ = writeln!(
-        out,
-        "nvmf: target on {a}.{b}.{c}.{d}:{NVME_RDMA_PORT}: {NQN_RAM} ({} blocks of 512 B, no volatile write cache), {NQN_BLK} ({})",
-        ram_blocks,
-        Blocks(blk_blocks)
-    );
     let _ = writeln!(
         out,
         "nvmf: the target's queue table in static memory: {} of {TARGET_MEMORY} bytes",
         size_of::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
     );
-    match allow {
-        [] => {
-            let _ = writeln!(out, "nvmf: any host NQN may connect");
-        }
-        _ => {
-            let _ = write!(out, "nvmf: host NQNs allowed:");
-            for nqn in allow {
-                let _ = write!(out, " {nqn}");
-            }
-            let _ = writeln!(out);
-        }
-    }
     let t0 = clock_ms();
     let mut seen = TargetCounts::default();
     let (mut refusals, mut window_ms, mut lines) = (0, t0, 0);
@@ -609,17 +685,14 @@ fn host_check<'a, P: Provider, const N: usize>(
 
 /// How a namespace's size is printed: blocks and whether it has a volatile write cache (what
 /// Identify's VWC bit then says), or that there is no disk.
-struct Blocks(Option<(u64, bool)>);
+/// A namespace's medium as the console names it (`RAM`, `virtio-blk disk N`).
+struct MediumName(Medium);
 
-impl core::fmt::Display for Blocks {
+impl core::fmt::Display for MediumName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.0 {
-            Some((n, cache)) => write!(
-                f,
-                "{n} blocks of 512 B, volatile write cache {}",
-                if cache { "yes" } else { "no" }
-            ),
-            None => write!(f, "no virtio-blk disk: no namespace"),
+            Medium::Ram { .. } => write!(f, "RAM"),
+            Medium::Blk { index } => write!(f, "virtio-blk disk {index}"),
         }
     }
 }

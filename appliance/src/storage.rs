@@ -6,7 +6,7 @@ use core::fmt::Write;
 use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
-use bareverbs_appliance::cmdline::Options;
+use bareverbs_appliance::config::{Config, MAX_DISKS};
 use bareverbs_platform::console::{self, Exit, Serial, exit};
 use bareverbs_platform::irq;
 use bareverbs_platform::machine::{
@@ -21,32 +21,37 @@ pub(crate) fn appliance(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
     dma: &DmaRegion,
-    opts: &Options<'_>,
+    config: &Config<'_>,
     ram: &'static mut [u8],
 ) -> ! {
     use bareverbs_appliance::nvmf_app;
-    use bareverbs_platform::block::BlockDevice;
+    use bareverbs_platform::block::{BlockDevice, BlockError};
     use bareverbs_platform::virtio_blk;
     let mut nic_interrupts = false;
-    let dev = roce_device(pci, hal, opts.ip, |nic| {
+    let dev = roce_device(pci, hal, config.ip, |nic| {
         nic_interrupts = route_nic_interrupts(pci, hal, nic)
     });
     let ctx = bareverbs::Context::new(dev);
-    let mut disk = virtio_blk::find(pci).and_then(|at| {
-        // SAFETY: as in `blk_check`.
-        let d = unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) };
-        match d {
-            Ok(d) => Some(d),
-            Err(e) => {
-                let _ = writeln!(Serial, "nvmf: virtio-blk {at}: {e}: served without it");
-                None
+    // The virtio-blk disks in PCI order (`blk:N` is the Nth); one that does not come up is
+    // `None`, and a namespace on it stops the appliance before it serves.
+    let mut disks: [Option<virtio_blk::VirtioBlk<GlobalIdentity, _>>; MAX_DISKS] =
+        core::array::from_fn(|n| {
+            let at = virtio_blk::find_nth(pci, n)?;
+            // SAFETY: as in `blk_check`; each function is driven by this disk alone.
+            let d =
+                unsafe { virtio_blk::VirtioBlk::<GlobalIdentity, _>::new_pci(pci, at, clock_ms) };
+            match d {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    let _ = writeln!(Serial, "nvmf: virtio-blk disk {n} at {at}: {e}");
+                    None
+                }
             }
-        }
-    });
+        });
     // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction
     // counter's mark XXXX (the lab's windows around a counted fio job).
     let mut commands = nvmf_app::Console::default();
-    let stop_at = opts
+    let stop_at = config
         .serve_secs
         .map(|s| clock_ms().saturating_add(u64::from(s) * 1000));
     let mut console_in = || {
@@ -116,19 +121,28 @@ pub(crate) fn appliance(
             "after 32 ms without a frame, until the timer's interrupt"
         }
     );
+    let mut handed: [Option<&mut dyn BlockDevice>; MAX_DISKS] = disks
+        .each_mut()
+        .map(|d| d.as_mut().map(|d| d as &mut dyn BlockDevice));
     let r = nvmf_app::serve(
         &ctx,
-        opts,
+        config,
         ram,
-        disk.as_mut().map(|d| d as &mut dyn BlockDevice),
+        &mut handed,
         &mut Serial,
         &clock_ms,
         &mut console_in,
         &mut idle,
     );
-    let cache = disk.as_ref().is_some_and(|d| d.volatile_cache());
-    let flushed = disk.as_mut().map(|d| (d.flush(), d.stats()));
-    drop(disk);
+    // Every disk flushed before power-off, and what each did.
+    type Flushed = Option<(Result<(), BlockError>, virtio_blk::BlkStats, bool)>;
+    let mut flushed: [Flushed; MAX_DISKS] = [const { None }; MAX_DISKS];
+    for (f, d) in flushed.iter_mut().zip(disks.iter_mut()) {
+        if let Some(d) = d {
+            *f = Some((d.flush(), d.stats(), d.volatile_cache()));
+        }
+    }
+    drop(disks);
     drop(ctx);
     match r {
         Ok(s) => {
@@ -150,23 +164,30 @@ pub(crate) fn appliance(
             exit(Exit::Fail)
         }
     }
-    match flushed {
-        Some((Ok(()), st)) => {
-            let _ = writeln!(
-                Serial,
-                "nvmf-uk virtio-blk: flushed; {} requests, {} bytes read, {} written, {} flushes; write cache {}",
-                st.requests,
-                st.read,
-                st.written,
-                st.flushes,
-                if cache { "write-back" } else { "write-through" }
-            );
+    let mut failed = false;
+    for (n, f) in flushed.iter().enumerate() {
+        match f {
+            Some((Ok(()), st, cache)) => {
+                let _ = writeln!(
+                    Serial,
+                    "nvmf-uk virtio-blk disk {n}: flushed; {} requests, {} bytes read, {} written, {} flushes; write cache {}",
+                    st.requests,
+                    st.read,
+                    st.written,
+                    st.flushes,
+                    if *cache { "write-back" } else { "write-through" }
+                );
+            }
+            Some((Err(e), _, _)) => {
+                let _ = writeln!(Serial, "nvmf: virtio-blk disk {n}: flush: {e}");
+                failed = true;
+            }
+            None => {}
         }
-        Some((Err(e), _)) => {
-            let _ = writeln!(Serial, "bareverbs: FAIL nvmf: virtio-blk flush: {e}");
-            exit(Exit::Fail)
-        }
-        None => {}
+    }
+    if failed {
+        let _ = writeln!(Serial, "bareverbs: FAIL nvmf: a virtio-blk flush failed");
+        exit(Exit::Fail)
     }
     let left = dma_left(dma);
     if left != 0 {

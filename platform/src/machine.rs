@@ -62,6 +62,12 @@ impl Machine {
         dma_left(self.dma)
     }
 
+    /// Bytes of free RAM above the DMA region (what [`Machine::ram_above_dma`] may hand over).
+    pub fn ram_room(&self) -> u64 {
+        let at = self.dma_at + (self.dma_pages * PAGE_SIZE) as u64;
+        self.ram_end.saturating_sub(at)
+    }
+
     /// The free RAM above the DMA region, `bytes` of it, if the range has that much.
     ///
     /// # Safety

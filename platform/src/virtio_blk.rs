@@ -106,6 +106,19 @@ pub fn is_virtio_blk(vendor: u16, device: u16) -> bool {
     vendor == VENDOR && (device == DEVICE_TRANSITIONAL || device == DEVICE_MODERN)
 }
 
+/// The `n`th virtio-blk function on segment 0 (from 0), in address order.
+pub fn find_nth<C: ConfigRegionAccess>(access: &C, n: usize) -> Option<PciAddress> {
+    (0u32..256 * 32 * 8)
+        .map(|i| PciAddress::new(0, (i >> 8) as u8, ((i >> 3) & 31) as u8, (i & 7) as u8))
+        .filter(|&a| {
+            // SAFETY: offset 0 exists in every function's configuration header; a read of an
+            // absent function returns all-ones without side effects.
+            let id = unsafe { access.read(a, 0) };
+            is_virtio_blk(id as u16, (id >> 16) as u16)
+        })
+        .nth(n)
+}
+
 /// The first virtio-blk function on segment 0, in address order.
 pub fn find<C: ConfigRegionAccess>(access: &C) -> Option<PciAddress> {
     virtio_net::find_with(access, is_virtio_blk)

@@ -231,13 +231,19 @@ fn unknown_and_repeated_words() {
 
 #[test]
 fn addresses_prefixes_and_ports() {
-    refused("console=ttyS0", &ONE_DISK, "", Problem::NoAddress);
-    refused(
-        "bvnvmf.subsys=nqn.x:a bvnvmf.ns=ram:1M",
-        &ONE_DISK,
-        "",
-        Problem::NoAddress,
-    );
+    // Without an address: QEMU's user network's.
+    let c = ok("console=ttyS0 bvnvmf.serve=5", &ONE_DISK);
+    assert_eq!((c.ip, c.prefix, c.serve_secs), (DEFAULT_IP, 24, Some(5)));
+    assert_eq!(ok("bvnvmf=10.0.0.2", &ONE_DISK).serve_secs, None);
+    for bad in ["0", "-1", "+5", "", "4294967296", "1s"] {
+        refused(
+            &format!("bvnvmf.serve={bad}"),
+            &ONE_DISK,
+            &format!("bvnvmf.serve={bad}"),
+            Problem::BadSeconds,
+        );
+    }
+    refused("bvnvmf.serve=1 bvnvmf.serve=2", &ONE_DISK, "bvnvmf.serve=2", Problem::Repeated);
     for bad in [
         "10.0.0",
         "10.0.0.2.1",
@@ -519,6 +525,7 @@ fn any_word_sequence_is_taken_only_when_it_keeps_the_rules() {
         "bvnvmf.port=4420",
         "bvnvmf.mib=16",
         "bvnvmf.host=10.0.0.1",
+        "bvnvmf.serve=9",
         "bvnvmf.subsys=nqn.x:a",
         "bvnvmf.subsys=nqn.x:b",
         "bvnvmf.subsys=nqn.x:c",
