@@ -1,15 +1,13 @@
-//! The storage appliance: an NVMe over Fabrics RDMA target on the software RoCE device, serving two NVM subsystems through
-//! `bareverbs-nvmf`'s target — a RAM disk and, when the machine has one, the virtio-blk disk
-//! — to unmodified Linux hosts (`nvme discover` / `nvme connect -t rdma`). How to run it is in
+//! The storage appliance: an NVMe over Fabrics RDMA target on the software RoCE device,
+//! serving the subsystems its configuration declares ([`crate::config`]: RAM namespaces and
+//! virtio-blk disks, each subsystem with its allow list) through `bareverbs-nvmf`'s target to
+//! unmodified Linux hosts (`nvme discover` / `nvme connect -t rdma`). Without a declaration,
+//! the built-in two: [`crate::config::NQN_RAM`] (a RAM disk of `bvnvmf.mib=` MiB) and
+//! [`crate::config::NQN_BLK`] (the first virtio-blk disk). How to run it is in
 //! `docs/appliance.md`.
 //!
-//! | subsystem NQN | namespace 1 |
-//! | --- | --- |
-//! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default; [`crate::cmdline`]), 512-byte blocks |
-//! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
-//!
 //! The kernel serves until its console receives `q`, then prints what the target counted
-//! ([`report`]), flushes the virtio-blk disk and powers off. `s` on the console prints the
+//! ([`report`]), flushes the virtio-blk disks and powers off. `s` on the console prints the
 //! counters while it serves; every refused connection or Connect is printed as it happens,
 //! with its reason. Its console also takes the lab's instruction-count marks ([`Console`]).
 //! Between rounds that found nothing to do it halts (the embedder's idle hook), so that an
