@@ -4,6 +4,7 @@
 #
 #   tests/bench.sh            # prints the table, then the targets, then the rxe lines
 #   tests/bench.sh rxe        # only the software RoCE device's lines (below)
+#   tests/bench.sh nvmf       # only the NVMe/RDMA target's lines (tests/nvmf_bench.sh)
 #
 # bareverbs: each scenario of tests/bench/ops.rs runs REPS times under callgrind, counting only
 # inside its bench_<key> function (--toggle-collect); per operation = (Ir(bench_<key>) -
@@ -149,6 +150,9 @@ if [ "${1:-}" = rxe ]; then
   rxe_bench
   exit 0
 fi
+if [ "${1:-}" = nvmf ]; then
+  exec tests/nvmf_bench.sh
+fi
 
 # rdma-core, in the background while ours run (its own build and callgrind runs).
 RDMA_CORE_BENCH_DIR=$out/rdma-core tests/bench/rdma_core.sh >"$out/rdma-core.txt" 2>"$out/rdma-core.err" &
@@ -235,3 +239,5 @@ for key in "${keys[@]}"; do
   echo "target $key ${fig[$key]} $met"
 done
 rxe_bench
+# The NVMe/RDMA target's instructions per I/O (its own script), last.
+tests/nvmf_bench.sh

@@ -133,8 +133,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// The next pending event of any entry, taken round-robin from where the last one was
     /// (an entry whose connection is over is freed once its last event is taken).
     pub(super) fn take_event(&mut self) -> Option<CmEvent<'a, P>> {
-        for k in 0..N {
-            let i = (self.cursor + k) % N;
+        // This runs on every poll, most often finding nothing: a plain pass first.
+        if self.conns.iter().all(|c| c.pending == 0) {
+            return None;
+        }
+        // From the cursor to the end, then from the start to the cursor.
+        let start = self.cursor.min(N);
+        for i in (start..N).chain(0..start) {
             let c = &mut self.conns[i];
             if c.pending == 0 {
                 continue;

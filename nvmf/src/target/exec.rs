@@ -373,6 +373,11 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             }
             .map_err(Fail::from)
         };
+        // An admin command may have made a controller or set its keep-alive timeout: its
+        // deadline may come before the bound the poll keeps.
+        if qid == 0 {
+            self.kato_check_us = 0;
+        }
         // A Property Set that cleared CC.EN resets the controller (before its own answer).
         if enabled
             && qid == 0

@@ -202,12 +202,25 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     cfg: TargetConfig,
     subsystems: &'s mut [Subsystem<'s>],
     queues: [Queue<'a, P, D>; Q],
+    /// Queues at or above this index are free (one past the highest in use): the loops of
+    /// every poll stop here.
+    span: usize,
+    /// Queues at or above this index were never opened (their slots count no invalidation).
+    touched: usize,
     ctrls: [Option<Ctrl>; Q],
     next_cntlid: u16,
     /// Connections to disconnect at the end of `progress` (the CM is at hand there): the
     /// queues it ended, each in use when it ended, so at most `Q` (a connection left out
     /// would keep its CM entry for ever).
     dreq: [Option<ConnId>; Q],
+    /// Whether `dreq` may hold a connection.
+    dreq_any: bool,
+    /// No controller's keep-alive timer expires before the clock passes this (µs): a lower
+    /// bound of their deadlines (a command only moves a deadline later), lowered when a
+    /// controller is made or its timeout set; the controllers are looked at only past it.
+    kato_check_us: u64,
+    /// The same for the queues without a controller ([`CONNECT_WITHIN_US`]).
+    unconnected_check_us: u64,
     ip: [u8; 4],
     counts: TargetCounts,
     /// The clock as last read (at the start of `progress` and at each response): the time
@@ -289,9 +302,14 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             cfg,
             subsystems,
             queues: core::array::from_fn(|_| Queue::free()),
+            span: 0,
+            touched: 0,
             ctrls: [const { None }; Q],
             next_cntlid: 1,
             dreq: [None; Q],
+            dreq_any: false,
+            kato_check_us: u64::MAX,
+            unconnected_check_us: u64::MAX,
             ip,
             counts: TargetCounts::default(),
             now_us,
@@ -387,9 +405,14 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 cfg: _,
                 subsystems: _,
                 queues: _,
+                span: _,
+                touched: _,
                 ctrls: _,
                 next_cntlid: _,
                 dreq: _,
+                dreq_any: _,
+                kato_check_us: _,
+                unconnected_check_us: _,
                 ip: _,
                 counts: _,
                 now_us: _,
@@ -420,8 +443,13 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             for i in 0..Q {
                 ctrls.add(i).write(None);
             }
+            ptr::addr_of_mut!((*p).span).write(0);
+            ptr::addr_of_mut!((*p).touched).write(0);
             ptr::addr_of_mut!((*p).next_cntlid).write(1);
             ptr::addr_of_mut!((*p).dreq).write([None; Q]);
+            ptr::addr_of_mut!((*p).dreq_any).write(false);
+            ptr::addr_of_mut!((*p).kato_check_us).write(u64::MAX);
+            ptr::addr_of_mut!((*p).unconnected_check_us).write(u64::MAX);
             ptr::addr_of_mut!((*p).ip).write(ip);
             ptr::addr_of_mut!((*p).counts).write(TargetCounts::default());
             ptr::addr_of_mut!((*p).now_us).write(now_us);
@@ -462,7 +490,10 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// What the target counted so far.
     pub fn counts(&self) -> TargetCounts {
         TargetCounts {
-            invalidated: self.queues.iter().map(|q| q.invalidated).sum(),
+            invalidated: self.queues[..self.touched]
+                .iter()
+                .map(|q| q.invalidated)
+                .sum(),
             refusals: self.refusals.count(),
             ..self.counts
         }
@@ -471,7 +502,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Every queue's counts summed, those that ended included: the target's I/O counts.
     pub fn io_counts(&self) -> IoCounts {
         let mut all = self.retired;
-        for q in self.queues.iter().filter(|q| q.in_use()) {
+        for q in self.queues[..self.span].iter().filter(|q| q.in_use()) {
             all.add(&q.counts);
         }
         all
@@ -567,12 +598,14 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// completions); 0 means idle.
     pub fn poll<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         let mut work = 0;
+        // Each `cm.poll` runs the device's progress first (the CM is on the target's device:
+        // it accepted every queue), so the rest of the step does not run it again.
         for _ in 0..2 * Q + 4 {
             let Some(ev) = cm.poll() else { break };
             work += 1;
             let _ = self.on_cm_event(cm, ev);
         }
-        work + self.progress(cm)
+        work + self.step(cm)
     }
 
     /// Takes a CM event: requests to the target's port, and the ends of its connections.
@@ -605,6 +638,11 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// the disconnections the target decided. Returns the completions taken.
     pub fn progress<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         self.cq.context().progress();
+        self.step(cm)
+    }
+
+    /// [`progress`](Self::progress) after the device's.
+    fn step<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         self.now_us = self.clock.now_us();
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
@@ -618,24 +656,32 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 self.completion(w);
             }
         }
-        for q in 0..Q {
+        for q in 0..self.span {
             if self.queues[q].in_use() {
                 self.retry_waiting(q);
             }
         }
-        self.expire_keep_alive();
-        self.expire_unconnected();
-        for d in self.dreq.iter_mut() {
-            if let Some(id) = d.take() {
-                // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
-                let _ = cm.disconnect(id);
+        if self.now_us > self.kato_check_us {
+            self.expire_keep_alive();
+        }
+        if self.now_us > self.unconnected_check_us {
+            self.expire_unconnected();
+        }
+        if core::mem::take(&mut self.dreq_any) {
+            for d in self.dreq.iter_mut() {
+                if let Some(id) = d.take() {
+                    // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
+                    let _ = cm.disconnect(id);
+                }
             }
         }
         taken
     }
 
     fn by_conn(&self, id: ConnId) -> Option<usize> {
-        self.queues.iter().position(|q| q.in_use() && q.conn == id)
+        self.queues[..self.span]
+            .iter()
+            .position(|q| q.in_use() && q.conn == id)
     }
 
     /// A request for a queue: checks NVMe/RDMA's private data, sets up the QP and its
@@ -718,6 +764,12 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
         queue.opened_us = self.now_us;
         queue.station = r.src_ip;
+        self.span = self.span.max(q + 1);
+        self.touched = self.touched.max(q + 1);
+        self.unconnected_check_us = self
+            .unconnected_check_us
+            .min(self.now_us.saturating_add(CONNECT_WITHIN_US));
+        let queue = &mut self.queues[q];
         if queue.post_all_recvs(q).is_err() {
             // The CM is at hand: disconnected now, not through the table of `dreq` (which
             // then holds only the queues `progress` ends, at most `Q` between two drains,
@@ -763,6 +815,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
         if dreq && let Some(d) = self.dreq.iter_mut().find(|d| d.is_none()) {
             *d = Some(queue.conn);
+            self.dreq_any = true;
         }
         let ctrl = queue.ctrl;
         let admin = queue.qid == 0;
@@ -772,6 +825,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         queue.counted = [false; D];
         queue.busy = 0;
         queue.close();
+        while self.span > 0 && !self.queues[self.span - 1].in_use() {
+            self.span -= 1;
+        }
         self.retired.add(&counts);
         if let Some(x) = ctrl.and_then(|c| self.ctrls[c].as_mut()) {
             x.retired.add(&counts);
@@ -829,33 +885,47 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
     }
 
+    /// Loses the controllers whose keep-alive timer expired (more than their timeout since
+    /// their last command), and sets the bound of the others' deadlines.
     fn expire_keep_alive(&mut self) {
         let now = self.now_us;
+        let mut next = u64::MAX;
         for c in 0..Q {
             // Every controller has a timeout (0 is never granted).
-            let expired = self.ctrls[c].as_ref().is_some_and(|x| {
-                now.saturating_sub(x.last_us) > u64::from(x.kato_ms.max(1)) * 1000
-            });
-            if expired {
+            let Some(deadline) = self.ctrls[c]
+                .as_ref()
+                .map(|x| x.last_us.saturating_add(u64::from(x.kato_ms.max(1)) * 1000))
+            else {
+                continue;
+            };
+            if now > deadline {
                 self.counts.kato_expired += 1;
                 self.lose_ctrl(c);
+            } else {
+                next = next.min(deadline);
             }
         }
+        self.kato_check_us = next;
     }
 
     /// Queues with no controller [`CONNECT_WITHIN_US`] after they were accepted (no Connect
     /// came, or it failed and the host left the queue open): ended, their resources freed.
     fn expire_unconnected(&mut self) {
         let now = self.now_us;
-        for q in 0..Q {
+        let mut next = u64::MAX;
+        for q in 0..self.span {
             let queue = &self.queues[q];
-            if queue.in_use()
-                && queue.ctrl.is_none()
-                && now.saturating_sub(queue.opened_us) > CONNECT_WITHIN_US
-            {
+            if !queue.in_use() || queue.ctrl.is_some() {
+                continue;
+            }
+            let deadline = queue.opened_us.saturating_add(CONNECT_WITHIN_US);
+            if now > deadline {
                 self.end_queue(q, true);
+            } else {
+                next = next.min(deadline);
             }
         }
+        self.unconnected_check_us = next;
     }
 
     fn completion(&mut self, w: &WorkCompletion) {
