@@ -335,8 +335,8 @@ fn an_rc_stream_to_itself_on_a_lossy_segment_loses_nothing_and_waits_when_the_qu
             .chain([200, 201])
             .collect::<Vec<_>>()
     );
-    for k in 0..SENDS {
-        assert_eq!(recvs[k].byte_len, 3000);
+    for (k, w) in recvs.iter().enumerate() {
+        assert_eq!(w.byte_len, 3000);
         let at = rx + k * 4096;
         assert_eq!(&m.as_slice()[at..at + 3000], &pattern(k as u32, 3000)[..]);
     }
