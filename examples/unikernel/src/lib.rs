@@ -9,7 +9,8 @@
 //! all worked.
 //!
 //! Without a PVRDMA, [`roce`] is the second device: bareverbs' software RoCEv2 over the first
-//! virtio-net NIC, two QPs of each kind exchanging every operation, every byte checked.
+//! virtio-net NIC, two QPs of each kind exchanging every operation, then a CM connection from
+//! the device to its own address, every byte checked.
 //!
 //! The machine it runs on (boot, console, interrupts, waits) is `bareverbs-platform`'s; the
 //! storage appliance and the lab peers are binaries of their own (`appliance/`,

@@ -20,7 +20,7 @@ use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
 use bareverbs::hal::{DmaRegion, IdentityHal, Link, x86::PortIoConfig};
 use bareverbs_platform::arp::{self, DisplayMac};
 use bareverbs_platform::console::{Exit, Serial, exit};
-use bareverbs_platform::machine::{self, dma_left, pass, roce_device};
+use bareverbs_platform::machine::{self, Ticks, dma_left, pass, roce_device};
 use bareverbs_platform::{irq, wait};
 use bareverbs_unikernel::{Verdict, run};
 
@@ -168,7 +168,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
 fn roce(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
     let dev = roce_device(pci, hal, LINK_IP, |_| {});
     let start = irq::count(irq::TIMER_VECTOR);
-    let r = bareverbs_unikernel::roce::demo(dev, &mut Serial, &mut || {
+    let r = bareverbs_unikernel::roce::demo(dev, Ticks, &mut Serial, &mut || {
         irq::wait();
         irq::count(irq::TIMER_VECTOR).wrapping_sub(start) < ROCE_TICKS
     });

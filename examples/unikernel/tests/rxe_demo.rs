@@ -21,14 +21,14 @@ fn the_roce_demo_passes_over_loopback_and_returns_every_page() {
     .unwrap();
     let mut out = String::new();
     let mut waits = 0;
-    let r = bareverbs_unikernel::roce::demo(dev, &mut out, &mut || {
+    let r = bareverbs_unikernel::roce::demo(dev, clk.clone(), &mut out, &mut || {
         clk.advance(1000);
         waits += 1;
         waits < 10_000
     });
     assert_eq!(r, Ok(()), "{out}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines.len(), 4, "{out}");
     assert_eq!(
         lines[0],
         "roce: software RoCEv2, IPv4 10.0.2.15, active MTU 1024, GID[1] 0000:0000:0000:0000:0000:ffff:0a00:020f"
@@ -41,6 +41,10 @@ fn the_roce_demo_passes_over_loopback_and_returns_every_page() {
     assert!(
         lines[2].starts_with("roce: UD 16 -> 17: 40 GRH + 512 B, source 10.0.2.15"),
         "{out}"
+    );
+    assert_eq!(
+        lines[3],
+        "cm: connected to 10.0.2.15:7471 on the software RoCE device (loopback): SEND, WRITE, READ 1500 B; 4500 bytes checked; disconnected"
     );
     assert!(seg.sent().is_empty(), "loopback: nothing on the wire");
     assert_eq!(model.outstanding_pages(), 0);

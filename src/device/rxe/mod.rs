@@ -113,7 +113,8 @@ pub const MAX_INLINE: u32 = 64;
 pub const MAX_RD_ATOMIC: u32 = 16;
 /// Frames of the IP stack kept until it reads them (more are dropped, as a full NIC would).
 pub const STACK_FRAMES: usize = 8;
-/// Frames to the device's own address queued for it (loopback).
+/// Frames to the device's own address queued for it (loopback); a sender that finds the
+/// queue full tries again at a later turn, as when the NIC has no transmit room.
 pub const LOOPBACK_FRAMES: usize = 4;
 /// The largest frame the device handles (a 4096-byte path MTU with every header).
 pub const FRAME: usize = 4096 + wire::packet::MAX_OVERHEAD;
@@ -335,7 +336,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     /// Frames the port handled, by outcome.
     pub fn port_counts(&self) -> PortCounts {
-        self.core.lock().tables().port.counts()
+        let mut core = self.core.lock();
+        let t = core.tables();
+        PortCounts {
+            loopback_full: t.loopback.full,
+            ..t.port.counts()
+        }
     }
 
     /// What the reliable transport counted: retransmission timeouts, NAKs sent and

@@ -203,6 +203,7 @@ fn transmit<L: Link>(
 ) -> Result<(), Unsent> {
     let looped = outer.looped();
     if looped && !loopback.has_room() {
+        loopback.full += 1;
         return Err(Unsent::Busy);
     }
     let build = |buf: &mut [u8]| {

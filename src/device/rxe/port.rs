@@ -81,6 +81,10 @@ pub struct PortCounts {
     pub arp_answered: u64,
     /// ARP requests sent.
     pub arp_sent: u64,
+    /// Frames to this interface's own address that found its loopback queue
+    /// ([`LOOPBACK_FRAMES`](super::LOOPBACK_FRAMES)) full: not built then, their sender tries
+    /// again at a later turn, as when the NIC has no transmit room (nothing is lost).
+    pub loopback_full: u64,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -51,6 +51,9 @@ pub(crate) struct Loopback {
     lens: [u16; LOOPBACK_FRAMES],
     head: u32,
     tail: u32,
+    /// Frames to this interface that found the queue full: not built, their sender tries
+    /// again at a later turn (as with a NIC out of transmit room).
+    pub(crate) full: u64,
 }
 
 impl Loopback {
