@@ -24,6 +24,7 @@
 
 use core::fmt::Write;
 
+pub mod kernel;
 pub mod roce;
 
 /// The waits the demo halts in (the platform's).

@@ -15,14 +15,14 @@ mod rt;
 
 use core::fmt::Write;
 
-use bareverbs::device::pvrdma::Config;
 use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
 use bareverbs::hal::{DmaRegion, IdentityHal, Link, x86::PortIoConfig};
 use bareverbs_platform::arp::{self, DisplayMac};
 use bareverbs_platform::console::{Exit, Serial, exit};
+use bareverbs_platform::irq;
 use bareverbs_platform::machine::{self, Ticks, dma_left, pass, roce_device};
-use bareverbs_platform::{irq, wait};
-use bareverbs_unikernel::{Verdict, run};
+use bareverbs_unikernel::Verdict;
+use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
 
 /// This kernel's address and the gateway's on QEMU's user network (slirp's defaults).
 const LINK_IP: [u8; 4] = [10, 0, 2, 15];
@@ -119,20 +119,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs unikernel: x86_64, PVH entry, polling driver",
     );
-    // `bvirq` on the command line (the nested lab passes it): interrupt-driven waits (MSI-X,
-    // halts). Without it the demo polls.
-    let irq_mode = m.cmdline_has("bvirq");
-    let config = Config {
-        interrupts: irq_mode,
-        ..Config::default()
-    };
-    let (mut kernel_cpu, mut polling) = (irq::KernelCpu, wait::Polling);
-    let cpu: &mut dyn wait::Cpu = if irq_mode {
-        &mut kernel_cpu
-    } else {
-        &mut polling
-    };
-    match run(m.hal, &m.pci, &mut Serial, config, cpu) {
+    match run_demo(&m) {
         Ok(Verdict::NoDevice) => {
             link_test(&m.pci, m.dma);
             roce(&m.pci, m.hal, m.dma)
@@ -141,25 +128,8 @@ extern "C" fn kmain(start_info: u32) -> ! {
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             pass()
         }
-        Ok(Verdict::Pass) => {
-            let left = m.dma_left();
-            let _ = writeln!(Serial, "bareverbs: FAIL {left} DMA pages not returned");
-            exit(Exit::Fail)
-        }
-        Err(f) => {
-            let v = |i: u8| irq::count(irq::DEVICE_VECTORS.start + i);
-            let _ = writeln!(
-                Serial,
-                "CPU: device vectors taken {} / {} / {}, timer ticks {}, halts {}",
-                v(0),
-                v(1),
-                v(2),
-                irq::count(irq::TIMER_VECTOR),
-                irq::halts()
-            );
-            let _ = writeln!(Serial, "bareverbs: FAIL {f}");
-            exit(Exit::Fail)
-        }
+        Ok(Verdict::Pass) => fail_dma_left(m.dma_left()),
+        Err(f) => fail(&f),
     }
 }
 

@@ -18,11 +18,12 @@ use bareverbs::device::pvrdma::Config;
 use bareverbs::hal::{DmaRegion, IdentityHal, x86::PortIoConfig};
 use bareverbs_lab_peers::{peer, roce_peer};
 use bareverbs_platform::console::{Exit, Serial, exit};
+use bareverbs_platform::irq;
 use bareverbs_platform::machine::{
     self, CMDLINE, clock_ms, dma_left, ipv4, pass, roce_device, route_nic_interrupts,
 };
-use bareverbs_platform::{irq, wait};
-use bareverbs_unikernel::{Verdict, run};
+use bareverbs_unikernel::Verdict;
+use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
 
 /// Peer mode on the software RoCE device (`bvroce=` on the command line): the cases against
 /// the Linux side of `qemu/roce/lab.sh`. Ends the run with PASS or FAIL.
@@ -77,22 +78,9 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs lab peers: x86_64, PVH entry, polling driver",
     );
-    // `bvirq` on the command line (the nested lab passes it): interrupt-driven waits (MSI-X,
-    // halts). Without it the demo polls.
-    let irq_mode = m.cmdline_has("bvirq");
-    let config = Config {
-        interrupts: irq_mode,
-        ..Config::default()
-    };
-    let (mut kernel_cpu, mut polling) = (irq::KernelCpu, wait::Polling);
-    let cpu: &mut dyn wait::Cpu = if irq_mode {
-        &mut kernel_cpu
-    } else {
-        &mut polling
-    };
     let mut buf = [0u8; CMDLINE];
     let text = m.cmdline(&mut buf).unwrap_or("");
-    match run(m.hal, &m.pci, &mut Serial, config, cpu) {
+    match run_demo(&m) {
         Ok(Verdict::NoDevice) => {
             let seed = u64::from(irq::count(irq::TIMER_VECTOR)) ^ peer::rdtsc();
             match roce_peer::Options::parse(text, seed) {
@@ -134,24 +122,7 @@ extern "C" fn kmain(start_info: u32) -> ! {
             }
             pass()
         }
-        Ok(Verdict::Pass) => {
-            let left = m.dma_left();
-            let _ = writeln!(Serial, "bareverbs: FAIL {left} DMA pages not returned");
-            exit(Exit::Fail)
-        }
-        Err(f) => {
-            let v = |i: u8| irq::count(irq::DEVICE_VECTORS.start + i);
-            let _ = writeln!(
-                Serial,
-                "CPU: device vectors taken {} / {} / {}, timer ticks {}, halts {}",
-                v(0),
-                v(1),
-                v(2),
-                irq::count(irq::TIMER_VECTOR),
-                irq::halts()
-            );
-            let _ = writeln!(Serial, "bareverbs: FAIL {f}");
-            exit(Exit::Fail)
-        }
+        Ok(Verdict::Pass) => fail_dma_left(m.dma_left()),
+        Err(f) => fail(&f),
     }
 }
