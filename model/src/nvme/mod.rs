@@ -162,14 +162,17 @@ pub enum IdentifyLie {
     Metadata,
 }
 
-/// How hostile the controller is: each completion lies with probability 1/`rate`, each
-/// Identify with 1/`rate` if `identify`, each CSTS read with 1/`rate` if `registers`.
+/// How hostile the controller is: each completion lies with probability 1/`rate` if
+/// `completions`, each Identify with 1/`rate` if `identify`, each CSTS read with 1/`rate` if
+/// `registers`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NvmeHostile {
     /// Seeds every decision.
     pub seed: u64,
     /// One lie in `rate` (0: never).
     pub rate: u32,
+    /// Lie in completions.
+    pub completions: bool,
     /// Lie in Identify data too.
     pub identify: bool,
     /// Lie in CSTS too (a ready bit that does not follow CC.EN, a fatal status).
@@ -252,6 +255,9 @@ struct Ctrl {
     fatal: bool,
     liar: Option<(Rng, NvmeHostile)>,
     lies: NvmeLies,
+    /// A completion lie was told since the controller was last enabled (a queue it overran
+    /// then is its own doing).
+    lied: bool,
     counters: NvmeCounters,
     violations: Vec<String>,
 }
@@ -282,6 +288,7 @@ impl Ctrl {
             fatal: false,
             liar: None,
             lies: NvmeLies::default(),
+            lied: false,
             counters: NvmeCounters::default(),
             violations: Vec::new(),
         }
@@ -364,6 +371,7 @@ impl Ctrl {
 
     fn enable(&mut self) {
         self.counters.enables += 1;
+        self.lied = false;
         let sqs = (self.aqa & 0xFFF) as u16 + 1;
         let cqs = ((self.aqa >> 16) & 0xFFF) as u16 + 1;
         let iosqes = (self.cc >> 16) & 0xF;
@@ -466,7 +474,7 @@ impl Ctrl {
     fn post(&mut self, cqid: u16, sqid: u16, sqhd: u16, cid: u16, status: u16, dw0: u32) {
         let fault = if !self.faults.is_empty() {
             Some(self.faults.remove(0))
-        } else if self.roll() {
+        } else if self.liar.as_ref().is_some_and(|(_, h)| h.completions) && self.roll() {
             let r = self.rand();
             Some(match r % 7 {
                 0 => Fault::WrongCid,
@@ -484,6 +492,7 @@ impl Ctrl {
         let mut times = 1;
         if let Some(f) = fault {
             self.lies.completions += 1;
+            self.lied = true;
             let r = self.rand() | 1;
             match f {
                 Fault::WrongCid => e.2 ^= (r as u16) | 1,
@@ -509,9 +518,15 @@ impl Ctrl {
             return;
         };
         if (cq.tail + 1) % cq.size == cq.head {
-            self.violations.push(format!(
-                "completion queue {cqid} overrun: the driver let it fill"
-            ));
+            // Full: a driver that let it fill is at fault, unless the model's own lies (a
+            // duplicate, an entry the driver could not see) filled it.
+            if !self.lied {
+                self.violations.push(format!(
+                    "completion queue {cqid} overrun: the driver let it fill \
+                     (size {}, head {}, tail {}; sqid {sqid}, cid {cid:#x})",
+                    cq.size, cq.head, cq.tail
+                ));
+            }
             return;
         }
         let phase = cq.phase != stale;
