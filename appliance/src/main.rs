@@ -7,7 +7,7 @@
 //! `cargo appliance` builds and boots it (`qemu/appliance.sh`); docs/appliance.md.
 //!
 //! With `bvblk` on the command line it runs the virtio-blk boot check instead (the NVMe-oF
-//! lab's first step).
+//! lab's first step); with `bvnvme`, the same check on the first NVMe namespace.
 #![no_std]
 #![no_main]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
@@ -32,6 +32,9 @@ extern "C" fn kmain(start_info: u32) -> ! {
     );
     if m.cmdline_has("bvblk") {
         storage::blk_check(&m.pci, m.hal, m.dma)
+    }
+    if m.cmdline_has("bvnvme") {
+        storage::nvme_check(&m.pci, m.hal, m.dma)
     }
     let mut buf = [0u8; CMDLINE];
     let text = m.cmdline(&mut buf).unwrap_or("");

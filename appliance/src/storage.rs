@@ -362,3 +362,56 @@ pub(crate) fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dma
         Err(why) => fail(&why),
     }
 }
+
+/// The NVMe boot check (`bvnvme` on the command line): the virtio-blk check's pattern
+/// (`bareverbs_appliance::disk_check`) through the first namespace of the first NVMe
+/// controller, by its bounce buffer; then the controller is disabled and its memory counted.
+/// Ends the run with PASS or FAIL.
+pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    use bareverbs::hal::Hal;
+    use bareverbs_appliance::disk_check;
+    let fail = |why: &dyn core::fmt::Display| -> ! {
+        let _ = writeln!(Serial, "bareverbs: FAIL nvme: {why}");
+        exit(Exit::Fail)
+    };
+    let [Some(c), ..] = nvme_controllers(pci, hal) else {
+        fail(&"no NVMe controller came up")
+    };
+    let Some(nsid) = c.borrow().namespaces().next().map(|ns| ns.nsid) else {
+        fail(&"the controller serves no namespace")
+    };
+    let pages = (disk_check::SECTORS * 512).div_ceil(PAGE_SIZE);
+    let Ok(block) = hal.dma_alloc(pages) else {
+        fail(&"no DMA memory for the scratch buffer")
+    };
+    // SAFETY: a fresh block of `pages` pages from the HAL, used only here, returned below.
+    let scratch =
+        unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
+    let r = match NsDisk::new(&c, nsid) {
+        Some(mut disk) => disk_check::run(&mut disk, scratch),
+        None => Err("the namespace is not served"),
+    };
+    let stats = c.borrow().stats();
+    drop(c);
+    // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
+    unsafe { hal.dma_dealloc(block) };
+    match r {
+        Ok(k) if dma_left(dma) == 0 => {
+            let _ = writeln!(
+                Serial,
+                "nvme: namespace {nsid}, {} blocks: {} bytes from block {} written, read back in \
+                 3 pieces and equal, flushed; reads past the end and of part of a block refused \
+                 ({} commands, {} flushes); the controller disabled",
+                k.capacity,
+                k.bytes,
+                disk_check::FIRST,
+                stats.completed,
+                stats.flushes
+            );
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            pass()
+        }
+        Ok(_) => fail(&"DMA pages not returned"),
+        Err(why) => fail(&why),
+    }
+}
