@@ -539,3 +539,43 @@ fn the_disk_maps_failures_to_block_errors() {
     n.borrow_mut().reset().unwrap();
     disk.write(0, &[1u8; 512]).unwrap();
 }
+
+#[test]
+fn the_callers_own_prp_list() {
+    let m = NvmeModel::new(NvmeConfig::default());
+    let mut n = up(&m);
+    // Four data pages, not contiguous in the order used, and a list page of the caller's.
+    let data: Vec<_> = (0..4).map(|_| m.dma_alloc(1).unwrap()).collect();
+    let list = m.dma_alloc(1).unwrap();
+    let order = [2usize, 0, 3, 1];
+    // SAFETY: the list page is ours.
+    let entries = unsafe { std::slice::from_raw_parts_mut(list.vaddr.as_ptr().cast::<u64>(), 512) };
+    for (i, &k) in order[1..].iter().enumerate() {
+        entries[i] = data[k].paddr.to_le();
+    }
+    let want = pattern(4 * PAGE_SIZE, 4);
+    for (i, &k) in order.iter().enumerate() {
+        // SAFETY: each data page is ours, one page from `vaddr`.
+        let page = unsafe { std::slice::from_raw_parts_mut(data[k].vaddr.as_ptr(), PAGE_SIZE) };
+        page.copy_from_slice(&want[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+    }
+    let first = data[order[0]].paddr;
+    // SAFETY: the pages and the list are DMA memory of the model, untouched until it returns.
+    unsafe { n.transfer_prps(0, true, 1, 40, 4 * PAGE_SIZE, first, list.paddr) }.unwrap();
+    assert_eq!(medium(&m, 1, 40, 32), want);
+    let mut back = vec![0u8; 4 * PAGE_SIZE];
+    n.read(1, 40, &mut back).unwrap();
+    assert_eq!(back, want);
+    // SAFETY: refused before anything is sent.
+    assert_eq!(
+        unsafe { n.transfer_prps(0, false, 1, 40, 512, first + 2, 0) },
+        Err(NvmeError::InvalidArgument)
+    );
+    drop(n);
+    for b in data.into_iter().chain([list]) {
+        // SAFETY: ours; the controller is disabled.
+        unsafe { m.dma_dealloc(b) };
+    }
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}

@@ -814,7 +814,7 @@ impl<H: Hal> Nvme<H> {
         })
     }
 
-    /// One Read or Write of `blocks` blocks at `lba` of `nsid` on `pages`.
+    /// One Read or Write of `len` bytes at `lba` of `nsid` on `pages`.
     fn rw(
         &mut self,
         io: usize,
@@ -824,13 +824,38 @@ impl<H: Hal> Nvme<H> {
         pages: Pages<'_>,
         len: usize,
     ) -> Result<(), NvmeError> {
+        self.check_rw(io, nsid, lba, len)?;
+        let (prp1, prp2) = self.prps(io, pages, len)?;
+        self.rw_prps(io, opcode, nsid, lba, len, prp1, prp2)
+    }
+
+    /// Checks a Read or Write of `len` bytes at `lba` of `nsid` on I/O queue `io`.
+    fn check_rw(&self, io: usize, nsid: u32, lba: u64, len: usize) -> Result<u64, NvmeError> {
         let ns = self.span(nsid, lba, 0)?;
         let blocks = Self::blocks_of(&ns, len)?;
         self.span(nsid, lba, blocks)?;
         if len > self.info.max_transfer.max(PAGE_SIZE) || blocks > 1 << 16 {
             return Err(NvmeError::InvalidArgument);
         }
-        let (prp1, prp2) = self.prps(io, pages, len)?;
+        if self.io.get(io).is_none_or(Option::is_none) {
+            return Err(NvmeError::InvalidArgument);
+        }
+        Ok(blocks)
+    }
+
+    /// One Read or Write with PRP1 and PRP2 as given.
+    #[allow(clippy::too_many_arguments)] // the command's fields
+    fn rw_prps(
+        &mut self,
+        io: usize,
+        opcode: u8,
+        nsid: u32,
+        lba: u64,
+        len: usize,
+        prp1: u64,
+        prp2: u64,
+    ) -> Result<(), NvmeError> {
+        let blocks = self.check_rw(io, nsid, lba, len)?;
         let mut c = Command {
             cdw0: u32::from(opcode),
             nsid,
@@ -848,6 +873,42 @@ impl<H: Hal> Nvme<H> {
             self.stats.written += len as u64;
         }
         Ok(())
+    }
+
+    /// Reads (`write` false) or writes `len` bytes (whole blocks) at `lba` of `nsid` through
+    /// I/O queue `io` with the caller's own PRP entries, laid out as the specification's
+    /// section 4.3 says: `prp1` the first byte (dword-aligned), `prp2` the second page when
+    /// the transfer ends there, or the address of the caller's PRP list when it needs more.
+    /// No copy, and no list built by the driver: the form for buffers whose page list the
+    /// caller keeps already (a registered memory region's).
+    ///
+    /// # Errors
+    ///
+    /// As [`read_pages`](Self::read_pages); a `prp1` of 0 or not dword-aligned is
+    /// `InvalidArgument`.
+    ///
+    /// # Safety
+    ///
+    /// `prp1`, `prp2` and the list they lead to describe `len` bytes of memory the controller
+    /// may reach by DMA (written for a read, read for a write), which nothing else uses until
+    /// this returns, or for good if the controller is then [`State::Wedged`]; a list lies in
+    /// such memory too and ends where the transfer does.
+    #[allow(clippy::too_many_arguments)] // the command's fields
+    pub unsafe fn transfer_prps(
+        &mut self,
+        io: usize,
+        write: bool,
+        nsid: u32,
+        lba: u64,
+        len: usize,
+        prp1: u64,
+        prp2: u64,
+    ) -> Result<(), NvmeError> {
+        if prp1 == 0 || !prp1.is_multiple_of(4) {
+            return Err(NvmeError::InvalidArgument);
+        }
+        let opcode = if write { io::WRITE } else { io::READ };
+        self.rw_prps(io, opcode, nsid, lba, len, prp1, prp2)
     }
 
     /// Reads `len` bytes (whole blocks, at most [`ControllerInfo::max_transfer`]) at `lba`
