@@ -20,9 +20,9 @@ n=${1:-${NVME_FUZZ_EXECS:-1000000}}
 seed=${2:-${NVME_FUZZ_SEED:-$(date +%s%N | cut -c1-18)}}
 
 # Coverage floors, per 1,000,000 executions (scaled to N). Set from a first measurement of the
-# CI run (1,000,000 executions, seed 20261125): completed 807,562, timeouts 55,658, violations
-# 107,533, resets 194,816, verified reads 2,035,714 (seed 7: 876,465, 57,963, 110,315, 214,350,
-# 1,636,449). Each floor is about 60 % of the lower: a change that makes the sessions die at
+# CI run (1,000,000 executions, seed 20261125): completed 819,849, timeouts 57,245, violations
+# 110,709, resets 198,523, verified reads 1,958,444 (seed 7: 868,035, 59,663, 113,959, 215,101,
+# 1,681,205). Each floor is about 60 % of the lower: a change that makes the sessions die at
 # bring-up, or the lies stop reaching the driver's checks, fails CI; the seed-to-seed spread
 # does not.
 floor_completed=485000

@@ -413,6 +413,7 @@ fn lying_identify_fields_are_refused_or_left_out() {
         (IdentifyLie::LbaSize(3), Ok(0)),
         (IdentifyLie::LbaSize(40), Ok(0)),
         (IdentifyLie::FormatIndex, Ok(0)),
+        (IdentifyLie::FormatIndexHigh, Ok(0)),
         (IdentifyLie::Metadata, Ok(0)),
         (IdentifyLie::NnHuge, Ok(1)),
         (IdentifyLie::ListOrder, Err(NvmeError::BadIdentify)),

@@ -154,6 +154,8 @@ pub enum IdentifyLie {
     NnHuge,
     /// FLBAS names a format past NLBAF.
     FormatIndex,
+    /// FLBAS's bits 6:5 (the format index's upper bits) set.
+    FormatIndexHigh,
     /// The active namespace list descends.
     ListOrder,
     /// SQES and CQES say 128-byte and 32-byte entries only.
@@ -658,7 +660,8 @@ impl Ctrl {
                     IdentifyLie::ListOrder,
                     IdentifyLie::EntrySizes,
                     IdentifyLie::Metadata,
-                ][(r % 7) as usize]
+                    IdentifyLie::FormatIndexHigh,
+                ][(r % 8) as usize]
             })
         });
         let mut lied = false;
@@ -708,6 +711,7 @@ impl Ctrl {
                         lbads = if (9..=12).contains(&s) { 30 } else { s }
                     }
                     Some(IdentifyLie::FormatIndex) => flbas = 5,
+                    Some(IdentifyLie::FormatIndexHigh) => flbas = 0x20,
                     Some(IdentifyLie::Metadata) => ms = 8,
                     _ => {}
                 }
@@ -715,6 +719,7 @@ impl Ctrl {
                     lie,
                     Some(IdentifyLie::NszeHuge | IdentifyLie::LbaSize(_))
                         | Some(IdentifyLie::FormatIndex | IdentifyLie::Metadata)
+                        | Some(IdentifyLie::FormatIndexHigh)
                 );
                 p[0..8].copy_from_slice(&nsze.to_le_bytes());
                 p[8..16].copy_from_slice(&nsze.to_le_bytes());

@@ -565,10 +565,13 @@ impl<H: Hal> Nvme<H> {
     fn namespace_from_page(&self, nsid: u32) -> Option<Namespace> {
         let nsze = self.id_le(0, 8);
         let nlbaf = self.id8(25);
-        let flbas = self.id8(26) & 0xF;
-        if nsze == 0 || flbas > nlbaf {
+        let flbas = self.id8(26);
+        // Bits 6:5 extend the format index past 16 formats (revision 2.0): not served.
+        let (format, high) = (flbas & 0xF, flbas & 0x60);
+        if nsze == 0 || high != 0 || format > nlbaf {
             return None;
         }
+        let flbas = format;
         let lbaf = self.id_le(128 + 4 * usize::from(flbas), 4) as u32;
         let (ms, lbads) = (lbaf & 0xFFFF, (lbaf >> 16) & 0xFF);
         // Metadata is not served; blocks of 512 to 4096 bytes are.
@@ -836,6 +839,10 @@ impl<H: Hal> Nvme<H> {
         self.span(nsid, lba, blocks)?;
         if len > self.info.max_transfer.max(PAGE_SIZE) || blocks > 1 << 16 {
             return Err(NvmeError::InvalidArgument);
+        }
+        // A stopped controller has no I/O queues to name (a reset that failed left none).
+        if self.state != State::Ready {
+            return Err(NvmeError::Stopped);
         }
         if self.io.get(io).is_none_or(Option::is_none) {
             return Err(NvmeError::InvalidArgument);
