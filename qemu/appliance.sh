@@ -13,6 +13,11 @@
 # virtio-blk subsystem's namespace, beside its RAM disk. BAREVERBS_APPLIANCE_DISK=path takes
 # another image (raw).
 #
+# More devices: BAREVERBS_APPLIANCE_QEMU_ARGS is added to QEMU's arguments (split at spaces),
+# e.g. an NVMe controller whose namespace `bvnvmf.ns=nvme:1` serves:
+#   BAREVERBS_APPLIANCE_QEMU_ARGS="-drive file=nvme.img,if=none,id=nv0,format=raw
+#     -device nvme,serial=bvnvme0,drive=nv0" cargo appliance -- bvnvmf.subsys=nqn.x:ssd bvnvmf.ns=nvme:1
+#
 # The network: a virtio-net NIC on QEMU's user network, isolated from the host's (restrict=on),
 # at the appliance's default address 10.0.2.15. Linux hosts reach an appliance on a segment of
 # their own: the NVMe-oF lab (qemu/roce/nvmf.sh) shows how.
@@ -39,6 +44,7 @@ qemu-system-x86_64 \
   -netdev user,id=n0,restrict=on \
   -device virtio-net-pci,netdev=n0,addr=0x3.0,mac=52:54:00:12:34:56,romfile= \
   -drive "file=$disk,if=none,id=d0,format=raw" -device virtio-blk-pci,drive=d0,addr=0x4.0 \
+  ${BAREVERBS_APPLIANCE_QEMU_ARGS:-} \
   -kernel "$kernel" -append "$*"
 status=$?
 case $status in

@@ -9,6 +9,7 @@
 //! bvnvmf.subsys=nqn.2026-11.io.example:fast bvnvmf.ns=ram:64M bvnvmf.ns=blk:0
 //! bvnvmf.allow=nqn.2014-08.org.nvmexpress:uuid:0f1e2d3c-0000-0000-0000-000000000001
 //! bvnvmf.subsys=nqn.2026-11.io.example:scratch bvnvmf.ns=ram:16M
+//! bvnvmf.subsys=nqn.2026-11.io.example:ssd bvnvmf.ns=nvme:1 bvnvmf.ns=nvme:0/2
 //! ```
 //!
 //! Without a `bvnvmf.subsys=` word the appliance serves its two built-in subsystems (a RAM
@@ -30,6 +31,10 @@ pub const MAX_SUBSYSTEMS: usize = 8;
 pub const MAX_NAMESPACES: usize = 8;
 /// virtio-blk disks the appliance drives at most (`blk:0` to `blk:3`).
 pub const MAX_DISKS: usize = 4;
+/// NVMe controllers the appliance drives at most (`nvme:0/…` and `nvme:1/…`).
+pub const MAX_NVME: usize = 2;
+/// The highest NSID a configuration names (`nvme:C/1` to `nvme:C/64`).
+pub const MAX_NSID: u32 = 64;
 /// Host NQNs a subsystem lets in at most (its allow list).
 pub const MAX_ALLOW: usize = 4;
 /// The longest NQN (bytes): NVMe's limit, 223.
@@ -57,6 +62,8 @@ pub struct Machine {
     pub disks: usize,
     /// Bytes of memory the RAM namespaces may take together.
     pub ram_bytes: u64,
+    /// The NVMe namespaces each controller serves (PCI order): bit `n` is NSID `n + 1`.
+    pub nvme: [u64; MAX_NVME],
 }
 
 /// What a namespace is backed by.
@@ -71,6 +78,13 @@ pub enum Medium {
     Blk {
         /// Which disk.
         index: usize,
+    },
+    /// A namespace of an NVMe controller (PCI order, from 0).
+    Nvme {
+        /// Which controller.
+        controller: usize,
+        /// The namespace's NSID on it.
+        nsid: u32,
     },
 }
 
@@ -126,7 +140,7 @@ pub enum Problem {
     SizeNotBlocks,
     /// `bvnvmf.mib=` outside 1 to the memory the machine has.
     BadMib,
-    /// A namespace that is neither `ram:SIZE` nor `blk:N`.
+    /// A namespace that is neither `ram:SIZE`, `blk:N`, `nvme:NSID` nor `nvme:C/NSID`.
     BadMedium,
     /// An NQN that is empty, longer than [`MAX_NQN`], does not start with `nqn.`, or holds a
     /// control character.
@@ -160,6 +174,14 @@ pub enum Problem {
     },
     /// A disk that backs a namespace already.
     DiskTaken,
+    /// An NVMe namespace the machine does not have (no such controller, or the controller
+    /// does not serve that NSID).
+    NoSuchNvmeNamespace {
+        /// How many NVMe controllers serve namespaces.
+        controllers: usize,
+    },
+    /// An NVMe namespace that backs a namespace already.
+    NvmeNamespaceTaken,
     /// RAM namespaces larger together than the memory the machine has for them.
     RamTooLarge {
         /// Bytes the namespaces ask for, up to and including this one.
@@ -194,7 +216,12 @@ impl fmt::Display for Problem {
             Problem::BadSize => write!(f, "not a size (bytes, or a number with K, M or G)"),
             Problem::SizeNotBlocks => write!(f, "size zero or not a multiple of {RAM_BLOCK} bytes"),
             Problem::BadMib => write!(f, "not a size in MiB the machine has room for"),
-            Problem::BadMedium => write!(f, "a namespace is ram:SIZE or blk:N"),
+            Problem::BadMedium => {
+                write!(
+                    f,
+                    "a namespace is ram:SIZE, blk:N, nvme:NSID or nvme:C/NSID"
+                )
+            }
             Problem::BadNqn => write!(
                 f,
                 "not an NQN (1 to {MAX_NQN} bytes, starting with \"nqn.\", no control characters)"
@@ -228,6 +255,13 @@ impl fmt::Display for Problem {
                 write!(f, "no such virtio-blk disk (the machine has {disks})")
             }
             Problem::DiskTaken => write!(f, "the disk backs another namespace already"),
+            Problem::NoSuchNvmeNamespace { controllers } => write!(
+                f,
+                "no such NVMe namespace ({controllers} NVMe controllers with namespaces; NSIDs 1 to {MAX_NSID})"
+            ),
+            Problem::NvmeNamespaceTaken => {
+                write!(f, "the NVMe namespace backs another namespace already")
+            }
             Problem::RamTooLarge { asked, room } => write!(
                 f,
                 "RAM namespaces need {asked} bytes together, the machine has {room} for them"
@@ -296,6 +330,8 @@ struct Reader<'a> {
     opened_by: Vec<&'a str, MAX_SUBSYSTEMS>,
     /// The disks taken, by index (a bit each; the machine's count is bounded below).
     disks_taken: u64,
+    /// The NVMe namespaces taken, per controller (bit `n`: NSID `n + 1`).
+    nvme_taken: [u64; MAX_NVME],
     ram: u64,
 }
 
@@ -320,6 +356,7 @@ impl<'a> Config<'a> {
             subsystems: Vec::new(),
             opened_by: Vec::new(),
             disks_taken: 0,
+            nvme_taken: [0; MAX_NVME],
             ram: 0,
         };
         for word in cmdline.split_ascii_whitespace() {
@@ -338,7 +375,7 @@ impl<'a> Config<'a> {
             .flat_map(|s| s.namespaces.iter())
             .map(|m| match m {
                 Medium::Ram { bytes } => *bytes,
-                Medium::Blk { .. } => 0,
+                Medium::Blk { .. } | Medium::Nvme { .. } => 0,
             })
             .sum()
     }
@@ -494,6 +531,24 @@ impl<'a> Reader<'a> {
                 return Err(Problem::DiskTaken);
             }
             Ok(Medium::Blk { index })
+        } else if let Some(v) = value.strip_prefix("nvme:") {
+            let (c, n) = v.split_once('/').unwrap_or(("0", v));
+            let number = |t: &str| {
+                (!t.is_empty() && t.len() <= 10 && t.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| t.parse::<u32>().ok())
+                    .flatten()
+                    .ok_or(Problem::BadMedium)
+            };
+            let (controller, nsid) = (number(c)? as usize, number(n)?);
+            let controllers = self.machine.nvme.iter().filter(|&&m| m != 0).count();
+            let served = self.machine.nvme.get(controller).copied().unwrap_or(0);
+            if nsid == 0 || nsid > MAX_NSID || served & (1 << (nsid - 1)) == 0 {
+                return Err(Problem::NoSuchNvmeNamespace { controllers });
+            }
+            if self.nvme_taken[controller] & (1 << (nsid - 1)) != 0 {
+                return Err(Problem::NvmeNamespaceTaken);
+            }
+            Ok(Medium::Nvme { controller, nsid })
         } else {
             Err(Problem::BadMedium)
         }
@@ -503,6 +558,11 @@ impl<'a> Reader<'a> {
         match medium {
             Medium::Ram { bytes } => self.ram = self.ram.saturating_add(bytes),
             Medium::Blk { index } => self.disks_taken |= 1 << index,
+            Medium::Nvme { controller, nsid } => {
+                if let Some(t) = self.nvme_taken.get_mut(controller) {
+                    *t |= 1 << (nsid - 1);
+                }
+            }
         }
     }
 

@@ -230,20 +230,32 @@ pub struct Served {
 /// Namespaces the appliance serves at most (every subsystem's together).
 pub const MAX_NAMESPACES_IN_ALL: usize = MAX_SUBSYSTEMS * MAX_NAMESPACES;
 
+/// An NVMe namespace handed to [`serve`]: which controller (PCI order) and NSID it is, and
+/// its device (`None`: taken already, or it did not come up).
+pub struct NvmeNamespace<'d> {
+    /// The controller, from 0.
+    pub controller: usize,
+    /// The NSID on it.
+    pub nsid: u32,
+    /// The namespace as a block device.
+    pub disk: Option<&'d mut dyn BlockDevice>,
+}
+
 /// At `config.ip`. With `config.host`, first connects as a host to [`NQN_LINUX`] there
 /// (writes 256 KiB, reads it back, compares; `ram`'s first 64 KiB are its scratch, zeroed
 /// after) and prints its `nvmf-uk host:` line; then serves `config`'s subsystems on
 /// `config.port` of `ctx`'s device until `console` returns [`Command::Quit`]
 /// ([`Command::Stats`]: prints the counters). The RAM namespaces are laid over `ram` in the
-/// order they are declared; `blk:N` is `disks[N]` (`None`: a disk that did not come up). Prints a line when it listens and one per
+/// order they are declared; `blk:N` is `disks[N]` (`None`: a disk that did not come up);
+/// `nvme:C/NSID` is the entry of `nvme` with that controller and NSID. Prints a line when it listens and one per
 /// subsystem, one per controller count change, one per refusal (with its reason), and the
 /// counters at the end. `idle` is called after every round with the work it did (the embedder
 /// halts when there was none and no frame came in).
 ///
 /// # Errors
 ///
-/// [`AppError::Namespaces`] when `ram` or `disks` do not hold what `config` declares (it was
-/// checked against a [`crate::config::Machine`] that `ram` and `disks` do not match); the
+/// [`AppError::Namespaces`] when `ram`, `disks` or `nvme` do not hold what `config` declares
+/// (it was checked against a [`crate::config::Machine`] that they do not match); the
 /// verbs', the CM's and the target's errors as they come.
 #[allow(clippy::too_many_arguments)]
 pub fn serve<P: Provider>(
@@ -251,6 +263,7 @@ pub fn serve<P: Provider>(
     config: &Config<'_>,
     ram: &mut [u8],
     disks: &mut [Option<&mut dyn BlockDevice>],
+    nvme: &mut [NvmeNamespace<'_>],
     out: &mut dyn Write,
     clock_ms: &dyn Fn() -> u64,
     console: &mut dyn FnMut() -> Option<Command>,
@@ -313,6 +326,11 @@ pub fn serve<P: Provider>(
             Medium::Blk { index } => disks
                 .get_mut(index)
                 .and_then(Option::take)
+                .ok_or(AppError::Namespaces)?,
+            Medium::Nvme { controller, nsid } => nvme
+                .iter_mut()
+                .find(|n| n.controller == controller && n.nsid == nsid)
+                .and_then(|n| n.disk.take())
                 .ok_or(AppError::Namespaces)?,
         };
         *table.get_mut(used).ok_or(AppError::Namespaces)? = dev;
@@ -696,6 +714,9 @@ impl core::fmt::Display for MediumName {
         match self.0 {
             Medium::Ram { .. } => write!(f, "RAM"),
             Medium::Blk { index } => write!(f, "virtio-blk disk {index}"),
+            Medium::Nvme { controller, nsid } => {
+                write!(f, "NVMe controller {controller} namespace {nsid}")
+            }
         }
     }
 }

@@ -6,12 +6,61 @@ use core::fmt::Write;
 use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
-use bareverbs_appliance::config::{Config, MAX_DISKS};
+use core::cell::RefCell;
+
+use bareverbs_appliance::config::{Config, MAX_DISKS, MAX_NVME};
 use bareverbs_platform::console::{self, Exit, Serial, exit};
 use bareverbs_platform::irq;
 use bareverbs_platform::machine::{
     IDLE_MS, clock_ms, dma_left, pass, roce_device, route_nic_interrupts,
 };
+use bareverbs_storage::nvme::{self, NsDisk, Nvme, NvmeStats, Options};
+
+/// The NVMe controllers on the bus, in PCI order (at most [`MAX_NVME`]), brought up; one that
+/// does not come up is `None` (its line says why).
+pub(crate) type Controllers = [Option<RefCell<Nvme<IdentityHal<'static>>>>; MAX_NVME];
+
+/// Brings up the NVMe controllers and prints a line for each.
+pub(crate) fn nvme_controllers(pci: &PortIoConfig, hal: IdentityHal<'static>) -> Controllers {
+    core::array::from_fn(|n| {
+        let at = nvme::find_nth(pci, n)?;
+        // SAFETY: the function is driven by this controller alone; its BAR lies in the
+        // identity-mapped, uncached PCI hole (the HAL's mapping).
+        match unsafe { Nvme::new(hal, pci, at, clock_ms, Options::default()) } {
+            Ok(c) => {
+                let info = *c.info();
+                let model = core::str::from_utf8(&info.model).unwrap_or("?").trim_end();
+                let serial = core::str::from_utf8(&info.serial).unwrap_or("?").trim_end();
+                let _ = write!(
+                    Serial,
+                    "nvme {n}: {at} {model} (serial {serial}), {} I/O queue, write cache {}, write zeroes {}, dataset management {}, largest transfer {} B;",
+                    c.io_queues(),
+                    if info.vwc { "yes" } else { "no" },
+                    if info.write_zeroes() { "yes" } else { "no" },
+                    if info.dataset_management() {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    info.max_transfer
+                );
+                for ns in c.namespaces() {
+                    let _ = write!(
+                        Serial,
+                        " ns {} ({} blocks of {} B)",
+                        ns.nsid, ns.blocks, ns.block_size
+                    );
+                }
+                let _ = writeln!(Serial);
+                Some(RefCell::new(c))
+            }
+            Err(e) => {
+                let _ = writeln!(Serial, "nvmf: NVMe controller {n} at {at}: {e}");
+                None
+            }
+        }
+    })
+}
 
 /// The storage appliance (`bareverbs_appliance::nvmf_app`): the NVMe-oF target over the
 /// software RoCE device, with `ram` as the RAM disk and the first virtio-blk disk if there is
@@ -23,6 +72,7 @@ pub(crate) fn appliance(
     dma: &DmaRegion,
     config: &Config<'_>,
     ram: &'static mut [u8],
+    controllers: Controllers,
 ) -> ! {
     use bareverbs_appliance::nvmf_app;
     use bareverbs_platform::block::{BlockDevice, BlockError};
@@ -124,11 +174,34 @@ pub(crate) fn appliance(
     let mut handed: [Option<&mut dyn BlockDevice>; MAX_DISKS] = disks
         .each_mut()
         .map(|d| d.as_mut().map(|d| d as &mut dyn BlockDevice));
+    // Every namespace of every controller, as a block device over its shared controller.
+    const NVME_NS: usize = MAX_NVME * nvme::MAX_NAMESPACES;
+    let mut ns_disks: heapless::Vec<(usize, NsDisk<'_, IdentityHal<'static>>), NVME_NS> =
+        heapless::Vec::new();
+    for (n, c) in controllers.iter().enumerate() {
+        let Some(c) = c else { continue };
+        let nsids: heapless::Vec<u32, { nvme::MAX_NAMESPACES }> =
+            c.borrow().namespaces().map(|ns| ns.nsid).collect();
+        for nsid in nsids {
+            if let Some(d) = NsDisk::new(c, nsid) {
+                let _ = ns_disks.push((n, d));
+            }
+        }
+    }
+    let mut handed_nvme: heapless::Vec<nvmf_app::NvmeNamespace<'_>, NVME_NS> = ns_disks
+        .iter_mut()
+        .map(|(n, d)| nvmf_app::NvmeNamespace {
+            controller: *n,
+            nsid: d.namespace().nsid,
+            disk: Some(d as &mut dyn BlockDevice),
+        })
+        .collect();
     let r = nvmf_app::serve(
         &ctx,
         config,
         ram,
         &mut handed,
+        &mut handed_nvme,
         &mut Serial,
         &clock_ms,
         &mut console_in,
@@ -143,6 +216,25 @@ pub(crate) fn appliance(
         }
     }
     drop(disks);
+    drop(handed_nvme);
+    // Every NVMe namespace flushed (a Flush where the controller has a volatile cache), then
+    // the controllers disabled (their drop) before the DMA pages are counted.
+    let mut nvme_failed = false;
+    for (n, d) in ns_disks.iter_mut() {
+        if let Err(e) = d.flush() {
+            let _ = writeln!(
+                Serial,
+                "nvmf: NVMe controller {n} namespace {}: flush: {e}",
+                d.namespace().nsid
+            );
+            nvme_failed = true;
+        }
+    }
+    drop(ns_disks);
+    let nvme_stats: [Option<NvmeStats>; MAX_NVME] = controllers
+        .each_ref()
+        .map(|c| c.as_ref().map(|c| c.borrow().stats()));
+    drop(controllers);
     drop(ctx);
     match r {
         Ok(s) => {
@@ -189,8 +281,17 @@ pub(crate) fn appliance(
             None => {}
         }
     }
-    if failed {
-        let _ = writeln!(Serial, "bareverbs: FAIL nvmf: a virtio-blk flush failed");
+    for (n, st) in nvme_stats.iter().enumerate() {
+        if let Some(st) = st {
+            let _ = writeln!(
+                Serial,
+                "nvmf-uk nvme {n}: flushed; {} commands, {} bytes read, {} written, {} flushes, {} errors, {} timeouts",
+                st.completed, st.read, st.written, st.flushes, st.status_errors, st.timeouts
+            );
+        }
+    }
+    if failed || nvme_failed {
+        let _ = writeln!(Serial, "bareverbs: FAIL nvmf: a disk's flush failed");
         exit(Exit::Fail)
     }
     let left = dma_left(dma);
@@ -253,6 +354,59 @@ pub(crate) fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dma
                 c.bytes,
                 disk_check::FIRST,
                 stats.requests
+            );
+            let _ = writeln!(Serial, "DMA pages outstanding: 0");
+            pass()
+        }
+        Ok(_) => fail(&"DMA pages not returned"),
+        Err(why) => fail(&why),
+    }
+}
+
+/// The NVMe boot check (`bvnvme` on the command line): the virtio-blk check's pattern
+/// (`bareverbs_appliance::disk_check`) through the first namespace of the first NVMe
+/// controller, by its bounce buffer; then the controller is disabled and its memory counted.
+/// Ends the run with PASS or FAIL.
+pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
+    use bareverbs::hal::Hal;
+    use bareverbs_appliance::disk_check;
+    let fail = |why: &dyn core::fmt::Display| -> ! {
+        let _ = writeln!(Serial, "bareverbs: FAIL nvme: {why}");
+        exit(Exit::Fail)
+    };
+    let [Some(c), ..] = nvme_controllers(pci, hal) else {
+        fail(&"no NVMe controller came up")
+    };
+    let Some(nsid) = c.borrow().namespaces().next().map(|ns| ns.nsid) else {
+        fail(&"the controller serves no namespace")
+    };
+    let pages = (disk_check::SECTORS * 512).div_ceil(PAGE_SIZE);
+    let Ok(block) = hal.dma_alloc(pages) else {
+        fail(&"no DMA memory for the scratch buffer")
+    };
+    // SAFETY: a fresh block of `pages` pages from the HAL, used only here, returned below.
+    let scratch =
+        unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
+    let r = match NsDisk::new(&c, nsid) {
+        Some(mut disk) => disk_check::run(&mut disk, scratch),
+        None => Err("the namespace is not served"),
+    };
+    let stats = c.borrow().stats();
+    drop(c);
+    // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
+    unsafe { hal.dma_dealloc(block) };
+    match r {
+        Ok(k) if dma_left(dma) == 0 => {
+            let _ = writeln!(
+                Serial,
+                "nvme: namespace {nsid}, {} blocks: {} bytes from block {} written, read back in \
+                 3 pieces and equal, flushed; reads past the end and of part of a block refused \
+                 ({} commands, {} flushes); the controller disabled",
+                k.capacity,
+                k.bytes,
+                disk_check::FIRST,
+                stats.completed,
+                stats.flushes
             );
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             pass()

@@ -37,6 +37,7 @@ pub mod hostile;
 pub mod intel;
 pub mod link;
 mod mem;
+pub mod nvme;
 mod pci;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

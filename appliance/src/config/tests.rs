@@ -10,10 +10,13 @@ const MIB: u64 = 1 << 20;
 const ONE_DISK: Machine = Machine {
     disks: 1,
     ram_bytes: 256 * MIB,
+    nvme: [0; MAX_NVME],
 };
+/// Two disks, and two NVMe controllers: NSIDs 1 and 2 on the first, 1 on the second.
 const TWO_DISKS: Machine = Machine {
     disks: 2,
     ram_bytes: 256 * MIB,
+    nvme: [0b11, 0b1],
 };
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a";
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
@@ -134,6 +137,7 @@ fn sizes() {
         let m = Machine {
             disks: 0,
             ram_bytes: 2 << 30,
+            nvme: [0; MAX_NVME],
         };
         assert_eq!(
             ok(&line, &m).subsystems[0].namespaces,
@@ -434,7 +438,20 @@ fn namespaces_against_the_machine() {
         Problem::DiskTaken,
     );
     for bad in [
-        "blk:", "blk:x", "blk:-1", "blk:1000", "disk:0", "ram", "nvme:0", "",
+        "blk:",
+        "blk:x",
+        "blk:-1",
+        "blk:1000",
+        "disk:0",
+        "ram",
+        "nvme:",
+        "nvme:x",
+        "nvme:0/",
+        "nvme:/1",
+        "nvme:-1",
+        "nvme:1/2/3",
+        "nvme:99999999999",
+        "",
     ] {
         refused(
             &format!("bvnvmf=10.0.0.2 bvnvmf.subsys=nqn.x:a bvnvmf.ns={bad}"),
@@ -476,6 +493,7 @@ fn namespaces_against_the_machine() {
         &Machine {
             disks: 0,
             ram_bytes: 32 * MIB,
+            nvme: [0; MAX_NVME],
         },
         "",
         Problem::RamTooLarge {
@@ -539,6 +557,9 @@ fn any_word_sequence_is_taken_only_when_it_keeps_the_rules() {
         "bvnvmf.ns=ram:4K",
         "bvnvmf.ns=blk:0",
         "bvnvmf.ns=blk:1",
+        "bvnvmf.ns=nvme:1",
+        "bvnvmf.ns=nvme:0/2",
+        "bvnvmf.ns=nvme:1/1",
         "bvnvmf.allow=nqn.h:1",
         "bvnvmf.allow=nqn.h:2,nqn.h:3",
         "console=ttyS0",
@@ -551,6 +572,7 @@ fn any_word_sequence_is_taken_only_when_it_keeps_the_rules() {
         "bvnvmf.subsys=nqn.2014-08.org.nvmexpress.discovery",
         "bvnvmf.ns=ram:1000",
         "bvnvmf.ns=blk:2",
+        "bvnvmf.ns=nvme:1/2",
         "bvnvmf.allow=nqn.h:1,nqn.h:1",
         "bvnvmf.what=1",
     ];
@@ -591,14 +613,24 @@ fn any_word_sequence_is_taken_only_when_it_keeps_the_rules() {
                 taken += 1;
                 assert!(c.ram_bytes() <= TWO_DISKS.ram_bytes, "{line}");
                 let mut disks = [false; 2];
+                let mut nvme = [[false; 2]; 2];
                 for (k, s) in c.subsystems.iter().enumerate() {
                     assert!(nqn_ok(s.nqn) && s.nqn != DISCOVERY_NQN, "{line}");
                     assert!(c.subsystems[..k].iter().all(|t| t.nqn != s.nqn), "{line}");
                     assert!(c.built_in || !s.namespaces.is_empty(), "{line}");
                     for m in &s.namespaces {
-                        if let Medium::Blk { index } = *m {
-                            assert!(!disks[index], "{line}");
-                            disks[index] = true;
+                        match *m {
+                            Medium::Blk { index } => {
+                                assert!(!disks[index], "{line}");
+                                disks[index] = true;
+                            }
+                            Medium::Nvme { controller, nsid } => {
+                                let at = &mut nvme[controller][nsid as usize - 1];
+                                assert!(!*at, "{line}");
+                                assert!(TWO_DISKS.nvme[controller] & 1 << (nsid - 1) != 0);
+                                *at = true;
+                            }
+                            Medium::Ram { .. } => {}
                         }
                     }
                 }
@@ -609,5 +641,68 @@ fn any_word_sequence_is_taken_only_when_it_keeps_the_rules() {
     assert!(
         taken > 500 && refusals > 500,
         "taken {taken}, refused {refusals}"
+    );
+}
+
+#[test]
+fn nvme_namespaces_by_controller_and_nsid() {
+    let c = ok(
+        "bvnvmf=10.0.0.2 bvnvmf.subsys=nqn.x:ssd bvnvmf.ns=nvme:1 bvnvmf.ns=nvme:0/2 \
+         bvnvmf.subsys=nqn.x:other bvnvmf.ns=nvme:1/1 bvnvmf.ns=ram:4K",
+        &TWO_DISKS,
+    );
+    assert_eq!(
+        c.subsystems[0].namespaces,
+        ns(&[
+            Medium::Nvme {
+                controller: 0,
+                nsid: 1
+            },
+            Medium::Nvme {
+                controller: 0,
+                nsid: 2
+            }
+        ])
+    );
+    assert_eq!(
+        c.subsystems[1].namespaces,
+        ns(&[
+            Medium::Nvme {
+                controller: 1,
+                nsid: 1
+            },
+            Medium::Ram { bytes: 4096 }
+        ])
+    );
+    assert_eq!(c.ram_bytes(), 4096);
+    // A namespace the controller does not serve, a controller that is not there, NSID 0 and
+    // past the highest the configuration names.
+    for (word, controllers) in [
+        ("nvme:3", 2),
+        ("nvme:1/2", 2),
+        ("nvme:2/1", 2),
+        ("nvme:0", 2),
+        ("nvme:0/65", 2),
+        ("nvme:4294967295", 2),
+    ] {
+        refused(
+            &format!("bvnvmf=10.0.0.2 bvnvmf.subsys=nqn.x:a bvnvmf.ns={word}"),
+            &TWO_DISKS,
+            &format!("bvnvmf.ns={word}"),
+            Problem::NoSuchNvmeNamespace { controllers },
+        );
+    }
+    refused(
+        "bvnvmf=10.0.0.2 bvnvmf.subsys=nqn.x:a bvnvmf.ns=nvme:1",
+        &ONE_DISK,
+        "bvnvmf.ns=nvme:1",
+        Problem::NoSuchNvmeNamespace { controllers: 0 },
+    );
+    // One NVMe namespace backs one namespace (`nvme:1` is `nvme:0/1`).
+    refused(
+        "bvnvmf=10.0.0.2 bvnvmf.subsys=nqn.x:a bvnvmf.ns=nvme:1 bvnvmf.subsys=nqn.x:b bvnvmf.ns=nvme:0/1",
+        &TWO_DISKS,
+        "bvnvmf.ns=nvme:0/1",
+        Problem::NvmeNamespaceTaken,
     );
 }
