@@ -26,8 +26,8 @@ use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
 use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, bucket_floor_us};
 use bareverbs_nvmf::{
-    BlockDevice, Host, HostConfig, HostError, RamDisk, Subsystem, Target,
-    TargetConfig, TargetCounts,
+    BlockDevice, Host, HostConfig, HostError, RamDisk, Subsystem, Target, TargetConfig,
+    TargetCounts,
 };
 
 use bareverbs_platform::{Failure, Step};
@@ -356,7 +356,12 @@ pub fn serve<P: Provider>(
         if s.namespaces.is_empty() {
             let _ = write!(out, " no namespace (no disk),");
         }
-        for (k, (dev, m)) in s.namespaces.iter().zip(declared.namespaces.iter()).enumerate() {
+        for (k, (dev, m)) in s
+            .namespaces
+            .iter()
+            .zip(declared.namespaces.iter())
+            .enumerate()
+        {
             let what = match *m {
                 Medium::Ram { .. } => Medium::Ram { bytes: 0 },
                 blk => blk,

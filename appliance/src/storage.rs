@@ -175,7 +175,11 @@ pub(crate) fn appliance(
                     st.read,
                     st.written,
                     st.flushes,
-                    if *cache { "write-back" } else { "write-through" }
+                    if *cache {
+                        "write-back"
+                    } else {
+                        "write-through"
+                    }
                 );
             }
             Some((Err(e), _, _)) => {

@@ -243,7 +243,12 @@ fn addresses_prefixes_and_ports() {
             Problem::BadSeconds,
         );
     }
-    refused("bvnvmf.serve=1 bvnvmf.serve=2", &ONE_DISK, "bvnvmf.serve=2", Problem::Repeated);
+    refused(
+        "bvnvmf.serve=1 bvnvmf.serve=2",
+        &ONE_DISK,
+        "bvnvmf.serve=2",
+        Problem::Repeated,
+    );
     for bad in [
         "10.0.0",
         "10.0.0.2.1",
