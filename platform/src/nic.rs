@@ -100,6 +100,8 @@ impl core::fmt::Display for NicError {
 }
 
 /// A NIC of one of the families, as a [`Link`].
+// One value per kernel, moved once into the RoCE device: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Nic {
     /// An igb NIC.
     Igb(Igb<KHal>),
@@ -145,19 +147,21 @@ impl Nic {
                 }
             }
         };
-        // SAFETY: (each arm) our caller's promise.
         Ok(match family {
             Family::Igb => {
+                // SAFETY: our caller's promise.
                 let n = unsafe { Igb::new(hal, pci, address) }.map_err(NicError::Intel)?;
                 link(&|p| n.wait_link(p))?;
                 Nic::Igb(n)
             }
             Family::E1000e => {
+                // SAFETY: our caller's promise.
                 let n = unsafe { E1000e::new(hal, pci, address) }.map_err(NicError::Intel)?;
                 link(&|p| n.wait_link(p))?;
                 Nic::E1000e(n)
             }
             Family::Virtio => Nic::Virtio(
+                // SAFETY: our caller's promise.
                 unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) }
                     .map_err(NicError::Virtio)?,
             ),
@@ -193,12 +197,15 @@ impl Nic {
         let Some(msg) = hal.msi_message(0) else {
             return false;
         };
-        // SAFETY: (each arm) `pci` reaches the NIC's function as given to `Nic::new`; nothing
-        // else uses its MSI-X table; its BARs lie in the HAL's identity-mapped PCI hole.
+        // (Each arm:) `pci` reaches the NIC's function as given to `Nic::new`; nothing else
+        // uses its MSI-X table; its BARs lie in the HAL's identity-mapped PCI hole.
         let r = match self {
+            // SAFETY: as said above.
             Nic::Igb(n) => unsafe { n.route_interrupts(pci, msg) },
+            // SAFETY: as said above.
             Nic::E1000e(n) => unsafe { n.route_interrupts(pci, msg) },
             Nic::Virtio(n) => {
+                // SAFETY: as said above.
                 return unsafe { n.route_interrupts(pci, msg) }
                     .map_err(|e| not_routed("virtio-net", e))
                     .is_ok();
