@@ -180,8 +180,9 @@ pub fn stack_used() -> (usize, usize) {
     (size - untouched * 8, size)
 }
 
-/// Bytes of the PVH command line read at most.
-pub const CMDLINE: usize = 1024;
+/// Bytes of the PVH command line read at most (the RoCE lab's list of every case is some
+/// 1,100 bytes).
+pub const CMDLINE: usize = 4096;
 
 /// The PVH command line, read into `buf`.
 fn cmdline(start_info: u32, buf: &mut [u8; CMDLINE]) -> Option<&str> {
