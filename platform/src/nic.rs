@@ -61,11 +61,15 @@ impl Family {
 
     /// The first function of this family on the machine.
     pub fn find(self, pci: &PortIoConfig) -> Option<PciAddress> {
-        match self {
-            Family::Igb => intel::pci::find(pci, igb::DEVICE_IDS),
-            Family::E1000e => intel::pci::find(pci, e1000e::DEVICE_IDS),
-            Family::Virtio => virtio_net::find(pci),
-        }
+        // One bus scan for every family (the one virtio-blk's search uses too).
+        let is: fn(u16, u16) -> bool = match self {
+            Family::Igb => |v, d| v == intel::pci::VENDOR_INTEL && igb::DEVICE_IDS.contains(&d),
+            Family::E1000e => {
+                |v, d| v == intel::pci::VENDOR_INTEL && e1000e::DEVICE_IDS.contains(&d)
+            }
+            Family::Virtio => virtio_net::is_virtio_net,
+        };
+        virtio_net::find_with(pci, is)
     }
 }
 
