@@ -219,6 +219,44 @@ impl Nic {
     }
 }
 
+impl Drop for Nic {
+    /// Says what the NIC counted (the evidence of a lossy segment or a confused NIC), before
+    /// the family's own drop resets it.
+    fn drop(&mut self) {
+        let name = self.family().name();
+        let _ = match self {
+            Nic::Igb(n) => intel_counts(name, n.stats()),
+            Nic::E1000e(n) => intel_counts(name, n.stats()),
+            Nic::Virtio(n) => {
+                let c = n.stats();
+                writeln!(
+                    Serial,
+                    "nic: {name} counted: received {}, transmitted {}, dropped {}",
+                    c.received, c.transmitted, c.dropped
+                )
+            }
+        };
+    }
+}
+
+/// Prints an Intel NIC's counters.
+fn intel_counts(name: &str, c: intel::LinkStats) -> core::fmt::Result {
+    writeln!(
+        Serial,
+        "nic: {name} counted: received {}, transmitted {}, dropped {}, refused: length {}, \
+         fragments {}, errors {}; transmit busy {}; resyncs rx {} tx {}",
+        c.received,
+        c.transmitted,
+        c.dropped,
+        c.bad_length,
+        c.fragments,
+        c.errors,
+        c.busy,
+        c.rx_resyncs,
+        c.tx_resyncs
+    )
+}
+
 /// Says why a NIC's interrupts are not routed.
 fn not_routed(family: &str, why: impl core::fmt::Display) {
     let _ = writeln!(Serial, "nic: {family} interrupts not routed: {why}");
