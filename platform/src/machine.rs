@@ -316,6 +316,7 @@ pub fn roce_device(
         );
         exit(Exit::NoDevice)
     };
+    let t0 = clock_ms();
     // SAFETY: the port accessor reaches every function; this kernel drives nothing else on
     // the NIC (a NIC taken before is gone: this takes it over anew); its BARs lie in the
     // identity-mapped, uncached PCI hole (the HAL's mapping).
@@ -335,7 +336,7 @@ pub fn roce_device(
     let m = nic.mac();
     let _ = writeln!(
         Serial,
-        "nic: {} {:04x}:{:04x} at {:02x}:{:02x}.{}, MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        "nic: {} {:04x}:{:04x} at {:02x}:{:02x}.{}, MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, up in {} ms",
         family.name(),
         id as u16,
         id >> 16,
@@ -347,7 +348,8 @@ pub fn roce_device(
         m[2],
         m[3],
         m[4],
-        m[5]
+        m[5],
+        clock_ms() - t0
     );
     setup(&mut nic);
     let filters = nic.filters();
