@@ -5,8 +5,8 @@
 //!
 //! | subsystem NQN | namespace 1 |
 //! | --- | --- |
-//! | [`NQN_RAM`] | a RAM disk of `bvnvmf.mib=` MiB (64 by default; [`crate::cmdline`]), 512-byte blocks |
-//! | [`NQN_BLK`] | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
+//! | [`NQN_RAM`](crate::config::NQN_RAM) | a RAM disk of `bvnvmf.mib=` MiB (64 by default; [`crate::config`]), 512-byte blocks |
+//! | [`NQN_BLK`](crate::config::NQN_BLK) | the first virtio-blk disk, 512-byte blocks (no namespace without one) |
 //!
 //! The kernel serves until its console receives `q`, then prints what the target counted
 //! ([`report`]), flushes the virtio-blk disk and powers off. `s` on the console prints the
