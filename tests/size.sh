@@ -35,8 +35,10 @@
 #     built in the example's code;
 #   - nothing else counts: not the example's own code, not core/log/pci_types code the example
 #     itself calls (core code inlined into driver code counts with it, wherever it landed).
-# The NIC link (`hal/src/virtio_net`, `bareverbs_hal::virtio_net::…`) and the virtio-drivers
-# crate it wraps are not the RDMA driver: their symbols are printed apart, `link_text_symbols N`.
+# The NIC links (`hal/src/virtio_net`, `bareverbs_hal::virtio_net::…`, and the virtio-drivers
+# crate it wraps; the Intel links, `hal/src/intel`, `igb.rs`, `e1000e.rs`, all three in the
+# kernel since the platform drives whichever NIC it finds) are not the RDMA driver: their
+# symbols are printed apart, `link_text_symbols N`.
 # The second device, software RoCEv2 (`src/device/rxe/`, and driver symbols whose name mentions
 # `bareverbs::device::rxe::`: the verbs layer instantiated for it), is counted apart as well:
 # `rxe_text_symbols`, `rxe_text_inlined` (bytes whose innermost line is in its files, and driver

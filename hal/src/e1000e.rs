@@ -7,7 +7,8 @@
 //! where igb's advanced one has them) with the 2 KiB buffer `RCTL` gives by default; legacy
 //! transmit descriptors; the link forced up (`CTRL.SLU`, and QEMU reports it up from reset);
 //! and its interrupts in MSI-X mode through `IVAR` (receive queue 0, transmit queue 0 and
-//! "other" to vector 0) and the queue causes in `IMS`. Registers and sources:
+//! "other" to vector 0) and the queue causes in `IMS`, enabled again whenever the link finds
+//! no frame (a message masks its cause). Registers and sources:
 //! docs/intel-nics.md.
 
 use crate::Mmio;
@@ -83,6 +84,13 @@ impl Family for I82574 {
             IVAR_FIELD_VALID | IVAR_FIELD_VALID << 8 | IVAR_FIELD_VALID << 16 | IVAR_INT_ON_ALL_WB,
         );
         regs.write32(EIAC, IMS_RXQ0 | IMS_TXQ0);
+        regs.write32(IMS, IMS_RXQ0 | IMS_TXQ0);
+    }
+
+    /// A message auto-clears its cause from ICR (EIAC) and, with CTRL_EXT.IAME clear, masks it
+    /// in IMS too (QEMU 8.0 and later, `e1000e_msix_notify_one`; Linux's driver enables it
+    /// again after each poll): one message and no more, unless enabled again.
+    fn rearm<M: Mmio>(regs: &M) {
         regs.write32(IMS, IMS_RXQ0 | IMS_TXQ0);
     }
 }

@@ -19,6 +19,7 @@ pub mod block;
 pub mod console;
 pub mod irq;
 pub mod machine;
+pub mod nic;
 pub mod step;
 pub mod virtio_blk;
 pub mod wait;

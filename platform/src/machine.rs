@@ -1,17 +1,23 @@
 //! The machine a kernel boots on: QEMU's PVH start info (its memory map and command line),
 //! the DMA region in the largest RAM range above the image, the interrupt controller's
 //! self-test, the PCI configuration ports, the boot stack's high-water mark, a millisecond
-//! clock, and the software RoCE device over the first virtio-net NIC.
+//! clock, and the software RoCE device over the machine's NIC (`nic.rs`).
 
 use core::fmt::Write;
 use core::ptr::NonNull;
 
 use bareverbs::device::rxe::{Config as RoceConfig, Rxe};
-use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
-use bareverbs::hal::{Clock, DmaRegion, Hal, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use bareverbs::hal::virtio_net::GlobalIdentity;
+use bareverbs::hal::{Clock, DmaRegion, IdentityHal, Link, PAGE_SIZE, x86::PortIoConfig};
 
 use crate::console::{self, Exit, Serial, exit};
 use crate::irq;
+use crate::nic::{self, Nic};
+
+/// The PVH start info's address, for [`roce_device`]'s `bvnic=` (set by [`start`]).
+static START_INFO: AtomicU32 = AtomicU32::new(0);
 
 unsafe extern "C" {
     /// The end of the kernel image (`linker/unikernel.ld`).
@@ -89,6 +95,7 @@ impl Machine {
 /// backend, the local APIC and its self-test, the DMA region and the HAL over it, PCI. Ends
 /// the run with FAIL when one of them is not there.
 pub fn start(start_info: u32, banner: &str) -> Machine {
+    START_INFO.store(start_info, Ordering::Relaxed);
     console::init();
     console::init_log();
     let _ = writeln!(Serial, "{banner}");
@@ -173,13 +180,17 @@ pub fn stack_used() -> (usize, usize) {
     (size - untouched * 8, size)
 }
 
-/// Bytes of the PVH command line read at most.
-pub const CMDLINE: usize = 1024;
+/// Bytes of the PVH command line read at most (the RoCE lab's list of every case is some
+/// 1,100 bytes).
+pub const CMDLINE: usize = 4096;
 
 /// The PVH command line, read into `buf`.
 fn cmdline(start_info: u32, buf: &mut [u8; CMDLINE]) -> Option<&str> {
     let info = start_info as usize as *const u8;
     // hvm_start_info: cmdline_paddr at 24 (0: none); the string is NUL-terminated.
+    if info.is_null() {
+        return None;
+    }
     // SAFETY: QEMU hands over a valid hvm_start_info at `ebx` (its magic was checked by
     // `dma_memory`); memory is identity-mapped.
     let cmdline = unsafe { info.add(24).cast::<u64>().read_unaligned() } as usize as *const u8;
@@ -275,28 +286,71 @@ pub fn clock_ms() -> u64 {
     Ticks.now_us() / 1000
 }
 
-/// The software RoCE device over the first virtio-net NIC, at IPv4 address `ip` (`setup` sees
-/// the NIC first); ends the run if there is none or it does not come up.
+/// The software RoCE device over the machine's NIC ([`nic::find`]: the first igb, else the
+/// first e1000e, else the first virtio-net, or the family the command line's `bvnic=` names)
+/// at IPv4 address `ip` (`setup` sees the NIC first); prints which NIC it is; ends the run if
+/// there is none or it does not come up.
 pub fn roce_device(
     pci: &PortIoConfig,
     hal: IdentityHal<'static>,
     ip: [u8; 4],
-    setup: impl FnOnce(&mut VirtioNet<GlobalIdentity>),
-) -> Rxe<IdentityHal<'static>, VirtioNet<GlobalIdentity>, Ticks> {
-    let Some(address) = virtio_net::find(pci) else {
-        let _ = writeln!(Serial, "roce: no virtio-net NIC either");
-        exit(Exit::NoDevice)
-    };
-    // SAFETY: the port accessor reaches every function; this kernel drives nothing else on
-    // the NIC (a NIC taken before is gone: this takes it over anew); its BARs lie in the
-    // identity-mapped, uncached PCI hole (the HAL's mapping).
-    let mut nic = match unsafe { VirtioNet::<GlobalIdentity>::new(pci, address) } {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = writeln!(Serial, "bareverbs: FAIL roce: virtio-net bring-up: {e}");
+    setup: impl FnOnce(&mut Nic),
+) -> Rxe<IdentityHal<'static>, Nic, Ticks> {
+    let mut buf = [0u8; CMDLINE];
+    let text = cmdline(START_INFO.load(Ordering::Relaxed), &mut buf).unwrap_or("");
+    let only = match nic::Family::from_cmdline(text) {
+        Ok(f) => f,
+        Err(word) => {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL bvnic={word}: not igb, e1000e or virtio"
+            );
             exit(Exit::Fail)
         }
     };
+    let Some((family, address)) = nic::find(pci, only) else {
+        let _ = writeln!(
+            Serial,
+            "roce: no {} NIC either",
+            only.map_or("igb, e1000e or virtio-net", nic::Family::name)
+        );
+        exit(Exit::NoDevice)
+    };
+    let t0 = clock_ms();
+    // SAFETY: the port accessor reaches every function; this kernel drives nothing else on
+    // the NIC (a NIC taken before is gone: this takes it over anew); its BARs lie in the
+    // identity-mapped, uncached PCI hole (the HAL's mapping).
+    let mut nic = match unsafe { Nic::new(family, pci, hal, address, &clock_ms) } {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL roce: {} bring-up: {e}",
+                family.name()
+            );
+            exit(Exit::Fail)
+        }
+    };
+    // SAFETY: offset 0 of the function's header: no side effect.
+    let id = unsafe { pci_types::ConfigRegionAccess::read(pci, address, 0) };
+    let m = nic.mac();
+    let _ = writeln!(
+        Serial,
+        "nic: {} {:04x}:{:04x} at {:02x}:{:02x}.{}, MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, up in {} ms",
+        family.name(),
+        id as u16,
+        id >> 16,
+        address.bus(),
+        address.device(),
+        address.function(),
+        m[0],
+        m[1],
+        m[2],
+        m[3],
+        m[4],
+        m[5],
+        clock_ms() - t0
+    );
     setup(&mut nic);
     let filters = nic.filters();
     let dev = match Rxe::new(hal, nic, Ticks, RoceConfig { ip }) {
@@ -308,10 +362,8 @@ pub fn roce_device(
     };
     let _ = writeln!(
         Serial,
-        "roce: over virtio-net {:02x}:{:02x}.{}, {}",
-        address.bus(),
-        address.device(),
-        address.function(),
+        "roce: over {}, {}",
+        family.name(),
         if filters {
             "the device filters (promiscuous mode off)"
         } else {
@@ -323,21 +375,6 @@ pub fn roce_device(
 
 /// Routes the NIC's interrupts to device vector 0 (an idle wait then halts until the next
 /// frame); whether they are.
-pub fn route_nic_interrupts(
-    pci: &PortIoConfig,
-    hal: IdentityHal<'static>,
-    nic: &mut VirtioNet<GlobalIdentity>,
-) -> bool {
-    let Some(msg) = hal.msi_message(0) else {
-        return false;
-    };
-    // SAFETY: `pci` reaches the NIC's function, as given to `VirtioNet::new`; nothing else
-    // uses its MSI-X table.
-    match unsafe { nic.route_interrupts(pci, msg) } {
-        Ok(()) => true,
-        Err(e) => {
-            let _ = writeln!(Serial, "roce: virtio-net interrupts not routed: {e}");
-            false
-        }
-    }
+pub fn route_nic_interrupts(pci: &PortIoConfig, hal: IdentityHal<'static>, nic: &mut Nic) -> bool {
+    nic.route_interrupts(pci, hal)
 }

@@ -11,6 +11,10 @@
 #   BAREVERBS_ROCE_QEMU=path         another qemu-system-x86_64 for all three guests (default: PATH's;
 #                                    the README shows QEMU 10 from Debian's bookworm-backports)
 #   BAREVERBS_ROCE_KERNEL=path       another unikernel image (default: cargo's release build)
+#   BAREVERBS_ROCE_NIC=virtio        the unikernel's NIC: virtio (virtio-net), igb (an 82576: QEMU
+#                                    8.0 or later) or e1000e (an 82574); the Linux guests keep
+#                                    virtio-net. The unikernel takes the NIC it finds and says which.
+#                                    qemu/roce/nics.sh runs the lab on each.
 #   BAREVERBS_ROCE_CASE_TIMEOUT=100  seconds a Linux program (with its retries) may take
 #   BAREVERBS_ROCE_GRACE=15          seconds Linux A may go on after the unikernel exited
 #   BAREVERBS_ROCE_TIMEOUT=1500      seconds for the whole lab
@@ -63,6 +67,14 @@ if [ "$mode" = full ] && [ -z "${BAREVERBS_ROCE_KERNEL:-}" ]; then
   (cd "$repo" && cargo build --release -p bareverbs-lab-peers 2>&1 | tail -1)
 fi
 
+# The unikernel's NIC, as QEMU names the device, and the tag of the lab's efficiency lines
+# (none for virtio-net, the lines the README's figures are checked against).
+nic=${BAREVERBS_ROCE_NIC:-virtio}
+case "$nic" in
+  virtio) uk_nic=virtio-net-pci nic_tag= ;;
+  igb|e1000e) uk_nic=$nic nic_tag=" $nic" ;;
+  *) echo "BAREVERBS_ROCE_NIC=$nic: not virtio, igb or e1000e" >&2; exit 2 ;;
+esac
 only=${BAREVERBS_ROCE_ONLY:-}
 only_re=${only//,/|}
 # The segment: a multicast group on loopback, a fresh port per run.
@@ -155,7 +167,7 @@ unikernel() { # LOG CASES [COUNT]
   timeout "$limit" "$qemu" \
     "${acc[@]}" -machine q35 -cpu max -m 256M -nodefaults -vga none -display none -no-reboot \
     -serial "file:$log" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-    -netdev "$seg,id=nu" -device virtio-net-pci,netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
+    -netdev "$seg,id=nu" -device "$uk_nic",netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
     "${dump[@]}" \
     -kernel "$uk_kernel" \
     -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$2" \
@@ -212,7 +224,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
   if [ -z "$uk_pid" ] && grep -a -q "phase unikernel" "$alog"; then
     stage "baseline over"
     [ "$mode" = linux ] && break
-    stage "booting the unikernel (10.0.0.2)${counter:+, TCG, counted}"
+    stage "booting the unikernel (10.0.0.2) on $uk_nic${counter:+, TCG, counted}"
     unikernel "$ulog" "$(uk_cases)" "${counter:+$uk_count}"
     uk_pid=$last_pid
   fi
@@ -316,18 +328,18 @@ efficiency() {
   for n in read write; do
     grep -q -x "$n" <<<"$names" || continue
     if [ -z "$counter" ]; then
-      echo "roce efficiency $n: unikernel - linux - ratio - (no instruction counter: $counter_why)"
+      echo "roce efficiency $n$nic_tag: unikernel - linux - ratio - (no instruction counter: $counter_why)"
       continue
     fi
     [ "$n" = write ] && kk=01 || kk=02
     bytes=$(case_bytes "$n")
     u=$(window_count "$uk_count" "$kk") l=$(window_count "$b_count" "$kk")
     if [ -n "$u" ] && [ -n "$l" ] && [ "$l" != 0 ]; then
-      awk -v n="$n" -v u="$u" -v l="$l" -v b="$bytes" 'BEGIN {
+      awk -v n="$n$nic_tag" -v u="$u" -v l="$l" -v b="$bytes" 'BEGIN {
         printf "roce efficiency %s: unikernel %.2f linux %.2f ratio %.2f (%.1fM and %.1fM instructions over %d bytes)\n",
           n, u / b, l / b, u / l, u / 1e6, l / 1e6, b }'
     else
-      echo "roce efficiency $n: unikernel ${u:--} linux ${l:--} ratio - (a window without both marks)"
+      echo "roce efficiency $n$nic_tag: unikernel ${u:--} linux ${l:--} ratio - (a window without both marks)"
     fi
   done
 }
@@ -372,7 +384,7 @@ throughput() {
     r=-
     [ "$lin" != - ] && [ "$uk" != - ] && r=$(awk -v u="$uk" -v l="$lin" 'BEGIN {printf "%.2f", (l > 0 ? u / l : 0)}')
     [ "$n" = read ] && ratio=$r
-    echo "roce throughput $n: unikernel $uk linux $lin ratio $r (median of $([ "$nl" = "$nu" ] && echo "$nl" || echo "$nu and $nl"))"
+    echo "roce throughput $n$nic_tag: unikernel $uk linux $lin ratio $r (median of $([ "$nl" = "$nu" ] && echo "$nl" || echo "$nu and $nl"))"
   done
   [ "$bench_pass" = "$bench_total" ] || why+=("throughput runs $bench_pass/$bench_total")
 }
@@ -420,7 +432,7 @@ fi
 stage "done"
 if [ ${#why[@]} -eq 0 ]; then
   if [ "$mode" = full ]; then
-    echo "[roce] verdict: PASS (linux-linux $ll_pass/$ll_total$([ "$ll_total" = "$total" ] || echo " of $total, $((total - ll_total)) not run"), roce $uk_pass/$((total - cm_total)), cm $cm_pass/$cm_total, throughput runs $bench_pass/$bench_total, read ratio ${ratio:--}, $accel)"
+    echo "[roce] verdict: PASS (linux-linux $ll_pass/$ll_total$([ "$ll_total" = "$total" ] || echo " of $total, $((total - ll_total)) not run"), roce $uk_pass/$((total - cm_total)), cm $cm_pass/$cm_total, throughput runs $bench_pass/$bench_total, read ratio ${ratio:--}, $accel, unikernel on $nic)"
   else
     echo "[roce] verdict: PASS (linux-linux $ll_pass/$ll_total$([ "$ll_total" = "$total" ] || echo " of $total, $((total - ll_total)) not run"), $accel)"
   fi

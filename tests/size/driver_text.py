@@ -19,9 +19,10 @@ def run(*cmd):
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
-# The NIC link (hal/src/virtio_net, and the virtio-drivers crate it wraps) is not the RDMA
-# driver: counted apart, as link_text_symbols.
-LINK = r"(bareverbs_hal::virtio_net|virtio_drivers)::"
+# The NIC links (hal/src/virtio_net and the virtio-drivers crate it wraps; the Intel links,
+# hal/src/intel, igb.rs and e1000e.rs) are not the RDMA driver: counted apart, as
+# link_text_symbols.
+LINK = r"(bareverbs_hal::(virtio_net|intel|igb|e1000e)|virtio_drivers)::"
 
 
 # The second device, software RoCEv2 (src/device/rxe), is counted apart too (rxe_text_*):
@@ -121,7 +122,7 @@ def run_input(cmd, text):
 def main():
     kernel, repo = sys.argv[1], os.path.abspath(sys.argv[2])
     roots = (repo + "/src/", repo + "/hal/src/")
-    link_dir = repo + "/hal/src/virtio_net"
+    link_dir = tuple(repo + "/hal/src/" + d for d in ("virtio_net", "intel", "igb.rs", "e1000e.rs"))
     rxe_dir = repo + "/src/device/rxe/"
 
     def driver_file(f):

@@ -73,6 +73,12 @@ pub trait Family: sealed::Sealed {
     fn start_link<M: Mmio>(regs: &M) -> Result<(), IntelError>;
     /// Routes queue 0's receive and transmit interrupts to MSI-X vector 0.
     fn route_vector0<M: Mmio>(regs: &M);
+    /// Enables queue 0's interrupt causes again after routing, when the NIC masks a cause
+    /// as it sends its message (the 82574); called when the link finds no frame, before the
+    /// CPU may halt. Nothing by default.
+    fn rearm<M: Mmio>(regs: &M) {
+        let _ = regs;
+    }
 }
 
 pub(crate) mod sealed {
@@ -165,6 +171,8 @@ pub struct IntelNic<H: Hal, F: Family> {
     rx_stall: (u32, u32),
     /// Busy transmit refusals in a row.
     tx_stall: u32,
+    /// Whether the interrupts are routed ([`Family::rearm`] after an empty look).
+    routed: bool,
     _family: core::marker::PhantomData<F>,
 }
 
@@ -245,6 +253,7 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
             in_fragment: false,
             rx_stall: (0, u32::MAX),
             tx_stall: 0,
+            routed: false,
             _family: core::marker::PhantomData,
         };
         // On failure from here, `nic`'s Drop resets the NIC before the memory goes.
@@ -293,6 +302,7 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
         // SAFETY: the caller's promise.
         unsafe { pci::msix_entry0(&self.hal, pci, self.address, msg) }?;
         F::route_vector0(&self.regs);
+        self.routed = true;
         Ok(())
     }
 
@@ -321,6 +331,11 @@ impl<H: Hal, F: Family> IntelNic<H, F> {
                 Rx::Empty => {
                     self.announce_rx();
                     self.rx_stalled();
+                    if self.routed {
+                        // A frame that came since the last message, while the NIC had its
+                        // cause masked, is announced now.
+                        F::rearm(&self.regs);
+                    }
                     return None;
                 }
                 Rx::Frame(len) if !fragment => return Some((i, len)),

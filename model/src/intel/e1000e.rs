@@ -2,10 +2,13 @@
 //! 0's registers at 0x2800/0x3800, the link up from reset (CTRL.SLU and STATUS.LU in the reset
 //! values), legacy receive descriptors unless RFCTL.EXTEN asks for extended ones, RCTL's
 //! buffer size, legacy transmit descriptors (extended ones are skipped), transmit enabled by
-//! TARC0 (on after reset), and MSI-X causes through IVAR and IMS.
+//! TARC0 (on after reset), and MSI-X causes through IVAR and IMS: a message only when a queue
+//! cause newly appears in ICR, then the cause auto-cleared from ICR by EIAC and, unless
+//! CTRL_EXT.IAME, masked in IMS as well (QEMU 8.0 and later, `e1000e_msix_notify_one`): the
+//! driver enables it again.
 
 use super::igb::{advanced_writeback, rctl_buffer};
-use super::{IMS, Personality, Ring, TxDesc};
+use super::{ICR, IMS, Personality, Ring, TxDesc};
 
 /// The e1000e personality.
 pub struct E1000e;
@@ -15,6 +18,11 @@ const RFCTL_EXTEN: u32 = 1 << 15;
 const TARC0: usize = 0x3840;
 const TARC_ENABLE: u32 = 1 << 10;
 const IVAR: usize = 0x00E4;
+const EIAC: usize = 0x00DC;
+const CTRL_EXT: usize = 0x0018;
+const CTRL_EXT_IAME: u32 = 1 << 27;
+const ICR_RXQ0: u32 = 1 << 20;
+const ICR_TXQ0: u32 = 1 << 22;
 
 impl Personality for E1000e {
     fn name(&self) -> &'static str {
@@ -109,7 +117,18 @@ impl Personality for E1000e {
 
     fn vector(&self, regs: &[u32], rx: bool) -> Option<u16> {
         let field = (regs[IVAR / 4] >> if rx { 0 } else { 8 }) & 0xF;
-        let cause = if rx { 1 << 20 } else { 1 << 22 };
-        (field & 0x8 != 0 && regs[IMS / 4] & cause != 0).then_some((field & 7) as u16)
+        (field & 0x8 != 0 && regs[IMS / 4] & self.cause(rx) != 0).then_some((field & 7) as u16)
+    }
+
+    fn cause(&self, rx: bool) -> u32 {
+        if rx { ICR_RXQ0 } else { ICR_TXQ0 }
+    }
+
+    fn fired(&self, regs: &mut [u32], rx: bool) {
+        let cleared = regs[EIAC / 4] & self.cause(rx);
+        regs[ICR / 4] &= !cleared;
+        if regs[CTRL_EXT / 4] & CTRL_EXT_IAME == 0 {
+            regs[IMS / 4] &= !cleared;
+        }
     }
 }

@@ -132,6 +132,18 @@ pub trait Personality: Send {
     fn write(&self, regs: &mut [u32], offset: usize, value: u32) -> bool;
     /// The MSI-X vector queue 0's receive (`rx`) or transmit causes raise, if routed.
     fn vector(&self, regs: &[u32], rx: bool) -> Option<u16>;
+    /// The interrupt cause register bit of queue 0's receive (`rx`) or transmit cause, when the
+    /// family keeps it in `ICR` and raises a message only when it newly appears there (0: a
+    /// message for every cause).
+    fn cause(&self, rx: bool) -> u32 {
+        let _ = rx;
+        0
+    }
+    /// What the family does once a message for the cause went (the 82574: auto-clear, and
+    /// auto-mask).
+    fn fired(&self, regs: &mut [u32], rx: bool) {
+        let _ = (regs, rx);
+    }
 }
 
 /// What the liar said, by class.
@@ -343,7 +355,17 @@ impl Nic {
                 }
                 self.regs[MDIC / 4] = v;
             }
-            IMS => self.regs[IMS / 4] |= value,
+            IMS => {
+                // A cause pending while it was masked is announced once it is enabled.
+                let before = self.regs[IMS / 4];
+                self.regs[IMS / 4] |= value;
+                for rx in [true, false] {
+                    let c = self.p.cause(rx);
+                    if c & value & !before & self.regs[ICR / 4] != 0 {
+                        self.notify(rx);
+                    }
+                }
+            }
             IMC => self.regs[IMS / 4] &= !value,
             o if o == rx.tail => self.regs[o / 4] = value & 0xFFFF,
             o if o == tx.tail => {
@@ -562,8 +584,20 @@ impl Nic {
         self.raise(true);
     }
 
-    /// Raises queue 0's receive or transmit cause on its MSI-X vector, if routed.
+    /// Raises queue 0's receive or transmit cause on its MSI-X vector, if routed (and, for a
+    /// family that keeps its causes in `ICR`, if the cause was not already pending and enabled).
     fn raise(&mut self, rx: bool) {
+        let cause = self.p.cause(rx);
+        let was = self.regs[ICR / 4] & self.regs[IMS / 4] & cause;
+        self.regs[ICR / 4] |= cause;
+        if was != 0 {
+            return;
+        }
+        self.notify(rx);
+    }
+
+    /// Sends queue 0's receive or transmit message, if routed and enabled.
+    fn notify(&mut self, rx: bool) {
         let Some(v) = self.p.vector(&self.regs, rx) else {
             return;
         };
@@ -577,6 +611,7 @@ impl Nic {
         let address = u64::from(self.msix_table[e + 1]) << 32 | u64::from(self.msix_table[e]);
         self.msi.push((address, self.msix_table[e + 2]));
         self.counters.msix += 1;
+        self.p.fired(&mut self.regs, rx);
     }
 }
 

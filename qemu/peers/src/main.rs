@@ -50,7 +50,16 @@ fn roce_peers(
             "after 32 ms without a frame, until the timer's interrupt"
         }
     );
-    match roce_peer::serve(dev, &mut Serial, opts, &clock_ms, idle) {
+    let served = roce_peer::serve(dev, &mut Serial, opts, &clock_ms, idle);
+    // Evidence that the NIC's interrupts arrived (or that waits fell back on the timer).
+    let _ = writeln!(
+        Serial,
+        "roce: NIC interrupts {}, timer ticks {}, halts {}",
+        irq::count(irq::DEVICE_VECTORS.start),
+        irq::count(irq::TIMER_VECTOR),
+        irq::halts()
+    );
+    match served {
         Ok(o) if o.failed == 0 && dma_left(dma) == 0 => {
             let _ = writeln!(Serial, "roce peer: {} cases passed", o.cases);
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
