@@ -3,8 +3,7 @@
 //!
 //! A bareverbs-nvmf host on software RoCE device A and the target on device B, on an in-memory
 //! wire that builds each frame in place and copies it once out (as the virtio-net link, and
-//! `tests/bench/rxe.rs`'s wire). The target is the appliance's (`examples/unikernel`'s
-//! `nvmf_app`): 14 queues of at most 64 commands, 2 I/O queues a controller, I/O depth 64, a
+//! the wire of `tests/bench/wire.rs`, which the rxe bench shares). The target is the appliance's (`appliance/src/nvmf_app.rs`): 14 queues of at most 64 commands, 2 I/O queues a controller, I/O depth 64, a
 //! CM of 28 entries, a RAM disk of 512-byte blocks, the configuration's other defaults
 //! (4 KiB in-capsule data, 128 KiB transfers, 32 data buffers a queue). The host connects an
 //! admin queue and two I/O queues, as Linux's host of the lab does, and drives queue 1.
@@ -29,20 +28,21 @@
 //! success status, a read's bytes against the disk's, and the disk at the end against every
 //! write.
 
-use std::cell::RefCell;
 use std::hint::black_box;
-use std::rc::Rc as Shared;
 
 use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, Service};
-use bareverbs::device::rxe::{Config, FRAME, Rxe};
-use bareverbs::hal::{Link, LinkError};
+use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs_model::link::TestClock;
 use bareverbs_model::{Model, ModelConfig};
 use bareverbs_nvmf::block::{BlockDevice, RamDisk};
 use bareverbs_nvmf::host::{Data, Host, HostConfig};
 use bareverbs_nvmf::target::{Subsystem, Target, TargetConfig};
 use bareverbs_nvmf::wire::{Sqe, opcode};
+
+#[path = "../../tests/bench/wire.rs"]
+mod wire;
+use wire::{Wire, wire};
 
 /// The appliance's queue table, queue depth, I/O queues a controller and CM entries.
 const QUEUES: usize = 14;
@@ -61,7 +61,7 @@ const IP_B: [u8; 4] = [10, 0, 0, 3];
 const NQN: &str = "nqn.2026-11.io.bareverbs:ram";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:62617265-7665-7262-732d-6e766d660000";
 
-type R = Rxe<Model, Wire, TestClock>;
+type R = Rxe<Model, Wire<SLOTS>, TestClock>;
 
 // ---- The measured function. ----
 
@@ -78,112 +78,6 @@ pub fn bench_target(f: &mut dyn FnMut()) {
 fn uncounted(f: &mut dyn FnMut()) {
     black_box(1u8);
     f();
-}
-
-// ---- The link. ----
-
-/// One direction of the wire: a ring of frame buffers, as a NIC's descriptor ring.
-struct Ring {
-    buf: Vec<u8>,
-    len: Vec<usize>,
-    head: usize,
-    tail: usize,
-}
-
-/// One end of the wire: transmits into `tx`, receives from `rx`.
-pub struct Wire {
-    mac: [u8; 6],
-    tx: Shared<RefCell<Ring>>,
-    rx: Shared<RefCell<Ring>>,
-}
-
-impl Link for Wire {
-    fn mac(&self) -> [u8; 6] {
-        self.mac
-    }
-
-    fn max_frame(&self) -> usize {
-        FRAME
-    }
-
-    fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
-        if frame.is_empty() || frame.len() > FRAME {
-            return Err(LinkError::Size);
-        }
-        self.transmit_with(&mut [], |b| {
-            b[..frame.len()].copy_from_slice(frame);
-            Some(frame.len())
-        })
-        .map(|_| ())
-    }
-
-    fn tx_ready(&mut self) -> bool {
-        let r = self.tx.borrow();
-        r.tail - r.head < SLOTS
-    }
-
-    fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        loop {
-            if let Some(n) = self.receive_if(buf, |_| true)? {
-                return Some(n);
-            }
-        }
-    }
-
-    /// Built in the transmit slot, as the virtio-net link builds in its transmit buffer.
-    #[inline]
-    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
-    where
-        F: FnOnce(&mut [u8]) -> Option<usize>,
-    {
-        let mut r = self.tx.borrow_mut();
-        if r.tail - r.head == SLOTS {
-            return Err(LinkError::Busy);
-        }
-        let slot = r.tail % SLOTS;
-        let Some(n) = build(&mut r.buf[slot * FRAME..][..FRAME]) else {
-            return Ok(None);
-        };
-        if n == 0 || n > FRAME {
-            return Err(LinkError::Size);
-        }
-        r.len[slot] = n;
-        r.tail += 1;
-        Ok(Some(n))
-    }
-
-    /// Looked at in the receive slot, copied only when taken, as the virtio-net link does.
-    #[inline]
-    fn receive_with<T, F>(&mut self, _: &mut [u8], f: F) -> Option<T>
-    where
-        F: FnOnce(&[u8]) -> T,
-    {
-        let mut r = self.rx.borrow_mut();
-        if r.head == r.tail {
-            return None;
-        }
-        let slot = r.head % SLOTS;
-        r.head += 1;
-        let n = r.len[slot];
-        Some(f(&r.buf[slot * FRAME..][..n]))
-    }
-
-    #[inline]
-    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
-    where
-        F: FnOnce(&[u8]) -> bool,
-    {
-        self.receive_with(&mut [], |frame| bareverbs::hal::copy_if(frame, buf, want))
-    }
-}
-
-fn ring() -> Shared<RefCell<Ring>> {
-    Shared::new(RefCell::new(Ring {
-        buf: vec![0; SLOTS * FRAME],
-        len: vec![0; SLOTS],
-        head: 0,
-        tail: 0,
-    }))
 }
 
 // ---- The scenarios. ----
@@ -259,17 +153,7 @@ struct Ran {
 fn run(s: &Scenario) -> Ran {
     let model = Model::new(ModelConfig::default());
     let clk = TestClock::default();
-    let (ab, ba) = (ring(), ring());
-    let la = Wire {
-        mac: [0x52, 0x54, 0, 0, 0, 2],
-        tx: ab.clone(),
-        rx: ba.clone(),
-    };
-    let lb = Wire {
-        mac: [0x52, 0x54, 0, 0, 0, 3],
-        tx: ba,
-        rx: ab,
-    };
+    let (la, lb, _) = wire::<SLOTS>();
     model.set_seed(7);
     let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
     model.set_seed(8);

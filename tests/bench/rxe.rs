@@ -32,10 +32,14 @@ use std::hint::black_box;
 use std::rc::Rc as Shared;
 
 use bareverbs::Context;
-use bareverbs::device::rxe::{Config, FRAME, Rxe};
-use bareverbs::hal::{Clock, Link, LinkError};
+use bareverbs::device::rxe::{Config, Rxe};
+use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 use bareverbs_model::{Model, ModelConfig};
+
+#[path = "wire.rs"]
+mod wire;
+use wire::{Ring, Wire, wire};
 
 /// Payload bytes of one large message.
 pub const MSG: usize = 64 * 1024;
@@ -88,125 +92,6 @@ pub fn bench_floor(dst: &mut [u8], src: &[u8], piece: usize) -> u32 {
     x
 }
 
-// ---- The link. ----
-
-/// One direction of the wire: a ring of frame buffers, as a NIC's descriptor ring.
-struct Ring {
-    buf: Vec<u8>,
-    len: [usize; SLOTS],
-    head: usize,
-    /// Frames transmitted so far (the next one's slot, modulo `SLOTS`).
-    tail: usize,
-}
-
-impl Ring {
-    fn new() -> Shared<RefCell<Ring>> {
-        Shared::new(RefCell::new(Ring {
-            buf: vec![0; SLOTS * FRAME],
-            len: [0; SLOTS],
-            head: 0,
-            tail: 0,
-        }))
-    }
-}
-
-/// One end of the wire: transmits into `tx`, receives from `rx`.
-pub struct Wire {
-    mac: [u8; 6],
-    tx: Shared<RefCell<Ring>>,
-    rx: Shared<RefCell<Ring>>,
-}
-
-impl Link for Wire {
-    fn mac(&self) -> [u8; 6] {
-        self.mac
-    }
-
-    fn max_frame(&self) -> usize {
-        FRAME
-    }
-
-    fn transmit(&mut self, frame: &[u8]) -> Result<(), LinkError> {
-        if frame.is_empty() || frame.len() > FRAME {
-            return Err(LinkError::Size);
-        }
-        let mut r = self.tx.borrow_mut();
-        if r.tail - r.head == SLOTS {
-            return Err(LinkError::Busy);
-        }
-        let slot = r.tail % SLOTS;
-        r.buf[slot * FRAME..][..frame.len()].copy_from_slice(frame);
-        r.len[slot] = frame.len();
-        r.tail += 1;
-        Ok(())
-    }
-
-    fn tx_ready(&mut self) -> bool {
-        let r = self.tx.borrow();
-        r.tail - r.head < SLOTS
-    }
-
-    fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let mut r = self.rx.borrow_mut();
-        while r.head != r.tail {
-            let slot = r.head % SLOTS;
-            r.head += 1;
-            let n = r.len[slot];
-            if n <= buf.len() {
-                buf[..n].copy_from_slice(&r.buf[slot * FRAME..][..n]);
-                return Some(n);
-            }
-        }
-        None
-    }
-
-    /// Built in the transmit slot, as the virtio-net link builds in its transmit buffer.
-    #[inline]
-    fn transmit_with<F>(&mut self, _: &mut [u8], build: F) -> Result<Option<usize>, LinkError>
-    where
-        F: FnOnce(&mut [u8]) -> Option<usize>,
-    {
-        let mut r = self.tx.borrow_mut();
-        if r.tail - r.head == SLOTS {
-            return Err(LinkError::Busy);
-        }
-        let slot = r.tail % SLOTS;
-        let Some(n) = build(&mut r.buf[slot * FRAME..][..FRAME]) else {
-            return Ok(None);
-        };
-        if n == 0 || n > FRAME {
-            return Err(LinkError::Size);
-        }
-        r.len[slot] = n;
-        r.tail += 1;
-        Ok(Some(n))
-    }
-
-    /// Looked at in the receive slot, copied only when taken, as the virtio-net link does.
-    #[inline]
-    fn receive_with<T, F>(&mut self, _: &mut [u8], f: F) -> Option<T>
-    where
-        F: FnOnce(&[u8]) -> T,
-    {
-        let mut r = self.rx.borrow_mut();
-        if r.head == r.tail {
-            return None;
-        }
-        let slot = r.head % SLOTS;
-        r.head += 1;
-        let n = r.len[slot];
-        Some(f(&r.buf[slot * FRAME..][..n]))
-    }
-
-    #[inline]
-    fn receive_if<F>(&mut self, buf: &mut [u8], want: F) -> Option<Option<usize>>
-    where
-        F: FnOnce(&[u8]) -> bool,
-    {
-        self.receive_with(&mut [], |frame| bareverbs::hal::copy_if(frame, buf, want))
-    }
-}
-
 /// Time stands still: nothing is lost, no timer is due.
 #[derive(Clone, Copy)]
 pub struct Still;
@@ -217,26 +102,16 @@ impl Clock for Still {
     }
 }
 
-type R = Rxe<Model, Wire, Still>;
+type R = Rxe<Model, Wire<SLOTS>, Still>;
 type Ctx = Context<R>;
 type RcQp<'a> = QueuePair<'a, R, Rc, Rts>;
 
 /// Two devices on one wire (and the wire's two directions, A to B first).
-fn devices(model: &Model) -> (Ctx, Ctx, [Shared<RefCell<Ring>>; 2]) {
-    let (ab, ba) = (Ring::new(), Ring::new());
-    let la = Wire {
-        mac: [0x52, 0x54, 0, 0, 0, 2],
-        tx: ab.clone(),
-        rx: ba.clone(),
-    };
-    let lb = Wire {
-        mac: [0x52, 0x54, 0, 0, 0, 3],
-        tx: ba.clone(),
-        rx: ab.clone(),
-    };
+fn devices(model: &Model) -> (Ctx, Ctx, [Shared<RefCell<Ring<SLOTS>>>; 2]) {
+    let (la, lb, rings) = wire::<SLOTS>();
     let a = Rxe::new(model.clone(), la, Still, Config { ip: IP_A }).unwrap();
     let b = Rxe::new(model.clone(), lb, Still, Config { ip: IP_B }).unwrap();
-    (Context::new(a), Context::new(b), [ab, ba])
+    (Context::new(a), Context::new(b), rings)
 }
 
 /// Brings an RC QP to RTS towards `peer` (QPN, IP) at `mtu`.
