@@ -14,6 +14,7 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+pub mod acpi;
 pub mod arp;
 pub mod block;
 pub mod console;
