@@ -21,6 +21,7 @@ pub mod console;
 pub mod irq;
 pub mod machine;
 pub mod nic;
+pub mod smp;
 pub mod step;
 pub mod virtio_blk;
 pub mod wait;

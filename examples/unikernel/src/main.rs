@@ -19,7 +19,7 @@ use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
 use bareverbs::hal::{DmaRegion, IdentityHal, Link, x86::PortIoConfig};
 use bareverbs_platform::arp::{self, DisplayMac};
 use bareverbs_platform::console::{Exit, Serial, exit};
-use bareverbs_platform::irq;
+use bareverbs_platform::{irq, smp};
 use bareverbs_platform::machine::{self, Ticks, dma_left, pass, roce_device};
 use bareverbs_unikernel::Verdict;
 use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
@@ -119,6 +119,8 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs unikernel: x86_64, PVH entry, polling driver",
     );
+    // Every other CPU started; each only idles (the demo runs on this one).
+    smp::start(start_info, |_| {});
     match run_demo(&m) {
         Ok(Verdict::NoDevice) => {
             link_test(&m.pci, m.dma);
