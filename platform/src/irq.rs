@@ -445,6 +445,19 @@ extern "C" fn irq_dispatch(vector: u64) {
 
 #[unsafe(no_mangle)]
 extern "C" fn irq_fatal(vector: u64, error: u64, rip: u64) -> ! {
+    if vector == 14 {
+        let cr2: u64;
+        // SAFETY: reads CR2 (the faulting address); no side effect.
+        unsafe { asm!("mov {}, cr2", out(reg) cr2, options(nomem, nostack, preserves_flags)) };
+        if let Some(cpu) = smp::guard_owner(cr2) {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL stack overflow: cpu {cpu}'s guard page hit at {cr2:#x} by {rip:#x}, on cpu {}",
+                cpu_id()
+            );
+            exit(Exit::Fail)
+        }
+    }
     let _ = writeln!(
         Serial,
         "bareverbs: FAIL exception {vector} at {rip:#x} (error code {error:#x}) on cpu {}",

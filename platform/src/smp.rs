@@ -148,6 +148,14 @@ pub fn timer_ticks(index: usize) -> Option<u32> {
     (index < cpus()).then(|| irq::count_on(index, irq::TIMER_VECTOR))
 }
 
+/// The CPU whose guard page (below its stack or its interrupt stack) `addr` lies in.
+pub fn guard_owner(addr: u64) -> Option<usize> {
+    let off = usize::try_from(addr.checked_sub(STACKS.0.get() as u64)?).ok()?;
+    let at = off % SLOT;
+    let guard = at < GUARD || (GUARD + IST_SIZE..2 * GUARD + IST_SIZE).contains(&at);
+    (off < REGION && guard).then_some(off / SLOT)
+}
+
 /// Splits the stacks' 2 MiB page into 4 KiB pages, leaving each slot's two guard pages
 /// unmapped. Runs once, on the bootstrap CPU, before the tables are loaded.
 pub(crate) fn guard_stacks() {
@@ -327,6 +335,9 @@ extern "C" fn ap_main(index: u64) -> ! {
 struct Firmware {
     ranges: [(u64, u64); 32],
     n: usize,
+    /// Whether the trampoline's page is RAM the memory map lists, away from the start info,
+    /// its memory map and its command line (what the boot protocol handed over).
+    trampoline_free: bool,
 }
 
 impl Firmware {
@@ -334,6 +345,7 @@ impl Firmware {
         let mut fw = Firmware {
             ranges: [(0, 0); 32],
             n: 1,
+            trampoline_free: false,
         };
         fw.ranges[0] = (0, 0x10_0000);
         let info = start_info as usize as *const u8;
@@ -343,10 +355,11 @@ impl Firmware {
         // hvm_start_info: magic at 0, version at 4, rsdp_paddr at 32 (version 1 and later),
         // memmap_paddr at 40, memmap_entries at 48.
         // SAFETY: QEMU hands over a valid hvm_start_info; memory is identity-mapped.
-        let (magic, version, rsdp, memmap, entries) = unsafe {
+        let (magic, version, cmdline, rsdp, memmap, entries) = unsafe {
             (
                 info.cast::<u32>().read_unaligned(),
                 info.add(4).cast::<u32>().read_unaligned(),
+                info.add(24).cast::<u64>().read_unaligned(),
                 info.add(32).cast::<u64>().read_unaligned(),
                 info.add(40).cast::<u64>().read_unaligned(),
                 info.add(48).cast::<u32>().read_unaligned(),
@@ -355,21 +368,31 @@ impl Firmware {
         if magic != 0x336E_C578 {
             return (fw, None);
         }
-        for i in 0..entries.min(31) as usize {
+        let page = TRAMPOLINE..TRAMPOLINE + 4096;
+        let clear = |at: u64, len: u64| at.saturating_add(len) <= page.start || at >= page.end;
+        let entries = entries.min(31);
+        fw.trampoline_free = clear(u64::from(start_info), 56)
+            && clear(memmap, u64::from(entries) * 24)
+            && (cmdline == 0 || clear(cmdline, crate::machine::CMDLINE as u64));
+        let mut ram = false;
+        for i in 0..entries as usize {
             // SAFETY: the table QEMU built (checked magic), 24-byte entries, identity-mapped.
-            let (addr, size) = unsafe {
+            let (addr, size, ty) = unsafe {
                 let e = (memmap as usize + i * 24) as *const u8;
                 (
                     e.cast::<u64>().read_unaligned(),
                     e.add(8).cast::<u64>().read_unaligned(),
+                    e.add(16).cast::<u32>().read_unaligned(),
                 )
             };
             let end = addr.saturating_add(size).min(1 << 32);
+            ram |= ty == 1 && addr <= page.start && end >= page.end;
             if addr < end {
                 fw.ranges[fw.n] = (addr, end);
                 fw.n += 1;
             }
         }
+        fw.trampoline_free &= ram;
         (fw, (version >= 1 && rsdp != 0).then_some(rsdp))
     }
 }
@@ -403,6 +426,9 @@ pub struct Report {
     left: usize,
     /// Why the MADT could not be used (then only the bootstrap CPU runs).
     pub acpi: Option<AcpiError>,
+    /// Whether the trampoline's page was refused (not free RAM: then only the bootstrap CPU
+    /// runs).
+    pub no_trampoline: bool,
     /// Processors the MADT lists as not enabled.
     pub disabled: usize,
     /// Enabled processors the MADT lists that are not started: duplicates, past
@@ -442,6 +468,9 @@ impl fmt::Display for Report {
                 self.disabled, self.dropped
             )?;
         }
+        if self.no_trampoline {
+            write!(f, "; the trampoline's page {TRAMPOLINE:#x} is not free RAM")?;
+        }
         if let Some(e) = self.acpi {
             write!(f, "; ACPI: {e}")?;
         }
@@ -467,6 +496,13 @@ fn wait_ticks(ticks: u32, done: impl Fn() -> bool) -> bool {
 /// [`crate::machine::start`] (the interrupts are set up). Without usable tables, or with one
 /// CPU, only the bootstrap CPU runs.
 pub fn start(start_info: u32, entry: fn(usize)) -> Report {
+    start_with(start_info, entry, None)
+}
+
+/// [`start`], but the CPU with LAPIC ID `silent` (if listed) is sent INIT and no start-up
+/// IPI: a CPU that never answers, for the check that it is reported and left out while the
+/// others start.
+pub fn start_with(start_info: u32, entry: fn(usize), silent: Option<u32>) -> Report {
     let me = u32::from(irq::lapic_id());
     let mut r = Report {
         apic: [0; MAX_CPUS],
@@ -474,6 +510,7 @@ pub fn start(start_info: u32, entry: fn(usize)) -> Report {
         left_out: [0; MAX_CPUS],
         left: 0,
         acpi: None,
+        no_trampoline: false,
         disabled: 0,
         dropped: 0,
     };
@@ -486,15 +523,15 @@ pub fn start(start_info: u32, entry: fn(usize)) -> Report {
     let madt = acpi::find_rsdp(&fw, hint).and_then(|at| acpi::read_madt(&fw, at));
     match madt {
         Err(e) => r.acpi = Some(e),
+        Ok(_) if !fw.trampoline_free => r.no_trampoline = true,
         Ok(madt) => {
             r.disabled = madt.disabled;
             r.dropped = madt.dropped;
             let len = core::ptr::addr_of!(ap_tramp_end) as usize
                 - core::ptr::addr_of!(ap_tramp_start) as usize;
-            // SAFETY: the trampoline's bytes, copied to TRAMPOLINE: low RAM below the image
-            // that nothing else uses (the PVH start info and the tables lie elsewhere; checked
-            // against the page's range in `docs/smp.md`'s notes), identity-mapped; no other
-            // CPU runs code there yet.
+            // SAFETY: the trampoline's bytes, copied to TRAMPOLINE: a page of RAM the memory
+            // map lists, below the image, away from what the boot protocol handed over
+            // (`trampoline_free`), identity-mapped; no other CPU runs code there yet.
             unsafe {
                 core::ptr::copy_nonoverlapping(
                     core::ptr::addr_of!(ap_tramp_start),
@@ -512,7 +549,7 @@ pub fn start(start_info: u32, entry: fn(usize)) -> Report {
                     r.dropped += 1;
                     continue;
                 }
-                if start_one(cpu.apic_id as u8, index) {
+                if start_one(cpu.apic_id as u8, index, silent == Some(cpu.apic_id)) {
                     r.apic[index] = LOCAL[index].apic.load(Ordering::Relaxed);
                     r.started += 1;
                     STARTED.store(r.started, Ordering::Release);
@@ -531,7 +568,7 @@ pub fn start(start_info: u32, entry: fn(usize)) -> Report {
 /// INIT, 10 ms, SIPI, 200 µs, SIPI to the CPU with `apic`, to come up as `index`; waits for
 /// it to say it is up. A CPU that does not answer is sent INIT again (back to waiting for a
 /// SIPI) and the trampoline's claim withdrawn.
-fn start_one(apic: u8, index: usize) -> bool {
+fn start_one(apic: u8, index: usize, silent: bool) -> bool {
     let slot = STACKS.0.get() as usize + index * SLOT;
     // SAFETY: the trampoline page (copied by `start`); no CPU runs there now: the previous
     // one has answered or was sent INIT, and this one's claim is not set yet.
@@ -545,10 +582,12 @@ fn start_one(apic: u8, index: usize) -> bool {
     irq::send_ipi(apic, irq::Ipi::Init);
     // At least 10 ms: two tick boundaries.
     wait_ticks(2, || false);
-    irq::send_ipi(apic, irq::Ipi::Startup(vector));
-    irq::delay_us(200);
-    if !up() {
+    if !silent {
         irq::send_ipi(apic, irq::Ipi::Startup(vector));
+        irq::delay_us(200);
+        if !up() {
+            irq::send_ipi(apic, irq::Ipi::Startup(vector));
+        }
     }
     if wait_ticks(ANSWER_TICKS, up) {
         return true;
