@@ -133,7 +133,8 @@ unsafe extern "C" {
 
 /// Interrupts taken, per CPU and vector: each CPU writes only its own row (1 KiB, its own
 /// cache lines).
-static COUNTS: [[AtomicU32; 256]; MAX_CPUS] = [const { [const { AtomicU32::new(0) }; 256] }; MAX_CPUS];
+static COUNTS: [[AtomicU32; 256]; MAX_CPUS] =
+    [const { [const { AtomicU32::new(0) }; 256] }; MAX_CPUS];
 /// Halts taken in [`wait`], per CPU, each on its own cache line.
 #[repr(align(64))]
 struct Halts(AtomicU32);
@@ -342,7 +343,11 @@ pub(crate) fn delay_us(us: u32) {
     loop {
         let now = lapic_read(LAPIC_TIMER_CURRENT);
         // The count runs down and reloads at 0.
-        let gone = if now <= t0 { t0 - now } else { t0 + (TIMER_COUNTS - now) };
+        let gone = if now <= t0 {
+            t0 - now
+        } else {
+            t0 + (TIMER_COUNTS - now)
+        };
         if gone >= want {
             return;
         }

@@ -27,8 +27,8 @@ use x86_64::structures::DescriptorTablePointer;
 use x86_64::structures::gdt::SegmentSelector;
 use x86_64::structures::tss::TaskStateSegment;
 
-use crate::acpi::{self, AcpiError, PhysMem};
 pub use crate::acpi::MAX_CPUS;
+use crate::acpi::{self, AcpiError, PhysMem};
 use crate::console::Serial;
 use crate::irq;
 
@@ -541,7 +541,8 @@ pub fn start_with(start_info: u32, entry: fn(usize), silent: Option<u32>) -> Rep
                 let cr3: u64;
                 asm!("mov {}, cr3", out(reg) cr3, options(nomem, nostack, preserves_flags));
                 field(core::ptr::addr_of!(ap_tramp_cr3)).write_volatile(cr3);
-                field(core::ptr::addr_of!(ap_tramp_entry)).write_volatile(ap_main as *const () as u64);
+                field(core::ptr::addr_of!(ap_tramp_entry))
+                    .write_volatile(ap_main as *const () as u64);
             }
             for cpu in madt.cpus().iter().filter(|c| c.apic_id != me) {
                 let index = r.started;

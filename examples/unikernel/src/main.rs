@@ -20,8 +20,8 @@ use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
 use bareverbs::hal::{DmaRegion, IdentityHal, Link, x86::PortIoConfig};
 use bareverbs_platform::arp::{self, DisplayMac};
 use bareverbs_platform::console::{Exit, Serial, exit};
-use bareverbs_platform::{irq, smp};
 use bareverbs_platform::machine::{self, Ticks, dma_left, pass, roce_device};
+use bareverbs_platform::{irq, smp};
 use bareverbs_unikernel::Verdict;
 use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
 
@@ -124,7 +124,10 @@ fn cpu_entry(cpu: usize) {
             irq::wait();
         }
         let depth = deeper(core::hint::black_box(0));
-        let _ = writeln!(Serial, "bareverbs: FAIL smp: recursed {depth} deep unstopped");
+        let _ = writeln!(
+            Serial,
+            "bareverbs: FAIL smp: recursed {depth} deep unstopped"
+        );
         exit(Exit::Fail)
     }
 }
