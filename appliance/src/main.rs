@@ -22,6 +22,7 @@ use bareverbs_appliance::config::{Config, MAX_DISKS, MAX_NSID, MAX_NVME, Machine
 use bareverbs_appliance::nvmf_app::HOST_SCRATCH;
 use bareverbs_platform::console::{Exit, Serial, exit};
 use bareverbs_platform::machine::{self, CMDLINE};
+use bareverbs_platform::smp;
 use bareverbs_platform::virtio_blk;
 
 #[unsafe(no_mangle)]
@@ -30,6 +31,8 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs appliance: x86_64, PVH entry, NVMe over Fabrics on software RoCEv2",
     );
+    // Every other CPU started; for now they only idle (everything is served from this one).
+    smp::start(start_info, |_| {});
     if m.cmdline_has("bvblk") {
         storage::blk_check(&m.pci, m.hal, m.dma)
     }

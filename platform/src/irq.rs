@@ -27,6 +27,7 @@ use x86_64::structures::idt::InterruptDescriptorTable;
 use crate::wait::{Cpu, Entry};
 
 use crate::console::{Exit, Serial, exit};
+use crate::smp::{self, MAX_CPUS, cpu_id};
 
 /// The vectors a device's MSI-X entries may name: 0x30 + entry index (3 entries on PVRDMA).
 pub const DEVICE_VECTORS: core::ops::Range<u8> = 0x30..0x33;
@@ -130,30 +131,39 @@ unsafe extern "C" {
     fn exc_stub_14();
 }
 
-/// Interrupts taken, per vector.
-static COUNTS: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
-/// Halts taken in [`wait`].
-static HALTS: AtomicU32 = AtomicU32::new(0);
+/// Interrupts taken, per CPU and vector: each CPU writes only its own row (1 KiB, its own
+/// cache lines).
+static COUNTS: [[AtomicU32; 256]; MAX_CPUS] =
+    [const { [const { AtomicU32::new(0) }; 256] }; MAX_CPUS];
+/// Halts taken in [`wait`], per CPU, each on its own cache line.
+#[repr(align(64))]
+struct Halts(AtomicU32);
+static HALTS: [Halts; MAX_CPUS] = [const { Halts(AtomicU32::new(0)) }; MAX_CPUS];
 /// The LAPIC's MMIO base (0 until [`init`]).
 static LAPIC: AtomicU32 = AtomicU32::new(0);
 
 /// The IDT: written once by [`init`] before `lidt`, read only by the CPU afterwards.
 struct Idt(UnsafeCell<MaybeUninit<InterruptDescriptorTable>>);
-// SAFETY: written only by `init`, on the only CPU, before the table is loaded and with
-// interrupts off; never accessed from Rust afterwards.
+// SAFETY: written only by `init`, on the bootstrap CPU before any other CPU starts, before
+// the table is loaded and with interrupts off; afterwards only loaded (`lidt`) by the other
+// CPUs, never written.
 unsafe impl Sync for Idt {}
 static IDT: Idt = Idt(UnsafeCell::new(MaybeUninit::uninit()));
 
 /// The driver entry the device vectors go to.
 struct Route(UnsafeCell<Option<Entry>>);
-// SAFETY: one CPU; written only by `route`, with interrupts off (outside `wait`), so never
-// while the handler that reads it runs.
+// SAFETY: the device vectors arrive on the bootstrap CPU only (the MSI messages name its
+// LAPIC, and the dispatcher reads this on that CPU alone); written only by `route`, on that
+// CPU, with interrupts off (outside `wait`), so never while the handler that reads it runs.
 unsafe impl Sync for Route {}
 static ROUTE: Route = Route(UnsafeCell::new(None));
 
 /// Sends the device vectors to `entry` (or nowhere). Called with interrupts off, as all code
 /// outside [`wait`] runs.
 pub fn route(entry: Option<Entry>) {
+    if cpu_id() != 0 {
+        return;
+    }
     // SAFETY: see `Route`: the handler cannot run now (interrupts are off).
     unsafe { *ROUTE.0.get() = entry };
 }
@@ -179,6 +189,8 @@ const LAPIC_TPR: u32 = 0x080;
 const LAPIC_EOI: u32 = 0x0B0;
 const LAPIC_SVR: u32 = 0x0F0;
 const LAPIC_ICR_LOW: u32 = 0x300;
+const LAPIC_ICR_HIGH: u32 = 0x310;
+const LAPIC_TIMER_CURRENT: u32 = 0x390;
 const LAPIC_TIMER: u32 = 0x320;
 const LAPIC_LINT0: u32 = 0x350;
 const LAPIC_TIMER_INITIAL: u32 = 0x380;
@@ -220,8 +232,9 @@ fn silence_pics() {
     }
 }
 
-/// Sets up the PICs, the LAPIC, the IDT and the safety-net timer. Interrupts stay off until
-/// [`wait`]. Returns the LAPIC ID (the destination a device's MSI message must name).
+/// Sets up the PICs, the LAPIC, the bootstrap CPU's GDT and TSS, the IDT and the
+/// safety-net timer. Interrupts stay off until [`wait`]. Returns the LAPIC ID (the
+/// destination a device's MSI message must name).
 pub fn init() -> u8 {
     silence_pics();
     // SAFETY: IA32_APIC_BASE exists on every x86-64 CPU; reading it has no side effect.
@@ -229,9 +242,9 @@ pub fn init() -> u8 {
     // The base (bits 35:12); bit 11 (global enable) is never cleared: QEMU would not let it
     // be set again before a reset.
     LAPIC.store((base & 0xF_FFFF_F000) as u32, Ordering::Relaxed);
-    lapic_write(LAPIC_LINT0, 1 << 16);
-    lapic_write(LAPIC_TPR, 0);
-    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
+    lapic_on();
+    smp::guard_stacks();
+    smp::load_tables(0);
 
     let idt = IDT.0.get();
     // SAFETY: the only writer, before `lidt` (see `Idt`); the stubs are the handlers the
@@ -242,9 +255,15 @@ pub fn init() -> u8 {
         let at = |f: unsafe extern "C" fn()| VirtAddr::new(f as usize as u64);
         t.divide_error.set_handler_addr(at(exc_stub_0));
         t.invalid_opcode.set_handler_addr(at(exc_stub_6));
-        t.double_fault.set_handler_addr(at(exc_stub_8));
+        // #DF and #PF on each CPU's interrupt stack (IST 1 of its TSS): a stack overflow
+        // into the guard page is reported, not turned into a reset.
+        t.double_fault
+            .set_handler_addr(at(exc_stub_8))
+            .set_stack_index(0);
         t.general_protection_fault.set_handler_addr(at(exc_stub_13));
-        t.page_fault.set_handler_addr(at(exc_stub_14));
+        t.page_fault
+            .set_handler_addr(at(exc_stub_14))
+            .set_stack_index(0);
         t[0x30].set_handler_addr(at(irq_stub_30));
         t[0x31].set_handler_addr(at(irq_stub_31));
         t[0x32].set_handler_addr(at(irq_stub_32));
@@ -253,17 +272,93 @@ pub fn init() -> u8 {
         t.load_unsafe();
     }
 
-    // Periodic timer, divide by 16, about 16 ms per tick under QEMU's 1 GHz APIC clock.
+    timer_on();
+    lapic_id()
+}
+
+/// This CPU's LAPIC: LINT0 masked, every priority accepted, software-enabled with the
+/// spurious vector.
+fn lapic_on() {
+    lapic_write(LAPIC_LINT0, 1 << 16);
+    lapic_write(LAPIC_TPR, 0);
+    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
+}
+
+/// The timer's period, in its counts (divide by 16, about 16 ms under QEMU's 1 GHz APIC
+/// clock: 16 ns a count).
+const TIMER_COUNTS: u32 = 1_000_000;
+
+/// This CPU's periodic safety-net timer.
+fn timer_on() {
     lapic_write(LAPIC_TIMER_DIVIDE, 0x3);
     lapic_write(LAPIC_TIMER, (1 << 17) | TIMER_VECTOR as u32);
-    lapic_write(LAPIC_TIMER_INITIAL, 1_000_000);
+    lapic_write(LAPIC_TIMER_INITIAL, TIMER_COUNTS);
+}
+
+/// A started CPU's interrupts: its LAPIC and timer, and the IDT the bootstrap CPU wrote.
+pub(crate) fn init_ap() {
+    lapic_on();
+    // SAFETY: the IDT was written by `init` before this CPU was started and is only read now
+    // (see `Idt`); its handlers are valid on every CPU.
+    unsafe { (*IDT.0.get()).assume_init_ref().load_unsafe() };
+    timer_on();
+}
+
+/// The running CPU's LAPIC ID.
+pub fn lapic_id() -> u8 {
     (lapic_read(LAPIC_ID) >> 24) as u8
+}
+
+/// An inter-processor interrupt [`send_ipi`] sends.
+#[derive(Clone, Copy)]
+pub(crate) enum Ipi {
+    /// INIT (level assert): the target waits for a start-up IPI.
+    Init,
+    /// Start-up with this vector: the target runs from physical `vector << 12` in real mode.
+    Startup(u8),
+}
+
+/// Sends `ipi` to the CPU whose LAPIC ID is `apic`, and waits (bounded) until the LAPIC has
+/// sent it.
+pub(crate) fn send_ipi(apic: u8, ipi: Ipi) {
+    let low = match ipi {
+        Ipi::Init => 0x4500,
+        Ipi::Startup(v) => 0x4600 | u32::from(v),
+    };
+    lapic_write(LAPIC_ICR_HIGH, u32::from(apic) << 24);
+    lapic_write(LAPIC_ICR_LOW, low);
+    for _ in 0..100_000 {
+        if lapic_read(LAPIC_ICR_LOW) & (1 << 12) == 0 {
+            break;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+/// Spins at least `us` microseconds (at most a timer period), on the LAPIC timer's count.
+pub(crate) fn delay_us(us: u32) {
+    // 16 ns a count (see TIMER_COUNTS).
+    let want = (us.saturating_mul(1000) / 16).min(TIMER_COUNTS - 1);
+    let t0 = lapic_read(LAPIC_TIMER_CURRENT);
+    loop {
+        let now = lapic_read(LAPIC_TIMER_CURRENT);
+        // The count runs down and reloads at 0.
+        let gone = if now <= t0 {
+            t0 - now
+        } else {
+            t0 + (TIMER_COUNTS - now)
+        };
+        if gone >= want {
+            return;
+        }
+        core::hint::spin_loop();
+    }
 }
 
 /// One interrupt window: enables interrupts, halts until one arrives (at the latest the next
 /// timer tick), and disables them again. An interrupt that was already pending is taken at once.
 pub fn wait() {
-    HALTS.fetch_add(1, Ordering::Relaxed);
+    HALTS[cpu_id()].0.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the only place with IF = 1. Not `nostack` (the handlers' frames land below rsp,
     // so the compiler must keep nothing there) and not `nomem` (handlers change counters).
     unsafe { asm!("sti", "hlt", "cli") }
@@ -277,14 +372,26 @@ pub fn window() {
     unsafe { asm!("sti", "nop", "cli") }
 }
 
-/// Interrupts taken on `vector` so far.
+/// Interrupts this CPU took on `vector` so far.
 pub fn count(vector: u8) -> u32 {
-    COUNTS[vector as usize].load(Ordering::Relaxed)
+    count_on(cpu_id(), vector)
 }
 
-/// Halts taken in [`wait`] so far.
+/// Interrupts CPU `cpu` took on `vector` so far (0 for a CPU past [`MAX_CPUS`]).
+pub fn count_on(cpu: usize, vector: u8) -> u32 {
+    COUNTS
+        .get(cpu)
+        .map_or(0, |c| c[vector as usize].load(Ordering::Relaxed))
+}
+
+/// Halts this CPU took in [`wait`] so far.
 pub fn halts() -> u32 {
-    HALTS.load(Ordering::Relaxed)
+    halts_on(cpu_id())
+}
+
+/// Halts CPU `cpu` took in [`wait`] so far (0 for a CPU past [`MAX_CPUS`]).
+pub fn halts_on(cpu: usize) -> u32 {
+    HALTS.get(cpu).map_or(0, |h| h.0.load(Ordering::Relaxed))
 }
 
 /// Sends `vector` to this CPU through the LAPIC (a fixed self-IPI): pending until the next
@@ -325,8 +432,9 @@ pub fn self_test() -> Result<u32, &'static str> {
 #[unsafe(no_mangle)]
 extern "C" fn irq_dispatch(vector: u64) {
     let v = vector as u8;
-    COUNTS[v as usize].fetch_add(1, Ordering::Relaxed);
-    if DEVICE_VECTORS.contains(&v) {
+    let cpu = cpu_id();
+    COUNTS[cpu][v as usize].fetch_add(1, Ordering::Relaxed);
+    if cpu == 0 && DEVICE_VECTORS.contains(&v) {
         // SAFETY: see `Route`: written only with interrupts off, so stable while this runs;
         // `route(None)` comes before the context it names goes.
         if let Some(e) = unsafe { *ROUTE.0.get() } {
@@ -342,9 +450,23 @@ extern "C" fn irq_dispatch(vector: u64) {
 
 #[unsafe(no_mangle)]
 extern "C" fn irq_fatal(vector: u64, error: u64, rip: u64) -> ! {
+    if vector == 14 {
+        let cr2: u64;
+        // SAFETY: reads CR2 (the faulting address); no side effect.
+        unsafe { asm!("mov {}, cr2", out(reg) cr2, options(nomem, nostack, preserves_flags)) };
+        if let Some(cpu) = smp::guard_owner(cr2) {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL stack overflow: cpu {cpu}'s guard page hit at {cr2:#x} by {rip:#x}, on cpu {}",
+                cpu_id()
+            );
+            exit(Exit::Fail)
+        }
+    }
     let _ = writeln!(
         Serial,
-        "bareverbs: FAIL exception {vector} at {rip:#x} (error code {error:#x})"
+        "bareverbs: FAIL exception {vector} at {rip:#x} (error code {error:#x}) on cpu {}",
+        cpu_id()
     );
     exit(Exit::Fail)
 }

@@ -14,12 +14,14 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+pub mod acpi;
 pub mod arp;
 pub mod block;
 pub mod console;
 pub mod irq;
 pub mod machine;
 pub mod nic;
+pub mod smp;
 pub mod step;
 pub mod virtio_blk;
 pub mod wait;

@@ -150,8 +150,21 @@ pub fn start(start_info: u32, banner: &str) -> Machine {
     }
 }
 
-/// Ends a run that passed: how much of the boot stack it used, the verdict, QEMU's exit.
+/// Ends a run that passed: each CPU's idle halts when [`crate::smp::start`] started others,
+/// how much of the boot stack it used, the verdict, QEMU's exit.
 pub fn pass() -> ! {
+    if crate::smp::cpus() > 1 {
+        let _ = write!(Serial, "smp: idle halts:");
+        for i in 0..crate::smp::cpus() {
+            let _ = write!(
+                Serial,
+                " cpu {i} (apic {}) {}",
+                crate::smp::apic_id(i).unwrap_or(0),
+                crate::smp::idle_halts(i).unwrap_or(0)
+            );
+        }
+        let _ = writeln!(Serial);
+    }
     let (used, size) = stack_used();
     let _ = writeln!(Serial, "stack: {used} of {size} bytes used");
     let _ = writeln!(Serial, "bareverbs: PASS");

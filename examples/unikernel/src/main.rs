@@ -14,13 +14,14 @@
 mod rt;
 
 use core::fmt::Write;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use bareverbs::hal::virtio_net::{self, GlobalIdentity, VirtioNet};
 use bareverbs::hal::{DmaRegion, IdentityHal, Link, x86::PortIoConfig};
 use bareverbs_platform::arp::{self, DisplayMac};
 use bareverbs_platform::console::{Exit, Serial, exit};
-use bareverbs_platform::irq;
 use bareverbs_platform::machine::{self, Ticks, dma_left, pass, roce_device};
+use bareverbs_platform::{irq, smp};
 use bareverbs_unikernel::Verdict;
 use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
 
@@ -110,6 +111,36 @@ fn link_test(pci: &PortIoConfig, dma: &DmaRegion) {
     }
 }
 
+/// Whether CPU 1 overflows its stack (`bvsmp.overflow`), and when it may (the bootstrap CPU
+/// has printed what it had to).
+static OVERFLOW: AtomicBool = AtomicBool::new(false);
+static GO: AtomicBool = AtomicBool::new(false);
+
+/// What the other CPUs run: nothing but their idle halts, or (CPU 1, `bvsmp.overflow`) a
+/// recursion without end.
+fn cpu_entry(cpu: usize) {
+    if cpu == 1 && OVERFLOW.load(Ordering::Relaxed) {
+        while !GO.load(Ordering::Acquire) {
+            irq::wait();
+        }
+        let depth = deeper(core::hint::black_box(0));
+        let _ = writeln!(
+            Serial,
+            "bareverbs: FAIL smp: recursed {depth} deep unstopped"
+        );
+        exit(Exit::Fail)
+    }
+}
+
+/// Recurses until the stack's guard page stops it.
+fn deeper(n: u64) -> u64 {
+    if core::hint::black_box(n) == u64::MAX {
+        return n;
+    }
+    let pad = core::hint::black_box([n; 64]);
+    deeper(n + 1) + pad[(n % 64) as usize]
+}
+
 /// Timer ticks a RoCE demo wait lasts at most (about 5 s).
 const ROCE_TICKS: u32 = 300;
 
@@ -119,6 +150,26 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs unikernel: x86_64, PVH entry, polling driver",
     );
+    // Every other CPU started; each only idles (the demo runs on this one). Two words check
+    // the bring-up's failure paths: `bvsmp.silent=ID` withholds the start-up IPIs from one
+    // CPU (it must be left out, the others start), `bvsmp.overflow` has CPU 1 overflow its
+    // stack (its guard page must stop it with a page fault on that CPU).
+    let mut buf = [0u8; machine::CMDLINE];
+    let words = m.cmdline(&mut buf).unwrap_or("");
+    let silent = words
+        .split_ascii_whitespace()
+        .find_map(|w| w.strip_prefix("bvsmp.silent="))
+        .and_then(|v| v.parse().ok());
+    OVERFLOW.store(m.cmdline_has("bvsmp.overflow"), Ordering::Relaxed);
+    let overflow = m.cmdline_has("bvsmp.overflow");
+    smp::start_with(start_info, cpu_entry, silent);
+    if overflow {
+        // CPU 1 ends the run; this one stays off the console meanwhile.
+        GO.store(true, Ordering::Release);
+        loop {
+            irq::wait();
+        }
+    }
     match run_demo(&m) {
         Ok(Verdict::NoDevice) => {
             link_test(&m.pci, m.dma);
