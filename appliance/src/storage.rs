@@ -62,6 +62,29 @@ pub(crate) fn nvme_controllers(pci: &PortIoConfig, hal: IdentityHal<'static>) ->
     })
 }
 
+/// Prints `nvmf-uk nvme copies: X bytes per I/O (N I/Os, B bytes copied)` for the NVMe
+/// controllers (summed; nothing without one): the bytes the CPU copied between the target's
+/// buffers and the controllers' namespaces, per read or write asked of them.
+fn nvme_copies(controllers: &Controllers) {
+    let stats: heapless::Vec<NvmeStats, MAX_NVME> = controllers
+        .iter()
+        .flatten()
+        .filter_map(|c| c.try_borrow().ok().map(|c| c.stats()))
+        .collect();
+    if !stats.is_empty() {
+        copies_line(stats.iter());
+    }
+}
+
+fn copies_line<'a>(stats: impl Iterator<Item = &'a NvmeStats>) {
+    let (ios, copied) = stats.fold((0u64, 0u64), |(i, c), s| (i + s.transfers, c + s.copied));
+    let _ = writeln!(
+        Serial,
+        "nvmf-uk nvme copies: {} bytes per I/O ({ios} I/Os, {copied} bytes copied)",
+        copied.checked_div(ios).unwrap_or(0)
+    );
+}
+
 /// The storage appliance (`bareverbs_appliance::nvmf_app`): the NVMe-oF target over the
 /// software RoCE device, with `ram` as the RAM disk and the first virtio-blk disk if there is
 /// one, until the console receives `q` or `opts.serve_secs` have passed (`s`: the counters).
@@ -110,7 +133,11 @@ pub(crate) fn appliance(
         }
         while let Some(b) = console::try_get() {
             match commands.feed(b) {
-                Some(c @ (nvmf_app::Command::Quit | nvmf_app::Command::Stats)) => return Some(c),
+                Some(c @ nvmf_app::Command::Quit) => return Some(c),
+                Some(c @ nvmf_app::Command::Stats) => {
+                    nvme_copies(&controllers);
+                    return Some(c);
+                }
                 Some(nvmf_app::Command::Mark(code)) if nvmf_app::mark(code) => {
                     let _ = writeln!(Serial, "nvmf-uk mark {code:04x}");
                 }
@@ -183,7 +210,13 @@ pub(crate) fn appliance(
         let nsids: heapless::Vec<u32, { nvme::MAX_NAMESPACES }> =
             c.borrow().namespaces().map(|ns| ns.nsid).collect();
         for nsid in nsids {
-            if let Some(d) = NsDisk::new(c, nsid) {
+            if let Some(mut d) = NsDisk::new(c, nsid) {
+                // SAFETY: the target gives `read_dma` and `write_dma` only the data and
+                // receive buffers of its queues' regions, carved from `dma`, the DMA region
+                // `hal` translates (identity-mapped, the controller reaches it at those
+                // addresses); it holds I/O data only, so a late write of a controller that
+                // would not stop can change data, never the kernel's state.
+                unsafe { d.allow_dma() };
                 let _ = ns_disks.push((n, d));
             }
         }
@@ -280,6 +313,9 @@ pub(crate) fn appliance(
             }
             None => {}
         }
+    }
+    if nvme_stats.iter().any(Option::is_some) {
+        copies_line(nvme_stats.iter().flatten());
     }
     for (n, st) in nvme_stats.iter().enumerate() {
         if let Some(st) = st {
