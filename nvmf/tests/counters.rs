@@ -93,7 +93,7 @@ struct DmaDisk<'m> {
 
 impl DmaDisk<'_> {
     fn copies(lba: u64, len: usize) -> usize {
-        if lba % 2 == 0 { 0 } else { len }
+        if lba.is_multiple_of(2) { 0 } else { len }
     }
 }
 
