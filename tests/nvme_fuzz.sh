@@ -7,7 +7,8 @@
 # (wrong identifiers, stale phases, duplicates, withheld completions, bad queue identifiers and
 # heads, error statuses) at a rate drawn per session, while the driver reads, writes (copied
 # and zero-copy, through physical pages or the caller's buffer translated by the HAL),
-# flushes, zeroes, deallocates and resets. Sessions of 2,000 executions, seeds SEED, SEED+1, ... (default: NVME_FUZZ_SEED, else from the clock). Prints, last:
+# flushes, zeroes, deallocates and resets. Sessions of 2,000 executions, seeds SEED, SEED+1,
+# ... (default: NVME_FUZZ_SEED, else from the clock). Prints, last:
 #     nvme-fuzz: <N> executions, <F> failures; commands C, completed D, ..., seed S (T s)
 # A failed session prints the command that replays it. Exit status 1 when anything failed, or
 # when the run reached less than the floors below.
