@@ -81,7 +81,8 @@ fn copies_line<'a>(stats: impl Iterator<Item = &'a NvmeStats>) {
     let _ = writeln!(
         Serial,
         "nvmf-uk nvme copies: {} bytes per I/O ({ios} I/Os, {copied} bytes copied)",
-        copied.checked_div(ios).unwrap_or(0)
+        // Rounded up: 0 only when nothing was copied.
+        if ios == 0 { 0 } else { copied.div_ceil(ios) }
     );
 }
 
