@@ -13,12 +13,13 @@ use bareverbs::cm::{Cm, CmConfig, Service};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::{CompletionQueue, ProtectionDomain, Provider};
 use bareverbs_model::link::{MemLink, Segment, TestClock};
-use bareverbs_model::nvme::{NvmeConfig, NvmeModel};
+use bareverbs_model::nvme::{Fault, NvmeConfig, NvmeModel};
 use bareverbs_model::{Model, ModelConfig};
 use bareverbs_nvmf::block::BlockDevice;
-use bareverbs_nvmf::host::{Host, HostConfig};
+use bareverbs_nvmf::host::{Host, HostConfig, HostError};
 use bareverbs_nvmf::target::{Subsystem, Target, TargetConfig};
-use bareverbs_storage::nvme::{NsDisk, Nvme, Options};
+use bareverbs_nvmf::wire::Status;
+use bareverbs_storage::nvme::{NsDisk, Nvme, Options, State};
 
 type RA = Rxe<Model, MemLink, TestClock>;
 type RB = Rxe<NvmeModel, MemLink, TestClock>;
@@ -145,20 +146,43 @@ fn the_target_and_the_controller_share_buffers_with_no_copy() {
             assert_eq!(back, data, "{len} bytes back at the host");
             at += u64::from(nlb);
         }
-        let io = t.io_counts();
-        assert_eq!((io.writes, io.reads), (3, 3));
-        assert_eq!(io.bytes_written, (4 + 16 + 64) * 1024);
-        assert_eq!(io.bytes_copied, 0, "the target copied nothing");
         assert!(
             nvme_model.counters().prp_list_entries > list_before,
             "the larger buffers went through PRP lists"
         );
+        // The controller fails a write, then withholds a read's completion: the host gets
+        // a write fault and a media error, the target stays up, and after the controller's
+        // reset the next command goes through, still with no copy.
+        let data = pattern(16 * 1024, 9);
+        let nlb = (data.len() / bs) as u32;
+        nvme_model.inject(Fault::Status(0x281));
+        assert_eq!(
+            h.write(1, 1, 500, nlb, &data, &mut idle),
+            Err(HostError::Status(Status::WRITE_FAULT))
+        );
+        nvme_model.inject(Fault::Withheld);
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(
+            h.read(2, 1, 500, nlb, &mut back, &mut idle),
+            Err(HostError::Status(Status::MEDIA_ERROR))
+        );
+        assert_eq!(nvme.borrow().state(), State::Failed);
+        nvme.borrow_mut().reset().unwrap();
+        h.write(1, 1, 500, nlb, &data, &mut idle).unwrap();
+        h.read(2, 1, 500, nlb, &mut back, &mut idle).unwrap();
+        assert_eq!(back, data);
+        let io = t.io_counts();
+        assert_eq!((io.writes, io.reads, io.errors), (4, 4, 2));
+        assert_eq!(io.bytes_written, (4 + 16 + 64 + 16) * 1024);
+        assert_eq!(io.bytes_copied, 0, "the target copied nothing");
         drop(h);
     }
     let s = nvme.borrow().stats();
     assert_eq!(s.copied, 0);
-    assert_eq!(s.direct, 2 * (4 + 16 + 64) * 1024);
-    assert_eq!(s.transfers, 6);
+    assert_eq!(s.direct, 2 * (4 + 16 + 64 + 16) * 1024);
+    assert_eq!(s.transfers, 10);
+    assert_eq!(s.submitted, s.completed + s.timeouts + s.violations);
+    assert_eq!((s.status_errors, s.timeouts), (1, 1));
     assert!(
         nvme_model.violations().is_empty(),
         "{:?}",
