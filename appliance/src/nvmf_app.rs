@@ -557,7 +557,7 @@ pub fn report<P: Provider, K: Clock, const Q: usize, const D: usize>(
 fn counts_line(out: &mut dyn Write, name: &str, c: &IoCounts) {
     let _ = writeln!(
         out,
-        "nvmf-uk counters: {name}: {} commands, {} errors, {} reads ({} bytes), {} writes ({} bytes), {} medium flushes, {} media errors",
+        "nvmf-uk counters: {name}: {} commands, {} errors, {} reads ({} bytes), {} writes ({} bytes), {} medium flushes, {} media errors, {} bytes copied",
         c.commands,
         c.errors,
         c.reads,
@@ -565,7 +565,8 @@ fn counts_line(out: &mut dyn Write, name: &str, c: &IoCounts) {
         c.writes,
         c.bytes_written,
         c.medium_flushes,
-        c.media_errors
+        c.media_errors,
+        c.bytes_copied
     );
     if c.errors > 0 {
         let _ = write!(out, "nvmf-uk counters: {name}: errors by status:");

@@ -62,6 +62,30 @@ pub(crate) fn nvme_controllers(pci: &PortIoConfig, hal: IdentityHal<'static>) ->
     })
 }
 
+/// Prints `nvmf-uk nvme copies: X bytes per I/O (N I/Os, B bytes copied)` for the NVMe
+/// controllers (summed; nothing without one): the bytes the CPU copied between the target's
+/// buffers and the controllers' namespaces, per read or write asked of them.
+fn nvme_copies(controllers: &Controllers) {
+    let stats: heapless::Vec<NvmeStats, MAX_NVME> = controllers
+        .iter()
+        .flatten()
+        .filter_map(|c| c.try_borrow().ok().map(|c| c.stats()))
+        .collect();
+    if !stats.is_empty() {
+        copies_line(stats.iter());
+    }
+}
+
+fn copies_line<'a>(stats: impl Iterator<Item = &'a NvmeStats>) {
+    let (ios, copied) = stats.fold((0u64, 0u64), |(i, c), s| (i + s.transfers, c + s.copied));
+    let _ = writeln!(
+        Serial,
+        "nvmf-uk nvme copies: {} bytes per I/O ({ios} I/Os, {copied} bytes copied)",
+        // Rounded up: 0 only when nothing was copied.
+        if ios == 0 { 0 } else { copied.div_ceil(ios) }
+    );
+}
+
 /// The storage appliance (`bareverbs_appliance::nvmf_app`): the NVMe-oF target over the
 /// software RoCE device, with `ram` as the RAM disk and the first virtio-blk disk if there is
 /// one, until the console receives `q` or `opts.serve_secs` have passed (`s`: the counters).
@@ -110,7 +134,11 @@ pub(crate) fn appliance(
         }
         while let Some(b) = console::try_get() {
             match commands.feed(b) {
-                Some(c @ (nvmf_app::Command::Quit | nvmf_app::Command::Stats)) => return Some(c),
+                Some(c @ nvmf_app::Command::Quit) => return Some(c),
+                Some(c @ nvmf_app::Command::Stats) => {
+                    nvme_copies(&controllers);
+                    return Some(c);
+                }
                 Some(nvmf_app::Command::Mark(code)) if nvmf_app::mark(code) => {
                     let _ = writeln!(Serial, "nvmf-uk mark {code:04x}");
                 }
@@ -183,7 +211,13 @@ pub(crate) fn appliance(
         let nsids: heapless::Vec<u32, { nvme::MAX_NAMESPACES }> =
             c.borrow().namespaces().map(|ns| ns.nsid).collect();
         for nsid in nsids {
-            if let Some(d) = NsDisk::new(c, nsid) {
+            if let Some(mut d) = NsDisk::new(c, nsid) {
+                // SAFETY: the target gives `read_dma` and `write_dma` only the data and
+                // receive buffers of its queues' regions, carved from `dma`, the DMA region
+                // `hal` translates (identity-mapped, the controller reaches it at those
+                // addresses); it holds I/O data only, so a late write of a controller that
+                // would not stop can change data, never the kernel's state.
+                unsafe { d.allow_dma() };
                 let _ = ns_disks.push((n, d));
             }
         }
@@ -281,6 +315,9 @@ pub(crate) fn appliance(
             None => {}
         }
     }
+    if nvme_stats.iter().any(Option::is_some) {
+        copies_line(nvme_stats.iter().flatten());
+    }
     for (n, st) in nvme_stats.iter().enumerate() {
         if let Some(st) = st {
             let _ = writeln!(
@@ -367,6 +404,46 @@ pub(crate) fn blk_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dma
 /// (`bareverbs_appliance::disk_check`) through the first namespace of the first NVMe
 /// controller, by its bounce buffer; then the controller is disabled and its memory counted.
 /// Ends the run with PASS or FAIL.
+/// Where the boot check's zero-copy round trip goes (past the pattern of
+/// `disk_check`), and its size: one command of the largest transfer.
+const ZERO_COPY_LBA: u64 = 1024;
+const ZERO_COPY_BYTES: usize = 128 * 1024;
+
+/// Writes [`ZERO_COPY_BYTES`] of the sector pattern from `scratch` at byte 512 by DMA
+/// (33 pages: PRP1 at an offset and a PRP list), reads them back by DMA at byte 2048 and
+/// compares; the bytes copied on the way (0 when both went by DMA).
+fn zero_copy_check(
+    disk: &mut NsDisk<'_, IdentityHal<'static>>,
+    scratch: &mut [u8],
+) -> Result<usize, &'static str> {
+    use bareverbs_appliance::disk_check::pattern;
+    use bareverbs_platform::block::BlockDevice;
+    let blocks = (ZERO_COPY_BYTES / 512) as u64;
+    if scratch.len() < ZERO_COPY_BYTES + 2048 || disk.capacity() < ZERO_COPY_LBA + blocks {
+        return Err("no room for the zero-copy round trip");
+    }
+    let src = &mut scratch[512..512 + ZERO_COPY_BYTES];
+    for (i, s) in src.chunks_mut(512).enumerate() {
+        pattern(ZERO_COPY_LBA + i as u64, s);
+    }
+    let w = disk
+        .write_dma(ZERO_COPY_LBA, src, false)
+        .map_err(|_| "the zero-copy write failed")?;
+    scratch.fill(0);
+    let dst = &mut scratch[2048..2048 + ZERO_COPY_BYTES];
+    let r = disk
+        .read_dma(ZERO_COPY_LBA, dst)
+        .map_err(|_| "the zero-copy read failed")?;
+    let mut want = [0u8; 512];
+    for (i, s) in dst.chunks(512).enumerate() {
+        pattern(ZERO_COPY_LBA + i as u64, &mut want);
+        if s != want {
+            return Err("the zero-copy read gave other bytes");
+        }
+    }
+    Ok(w + r)
+}
+
 pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &DmaRegion) -> ! {
     use bareverbs::hal::Hal;
     use bareverbs_appliance::disk_check;
@@ -388,7 +465,12 @@ pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dm
     let scratch =
         unsafe { core::slice::from_raw_parts_mut(block.vaddr.as_ptr(), pages * PAGE_SIZE) };
     let r = match NsDisk::new(&c, nsid) {
-        Some(mut disk) => disk_check::run(&mut disk, scratch),
+        Some(mut disk) => disk_check::run(&mut disk, scratch).and_then(|k| {
+            // SAFETY: the only buffers given to the DMA entries are `scratch`'s, a block of
+            // the DMA region the HAL translates, kept until the controller is disabled.
+            unsafe { disk.allow_dma() };
+            zero_copy_check(&mut disk, scratch).map(|copied| (k, copied))
+        }),
         None => Err("the namespace is not served"),
     };
     let stats = c.borrow().stats();
@@ -396,7 +478,7 @@ pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dm
     // SAFETY: the block `dma_alloc` gave, returned once; `scratch` is not used after this.
     unsafe { hal.dma_dealloc(block) };
     match r {
-        Ok(k) if dma_left(dma) == 0 => {
+        Ok((k, copied)) if dma_left(dma) == 0 => {
             let _ = writeln!(
                 Serial,
                 "nvme: namespace {nsid}, {} blocks: {} bytes from block {} written, read back in \
@@ -407,6 +489,12 @@ pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dm
                 disk_check::FIRST,
                 stats.completed,
                 stats.flushes
+            );
+            let _ = writeln!(
+                Serial,
+                "nvme: zero copy: {ZERO_COPY_BYTES} bytes from block {ZERO_COPY_LBA} written from \
+                 DMA memory at offset 512 of its page and read back at offset 2048, through PRP \
+                 lists, equal; {copied} bytes copied"
             );
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             pass()

@@ -84,6 +84,39 @@ pub trait BlockDevice {
     ///
     /// [`BlockError`].
     fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError>;
+    /// Reads into `buf` as [`read`](Self::read) does, where `buf` lies in memory the embedder
+    /// lent for DMA: for the NVMe-oF target, a data buffer of a queue's registered region,
+    /// the one its RDMA WRITE then sends to the host. A device whose controller can reach
+    /// that memory (and was allowed to: see the device's own documentation) has it write
+    /// there by DMA, without a copy. Returns the bytes the CPU copied between the medium and
+    /// `buf`: 0 on such a path.
+    ///
+    /// The default reads with [`read`](Self::read) and counts every byte as copied (a RAM
+    /// disk's copy from its memory, a driver's bounce buffer).
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`].
+    fn read_dma(&mut self, lba: u64, buf: &mut [u8]) -> Result<usize, BlockError> {
+        self.read(lba, buf)?;
+        Ok(buf.len())
+    }
+    /// Writes `buf` as [`write`](Self::write) does (as [`write_fua`](Self::write_fua) when
+    /// `fua`), where `buf` lies in memory the embedder lent for DMA: for the NVMe-oF target,
+    /// the data buffer its RDMA READ of the host's data landed in. Returns the bytes the CPU
+    /// copied between `buf` and the medium (see [`read_dma`](Self::read_dma)).
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError`] of the write or of the flush.
+    fn write_dma(&mut self, lba: u64, buf: &[u8], fua: bool) -> Result<usize, BlockError> {
+        if fua {
+            self.write_fua(lba, buf)?;
+        } else {
+            self.write(lba, buf)?;
+        }
+        Ok(buf.len())
+    }
 }
 
 /// The byte range of `blocks` blocks at `lba` on a device of `capacity` blocks of `bs` bytes,

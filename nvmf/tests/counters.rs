@@ -83,6 +83,100 @@ macro_rules! rig {
     };
 }
 
+/// A disk whose data entries for the target's buffers say how much they copied as a medium
+/// moving the data by DMA would (nothing for an even block, everything for an odd one), and
+/// whose plain entries the target must not use for a host's data.
+struct DmaDisk<'m> {
+    ram: RamDisk<'m>,
+    plain: u32,
+}
+
+impl DmaDisk<'_> {
+    fn copies(lba: u64, len: usize) -> usize {
+        if lba.is_multiple_of(2) { 0 } else { len }
+    }
+}
+
+impl BlockDevice for DmaDisk<'_> {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn capacity(&self) -> u64 {
+        self.ram.capacity()
+    }
+    fn read(&mut self, lba: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.plain += 1;
+        self.ram.read(lba, buf)
+    }
+    fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError> {
+        self.plain += 1;
+        self.ram.write(lba, buf)
+    }
+    fn read_dma(&mut self, lba: u64, buf: &mut [u8]) -> Result<usize, BlockError> {
+        self.ram.read(lba, buf)?;
+        Ok(Self::copies(lba, buf.len()))
+    }
+    fn write_dma(&mut self, lba: u64, buf: &[u8], _fua: bool) -> Result<usize, BlockError> {
+        self.ram.write(lba, buf)?;
+        Ok(Self::copies(lba, buf.len()))
+    }
+    fn flush(&mut self) -> Result<(), BlockError> {
+        self.ram.flush()
+    }
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        self.ram.write_zeroes(lba, blocks)
+    }
+}
+
+#[test]
+fn the_bytes_a_medium_copies_are_counted_per_queue() {
+    let l = lab();
+    let sa = side(&l.a);
+    let sb = side(&l.b);
+    let mut cma = cm(&sa, &l.clk);
+    let mut cmb = target_cm(&sb, &l.clk);
+    let mut mem = vec![0u8; 1 << 20];
+    let mut disk = DmaDisk {
+        ram: RamDisk::new(&mut mem, 512),
+        plain: 0,
+    };
+    {
+        let mut nss: [&mut dyn BlockDevice; 1] = [&mut disk];
+        let mut subs = [Subsystem::new(NQN, &mut nss)];
+        let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
+        let mut h: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(HOST_A));
+        h.connect(&mut cma, idle!(l.clk, t, cmb)).unwrap();
+        // Even blocks: "by DMA", nothing copied, in capsule (4 KiB) or fetched (16 KiB).
+        let small = pattern(4096, 8);
+        let big = pattern(16384, 9);
+        h.write(1, 1, 0, 8, &small, idle!(l.clk, t, cmb)).unwrap();
+        h.write(2, 1, 64, 32, &big, idle!(l.clk, t, cmb)).unwrap();
+        let mut back = vec![0u8; 16384];
+        h.read(1, 1, 64, 32, &mut back, idle!(l.clk, t, cmb))
+            .unwrap();
+        assert_eq!(back, big);
+        let c = t.ctrl_counts(h.cntlid()).unwrap();
+        assert_eq!((c.writes, c.reads, c.bytes_copied), (2, 1, 0));
+        // An odd block: copied, counted on its queue.
+        h.read(2, 1, 1, 8, &mut back[..4096], idle!(l.clk, t, cmb))
+            .unwrap();
+        let q2 = t
+            .queue_counts()
+            .find(|q| q.cntlid == Some(h.cntlid()) && q.qid == 2)
+            .unwrap()
+            .counts;
+        assert_eq!((q2.reads, q2.bytes_copied), (1, 4096));
+        assert_eq!(t.io_counts().bytes_copied, 4096);
+    }
+    assert_eq!(
+        disk.plain, 0,
+        "the target hands its buffers to the DMA entries"
+    );
+}
+
 /// The sum of `counts`.
 fn sum<'a>(counts: impl Iterator<Item = &'a IoCounts>) -> IoCounts {
     let mut all = IoCounts::default();
@@ -143,6 +237,10 @@ fn every_command_is_counted_per_queue_and_per_controller() {
     assert_eq!(q2.bytes_written, 2 * 16384);
     assert_eq!(q2.errors_with(Status::LBA_RANGE), 1);
     assert_eq!(q2.errors_with(Status::INVALID_OPCODE), 0, "queue 1's");
+    // A RAM disk copies every byte between the data buffers and its memory (the default
+    // `read_dma` and `write_dma` say so); failed commands copied nothing.
+    assert_eq!(q1.bytes_copied, q1.bytes_written + q1.bytes_read);
+    assert_eq!(q2.bytes_copied, 2 * 16384);
     // Every answered command is in its queue's latency histogram. The disk takes no time
     // and the clock moves only between polls (20 µs): a command run as its capsule came
     // (data in the capsule, or none, or a read) is at 0 µs; one whose data the target fetched

@@ -580,3 +580,191 @@ fn the_callers_own_prp_list() {
     assert_eq!(m.outstanding_pages(), 0);
     clean(&m);
 }
+
+/// `len` bytes at byte `off` of a DMA block of the model.
+fn dma_slice(b: &bareverbs_hal::DmaBlock, off: usize, len: usize) -> &'static mut [u8] {
+    assert!(off + len <= b.pages * PAGE_SIZE);
+    // SAFETY: inside the block, which the test keeps until it deallocates it at the end.
+    unsafe { std::slice::from_raw_parts_mut(b.vaddr.as_ptr().add(off), len) }
+}
+
+#[test]
+fn the_disk_moves_dma_buffers_without_a_copy_through_prp_lists() {
+    let m = NvmeModel::new(two_namespaces());
+    let n = RefCell::new(up(&m));
+    let mut d1 = NsDisk::new(&n, 1).unwrap();
+    let mut d2 = NsDisk::new(&n, 2).unwrap();
+    assert!(!d1.dma_allowed());
+    // SAFETY: every buffer given below is DMA memory of the model, kept until the end.
+    unsafe {
+        d1.allow_dma();
+        d2.allow_dma();
+    }
+    let block = m.dma_alloc(40).unwrap();
+    // (namespace, lba, byte offset in the block, length, whether a PRP list is needed).
+    let cases = [
+        (1, 3, 0, 512, false),
+        (1, 10, 512, 4096, false),
+        (1, 20, 0, 2 * PAGE_SIZE, false),
+        (1, 40, 512, 5 * PAGE_SIZE + 1024, true),
+        (1, 100, 4, 128 * 1024, true),
+        (2, 7, 3 * PAGE_SIZE + 400, 3 * PAGE_SIZE, true),
+        (2, 200, 0, 128 * 1024, true),
+    ];
+    for (k, &(ns, lba, off, len, list)) in cases.iter().enumerate() {
+        let disk = if ns == 1 { &mut d1 } else { &mut d2 };
+        let bs = disk.block_size() as u64;
+        let data = pattern(len, k as u8 + 40);
+        let whole = dma_slice(&block, 0, 40 * PAGE_SIZE);
+        whole.fill(0xA5);
+        whole[off..off + len].copy_from_slice(&data);
+        let (s0, c0) = (n.borrow().stats(), m.counters());
+        assert_eq!(disk.write_dma(lba, &whole[off..off + len], false), Ok(0));
+        let (s1, c1) = (n.borrow().stats(), m.counters());
+        assert_eq!(medium(&m, ns, lba, len as u64 / bs), data, "case {k}");
+        assert_eq!(s1.copied, s0.copied, "case {k}: nothing copied");
+        assert_eq!(s1.direct - s0.direct, len as u64);
+        assert_eq!(s1.transfers - s0.transfers, 1);
+        assert_eq!(
+            c1.cleaned - c0.cleaned,
+            len as u64,
+            "cleaned before the write"
+        );
+        assert_eq!(
+            c1.prp_list_entries > c0.prp_list_entries,
+            list,
+            "case {k}: a PRP list exactly when more than two pages"
+        );
+        // Read back into another offset, the bytes around it untouched.
+        let roff = (off + 2048) % PAGE_SIZE;
+        whole.fill(0x5A);
+        let c1 = m.counters();
+        assert_eq!(disk.read_dma(lba, &mut whole[roff..roff + len]), Ok(0));
+        let c2 = m.counters();
+        assert_eq!(
+            c2.invalidated - c1.invalidated,
+            2 * len as u64,
+            "invalidated before and after the read"
+        );
+        assert_eq!(c2.reads - c1.reads, (len as u64).div_ceil(128 * 1024));
+        assert_eq!(&whole[roff..roff + len], &data[..], "case {k}");
+        assert!(whole[..roff].iter().all(|&b| b == 0x5A));
+        assert!(whole[roff + len..].iter().all(|&b| b == 0x5A));
+        assert_eq!(n.borrow().stats().copied, s0.copied);
+    }
+    drop(n);
+    // SAFETY: our block; the controller is disabled.
+    unsafe { m.dma_dealloc(block) };
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}
+
+#[test]
+fn what_cannot_be_put_in_prps_is_copied_and_counted() {
+    let m = NvmeModel::new(NvmeConfig::default());
+    let n = RefCell::new(up(&m));
+    let mut disk = NsDisk::new(&n, 1).unwrap();
+    let block = m.dma_alloc(4).unwrap();
+    let data = pattern(2 * PAGE_SIZE, 77);
+    // DMA not allowed: the DMA entries copy, like read and write.
+    let buf = dma_slice(&block, 0, 2 * PAGE_SIZE);
+    buf.copy_from_slice(&data);
+    assert_eq!(disk.write_dma(0, buf, false), Ok(2 * PAGE_SIZE));
+    buf.fill(0);
+    assert_eq!(disk.read_dma(0, buf), Ok(2 * PAGE_SIZE));
+    assert_eq!(buf, &data[..]);
+    // SAFETY: the buffers given below are DMA memory of the model, or memory the model
+    // cannot translate (never handed to it).
+    unsafe { disk.allow_dma() };
+    // Memory the HAL cannot translate (the heap): copied.
+    let mut heap = pattern(3 * 512, 5);
+    assert_eq!(disk.write_dma(30, &heap, false), Ok(3 * 512));
+    assert_eq!(medium(&m, 1, 30, 3), heap);
+    heap.fill(0);
+    assert_eq!(disk.read_dma(30, &mut heap), Ok(3 * 512));
+    assert_eq!(heap, pattern(3 * 512, 5));
+    // A first byte off a dword boundary: no PRP1 can name it, copied.
+    let odd = dma_slice(&block, 2, 1024);
+    odd.copy_from_slice(&data[..1024]);
+    assert_eq!(disk.write_dma(50, odd, false), Ok(1024));
+    assert_eq!(medium(&m, 1, 50, 2), &data[..1024]);
+    odd.fill(0);
+    assert_eq!(disk.read_dma(50, odd), Ok(1024));
+    assert_eq!(odd, &data[..1024]);
+    let s = n.borrow().stats();
+    assert_eq!(s.copied, (4 * PAGE_SIZE + 2 * 3 * 512 + 2 * 1024) as u64);
+    assert_eq!(s.direct, 0);
+    assert_eq!(s.transfers, 6);
+    // And a DMA buffer at a dword offset goes straight.
+    let ok = dma_slice(&block, 4, 1024);
+    assert_eq!(disk.read_dma(50, ok), Ok(0));
+    assert_eq!(ok, &data[..1024]);
+    assert_eq!(n.borrow().stats().direct, 1024);
+    // Write with Force Unit Access: the write, then the controller's flush (it has a cache).
+    let flushes = m.counters().flushes;
+    assert_eq!(disk.write_dma(60, ok, true), Ok(0));
+    assert_eq!(m.counters().flushes, flushes + 1);
+    drop(n);
+    // SAFETY: our block; the controller is disabled.
+    unsafe { m.dma_dealloc(block) };
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}
+
+#[test]
+fn a_lying_controller_fails_zero_copy_commands_once_with_typed_errors() {
+    let m = NvmeModel::new(NvmeConfig::default());
+    let n = RefCell::new(up(&m));
+    let mut disk = NsDisk::new(&n, 1).unwrap();
+    // SAFETY: the buffer below is DMA memory of the model, kept until the end (also if the
+    // controller wedges: this model stops when told).
+    unsafe { disk.allow_dma() };
+    let block = m.dma_alloc(34).unwrap();
+    let buf = dma_slice(&block, 8, 128 * 1024);
+    let faults = [
+        Fault::Status(0x281),
+        Fault::WrongCid,
+        Fault::StalePhase,
+        Fault::Duplicate,
+        Fault::SqHead,
+        Fault::WrongQueue,
+        Fault::Withheld,
+    ];
+    for (k, f) in faults.into_iter().enumerate() {
+        let fetched = m.counters().fetched;
+        m.inject(f);
+        let r = if k % 2 == 0 {
+            disk.read_dma(64, buf)
+        } else {
+            disk.write_dma(64, buf, false)
+        };
+        if f == Fault::Duplicate {
+            // The command itself completed; its second completion is caught at the next.
+            assert_eq!(r, Ok(0));
+            assert_eq!(disk.read_dma(64, buf), Err(BlockError::Io), "{f:?}");
+        } else {
+            assert_eq!(r, Err(BlockError::Io), "{f:?}");
+        }
+        let s = n.borrow().stats();
+        assert_eq!(
+            s.submitted,
+            s.completed + s.timeouts + s.violations,
+            "{f:?}: a command ended other than exactly once"
+        );
+        assert!(
+            m.counters().fetched > fetched,
+            "{f:?} reached the controller"
+        );
+        if n.borrow().state() != State::Ready {
+            n.borrow_mut().reset().unwrap();
+        }
+        // And the next command goes through.
+        assert_eq!(disk.write_dma(64, buf, false), Ok(0), "after {f:?}");
+    }
+    assert_eq!(n.borrow().stats().copied, 0);
+    drop(n);
+    // SAFETY: our block; the controller is disabled.
+    unsafe { m.dma_dealloc(block) };
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}

@@ -8,7 +8,8 @@
 //! completions at a rate drawn per session (wrong identifiers, stale phases, duplicates,
 //! withheld completions, bad queue identifiers and heads, error statuses). An execution is
 //! one operation: a copied read or write, a zero-copy read or write through the caller's own
-//! pages at an offset, Flush, Write Zeroes, Dataset Management, or a reset of a stopped
+//! pages at an offset or through the caller's buffer translated by the HAL (off a dword
+//! boundary now and then: copied, and counted so), Flush, Write Zeroes, Dataset Management, or a reset of a stopped
 //! controller.
 //!
 //! The oracles: nothing panics; every command ends exactly once (submitted = completed +
@@ -20,7 +21,7 @@
 //!
 //! Prints `nvme-fuzz: N executions, F failures; commands C, completed D, status errors E,
 //! timeouts T, violations V, resets R, bring-ups U, refused K, ignored namespaces I,
-//! verified reads B, kept memory M, lies L, longest wait W; errors {...}; seed S`.
+//! verified reads B, zero-copy transfers Z, kept memory M, lies L, longest wait W; errors {...}; seed S`.
 
 #[path = "../../tests/fuzz_budget/mod.rs"]
 mod fuzz_budget;
@@ -73,6 +74,7 @@ struct Reach {
     ignored: u64,
     verified: u64,
     kept: u64,
+    direct: u64,
     lies: u64,
     longest: u64,
     errors: BTreeMap<String, u64>,
@@ -260,7 +262,58 @@ fn session(seed: u64, n: u64) -> Reach {
                     rest: &pages,
                 };
                 let q = rng.below(nvme.io_queues() as u64 + 1) as usize;
-                if op == 4 {
+                // Half of them through the caller's buffer itself, translated by the HAL
+                // (`read_direct`, `write_direct`); at an offset off a dword boundary now and
+                // then, which goes through the bounce buffer.
+                let direct = rng.one_in(2);
+                let off = if direct && rng.one_in(8) {
+                    off + 2
+                } else {
+                    off
+                };
+                let copies = if off % 4 == 0 { 0 } else { len };
+                if direct {
+                    let at = &mut ubuf[off..off + len];
+                    let before = nvme.stats();
+                    let r = if op == 4 {
+                        next_tag += 2;
+                        for b in 0..blocks {
+                            content(next_tag, lba + b, bs, &mut at[b as usize * bs..]);
+                        }
+                        // SAFETY: the caller's DMA pages, kept for good if the controller
+                        // wedges.
+                        let r = unsafe { nvme.write_direct(ns.nsid, lba, at) };
+                        let after = if r.is_ok() { Some(next_tag) } else { None };
+                        if !matches!(r, Err(NvmeError::InvalidArgument | NvmeError::Stopped)) {
+                            for b in 0..blocks {
+                                shadow[i][(lba + b) as usize] = after;
+                            }
+                        }
+                        r
+                    } else {
+                        // SAFETY: as above.
+                        let r = unsafe { nvme.read_direct(ns.nsid, lba, at) };
+                        if r.is_ok() {
+                            for b in 0..blocks {
+                                let o = b as usize * bs;
+                                if let Some(tag) = shadow[i][(lba + b) as usize] {
+                                    content(tag, lba + b, bs, &mut expect);
+                                    assert!(at[o..o + bs] == expect[..bs], "direct read wrong");
+                                    reach.verified += 1;
+                                }
+                            }
+                        }
+                        r
+                    };
+                    let s = nvme.stats();
+                    if let Ok(c) = r {
+                        assert_eq!(c, copies, "bytes copied at offset {off}");
+                        assert_eq!(s.copied - before.copied, copies as u64);
+                        assert_eq!(s.direct - before.direct, (len - copies) as u64);
+                        reach.direct += (c == 0) as u64;
+                    }
+                    r.map(|_| ())
+                } else if op == 4 {
                     next_tag += 2;
                     for b in 0..blocks {
                         content(next_tag, lba + b, bs, &mut ubuf[off + b as usize * bs..]);
@@ -385,6 +438,7 @@ fn the_hostile_controller_fuzzer() {
             t.ignored += r.ignored;
             t.verified += r.verified;
             t.kept += r.kept;
+            t.direct += r.direct;
             t.lies += r.lies;
             t.longest = t.longest.max(r.longest);
             for (k, v) in r.errors {
@@ -396,7 +450,7 @@ fn the_hostile_controller_fuzzer() {
     println!(
         "nvme-fuzz: {} executions, {} failures; commands {}, completed {}, status errors {}, \
          timeouts {}, violations {}, resets {}, bring-ups {}, refused {}, ignored namespaces {}, \
-         verified reads {}, kept memory {}, lies {}, longest wait {}; errors {{{}}}; seed {} ({:.1} s)",
+         verified reads {}, zero-copy transfers {}, kept memory {}, lies {}, longest wait {}; errors {{{}}}; seed {} ({:.1} s)",
         spent.done,
         spent.failures,
         t.submitted,
@@ -409,6 +463,7 @@ fn the_hostile_controller_fuzzer() {
         t.refused,
         t.ignored,
         t.verified,
+        t.direct,
         t.kept,
         t.lies,
         t.longest,
@@ -418,5 +473,5 @@ fn the_hostile_controller_fuzzer() {
     );
     assert_eq!(spent.failures, 0);
     assert!(t.completed > 0 && t.verified > 0 && t.timeouts > 0 && t.violations > 0);
-    assert!(t.resets > 0 && t.up > 0);
+    assert!(t.resets > 0 && t.up > 0 && t.direct > 0);
 }

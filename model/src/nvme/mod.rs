@@ -217,6 +217,12 @@ pub struct NvmeCounters {
     pub disables: u64,
     /// Times it was enabled.
     pub enables: u64,
+    /// Bytes the driver cleaned from the CPU's caches ([`Hal::dma_clean`]) before the
+    /// controller read them.
+    pub cleaned: u64,
+    /// Bytes the driver invalidated in the CPU's caches ([`Hal::dma_invalidate`]) around
+    /// the controller's writes.
+    pub invalidated: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -1033,6 +1039,21 @@ unsafe impl Hal for NvmeModel {
 
     fn seed(&self) -> u64 {
         0x5EED_0E7E
+    }
+
+    /// The "physical" address of a byte of a DMA block (the caller's blocks included), as
+    /// the controller reaches it; `None` elsewhere (the heap, the stack).
+    fn virt_to_phys(&self, vaddr: std::ptr::NonNull<u8>) -> Option<u64> {
+        self.lock().mem.virt_to_phys(vaddr.as_ptr())
+    }
+
+    /// Counted (DMA is coherent here): the tests see the driver's coherence duties done.
+    fn dma_clean(&self, _vaddr: std::ptr::NonNull<u8>, len: usize) {
+        self.lock().counters.cleaned += len as u64;
+    }
+
+    fn dma_invalidate(&self, _vaddr: std::ptr::NonNull<u8>, len: usize) {
+        self.lock().counters.invalidated += len as u64;
     }
 }
 

@@ -53,6 +53,11 @@ pub struct IoCounts {
     pub units_written: u64,
     /// Commands the medium failed (a read, write or flush error).
     pub media_errors: u64,
+    /// Bytes the CPU copied between the data buffers of Read and Write commands and the
+    /// medium ([`BlockDevice::read_dma`](crate::block::BlockDevice::read_dma)): 0 where the
+    /// medium's controller moves the data by DMA to and from the buffers the RDMA transfers
+    /// use.
+    pub bytes_copied: u64,
     /// Flushes that reached the medium (Flush commands, and those Force Unit Access or a
     /// disabled write cache made).
     pub medium_flushes: u64,
@@ -103,6 +108,7 @@ impl IoCounts {
         self.units_written += o.units_written;
         self.media_errors += o.media_errors;
         self.medium_flushes += o.medium_flushes;
+        self.bytes_copied += o.bytes_copied;
         for (a, b) in self.latency.iter_mut().zip(o.latency.iter()) {
             *a += b;
         }

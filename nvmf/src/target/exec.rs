@@ -351,9 +351,10 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 Some(ctrl) => {
                     let len = buf.len() as u64;
                     let r = io::run(ctrl, subsystems, sqe, buf);
-                    if let Ok(flushes) = r {
+                    if let Ok(done) = r {
                         let c = &mut queue.counts;
-                        c.medium_flushes += u64::from(flushes);
+                        c.medium_flushes += u64::from(done.flushes);
+                        c.bytes_copied += done.copied;
                         match sqe.opcode() {
                             opcode::READ => {
                                 c.reads += 1;

@@ -79,8 +79,22 @@ fn media(e: BlockError, writing: bool) -> Status {
 /// Force Unit Access: bit 30 of command dword 12 of a Read, Write or Write Zeroes.
 const FUA: u32 = 1 << 30;
 
-/// Runs an I/O command with its data buffer `buf` (checked by [`direction`] before); the
-/// flushes of the medium it made.
+/// What an I/O command did to the medium besides moving its data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Done {
+    /// Flushes of the medium it made.
+    pub flushes: u32,
+    /// Bytes the CPU copied between the data buffer and the medium.
+    pub copied: u64,
+}
+
+/// Runs an I/O command with its data buffer `buf` (checked by [`direction`] before): what
+/// it did besides moving the data.
+///
+/// `buf` is a data buffer of the queue's registered region (or in-capsule data in a
+/// receive buffer, also in that region): memory the embedder lent for DMA, handed to the
+/// medium by [`BlockDevice::read_dma`] and [`BlockDevice::write_dma`], so that a medium
+/// whose controller reaches it moves the data by DMA with no copy.
 ///
 /// Durability: a command is answered only once the device returned (a write is on the
 /// medium, or in its cache); a Flush once the device's flush returned; a Write or Write
@@ -93,7 +107,7 @@ pub(super) fn run(
     subsystems: &mut [Subsystem<'_>],
     sqe: &Sqe,
     buf: &mut [u8],
-) -> Result<u32, Status> {
+) -> Result<Done, Status> {
     let Which::Nvm(k) = ctrl.which else {
         return Err(Status::SEQUENCE_ERROR);
     };
@@ -105,21 +119,20 @@ pub(super) fn run(
     // a flush of this medium.
     let fua = sqe.cdw(12) & FUA != 0 || (!ctrl.wce && op != opcode::READ);
     let flush = fua && dev.volatile_cache();
+    let mut copied = 0;
     match op {
         opcode::READ => {
             let (slba, _) = range(dev, sqe)?;
             if flush {
                 dev.flush().map_err(|e| media(e, true))?;
             }
-            dev.read(slba, buf).map_err(|e| media(e, false))?;
+            copied = dev.read_dma(slba, buf).map_err(|e| media(e, false))?;
         }
         opcode::WRITE => {
             let (slba, _) = range(dev, sqe)?;
-            if flush {
-                dev.write_fua(slba, buf).map_err(|e| media(e, true))?;
-            } else {
-                dev.write(slba, buf).map_err(|e| media(e, true))?;
-            }
+            copied = dev
+                .write_dma(slba, buf, flush)
+                .map_err(|e| media(e, true))?;
         }
         opcode::WRITE_ZEROES => {
             let (slba, nlb) = range(dev, sqe)?;
@@ -131,9 +144,15 @@ pub(super) fn run(
         }
         opcode::FLUSH => {
             dev.flush().map_err(|e| media(e, true))?;
-            return Ok(1);
+            return Ok(Done {
+                flushes: 1,
+                copied: 0,
+            });
         }
         _ => return Err(Status::INVALID_OPCODE),
     }
-    Ok(u32::from(flush))
+    Ok(Done {
+        flushes: u32::from(flush),
+        copied: copied as u64,
+    })
 }

@@ -12,10 +12,15 @@
 //! the I/O queue pairs the controller granted (at most [`MAX_IO_QUEUES`]).
 //!
 //! Data moves two ways. [`Nvme::read`] and [`Nvme::write`] copy through the driver's bounce
-//! buffer (what [`NsDisk`], the [`BlockDevice`] of a namespace, uses). The zero-copy entries,
-//! [`Nvme::read_pages`] and [`Nvme::write_pages`], take the physical pages of the caller's
-//! buffer ([`Pages`]: a first page with an offset, then whole pages) and build the command's
-//! PRP entries, with a PRP list in the queue's own list page for more than two pages.
+//! buffer. The zero-copy entries take the caller's buffer itself: [`Nvme::read_direct`] and
+//! [`Nvme::write_direct`] translate each of its pages with the HAL's
+//! [`virt_to_phys`](Hal::virt_to_phys) (and fall back to the bounce buffer for a part they
+//! cannot, counting the bytes copied); [`Nvme::read_pages`] and [`Nvme::write_pages`] take
+//! the physical pages already translated ([`Pages`]: a first page with an offset, then whole
+//! pages). Either way the driver builds the command's PRP entries, with a PRP list in the
+//! queue's own list page for more than two pages. [`NsDisk`], the [`BlockDevice`] of a
+//! namespace, copies, except in [`BlockDevice::read_dma`] and [`BlockDevice::write_dma`]
+//! once the embedder allowed DMA to the buffers given there ([`NsDisk::allow_dma`]).
 //!
 //! The controller is hostile input. Every wait is bounded (CAP.TO for the ready bit, the
 //! [`Options::command_timeout_ms`] for a command) and ends in a typed [`NvmeError`]; a
@@ -288,6 +293,14 @@ pub struct NvmeStats {
     pub written: u64,
     /// Flush commands completed.
     pub flushes: u64,
+    /// Reads and writes of a caller's buffer asked of the driver ([`Nvme::read`],
+    /// [`Nvme::write`], [`Nvme::read_direct`], [`Nvme::write_direct`]), each counted once
+    /// however many commands it took.
+    pub transfers: u64,
+    /// Bytes of those the CPU copied through the bounce buffer.
+    pub copied: u64,
+    /// Bytes of those the controller moved by DMA straight to or from the caller's buffer.
+    pub direct: u64,
 }
 
 /// The physical pages of one transfer: `first` may start inside its page (at a dword
@@ -994,25 +1007,10 @@ impl<H: Hal> Nvme<H> {
     ///
     /// [`NvmeError`].
     pub fn read(&mut self, nsid: u32, lba: u64, buf: &mut [u8]) -> Result<(), NvmeError> {
-        if self.state == State::Wedged {
-            return Err(NvmeError::Stopped);
-        }
-        let ns = self.span(nsid, lba, 0)?;
-        let blocks = Self::blocks_of(&ns, buf.len())?;
-        self.span(nsid, lba, blocks)?;
-        let chunk = self.chunk(&ns);
-        let mut list = [0u64; BOUNCE_PAGES];
-        for (i, part) in buf.chunks_mut(chunk).enumerate() {
-            let n = self.bounce(part.len(), &mut list);
-            let at = lba + (i * chunk / ns.block_size as usize) as u64;
-            let pages = Pages {
-                first: list[0],
-                rest: &list[1..n],
-            };
-            self.rw(0, io::READ, nsid, at, pages, part.len())?;
-            part.copy_from_slice(self.bounce_bytes(part.len()));
-        }
-        Ok(())
+        let at = NonNull::from(&mut *buf).cast::<u8>();
+        // SAFETY: `buf` is the caller's, writable, `buf.len()` bytes; not handed to the
+        // controller (copied: `direct` false).
+        unsafe { self.transfer(false, nsid, lba, at, buf.len(), false) }.map(|_| ())
     }
 
     /// Writes `buf` (whole blocks) at `lba` of `nsid`, through the bounce buffer.
@@ -1021,25 +1019,186 @@ impl<H: Hal> Nvme<H> {
     ///
     /// [`NvmeError`].
     pub fn write(&mut self, nsid: u32, lba: u64, buf: &[u8]) -> Result<(), NvmeError> {
+        let at = NonNull::from(buf).cast::<u8>();
+        // SAFETY: `buf` is the caller's, `buf.len()` bytes, only read (a write); not handed
+        // to the controller.
+        unsafe { self.transfer(true, nsid, lba, at, buf.len(), false) }.map(|_| ())
+    }
+
+    /// Reads `buf.len()` bytes (whole blocks) at `lba` of `nsid` by DMA straight into `buf`:
+    /// each page of `buf` translated by the HAL's [`virt_to_phys`](Hal::virt_to_phys) into
+    /// the command's PRP entries (a list for more than two pages), `buf` invalidated from
+    /// the CPU's caches around the command ([`Hal::dma_invalidate`]). A part of `buf` that
+    /// cannot be put in PRP entries (a page the HAL cannot translate, a first byte off a
+    /// dword boundary, a page that does not start on a page boundary) goes through the
+    /// bounce buffer instead. Returns the bytes copied (0 when every part went by DMA).
+    ///
+    /// # Errors
+    ///
+    /// As [`read_pages`](Self::read_pages).
+    ///
+    /// # Safety
+    ///
+    /// The controller may write `buf` by DMA at the addresses the HAL gives, and `buf` is
+    /// memory where such a write can only change data, never the program's state (DMA
+    /// memory the embedder lent, not the stack nor a Rust object's fields): after a command
+    /// that timed out the controller is disabled, but one that is then [`State::Wedged`]
+    /// (it did not stop) may still write there later.
+    pub unsafe fn read_direct(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, NvmeError> {
+        let at = NonNull::from(&mut *buf).cast::<u8>();
+        // SAFETY: `buf` is the caller's, writable; the caller lets the controller reach it.
+        unsafe { self.transfer(false, nsid, lba, at, buf.len(), true) }
+    }
+
+    /// Writes `buf` (whole blocks) at `lba` of `nsid` by DMA straight from `buf`, cleaned
+    /// from the CPU's caches first ([`Hal::dma_clean`]); as [`read_direct`](Self::read_direct)
+    /// otherwise. Returns the bytes copied.
+    ///
+    /// # Errors
+    ///
+    /// As [`read_pages`](Self::read_pages).
+    ///
+    /// # Safety
+    ///
+    /// The controller may read `buf` by DMA at the addresses the HAL gives; a controller
+    /// that is [`State::Wedged`] after the call may still read it later (it reads, never
+    /// writes, for a write command).
+    pub unsafe fn write_direct(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        buf: &[u8],
+    ) -> Result<usize, NvmeError> {
+        let at = NonNull::from(buf).cast::<u8>();
+        // SAFETY: `buf` is the caller's, only read; the caller lets the controller reach it.
+        unsafe { self.transfer(true, nsid, lba, at, buf.len(), true) }
+    }
+
+    /// The PRP entries of `len` bytes (one command's) at `at`, in `out`: their count, or
+    /// `None` when they cannot be expressed so. The buffer is walked by physical pages: the
+    /// first entry is the first byte's address (dword-aligned: the specification's rule for
+    /// PRP1), each later one the address the buffer continues at, which must start a page;
+    /// where a virtual page boundary falls inside a physical page, the HAL must place the
+    /// next byte right after the previous one. `None` also for a page the HAL does not
+    /// translate or more pages than `out` holds.
+    fn translate(&self, at: NonNull<u8>, len: usize, out: &mut [u64]) -> Option<usize> {
+        let page = PAGE_SIZE as u64;
+        let (mut n, mut done) = (0, 0);
+        while done < len {
+            // Inside the buffer: done < len.
+            let v = at.as_ptr().wrapping_add(done);
+            let pa = self.hal.virt_to_phys(NonNull::new(v)?)?;
+            let aligned = if n == 0 {
+                pa.is_multiple_of(4)
+            } else {
+                pa.is_multiple_of(page)
+            };
+            if pa == 0 || !aligned {
+                return None;
+            }
+            let seg = (PAGE_SIZE - (pa % page) as usize).min(len - done);
+            let to_virtual_page = PAGE_SIZE - v as usize % PAGE_SIZE;
+            if to_virtual_page < seg {
+                let next = NonNull::new(v.wrapping_add(to_virtual_page))?;
+                if self.hal.virt_to_phys(next)? != pa + to_virtual_page as u64 {
+                    return None;
+                }
+            }
+            *out.get_mut(n)? = pa;
+            n += 1;
+            done += seg;
+        }
+        Some(n)
+    }
+
+    /// Reads (`write` false) or writes `len` bytes (whole blocks) at `lba` of `nsid` from or
+    /// to the caller's memory at `at`, in commands of at most the copied chunk: by DMA
+    /// straight to the caller's memory when `direct` and the part translates, through the
+    /// bounce buffer otherwise. Returns the bytes copied.
+    ///
+    /// # Safety
+    ///
+    /// `at` is `len` bytes of the caller's (writable unless `write`); with `direct`, the
+    /// controller may reach them as [`read_direct`](Self::read_direct) says.
+    unsafe fn transfer(
+        &mut self,
+        write: bool,
+        nsid: u32,
+        lba: u64,
+        at: NonNull<u8>,
+        len: usize,
+        direct: bool,
+    ) -> Result<usize, NvmeError> {
         if self.state == State::Wedged {
             return Err(NvmeError::Stopped);
         }
         let ns = self.span(nsid, lba, 0)?;
-        let blocks = Self::blocks_of(&ns, buf.len())?;
+        let blocks = Self::blocks_of(&ns, len)?;
         self.span(nsid, lba, blocks)?;
+        self.stats.transfers += 1;
+        let opcode = if write { io::WRITE } else { io::READ };
         let chunk = self.chunk(&ns);
-        let mut list = [0u64; BOUNCE_PAGES];
-        for (i, part) in buf.chunks(chunk).enumerate() {
-            self.bounce_bytes(part.len()).copy_from_slice(part);
-            let n = self.bounce(part.len(), &mut list);
-            let at = lba + (i * chunk / ns.block_size as usize) as u64;
-            let pages = Pages {
-                first: list[0],
-                rest: &list[1..n],
-            };
-            self.rw(0, io::WRITE, nsid, at, pages, part.len())?;
+        let bs = ns.block_size as usize;
+        let mut list = [0u64; BOUNCE_PAGES + 1];
+        let mut copied = 0;
+        let mut done = 0;
+        while done < len {
+            let part = chunk.min(len - done);
+            // SAFETY: done < len: inside the caller's bytes.
+            let p = unsafe { at.add(done) };
+            let lba = lba + (done / bs) as u64;
+            match direct.then(|| self.translate(p, part, &mut list)).flatten() {
+                Some(n) => {
+                    let pages = Pages {
+                        first: list[0],
+                        rest: &list[1..n],
+                    };
+                    // The controller reads what the CPU wrote, and the CPU then reads what
+                    // the controller wrote, not stale lines (the HAL's coherence duties for
+                    // memory not from its DMA allocator).
+                    if write {
+                        self.hal.dma_clean(p, part);
+                    } else {
+                        self.hal.dma_invalidate(p, part);
+                    }
+                    let r = self.rw(0, opcode, nsid, lba, pages, part);
+                    if !write {
+                        self.hal.dma_invalidate(p, part);
+                    }
+                    r?;
+                    self.stats.direct += part as u64;
+                }
+                None => {
+                    if write {
+                        let b = self.bounce_bytes(part);
+                        // SAFETY: `part` bytes of the caller's at `p`, and as many of the
+                        // bounce buffer (part <= chunk <= its size): distinct memory.
+                        unsafe { core::ptr::copy_nonoverlapping(p.as_ptr(), b.as_mut_ptr(), part) };
+                    }
+                    let mut pl = [0u64; BOUNCE_PAGES];
+                    let n = self.bounce(part, &mut pl);
+                    let pages = Pages {
+                        first: pl[0],
+                        rest: &pl[1..n],
+                    };
+                    self.rw(0, opcode, nsid, lba, pages, part)?;
+                    if !write {
+                        let b = self.bounce_bytes(part);
+                        // SAFETY: as above; `p` is writable for a read.
+                        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), p.as_ptr(), part) };
+                    }
+                    copied += part;
+                    self.stats.copied += part as u64;
+                }
+            }
+            done += part;
         }
-        Ok(())
+        Ok(copied)
     }
 
     /// Makes completed writes to `nsid` durable: a Flush command when the controller has a
@@ -1204,10 +1363,17 @@ fn memory_bar<C: ConfigRegionAccess>(pci: &C, at: PciAddress) -> Option<u64> {
 /// One namespace of a shared [`Nvme`] as a [`BlockDevice`]: reads and writes copy through the
 /// driver's bounce buffer; Flush is the controller's when it has a volatile write cache;
 /// Write Zeroes is the controller's command when ONCS has it, else written zeroes.
+///
+/// [`read_dma`](BlockDevice::read_dma) and [`write_dma`](BlockDevice::write_dma) (what the
+/// NVMe-oF target calls with its registered buffers) copy too, unless the embedder allowed
+/// DMA to those buffers ([`allow_dma`](Self::allow_dma)): then the controller reads and
+/// writes them directly ([`Nvme::read_direct`], [`Nvme::write_direct`]), and only a part
+/// the HAL cannot translate is copied.
 pub struct NsDisk<'c, H: Hal> {
     nvme: &'c RefCell<Nvme<H>>,
     ns: Namespace,
     vwc: bool,
+    dma: bool,
 }
 
 impl<'c, H: Hal> NsDisk<'c, H> {
@@ -1216,7 +1382,31 @@ impl<'c, H: Hal> NsDisk<'c, H> {
         let n = nvme.try_borrow().ok()?;
         let ns = n.namespace(nsid)?;
         let vwc = n.info().vwc;
-        Some(NsDisk { nvme, ns, vwc })
+        Some(NsDisk {
+            nvme,
+            ns,
+            vwc,
+            dma: false,
+        })
+    }
+
+    /// Lets [`read_dma`](BlockDevice::read_dma) and [`write_dma`](BlockDevice::write_dma)
+    /// have the controller reach their buffers by DMA, with no copy.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer given to those two from now on is memory the controller may reach as
+    /// [`Nvme::read_direct`] says: at the addresses the HAL's
+    /// [`virt_to_phys`](Hal::virt_to_phys) gives, and memory where a late write of a
+    /// controller that would not stop changes data, never the program's state (the NVMe-oF
+    /// target's registered regions, carved from the embedder's DMA memory).
+    pub unsafe fn allow_dma(&mut self) {
+        self.dma = true;
+    }
+
+    /// Whether [`allow_dma`](Self::allow_dma) was called.
+    pub fn dma_allowed(&self) -> bool {
+        self.dma
     }
 
     /// The namespace.
@@ -1251,6 +1441,27 @@ impl<H: Hal> BlockDevice for NsDisk<'_, H> {
     fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError> {
         let nsid = self.ns.nsid;
         self.with(|n| n.write(nsid, lba, buf))
+    }
+
+    fn read_dma(&mut self, lba: u64, buf: &mut [u8]) -> Result<usize, BlockError> {
+        let (nsid, dma) = (self.ns.nsid, self.dma);
+        let at = NonNull::from(&mut *buf).cast::<u8>();
+        let len = buf.len();
+        // SAFETY: `buf` is ours for the call, writable; only with `allow_dma` (whose caller
+        // promised what the controller's reach needs) is it handed to the controller.
+        self.with(|n| unsafe { n.transfer(false, nsid, lba, at, len, dma) })
+    }
+
+    fn write_dma(&mut self, lba: u64, buf: &[u8], fua: bool) -> Result<usize, BlockError> {
+        let (nsid, dma) = (self.ns.nsid, self.dma);
+        let at = NonNull::from(buf).cast::<u8>();
+        // SAFETY: `buf` is ours for the call, only read; handed to the controller only with
+        // `allow_dma`.
+        let copied = self.with(|n| unsafe { n.transfer(true, nsid, lba, at, buf.len(), dma) })?;
+        if fua && self.vwc {
+            self.flush()?;
+        }
+        Ok(copied)
     }
 
     fn flush(&mut self) -> Result<(), BlockError> {
