@@ -358,7 +358,7 @@ declare -A pending=()
 done
 grep -a -q "nvmf-uk host: " "$uk_kernel" ||
   pending[host]="the appliance has no host mode yet (its kernel never prints nvmf-uk host)"
-nvme_steps=(discover connect fio-rand4k fio-seq128k mkfs reconnect restart)
+nvme_steps=(restart discover connect fio-rand4k fio-seq128k mkfs reconnect)
 why=()
 res() { { grep -a "^nvmf-result $1: " "$alog" || true; } | tail -1 | sed "s/^nvmf-result $1: //" | tr -d '\r'; }
 report() { # NAME RESULT ("PASS (…)" / "FAIL (…)" / "")
@@ -524,6 +524,7 @@ if [ ${#why[@]} -gt 0 ]; then
   tail_of "Linux A" "$alog" 25
   [ -s "$ulog" ] && tail_of "the unikernel" "$ulog"
   [ -s "$rlog" ] && tail_of "the unikernel booted again" "$rlog"
+  [ -s "$cache/nvmf-unikernel-restarted-2.log" ] && tail_of "the unikernel booted again (NVMe restart)" "$cache/nvmf-unikernel-restarted-2.log"
   [ -s "$clog" ] && tail_of "the counted unikernel" "$clog"
 fi
 stage "done"
