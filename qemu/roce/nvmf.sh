@@ -34,6 +34,10 @@
 # unless a step that is expected to work failed.
 # The appliance lets in Linux A's host NQN alone (`bvnvmf.allow=`): `nvmf allow-list` is A's
 # discover and connect with another one, refused.
+# The NVMe part (below, `nvme_dev`): the appliance's QEMU NVMe controller with two namespaces,
+# Linux B's nvmet-rdma on a QEMU NVMe disk of its own; `nvmf nvme <step>` per step against the
+# appliance's NVMe subsystem, `nvmf nvme image` for namespace 2's files read back from its
+# image after power-off, `nvmf nvme-<job>` performance and efficiency lines.
 # Efficiency: the instruction counter of the RoCE lab (qemu/roce/icount.sh) counts every
 # instruction of a target's vCPU (Linux B: kernel and user). Counted guests run slower, so
 # after the performance jobs the lab powers the unikernel off, and boots a counted Linux B
