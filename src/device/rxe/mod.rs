@@ -51,6 +51,7 @@ mod keys;
 mod local;
 mod mem;
 mod net;
+mod pace;
 mod post;
 mod post_ext;
 mod provider;
