@@ -30,6 +30,8 @@ struct Thin {
     /// A slow receiver, when set: frames wait in a buffer of bounded size and come out at a
     /// bounded rate.
     slow: Option<Slow>,
+    /// What `paces_itself` says (a NIC that spaces out what it sends, as virtio-net's device).
+    self_paced: bool,
 }
 
 /// A receiver slower than the segment, as a guest under emulation is: what arrives goes into
@@ -89,6 +91,9 @@ impl Link for Thin {
     }
     fn tx_ready(&mut self) -> bool {
         self.inner.tx_ready()
+    }
+    fn paces_itself(&self) -> bool {
+        self.self_paced
     }
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         let Some(s) = self.slow.as_mut() else {
@@ -167,6 +172,11 @@ struct Bed {
 type SlowRx = Option<(usize, u64)>;
 
 fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
+    bed_with(model, keep_a, keep_b, slow_a, false)
+}
+
+/// [`bed`], B's link saying it paces itself when `b_self_paced`.
+fn bed_with(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx, b_self_paced: bool) -> Bed {
     let (seg, clk) = (Segment::new(), TestClock::default());
     let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let overflow = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -178,6 +188,7 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
         seen: 0,
         dropped: dropped.clone(),
         slow: None,
+        self_paced: false,
     };
     let mut la = thin([0x52, 0x54, 0, 0, 0, 2], keep_a);
     la.slow = slow_a.map(|(room, per_ms)| Slow {
@@ -190,7 +201,8 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
         overflow: overflow.clone(),
         responses: responses.clone(),
     });
-    let lb = thin([0x52, 0x54, 0, 0, 0, 3], keep_b);
+    let mut lb = thin([0x52, 0x54, 0, 0, 0, 3], keep_b);
+    lb.self_paced = b_self_paced;
     let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
     let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
     Bed {
@@ -550,7 +562,7 @@ fn a_whole_read_asked_at_once_is_paced_for_a_slow_requester() {
         &[MIB, 8 * MIB]
     };
     for &len in lens {
-        let (paced, overflow, taken) = whole_read(len, (90, 40));
+        let (paced, overflow, taken) = whole_read(len, (90, 40), false);
         let packets = (len / 1024) as usize;
         assert_eq!(overflow, 0, "{len} B: {taken} of {packets} taken");
         assert_eq!(taken, packets, "{len} B");
@@ -558,13 +570,24 @@ fn a_whole_read_asked_at_once_is_paced_for_a_slow_requester() {
     }
 }
 
+/// Over a NIC that says it spaces out what it sends itself (`Link::paces_itself`, as
+/// virtio-net's device does), the device adds no pace of its own: the same whole READ leaves
+/// unpaced (and this segment, which spaces out nothing, overflows the slow receiver).
+#[test]
+fn a_nic_that_paces_itself_gets_no_pace_on_top() {
+    let (paced, overflow, _) = whole_read(MIB, (90, 40), true);
+    assert_eq!(paced, 0);
+    assert!(overflow > 0, "{overflow}");
+}
+
 /// B answers one READ of `len` bytes at MTU 1024 that A's station asks for whole (a request
 /// put on the segment from A's addresses, to B's QP), A's receiver slow (`slow`: room and
-/// frames a millisecond). Returns the times B's pace held the READ back, the frames A's
-/// receiver dropped, and the responses it took (each PSN once, in order: checked).
-fn whole_read(len: u32, slow: (usize, u64)) -> (u64, u64, usize) {
+/// frames a millisecond), B's link pacing itself when `b_self_paced`. Returns the times B's
+/// pace held the READ back, the frames A's receiver dropped, and the responses it took (each
+/// PSN once, in order, when none overflowed: checked).
+fn whole_read(len: u32, slow: (usize, u64), b_self_paced: bool) -> (u64, u64, usize) {
     let model = Model::new(ModelConfig::default());
-    let t = bed(&model, 1, 1, Some(slow));
+    let t = bed_with(&model, 1, 1, Some(slow), b_self_paced);
     let (pa, pb) = (t.a.alloc_pd().unwrap(), t.b.alloc_pd().unwrap());
     let (ca, cb) = (t.a.create_cq(64).unwrap(), t.b.create_cq(64).unwrap());
     let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
