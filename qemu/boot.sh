@@ -9,21 +9,37 @@
 # here the kernel shows the PCI probe, ARPs for the gateway 10.0.2.2 through the virtio-net
 # NIC (the link self-test), and then runs bareverbs' software RoCEv2 device over that NIC.
 # Status: 0 for PASS (and for "no device" unless --require-device), 1 otherwise.
+#
+#   BAREVERBS_NIC=virtio|igb|e1000e   the NIC at 00:03.0 (default virtio-net); the kernel takes
+#                                     the NIC the machine has (igb, then e1000e, then virtio-net)
+#                                     and says which (`nic: igb 8086:10c9 at 00:03.0, ...`)
+#   BAREVERBS_QEMU=path               another qemu-system-x86_64 (igb needs QEMU 8.0 or later:
+#                                     qemu/roce/modern-qemu.sh provides one)
 set -uo pipefail
 kernel=$1; shift
 require=0
 if [ "${1:-}" = "--require-device" ]; then require=1; shift; fi
-if ! command -v qemu-system-x86_64 >/dev/null; then
-  echo "qemu-system-x86_64 not found: apt-get install qemu-system-x86" >&2
+qemu=${BAREVERBS_QEMU:-qemu-system-x86_64}
+if ! command -v "$qemu" >/dev/null; then
+  echo "$qemu not found: apt-get install qemu-system-x86" >&2
   exit 1
 fi
-timeout 60 qemu-system-x86_64 \
+case "${BAREVERBS_NIC:-virtio}" in
+  virtio) nic=virtio-net-pci ;;
+  igb|e1000e) nic=$BAREVERBS_NIC ;;
+  *) echo "BAREVERBS_NIC=$BAREVERBS_NIC: not virtio, igb or e1000e" >&2; exit 1 ;;
+esac
+if ! "$qemu" -device help 2>/dev/null | grep -q "\"$nic\""; then
+  echo "$qemu has no -device $nic (igb needs QEMU 8.0 or later: BAREVERBS_QEMU=\$(qemu/roce/modern-qemu.sh))" >&2
+  exit 1
+fi
+timeout 60 "$qemu" \
   -machine q35 -m 256M -nodefaults -vga none -display none -no-reboot -serial stdio \
   -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
   -netdev user,id=n0,restrict=on \
   -device vmxnet3,netdev=n0,addr=0x10.0,multifunction=on,mac=52:54:00:12:34:57,romfile= \
   -netdev user,id=n1,restrict=on \
-  -device virtio-net-pci,netdev=n1,addr=0x3.0,mac=52:54:00:12:34:56,romfile= \
+  -device "$nic",netdev=n1,addr=0x3.0,mac=52:54:00:12:34:56,romfile= \
   -kernel "$kernel" "$@"
 status=$?
 case $status in

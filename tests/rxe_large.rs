@@ -9,6 +9,8 @@ mod common;
 mod pair;
 
 use bareverbs::Context;
+use bareverbs::device::rxe::wire::bth::{Bth, DEFAULT_PKEY, Headers, Reth, opcode};
+use bareverbs::device::rxe::wire::packet::{Route, build};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
 use bareverbs_hal::{Clock, Link, LinkError};
@@ -28,6 +30,8 @@ struct Thin {
     /// A slow receiver, when set: frames wait in a buffer of bounded size and come out at a
     /// bounded rate.
     slow: Option<Slow>,
+    /// What `paces_itself` says (a NIC that spaces out what it sends, as virtio-net's device).
+    self_paced: bool,
 }
 
 /// A receiver slower than the segment, as a guest under emulation is: what arrives goes into
@@ -43,6 +47,8 @@ struct Slow {
     buffer: std::collections::VecDeque<Vec<u8>>,
     /// Frames the full buffer dropped.
     overflow: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// READ responses the device took from the buffer, by PSN.
+    responses: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 /// The BTH opcode of an IPv4 RoCEv2 frame (Ethernet 14 + IPv4 20 + UDP 8), and its AETH
@@ -86,6 +92,9 @@ impl Link for Thin {
     fn tx_ready(&mut self) -> bool {
         self.inner.tx_ready()
     }
+    fn paces_itself(&self) -> bool {
+        self.self_paced
+    }
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         let Some(s) = self.slow.as_mut() else {
             return self.inner.receive(buf);
@@ -111,6 +120,11 @@ impl Link for Thin {
         }
         let frame = s.buffer.pop_front()?;
         s.taken += 1;
+        const BTH: usize = 14 + 20 + 8;
+        if is_roce(&frame) && (0x0D..=0x0F).contains(&frame[BTH]) {
+            let psn = u32::from_be_bytes([0, frame[BTH + 9], frame[BTH + 10], frame[BTH + 11]]);
+            s.responses.lock().unwrap().push(psn);
+        }
         buf.get_mut(..frame.len())?.copy_from_slice(&frame);
         Some(frame.len())
     }
@@ -150,15 +164,23 @@ struct Bed {
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Frames the slow receiver's full buffer dropped.
     overflow: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// READ responses A's slow receiver took, by PSN.
+    responses: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 /// A's receiver slow ([`Slow`]): its room in frames and the frames it takes a millisecond.
 type SlowRx = Option<(usize, u64)>;
 
 fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
+    bed_with(model, keep_a, keep_b, slow_a, false)
+}
+
+/// [`bed`], B's link saying it paces itself when `b_self_paced`.
+fn bed_with(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx, b_self_paced: bool) -> Bed {
     let (seg, clk) = (Segment::new(), TestClock::default());
     let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let overflow = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let responses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let frame = bareverbs::device::rxe::FRAME;
     let thin = |mac: [u8; 6], keep: u32| Thin {
         inner: seg.attach(mac, frame),
@@ -166,6 +188,7 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
         seen: 0,
         dropped: dropped.clone(),
         slow: None,
+        self_paced: false,
     };
     let mut la = thin([0x52, 0x54, 0, 0, 0, 2], keep_a);
     la.slow = slow_a.map(|(room, per_ms)| Slow {
@@ -176,8 +199,10 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
         since: 0,
         buffer: Default::default(),
         overflow: overflow.clone(),
+        responses: responses.clone(),
     });
-    let lb = thin([0x52, 0x54, 0, 0, 0, 3], keep_b);
+    let mut lb = thin([0x52, 0x54, 0, 0, 0, 3], keep_b);
+    lb.self_paced = b_self_paced;
     let a = Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
     let b = Context::new(Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap());
     Bed {
@@ -187,6 +212,7 @@ fn bed(model: &Model, keep_a: u32, keep_b: u32, slow_a: SlowRx) -> Bed {
         seg,
         dropped,
         overflow,
+        responses,
     }
 }
 
@@ -520,4 +546,149 @@ fn reads_in_parts_keep_a_slow_requester_from_overflowing() {
         // Every response once, and one request per part.
         assert_eq!(seen.frames, packets + requests, "{seen:?}");
     }
+}
+
+/// A requester that asks for a whole long READ at once, as Linux's rxe does (it does not ask
+/// in parts), from a responder on this device, its receiver slower than the segment (a buffer
+/// of 90 frames, QEMU's socket on the lab's segment, and 40 frames a millisecond taken from
+/// it): the responder paces its answers (64 KiB back to back at most, 32 KiB a millisecond),
+/// so nothing overflows and every response goes once. (Unpaced, the 1 MiB READ put its 1,024
+/// responses on the segment at once, 32 a progress, and 817 of them overflowed.)
+#[test]
+fn a_whole_read_asked_at_once_is_paced_for_a_slow_requester() {
+    let lens: &[u32] = if under_memcheck() {
+        &[MIB]
+    } else {
+        &[MIB, 8 * MIB]
+    };
+    for &len in lens {
+        let (paced, overflow, taken) = whole_read(len, (90, 40), false);
+        let packets = (len / 1024) as usize;
+        assert_eq!(overflow, 0, "{len} B: {taken} of {packets} taken");
+        assert_eq!(taken, packets, "{len} B");
+        assert!(paced > 0, "{len} B: the pace never held an answer back");
+    }
+}
+
+/// Over a NIC that says it spaces out what it sends itself (`Link::paces_itself`, as
+/// virtio-net's device does), the device adds no pace of its own: the same whole READ leaves
+/// unpaced (and this segment, which spaces out nothing, overflows the slow receiver).
+#[test]
+fn a_nic_that_paces_itself_gets_no_pace_on_top() {
+    let (paced, overflow, _) = whole_read(MIB, (90, 40), true);
+    assert_eq!(paced, 0);
+    assert!(overflow > 0, "{overflow}");
+}
+
+/// B answers one READ of `len` bytes at MTU 1024 that A's station asks for whole (a request
+/// put on the segment from A's addresses, to B's QP), A's receiver slow (`slow`: room and
+/// frames a millisecond), B's link pacing itself when `b_self_paced`. Returns the times B's
+/// pace held the READ back, the frames A's receiver dropped, and the responses it took (each
+/// PSN once, in order, when none overflowed: checked).
+fn whole_read(len: u32, slow: (usize, u64), b_self_paced: bool) -> (u64, u64, usize) {
+    let model = Model::new(ModelConfig::default());
+    let t = bed_with(&model, 1, 1, Some(slow), b_self_paced);
+    let (pa, pb) = (t.a.alloc_pd().unwrap(), t.b.alloc_pd().unwrap());
+    let (ca, cb) = (t.a.create_cq(64).unwrap(), t.b.create_cq(64).unwrap());
+    let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
+    let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let mut qa = up(qa, nb, IP_B, Mtu::Mtu1024);
+    let qb = up(qb, na, IP_A, Mtu::Mtu1024);
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let ma = pa.register(1024, rw).unwrap();
+    let mb = pb.register(len as usize, rw).unwrap();
+    // A READ of one packet through the verbs first: each side learns the other's MAC.
+    // SAFETY: both regions outlive the request, which completes below before they go.
+    unsafe {
+        let mut sb = qa.send_batch();
+        sb.rdma_read(
+            1,
+            SendFlags::SIGNALED,
+            (mb.addr(), mb.rkey()),
+            &[ma.sge(0, 1024).unwrap()],
+        )
+        .unwrap();
+        sb.finish();
+    }
+    let mut wc = [WorkCompletion::default(); 4];
+    let mut done = 0;
+    for _ in 0..10_000 {
+        done += ca.poll(&mut wc).unwrap();
+        if done > 0 {
+            break;
+        }
+        t.clk.advance(100);
+        t.b.process_events();
+    }
+    assert_eq!(done, 1, "the first READ");
+    assert_eq!(wc[0].status, WcStatus::Success);
+    let from_a = t
+        .seg
+        .sent()
+        .iter()
+        .find(|(_, f)| is_roce(f) && f[6..12] == [0x52, 0x54, 0, 0, 0, 2])
+        .map(|(id, _)| *id)
+        .expect("A sent its request");
+    // The request as a Linux requester sends it: the whole READ, at the PSN B expects next.
+    let psn = 0x00ff_ff01;
+    let mut h = Headers::new(Bth {
+        opcode: opcode::RC_READ_REQUEST,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: nb,
+        ack_req: true,
+        psn,
+    });
+    h.reth = Some(Reth {
+        va: mb.addr(),
+        rkey: mb.rkey(),
+        len,
+    });
+    let route = Route {
+        src_mac: [0x52, 0x54, 0, 0, 0, 2],
+        dst_mac: [0x52, 0x54, 0, 0, 0, 3],
+        src_ip: IP_A,
+        dst_ip: IP_B,
+        tos: 0,
+        ttl: 64,
+        src_port: 0xC000,
+    };
+    let mut frame = [0u8; 128];
+    let n = build(&mut frame, &route, 7, &h, &[]).unwrap();
+    let before = t.b.provider().transport_counts().reads_paced;
+    t.responses.lock().unwrap().clear();
+    t.seg.inject(from_a, &frame[..n]);
+    let packets = (len / 1024) as usize;
+    // Bounded: 10 s of the test clock at 100 µs a step (the pace sends 8 MiB in 256 ms).
+    for _ in 0..100_000 {
+        t.b.process_events();
+        t.a.process_events();
+        if t.responses.lock().unwrap().len() >= packets {
+            break;
+        }
+        t.clk.advance(100);
+    }
+    // A little longer: whatever else was coming arrives.
+    for _ in 0..1_000 {
+        t.clk.advance(100);
+        t.b.process_events();
+        t.a.process_events();
+    }
+    let got = t.responses.lock().unwrap().clone();
+    let want: Vec<u32> = (0..packets as u32)
+        .map(|k| (psn + k) & 0x00ff_ffff)
+        .collect();
+    let overflow = t.overflow.load(std::sync::atomic::Ordering::Relaxed);
+    if overflow == 0 {
+        assert_eq!(got, want, "{len} B: the responses, in order, once each");
+    }
+    let paced = t.b.provider().transport_counts().reads_paced - before;
+    eprintln!(
+        "whole READ of {len} B: paced {paced} times, {overflow} frames overflowed, {} responses taken",
+        got.len()
+    );
+    drop((qa, qb, ma, mb));
+    (paced, overflow, got.len())
 }

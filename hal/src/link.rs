@@ -51,6 +51,16 @@ pub trait Link {
         true
     }
 
+    /// Whether the NIC itself spaces out what it is given: the device takes the frames from
+    /// its ring in its own time, a ring's worth at most (virtio-net, whose device transmits
+    /// from its own thread after a notification), so a burst cannot leave faster than the
+    /// device sends. The default, `false`, is a NIC that puts each frame on the wire as it is
+    /// posted (QEMU's igb and e1000e send within the tail write): the software RoCE device then
+    /// paces its READ responses itself.
+    fn paces_itself(&self) -> bool {
+        false
+    }
+
     /// Moves the next received frame into `buf` and returns its length, or `None` when no
     /// frame has arrived. A frame longer than `buf` is dropped (and the next one looked at).
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize>;

@@ -414,6 +414,11 @@ impl<S: StaticHal> Link for VirtioNet<S> {
         self.mac
     }
 
+    fn paces_itself(&self) -> bool {
+        // The device sends from its own thread, what the ring holds at most.
+        true
+    }
+
     fn max_frame(&self) -> usize {
         MAX_FRAME
     }

@@ -499,3 +499,118 @@ fn every_refusal_is_logged_with_its_reason() {
     hc.connect(&mut cmc, idle!(l.clk, t, cmb)).unwrap();
     assert_eq!(t.counts().refusals, 3);
 }
+
+/// Ends the host's association (a clean disconnect) and waits until the target let go of
+/// its controller.
+macro_rules! gone {
+    ($l:ident, $t:ident, $h:ident, $cma:ident, $cmb:ident) => {
+        let cntlid = $h.cntlid();
+        $h.disconnect(&mut $cma, idle!($l.clk, $t, $cmb)).unwrap();
+        // (Long enough for the connections' time-wait to end on both sides.)
+        for _ in 0..2_000 {
+            $l.clk.advance(1_000);
+            $t.poll(&mut $cmb);
+            let _ = $cma.poll();
+        }
+        assert_eq!($t.ctrl_counts(cntlid), None, "the controller is gone");
+    };
+}
+
+/// A host that reconnects (a new controller: its last one ended) reads on in its SMART log
+/// where its last controller stopped, as from a drive that stayed on; another host, and the
+/// same NQN with another host ID, read none of it and change none of it.
+#[test]
+fn a_reconnecting_host_reads_on_from_its_last_controllers_smart_counts() {
+    rig!(l, t, h, cma, cmb, delay);
+    let data = pattern(4096, 6);
+    for k in 0..3 {
+        h.write(1, 1, 8 * k, 8, &data, idle!(l.clk, t, cmb))
+            .unwrap();
+    }
+    let mut back = vec![0u8; 4096];
+    h.read(1, 1, 0, 8, &mut back, idle!(l.clk, t, cmb)).unwrap();
+    // One error logged (an opcode the controller does not have).
+    let r = h.exec(
+        0,
+        Sqe::new(0xC5, 0),
+        Data::None,
+        &mut [],
+        idle!(l.clk, t, cmb),
+    );
+    assert_eq!(r, Err(HostError::Status(Status::INVALID_OPCODE)));
+    let first = h.cntlid();
+    assert!(t.histories().is_empty());
+    gone!(l, t, h, cma, cmb);
+    assert_eq!(t.histories().len(), 1);
+    // Back: a new controller, the counts go on.
+    h.connect(&mut cma, idle!(l.clk, t, cmb)).unwrap();
+    assert_ne!(h.cntlid(), first, "a new controller");
+    // The history is the live controller's now, not the table's.
+    assert!(t.histories().is_empty());
+    let mut smart = [0u8; 512];
+    h.get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 3);
+    assert_eq!(field(&smart, log::SMART_HOST_READS), 1);
+    assert_eq!(field(&smart, log::SMART_DATA_UNITS_WRITTEN), 1);
+    assert_eq!(field(&smart, log::SMART_ERROR_ENTRIES), 1);
+    h.write(1, 1, 0, 8, &data, idle!(l.clk, t, cmb)).unwrap();
+    h.get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 4);
+    // The controller's own counts stay its own (the API's per-controller view).
+    assert_eq!(t.ctrl_counts(h.cntlid()).unwrap().writes, 1);
+    // A second time round: 4 writes kept.
+    gone!(l, t, h, cma, cmb);
+    h.connect(&mut cma, idle!(l.clk, t, cmb)).unwrap();
+    h.get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 4);
+    assert_eq!(field(&smart, log::SMART_HOST_READS), 1);
+
+    // Another host (another NQN, from another station), while A is connected and while A is
+    // gone: its own counts only, and nothing it does reaches A's.
+    let sc = side(&l.c);
+    let mut cmc = cm(&sc, &l.clk);
+    let mut other: H = H::new(&sc.pd, &sc.dcq, l.clk.clone(), hcfg(HOST_C));
+    other.connect(&mut cmc, idle!(l.clk, t, cmb)).unwrap();
+    other
+        .get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 0);
+    other
+        .write(1, 1, 64, 8, &data, idle!(l.clk, t, cmb))
+        .unwrap();
+    other
+        .get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    gone!(l, t, h, cma, cmb);
+    other
+        .get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 1);
+    assert_eq!(field(&smart, log::SMART_HOST_READS), 0);
+    other.disconnect(&mut cmc, idle!(l.clk, t, cmb)).unwrap();
+    for _ in 0..2_000 {
+        l.clk.advance(1_000);
+        t.poll(&mut cmb);
+        let _ = cmc.poll();
+    }
+    assert_eq!(t.histories().len(), 2);
+
+    // A's NQN with another host ID: another host to the target, none of A's counts.
+    let mut cfg = hcfg(HOST_A);
+    cfg.hostid = [0x5A; 16];
+    let mut twin: H = H::new(&sc.pd, &sc.dcq, l.clk.clone(), cfg);
+    twin.connect(&mut cmc, idle!(l.clk, t, cmb)).unwrap();
+    twin.get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 0);
+    assert_eq!(field(&smart, log::SMART_ERROR_ENTRIES), 0);
+    // A, back once more: its 4 writes, not the other host's.
+    h.connect(&mut cma, idle!(l.clk, t, cmb)).unwrap();
+    h.get_log_page(log::SMART, 0, &mut smart, idle!(l.clk, t, cmb))
+        .unwrap();
+    assert_eq!(field(&smart, log::SMART_HOST_WRITES), 4);
+    let _ = &delay;
+}

@@ -279,6 +279,10 @@ impl Link for Nic {
         each!(self, n => n.tx_ready())
     }
 
+    fn paces_itself(&self) -> bool {
+        each!(self, n => n.paces_itself())
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         each!(self, n => n.receive(buf))
     }

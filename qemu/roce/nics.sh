@@ -7,11 +7,8 @@
 #
 #   qemu/roce/nics.sh            the whole matrix: RoCE on virtio igb e1000e, NVMe-oF on igb
 #   qemu/roce/nics.sh --ci       CI's subset: a few RoCE cases on igb and on e1000e (both roles,
-#                                read and write counted), no throughput runs; no NVMe-oF lab
-#                                (on igb Linux A's controller is reset every 30-40 s: the
-#                                appliance's unpaced response bursts overflow Linux A's socket,
-#                                its keep-alives time out, and `nvmf smart-log`, whose counters
-#                                are the controller's, fails; docs/intel-nics.md)
+#                                read and write counted), no throughput runs; the NVMe-oF lab's
+#                                steps on igb, without its performance and counted runs
 #   BAREVERBS_NICS_ROCE="igb e1000e"  the RoCE lab's NICs     BAREVERBS_NICS_NVMF="igb"  the NVMe-oF lab's
 #
 # Both labs need a QEMU with `-device igb` (8.0 or later): BAREVERBS_ROCE_QEMU, else QEMU 10 from
@@ -26,7 +23,7 @@ ci=
 if [ "${1:-}" = --ci ]; then
   ci=1
   roce_nics=${BAREVERBS_NICS_ROCE:-igb e1000e}
-  nvmf_nics=${BAREVERBS_NICS_NVMF:-}
+  nvmf_nics=${BAREVERBS_NICS_NVMF:-igb}
   export BAREVERBS_NVMF_RUNS=${BAREVERBS_NVMF_RUNS:-0} BAREVERBS_NVMF_COUNT=${BAREVERBS_NVMF_COUNT:-0}
 fi
 qemu=${BAREVERBS_ROCE_QEMU:-}

@@ -62,6 +62,8 @@ fn name(vendor: u16, device: u16) -> &'static str {
         (0x8086, 0x7113) => "Intel PIIX4 ACPI",
         (0x1234, 0x1111) => "QEMU VGA",
         (0x8086, 0x100E) => "Intel e1000",
+        (0x8086, 0x10D3) => "Intel 82574L (e1000e)",
+        (0x8086, 0x10C9) => "Intel 82576 (igb)",
         (0x1AF4, _) => "virtio",
         _ => "",
     }

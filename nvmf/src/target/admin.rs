@@ -269,8 +269,9 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
 }
 
 /// The SMART / Health Information log of the controller (the same for any NSID: the
-/// controller's, over its life, of this host's commands only; other hosts' traffic is not
-/// theirs to read). Filled: Data Units Read and Written (thousands of 512-byte units, rounded
+/// host's, over the lives of its controllers on this subsystem, of this host's commands only;
+/// other hosts' traffic is not theirs to read: a reconnecting host reads on from where its
+/// last controller stopped, `HostHistories`). Filled: Data Units Read and Written (thousands of 512-byte units, rounded
 /// up), Host Read and Write Commands (Reads and Writes completed successfully), Controller
 /// Busy Time (minutes with an I/O command outstanding), Power On Hours (since the target
 /// started), Media and Data Integrity Errors (commands the medium failed), and the number of
@@ -278,9 +279,17 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
 fn smart_log(cx: &Cx<'_, '_>) -> [u8; log::SMART_LEN] {
     let mut page = [0u8; log::SMART_LEN];
     let none = super::IoCounts::default();
-    let io = cx.io.unwrap_or(&none);
+    // This controller's counts on top of what its host's controllers before it counted.
+    let carried = &cx.ctrl.carried;
+    let mut io = carried.io;
+    io.add(cx.io.unwrap_or(&none));
+    let io = &io;
     let hours = cx.now_us.saturating_sub(cx.born_us) / 3_600_000_000;
-    let minutes = cx.ctrl.busy_time_us(cx.now_us) / 60_000_000;
+    let busy = cx
+        .ctrl
+        .busy_time_us(cx.now_us)
+        .saturating_add(carried.busy_us);
+    let minutes = busy / 60_000_000;
     for (at, v) in [
         (
             log::SMART_DATA_UNITS_READ,
@@ -295,7 +304,10 @@ fn smart_log(cx: &Cx<'_, '_>) -> [u8; log::SMART_LEN] {
         (log::SMART_BUSY_MINUTES, minutes),
         (log::SMART_POWER_ON_HOURS, hours),
         (log::SMART_MEDIA_ERRORS, io.media_errors),
-        (log::SMART_ERROR_ENTRIES, cx.ctrl.errors.count()),
+        (
+            log::SMART_ERROR_ENTRIES,
+            cx.ctrl.errors.count().saturating_add(carried.errors),
+        ),
     ] {
         page[at..at + 8].copy_from_slice(&v.to_le_bytes());
     }
@@ -546,6 +558,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         // discovery controller (nvmet's); any timeout at most the configured maximum. So a
         // controller whose host vanished never stays beyond that.
         let kato_ms = grant_kato(&self.cfg, c.kato_ms, which == Which::Discovery);
+        // Its host's SMART counts so far (an I/O controller's): taken from the table, given
+        // back when it ends.
+        let carried = match which {
+            Which::Nvm(k) => self.histories.take(k, &data.hostnqn, &data.hostid),
+            Which::Discovery => super::Carried::default(),
+        };
         self.ctrls[slot] = Some(Ctrl {
             cntlid,
             which,
@@ -565,6 +583,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             busy_since_us: 0,
             busy_us: 0,
             retired: super::IoCounts::default(),
+            carried,
         });
         self.counts.controllers += 1;
         self.queues[q].ctrl = Some(slot);

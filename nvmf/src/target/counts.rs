@@ -219,6 +219,139 @@ impl RefusalLog {
     }
 }
 
+/// Hosts' SMART counts kept between their controllers ([`HostHistories`]): this many
+/// (subsystem, host) pairs at most.
+pub const HOST_HISTORIES: usize = 16;
+
+/// What a host's controllers counted for the SMART log, carried from one to the next: the
+/// I/O counts, the time busy, the errors logged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// The I/O counts (queues summed).
+    pub io: IoCounts,
+    /// Microseconds busy with I/O commands.
+    pub busy_us: u64,
+    /// Errors logged (the Error Information log's count).
+    pub errors: u64,
+}
+
+impl Carried {
+    /// Adds `o` to these.
+    pub(crate) fn add(&mut self, o: &Carried) {
+        self.io.add(&o.io);
+        self.busy_us = self.busy_us.saturating_add(o.busy_us);
+        self.errors = self.errors.saturating_add(o.errors);
+    }
+}
+
+/// One host's history: whose it is (subsystem, host NQN and host identifier, as its Connect
+/// gave them) and what it counted.
+#[derive(Clone, Copy)]
+struct History {
+    subsystem: usize,
+    hostnqn: Nqn,
+    hostid: [u8; 16],
+    carried: Carried,
+    /// When its last controller ended (µs): the oldest goes first when the table is full.
+    ended_us: u64,
+}
+
+/// The SMART counts of hosts whose controllers ended, per (subsystem, host NQN, host ID), so
+/// that a host that reconnects (after a keep-alive timeout, a reset of the fabric, a reboot)
+/// reads on in its SMART log where its last controller stopped, as it would on a drive. A
+/// controller takes its host's history when it is made (the entry leaves the table: each
+/// count lives in one place, a live controller or the table) and gives it back, with what it
+/// counted, when it ends; two controllers of one host at once each take their own share, and
+/// the shares add up again in the table.
+///
+/// Only the host named by all three keys gets an entry back: another host's NQN or host ID
+/// reads and changes none of it (the fabric proves neither: a host that claims another's NQN
+/// and host ID is that host to the target, as to its allow list).
+///
+/// Bounded: [`HOST_HISTORIES`] entries, the hosts with a live controller not among them.
+/// When it is full, the entry whose controller ended longest ago makes room (a host gone for
+/// longest loses its history first; a host coming back finds its entry while fewer than that
+/// many other pairs ended since).
+pub struct HostHistories {
+    e: [Option<History>; HOST_HISTORIES],
+}
+
+impl Default for HostHistories {
+    fn default() -> Self {
+        Self {
+            e: [None; HOST_HISTORIES],
+        }
+    }
+}
+
+impl HostHistories {
+    fn find(&self, subsystem: usize, hostnqn: &Nqn, hostid: &[u8; 16]) -> Option<usize> {
+        self.e.iter().position(|h| {
+            h.as_ref().is_some_and(|h| {
+                h.subsystem == subsystem && h.hostnqn == *hostnqn && h.hostid == *hostid
+            })
+        })
+    }
+
+    /// Takes the history of the host (`hostnqn`, `hostid`) on subsystem `subsystem` out of
+    /// the table (all zero when it has none).
+    pub(crate) fn take(&mut self, subsystem: usize, hostnqn: &Nqn, hostid: &[u8; 16]) -> Carried {
+        self.find(subsystem, hostnqn, hostid)
+            .and_then(|i| self.e[i].take())
+            .map(|h| h.carried)
+            .unwrap_or_default()
+    }
+
+    /// Gives back the history of the host (`hostnqn`, `hostid`) on `subsystem` as its
+    /// controller ended at `now_us` (what it took and what it counted since): added to an
+    /// entry of the same host, else in a free entry, else in place of the one that ended
+    /// longest ago.
+    pub(crate) fn give(
+        &mut self,
+        subsystem: usize,
+        hostnqn: &Nqn,
+        hostid: &[u8; 16],
+        carried: Carried,
+        now_us: u64,
+    ) {
+        if let Some(i) = self.find(subsystem, hostnqn, hostid) {
+            if let Some(h) = self.e[i].as_mut() {
+                h.carried.add(&carried);
+                h.ended_us = now_us;
+            }
+            return;
+        }
+        let i = self.e.iter().position(Option::is_none).unwrap_or_else(|| {
+            let mut oldest = 0;
+            for (i, h) in self.e.iter().enumerate() {
+                if let (Some(h), Some(o)) = (h, &self.e[oldest])
+                    && h.ended_us < o.ended_us
+                {
+                    oldest = i;
+                }
+            }
+            oldest
+        });
+        self.e[i] = Some(History {
+            subsystem,
+            hostnqn: *hostnqn,
+            hostid: *hostid,
+            carried,
+            ended_us: now_us,
+        });
+    }
+
+    /// Hosts with a history in the table.
+    pub fn len(&self) -> usize {
+        self.e.iter().flatten().count()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +424,77 @@ mod tests {
         assert_eq!(log.get(4).map(|r| r.seq), Some(4));
         assert_eq!(log.get(log.count()).map(|r| r.seq), Some(log.count()));
         assert!(log.get(log.count() + 1).is_none() && log.get(0).is_none());
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    /// The NQN of host `i` (below 100).
+    fn nqn(i: usize) -> Nqn {
+        let mut b = *b"nqn.2014-08.org.nvmexpress:host-00";
+        let n = b.len();
+        b[n - 2] = b'0' + (i / 10) as u8;
+        b[n - 1] = b'0' + (i % 10) as u8;
+        Nqn::new(core::str::from_utf8(&b).unwrap()).unwrap()
+    }
+
+    fn writes(n: u64) -> Carried {
+        Carried {
+            io: IoCounts {
+                writes: n,
+                ..IoCounts::default()
+            },
+            busy_us: n,
+            errors: n,
+        }
+    }
+
+    #[test]
+    fn each_host_takes_back_its_own_only() {
+        let mut t = HostHistories::default();
+        t.give(0, &nqn(1), &[1; 16], writes(5), 10);
+        // Another subsystem, NQN or host ID: nothing.
+        assert_eq!(t.take(1, &nqn(1), &[1; 16]), Carried::default());
+        assert_eq!(t.take(0, &nqn(2), &[1; 16]), Carried::default());
+        assert_eq!(t.take(0, &nqn(1), &[2; 16]), Carried::default());
+        assert_eq!(t.len(), 1);
+        // Its own, once: the entry leaves with it.
+        assert_eq!(t.take(0, &nqn(1), &[1; 16]), writes(5));
+        assert!(t.is_empty());
+        assert_eq!(t.take(0, &nqn(1), &[1; 16]), Carried::default());
+    }
+
+    #[test]
+    fn two_controllers_of_one_host_add_up() {
+        let mut t = HostHistories::default();
+        t.give(0, &nqn(1), &[1; 16], writes(5), 10);
+        t.give(0, &nqn(1), &[1; 16], writes(7), 20);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.take(0, &nqn(1), &[1; 16]), writes(12));
+    }
+
+    #[test]
+    fn a_full_table_lets_the_host_gone_longest_go() {
+        let mut t = HostHistories::default();
+        for i in 0..HOST_HISTORIES {
+            // Ended in a shuffled order: host 3 ended first.
+            let ended = if i == 3 { 1 } else { 100 + i as u64 };
+            t.give(0, &nqn(i), &[0; 16], writes(i as u64 + 1), ended);
+        }
+        assert_eq!(t.len(), HOST_HISTORIES);
+        t.give(0, &nqn(99), &[0; 16], writes(1000), 500);
+        assert_eq!(t.len(), HOST_HISTORIES);
+        assert_eq!(t.take(0, &nqn(3), &[0; 16]), Carried::default());
+        assert_eq!(t.take(0, &nqn(99), &[0; 16]), writes(1000));
+        for i in (0..HOST_HISTORIES).filter(|&i| i != 3) {
+            assert_eq!(
+                t.take(0, &nqn(i), &[0; 16]),
+                writes(i as u64 + 1),
+                "host {i}"
+            );
+        }
+        assert!(t.is_empty());
     }
 }

@@ -1,7 +1,7 @@
 //! A controller: what one host's association with one subsystem (or the discovery
 //! subsystem) holds, and its error log.
 
-use super::counts::IoCounts;
+use super::counts::{Carried, IoCounts};
 use crate::wire::fabrics::Nqn;
 use crate::wire::log::ErrorEntry;
 
@@ -96,6 +96,9 @@ pub struct Ctrl {
     pub busy_us: u64,
     /// The counts of its queues that ended (a live queue's are its own until it ends).
     pub retired: IoCounts,
+    /// What its host's controllers before it counted (on this subsystem, with this host NQN
+    /// and host ID): its SMART log goes on from there.
+    pub carried: Carried,
 }
 
 impl Ctrl {

@@ -43,8 +43,8 @@ use crate::wire::fabrics::Nqn;
 
 use counts::RefusalLog;
 pub use counts::{
-    IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, Refusal, RefusalReason, STATUS_KINDS,
-    bucket_floor_us, latency_bucket,
+    Carried, HOST_HISTORIES, HostHistories, IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, Refusal,
+    RefusalReason, STATUS_KINDS, bucket_floor_us, latency_bucket,
 };
 pub use ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
 use queue::{Kind, Queue};
@@ -231,6 +231,8 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     /// The counts of the queues that ended.
     retired: IoCounts,
     refusals: RefusalLog,
+    /// The SMART counts of hosts whose controllers ended, for their next controller.
+    histories: HostHistories,
 }
 
 /// Why a target cannot be created.
@@ -316,6 +318,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             born_us: now_us,
             retired: IoCounts::default(),
             refusals: RefusalLog::default(),
+            histories: HostHistories::default(),
         })
     }
 
@@ -419,6 +422,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 born_us: _,
                 retired: _,
                 refusals: _,
+                histories: _,
             } = t;
         };
         let cfg = Self::checked(cfg)?;
@@ -456,6 +460,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             ptr::addr_of_mut!((*p).born_us).write(now_us);
             ptr::addr_of_mut!((*p).retired).write(IoCounts::default());
             ptr::addr_of_mut!((*p).refusals).write(RefusalLog::default());
+            ptr::addr_of_mut!((*p).histories).write(HostHistories::default());
             slot.assume_init_mut()
         };
         Ok(InPlace(target))
@@ -516,6 +521,11 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             .iter()
             .position(|x| x.as_ref().is_some_and(|x| x.cntlid == cntlid))?;
         Some(self.ctrl_io(c))
+    }
+
+    /// The hosts' SMART counts kept between their controllers.
+    pub fn histories(&self) -> &HostHistories {
+        &self.histories
     }
 
     /// Controller `c`'s counts.
@@ -874,8 +884,21 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
 
     /// Loses controller `c`: every queue bound to it ends (the target disconnects them).
     fn lose_ctrl(&mut self, c: usize) {
-        if self.ctrls[c].take().is_none() {
+        // What it counted, with the history it took from its host's, goes back to the host's
+        // (an I/O controller's): its queues' counts, those still open included (they end
+        // below, with the controller gone), its time busy, its errors.
+        let mut io = self.ctrl_io(c);
+        let Some(x) = self.ctrls[c].take() else {
             return;
+        };
+        if let Which::Nvm(k) = x.which {
+            let mut carried = x.carried;
+            io.add(&carried.io);
+            carried.io = io;
+            carried.busy_us = carried.busy_us.saturating_add(x.busy_time_us(self.now_us));
+            carried.errors = carried.errors.saturating_add(x.errors.count());
+            self.histories
+                .give(k, &x.hostnqn, &x.hostid, carried, self.now_us);
         }
         self.counts.lost += 1;
         for q in 0..Q {

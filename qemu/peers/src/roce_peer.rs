@@ -271,9 +271,20 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         let deadline = t0 + CASE_MS;
         if let PeerCase::Cm(c) = case {
             let name = spec.split(',').next().unwrap_or(spec);
+            let t0 = ctx.provider().transport_counts();
             let passed =
                 crate::cm_peer::run_case(&ctx, &pd, opts.peer, name, &c, deadline, clock_ms, out);
             outcome.failed += u32::from(!passed);
+            // What the transport did meanwhile: requests the peer asked again (its
+            // retransmissions), and the READ answers the pace held back.
+            let t1 = ctx.provider().transport_counts();
+            let _ = writeln!(
+                out,
+                "roce-uk-transport {name}: duplicate requests {}, out of sequence {}, READs paced {}",
+                t1.duplicates - t0.duplicates,
+                t1.out_of_sequence - t0.out_of_sequence,
+                t1.reads_paced - t0.reads_paced
+            );
             continue;
         }
         let counts0 = ctx.provider().port_counts();

@@ -51,6 +51,7 @@ mod keys;
 mod local;
 mod mem;
 mod net;
+mod pace;
 mod post;
 mod post_ext;
 mod provider;
@@ -270,6 +271,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     pub fn new(hal: H, link: L, clock: C, config: Config) -> Result<Self> {
         let mac = link.mac();
         let max = link.max_frame();
+        let self_paced = link.paces_itself();
         let Some(mtu) = seq::MTUS
             .iter()
             .rev()
@@ -291,6 +293,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             hub.write(EventHub::new());
             let t = base.add(TABLES_AT).cast::<Tables>();
             Tables::init(t, Port::new(mac, config.ip), hal.seed());
+            // A NIC that spaces out what it sends needs no pace of the device's own. (The
+            // tables were just set up at `t`; no reference to them exists yet.)
+            (*t.as_ptr()).pace.off = self_paced;
             (hub, t, base.add(RX_AT), base.add(TX_AT))
         };
         let caps = provider::caps_of(mac);

@@ -66,6 +66,9 @@ pub struct TransportCounts {
     /// READ responses after a gap in a READ's responses, dropped (the retransmission timer
     /// asks for the READ again from the first missing one).
     pub read_gaps: u64,
+    /// Times the responder held a READ's responses back for its pace (a burst to another
+    /// station is bounded, and so is its rate: the rest goes at a later progress).
+    pub reads_paced: u64,
 }
 
 /// Frames the port handled, by outcome.

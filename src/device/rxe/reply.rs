@@ -172,10 +172,18 @@ fn respond_read<L: Link>(
     res: &RdResource,
     from: u32,
 ) -> bool {
+    // Answers to this device's own address (loopback) reach no NIC, and a NIC that paces
+    // itself needs no pace of ours.
+    let paced = !net.t.pace.off && q.peer_ip != net.t.port.ip();
     // Bounded by the READ's packets (at most 2^31 / 256) and by the budget of the turn.
     for s in segments_from(Kind::ReadResponse, res.len, q.mtu, from) {
         let psn = psn_add(res.first, s.index);
         if net.answers == 0 {
+            q.backlog = Some((res.n, psn));
+            return false;
+        }
+        if paced && !net.t.pace.take(s.len, net.now) {
+            net.t.transport.reads_paced += 1;
             q.backlog = Some((res.n, psn));
             return false;
         }

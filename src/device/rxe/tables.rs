@@ -36,6 +36,8 @@ pub(crate) struct Tables {
     pub(crate) turn: u32,
     /// What the reliable transport counted (retries, NAKs, duplicates).
     pub(crate) transport: TransportCounts,
+    /// The pace of the READ responses to other stations.
+    pub(crate) pace: super::pace::Pace,
 }
 
 const _: () = assert!(
