@@ -20,7 +20,8 @@
 mod common;
 
 use std::sync::Barrier;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 use bareverbs::verbs::*;
 use bareverbs_nvmf::wire::{Cqe, SQE_LEN, Sgl, Sqe, Status, opcode};
@@ -369,4 +370,184 @@ fn a_poller_that_runs_the_transport_takes_the_device_lock_every_io() {
         "{touched} device-lock acquisitions and tries over {} commands",
         2 * READS
     );
+}
+
+/// The target split over two cores: core 0 (this thread) with the CM, the admin queue, the
+/// controllers and the device's transport, and a poll group on a thread of its own; host A
+/// connects two I/O queues, one goes to each core. Writes on one queue are read back on
+/// the other (one RAM namespace, a handle of it each core); the group's rounds alternate
+/// with core 0's, and the device lock's count over the group's rounds of I/O is the group's.
+#[test]
+fn the_target_split_over_two_cores_serves_a_queue_on_each_with_no_device_lock() {
+    use bareverbs_nvmf::block::{BlockDevice, SharedRam};
+    use bareverbs_nvmf::target::{CoreCounts, GroupLink, Subsystem, Target};
+    use common::{H, NQN, T, hcfg, pattern, side, target_cm, tcfg};
+
+    let l = lab();
+    l.b.provider().set_progress_only(true);
+    let gcq = l.b.create_cq(4096).unwrap();
+    let links = [GroupLink::new(&gcq)];
+    let sa = side(&l.a);
+    let sb = side(&l.b);
+    let mut cma = common::cm(&sa, &l.clk);
+    let mut cmb = target_cm(&sb, &l.clk);
+    // One namespace: 1 MiB of 512-byte blocks, 8-byte aligned.
+    let mut mem = vec![0u64; (1 << 20) / 8];
+    // SAFETY: the vector's bytes, borrowed mutably for as long as the view lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), 1 << 20) };
+    let ram = SharedRam::new(bytes, 512).unwrap();
+    let mut h0 = ram.handle();
+    let mut nss: [&mut dyn BlockDevice; 1] = [&mut h0];
+    let mut subs = [Subsystem::new(NQN, &mut nss)];
+    let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
+    t.serve_groups(&links).unwrap();
+    let t = std::cell::RefCell::new(t);
+    let mut h: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(common::HOST_A));
+    let turn = Turn::default();
+    // Device-lock acquisitions and held tries over the group's rounds, while counted.
+    let counting = AtomicBool::new(false);
+    let mut in_group = (0u64, 0u64);
+    let group_ram = ram.handle();
+    std::thread::scope(|s| {
+        let (turn_g, link, pd, gcq) = (&turn, &links[0], &sb.pd, &gcq);
+        let clk = l.clk.clone();
+        let group = s.spawn(move || {
+            let mut h1 = group_ram;
+            let mut nss: [&mut dyn BlockDevice; 1] = [&mut h1];
+            let mut subs = [Subsystem::new(NQN, &mut nss)];
+            let mut g: Target<'_, '_, R, _, 8, 128> =
+                Target::new(pd, gcq, clk, IP_B, tcfg(), &mut subs).unwrap();
+            g.join_group(link).unwrap();
+            let mut served = 0;
+            while turn_g.group_waits() {
+                for _ in 0..3 {
+                    served += g.poll_group();
+                }
+                turn_g.to_core0();
+            }
+            (served, g.counts().commands)
+        });
+        {
+            let b = &l.b;
+            let clk = l.clk.clone();
+            let (t, cmb, counting, in_group) = (&t, &mut cmb, &counting, &mut in_group);
+            let mut idle = || {
+                clk.advance(20);
+                b.progress();
+                t.borrow_mut().poll(cmb);
+                let before = b.provider().device_lock_counts();
+                turn.to_group_and_back();
+                let after = b.provider().device_lock_counts();
+                if counting.load(Ordering::Relaxed) {
+                    in_group.0 += after.0 - before.0;
+                    in_group.1 += after.1 - before.1;
+                }
+            };
+            h.connect(&mut cma, &mut idle).unwrap();
+            counting.store(true, Ordering::Relaxed);
+            // Each queue writes blocks and the other reads them back.
+            for k in 0..16u32 {
+                let (wq, rq) = if k % 2 == 0 { (1, 2) } else { (2, 1) };
+                let data = pattern(4096, k);
+                let lba = u64::from(k) * 8;
+                h.write(wq, 1, lba, 8, &data, &mut idle).unwrap();
+                let mut back = vec![0u8; 4096];
+                h.read(rq, 1, lba, 8, &mut back, &mut idle).unwrap();
+                assert_eq!(
+                    back, data,
+                    "block {lba}: written on queue {wq}, read on {rq}"
+                );
+            }
+            counting.store(false, Ordering::Relaxed);
+            // Every core served its queue (the counts the group published at its last round).
+            for _ in 0..4 {
+                idle();
+            }
+            let cores: Vec<CoreCounts> = t.borrow().cores().collect();
+            assert_eq!(cores.len(), 2);
+            assert_eq!(
+                cores.iter().map(|c| c.io_queues).collect::<Vec<_>>(),
+                [1, 1],
+                "{cores:?}"
+            );
+            // 16 writes and 16 reads, half on each queue, and each queue's Connect.
+            assert_eq!(
+                cores.iter().map(|c| c.io_commands).collect::<Vec<_>>(),
+                [17, 17],
+                "{cores:?}"
+            );
+            h.disconnect(&mut cma, &mut idle).unwrap();
+            for _ in 0..20 {
+                idle();
+            }
+            assert_eq!(t.borrow().queues_in_use(), 0);
+            assert_eq!(t.borrow().cores().map(|c| c.io_queues).sum::<u32>(), 0);
+        }
+        turn.stop();
+        let (work, commands) = group.join().unwrap();
+        assert!(work > 0);
+        assert_eq!(
+            commands,
+            16 + 1,
+            "the group's commands: 16 I/O and its queue's Connect"
+        );
+    });
+    assert_eq!(
+        in_group,
+        (0, 0),
+        "the group's rounds of I/O took (or tried) the device lock"
+    );
+    // The controller's counts on core 0 hold both queues' (the group's came back at its end).
+    let t = t.into_inner();
+    let io = t.io_counts();
+    assert_eq!((io.reads, io.writes), (16, 16));
+    assert_eq!(t.counts().controllers, 1);
+}
+
+/// Whose turn it is, core 0's or the group's, handed over by a flag each side spins on (with
+/// a deadline: a side that panicked or stalled ends the other's wait instead of hanging it).
+#[derive(Default)]
+struct Turn(AtomicU8);
+
+const CORE0: u8 = 0;
+const GROUP: u8 = 1;
+const STOP: u8 = 2;
+const TURN_WITHIN: Duration = Duration::from_secs(60);
+
+impl Turn {
+    /// Core 0 gives the group a turn and waits for it back.
+    fn to_group_and_back(&self) {
+        self.0.store(GROUP, Ordering::Release);
+        let start = Instant::now();
+        while self.0.load(Ordering::Acquire) == GROUP {
+            assert!(
+                start.elapsed() < TURN_WITHIN,
+                "the group did not take its turn"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// The group waits for its turn: false when told to stop (or core 0 went away).
+    fn group_waits(&self) -> bool {
+        let start = Instant::now();
+        loop {
+            match self.0.load(Ordering::Acquire) {
+                GROUP => return true,
+                STOP => return false,
+                _ if start.elapsed() > TURN_WITHIN => return false,
+                _ => std::thread::yield_now(),
+            }
+        }
+    }
+
+    fn to_core0(&self) {
+        let _ = self
+            .0
+            .compare_exchange(GROUP, CORE0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    fn stop(&self) {
+        self.0.store(STOP, Ordering::Release);
+    }
 }
