@@ -685,19 +685,10 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// [`progress`](Self::progress) after the device's.
     fn step<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         self.now_us = self.clock.now_us();
-        if self.role.0.is_group() {
-            return self.poll_group();
-        }
-        if let Role::Core0(links) = self.role.0 {
-            for (g, link) in links.iter().enumerate() {
-                // Bounded: what the ring holds.
-                for _ in 0..group::RING {
-                    let Some(m) = link.take_for_core0() else {
-                        break;
-                    };
-                    self.on_group_message(g, m);
-                }
-            }
+        match self.role.0 {
+            Role::Alone => {}
+            Role::Group(_) => return self.poll_group(),
+            Role::Core0(links) => self.take_group_messages(links),
         }
         let taken = self.step_io();
         if self.now_us > self.kato_check_us {
@@ -717,7 +708,21 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         taken
     }
 
+    /// What the poll groups sent core 0 (a ring's worth from each at most).
+    #[inline(never)]
+    fn take_group_messages(&mut self, links: &'a [GroupLink<'a, P>]) {
+        for (g, link) in links.iter().enumerate() {
+            for _ in 0..group::RING {
+                let Some(m) = link.take_for_core0() else {
+                    break;
+                };
+                self.on_group_message(g, m);
+            }
+        }
+    }
+
     /// The completions (a bounded number) and the commands that wait for a buffer.
+    #[inline(always)]
     fn step_io(&mut self) -> usize {
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
@@ -732,7 +737,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             }
         }
         for q in 0..self.span {
-            if self.queues[q].in_use() {
+            // Checked here, not only in the call: an idle round makes no call.
+            if self.queues[q].pending && self.queues[q].in_use() {
                 self.retry_waiting(q);
             }
         }
