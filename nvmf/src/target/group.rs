@@ -1,9 +1,9 @@
 //! Poll groups: a target's I/O queues served by other cores ([`GroupLink`], `docs/percore.md`).
 //!
-//! Core 0's [`Target`](super::Target) keeps the CM, the admin queues, the controllers and the
-//! connection requests. When it accepts an I/O queue it may hand it to a poll group: another
-//! target (made with [`Target::new_group`](super::Target::new_group)) that another core polls
-//! with [`Target::poll_group`](super::Target::poll_group). The QP is created on the group's
+//! Core 0's [`Target`] (made core 0 by [`Target::serve_groups`]) keeps the CM, the admin
+//! queues, the controllers and the connection requests. When it accepts an I/O queue it may
+//! hand it to a poll group: another target (made a group by [`Target::join_group`]) that
+//! another core polls with [`Target::poll_group`]. The QP is created on the group's
 //! completion queue and moved to it whole with its region; from then on only the group's
 //! core touches the queue, its buffers and its counts, until it ends. Core 0 keeps a
 //! placeholder of the queue (its connection, queue ID, station and controller).
