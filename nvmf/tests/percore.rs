@@ -379,6 +379,18 @@ fn a_poller_that_runs_the_transport_takes_the_device_lock_every_io() {
 /// with core 0's, and the device lock's count over the group's rounds of I/O is the group's.
 #[test]
 fn the_target_split_over_two_cores_serves_a_queue_on_each_with_no_device_lock() {
+    split(false);
+}
+
+/// The same, but the host vanishes after its I/O (no disconnection): its controller's
+/// keep-alive timer (core 0's) expires, and the queue the group serves ends with the rest.
+#[test]
+fn a_vanished_hosts_queue_on_a_group_ends_with_its_controller() {
+    split(true);
+}
+
+/// The split target's run (`vanish`: the host vanishes instead of disconnecting).
+fn split(vanish: bool) {
     use bareverbs_nvmf::block::{BlockDevice, SharedRam};
     use bareverbs_nvmf::target::{CoreCounts, GroupLink, Subsystem, Target};
     use common::{H, NQN, T, hcfg, pattern, side, target_cm, tcfg};
@@ -476,9 +488,23 @@ fn the_target_split_over_two_cores_serves_a_queue_on_each_with_no_device_lock() 
                 [17, 17],
                 "{cores:?}"
             );
-            h.disconnect(&mut cma, &mut idle).unwrap();
-            for _ in 0..20 {
-                idle();
+            if vanish {
+                // The host says nothing more; the clock passes its keep-alive timeout (5 s)
+                // and its last I/O's report from the group.
+                drop(idle);
+                for _ in 0..100 {
+                    clk.advance(100_000);
+                    b.progress();
+                    t.borrow_mut().poll(cmb);
+                    turn.to_group_and_back();
+                }
+                assert_eq!(t.borrow().counts().kato_expired, 1);
+                assert_eq!(t.borrow().counts().lost, 1);
+            } else {
+                h.disconnect(&mut cma, &mut idle).unwrap();
+                for _ in 0..20 {
+                    idle();
+                }
             }
             assert_eq!(t.borrow().queues_in_use(), 0);
             assert_eq!(t.borrow().cores().map(|c| c.io_queues).sum::<u32>(), 0);
