@@ -490,8 +490,7 @@ fn split(vanish: bool) {
             );
             if vanish {
                 // The host says nothing more; the clock passes its keep-alive timeout (5 s)
-                // and its last I/O's report from the group.
-                drop(idle);
+                // and its last I/O's report from the group (`idle` is done with).
                 for _ in 0..100 {
                     clk.advance(100_000);
                     b.progress();
