@@ -331,7 +331,8 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
     /// it hands I/O queues to them as well as serving some itself (each new I/O queue goes
     /// to the core with the fewest, ties to core `(qid − 1) mod cores`; `docs/percore.md`).
     /// Each group's target must list the same subsystems, in the same order, over the same
-    /// media (its own handles of them).
+    /// media (its own handles of them), and have the same configuration and depth `D` (a
+    /// queue handed over keeps the depth core 0 accepted, up to the group's `D`).
     ///
     /// # Errors
     ///
@@ -400,7 +401,7 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
             return None;
         };
         let cores = links.len() + 1;
-        let mut load = [0usize; 256];
+        let mut load = [0u16; 256];
         for q in self.queues[..self.span]
             .iter()
             .filter(|q| q.in_use() && q.qid != 0)
@@ -408,7 +409,8 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
             load[q.remote.map_or(0, |g| usize::from(g) + 1)] += 1;
         }
         // A group is full at GROUP_QUEUES (its rings are sized for that many).
-        let open = |c: usize| c == 0 || (load[c] < GROUP_QUEUES && links[c - 1].has_group());
+        let open =
+            |c: usize| c == 0 || (usize::from(load[c]) < GROUP_QUEUES && links[c - 1].has_group());
         let least = (0..cores).filter(|&c| open(c)).map(|c| load[c]).min()?;
         let preferred = usize::from(qid.saturating_sub(1)) % cores;
         let core = if open(preferred) && load[preferred] == least {
