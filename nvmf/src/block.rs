@@ -1,6 +1,8 @@
 //! The storage behind a namespace: [`BlockDevice`], and [`RamDisk`], one in memory the
 //! embedder lends.
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 /// Why a block device failed a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockError {
@@ -200,6 +202,128 @@ impl BlockDevice for RamDisk<'_> {
     fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {
         let (at, len) = byte_range(lba, blocks, self.block_size, self.capacity())?;
         self.mem[at..at + len].fill(0);
+        Ok(())
+    }
+}
+
+/// The memory of a RAM disk several cores serve at once (one poll group each,
+/// `docs/percore.md`): each core reads and writes it through a [`SharedRamDisk`] of its own,
+/// with no lock. The memory is held as 8-byte atomic words, read and written with relaxed
+/// loads and stores (plain moves on x86-64): two cores that write the same block at once
+/// leave it with either's bytes in each word (NVMe leaves the result of overlapping writes
+/// on two queues to the host's ordering); nothing is undefined in the program.
+pub struct SharedRam<'m> {
+    words: &'m [AtomicU64],
+    block_size: u32,
+}
+
+/// Why memory cannot be a [`SharedRam`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedRamError {
+    /// The memory does not start on an 8-byte boundary.
+    Unaligned,
+}
+
+impl core::fmt::Display for SharedRamError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("shared RAM disk: memory not aligned to 8 bytes")
+    }
+}
+
+impl core::error::Error for SharedRamError {}
+
+impl<'m> SharedRam<'m> {
+    /// The disk over `mem` (its whole blocks; `block_size` rounded as [`RamDisk::new`]
+    /// rounds it).
+    ///
+    /// # Errors
+    ///
+    /// [`SharedRamError::Unaligned`] when `mem` does not start on an 8-byte boundary.
+    pub fn new(mem: &'m mut [u8], block_size: u32) -> Result<SharedRam<'m>, SharedRamError> {
+        let block_size = block_size.clamp(512, 4096).next_power_of_two().min(4096);
+        if !mem.as_ptr().cast::<u64>().is_aligned() {
+            return Err(SharedRamError::Unaligned);
+        }
+        let n = mem.len() / block_size as usize * block_size as usize / 8;
+        // SAFETY: `mem` is borrowed mutably for 'm, so nothing else reaches these bytes
+        // while the words live; its start is 8-byte aligned (checked) and the `n` words lie
+        // within it; `AtomicU64` has the size and alignment of `u64`, and every bit pattern
+        // is a valid one. From here on the bytes are reached only as these atomics.
+        let words = unsafe { core::slice::from_raw_parts(mem.as_mut_ptr().cast::<AtomicU64>(), n) };
+        Ok(SharedRam { words, block_size })
+    }
+
+    /// A handle of the disk for one core's use (as many as there are cores).
+    pub fn handle(&self) -> SharedRamDisk<'m> {
+        SharedRamDisk {
+            words: self.words,
+            block_size: self.block_size,
+            flushes: 0,
+        }
+    }
+}
+
+/// One core's handle of a [`SharedRam`]: a [`BlockDevice`] over the memory every handle
+/// shares.
+pub struct SharedRamDisk<'m> {
+    words: &'m [AtomicU64],
+    block_size: u32,
+    flushes: u64,
+}
+
+impl SharedRamDisk<'_> {
+    /// The words of `len` bytes at `lba`, checked.
+    fn words(&self, lba: u64, len: usize) -> Result<&[AtomicU64], BlockError> {
+        if !len.is_multiple_of(self.block_size as usize) {
+            return Err(BlockError::Misaligned);
+        }
+        let blocks = (len / self.block_size as usize) as u64;
+        let (at, len) = byte_range(lba, blocks, self.block_size, self.capacity())?;
+        Ok(&self.words[at / 8..(at + len) / 8])
+    }
+
+    /// Flushes done through this handle so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes
+    }
+}
+
+impl BlockDevice for SharedRamDisk<'_> {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn capacity(&self) -> u64 {
+        (self.words.len() * 8 / self.block_size as usize) as u64
+    }
+    fn read(&mut self, lba: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let words = self.words(lba, buf.len())?;
+        for (b, w) in buf.chunks_exact_mut(8).zip(words) {
+            b.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        Ok(())
+    }
+    fn write(&mut self, lba: u64, buf: &[u8]) -> Result<(), BlockError> {
+        let words = self.words(lba, buf.len())?;
+        for (b, w) in buf.chunks_exact(8).zip(words) {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(b);
+            w.store(u64::from_ne_bytes(v), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), BlockError> {
+        self.flushes += 1;
+        Ok(())
+    }
+    /// No cache, as [`RamDisk`]'s.
+    fn volatile_cache(&self) -> bool {
+        false
+    }
+    fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        let (at, len) = byte_range(lba, blocks, self.block_size, self.capacity())?;
+        for w in &self.words[at / 8..(at + len) / 8] {
+            w.store(0, Ordering::Relaxed);
+        }
         Ok(())
     }
 }

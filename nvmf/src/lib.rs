@@ -90,7 +90,7 @@ pub mod host;
 pub mod target;
 pub mod wire;
 
-pub use block::{BlockDevice, BlockError, RamDisk};
+pub use block::{BlockDevice, BlockError, RamDisk, SharedRam, SharedRamDisk};
 pub use host::{Data, Host, HostConfig, HostError};
 pub use target::{Subsystem, Target, TargetConfig, TargetCounts, TargetError};
 pub use wire::{Cqe, Sgl, Sqe, Status};

@@ -284,6 +284,21 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 let n = (len as usize).min(d.len());
                 d[..n].copy_from_slice(&self.queues[q].bytes_mut(at, n)[..n]);
             }
+            // A poll group's queue: core 0 holds the controllers, and checks and binds it.
+            if self.queues[q].origin.is_some() {
+                if self.pass_connect(q, slot, sqe, &d, ds) {
+                    return;
+                }
+                self.finish(
+                    q,
+                    slot,
+                    (sqe.cid(), Some(sqe)),
+                    Err(Status::CONNECT_BUSY.into()),
+                    ds,
+                    None,
+                );
+                return;
+            }
             let r = self.connect(q, sqe, &d);
             if let Err(f) = r {
                 // Every refused Connect is logged with its reason and the host it named.
@@ -408,7 +423,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             ),
             None => (NO_LOCATION, 0, 0),
         };
-        ctrl.errors.record(ErrorEntry {
+        let entry = ErrorEntry {
             count: 0,
             sqid,
             cid,
@@ -416,7 +431,13 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             location,
             lba,
             nsid,
-        });
+        };
+        ctrl.errors.record(entry);
+        // A poll group's copy of the controller: the log is core 0's.
+        let cntlid = ctrl.cntlid;
+        if self.queues[q].origin.is_some() {
+            self.pass_error(cntlid, entry);
+        }
     }
 
     /// Answers the asynchronous event requests queue `q` holds with `status` (their receive
@@ -442,7 +463,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
     /// Answers command `slot` (its ID, and the command when its capsule held one): on
     /// success with the data write, on failure without (its data buffer freed), the failure
     /// logged in its controller's error log.
-    fn finish(
+    pub(super) fn finish(
         &mut self,
         q: usize,
         slot: u16,
@@ -452,6 +473,9 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         write: Option<Remote>,
     ) {
         self.counts.commands += 1;
+        if self.queues[q].qid != 0 {
+            self.io_commands += 1;
+        }
         // The clock read once per command, here: its latency, and the time the next
         // capsules of this poll are taken at.
         let now = self.clock.now_us();

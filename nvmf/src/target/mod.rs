@@ -24,6 +24,7 @@ mod admin;
 mod counts;
 mod ctrl;
 mod exec;
+mod group;
 mod io;
 mod queue;
 mod remote;
@@ -47,6 +48,8 @@ pub use counts::{
     RefusalReason, STATUS_KINDS, bucket_floor_us, latency_bucket,
 };
 pub use ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
+use group::Role;
+pub use group::{GROUP_QUEUES, GroupLink, PROGRESS_EVERY_US};
 use queue::{Kind, Queue};
 pub use remote::MSDBD;
 
@@ -233,6 +236,21 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     refusals: RefusalLog,
     /// The SMART counts of hosts whose controllers ended, for their next controller.
     histories: HostHistories,
+    /// Alone, core 0 of poll groups, or a poll group (`group.rs`, `docs/percore.md`).
+    role: group::Member<'a, P>,
+    /// A poll group's next report of its queues' counts to core 0 (µs).
+    report_us: u64,
+    /// Commands answered on I/O queues (the commands per core the appliance reports).
+    io_commands: u64,
+}
+
+/// What one core of a target serves ([`Target::cores`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreCounts {
+    /// I/O queues it serves now.
+    pub io_queues: u32,
+    /// Commands it answered on I/O queues.
+    pub io_commands: u64,
 }
 
 /// Why a target cannot be created.
@@ -319,6 +337,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             retired: IoCounts::default(),
             refusals: RefusalLog::default(),
             histories: HostHistories::default(),
+            role: group::Member(Role::Alone),
+            report_us: 0,
+            io_commands: 0,
         })
     }
 
@@ -423,6 +444,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 retired: _,
                 refusals: _,
                 histories: _,
+                role: _,
+                report_us: _,
+                io_commands: _,
             } = t;
         };
         let cfg = Self::checked(cfg)?;
@@ -461,6 +485,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             ptr::addr_of_mut!((*p).retired).write(IoCounts::default());
             ptr::addr_of_mut!((*p).refusals).write(RefusalLog::default());
             ptr::addr_of_mut!((*p).histories).write(HostHistories::default());
+            ptr::addr_of_mut!((*p).role).write(group::Member(Role::Alone));
+            ptr::addr_of_mut!((*p).report_us).write(0);
+            ptr::addr_of_mut!((*p).io_commands).write(0);
             slot.assume_init_mut()
         };
         Ok(InPlace(target))
@@ -494,14 +521,22 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
 
     /// What the target counted so far.
     pub fn counts(&self) -> TargetCounts {
-        TargetCounts {
+        let mut c = TargetCounts {
             invalidated: self.queues[..self.touched]
                 .iter()
                 .map(|q| q.invalidated)
                 .sum(),
             refusals: self.refusals.count(),
             ..self.counts
+        };
+        // The commands the poll groups answered, as they published them.
+        if let Role::Core0(links) = self.role.0 {
+            for l in links {
+                c.commands += l.commands();
+                c.errors += l.errors();
+            }
         }
+        c
     }
 
     /// Every queue's counts summed, those that ended included: the target's I/O counts.
@@ -607,6 +642,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// instead), then [`progress`](Self::progress). Returns the work done (events and
     /// completions); 0 means idle.
     pub fn poll<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
+        if self.role.0.is_group() {
+            return self.poll_group();
+        }
         let mut work = 0;
         // Each `cm.poll` runs the device's progress first (the CM is on the target's device:
         // it accepted every queue), so the rest of the step does not run it again.
@@ -625,6 +663,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         cm: &mut Cm<'a, P, C, N>,
         ev: CmEvent<'a, P>,
     ) -> Option<CmEvent<'a, P>> {
+        if self.role.0.is_group() {
+            return Some(ev);
+        }
         match ev {
             CmEvent::ConnectRequest(r) if r.dst_port == self.cfg.port => {
                 self.on_request(cm, &r);
@@ -654,6 +695,45 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// [`progress`](Self::progress) after the device's.
     fn step<C: Clock, const N: usize>(&mut self, cm: &mut Cm<'a, P, C, N>) -> usize {
         self.now_us = self.clock.now_us();
+        match self.role.0 {
+            Role::Alone => {}
+            Role::Group(_) => return self.poll_group(),
+            Role::Core0(links) => self.take_group_messages(links),
+        }
+        let taken = self.step_io();
+        if self.now_us > self.kato_check_us {
+            self.expire_keep_alive();
+        }
+        if self.now_us > self.unconnected_check_us {
+            self.expire_unconnected();
+        }
+        if core::mem::take(&mut self.dreq_any) {
+            for d in self.dreq.iter_mut() {
+                if let Some(id) = d.take() {
+                    // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
+                    let _ = cm.disconnect(id);
+                }
+            }
+        }
+        taken
+    }
+
+    /// What the poll groups sent core 0 (a ring's worth from each at most).
+    #[inline(never)]
+    fn take_group_messages(&mut self, links: &'a [GroupLink<'a, P>]) {
+        for (g, link) in links.iter().enumerate() {
+            for _ in 0..group::RING {
+                let Some(m) = link.take_for_core0() else {
+                    break;
+                };
+                self.on_group_message(g, m);
+            }
+        }
+    }
+
+    /// The completions (a bounded number) and the commands that wait for a buffer.
+    #[inline(always)]
+    fn step_io(&mut self) -> usize {
         let mut wc = [WorkCompletion::default(); 16];
         let mut taken = 0;
         while taken < BUDGET {
@@ -667,22 +747,9 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             }
         }
         for q in 0..self.span {
-            if self.queues[q].in_use() {
+            // Checked here, not only in the call: an idle round makes no call.
+            if self.queues[q].pending && self.queues[q].in_use() {
                 self.retry_waiting(q);
-            }
-        }
-        if self.now_us > self.kato_check_us {
-            self.expire_keep_alive();
-        }
-        if self.now_us > self.unconnected_check_us {
-            self.expire_unconnected();
-        }
-        if core::mem::take(&mut self.dreq_any) {
-            for d in self.dreq.iter_mut() {
-                if let Some(id) = d.take() {
-                    // Already gone on the CM's side (a DREQ crossed ours): nothing to do.
-                    let _ = cm.disconnect(id);
-                }
             }
         }
         taken
@@ -737,9 +804,19 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             max_inline_data: 0,
         };
         let len = Queue::<P, D>::region_len(depth, capsule, slots, slot_len);
+        // An I/O queue may go to a poll group: its QP completes on the group's CQ.
+        let group = if admin {
+            None
+        } else {
+            self.pick_group(req.qid)
+        };
+        let cq = match (group, self.role.0) {
+            (Some(g), Role::Core0(links)) => links[g].cq,
+            _ => self.cq,
+        };
         let built = self
             .pd
-            .qp_builder(self.cq, self.cq)
+            .qp_builder(cq, cq)
             .caps(caps)
             .build::<Rc>()
             .ok()
@@ -770,6 +847,21 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             }
         };
         self.counts.accepted += 1;
+        if let (Some(g), Role::Core0(links)) = (group, self.role.0) {
+            self.hand_over(
+                q,
+                g,
+                links,
+                r,
+                (req.qid, depth, capsule, slots, slot_len),
+                qp,
+                mr,
+            );
+            if !self.queues[q].in_use() {
+                let _ = cm.disconnect(r.id);
+            }
+            return;
+        }
         let queue = &mut self.queues[q];
         queue.open(r.id, req.qid, depth, capsule, slots, slot_len, qp, mr);
         queue.opened_us = self.now_us;
@@ -819,11 +911,26 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
     /// Ends queue `q` (its QP destroyed before its buffers); `dreq`: the target decided, so
     /// the CM disconnects. An admin queue takes its controller (and its I/O queues) along.
     fn end_queue(&mut self, q: usize, dreq: bool) {
+        self.end_queue_as(q, dreq, false);
+    }
+
+    /// [`end_queue`](Self::end_queue); `by_group`: core 0 learnt from the poll group that
+    /// serves the queue that it ended it (nothing to tell the group).
+    fn end_queue_as(&mut self, q: usize, dreq: bool, by_group: bool) {
         let queue = &mut self.queues[q];
         if !queue.in_use() {
             return;
         }
-        if dreq && let Some(d) = self.dreq.iter_mut().find(|d| d.is_none()) {
+        let (remote, origin, id) = (queue.remote, queue.origin, (q as u8, queue.epoch));
+        let cntlid = queue
+            .ctrl
+            .and_then(|c| self.ctrls[c].as_ref())
+            .map(|x| x.cntlid);
+        let queue = &mut self.queues[q];
+        if dreq
+            && !self.role.0.is_group()
+            && let Some(d) = self.dreq.iter_mut().find(|d| d.is_none())
+        {
             *d = Some(queue.conn);
             self.dreq_any = true;
         }
@@ -838,13 +945,20 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         while self.span > 0 && !self.queues[self.span - 1].in_use() {
             self.span -= 1;
         }
-        self.retired.add(&counts);
-        if let Some(x) = ctrl.and_then(|c| self.ctrls[c].as_mut()) {
-            x.retired.add(&counts);
-            x.busy_end(busy, self.now_us);
+        // A queue a group served: its counts at its end come with the group's report.
+        if remote.is_none() {
+            self.retired.add(&counts);
+            if let Some(x) = ctrl.and_then(|c| self.ctrls[c].as_mut()) {
+                x.retired.add(&counts);
+                x.busy_end(busy, self.now_us);
+            }
         }
+        self.tell_end(remote, origin, id, cntlid, counts, dreq, by_group);
         if let Some(c) = ctrl {
-            if admin {
+            if self.role.0.is_group() {
+                // A group's copy of the controller goes with its queue.
+                self.ctrls[c] = None;
+            } else if admin {
                 self.lose_ctrl(c);
             } else if let Some(ctrl) = self.ctrls[c].as_mut() {
                 ctrl.io_queues = ctrl.io_queues.saturating_sub(1);

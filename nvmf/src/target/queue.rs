@@ -65,6 +65,8 @@ pub(crate) enum Cmd {
     Respond(Reply),
     /// An asynchronous event request held open.
     Held,
+    /// A Connect a poll group passed on to core 0, with the data buffer it used.
+    Connecting(Option<u16>),
 }
 
 /// A response to send: the CQE, the data buffer it used, the RDMA WRITE to do first.
@@ -116,6 +118,11 @@ pub(crate) struct Queue<'a, P: Provider, const D: usize> {
     pub counted: [bool; D],
     /// How many of `counted` are set.
     pub busy: u32,
+    /// On core 0, a queue a poll group serves: the group (this entry is its placeholder: no
+    /// QP, no region here).
+    pub remote: Option<u8>,
+    /// In a poll group, the queue's place and generation in core 0's table.
+    pub origin: Option<(u8, u16)>,
 }
 
 impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
@@ -144,11 +151,13 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
             since: [0; D],
             counted: [false; D],
             busy: 0,
+            remote: None,
+            origin: None,
         }
     }
 
     pub fn in_use(&self) -> bool {
-        self.qp.is_some()
+        self.qp.is_some() || self.remote.is_some()
     }
 
     pub fn region_len(depth: u16, capsule: u32, slots: u16, slot_len: u32) -> usize {
@@ -181,12 +190,38 @@ impl<'a, P: Provider, const D: usize> Queue<'a, P, D> {
         self.mr = Some(mr);
     }
 
+    /// Core 0's placeholder of a queue poll group `group` serves (see `open`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_remote(
+        &mut self,
+        conn: ConnId,
+        qid: u16,
+        depth: u16,
+        capsule: u32,
+        slots: u16,
+        slot_len: u32,
+        group: u8,
+    ) {
+        let (epoch, invalidated) = (self.epoch, self.invalidated);
+        *self = Queue::free();
+        (self.epoch, self.invalidated) = (epoch, invalidated);
+        self.conn = conn;
+        self.qid = qid;
+        self.depth = depth.min(D as u16);
+        self.capsule = capsule;
+        self.slots = slots.min(D as u16);
+        self.slot_len = slot_len;
+        self.remote = Some(group);
+    }
+
     /// Destroys the QP, then the region; later completions of this generation are void.
     pub fn close(&mut self) {
         drop(self.qp.take());
         drop(self.mr.take());
         self.epoch = self.epoch.wrapping_add(1);
         self.ctrl = None;
+        self.remote = None;
+        self.origin = None;
     }
 
     fn recv_at(&self, slot: u16) -> usize {

@@ -47,6 +47,7 @@ mod busy;
 mod check;
 mod cq;
 mod datagram;
+mod dev_lock;
 mod keys;
 mod local;
 mod mem;
@@ -72,7 +73,7 @@ pub mod seq;
 pub mod wire;
 
 use core::ptr::NonNull;
-use core::sync::atomic::AtomicU64;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link, LinkError, PAGE_SIZE};
 
@@ -150,9 +151,13 @@ pub struct Rxe<H: Hal, L: Link, C: Clock> {
     /// gained such work, and leaves it under its own lock (in the progress) once it has none:
     /// an idle QP costs a poll nothing, and no request is missed.
     busy: AtomicU64,
+    /// Whether posts and polls leave the transport to [`progress`](Self::progress) calls
+    /// ([`set_progress_only`](Self::set_progress_only)). Written once, before the device is
+    /// shared; read on every post and poll (a line no post writes).
+    progress_only: AtomicBool,
     /// The device lock: the NIC, the tables, the frame buffers (`docs/architecture.md` has
     /// which lock guards what, and their order).
-    core: spin::Mutex<Core<L>>,
+    core: dev_lock::DevLock<Core<L>>,
 }
 
 // SAFETY: everything the raw pointers reach is in `block`, owned by the device; the hub is
@@ -309,7 +314,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             _block: block,
             hub,
             busy: AtomicU64::new(0),
-            core: spin::Mutex::new(Core {
+            progress_only: AtomicBool::new(false),
+            core: dev_lock::DevLock::new(Core {
                 link,
                 t,
                 rx,
@@ -363,6 +369,44 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if let Some(mut core) = self.core.try_lock() {
             self.progress_locked(&mut core);
         }
+    }
+
+    /// With `on`, posts and CQ polls never take the device lock: a post publishes its
+    /// requests under its queue pair's lock and leaves them to the next
+    /// [`progress`](Self::progress), and a poll takes only what the CQ holds, without running
+    /// the transport first. Only [`progress`](Self::progress) (and
+    /// [`Provider::progress`](crate::verbs::Provider::progress), the NIC's interrupt) then
+    /// transmits, receives and runs the timers. An embedder with several cores sets it when
+    /// one core runs the device's progress and the others each poll their own queue pairs:
+    /// their posts and polls then write no line the device's other queue pairs write, but
+    /// for the busy set (an atomic word a QP sets when it gains work for the progress). Off
+    /// (the default): a post transmits at once when the device lock is free, and a poll runs
+    /// the transport first, which suits one core.
+    pub fn set_progress_only(&self, on: bool) {
+        self.progress_only.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`set_progress_only`](Self::set_progress_only) is on.
+    #[inline(always)]
+    pub(crate) fn progress_only(&self) -> bool {
+        self.progress_only.load(Ordering::Relaxed)
+    }
+
+    /// The progress a poll runs before it looks at its CQ (none with
+    /// [`set_progress_only`](Self::set_progress_only)).
+    #[inline(always)]
+    pub(crate) fn poll_progress(&self) {
+        if !self.progress_only() {
+            self.progress();
+        }
+    }
+
+    /// `(acquisitions, attempts that found it held)` of the device lock so far: what the
+    /// `lock-count` feature counts, for tests that show which paths take the lock every queue
+    /// pair of the device shares.
+    #[cfg(feature = "lock-count")]
+    pub fn device_lock_counts(&self) -> (u64, u64) {
+        self.core.counts()
     }
 
     pub(crate) fn now(&self) -> u64 {

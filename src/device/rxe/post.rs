@@ -189,7 +189,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         // QP's): the frames go out now, under the one QP lock that publishes the requests. If
         // another thread has it (a progress, a post on another QP), the next progress sends
         // them.
-        let mut core = self.core.try_lock();
+        // Not even tried when the progress is another core's (`set_progress_only`).
+        let mut core = if self.progress_only() {
+            None
+        } else {
+            self.core.try_lock()
+        };
         // SAFETY: as in `sq_write_impl`; the device lock, when held, was taken before it.
         let mut q = unsafe { QpGuard::lock(qp.core) };
         q.sq_head = qp.sq_head;

@@ -389,17 +389,17 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn start_poll<'c>(&'c self, cq: &'c Cq<H>, only: Option<&Qp<H>>) -> Result<Option<Poll<'c>>> {
-        self.progress();
+        self.poll_progress();
         Poll::start(cq.ring(), only.map(|q| q.qpn))
     }
 
     fn poll_cq(&self, cq: &Cq<H>, out: &mut [WorkCompletion]) -> Result<usize> {
-        self.progress();
+        self.poll_progress();
         Ok(cq.poll(out))
     }
 
     fn poll_qp(&self, cq: &Cq<H>, qp: &Qp<H>, wc: &mut WorkCompletion) -> Result<Option<u32>> {
-        self.progress();
+        self.poll_progress();
         Ok(cq.poll_qp(qp.qpn, wc))
     }
 
@@ -420,7 +420,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn cq_ready(&self, cq: &Cq<H>) -> bool {
-        self.progress();
+        self.poll_progress();
         cq.ready()
     }
 
