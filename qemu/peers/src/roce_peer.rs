@@ -10,7 +10,11 @@
 //! ```
 //!
 //! A case is the Linux program's role and options, with `,` for spaces; cases are joined by
-//! `+` and run in that order, each printing `roce-uk <case>: ok …` or `roce-uk <case>: FAIL …`.
+//! `+` and run in that order, each printing one line: `roce-uk <case>: ok …`,
+//! `roce-uk <case>: FAIL …`, or `roce-uk <case>: REFUSED …` for a case the peer does not run
+//! (a program it does not speak, options it does not take). A refused case's Linux program is
+//! told at once where it meets the peer over TCP ([`crate::tcp::refuse`]), and the peer goes
+//! on to the next case.
 //!
 //! | case | Linux runs | the unikernel |
 //! | --- | --- | --- |
@@ -30,6 +34,7 @@ use bareverbs::verbs::*;
 
 use crate::peer::{Case, CaseError, Dest, Exchange};
 use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use crate::tcp::refuse::{LinuxSide, refuse};
 use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
 use crate::{Failure, Step};
 
@@ -99,6 +104,15 @@ pub enum PeerCase {
 impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
+    /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
+    pub const CM_PROGRAMS: [&'static str; 6] = [
+        "rping-",
+        "ucmatose-",
+        "udaddy-",
+        "ib_send_bw-",
+        "ib_write_bw-",
+        "ib_read_bw-",
+    ];
 
     /// Parses one case, `,` standing for spaces: `rc-server,-s,4096` or `write,-s,65536,-n,1000`
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
@@ -108,17 +122,7 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
-            w if [
-                "rping-",
-                "ucmatose-",
-                "udaddy-",
-                "ib_send_bw-",
-                "ib_write_bw-",
-                "ib_read_bw-",
-            ]
-            .iter()
-            .any(|p| w.starts_with(p)) =>
-            {
+            w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
             _ => {
@@ -162,8 +166,56 @@ impl PeerCase {
 pub struct Outcome {
     /// Cases run.
     pub cases: u32,
-    /// Cases that failed.
+    /// Cases that failed (the refused ones too).
     pub failed: u32,
+    /// Cases refused: the peer does not run their program or options.
+    pub refused: u32,
+}
+
+/// Milliseconds the peer waits for the Linux side of a case it refuses (to accept or make the
+/// one connection it resets).
+pub const REFUSE_MS: u64 = 60_000;
+
+/// A case the peer does not run, as it reports it: `roce-uk <name>: REFUSED <why>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused<'a> {
+    /// The case's name (its first word).
+    pub name: &'a str,
+    /// Why, in words.
+    pub why: &'static str,
+    /// How the Linux program meets the peer over TCP, when it does ([`refuse`] ends its
+    /// attempt); `None` for the rdma_cm programs (their connection goes through the CM) and
+    /// for a name whose role is unknown.
+    pub side: Option<LinuxSide>,
+}
+
+impl<'a> Refused<'a> {
+    /// What the peer says of `spec`, a case [`PeerCase::parse`] does not take.
+    pub fn of(spec: &'a str) -> Refused<'a> {
+        let name = spec.split(',').next().unwrap_or(spec);
+        let cm = ["rping-", "ucmatose-", "udaddy-"]
+            .iter()
+            .any(|p| name.starts_with(p))
+            || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
+        let known = matches!(name, "write" | "read" | "atomic")
+            || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
+        let why = if known {
+            "options the peer does not take"
+        } else {
+            "a program the peer does not speak"
+        };
+        let side = if cm {
+            None
+        } else if name == "write" || name.ends_with("-server") {
+            Some(LinuxSide::Listens)
+        } else if matches!(name, "read" | "atomic") || name.ends_with("-client") {
+            Some(LinuxSide::Connects)
+        } else {
+            None
+        };
+        Refused { name, why, side }
+    }
 }
 
 /// Why a session could not run its cases.
@@ -262,13 +314,37 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     let mut outcome = Outcome::default();
     for spec in opts.cases.split('+').filter(|s| !s.is_empty()) {
         outcome.cases += 1;
-        let Some(case) = PeerCase::parse(spec) else {
-            outcome.failed += 1;
-            let _ = writeln!(out, "roce-uk {spec}: FAIL the case does not parse");
-            continue;
-        };
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
+        let Some(case) = PeerCase::parse(spec) else {
+            outcome.failed += 1;
+            outcome.refused += 1;
+            let r = Refused::of(spec);
+            let told = match r.side {
+                Some(side) => {
+                    let clock = clock_ms;
+                    match refuse(
+                        &mut stack,
+                        side,
+                        opts.peer,
+                        CONNECT_RETRY,
+                        t0 + REFUSE_MS,
+                        &mut || clock(),
+                    ) {
+                        Ok(_) if side == LinuxSide::Connects => "its connection accepted and reset",
+                        Ok(_) => "connected to and reset",
+                        Err(_) => "did not show up to be told",
+                    }
+                }
+                None => "not told (it runs out its own time)",
+            };
+            let _ = writeln!(
+                out,
+                "roce-uk {}: REFUSED {}; the Linux side {told}",
+                r.name, r.why
+            );
+            continue;
+        };
         if let PeerCase::Cm(c) = case {
             let name = spec.split(',').next().unwrap_or(spec);
             let passed =
@@ -747,5 +823,48 @@ mod tests {
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
+    }
+
+    #[test]
+    fn a_refused_case_is_named_and_its_linux_side_known() {
+        let r = |s| {
+            assert_eq!(PeerCase::parse(s), None, "{s} parses");
+            let r = Refused::of(s);
+            (r.name, r.why, r.side)
+        };
+        let speak = "a program the peer does not speak";
+        let take = "options the peer does not take";
+        assert_eq!(
+            r("ib_send_lat-server,-s,2,-n,1000"),
+            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_read_lat-client"),
+            ("ib_read_lat-client", speak, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("ib_write_lat-client,-R"),
+            ("ib_write_lat-client", speak, None)
+        );
+        assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
+        assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
+        assert_eq!(
+            r("atomic,-s,16"),
+            ("atomic", take, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("rc-server,-x"),
+            ("rc-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ud-client,-q"),
+            ("ud-client", take, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("ib_write_bw-q2-server,-R,-q,2"),
+            ("ib_write_bw-q2-server", take, None)
+        );
+        assert_eq!(r("rping-client,-S,99999999"), ("rping-client", take, None));
+        assert_eq!(r("lat"), ("lat", speak, None));
     }
 }

@@ -934,3 +934,96 @@ fn bad_configuration_is_refused() {
         assert_eq!(NetConfig::from_cidr(bad, 0), None, "{bad}");
     }
 }
+
+/// A refused case whose Linux program connects: the one connection is accepted and reset, the
+/// program's first read fails at once (not at its timeout), and the peer is free for the next
+/// case's listener.
+#[test]
+fn a_refused_case_resets_the_linux_client() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 21, |st, now| {
+            st.listen(PORT).unwrap();
+            listening.send(()).unwrap();
+            let deadline = now() + BUDGET;
+            let r = refuse(
+                st,
+                LinuxSide::Connects,
+                LNX_IP,
+                Retry::default(),
+                deadline,
+                now,
+            );
+            // The next case listens on the same port: nothing of the refused one is in the way.
+            (r, st.listen(PORT))
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 22, |st, now| {
+            let t0 = now();
+            let deadline = t0 + BUDGET;
+            st.connect(UNI_IP, PORT, Retry::default(), deadline, now)
+                .expect("connects");
+            let mut m = [0u8; 16];
+            (st.read_exact(&mut m, deadline, now), now() - t0)
+        })
+    });
+    let (read, ms) = l.join().unwrap();
+    assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+    assert!(ms < 10_000, "the client's read failed only after {ms} ms");
+    let (r, again) = u.join().unwrap();
+    assert_eq!(r, Ok(LNX_IP));
+    assert_eq!(again, Ok(()));
+}
+
+/// A refused case whose Linux program listens (and starts late): the peer connects once it
+/// listens and resets the connection; the program's read fails.
+#[test]
+fn a_refused_case_resets_the_linux_server() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 23, |st, now| {
+            thread::sleep(Duration::from_millis(800));
+            let deadline = now() + BUDGET;
+            st.accept(PORT, deadline, now).expect("accepts");
+            let mut m = [0u8; 16];
+            st.read_exact(&mut m, deadline, now)
+        })
+    });
+    let r = with_stack(uni, UNI_IP, 24, |st, now| {
+        let deadline = now() + BUDGET;
+        let retry = Retry {
+            tries: 50,
+            pause_ms: 100,
+        };
+        refuse(st, LinuxSide::Listens, LNX_IP, retry, deadline, now)
+    });
+    assert_eq!(r, Ok(LNX_IP));
+    let read = l.join().unwrap();
+    assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+}
+
+/// Nobody shows up: the refusal ends at its deadline, with nothing left open.
+#[test]
+fn a_refused_case_whose_linux_side_never_comes_times_out() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, _lnx) = pair(None);
+    let r = with_stack(uni, UNI_IP, 25, |st, now| {
+        let deadline = now() + 300;
+        let r = refuse(
+            st,
+            LinuxSide::Connects,
+            LNX_IP,
+            Retry::default(),
+            deadline,
+            now,
+        );
+        (r, st.listen(PORT))
+    });
+    assert!(matches!(r.0, Err(Error::Timeout(_))), "{:?}", r.0);
+    assert_eq!(r.1, Ok(()));
+}
