@@ -88,6 +88,17 @@ pub enum PerfKind {
     Read,
     /// `ib_atomic_bw`, Linux the client.
     Atomic,
+    /// `ib_read_lat`, Linux the client.
+    ReadLat,
+    /// `ib_atomic_lat`, Linux the client.
+    AtomicLat,
+}
+
+impl PerfKind {
+    /// An atomics case (8-byte operations on zeroed words).
+    fn atomics(self) -> bool {
+        matches!(self, PerfKind::Atomic | PerfKind::AtomicLat)
+    }
 }
 
 /// One case of the session.
@@ -122,6 +133,8 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
+            "ib_read_lat-client" => PerfKind::ReadLat,
+            "ib_atomic_lat-client" => PerfKind::AtomicLat,
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
@@ -134,7 +147,13 @@ impl PeerCase {
                 return Case::parse(core::str::from_utf8(text).ok()?).map(PeerCase::Ping);
             }
         };
-        let (mut size, mut iters) = (if kind == PerfKind::Atomic { 8 } else { 65536 }, 5000);
+        // (perftest's latency programs: 2 bytes, 1000 iterations.)
+        let (mut size, mut iters) = match kind {
+            PerfKind::Atomic => (8, 5000),
+            PerfKind::AtomicLat => (8, 1000),
+            PerfKind::ReadLat => (2, 1000),
+            _ => (65536, 5000),
+        };
         while let Some(w) = words.next() {
             let v: u32 = words.next()?.parse().ok()?;
             match w {
@@ -145,7 +164,7 @@ impl PeerCase {
         }
         let ok = (1..=Self::MAX_PERF_SIZE).contains(&size)
             && iters >= 1
-            && (kind != PerfKind::Atomic || size == 8);
+            && (!kind.atomics() || size == 8);
         ok.then_some(PeerCase::Perf(kind, size, iters))
     }
 
@@ -156,6 +175,8 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
+            PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Cm(c) => c.name(),
         }
     }
@@ -425,6 +446,8 @@ fn window(kind: PerfKind, end: bool) {
         (PerfKind::Write, true) => mark::<0x0101>(),
         (PerfKind::Read, true) => mark::<0x0102>(),
         (PerfKind::Atomic, true) => mark::<0x0103>(),
+        // (Not counted.)
+        (PerfKind::ReadLat | PerfKind::AtomicLat, _) => {}
     }
 }
 
@@ -438,6 +461,8 @@ enum Detail {
     Read(u64, u32),
     /// `atomic`: the 8-byte words changed and the sum of what was added to them.
     Atomics(u32, u64),
+    /// `ib_read_lat`: the READs the Linux client was told to make (`-n`), bytes each.
+    ReadLat(u32, u32),
 }
 
 impl core::fmt::Display for Detail {
@@ -452,6 +477,10 @@ impl core::fmt::Display for Detail {
                 "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
             ),
             Detail::Read(n, s) => write!(f, "answered the client's {n} RDMA READs of {s} bytes"),
+            Detail::ReadLat(n, s) => write!(
+                f,
+                "served the client's {n} RDMA READs of {s} bytes, the buffer unchanged"
+            ),
             Detail::Atomics(words, sum) => write!(
                 f,
                 "atomics changed {words} words of the buffer, adding {sum} in all"
@@ -668,7 +697,7 @@ fn perf<P: Provider, L: Link>(
         | AccessFlags::REMOTE_ATOMIC;
     let mut mr = pd.register(len, access).at("perftest: register")?;
     for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = if kind == PerfKind::Atomic { 0 } else { i as u8 };
+        *b = if kind.atomics() { 0 } else { i as u8 };
     }
     let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
     let caps = QpCaps {
@@ -711,7 +740,7 @@ fn perf<P: Provider, L: Link>(
             server: linux,
             retry: CONNECT_RETRY,
         },
-        PerfKind::Read | PerfKind::Atomic => Role::Server,
+        PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => Role::Server,
     };
     let mut hooks = Perf {
         kind,
@@ -726,7 +755,12 @@ fn perf<P: Provider, L: Link>(
         clock_ms,
         wrote: (0, 0.0),
     };
-    let r = perftest::run(
+    let flow = if matches!(kind, PerfKind::ReadLat | PerfKind::AtomicLat) {
+        perftest::run_lat
+    } else {
+        perftest::run
+    };
+    let r = flow(
         stack,
         role,
         tcp::PORT,
@@ -742,7 +776,19 @@ fn perf<P: Provider, L: Link>(
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
-            PerfKind::Atomic => {
+            PerfKind::ReadLat => {
+                // READs read; nothing of the buffer may have changed.
+                if let Some(at) = mr
+                    .as_slice()
+                    .iter()
+                    .enumerate()
+                    .position(|(i, &b)| b != i as u8)
+                {
+                    return Err(CaseError::Changed(at as u32));
+                }
+                Detail::ReadLat(iters, size)
+            }
+            PerfKind::Atomic | PerfKind::AtomicLat => {
                 let words = mr
                     .as_slice()
                     .chunks_exact(8)
@@ -812,6 +858,20 @@ mod tests {
             Some(PeerCase::Perf(PerfKind::Atomic, 8, 10))
         );
         assert_eq!(PeerCase::parse("atomic,-s,16"), None);
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-client,-s,2,-n,200"),
+            Some(PeerCase::Perf(PerfKind::ReadLat, 2, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-client"),
+            Some(PeerCase::Perf(PerfKind::ReadLat, 2, 1000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_lat-client,-n,200"),
+            Some(PeerCase::Perf(PerfKind::AtomicLat, 8, 200))
+        );
+        assert_eq!(PeerCase::parse("ib_atomic_lat-client,-s,2"), None);
+        assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
         assert_eq!(PeerCase::parse("rc-server,-x"), None);
@@ -820,6 +880,7 @@ mod tests {
         let name = |s| PeerCase::parse(s).map(|c| c.name());
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
+        assert_eq!(name("ib_read_lat-client,-n,5"), Some("ib_read_lat-client"));
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
@@ -839,8 +900,12 @@ mod tests {
             ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_read_lat-client"),
-            ("ib_read_lat-client", speak, Some(LinuxSide::Connects))
+            r("ib_write_lat-client"),
+            ("ib_write_lat-client", speak, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("ib_read_lat-server"),
+            ("ib_read_lat-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
             r("ib_write_lat-client,-R"),

@@ -1027,3 +1027,102 @@ fn a_refused_case_whose_linux_side_never_comes_times_out() {
     assert!(matches!(r.0, Err(Error::Timeout(_))), "{:?}", r.0);
     assert_eq!(r.1, Ok(()));
 }
+
+/// `ib_read_lat` / `ib_atomic_lat` (6.06), one QP, as the C client (connects once) or server:
+/// the key twice before the QPs connect, twice after, then (the client's test) the closing
+/// barrier and `done`; no "finished" barrier, no reports. `second_key`: what it sends as its
+/// second key message (its own key, unless a test makes it differ).
+fn c_perftest_lat<L: Link>(
+    st: &mut Stack<'_, L>,
+    now: Now,
+    client: bool,
+    c: &CPerf,
+    second_key: &[u8],
+) -> Result<Key, Error> {
+    let deadline = now() + BUDGET;
+    if client {
+        let once = Retry {
+            tries: 1,
+            pause_ms: 0,
+        };
+        st.connect(UNI_IP, PORT, once, deadline, now)?;
+    } else {
+        st.accept(PORT, deadline, now)?;
+    }
+    c_xchg(st, client, &c.version, 16, now)?;
+    c_xchg(st, client, &c.page.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.mtu, 2, now)?;
+    let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
+    assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
+    for _ in 0..3 {
+        assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+    }
+    c_write(st, b"done\0", now);
+    c_close(st, now);
+    Ok(Key::parse(&k).expect("C parses the key"))
+}
+
+fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result<Key, Error>) {
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 31, |st, now| {
+            let role = if uni_client {
+                Role::Client {
+                    server: LNX_IP,
+                    retry: Retry {
+                        tries: 50,
+                        pause_ms: 100,
+                    },
+                }
+            } else {
+                st.listen(PORT).unwrap();
+                Role::Server
+            };
+            listening.send(()).unwrap();
+            let mut hooks = Recorder::default();
+            let local = Local::new(uni_key(16));
+            let deadline = now() + BUDGET;
+            let r = perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now);
+            (r, hooks.calls)
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 32, |st, now| {
+            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key)
+        })
+    });
+    (u.join().unwrap(), l.join().unwrap())
+}
+
+#[test]
+fn perftest_read_lat_both_roles() {
+    let own = c_perf(16).key.to_vec();
+    // The unikernel serves (ib_read_lat's client READs its buffer): no data phase of its own.
+    let ((r, calls), c) = perftest_lat_run(false, own.clone());
+    let o = r.expect("unikernel side");
+    assert_eq!(calls, ["connect"]);
+    assert_eq!(o.peer, lnx_key(16));
+    assert_eq!(o.peer_report, Report::default());
+    assert_eq!(c.expect("C side"), uni_key(16));
+    // The unikernel as the client: its test runs before the closing barrier.
+    let ((r, calls), c) = perftest_lat_run(true, own);
+    assert_eq!(r.expect("unikernel side").peer, lnx_key(16));
+    assert_eq!(calls, ["connect", "data"]);
+    assert_eq!(c.expect("C side"), uni_key(16));
+}
+
+#[test]
+fn perftest_lat_second_key_must_be_the_first() {
+    let mut other = lnx_key(16);
+    other.qpn += 1;
+    let ((r, calls), _) = perftest_lat_run(false, other.encode().unwrap().to_vec());
+    assert!(
+        matches!(r, Err(FlowError::Exchange(Error::Malformed(Field::Qpn)))),
+        "{r:?}"
+    );
+    // The QP is never connected to a peer that named two.
+    assert!(calls.is_empty(), "{calls:?}");
+}
