@@ -64,10 +64,10 @@ cat > "$ulog" <<'LOG'
 roce-uk write: ok 1000 RDMA WRITEs of 65536 bytes completed
 roce-uk read: FAIL deadline (after 120000 ms)
 roce-uk write: ok 20 RDMA WRITEs of 1048576 bytes completed
-roce-uk ib_send_lat-server: REFUSED a program the peer does not speak; the Linux side connected to and reset
+roce-uk ib_send_lat-server: REFUSED a program the peer does not speak; Linux's program: connected to and the connection reset
 roce-uk ib_read_lat-client: ok answered
 roce-uk ib_write_lat-client: ok answered
-roce-uk ib_write_bw-q2-server: REFUSED options the peer does not take; the Linux side connected to and reset
+roce-uk ib_write_bw-q2-server: REFUSED options the peer does not take; Linux's program: connected to and the connection reset
 roce-uk ib_write_bw-server: ok wrote
 roce-uk rping-client: ok pinged
 LOG
@@ -90,13 +90,13 @@ expect "roce: each write its own result" \
   "$(uk_line write)|$(uk_line 'write#2')"
 st=0; line=$(uk_line ib_send_lat-server) || st=$?
 expect "a refused case is REFUSED and not a pass" \
-  "1 roce ib_send_lat-server: REFUSED (unikernel: a program the peer does not speak; the Linux side connected to and reset; linux: exit 1)" \
+  "1 roce ib_send_lat-server: REFUSED (unikernel: a program the peer does not speak; Linux's program: connected to and the connection reset; linux: exit 1)" \
   "$st $line"
 expect "the case after a refused one has its result" \
   "roce ib_read_lat-client: PASS (linux: bytes 2 iters 1000 t_typical-us 90.00 t_avg-us 95.00; unikernel: answered)" \
   "$(uk_line ib_read_lat-client)"
 expect "a refused perftest case without -R" \
-  "roce ib_write_bw-q2-server: REFUSED (unikernel: options the peer does not take; the Linux side connected to and reset; linux: exit 0 | bytes 4096 iters 200 BW-average-MB/s 33.00)" \
+  "roce ib_write_bw-q2-server: REFUSED (unikernel: options the peer does not take; Linux's program: connected to and the connection reset; linux: exit 0 | bytes 4096 iters 200 BW-average-MB/s 33.00)" \
   "$(uk_line ib_write_bw-q2-server || true)"
 expect "a failed case" "roce read: FAIL (linux: exit 1; unikernel: FAIL deadline (after 120000 ms))" "$(uk_line read || true)"
 expect "a cm case" "cm rping-client: PASS (pinged; linux: exit 0)" "$(uk_line rping-client)"

@@ -353,15 +353,15 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                         &mut || clock(),
                     ) {
                         Ok(_) if side == LinuxSide::Connects => "its connection accepted and reset",
-                        Ok(_) => "connected to and reset",
-                        Err(_) => "did not show up to be told",
+                        Ok(_) => "connected to and the connection reset",
+                        Err(_) => "it did not show up",
                     }
                 }
-                None => "not told (it runs out its own time)",
+                None => "not told (rdma_cm: it runs out its own time)",
             };
             let _ = writeln!(
                 out,
-                "roce-uk {}: REFUSED {}; the Linux side {told}",
+                "roce-uk {}: REFUSED {}; Linux's program: {told}",
                 r.name, r.why
             );
             continue;
