@@ -196,6 +196,9 @@ pub struct Outcome {
 /// Milliseconds the peer waits for the Linux side of a case it refuses (to accept or make the
 /// one connection it resets).
 pub const REFUSE_MS: u64 = 60_000;
+/// Milliseconds without a new connection after which a refused case's Linux client is taken
+/// to have given up (the lab runs a client again 0.5 s after a failed connect).
+pub const REFUSE_QUIET_MS: u64 = 5_000;
 
 /// A case the peer does not run, as it reports it: `roce-uk <name>: REFUSED <why>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -349,10 +352,14 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                         side,
                         opts.peer,
                         CONNECT_RETRY,
+                        REFUSE_QUIET_MS,
                         t0 + REFUSE_MS,
                         &mut || clock(),
                     ) {
-                        Ok(_) if side == LinuxSide::Connects => "its connection accepted and reset",
+                        Ok(1) if side == LinuxSide::Connects => "its connection accepted and reset",
+                        Ok(_) if side == LinuxSide::Connects => {
+                            "its connections (it ran again) accepted and reset"
+                        }
                         Ok(_) => "connected to and the connection reset",
                         Err(_) => "it did not show up",
                     }

@@ -953,6 +953,7 @@ fn a_refused_case_resets_the_linux_client() {
                 LinuxSide::Connects,
                 LNX_IP,
                 Retry::default(),
+                1_500,
                 deadline,
                 now,
             );
@@ -975,7 +976,7 @@ fn a_refused_case_resets_the_linux_client() {
     assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
     assert!(ms < 10_000, "the client's read failed only after {ms} ms");
     let (r, again) = u.join().unwrap();
-    assert_eq!(r, Ok(LNX_IP));
+    assert_eq!(r, Ok(1));
     assert_eq!(again, Ok(()));
 }
 
@@ -1000,9 +1001,9 @@ fn a_refused_case_resets_the_linux_server() {
             tries: 50,
             pause_ms: 100,
         };
-        refuse(st, LinuxSide::Listens, LNX_IP, retry, deadline, now)
+        refuse(st, LinuxSide::Listens, LNX_IP, retry, 1_500, deadline, now)
     });
-    assert_eq!(r, Ok(LNX_IP));
+    assert_eq!(r, Ok(1));
     let read = l.join().unwrap();
     assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
 }
@@ -1019,6 +1020,7 @@ fn a_refused_case_whose_linux_side_never_comes_times_out() {
             LinuxSide::Connects,
             LNX_IP,
             Retry::default(),
+            100,
             deadline,
             now,
         );
@@ -1125,4 +1127,50 @@ fn perftest_lat_second_key_must_be_the_first() {
     );
     // The QP is never connected to a peer that named two.
     assert!(calls.is_empty(), "{calls:?}");
+}
+
+/// A refused case's Linux client that runs again (three times, a pause between): every
+/// connection is accepted and reset, the refusal ends only once none came for its quiet time,
+/// and the next case's listener meets none of them.
+#[test]
+fn a_refused_case_resets_a_linux_client_that_runs_again() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 26, |st, now| {
+            st.listen(PORT).unwrap();
+            listening.send(()).unwrap();
+            let deadline = now() + BUDGET;
+            refuse(
+                st,
+                LinuxSide::Connects,
+                LNX_IP,
+                Retry::default(),
+                1_500,
+                deadline,
+                now,
+            )
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 27, |st, now| {
+            let mut reads = Vec::new();
+            for _ in 0..3 {
+                let deadline = now() + BUDGET;
+                st.connect(UNI_IP, PORT, Retry::default(), deadline, now)
+                    .expect("connects");
+                let mut m = [0u8; 16];
+                reads.push(st.read_exact(&mut m, deadline, now));
+                st.abort();
+                thread::sleep(Duration::from_millis(500));
+            }
+            reads
+        })
+    });
+    for read in l.join().unwrap() {
+        assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+    }
+    assert_eq!(u.join().unwrap(), Ok(3));
 }

@@ -7,11 +7,14 @@
 //! case takes the port:
 //!
 //! - the Linux program connects (the unikernel would have served): the unikernel accepts the
-//!   one connection and resets it; the program's first read fails and it exits;
+//!   connection and resets it; the program's first read fails and it exits. Until no new
+//!   connection came for `quiet_ms`, it accepts and resets any further one too: a program
+//!   run again (the lab runs a client again while its server does not listen yet) must not
+//!   find the next case's listener;
 //! - the Linux program listens: the unikernel connects (retrying while the program is not
 //!   listening yet) and resets the connection; the program's read fails likewise.
 //!
-//! Either way a single connection is taken and reset, and nothing is read from it.
+//! Nothing is read from a connection refused.
 
 use bareverbs_hal::Link;
 
@@ -27,25 +30,41 @@ pub enum LinuxSide {
     Listens,
 }
 
-/// Ends the Linux program's attempt: one connection, accepted or made, then reset. Returns
-/// the Linux side's address; [`Error::Timeout`] when it did not show up by `deadline`
-/// (nothing is left open then either).
+/// Ends the Linux program's attempt: connections accepted and reset (until none came for
+/// `quiet_ms`), or one made and reset. Returns how many were reset; [`Error::Timeout`] when
+/// the Linux side did not show up by `deadline`, [`Error::Refused`] when it never listened
+/// (nothing is left open either way).
 pub fn refuse<L: Link>(
     stack: &mut Stack<'_, L>,
     side: LinuxSide,
     linux: [u8; 4],
     retry: Retry,
+    quiet_ms: u64,
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
-) -> Result<[u8; 4], Error> {
-    let r = match side {
-        LinuxSide::Connects => stack.accept(PORT, deadline, now).map(|(ip, _)| ip),
-        LinuxSide::Listens => stack
-            .connect(linux, PORT, retry, deadline, now)
-            .map(|()| linux),
+) -> Result<u32, Error> {
+    let reset = |stack: &mut Stack<'_, L>, now: &mut dyn FnMut() -> u64| {
+        stack.abort();
+        let t = now();
+        stack.poll(t);
     };
-    stack.abort();
-    let t = now();
-    stack.poll(t);
-    r
+    let r = match side {
+        LinuxSide::Connects => stack.accept(PORT, deadline, now).map(|_| ()),
+        LinuxSide::Listens => stack.connect(linux, PORT, retry, deadline, now),
+    };
+    reset(stack, now);
+    r?;
+    let mut n = 1;
+    if side == LinuxSide::Connects {
+        loop {
+            let until = now().saturating_add(quiet_ms).min(deadline);
+            let again = stack.accept(PORT, until, now);
+            reset(stack, now);
+            match again {
+                Ok(_) => n += 1,
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(n)
 }
