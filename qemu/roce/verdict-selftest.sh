@@ -110,6 +110,14 @@ expect "latency without a row is n/a, with why" \
   "roce latency ib_write_lat-client: unikernel 70.00 us linux n/a (linux-linux: no latency row in Linux A's output)" \
   "$(latency_line ib_write_lat-client)"
 expect "no latency line for a bandwidth case" "" "$(latency_line write)"
+echo "bvroce-result roce ib_write_lat-client#2: exit 0 | bytes 2 iters 100 t_typical-us 60.00 t_avg-us 61.00" >> "$alog"
+echo "bvroce-result linux-linux ib_write_lat-client#2: exit 0 | bytes 2 iters 100 t_typical-us 50.00 t_avg-us 51.00" >> "$alog"
+echo "ib_write_lat-client -s 2 -n 100" >> "$cases_file"
+echo "roce-uk ib_write_lat-client: FAIL TCP exchange: connection closed by the peer (Read)" >> "$ulog"
+expect "no unikernel latency when its side failed, whatever Linux printed" \
+  "roce latency ib_write_lat-client#2: unikernel n/a linux 50.00 us (roce: the unikernel's side did not pass)" \
+  "$(latency_line 'ib_write_lat-client#2')"
+sed -i '$d' "$cases_file"
 expect "efficiency of a failed case is n/a, with why" \
   "roce efficiency read: n/a (the case failed: roce)" "$(efficiency_line read roce 5000000 6000000 65536000)"
 expect "efficiency of a passed case" \

@@ -85,7 +85,8 @@ lat_of() { # RESULT -> "TYPICAL AVG", or nothing
 }
 # `roce latency <label>: unikernel X us linux Y us`, for a latency program's case (ib_*_lat-*):
 # the typical round trip perftest printed on Linux A, against the unikernel and against Linux
-# B; n/a with the reason for a side without one.
+# B; n/a with the reason for a side without one (against the unikernel: unless its side of the
+# case passed too).
 latency_line() { # LABEL
   local n=$1 side r v why=() u=n/a l=n/a
   [[ "$(label_name "$n")" == ib_*_lat-* ]] || return 0
@@ -99,6 +100,10 @@ latency_line() { # LABEL
       v=
     elif [ -z "$v" ]; then
       why+=("$side: no latency row in Linux A's output")
+    elif [ "$side" = roce ] && [[ "$(uk_result "$n")" != "ok "* ]]; then
+      # Linux's figure counts only when the unikernel's side of the case passed too.
+      why+=("roce: the unikernel's side did not pass")
+      v=
     fi
     [ -n "$v" ] || continue
     [ "$side" = roce ] && u="${v%% *} us" || l="${v%% *} us"
