@@ -70,9 +70,11 @@ fn send_and_leave(
     }
     qa.destroy().unwrap();
     qb.destroy().unwrap();
-    (ma.destroy().unwrap(), mb.destroy().unwrap());
+    ma.destroy().unwrap();
+    mb.destroy().unwrap();
     cb.destroy().unwrap();
-    (pa.destroy().unwrap(), pb.destroy().unwrap());
+    pa.destroy().unwrap();
+    pb.destroy().unwrap();
     got
 }
 
