@@ -23,6 +23,8 @@
 //! | `write` | `ib_write_bw` as the server | the client: RDMA WRITEs `-n` × `-s` bytes into the server's buffer and sends the report Linux prints |
 //! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
+//! | `ib_read_lat-client` | `ib_read_lat` as the client | the server ([`perftest::run_lat`]): its buffer answers the READs, checked unchanged after |
+//! | `ib_atomic_lat-client` | `ib_atomic_lat` as the client | the server: its buffer takes the fetch-and-adds, which must add up to `-n` |
 
 use core::cell::Cell;
 use core::fmt::Write;
