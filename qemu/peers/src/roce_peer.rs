@@ -94,12 +94,27 @@ pub enum PerfKind {
     ReadLat,
     /// `ib_atomic_lat`, Linux the client.
     AtomicLat,
+    /// `ib_read_lat`, Linux serving: the unikernel READs, one at a time.
+    ReadLatReq,
+    /// `ib_atomic_lat`, Linux serving: the unikernel's fetch-and-adds, one at a time.
+    AtomicLatReq,
 }
 
 impl PerfKind {
     /// An atomics case (8-byte operations on zeroed words).
     fn atomics(self) -> bool {
-        matches!(self, PerfKind::Atomic | PerfKind::AtomicLat)
+        matches!(
+            self,
+            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicLatReq
+        )
+    }
+
+    /// A latency program's case (perftest's latency exchange, [`perftest::run_lat`]).
+    fn latency(self) -> bool {
+        matches!(
+            self,
+            PerfKind::ReadLat | PerfKind::AtomicLat | PerfKind::ReadLatReq | PerfKind::AtomicLatReq
+        )
     }
 }
 
@@ -137,6 +152,8 @@ impl PeerCase {
             "atomic" => PerfKind::Atomic,
             "ib_read_lat-client" => PerfKind::ReadLat,
             "ib_atomic_lat-client" => PerfKind::AtomicLat,
+            "ib_read_lat-server" => PerfKind::ReadLatReq,
+            "ib_atomic_lat-server" => PerfKind::AtomicLatReq,
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
@@ -152,8 +169,8 @@ impl PeerCase {
         // (perftest's latency programs: 2 bytes, 1000 iterations.)
         let (mut size, mut iters) = match kind {
             PerfKind::Atomic => (8, 5000),
-            PerfKind::AtomicLat => (8, 1000),
-            PerfKind::ReadLat => (2, 1000),
+            PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
+            PerfKind::ReadLat | PerfKind::ReadLatReq => (2, 1000),
             _ => (65536, 5000),
         };
         while let Some(w) = words.next() {
@@ -179,6 +196,8 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
             PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
+            PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
+            PeerCase::Perf(PerfKind::AtomicLatReq, ..) => "ib_atomic_lat-server",
             PeerCase::Cm(c) => c.name(),
         }
     }
@@ -456,7 +475,7 @@ fn window(kind: PerfKind, end: bool) {
         (PerfKind::Read, true) => mark::<0x0102>(),
         (PerfKind::Atomic, true) => mark::<0x0103>(),
         // (Not counted.)
-        (PerfKind::ReadLat | PerfKind::AtomicLat, _) => {}
+        (_, _) => {}
     }
 }
 
@@ -472,6 +491,9 @@ enum Detail {
     Atomics(u32, u64),
     /// `ib_read_lat`: the READs the Linux client was told to make (`-n`), bytes each.
     ReadLat(u32, u32),
+    /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
+    /// median round trip (microseconds, the clock's resolution), what was checked.
+    Requested(u32, u32, u64, &'static str),
 }
 
 impl core::fmt::Display for Detail {
@@ -489,6 +511,10 @@ impl core::fmt::Display for Detail {
             Detail::ReadLat(n, s) => write!(
                 f,
                 "served the client's {n} RDMA READs of {s} bytes, the buffer unchanged"
+            ),
+            Detail::Requested(n, s, us, what) => write!(
+                f,
+                "{n} of {s} bytes, one at a time, {us} us each on average (the clock ticks every 16 ms), {what}"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -583,6 +609,8 @@ struct Perf<'a, 'm, P: Provider> {
     clock_ms: &'m dyn Fn() -> u64,
     /// `write`: the WRITEs completed and the bandwidth reported.
     wrote: (u64, f64),
+    /// A latency program's client: the average round trip (microseconds).
+    requested: u64,
 }
 
 impl<P: Provider> Hooks for Perf<'_, '_, P> {
@@ -625,6 +653,9 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
     }
 
     fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
+            return self.one_at_a_time(peer);
+        }
         if self.kind != PerfKind::Write {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
@@ -682,6 +713,90 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
             bw_avg: bw,
             msg_rate: f64::from(self.iters) / secs / 1e6,
         })
+    }
+}
+
+impl<P: Provider> Perf<'_, '_, P> {
+    /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
+    /// to the Linux server's buffer, each posted once the one before completed. Checked: every
+    /// READ brings the first one's bytes (the server's buffer does not change; compared by a
+    /// 64-bit digest), every
+    /// fetch-and-add the value before it plus one (each executed once, in order).
+    fn one_at_a_time(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        let Qp::Rts(qp) = &mut self.qp else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let atomic = self.kind == PerfKind::AtomicLatReq;
+        let size = if atomic { 8 } else { self.size };
+        // The target at the region's start.
+        let sge = self.mr.sge(0, size).at("perftest: sge")?;
+        let t0 = (self.clock_ms)();
+        let mut first = 0u64;
+        let mut wcs = [WorkCompletion::default(); 1];
+        for i in 0..self.iters {
+            // `perf` destroys the QP before it drops the region, on every path; the CPU reads
+            // the region only between two operations, none in flight.
+            // SAFETY: the region stays registered and untouched while the operation flies.
+            unsafe {
+                let mut b = qp.send_batch();
+                if atomic {
+                    b.atomic_fetch_add(
+                        u64::from(i),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        1,
+                        &sge,
+                    )
+                } else {
+                    b.rdma_read(
+                        u64::from(i),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        &[sge],
+                    )
+                }
+                .at("perftest: post")?;
+                b.finish();
+            }
+            loop {
+                let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+                if got == 1 {
+                    if wcs[0].status != WcStatus::Success {
+                        return Err(CaseError::Status(wcs[0].status, wcs[0].wr_id));
+                    }
+                    break;
+                }
+                if (self.clock_ms)() > self.deadline {
+                    return Err(CaseError::Deadline);
+                }
+            }
+            let buf = self.mr.as_slice();
+            let at = size as usize;
+            if atomic {
+                let v = u64::from_ne_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+                if i == 0 {
+                    first = v;
+                } else if v != first.wrapping_add(u64::from(i)) {
+                    return Err(CaseError::Atomics {
+                        sum: v.wrapping_sub(first),
+                        iters: i,
+                    });
+                }
+            } else {
+                // The first READ's bytes, as a 64-bit FNV-1a digest (no room kept for a copy).
+                let digest = buf[..at].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+                if i == 0 {
+                    first = digest;
+                } else if digest != first {
+                    return Err(CaseError::Differs(i));
+                }
+            }
+        }
+        let us = ((self.clock_ms)() - t0).max(16) * 1000 / u64::from(self.iters.max(1));
+        self.requested = us;
+        Ok(Report::default())
     }
 }
 
@@ -745,7 +860,7 @@ fn perf<P: Provider, L: Link>(
         srqn: 0,
     };
     let role = match kind {
-        PerfKind::Write => Role::Client {
+        PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => Role::Client {
             server: linux,
             retry: CONNECT_RETRY,
         },
@@ -763,8 +878,9 @@ fn perf<P: Provider, L: Link>(
         deadline,
         clock_ms,
         wrote: (0, 0.0),
+        requested: 0,
     };
-    let flow = if matches!(kind, PerfKind::ReadLat | PerfKind::AtomicLat) {
+    let flow = if kind.latency() {
         perftest::run_lat
     } else {
         perftest::run
@@ -778,13 +894,29 @@ fn perf<P: Provider, L: Link>(
         deadline,
         &mut || clock_ms(),
     );
-    let (qp, wrote) = (core::mem::replace(&mut hooks.qp, Qp::Gone), hooks.wrote);
+    let (qp, wrote, requested) = (
+        core::mem::replace(&mut hooks.qp, Qp::Gone),
+        hooks.wrote,
+        hooks.requested,
+    );
     drop(hooks);
     qp.destroy()?;
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
+            PerfKind::ReadLatReq => Detail::Requested(
+                iters,
+                size,
+                requested,
+                "RDMA READs, each bringing the first one's bytes",
+            ),
+            PerfKind::AtomicLatReq => Detail::Requested(
+                iters,
+                8,
+                requested,
+                "fetch-and-adds of 1, each returning the one before plus one",
+            ),
             PerfKind::ReadLat => {
                 // READs read; nothing of the buffer may have changed.
                 if let Some(at) = mr
@@ -880,6 +1012,15 @@ mod tests {
             Some(PeerCase::Perf(PerfKind::AtomicLat, 8, 200))
         );
         assert_eq!(PeerCase::parse("ib_atomic_lat-client,-s,2"), None);
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-server,-s,64,-n,10"),
+            Some(PeerCase::Perf(PerfKind::ReadLatReq, 64, 10))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_lat-server"),
+            Some(PeerCase::Perf(PerfKind::AtomicLatReq, 8, 1000))
+        );
+        assert_eq!(PeerCase::parse("ib_atomic_lat-server,-s,16"), None);
         assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
@@ -913,8 +1054,8 @@ mod tests {
             ("ib_write_lat-client", speak, Some(LinuxSide::Connects))
         );
         assert_eq!(
-            r("ib_read_lat-server"),
-            ("ib_read_lat-server", speak, Some(LinuxSide::Listens))
+            r("ib_send_lat-server"),
+            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
             r("ib_write_lat-client,-R"),
