@@ -6,6 +6,9 @@
 #
 #   qemu/roce/lab.sh                 baseline (Linux A <-> Linux B), then Linux A <-> unikernel
 #   qemu/roce/lab.sh --linux-only    the baseline alone
+#   qemu/roce/lab.sh --matrix        the whole matrix: qemu/roce/cases, then qemu/roce/cases-matrix
+#                                    (the cases CI leaves out for time); with --linux-only too
+#   BAREVERBS_ROCE_CASES=path        another case list (instead of qemu/roce/cases)
 #   BAREVERBS_ROCE_ONLY=read,write   only these cases (a debugging aid)
 #   BAREVERBS_ROCE_ACCEL=tcg|kvm     the accelerator (default: KVM if QEMU can use it, else TCG)
 #   BAREVERBS_ROCE_QEMU=path         another qemu-system-x86_64 for all three guests (default: PATH's;
@@ -45,13 +48,25 @@
 # and `roce throughput <case>: unikernel X linux Y ratio r (median of N)` gives the medians of
 # perftest's average bandwidth.
 set -euo pipefail
-mode=full
-[ "${1:-}" = "--linux-only" ] && mode=linux
+mode=full matrix=
+for a in "$@"; do
+  case "$a" in
+    --linux-only) mode=linux ;;
+    --matrix) matrix=1 ;;
+    *) echo "lab.sh: unknown argument $a (--linux-only, --matrix)" >&2; exit 2 ;;
+  esac
+done
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 lab_dir=$repo/qemu/lab
 cache=${BAREVERBS_LAB_CACHE:-$lab_dir/.cache}
 mkdir -p "$cache"
+# The case list of this run, as both Linux guests read it (they see this machine's root).
+cases_file=$cache/roce-cases.txt
+cat "${BAREVERBS_ROCE_CASES:-$here/cases}" ${matrix:+"$here/cases-matrix"} > "$cases_file"
+alog=$cache/roce-linux-a.log ulog=$cache/roce-unikernel.log
+# shellcheck source=qemu/roce/verdict.sh
+source "$here/verdict.sh"
 t0=$(date +%s)
 stage() { echo "[roce +$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -142,17 +157,18 @@ linux() { # NAME ROLE IP MAC EXTRA-KERNEL-ARGUMENTS [COUNT]
   timeout "$limit" "$qemu" \
     "${acc[@]}" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
     -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}$extra" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/linux.sh bvroce.role=$2 bvroce.ip=$3 bvroce.only=${only:-} bvroce.cases=$cases_file bvroce.timeout=${BAREVERBS_ROCE_CASE_TIMEOUT:-100}$extra" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac="$4",romfile= \
     > "$log" 2>&1 &
   pids+=($!)
   last_pid=$!
 }
-# The cases as the unikernel's command line takes them (`,` for spaces, `+` between cases).
-uk_cases() { # [CASE-NAMES-RE]
-  grep -v -E '^(#|$)' "$here/cases" | grep -E "^(${only_re:-.*}) " | grep -E "^(${1:-.*}) " |
-    sed 's/ *$//; s/ \+/,/g' | paste -sd+
+# The cases as the unikernel's command line takes them (`,` for spaces, `+` between cases);
+# with `first`, only the first case of each name (the throughput runs' `read` and `write`).
+uk_cases() { # [CASE-NAMES-RE] [first]
+  case_lines | { grep -E "^(${only_re:-.*})( |$)" || true; } | { grep -E "^(${1:-.*})( |$)" || true; } |
+    awk -v first="${2:-}" 'first == "" || !seen[$1]++' | sed 's/ *$//; s/ \+/,/g' | paste -sd+
 }
 unikernel() { # LOG CASES [COUNT]
   local log=$1 dump=()
@@ -193,8 +209,8 @@ stop_unikernel() { # PID WHICH
   fi
 }
 
-alog=$cache/roce-linux-a.log blog=$cache/roce-linux-b.log b2log=$cache/roce-linux-b2.log
-ulog=$cache/roce-unikernel.log u2log=$cache/roce-unikernel-bench.log
+blog=$cache/roce-linux-b.log b2log=$cache/roce-linux-b2.log
+u2log=$cache/roce-unikernel-bench.log
 # Nothing of an earlier run may be read as this one's: the unikernels' logs stay empty
 # unless they boot.
 rm -f "$ulog" "$cache/roce-unikernel.qemu" "$u2log" "$cache/roce-unikernel-bench.qemu" "$b2log"
@@ -255,7 +271,7 @@ while kill -0 "$a_pid" 2>/dev/null; do
     uk_status=$reaped
     if [ "$bench" -gt 0 ]; then
       stage "booting the unikernel again for the throughput runs, ${accel^^}"
-      unikernel "$u2log" "$(for _ in $(seq 1 "$bench"); do uk_cases 'read|write'; done | paste -sd+)"
+      unikernel "$u2log" "$(for _ in $(seq 1 "$bench"); do uk_cases 'read|write' first; done | paste -sd+)"
       uk2_pid=$last_pid
     fi
   fi
@@ -287,11 +303,11 @@ fi
 cleanup
 
 # --- the verdict -------------------------------------------------------------------------------
-# (|| true: a missing line is a result too, not a reason for set -e to end the script.)
-result() { { grep -a "^bvroce-result $1: " "$alog" || true; } | tail -1 | sed "s/^bvroce-result $1: //" | tr -d '\r'; }
+# (qemu/roce/verdict.sh: the labels, each case's results and lines; || true: a missing line is
+# a result too, not a reason for set -e to end the script.)
 bw() { sed -n 's/.*BW-average-MB\/s \([0-9.]*\).*/\1/p' <<<"$1"; }
 tail_of() { echo "[roce] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
-names=$(grep -v -E '^(#|$)' "$here/cases" | awk '{print $1}' | grep -x -E "${only_re:-.*}")
+names=$(case_labels "$only_re")
 total=$(wc -w <<<"$names")
 why=()
 [ -n "$stopped" ] && why+=("stopped: $stopped")
@@ -300,31 +316,25 @@ a_end="phase unikernel"
 [ -z "$stopped" ] && ! grep -a -q -F "$a_end" "$alog" && why+=("Linux A ended before its cases did")
 ll_pass=0
 # Cases the baseline does not run (the cases file's `#@ no-baseline` line says why).
-nobase=" $(sed -n 's/^#@ no-baseline //p' "$here/cases" | tr '\n' ' ') "
+nobase=" $(sed -n 's/^#@ no-baseline //p' "$cases_file" | tr '\n' ' ') "
 ll_total=0
+# Each case's failures by side (the efficiency lines say them).
+declare -A failed_ll=() failed_uk=()
 for n in $names; do
-  if [[ "$nobase" == *" $n "* ]]; then
+  if [[ "$nobase" == *" $(label_name "$n") "* ]]; then
     echo "linux-linux $n: NOT RUN (baseline: Linux's rxe against itself does not finish it on this segment; qemu/roce/cases)"
     continue
   fi
   ll_total=$((ll_total + 1))
-  r=$(result "linux-linux $n")
-  case "$r" in "exit 0"*) echo "linux-linux $n: PASS ${r#exit 0 | }"; ll_pass=$((ll_pass + 1)) ;;
-    *) echo "linux-linux $n: FAIL (${r:-no result})" ;; esac
+  if baseline_line "$n"; then ll_pass=$((ll_pass + 1)); else failed_ll[$n]=1; fi
 done
 [ "$ll_pass" = "$ll_total" ] || why+=("linux-linux $ll_pass/$ll_total")
 ratio=
-# The payload bytes of a perftest case: -s × -n from qemu/roce/cases (perftest's defaults 65536
-# and 5000).
-case_bytes() { # CASE
-  awk -v n="$1" '$1 == n {s = 65536; i = 5000
-    for (k = 2; k < NF; k++) { if ($k == "-s") s = $(k + 1); if ($k == "-n") i = $(k + 1) }
-    print s * i; exit}' "$here/cases"
-}
 # `roce efficiency <case>`: instructions per payload byte of Linux B and of the unikernel in the
-# same role, over the case's window (read: the responder; write: the requester).
+# same role, over the case's window (read: the responder; write: the requester); n/a when the
+# case failed on either side.
 efficiency() {
-  local n kk bytes u l
+  local n kk f
   for n in read write; do
     grep -q -x "$n" <<<"$names" || continue
     if [ -z "$counter" ]; then
@@ -332,15 +342,11 @@ efficiency() {
       continue
     fi
     [ "$n" = write ] && kk=01 || kk=02
-    bytes=$(case_bytes "$n")
-    u=$(window_count "$uk_count" "$kk") l=$(window_count "$b_count" "$kk")
-    if [ -n "$u" ] && [ -n "$l" ] && [ "$l" != 0 ]; then
-      awk -v n="$n$nic_tag" -v u="$u" -v l="$l" -v b="$bytes" 'BEGIN {
-        printf "roce efficiency %s: unikernel %.2f linux %.2f ratio %.2f (%.1fM and %.1fM instructions over %d bytes)\n",
-          n, u / b, l / b, u / l, u / 1e6, l / 1e6, b }'
-    else
-      echo "roce efficiency $n$nic_tag: unikernel ${u:--} linux ${l:--} ratio - (a window without both marks)"
-    fi
+    f=
+    [ -n "${failed_ll[$n]:-}" ] && f="linux-linux"
+    [ -n "${failed_uk[$n]:-}" ] && f="${f:+$f and }roce"
+    efficiency_line "$n$nic_tag" "$f" "$(window_count "$uk_count" "$kk")" \
+      "$(window_count "$b_count" "$kk")" "$(case_bytes "$n")"
   done
 }
 # `roce profile <case>:` the unikernel's top 15 symbols over the profiled window (the blocks'
@@ -389,29 +395,23 @@ throughput() {
   [ "$bench_pass" = "$bench_total" ] || why+=("throughput runs $bench_pass/$bench_total")
 }
 # The rdma_cm programs' cases (connected through the CM, perftest's -R ones too) are counted
-# apart: `cm <case>`.
-is_cm() { [[ "$1" == rping-* || "$1" == ucmatose-* || "$1" == udaddy-* || "$1" == ib_*_bw-* ]]; }
+# apart: `cm <case>` (verdict.sh's is_cm).
 cm_total=0
 for n in $names; do is_cm "$n" && cm_total=$((cm_total + 1)); done
 if [ "$mode" = full ]; then
-  uk_pass=0 cm_pass=0
+  uk_pass=0 cm_pass=0 refused=0
   for n in $names; do
-    r=$(result "roce $n")
-    u=$({ grep -a "^roce-uk $n: " "$ulog" 2>/dev/null || true; } | head -1 | sed "s/^roce-uk $n: //" | tr -d '\r')
-    tag=roce
-    is_cm "$n" && tag=cm
-    if [[ "$r" == "exit 0"* ]] && [[ "$u" == "ok "* ]]; then
-      if [ "$tag" = cm ]; then
-        echo "cm $n: PASS (${u#ok }; linux: exit 0)"; cm_pass=$((cm_pass + 1))
-      else
-        echo "roce $n: PASS (linux: ${r#exit 0 | }; unikernel: ${u#ok })"; uk_pass=$((uk_pass + 1))
-      fi
+    if uk_line "$n"; then
+      if is_cm "$n"; then cm_pass=$((cm_pass + 1)); else uk_pass=$((uk_pass + 1)); fi
     else
-      echo "$tag $n: FAIL (linux: ${r:-no result}; unikernel: ${u:-no result})"
+      failed_uk[$n]=1
+      [[ "$(uk_result "$n")" == "REFUSED "* ]] && refused=$((refused + 1))
     fi
   done
+  for n in $names; do latency_line "$n"; done
   [ "$uk_pass" = $((total - cm_total)) ] || why+=("roce $uk_pass/$((total - cm_total))")
   [ "$cm_pass" = "$cm_total" ] || why+=("cm $cm_pass/$cm_total")
+  [ "$refused" = 0 ] || why+=("$refused refused by the unikernel")
   efficiency
   profile
   throughput

@@ -7,6 +7,7 @@
 #                       unikernel; b: Linux B, the baseline's other side
 #   bvroce.ip=A.B.C.D   this guest's address (/24)
 #   bvroce.only=a,b     only these cases (lab.sh's BAREVERBS_ROCE_ONLY)
+#   bvroce.cases=PATH   the case list (lab.sh's, default qemu/roce/cases next to this script)
 #   bvroce.timeout=S    seconds a program may take, its retries included (default 100)
 #   bvroce.mark=PATH    qemu/roce/mark.c's program: each perftest case of the phase runs between
 #                       two marks for the instruction counter of lab.sh (code 00KK, then 01KK)
@@ -70,7 +71,7 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   # The programs' own summary: pingpong's throughput line, perftest's result row.
   local sum
   sum=$(grep -E "bytes in .* seconds" <<<"$out" | head -1)
-  [ -n "$sum" ] || sum=$(awk '/#bytes/ {h=1; next} h && NF >= 4 && $1 ~ /^[0-9]+$/ {print "bytes " $1 " iters " $2 " BW-average-MB/s " $4; exit}' <<<"$out")
+  [ -n "$sum" ] || sum=$(summary <<<"$out")
   # A failure leaves what rxe counted and what the kernel said (the CM drops a malformed
   # MAD without a word; its counters show what it took, sent and retried).
   if [ "$st" != 0 ]; then
@@ -83,42 +84,14 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
   echo "bvroce-result $tag: exit $st${sum:+ | $sum}"
 }
 
-# The program each side runs for a case: Linux A's role is the case's name.
-program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
-  local side=$1 name=$2 peer=$3
-  shift 3
-  local server=1
-  case "$name" in
-    rc-server | ud-server | write | *-server) [ "$side" = a ] && server=1 || server=0 ;;
-    *) [ "$side" = a ] && server=0 || server=1 ;;
-  esac
-  case "$name" in
-    rc-*) cmd=(ibv_rc_pingpong -d rxe0 -g "$gid" "$@") ;;
-    ud-*) cmd=(ibv_ud_pingpong -d rxe0 -g "$gid" "$@") ;;
-    write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
-    read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
-    atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
-    # perftest with -R: rdma_cm for the control channel and the data QP (the GID only names
-    # the one the program prints as its own).
-    ib_send_bw-* | ib_write_bw-* | ib_read_bw-*) cmd=("${name%%-*}" -d rxe0 -x "$gid" "$@") ;;
-    # rdma_cm finds the device and the GID from the addresses.
-    rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
-    ucmatose-* | udaddy-*)
-      cmd=("${name%%-*}" "$@")
-      [ "$server" = 1 ] && cmd+=(-b "$ip") || cmd+=(-s "$peer") ;;
-  esac
-  client=$((1 - server))
-  [ "$client" = 1 ] && [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* ]] && cmd+=("$peer")
-}
+# The program each case runs (program), perftest's summary row (summary), the case list
+# (cases): qemu/roce/programs.sh, which qemu/roce/verdict-selftest.sh checks on the host.
+# shellcheck source=qemu/roce/programs.sh
+source "$here/programs.sh"
 
 only=$(arg only | tr , ' ')
-cases() {
-  while read -r name opts; do
-    case "$name" in '' | '#'*) continue ;; esac
-    [ -z "$only" ] || [[ " $only " == *" $name "* ]] || continue
-    echo "$name $opts"
-  done < "$here/cases"
-}
+cases_file=$(arg cases)
+cases_file=${cases_file:-$here/cases}
 
 # perftest 4.5-0.17's -R client connects its data QP as soon as it has the server's first
 # blank message, and after a REJ (nobody listening yet) it tries again with the CM IDs it has
@@ -141,7 +114,7 @@ cm_delay() { # on|off
 # The instruction counter's window of a perftest case (qemu/roce/icount.c): code 00KK opens it,
 # 01KK closes it; KK as the unikernel numbers the cases (write 1, read 2, atomic 3).
 mark=$(arg mark)
-window() { # 0|1 CASE
+window() { # 0|1 LABEL (a program's first case only: `write`, not `write#2`)
   local k
   [ -n "$mark" ] || return 0
   case "$2" in write) k=01 ;; read) k=02 ;; atomic) k=03 ;; *) return 0 ;; esac
@@ -149,20 +122,24 @@ window() { # 0|1 CASE
 }
 
 # The cases the baseline does not run (qemu/roce/cases' `#@ no-baseline` line).
-nobase=" $(sed -n 's/^#@ no-baseline //p' "$here/cases" | tr '\n' ' ') "
-phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX case"
-  local name opts delay
-  while read -r name opts; do
+nobase=" $(sed -n 's/^#@ no-baseline //p' "$cases_file" | tr '\n' ' ') "
+phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "PREFIX label"
+  local label name opts delay
+  while read -r label name opts; do
     [ "$2" != roce ] && [[ "$nobase" == *" $name "* ]] && continue
     read -r -a opt <<<"$opts"
     program "$1" "$name" "$3" "${opt[@]}"
+    if [ ${#cmd[@]} = 0 ]; then
+      echo "bvroce-result $2 $label: no program (linux.sh knows no command for $name)"
+      continue
+    fi
     delay=0
-    [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ib_*_bw-* ]] && delay=1
-    window 0 "$name"
+    [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ib_*-* ]] && [[ " $opts " == *" -R "* ]] && delay=1
+    window 0 "$label"
     [ "$delay" = 1 ] && cm_delay on
-    run "$2 $name" "$client" "${cmd[@]}"
+    run "$2 $label" "$client" "${cmd[@]}"
     [ "$delay" = 1 ] && cm_delay off
-    window 1 "$name"
+    window 1 "$label"
   done < <(cases)
 }
 
@@ -172,11 +149,15 @@ phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "
 # first: against Linux B it listens on another port than the unikernel's 18515.
 bench=$(arg bench)
 bench_port=18516
+# Linux B boots for these as soon as its baseline side is over, while Linux A still runs every
+# case against the unikernel: B's first program (the `write` client) waits for A's whole phase,
+# not for one case, so it may retry for four times a case's time (a retry only while A is not
+# listening yet; the lab's own timeout bounds it all).
 bench() { # SIDE(a|other)
-  local i name opts
+  local i label name opts first=1
   for i in $(seq 1 "$bench"); do
-    while read -r name opts; do
-      [ "$name" = read ] || [ "$name" = write ] || continue
+    while read -r label name opts; do
+      [ "$label" = read ] || [ "$label" = write ] || continue
       read -r -a opt <<<"$opts"
       if [ "$1" = a ]; then
         program a "$name" "$b_ip" "${opt[@]}" -p "$bench_port"
@@ -185,8 +166,13 @@ bench() { # SIDE(a|other)
         run "bench-roce $name $i" "$client" "${cmd[@]}"
       else
         program other "$name" "$a_ip" "${opt[@]}" -p "$bench_port"
-        run "bench-b $name $i" "$client" "${cmd[@]}"
+        if [ "$first" = 1 ]; then
+          limit=$(( limit * 4 )) run "bench-b $name $i" "$client" "${cmd[@]}"
+        else
+          run "bench-b $name $i" "$client" "${cmd[@]}"
+        fi
       fi
+      first=0
     done < <(cases)
   done
 }

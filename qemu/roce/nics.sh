@@ -44,7 +44,7 @@ run() { # LAB NIC COMMAND...
   t0=$(date +%s)
   echo "[nics] $lab lab, unikernel on $nic (log: $log)"
   "$@" </dev/null > "$log" 2>&1 || st=$?
-  grep -a -E "^(roce|cm|nvmf) [^ ]+.*: (FAIL|SKIP)|efficiency|throughput|verdict" "$log" | sed 's/^/  /' || true
+  grep -a -E "^(roce|cm|nvmf) [^ ]+.*: (FAIL|SKIP|REFUSED)|efficiency|throughput|verdict" "$log" | sed 's/^/  /' || true
   summary+=("$lab on $nic: $(grep -a -o 'verdict: [A-Z]*' "$log" | tail -1 | sed 's/verdict: //') in $(( $(date +%s) - t0 )) s")
   [ "$st" = 0 ] || failed=$((failed + 1))
 }

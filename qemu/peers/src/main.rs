@@ -69,8 +69,8 @@ fn roce_peers(
             let left = dma_left(dma);
             let _ = writeln!(
                 Serial,
-                "bareverbs: FAIL roce peer: {} of {} cases failed, {left} DMA pages not returned",
-                o.failed, o.cases
+                "bareverbs: FAIL roce peer: {} of {} cases failed ({} refused), {left} DMA pages not returned",
+                o.failed, o.cases, o.refused
             );
             exit(Exit::Fail)
         }

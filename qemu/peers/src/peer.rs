@@ -212,6 +212,10 @@ pub enum CaseError {
         /// Atomics the case ran.
         iters: u32,
     },
+    /// A buffer the peer may only read changed (the first changed byte's offset).
+    Changed(u32),
+    /// An RDMA READ of the same bytes brought others (its index).
+    Differs(u32),
     /// A line from the bridge that is not what the step expects.
     BadLine,
     /// The TCP exchange failed (software RoCE: the unikernel answers it itself).
@@ -259,6 +263,8 @@ impl core::fmt::Display for CaseError {
             CaseError::Aborted => f.write_str("aborted by the bridge"),
             CaseError::Deadline => f.write_str("the case's deadline passed"),
             CaseError::OutOfOrder => f.write_str("a step ran out of order"),
+            CaseError::Changed(at) => write!(f, "a buffer only read changed at byte {at}"),
+            CaseError::Differs(i) => write!(f, "RDMA READ {i} brought other bytes than the first"),
             CaseError::Atomics { sum, iters } => {
                 write!(f, "{iters} fetch-and-adds of 1 left {sum} in the buffer")
             }

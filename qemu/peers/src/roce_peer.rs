@@ -10,7 +10,11 @@
 //! ```
 //!
 //! A case is the Linux program's role and options, with `,` for spaces; cases are joined by
-//! `+` and run in that order, each printing `roce-uk <case>: ok …` or `roce-uk <case>: FAIL …`.
+//! `+` and run in that order, each printing one line: `roce-uk <case>: ok …`,
+//! `roce-uk <case>: FAIL …`, or `roce-uk <case>: REFUSED …` for a case the peer does not run
+//! (a program it does not speak, options it does not take). A refused case's Linux program is
+//! told at once where it meets the peer over TCP ([`crate::tcp::refuse`]), and the peer goes
+//! on to the next case.
 //!
 //! | case | Linux runs | the unikernel |
 //! | --- | --- | --- |
@@ -19,6 +23,8 @@
 //! | `write` | `ib_write_bw` as the server | the client: RDMA WRITEs `-n` × `-s` bytes into the server's buffer and sends the report Linux prints |
 //! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
+//! | `ib_read_lat-client` | `ib_read_lat` as the client | the server ([`perftest::run_lat`]): its buffer answers the READs, checked unchanged after |
+//! | `ib_atomic_lat-client` | `ib_atomic_lat` as the client | the server: its buffer takes the fetch-and-adds, which must add up to `-n` |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -30,6 +36,7 @@ use bareverbs::verbs::*;
 
 use crate::peer::{Case, CaseError, Dest, Exchange};
 use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use crate::tcp::refuse::{LinuxSide, refuse};
 use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
 use crate::{Failure, Step};
 
@@ -83,6 +90,32 @@ pub enum PerfKind {
     Read,
     /// `ib_atomic_bw`, Linux the client.
     Atomic,
+    /// `ib_read_lat`, Linux the client.
+    ReadLat,
+    /// `ib_atomic_lat`, Linux the client.
+    AtomicLat,
+    /// `ib_read_lat`, Linux serving: the unikernel READs, one at a time.
+    ReadLatReq,
+    /// `ib_atomic_lat`, Linux serving: the unikernel's fetch-and-adds, one at a time.
+    AtomicLatReq,
+}
+
+impl PerfKind {
+    /// An atomics case (8-byte operations on zeroed words).
+    fn atomics(self) -> bool {
+        matches!(
+            self,
+            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicLatReq
+        )
+    }
+
+    /// A latency program's case (perftest's latency exchange, [`perftest::run_lat`]).
+    fn latency(self) -> bool {
+        matches!(
+            self,
+            PerfKind::ReadLat | PerfKind::AtomicLat | PerfKind::ReadLatReq | PerfKind::AtomicLatReq
+        )
+    }
 }
 
 /// One case of the session.
@@ -99,6 +132,15 @@ pub enum PeerCase {
 impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
+    /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
+    pub const CM_PROGRAMS: [&'static str; 6] = [
+        "rping-",
+        "ucmatose-",
+        "udaddy-",
+        "ib_send_bw-",
+        "ib_write_bw-",
+        "ib_read_bw-",
+    ];
 
     /// Parses one case, `,` standing for spaces: `rc-server,-s,4096` or `write,-s,65536,-n,1000`
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
@@ -108,17 +150,11 @@ impl PeerCase {
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
-            w if [
-                "rping-",
-                "ucmatose-",
-                "udaddy-",
-                "ib_send_bw-",
-                "ib_write_bw-",
-                "ib_read_bw-",
-            ]
-            .iter()
-            .any(|p| w.starts_with(p)) =>
-            {
+            "ib_read_lat-client" => PerfKind::ReadLat,
+            "ib_atomic_lat-client" => PerfKind::AtomicLat,
+            "ib_read_lat-server" => PerfKind::ReadLatReq,
+            "ib_atomic_lat-server" => PerfKind::AtomicLatReq,
+            w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
             _ => {
@@ -130,7 +166,13 @@ impl PeerCase {
                 return Case::parse(core::str::from_utf8(text).ok()?).map(PeerCase::Ping);
             }
         };
-        let (mut size, mut iters) = (if kind == PerfKind::Atomic { 8 } else { 65536 }, 5000);
+        // (perftest's latency programs: 2 bytes, 1000 iterations.)
+        let (mut size, mut iters) = match kind {
+            PerfKind::Atomic => (8, 5000),
+            PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
+            PerfKind::ReadLat | PerfKind::ReadLatReq => (2, 1000),
+            _ => (65536, 5000),
+        };
         while let Some(w) = words.next() {
             let v: u32 = words.next()?.parse().ok()?;
             match w {
@@ -141,7 +183,7 @@ impl PeerCase {
         }
         let ok = (1..=Self::MAX_PERF_SIZE).contains(&size)
             && iters >= 1
-            && (kind != PerfKind::Atomic || size == 8);
+            && (!kind.atomics() || size == 8);
         ok.then_some(PeerCase::Perf(kind, size, iters))
     }
 
@@ -152,6 +194,10 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
+            PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
+            PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
+            PeerCase::Perf(PerfKind::AtomicLatReq, ..) => "ib_atomic_lat-server",
             PeerCase::Cm(c) => c.name(),
         }
     }
@@ -162,8 +208,59 @@ impl PeerCase {
 pub struct Outcome {
     /// Cases run.
     pub cases: u32,
-    /// Cases that failed.
+    /// Cases that failed (the refused ones too).
     pub failed: u32,
+    /// Cases refused: the peer does not run their program or options.
+    pub refused: u32,
+}
+
+/// Milliseconds the peer waits for the Linux side of a case it refuses (to accept or make the
+/// one connection it resets).
+pub const REFUSE_MS: u64 = 60_000;
+/// Milliseconds without a new connection after which a refused case's Linux client is taken
+/// to have given up (the lab runs a client again 0.5 s after a failed connect).
+pub const REFUSE_QUIET_MS: u64 = 5_000;
+
+/// A case the peer does not run, as it reports it: `roce-uk <name>: REFUSED <why>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused<'a> {
+    /// The case's name (its first word).
+    pub name: &'a str,
+    /// Why, in words.
+    pub why: &'static str,
+    /// How the Linux program meets the peer over TCP, when it does ([`refuse`] ends its
+    /// attempt); `None` for the rdma_cm programs (their connection goes through the CM) and
+    /// for a name whose role is unknown.
+    pub side: Option<LinuxSide>,
+}
+
+impl<'a> Refused<'a> {
+    /// What the peer says of `spec`, a case [`PeerCase::parse`] does not take.
+    pub fn of(spec: &'a str) -> Refused<'a> {
+        let name = spec.split(',').next().unwrap_or(spec);
+        let cm = ["rping-", "ucmatose-", "udaddy-"]
+            .iter()
+            .any(|p| name.starts_with(p))
+            || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
+        let known = matches!(name, "write" | "read" | "atomic")
+            || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
+        let why = if known {
+            "options the peer does not take"
+        } else {
+            "a program the peer does not speak"
+        };
+        let side = if cm {
+            None
+        } else if name == "write" || name.ends_with("-server") {
+            Some(LinuxSide::Listens)
+        } else if matches!(name, "read" | "atomic") || name.ends_with("-client") {
+            Some(LinuxSide::Connects)
+        } else {
+            None
+        };
+        Refused { name, why, side }
+    }
 }
 
 /// Why a session could not run its cases.
@@ -262,13 +359,41 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     let mut outcome = Outcome::default();
     for spec in opts.cases.split('+').filter(|s| !s.is_empty()) {
         outcome.cases += 1;
-        let Some(case) = PeerCase::parse(spec) else {
-            outcome.failed += 1;
-            let _ = writeln!(out, "roce-uk {spec}: FAIL the case does not parse");
-            continue;
-        };
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
+        let Some(case) = PeerCase::parse(spec) else {
+            outcome.failed += 1;
+            outcome.refused += 1;
+            let r = Refused::of(spec);
+            let told = match r.side {
+                Some(side) => {
+                    let clock = clock_ms;
+                    match refuse(
+                        &mut stack,
+                        side,
+                        opts.peer,
+                        CONNECT_RETRY,
+                        REFUSE_QUIET_MS,
+                        t0 + REFUSE_MS,
+                        &mut || clock(),
+                    ) {
+                        Ok(1) if side == LinuxSide::Connects => "its connection accepted and reset",
+                        Ok(_) if side == LinuxSide::Connects => {
+                            "its connections (it ran again) accepted and reset"
+                        }
+                        Ok(_) => "connected to and the connection reset",
+                        Err(_) => "it did not show up",
+                    }
+                }
+                None => "not told (rdma_cm: it runs out its own time)",
+            };
+            let _ = writeln!(
+                out,
+                "roce-uk {}: REFUSED {}; Linux's program: {told}",
+                r.name, r.why
+            );
+            continue;
+        };
         if let PeerCase::Cm(c) = case {
             let name = spec.split(',').next().unwrap_or(spec);
             let t0 = ctx.provider().transport_counts();
@@ -360,6 +485,8 @@ fn window(kind: PerfKind, end: bool) {
         (PerfKind::Write, true) => mark::<0x0101>(),
         (PerfKind::Read, true) => mark::<0x0102>(),
         (PerfKind::Atomic, true) => mark::<0x0103>(),
+        // (Not counted.)
+        (_, _) => {}
     }
 }
 
@@ -373,6 +500,11 @@ enum Detail {
     Read(u64, u32),
     /// `atomic`: the 8-byte words changed and the sum of what was added to them.
     Atomics(u32, u64),
+    /// `ib_read_lat`: the READs the Linux client was told to make (`-n`), bytes each.
+    ReadLat(u32, u32),
+    /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
+    /// median round trip (microseconds, the clock's resolution), what was checked.
+    Requested(u32, u32, u64, &'static str),
 }
 
 impl core::fmt::Display for Detail {
@@ -387,6 +519,14 @@ impl core::fmt::Display for Detail {
                 "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
             ),
             Detail::Read(n, s) => write!(f, "answered the client's {n} RDMA READs of {s} bytes"),
+            Detail::ReadLat(n, s) => write!(
+                f,
+                "served the client's {n} RDMA READs of {s} bytes, the buffer unchanged"
+            ),
+            Detail::Requested(n, s, us, what) => write!(
+                f,
+                "{n} of {s} bytes, one at a time, {us} us each on average (the clock ticks every 16 ms), {what}"
+            ),
             Detail::Atomics(words, sum) => write!(
                 f,
                 "atomics changed {words} words of the buffer, adding {sum} in all"
@@ -480,6 +620,8 @@ struct Perf<'a, 'm, P: Provider> {
     clock_ms: &'m dyn Fn() -> u64,
     /// `write`: the WRITEs completed and the bandwidth reported.
     wrote: (u64, f64),
+    /// A latency program's client: the average round trip (microseconds).
+    requested: u64,
 }
 
 impl<P: Provider> Hooks for Perf<'_, '_, P> {
@@ -522,6 +664,9 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
     }
 
     fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
+            return self.one_at_a_time(peer);
+        }
         if self.kind != PerfKind::Write {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
@@ -582,6 +727,90 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
     }
 }
 
+impl<P: Provider> Perf<'_, '_, P> {
+    /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
+    /// to the Linux server's buffer, each posted once the one before completed. Checked: every
+    /// READ brings the first one's bytes (the server's buffer does not change; compared by a
+    /// 64-bit digest), every
+    /// fetch-and-add the value before it plus one (each executed once, in order).
+    fn one_at_a_time(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        let Qp::Rts(qp) = &mut self.qp else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let atomic = self.kind == PerfKind::AtomicLatReq;
+        let size = if atomic { 8 } else { self.size };
+        // The target at the region's start.
+        let sge = self.mr.sge(0, size).at("perftest: sge")?;
+        let t0 = (self.clock_ms)();
+        let mut first = 0u64;
+        let mut wcs = [WorkCompletion::default(); 1];
+        for i in 0..self.iters {
+            // `perf` destroys the QP before it drops the region, on every path; the CPU reads
+            // the region only between two operations, none in flight.
+            // SAFETY: the region stays registered and untouched while the operation flies.
+            unsafe {
+                let mut b = qp.send_batch();
+                if atomic {
+                    b.atomic_fetch_add(
+                        u64::from(i),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        1,
+                        &sge,
+                    )
+                } else {
+                    b.rdma_read(
+                        u64::from(i),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        &[sge],
+                    )
+                }
+                .at("perftest: post")?;
+                b.finish();
+            }
+            loop {
+                let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+                if got == 1 {
+                    if wcs[0].status != WcStatus::Success {
+                        return Err(CaseError::Status(wcs[0].status, wcs[0].wr_id));
+                    }
+                    break;
+                }
+                if (self.clock_ms)() > self.deadline {
+                    return Err(CaseError::Deadline);
+                }
+            }
+            let buf = self.mr.as_slice();
+            let at = size as usize;
+            if atomic {
+                let v = u64::from_ne_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+                if i == 0 {
+                    first = v;
+                } else if v != first.wrapping_add(u64::from(i)) {
+                    return Err(CaseError::Atomics {
+                        sum: v.wrapping_sub(first),
+                        iters: i,
+                    });
+                }
+            } else {
+                // The first READ's bytes, as a 64-bit FNV-1a digest (no room kept for a copy).
+                let digest = buf[..at].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+                if i == 0 {
+                    first = digest;
+                } else if digest != first {
+                    return Err(CaseError::Differs(i));
+                }
+            }
+        }
+        let us = ((self.clock_ms)() - t0).max(16) * 1000 / u64::from(self.iters.max(1));
+        self.requested = us;
+        Ok(Report::default())
+    }
+}
+
 /// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
 #[allow(clippy::too_many_arguments)]
 fn perf<P: Provider, L: Link>(
@@ -603,7 +832,7 @@ fn perf<P: Provider, L: Link>(
         | AccessFlags::REMOTE_ATOMIC;
     let mut mr = pd.register(len, access).at("perftest: register")?;
     for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = if kind == PerfKind::Atomic { 0 } else { i as u8 };
+        *b = if kind.atomics() { 0 } else { i as u8 };
     }
     let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
     let caps = QpCaps {
@@ -642,11 +871,11 @@ fn perf<P: Provider, L: Link>(
         srqn: 0,
     };
     let role = match kind {
-        PerfKind::Write => Role::Client {
+        PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => Role::Client {
             server: linux,
             retry: CONNECT_RETRY,
         },
-        PerfKind::Read | PerfKind::Atomic => Role::Server,
+        PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => Role::Server,
     };
     let mut hooks = Perf {
         kind,
@@ -660,8 +889,14 @@ fn perf<P: Provider, L: Link>(
         deadline,
         clock_ms,
         wrote: (0, 0.0),
+        requested: 0,
     };
-    let r = perftest::run(
+    let flow = if kind.latency() {
+        perftest::run_lat
+    } else {
+        perftest::run
+    };
+    let r = flow(
         stack,
         role,
         tcp::PORT,
@@ -670,14 +905,42 @@ fn perf<P: Provider, L: Link>(
         deadline,
         &mut || clock_ms(),
     );
-    let (qp, wrote) = (core::mem::replace(&mut hooks.qp, Qp::Gone), hooks.wrote);
+    let (qp, wrote, requested) = (
+        core::mem::replace(&mut hooks.qp, Qp::Gone),
+        hooks.wrote,
+        hooks.requested,
+    );
     drop(hooks);
     qp.destroy()?;
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
-            PerfKind::Atomic => {
+            PerfKind::ReadLatReq => Detail::Requested(
+                iters,
+                size,
+                requested,
+                "RDMA READs, each bringing the first one's bytes",
+            ),
+            PerfKind::AtomicLatReq => Detail::Requested(
+                iters,
+                8,
+                requested,
+                "fetch-and-adds of 1, each returning the one before plus one",
+            ),
+            PerfKind::ReadLat => {
+                // READs read; nothing of the buffer may have changed.
+                if let Some(at) = mr
+                    .as_slice()
+                    .iter()
+                    .enumerate()
+                    .position(|(i, &b)| b != i as u8)
+                {
+                    return Err(CaseError::Changed(at as u32));
+                }
+                Detail::ReadLat(iters, size)
+            }
+            PerfKind::Atomic | PerfKind::AtomicLat => {
                 let words = mr
                     .as_slice()
                     .chunks_exact(8)
@@ -747,6 +1010,29 @@ mod tests {
             Some(PeerCase::Perf(PerfKind::Atomic, 8, 10))
         );
         assert_eq!(PeerCase::parse("atomic,-s,16"), None);
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-client,-s,2,-n,200"),
+            Some(PeerCase::Perf(PerfKind::ReadLat, 2, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-client"),
+            Some(PeerCase::Perf(PerfKind::ReadLat, 2, 1000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_lat-client,-n,200"),
+            Some(PeerCase::Perf(PerfKind::AtomicLat, 8, 200))
+        );
+        assert_eq!(PeerCase::parse("ib_atomic_lat-client,-s,2"), None);
+        assert_eq!(
+            PeerCase::parse("ib_read_lat-server,-s,64,-n,10"),
+            Some(PeerCase::Perf(PerfKind::ReadLatReq, 64, 10))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_lat-server"),
+            Some(PeerCase::Perf(PerfKind::AtomicLatReq, 8, 1000))
+        );
+        assert_eq!(PeerCase::parse("ib_atomic_lat-server,-s,16"), None);
+        assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
         assert_eq!(PeerCase::parse("rc-server,-x"), None);
@@ -755,8 +1041,56 @@ mod tests {
         let name = |s| PeerCase::parse(s).map(|c| c.name());
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
+        assert_eq!(name("ib_read_lat-client,-n,5"), Some("ib_read_lat-client"));
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
+    }
+
+    #[test]
+    fn a_refused_case_is_named_and_its_linux_side_known() {
+        let r = |s| {
+            assert_eq!(PeerCase::parse(s), None, "{s} parses");
+            let r = Refused::of(s);
+            (r.name, r.why, r.side)
+        };
+        let speak = "a program the peer does not speak";
+        let take = "options the peer does not take";
+        assert_eq!(
+            r("ib_send_lat-server,-s,2,-n,1000"),
+            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_write_lat-client"),
+            ("ib_write_lat-client", speak, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("ib_send_lat-server"),
+            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_write_lat-client,-R"),
+            ("ib_write_lat-client", speak, None)
+        );
+        assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
+        assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
+        assert_eq!(
+            r("atomic,-s,16"),
+            ("atomic", take, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("rc-server,-x"),
+            ("rc-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ud-client,-q"),
+            ("ud-client", take, Some(LinuxSide::Connects))
+        );
+        assert_eq!(
+            r("ib_write_bw-q2-server,-R,-q,2"),
+            ("ib_write_bw-q2-server", take, None)
+        );
+        assert_eq!(r("rping-client,-S,99999999"), ("rping-client", take, None));
+        assert_eq!(r("lat"), ("lat", speak, None));
     }
 }

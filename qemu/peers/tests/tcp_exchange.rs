@@ -934,3 +934,243 @@ fn bad_configuration_is_refused() {
         assert_eq!(NetConfig::from_cidr(bad, 0), None, "{bad}");
     }
 }
+
+/// A refused case whose Linux program connects: the one connection is accepted and reset, the
+/// program's first read fails at once (not at its timeout), and the peer is free for the next
+/// case's listener.
+#[test]
+fn a_refused_case_resets_the_linux_client() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 21, |st, now| {
+            st.listen(PORT).unwrap();
+            listening.send(()).unwrap();
+            let deadline = now() + BUDGET;
+            let r = refuse(
+                st,
+                LinuxSide::Connects,
+                LNX_IP,
+                Retry::default(),
+                1_500,
+                deadline,
+                now,
+            );
+            // The next case listens on the same port: nothing of the refused one is in the way.
+            (r, st.listen(PORT))
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 22, |st, now| {
+            let t0 = now();
+            let deadline = t0 + BUDGET;
+            st.connect(UNI_IP, PORT, Retry::default(), deadline, now)
+                .expect("connects");
+            let mut m = [0u8; 16];
+            (st.read_exact(&mut m, deadline, now), now() - t0)
+        })
+    });
+    let (read, ms) = l.join().unwrap();
+    assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+    assert!(ms < 10_000, "the client's read failed only after {ms} ms");
+    let (r, again) = u.join().unwrap();
+    assert_eq!(r, Ok(1));
+    assert_eq!(again, Ok(()));
+}
+
+/// A refused case whose Linux program listens (and starts late): the peer connects once it
+/// listens and resets the connection; the program's read fails.
+#[test]
+fn a_refused_case_resets_the_linux_server() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 23, |st, now| {
+            thread::sleep(Duration::from_millis(800));
+            let deadline = now() + BUDGET;
+            st.accept(PORT, deadline, now).expect("accepts");
+            let mut m = [0u8; 16];
+            st.read_exact(&mut m, deadline, now)
+        })
+    });
+    let r = with_stack(uni, UNI_IP, 24, |st, now| {
+        let deadline = now() + BUDGET;
+        let retry = Retry {
+            tries: 50,
+            pause_ms: 100,
+        };
+        refuse(st, LinuxSide::Listens, LNX_IP, retry, 1_500, deadline, now)
+    });
+    assert_eq!(r, Ok(1));
+    let read = l.join().unwrap();
+    assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+}
+
+/// Nobody shows up: the refusal ends at its deadline, with nothing left open.
+#[test]
+fn a_refused_case_whose_linux_side_never_comes_times_out() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, _lnx) = pair(None);
+    let r = with_stack(uni, UNI_IP, 25, |st, now| {
+        let deadline = now() + 300;
+        let r = refuse(
+            st,
+            LinuxSide::Connects,
+            LNX_IP,
+            Retry::default(),
+            100,
+            deadline,
+            now,
+        );
+        (r, st.listen(PORT))
+    });
+    assert!(matches!(r.0, Err(Error::Timeout(_))), "{:?}", r.0);
+    assert_eq!(r.1, Ok(()));
+}
+
+/// `ib_read_lat` / `ib_atomic_lat` (6.06), one QP, as the C client (connects once) or server:
+/// the key twice before the QPs connect, twice after, then (the client's test) the closing
+/// barrier and `done`; no "finished" barrier, no reports. `second_key`: what it sends as its
+/// second key message (its own key, unless a test makes it differ).
+fn c_perftest_lat<L: Link>(
+    st: &mut Stack<'_, L>,
+    now: Now,
+    client: bool,
+    c: &CPerf,
+    second_key: &[u8],
+) -> Result<Key, Error> {
+    let deadline = now() + BUDGET;
+    if client {
+        let once = Retry {
+            tries: 1,
+            pause_ms: 0,
+        };
+        st.connect(UNI_IP, PORT, once, deadline, now)?;
+    } else {
+        st.accept(PORT, deadline, now)?;
+    }
+    c_xchg(st, client, &c.version, 16, now)?;
+    c_xchg(st, client, &c.page.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.mtu, 2, now)?;
+    let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
+    assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
+    for _ in 0..3 {
+        assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+    }
+    c_write(st, b"done\0", now);
+    c_close(st, now);
+    Ok(Key::parse(&k).expect("C parses the key"))
+}
+
+fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result<Key, Error>) {
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 31, |st, now| {
+            let role = if uni_client {
+                Role::Client {
+                    server: LNX_IP,
+                    retry: Retry {
+                        tries: 50,
+                        pause_ms: 100,
+                    },
+                }
+            } else {
+                st.listen(PORT).unwrap();
+                Role::Server
+            };
+            listening.send(()).unwrap();
+            let mut hooks = Recorder::default();
+            let local = Local::new(uni_key(16));
+            let deadline = now() + BUDGET;
+            let r = perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now);
+            (r, hooks.calls)
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 32, |st, now| {
+            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key)
+        })
+    });
+    (u.join().unwrap(), l.join().unwrap())
+}
+
+#[test]
+fn perftest_read_lat_both_roles() {
+    let own = c_perf(16).key.to_vec();
+    // The unikernel serves (ib_read_lat's client READs its buffer): no data phase of its own.
+    let ((r, calls), c) = perftest_lat_run(false, own.clone());
+    let o = r.expect("unikernel side");
+    assert_eq!(calls, ["connect"]);
+    assert_eq!(o.peer, lnx_key(16));
+    assert_eq!(o.peer_report, Report::default());
+    assert_eq!(c.expect("C side"), uni_key(16));
+    // The unikernel as the client: its test runs before the closing barrier.
+    let ((r, calls), c) = perftest_lat_run(true, own);
+    assert_eq!(r.expect("unikernel side").peer, lnx_key(16));
+    assert_eq!(calls, ["connect", "data"]);
+    assert_eq!(c.expect("C side"), uni_key(16));
+}
+
+#[test]
+fn perftest_lat_second_key_must_be_the_first() {
+    let mut other = lnx_key(16);
+    other.qpn += 1;
+    let ((r, calls), _) = perftest_lat_run(false, other.encode().unwrap().to_vec());
+    assert!(
+        matches!(r, Err(FlowError::Exchange(Error::Malformed(Field::Qpn)))),
+        "{r:?}"
+    );
+    // The QP is never connected to a peer that named two.
+    assert!(calls.is_empty(), "{calls:?}");
+}
+
+/// A refused case's Linux client that runs again (three times, a pause between): every
+/// connection is accepted and reset, the refusal ends only once none came for its quiet time,
+/// and the next case's listener meets none of them.
+#[test]
+fn a_refused_case_resets_a_linux_client_that_runs_again() {
+    use bareverbs_lab_peers::tcp::refuse::{LinuxSide, refuse};
+    let (_seg, uni, lnx) = pair(None);
+    let (listening, go) = mpsc::channel();
+    let u = thread::spawn(move || {
+        with_stack(uni, UNI_IP, 26, |st, now| {
+            st.listen(PORT).unwrap();
+            listening.send(()).unwrap();
+            let deadline = now() + BUDGET;
+            refuse(
+                st,
+                LinuxSide::Connects,
+                LNX_IP,
+                Retry::default(),
+                1_500,
+                deadline,
+                now,
+            )
+        })
+    });
+    go.recv().unwrap();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 27, |st, now| {
+            let mut reads = Vec::new();
+            for _ in 0..3 {
+                let deadline = now() + BUDGET;
+                st.connect(UNI_IP, PORT, Retry::default(), deadline, now)
+                    .expect("connects");
+                let mut m = [0u8; 16];
+                reads.push(st.read_exact(&mut m, deadline, now));
+                st.abort();
+                thread::sleep(Duration::from_millis(500));
+            }
+            reads
+        })
+    });
+    for read in l.join().unwrap() {
+        assert!(matches!(read, Err(Error::Closed(_))), "{read:?}");
+    }
+    assert_eq!(u.join().unwrap(), Ok(3));
+}

@@ -6,7 +6,7 @@
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use bareverbs_hal::Hal;
 
@@ -44,7 +44,11 @@ pub(crate) struct CqRing {
     tail: AtomicU32,
     /// A poll is under way (the poll lock).
     polling: AtomicBool,
-    cap: u32,
+    /// Entries (a power of two). It and `entries` change only with both the device lock and
+    /// the poll lock held (a resize, which only grows them): the producer and the poller
+    /// each read them under one of the two, a post's `take` reads `cap` without either (an
+    /// older, smaller one only makes it take less).
+    cap: AtomicU32,
     /// Room taken (never more than `cap`: raised by compare-and-swap within it, by posts on
     /// any core and by the transport; lowered by a poll too): one entry per request posted to a queue pair's own queues that completes
     /// here, from its post until its completion is polled (or it retires without one), and
@@ -71,19 +75,25 @@ pub(crate) struct CqRing {
     arm: NonNull<AtomicU32>,
     /// Always 0 ([`Arm::None`]): `arm` of a CQ that takes no part in events.
     unarmed: AtomicU32,
-    entries: NonNull<MaybeUninit<Cqe>>,
+    entries: AtomicPtr<MaybeUninit<Cqe>>,
 }
 
 impl CqRing {
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut MaybeUninit<Cqe> {
-        // SAFETY: the entries are `cap` slots after the header in the same block; the index
-        // is reduced modulo `cap` (a power of two: `new`).
-        unsafe { self.entries.as_ptr().add((i & (self.cap - 1)) as usize) }
+        // SAFETY: the entries are `cap` slots (after the header in the same block, or the
+        // block of a resize); the index is reduced modulo `cap` (a power of two: `new`,
+        // `Cq::grow`). Both are read under the lock (device or poll) their changes hold.
+        unsafe {
+            self.entries
+                .load(Ordering::Relaxed)
+                .add((i & (self.cap() - 1)) as usize)
+        }
     }
 
+    #[inline(always)]
     pub(crate) fn cap(&self) -> u32 {
-        self.cap
+        self.cap.load(Ordering::Relaxed)
     }
 
     /// Adds a completion (the device lock is held: one producer); raises the CQ's event when
@@ -91,7 +101,7 @@ impl CqRing {
     #[inline(always)]
     pub(crate) fn push(&self, e: Cqe, hub: &EventHub) -> bool {
         let h = self.head.load(Ordering::Relaxed);
-        if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap {
+        if h.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.cap() {
             self.overflow.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -154,7 +164,14 @@ impl CqRing {
 
     /// Entries no request or reservation has taken.
     pub(crate) fn free(&self) -> u32 {
-        self.cap.saturating_sub(self.taken.load(Ordering::Acquire))
+        self.cap()
+            .saturating_sub(self.taken.load(Ordering::Acquire))
+    }
+
+    /// Room taken: the CQEs the CQ must keep room for (requests posted and not yet polled,
+    /// the shared receive queues' reservations).
+    pub(crate) fn taken(&self) -> u32 {
+        self.taken.load(Ordering::Acquire)
     }
 
     /// Takes room for `n` completions if there is: a compare-and-swap within the capacity,
@@ -167,7 +184,7 @@ impl CqRing {
         // closure.
         let mut t = self.taken.load(Ordering::Acquire);
         loop {
-            if self.cap.saturating_sub(t) < n {
+            if self.cap().saturating_sub(t) < n {
                 return false;
             }
             match self
@@ -192,7 +209,7 @@ impl CqRing {
         let _ = self
             .taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                r = if depth <= self.cap.saturating_sub(t) {
+                r = if depth <= self.cap().saturating_sub(t) {
                     depth
                 } else {
                     0
@@ -284,6 +301,8 @@ impl CqRing {
 /// A completion queue.
 pub struct Cq<H: Hal> {
     _mem: Dma<H>,
+    /// The entries of a resized CQ (the first ones, in `_mem`, are then unused).
+    grown: Option<Dma<H>>,
     pub(crate) ring: NonNull<CqRing>,
 }
 
@@ -324,7 +343,7 @@ impl<H: Hal> Cq<H> {
                 head: AtomicU32::new(0),
                 tail: AtomicU32::new(0),
                 polling: AtomicBool::new(false),
-                cap,
+                cap: AtomicU32::new(cap),
                 taken: AtomicU32::new(0),
                 srq_room: AtomicU32::new(0),
                 srq_used: AtomicU32::new(0),
@@ -335,10 +354,63 @@ impl<H: Hal> Cq<H> {
                 slot,
                 arm,
                 unarmed: AtomicU32::new(0),
-                entries,
+                entries: AtomicPtr::new(entries.as_ptr()),
             });
         }
-        Ok(Cq { _mem: mem, ring })
+        Ok(Cq {
+            _mem: mem,
+            grown: None,
+            ring,
+        })
+    }
+
+    /// Bytes of a block for `cap` entries of a resize.
+    pub(crate) fn entries_bytes(cap: u32) -> usize {
+        cap as usize * size_of::<Cqe>()
+    }
+
+    /// Moves the completions not yet polled, in order, into `mem`'s `cap` entries (a power of
+    /// two larger than the ring's), which the ring then uses. `false` (nothing changed) when
+    /// another poller held the ring through every spin.
+    ///
+    /// # Safety
+    ///
+    /// The device lock is held (no completion is added meanwhile), and `mem` holds at least
+    /// [`entries_bytes`](Self::entries_bytes)`(cap)` bytes, aligned for the entries.
+    pub(crate) unsafe fn grow(&mut self, mem: Dma<H>, cap: u32) -> bool {
+        let ring = self.ring();
+        debug_assert!(cap.is_power_of_two() && cap > ring.cap());
+        if !ring.claim() {
+            return false;
+        }
+        let (tail, head) = (
+            ring.tail.load(Ordering::Relaxed),
+            ring.head.load(Ordering::Acquire),
+        );
+        let to = mem.base().cast::<MaybeUninit<Cqe>>();
+        // Bounded by the ring: `head` never runs more than `cap` ahead of `tail`.
+        let n = head.wrapping_sub(tail).min(ring.cap());
+        for i in 0..n {
+            let at = tail.wrapping_add(i);
+            // SAFETY: entries before `head` were written by the producer; the poll lock and
+            // the device lock (the caller's) are held, so nobody reads or writes either ring.
+            // The new slot is within `mem` (`cap` entries, the index reduced modulo `cap`).
+            unsafe {
+                to.as_ptr()
+                    .add((at & (cap - 1)) as usize)
+                    .write(ring.entry(at).read());
+            }
+        }
+        // Counters run on: with both capacities powers of two (dividing 2^32), an index keeps
+        // its place across the wrap.
+        ring.entries.store(to.as_ptr(), Ordering::Relaxed);
+        ring.cap.store(cap, Ordering::Release);
+        // The poll lock's release publishes both to the next poller; the device lock's to
+        // the producer.
+        ring.consumed(tail, 0, 0);
+        // The previous resize's block, if any, is no longer read.
+        self.grown = Some(mem);
+        true
     }
 
     /// The ring (shared: every field that changes is atomic).
@@ -366,7 +438,7 @@ impl<H: Hal> Cq<H> {
         let ready = ring.head.load(Ordering::Acquire).wrapping_sub(tail);
         // Bounded by the caller's buffer and by the ring (`head` never runs more than `cap`
         // ahead of `tail`).
-        let n = out.len().min(ready.min(ring.cap) as usize);
+        let n = out.len().min(ready.min(ring.cap()) as usize);
         let mut srq = 0;
         for (i, wc) in out[..n].iter_mut().enumerate() {
             // SAFETY: entries before `head` were written by the producer (Release on head,

@@ -46,6 +46,7 @@
 mod busy;
 mod check;
 mod cq;
+mod cq_resize;
 mod datagram;
 mod dev_lock;
 mod keys;

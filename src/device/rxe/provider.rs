@@ -485,8 +485,8 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         Ok(self.query_srq_impl(srq))
     }
 
-    fn resize_cq(&self, _cq: &mut Cq<H>, _entries: u32) -> Result<()> {
-        Err(Error::Unsupported(Unsupported::Feature(Feature::ResizeCq)))
+    fn resize_cq(&self, cq: &mut Cq<H>, entries: u32) -> Result<()> {
+        self.resize_cq_impl(cq, entries)
     }
 
     fn sq_commit_flushed(&self, qp: &mut Qp<H>, c: &Cursor) {

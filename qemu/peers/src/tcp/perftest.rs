@@ -312,6 +312,39 @@ pub fn run<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(stack, role, port, local, hooks, false, deadline, now)
+}
+
+/// The exchange of `ib_read_lat` and `ib_atomic_lat` (`read_lat.c`, `atomic_lat.c` of the
+/// same tag, one QP), which differs from a bandwidth test's in two places: a key message
+/// more before the QPs connect (one for the test, one per QP: steps 5 and 5'), and no step 8
+/// or 9 (no "finished" barrier, no reports). The client runs its READs or atomics between
+/// step 7 and the closing barrier (step 10); the server goes straight to the closing barrier,
+/// which the client reaches once it finished, so the server's CPU does nothing meanwhile.
+/// [`Hooks::data_phase`] is called on the client only; [`Outcome::peer_report`] is empty.
+pub fn run_lat<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(stack, role, port, local, hooks, true, deadline, now)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_flow<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    lat: bool,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
     let key = local.key.encode()?;
     if !(1..=5).contains(&local.mtu) {
         return Err(Error::Malformed(Field::Mtu).into());
@@ -354,10 +387,17 @@ pub fn run<L: Link, H: Hooks>(
             cache_line,
             mtu: local.mtu.min(m[0] - b'0'),
         };
-        // 5. The key messages; then connect.
+        // 5. The key messages (a latency test: the test's, then the QP's); then connect.
         let mut k = [0u8; KEY_LEN];
         x(stack, &key, &mut k)?;
         let peer = Key::parse(&k)?;
+        if lat {
+            x(stack, &key, &mut k)?;
+            // The same QP's both times.
+            if Key::parse(&k)? != peer {
+                return Err(Error::Malformed(Field::Qpn).into());
+            }
+        }
         if is_ipv4_mapped(&peer.gid.0) != is_ipv4_mapped(&local.key.gid.0) {
             return Err(Error::GidFamily.into());
         }
@@ -366,6 +406,20 @@ pub fn run<L: Link, H: Hooks>(
         for _ in 0..2 {
             x(stack, &key, &mut k)?;
             Key::parse(&k)?;
+        }
+        if lat {
+            // The client's test, then straight to the closing barrier: no step 8 or 9.
+            if client {
+                hooks.data_phase(&peer).map_err(FlowError::Hook)?;
+            }
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+            stack.write_message(DONE, deadline, now)?;
+            return Ok(Outcome {
+                peer,
+                agreed,
+                peer_report: Report::default(),
+            });
         }
         // The data phase, and 8: the client's "finished".
         let report = if client {
