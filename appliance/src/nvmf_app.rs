@@ -911,6 +911,9 @@ struct HostDone {
     ms: u64,
 }
 
+/// I/O queues the host mode connects.
+const HOST_QUEUES: u16 = 2;
+
 /// The host mode: connects to [`NQN_LINUX`] at `linux` (again, while nobody listens yet, for
 /// [`HOST_CONNECT_MS`]), writes [`HOST_BYTES`] of a pattern from block 0 of namespace 1 in
 /// [`HOST_CHUNK`] pieces, reads them back and compares, flushes and disconnects. `scratch`
@@ -930,6 +933,7 @@ fn host_check<'a, P: Provider, const N: usize>(
         hostnqn: HOSTNQN,
         hostid: *b"bareverbs-nvmf\0\0",
         max_transfer: HOST_CHUNK as u32,
+        io_queues: HOST_QUEUES,
         ..HostConfig::default()
     };
     let idle = &mut || {};
@@ -962,10 +966,13 @@ fn host_check<'a, P: Provider, const N: usize>(
             for (i, b) in wbuf.iter_mut().enumerate() {
                 *b = (piece * 131 + i * 7 + (i >> 9)) as u8;
             }
-            host.write(1, 1, slba, per, wbuf, idle)
+            // The pieces alternate between the I/O queues (a target with poll groups serves
+            // them on different cores).
+            let qid = 1 + piece as u16 % host.io_queues().max(1);
+            host.write(qid, 1, slba, per, wbuf, idle)
                 .map_err(|e| AppError::Host("write", e))?;
             rbuf.fill(0);
-            host.read(1, 1, slba, per, rbuf, idle)
+            host.read(qid, 1, slba, per, rbuf, idle)
                 .map_err(|e| AppError::Host("read", e))?;
             commands += 2;
             if let Some(at) = wbuf.iter().zip(rbuf.iter()).position(|(w, r)| w != r) {
@@ -1038,6 +1045,56 @@ mod tests {
     extern crate std;
     use super::*;
     use std::vec::Vec;
+
+    /// Lends that many CPUs (runs `main` alone: the tests only ask how many groups).
+    struct Lend(usize);
+
+    impl Cores for Lend {
+        fn count(&self) -> usize {
+            self.0
+        }
+        fn run(&self, _: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut()) {
+            main()
+        }
+        fn wait(&self) {}
+    }
+
+    #[test]
+    fn poll_groups_only_over_shareable_media() {
+        use crate::config::{MAX_NVME, Machine};
+        let m = Machine {
+            disks: 1,
+            ram_bytes: 64 << 20,
+            nvme: [1; MAX_NVME],
+        };
+        let ram = Config::parse(
+            "bvnvmf.subsys=nqn.a:r bvnvmf.ns=ram:1M bvnvmf.ns=ram:1M",
+            &m,
+        )
+        .unwrap();
+        assert_eq!(groups(&ram, &Lend(1)), 1);
+        assert_eq!(
+            groups(&ram, &Lend(7)),
+            MAX_GROUPS,
+            "CPUs past the limit idle"
+        );
+        assert_eq!(groups(&ram, &OneCore), 0);
+        // One medium with a queue of its own keeps every queue on core 0, whatever the
+        // subsystem.
+        for other in ["blk:0", "nvme:1"] {
+            let text = std::format!(
+                "bvnvmf.subsys=nqn.a:r bvnvmf.ns=ram:1M bvnvmf.subsys=nqn.a:d bvnvmf.ns={other}"
+            );
+            let mixed = Config::parse(&text, &m).unwrap();
+            assert_eq!(groups(&mixed, &Lend(1)), 0, "{other}");
+        }
+        let built_in = Config::parse("", &m).unwrap();
+        assert_eq!(
+            groups(&built_in, &Lend(1)),
+            0,
+            "the built-in configuration has the disk"
+        );
+    }
 
     #[test]
     fn console_commands() {
