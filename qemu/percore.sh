@@ -40,7 +40,7 @@ wait $pid_b || st_b=$?
 a=$(tr -d '\r' <"$tmp/a.out")
 b=$(tr -d '\r' <"$tmp/b.out")
 grep -E "^nvmf-uk host:|FAIL" <<<"$a" | sed 's/^/    A: /'
-grep -E "^smp:|^nvmf: cores|^nvmf-uk cores:|FAIL" <<<"$b" | sed 's/^/    B: /'
+grep -E "^smp:|^nvmf: cores|^nvmf: poll groups|^nvmf-uk cores:|FAIL" <<<"$b" | sed 's/^/    B: /'
 ok=1
 [ $st_a -eq 33 ] || { echo "    A ended with $st_a"; ok=0; }
 [ $st_b -eq 33 ] || { echo "    B ended with $st_b"; ok=0; }

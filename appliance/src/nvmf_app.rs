@@ -271,8 +271,15 @@ pub trait Cores: Sync {
     /// returns when `main` and every job returned (a job may borrow what `main` borrows).
     fn run(&self, job: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut());
     /// Waits, on the CPU that calls it, for an interrupt or a bounded time (an idle poll
-    /// group's halt).
+    /// group's halt), unless [`wake`](Self::wake) came since this CPU's
+    /// [`sleeping`](Self::sleeping).
     fn wait(&self);
+    /// Job `k`'s CPU says it is about to wait (`true`: it polls once more first) or is
+    /// polling again (`false`).
+    fn sleeping(&self, _k: usize, _on: bool) {}
+    /// Wakes every job's CPU that said it is sleeping (core 0, after a round that did work:
+    /// completions may have gone to a group's CQ).
+    fn wake(&self) {}
 }
 
 /// Whether every namespace `config` declares can be served by several cores at once (RAM).
@@ -615,6 +622,7 @@ pub fn serve<P: SharedProvider>(
             return;
         };
         let r = serve_group(
+            k,
             memory,
             &pd,
             cq,
@@ -700,6 +708,9 @@ pub fn serve<P: SharedProvider>(
                 Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
                 _ => {}
             }
+            if work > 0 && groups > 0 {
+                cores.wake();
+            }
             idle(work);
         }
         report(out, &*target, clock_ms() - t0);
@@ -723,6 +734,7 @@ pub fn serve<P: SharedProvider>(
 /// `shared`, joined to `link`, polled until `stop` (halting through `cores` when idle).
 #[allow(clippy::too_many_arguments)]
 fn serve_group<'a, P: Provider>(
+    k: usize,
     memory: &'static TargetMemory,
     pd: &'a ProtectionDomain<'a, P>,
     cq: &'a CompletionQueue<'a, P>,
@@ -775,7 +787,13 @@ fn serve_group<'a, P: Provider>(
     target.join_group(link)?;
     while !stop.load(Ordering::Acquire) {
         if target.poll_group() == 0 {
-            cores.wait();
+            // Said before the last poll: core 0's wake after it adds a completion to this
+            // CQ then either finds the flag or the poll finds the completion.
+            cores.sleeping(k, true);
+            if target.poll_group() == 0 && !stop.load(Ordering::Acquire) {
+                cores.wait();
+            }
+            cores.sleeping(k, false);
         }
     }
     Ok(())

@@ -7,7 +7,7 @@ use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
 use core::cell::RefCell;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 
 use bareverbs_appliance::config::{Config, MAX_DISKS, MAX_NVME};
 use bareverbs_appliance::nvmf_app;
@@ -70,7 +70,27 @@ impl nvmf_app::Cores for SmpCores {
     fn wait(&self) {
         irq::wait();
     }
+    fn sleeping(&self, k: usize, on: bool) {
+        if let Some(s) = SLEEPING.get(k) {
+            s.store(on, Ordering::SeqCst);
+            // The flag before the group's last poll reads its CQ.
+            fence(Ordering::SeqCst);
+        }
+    }
+    fn wake(&self) {
+        // The round's completions before the flags are read.
+        fence(Ordering::SeqCst);
+        for (k, s) in SLEEPING.iter().enumerate().take(self.count()) {
+            if s.load(Ordering::Relaxed) {
+                irq::wake(k + 1);
+            }
+        }
+    }
 }
+
+/// Whether each poll group's CPU is about to halt or halted (written by that CPU only).
+static SLEEPING: [AtomicBool; nvmf_app::MAX_GROUPS] =
+    [const { AtomicBool::new(false) }; nvmf_app::MAX_GROUPS];
 
 /// The NVMe controllers on the bus, in PCI order (at most [`MAX_NVME`]), brought up; one that
 /// does not come up is `None` (its line says why).
@@ -303,6 +323,19 @@ pub(crate) fn appliance(
         &mut idle,
         &SmpCores,
     );
+    // The poll groups' CPUs: how often core 0 woke them (IPIs taken), beside their halts.
+    let groups = nvmf_app::groups(config, &SmpCores);
+    if groups > 0 {
+        let _ = write!(Serial, "nvmf: poll groups woken by core 0:");
+        for cpu in 1..=groups {
+            let _ = write!(
+                Serial,
+                " cpu {cpu} {}",
+                irq::count_on(cpu, irq::WAKE_VECTOR)
+            );
+        }
+        let _ = writeln!(Serial);
+    }
     // Every disk flushed before power-off, and what each did.
     type Flushed = Option<(Result<(), BlockError>, virtio_blk::BlkStats, bool)>;
     let mut flushed: [Flushed; MAX_DISKS] = [const { None }; MAX_DISKS];
