@@ -31,8 +31,9 @@ extern "C" fn kmain(start_info: u32) -> ! {
         start_info,
         "bareverbs appliance: x86_64, PVH entry, NVMe over Fabrics on software RoCEv2",
     );
-    // Every other CPU started; for now they only idle (everything is served from this one).
-    smp::start(start_info, |_| {});
+    // Every other CPU started: each waits for its poll group of the NVMe-oF target
+    // (storage::ap_main), or idles (the boot checks, CPUs past the groups' limit).
+    smp::start(start_info, storage::ap_main);
     if m.cmdline_has("bvblk") {
         storage::blk_check(&m.pci, m.hal, m.dma)
     }

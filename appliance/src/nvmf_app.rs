@@ -16,13 +16,17 @@
 use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bareverbs::Context;
 use bareverbs::cm::{Cm, CmConfig, CmError, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
-use bareverbs_nvmf::target::{IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, bucket_floor_us};
+use bareverbs::verbs::{CompletionQueue, ProtectionDomain};
+use bareverbs_nvmf::block::{SharedRam, SharedRamDisk};
+use bareverbs_nvmf::target::{
+    GroupLink, IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, TargetError, bucket_floor_us,
+};
 use bareverbs_nvmf::{
     BlockDevice, Host, HostConfig, HostError, RamDisk, Subsystem, Target, TargetConfig,
     TargetCounts,
@@ -188,30 +192,51 @@ impl core::fmt::Display for AppError {
 /// Bytes of the static memory the target is built in (one target a run).
 pub const TARGET_MEMORY: usize = 128 * 1024;
 
-/// The memory the appliance's target lives in: static, taken once a run.
+/// The memory a target lives in (core 0's, or a poll group's): static, taken once a run.
 #[repr(C, align(64))]
-struct TargetMemory(UnsafeCell<MaybeUninit<[u8; TARGET_MEMORY]>>);
+struct StaticMemory<const N: usize> {
+    mem: UnsafeCell<MaybeUninit<[u8; N]>>,
+    taken: AtomicBool,
+}
+
+/// A target's.
+type TargetMemory = StaticMemory<TARGET_MEMORY>;
 
 // SAFETY: the memory is reached only through `take`, which hands it out once.
-unsafe impl Sync for TargetMemory {}
+unsafe impl<const N: usize> Sync for StaticMemory<N> {}
 
-static TARGET_MEMORY_CELL: TargetMemory = TargetMemory(UnsafeCell::new(MaybeUninit::uninit()));
-static TARGET_MEMORY_TAKEN: AtomicBool = AtomicBool::new(false);
+/// The poll groups' links (each holds its two rings: 157.6 KiB with the software RoCE
+/// device, most of it the ring of Connects a group passes to core 0).
+static LINK_MEMORY: StaticMemory<{ MAX_GROUPS * 168 * 1024 }> = StaticMemory::new();
 
-impl TargetMemory {
+/// Core 0's target.
+static TARGET_MEMORY_CELL: TargetMemory = TargetMemory::new();
+
+/// Each poll group's target.
+static GROUP_MEMORY: [TargetMemory; MAX_GROUPS] = [const { TargetMemory::new() }; MAX_GROUPS];
+
+impl<const N: usize> StaticMemory<N> {
+    const fn new() -> Self {
+        StaticMemory {
+            mem: UnsafeCell::new(MaybeUninit::uninit()),
+            taken: AtomicBool::new(false),
+        }
+    }
+
     /// The memory, as an uninitialised `T`, the first time it is asked for (for any lifetime:
     /// the memory is static, and nothing else reaches it); `None` after that, or when a `T`
     /// does not fit (size or alignment).
-    fn take<'t, T>() -> Option<&'t mut MaybeUninit<T>> {
-        if size_of::<T>() > TARGET_MEMORY || align_of::<T>() > align_of::<TargetMemory>() {
+    fn take<'t, T>(&'static self) -> Option<&'t mut MaybeUninit<T>> {
+        if size_of::<T>() > N || align_of::<T>() > align_of::<Self>() {
             return None;
         }
-        if TARGET_MEMORY_TAKEN.swap(true, Ordering::AcqRel) {
+        if self.taken.swap(true, Ordering::AcqRel) {
             return None;
         }
         // SAFETY: the static's bytes, handed out once (the flag above); large and aligned
-        // enough for a `T` (checked above); `MaybeUninit` asks nothing of their contents.
-        Some(unsafe { &mut *TARGET_MEMORY_CELL.0.get().cast::<MaybeUninit<T>>() })
+        // enough for a `T` (checked above: the bytes are the struct's first field, at its
+        // start); `MaybeUninit` asks nothing of their contents.
+        Some(unsafe { &mut *self.mem.get().cast::<MaybeUninit<T>>() })
     }
 }
 
@@ -232,6 +257,87 @@ pub struct Served {
     pub counts: TargetCounts,
     /// Milliseconds it served.
     pub ms: u64,
+}
+
+/// Poll groups the appliance runs at most: CPUs past `1 + MAX_GROUPS` idle.
+pub const MAX_GROUPS: usize = 3;
+
+/// The other CPUs an embedder lends the target, each to run one poll group
+/// (`docs/percore.md`).
+pub trait Cores: Sync {
+    /// CPUs besides this one that can run a job.
+    fn count(&self) -> usize;
+    /// Runs `job(k)` on CPU `k + 1` for every `k < count()` while `main` runs on this CPU;
+    /// returns when `main` and every job returned (a job may borrow what `main` borrows).
+    fn run(&self, job: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut());
+    /// Waits, on the CPU that calls it, for an interrupt or a bounded time (an idle poll
+    /// group's halt), unless [`wake`](Self::wake) came since this CPU's
+    /// [`sleeping`](Self::sleeping).
+    fn wait(&self);
+    /// Job `k`'s CPU says it is about to wait (`true`: it polls once more first) or is
+    /// polling again (`false`).
+    fn sleeping(&self, _k: usize, _on: bool) {}
+    /// Wakes every job's CPU that said it is sleeping (core 0, after a round that did work:
+    /// completions may have gone to a group's CQ).
+    fn wake(&self) {}
+}
+
+/// Whether every namespace `config` declares can be served by several cores at once (RAM).
+fn shareable(config: &Config<'_>) -> bool {
+    config
+        .subsystems
+        .iter()
+        .flat_map(|s| s.namespaces.iter())
+        .all(|m| matches!(m, Medium::Ram { .. }))
+}
+
+/// The poll groups [`serve`] runs for `config` on `cores`: one per CPU `cores` lends, up to
+/// [`MAX_GROUPS`], when every namespace is in RAM; none otherwise.
+pub fn groups(config: &Config<'_>, cores: &dyn Cores) -> usize {
+    if shareable(config) {
+        cores.count().min(MAX_GROUPS)
+    } else {
+        0
+    }
+}
+
+/// A device whose objects several CPUs may use at once (the software RoCE device's are:
+/// each QP takes its own lock), so that poll groups can run on other CPUs.
+pub trait SharedProvider:
+    Provider<
+        Pd: Send + Sync,
+        Cq: Send + Sync,
+        Qp: Send + Sync,
+        Srq: Send + Sync,
+        Mr: Send + Sync,
+        Mem: Send + Sync,
+    > + Sync
+{
+}
+
+impl<P> SharedProvider for P where
+    P: Provider<
+            Pd: Send + Sync,
+            Cq: Send + Sync,
+            Qp: Send + Sync,
+            Srq: Send + Sync,
+            Mr: Send + Sync,
+            Mem: Send + Sync,
+        > + Sync
+{
+}
+
+/// No CPU but this one: `run` runs `main` only.
+pub struct OneCore;
+
+impl Cores for OneCore {
+    fn count(&self) -> usize {
+        0
+    }
+    fn run(&self, _: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut()) {
+        main()
+    }
+    fn wait(&self) {}
 }
 
 /// Namespaces the appliance serves at most (every subsystem's together).
@@ -259,28 +365,64 @@ pub struct NvmeNamespace<'d> {
 /// counters at the end. `idle` is called after every round with the work it did (the embedder
 /// halts when there was none and no frame came in).
 ///
+/// With `cores` lending other CPUs and every namespace in RAM, each of them (up to
+/// [`MAX_GROUPS`]) runs a poll group, and I/O queues are spread over this CPU and the groups;
+/// a virtio-blk or NVMe namespace (a medium with one queue of its own) keeps every queue on
+/// this CPU.
+///
 /// # Errors
 ///
 /// [`AppError::Namespaces`] when `ram`, `disks` or `nvme` do not hold what `config` declares
 /// (it was checked against a [`crate::config::Machine`] that they do not match); the
 /// verbs', the CM's and the target's errors as they come.
 #[allow(clippy::too_many_arguments)]
-pub fn serve<P: Provider>(
+pub fn serve<P: SharedProvider>(
     ctx: &Context<P>,
     config: &Config<'_>,
     ram: &mut [u8],
     disks: &mut [Option<&mut dyn BlockDevice>],
     nvme: &mut [NvmeNamespace<'_>],
     out: &mut dyn Write,
-    clock_ms: &dyn Fn() -> u64,
+    clock_ms: &(dyn Fn() -> u64 + Sync),
     console: &mut dyn FnMut() -> Option<Command>,
     idle: &mut dyn FnMut(usize),
+    cores: &dyn Cores,
 ) -> Result<Served, AppError> {
     let pd = ctx.alloc_pd().at("nvmf: alloc PD")?;
     let cm_cq = ctx.create_cq(64).at("nvmf: create the CM's CQ")?;
     let cq = ctx
         .create_cq(CQ_ENTRIES)
         .at("nvmf: create the target's CQ")?;
+    // Poll groups on the other CPUs when every namespace can be shared between cores (RAM);
+    // a queue's core is chosen before its Connect names its subsystem, so one medium that
+    // cannot (virtio-blk, NVMe: one queue of its own) keeps every queue on this CPU.
+    let shareable = shareable(config);
+    let groups = groups(config, cores);
+    // Each poll group's completion queue and link (made before the CM, which outlives
+    // neither).
+    let mut group_cqs: heapless::Vec<CompletionQueue<'_, P>, MAX_GROUPS> = heapless::Vec::new();
+    for _ in 0..groups {
+        let cq = ctx
+            .create_cq(CQ_ENTRIES)
+            .at("nvmf: create a poll group's CQ")?;
+        let _ = group_cqs.push(cq);
+    }
+    // In static memory (their rings are large), never dropped (a link has no drop of its
+    // own); those past `groups` name core 0's CQ and are never used.
+    let slot = LINK_MEMORY
+        .take::<[GroupLink<'_, P>; MAX_GROUPS]>()
+        .ok_or(AppError::TargetMemory)?;
+    let first = slot.as_mut_ptr().cast::<GroupLink<'_, P>>();
+    for k in 0..MAX_GROUPS {
+        // SAFETY: element `k` of the array `slot` holds (in bounds, aligned as the array).
+        unsafe {
+            first
+                .add(k)
+                .write(GroupLink::new(group_cqs.get(k).unwrap_or(&cq)))
+        };
+    }
+    // SAFETY: every element was written above.
+    let links: &[GroupLink<'_, P>; MAX_GROUPS] = unsafe { slot.assume_init_ref() };
     // The host mode's (its default 5 queues of 32 commands, each command a send and a
     // receive).
     let host_cq = ctx
@@ -305,8 +447,27 @@ pub fn serve<P: Provider>(
     cm.listen(None, port, Service::Rc)
         .map_err(|e| AppError::Cm("listen on the configured port", e))?;
 
-    // The RAM namespaces, over `ram` in the order declared.
+    if cores.count() > 0 {
+        let _ = writeln!(
+            out,
+            "nvmf: cores: {} CPUs; {}{}",
+            cores.count() + 1,
+            if shareable {
+                "I/O queues spread over core 0 and the poll groups"
+            } else {
+                "I/O queues all on core 0 (a virtio-blk or NVMe namespace cannot be shared between cores)"
+            },
+            if cores.count() > groups && shareable {
+                " (CPUs past the poll groups' limit idle)"
+            } else {
+                ""
+            }
+        );
+    }
+    // The RAM namespaces, over `ram` in the order declared (shared between the cores when
+    // there are poll groups).
     let mut rams: heapless::Vec<RamDisk<'_>, MAX_NAMESPACES_IN_ALL> = heapless::Vec::new();
+    let mut shared: heapless::Vec<SharedRam<'_>, MAX_NAMESPACES_IN_ALL> = heapless::Vec::new();
     let mut rest = ram;
     for m in config.subsystems.iter().flat_map(|s| s.namespaces.iter()) {
         if let Medium::Ram { bytes } = *m {
@@ -315,17 +476,28 @@ pub fn serve<P: Provider>(
                 return Err(AppError::Namespaces);
             }
             let (this, after) = rest.split_at_mut(bytes);
-            rams.push(RamDisk::new(this, RAM_BLOCK as u32))
-                .map_err(|_| AppError::Namespaces)?;
+            if groups > 0 {
+                let disk =
+                    SharedRam::new(this, RAM_BLOCK as u32).map_err(|_| AppError::Namespaces)?;
+                shared.push(disk).map_err(|_| AppError::Namespaces)?;
+            } else {
+                rams.push(RamDisk::new(this, RAM_BLOCK as u32))
+                    .map_err(|_| AppError::Namespaces)?;
+            }
             rest = after;
         }
     }
+    let mut own: heapless::Vec<SharedRamDisk<'_>, MAX_NAMESPACES_IN_ALL> =
+        shared.iter().map(SharedRam::handle).collect();
     // Every namespace in subsystem order (the unused tail of the table stays on empty
     // placeholders), then a slice of it for each subsystem.
     let mut placeholders = [const { NoDisk }; MAX_NAMESPACES_IN_ALL];
     let mut table: [&mut dyn BlockDevice; MAX_NAMESPACES_IN_ALL] =
         placeholders.each_mut().map(|d| d as &mut dyn BlockDevice);
-    let mut ram_disks = rams.iter_mut();
+    let mut ram_disks = rams
+        .iter_mut()
+        .map(|r| r as &mut dyn BlockDevice)
+        .chain(own.iter_mut().map(|r| r as &mut dyn BlockDevice));
     let mut used = 0;
     for m in config.subsystems.iter().flat_map(|s| s.namespaces.iter()) {
         let dev: &mut dyn BlockDevice = match *m {
@@ -414,23 +586,22 @@ pub fn serve<P: Provider>(
     }
     // The target's queue table is too large for the stack: it is built in the appliance's
     // static memory for it (one target a run).
-    let slot = TargetMemory::take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
+    let slot = TARGET_MEMORY_CELL
+        .take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
         .ok_or(AppError::TargetMemory)?;
-    let mut target = Target::new_in(
-        slot,
-        &pd,
-        &cq,
-        Ms(clock_ms),
-        ip,
-        TargetConfig {
-            port,
-            io_depth: DEPTH as u16,
-            max_io_queues: IO_QUEUES,
-            ..TargetConfig::default()
-        },
-        subsystems,
-    )
-    .map_err(AppError::Target)?;
+    let target_config = TargetConfig {
+        port,
+        io_depth: DEPTH as u16,
+        max_io_queues: IO_QUEUES,
+        ..TargetConfig::default()
+    };
+    let mut target = Target::new_in(slot, &pd, &cq, Ms(clock_ms), ip, target_config, subsystems)
+        .map_err(AppError::Target)?;
+    if groups > 0 {
+        target
+            .serve_groups(&links[..groups])
+            .map_err(AppError::Target)?;
+    }
     let _ = writeln!(
         out,
         "nvmf: the target's queue table in static memory: {} of {TARGET_MEMORY} bytes",
@@ -439,80 +610,193 @@ pub fn serve<P: Provider>(
     let t0 = clock_ms();
     let mut seen = TargetCounts::default();
     let (mut refusals, mut window_ms, mut lines) = (0, t0, 0);
-    loop {
-        let work = target.poll(&mut cm);
-        let now = target.counts();
-        if (now.controllers, now.lost, now.rejected) != (seen.controllers, seen.lost, seen.rejected)
-        {
-            let _ = writeln!(
-                out,
-                "nvmf: +{} ms: {} controllers made, {} lost, {} connections rejected, {} commands ({} with an error status, {} answered with Invalidate)",
-                clock_ms() - t0,
-                now.controllers,
-                now.lost,
-                now.rejected,
-                now.commands,
-                now.errors,
-                now.invalidated
-            );
-            seen = now;
+    // Each poll group: its target on its own CPU until core 0 is done.
+    let stop = AtomicBool::new(false);
+    let failed = AtomicUsize::new(0);
+    let job = |k: usize| {
+        let (Some(cq), Some(link), Some(memory)) = (
+            group_cqs.get(k),
+            links[..groups].get(k),
+            GROUP_MEMORY.get(k),
+        ) else {
+            return;
+        };
+        let r = serve_group(
+            k,
+            memory,
+            &pd,
+            cq,
+            link,
+            config,
+            &shared,
+            ip,
+            target_config,
+            clock_ms,
+            &stop,
+            cores,
+        );
+        if r.is_err() {
+            failed.fetch_add(1, Ordering::Relaxed);
         }
-        // Every refusal, with its reason. The console is slow and the requests may come from
-        // anyone: at most REFUSAL_LINES lines a second; the rest (and those the target's log
-        // no longer keeps) are told as a number when lines may be printed again.
-        if refusals < now.refusals {
-            let ms = clock_ms();
-            if ms.saturating_sub(window_ms) >= 1000 {
-                (window_ms, lines) = (ms, 0);
-            }
-            while refusals < now.refusals && lines < REFUSAL_LINES {
-                let oldest = now.refusals.saturating_sub(REFUSALS_KEPT as u64) + 1;
-                if refusals + 1 < oldest {
-                    let _ = writeln!(
-                        out,
-                        "nvmf: refusals {} to {}: not printed (more than {REFUSAL_LINES} a second, or a burst)",
-                        refusals + 1,
-                        oldest - 1
-                    );
-                    refusals = oldest - 1;
-                    lines += 1;
-                    continue;
-                }
-                refusals += 1;
-                lines += 1;
-                let Some(r) = target.refusal(refusals) else {
-                    continue;
-                };
-                let [a, b, c, d] = r.station;
-                let _ = write!(
+    };
+    let mut main = || {
+        loop {
+            let work = target.poll(&mut cm);
+            let now = target.counts();
+            if (now.controllers, now.lost, now.rejected)
+                != (seen.controllers, seen.lost, seen.rejected)
+            {
+                let _ = writeln!(
                     out,
-                    "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
-                    r.seq,
-                    (r.at_us / 1000).saturating_sub(t0),
-                    r.reason
+                    "nvmf: +{} ms: {} controllers made, {} lost, {} connections rejected, {} commands ({} with an error status, {} answered with Invalidate)",
+                    clock_ms() - t0,
+                    now.controllers,
+                    now.lost,
+                    now.rejected,
+                    now.commands,
+                    now.errors,
+                    now.invalidated
                 );
-                match r.hostnqn {
-                    Some(n) => {
-                        let _ = writeln!(out, " (host {})", n.as_str());
+                seen = now;
+            }
+            // Every refusal, with its reason. The console is slow and the requests may come from
+            // anyone: at most REFUSAL_LINES lines a second; the rest (and those the target's log
+            // no longer keeps) are told as a number when lines may be printed again.
+            if refusals < now.refusals {
+                let ms = clock_ms();
+                if ms.saturating_sub(window_ms) >= 1000 {
+                    (window_ms, lines) = (ms, 0);
+                }
+                while refusals < now.refusals && lines < REFUSAL_LINES {
+                    let oldest = now.refusals.saturating_sub(REFUSALS_KEPT as u64) + 1;
+                    if refusals + 1 < oldest {
+                        let _ = writeln!(
+                            out,
+                            "nvmf: refusals {} to {}: not printed (more than {REFUSAL_LINES} a second, or a burst)",
+                            refusals + 1,
+                            oldest - 1
+                        );
+                        refusals = oldest - 1;
+                        lines += 1;
+                        continue;
                     }
-                    None => {
-                        let _ = writeln!(out);
+                    refusals += 1;
+                    lines += 1;
+                    let Some(r) = target.refusal(refusals) else {
+                        continue;
+                    };
+                    let [a, b, c, d] = r.station;
+                    let _ = write!(
+                        out,
+                        "nvmf: refusal {} from {a}.{b}.{c}.{d} at +{} ms: {}",
+                        r.seq,
+                        (r.at_us / 1000).saturating_sub(t0),
+                        r.reason
+                    );
+                    match r.hostnqn {
+                        Some(n) => {
+                            let _ = writeln!(out, " (host {})", n.as_str());
+                        }
+                        None => {
+                            let _ = writeln!(out);
+                        }
                     }
                 }
             }
+            match console() {
+                Some(Command::Quit) => break,
+                Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
+                _ => {}
+            }
+            if work > 0 && groups > 0 {
+                cores.wake();
+            }
+            idle(work);
         }
-        match console() {
-            Some(Command::Quit) => break,
-            Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
-            _ => {}
-        }
-        idle(work);
+        report(out, &*target, clock_ms() - t0);
+        stop.store(true, Ordering::Release);
+    };
+    cores.run(&job, &mut main);
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        let _ = writeln!(
+            out,
+            "nvmf: {failed} poll groups did not start (their CPUs idled)"
+        );
     }
-    report(out, &*target, clock_ms() - t0);
     Ok(Served {
         counts: target.counts(),
         ms: clock_ms() - t0,
     })
+}
+
+/// One poll group: its own target over `cq`, the same subsystems over its own handles of
+/// `shared`, joined to `link`, polled until `stop` (halting through `cores` when idle).
+#[allow(clippy::too_many_arguments)]
+fn serve_group<'a, P: Provider>(
+    k: usize,
+    memory: &'static TargetMemory,
+    pd: &'a ProtectionDomain<'a, P>,
+    cq: &'a CompletionQueue<'a, P>,
+    link: &'a GroupLink<'a, P>,
+    config: &Config<'_>,
+    shared: &[SharedRam<'_>],
+    ip: [u8; 4],
+    cfg: TargetConfig,
+    clock_ms: &(dyn Fn() -> u64 + Sync),
+    stop: &AtomicBool,
+    cores: &dyn Cores,
+) -> Result<(), TargetError> {
+    let mut handles: heapless::Vec<SharedRamDisk<'_>, MAX_NAMESPACES_IN_ALL> =
+        shared.iter().map(SharedRam::handle).collect();
+    let used = handles.len();
+    let mut placeholders = [const { NoDisk }; MAX_NAMESPACES_IN_ALL];
+    let mut table: [&mut dyn BlockDevice; MAX_NAMESPACES_IN_ALL] =
+        placeholders.each_mut().map(|d| d as &mut dyn BlockDevice);
+    for (slot, h) in table.iter_mut().zip(handles.iter_mut()) {
+        *slot = h;
+    }
+    let mut subsystems: [Subsystem<'_>; MAX_SUBSYSTEMS] =
+        core::array::from_fn(|_| Subsystem::new("", &mut []));
+    let mut rest: &mut [&mut dyn BlockDevice] = &mut table[..used];
+    let declared = config.subsystems.len().min(MAX_SUBSYSTEMS);
+    for (slot, s) in subsystems.iter_mut().zip(&config.subsystems) {
+        let n = s.namespaces.len();
+        if n > rest.len() {
+            return Err(TargetError::Config("poll group namespaces"));
+        }
+        let (these, after) = core::mem::take(&mut rest).split_at_mut(n);
+        *slot = Subsystem {
+            allowed_hosts: &s.allow,
+            ..Subsystem::new(s.nqn, these)
+        };
+        rest = after;
+    }
+    let slot = memory
+        .take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
+        .ok_or(TargetError::Config("poll group memory"))?;
+    let mut target = Target::new_in(
+        slot,
+        pd,
+        cq,
+        Ms(clock_ms),
+        ip,
+        cfg,
+        &mut subsystems[..declared],
+    )?;
+    target.join_group(link)?;
+    while !stop.load(Ordering::Acquire) {
+        if target.poll_group() == 0 {
+            // Said before the last poll: core 0's wake after it adds a completion to this
+            // CQ then either finds the flag or the poll finds the completion.
+            cores.sleeping(k, true);
+            if target.poll_group() == 0 && !stop.load(Ordering::Acquire) {
+                cores.wait();
+            }
+            cores.sleeping(k, false);
+        }
+    }
+    Ok(())
 }
 
 /// Prints the target's counters: the totals (commands, errors by status, bytes, the latency
@@ -531,6 +815,19 @@ pub fn report<P: Provider, K: Clock, const Q: usize, const D: usize>(
         c.accepted, c.rejected, c.refusals, c.controllers, c.lost
     );
     counts_line(out, "all", &all);
+    // With poll groups: what each core serves (core 0 first), `+` between the cores.
+    let cores = target.cores().count();
+    if cores > 1 {
+        let _ = write!(out, "nvmf-uk cores: {cores} cores, I/O queues ");
+        for (k, c) in target.cores().enumerate() {
+            let _ = write!(out, "{}{}", if k > 0 { "+" } else { "" }, c.io_queues);
+        }
+        let _ = write!(out, ", commands ");
+        for (k, c) in target.cores().enumerate() {
+            let _ = write!(out, "{}{}", if k > 0 { "+" } else { "" }, c.io_commands);
+        }
+        let _ = writeln!(out);
+    }
     for x in target.controllers() {
         let io = target.ctrl_counts(x.cntlid).unwrap_or_default();
         let _ = writeln!(
@@ -632,6 +929,9 @@ struct HostDone {
     ms: u64,
 }
 
+/// I/O queues the host mode connects.
+const HOST_QUEUES: u16 = 2;
+
 /// The host mode: connects to [`NQN_LINUX`] at `linux` (again, while nobody listens yet, for
 /// [`HOST_CONNECT_MS`]), writes [`HOST_BYTES`] of a pattern from block 0 of namespace 1 in
 /// [`HOST_CHUNK`] pieces, reads them back and compares, flushes and disconnects. `scratch`
@@ -651,6 +951,7 @@ fn host_check<'a, P: Provider, const N: usize>(
         hostnqn: HOSTNQN,
         hostid: *b"bareverbs-nvmf\0\0",
         max_transfer: HOST_CHUNK as u32,
+        io_queues: HOST_QUEUES,
         ..HostConfig::default()
     };
     let idle = &mut || {};
@@ -683,10 +984,13 @@ fn host_check<'a, P: Provider, const N: usize>(
             for (i, b) in wbuf.iter_mut().enumerate() {
                 *b = (piece * 131 + i * 7 + (i >> 9)) as u8;
             }
-            host.write(1, 1, slba, per, wbuf, idle)
+            // The pieces alternate between the I/O queues (a target with poll groups serves
+            // them on different cores).
+            let qid = 1 + piece as u16 % host.io_queues().max(1);
+            host.write(qid, 1, slba, per, wbuf, idle)
                 .map_err(|e| AppError::Host("write", e))?;
             rbuf.fill(0);
-            host.read(1, 1, slba, per, rbuf, idle)
+            host.read(qid, 1, slba, per, rbuf, idle)
                 .map_err(|e| AppError::Host("read", e))?;
             commands += 2;
             if let Some(at) = wbuf.iter().zip(rbuf.iter()).position(|(w, r)| w != r) {
@@ -759,6 +1063,56 @@ mod tests {
     extern crate std;
     use super::*;
     use std::vec::Vec;
+
+    /// Lends that many CPUs (runs `main` alone: the tests only ask how many groups).
+    struct Lend(usize);
+
+    impl Cores for Lend {
+        fn count(&self) -> usize {
+            self.0
+        }
+        fn run(&self, _: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut()) {
+            main()
+        }
+        fn wait(&self) {}
+    }
+
+    #[test]
+    fn poll_groups_only_over_shareable_media() {
+        use crate::config::{MAX_NVME, Machine};
+        let m = Machine {
+            disks: 1,
+            ram_bytes: 64 << 20,
+            nvme: [1; MAX_NVME],
+        };
+        let ram = Config::parse(
+            "bvnvmf.subsys=nqn.a:r bvnvmf.ns=ram:1M bvnvmf.ns=ram:1M",
+            &m,
+        )
+        .unwrap();
+        assert_eq!(groups(&ram, &Lend(1)), 1);
+        assert_eq!(
+            groups(&ram, &Lend(7)),
+            MAX_GROUPS,
+            "CPUs past the limit idle"
+        );
+        assert_eq!(groups(&ram, &OneCore), 0);
+        // One medium with a queue of its own keeps every queue on core 0, whatever the
+        // subsystem.
+        for other in ["blk:0", "nvme:1"] {
+            let text = std::format!(
+                "bvnvmf.subsys=nqn.a:r bvnvmf.ns=ram:1M bvnvmf.subsys=nqn.a:d bvnvmf.ns={other}"
+            );
+            let mixed = Config::parse(&text, &m).unwrap();
+            assert_eq!(groups(&mixed, &Lend(1)), 0, "{other}");
+        }
+        let built_in = Config::parse("", &m).unwrap();
+        assert_eq!(
+            groups(&built_in, &Lend(1)),
+            0,
+            "the built-in configuration has the disk"
+        );
+    }
 
     #[test]
     fn console_commands() {

@@ -7,14 +7,90 @@ use bareverbs::hal::virtio_net::GlobalIdentity;
 use bareverbs::hal::{DmaRegion, IdentityHal, PAGE_SIZE, x86::PortIoConfig};
 
 use core::cell::RefCell;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 
 use bareverbs_appliance::config::{Config, MAX_DISKS, MAX_NVME};
+use bareverbs_appliance::nvmf_app;
 use bareverbs_platform::console::{self, Exit, Serial, exit};
-use bareverbs_platform::irq;
 use bareverbs_platform::machine::{
     IDLE_MS, clock_ms, dma_left, pass, roce_device, route_nic_interrupts,
 };
+use bareverbs_platform::{irq, smp};
 use bareverbs_storage::nvme::{self, NsDisk, Nvme, NvmeStats, Options};
+
+/// The poll groups' job (`SmpCores::run`): the address of a `&(dyn Fn(usize) + Sync)` on
+/// core 0's stack while the run lasts, 0 before.
+static JOB: AtomicUsize = AtomicUsize::new(0);
+/// The CPUs that finished the job.
+static JOBS_DONE: AtomicUsize = AtomicUsize::new(0);
+
+/// What every other CPU runs (`smp::start`'s entry): halts (until an interrupt or its timer's
+/// tick) until core 0 hands out the poll groups' job, runs `job(index − 1)` when its index is
+/// within [`nvmf_app::MAX_GROUPS`], then returns to idle halts. Never runs it twice.
+pub(crate) fn ap_main(index: usize) {
+    if index == 0 || index > nvmf_app::MAX_GROUPS {
+        return;
+    }
+    loop {
+        let at = JOB.load(Ordering::Acquire);
+        if at != 0 {
+            // SAFETY: `SmpCores::run` stores the address of a live `&(dyn Fn(usize) + Sync)`
+            // and does not return (nor let it go) until every CPU it counted added itself to
+            // JOBS_DONE, which this one does only after the call.
+            let job = unsafe { *(at as *const &(dyn Fn(usize) + Sync)) };
+            job(index - 1);
+            JOBS_DONE.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        irq::wait();
+    }
+}
+
+/// The platform's other CPUs as the target's [`nvmf_app::Cores`] (each running [`ap_main`]).
+struct SmpCores;
+
+impl nvmf_app::Cores for SmpCores {
+    fn count(&self) -> usize {
+        (smp::cpus() - 1).min(nvmf_app::MAX_GROUPS)
+    }
+    fn run(&self, job: &(dyn Fn(usize) + Sync), main: &mut dyn FnMut()) {
+        let n = self.count();
+        if n == 0 {
+            return main();
+        }
+        let job: &(dyn Fn(usize) + Sync) = job;
+        JOB.store(&raw const job as usize, Ordering::Release);
+        main();
+        // Every CPU counted ran its job (each ends within a poll round and a timer tick once
+        // `main` told them to stop); `job` lives until then.
+        while JOBS_DONE.load(Ordering::Acquire) < n {
+            irq::wait();
+        }
+    }
+    fn wait(&self) {
+        irq::wait();
+    }
+    fn sleeping(&self, k: usize, on: bool) {
+        if let Some(s) = SLEEPING.get(k) {
+            s.store(on, Ordering::SeqCst);
+            // The flag before the group's last poll reads its CQ.
+            fence(Ordering::SeqCst);
+        }
+    }
+    fn wake(&self) {
+        // The round's completions before the flags are read.
+        fence(Ordering::SeqCst);
+        for (k, s) in SLEEPING.iter().enumerate().take(self.count()) {
+            if s.load(Ordering::Relaxed) {
+                irq::wake(k + 1);
+            }
+        }
+    }
+}
+
+/// Whether each poll group's CPU is about to halt or halted (written by that CPU only).
+static SLEEPING: [AtomicBool; nvmf_app::MAX_GROUPS] =
+    [const { AtomicBool::new(false) }; nvmf_app::MAX_GROUPS];
 
 /// The NVMe controllers on the bus, in PCI order (at most [`MAX_NVME`]), brought up; one that
 /// does not come up is `None` (its line says why).
@@ -106,6 +182,11 @@ pub(crate) fn appliance(
         nic_interrupts = route_nic_interrupts(pci, hal, nic)
     });
     let ctx = bareverbs::Context::new(dev);
+    // With poll groups on other CPUs, only core 0's loop runs the device's transport: a
+    // group's posts and polls never take the device lock (docs/percore.md).
+    if nvmf_app::groups(config, &SmpCores) > 0 {
+        ctx.provider().set_progress_only(true);
+    }
     // The virtio-blk disks in PCI order (`blk:N` is the Nth); one that does not come up is
     // `None`, and a namespace on it stops the appliance before it serves.
     let mut disks: [Option<virtio_blk::VirtioBlk<GlobalIdentity, _>>; MAX_DISKS] =
@@ -240,7 +321,21 @@ pub(crate) fn appliance(
         &clock_ms,
         &mut console_in,
         &mut idle,
+        &SmpCores,
     );
+    // The poll groups' CPUs: how often core 0 woke them (IPIs taken), beside their halts.
+    let groups = nvmf_app::groups(config, &SmpCores);
+    if groups > 0 {
+        let _ = write!(Serial, "nvmf: poll groups woken by core 0:");
+        for cpu in 1..=groups {
+            let _ = write!(
+                Serial,
+                " cpu {cpu} {}",
+                irq::count_on(cpu, irq::WAKE_VECTOR)
+            );
+        }
+        let _ = writeln!(Serial);
+    }
     // Every disk flushed before power-off, and what each did.
     type Flushed = Option<(Result<(), BlockError>, virtio_blk::BlkStats, bool)>;
     let mut flushed: [Flushed; MAX_DISKS] = [const { None }; MAX_DISKS];

@@ -400,6 +400,24 @@ pub fn self_ipi(vector: u8) {
     lapic_write(LAPIC_ICR_LOW, 0x4_0000 | vector as u32);
 }
 
+/// The vector [`wake`] sends: the first device vector, which only CPU 0 routes to a device
+/// (on another CPU its handler counts it: [`count_on`] gives the wake-ups).
+pub const WAKE_VECTOR: u8 = DEVICE_VECTORS.start;
+
+/// Wakes CPU `index` (not 0, and one [`smp::start`] started) from [`wait`], or keeps its next
+/// [`wait`] from halting: a fixed IPI of [`WAKE_VECTOR`]. For a CPU that polls what another
+/// produces. Nothing for CPU 0 or an index no CPU has.
+pub fn wake(index: usize) {
+    let Some(apic) = smp::apic_id(index).filter(|_| index != 0) else {
+        return;
+    };
+    // With interrupts off, so that nothing on this CPU writes the ICR between its halves.
+    x86_64::instructions::interrupts::without_interrupts(|| {
+        lapic_write(LAPIC_ICR_HIGH, apic << 24);
+        lapic_write(LAPIC_ICR_LOW, u32::from(WAKE_VECTOR));
+    });
+}
+
 /// Proves the path from the LAPIC to the dispatcher and back: a self-IPI on the last device
 /// vector must be taken in the first window, and a window with nothing pending must end by
 /// the timer. Returns the windows the IPI took.

@@ -115,6 +115,12 @@ pub enum Nic {
     Virtio(VirtioNet<GlobalIdentity>),
 }
 
+// SAFETY: a `Nic` owns its driver's DMA pages, rings and register window alone (raw pointers
+// into memory no other value reaches); the RoCE device that holds it drives it under its
+// device lock from whichever CPU holds that lock (the poll groups' CPUs, `docs/percore.md`),
+// and memory, port I/O and MMIO reach the same device from every CPU.
+unsafe impl Send for Nic {}
+
 /// Calls `$body` with `$n` bound to the NIC of whichever family.
 macro_rules! each {
     ($nic:expr, $n:ident => $body:expr) => {
