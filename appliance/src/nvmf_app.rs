@@ -116,7 +116,8 @@ impl Console {
 }
 
 /// Runs the instruction counter's mark `code` (`qemu/roce/icount.c`: the lab's windows
-/// `00KK`..`01KK` around counted job KK, for KK 01 to 03); whether `code` is one of those.
+/// `00KK`..`01KK` around counted job KK, for KK 01 to 06: the three jobs on the RAM namespace,
+/// then on the NVMe namespace); whether `code` is one of those.
 /// The marker is an instruction with the code inside, so each code is its own.
 pub fn mark(code: u16) -> bool {
     use bareverbs_platform::mark as m;
@@ -124,9 +125,15 @@ pub fn mark(code: u16) -> bool {
         0x0001 => m::<0x0001>(),
         0x0002 => m::<0x0002>(),
         0x0003 => m::<0x0003>(),
+        0x0004 => m::<0x0004>(),
+        0x0005 => m::<0x0005>(),
+        0x0006 => m::<0x0006>(),
         0x0101 => m::<0x0101>(),
         0x0102 => m::<0x0102>(),
         0x0103 => m::<0x0103>(),
+        0x0104 => m::<0x0104>(),
+        0x0105 => m::<0x0105>(),
+        0x0106 => m::<0x0106>(),
         _ => return false,
     }
     true
@@ -771,7 +778,7 @@ mod tests {
             ],
             "a mark broken by a non-digit is dropped"
         );
-        assert!(mark(0x0001) && mark(0x0103));
-        assert!(!mark(0x0104) && !mark(0x0201));
+        assert!(mark(0x0001) && mark(0x0103) && mark(0x0004) && mark(0x0106));
+        assert!(!mark(0x0007) && !mark(0x0107) && !mark(0x0201));
     }
 }

@@ -14,11 +14,19 @@
 #   bvnvmf.mark=PATH           B: the instruction counter's marker (qemu/roce/mark.c), run for
 #                              each `mark CODE` line on the console (a counted Linux B)
 #   bvnvmf.blocks=PATH         A: qemu/roce/blocks.c's writer and checker (`nvmf restart`)
+#   bvnvmf.nvme=0|1            B: serve this guest's PCIe NVMe disk (/dev/nvme0n1) too;
+#                              A: the steps and jobs on the unikernel's NVMe namespaces
+#   bvnvmf.nvmeruns=3          A: runs of each performance job on the NVMe namespaces
 # Linux B serves two subsystems on brd RAM disks: one for Linux A (the baseline and the
 # performance reference), one for the unikernel's host mode. Linux A prints a line
 # `nvmf-result <side> <step>: PASS|FAIL (<what was checked>)` per step, `nvmf-perf <job> <side>
 # <IOPS>` per performance run, and `nvmf-sum <file> <sha256>` for the files it leaves on the
-# unikernel's virtio-blk namespace, which qemu/roce/nvmf.sh checks in the disk image.
+# unikernel's virtio-blk namespace, which qemu/roce/nvmf.sh checks in the disk image
+# (`nvmf-sum-nvme <file> <sha256>` for those on its NVMe namespace 2).
+# The NVMe part (bvnvmf.nvme=1): Linux B serves a third subsystem on its QEMU NVMe disk (the
+# kernel's PCIe `nvme` driver, /dev/nvme0n1); Linux A runs the steps against the unikernel's
+# NVMe subsystem (namespace 1: restart, fio; namespace 2: ext4 across a reconnect) and the
+# performance and counted jobs on namespace 1 of both, named nvme-<job>.
 # Counted runs (bvnvmf.count=1): once the performance jobs are over, A prints `phase counted`
 # and waits for a counted Linux B and a counted unikernel (booted by the lab under the
 # instruction counter), then runs each job once on each, between two marks: it prints
@@ -28,14 +36,17 @@ set -u
 kroot=$1
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvnvmf.$1=//p"; }
 role=$(arg role) ip=$(arg ip) uk=$(arg uk) mib=$(arg mib) perf=$(arg perf) secs=$(arg secs)
-limit=$(arg timeout) count=$(arg count) mark=$(arg mark)
+limit=$(arg timeout) count=$(arg count) mark=$(arg mark) nvme=$(arg nvme) nvme_runs=$(arg nvmeruns)
 mib=${mib:-64} perf=${perf:-3} secs=${secs:-4} limit=${limit:-120} uk=${uk:-0} count=${count:-0}
+nvme=${nvme:-0} nvme_runs=${nvme_runs:-$perf}
 b_ip=10.0.0.3 uk_ip=10.0.0.2
 # The NQNs (lab.sh's and the unikernel's appliance use the same names).
 nqn_linux=nqn.2026-11.io.bareverbs:linux-brd
 nqn_for_uk=nqn.2026-11.io.bareverbs:linux-brd-uk
 nqn_ram=nqn.2026-11.io.bareverbs:ram
 nqn_blk=nqn.2026-11.io.bareverbs:virtio-blk
+nqn_nvme=nqn.2026-11.io.bareverbs:nvme
+nqn_linux_nvme=nqn.2026-11.io.bareverbs:linux-nvme
 # Linux A's host NQN (the unikernel's allow list names it) and one no target lets in.
 hostnqn=nqn.2026-11.io.bareverbs:lab-a
 stranger=nqn.2026-11.io.bareverbs:lab-stranger
@@ -45,6 +56,8 @@ say() { echo "bvnvmf[$role +$(( $(date +%s) - t0 ))s]: $*"; }
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 mods=(rdma_rxe rdma_cm)
 [ "$role" = b ] && mods+=(nvmet nvmet-rdma brd) || mods+=(nvme-fabrics nvme-rdma)
+# Linux B's PCIe NVMe driver, for its QEMU NVMe disk.
+[ "$role" = b ] && [ "$nvme" = 1 ] && mods+=(nvme)
 for m in "${mods[@]}"; do
   case "$m" in
     brd) modprobe -d "$kroot" brd rd_nr=2 rd_size=$((mib * 1024)) ;;
@@ -81,6 +94,17 @@ if [ "$role" = b ]; then
   ln -s "$n/subsystems/$nqn_for_uk" "$n/ports/1/subsystems/$nqn_for_uk" ||
     { say "nvmet configuration failed"; dmesg | tail -5; exit 1; }
   say "target ready: $nqn_linux on /dev/ram0, $nqn_for_uk on /dev/ram1 ($mib MiB each), $ip:4420"
+  if [ "$nvme" = 1 ]; then
+    # The PCIe driver probes the controller asynchronously: its disk appears within seconds.
+    for _ in $(seq 1 150); do [ -b /dev/nvme0n1 ] && break; sleep 0.2; done
+    if [ -b /dev/nvme0n1 ] && subsystem "$nqn_linux_nvme" /dev/nvme0n1 &&
+       ln -s "$n/subsystems/$nqn_linux_nvme" "$n/ports/1/subsystems/$nqn_linux_nvme"; then
+      say "target ready: $nqn_linux_nvme on /dev/nvme0n1 ($(cat /sys/block/nvme0n1/device/model 2>/dev/null | sed 's/ *$//'), $(( $(blockdev --getsize64 /dev/nvme0n1) / 1048576 )) MiB)"
+    else
+      say "no NVMe subsystem: /dev/nvme0n1 $([ -b /dev/nvme0n1 ] && echo "there, nvmet refused it" || echo missing)"
+      dmesg | grep -i nvme | tail -5
+    fi
+  fi
   # Serve until the lab stops this guest; what nvmet says on the way is in this log.
   dmesg -w -l err,warn,notice,info 2>/dev/null | grep --line-buffered -E 'nvmet' | sed 's/^/  [dmesg] /' &
   if [ -n "$mark" ]; then
@@ -280,32 +304,32 @@ wait_ack() { # WHAT SECONDS
 # checksum and offset), and every sector of job 2's range must hold generation 1 or 2 of
 # itself, nothing else.
 blocks=$(arg blocks)
-restart() { # NQN
-  local out ctrl c st t_ack t_lost= t_live= wpid v
+restart() { # NQN [SIDE]
+  local out ctrl c st t_ack t_lost= t_live= wpid v side=${2:-unikernel}
   local gen_first=$((8 * 2048)) gen_count=$((8 * 2048)) # sectors of 512 bytes: 8 MiB at 8 MiB
-  [ -x "$blocks" ] || { result "unikernel restart" "FAIL (no generation writer: bvnvmf.blocks=$blocks)"; return 1; }
+  [ -x "$blocks" ] || { result "$side restart" "FAIL (no generation writer: bvnvmf.blocks=$blocks)"; return 1; }
   out=$(timeout 90 nvme connect -t rdma -a "$uk_ip" -s 4420 -n "$1" --hostnqn="$hostnqn"           --ctrl-loss-tmo=-1 --reconnect-delay=1 2>&1) ||
-    { sed 's/^/  /' <<<"$out"; result "unikernel restart" "FAIL (nvme connect --ctrl-loss-tmo=-1 -n $1: $(tail -1 <<<"$out"))"; return 1; }
-  dev=$(device "$1" 1) || { result "unikernel restart" "FAIL (connected, but no namespace 1 of $1 appeared)"; return 1; }
+    { sed 's/^/  /' <<<"$out"; result "$side restart" "FAIL (nvme connect --ctrl-loss-tmo=-1 -n $1: $(tail -1 <<<"$out"))"; return 1; }
+  dev=$(device "$1" 1) || { result "$side restart" "FAIL (connected, but no namespace 1 of $1 appeared)"; return 1; }
   ctrl=
   for c in /sys/class/nvme/nvme*; do
     [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && [ -n "$(cat "$c/address" 2>/dev/null)" ] && ctrl=$c
   done
-  [ -n "$ctrl" ] || { result "unikernel restart" "FAIL (no controller of $1 in /sys/class/nvme)"; return 1; }
+  [ -n "$ctrl" ] || { result "$side restart" "FAIL (no controller of $1 in /sys/class/nvme)"; return 1; }
   local job1=(fio --name=restart-job1 --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4
               --rw=write --bs=64k --offset=0 --size=8M --verify=crc32c --verify_fatal=1 --minimal)
   out=$(timeout 300 "${job1[@]}" --do_verify=1 --end_fsync=1 2>&1) ||
-    { sed 's/^/  /' <<<"$out" | tail -5; result "unikernel restart" "FAIL (job 1, fio write --verify=crc32c --end_fsync=1 failed before the kill)"; return 1; }
+    { sed 's/^/  /' <<<"$out" | tail -5; result "$side restart" "FAIL (job 1, fio write --verify=crc32c --end_fsync=1 failed before the kill)"; return 1; }
   out=$(timeout 300 "$blocks" write "$dev" "$gen_first" "$gen_count" 1 65536 2>&1) ||
-    { result "unikernel restart" "FAIL (generation 1 of job 2's range: $(tail -1 <<<"$out"))"; return 1; }
+    { result "$side restart" "FAIL (generation 1 of job 2's range: $(tail -1 <<<"$out"))"; return 1; }
   "$blocks" write "$dev" "$gen_first" "$gen_count" 2 4096 > /run/tmp/job2.log 2>&1 &
   wpid=$!
   for _ in $(seq 1 600); do grep -q '^written' /run/tmp/job2.log && break; kill -0 "$wpid" 2>/dev/null || break; sleep 0.1; done
   if ! kill -0 "$wpid" 2>/dev/null; then
-    result "unikernel restart" "FAIL (job 2 ended before the kill: $(tail -1 /run/tmp/job2.log))"; return 1
+    result "$side restart" "FAIL (job 2 ended before the kill: $(tail -1 /run/tmp/job2.log))"; return 1
   fi
   echo "nvmf-restart kill"
-  wait_ack killed 120 || { kill -KILL "$wpid"; result "unikernel restart" "FAIL (the lab did not kill the appliance)"; return 1; }
+  wait_ack killed 120 || { kill -KILL "$wpid"; result "$side restart" "FAIL (the lab did not kill the appliance)"; return 1; }
   t_ack=$(date +%s%N)
   kill -KILL "$wpid" 2>/dev/null
   # The controller's state: it leaves `live` when the host sees the target gone, and comes
@@ -317,7 +341,7 @@ restart() { # NQN
     sleep 0.1
   done
   wait "$wpid" 2>/dev/null
-  [ -n "$t_live" ] || { result "unikernel restart" "FAIL (the controller did not come back by itself in 300 s: state ${st:-none}, ${t_lost:+left live}${t_lost:-never left live})"; return 1; }
+  [ -n "$t_live" ] || { result "$side restart" "FAIL (the controller did not come back by itself in 300 s: state ${st:-none}, ${t_lost:+left live}${t_lost:-never left live})"; return 1; }
   local secs lost_after
   secs=$(awk -v a="$t_ack" -v b="$t_live" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
   lost_after=$(awk -v a="$t_ack" -v b="$t_lost" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
@@ -326,17 +350,17 @@ restart() { # NQN
   e=$(awk -F';' 'NF > 50 {print $5; exit}' <<<"$out") kb=$(awk -F';' 'NF > 50 {print $6; exit}' <<<"$out")
   if [ "$v" != 0 ] || [ "$e" != 0 ] || [ "$kb" != 8192 ]; then
     sed 's/^/  /' <<<"$out" | tail -8
-    result "unikernel restart" "FAIL (job 1 read back after the restart: fio --verify_only exit $v, error ${e:-none}, ${kb:-no} KiB verified of 8192)"
+    result "$side restart" "FAIL (job 1 read back after the restart: fio --verify_only exit $v, error ${e:-none}, ${kb:-no} KiB verified of 8192)"
     return 1
   fi
   out=$(timeout 300 "$blocks" check "$dev" "$gen_first" "$gen_count" 1 2 2>&1) ||
-    { result "unikernel restart" "FAIL (job 2's range unread: $out)"; return 1; }
+    { result "$side restart" "FAIL (job 2's range unread: $out)"; return 1; }
   local old new other
   read -r _ old _ new _ other _ <<<"$out"
   if [ "$other" = 0 ] && [ $((old + new)) = "$gen_count" ]; then
-    result "unikernel restart" "PASS (appliance SIGKILLed in the middle of a write, booted again on its disk image; Linux A reconnected by itself ${secs} s after the kill (--ctrl-loss-tmo=-1 --reconnect-delay=1; the loss seen after ${lost_after} s); job 1, 8 MiB written with fio --verify=crc32c and fsynced: every block read back intact; job 2's 8 MiB: $new sectors new, $old old, 0 of anything else; the writer had reported $(tail -1 /run/tmp/job2.log | tr -dc 0-9) sectors when killed)"
+    result "$side restart" "PASS (appliance SIGKILLed in the middle of a write, booted again on its disk image; Linux A reconnected by itself ${secs} s after the kill (--ctrl-loss-tmo=-1 --reconnect-delay=1; the loss seen after ${lost_after} s); job 1, 8 MiB written with fio --verify=crc32c and fsynced: every block read back intact; job 2's 8 MiB: $new sectors new, $old old, 0 of anything else; the writer had reported $(tail -1 /run/tmp/job2.log | tr -dc 0-9) sectors when killed)"
   else
-    result "unikernel restart" "FAIL (job 2's range after the restart: $out; old or new wanted, every one of $gen_count sectors)"
+    result "$side restart" "FAIL (job 2's range after the restart: $out; old or new wanted, every one of $gen_count sectors)"
     return 1
   fi
 }
@@ -361,10 +385,33 @@ if [ "$uk" = 1 ]; then
     fi
     nvme disconnect -n "$nqn_blk" >/dev/null 2>&1
   fi
+  # The NVMe namespaces (the unikernel's QEMU NVMe controller): the restart on namespace 1,
+  # then discover, connect, fio with verify on namespace 1, ext4 across a reconnect on
+  # namespace 2, whose files the lab reads back from its image after the power-off.
+  if [ "$nvme" = 1 ]; then
+    say "phase nvme (the unikernel's NVMe subsystem $nqn_nvme)"
+    restart "$nqn_nvme" nvme
+    nvme disconnect -n "$nqn_nvme" >/dev/null 2>&1
+    if discover nvme "$uk_ip" "$nqn_nvme" && connect nvme "$uk_ip" "$nqn_nvme" 1; then
+      fio_verify nvme fio-rand4k "$dev" randwrite 4k 8M
+      fio_verify nvme fio-seq128k "$dev" write 128k 8M
+      if dev=$(device "$nqn_nvme" 2); then
+        if mkfs_write nvme "$dev" && reconnect nvme "$uk_ip" "$nqn_nvme" 2; then
+          (cd /run/tmp && while read -r sum f; do echo "nvmf-sum-nvme $f $sum"; done < sums-nvme)
+        fi
+      else
+        result "nvme mkfs" "FAIL (no namespace 2 of $nqn_nvme appeared)"
+      fi
+      uk_nvme_dev=$(device "$nqn_nvme" 1) || uk_nvme_dev=
+    fi
+  fi
 fi
 
 # --- performance: each job alternately on the unikernel's target and on Linux B's --------------
 jobs=("randread-4k randread 4k 32" "randwrite-4k randwrite 4k 32" "seqread-128k read 128k 8")
+# Linux B's NVMe subsystem, the NVMe jobs' baseline (connected here, after the unikernel's steps).
+linux_nvme_dev=
+if [ "$nvme" = 1 ] && connect linux-nvme "$b_ip" "$nqn_linux_nvme" 1; then linux_nvme_dev=$dev; fi
 perf_run() { # JOB RW BS DEPTH DEV -> IOPS
   timeout $((secs + 60)) fio --name="$1" --filename="$5" --direct=1 --ioengine=libaio --iodepth="$4" \
     --rw="$2" --bs="$3" --time_based --runtime="$secs" --ramp_time=1 --norandommap \
@@ -388,6 +435,19 @@ if [ "$perf" -gt 0 ] && [ -n "$linux_dev" ] && [ -b "$linux_dev" ]; then
       fi
       echo "nvmf-perf $name linux $(perf_run "$name" "$rw" "$bs" "$depth" "$linux_dev")"
       echo "nvmf-rxe $name linux $i: $(rxe_counts)"
+    done
+  done
+fi
+# The same jobs on the NVMe namespaces: the unikernel's namespace 1 and Linux B's /dev/nvme0n1.
+if [ "$nvme_runs" -gt 0 ] && [ -n "${uk_nvme_dev:-}" ] && [ -b "$uk_nvme_dev" ] && [ -n "$linux_nvme_dev" ] && [ -b "$linux_nvme_dev" ]; then
+  say "phase nvme-performance ($nvme_runs runs of ${secs} s per job and target)"
+  for i in $(seq 1 "$nvme_runs"); do
+    for j in "${jobs[@]}"; do
+      read -r name rw bs depth <<<"$j"
+      echo "nvmf-perf nvme-$name unikernel $(perf_run "$name" "$rw" "$bs" "$depth" "$uk_nvme_dev")"
+      echo "nvmf-rxe nvme-$name unikernel $i: $(rxe_counts)"
+      echo "nvmf-perf nvme-$name linux $(perf_run "$name" "$rw" "$bs" "$depth" "$linux_nvme_dev")"
+      echo "nvmf-rxe nvme-$name linux $i: $(rxe_counts)"
     done
   done
 fi
@@ -425,6 +485,20 @@ if [ "$count" = 1 ] && [ "$uk" = 1 ]; then
         count_run "$name" "$rw" "$bs" "$depth" "$c_uk" unikernel "0$k"
         count_run "$name" "$rw" "$bs" "$depth" "$c_linux" linux "0$k"
       done
+      # The NVMe jobs (windows 04 to 06): the counted unikernel's NVMe namespace 1, the
+      # counted Linux B's /dev/nvme0n1.
+      if [ "$nvme" = 1 ] && connect counted-nvme "$uk_ip" "$nqn_nvme" 1; then
+        c_uk_nvme=$dev
+        if connect counted-linux-nvme "$b_ip" "$nqn_linux_nvme" 1; then
+          c_linux_nvme=$dev
+          for j in "${jobs[@]}"; do
+            read -r name rw bs depth <<<"$j"
+            k=$((k + 1))
+            count_run "nvme-$name" "$rw" "$bs" "$depth" "$c_uk_nvme" unikernel "0$k"
+            count_run "nvme-$name" "$rw" "$bs" "$depth" "$c_linux_nvme" linux "0$k"
+          done
+        fi
+      fi
     fi
   fi
   nvme disconnect-all >/dev/null 2>&1
