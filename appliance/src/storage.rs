@@ -519,6 +519,12 @@ pub(crate) fn nvme_check(pci: &PortIoConfig, hal: IdentityHal<'static>, dma: &Dm
                  DMA memory at offset 512 of its page and read back at offset 2048, through PRP \
                  lists, equal; {copied} bytes copied"
             );
+            let _ = writeln!(
+                Serial,
+                "nvme: {} MSI-X interrupts on the storage vector; {} halts",
+                irq::count(irq::STORAGE_VECTOR),
+                irq::halts()
+            );
             let _ = writeln!(Serial, "DMA pages outstanding: 0");
             pass()
         }

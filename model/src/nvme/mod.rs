@@ -26,7 +26,8 @@
 //! MSI-X, as QEMU's controller lays it out: the capability at 40h (a table entry per queue
 //! pair and one for the admin queue), the table in BAR 0 on the first 4 KiB boundary past the
 //! doorbells and the pending bits on the next. A completion posted on a queue created with
-//! interrupts enabled sends its entry's message ([`NvmeModel::messages`]) while MSI-X is
+//! interrupts enabled while MSI-X was enabled (QEMU binds the vector then) sends its entry's
+//! message ([`NvmeModel::messages`]) while MSI-X is
 //! enabled, the function and the entry unmasked; masked, it sets the pending bit and the
 //! message goes when the mask clears. Hostile placements ([`NvmeModel::set_msix_lie`]): no
 //! capability, a capability list that loops, the table in another BAR or past BAR 0, an
@@ -520,7 +521,9 @@ impl Ctrl {
             head: 0,
             tail: 0,
             phase: true,
-            iv: Some(0),
+            // The vector is bound only if MSI-X is enabled as the queue is made (QEMU's
+            // controller marks the vector used then).
+            iv: (self.msix_control & 0x8000 != 0).then_some(0),
         });
         self.ready = true;
     }
@@ -739,6 +742,8 @@ impl Ctrl {
                     if iv.is_some_and(|v| usize::from(v) >= self.msix_table.len()) {
                         return (SC_INVALID_IV, 0);
                     }
+                    // Bound to its vector only with MSI-X already enabled (as above).
+                    let iv = iv.filter(|_| self.msix_control & 0x8000 != 0);
                     self.cqs[qid] = Some(Cq {
                         base: prp1,
                         size: size + 1,

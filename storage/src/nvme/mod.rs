@@ -354,8 +354,11 @@ pub enum MsixError {
     NoCapability,
     /// The table lies in another BAR than BAR 0, or not inside the mapped window.
     Table,
-    /// The entry did not keep the message written to it.
+    /// The entry did not keep the message written to it (the controller polls on).
     Refused,
+    /// The controller did not come back from the restart that binds the vector to its
+    /// queues (it is left stopped, as after any failed [`Nvme::reset`]).
+    Restart(NvmeError),
 }
 
 impl core::fmt::Display for MsixError {
@@ -364,6 +367,7 @@ impl core::fmt::Display for MsixError {
             MsixError::NoCapability => "no MSI-X capability",
             MsixError::Table => "the MSI-X table is not inside the mapped BAR 0",
             MsixError::Refused => "the MSI-X entry did not keep its message",
+            MsixError::Restart(_) => "the controller did not restart with MSI-X",
         })
     }
 }
@@ -817,6 +821,11 @@ impl<H: Hal> Nvme<H> {
     /// must lie in BAR 0 inside the mapped window ([`MMIO_SIZE`]); the entry is read back.
     /// Until it succeeds the driver polls; on failure MSI-X is left off.
     ///
+    /// The controller is stopped while the entry is written and restarted after (its queues
+    /// made anew, the namespaces kept): a controller may bind a queue to its vector only when
+    /// the queue is created with MSI-X already enabled (QEMU's does), so queues made before
+    /// would never interrupt.
+    ///
     /// # Errors
     ///
     /// [`MsixError`]: no capability, a table the driver cannot reach, an entry that does not
@@ -832,6 +841,35 @@ impl<H: Hal> Nvme<H> {
         message: MsiMessage,
     ) -> Result<(), MsixError> {
         let (cap, table) = find_msix(pci, address, self.regs.size())?;
+        if self.state == State::Wedged {
+            return Err(MsixError::Restart(NvmeError::Stopped));
+        }
+        if let Err(e) = disable(&self.regs, self.cap, self.clock) {
+            self.state = State::Wedged;
+            return Err(MsixError::Restart(e));
+        }
+        self.state = State::Failed;
+        let kept = self.program_msix(pci, address, cap, table, message);
+        self.interrupts = kept;
+        self.restart().map_err(MsixError::Restart)?;
+        if kept {
+            Ok(())
+        } else {
+            Err(MsixError::Refused)
+        }
+    }
+
+    /// Writes MSI-X entry 0 (table at `table` in BAR 0, capability at `cap`) and enables
+    /// MSI-X, or leaves it off if the entry does not keep the message. The controller is
+    /// disabled meanwhile.
+    fn program_msix<C: ConfigRegionAccess>(
+        &mut self,
+        pci: &C,
+        address: PciAddress,
+        cap: u16,
+        table: usize,
+        message: MsiMessage,
+    ) -> bool {
         // SAFETY: the caller's function: its command register and MSI-X capability.
         let (command, control) = unsafe { (pci.read(address, 4), pci.read(address, cap)) };
         // Enabled with the whole function masked while entry 0 is written (PCI 3.0, 6.8.2).
@@ -857,7 +895,7 @@ impl<H: Hal> Nvme<H> {
         if !kept {
             // SAFETY: as above: MSI-X back off as it was.
             unsafe { pci.write(address, cap, control & !(MSIX_ENABLE << 16)) };
-            return Err(MsixError::Refused);
+            return false;
         }
         self.regs.write32(table + 12, 0);
         // SAFETY: as above: INTx off (bit 10; the status half is write-one-to-clear, so
@@ -870,8 +908,7 @@ impl<H: Hal> Nvme<H> {
                 (control | MSIX_ENABLE << 16) & !(MSIX_FUNCTION_MASK << 16),
             );
         }
-        self.interrupts = true;
-        Ok(())
+        true
     }
 
     /// Whether the completions interrupt ([`Nvme::enable_msix`] succeeded).
@@ -900,8 +937,13 @@ impl<H: Hal> Nvme<H> {
             return Err(e);
         }
         self.state = State::Failed;
-        self.io = [const { None }; MAX_IO_QUEUES as usize];
         self.stats.resets += 1;
+        self.restart()
+    }
+
+    /// Enables the disabled controller with empty queues and makes its I/O queues anew.
+    fn restart(&mut self) -> Result<(), NvmeError> {
+        self.io = [const { None }; MAX_IO_QUEUES as usize];
         let up = self.enable().and_then(|()| self.make_io_queues());
         if up.is_err() && self.state == State::Ready {
             self.stop();
