@@ -1,4 +1,4 @@
-//! An NVMe controller on PCIe (QEMU's `-device nvme`, or an SSD), polled, over the HAL: the
+//! An NVMe controller on PCIe (QEMU's `-device nvme`, or an SSD), over the HAL: the
 //! admin queue, Identify, I/O queue pairs, and Read, Write, Flush, Write Zeroes and Dataset
 //! Management on its namespaces. `docs/nvme.md` describes the controller as this driver uses
 //! it, with the specification's sections.
@@ -9,7 +9,14 @@
 //! the admin queue given (AQA, ASQ, ACQ) and the controller enabled (RDY awaited, a fatal
 //! status refused); Identify Controller, the active namespace list and Identify Namespace for
 //! each listed namespace (at most [`MAX_NAMESPACES`]); Set Features Number of Queues, and
-//! the I/O queue pairs the controller granted (at most [`MAX_IO_QUEUES`]).
+//! the I/O queue pairs the controller granted (at most [`MAX_IO_QUEUES`]), their completion
+//! queues with interrupts enabled on vector 0.
+//!
+//! Interrupts ([`Nvme::enable_msix`]): MSI-X entry 0 programmed with the embedder's message
+//! (its place in BAR 0 bounded, the entry read back) and the controller restarted, so that
+//! its queues are bound to the vector. From then on a command's wait calls the embedder's
+//! hook ([`Nvme::set_wait`], e.g. a halt until the next interrupt) between two looks at the
+//! completion queue instead of spinning; without MSI-X the driver polls.
 //!
 //! Data moves two ways. [`Nvme::read`] and [`Nvme::write`] copy through the driver's bounce
 //! buffer. The zero-copy entries take the caller's buffer itself: [`Nvme::read_direct`] and
@@ -314,7 +321,8 @@ pub struct Pages<'a> {
     pub rest: &'a [u64],
 }
 
-/// A polled NVMe controller and its namespaces.
+/// An NVMe controller (polled, or interrupted once [`Nvme::enable_msix`] succeeded) and its
+/// namespaces.
 pub struct Nvme<H: Hal> {
     regs: H::Mmio,
     hal: H,
