@@ -20,6 +20,9 @@
 #   BAREVERBS_NVMF_NVME=1              the NVMe part (0: none): the appliance's QEMU NVMe
 #                                      controller with two namespaces, Linux B's own
 #   BAREVERBS_NVMF_NVME_RUNS=3         runs of each performance job on the NVMe namespaces
+#   BAREVERBS_NVMF_PROFILE=JOB         the counted unikernel's profile over JOB's window (a job of
+#                                      the efficiency lines, e.g. nvme-randread-4k; none by
+#                                      default): `nvmf profile JOB:` lines, its top 15 symbols
 #
 # Linux B (10.0.0.3) serves nvmet-rdma over configfs on brd RAM disks; Linux A (10.0.0.1) is
 # the host: `nvme discover`, `nvme connect`, fio with --verify=crc32c, mkfs.ext4 / mount / write /
@@ -139,7 +142,15 @@ trap cleanup EXIT
 # shellcheck source=qemu/roce/icount.sh
 source "$here/icount.sh"
 b_count=$cache/nvmf-icount-linux-b.txt uk_count=$cache/nvmf-icount-unikernel.txt
-rm -f "$b_count" "$uk_count"
+# The profiled job's window: its marks' low byte, the job's place among the efficiency lines.
+uk_prof=$cache/nvmf-profile-unikernel.txt prof_job=${BAREVERBS_NVMF_PROFILE:-} prof_kk=
+case "$prof_job" in
+  '') ;;
+  randread-4k) prof_kk=01 ;; randwrite-4k) prof_kk=02 ;; seqread-128k) prof_kk=03 ;;
+  nvme-randread-4k) prof_kk=04 ;; nvme-randwrite-4k) prof_kk=05 ;; nvme-seqread-128k) prof_kk=06 ;;
+  *) echo "BAREVERBS_NVMF_PROFILE=$prof_job: not a job of the efficiency lines" >&2; exit 2 ;;
+esac
+rm -f "$b_count" "$uk_count" "$uk_prof"
 counter_why="BAREVERBS_NVMF_COUNT=0"
 if [ "${BAREVERBS_NVMF_COUNT:-1}" = 1 ] && [ "$appliance" = 1 ]; then
   why=
@@ -190,6 +201,7 @@ unikernel() { # NAME LOG EXTRA-KERNEL-ARGUMENTS [DISK] [COUNT] [NVME-IMAGE...]
   [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw,cache=none" -device virtio-blk-pci,drive=d0,addr=0x4.0)
   [ $# -gt 5 ] && mapfile -t nv < <(nvme_dev nvu 0x5.0 bvnvme0 "${@:6}")
   [ -n "${5:-}" ] && acc=(-accel tcg -plugin "$counter,out=$5")
+  [ -n "${5:-}" ] && [ -n "$prof_kk" ] && acc[-1]+=",prof=$uk_prof,from=00$prof_kk,to=01$prof_kk"
   rm -f "$out"; mkfifo "$out"
   console_in "$1" > /dev/null
   cat "$out" > "$2" &
@@ -541,6 +553,23 @@ for job in "${perf_jobs[@]}"; do
     why+=("$job efficiency")
   fi
 done
+
+# `nvmf profile <job>:` the counted unikernel's top 15 symbols over the profiled window (each
+# translated block's instructions given to the symbol at or below its first address, as the
+# RoCE lab's profile does).
+if [ -n "$prof_kk" ] && [ -s "$uk_prof" ] && command -v nm > /dev/null; then
+  { nm -C -n --defined-only "$uk_kernel" 2>/dev/null |
+      awk '$2 ~ /^[tTwW]$/ {a = $1; $1 = ""; $2 = ""; sub(/^ +/, ""); print "S", a, $0}'
+    awk '{print "P", $1, $2}' "$uk_prof"; } |
+    LC_ALL=C sort -k2,2 -k1,1r | awk '$1 == "S" {s = $0; sub(/^S [0-9a-f]+ /, "", s); next}
+      {by[s == "" ? "?" : s] += $3} END {for (k in by) print by[k], k}' |
+    sort -rn | awk -v job="$prof_job" '{n[NR] = $1; t += $1; $1 = ""; sub(/^ /, ""); name[NR] = $0}
+      END {if (t == 0) exit
+        printf "nvmf profile %s: %.1fM instructions in the unikernel'"'"'s window, top symbols:\n", job, t / 1e6
+        for (i = 1; i <= NR && i <= 15; i++) printf "nvmf profile %s: %5.1f%% %s\n", job, 100 * n[i] / t, substr(name[i], 1, 110)}'
+elif [ -n "$prof_kk" ]; then
+  echo "nvmf profile $prof_job: - (no profile written, or no nm)"
+fi
 
 tail_of() { echo "[nvmf] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
 [ -n "$stopped" ] && why+=("stopped: $stopped")
