@@ -31,6 +31,10 @@ use crate::smp::{self, MAX_CPUS, cpu_id};
 
 /// The vectors a device's MSI-X entries may name: 0x30 + entry index (3 entries on PVRDMA).
 pub const DEVICE_VECTORS: core::ops::Range<u8> = 0x30..0x33;
+/// The vector of the storage controllers' MSI-X messages (NVMe completions): counted and
+/// acknowledged, routed nowhere; a driver that halted for a completion looks at its queue
+/// after the window.
+pub const STORAGE_VECTOR: u8 = 0x34;
 /// The LAPIC timer's vector: bounds every halt (a lost wake-up costs one tick, not the run).
 pub const TIMER_VECTOR: u8 = 0x40;
 /// The spurious-interrupt vector (SVR): handled without an EOI.
@@ -53,6 +57,7 @@ irq_stub_\vec:
     IRQ_STUB 30
     IRQ_STUB 31
     IRQ_STUB 32
+    IRQ_STUB 34
     IRQ_STUB 40
     IRQ_STUB ff
 
@@ -122,6 +127,7 @@ unsafe extern "C" {
     fn irq_stub_30();
     fn irq_stub_31();
     fn irq_stub_32();
+    fn irq_stub_34();
     fn irq_stub_40();
     fn irq_stub_ff();
     fn exc_stub_0();
@@ -267,6 +273,7 @@ pub fn init() -> u8 {
         t[0x30].set_handler_addr(at(irq_stub_30));
         t[0x31].set_handler_addr(at(irq_stub_31));
         t[0x32].set_handler_addr(at(irq_stub_32));
+        t[STORAGE_VECTOR].set_handler_addr(at(irq_stub_34));
         t[TIMER_VECTOR].set_handler_addr(at(irq_stub_40));
         t[SPURIOUS_VECTOR].set_handler_addr(at(irq_stub_ff));
         t.load_unsafe();

@@ -20,6 +20,9 @@
 #   BAREVERBS_NVMF_NVME=1              the NVMe part (0: none): the appliance's QEMU NVMe
 #                                      controller with two namespaces, Linux B's own
 #   BAREVERBS_NVMF_NVME_RUNS=3         runs of each performance job on the NVMe namespaces
+#   BAREVERBS_NVMF_PROFILE=JOB         the counted unikernel's profile over JOB's window (a job of
+#                                      the efficiency lines, e.g. nvme-randread-4k; none by
+#                                      default): `nvmf profile JOB:` lines, its top 15 symbols
 #
 # Linux B (10.0.0.3) serves nvmet-rdma over configfs on brd RAM disks; Linux A (10.0.0.1) is
 # the host: `nvme discover`, `nvme connect`, fio with --verify=crc32c, mkfs.ext4 / mount / write /
@@ -139,7 +142,15 @@ trap cleanup EXIT
 # shellcheck source=qemu/roce/icount.sh
 source "$here/icount.sh"
 b_count=$cache/nvmf-icount-linux-b.txt uk_count=$cache/nvmf-icount-unikernel.txt
-rm -f "$b_count" "$uk_count"
+# The profiled job's window: its marks' low byte, the job's place among the efficiency lines.
+uk_prof=$cache/nvmf-profile-unikernel.txt prof_job=${BAREVERBS_NVMF_PROFILE:-} prof_kk=
+case "$prof_job" in
+  '') ;;
+  randread-4k) prof_kk=01 ;; randwrite-4k) prof_kk=02 ;; seqread-128k) prof_kk=03 ;;
+  nvme-randread-4k) prof_kk=04 ;; nvme-randwrite-4k) prof_kk=05 ;; nvme-seqread-128k) prof_kk=06 ;;
+  *) echo "BAREVERBS_NVMF_PROFILE=$prof_job: not a job of the efficiency lines" >&2; exit 2 ;;
+esac
+rm -f "$b_count" "$uk_count" "$uk_prof"
 counter_why="BAREVERBS_NVMF_COUNT=0"
 if [ "${BAREVERBS_NVMF_COUNT:-1}" = 1 ] && [ "$appliance" = 1 ]; then
   why=
@@ -190,6 +201,7 @@ unikernel() { # NAME LOG EXTRA-KERNEL-ARGUMENTS [DISK] [COUNT] [NVME-IMAGE...]
   [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw,cache=none" -device virtio-blk-pci,drive=d0,addr=0x4.0)
   [ $# -gt 5 ] && mapfile -t nv < <(nvme_dev nvu 0x5.0 bvnvme0 "${@:6}")
   [ -n "${5:-}" ] && acc=(-accel tcg -plugin "$counter,out=$5")
+  [ -n "${5:-}" ] && [ -n "$prof_kk" ] && acc[-1]+=",prof=$uk_prof,from=00$prof_kk,to=01$prof_kk"
   rm -f "$out"; mkfifo "$out"
   console_in "$1" > /dev/null
   cat "$out" > "$2" &
@@ -487,16 +499,37 @@ done
 t=$({ grep -a "^nvmf-uk transport " "$ulast" 2>/dev/null || true; } | tail -1 | tr -d '\r')
 [ -n "$t" ] && echo "nvmf transport (the appliance) ${t#nvmf-uk transport }"
 
-# --- the NVMe namespaces' copies: THE SPOT FOR THE APPLIANCE'S COPY COUNT ---------------------
-# The appliance is to count the bytes it copies between RDMA buffers and the NVMe controller's
-# per I/O and print a line `nvmf nvme copies: …` on its console; this prints the last such line
-# of the appliance's logs (the first boot, after a restart, counted), or NOT REPORTED. Not a
-# failure for now: once the appliance prints it, this is where the lab checks it.
+# --- the NVMe namespaces' copies ---------------------------------------------------------------
+# The appliance counts the bytes its CPU copies between the target's RDMA buffers and the NVMe
+# controllers' namespaces, per read or write asked of them, and prints
+# `nvmf-uk nvme copies: X bytes per I/O (N I/Os, B bytes copied)` with its counters. Of every
+# boot's log (the first, and those after the restarts) the line with the most I/Os is
+# reported as `nvmf nvme copies: …`. The lab fails when no boot printed one, when no NVMe I/O
+# was counted, or when any boot copied a byte.
 nvme_copies() {
-  local l
-  l=$(cat "$ulog" "$rlog" "$cache"/nvmf-unikernel-restarted-*.log 2>/dev/null |
-    { grep -a "nvmf nvme copies:" || true; } | tail -1 | tr -d '\r')
-  if [ -n "$l" ]; then echo "nvmf nvme copies:${l#*nvmf nvme copies:}"; else echo "nvmf nvme copies: NOT REPORTED"; fi
+  local lines best
+  lines=$({ cat "$ulog" "$rlog" "$cache"/nvmf-unikernel-restarted-*.log 2>/dev/null || true; } |
+    { grep -a "nvmf-uk nvme copies: [0-9]* bytes per I/O ([0-9]* I/Os, [0-9]* bytes copied)" || true; } |
+    tr -d '\r' | sed 's/.*nvmf-uk nvme copies: //')
+  if [ -z "$lines" ]; then
+    echo "nvmf nvme copies: FAIL (NOT REPORTED: no \`nvmf-uk nvme copies:\` line in the appliance's logs)"
+    why+=("nvme copies not reported")
+    return
+  fi
+  # Fields: X bytes per I/O (N I/Os, B bytes copied) -> $1 X, $5 "(N", $7 B.
+  best=$(awk '{ n = substr($5, 2) + 0; if (n >= m) { m = n; l = $0 } } END { print l }' <<<"$lines")
+  local n copied
+  n=$(awk '{ print substr($5, 2) + 0 }' <<<"$best")
+  copied=$(awk '{ s += $7 } END { print s + 0 }' <<<"$lines")
+  if [ "$n" -eq 0 ]; then
+    echo "nvmf nvme copies: FAIL (no NVMe I/O counted: $best)"
+    why+=("nvme copies: no I/O counted")
+  elif [ "$copied" -gt 0 ]; then
+    echo "nvmf nvme copies: $best: FAIL ($copied bytes copied over the appliance's boots)"
+    why+=("nvme copies: $copied bytes copied")
+  else
+    echo "nvmf nvme copies: $best"
+  fi
 }
 [ "$nvme" = 1 ] && nvme_copies
 
@@ -520,6 +553,23 @@ for job in "${perf_jobs[@]}"; do
     why+=("$job efficiency")
   fi
 done
+
+# `nvmf profile <job>:` the counted unikernel's top 15 symbols over the profiled window (each
+# translated block's instructions given to the symbol at or below its first address, as the
+# RoCE lab's profile does).
+if [ -n "$prof_kk" ] && [ -s "$uk_prof" ] && command -v nm > /dev/null; then
+  { nm -C -n --defined-only "$uk_kernel" 2>/dev/null |
+      awk '$2 ~ /^[tTwW]$/ {a = $1; $1 = ""; $2 = ""; sub(/^ +/, ""); print "S", a, $0}'
+    awk '{print "P", $1, $2}' "$uk_prof"; } |
+    LC_ALL=C sort -k2,2 -k1,1r | awk '$1 == "S" {s = $0; sub(/^S [0-9a-f]+ /, "", s); next}
+      {by[s == "" ? "?" : s] += $3} END {for (k in by) print by[k], k}' |
+    sort -rn | awk -v job="$prof_job" '{n[NR] = $1; t += $1; $1 = ""; sub(/^ /, ""); name[NR] = $0}
+      END {if (t == 0) exit
+        printf "nvmf profile %s: %.1fM instructions in the unikernel'"'"'s window, top symbols:\n", job, t / 1e6
+        for (i = 1; i <= NR && i <= 15; i++) printf "nvmf profile %s: %5.1f%% %s\n", job, 100 * n[i] / t, substr(name[i], 1, 110)}'
+elif [ -n "$prof_kk" ]; then
+  echo "nvmf profile $prof_job: - (no profile written, or no nm)"
+fi
 
 tail_of() { echo "[nvmf] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
 [ -n "$stopped" ] && why+=("stopped: $stopped")

@@ -6,11 +6,11 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bareverbs_hal::{Hal, PAGE_SIZE};
-use bareverbs_model::nvme::{Fault, IdentifyLie, NsConfig, NvmeConfig, NvmeModel};
+use bareverbs_hal::{Hal, MsiMessage, PAGE_SIZE};
+use bareverbs_model::nvme::{Fault, IdentifyLie, MsixLie, NsConfig, NvmeConfig, NvmeModel};
 use bareverbs_nvmf::{BlockDevice, BlockError};
 use bareverbs_storage::nvme::{
-    NsDisk, Nvme, NvmeError, Options, Pages, State, Unsupported, Violation, find_nth,
+    MsixError, NsDisk, Nvme, NvmeError, Options, Pages, State, Unsupported, Violation, find_nth,
 };
 
 /// A clock that moves a millisecond at every look: every bounded wait ends.
@@ -765,6 +765,156 @@ fn a_lying_controller_fails_zero_copy_commands_once_with_typed_errors() {
     drop(n);
     // SAFETY: our block; the controller is disabled.
     unsafe { m.dma_dealloc(block) };
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}
+
+/// The message the MSI-X tests program: the LAPIC window of CPU 0, vector 34h.
+const MSG: MsiMessage = MsiMessage {
+    address: 0xFEE0_0000,
+    data: 0x34,
+};
+
+fn msix(m: &NvmeModel, n: &mut Nvme<NvmeModel>) -> Result<(), MsixError> {
+    // SAFETY: the model's function, the one `n` drives.
+    unsafe { n.enable_msix(m, NvmeModel::address(), MSG) }
+}
+
+#[test]
+fn msix_entry_zero_carries_every_completion_once_enabled() {
+    let m = NvmeModel::new(NvmeConfig::default());
+    let mut n = up(&m);
+    // Interrupts asked for on the I/O queue, but MSI-X off: nothing is sent, the driver polls.
+    n.write(1, 0, &pattern(512, 3)).unwrap();
+    assert!(m.messages().is_empty());
+    assert!(!n.interrupts() && !m.msix_enabled());
+    msix(&m, &mut n).unwrap();
+    assert!(n.interrupts() && m.msix_enabled());
+    assert_ne!(m.pci_command() & 0x400, 0, "INTx disabled");
+    assert_eq!(
+        m.pci_command() & 0x6,
+        0x6,
+        "memory and bus mastering stay on"
+    );
+    // Restarted to bind the vector: the admin commands that made the I/O queue again (Set
+    // Features, Create I/O Completion and Submission Queue) already interrupted.
+    assert_eq!(m.messages().len(), 3);
+    assert_eq!(m.counters().enables, 2);
+    let (before, sent0) = (m.counters().posted, m.messages().len());
+    let data = pattern(8192, 9);
+    n.write(1, 8, &data).unwrap();
+    let mut back = vec![0u8; 8192];
+    n.read(1, 8, &mut back).unwrap();
+    n.flush(1).unwrap();
+    assert_eq!(back, data);
+    let sent = m.messages()[sent0..].to_vec();
+    let posted = (m.counters().posted - before) as usize;
+    assert_eq!(posted, 3);
+    assert_eq!(
+        sent,
+        vec![(MSG.address, MSG.data); posted],
+        "one message per completion"
+    );
+    // The admin queue signals on the same entry: a reset (admin commands) sends more.
+    n.reset().unwrap();
+    assert!(m.messages().len() > posted);
+    assert!(
+        n.interrupts(),
+        "MSI-X stays programmed across a controller reset"
+    );
+    n.read(1, 8, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(n);
+    assert_eq!(m.outstanding_pages(), 0);
+    clean(&m);
+}
+
+#[test]
+fn msix_placements_the_driver_cannot_use_leave_it_polling() {
+    let cases = [
+        (MsixLie::NoCapability, MsixError::NoCapability),
+        (MsixLie::LoopingList, MsixError::NoCapability),
+        (MsixLie::OtherBar, MsixError::Table),
+        (MsixLie::PastBar, MsixError::Table),
+        (MsixLie::ForgetfulEntry, MsixError::Refused),
+    ];
+    for (lie, want) in cases {
+        let m = NvmeModel::new(NvmeConfig::default());
+        let mut n = up(&m);
+        m.set_msix_lie(Some(lie));
+        assert_eq!(msix(&m, &mut n), Err(want), "{lie:?}");
+        assert!(!n.interrupts(), "{lie:?}");
+        assert!(!m.msix_enabled(), "{lie:?}: MSI-X left off");
+        assert_eq!(m.pci_command() & 0x400, 0, "{lie:?}: INTx untouched");
+        let data = pattern(4096, 5);
+        n.write(1, 0, &data).unwrap();
+        let mut back = vec![0u8; 4096];
+        n.read(1, 0, &mut back).unwrap();
+        assert_eq!(back, data, "{lie:?}: polled I/O goes on");
+        assert!(m.messages().is_empty(), "{lie:?}");
+        clean(&m);
+    }
+    // Doorbells at a stride that pushes the table past the mapped window.
+    let m = NvmeModel::new(NvmeConfig {
+        dstrd: 6,
+        ..NvmeConfig::default()
+    });
+    let mut n = up(&m);
+    assert_eq!(msix(&m, &mut n), Err(MsixError::Table));
+    n.write(1, 0, &pattern(512, 1)).unwrap();
+}
+
+static WAITS: AtomicU64 = AtomicU64::new(0);
+fn counted_wait() {
+    WAITS.fetch_add(1, Ordering::Relaxed);
+}
+
+static POLLED_WAITS: AtomicU64 = AtomicU64::new(0);
+fn polled_wait() {
+    POLLED_WAITS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[test]
+fn a_wait_gives_the_cpu_away_only_with_interrupts_and_stays_bounded() {
+    // Polled: the embedder's wait is never called, and a withheld completion times out.
+    let m = NvmeModel::new(NvmeConfig::default());
+    let mut n = up(&m);
+    n.set_wait(polled_wait);
+    m.inject(Fault::Withheld);
+    assert_eq!(n.write(1, 0, &pattern(512, 2)), Err(NvmeError::Timeout));
+    assert_eq!(POLLED_WAITS.load(Ordering::Relaxed), 0);
+
+    // With interrupts: each look at the empty queue is followed by one wait, and the
+    // command's timeout (on the clock, not a count of waits) still ends it.
+    let m = NvmeModel::new(NvmeConfig::default());
+    let mut n = up(&m);
+    msix(&m, &mut n).unwrap();
+    n.set_wait(counted_wait);
+    n.write(1, 0, &pattern(512, 2)).unwrap();
+    assert_eq!(
+        WAITS.load(Ordering::Relaxed),
+        0,
+        "completed at once: no wait"
+    );
+    m.inject(Fault::Withheld);
+    let sent = m.messages().len();
+    assert_eq!(n.write(1, 0, &pattern(512, 3)), Err(NvmeError::Timeout));
+    assert_eq!(
+        m.messages().len(),
+        sent,
+        "a withheld completion sends nothing"
+    );
+    let waits = WAITS.load(Ordering::Relaxed);
+    // The clock moves a millisecond per look; the timeout is 50 ms.
+    assert!((25..=60).contains(&waits), "{waits} waits");
+    assert_eq!(n.state(), State::Failed);
+    n.reset().unwrap();
+    let mut b = [0u8; 512];
+    n.read(1, 0, &mut b).unwrap();
+    // The withheld command ran; only its completion never came.
+    assert_eq!(b[..], pattern(512, 3)[..]);
+    assert_eq!(b[..], medium(&m, 1, 0, 1)[..]);
+    drop(n);
     assert_eq!(m.outstanding_pages(), 0);
     clean(&m);
 }

@@ -12,6 +12,11 @@
 //! boundary now and then: copied, and counted so), Flush, Write Zeroes, Dataset Management, or a reset of a stopped
 //! controller.
 //!
+//! Three sessions in four program MSI-X before the lies start (one in three of those under a
+//! lie in its placement: no capability, a looping list, the table elsewhere, an entry that
+//! forgets): the driver then waits through its wait hook, and every message the model sent
+//! must be the one programmed.
+//!
 //! The oracles: nothing panics; every command ends exactly once (submitted = completed +
 //! timed out + protocol violations); a read that succeeds returns the bytes last written
 //! (a shadow of the medium, with blocks a failed command may have changed left unknown);
@@ -21,7 +26,8 @@
 //!
 //! Prints `nvme-fuzz: N executions, F failures; commands C, completed D, status errors E,
 //! timeouts T, violations V, resets R, bring-ups U, refused K, ignored namespaces I,
-//! verified reads B, zero-copy transfers Z, kept memory M, lies L, longest wait W; errors {...}; seed S`.
+//! verified reads B, zero-copy transfers Z, kept memory M, lies L, longest wait W, MSI-X on X of
+//! Y sessions, messages G, waits H; errors {...}; seed S`.
 
 #[path = "../../tests/fuzz_budget/mod.rs"]
 mod fuzz_budget;
@@ -29,10 +35,10 @@ mod fuzz_budget;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
-use bareverbs_hal::{Hal, PAGE_SIZE};
+use bareverbs_hal::{Hal, MsiMessage, PAGE_SIZE};
 use bareverbs_model::Rng;
-use bareverbs_model::nvme::{NsConfig, NvmeConfig, NvmeHostile, NvmeModel};
-use bareverbs_storage::nvme::{Nvme, NvmeError, Options, Pages, State};
+use bareverbs_model::nvme::{MsixLie, NsConfig, NvmeConfig, NvmeHostile, NvmeModel};
+use bareverbs_storage::nvme::{MsixError, Nvme, NvmeError, Options, Pages, State};
 
 /// Executions of one session.
 const SESSION: u64 = 2_000;
@@ -46,6 +52,18 @@ const USER_PAGES: usize = 10;
 
 thread_local! {
     static TICKS: Cell<u64> = const { Cell::new(0) };
+    static WAITS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The message the sessions with MSI-X program.
+const MSG: MsiMessage = MsiMessage {
+    address: 0xFEE0_0000,
+    data: 0x34,
+};
+
+/// The wait hook: counted (per thread); the clock moves at the driver's next look.
+fn wait_hook() {
+    WAITS.with(|w| w.set(w.get() + 1));
 }
 
 /// A clock that moves one millisecond at every look (per thread).
@@ -77,6 +95,10 @@ struct Reach {
     direct: u64,
     lies: u64,
     longest: u64,
+    msix_tried: u64,
+    msix_on: u64,
+    messages: u64,
+    waits: u64,
     errors: BTreeMap<String, u64>,
 }
 
@@ -165,6 +187,41 @@ fn session(seed: u64, n: u64) -> Reach {
         }
     };
     reach.ignored += u64::from(nvme.stats().ignored_namespaces);
+    if !rng.one_in(4) {
+        reach.msix_tried += 1;
+        let lie = rng.one_in(3).then(|| {
+            rng.pick(&[
+                MsixLie::NoCapability,
+                MsixLie::LoopingList,
+                MsixLie::OtherBar,
+                MsixLie::PastBar,
+                MsixLie::ForgetfulEntry,
+            ])
+        });
+        m.set_msix_lie(lie);
+        // SAFETY: the model's function, the one `nvme` drives.
+        let on = unsafe { nvme.enable_msix(&m, NvmeModel::address(), MSG) };
+        match on {
+            Ok(()) => assert!(lie.is_none()),
+            // The restart that binds the vector, under the bring-up's lies in CSTS.
+            Err(MsixError::Restart(e)) => {
+                assert!(
+                    lying_bring_up,
+                    "an honest controller did not restart: {e:?}"
+                );
+                *reach
+                    .errors
+                    .entry(format!("MSI-X {}", kind(e)))
+                    .or_default() += 1;
+            }
+            Err(e) => assert!(lie.is_some(), "MSI-X refused without a lie: {e:?}"),
+        }
+        assert_eq!(nvme.interrupts(), lie.is_none());
+        assert_eq!(m.msix_enabled(), lie.is_none());
+        reach.msix_on += u64::from(nvme.interrupts());
+        nvme.set_wait(wait_hook);
+    }
+    let waits0 = WAITS.with(Cell::get);
     let registers = rng.one_in(8);
     m.set_hostile(Some(NvmeHostile {
         seed: seed ^ 0xABCD,
@@ -389,6 +446,24 @@ fn session(seed: u64, n: u64) -> Reach {
         );
     }
     let s = nvme.stats();
+    let sent = m.messages();
+    assert!(
+        sent.iter().all(|&(a, d)| (a, d) == (MSG.address, MSG.data)),
+        "a message other than the one programmed"
+    );
+    assert!(
+        nvme.interrupts() || sent.is_empty(),
+        "messages without MSI-X"
+    );
+    assert!(
+        sent.len() as u64 <= m.counters().posted,
+        "more messages than completions"
+    );
+    let waits = WAITS.with(Cell::get) - waits0;
+    assert!(
+        nvme.interrupts() || waits == 0,
+        "a wait hook called while polled"
+    );
     let wedged = nvme.state() == State::Wedged;
     drop(nvme);
     if m.outstanding_pages() == USER_PAGES {
@@ -411,6 +486,8 @@ fn session(seed: u64, n: u64) -> Reach {
         violations: s.violations,
         resets: s.resets,
         lies: l.completions + l.identify + l.registers,
+        messages: sent.len() as u64,
+        waits,
         ..reach
     }
 }
@@ -441,6 +518,10 @@ fn the_hostile_controller_fuzzer() {
             t.direct += r.direct;
             t.lies += r.lies;
             t.longest = t.longest.max(r.longest);
+            t.msix_tried += r.msix_tried;
+            t.msix_on += r.msix_on;
+            t.messages += r.messages;
+            t.waits += r.waits;
             for (k, v) in r.errors {
                 *t.errors.entry(k).or_default() += v;
             }
@@ -450,7 +531,8 @@ fn the_hostile_controller_fuzzer() {
     println!(
         "nvme-fuzz: {} executions, {} failures; commands {}, completed {}, status errors {}, \
          timeouts {}, violations {}, resets {}, bring-ups {}, refused {}, ignored namespaces {}, \
-         verified reads {}, zero-copy transfers {}, kept memory {}, lies {}, longest wait {}; errors {{{}}}; seed {} ({:.1} s)",
+         verified reads {}, zero-copy transfers {}, kept memory {}, lies {}, longest wait {}, MSI-X on {} of {} sessions, \
+         messages {}, waits {}; errors {{{}}}; seed {} ({:.1} s)",
         spent.done,
         spent.failures,
         t.submitted,
@@ -467,6 +549,10 @@ fn the_hostile_controller_fuzzer() {
         t.kept,
         t.lies,
         t.longest,
+        t.msix_on,
+        t.msix_tried,
+        t.messages,
+        t.waits,
         errors.join(", "),
         spent.seed,
         spent.secs
@@ -474,4 +560,5 @@ fn the_hostile_controller_fuzzer() {
     assert_eq!(spent.failures, 0);
     assert!(t.completed > 0 && t.verified > 0 && t.timeouts > 0 && t.violations > 0);
     assert!(t.resets > 0 && t.up > 0 && t.direct > 0);
+    assert!(t.msix_on > 0 && t.msix_on < t.msix_tried && t.messages > 0 && t.waits > 0);
 }

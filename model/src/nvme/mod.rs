@@ -23,6 +23,16 @@
 //! driver cannot use); a ready bit that never changes; a fatal status. [`NvmeLies`] counts
 //! what was told.
 //!
+//! MSI-X, as QEMU's controller lays it out: the capability at 40h (a table entry per queue
+//! pair and one for the admin queue), the table in BAR 0 on the first 4 KiB boundary past the
+//! doorbells and the pending bits on the next. A completion posted on a queue created with
+//! interrupts enabled while MSI-X was enabled (QEMU binds the vector then) sends its entry's
+//! message ([`NvmeModel::messages`]) while MSI-X is
+//! enabled, the function and the entry unmasked; masked, it sets the pending bit and the
+//! message goes when the mask clears. Hostile placements ([`NvmeModel::set_msix_lie`]): no
+//! capability, a capability list that loops, the table in another BAR or past BAR 0, an
+//! entry that forgets what is written to it.
+//!
 //! It keeps watch too: [`NvmeModel::violations`] lists every access the driver asked for that
 //! leaves the memory it owns, a completion queue overrun, memory freed while the controller
 //! was enabled and still had queues there, and damaged guard pages.
@@ -69,6 +79,25 @@ const SC_INVALID_QID: u16 = 0x100 | 0x01;
 const SC_INVALID_QSIZE: u16 = 0x100 | 0x02;
 /// Command specific: completion queue invalid.
 const SC_INVALID_CQ: u16 = 0x100;
+/// Command specific: invalid interrupt vector.
+const SC_INVALID_IV: u16 = 0x100 | 0x08;
+/// Where the MSI-X capability lies in configuration space.
+const MSIX_CAP: u16 = 0x40;
+
+/// A lie about MSI-X ([`NvmeModel::set_msix_lie`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsixLie {
+    /// No capability list at all (status bit 4 clear).
+    NoCapability,
+    /// A capability list whose entry points at itself, without MSI-X.
+    LoopingList,
+    /// The table in BAR 2 (which does not exist).
+    OtherBar,
+    /// The table's offset near 4 GiB, past BAR 0.
+    PastBar,
+    /// Table entries that read back as zeroes whatever is written.
+    ForgetfulEntry,
+}
 
 /// One namespace: its blocks and their size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +270,8 @@ struct Cq {
     head: u16,
     tail: u16,
     phase: bool,
+    /// The MSI-X entry its completions signal (None: interrupts disabled).
+    iv: Option<u16>,
 }
 
 struct Ctrl {
@@ -268,6 +299,15 @@ struct Ctrl {
     lied: bool,
     counters: NvmeCounters,
     violations: Vec<String>,
+    /// MSI-X Message Control's Enable (bit 15) and Function Mask (bit 14).
+    msix_control: u16,
+    /// The MSI-X table: address low, high, data, vector control per entry.
+    msix_table: Vec<[u32; 4]>,
+    /// The pending bits, one per entry.
+    msix_pending: Vec<bool>,
+    /// Messages sent: (address, data).
+    messages: Vec<(u64, u32)>,
+    msix_lie: Option<MsixLie>,
 }
 
 /// The controller's answer to a command: status (type << 8 | code) and dword 0.
@@ -299,6 +339,12 @@ impl Ctrl {
             lied: false,
             counters: NvmeCounters::default(),
             violations: Vec::new(),
+            msix_control: 0,
+            // Every entry masked out of reset (PCI 3.0, 6.8.2.9).
+            msix_table: vec![[0, 0, 0, 1]; q],
+            msix_pending: vec![false; q],
+            messages: Vec::new(),
+            msix_lie: None,
         }
     }
 
@@ -326,6 +372,48 @@ impl Ctrl {
         4 << (self.cfg.dstrd & 0xF)
     }
 
+    /// The MSI-X table's offset in BAR 0: the first 4 KiB boundary past every doorbell.
+    fn msix_table_at(&self) -> usize {
+        let end = DOORBELLS + 2 * self.msix_table.len() * self.stride();
+        end.next_multiple_of(PAGE as usize)
+    }
+
+    /// The pending bit array's offset: the next 4 KiB boundary past the table.
+    fn msix_pba_at(&self) -> usize {
+        (self.msix_table_at() + 16 * self.msix_table.len()).next_multiple_of(PAGE as usize)
+    }
+
+    /// The MSI-X table entry and dword at BAR 0 offset `at`, if it is one.
+    fn msix_slot(&self, at: usize) -> Option<(usize, usize)> {
+        let rel = at.checked_sub(self.msix_table_at())?;
+        (rel < 16 * self.msix_table.len()).then_some((rel / 16, rel % 16 / 4))
+    }
+
+    /// Entry `iv`'s message, or its pending bit if masked.
+    fn signal(&mut self, iv: u16) {
+        let i = usize::from(iv);
+        if self.msix_control & 0x8000 == 0 || i >= self.msix_table.len() {
+            return;
+        }
+        let e = self.msix_table[i];
+        if self.msix_control & 0x4000 != 0 || e[3] & 1 != 0 {
+            self.msix_pending[i] = true;
+        } else {
+            self.messages
+                .push((u64::from(e[0]) | u64::from(e[1]) << 32, e[2]));
+        }
+    }
+
+    /// Sends the messages pending on entries no longer masked.
+    fn unmasked(&mut self) {
+        for i in 0..self.msix_pending.len() {
+            if self.msix_pending[i] {
+                self.msix_pending[i] = false;
+                self.signal(i as u16);
+            }
+        }
+    }
+
     fn csts(&mut self) -> u32 {
         let mut rdy = self.stuck_ready.unwrap_or(self.ready);
         let mut cfs = self.fatal;
@@ -341,6 +429,21 @@ impl Ctrl {
     }
 
     fn read(&mut self, at: usize) -> u32 {
+        if let Some((e, w)) = self.msix_slot(at) {
+            return if self.msix_lie == Some(MsixLie::ForgetfulEntry) && w < 3 {
+                0
+            } else {
+                self.msix_table[e][w]
+            };
+        }
+        if let Some(rel) = at.checked_sub(self.msix_pba_at())
+            && rel < self.msix_pending.len().div_ceil(32) * 4
+        {
+            let first = rel / 4 * 32;
+            return (0..32)
+                .filter(|b| self.msix_pending.get(first + b).copied().unwrap_or(false))
+                .fold(0, |v, b| v | 1 << b);
+        }
         match at {
             CAP => self.cap() as u32,
             o if o == CAP + 4 => (self.cap() >> 32) as u32,
@@ -357,6 +460,17 @@ impl Ctrl {
     }
 
     fn write(&mut self, at: usize, v: u32) {
+        if let Some((e, w)) = self.msix_slot(at) {
+            self.msix_table[e][w] = if w == 3 { v & 1 } else { v };
+            if w == 3 {
+                self.unmasked();
+            }
+            return;
+        }
+        if at >= self.msix_table_at() {
+            // The pending bits are read-only.
+            return;
+        }
         match at {
             CC => {
                 let was = self.cc & 1 != 0;
@@ -407,6 +521,9 @@ impl Ctrl {
             head: 0,
             tail: 0,
             phase: true,
+            // The vector is bound only if MSI-X is enabled as the queue is made (QEMU's
+            // controller marks the vector used then).
+            iv: (self.msix_control & 0x8000 != 0).then_some(0),
         });
         self.ready = true;
     }
@@ -515,6 +632,16 @@ impl Ctrl {
         for _ in 0..times {
             self.write_cqe(cqid, e);
         }
+        if times > 0
+            && let Some(iv) = self
+                .cqs
+                .get(usize::from(cqid))
+                .copied()
+                .flatten()
+                .and_then(|q| q.iv)
+        {
+            self.signal(iv);
+        }
     }
 
     fn write_cqe(
@@ -610,12 +737,20 @@ impl Ctrl {
                     if self.cqs[qid].is_some() {
                         return (SC_INVALID_QID, 0);
                     }
+                    // Interrupts enabled (bit 1) name an entry of the MSI-X table.
+                    let iv = (cdw11 & 2 != 0).then_some((cdw11 >> 16) as u16);
+                    if iv.is_some_and(|v| usize::from(v) >= self.msix_table.len()) {
+                        return (SC_INVALID_IV, 0);
+                    }
+                    // Bound to its vector only with MSI-X already enabled (as above).
+                    let iv = iv.filter(|_| self.msix_control & 0x8000 != 0);
                     self.cqs[qid] = Some(Cq {
                         base: prp1,
                         size: size + 1,
                         head: 0,
                         tail: 0,
                         phase: true,
+                        iv,
                     });
                 } else {
                     let cqid = (cdw11 >> 16) as u16;
@@ -1004,6 +1139,21 @@ impl NvmeModel {
     pub fn pci_command(&self) -> u16 {
         self.lock().command
     }
+
+    /// Lies about MSI-X from now on (`None`: the truth).
+    pub fn set_msix_lie(&self, lie: Option<MsixLie>) {
+        self.lock().msix_lie = lie;
+    }
+
+    /// Whether MSI-X is enabled (Message Control's Enable bit).
+    pub fn msix_enabled(&self) -> bool {
+        self.lock().msix_control & 0x8000 != 0
+    }
+
+    /// The MSI-X messages sent so far: (address, data), in order.
+    pub fn messages(&self) -> Vec<(u64, u32)> {
+        self.lock().messages.clone()
+    }
 }
 
 // SAFETY: DMA blocks come from the model's `Memory` (zeroed, with distinct "physical"
@@ -1063,20 +1213,52 @@ impl ConfigRegionAccess for NvmeModel {
             return u32::MAX;
         }
         let g = self.lock();
+        let lie = g.msix_lie;
+        // Status bit 4: a capability list.
+        let caps = if lie == Some(MsixLie::NoCapability) {
+            0
+        } else {
+            0x10 << 16
+        };
+        let table = match lie {
+            Some(MsixLie::OtherBar) => g.msix_table_at() as u32 | 2,
+            Some(MsixLie::PastBar) => 0xFFFF_FFF0,
+            _ => g.msix_table_at() as u32,
+        };
         match offset & !3 {
             0x00 => u32::from(VENDOR) | u32::from(DEVICE) << 16,
-            0x04 => u32::from(g.command),
+            0x04 => u32::from(g.command) | caps,
             0x08 => 0x0108_0200,
             // A 64-bit memory BAR.
             0x10 => BAR0 as u32 | 0x4,
             0x14 => (BAR0 >> 32) as u32,
+            0x34 => u32::from(MSIX_CAP),
+            // A vendor capability that names itself as the next.
+            o if o == MSIX_CAP && lie == Some(MsixLie::LoopingList) => {
+                0x09 | u32::from(MSIX_CAP) << 8
+            }
+            // MSI-X, the last capability: table size N - 1, the control bits.
+            o if o == MSIX_CAP => {
+                0x11 | (u32::from(g.msix_control) | (g.msix_table.len() as u32 - 1)) << 16
+            }
+            o if o == MSIX_CAP + 4 => table,
+            o if o == MSIX_CAP + 8 => g.msix_pba_at() as u32,
             _ => 0,
         }
     }
 
     unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
-        if address == Self::address() && offset & !3 == 0x04 {
-            self.lock().command = value as u16;
+        if address != Self::address() {
+            return;
+        }
+        let mut g = self.lock();
+        match offset & !3 {
+            0x04 => g.command = value as u16,
+            o if o == MSIX_CAP && g.msix_lie != Some(MsixLie::LoopingList) => {
+                g.msix_control = (value >> 16) as u16 & 0xC000;
+                g.unmasked();
+            }
+            _ => {}
         }
     }
 }
