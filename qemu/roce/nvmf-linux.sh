@@ -17,6 +17,7 @@
 #   bvnvmf.nvme=0|1            B: serve this guest's PCIe NVMe disk (/dev/nvme0n1) too;
 #                              A: the steps and jobs on the unikernel's NVMe namespaces
 #   bvnvmf.nvmeruns=3          A: runs of each performance job on the NVMe namespaces
+#   bvnvmf.smp=2               A: the lab's two-core mode alone (qemu/roce/nvmf-smp.sh)
 # Linux B serves two subsystems on brd RAM disks: one for Linux A (the baseline and the
 # performance reference), one for the unikernel's host mode. Linux A prints a line
 # `nvmf-result <side> <step>: PASS|FAIL (<what was checked>)` per step, `nvmf-perf <job> <side>
@@ -364,6 +365,70 @@ restart() { # NQN [SIDE]
     return 1
   fi
 }
+
+# --- BAREVERBS_NVMF_SMP=2 (qemu/roce/nvmf-smp.sh): this guest has two CPUs, no Linux B ---------
+# The appliance with two vCPUs (smp2), then with one (smp1): connect with two I/O queues, the
+# jobs with two fio jobs each (one per queue: blk-mq maps each CPU to a queue), one counted
+# randread run between the marks 0001 and 0101; on smp2 first a write with verify, and the
+# appliance's cores line read by the lab while connected.
+smp_jobs() { # TAG DEV
+  local i j name rw bs depth kb
+  for i in $(seq 1 "$perf"); do
+    for j in "randread-4k randread" "randwrite-4k randwrite"; do
+      read -r name rw <<<"$j"
+      echo "nvmf-perf $name $1 $(timeout $((secs + 60)) fio --name="$name" --filename="$2" --direct=1 \
+        --ioengine=libaio --iodepth=32 --numjobs=2 --rw="$rw" --bs=4k --time_based --runtime="$secs" \
+        --ramp_time=1 --norandommap --randrepeat=0 --group_reporting --minimal 2>/dev/null |
+        awk -F';' -v rw="$rw" 'NF > 50 {print (rw ~ /write/ ? $49 : $8); exit}')"
+    done
+  done
+  if [ "$count" = 1 ]; then
+    echo "nvmf-mark unikernel 0001"
+    wait_ack 0001 30 || return 1
+    kb=$(timeout $((secs + 60)) fio --name=randread-4k --filename="$2" --direct=1 --ioengine=libaio \
+      --iodepth=32 --numjobs=2 --rw=randread --bs=4k --time_based --runtime="$secs" --norandommap \
+      --randrepeat=0 --group_reporting --minimal 2>/dev/null | awk -F';' 'NF > 50 {print $6; exit}')
+    echo "nvmf-mark unikernel 0101"
+    wait_ack 0101 30 || return 1
+    echo "nvmf-count randread-4k $1 $(( ${kb:-0} / 4 ))"
+  fi
+}
+smp_connect() { # TAG: sets dev
+  local out
+  dev=
+  out=$(timeout 90 nvme connect -t rdma -a "$uk_ip" -s 4420 -n "$nqn_ram" --hostnqn="$hostnqn" -i 2 2>&1) ||
+    { sed 's/^/  /' <<<"$out"; result "$1 connect" "FAIL (nvme connect -i 2 -n $nqn_ram: $(tail -1 <<<"$out"))"; return 1; }
+  dev=$(device "$nqn_ram" 1) || { result "$1 connect" "FAIL (connected, but no namespace 1 of $nqn_ram appeared)"; return 1; }
+  result "$1 connect" "PASS (nvme connect -t rdma -i 2 -n $nqn_ram: $dev, $(mib_of "$dev") MiB; the kernel: '$(dmesg | grep -a -o 'creating [0-9]* I/O queues' | tail -1)', $(nproc) CPUs)"
+}
+if [ "$(arg smp)" = 2 ]; then
+  say "phase smp2 (the appliance at $uk_ip on two vCPUs)"
+  if discover smp2 "$uk_ip" "$nqn_ram" && smp_connect smp2; then
+    out=$(timeout 300 fio --name=smp2-verify --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 \
+      --numjobs=2 --size=8M --offset_increment=8M --rw=randwrite --bs=4k --verify=crc32c --do_verify=1 \
+      --verify_fatal=1 --randrepeat=0 --group_reporting --minimal 2>&1); st=$?
+    e=$(awk -F';' 'NF > 50 {print $5; exit}' <<<"$out")
+    if [ "$st" = 0 ] && [ "$e" = 0 ]; then
+      result "smp2 fio-rand4k" "PASS (fio randwrite bs=4k --numjobs=2, 8 MiB each at offsets 0 and 8 MiB, iodepth 4, --verify=crc32c: written and read back, every block checked; write $(awk -F';' 'NF > 50 {print $49; exit}' <<<"$out") IOPS)"
+    else
+      sed 's/^/  /' <<<"$out" | tail -15
+      result "smp2 fio-rand4k" "FAIL (fio randwrite --numjobs=2 --verify=crc32c: exit $st, error ${e:-none})"
+    fi
+    smp_jobs smp2 "$dev"
+    echo "nvmf-smp-cores"
+    wait_ack cores 60
+    nvme disconnect -n "$nqn_ram" >/dev/null 2>&1
+  fi
+  echo "nvmf-smp-next"
+  say "phase smp1 (the appliance again, one vCPU)"
+  if wait_ack next 120 && discover smp1 "$uk_ip" "$nqn_ram" && smp_connect smp1; then
+    smp_jobs smp1 "$dev"
+    nvme disconnect -n "$nqn_ram" >/dev/null 2>&1
+  fi
+  dmesg | grep -E 'nvme|rdma|rxe' | tail -20 | sed 's/^/  [dmesg] /'
+  say "done"
+  exit 0
+fi
 
 say "phase baseline (Linux B at $b_ip)"
 steps linux-linux "$b_ip" "$nqn_linux"

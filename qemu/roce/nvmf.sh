@@ -23,6 +23,9 @@
 #   BAREVERBS_NVMF_PROFILE=JOB         the counted unikernel's profile over JOB's window (a job of
 #                                      the efficiency lines, e.g. nvme-randread-4k; none by
 #                                      default): `nvmf profile JOB:` lines, its top 15 symbols
+#   BAREVERBS_NVMF_SMP=2               instead of all that: the appliance (RAM only) with -smp 2
+#                                      and -smp 1 under Linux A's `nvme connect -i 2`, its cores
+#                                      line, efficiency and IOPS (qemu/roce/nvmf-smp.sh)
 #
 # Linux B (10.0.0.3) serves nvmet-rdma over configfs on brd RAM disks; Linux A (10.0.0.1) is
 # the host: `nvme discover`, `nvme connect`, fio with --verify=crc32c, mkfs.ext4 / mount / write /
@@ -255,6 +258,12 @@ blk_boot() {
     echo "PASS (${line#virtio-blk: }; after power-off this host found the 320 sectors in the raw image, sectors 0-7 untouched)"
   fi
 }
+# BAREVERBS_NVMF_SMP=2: the appliance on two vCPUs and on one, RAM only, under Linux A's
+# `nvme connect -i 2` (qemu/roce/nvmf-smp.sh, which ends the lab); none of the steps below.
+if [ "${BAREVERBS_NVMF_SMP:-1}" = 2 ]; then
+  # shellcheck source=qemu/roce/nvmf-smp.sh
+  source "$here/nvmf-smp.sh"
+fi
 boot=$(blk_boot)
 stage "the virtio-blk boot check: ${boot%% *}"
 

@@ -1,0 +1,177 @@
+# shellcheck shell=bash
+# The NVMe-oF lab on two cores (BAREVERBS_NVMF_SMP=2), sourced by qemu/roce/nvmf.sh once its
+# helpers are defined (say_to, console_in, power_off, the counter): the appliance's poll groups
+# (docs/percore.md) under Linux's own host, which asks for one I/O queue per CPU.
+#
+# Linux A boots with two CPUs (nvme-rdma makes no more I/O queues than the host has CPUs) and
+# no Linux B; the appliance serves one RAM subsystem (a configuration with virtio-blk or NVMe
+# namespaces keeps every queue on core 0), so the lab's virtio-blk, NVMe and restart steps do
+# not run in this mode. Two appliances, one after the other, same configuration, same jobs:
+#   smp2: `-smp 2 -accel tcg,thread=multi`; A connects with `nvme connect -i 2`, runs fio
+#         randwrite 4k with --verify=crc32c and --numjobs=2 (8 MiB each), the performance runs
+#         (randread 4k and randwrite 4k, depth 32, --numjobs=2), one counted randread run
+#         between the marks 0001 and 0101, and asks the lab (`nvmf-smp-cores`) to read the
+#         appliance's `nvmf-uk cores:` line from its console (`s`) while it is connected;
+#   smp1: the same appliance with one CPU, the same connect and jobs (no verify, no cores line).
+# Each appliance runs under the instruction counter when there is one (its sum over the vCPUs:
+# qemu/roce/icount.c), so the IOPS lines of both are taken under the counter too (informative).
+# Prints `nvmf smp2 <step>: PASS|FAIL`, `nvmf cores: …` (FAIL when a core served under 30 % of
+# the I/O commands or the line is missing), `nvmf randread-4k efficiency smp2: …` beside the
+# 1-core figure (target: at most 1.10 times; said, not judged), the IOPS lines, and the verdict.
+smp_t0=$(date +%s)
+smp_log() { echo "$cache/nvmf-smp-unikernel-$1.log"; }
+smp_count() { echo "$cache/nvmf-smp-icount-$1.txt"; }
+rm -f "$cache"/nvmf-smp-* "$cache"/nvmf-console-smp*
+stage "BAREVERBS_NVMF_SMP=2: Linux A (2 CPUs) against a RAM-only appliance on 2 vCPUs, then on 1; no Linux B, no virtio-blk, NVMe or restart steps in this mode"
+smp_linux_a() {
+  console_in a > /dev/null
+  timeout "$limit" "$qemu" \
+    -accel "$accel" -machine q35 -cpu max -smp 2 -m 1024 -nographic -no-reboot \
+    -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-linux.sh bvnvmf.role=a bvnvmf.ip=10.0.0.1 bvnvmf.uk=1 bvnvmf.mib=$mib bvnvmf.perf=$runs bvnvmf.secs=$secs bvnvmf.smp=2 bvnvmf.count=$count_arg" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01,romfile=,rx_queue_size=1024 \
+    < "$cache/nvmf-console-a.in" > "$alog" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+smp_appliance() { # TAG(smp2|smp1) CPUS
+  local name=$1 out=$cache/nvmf-console-$1.out acc=(-accel tcg,thread=multi)
+  [ "$accel" = kvm ] && acc=(-accel kvm)
+  [ -n "$counter" ] && acc=(-accel tcg,thread=multi -plugin "$counter,out=$(smp_count "$1")")
+  rm -f "$out"; mkfifo "$out"
+  console_in "$name" > /dev/null
+  cat "$out" > "$(smp_log "$1")" &
+  readers+=($!)
+  timeout "$limit" "$qemu" \
+    "${acc[@]}" -smp "$2" -machine q35 -cpu max -m 512M -nodefaults -vga none -display none -no-reboot \
+    -serial "pipe:$cache/nvmf-console-$name" -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+    -netdev "$seg,id=nu" -device "$uk_nic",netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
+    -kernel "$uk_kernel" \
+    -append "bvnvmf=10.0.0.2/24 bvnvmf.subsys=$nqn_ram bvnvmf.ns=ram:${mib}M bvnvmf.allow=$hostnqn" \
+    > "$cache/nvmf-$name.qemu" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+alog=$cache/nvmf-smp-linux-a.log
+stage "booting Linux A (10.0.0.1, 2 CPUs) and the appliance (10.0.0.2, -smp 2, multi-threaded TCG${counter:+, counted}), $("$qemu" --version | head -1), on mcast group port $port"
+smp_linux_a
+a_pid=$last_pid
+smp_appliance smp2 2
+cur=smp2 cur_pid=$last_pid stopped='' relayed=0 cores_asked=0
+declare -A smp_status=()
+deadline=$(( t0 + limit ))
+while kill -0 "$a_pid" 2>/dev/null; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then stopped="the lab's timeout (${limit} s)"; break; fi
+  # The cores line while A is connected: `s` on the console, the line it prints after that.
+  if [ "$cores_asked" = 0 ] && grep -a -q "^nvmf-smp-cores" "$alog"; then
+    cores_asked=1
+    before=$(wc -l < "$(smp_log smp2)")
+    say_to smp2 s
+    for _ in $(seq 1 100); do
+      tail -n +"$((before + 1))" "$(smp_log smp2)" | grep -a -q "^nvmf-uk cores:" && break
+      sleep 0.3
+    done
+    tail -n +"$((before + 1))" "$(smp_log smp2)" | { grep -a "^nvmf-uk cores:" || true; } | head -1 | tr -d '\r' > "$cache/nvmf-smp-cores.txt"
+    say_to a "ack cores"
+  fi
+  # Phase smp1: the 2-core appliance powered off, the 1-core one booted.
+  if [ "$cur" = smp2 ] && grep -a -q "^nvmf-smp-next" "$alog"; then
+    power_off smp2 "$cur_pid"; smp_status[smp2]=$uk_exit
+    stage "booting the appliance again with -smp 1 (same configuration, same jobs)"
+    smp_appliance smp1 1
+    cur=smp1 cur_pid=$last_pid
+    say_to a "ack next"
+  fi
+  mapfile -t reqs < <({ grep -a "^nvmf-mark " "$alog" || true; } | tr -d '\r')
+  while [ "$relayed" -lt ${#reqs[@]} ]; do
+    read -r _ _ code <<<"${reqs[$relayed]}"
+    relayed=$((relayed + 1))
+    say_to "$cur" "m$code"
+    for _ in $(seq 1 100); do grep -q "^mark $code " "$(smp_count "$cur")" 2>/dev/null && break; sleep 0.2; done
+    say_to a "ack $code"
+  done
+  sleep 0.3
+done
+if [ -n "$stopped" ]; then stage "stopping: $stopped"; else stage "Linux A done"; fi
+power_off "$cur" "$cur_pid"; smp_status[$cur]=$uk_exit
+for r in "${readers[@]}"; do
+  for _ in $(seq 1 10); do kill -0 "$r" 2>/dev/null || break; sleep 0.5; done
+  kill "$r" 2>/dev/null || true
+done
+cleanup
+
+why=()
+res() { { grep -a "^nvmf-result $1: " "$alog" || true; } | tail -1 | sed "s/^nvmf-result $1: //" | tr -d '\r'; }
+for s in "smp2 discover" "smp2 connect" "smp2 fio-rand4k" "smp1 connect"; do
+  r=$(res "$s")
+  echo "nvmf $s: ${r:-FAIL (no result)}"
+  [[ "$r" == PASS* ]] || why+=("$s")
+done
+# The cores line: both queues and at least 30 % of the I/O commands on each core.
+l=$(cat "$cache/nvmf-smp-cores.txt" 2>/dev/null || true)
+if [[ "$l" =~ ^nvmf-uk\ cores:\ 2\ cores,\ I/O\ queues\ ([0-9]+)\+([0-9]+),\ commands\ ([0-9]+)\+([0-9]+)$ ]]; then
+  q0=${BASH_REMATCH[1]} q1=${BASH_REMATCH[2]} c0=${BASH_REMATCH[3]} c1=${BASH_REMATCH[4]}
+  echo "nvmf cores: 2 cores, I/O queues $q0+$q1, commands $c0+$c1"
+  if [ "$q0" != 1 ] || [ "$q1" != 1 ]; then
+    echo "nvmf cores: FAIL (I/O queues $q0+$q1 while Linux A was connected with -i 2; 1+1 wanted)"
+    why+=("cores: queues")
+  elif [ $((c0 + c1)) -eq 0 ] || [ $((c0 * 10)) -lt $((3 * (c0 + c1))) ] || [ $((c1 * 10)) -lt $((3 * (c0 + c1))) ]; then
+    echo "nvmf cores: FAIL (a core served under 30 % of the $((c0 + c1)) I/O commands)"
+    why+=("cores: balance")
+  else
+    echo "nvmf cores: PASS (each core served at least 30 % of the I/O commands: $((c0 * 100 / (c0 + c1))) % and $((c1 * 100 / (c0 + c1))) %)"
+  fi
+else
+  echo "nvmf cores: FAIL (no cores line from the appliance's console while Linux A was connected${l:+: '$l'})"
+  why+=("cores: no line")
+fi
+# IOPS: the median of each job's runs on each appliance (informative).
+median() { sort -n | awk '{v[NR] = $1} END {if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%d\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+for job in randread-4k randwrite-4k; do
+  vals() { { grep -a "^nvmf-perf $job $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4}'; }
+  m2=$(vals smp2 | median) m1=$(vals smp1 | median)
+  if [ -n "$m2" ] && [ -n "$m1" ]; then
+    echo "nvmf $job smp2: unikernel 2 cores $m2 IOPS, 1 core $m1 IOPS (median of $(vals smp2 | grep -c .) and $(vals smp1 | grep -c .) runs: $(vals smp2 | paste -sd' ') / $(vals smp1 | paste -sd' '); --numjobs=2, depth 32, informative${counter:+, both under the instruction counter})"
+  else
+    echo "nvmf $job smp2: SKIP (no measurement: 2 cores '${m2}', 1 core '${m1}', runs $runs)"
+  fi
+done
+# Efficiency: instructions per I/O over the window 0001..0101, summed over the vCPUs.
+if [ -z "$counter" ]; then
+  echo "nvmf randread-4k efficiency smp2: SKIP (no instruction counter: $counter_why)"
+else
+  ios() { { grep -a "^nvmf-count randread-4k $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4; exit}'; }
+  i2=$(ios smp2) i1=$(ios smp1)
+  w2=$(window_count "$(smp_count smp2)" 01) w1=$(window_count "$(smp_count smp1)" 01)
+  if [ -n "$w2" ] && [ -n "$w1" ] && [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ]; then
+    # The target (at most 1.10 times the 1-core figure) is reported, not a verdict: the
+    # figure includes the polls of a core waiting for work, which the host's load moves.
+    awk -v a="$w2" -v b="$w1" -v ia="$i2" -v ib="$i1" 'BEGIN {
+      x = a / ia; y = b / ib; r = x / y
+      printf "nvmf randread-4k efficiency smp2: unikernel %.0f (2 vCPUs summed) 1 core %.0f ratio %.3f, target at most 1.10: %s (instructions per I/O: %.1fM over %d I/Os, %.1fM over %d; the same jobs, -i 2 and --numjobs=2, on both)\n",
+        x, y, r, (r <= 1.10 ? "met" : "NOT MET"), a / 1e6, ia, b / 1e6, ib }'
+  else
+    echo "nvmf randread-4k efficiency smp2: FAIL (windows: 2 cores ${w2:--} instructions, ${i2:--} I/Os; 1 core ${w1:--}, ${i1:--})"
+    why+=("efficiency smp2")
+  fi
+fi
+for t in smp2 smp1; do
+  [ "${smp_status[$t]:-}" = 0 ] || [ "${smp_status[$t]:-}" = 33 ] ||
+    { echo "nvmf $t appliance: FAIL (QEMU status ${smp_status[$t]:-none}, 33 wanted)"; why+=("$t exit"); }
+done
+[ -n "$stopped" ] && why+=("stopped: $stopped")
+if [ ${#why[@]} -gt 0 ]; then
+  echo "[nvmf] Linux A's log ($alog) ends:"; tail -25 "$alog" | tr -d '\r' | sed 's/^/  /'
+  for t in smp2 smp1; do
+    echo "[nvmf] the $t appliance's log ends:"; tail -12 "$(smp_log $t)" 2>/dev/null | tr -d '\r' | sed 's/^/  /'
+  done
+fi
+stage "done (the 2-core mode: $(( $(date +%s) - smp_t0 )) s)"
+if [ ${#why[@]} -eq 0 ]; then
+  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, -smp 2 and -smp 1, RAM only)"
+  exit 0
+fi
+msg=$(printf '%s; ' "${why[@]}")
+echo "[nvmf] verdict: FAIL (${msg%; })"
+exit 1
