@@ -990,7 +990,9 @@ fn a_refused_case_resets_the_linux_server() {
         with_stack(lnx, LNX_IP, 23, |st, now| {
             thread::sleep(Duration::from_millis(800));
             let deadline = now() + BUDGET;
-            st.accept(PORT, deadline, now).expect("accepts");
+            // The connection is reset either before this stack's poll saw it established
+            // (accept ends closed; likely on a loaded machine) or after (the read does).
+            st.accept(PORT, deadline, now)?;
             let mut m = [0u8; 16];
             st.read_exact(&mut m, deadline, now)
         })

@@ -285,7 +285,8 @@ impl<'a, L: Link> Stack<'a, L> {
     }
 
     /// Listens on `port` (see [`Stack::listen`]) and waits for one connection; returns the
-    /// client's address and port. Nobody else is accepted while it lasts.
+    /// client's address and port. Nobody else is accepted while it lasts. A connection reset
+    /// before it was seen established ends the wait with [`Error::Closed`].
     pub fn accept(
         &mut self,
         port: u16,
@@ -295,6 +296,10 @@ impl<'a, L: Link> Stack<'a, L> {
         self.listen(port)?;
         self.wait(Step::Accept, deadline, now, |s, _| match s.state() {
             State::Established | State::CloseWait => Some(Ok(())),
+            // A connection reset before a poll saw it established leaves the socket closed,
+            // not listening: the attempt ended, as `accept` on a reset connection ends in
+            // Linux's stack. (A reset during the handshake goes back to listening.)
+            State::Closed => Some(Err(Error::Closed(Step::Accept))),
             _ => None,
         })?;
         self.peer().ok_or(Error::Closed(Step::Accept))
