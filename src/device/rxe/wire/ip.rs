@@ -41,12 +41,13 @@ pub fn ones_sum(sum: u32, bytes: &[u8]) -> u32 {
     for w in &mut words {
         s += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
-    match *words.remainder() {
-        [a] => s += u64::from(a) << 8,
-        [a, b] => s += u64::from(u16::from_be_bytes([a, b])),
-        [a, b, c] => s += u64::from(u16::from_be_bytes([a, b])) + (u64::from(c) << 8),
-        _ => {}
-    }
+    // The last one to three bytes as a word padded with zeroes: the same sum modulo 0xFFFF
+    // as their 16-bit halves (a branch-free tail keeps the code the same with and without
+    // debug line tables, which tests/size.sh checks).
+    let rest = words.remainder();
+    let mut tail = [0u8; 4];
+    tail[..rest.len()].copy_from_slice(rest);
+    s += u64::from(u32::from_be_bytes(tail));
     // Bounded: each fold at least halves the bits above 16.
     while s > 0xFFFF {
         s = (s & 0xFFFF) + (s >> 16);
