@@ -301,32 +301,6 @@ pub fn groups(config: &Config<'_>, cores: &dyn Cores) -> usize {
     }
 }
 
-/// A device whose objects several CPUs may use at once (the software RoCE device's are:
-/// each QP takes its own lock), so that poll groups can run on other CPUs.
-pub trait SharedProvider:
-    Provider<
-        Pd: Send + Sync,
-        Cq: Send + Sync,
-        Qp: Send + Sync,
-        Srq: Send + Sync,
-        Mr: Send + Sync,
-        Mem: Send + Sync,
-    > + Sync
-{
-}
-
-impl<P> SharedProvider for P where
-    P: Provider<
-            Pd: Send + Sync,
-            Cq: Send + Sync,
-            Qp: Send + Sync,
-            Srq: Send + Sync,
-            Mr: Send + Sync,
-            Mem: Send + Sync,
-        > + Sync
-{
-}
-
 /// No CPU but this one: `run` runs `main` only.
 pub struct OneCore;
 
@@ -376,7 +350,7 @@ pub struct NvmeNamespace<'d> {
 /// (it was checked against a [`crate::config::Machine`] that they do not match); the
 /// verbs', the CM's and the target's errors as they come.
 #[allow(clippy::too_many_arguments)]
-pub fn serve<P: SharedProvider>(
+pub fn serve<P: bareverbs::verbs::SharedProvider>(
     ctx: &Context<P>,
     config: &Config<'_>,
     ram: &mut [u8],
