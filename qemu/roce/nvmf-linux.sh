@@ -202,9 +202,25 @@ mkfs_write() { # SIDE DEV: ext4, mount, write files, remember their checksums, u
       { umount "$mnt"; result "$1 mkfs" "FAIL (writing $mnt/${f%:*})"; return 1; }
   done
   (cd "$mnt" && sha256sum "${files[@]%:*}") > "/run/tmp/sums-$1"
+  # A copy, for where a file differs if the checksums after the reconnect do not match.
+  rm -rf "/run/tmp/copy-$1" && mkdir -p "/run/tmp/copy-$1" && (cd "$mnt" && cp "${files[@]%:*}" "/run/tmp/copy-$1/")
   sync
   umount "$mnt" || { result "$1 mkfs" "FAIL (umount)"; return 1; }
   result "$1 mkfs" "PASS (mkfs.ext4 on $2, mounted, ${#files[@]} files of $total MiB written, unmounted)"
+}
+# Where the files of SIDE differ from the copies mkfs_write kept: per file, the bytes that
+# differ, the first and last offset, in how many 4 KiB blocks, and how many of the bad bytes
+# read as zero (a block never written reads as zeroes; a block of another write does not).
+differs() { # SIDE
+  local f
+  for f in "${files[@]%:*}"; do
+    [ -f "/run/tmp/copy-$1/$f" ] || continue
+    cmp -l "/run/tmp/copy-$1/$f" "$mnt/$f" 2>&1 | awk -v f="$f" '
+      $1 ~ /^[0-9]+$/ {n++; o = $1 - 1; if (n == 1) first = o; last = o; b[int(o / 4096)] = 1; if ($3 == 0) z++}
+      /EOF/ {eof = 1}
+      END {if (n == 0 && !eof) exit; nb = 0; for (k in b) nb++
+           printf "%s: %d bytes differ (offsets %d..%d, %d blocks of 4 KiB, %d read as zero)%s; ", f, n, first, last, nb, z + 0, eof ? ", short" : ""}'
+  done
 }
 reconnect() { # SIDE IP NQN NSID: disconnect, connect again, mount, check the checksums
   local out
@@ -215,8 +231,10 @@ reconnect() { # SIDE IP NQN NSID: disconnect, connect again, mount, check the ch
   connect "$1" "$2" "$3" "$4" reconnect || return 1
   mount "$dev" "$mnt" || { result "$1 reconnect" "FAIL (mount $dev after the reconnect)"; return 1; }
   out=$(cd "$mnt" && sha256sum -c "/run/tmp/sums-$1" 2>&1); local st=$?
+  local where=
+  [ "$st" = 0 ] || where=$(differs "$1")
   umount "$mnt"
-  [ "$st" = 0 ] || { sed 's/^/  /' <<<"$out"; result "$1 reconnect" "FAIL (checksums after the reconnect)"; return 1; }
+  [ "$st" = 0 ] || { sed 's/^/  /' <<<"$out"; result "$1 reconnect" "FAIL (checksums after the reconnect: ${where:-no copy to compare})"; return 1; }
   result "$1 reconnect" "PASS (nvme disconnect: $gone gone; connect again: $dev, mounted, sha256 of ${#files[@]} files as written)"
 }
 # The SMART / Health log's counters of DEV's controller: data units read and written
