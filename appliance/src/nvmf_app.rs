@@ -282,19 +282,17 @@ pub trait Cores: Sync {
     fn wake(&self) {}
 }
 
-/// Whether every namespace `config` declares can be served by several cores at once (RAM).
-fn shareable(config: &Config<'_>) -> bool {
-    config
-        .subsystems
-        .iter()
-        .flat_map(|s| s.namespaces.iter())
-        .all(|m| matches!(m, Medium::Ram { .. }))
+/// Whether every namespace of `s` can be served by several cores at once (RAM): its I/O
+/// queues may go to the poll groups; a virtio-blk or NVMe namespace (a medium with one queue
+/// of its own, driven by core 0) keeps them on core 0.
+fn shareable(s: &crate::config::SubsystemConfig<'_>) -> bool {
+    s.namespaces.iter().all(|m| matches!(m, Medium::Ram { .. }))
 }
 
 /// The poll groups [`serve`] runs for `config` on `cores`: one per CPU `cores` lends, up to
-/// [`MAX_GROUPS`], when every namespace is in RAM; none otherwise.
+/// [`MAX_GROUPS`], when a subsystem has its namespaces in RAM only; none otherwise.
 pub fn groups(config: &Config<'_>, cores: &dyn Cores) -> usize {
-    if shareable(config) {
+    if config.subsystems.iter().any(shareable) {
         cores.count().min(MAX_GROUPS)
     } else {
         0
@@ -367,10 +365,11 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
     let cq = ctx
         .create_cq(CQ_ENTRIES)
         .at("nvmf: create the target's CQ")?;
-    // Poll groups on the other CPUs when every namespace can be shared between cores (RAM);
-    // a queue's core is chosen before its Connect names its subsystem, so one medium that
-    // cannot (virtio-blk, NVMe: one queue of its own) keeps every queue on this CPU.
-    let shareable = shareable(config);
+    // Poll groups on the other CPUs when a subsystem has its namespaces in RAM only (shared
+    // between the cores); the queues of the others (virtio-blk, NVMe: a medium with one queue
+    // of its own) stay on this CPU. A queue's core is chosen when it is accepted, by the
+    // controller its connection request names (`Subsystem::core0_only`).
+    let all_shareable = config.subsystems.iter().all(shareable);
     let groups = groups(config, cores);
     // Each poll group's completion queue and link (made before the CM, which outlives
     // neither).
@@ -426,12 +425,14 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
             out,
             "nvmf: cores: {} CPUs; {}{}",
             cores.count() + 1,
-            if shareable {
+            if groups == 0 {
+                "I/O queues all on core 0 (a virtio-blk or NVMe namespace cannot be shared between cores)"
+            } else if all_shareable {
                 "I/O queues spread over core 0 and the poll groups"
             } else {
-                "I/O queues all on core 0 (a virtio-blk or NVMe namespace cannot be shared between cores)"
+                "I/O queues of RAM subsystems spread over core 0 and the poll groups, of virtio-blk and NVMe ones on core 0"
             },
-            if cores.count() > groups && shareable {
+            if cores.count() > groups && groups > 0 {
                 " (CPUs past the poll groups' limit idle)"
             } else {
                 ""
@@ -503,6 +504,7 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
         let (these, after) = core::mem::take(&mut rest).split_at_mut(n);
         *slot = Subsystem {
             allowed_hosts: &s.allow,
+            core0_only: !shareable(s),
             ..Subsystem::new(s.nqn, these)
         };
         rest = after;
@@ -723,12 +725,21 @@ fn serve_group<'a, P: Provider>(
 ) -> Result<(), TargetError> {
     let mut handles: heapless::Vec<SharedRamDisk<'_>, MAX_NAMESPACES_IN_ALL> =
         shared.iter().map(SharedRam::handle).collect();
-    let used = handles.len();
     let mut placeholders = [const { NoDisk }; MAX_NAMESPACES_IN_ALL];
     let mut table: [&mut dyn BlockDevice; MAX_NAMESPACES_IN_ALL] =
         placeholders.each_mut().map(|d| d as &mut dyn BlockDevice);
-    for (slot, h) in table.iter_mut().zip(handles.iter_mut()) {
-        *slot = h;
+    // Every namespace in subsystem order: the RAM ones this group's handles, the others
+    // empty placeholders (their subsystems' queues stay on core 0, `core0_only`).
+    let mut own = handles.iter_mut();
+    let mut used = 0;
+    let media = config.subsystems.iter().flat_map(|s| s.namespaces.iter());
+    for (slot, m) in table.iter_mut().zip(media) {
+        if let Medium::Ram { .. } = m {
+            *slot = own
+                .next()
+                .ok_or(TargetError::Config("poll group namespaces"))?;
+        }
+        used += 1;
     }
     let mut subsystems: [Subsystem<'_>; MAX_SUBSYSTEMS] =
         core::array::from_fn(|_| Subsystem::new("", &mut []));
@@ -742,6 +753,7 @@ fn serve_group<'a, P: Provider>(
         let (these, after) = core::mem::take(&mut rest).split_at_mut(n);
         *slot = Subsystem {
             allowed_hosts: &s.allow,
+            core0_only: !shareable(s),
             ..Subsystem::new(s.nqn, these)
         };
         rest = after;
@@ -1071,20 +1083,26 @@ mod tests {
             "CPUs past the limit idle"
         );
         assert_eq!(groups(&ram, &OneCore), 0);
-        // One medium with a queue of its own keeps every queue on core 0, whatever the
-        // subsystem.
+        // A medium with a queue of its own keeps its subsystem's queues on core 0; a RAM
+        // subsystem beside it still has the poll groups.
         for other in ["blk:0", "nvme:1"] {
             let text = std::format!(
                 "bvnvmf.subsys=nqn.a:r bvnvmf.ns=ram:1M bvnvmf.subsys=nqn.a:d bvnvmf.ns={other}"
             );
             let mixed = Config::parse(&text, &m).unwrap();
-            assert_eq!(groups(&mixed, &Lend(1)), 0, "{other}");
+            assert_eq!(groups(&mixed, &Lend(1)), 1, "{other}");
+            let flags: Vec<bool> = mixed.subsystems.iter().map(shareable).collect();
+            assert_eq!(flags, [true, false], "{other}");
+            // A subsystem of RAM and of the other medium stays on core 0 whole.
+            let text = std::format!("bvnvmf.subsys=nqn.a:d bvnvmf.ns=ram:1M bvnvmf.ns={other}");
+            let one = Config::parse(&text, &m).unwrap();
+            assert_eq!(groups(&one, &Lend(1)), 0, "{other}");
         }
         let built_in = Config::parse("", &m).unwrap();
         assert_eq!(
             groups(&built_in, &Lend(1)),
-            0,
-            "the built-in configuration has the disk"
+            1,
+            "the built-in configuration's RAM subsystem"
         );
     }
 

@@ -529,6 +529,132 @@ fn split(vanish: bool) {
     assert_eq!(t.counts().controllers, 1);
 }
 
+#[test]
+fn queues_of_a_subsystem_the_groups_cannot_reach_stay_on_core_0() {
+    use bareverbs_nvmf::block::{BlockDevice, RamDisk, SharedRam};
+    use bareverbs_nvmf::host::HostConfig;
+    use bareverbs_nvmf::target::{CoreCounts, GroupLink, Subsystem, Target};
+    use common::{H, HOST_A, HOST_C, NQN, T, hcfg, pattern, side, target_cm, tcfg};
+    const NQN_ONE: &str = "nqn.2026-11.io.bareverbs:core0";
+
+    let l = lab();
+    l.b.provider().set_progress_only(true);
+    let gcq = l.b.create_cq(4096).unwrap();
+    let links = [GroupLink::new(&gcq)];
+    let (sa, sb, sc) = (side(&l.a), side(&l.b), side(&l.c));
+    let mut cma = common::cm(&sa, &l.clk);
+    let mut cmc = common::cm(&sc, &l.clk);
+    let mut cmb = target_cm(&sb, &l.clk);
+    // NQN: 1 MiB of RAM every core has a handle of. NQN_ONE: a disk core 0 alone reaches.
+    let mut mem = vec![0u64; (1 << 20) / 8];
+    // SAFETY: the vector's bytes, borrowed mutably for as long as the view lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), 1 << 20) };
+    let ram = SharedRam::new(bytes, 512).unwrap();
+    let mut h0 = ram.handle();
+    let mut own = vec![0u8; 1 << 20];
+    let mut disk = RamDisk::new(&mut own, 512);
+    let mut nss: [&mut dyn BlockDevice; 1] = [&mut h0];
+    let mut nss_one: [&mut dyn BlockDevice; 1] = [&mut disk];
+    let mut subs = [
+        Subsystem::new(NQN, &mut nss),
+        Subsystem {
+            core0_only: true,
+            ..Subsystem::new(NQN_ONE, &mut nss_one)
+        },
+    ];
+    let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
+    t.serve_groups(&links).unwrap();
+    let t = std::cell::RefCell::new(t);
+    let mut ha: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(HOST_A));
+    let hc_cfg = HostConfig {
+        subnqn: NQN_ONE,
+        ..hcfg(HOST_C)
+    };
+    let mut hc: H = H::new(&sc.pd, &sc.dcq, l.clk.clone(), hc_cfg);
+    let turn = Turn::default();
+    let group_ram = ram.handle();
+    std::thread::scope(|s| {
+        let (turn_g, link, pd, gcq) = (&turn, &links[0], &sb.pd, &gcq);
+        let clk = l.clk.clone();
+        let group = s.spawn(move || {
+            let mut h1 = group_ram;
+            let mut none: [u8; 0] = [];
+            let mut nothing = RamDisk::new(&mut none, 512);
+            let mut nss: [&mut dyn BlockDevice; 1] = [&mut h1];
+            let mut nss_one: [&mut dyn BlockDevice; 1] = [&mut nothing];
+            let mut subs = [
+                Subsystem::new(NQN, &mut nss),
+                Subsystem {
+                    core0_only: true,
+                    ..Subsystem::new(NQN_ONE, &mut nss_one)
+                },
+            ];
+            let mut g: Target<'_, '_, R, _, 8, 128> =
+                Target::new(pd, gcq, clk, IP_B, tcfg(), &mut subs).unwrap();
+            g.join_group(link).unwrap();
+            while turn_g.group_waits() {
+                for _ in 0..3 {
+                    g.poll_group();
+                }
+                turn_g.to_core0();
+            }
+            g.counts().commands
+        });
+        {
+            let b = &l.b;
+            let clk = l.clk.clone();
+            let (t, cmb) = (&t, &mut cmb);
+            let mut idle = || {
+                clk.advance(20);
+                b.progress();
+                t.borrow_mut().poll(cmb);
+                turn.to_group_and_back();
+            };
+            // Host C first, to the subsystem only core 0 reaches: both its queues stay
+            // there (by load, the second would have gone to the group).
+            hc.connect(&mut cmc, &mut idle).unwrap();
+            ha.connect(&mut cma, &mut idle).unwrap();
+            for k in 0..8u32 {
+                let q = 1 + (k % 2) as u16;
+                let lba = u64::from(k) * 8;
+                for (h, who) in [(&mut ha, "A"), (&mut hc, "C")] {
+                    let data = pattern(4096, k + if who == "A" { 0 } else { 100 });
+                    h.write(q, 1, lba, 8, &data, &mut idle).unwrap();
+                    let mut back = vec![0u8; 4096];
+                    h.read(q, 1, lba, 8, &mut back, &mut idle).unwrap();
+                    assert_eq!(back, data, "host {who}, queue {q}, block {lba}");
+                }
+            }
+            // A's blocks hold A's bytes still: C's writes went to C's subsystem alone.
+            for k in 0..8u32 {
+                let mut back = vec![0u8; 4096];
+                ha.read(1, 1, u64::from(k) * 8, 8, &mut back, &mut idle)
+                    .unwrap();
+                assert_eq!(back, pattern(4096, k), "host A's block {}", k * 8);
+            }
+            for _ in 0..4 {
+                idle();
+            }
+            let cores: Vec<CoreCounts> = t.borrow().cores().collect();
+            // Core 0: C's two queues; the group, the least loaded then, both of A's. C's
+            // commands on core 0 (2 Connects, 8 writes, 8 reads), A's on the group (and A's 8
+            // reads back).
+            assert_eq!(
+                cores.iter().map(|c| c.io_queues).collect::<Vec<_>>(),
+                [2, 2],
+                "{cores:?}"
+            );
+            assert_eq!(
+                cores.iter().map(|c| c.io_commands).collect::<Vec<_>>(),
+                [18, 26],
+                "{cores:?}"
+            );
+        }
+        turn.stop();
+        assert_eq!(group.join().unwrap(), 26);
+    });
+}
+
 /// Whose turn it is, core 0's or the group's, handed over by a flag each side spins on (with
 /// a deadline: a side that panicked or stalled ends the other's wait instead of hanging it).
 #[derive(Default)]

@@ -23,6 +23,10 @@
 #   BAREVERBS_NVMF_PROFILE=JOB         the counted unikernel's profile over JOB's window (a job of
 #                                      the efficiency lines, e.g. nvme-randread-4k; none by
 #                                      default): `nvmf profile JOB:` lines, its top 15 symbols
+#   BAREVERBS_NVMF_CPUS=2              the appliance's CPUs in its uncounted runs (the steps; its
+#                                      counted run, the efficiency lines, has one): with 2,
+#                                      `-smp 2` under multi-threaded TCG, its RAM subsystems'
+#                                      I/O queues spread over both, the others' on CPU 0
 #   BAREVERBS_NVMF_SMP=2               instead of all that: the appliance (RAM only) with -smp 2
 #                                      and -smp 1 under Linux A's `nvme connect -i 2`, its cores
 #                                      line, efficiency and IOPS (qemu/roce/nvmf-smp.sh)
@@ -104,6 +108,8 @@ hostnqn=nqn.2026-11.io.bareverbs:lab-a
 # of its own (its /dev/nvme0n1) through nvmet-rdma, the baseline. On by default when the
 # appliance's kernel knows NVMe namespaces (`nvme:NSID` in its configuration's grammar).
 nvme=${BAREVERBS_NVMF_NVME:-1}
+uk_cpus=${BAREVERBS_NVMF_CPUS:-2}
+case "$uk_cpus" in 1|2|3|4) ;; *) echo "BAREVERBS_NVMF_CPUS=$uk_cpus: 1 to 4" >&2; exit 2 ;; esac
 nvme_runs=${BAREVERBS_NVMF_NVME_RUNS:-$runs}
 [ "$appliance" = 1 ] && grep -a -q "nvme:C/NSID" "$uk_kernel" 2>/dev/null || nvme=0
 [ "$nvme" = 1 ] || nvme_runs=0
@@ -200,7 +206,8 @@ linux() { # NAME ROLE IP MAC [EXTRA-KERNEL-ARGUMENTS] [COUNT]
 # powers it off, `mXXXX` runs a mark); with a disk image, the virtio-blk namespace; with NVMe
 # images, an NVMe controller with a namespace on each.
 unikernel() { # NAME LOG EXTRA-KERNEL-ARGUMENTS [DISK] [COUNT] [NVME-IMAGE...]
-  local acc=(-accel "$accel") drive=() out=$cache/nvmf-console-$1.out nv=()
+  local acc=(-accel "$accel" -smp "$uk_cpus") drive=() out=$cache/nvmf-console-$1.out nv=()
+  [ "$uk_cpus" -gt 1 ] && [ "$accel" = tcg ] && acc=(-accel tcg,thread=multi -smp "$uk_cpus")
   [ -n "${4:-}" ] && drive=(-drive "file=$4,if=none,id=d0,format=raw,cache=none" -device virtio-blk-pci,drive=d0,addr=0x4.0)
   [ $# -gt 5 ] && mapfile -t nv < <(nvme_dev nvu 0x5.0 bvnvme0 "${@:6}")
   [ -n "${5:-}" ] && acc=(-accel tcg -plugin "$counter,out=$5")
@@ -580,6 +587,23 @@ elif [ -n "$prof_kk" ]; then
   echo "nvmf profile $prof_job: - (no profile written, or no nm)"
 fi
 
+# The appliance's CPUs in its uncounted runs: its `nvmf: cores:` line (printed when it has
+# more than one), and what each core served by its end (`nvmf-uk cores:`, when a poll group
+# served a queue). With BAREVERBS_NVMF_CPUS above 1, a first boot without the line is a failure.
+if [ "$appliance" = 1 ] && [ -s "$ulog" ]; then
+  cores_line=$(grep -a -m1 '^nvmf: cores:' "$ulog" | tr -d '\r')
+  # The first boot is killed by the restart step: the last boot's counters (this run's logs).
+  boots=("$ulog")
+  for f in "$rlog" "$cache/nvmf-unikernel-restarted-2.log"; do [ "$f" -nt "$ulog" ] && boots+=("$f"); done
+  served=$(cat "${boots[@]}" 2>/dev/null | grep -a '^nvmf-uk cores:' | tail -1 | tr -d '\r')
+  if [ "$uk_cpus" -gt 1 ] && [ -z "$cores_line" ]; then
+    echo "nvmf cpus: FAIL (-smp $uk_cpus, but the appliance printed no 'nvmf: cores:' line)"
+    why+=("cpus")
+  elif [ "$uk_cpus" -gt 1 ]; then
+    echo "nvmf cpus: PASS (-smp $uk_cpus: ${cores_line#nvmf: }${served:+; at its end: ${served#nvmf-uk }})"
+  fi
+fi
+
 tail_of() { echo "[nvmf] $1's log ($2) ends:"; tail -"${3:-15}" "$2" 2>/dev/null | tr -d '\r' | sed 's/^/  /'; }
 [ -n "$stopped" ] && why+=("stopped: $stopped")
 if [ ${#why[@]} -gt 0 ]; then
@@ -594,7 +618,7 @@ stage "done"
 skipped=
 [ ${#pending[@]} -gt 0 ] && skipped=", ${#pending[@]} unikernel steps pending"
 if [ ${#why[@]} -eq 0 ]; then
-  echo "[nvmf] verdict: PASS ($accel, appliance on $nic$skipped)"
+  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, $uk_cpus CPUs$skipped)"
   exit 0
 fi
 msg=$(printf '%s; ' "${why[@]}")

@@ -486,6 +486,12 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             if !self.subsystems[k].allows(data.hostnqn.as_str()) {
                 return Err(Status::CONNECT_INVALID_HOST.into());
             }
+            // An I/O queue a poll group serves, for a subsystem the groups cannot reach: its
+            // connection request named another controller than this Connect does (the
+            // placement followed the request). Answered as a controller that does not exist.
+            if c.qid != 0 && queue.remote.is_some() && self.subsystems[k].core0_only {
+                return Err(param(invalid::data(invalid::CNTLID)));
+            }
             Which::Nvm(k)
         };
         if c.qid == 0 {

@@ -24,10 +24,11 @@ use bareverbs::hal::Clock;
 use bareverbs::verbs::{CompletionQueue, MemoryRegion, Provider, QueuePair, Rc, Rts};
 
 use super::counts::IoCounts;
-use super::ctrl::Ctrl;
+use super::ctrl::{Ctrl, Which};
 use super::exec::Fail;
 use super::queue::Cmd;
 use super::{CoreCounts, RefusalReason, Target, TargetError};
+use crate::wire::cm::CmReq;
 use crate::wire::fabrics::{CONNECT_DATA_LEN, Nqn};
 use crate::wire::log::ErrorEntry;
 use crate::wire::{SQE_LEN, Sqe, Status};
@@ -395,11 +396,16 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
         }))
     }
 
-    /// The core an I/O queue goes to: `None` this one, `Some(g)` group `g`.
-    pub(super) fn pick_group(&self, qid: u16) -> Option<usize> {
+    /// The core an I/O queue asked for with `req` from `station` goes to: `None` this one,
+    /// `Some(g)` group `g`.
+    pub(super) fn pick_group(&self, req: &CmReq, station: [u8; 4]) -> Option<usize> {
         let Role::Core0(links) = self.role.0 else {
             return None;
         };
+        if !self.may_leave_core0(req.cntlid, station) {
+            return None;
+        }
+        let qid = req.qid;
         let cores = links.len() + 1;
         let mut load = [0u16; 256];
         for q in self.queues[..self.span]
@@ -419,6 +425,27 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
             (0..cores).find(|&c| open(c) && load[c] == least)?
         };
         core.checked_sub(1)
+    }
+
+    /// Whether an I/O queue whose connection request names controller `cntlid` from
+    /// `station` may go to a poll group: always when every subsystem is reachable from the
+    /// groups; otherwise only when `cntlid` names a live controller of such a subsystem, made
+    /// from the same station. A request that names no controller (a host older than the
+    /// field, 0), or one of another station's, stays on core 0, which serves every subsystem;
+    /// a host whose Connect then names another controller than its request did is refused
+    /// there (`connect`).
+    fn may_leave_core0(&self, cntlid: u16, station: [u8; 4]) -> bool {
+        if !self.subsystems.iter().any(|s| s.core0_only) {
+            return true;
+        }
+        self.ctrls
+            .iter()
+            .flatten()
+            .find(|x| x.cntlid == cntlid && x.station == station)
+            .is_some_and(|x| match x.which {
+                Which::Nvm(k) => self.subsystems.get(k).is_some_and(|s| !s.core0_only),
+                Which::Discovery => false,
+            })
     }
 
     /// Hands accepted I/O queue `q` (its QP on group `g`'s CQ) to group `g`, keeping a

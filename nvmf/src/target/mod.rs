@@ -84,6 +84,12 @@ pub struct Subsystem<'s> {
     pub allowed_hosts: &'s [&'s str],
     /// The namespaces, NSID `k + 1` for `namespaces[k]`.
     pub namespaces: &'s mut [&'s mut dyn BlockDevice],
+    /// Its namespaces are reached through core 0's handles only (a medium with one queue of
+    /// its own, such as a virtio-blk disk, that the poll groups have no handle of): its I/O
+    /// queues stay on core 0 whatever the poll groups ([`Target::serve_groups`]). Placement
+    /// is decided when a queue is accepted, by the controller ID NVMe/RDMA's connection
+    /// request names (`docs/percore.md`).
+    pub core0_only: bool,
 }
 
 impl<'s> Subsystem<'s> {
@@ -94,6 +100,7 @@ impl<'s> Subsystem<'s> {
             serial: "bareverbs",
             allowed_hosts: &[],
             namespaces,
+            core0_only: false,
         }
     }
     /// Whether `host` may connect.
@@ -808,7 +815,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         let group = if admin {
             None
         } else {
-            self.pick_group(req.qid)
+            self.pick_group(&req, r.src_ip)
         };
         let cq = match (group, self.role.0) {
             (Some(g), Role::Core0(links)) => links[g].cq,
