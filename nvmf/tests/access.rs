@@ -32,10 +32,9 @@ fn allowed_hosts_discovery_and_unknown_subsystems() {
     let mut subs = [
         Subsystem::new(NQN, &mut n1),
         Subsystem {
-            nqn: NQN2,
             serial: "restricted",
             allowed_hosts: &allowed,
-            namespaces: &mut n2,
+            ..Subsystem::new(NQN2, &mut n2)
         },
     ];
     let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();

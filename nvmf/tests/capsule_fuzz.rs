@@ -558,10 +558,9 @@ fn session(seed: u64, capsules: u64) -> Reach {
     let mut subs = [
         Subsystem::new(NQN, &mut n1),
         Subsystem {
-            nqn: NQN2,
             serial: "good",
             allowed_hosts: &allowed,
-            namespaces: &mut n2,
+            ..Subsystem::new(NQN2, &mut n2)
         },
     ];
     let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
