@@ -330,7 +330,7 @@ impl<P: Provider> Copy for Role<'_, P> {}
 impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P, K, Q, D> {
     /// Makes this target core 0 of the poll groups at the other ends of `links`: from now on
     /// it hands I/O queues to them as well as serving some itself (each new I/O queue goes
-    /// to the core with the fewest, ties to core `(qid − 1) mod cores`; `docs/percore.md`).
+    /// to the core with the fewest, ties to core `qid mod cores`; `docs/percore.md`).
     /// Each group's target must list the same subsystems, in the same order, over the same
     /// media (its own handles of them), and have the same configuration and depth `D` (a
     /// queue handed over keeps the depth core 0 accepted, up to the group's `D`).
@@ -418,7 +418,9 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
         let open =
             |c: usize| c == 0 || (usize::from(load[c]) < GROUP_QUEUES && links[c - 1].has_group());
         let least = (0..cores).filter(|&c| open(c)).map(|c| load[c]).min()?;
-        let preferred = usize::from(qid.saturating_sub(1)) % cores;
+        // Queue 1 to the first group: a host with one I/O queue (one CPU of its own) then
+        // has its commands run beside core 0's transport, not behind it.
+        let preferred = usize::from(qid) % cores;
         let core = if open(preferred) && load[preferred] == least {
             preferred
         } else {
