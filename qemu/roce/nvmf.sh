@@ -318,6 +318,10 @@ while kill -0 "$a_pid" 2>/dev/null; do
   # namespace, once more for the NVMe namespace).
   if [ -n "$uk_pid" ] && [ "$restarted" -lt "$(grep -a -c "^nvmf-restart kill" "$alog")" ]; then
     restarted=$((restarted + 1))
+    # Its counters first (`s`: what each core served, for the `nvmf cpus` line), then the
+    # kill; the writer goes on meanwhile.
+    say_to "$uk_name" s || true
+    sleep 0.5
     # The QEMU is the child of its `timeout` (uk_pid).
     for c in $(pgrep -P "$uk_pid"); do kill -KILL "$c" 2>/dev/null || true; done
     wait "$uk_pid" 2>/dev/null || true
@@ -592,15 +596,20 @@ fi
 # served a queue). With BAREVERBS_NVMF_CPUS above 1, a first boot without the line is a failure.
 if [ "$appliance" = 1 ] && [ -s "$ulog" ]; then
   cores_line=$(grep -a -m1 '^nvmf: cores:' "$ulog" | tr -d '\r')
-  # The first boot is killed by the restart step: the last boot's counters (this run's logs).
+  # Each boot's last counters: the first two asked for (`s`) just before the restart steps
+  # killed them, the last at its power-off (this run's logs only).
   boots=("$ulog")
   for f in "$rlog" "$cache/nvmf-unikernel-restarted-2.log"; do [ "$f" -nt "$ulog" ] && boots+=("$f"); done
-  served=$(cat "${boots[@]}" 2>/dev/null | grep -a '^nvmf-uk cores:' | tail -1 | tr -d '\r')
+  served=
+  for f in "${boots[@]}"; do
+    l=$(grep -a '^nvmf-uk cores:' "$f" 2>/dev/null | tail -1 | tr -d '\r')
+    [ -n "$l" ] && served+="${served:+; }${f##*/nvmf-}: ${l#nvmf-uk cores: }"
+  done
   if [ "$uk_cpus" -gt 1 ] && [ -z "$cores_line" ]; then
     echo "nvmf cpus: FAIL (-smp $uk_cpus, but the appliance printed no 'nvmf: cores:' line)"
     why+=("cpus")
   elif [ "$uk_cpus" -gt 1 ]; then
-    echo "nvmf cpus: PASS (-smp $uk_cpus: ${cores_line#nvmf: }${served:+; at its end: ${served#nvmf-uk }})"
+    echo "nvmf cpus: PASS (-smp $uk_cpus: ${cores_line#nvmf: }${served:+; served, per boot: $served})"
   fi
 fi
 
