@@ -531,6 +531,20 @@ fn split(vanish: bool) {
 
 #[test]
 fn queues_of_a_subsystem_the_groups_cannot_reach_stay_on_core_0() {
+    placement(true);
+}
+
+/// The same with hosts that name no controller in their queues' connection requests (Linux
+/// 6.1's nvme-rdma): the target places each by the controller of its station that waits for
+/// a queue of that ID.
+#[test]
+fn queues_are_placed_by_their_stations_controller_when_the_request_names_none() {
+    placement(false);
+}
+
+/// Host C to a subsystem core 0 alone reaches, then host A to a RAM subsystem every core
+/// reaches; `cntlid`: the hosts name their controller in their requests.
+fn placement(cntlid: bool) {
     use bareverbs_nvmf::block::{BlockDevice, RamDisk, SharedRam};
     use bareverbs_nvmf::host::HostConfig;
     use bareverbs_nvmf::target::{CoreCounts, GroupLink, Subsystem, Target};
@@ -565,9 +579,14 @@ fn queues_of_a_subsystem_the_groups_cannot_reach_stay_on_core_0() {
     let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
     t.serve_groups(&links).unwrap();
     let t = std::cell::RefCell::new(t);
-    let mut ha: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), hcfg(HOST_A));
+    let ha_cfg = HostConfig {
+        request_cntlid: cntlid,
+        ..hcfg(HOST_A)
+    };
+    let mut ha: H = H::new(&sa.pd, &sa.dcq, l.clk.clone(), ha_cfg);
     let hc_cfg = HostConfig {
         subnqn: NQN_ONE,
+        request_cntlid: cntlid,
         ..hcfg(HOST_C)
     };
     let mut hc: H = H::new(&sc.pd, &sc.dcq, l.clk.clone(), hc_cfg);

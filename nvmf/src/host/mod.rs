@@ -50,6 +50,9 @@ pub struct HostConfig<'n> {
     pub inline: bool,
     /// How long a command may take (ms).
     pub timeout_ms: u32,
+    /// Name the controller in each I/O queue's connection request (the REQ private data's
+    /// controller ID, as newer hosts do); off, it is 0, as Linux 6.1's nvme-rdma leaves it.
+    pub request_cntlid: bool,
 }
 
 impl Default for HostConfig<'_> {
@@ -66,6 +69,7 @@ impl Default for HostConfig<'_> {
             max_transfer: 32 * 1024,
             inline: true,
             timeout_ms: 10_000,
+            request_cntlid: true,
         }
     }
 }
@@ -214,7 +218,11 @@ impl<'a, 'n, P: Provider, K: Clock, const Q: usize, const D: usize> Host<'a, 'n,
             qid,
             hrqsize: depth,
             hsqsize: depth - 1,
-            cntlid: if qid == 0 { 0 } else { self.cntlid },
+            cntlid: if qid == 0 || !self.cfg.request_cntlid {
+                0
+            } else {
+                self.cntlid
+            },
         }
         .to_bytes();
         let params = ConnectParams {

@@ -402,7 +402,7 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
         let Role::Core0(links) = self.role.0 else {
             return None;
         };
-        if !self.may_leave_core0(req.cntlid, station) {
+        if !self.may_leave_core0(req, station) {
             return None;
         }
         let qid = req.qid;
@@ -429,25 +429,55 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
         core.checked_sub(1)
     }
 
-    /// Whether an I/O queue whose connection request names controller `cntlid` from
-    /// `station` may go to a poll group: always when every subsystem is reachable from the
-    /// groups; otherwise only when `cntlid` names a live controller of such a subsystem, made
-    /// from the same station. A request that names no controller (a host older than the
-    /// field, 0), or one of another station's, stays on core 0, which serves every subsystem;
-    /// a host whose Connect then names another controller than its request did is refused
-    /// there (`connect`).
-    fn may_leave_core0(&self, cntlid: u16, station: [u8; 4]) -> bool {
+    /// Whether I/O queue `req.qid` asked for from `station` may go to a poll group: always when
+    /// every subsystem is reachable from the groups; otherwise only when the controller it is
+    /// for belongs to such a subsystem. Newer hosts name that controller in the request
+    /// (`req.cntlid`); a host that names none (0: Linux 6.1's nvme-rdma, for one) is placed
+    /// by the controllers made from its station that still wait for a queue of that ID (the
+    /// admin queue's Connect comes before its I/O queues' requests): a group when every one
+    /// of them is of such a subsystem, core 0 otherwise, or when there is none. Core 0
+    /// serves every subsystem; a queue placed on a group whose Connect then names a
+    /// controller of a core-0-only subsystem is refused there (`connect`).
+    fn may_leave_core0(&self, req: &CmReq, station: [u8; 4]) -> bool {
         if !self.subsystems.iter().any(|s| s.core0_only) {
             return true;
         }
-        self.ctrls
-            .iter()
-            .flatten()
-            .find(|x| x.cntlid == cntlid && x.station == station)
-            .is_some_and(|x| match x.which {
-                Which::Nvm(k) => self.subsystems.get(k).is_some_and(|s| !s.core0_only),
-                Which::Discovery => false,
-            })
+        let reachable = |x: &Ctrl| match x.which {
+            Which::Nvm(k) => self.subsystems.get(k).is_some_and(|s| !s.core0_only),
+            Which::Discovery => false,
+        };
+        if req.cntlid != 0 {
+            return self
+                .ctrls
+                .iter()
+                .flatten()
+                .find(|x| x.cntlid == req.cntlid && x.station == station)
+                .is_some_and(reachable);
+        }
+        let mut verdict = None;
+        for (c, x) in self.ctrls.iter().enumerate() {
+            let Some(x) = x else { continue };
+            if x.station != station || x.which == Which::Discovery {
+                continue;
+            }
+            let limit = if x.io_granted == 0 {
+                self.cfg.max_io_queues
+            } else {
+                x.io_granted
+            };
+            let taken = self.queues[..self.span]
+                .iter()
+                .any(|q| q.in_use() && q.ctrl == Some(c) && q.qid == req.qid);
+            if req.qid > limit || taken {
+                continue;
+            }
+            let ok = reachable(x);
+            if verdict.is_some_and(|v| v != ok) {
+                return false;
+            }
+            verdict = Some(ok);
+        }
+        verdict.unwrap_or(false)
     }
 
     /// Hands accepted I/O queue `q` (its QP on group `g`'s CQ) to group `g`, keeping a
