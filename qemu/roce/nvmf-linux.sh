@@ -245,6 +245,9 @@ smart() { # DEV -> "DUR DUW HRC HWC"
     $1 == "host_read_commands" {hr = $2} $1 == "host_write_commands" {hw = $2}
     END {if (r == "" || w == "" || hr == "" || hw == "") exit 1; print r, w, hr, hw}'
 }
+# (The reads may be fewer: fio reads a random job back in offset order, its verify list
+# sorted, and the block layer may merge neighbouring reads: a run had 2087 read commands.
+# At least 128, 16 MiB in 128 KiB.)
 # `nvme smart-log` over the connection the two fio jobs of `steps` used, before and after
 # them: the target's counters moved by what fio did. Each job writes 8 MiB and reads it back
 # (randwrite 4k: 2048 writes and 2048 reads; write 128k: 64 of each, more when the target's
@@ -257,7 +260,7 @@ smart_check() { # SIDE BEFORE AFTER
   local dr=$((a[0] - b[0])) dw=$((a[1] - b[1])) hr=$((a[2] - b[2])) hw=$((a[3] - b[3]))
   local what="data units read +$dr written +$dw, host read commands +$hr write commands +$hw (before: $2; after: $3)"
   if [ "$dw" -ge 32 ] && [ "$dw" -le 34 ] && [ "$dr" -ge 32 ] && [ "$dr" -le 35 ] &&
-     [ "$hw" -ge 2112 ] && [ "$hw" -le $((2048 + 64 * 32)) ] && [ "$hr" -ge 2112 ] && [ "$hr" -le $((2048 + 64 * 32 + 64)) ]; then
+     [ "$hw" -ge 2112 ] && [ "$hw" -le $((2048 + 64 * 32)) ] && [ "$hr" -ge 128 ] && [ "$hr" -le $((2048 + 64 * 32 + 64)) ]; then
     result "$1 smart-log" "PASS (nvme smart-log on the controller fio used: $what; fio wrote 16 MiB in 2048 + 64 writes and read it back)"
   else
     result "$1 smart-log" "FAIL (nvme smart-log: $what; fio wrote and read 16 MiB in 2048 + 64 commands each way)"
