@@ -4,9 +4,9 @@
 # (docs/percore.md) under Linux's own host, which asks for one I/O queue per CPU.
 #
 # Linux A boots with two CPUs (nvme-rdma makes no more I/O queues than the host has CPUs) and
-# no Linux B; the appliance serves one RAM subsystem (a configuration with virtio-blk or NVMe
-# namespaces keeps every queue on core 0), so the lab's virtio-blk, NVMe and restart steps do
-# not run in this mode. Two appliances, one after the other, same configuration, same jobs:
+# no Linux B; the appliance serves one RAM subsystem (its queues spread over the cores; the
+# main lab runs the virtio-blk, NVMe and restart steps with the appliance on 2 CPUs, those
+# subsystems' queues on CPU 0), and those steps do not run in this mode. Two appliances, one after the other, same configuration, same jobs:
 #   smp2: `-smp 2 -accel tcg,thread=multi`; A connects with `nvme connect -i 2`, runs fio
 #         randwrite 4k with --verify=crc32c and --numjobs=2 (8 MiB each), the performance runs
 #         (randread 4k and randwrite 4k, depth 32, --numjobs=2), one counted randread run
