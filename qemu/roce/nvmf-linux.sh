@@ -387,8 +387,9 @@ restart() { # NQN [SIDE]
   fi
 }
 
-# --- BAREVERBS_NVMF_SMP=2 (qemu/roce/nvmf-smp.sh): this guest has two CPUs, no Linux B ---------
-# The appliance with two vCPUs (smp2), then with one (smp1): connect with two I/O queues, the
+# --- BAREVERBS_NVMF_SMP=2 (qemu/roce/nvmf-smp.sh): this guest has two CPUs ---------------------
+# The appliance with two vCPUs (smp2), then with one (smp1), then (counted) Linux B with two:
+# connect with two I/O queues, the
 # jobs with two fio jobs each (one per queue: blk-mq maps each CPU to a queue), one counted
 # randread run between the marks 0001 and 0101; on smp2 first a write with verify, and the
 # appliance's cores line read by the lab while connected.
@@ -414,13 +415,13 @@ smp_jobs() { # TAG DEV
     echo "nvmf-count randread-4k $1 $(( ${kb:-0} / 4 ))"
   fi
 }
-smp_connect() { # TAG: sets dev
-  local out
+smp_connect() { # TAG [IP NQN]: sets dev (the appliance's RAM subsystem by default)
+  local out ip=${2:-$uk_ip} nqn=${3:-$nqn_ram}
   dev=
-  out=$(timeout 90 nvme connect -t rdma -a "$uk_ip" -s 4420 -n "$nqn_ram" --hostnqn="$hostnqn" -i 2 2>&1) ||
-    { sed 's/^/  /' <<<"$out"; result "$1 connect" "FAIL (nvme connect -i 2 -n $nqn_ram: $(tail -1 <<<"$out"))"; return 1; }
-  dev=$(device "$nqn_ram" 1) || { result "$1 connect" "FAIL (connected, but no namespace 1 of $nqn_ram appeared)"; return 1; }
-  result "$1 connect" "PASS (nvme connect -t rdma -i 2 -n $nqn_ram: $dev, $(mib_of "$dev") MiB; the kernel: '$(dmesg | grep -a -o 'creating [0-9]* I/O queues' | tail -1)', $(nproc) CPUs)"
+  out=$(timeout 90 nvme connect -t rdma -a "$ip" -s 4420 -n "$nqn" --hostnqn="$hostnqn" -i 2 2>&1) ||
+    { sed 's/^/  /' <<<"$out"; result "$1 connect" "FAIL (nvme connect -i 2 -n $nqn: $(tail -1 <<<"$out"))"; return 1; }
+  dev=$(device "$nqn" 1) || { result "$1 connect" "FAIL (connected, but no namespace 1 of $nqn appeared)"; return 1; }
+  result "$1 connect" "PASS (nvme connect -t rdma -i 2 -n $nqn: $dev, $(mib_of "$dev") MiB; the kernel: '$(dmesg | grep -a -o 'creating [0-9]* I/O queues' | tail -1)', $(nproc) CPUs)"
 }
 if [ "$(arg smp)" = 2 ]; then
   say "phase smp2 (the appliance at $uk_ip on two vCPUs)"
@@ -445,6 +446,16 @@ if [ "$(arg smp)" = 2 ]; then
   if wait_ack next 120 && discover smp1 "$uk_ip" "$nqn_ram" && smp_connect smp1; then
     smp_jobs smp1 "$dev"
     nvme disconnect -n "$nqn_ram" >/dev/null 2>&1
+  fi
+  # Counted: Linux B with two vCPUs, nvmet-rdma on a RAM disk, the same connect and jobs
+  # (the 2-core figure's baseline).
+  if [ "$count" = 1 ]; then
+    echo "nvmf-smp-linux"
+    say "phase smp linux (Linux B at $b_ip on two vCPUs, counted)"
+    if wait_ack linux 120 && discover smp-linux "$b_ip" "$nqn_linux" && smp_connect smp-linux "$b_ip" "$nqn_linux"; then
+      smp_jobs linux "$dev"
+      nvme disconnect -n "$nqn_linux" >/dev/null 2>&1
+    fi
   fi
   dmesg | grep -E 'nvme|rdma|rxe' | tail -20 | sed 's/^/  [dmesg] /'
   say "done"

@@ -3,8 +3,8 @@
 # helpers are defined (say_to, console_in, power_off, the counter): the appliance's poll groups
 # (docs/percore.md) under Linux's own host, which asks for one I/O queue per CPU.
 #
-# Linux A boots with two CPUs (nvme-rdma makes no more I/O queues than the host has CPUs) and
-# no Linux B; the appliance serves one RAM subsystem (its queues spread over the cores; the
+# Linux A boots with two CPUs (nvme-rdma makes no more I/O queues than the host has CPUs);
+# Linux B only at the end, counted; the appliance serves one RAM subsystem (its queues spread over the cores; the
 # main lab runs the virtio-blk, NVMe and restart steps with the appliance on 2 CPUs, those
 # subsystems' queues on CPU 0), and those steps do not run in this mode. Two appliances, one after the other, same configuration, same jobs:
 #   smp2: `-smp 2 -accel tcg,thread=multi`; A connects with `nvme connect -i 2`, runs fio
@@ -12,17 +12,21 @@
 #         (randread 4k and randwrite 4k, depth 32, --numjobs=2), one counted randread run
 #         between the marks 0001 and 0101, and asks the lab (`nvmf-smp-cores`) to read the
 #         appliance's `nvmf-uk cores:` line from its console (`s`) while it is connected;
-#   smp1: the same appliance with one CPU, the same connect and jobs (no verify, no cores line).
+#   smp1: the same appliance with one CPU, the same connect and jobs (no verify, no cores line);
+#   linux: with the counter, Linux B with two CPUs (`-smp 2`, multi-threaded TCG, counted),
+#         nvmet-rdma on a RAM disk, the same connect and jobs: the 2-core figure's baseline.
 # Each appliance runs under the instruction counter when there is one (its sum over the vCPUs:
 # qemu/roce/icount.c), so the IOPS lines of both are taken under the counter too (informative).
 # Prints `nvmf smp2 <step>: PASS|FAIL`, `nvmf cores: …` (FAIL when a core served under 30 % of
-# the I/O commands or the line is missing), `nvmf randread-4k efficiency smp2: …` beside the
-# 1-core figure (target: at most 1.10 times; said, not judged), the IOPS lines, and the verdict.
+# the I/O commands or the line is missing), `nvmf randread-4k efficiency smp2: unikernel X
+# linux Y ratio r` (both on two vCPUs, summed) with the 1-core appliance's figure beside it
+# (target: 2 cores at most 1.10 times 1 core; said, not judged), the IOPS lines, and the
+# verdict.
 smp_t0=$(date +%s)
 smp_log() { echo "$cache/nvmf-smp-unikernel-$1.log"; }
 smp_count() { echo "$cache/nvmf-smp-icount-$1.txt"; }
 rm -f "$cache"/nvmf-smp-* "$cache"/nvmf-console-smp*
-stage "BAREVERBS_NVMF_SMP=2: Linux A (2 CPUs) against a RAM-only appliance on 2 vCPUs, then on 1; no Linux B, no virtio-blk, NVMe or restart steps in this mode"
+stage "BAREVERBS_NVMF_SMP=2: Linux A (2 CPUs) against a RAM-only appliance on 2 vCPUs, then on 1${counter:+, then a counted Linux B on 2}; no virtio-blk, NVMe or restart steps in this mode"
 smp_linux_a() {
   console_in a > /dev/null
   timeout "$limit" "$qemu" \
@@ -50,6 +54,20 @@ smp_appliance() { # TAG(smp2|smp1) CPUS
     -kernel "$uk_kernel" \
     -append "bvnvmf=10.0.0.2/24 bvnvmf.subsys=$nqn_ram bvnvmf.ns=ram:${mib}M bvnvmf.allow=$hostnqn" \
     > "$cache/nvmf-$name.qemu" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+# Linux B, counted, two CPUs: nvmet-rdma on a RAM disk (nvmf-linux.sh's role b, no NVMe part),
+# the marks on its console.
+smp_linux_b() {
+  console_in linux > /dev/null
+  timeout "$limit" "$qemu" \
+    -accel tcg,thread=multi -plugin "$counter,out=$(smp_count linux)" -machine q35 -cpu max -smp 2 -m 1024 -nographic -no-reboot \
+    -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
+    -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-linux.sh bvnvmf.role=b bvnvmf.ip=10.0.0.3 bvnvmf.uk=1 bvnvmf.mib=$mib bvnvmf.nvme=0 bvnvmf.mark=$counter_mark" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:03,romfile=,rx_queue_size=1024 \
+    < "$cache/nvmf-console-linux.in" > "$cache/nvmf-smp-linux-b.log" 2>&1 &
   pids+=($!)
   last_pid=$!
 }
@@ -83,18 +101,31 @@ while kill -0 "$a_pid" 2>/dev/null; do
     cur=smp1 cur_pid=$last_pid
     say_to a "ack next"
   fi
+  # Phase linux: the 1-core appliance powered off, the counted Linux B booted.
+  if [ "$cur" = smp1 ] && grep -a -q "^nvmf-smp-linux" "$alog"; then
+    power_off smp1 "$cur_pid"; smp_status[smp1]=$uk_exit
+    stage "booting a counted Linux B (10.0.0.3, -smp 2, multi-threaded TCG): nvmet-rdma on a RAM disk, the same jobs"
+    smp_linux_b
+    cur=linux cur_pid=$last_pid
+    say_to a "ack linux"
+  fi
   mapfile -t reqs < <({ grep -a "^nvmf-mark " "$alog" || true; } | tr -d '\r')
   while [ "$relayed" -lt ${#reqs[@]} ]; do
     read -r _ _ code <<<"${reqs[$relayed]}"
     relayed=$((relayed + 1))
-    say_to "$cur" "m$code"
+    if [ "$cur" = linux ]; then say_to linux "mark $code"; else say_to "$cur" "m$code"; fi
     for _ in $(seq 1 100); do grep -q "^mark $code " "$(smp_count "$cur")" 2>/dev/null && break; sleep 0.2; done
     say_to a "ack $code"
   done
   sleep 0.3
 done
 if [ -n "$stopped" ]; then stage "stopping: $stopped"; else stage "Linux A done"; fi
-power_off "$cur" "$cur_pid"; smp_status[$cur]=$uk_exit
+if [ "$cur" = linux ]; then
+  # Linux B serves until stopped (its console takes marks only).
+  kill "$cur_pid" 2>/dev/null || true; wait "$cur_pid" 2>/dev/null || true
+else
+  power_off "$cur" "$cur_pid"; smp_status[$cur]=$uk_exit
+fi
 for r in "${readers[@]}"; do
   for _ in $(seq 1 10); do kill -0 "$r" 2>/dev/null || break; sleep 0.5; done
   kill "$r" 2>/dev/null || true
@@ -103,7 +134,9 @@ cleanup
 
 why=()
 res() { { grep -a "^nvmf-result $1: " "$alog" || true; } | tail -1 | sed "s/^nvmf-result $1: //" | tr -d '\r'; }
-for s in "smp2 discover" "smp2 connect" "smp2 fio-rand4k" "smp1 connect"; do
+steps=("smp2 discover" "smp2 connect" "smp2 fio-rand4k" "smp1 connect")
+[ -n "$counter" ] && steps+=("smp-linux connect")
+for s in "${steps[@]}"; do
   r=$(res "$s")
   echo "nvmf $s: ${r:-FAIL (no result)}"
   [[ "$r" == PASS* ]] || why+=("$s")
@@ -130,9 +163,9 @@ fi
 median() { sort -n | awk '{v[NR] = $1} END {if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%d\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 for job in randread-4k randwrite-4k; do
   vals() { { grep -a "^nvmf-perf $job $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4}'; }
-  m2=$(vals smp2 | median) m1=$(vals smp1 | median)
+  m2=$(vals smp2 | median) m1=$(vals smp1 | median) ml=$(vals linux | median)
   if [ -n "$m2" ] && [ -n "$m1" ]; then
-    echo "nvmf $job smp2: unikernel 2 cores $m2 IOPS, 1 core $m1 IOPS (median of $(vals smp2 | grep -c .) and $(vals smp1 | grep -c .) runs: $(vals smp2 | paste -sd' ') / $(vals smp1 | paste -sd' '); --numjobs=2, depth 32, informative${counter:+, both under the instruction counter})"
+    echo "nvmf $job smp2: unikernel 2 cores $m2 IOPS, 1 core $m1 IOPS${ml:+, linux 2 CPUs $ml IOPS} (median of $(vals smp2 | grep -c .) and $(vals smp1 | grep -c .) runs: $(vals smp2 | paste -sd' ') / $(vals smp1 | paste -sd' ')${ml:+ / $(vals linux | paste -sd' ')}; --numjobs=2, depth 32, informative${counter:+, all under the instruction counter})"
   else
     echo "nvmf $job smp2: SKIP (no measurement: 2 cores '${m2}', 1 core '${m1}', runs $runs)"
   fi
@@ -142,17 +175,18 @@ if [ -z "$counter" ]; then
   echo "nvmf randread-4k efficiency smp2: SKIP (no instruction counter: $counter_why)"
 else
   ios() { { grep -a "^nvmf-count randread-4k $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4; exit}'; }
-  i2=$(ios smp2) i1=$(ios smp1)
+  i2=$(ios smp2) i1=$(ios smp1) il=$(ios linux)
   w2=$(window_count "$(smp_count smp2)" 01) w1=$(window_count "$(smp_count smp1)" 01)
-  if [ -n "$w2" ] && [ -n "$w1" ] && [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ]; then
-    # The target (at most 1.10 times the 1-core figure) is reported, not a verdict: the
-    # figure includes the polls of a core waiting for work, which the host's load moves.
-    awk -v a="$w2" -v b="$w1" -v ia="$i2" -v ib="$i1" 'BEGIN {
-      x = a / ia; y = b / ib; r = x / y
-      printf "nvmf randread-4k efficiency smp2: unikernel %.0f (2 vCPUs summed) 1 core %.0f ratio %.3f, target at most 1.10: %s (instructions per I/O: %.1fM over %d I/Os, %.1fM over %d; the same jobs, -i 2 and --numjobs=2, on both)\n",
-        x, y, r, (r <= 1.10 ? "met" : "NOT MET"), a / 1e6, ia, b / 1e6, ib }'
+  wl=$(window_count "$(smp_count linux)" 01)
+  if [ -n "$w2" ] && [ -n "$w1" ] && [ -n "$wl" ] && [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ] && [ "${il:-0}" -gt 0 ]; then
+    # The 2-core target (at most 1.10 times the 1-core figure) is reported, not a verdict:
+    # the figure includes the polls of a core waiting for work, which the host's load moves.
+    awk -v a="$w2" -v b="$w1" -v l="$wl" -v ia="$i2" -v ib="$i1" -v il="$il" 'BEGIN {
+      x = a / ia; y = b / ib; z = l / il; r = x / y
+      printf "nvmf randread-4k efficiency smp2: unikernel %.0f linux %.0f ratio %.2f (2 vCPUs each, summed); 1 core %.0f, 2 cores over 1 core %.3f, target at most 1.10: %s (instructions per I/O: %.1fM over %d I/Os, %.1fM over %d, linux %.1fM over %d; the same jobs, -i 2 and --numjobs=2, on all three)\n",
+        x, z, x / z, y, r, (r <= 1.10 ? "met" : "NOT MET"), a / 1e6, ia, b / 1e6, ib, l / 1e6, il }'
   else
-    echo "nvmf randread-4k efficiency smp2: FAIL (windows: 2 cores ${w2:--} instructions, ${i2:--} I/Os; 1 core ${w1:--}, ${i1:--})"
+    echo "nvmf randread-4k efficiency smp2: FAIL (windows: 2 cores ${w2:--} instructions, ${i2:--} I/Os; 1 core ${w1:--}, ${i1:--}; linux ${wl:--}, ${il:--})"
     why+=("efficiency smp2")
   fi
 fi
@@ -166,6 +200,8 @@ if [ ${#why[@]} -gt 0 ]; then
   for t in smp2 smp1; do
     echo "[nvmf] the $t appliance's log ends:"; tail -12 "$(smp_log $t)" 2>/dev/null | tr -d '\r' | sed 's/^/  /'
   done
+  [ -s "$cache/nvmf-smp-linux-b.log" ] &&
+    { echo "[nvmf] Linux B's log ends:"; tail -12 "$cache/nvmf-smp-linux-b.log" | tr -d '\r' | sed 's/^/  /'; }
 fi
 stage "done (the 2-core mode: $(( $(date +%s) - smp_t0 )) s)"
 if [ ${#why[@]} -eq 0 ]; then
