@@ -205,7 +205,7 @@ if [ ${#why[@]} -gt 0 ]; then
 fi
 stage "done (the 2-core mode: $(( $(date +%s) - smp_t0 )) s)"
 if [ ${#why[@]} -eq 0 ]; then
-  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, -smp 2 and -smp 1, RAM only)"
+  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, -smp 2 and -smp 1, RAM only${counter:+, Linux B on 2 CPUs counted})"
   exit 0
 fi
 msg=$(printf '%s; ' "${why[@]}")
