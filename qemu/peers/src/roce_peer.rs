@@ -25,6 +25,9 @@
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
 //! | `ib_read_lat-client` | `ib_read_lat` as the client | the server ([`perftest::run_lat`]): its buffer answers the READs, checked unchanged after |
 //! | `ib_atomic_lat-client` | `ib_atomic_lat` as the client | the server: its buffer takes the fetch-and-adds, which must add up to `-n` |
+//! | `ib_read_lat-server`, `ib_atomic_lat-server` | the same as the server | the client: READs (each bringing the first one's bytes) or fetch-and-adds (each returning the one before plus one), one at a time |
+//! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
+//! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -98,6 +101,18 @@ pub enum PerfKind {
     ReadLatReq,
     /// `ib_atomic_lat`, Linux serving: the unikernel's fetch-and-adds, one at a time.
     AtomicLatReq,
+    /// `ib_write_lat`: WRITEs each way, one at a time; `linux_serves`: Linux is perftest's
+    /// server (it writes first), the unikernel its client.
+    WriteLat {
+        /// Linux serves.
+        linux_serves: bool,
+    },
+    /// `ib_send_lat`: SENDs each way, one at a time; `linux_serves`: Linux is perftest's
+    /// server, the unikernel its client (which sends first).
+    SendLat {
+        /// Linux serves.
+        linux_serves: bool,
+    },
 }
 
 impl PerfKind {
@@ -110,11 +125,27 @@ impl PerfKind {
     }
 
     /// A latency program's case (perftest's latency exchange, [`perftest::run_lat`]).
-    fn latency(self) -> bool {
-        matches!(
-            self,
-            PerfKind::ReadLat | PerfKind::AtomicLat | PerfKind::ReadLatReq | PerfKind::AtomicLatReq
-        )
+    fn latency(self) -> Option<perftest::Latency> {
+        match self {
+            PerfKind::ReadLat
+            | PerfKind::AtomicLat
+            | PerfKind::ReadLatReq
+            | PerfKind::AtomicLatReq => Some(perftest::Latency::ReadAtomic),
+            PerfKind::WriteLat { .. } => Some(perftest::Latency::Write),
+            PerfKind::SendLat { .. } => Some(perftest::Latency::Send),
+            PerfKind::Write | PerfKind::Read | PerfKind::Atomic => None,
+        }
+    }
+
+    /// Whether the unikernel plays perftest's client (Linux serves).
+    fn uni_client(self) -> bool {
+        match self {
+            PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => true,
+            PerfKind::WriteLat { linux_serves } | PerfKind::SendLat { linux_serves } => {
+                linux_serves
+            }
+            PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
+        }
     }
 }
 
@@ -142,6 +173,31 @@ impl PeerCase {
         "ib_read_bw-",
     ];
 
+    /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
+    /// Linux program's role.
+    fn ping_pong_kind(name: &str) -> Option<PerfKind> {
+        let (program, rest) = name.split_once('-')?;
+        let role = rest.rsplit('-').next()?;
+        let linux_serves = match role {
+            "server" => true,
+            "client" => false,
+            _ => return None,
+        };
+        let word = rest.strip_suffix(role)?;
+        let ok = match word.strip_suffix('-') {
+            None => word.is_empty(),
+            Some(w) => !w.is_empty() && !w.contains('-'),
+        };
+        if !ok {
+            return None;
+        }
+        match program {
+            "ib_write_lat" => Some(PerfKind::WriteLat { linux_serves }),
+            "ib_send_lat" => Some(PerfKind::SendLat { linux_serves }),
+            _ => None,
+        }
+    }
+
     /// Parses one case, `,` standing for spaces: `rc-server,-s,4096` or `write,-s,65536,-n,1000`
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
     pub fn parse(spec: &str) -> Option<PeerCase> {
@@ -154,6 +210,9 @@ impl PeerCase {
             "ib_atomic_lat-client" => PerfKind::AtomicLat,
             "ib_read_lat-server" => PerfKind::ReadLatReq,
             "ib_atomic_lat-server" => PerfKind::AtomicLatReq,
+            // (A word between the program and the role only tells cases apart:
+            // ib_write_lat-1m-server.)
+            w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
@@ -170,7 +229,10 @@ impl PeerCase {
         let (mut size, mut iters) = match kind {
             PerfKind::Atomic => (8, 5000),
             PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
-            PerfKind::ReadLat | PerfKind::ReadLatReq => (2, 1000),
+            PerfKind::ReadLat
+            | PerfKind::ReadLatReq
+            | PerfKind::WriteLat { .. }
+            | PerfKind::SendLat { .. } => (2, 1000),
             _ => (65536, 5000),
         };
         while let Some(w) = words.next() {
@@ -198,6 +260,20 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
             PeerCase::Perf(PerfKind::AtomicLatReq, ..) => "ib_atomic_lat-server",
+            PeerCase::Perf(PerfKind::WriteLat { linux_serves }, ..) => {
+                if *linux_serves {
+                    "ib_write_lat-server"
+                } else {
+                    "ib_write_lat-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::SendLat { linux_serves }, ..) => {
+                if *linux_serves {
+                    "ib_send_lat-server"
+                } else {
+                    "ib_send_lat-client"
+                }
+            }
             PeerCase::Cm(c) => c.name(),
         }
     }
@@ -242,8 +318,20 @@ impl<'a> Refused<'a> {
             .iter()
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
+        let lat = [
+            "ib_read_lat-",
+            "ib_atomic_lat-",
+            "ib_write_lat-",
+            "ib_send_lat-",
+        ]
+        .iter()
+        .any(|p| {
+            name.strip_prefix(p)
+                .is_some_and(|r| r == "client" || r == "server")
+        });
         let known = matches!(name, "write" | "read" | "atomic")
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || (lat && !cm)
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
@@ -456,14 +544,15 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 let _ = writeln!(
                     out,
                     "roce-uk {}: ok {detail}; {roce} RoCE frames in, {ms} ms, {} of {} rounds halted",
-                    case.name(),
+                    spec.split(',').next().unwrap_or(spec),
                     halts.get().0 - halts0.0,
                     halts.get().1 - halts0.1
                 );
             }
             Err(e) => {
                 outcome.failed += 1;
-                let _ = writeln!(out, "roce-uk {}: FAIL {e} (after {ms} ms)", case.name());
+                let name = spec.split(',').next().unwrap_or(spec);
+                let _ = writeln!(out, "roce-uk {name}: FAIL {e} (after {ms} ms)");
             }
         }
     }
@@ -505,6 +594,9 @@ enum Detail {
     /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
     /// median round trip (microseconds, the clock's resolution), what was checked.
     Requested(u32, u32, u64, &'static str),
+    /// `ib_write_lat` / `ib_send_lat`: rounds, bytes each way, the average round
+    /// (microseconds), what was checked.
+    Rounds(u32, u32, u64, &'static str),
 }
 
 impl core::fmt::Display for Detail {
@@ -526,6 +618,10 @@ impl core::fmt::Display for Detail {
             Detail::Requested(n, s, us, what) => write!(
                 f,
                 "{n} of {s} bytes, one at a time, {us} us each on average (the clock ticks every 16 ms), {what}"
+            ),
+            Detail::Rounds(n, s, us, what) => write!(
+                f,
+                "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -607,13 +703,16 @@ impl<P: Provider> Qp<'_, P> {
 }
 
 /// The RoCE side of a perftest exchange.
-struct Perf<'a, 'm, P: Provider> {
+struct Perf<'a, 'm, 'r, P: Provider> {
     kind: PerfKind,
     size: u32,
     iters: u32,
     qp: Qp<'a, P>,
     cq: &'a CompletionQueue<'a, P>,
-    mr: &'m MemoryRegion<'a, P>,
+    mr: &'m mut MemoryRegion<'r, P>,
+    /// Where the second half of the buffer starts: what the peer WRITEs into (`ib_write_lat`)
+    /// or SENDs land in (`ib_send_lat`); the first half is what this side sends from.
+    half: u32,
     psn: u32,
     out_reads: u8,
     deadline: u64,
@@ -622,9 +721,11 @@ struct Perf<'a, 'm, P: Provider> {
     wrote: (u64, f64),
     /// A latency program's client: the average round trip (microseconds).
     requested: u64,
+    /// `ib_send_lat`: receives posted so far.
+    recvs_posted: u32,
 }
 
-impl<P: Provider> Hooks for Perf<'_, '_, P> {
+impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
     type Error = CaseError;
 
     fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
@@ -660,12 +761,24 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
                 .into());
             }
         }
+        // ib_send_lat: the receives are posted before the barrier after which Linux sends.
+        if matches!(self.kind, PerfKind::SendLat { .. }) {
+            for _ in 0..RECV_DEPTH.min(self.iters) {
+                self.post_recv()?;
+            }
+        }
         Ok(())
     }
 
     fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
         if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
             return self.one_at_a_time(peer);
+        }
+        if matches!(
+            self.kind,
+            PerfKind::WriteLat { .. } | PerfKind::SendLat { .. }
+        ) {
+            return self.ping_pong(peer);
         }
         if self.kind != PerfKind::Write {
             // The server's part ran while the exchange waited for the client's "finished".
@@ -727,7 +840,7 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
     }
 }
 
-impl<P: Provider> Perf<'_, '_, P> {
+impl<P: Provider> Perf<'_, '_, '_, P> {
     /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
     /// to the Linux server's buffer, each posted once the one before completed. Checked: every
     /// READ brings the first one's bytes (the server's buffer does not change; compared by a
@@ -811,6 +924,158 @@ impl<P: Provider> Perf<'_, '_, P> {
     }
 }
 
+/// Receives `ib_send_lat`'s side keeps posted (one message each way is in flight at a time;
+/// the second lets Linux's next SEND find one while the first is being checked).
+const RECV_DEPTH: u32 = 2;
+/// The `wr_id` bit of a receive (the CQ holds both queues' completions).
+const RECV_ID: u64 = 1 << 32;
+
+/// How far `ib_write_lat`'s and `ib_send_lat`'s ping-pong has come.
+#[derive(Default)]
+struct Rounds {
+    /// This side's messages completed.
+    sent: u32,
+    /// Linux's messages received and checked.
+    received: u32,
+    /// `ib_send_lat`: the digest of the first SEND's bytes.
+    first: u64,
+}
+
+/// A 64-bit FNV-1a digest of `bytes`.
+fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// Posts one receive of `size` bytes into the buffer's second half (`ib_send_lat`).
+    fn post_recv(&mut self) -> Result<(), CaseError> {
+        let Qp::Rts(qp) = &mut self.qp else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let sge = self.mr.sge(self.half, self.size).at("perftest: sge")?;
+        // `perf` destroys the QP before it drops the region, on every path; the CPU reads the
+        // receive's bytes only once it completed, and Linux sends the next only once it has
+        // this side's answer, which goes after that read.
+        // SAFETY: the region stays registered and unwritten by the CPU while the receive waits.
+        unsafe { qp.post_recv_raw(RECV_ID | u64::from(self.recvs_posted), &[sge]) }
+            .at("perftest: post receive")?;
+        self.recvs_posted += 1;
+        Ok(())
+    }
+
+    /// One poll of the CQ (which runs the software device), and what it brought: this
+    /// side's completions, Linux's SENDs (each checked: `-s` bytes, the same as the first;
+    /// a receive posted again while more are to come), or Linux's WRITE of the next round (its
+    /// last byte the round's number, as perftest's `run_iter_lat_write` polls it, the bytes
+    /// before it zero: perftest's ib_write_lat buffer is zeroed).
+    fn progress(&mut self, write: bool, r: &mut Rounds) -> Result<(), CaseError> {
+        let mut wcs = [WorkCompletion::default(); 4];
+        let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+        let (half, size) = (self.half as usize, self.size as usize);
+        for w in &wcs[..got] {
+            if w.status != WcStatus::Success {
+                return Err(CaseError::Status(w.status, w.wr_id));
+            }
+            if w.wr_id & RECV_ID == 0 {
+                r.sent += 1;
+                continue;
+            }
+            let bad = |at| CaseError::Data {
+                bad: 1,
+                first: r.received,
+                at,
+            };
+            if write || w.byte_len != self.size {
+                return Err(bad(u32::MAX));
+            }
+            let d = digest(&self.mr.as_slice()[half..half + size]);
+            if r.received == 0 {
+                r.first = d;
+            } else if d != r.first {
+                return Err(CaseError::Differs(r.received));
+            }
+            r.received += 1;
+            if self.recvs_posted < self.iters {
+                self.post_recv()?;
+            }
+        }
+        if write {
+            // The software device writes the region only inside a call of ours (the poll
+            // above): the CPU reads it between two.
+            let buf = &self.mr.as_slice()[half..half + size];
+            if buf[size - 1] == (r.received + 1) as u8 {
+                if let Some(at) = buf[..size - 1].iter().position(|&b| b != 0) {
+                    return Err(CaseError::Data {
+                        bad: 1,
+                        first: r.received,
+                        at: at as u32,
+                    });
+                }
+                r.received += 1;
+            }
+        }
+        if got == 0 && (self.clock_ms)() > self.deadline {
+            return Err(CaseError::Deadline);
+        }
+        Ok(())
+    }
+
+    /// `ib_write_lat` and `ib_send_lat`: `iters` rounds of one message each way, one at a
+    /// time, perftest's starter (ib_write_lat's server, ib_send_lat's client) first in each.
+    /// This side's WRITEs carry what perftest's do (zeroes, the round's number in the last
+    /// byte); its SENDs the first half of its buffer.
+    fn ping_pong(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        let (write, linux_serves) = match self.kind {
+            PerfKind::WriteLat { linux_serves } => (true, linux_serves),
+            PerfKind::SendLat { linux_serves } => (false, linux_serves),
+            _ => return Err(CaseError::OutOfOrder),
+        };
+        let first = if write { !linux_serves } else { linux_serves };
+        let size = self.size;
+        let sge = self.mr.sge(0, size).at("perftest: sge")?;
+        let t0 = (self.clock_ms)();
+        let mut r = Rounds::default();
+        for k in 1..=self.iters {
+            while !first && r.received < k {
+                self.progress(write, &mut r)?;
+            }
+            if write {
+                // The WRITE before this one completed: the CPU may change its bytes.
+                self.mr.as_mut_slice()[size as usize - 1] = k as u8;
+            }
+            let Qp::Rts(qp) = &mut self.qp else {
+                return Err(CaseError::OutOfOrder);
+            };
+            // `perf` destroys the QP before it drops the region, on every path; the CPU
+            // changes the bytes sent only once the message before completed.
+            // SAFETY: the region stays registered and untouched while the message flies.
+            unsafe {
+                let mut b = qp.send_batch();
+                if write {
+                    b.rdma_write(
+                        u64::from(k),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        &[sge],
+                    )
+                } else {
+                    b.send(u64::from(k), SendFlags::SIGNALED, &[sge])
+                }
+                .at("perftest: post")?;
+                b.finish();
+            }
+            while r.sent < k || (first && r.received < k) {
+                self.progress(write, &mut r)?;
+            }
+        }
+        let us = ((self.clock_ms)() - t0).max(16) * 1000 / u64::from(self.iters.max(1));
+        self.requested = us;
+        Ok(Report::default())
+    }
+}
+
 /// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
 #[allow(clippy::too_many_arguments)]
 fn perf<P: Provider, L: Link>(
@@ -825,19 +1090,22 @@ fn perf<P: Provider, L: Link>(
 ) -> Result<Detail, CaseError> {
     // perftest's buffer: twice the larger of the message and its cycle buffer (a page);
     // the Linux client's addresses stay inside it.
-    let len = 2 * size.max(4096) as usize;
+    let half = size.max(4096);
+    let len = 2 * half as usize;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let mut mr = pd.register(len, access).at("perftest: register")?;
+    // (ib_write_lat's buffer is zeroed, as perftest's.)
+    let zero = kind.atomics() || matches!(kind, PerfKind::WriteLat { .. });
     for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = if kind.atomics() { 0 } else { i as u8 };
+        *b = if zero { 0 } else { i as u8 };
     }
     let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
     let caps = QpCaps {
         max_send_wr: TX_DEPTH,
-        max_recv_wr: 1,
+        max_recv_wr: RECV_DEPTH,
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: 0,
@@ -866,16 +1134,22 @@ fn perf<P: Provider, L: Link>(
         qpn: qp.qp_num(),
         psn,
         rkey: mr.rkey(),
-        vaddr: mr.addr(),
+        // ib_write_lat's peer WRITEs into the second half (as perftest's own key says).
+        vaddr: if matches!(kind, PerfKind::WriteLat { .. }) {
+            mr.addr() + u64::from(half)
+        } else {
+            mr.addr()
+        },
         gid,
         srqn: 0,
     };
-    let role = match kind {
-        PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => Role::Client {
+    let role = if kind.uni_client() {
+        Role::Client {
             server: linux,
             retry: CONNECT_RETRY,
-        },
-        PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => Role::Server,
+        }
+    } else {
+        Role::Server
     };
     let mut hooks = Perf {
         kind,
@@ -883,28 +1157,38 @@ fn perf<P: Provider, L: Link>(
         iters,
         qp: Qp::Init(qp),
         cq: &cq,
-        mr: &mr,
+        mr: &mut mr,
+        half,
         psn,
         out_reads,
         deadline,
         clock_ms,
         wrote: (0, 0.0),
         requested: 0,
+        recvs_posted: 0,
     };
-    let flow = if kind.latency() {
-        perftest::run_lat
-    } else {
-        perftest::run
+    let local = Local::new(key);
+    let r = match kind.latency() {
+        Some(which) => perftest::run_latency(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            which,
+            deadline,
+            &mut || clock_ms(),
+        ),
+        None => perftest::run(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            deadline,
+            &mut || clock_ms(),
+        ),
     };
-    let r = flow(
-        stack,
-        role,
-        tcp::PORT,
-        &Local::new(key),
-        &mut hooks,
-        deadline,
-        &mut || clock_ms(),
-    );
     let (qp, wrote, requested) = (
         core::mem::replace(&mut hooks.qp, Qp::Gone),
         hooks.wrote,
@@ -927,6 +1211,18 @@ fn perf<P: Provider, L: Link>(
                 8,
                 requested,
                 "fetch-and-adds of 1, each returning the one before plus one",
+            ),
+            PerfKind::WriteLat { .. } => Detail::Rounds(
+                iters,
+                size,
+                requested,
+                "RDMA WRITEs each way, every one of Linux's with its round's number in its last byte and zeroes before it",
+            ),
+            PerfKind::SendLat { .. } => Detail::Rounds(
+                iters,
+                size,
+                requested,
+                "SENDs each way, every one of Linux's of that size and the first one's bytes",
             ),
             PerfKind::ReadLat => {
                 // READs read; nothing of the buffer may have changed.
@@ -1032,6 +1328,55 @@ mod tests {
             Some(PeerCase::Perf(PerfKind::AtomicLatReq, 8, 1000))
         );
         assert_eq!(PeerCase::parse("ib_atomic_lat-server,-s,16"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-server,-s,2,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat { linux_serves: true },
+                2,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-client,-s,1048576,-n,20"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat {
+                    linux_serves: false
+                },
+                1 << 20,
+                20
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_lat-client"),
+            Some(PeerCase::Perf(
+                PerfKind::SendLat {
+                    linux_serves: false
+                },
+                2,
+                1000
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_lat-server,-n,5"),
+            Some(PeerCase::Perf(
+                PerfKind::SendLat { linux_serves: true },
+                2,
+                5
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_send_lat-server,-q,2"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-1m-server,-s,1048576"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat { linux_serves: true },
+                1 << 20,
+                1000
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_write_lat-a-b-server"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
@@ -1042,6 +1387,14 @@ mod tests {
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
         assert_eq!(name("ib_read_lat-client,-n,5"), Some("ib_read_lat-client"));
+        for n in [
+            "ib_write_lat-client",
+            "ib_write_lat-server",
+            "ib_send_lat-client",
+            "ib_send_lat-server",
+        ] {
+            assert_eq!(name(n), Some(n));
+        }
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
@@ -1057,16 +1410,20 @@ mod tests {
         let speak = "a program the peer does not speak";
         let take = "options the peer does not take";
         assert_eq!(
-            r("ib_send_lat-server,-s,2,-n,1000"),
-            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+            r("ib_send_bw-server,-s,2,-n,1000"),
+            ("ib_send_bw-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_write_lat-client"),
-            ("ib_write_lat-client", speak, Some(LinuxSide::Connects))
+            r("ib_write_lat-client,-b"),
+            ("ib_write_lat-client", take, Some(LinuxSide::Connects))
         );
         assert_eq!(
-            r("ib_send_lat-server"),
-            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+            r("ib_send_lat-server,-q,2"),
+            ("ib_send_lat-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_send_lat-1m-x-server"),
+            ("ib_send_lat-1m-x-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
             r("ib_write_lat-client,-R"),

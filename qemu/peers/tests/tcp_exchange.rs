@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bareverbs::verbs::Gid;
 use bareverbs_hal::{Link, LinkError};
-use bareverbs_lab_peers::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use bareverbs_lab_peers::tcp::perftest::{self, Agreed, Hooks, Key, Latency, Local, Report, Role};
 use bareverbs_lab_peers::tcp::pingpong::{self, Dest};
 use bareverbs_lab_peers::tcp::{
     Error, Field, FlowError, NetConfig, PORT, Retry, Stack, Step, Storage,
@@ -1032,16 +1032,20 @@ fn a_refused_case_whose_linux_side_never_comes_times_out() {
     assert_eq!(r.1, Ok(()));
 }
 
-/// `ib_read_lat` / `ib_atomic_lat` (6.06), one QP, as the C client (connects once) or server:
-/// the key twice before the QPs connect, twice after, then (the client's test) the closing
-/// barrier and `done`; no "finished" barrier, no reports. `second_key`: what it sends as its
-/// second key message (its own key, unless a test makes it differ).
+/// A latency program (6.06), one QP, as the C client (connects once) or server:
+/// `ib_read_lat` / `ib_atomic_lat` send the key twice before the QPs connect, twice after,
+/// then (the client's test) the closing barrier and `done`; `ib_write_lat` the same without
+/// the closing barrier and `done` (it just ends); `ib_send_lat` once before, three times
+/// after, then the closing barrier and `done`. No "finished" barrier, no reports.
+/// `second_key`: what it sends as its second key message (its own key, unless a test makes it
+/// differ).
 fn c_perftest_lat<L: Link>(
     st: &mut Stack<'_, L>,
     now: Now,
     client: bool,
     c: &CPerf,
     second_key: &[u8],
+    which: Latency,
 ) -> Result<Key, Error> {
     let deadline = now() + BUDGET;
     if client {
@@ -1058,16 +1062,33 @@ fn c_perftest_lat<L: Link>(
     c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
     c_xchg(st, client, &c.mtu, 2, now)?;
     let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
-    assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
-    for _ in 0..3 {
+    if which != Latency::Send {
+        assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
+    }
+    let after = if which == Latency::Send { 3 } else { 2 };
+    for _ in 0..after {
         assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
     }
-    c_write(st, b"done\0", now);
+    if which == Latency::Write {
+        // No closing barrier: the unikernel's side ends with its connection, nothing more.
+        let mut rest = [0u8; 16];
+        assert_eq!(
+            st.read_once(&mut rest, now() + BUDGET, now),
+            Err(Error::Closed(Step::Read))
+        );
+    } else {
+        assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+        c_write(st, b"done\0", now);
+    }
     c_close(st, now);
     Ok(Key::parse(&k).expect("C parses the key"))
 }
 
-fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result<Key, Error>) {
+fn perftest_lat_run(
+    uni_client: bool,
+    second_key: Vec<u8>,
+    which: Latency,
+) -> (UniResult, Result<Key, Error>) {
     let (_seg, uni, lnx) = pair(None);
     let (listening, go) = mpsc::channel();
     let u = thread::spawn(move || {
@@ -1088,14 +1109,18 @@ fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result
             let mut hooks = Recorder::default();
             let local = Local::new(uni_key(16));
             let deadline = now() + BUDGET;
-            let r = perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now);
+            let r = if which == Latency::ReadAtomic {
+                perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now)
+            } else {
+                perftest::run_latency(st, role, PORT, &local, &mut hooks, which, deadline, now)
+            };
             (r, hooks.calls)
         })
     });
     go.recv().unwrap();
     let l = thread::spawn(move || {
         with_stack(lnx, LNX_IP, 32, |st, now| {
-            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key)
+            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key, which)
         })
     });
     (u.join().unwrap(), l.join().unwrap())
@@ -1105,24 +1130,44 @@ fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result
 fn perftest_read_lat_both_roles() {
     let own = c_perf(16).key.to_vec();
     // The unikernel serves (ib_read_lat's client READs its buffer): no data phase of its own.
-    let ((r, calls), c) = perftest_lat_run(false, own.clone());
+    let ((r, calls), c) = perftest_lat_run(false, own.clone(), Latency::ReadAtomic);
     let o = r.expect("unikernel side");
     assert_eq!(calls, ["connect"]);
     assert_eq!(o.peer, lnx_key(16));
     assert_eq!(o.peer_report, Report::default());
     assert_eq!(c.expect("C side"), uni_key(16));
     // The unikernel as the client: its test runs before the closing barrier.
-    let ((r, calls), c) = perftest_lat_run(true, own);
+    let ((r, calls), c) = perftest_lat_run(true, own, Latency::ReadAtomic);
     assert_eq!(r.expect("unikernel side").peer, lnx_key(16));
     assert_eq!(calls, ["connect", "data"]);
     assert_eq!(c.expect("C side"), uni_key(16));
+}
+
+/// `ib_write_lat` and `ib_send_lat`: both sides ping-pong, so the unikernel's data phase runs
+/// in either role, after the last barrier; ib_write_lat ends without a closing barrier,
+/// ib_send_lat with one and `done` (the C side checks each: a message too many or too few
+/// fails its exact reads).
+#[test]
+fn perftest_write_and_send_lat_both_roles() {
+    let own = c_perf(16).key.to_vec();
+    for which in [Latency::Write, Latency::Send] {
+        for uni_client in [false, true] {
+            let ((r, calls), c) = perftest_lat_run(uni_client, own.clone(), which);
+            let o = r.unwrap_or_else(|e| panic!("{which:?} {uni_client}: {e:?}"));
+            assert_eq!(calls, ["connect", "data"], "{which:?} {uni_client}");
+            assert_eq!(o.peer, lnx_key(16));
+            assert_eq!(o.peer_report, Report::default());
+            assert_eq!(c.expect("C side"), uni_key(16));
+        }
+    }
 }
 
 #[test]
 fn perftest_lat_second_key_must_be_the_first() {
     let mut other = lnx_key(16);
     other.qpn += 1;
-    let ((r, calls), _) = perftest_lat_run(false, other.encode().unwrap().to_vec());
+    let ((r, calls), _) =
+        perftest_lat_run(false, other.encode().unwrap().to_vec(), Latency::ReadAtomic);
     assert!(
         matches!(r, Err(FlowError::Exchange(Error::Malformed(Field::Qpn)))),
         "{r:?}"

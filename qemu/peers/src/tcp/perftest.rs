@@ -312,16 +312,10 @@ pub fn run<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, false, deadline, now)
+    run_flow(stack, role, port, local, hooks, None, deadline, now)
 }
 
-/// The exchange of `ib_read_lat` and `ib_atomic_lat` (`read_lat.c`, `atomic_lat.c` of the
-/// same tag, one QP), which differs from a bandwidth test's in two places: a key message
-/// more before the QPs connect (one for the test, one per QP: steps 5 and 5'), and no step 8
-/// or 9 (no "finished" barrier, no reports). The client runs its READs or atomics between
-/// step 7 and the closing barrier (step 10); the server goes straight to the closing barrier,
-/// which the client reaches once it finished, so the server's CPU does nothing meanwhile.
-/// [`Hooks::data_phase`] is called on the client only; [`Outcome::peer_report`] is empty.
+/// The exchange of `ib_read_lat` and `ib_atomic_lat` ([`Latency::ReadAtomic`]).
 pub fn run_lat<L: Link, H: Hooks>(
     stack: &mut Stack<'_, L>,
     role: Role,
@@ -331,7 +325,71 @@ pub fn run_lat<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, true, deadline, now)
+    run_latency(
+        stack,
+        role,
+        port,
+        local,
+        hooks,
+        Latency::ReadAtomic,
+        deadline,
+        now,
+    )
+}
+
+/// Which latency program's exchange (`read_lat.c`, `atomic_lat.c`, `write_lat.c`,
+/// `send_lat.c` of the same tag, one QP). They differ from a bandwidth test's in having no
+/// step 8 or 9 (no "finished" barrier, no reports), and among themselves in how many key
+/// messages go before and after the QPs connect, who runs a data phase, and whether a
+/// closing barrier and `done` end it.
+///
+/// | program | keys before connecting | keys after | data phase | closing barrier, `done` |
+/// |---|---|---|---|---|
+/// | `ib_read_lat`, `ib_atomic_lat` | 2 (the test's, then the QP's) | 2 | the client only | yes |
+/// | `ib_write_lat` | 2 | 2 | both sides (ping-pong) | no: each side just ends |
+/// | `ib_send_lat` | 1 (the QP's) | 3 (the last once the receives are posted) | both sides (ping-pong) | yes |
+///
+/// In the ping-pong of `ib_write_lat` the **server** writes first; in `ib_send_lat` the
+/// **client** sends first (`run_iter_lat_write` and `run_iter_lat_send` in
+/// `perftest_resources.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    /// `ib_read_lat`, `ib_atomic_lat`: the client READs or operates, the server's CPU waits.
+    ReadAtomic,
+    /// `ib_write_lat`: RDMA WRITEs each way, each side polling the last byte of its buffer.
+    Write,
+    /// `ib_send_lat`: SENDs each way.
+    Send,
+}
+
+impl Latency {
+    /// Key messages before and after the QPs connect.
+    fn keys(self) -> (usize, usize) {
+        match self {
+            Latency::ReadAtomic | Latency::Write => (2, 2),
+            Latency::Send => (1, 3),
+        }
+    }
+}
+
+/// The exchange of a latency program (see [`Latency`] for how they differ). The client's
+/// test (and with `ib_write_lat` and `ib_send_lat` the server's part of the ping-pong) runs in
+/// [`Hooks::data_phase`] after the last barrier; [`Outcome::peer_report`] is empty. With
+/// [`Latency::ReadAtomic`] the server goes straight to the closing barrier, which the client
+/// reaches once it finished, so the server's CPU does nothing meanwhile, and its
+/// [`Hooks::data_phase`] is not called.
+#[allow(clippy::too_many_arguments)]
+pub fn run_latency<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    which: Latency,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(stack, role, port, local, hooks, Some(which), deadline, now)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -341,7 +399,7 @@ fn run_flow<L: Link, H: Hooks>(
     port: u16,
     local: &Local,
     hooks: &mut H,
-    lat: bool,
+    lat: Option<Latency>,
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
@@ -387,13 +445,15 @@ fn run_flow<L: Link, H: Hooks>(
             cache_line,
             mtu: local.mtu.min(m[0] - b'0'),
         };
-        // 5. The key messages (a latency test: the test's, then the QP's); then connect.
+        // 5. The key messages (ib_read_lat, ib_atomic_lat, ib_write_lat: the test's, then
+        // the QP's); then connect.
+        let (before, after) = lat.map_or((1, 2), Latency::keys);
         let mut k = [0u8; KEY_LEN];
         x(stack, &key, &mut k)?;
         let peer = Key::parse(&k)?;
-        if lat {
+        for _ in 1..before {
             x(stack, &key, &mut k)?;
-            // The same QP's both times.
+            // The same QP's every time.
             if Key::parse(&k)? != peer {
                 return Err(Error::Malformed(Field::Qpn).into());
             }
@@ -403,18 +463,20 @@ fn run_flow<L: Link, H: Hooks>(
         }
         hooks.connect(&peer, &agreed).map_err(FlowError::Hook)?;
         // 6, 7. Barriers (the same message; it must still parse).
-        for _ in 0..2 {
+        for _ in 0..after {
             x(stack, &key, &mut k)?;
             Key::parse(&k)?;
         }
-        if lat {
-            // The client's test, then straight to the closing barrier: no step 8 or 9.
-            if client {
+        if let Some(which) = lat {
+            // The test, then straight to the closing barrier: no step 8 or 9.
+            if client || which != Latency::ReadAtomic {
                 hooks.data_phase(&peer).map_err(FlowError::Hook)?;
             }
-            x(stack, &key, &mut k)?;
-            Key::parse(&k)?;
-            stack.write_message(DONE, deadline, now)?;
+            if which != Latency::Write {
+                x(stack, &key, &mut k)?;
+                Key::parse(&k)?;
+                stack.write_message(DONE, deadline, now)?;
+            }
             return Ok(Outcome {
                 peer,
                 agreed,
