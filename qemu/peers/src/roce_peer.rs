@@ -308,6 +308,10 @@ pub struct Refused<'a> {
     /// attempt); `None` for the rdma_cm programs (their connection goes through the CM) and
     /// for a name whose role is unknown.
     pub side: Option<LinuxSide>,
+    /// How a perftest `-R` program meets the peer through the CM, when it does
+    /// ([`crate::cm_peer::refuse_perftest`] tells it on its control connection); `None` for
+    /// the other rdma_cm programs (they run out their own time) and for any case over TCP.
+    pub cm_side: Option<LinuxSide>,
 }
 
 impl<'a> Refused<'a> {
@@ -318,6 +322,7 @@ impl<'a> Refused<'a> {
             .iter()
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
+        // A latency program's name: the program, a word or none, the role.
         let lat = [
             "ib_read_lat-",
             "ib_atomic_lat-",
@@ -326,8 +331,16 @@ impl<'a> Refused<'a> {
         ]
         .iter()
         .any(|p| {
-            name.strip_prefix(p)
-                .is_some_and(|r| r == "client" || r == "server")
+            name.strip_prefix(p).is_some_and(|r| {
+                let word = r
+                    .strip_suffix("client")
+                    .or_else(|| r.strip_suffix("server"));
+                word.is_some_and(|w| {
+                    w.is_empty()
+                        || w.strip_suffix('-')
+                            .is_some_and(|w| !w.is_empty() && !w.contains('-'))
+                })
+            })
         });
         let known = matches!(name, "write" | "read" | "atomic")
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
@@ -335,19 +348,31 @@ impl<'a> Refused<'a> {
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
+        } else if lat && cm {
+            "rdma_cm (-R) with a latency program, which the peer does not speak"
         } else {
             "a program the peer does not speak"
         };
-        let side = if cm {
-            None
-        } else if name == "write" || name.ends_with("-server") {
+        let role = if name == "write" || name.ends_with("-server") {
             Some(LinuxSide::Listens)
         } else if matches!(name, "read" | "atomic") || name.ends_with("-client") {
             Some(LinuxSide::Connects)
         } else {
             None
         };
-        Refused { name, why, side }
+        let (side, cm_side) = if !cm {
+            (role, None)
+        } else if name.starts_with("ib_") {
+            (None, role)
+        } else {
+            (None, None)
+        };
+        Refused {
+            name,
+            why,
+            side,
+            cm_side,
+        }
     }
 }
 
@@ -471,6 +496,22 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                         }
                         Ok(_) => "connected to and the connection reset",
                         Err(_) => "it did not show up",
+                    }
+                }
+                None if r.cm_side.is_some() => {
+                    let linux_serves = r.cm_side == Some(LinuxSide::Listens);
+                    match crate::cm_peer::refuse_perftest(
+                        &ctx,
+                        &pd,
+                        opts.peer,
+                        linux_serves,
+                        t0 + REFUSE_MS,
+                        clock_ms,
+                    ) {
+                        Ok(()) => {
+                            "told on its control connection (rdma_cm): a version it does not take"
+                        }
+                        Err(_) => "not told: its control connection (rdma_cm) did not come up",
                     }
                 }
                 None => "not told (rdma_cm: it runs out its own time)",
@@ -1425,10 +1466,29 @@ mod tests {
             r("ib_send_lat-1m-x-server"),
             ("ib_send_lat-1m-x-server", speak, Some(LinuxSide::Listens))
         );
+        let lat_cm = "rdma_cm (-R) with a latency program, which the peer does not speak";
         assert_eq!(
             r("ib_write_lat-client,-R"),
-            ("ib_write_lat-client", speak, None)
+            ("ib_write_lat-client", lat_cm, None)
         );
+        // perftest's -R programs are told through the CM, in their role; the others are not.
+        let cm = |s| Refused::of(s).cm_side;
+        assert_eq!(
+            cm("ib_write_lat-cm-client,-R,-s,2"),
+            Some(LinuxSide::Connects)
+        );
+        assert_eq!(cm("ib_read_lat-cm-server,-R"), Some(LinuxSide::Listens));
+        assert_eq!(
+            Refused::of("ib_send_lat-cm-server,-R").why,
+            lat_cm,
+            "a tagged name"
+        );
+        assert_eq!(
+            cm("ib_write_bw-q2-server,-R,-q,2"),
+            Some(LinuxSide::Listens)
+        );
+        assert_eq!(cm("rping-client,-S,99999999"), None);
+        assert_eq!(cm("ib_write_lat-client,-b"), None);
         assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
         assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
         assert_eq!(
