@@ -38,7 +38,7 @@ use bareverbs::hal::{Clock, Hal, Link};
 use bareverbs::verbs::*;
 
 use crate::peer::{Case, CaseError, Dest, Exchange};
-use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, MAX_QPS, Report, Role};
 use crate::tcp::refuse::{LinuxSide, refuse};
 use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
 use crate::{Failure, Step};
@@ -113,6 +113,15 @@ pub enum PerfKind {
         /// Linux serves.
         linux_serves: bool,
     },
+    /// `ib_write_bw` over TCP by its own name (`ib_write_bw-q2-server`), with `-q`: Linux
+    /// serving, the unikernel WRITEs `-n` × `-s` bytes on each QP; Linux the client, its
+    /// WRITEs land in the unikernel's buffer of each QP.
+    WriteBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+    },
 }
 
 impl PerfKind {
@@ -133,17 +142,37 @@ impl PerfKind {
             | PerfKind::AtomicLatReq => Some(perftest::Latency::ReadAtomic),
             PerfKind::WriteLat { .. } => Some(perftest::Latency::Write),
             PerfKind::SendLat { .. } => Some(perftest::Latency::Send),
-            PerfKind::Write | PerfKind::Read | PerfKind::Atomic => None,
+            PerfKind::Write | PerfKind::Read | PerfKind::Atomic | PerfKind::WriteBw { .. } => None,
         }
+    }
+
+    /// QPs (`-q`).
+    fn qps(self) -> usize {
+        match self {
+            PerfKind::WriteBw { qps, .. } => usize::from(qps),
+            _ => 1,
+        }
+    }
+
+    /// The unikernel WRITEs as perftest's client (Linux serves `ib_write_bw`).
+    fn writes(self) -> bool {
+        matches!(
+            self,
+            PerfKind::Write
+                | PerfKind::WriteBw {
+                    linux_serves: true,
+                    ..
+                }
+        )
     }
 
     /// Whether the unikernel plays perftest's client (Linux serves).
     fn uni_client(self) -> bool {
         match self {
             PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => true,
-            PerfKind::WriteLat { linux_serves } | PerfKind::SendLat { linux_serves } => {
-                linux_serves
-            }
+            PerfKind::WriteLat { linux_serves }
+            | PerfKind::SendLat { linux_serves }
+            | PerfKind::WriteBw { linux_serves, .. } => linux_serves,
             PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
         }
     }
@@ -213,6 +242,22 @@ impl PeerCase {
             // (A word between the program and the role only tells cases apart:
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
+            // ib_write_bw over TCP (with -R: the CM's).
+            w if w.starts_with("ib_write_bw-")
+                && !spec.split(',').any(|o| o == "-R" || o == "--rdma_cm") =>
+            {
+                match w.rsplit('-').next() {
+                    Some("server") => PerfKind::WriteBw {
+                        linux_serves: true,
+                        qps: 1,
+                    },
+                    Some("client") => PerfKind::WriteBw {
+                        linux_serves: false,
+                        qps: 1,
+                    },
+                    _ => return None,
+                }
+            }
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
@@ -235,11 +280,17 @@ impl PeerCase {
             | PerfKind::SendLat { .. } => (2, 1000),
             _ => (65536, 5000),
         };
+        let mut kind = kind;
         while let Some(w) = words.next() {
             let v: u32 = words.next()?.parse().ok()?;
-            match w {
-                "-s" | "--size" => size = v,
-                "-n" | "--iters" => iters = v,
+            match (w, &mut kind) {
+                ("-s" | "--size", _) => size = v,
+                ("-n" | "--iters", _) => iters = v,
+                ("-q" | "--qp", PerfKind::WriteBw { qps, .. }) => {
+                    *qps = u8::try_from(v)
+                        .ok()
+                        .filter(|&q| (1..=MAX_QPS as u8).contains(&q))?
+                }
                 _ => return None,
             }
         }
@@ -272,6 +323,13 @@ impl PeerCase {
                     "ib_send_lat-server"
                 } else {
                     "ib_send_lat-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::WriteBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_write_bw-server"
+                } else {
+                    "ib_write_bw-client"
                 }
             }
             PeerCase::Cm(c) => c.name(),
@@ -638,6 +696,12 @@ enum Detail {
     /// `ib_write_lat` / `ib_send_lat`: rounds, bytes each way, the average round
     /// (microseconds), what was checked.
     Rounds(u32, u32, u64, &'static str),
+    /// `ib_write_bw` with Linux serving, `-q`: WRITEs completed on all QPs, bytes each, the
+    /// bandwidth reported (MiB/s), QPs.
+    WroteQps(u64, u32, f64, u8),
+    /// `ib_write_bw` with Linux the client, `-q`: QPs, bytes of each WRITE, the iterations
+    /// Linux reported.
+    Written(u8, u32, u64),
 }
 
 impl core::fmt::Display for Detail {
@@ -663,6 +727,14 @@ impl core::fmt::Display for Detail {
             Detail::Rounds(n, s, us, what) => write!(
                 f,
                 "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
+            ),
+            Detail::WroteQps(n, s, bw, q) => write!(
+                f,
+                "{n} RDMA WRITEs of {s} bytes completed on {q} QPs, {bw:.2} MiB/s reported"
+            ),
+            Detail::Written(q, s, n) => write!(
+                f,
+                "the client's RDMA WRITEs of {s} bytes ({n} per QP, as it reported) on {q} QPs: every QP's target overwritten and nothing around the targets touched"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -733,6 +805,16 @@ enum Qp<'a, P: Provider> {
 }
 
 impl<P: Provider> Qp<'_, P> {
+    /// Its number (0 once gone).
+    fn qp_num(&self) -> u32 {
+        match self {
+            Qp::Init(q) => q.qp_num(),
+            Qp::Rtr(q) => q.qp_num(),
+            Qp::Rts(q) => q.qp_num(),
+            Qp::Gone => 0,
+        }
+    }
+
     fn destroy(self) -> Result<(), Failure> {
         match self {
             Qp::Init(q) => q.destroy().at("perftest: destroy QP"),
@@ -749,8 +831,12 @@ struct Perf<'a, 'm, 'r, P: Provider> {
     size: u32,
     iters: u32,
     qp: Qp<'a, P>,
+    /// With `-q N`: QPs 1 to N - 1.
+    more: [Qp<'a, P>; MAX_QPS - 1],
     cq: &'a CompletionQueue<'a, P>,
     mr: &'m mut MemoryRegion<'r, P>,
+    /// What the exchange settled on (once connected).
+    agreed: Option<Agreed>,
     /// Where the second half of the buffer starts: what the peer WRITEs into (`ib_write_lat`)
     /// or SENDs land in (`ib_send_lat`); the first half is what this side sends from.
     half: u32,
@@ -769,38 +855,13 @@ struct Perf<'a, 'm, 'r, P: Provider> {
 impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
     type Error = CaseError;
 
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
-        let Qp::Init(qp) = core::mem::replace(&mut self.qp, Qp::Gone) else {
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), CaseError> {
+        if peers.len() != self.kind.qps() {
             return Err(CaseError::OutOfOrder);
-        };
-        let mut av = AddressVector::new(peer.gid, GID_INDEX as u8);
-        av.hop_limit = 1;
-        let mut rtr = ConnectedRtr::new(peer.qpn, peer.psn, av);
-        rtr.path_mtu = Mtu::from_raw(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024);
-        rtr.max_dest_rd_atomic = self.out_reads;
-        let qp = match qp.rtr(&rtr) {
-            Ok(q) => q,
-            Err((q, e)) => {
-                self.qp = Qp::Init(q);
-                return Err(Failure {
-                    step: "perftest: RTR",
-                    error: e,
-                }
-                .into());
-            }
-        };
-        let mut rts = ConnectedRts::new(self.psn);
-        rts.max_rd_atomic = peer.out_reads.min(u16::from(self.out_reads)) as u8;
-        match qp.rts(&rts) {
-            Ok(q) => self.qp = Qp::Rts(q),
-            Err((q, e)) => {
-                self.qp = Qp::Rtr(q);
-                return Err(Failure {
-                    step: "perftest: RTS",
-                    error: e,
-                }
-                .into());
-            }
+        }
+        self.agreed = Some(*agreed);
+        for (i, peer) in peers.iter().enumerate() {
+            self.connect_one(i, peer, agreed)?;
         }
         // ib_send_lat: the receives are posted before the barrier after which Linux sends.
         if matches!(self.kind, PerfKind::SendLat { .. }) {
@@ -811,7 +872,8 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         Ok(())
     }
 
-    fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, CaseError> {
+        let peer = peers.first().ok_or(CaseError::OutOfOrder)?;
         if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
             return self.one_at_a_time(peer);
         }
@@ -821,7 +883,7 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         ) {
             return self.ping_pong(peer);
         }
-        if self.kind != PerfKind::Write {
+        if !self.kind.writes() {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
                 size: self.size.into(),
@@ -829,23 +891,96 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
                 ..Report::default()
             });
         }
-        let Qp::Rts(qp) = &mut self.qp else {
+        let t0 = (self.clock_ms)();
+        let mut done = 0u64;
+        for (i, peer) in peers.iter().enumerate() {
+            done += u64::from(self.write_all(i, peer)?);
+        }
+        // The clock ticks every 16 ms: a run shorter than a tick counts as one.
+        let ms = ((self.clock_ms)() - t0).max(16);
+        let bytes = u64::from(self.size) * done;
+        let secs = ms as f64 / 1000.0;
+        let bw = bytes as f64 / secs / (1u64 << 20) as f64;
+        self.wrote = (done, bw);
+        Ok(Report {
+            size: self.size.into(),
+            iters: self.iters.into(),
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: done as f64 / secs / 1e6,
+        })
+    }
+}
+
+impl<'a, P: Provider> Perf<'a, '_, '_, P> {
+    /// QP `i`.
+    fn qp_mut(&mut self, i: usize) -> Result<&mut Qp<'a, P>, CaseError> {
+        match i {
+            0 => Ok(&mut self.qp),
+            _ => self.more.get_mut(i - 1).ok_or(CaseError::OutOfOrder),
+        }
+    }
+
+    /// QP `i` to RTR and RTS, connected to `peer`.
+    fn connect_one(&mut self, i: usize, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
+        let out_reads = self.out_reads;
+        let psn = self.psn;
+        let slot = self.qp_mut(i)?;
+        let Qp::Init(qp) = core::mem::replace(slot, Qp::Gone) else {
             return Err(CaseError::OutOfOrder);
         };
+        let mut av = AddressVector::new(peer.gid, GID_INDEX as u8);
+        av.hop_limit = 1;
+        let mut rtr = ConnectedRtr::new(peer.qpn, peer.psn, av);
+        rtr.path_mtu = Mtu::from_raw(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024);
+        rtr.max_dest_rd_atomic = out_reads;
+        let qp = match qp.rtr(&rtr) {
+            Ok(q) => q,
+            Err((q, e)) => {
+                *slot = Qp::Init(q);
+                return Err(Failure {
+                    step: "perftest: RTR",
+                    error: e,
+                }
+                .into());
+            }
+        };
+        let mut rts = ConnectedRts::new(psn);
+        rts.max_rd_atomic = peer.out_reads.min(u16::from(out_reads)) as u8;
+        match qp.rts(&rts) {
+            Ok(q) => *slot = Qp::Rts(q),
+            Err((q, e)) => {
+                *slot = Qp::Rtr(q);
+                return Err(Failure {
+                    step: "perftest: RTS",
+                    error: e,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// perftest's client's WRITEs on QP `i`: `iters` of `size` bytes to `peer`'s buffer, up to
+    /// [`TX_DEPTH`] in flight. Returns how many completed.
+    fn write_all(&mut self, i: usize, peer: &Key) -> Result<u32, CaseError> {
         let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
-        let t0 = (self.clock_ms)();
+        let (iters, cq, deadline, clock) = (self.iters, self.cq, self.deadline, self.clock_ms);
+        let Qp::Rts(qp) = self.qp_mut(i)? else {
+            return Err(CaseError::OutOfOrder);
+        };
         let (mut posted, mut done) = (0u32, 0u32);
         let mut wcs = [WorkCompletion::default(); 16];
-        while done < self.iters {
-            if posted < self.iters && posted - done < TX_DEPTH {
-                let n = (self.iters - posted).min(TX_DEPTH - (posted - done));
+        while done < iters {
+            if posted < iters && posted - done < TX_DEPTH {
+                let n = (iters - posted).min(TX_DEPTH - (posted - done));
                 // `perf` destroys the QP before it drops the region, on every path.
                 // SAFETY: the region stays registered and untouched by the CPU while WRITEs fly.
                 unsafe {
                     let mut b = qp.send_batch();
-                    for i in 0..n {
+                    for k in 0..n {
                         b.rdma_write(
-                            u64::from(posted + i),
+                            u64::from(posted + k),
                             SendFlags::SIGNALED,
                             (peer.vaddr, peer.rkey),
                             &[sge],
@@ -856,28 +991,16 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
                 }
                 posted += n;
             }
-            let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+            let got = cq.poll(&mut wcs).at("perftest: poll")?;
             if let Some(w) = wcs[..got].iter().find(|w| w.status != WcStatus::Success) {
                 return Err(CaseError::Status(w.status, w.wr_id));
             }
             done += got as u32;
-            if got == 0 && (self.clock_ms)() > self.deadline {
+            if got == 0 && clock() > deadline {
                 return Err(CaseError::Deadline);
             }
         }
-        // The clock ticks every 16 ms: a run shorter than a tick counts as one.
-        let ms = ((self.clock_ms)() - t0).max(16);
-        let bytes = u64::from(self.size) * u64::from(self.iters);
-        let secs = ms as f64 / 1000.0;
-        let bw = bytes as f64 / secs / (1u64 << 20) as f64;
-        self.wrote = (done.into(), bw);
-        Ok(Report {
-            size: self.size.into(),
-            iters: self.iters.into(),
-            bw_peak: bw,
-            bw_avg: bw,
-            msg_rate: f64::from(self.iters) / secs / 1e6,
-        })
+        Ok(done)
     }
 }
 
@@ -1117,6 +1240,66 @@ impl<P: Provider> Perf<'_, '_, '_, P> {
     }
 }
 
+/// The longest run of pre-fill bytes a WRITE target may still hold by chance (perftest
+/// writes `rand()` bytes: a run of 8 has odds of 2^-64 at each place).
+const PREFILL_RUN: usize = 8;
+
+/// `ib_write_bw`'s targets after its client's WRITEs on `qps` QPs: QP `i`'s at `half` × (i + 1)
+/// of `buf` (pre-filled with each byte's offset), where perftest's client puts WRITE `k` at
+/// `k mod period` steps of `size` rounded up to the cache line when `size` is at most half
+/// its cycle buffer (the page size), else always at the start (`increase_rem_addr` in
+/// `perftest_resources.c`). Every place written holds no run of [`PREFILL_RUN`] pre-fill
+/// bytes, every other byte of the buffer its pre-fill.
+fn check_write_targets(
+    buf: &[u8],
+    half: u32,
+    size: u32,
+    iters: u32,
+    qps: u8,
+    agreed: &Agreed,
+) -> Result<(), CaseError> {
+    let (half, size) = (half as usize, size as usize);
+    let (cycle, line) = (agreed.page_size as usize, agreed.cache_line.max(1) as usize);
+    let (places, step) = if size <= cycle / 2 {
+        let step = size.next_multiple_of(line).max(line);
+        ((cycle / step).max(1).min(iters as usize), step)
+    } else {
+        (1, 0)
+    };
+    let written = |j: usize| {
+        let q = j / half;
+        if q == 0 || q > usize::from(qps) {
+            return false;
+        }
+        let at = j % half;
+        if step == 0 {
+            at < size
+        } else {
+            at < places * step && at % step < size
+        }
+    };
+    let mut run = 0;
+    for (j, &b) in buf.iter().enumerate() {
+        let pre = b == j as u8;
+        if written(j) {
+            run = if pre { run + 1 } else { 0 };
+            if run >= PREFILL_RUN {
+                return Err(CaseError::Data {
+                    bad: 1,
+                    first: (j / half) as u32 - 1,
+                    at: (j % half + 1 - PREFILL_RUN) as u32,
+                });
+            }
+        } else {
+            run = 0;
+            if !pre {
+                return Err(CaseError::Changed(j as u32));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
 #[allow(clippy::too_many_arguments)]
 fn perf<P: Provider, L: Link>(
@@ -1131,8 +1314,11 @@ fn perf<P: Provider, L: Link>(
 ) -> Result<Detail, CaseError> {
     // perftest's buffer: twice the larger of the message and its cycle buffer (a page);
     // the Linux client's addresses stay inside it.
+    // With -q N the WRITE targets of Linux's client are one such half per QP, after the
+    // first.
     let half = size.max(4096);
-    let len = 2 * half as usize;
+    let n = kind.qps();
+    let len = (n + 1) * half as usize;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -1151,39 +1337,42 @@ fn perf<P: Provider, L: Link>(
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .caps(caps)
-        .build::<Rc>()
-        .at("perftest: create QP")?;
     let init = ConnectedInit {
         port: 1,
         pkey_index: 0,
         access,
     };
-    let qp = qp.init(&init).at("perftest: INIT")?;
+    let mut qps: [Qp<'_, P>; MAX_QPS] = core::array::from_fn(|_| Qp::Gone);
+    for q in &mut qps[..n] {
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .caps(caps)
+            .build::<Rc>()
+            .at("perftest: create QP")?;
+        *q = Qp::Init(qp.init(&init).at("perftest: INIT")?);
+    }
     let out_reads = ctx.caps().max_qp_rd_atom.clamp(1, 16) as u8;
     // From the device's seed (the Linux peer learns it over the TCP exchange).
     let psn = ctx.random_psn();
-    let key = Key {
+    let write_bw = matches!(kind, PerfKind::Write | PerfKind::WriteBw { .. });
+    let mut keys = [Key {
         lid: 0,
-        out_reads: if kind == PerfKind::Write {
-            1
-        } else {
-            out_reads.into()
-        },
-        qpn: qp.qp_num(),
+        out_reads: if write_bw { 1 } else { out_reads.into() },
+        qpn: 0,
         psn,
         rkey: mr.rkey(),
-        // ib_write_lat's peer WRITEs into the second half (as perftest's own key says).
-        vaddr: if matches!(kind, PerfKind::WriteLat { .. }) {
-            mr.addr() + u64::from(half)
-        } else {
-            mr.addr()
-        },
+        vaddr: mr.addr(),
         gid,
         srqn: 0,
-    };
+    }; MAX_QPS];
+    for (i, (k, q)) in keys.iter_mut().zip(&qps).enumerate().take(n) {
+        k.qpn = q.qp_num();
+        // ib_write_lat's peer WRITEs into the second half (as perftest's own key says),
+        // ib_write_bw's client into a half of each QP's after the first.
+        if matches!(kind, PerfKind::WriteLat { .. } | PerfKind::WriteBw { .. }) {
+            k.vaddr = mr.addr() + u64::from(half) * (i as u64 + 1);
+        }
+    }
     let role = if kind.uni_client() {
         Role::Client {
             server: linux,
@@ -1192,13 +1381,16 @@ fn perf<P: Provider, L: Link>(
     } else {
         Role::Server
     };
+    let [q0, q1, q2, q3] = { qps };
     let mut hooks = Perf {
         kind,
         size,
         iters,
-        qp: Qp::Init(qp),
+        qp: q0,
+        more: [q1, q2, q3],
         cq: &cq,
         mr: &mut mr,
+        agreed: None,
         half,
         psn,
         out_reads,
@@ -1208,7 +1400,7 @@ fn perf<P: Provider, L: Link>(
         requested: 0,
         recvs_posted: 0,
     };
-    let local = Local::new(key);
+    let local = Local::with_qps(&keys[..n]).ok_or(CaseError::OutOfOrder)?;
     let r = match kind.latency() {
         Some(which) => perftest::run_latency(
             stack,
@@ -1230,16 +1422,33 @@ fn perf<P: Provider, L: Link>(
             &mut || clock_ms(),
         ),
     };
-    let (qp, wrote, requested) = (
+    let (qp, more, wrote, requested, agreed) = (
         core::mem::replace(&mut hooks.qp, Qp::Gone),
+        core::mem::replace(&mut hooks.more, core::array::from_fn(|_| Qp::Gone)),
         hooks.wrote,
         hooks.requested,
+        hooks.agreed,
     );
     drop(hooks);
     qp.destroy()?;
+    for q in more {
+        q.destroy()?;
+    }
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
+            PerfKind::WriteBw {
+                linux_serves: true,
+                qps,
+            } => Detail::WroteQps(wrote.0, size, wrote.1, qps),
+            PerfKind::WriteBw {
+                linux_serves: false,
+                qps,
+            } => {
+                let agreed = agreed.ok_or(CaseError::OutOfOrder)?;
+                check_write_targets(mr.as_slice(), half, size, iters, qps, &agreed)?;
+                Detail::Written(qps, size, o.peer_report.iters)
+            }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
             PerfKind::ReadLatReq => Detail::Requested(
                 iters,
@@ -1415,6 +1624,33 @@ mod tests {
             ))
         );
         assert_eq!(PeerCase::parse("ib_write_lat-a-b-server"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-q2-server,-q,2,-s,65536,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: true,
+                    qps: 2
+                },
+                65536,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-q4-client,-q,4"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: false,
+                    qps: 4
+                },
+                65536,
+                5000
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_write_bw-q5-client,-q,5"), None);
+        assert_eq!(PeerCase::parse("ib_write_bw-q0-client,-q,0"), None);
+        assert_eq!(PeerCase::parse("ib_write_bw-x-sever,-q,2"), None);
+        assert_eq!(PeerCase::parse("write,-q,2"), None);
+        assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
         assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-client,-R"), None);
@@ -1439,6 +1675,68 @@ mod tests {
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
+    }
+
+    #[test]
+    fn write_targets_overwritten_and_nothing_around_them() {
+        let agreed = Agreed {
+            peer_version: 606,
+            page_size: 4096,
+            cache_line: 64,
+            mtu: 3,
+        };
+        let half = 4096u32;
+        let fresh = || {
+            let mut b = [0u8; 3 * 4096];
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = j as u8;
+            }
+            b
+        };
+        // -q 2, WRITEs of 1000 bytes: at 0, 1024, 2048, 3072 of each QP's target (the cycle's
+        // four places of 1000 rounded up to the line).
+        let mut buf = fresh();
+        for q in 1..3 {
+            for place in 0..4 {
+                let at = q * half as usize + place * 1024;
+                buf[at..at + 1000].fill(0xA5);
+            }
+        }
+        assert_eq!(
+            check_write_targets(&buf, half, 1000, 10, 2, &agreed),
+            Ok(())
+        );
+        // A place not written: its pre-fill is still there.
+        let mut b = buf;
+        let at = 2 * half as usize + 3072;
+        for (j, x) in b[at..at + 1000].iter_mut().enumerate() {
+            *x = (at + j) as u8;
+        }
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Data {
+                bad: 1,
+                first: 1,
+                at: 3072
+            })
+        );
+        // A byte between two places, or in the source half, touched.
+        let mut b = buf;
+        b[half as usize + 1000] ^= 1;
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Changed(half + 1000))
+        );
+        let mut b = buf;
+        b[7] ^= 1;
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Changed(7))
+        );
+        // Messages of more than half the cycle go to the start every time.
+        let mut b = fresh();
+        b[half as usize..half as usize + 3000].fill(0);
+        assert_eq!(check_write_targets(&b, half, 3000, 10, 1, &agreed), Ok(()));
     }
 
     #[test]

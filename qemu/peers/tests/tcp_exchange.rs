@@ -395,6 +395,8 @@ struct CPerf {
     cache: u32,
     mtu: [u8; 2],
     key: [u8; perftest::KEY_LEN],
+    /// `-q 2`: the second QP's key.
+    key2: Option<[u8; perftest::KEY_LEN]>,
     report: Report,
 }
 
@@ -444,6 +446,7 @@ fn c_perf(out_reads: u16) -> CPerf {
         // 2048: the agreed MTU is the unikernel's smaller 1024.
         mtu: *b"4\0",
         key: lnx_key(out_reads).encode().unwrap(),
+        key2: None,
         report: Report {
             size: 65536,
             iters: 5000,
@@ -507,7 +510,18 @@ fn c_perftest<L: Link>(
     assert_eq!(m[1], 0);
     let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
     let peer = Key::parse(&k).expect("C parses the key");
-    for _ in 0..3 {
+    // -q 2: each QP's key, before connecting and after; then the first's barriers.
+    let k2 = match &c.key2 {
+        Some(m) => Some(c_xchg(st, client, m, perftest::KEY_LEN, now)?),
+        None => None,
+    };
+    assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+    if let (Some(m), Some(k2)) = (&c.key2, &k2) {
+        assert_eq!(&c_xchg(st, client, m, perftest::KEY_LEN, now)?, k2);
+        let peer2 = Key::parse(k2).expect("C parses the second key");
+        assert_ne!(peer2.qpn, peer.qpn, "two QPs");
+    }
+    for _ in 0..2 {
         assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
     }
     let mut w = [0u64; 5];
@@ -550,13 +564,18 @@ struct Recorder {
     agreed: Option<Agreed>,
     report: Report,
     fail_connect: bool,
+    /// QPs connected.
+    qps: usize,
 }
 
 impl Hooks for Recorder {
     type Error = &'static str;
 
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), &'static str> {
-        assert_eq!(peer.gid, Gid::from_ipv4(LNX_IP));
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), &'static str> {
+        self.qps = peers.len();
+        for peer in peers {
+            assert_eq!(peer.gid, Gid::from_ipv4(LNX_IP));
+        }
         self.calls.push("connect");
         self.agreed = Some(*agreed);
         if self.fail_connect {
@@ -565,7 +584,8 @@ impl Hooks for Recorder {
         Ok(())
     }
 
-    fn data_phase(&mut self, _: &Key) -> Result<Report, &'static str> {
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, &'static str> {
+        assert_eq!(peers.len(), self.qps);
         self.calls.push("data");
         Ok(self.report)
     }
@@ -685,6 +705,61 @@ fn perftest_read_bw_linux_connects() {
             "unikernel segment of {n} bytes"
         );
     }
+}
+
+/// `ib_write_bw -q 2`: each QP's key before the QPs connect and again after, the barriers
+/// on the first's; the unikernel's hooks get both peers' keys, in order.
+#[test]
+fn perftest_two_qps_both_roles() {
+    for uni_client in [true, false] {
+        let (_seg, uni, lnx) = pair(None);
+        let mut c = c_perf(1);
+        let mut second = lnx_key(1);
+        second.qpn += 1;
+        second.vaddr += 0x1_0000;
+        c.key2 = Some(second.encode().unwrap());
+        let (listening, go) = mpsc::channel();
+        let u = thread::spawn(move || {
+            with_stack(uni, UNI_IP, 41, |st, now| {
+                let role = if uni_client {
+                    Role::Client {
+                        server: LNX_IP,
+                        retry: Retry {
+                            tries: 50,
+                            pause_ms: 100,
+                        },
+                    }
+                } else {
+                    st.listen(PORT).unwrap();
+                    Role::Server
+                };
+                listening.send(()).unwrap();
+                let mut hooks = Recorder {
+                    report: uni_report(),
+                    ..Recorder::default()
+                };
+                let mut k2 = uni_key(1);
+                k2.qpn += 1;
+                let local = Local::with_qps(&[uni_key(1), k2]).unwrap();
+                let deadline = now() + BUDGET;
+                let r = perftest::run(st, role, PORT, &local, &mut hooks, deadline, now);
+                (r, hooks.calls, hooks.qps)
+            })
+        });
+        go.recv().unwrap();
+        let l = thread::spawn(move || {
+            with_stack(lnx, LNX_IP, 42, |st, now| {
+                c_perftest(st, now, !uni_client, &c, if uni_client { 700 } else { 0 })
+            })
+        });
+        let (r, calls, qps) = u.join().unwrap();
+        let o = r.expect("unikernel side");
+        assert_eq!((calls, qps), (vec!["connect", "data"], 2));
+        assert_eq!(&o.peers[..2], &[lnx_key(1), second]);
+        assert_eq!(l.join().unwrap().expect("C side").report, uni_report());
+    }
+    assert_eq!(Local::with_qps(&[]), None);
+    assert_eq!(Local::with_qps(&[uni_key(1); 5]), None);
 }
 
 #[test]

@@ -161,11 +161,17 @@ pub fn parse_version(m: &[u8]) -> Result<u32, Error> {
     Ok(n(int) * 100 + f0 * 10 + f1)
 }
 
+/// QPs a bandwidth test may have (perftest's `-q`).
+pub const MAX_QPS: usize = 4;
+
 /// This side's part of the exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Local {
-    /// The key message.
-    pub key: Key,
+    /// The key message of each QP (the first `qps`), in order; the first QP's is the one
+    /// of the barriers.
+    pub keys: [Key; MAX_QPS],
+    /// QPs (`-q`, 1 to [`MAX_QPS`]; a latency test has one).
+    pub qps: usize,
     /// The path MTU as the `ibv_mtu` enum (1 = 256 … 5 = 4096).
     pub mtu: u8,
     /// Page size announced (perftest's `cycle_buffer`).
@@ -175,14 +181,28 @@ pub struct Local {
 }
 
 impl Local {
-    /// `key` with MTU 1024 (`3`), page size 4096 and a 64-byte cache line.
+    /// One QP's `key` with MTU 1024 (`3`), page size 4096 and a 64-byte cache line.
     pub fn new(key: Key) -> Self {
         Local {
-            key,
+            keys: [key; MAX_QPS],
+            qps: 1,
             mtu: 3,
             page_size: 4096,
             cache_line: 64,
         }
+    }
+
+    /// As [`Local::new`] with a QP per key (`-q keys.len()`); `None` for none or more than
+    /// [`MAX_QPS`].
+    pub fn with_qps(keys: &[Key]) -> Option<Self> {
+        let first = *keys.first()?;
+        if keys.len() > MAX_QPS {
+            return None;
+        }
+        let mut l = Local::new(first);
+        l.keys[..keys.len()].copy_from_slice(keys);
+        l.qps = keys.len();
+        Some(l)
     }
 }
 
@@ -247,13 +267,14 @@ pub trait Hooks {
     /// QPN and PSN, `max_dest_rd_atomic` = own out_reads, GRH to `peer.gid`) and RTS (own PSN,
     /// `max_rd_atomic` = `peer.out_reads`). The peer may send as soon as the next two
     /// barriers are through, so post receives / expose the buffer here too.
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), Self::Error>;
+    /// With `-q N` the peer's keys of all N QPs, in order: QP `i` connects to `peers[i]`.
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), Self::Error>;
 
     /// The data phase. As the client: run the test (WRITEs, READs or atomics to
     /// `peer.vaddr` with `peer.rkey`) and return the report the Linux server prints. As the
     /// server: called once the client said it finished (step 8); return this side's report (the
     /// Linux client ignores it).
-    fn data_phase(&mut self, peer: &Key) -> Result<Report, Self::Error>;
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, Self::Error>;
 }
 
 /// Which side the unikernel plays.
@@ -273,8 +294,10 @@ pub enum Role {
 /// What the exchange gave.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {
-    /// The peer's key message.
+    /// The peer's key message (its first QP's).
     pub peer: Key,
+    /// Its key messages of every QP (the first [`Local::qps`]).
+    pub peers: [Key; MAX_QPS],
     /// The settled parameters.
     pub agreed: Agreed,
     /// The peer's report.
@@ -403,7 +426,16 @@ fn run_flow<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    let key = local.key.encode()?;
+    let n = local.qps;
+    // A latency test has one QP.
+    if !(1..=MAX_QPS).contains(&n) || (lat.is_some() && n != 1) {
+        return Err(Error::Malformed(Field::Qpn).into());
+    }
+    let mut keys = [[0u8; KEY_LEN]; MAX_QPS];
+    for (m, k) in keys.iter_mut().zip(&local.keys[..n]) {
+        *m = k.encode()?;
+    }
+    let key = keys[0];
     if !(1..=5).contains(&local.mtu) {
         return Err(Error::Malformed(Field::Mtu).into());
     }
@@ -446,23 +478,47 @@ fn run_flow<L: Link, H: Hooks>(
             mtu: local.mtu.min(m[0] - b'0'),
         };
         // 5. The key messages (ib_read_lat, ib_atomic_lat, ib_write_lat: the test's, then
-        // the QP's); then connect.
-        let (before, after) = lat.map_or((1, 2), Latency::keys);
+        // the QP's; a bandwidth test: each QP's); then connect.
         let mut k = [0u8; KEY_LEN];
-        x(stack, &key, &mut k)?;
-        let peer = Key::parse(&k)?;
-        for _ in 1..before {
+        let mut peers = [Key::parse(&key)?; MAX_QPS];
+        let peer = if let Some(which) = lat {
+            let (before, _) = which.keys();
             x(stack, &key, &mut k)?;
-            // The same QP's every time.
-            if Key::parse(&k)? != peer {
-                return Err(Error::Malformed(Field::Qpn).into());
+            let peer = Key::parse(&k)?;
+            for _ in 1..before {
+                x(stack, &key, &mut k)?;
+                // The same QP's every time.
+                if Key::parse(&k)? != peer {
+                    return Err(Error::Malformed(Field::Qpn).into());
+                }
             }
-        }
-        if is_ipv4_mapped(&peer.gid.0) != is_ipv4_mapped(&local.key.gid.0) {
+            peers[0] = peer;
+            peer
+        } else {
+            for (mine, theirs) in keys[..n].iter().zip(peers.iter_mut()) {
+                x(stack, mine, &mut k)?;
+                *theirs = Key::parse(&k)?;
+            }
+            peers[0]
+        };
+        if is_ipv4_mapped(&peer.gid.0) != is_ipv4_mapped(&local.keys[0].gid.0) {
             return Err(Error::GidFamily.into());
         }
-        hooks.connect(&peer, &agreed).map_err(FlowError::Hook)?;
-        // 6, 7. Barriers (the same message; it must still parse).
+        hooks
+            .connect(&peers[..n], &agreed)
+            .map_err(FlowError::Hook)?;
+        // 6, 7. Each QP's key again (a bandwidth test), then the barrier after RTR: the
+        // first QP's (the same messages; they must still parse).
+        let after = match lat {
+            Some(which) => which.keys().1,
+            None => {
+                for mine in &keys[..n] {
+                    x(stack, mine, &mut k)?;
+                    Key::parse(&k)?;
+                }
+                1
+            }
+        };
         for _ in 0..after {
             x(stack, &key, &mut k)?;
             Key::parse(&k)?;
@@ -470,7 +526,7 @@ fn run_flow<L: Link, H: Hooks>(
         if let Some(which) = lat {
             // The test, then straight to the closing barrier: no step 8 or 9.
             if client || which != Latency::ReadAtomic {
-                hooks.data_phase(&peer).map_err(FlowError::Hook)?;
+                hooks.data_phase(&peers[..1]).map_err(FlowError::Hook)?;
             }
             if which != Latency::Write {
                 x(stack, &key, &mut k)?;
@@ -479,18 +535,19 @@ fn run_flow<L: Link, H: Hooks>(
             }
             return Ok(Outcome {
                 peer,
+                peers,
                 agreed,
                 peer_report: Report::default(),
             });
         }
         // The data phase, and 8: the client's "finished".
         let report = if client {
-            let r = hooks.data_phase(&peer).map_err(FlowError::Hook)?;
+            let r = hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?;
             x(stack, &key, &mut k)?;
             r
         } else {
             x(stack, &key, &mut k)?;
-            hooks.data_phase(&peer).map_err(FlowError::Hook)?
+            hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?
         };
         Key::parse(&k)?;
         // 9. Reports, five words.
@@ -506,6 +563,7 @@ fn run_flow<L: Link, H: Hooks>(
         stack.write_message(DONE, deadline, now)?;
         Ok(Outcome {
             peer,
+            peers,
             agreed,
             peer_report: Report::from_words(words),
         })
