@@ -28,6 +28,8 @@
 //! | `ib_read_lat-server`, `ib_atomic_lat-server` | the same as the server | the client: READs (each bringing the first one's bytes) or fetch-and-adds (each returning the one before plus one), one at a time |
 //! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
+//! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
+//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | refused on perftest's control connection through the CM ([`crate::cm_peer::refuse_perftest`]) |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -121,6 +123,8 @@ pub enum PerfKind {
         linux_serves: bool,
         /// QPs (`-q`).
         qps: u8,
+        /// Both sides WRITE at once (`-b`).
+        duplex: bool,
     },
 }
 
@@ -154,16 +158,31 @@ impl PerfKind {
         }
     }
 
-    /// The unikernel WRITEs as perftest's client (Linux serves `ib_write_bw`).
+    /// The unikernel WRITEs: as perftest's client (Linux serves `ib_write_bw`), or both sides
+    /// with `-b`.
     fn writes(self) -> bool {
-        matches!(
-            self,
-            PerfKind::Write
-                | PerfKind::WriteBw {
-                    linux_serves: true,
-                    ..
-                }
-        )
+        match self {
+            PerfKind::Write => true,
+            PerfKind::WriteBw {
+                linux_serves,
+                duplex,
+                ..
+            } => linux_serves || duplex,
+            _ => false,
+        }
+    }
+
+    /// Linux WRITEs into the unikernel's buffer (`ib_write_bw` as perftest's client, or
+    /// either side with `-b`).
+    fn written(self) -> bool {
+        match self {
+            PerfKind::WriteBw {
+                linux_serves,
+                duplex,
+                ..
+            } => !linux_serves || duplex,
+            _ => false,
+        }
     }
 
     /// Whether the unikernel plays perftest's client (Linux serves).
@@ -250,10 +269,12 @@ impl PeerCase {
                     Some("server") => PerfKind::WriteBw {
                         linux_serves: true,
                         qps: 1,
+                        duplex: false,
                     },
                     Some("client") => PerfKind::WriteBw {
                         linux_serves: false,
                         qps: 1,
+                        duplex: false,
                     },
                     _ => return None,
                 }
@@ -282,6 +303,10 @@ impl PeerCase {
         };
         let mut kind = kind;
         while let Some(w) = words.next() {
+            if let ("-b" | "--bidirectional", PerfKind::WriteBw { duplex, .. }) = (w, &mut kind) {
+                *duplex = true;
+                continue;
+            }
             let v: u32 = words.next()?.parse().ok()?;
             match (w, &mut kind) {
                 ("-s" | "--size", _) => size = v,
@@ -702,6 +727,8 @@ enum Detail {
     /// `ib_write_bw` with Linux the client, `-q`: QPs, bytes of each WRITE, the iterations
     /// Linux reported.
     Written(u8, u32, u64),
+    /// `ib_write_bw -b`: as [`Detail::WroteQps`] and [`Detail::Written`] at once.
+    Both(u64, u32, f64, u8, u64),
 }
 
 impl core::fmt::Display for Detail {
@@ -735,6 +762,10 @@ impl core::fmt::Display for Detail {
             Detail::Written(q, s, n) => write!(
                 f,
                 "the client's RDMA WRITEs of {s} bytes ({n} per QP, as it reported) on {q} QPs: every QP's target overwritten and nothing around the targets touched"
+            ),
+            Detail::Both(n, s, bw, q, theirs) => write!(
+                f,
+                "both ways at once on {q} QPs: {n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported; Linux's ({theirs} per QP, as it reported) overwrote every QP's target and nothing around the targets"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -1412,6 +1443,17 @@ fn perf<P: Provider, L: Link>(
             deadline,
             &mut || clock_ms(),
         ),
+        None if matches!(kind, PerfKind::WriteBw { duplex: true, .. }) => {
+            perftest::run_bidirectional(
+                stack,
+                role,
+                tcp::PORT,
+                &local,
+                &mut hooks,
+                deadline,
+                &mut || clock_ms(),
+            )
+        }
         None => perftest::run(
             stack,
             role,
@@ -1437,17 +1479,16 @@ fn perf<P: Provider, L: Link>(
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
-            PerfKind::WriteBw {
-                linux_serves: true,
-                qps,
-            } => Detail::WroteQps(wrote.0, size, wrote.1, qps),
-            PerfKind::WriteBw {
-                linux_serves: false,
-                qps,
-            } => {
-                let agreed = agreed.ok_or(CaseError::OutOfOrder)?;
-                check_write_targets(mr.as_slice(), half, size, iters, qps, &agreed)?;
-                Detail::Written(qps, size, o.peer_report.iters)
+            PerfKind::WriteBw { qps, .. } => {
+                if kind.written() {
+                    let agreed = agreed.ok_or(CaseError::OutOfOrder)?;
+                    check_write_targets(mr.as_slice(), half, size, iters, qps, &agreed)?;
+                }
+                match (kind.writes(), kind.written()) {
+                    (true, true) => Detail::Both(wrote.0, size, wrote.1, qps, o.peer_report.iters),
+                    (true, false) => Detail::WroteQps(wrote.0, size, wrote.1, qps),
+                    _ => Detail::Written(qps, size, o.peer_report.iters),
+                }
             }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
             PerfKind::ReadLatReq => Detail::Requested(
@@ -1629,7 +1670,8 @@ mod tests {
             Some(PeerCase::Perf(
                 PerfKind::WriteBw {
                     linux_serves: true,
-                    qps: 2
+                    qps: 2,
+                    duplex: false
                 },
                 65536,
                 200
@@ -1640,13 +1682,27 @@ mod tests {
             Some(PeerCase::Perf(
                 PerfKind::WriteBw {
                     linux_serves: false,
-                    qps: 4
+                    qps: 4,
+                    duplex: false
                 },
                 65536,
                 5000
             ))
         );
         assert_eq!(PeerCase::parse("ib_write_bw-q5-client,-q,5"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-b-client,-b,-s,4096,-n,100"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: false,
+                    qps: 1,
+                    duplex: true
+                },
+                4096,
+                100
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_send_lat-client,-b"), None);
         assert_eq!(PeerCase::parse("ib_write_bw-q0-client,-q,0"), None);
         assert_eq!(PeerCase::parse("ib_write_bw-x-sever,-q,2"), None);
         assert_eq!(PeerCase::parse("write,-q,2"), None);

@@ -708,10 +708,12 @@ fn perftest_read_bw_linux_connects() {
 }
 
 /// `ib_write_bw -q 2`: each QP's key before the QPs connect and again after, the barriers
-/// on the first's; the unikernel's hooks get both peers' keys, in order.
+/// on the first's; the unikernel's hooks get both peers' keys, in order. With `-b` too (the
+/// same messages: a sync barrier where the "finished" one was, the data phase after it on
+/// both sides).
 #[test]
 fn perftest_two_qps_both_roles() {
-    for uni_client in [true, false] {
+    for (uni_client, duplex) in [(true, false), (false, false), (true, true), (false, true)] {
         let (_seg, uni, lnx) = pair(None);
         let mut c = c_perf(1);
         let mut second = lnx_key(1);
@@ -742,7 +744,11 @@ fn perftest_two_qps_both_roles() {
                 k2.qpn += 1;
                 let local = Local::with_qps(&[uni_key(1), k2]).unwrap();
                 let deadline = now() + BUDGET;
-                let r = perftest::run(st, role, PORT, &local, &mut hooks, deadline, now);
+                let r = if duplex {
+                    perftest::run_bidirectional(st, role, PORT, &local, &mut hooks, deadline, now)
+                } else {
+                    perftest::run(st, role, PORT, &local, &mut hooks, deadline, now)
+                };
                 (r, hooks.calls, hooks.qps)
             })
         });

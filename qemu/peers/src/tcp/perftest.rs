@@ -43,9 +43,15 @@
 //!   (no host), the unikernel is [`Role::Client`]; Linux is the client: the same plus the
 //!   unikernel's address (`… 10.0.0.2`), the unikernel is [`Role::Server`] (listening before
 //!   Linux starts: perftest's connect is tried once).
-//! - Not supported here: `-R`/`-z` (rdma_cm), `-b` (bidirectional: other barriers),
-//!   `-q` > 1 (one key message per QP), `--report-per-port` (four more doubles in step 9), and
-//!   `--dont_xchg_versions` (6.06 then compares an empty version with 5.70 and exits).
+//! - `-q N` ([`Local::with_qps`], up to [`MAX_QPS`]): step 5 is each QP's key message in
+//!   order, then after the QPs connect each QP's again (step 6) and the first's (step 7); the
+//!   other barriers are the first QP's (`write_bw.c` 179–229).
+//! - `-b` ([`run_bidirectional`]): both sides run the data phase, after a sync barrier where
+//!   step 8 was; the reports are each side's own.
+//! - The latency programs: [`run_latency`].
+//! - Not supported here: `-R`/`-z` (rdma_cm; `crate::cm_peer` speaks it), `--report-per-port`
+//!   (four more doubles in step 9), and `--dont_xchg_versions` (6.06 then compares an empty
+//!   version with 5.70 and exits).
 //! - `-m` is optional: the agreed MTU is the smaller of both ([`Agreed::mtu`]); rxe's active
 //!   MTU on a 1500-byte link is 1024 (`3`).
 //! - Sizes and counts are never exchanged: the unikernel runs what the Linux side was given.
@@ -335,7 +341,25 @@ pub fn run<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, None, deadline, now)
+    run_flow(stack, role, port, local, hooks, None, false, deadline, now)
+}
+
+/// The exchange of a bidirectional bandwidth test (`-b`: `ib_write_bw -b`), where both sides
+/// run the test at once: as [`run`] to the barrier after the QPs reach RTR, then a barrier
+/// more (the duplex sync), [`Hooks::data_phase`] on both sides, no "finished" barrier (step
+/// 8), the five report words each way (each side's own; Linux prints the sum), the closing
+/// barrier and `done` (`write_bw.c`: the duplex sync before `run_iter_bw`, the finished
+/// barrier only for a client that is not duplex).
+pub fn run_bidirectional<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(stack, role, port, local, hooks, None, true, deadline, now)
 }
 
 /// The exchange of `ib_read_lat` and `ib_atomic_lat` ([`Latency::ReadAtomic`]).
@@ -412,7 +436,17 @@ pub fn run_latency<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, Some(which), deadline, now)
+    run_flow(
+        stack,
+        role,
+        port,
+        local,
+        hooks,
+        Some(which),
+        false,
+        deadline,
+        now,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -423,6 +457,7 @@ fn run_flow<L: Link, H: Hooks>(
     local: &Local,
     hooks: &mut H,
     lat: Option<Latency>,
+    duplex: bool,
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
@@ -540,8 +575,12 @@ fn run_flow<L: Link, H: Hooks>(
                 peer_report: Report::default(),
             });
         }
-        // The data phase, and 8: the client's "finished".
-        let report = if client {
+        // The data phase, and 8: the client's "finished" (bidirectional: a sync before the
+        // data phase instead).
+        let report = if duplex {
+            x(stack, &key, &mut k)?;
+            hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?
+        } else if client {
             let r = hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?;
             x(stack, &key, &mut k)?;
             r
