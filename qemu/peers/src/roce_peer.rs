@@ -724,8 +724,8 @@ enum Detail {
     /// `ib_write_bw` with Linux serving, `-q`: WRITEs completed on all QPs, bytes each, the
     /// bandwidth reported (MiB/s), QPs.
     WroteQps(u64, u32, f64, u8),
-    /// `ib_write_bw` with Linux the client, `-q`: QPs, bytes of each WRITE, the iterations
-    /// Linux reported.
+    /// `ib_write_bw` with Linux the client, `-q`: QPs, bytes of each WRITE, the WRITEs Linux
+    /// reported (perftest's iterations times its QPs).
     Written(u8, u32, u64),
     /// `ib_write_bw -b`: as [`Detail::WroteQps`] and [`Detail::Written`] at once.
     Both(u64, u32, f64, u8, u64),
@@ -757,15 +757,15 @@ impl core::fmt::Display for Detail {
             ),
             Detail::WroteQps(n, s, bw, q) => write!(
                 f,
-                "{n} RDMA WRITEs of {s} bytes completed on {q} QPs, {bw:.2} MiB/s reported"
+                "{n} RDMA WRITEs of {s} bytes completed on {q} QP(s), {bw:.2} MiB/s reported"
             ),
             Detail::Written(q, s, n) => write!(
                 f,
-                "the client's RDMA WRITEs of {s} bytes ({n} per QP, as it reported) on {q} QPs: every QP's target overwritten and nothing around the targets touched"
+                "the client's RDMA WRITEs of {s} bytes ({n} in all, as it reported) on {q} QP(s): every QP's target overwritten and nothing around the targets touched"
             ),
             Detail::Both(n, s, bw, q, theirs) => write!(
                 f,
-                "both ways at once on {q} QPs: {n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported; Linux's ({theirs} per QP, as it reported) overwrote every QP's target and nothing around the targets"
+                "both ways at once on {q} QP(s): {n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported; Linux's ({theirs} in all, as it reported) overwrote every QP's target and nothing around the targets"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -933,9 +933,10 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         let secs = ms as f64 / 1000.0;
         let bw = bytes as f64 / secs / (1u64 << 20) as f64;
         self.wrote = (done, bw);
+        // (perftest reports its iterations times its QPs.)
         Ok(Report {
             size: self.size.into(),
-            iters: self.iters.into(),
+            iters: done,
             bw_peak: bw,
             bw_avg: bw,
             msg_rate: done as f64 / secs / 1e6,
