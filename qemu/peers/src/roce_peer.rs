@@ -126,6 +126,17 @@ pub enum PerfKind {
         /// Both sides WRITE at once (`-b`).
         duplex: bool,
     },
+    /// `ib_send_bw` over TCP (`ib_send_bw-q2-server`), with `-q` and `-b`: Linux serving, the
+    /// unikernel SENDs `-n` × `-s` bytes on each QP; Linux the client, the unikernel receives
+    /// them (with `-b` both).
+    SendBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+        /// Both sides SEND at once (`-b`).
+        duplex: bool,
+    },
 }
 
 impl PerfKind {
@@ -146,14 +157,18 @@ impl PerfKind {
             | PerfKind::AtomicLatReq => Some(perftest::Latency::ReadAtomic),
             PerfKind::WriteLat { .. } => Some(perftest::Latency::Write),
             PerfKind::SendLat { .. } => Some(perftest::Latency::Send),
-            PerfKind::Write | PerfKind::Read | PerfKind::Atomic | PerfKind::WriteBw { .. } => None,
+            PerfKind::Write
+            | PerfKind::Read
+            | PerfKind::Atomic
+            | PerfKind::WriteBw { .. }
+            | PerfKind::SendBw { .. } => None,
         }
     }
 
     /// QPs (`-q`).
     fn qps(self) -> usize {
         match self {
-            PerfKind::WriteBw { qps, .. } => usize::from(qps),
+            PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. } => usize::from(qps),
             _ => 1,
         }
     }
@@ -169,6 +184,18 @@ impl PerfKind {
                 ..
             } => linux_serves || duplex,
             _ => false,
+        }
+    }
+
+    /// `ib_send_bw`: whether the unikernel SENDs, and whether it receives.
+    fn send_bw(self) -> Option<(bool, bool)> {
+        match self {
+            PerfKind::SendBw {
+                linux_serves,
+                duplex,
+                ..
+            } => Some((linux_serves || duplex, !linux_serves || duplex)),
+            _ => None,
         }
     }
 
@@ -191,7 +218,8 @@ impl PerfKind {
             PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => true,
             PerfKind::WriteLat { linux_serves }
             | PerfKind::SendLat { linux_serves }
-            | PerfKind::WriteBw { linux_serves, .. } => linux_serves,
+            | PerfKind::WriteBw { linux_serves, .. }
+            | PerfKind::SendBw { linux_serves, .. } => linux_serves,
             PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
         }
     }
@@ -261,22 +289,27 @@ impl PeerCase {
             // (A word between the program and the role only tells cases apart:
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
-            // ib_write_bw over TCP (with -R: the CM's).
-            w if w.starts_with("ib_write_bw-")
+            // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
+            w if (w.starts_with("ib_write_bw-") || w.starts_with("ib_send_bw-"))
                 && !spec.split(',').any(|o| o == "-R" || o == "--rdma_cm") =>
             {
-                match w.rsplit('-').next() {
-                    Some("server") => PerfKind::WriteBw {
-                        linux_serves: true,
-                        qps: 1,
-                        duplex: false,
-                    },
-                    Some("client") => PerfKind::WriteBw {
-                        linux_serves: false,
-                        qps: 1,
-                        duplex: false,
-                    },
+                let linux_serves = match w.rsplit('-').next() {
+                    Some("server") => true,
+                    Some("client") => false,
                     _ => return None,
+                };
+                if w.starts_with("ib_send_bw-") {
+                    PerfKind::SendBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
+                } else {
+                    PerfKind::WriteBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
                 }
             }
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
@@ -303,7 +336,11 @@ impl PeerCase {
         };
         let mut kind = kind;
         while let Some(w) = words.next() {
-            if let ("-b" | "--bidirectional", PerfKind::WriteBw { duplex, .. }) = (w, &mut kind) {
+            if let (
+                "-b" | "--bidirectional",
+                PerfKind::WriteBw { duplex, .. } | PerfKind::SendBw { duplex, .. },
+            ) = (w, &mut kind)
+            {
                 *duplex = true;
                 continue;
             }
@@ -311,7 +348,7 @@ impl PeerCase {
             match (w, &mut kind) {
                 ("-s" | "--size", _) => size = v,
                 ("-n" | "--iters", _) => iters = v,
-                ("-q" | "--qp", PerfKind::WriteBw { qps, .. }) => {
+                ("-q" | "--qp", PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. }) => {
                     *qps = u8::try_from(v)
                         .ok()
                         .filter(|&q| (1..=MAX_QPS as u8).contains(&q))?
@@ -319,8 +356,10 @@ impl PeerCase {
                 _ => return None,
             }
         }
+        // (ib_send_bw's work request IDs hold a QP's count in 24 bits.)
         let ok = (1..=Self::MAX_PERF_SIZE).contains(&size)
             && iters >= 1
+            && (kind.send_bw().is_none() || iters < 1 << 24)
             && (!kind.atomics() || size == 8);
         ok.then_some(PeerCase::Perf(kind, size, iters))
     }
@@ -355,6 +394,13 @@ impl PeerCase {
                     "ib_write_bw-server"
                 } else {
                     "ib_write_bw-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::SendBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_send_bw-server"
+                } else {
+                    "ib_send_bw-client"
                 }
             }
             PeerCase::Cm(c) => c.name(),
@@ -428,6 +474,7 @@ impl<'a> Refused<'a> {
         let known = matches!(name, "write" | "read" | "atomic")
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
             || (lat && !cm)
+            || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
@@ -729,6 +776,8 @@ enum Detail {
     Written(u8, u32, u64),
     /// `ib_write_bw -b`: as [`Detail::WroteQps`] and [`Detail::Written`] at once.
     Both(u64, u32, f64, u8, u64),
+    /// `ib_send_bw`: SENDs completed, Linux's received, bytes each, QPs.
+    Sends(u64, u64, u32, u8),
 }
 
 impl core::fmt::Display for Detail {
@@ -766,6 +815,13 @@ impl core::fmt::Display for Detail {
             Detail::Both(n, s, bw, q, theirs) => write!(
                 f,
                 "both ways at once on {q} QP(s): {n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported; Linux's ({theirs} in all, as it reported) overwrote every QP's target and nothing around the targets"
+            ),
+            Detail::Sends(sent, 0, s, q) => {
+                write!(f, "{sent} SENDs of {s} bytes completed on {q} QP(s)")
+            }
+            Detail::Sends(sent, got, s, q) => write!(
+                f,
+                "{sent} SENDs of {s} bytes completed and {got} of Linux's received on {q} QP(s), every one of that size and the bytes of the first at its place of Linux's cycle"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -881,6 +937,27 @@ struct Perf<'a, 'm, 'r, P: Provider> {
     requested: u64,
     /// `ib_send_lat`: receives posted so far.
     recvs_posted: u32,
+    /// `ib_send_bw`: each QP's receives posted and taken, and the digests of the first
+    /// message at each place of Linux's cycle.
+    rx: [SendRx; MAX_QPS],
+    /// `ib_send_bw`: receive slots per QP, and their stride.
+    slots: (u32, u32),
+    /// `ib_send_bw`: SENDs completed, messages received.
+    sent: (u64, u64),
+}
+
+/// Places of the sender's cycle whose first message is kept (as a digest).
+const MAX_PLACES: usize = 64;
+/// `ib_send_bw`: receive slots per QP at most, and their bytes per QP at most.
+const SEND_SLOTS: u32 = 16;
+const SEND_SLOT_BYTES: u32 = 1 << 20;
+
+/// One QP's receives of `ib_send_bw`.
+#[derive(Clone, Copy)]
+struct SendRx {
+    posted: u32,
+    received: u32,
+    places: [u64; MAX_PLACES],
 }
 
 impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
@@ -900,6 +977,14 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
                 self.post_recv()?;
             }
         }
+        // ib_send_bw: every slot of every QP, before the sync barrier.
+        if let Some((_, true)) = self.kind.send_bw() {
+            for i in 0..peers.len() {
+                for _ in 0..self.slots.0.min(self.iters) {
+                    self.post_slot(i)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -913,6 +998,9 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
             PerfKind::WriteLat { .. } | PerfKind::SendLat { .. }
         ) {
             return self.ping_pong(peer);
+        }
+        if let Some((send, recv)) = self.kind.send_bw() {
+            return self.send_phase(peers.len(), send, recv);
         }
         if !self.kind.writes() {
             // The server's part ran while the exchange waited for the client's "finished".
@@ -1332,6 +1420,131 @@ fn check_write_targets(
     Ok(())
 }
 
+impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// Posts receive `rx[i].posted` of QP `i` into its slot (`ib_send_bw`): the slots of QP
+    /// `i` follow the source half, `slots.0` of `slots.1` bytes each, used in turn.
+    fn post_slot(&mut self, i: usize) -> Result<(), CaseError> {
+        let (count, stride) = self.slots;
+        let n = self.rx[i].posted;
+        let at = self.half + (i as u32 * count + n % count) * stride;
+        let sge = self.mr.sge(at, self.size).at("perftest: sge")?;
+        let Qp::Rts(qp) = self.qp_mut(i)? else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let id = RECV_ID | ((i as u64) << 24) | u64::from(n);
+        // `perf` destroys the QPs before it drops the region, on every path; the CPU reads a
+        // slot only once its receive completed, and posts it again after.
+        // SAFETY: the region stays registered and unwritten by the CPU while the receive waits.
+        unsafe { qp.post_recv_raw(id, &[sge]) }.at("perftest: post receive")?;
+        self.rx[i].posted += 1;
+        Ok(())
+    }
+
+    /// `ib_send_bw`'s data phase: with `send`, `iters` SENDs of `size` bytes on each of `n`
+    /// QPs (the source half, up to [`TX_DEPTH`] in flight in all); with `recv`, Linux's
+    /// `iters` on each, every one checked: `size` bytes, and the bytes of the first message
+    /// at the same place of Linux's cycle (perftest's sender puts message `m` at `m mod
+    /// period` steps when `size` is at most half its cycle buffer; its buffer never changes).
+    fn send_phase(&mut self, n: usize, send: bool, recv: bool) -> Result<Report, CaseError> {
+        let agreed = self.agreed.ok_or(CaseError::OutOfOrder)?;
+        let (cycle, line) = (agreed.page_size, agreed.cache_line.max(1));
+        let period = if self.size <= cycle / 2 {
+            let step = self.size.next_multiple_of(line).max(line);
+            (cycle / step).max(1)
+        } else {
+            1
+        };
+        let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
+        let iters = self.iters;
+        let want = u64::from(iters) * n as u64;
+        let mut posted = [0u32; MAX_QPS];
+        let (mut done, mut received) = (0u64, 0u64);
+        let per_qp = (TX_DEPTH / n as u32).max(1);
+        let t0 = (self.clock_ms)();
+        let mut wcs = [WorkCompletion::default(); 16];
+        let mut in_flight = [0u32; MAX_QPS];
+        while (send && done < want) || (recv && received < want) {
+            for i in 0..n {
+                if !send || posted[i] >= iters || in_flight[i] >= per_qp {
+                    continue;
+                }
+                let k = (iters - posted[i]).min(per_qp - in_flight[i]);
+                let Qp::Rts(qp) = self.qp_mut(i)? else {
+                    return Err(CaseError::OutOfOrder);
+                };
+                // `perf` destroys the QPs before it drops the region, on every path.
+                // SAFETY: the source half stays registered and untouched by the CPU.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    for j in 0..k {
+                        let id = ((i as u64) << 24) | u64::from(posted[i] + j);
+                        b.send(id, SendFlags::SIGNALED, &[sge])
+                            .at("perftest: post SEND")?;
+                    }
+                    b.finish();
+                }
+                posted[i] += k;
+                in_flight[i] += k;
+            }
+            let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+            for w in &wcs[..got] {
+                if w.status != WcStatus::Success {
+                    return Err(CaseError::Status(w.status, w.wr_id));
+                }
+                let i = ((w.wr_id >> 24) & 0xff) as usize;
+                if i >= n {
+                    return Err(CaseError::Status(WcStatus::GeneralErr, w.wr_id));
+                }
+                if w.wr_id & RECV_ID == 0 {
+                    in_flight[i] = in_flight[i].saturating_sub(1);
+                    done += 1;
+                    continue;
+                }
+                let m = self.rx[i].received;
+                let bad = |at| CaseError::Data {
+                    bad: 1,
+                    first: m,
+                    at,
+                };
+                if !recv || w.byte_len != self.size {
+                    return Err(bad(u32::MAX));
+                }
+                let (count, stride) = self.slots;
+                let at = (self.half + (i as u32 * count + m % count) * stride) as usize;
+                let d = digest(&self.mr.as_slice()[at..at + self.size as usize]);
+                let place = (m % period) as usize;
+                if place < MAX_PLACES {
+                    if m < period {
+                        self.rx[i].places[place] = d;
+                    } else if self.rx[i].places[place] != d {
+                        return Err(CaseError::Differs(m));
+                    }
+                }
+                self.rx[i].received += 1;
+                received += 1;
+                if self.rx[i].posted < iters {
+                    self.post_slot(i)?;
+                }
+            }
+            if got == 0 && (self.clock_ms)() > self.deadline {
+                return Err(CaseError::Deadline);
+            }
+        }
+        let ms = ((self.clock_ms)() - t0).max(16);
+        let secs = ms as f64 / 1000.0;
+        let bw = (u64::from(self.size) * done) as f64 / secs / (1u64 << 20) as f64;
+        self.sent = (done, received);
+        self.wrote = (done, bw);
+        Ok(Report {
+            size: self.size.into(),
+            iters: done,
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: done as f64 / secs / 1e6,
+        })
+    }
+}
+
 /// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
 #[allow(clippy::too_many_arguments)]
 fn perf<P: Provider, L: Link>(
@@ -1350,7 +1563,13 @@ fn perf<P: Provider, L: Link>(
     // first.
     let half = size.max(4096);
     let n = kind.qps();
-    let len = (n + 1) * half as usize;
+    // ib_send_bw's receive slots: up to 16 a QP, 1 MiB a QP at most (one at least).
+    let stride = size.next_multiple_of(64);
+    let slots = (SEND_SLOT_BYTES / stride).clamp(1, SEND_SLOTS);
+    let len = match kind.send_bw() {
+        Some(_) => half as usize + n * (slots * stride) as usize,
+        None => (n + 1) * half as usize,
+    };
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -1364,7 +1583,11 @@ fn perf<P: Provider, L: Link>(
     let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
     let caps = QpCaps {
         max_send_wr: TX_DEPTH,
-        max_recv_wr: RECV_DEPTH,
+        max_recv_wr: if kind.send_bw().is_some() {
+            slots
+        } else {
+            RECV_DEPTH
+        },
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: 0,
@@ -1431,6 +1654,13 @@ fn perf<P: Provider, L: Link>(
         wrote: (0, 0.0),
         requested: 0,
         recvs_posted: 0,
+        rx: [SendRx {
+            posted: 0,
+            received: 0,
+            places: [0; MAX_PLACES],
+        }; MAX_QPS],
+        slots: (slots, stride),
+        sent: (0, 0),
     };
     let local = Local::with_qps(&keys[..n]).ok_or(CaseError::OutOfOrder)?;
     let r = match kind.latency() {
@@ -1441,6 +1671,16 @@ fn perf<P: Provider, L: Link>(
             &local,
             &mut hooks,
             which,
+            deadline,
+            &mut || clock_ms(),
+        ),
+        None if kind.send_bw().is_some() => perftest::run_send(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            matches!(kind, PerfKind::SendBw { duplex: true, .. }),
             deadline,
             &mut || clock_ms(),
         ),
@@ -1465,6 +1705,7 @@ fn perf<P: Provider, L: Link>(
             &mut || clock_ms(),
         ),
     };
+    let sent = hooks.sent;
     let (qp, more, wrote, requested, agreed) = (
         core::mem::replace(&mut hooks.qp, Qp::Gone),
         core::mem::replace(&mut hooks.more, core::array::from_fn(|_| Qp::Gone)),
@@ -1480,6 +1721,7 @@ fn perf<P: Provider, L: Link>(
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
+            PerfKind::SendBw { qps, .. } => Detail::Sends(sent.0, sent.1, size, qps),
             PerfKind::WriteBw { qps, .. } => {
                 if kind.written() {
                     let agreed = agreed.ok_or(CaseError::OutOfOrder)?;
@@ -1704,6 +1946,23 @@ mod tests {
             ))
         );
         assert_eq!(PeerCase::parse("ib_send_lat-client,-b"), None);
+        assert_eq!(
+            PeerCase::parse("ib_send_bw-q2b-server,-q,2,-b,-s,4096,-n,100"),
+            Some(PeerCase::Perf(
+                PerfKind::SendBw {
+                    linux_serves: true,
+                    qps: 2,
+                    duplex: true
+                },
+                4096,
+                100
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_bw-q2-client,-q,2").map(|c| c.name()),
+            Some("ib_send_bw-client")
+        );
+        assert_eq!(PeerCase::parse("ib_send_bw-client,-n,16777216"), None);
         assert_eq!(PeerCase::parse("ib_write_bw-q0-client,-q,0"), None);
         assert_eq!(PeerCase::parse("ib_write_bw-x-sever,-q,2"), None);
         assert_eq!(PeerCase::parse("write,-q,2"), None);
@@ -1806,8 +2065,12 @@ mod tests {
         let speak = "a program the peer does not speak";
         let take = "options the peer does not take";
         assert_eq!(
-            r("ib_send_bw-server,-s,2,-n,1000"),
-            ("ib_send_bw-server", speak, Some(LinuxSide::Listens))
+            r("ib_send_bw-server,-x,1"),
+            ("ib_send_bw-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_atomic_bw-server,-s,8"),
+            ("ib_atomic_bw-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
             r("ib_write_lat-client,-b"),

@@ -768,6 +768,122 @@ fn perftest_two_qps_both_roles() {
     assert_eq!(Local::with_qps(&[uni_key(1); 5]), None);
 }
 
+/// `ib_send_bw` (6.06), `-q 2`, as the C client (connects once) or server: each QP's key, the
+/// first's, each QP's again, the sync, (`-b`: the five report words), the closing barrier and
+/// `done`. Returns the unikernel's keys and report words as the C side got them.
+fn c_send_bw<L: Link>(
+    st: &mut Stack<'_, L>,
+    now: Now,
+    client: bool,
+    keys: &[[u8; perftest::KEY_LEN]; 2],
+    duplex: bool,
+) -> Result<(Vec<Key>, [u64; 5]), Error> {
+    let deadline = now() + BUDGET;
+    if client {
+        let once = Retry {
+            tries: 1,
+            pause_ms: 0,
+        };
+        st.connect(UNI_IP, PORT, once, deadline, now)?;
+    } else {
+        st.accept(PORT, deadline, now)?;
+    }
+    let c = c_perf(1);
+    c_xchg(st, client, &c.version, 16, now)?;
+    c_xchg(st, client, &c.page.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.mtu, 2, now)?;
+    let mut theirs = Vec::new();
+    for k in keys {
+        theirs.push(c_xchg(st, client, k, perftest::KEY_LEN, now)?);
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    for (k, t) in keys.iter().zip(&theirs) {
+        assert_eq!(&c_xchg(st, client, k, perftest::KEY_LEN, now)?, t);
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    let mut w = [0u64; 5];
+    if duplex {
+        for x in w.iter_mut() {
+            let b = c_xchg(st, client, &7u64.to_be_bytes(), 8, now)?;
+            *x = u64::from_be_bytes(b.try_into().unwrap());
+        }
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    c_write(st, b"done\0", now);
+    c_close(st, now);
+    Ok((theirs.iter().map(|k| Key::parse(k).unwrap()).collect(), w))
+}
+
+/// `ib_send_bw -q 2`, with and without `-b`, both roles: the unikernel's data phase runs on
+/// both sides after the sync; the reports go only with `-b`.
+#[test]
+fn perftest_send_bw_both_roles() {
+    for (uni_client, duplex) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (_seg, uni, lnx) = pair(None);
+        let mut second = lnx_key(1);
+        second.qpn += 1;
+        let lnx_keys = [lnx_key(1).encode().unwrap(), second.encode().unwrap()];
+        let (listening, go) = mpsc::channel();
+        let u = thread::spawn(move || {
+            with_stack(uni, UNI_IP, 51, |st, now| {
+                let role = if uni_client {
+                    Role::Client {
+                        server: LNX_IP,
+                        retry: Retry {
+                            tries: 50,
+                            pause_ms: 100,
+                        },
+                    }
+                } else {
+                    st.listen(PORT).unwrap();
+                    Role::Server
+                };
+                listening.send(()).unwrap();
+                let mut hooks = Recorder {
+                    report: uni_report(),
+                    ..Recorder::default()
+                };
+                let mut k2 = uni_key(1);
+                k2.qpn += 1;
+                let local = Local::with_qps(&[uni_key(1), k2]).unwrap();
+                let deadline = now() + BUDGET;
+                let r =
+                    perftest::run_send(st, role, PORT, &local, &mut hooks, duplex, deadline, now);
+                (r, hooks.calls, hooks.qps)
+            })
+        });
+        go.recv().unwrap();
+        let l = thread::spawn(move || {
+            with_stack(lnx, LNX_IP, 52, |st, now| {
+                c_send_bw(st, now, !uni_client, &lnx_keys, duplex)
+            })
+        });
+        let (r, calls, qps) = u.join().unwrap();
+        let o = r.unwrap_or_else(|e| panic!("{uni_client} {duplex}: {e:?}"));
+        assert_eq!((calls, qps), (vec!["connect", "data"], 2));
+        assert_eq!(&o.peers[..2], &[lnx_key(1), second]);
+        let (keys, words) = l.join().unwrap().expect("C side");
+        assert_eq!(keys[0], uni_key(1));
+        assert_eq!(keys[1].qpn, uni_key(1).qpn + 1);
+        if duplex {
+            assert_eq!(words, uni_report().words());
+            assert_eq!(o.peer_report.words(), [7; 5]);
+        } else {
+            assert_eq!(o.peer_report, Report::default());
+        }
+    }
+}
+
 #[test]
 fn perftest_atomic_bw_both_roles() {
     for uni_client in [true, false] {

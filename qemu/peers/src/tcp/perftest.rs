@@ -341,7 +341,9 @@ pub fn run<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, None, false, deadline, now)
+    run_flow(
+        stack, role, port, local, hooks, None, false, false, deadline, now,
+    )
 }
 
 /// The exchange of a bidirectional bandwidth test (`-b`: `ib_write_bw -b`), where both sides
@@ -359,7 +361,9 @@ pub fn run_bidirectional<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, None, true, deadline, now)
+    run_flow(
+        stack, role, port, local, hooks, None, true, false, deadline, now,
+    )
 }
 
 /// The exchange of `ib_read_lat` and `ib_atomic_lat` ([`Latency::ReadAtomic`]).
@@ -444,8 +448,30 @@ pub fn run_latency<L: Link, H: Hooks>(
         hooks,
         Some(which),
         false,
+        false,
         deadline,
         now,
+    )
+}
+
+/// The exchange of `ib_send_bw` (`send_bw.c` of the same tag): each QP's key before the QPs
+/// connect, then the first's, each QP's again, and (the receives posted) a sync barrier on
+/// the first's; the data phase on both sides ([`Hooks::data_phase`]: the client SENDs, the
+/// server receives; with `duplex`, `-b`, both), the reports only with `duplex` (each side's
+/// own), the closing barrier and `done`. No "finished" barrier.
+#[allow(clippy::too_many_arguments)]
+pub fn run_send<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    duplex: bool,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(
+        stack, role, port, local, hooks, None, duplex, true, deadline, now,
     )
 }
 
@@ -458,6 +484,7 @@ fn run_flow<L: Link, H: Hooks>(
     hooks: &mut H,
     lat: Option<Latency>,
     duplex: bool,
+    send: bool,
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
@@ -542,6 +569,35 @@ fn run_flow<L: Link, H: Hooks>(
         hooks
             .connect(&peers[..n], &agreed)
             .map_err(FlowError::Hook)?;
+        if send {
+            // The first QP's key, each QP's, the sync (the receives are posted by now).
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+            for mine in &keys[..n] {
+                x(stack, mine, &mut k)?;
+                Key::parse(&k)?;
+            }
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+            let report = hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?;
+            let mut words = [0u64; 5];
+            if duplex {
+                for (mine, theirs) in report.words().iter().zip(words.iter_mut()) {
+                    let mut b = [0u8; 8];
+                    x(stack, &mine.to_be_bytes(), &mut b)?;
+                    *theirs = u64::from_be_bytes(b);
+                }
+            }
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+            stack.write_message(DONE, deadline, now)?;
+            return Ok(Outcome {
+                peer,
+                peers,
+                agreed,
+                peer_report: Report::from_words(words),
+            });
+        }
         // 6, 7. Each QP's key again (a bandwidth test), then the barrier after RTR: the
         // first QP's (the same messages; they must still parse).
         let after = match lat {
