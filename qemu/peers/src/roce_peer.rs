@@ -29,6 +29,7 @@
 //! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 //! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
+//! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
 //! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | refused on perftest's control connection through the CM ([`crate::cm_peer::refuse_perftest`]) |
 
 use core::cell::Cell;
@@ -819,6 +820,10 @@ impl core::fmt::Display for Detail {
             Detail::Sends(sent, 0, s, q) => {
                 write!(f, "{sent} SENDs of {s} bytes completed on {q} QP(s)")
             }
+            Detail::Sends(0, got, s, q) => write!(
+                f,
+                "{got} of Linux's SENDs of {s} bytes received on {q} QP(s), every one of that size and the bytes of the first at its place of Linux's cycle"
+            ),
             Detail::Sends(sent, got, s, q) => write!(
                 f,
                 "{sent} SENDs of {s} bytes completed and {got} of Linux's received on {q} QP(s), every one of that size and the bytes of the first at its place of Linux's cycle"
