@@ -214,7 +214,8 @@ pub enum CaseError {
     },
     /// A buffer the peer may only read changed (the first changed byte's offset).
     Changed(u32),
-    /// An RDMA READ of the same bytes brought others (its index).
+    /// An RDMA READ of the same bytes, or a SEND of the same buffer, brought others (its
+    /// index).
     Differs(u32),
     /// A line from the bridge that is not what the step expects.
     BadLine,
@@ -264,7 +265,10 @@ impl core::fmt::Display for CaseError {
             CaseError::Deadline => f.write_str("the case's deadline passed"),
             CaseError::OutOfOrder => f.write_str("a step ran out of order"),
             CaseError::Changed(at) => write!(f, "a buffer only read changed at byte {at}"),
-            CaseError::Differs(i) => write!(f, "RDMA READ {i} brought other bytes than the first"),
+            CaseError::Differs(i) => write!(
+                f,
+                "message {i} (an RDMA READ's answer or a SEND) brought other bytes than the first"
+            ),
             CaseError::Atomics { sum, iters } => {
                 write!(f, "{iters} fetch-and-adds of 1 left {sum} in the buffer")
             }

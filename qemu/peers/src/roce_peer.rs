@@ -25,6 +25,12 @@
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
 //! | `ib_read_lat-client` | `ib_read_lat` as the client | the server ([`perftest::run_lat`]): its buffer answers the READs, checked unchanged after |
 //! | `ib_atomic_lat-client` | `ib_atomic_lat` as the client | the server: its buffer takes the fetch-and-adds, which must add up to `-n` |
+//! | `ib_read_lat-server`, `ib_atomic_lat-server` | the same as the server | the client: READs (each bringing the first one's bytes) or fetch-and-adds (each returning the one before plus one), one at a time |
+//! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
+//! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
+//! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
+//! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
+//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | refused on perftest's control connection through the CM ([`crate::cm_peer::refuse_perftest`]) |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -35,7 +41,7 @@ use bareverbs::hal::{Clock, Hal, Link};
 use bareverbs::verbs::*;
 
 use crate::peer::{Case, CaseError, Dest, Exchange};
-use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use crate::tcp::perftest::{self, Agreed, Hooks, Key, Local, MAX_QPS, Report, Role};
 use crate::tcp::refuse::{LinuxSide, refuse};
 use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
 use crate::{Failure, Step};
@@ -98,6 +104,40 @@ pub enum PerfKind {
     ReadLatReq,
     /// `ib_atomic_lat`, Linux serving: the unikernel's fetch-and-adds, one at a time.
     AtomicLatReq,
+    /// `ib_write_lat`: WRITEs each way, one at a time; `linux_serves`: Linux is perftest's
+    /// server (it writes first), the unikernel its client.
+    WriteLat {
+        /// Linux serves.
+        linux_serves: bool,
+    },
+    /// `ib_send_lat`: SENDs each way, one at a time; `linux_serves`: Linux is perftest's
+    /// server, the unikernel its client (which sends first).
+    SendLat {
+        /// Linux serves.
+        linux_serves: bool,
+    },
+    /// `ib_write_bw` over TCP by its own name (`ib_write_bw-q2-server`), with `-q`: Linux
+    /// serving, the unikernel WRITEs `-n` × `-s` bytes on each QP; Linux the client, its
+    /// WRITEs land in the unikernel's buffer of each QP.
+    WriteBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+        /// Both sides WRITE at once (`-b`).
+        duplex: bool,
+    },
+    /// `ib_send_bw` over TCP (`ib_send_bw-q2-server`), with `-q` and `-b`: Linux serving, the
+    /// unikernel SENDs `-n` × `-s` bytes on each QP; Linux the client, the unikernel receives
+    /// them (with `-b` both).
+    SendBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+        /// Both sides SEND at once (`-b`).
+        duplex: bool,
+    },
 }
 
 impl PerfKind {
@@ -110,11 +150,79 @@ impl PerfKind {
     }
 
     /// A latency program's case (perftest's latency exchange, [`perftest::run_lat`]).
-    fn latency(self) -> bool {
-        matches!(
-            self,
-            PerfKind::ReadLat | PerfKind::AtomicLat | PerfKind::ReadLatReq | PerfKind::AtomicLatReq
-        )
+    fn latency(self) -> Option<perftest::Latency> {
+        match self {
+            PerfKind::ReadLat
+            | PerfKind::AtomicLat
+            | PerfKind::ReadLatReq
+            | PerfKind::AtomicLatReq => Some(perftest::Latency::ReadAtomic),
+            PerfKind::WriteLat { .. } => Some(perftest::Latency::Write),
+            PerfKind::SendLat { .. } => Some(perftest::Latency::Send),
+            PerfKind::Write
+            | PerfKind::Read
+            | PerfKind::Atomic
+            | PerfKind::WriteBw { .. }
+            | PerfKind::SendBw { .. } => None,
+        }
+    }
+
+    /// QPs (`-q`).
+    fn qps(self) -> usize {
+        match self {
+            PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. } => usize::from(qps),
+            _ => 1,
+        }
+    }
+
+    /// The unikernel WRITEs: as perftest's client (Linux serves `ib_write_bw`), or both sides
+    /// with `-b`.
+    fn writes(self) -> bool {
+        match self {
+            PerfKind::Write => true,
+            PerfKind::WriteBw {
+                linux_serves,
+                duplex,
+                ..
+            } => linux_serves || duplex,
+            _ => false,
+        }
+    }
+
+    /// `ib_send_bw`: whether the unikernel SENDs, and whether it receives.
+    fn send_bw(self) -> Option<(bool, bool)> {
+        match self {
+            PerfKind::SendBw {
+                linux_serves,
+                duplex,
+                ..
+            } => Some((linux_serves || duplex, !linux_serves || duplex)),
+            _ => None,
+        }
+    }
+
+    /// Linux WRITEs into the unikernel's buffer (`ib_write_bw` as perftest's client, or
+    /// either side with `-b`).
+    fn written(self) -> bool {
+        match self {
+            PerfKind::WriteBw {
+                linux_serves,
+                duplex,
+                ..
+            } => !linux_serves || duplex,
+            _ => false,
+        }
+    }
+
+    /// Whether the unikernel plays perftest's client (Linux serves).
+    fn uni_client(self) -> bool {
+        match self {
+            PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => true,
+            PerfKind::WriteLat { linux_serves }
+            | PerfKind::SendLat { linux_serves }
+            | PerfKind::WriteBw { linux_serves, .. }
+            | PerfKind::SendBw { linux_serves, .. } => linux_serves,
+            PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
+        }
     }
 }
 
@@ -142,6 +250,31 @@ impl PeerCase {
         "ib_read_bw-",
     ];
 
+    /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
+    /// Linux program's role.
+    fn ping_pong_kind(name: &str) -> Option<PerfKind> {
+        let (program, rest) = name.split_once('-')?;
+        let role = rest.rsplit('-').next()?;
+        let linux_serves = match role {
+            "server" => true,
+            "client" => false,
+            _ => return None,
+        };
+        let word = rest.strip_suffix(role)?;
+        let ok = match word.strip_suffix('-') {
+            None => word.is_empty(),
+            Some(w) => !w.is_empty() && !w.contains('-'),
+        };
+        if !ok {
+            return None;
+        }
+        match program {
+            "ib_write_lat" => Some(PerfKind::WriteLat { linux_serves }),
+            "ib_send_lat" => Some(PerfKind::SendLat { linux_serves }),
+            _ => None,
+        }
+    }
+
     /// Parses one case, `,` standing for spaces: `rc-server,-s,4096` or `write,-s,65536,-n,1000`
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
     pub fn parse(spec: &str) -> Option<PeerCase> {
@@ -154,6 +287,32 @@ impl PeerCase {
             "ib_atomic_lat-client" => PerfKind::AtomicLat,
             "ib_read_lat-server" => PerfKind::ReadLatReq,
             "ib_atomic_lat-server" => PerfKind::AtomicLatReq,
+            // (A word between the program and the role only tells cases apart:
+            // ib_write_lat-1m-server.)
+            w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
+            // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
+            w if (w.starts_with("ib_write_bw-") || w.starts_with("ib_send_bw-"))
+                && !spec.split(',').any(|o| o == "-R" || o == "--rdma_cm") =>
+            {
+                let linux_serves = match w.rsplit('-').next() {
+                    Some("server") => true,
+                    Some("client") => false,
+                    _ => return None,
+                };
+                if w.starts_with("ib_send_bw-") {
+                    PerfKind::SendBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
+                } else {
+                    PerfKind::WriteBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
+                }
+            }
             w if Self::CM_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
                 return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
             }
@@ -170,19 +329,38 @@ impl PeerCase {
         let (mut size, mut iters) = match kind {
             PerfKind::Atomic => (8, 5000),
             PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
-            PerfKind::ReadLat | PerfKind::ReadLatReq => (2, 1000),
+            PerfKind::ReadLat
+            | PerfKind::ReadLatReq
+            | PerfKind::WriteLat { .. }
+            | PerfKind::SendLat { .. } => (2, 1000),
             _ => (65536, 5000),
         };
+        let mut kind = kind;
         while let Some(w) = words.next() {
+            if let (
+                "-b" | "--bidirectional",
+                PerfKind::WriteBw { duplex, .. } | PerfKind::SendBw { duplex, .. },
+            ) = (w, &mut kind)
+            {
+                *duplex = true;
+                continue;
+            }
             let v: u32 = words.next()?.parse().ok()?;
-            match w {
-                "-s" | "--size" => size = v,
-                "-n" | "--iters" => iters = v,
+            match (w, &mut kind) {
+                ("-s" | "--size", _) => size = v,
+                ("-n" | "--iters", _) => iters = v,
+                ("-q" | "--qp", PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. }) => {
+                    *qps = u8::try_from(v)
+                        .ok()
+                        .filter(|&q| (1..=MAX_QPS as u8).contains(&q))?
+                }
                 _ => return None,
             }
         }
+        // (ib_send_bw's work request IDs hold a QP's count in 24 bits.)
         let ok = (1..=Self::MAX_PERF_SIZE).contains(&size)
             && iters >= 1
+            && (kind.send_bw().is_none() || iters < 1 << 24)
             && (!kind.atomics() || size == 8);
         ok.then_some(PeerCase::Perf(kind, size, iters))
     }
@@ -198,6 +376,34 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
             PeerCase::Perf(PerfKind::AtomicLatReq, ..) => "ib_atomic_lat-server",
+            PeerCase::Perf(PerfKind::WriteLat { linux_serves }, ..) => {
+                if *linux_serves {
+                    "ib_write_lat-server"
+                } else {
+                    "ib_write_lat-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::SendLat { linux_serves }, ..) => {
+                if *linux_serves {
+                    "ib_send_lat-server"
+                } else {
+                    "ib_send_lat-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::WriteBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_write_bw-server"
+                } else {
+                    "ib_write_bw-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::SendBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_send_bw-server"
+                } else {
+                    "ib_send_bw-client"
+                }
+            }
             PeerCase::Cm(c) => c.name(),
         }
     }
@@ -232,6 +438,10 @@ pub struct Refused<'a> {
     /// attempt); `None` for the rdma_cm programs (their connection goes through the CM) and
     /// for a name whose role is unknown.
     pub side: Option<LinuxSide>,
+    /// How a perftest `-R` program meets the peer through the CM, when it does
+    /// ([`crate::cm_peer::refuse_perftest`] tells it on its control connection); `None` for
+    /// the other rdma_cm programs (they run out their own time) and for any case over TCP.
+    pub cm_side: Option<LinuxSide>,
 }
 
 impl<'a> Refused<'a> {
@@ -242,24 +452,58 @@ impl<'a> Refused<'a> {
             .iter()
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
+        // A latency program's name: the program, a word or none, the role.
+        let lat = [
+            "ib_read_lat-",
+            "ib_atomic_lat-",
+            "ib_write_lat-",
+            "ib_send_lat-",
+        ]
+        .iter()
+        .any(|p| {
+            name.strip_prefix(p).is_some_and(|r| {
+                let word = r
+                    .strip_suffix("client")
+                    .or_else(|| r.strip_suffix("server"));
+                word.is_some_and(|w| {
+                    w.is_empty()
+                        || w.strip_suffix('-')
+                            .is_some_and(|w| !w.is_empty() && !w.contains('-'))
+                })
+            })
+        });
         let known = matches!(name, "write" | "read" | "atomic")
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || (lat && !cm)
+            || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
+        } else if lat && cm {
+            "rdma_cm (-R) with a latency program, which the peer does not speak"
         } else {
             "a program the peer does not speak"
         };
-        let side = if cm {
-            None
-        } else if name == "write" || name.ends_with("-server") {
+        let role = if name == "write" || name.ends_with("-server") {
             Some(LinuxSide::Listens)
         } else if matches!(name, "read" | "atomic") || name.ends_with("-client") {
             Some(LinuxSide::Connects)
         } else {
             None
         };
-        Refused { name, why, side }
+        let (side, cm_side) = if !cm {
+            (role, None)
+        } else if name.starts_with("ib_") {
+            (None, role)
+        } else {
+            (None, None)
+        };
+        Refused {
+            name,
+            why,
+            side,
+            cm_side,
+        }
     }
 }
 
@@ -385,6 +629,22 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                         Err(_) => "it did not show up",
                     }
                 }
+                None if r.cm_side.is_some() => {
+                    let linux_serves = r.cm_side == Some(LinuxSide::Listens);
+                    match crate::cm_peer::refuse_perftest(
+                        &ctx,
+                        &pd,
+                        opts.peer,
+                        linux_serves,
+                        t0 + REFUSE_MS,
+                        clock_ms,
+                    ) {
+                        Ok(()) => {
+                            "told on its control connection (rdma_cm): a version it does not take"
+                        }
+                        Err(_) => "not told: its control connection (rdma_cm) did not come up",
+                    }
+                }
                 None => "not told (rdma_cm: it runs out its own time)",
             };
             let _ = writeln!(
@@ -456,14 +716,15 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 let _ = writeln!(
                     out,
                     "roce-uk {}: ok {detail}; {roce} RoCE frames in, {ms} ms, {} of {} rounds halted",
-                    case.name(),
+                    spec.split(',').next().unwrap_or(spec),
                     halts.get().0 - halts0.0,
                     halts.get().1 - halts0.1
                 );
             }
             Err(e) => {
                 outcome.failed += 1;
-                let _ = writeln!(out, "roce-uk {}: FAIL {e} (after {ms} ms)", case.name());
+                let name = spec.split(',').next().unwrap_or(spec);
+                let _ = writeln!(out, "roce-uk {name}: FAIL {e} (after {ms} ms)");
             }
         }
     }
@@ -505,6 +766,19 @@ enum Detail {
     /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
     /// median round trip (microseconds, the clock's resolution), what was checked.
     Requested(u32, u32, u64, &'static str),
+    /// `ib_write_lat` / `ib_send_lat`: rounds, bytes each way, the average round
+    /// (microseconds), what was checked.
+    Rounds(u32, u32, u64, &'static str),
+    /// `ib_write_bw` with Linux serving, `-q`: WRITEs completed on all QPs, bytes each, the
+    /// bandwidth reported (MiB/s), QPs.
+    WroteQps(u64, u32, f64, u8),
+    /// `ib_write_bw` with Linux the client, `-q`: QPs, bytes of each WRITE, the WRITEs Linux
+    /// reported (perftest's iterations times its QPs).
+    Written(u8, u32, u64),
+    /// `ib_write_bw -b`: as [`Detail::WroteQps`] and [`Detail::Written`] at once.
+    Both(u64, u32, f64, u8, u64),
+    /// `ib_send_bw`: SENDs completed, Linux's received, bytes each, QPs.
+    Sends(u64, u64, u32, u8),
 }
 
 impl core::fmt::Display for Detail {
@@ -526,6 +800,33 @@ impl core::fmt::Display for Detail {
             Detail::Requested(n, s, us, what) => write!(
                 f,
                 "{n} of {s} bytes, one at a time, {us} us each on average (the clock ticks every 16 ms), {what}"
+            ),
+            Detail::Rounds(n, s, us, what) => write!(
+                f,
+                "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
+            ),
+            Detail::WroteQps(n, s, bw, q) => write!(
+                f,
+                "{n} RDMA WRITEs of {s} bytes completed on {q} QP(s), {bw:.2} MiB/s reported"
+            ),
+            Detail::Written(q, s, n) => write!(
+                f,
+                "the client's RDMA WRITEs of {s} bytes ({n} in all, as it reported) on {q} QP(s): every QP's target overwritten and nothing around the targets touched"
+            ),
+            Detail::Both(n, s, bw, q, theirs) => write!(
+                f,
+                "both ways at once on {q} QP(s): {n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported; Linux's ({theirs} in all, as it reported) overwrote every QP's target and nothing around the targets"
+            ),
+            Detail::Sends(sent, 0, s, q) => {
+                write!(f, "{sent} SENDs of {s} bytes completed on {q} QP(s)")
+            }
+            Detail::Sends(0, got, s, q) => write!(
+                f,
+                "{got} of Linux's SENDs of {s} bytes received on {q} QP(s), every one of that size and the bytes of the first at its place of Linux's cycle"
+            ),
+            Detail::Sends(sent, got, s, q) => write!(
+                f,
+                "{sent} SENDs of {s} bytes completed and {got} of Linux's received on {q} QP(s), every one of that size and the bytes of the first at its place of Linux's cycle"
             ),
             Detail::Atomics(words, sum) => write!(
                 f,
@@ -596,6 +897,16 @@ enum Qp<'a, P: Provider> {
 }
 
 impl<P: Provider> Qp<'_, P> {
+    /// Its number (0 once gone).
+    fn qp_num(&self) -> u32 {
+        match self {
+            Qp::Init(q) => q.qp_num(),
+            Qp::Rtr(q) => q.qp_num(),
+            Qp::Rts(q) => q.qp_num(),
+            Qp::Gone => 0,
+        }
+    }
+
     fn destroy(self) -> Result<(), Failure> {
         match self {
             Qp::Init(q) => q.destroy().at("perftest: destroy QP"),
@@ -607,13 +918,20 @@ impl<P: Provider> Qp<'_, P> {
 }
 
 /// The RoCE side of a perftest exchange.
-struct Perf<'a, 'm, P: Provider> {
+struct Perf<'a, 'm, 'r, P: Provider> {
     kind: PerfKind,
     size: u32,
     iters: u32,
     qp: Qp<'a, P>,
+    /// With `-q N`: QPs 1 to N - 1.
+    more: [Qp<'a, P>; MAX_QPS - 1],
     cq: &'a CompletionQueue<'a, P>,
-    mr: &'m MemoryRegion<'a, P>,
+    mr: &'m mut MemoryRegion<'r, P>,
+    /// What the exchange settled on (once connected).
+    agreed: Option<Agreed>,
+    /// Where the second half of the buffer starts: what the peer WRITEs into (`ib_write_lat`)
+    /// or SENDs land in (`ib_send_lat`); the first half is what this side sends from.
+    half: u32,
     psn: u32,
     out_reads: u8,
     deadline: u64,
@@ -622,24 +940,129 @@ struct Perf<'a, 'm, P: Provider> {
     wrote: (u64, f64),
     /// A latency program's client: the average round trip (microseconds).
     requested: u64,
+    /// `ib_send_lat`: receives posted so far.
+    recvs_posted: u32,
+    /// `ib_send_bw`: each QP's receives posted and taken, and the digests of the first
+    /// message at each place of Linux's cycle.
+    rx: [SendRx; MAX_QPS],
+    /// `ib_send_bw`: receive slots per QP, and their stride.
+    slots: (u32, u32),
+    /// `ib_send_bw`: SENDs completed, messages received.
+    sent: (u64, u64),
 }
 
-impl<P: Provider> Hooks for Perf<'_, '_, P> {
+/// Places of the sender's cycle whose first message is kept (as a digest).
+const MAX_PLACES: usize = 64;
+/// `ib_send_bw`: receive slots per QP at most, and their bytes per QP at most.
+const SEND_SLOTS: u32 = 16;
+const SEND_SLOT_BYTES: u32 = 1 << 20;
+
+/// One QP's receives of `ib_send_bw`.
+#[derive(Clone, Copy)]
+struct SendRx {
+    posted: u32,
+    received: u32,
+    places: [u64; MAX_PLACES],
+}
+
+impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
     type Error = CaseError;
 
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
-        let Qp::Init(qp) = core::mem::replace(&mut self.qp, Qp::Gone) else {
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), CaseError> {
+        if peers.len() != self.kind.qps() {
+            return Err(CaseError::OutOfOrder);
+        }
+        self.agreed = Some(*agreed);
+        for (i, peer) in peers.iter().enumerate() {
+            self.connect_one(i, peer, agreed)?;
+        }
+        // ib_send_lat: the receives are posted before the barrier after which Linux sends.
+        if matches!(self.kind, PerfKind::SendLat { .. }) {
+            for _ in 0..RECV_DEPTH.min(self.iters) {
+                self.post_recv()?;
+            }
+        }
+        // ib_send_bw: every slot of every QP, before the sync barrier.
+        if let Some((_, true)) = self.kind.send_bw() {
+            for i in 0..peers.len() {
+                for _ in 0..self.slots.0.min(self.iters) {
+                    self.post_slot(i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, CaseError> {
+        let peer = peers.first().ok_or(CaseError::OutOfOrder)?;
+        if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
+            return self.one_at_a_time(peer);
+        }
+        if matches!(
+            self.kind,
+            PerfKind::WriteLat { .. } | PerfKind::SendLat { .. }
+        ) {
+            return self.ping_pong(peer);
+        }
+        if let Some((send, recv)) = self.kind.send_bw() {
+            return self.send_phase(peers.len(), send, recv);
+        }
+        if !self.kind.writes() {
+            // The server's part ran while the exchange waited for the client's "finished".
+            return Ok(Report {
+                size: self.size.into(),
+                iters: self.iters.into(),
+                ..Report::default()
+            });
+        }
+        let t0 = (self.clock_ms)();
+        let mut done = 0u64;
+        for (i, peer) in peers.iter().enumerate() {
+            done += u64::from(self.write_all(i, peer)?);
+        }
+        // The clock ticks every 16 ms: a run shorter than a tick counts as one.
+        let ms = ((self.clock_ms)() - t0).max(16);
+        let bytes = u64::from(self.size) * done;
+        let secs = ms as f64 / 1000.0;
+        let bw = bytes as f64 / secs / (1u64 << 20) as f64;
+        self.wrote = (done, bw);
+        // (perftest reports its iterations times its QPs.)
+        Ok(Report {
+            size: self.size.into(),
+            iters: done,
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: done as f64 / secs / 1e6,
+        })
+    }
+}
+
+impl<'a, P: Provider> Perf<'a, '_, '_, P> {
+    /// QP `i`.
+    fn qp_mut(&mut self, i: usize) -> Result<&mut Qp<'a, P>, CaseError> {
+        match i {
+            0 => Ok(&mut self.qp),
+            _ => self.more.get_mut(i - 1).ok_or(CaseError::OutOfOrder),
+        }
+    }
+
+    /// QP `i` to RTR and RTS, connected to `peer`.
+    fn connect_one(&mut self, i: usize, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
+        let out_reads = self.out_reads;
+        let psn = self.psn;
+        let slot = self.qp_mut(i)?;
+        let Qp::Init(qp) = core::mem::replace(slot, Qp::Gone) else {
             return Err(CaseError::OutOfOrder);
         };
         let mut av = AddressVector::new(peer.gid, GID_INDEX as u8);
         av.hop_limit = 1;
         let mut rtr = ConnectedRtr::new(peer.qpn, peer.psn, av);
         rtr.path_mtu = Mtu::from_raw(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024);
-        rtr.max_dest_rd_atomic = self.out_reads;
+        rtr.max_dest_rd_atomic = out_reads;
         let qp = match qp.rtr(&rtr) {
             Ok(q) => q,
             Err((q, e)) => {
-                self.qp = Qp::Init(q);
+                *slot = Qp::Init(q);
                 return Err(Failure {
                     step: "perftest: RTR",
                     error: e,
@@ -647,12 +1070,12 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
                 .into());
             }
         };
-        let mut rts = ConnectedRts::new(self.psn);
-        rts.max_rd_atomic = peer.out_reads.min(u16::from(self.out_reads)) as u8;
+        let mut rts = ConnectedRts::new(psn);
+        rts.max_rd_atomic = peer.out_reads.min(u16::from(out_reads)) as u8;
         match qp.rts(&rts) {
-            Ok(q) => self.qp = Qp::Rts(q),
+            Ok(q) => *slot = Qp::Rts(q),
             Err((q, e)) => {
-                self.qp = Qp::Rtr(q);
+                *slot = Qp::Rtr(q);
                 return Err(Failure {
                     step: "perftest: RTS",
                     error: e,
@@ -663,35 +1086,26 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
         Ok(())
     }
 
-    fn data_phase(&mut self, peer: &Key) -> Result<Report, CaseError> {
-        if matches!(self.kind, PerfKind::ReadLatReq | PerfKind::AtomicLatReq) {
-            return self.one_at_a_time(peer);
-        }
-        if self.kind != PerfKind::Write {
-            // The server's part ran while the exchange waited for the client's "finished".
-            return Ok(Report {
-                size: self.size.into(),
-                iters: self.iters.into(),
-                ..Report::default()
-            });
-        }
-        let Qp::Rts(qp) = &mut self.qp else {
+    /// perftest's client's WRITEs on QP `i`: `iters` of `size` bytes to `peer`'s buffer, up to
+    /// [`TX_DEPTH`] in flight. Returns how many completed.
+    fn write_all(&mut self, i: usize, peer: &Key) -> Result<u32, CaseError> {
+        let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
+        let (iters, cq, deadline, clock) = (self.iters, self.cq, self.deadline, self.clock_ms);
+        let Qp::Rts(qp) = self.qp_mut(i)? else {
             return Err(CaseError::OutOfOrder);
         };
-        let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
-        let t0 = (self.clock_ms)();
         let (mut posted, mut done) = (0u32, 0u32);
         let mut wcs = [WorkCompletion::default(); 16];
-        while done < self.iters {
-            if posted < self.iters && posted - done < TX_DEPTH {
-                let n = (self.iters - posted).min(TX_DEPTH - (posted - done));
+        while done < iters {
+            if posted < iters && posted - done < TX_DEPTH {
+                let n = (iters - posted).min(TX_DEPTH - (posted - done));
                 // `perf` destroys the QP before it drops the region, on every path.
                 // SAFETY: the region stays registered and untouched by the CPU while WRITEs fly.
                 unsafe {
                     let mut b = qp.send_batch();
-                    for i in 0..n {
+                    for k in 0..n {
                         b.rdma_write(
-                            u64::from(posted + i),
+                            u64::from(posted + k),
                             SendFlags::SIGNALED,
                             (peer.vaddr, peer.rkey),
                             &[sge],
@@ -702,32 +1116,20 @@ impl<P: Provider> Hooks for Perf<'_, '_, P> {
                 }
                 posted += n;
             }
-            let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+            let got = cq.poll(&mut wcs).at("perftest: poll")?;
             if let Some(w) = wcs[..got].iter().find(|w| w.status != WcStatus::Success) {
                 return Err(CaseError::Status(w.status, w.wr_id));
             }
             done += got as u32;
-            if got == 0 && (self.clock_ms)() > self.deadline {
+            if got == 0 && clock() > deadline {
                 return Err(CaseError::Deadline);
             }
         }
-        // The clock ticks every 16 ms: a run shorter than a tick counts as one.
-        let ms = ((self.clock_ms)() - t0).max(16);
-        let bytes = u64::from(self.size) * u64::from(self.iters);
-        let secs = ms as f64 / 1000.0;
-        let bw = bytes as f64 / secs / (1u64 << 20) as f64;
-        self.wrote = (done.into(), bw);
-        Ok(Report {
-            size: self.size.into(),
-            iters: self.iters.into(),
-            bw_peak: bw,
-            bw_avg: bw,
-            msg_rate: f64::from(self.iters) / secs / 1e6,
-        })
+        Ok(done)
     }
 }
 
-impl<P: Provider> Perf<'_, '_, P> {
+impl<P: Provider> Perf<'_, '_, '_, P> {
     /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
     /// to the Linux server's buffer, each posted once the one before completed. Checked: every
     /// READ brings the first one's bytes (the server's buffer does not change; compared by a
@@ -811,6 +1213,343 @@ impl<P: Provider> Perf<'_, '_, P> {
     }
 }
 
+/// Receives `ib_send_lat`'s side keeps posted (one message each way is in flight at a time;
+/// the second lets Linux's next SEND find one while the first is being checked).
+const RECV_DEPTH: u32 = 2;
+/// The `wr_id` bit of a receive (the CQ holds both queues' completions).
+const RECV_ID: u64 = 1 << 32;
+
+/// How far `ib_write_lat`'s and `ib_send_lat`'s ping-pong has come.
+#[derive(Default)]
+struct Rounds {
+    /// This side's messages completed.
+    sent: u32,
+    /// Linux's messages received and checked.
+    received: u32,
+    /// `ib_send_lat`: the digest of the first SEND's bytes.
+    first: u64,
+}
+
+/// A 64-bit FNV-1a digest of `bytes`.
+fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// Posts one receive of `size` bytes into the buffer's second half (`ib_send_lat`).
+    fn post_recv(&mut self) -> Result<(), CaseError> {
+        let Qp::Rts(qp) = &mut self.qp else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let sge = self.mr.sge(self.half, self.size).at("perftest: sge")?;
+        // `perf` destroys the QP before it drops the region, on every path; the CPU reads the
+        // receive's bytes only once it completed, and Linux sends the next only once it has
+        // this side's answer, which goes after that read.
+        // SAFETY: the region stays registered and unwritten by the CPU while the receive waits.
+        unsafe { qp.post_recv_raw(RECV_ID | u64::from(self.recvs_posted), &[sge]) }
+            .at("perftest: post receive")?;
+        self.recvs_posted += 1;
+        Ok(())
+    }
+
+    /// One poll of the CQ (which runs the software device), and what it brought: this
+    /// side's completions, Linux's SENDs (each checked: `-s` bytes, the same as the first;
+    /// a receive posted again while more are to come), or Linux's WRITE of the next round (its
+    /// last byte the round's number, as perftest's `run_iter_lat_write` polls it, the bytes
+    /// before it zero: perftest's ib_write_lat buffer is zeroed).
+    fn progress(&mut self, write: bool, r: &mut Rounds) -> Result<(), CaseError> {
+        let mut wcs = [WorkCompletion::default(); 4];
+        let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+        let (half, size) = (self.half as usize, self.size as usize);
+        for w in &wcs[..got] {
+            if w.status != WcStatus::Success {
+                return Err(CaseError::Status(w.status, w.wr_id));
+            }
+            if w.wr_id & RECV_ID == 0 {
+                r.sent += 1;
+                continue;
+            }
+            let bad = |at| CaseError::Data {
+                bad: 1,
+                first: r.received,
+                at,
+            };
+            if write || w.byte_len != self.size {
+                return Err(bad(u32::MAX));
+            }
+            let d = digest(&self.mr.as_slice()[half..half + size]);
+            if r.received == 0 {
+                r.first = d;
+            } else if d != r.first {
+                return Err(CaseError::Differs(r.received));
+            }
+            r.received += 1;
+            if self.recvs_posted < self.iters {
+                self.post_recv()?;
+            }
+        }
+        if write {
+            // The software device writes the region only inside a call of ours (the poll
+            // above): the CPU reads it between two.
+            let buf = &self.mr.as_slice()[half..half + size];
+            if buf[size - 1] == (r.received + 1) as u8 {
+                if let Some(at) = buf[..size - 1].iter().position(|&b| b != 0) {
+                    return Err(CaseError::Data {
+                        bad: 1,
+                        first: r.received,
+                        at: at as u32,
+                    });
+                }
+                r.received += 1;
+            }
+        }
+        if got == 0 && (self.clock_ms)() > self.deadline {
+            return Err(CaseError::Deadline);
+        }
+        Ok(())
+    }
+
+    /// `ib_write_lat` and `ib_send_lat`: `iters` rounds of one message each way, one at a
+    /// time, perftest's starter (ib_write_lat's server, ib_send_lat's client) first in each.
+    /// This side's WRITEs carry what perftest's do (zeroes, the round's number in the last
+    /// byte); its SENDs the first half of its buffer.
+    fn ping_pong(&mut self, peer: &Key) -> Result<Report, CaseError> {
+        let (write, linux_serves) = match self.kind {
+            PerfKind::WriteLat { linux_serves } => (true, linux_serves),
+            PerfKind::SendLat { linux_serves } => (false, linux_serves),
+            _ => return Err(CaseError::OutOfOrder),
+        };
+        let first = if write { !linux_serves } else { linux_serves };
+        let size = self.size;
+        let sge = self.mr.sge(0, size).at("perftest: sge")?;
+        let t0 = (self.clock_ms)();
+        let mut r = Rounds::default();
+        for k in 1..=self.iters {
+            while !first && r.received < k {
+                self.progress(write, &mut r)?;
+            }
+            if write {
+                // The WRITE before this one completed: the CPU may change its bytes.
+                self.mr.as_mut_slice()[size as usize - 1] = k as u8;
+            }
+            let Qp::Rts(qp) = &mut self.qp else {
+                return Err(CaseError::OutOfOrder);
+            };
+            // `perf` destroys the QP before it drops the region, on every path; the CPU
+            // changes the bytes sent only once the message before completed.
+            // SAFETY: the region stays registered and untouched while the message flies.
+            unsafe {
+                let mut b = qp.send_batch();
+                if write {
+                    b.rdma_write(
+                        u64::from(k),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        &[sge],
+                    )
+                } else {
+                    b.send(u64::from(k), SendFlags::SIGNALED, &[sge])
+                }
+                .at("perftest: post")?;
+                b.finish();
+            }
+            while r.sent < k || (first && r.received < k) {
+                self.progress(write, &mut r)?;
+            }
+        }
+        let us = ((self.clock_ms)() - t0).max(16) * 1000 / u64::from(self.iters.max(1));
+        self.requested = us;
+        Ok(Report::default())
+    }
+}
+
+/// The longest run of pre-fill bytes a WRITE target may still hold by chance (perftest
+/// writes `rand()` bytes: a run of 8 has odds of 2^-64 at each place).
+const PREFILL_RUN: usize = 8;
+
+/// `ib_write_bw`'s targets after its client's WRITEs on `qps` QPs: QP `i`'s at `half` × (i + 1)
+/// of `buf` (pre-filled with each byte's offset), where perftest's client puts WRITE `k` at
+/// `k mod period` steps of `size` rounded up to the cache line when `size` is at most half
+/// its cycle buffer (the page size), else always at the start (`increase_rem_addr` in
+/// `perftest_resources.c`). Every place written holds no run of [`PREFILL_RUN`] pre-fill
+/// bytes, every other byte of the buffer its pre-fill.
+fn check_write_targets(
+    buf: &[u8],
+    half: u32,
+    size: u32,
+    iters: u32,
+    qps: u8,
+    agreed: &Agreed,
+) -> Result<(), CaseError> {
+    let (half, size) = (half as usize, size as usize);
+    let (cycle, line) = (agreed.page_size as usize, agreed.cache_line.max(1) as usize);
+    let (places, step) = if size <= cycle / 2 {
+        let step = size.next_multiple_of(line).max(line);
+        ((cycle / step).max(1).min(iters as usize), step)
+    } else {
+        (1, 0)
+    };
+    let written = |j: usize| {
+        let q = j / half;
+        if q == 0 || q > usize::from(qps) {
+            return false;
+        }
+        let at = j % half;
+        if step == 0 {
+            at < size
+        } else {
+            at < places * step && at % step < size
+        }
+    };
+    let mut run = 0;
+    for (j, &b) in buf.iter().enumerate() {
+        let pre = b == j as u8;
+        if written(j) {
+            run = if pre { run + 1 } else { 0 };
+            if run >= PREFILL_RUN {
+                return Err(CaseError::Data {
+                    bad: 1,
+                    first: (j / half) as u32 - 1,
+                    at: (j % half + 1 - PREFILL_RUN) as u32,
+                });
+            }
+        } else {
+            run = 0;
+            if !pre {
+                return Err(CaseError::Changed(j as u32));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// Posts receive `rx[i].posted` of QP `i` into its slot (`ib_send_bw`): the slots of QP
+    /// `i` follow the source half, `slots.0` of `slots.1` bytes each, used in turn.
+    fn post_slot(&mut self, i: usize) -> Result<(), CaseError> {
+        let (count, stride) = self.slots;
+        let n = self.rx[i].posted;
+        let at = self.half + (i as u32 * count + n % count) * stride;
+        let sge = self.mr.sge(at, self.size).at("perftest: sge")?;
+        let Qp::Rts(qp) = self.qp_mut(i)? else {
+            return Err(CaseError::OutOfOrder);
+        };
+        let id = RECV_ID | ((i as u64) << 24) | u64::from(n);
+        // `perf` destroys the QPs before it drops the region, on every path; the CPU reads a
+        // slot only once its receive completed, and posts it again after.
+        // SAFETY: the region stays registered and unwritten by the CPU while the receive waits.
+        unsafe { qp.post_recv_raw(id, &[sge]) }.at("perftest: post receive")?;
+        self.rx[i].posted += 1;
+        Ok(())
+    }
+
+    /// `ib_send_bw`'s data phase: with `send`, `iters` SENDs of `size` bytes on each of `n`
+    /// QPs (the source half, up to [`TX_DEPTH`] in flight in all); with `recv`, Linux's
+    /// `iters` on each, every one checked: `size` bytes, and the bytes of the first message
+    /// at the same place of Linux's cycle (perftest's sender puts message `m` at `m mod
+    /// period` steps when `size` is at most half its cycle buffer; its buffer never changes).
+    fn send_phase(&mut self, n: usize, send: bool, recv: bool) -> Result<Report, CaseError> {
+        let agreed = self.agreed.ok_or(CaseError::OutOfOrder)?;
+        let (cycle, line) = (agreed.page_size, agreed.cache_line.max(1));
+        let period = if self.size <= cycle / 2 {
+            let step = self.size.next_multiple_of(line).max(line);
+            (cycle / step).max(1)
+        } else {
+            1
+        };
+        let sge = self.mr.sge(0, self.size).at("perftest: sge")?;
+        let iters = self.iters;
+        let want = u64::from(iters) * n as u64;
+        let mut posted = [0u32; MAX_QPS];
+        let (mut done, mut received) = (0u64, 0u64);
+        let per_qp = (TX_DEPTH / n as u32).max(1);
+        let t0 = (self.clock_ms)();
+        let mut wcs = [WorkCompletion::default(); 16];
+        let mut in_flight = [0u32; MAX_QPS];
+        while (send && done < want) || (recv && received < want) {
+            for i in 0..n {
+                if !send || posted[i] >= iters || in_flight[i] >= per_qp {
+                    continue;
+                }
+                let k = (iters - posted[i]).min(per_qp - in_flight[i]);
+                let Qp::Rts(qp) = self.qp_mut(i)? else {
+                    return Err(CaseError::OutOfOrder);
+                };
+                // `perf` destroys the QPs before it drops the region, on every path.
+                // SAFETY: the source half stays registered and untouched by the CPU.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    for j in 0..k {
+                        let id = ((i as u64) << 24) | u64::from(posted[i] + j);
+                        b.send(id, SendFlags::SIGNALED, &[sge])
+                            .at("perftest: post SEND")?;
+                    }
+                    b.finish();
+                }
+                posted[i] += k;
+                in_flight[i] += k;
+            }
+            let got = self.cq.poll(&mut wcs).at("perftest: poll")?;
+            for w in &wcs[..got] {
+                if w.status != WcStatus::Success {
+                    return Err(CaseError::Status(w.status, w.wr_id));
+                }
+                let i = ((w.wr_id >> 24) & 0xff) as usize;
+                if i >= n {
+                    return Err(CaseError::Status(WcStatus::GeneralErr, w.wr_id));
+                }
+                if w.wr_id & RECV_ID == 0 {
+                    in_flight[i] = in_flight[i].saturating_sub(1);
+                    done += 1;
+                    continue;
+                }
+                let m = self.rx[i].received;
+                let bad = |at| CaseError::Data {
+                    bad: 1,
+                    first: m,
+                    at,
+                };
+                if !recv || w.byte_len != self.size {
+                    return Err(bad(u32::MAX));
+                }
+                let (count, stride) = self.slots;
+                let at = (self.half + (i as u32 * count + m % count) * stride) as usize;
+                let d = digest(&self.mr.as_slice()[at..at + self.size as usize]);
+                let place = (m % period) as usize;
+                if place < MAX_PLACES {
+                    if m < period {
+                        self.rx[i].places[place] = d;
+                    } else if self.rx[i].places[place] != d {
+                        return Err(CaseError::Differs(m));
+                    }
+                }
+                self.rx[i].received += 1;
+                received += 1;
+                if self.rx[i].posted < iters {
+                    self.post_slot(i)?;
+                }
+            }
+            if got == 0 && (self.clock_ms)() > self.deadline {
+                return Err(CaseError::Deadline);
+            }
+        }
+        let ms = ((self.clock_ms)() - t0).max(16);
+        let secs = ms as f64 / 1000.0;
+        let bw = (u64::from(self.size) * done) as f64 / secs / (1u64 << 20) as f64;
+        self.sent = (done, received);
+        self.wrote = (done, bw);
+        Ok(Report {
+            size: self.size.into(),
+            iters: done,
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: done as f64 / secs / 1e6,
+        })
+    }
+}
+
 /// One perftest case: the buffer, the QP and the exchange in the unikernel's role.
 #[allow(clippy::too_many_arguments)]
 fn perf<P: Provider, L: Link>(
@@ -825,96 +1564,180 @@ fn perf<P: Provider, L: Link>(
 ) -> Result<Detail, CaseError> {
     // perftest's buffer: twice the larger of the message and its cycle buffer (a page);
     // the Linux client's addresses stay inside it.
-    let len = 2 * size.max(4096) as usize;
+    // With -q N the WRITE targets of Linux's client are one such half per QP, after the
+    // first.
+    let half = size.max(4096);
+    let n = kind.qps();
+    // ib_send_bw's receive slots: up to 16 a QP, 1 MiB a QP at most (one at least).
+    let stride = size.next_multiple_of(64);
+    let slots = (SEND_SLOT_BYTES / stride).clamp(1, SEND_SLOTS);
+    let len = match kind.send_bw() {
+        Some(_) => half as usize + n * (slots * stride) as usize,
+        None => (n + 1) * half as usize,
+    };
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let mut mr = pd.register(len, access).at("perftest: register")?;
+    // (ib_write_lat's buffer is zeroed, as perftest's.)
+    let zero = kind.atomics() || matches!(kind, PerfKind::WriteLat { .. });
     for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = if kind.atomics() { 0 } else { i as u8 };
+        *b = if zero { 0 } else { i as u8 };
     }
     let cq = ctx.create_cq(2 * TX_DEPTH).at("perftest: create CQ")?;
     let caps = QpCaps {
         max_send_wr: TX_DEPTH,
-        max_recv_wr: 1,
+        max_recv_wr: if kind.send_bw().is_some() {
+            slots
+        } else {
+            RECV_DEPTH
+        },
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .caps(caps)
-        .build::<Rc>()
-        .at("perftest: create QP")?;
     let init = ConnectedInit {
         port: 1,
         pkey_index: 0,
         access,
     };
-    let qp = qp.init(&init).at("perftest: INIT")?;
+    let mut qps: [Qp<'_, P>; MAX_QPS] = core::array::from_fn(|_| Qp::Gone);
+    for q in &mut qps[..n] {
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .caps(caps)
+            .build::<Rc>()
+            .at("perftest: create QP")?;
+        *q = Qp::Init(qp.init(&init).at("perftest: INIT")?);
+    }
     let out_reads = ctx.caps().max_qp_rd_atom.clamp(1, 16) as u8;
     // From the device's seed (the Linux peer learns it over the TCP exchange).
     let psn = ctx.random_psn();
-    let key = Key {
+    let write_bw = matches!(kind, PerfKind::Write | PerfKind::WriteBw { .. });
+    let mut keys = [Key {
         lid: 0,
-        out_reads: if kind == PerfKind::Write {
-            1
-        } else {
-            out_reads.into()
-        },
-        qpn: qp.qp_num(),
+        out_reads: if write_bw { 1 } else { out_reads.into() },
+        qpn: 0,
         psn,
         rkey: mr.rkey(),
         vaddr: mr.addr(),
         gid,
         srqn: 0,
-    };
-    let role = match kind {
-        PerfKind::Write | PerfKind::ReadLatReq | PerfKind::AtomicLatReq => Role::Client {
+    }; MAX_QPS];
+    for (i, (k, q)) in keys.iter_mut().zip(&qps).enumerate().take(n) {
+        k.qpn = q.qp_num();
+        // ib_write_lat's peer WRITEs into the second half (as perftest's own key says),
+        // ib_write_bw's client into a half of each QP's after the first.
+        if matches!(kind, PerfKind::WriteLat { .. } | PerfKind::WriteBw { .. }) {
+            k.vaddr = mr.addr() + u64::from(half) * (i as u64 + 1);
+        }
+    }
+    let role = if kind.uni_client() {
+        Role::Client {
             server: linux,
             retry: CONNECT_RETRY,
-        },
-        PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => Role::Server,
+        }
+    } else {
+        Role::Server
     };
+    let [q0, q1, q2, q3] = { qps };
     let mut hooks = Perf {
         kind,
         size,
         iters,
-        qp: Qp::Init(qp),
+        qp: q0,
+        more: [q1, q2, q3],
         cq: &cq,
-        mr: &mr,
+        mr: &mut mr,
+        agreed: None,
+        half,
         psn,
         out_reads,
         deadline,
         clock_ms,
         wrote: (0, 0.0),
         requested: 0,
+        recvs_posted: 0,
+        rx: [SendRx {
+            posted: 0,
+            received: 0,
+            places: [0; MAX_PLACES],
+        }; MAX_QPS],
+        slots: (slots, stride),
+        sent: (0, 0),
     };
-    let flow = if kind.latency() {
-        perftest::run_lat
-    } else {
-        perftest::run
+    let local = Local::with_qps(&keys[..n]).ok_or(CaseError::OutOfOrder)?;
+    let r = match kind.latency() {
+        Some(which) => perftest::run_latency(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            which,
+            deadline,
+            &mut || clock_ms(),
+        ),
+        None if kind.send_bw().is_some() => perftest::run_send(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            matches!(kind, PerfKind::SendBw { duplex: true, .. }),
+            deadline,
+            &mut || clock_ms(),
+        ),
+        None if matches!(kind, PerfKind::WriteBw { duplex: true, .. }) => {
+            perftest::run_bidirectional(
+                stack,
+                role,
+                tcp::PORT,
+                &local,
+                &mut hooks,
+                deadline,
+                &mut || clock_ms(),
+            )
+        }
+        None => perftest::run(
+            stack,
+            role,
+            tcp::PORT,
+            &local,
+            &mut hooks,
+            deadline,
+            &mut || clock_ms(),
+        ),
     };
-    let r = flow(
-        stack,
-        role,
-        tcp::PORT,
-        &Local::new(key),
-        &mut hooks,
-        deadline,
-        &mut || clock_ms(),
-    );
-    let (qp, wrote, requested) = (
+    let sent = hooks.sent;
+    let (qp, more, wrote, requested, agreed) = (
         core::mem::replace(&mut hooks.qp, Qp::Gone),
+        core::mem::replace(&mut hooks.more, core::array::from_fn(|_| Qp::Gone)),
         hooks.wrote,
         hooks.requested,
+        hooks.agreed,
     );
     drop(hooks);
     qp.destroy()?;
+    for q in more {
+        q.destroy()?;
+    }
     let detail = match r {
         Ok(o) => match kind {
             PerfKind::Write => Detail::Wrote(wrote.0, size, wrote.1),
+            PerfKind::SendBw { qps, .. } => Detail::Sends(sent.0, sent.1, size, qps),
+            PerfKind::WriteBw { qps, .. } => {
+                if kind.written() {
+                    let agreed = agreed.ok_or(CaseError::OutOfOrder)?;
+                    check_write_targets(mr.as_slice(), half, size, iters, qps, &agreed)?;
+                }
+                match (kind.writes(), kind.written()) {
+                    (true, true) => Detail::Both(wrote.0, size, wrote.1, qps, o.peer_report.iters),
+                    (true, false) => Detail::WroteQps(wrote.0, size, wrote.1, qps),
+                    _ => Detail::Written(qps, size, o.peer_report.iters),
+                }
+            }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
             PerfKind::ReadLatReq => Detail::Requested(
                 iters,
@@ -927,6 +1750,18 @@ fn perf<P: Provider, L: Link>(
                 8,
                 requested,
                 "fetch-and-adds of 1, each returning the one before plus one",
+            ),
+            PerfKind::WriteLat { .. } => Detail::Rounds(
+                iters,
+                size,
+                requested,
+                "RDMA WRITEs each way, every one of Linux's with its round's number in its last byte and zeroes before it",
+            ),
+            PerfKind::SendLat { .. } => Detail::Rounds(
+                iters,
+                size,
+                requested,
+                "SENDs each way, every one of Linux's of that size and the first one's bytes",
             ),
             PerfKind::ReadLat => {
                 // READs read; nothing of the buffer may have changed.
@@ -1032,6 +1867,114 @@ mod tests {
             Some(PeerCase::Perf(PerfKind::AtomicLatReq, 8, 1000))
         );
         assert_eq!(PeerCase::parse("ib_atomic_lat-server,-s,16"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-server,-s,2,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat { linux_serves: true },
+                2,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-client,-s,1048576,-n,20"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat {
+                    linux_serves: false
+                },
+                1 << 20,
+                20
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_lat-client"),
+            Some(PeerCase::Perf(
+                PerfKind::SendLat {
+                    linux_serves: false
+                },
+                2,
+                1000
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_lat-server,-n,5"),
+            Some(PeerCase::Perf(
+                PerfKind::SendLat { linux_serves: true },
+                2,
+                5
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_send_lat-server,-q,2"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_lat-1m-server,-s,1048576"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteLat { linux_serves: true },
+                1 << 20,
+                1000
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_write_lat-a-b-server"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-q2-server,-q,2,-s,65536,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: true,
+                    qps: 2,
+                    duplex: false
+                },
+                65536,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-q4-client,-q,4"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: false,
+                    qps: 4,
+                    duplex: false
+                },
+                65536,
+                5000
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_write_bw-q5-client,-q,5"), None);
+        assert_eq!(
+            PeerCase::parse("ib_write_bw-b-client,-b,-s,4096,-n,100"),
+            Some(PeerCase::Perf(
+                PerfKind::WriteBw {
+                    linux_serves: false,
+                    qps: 1,
+                    duplex: true
+                },
+                4096,
+                100
+            ))
+        );
+        assert_eq!(PeerCase::parse("ib_send_lat-client,-b"), None);
+        assert_eq!(
+            PeerCase::parse("ib_send_bw-q2b-server,-q,2,-b,-s,4096,-n,100"),
+            Some(PeerCase::Perf(
+                PerfKind::SendBw {
+                    linux_serves: true,
+                    qps: 2,
+                    duplex: true
+                },
+                4096,
+                100
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_send_bw-q2-client,-q,2").map(|c| c.name()),
+            Some("ib_send_bw-client")
+        );
+        assert_eq!(PeerCase::parse("ib_send_bw-client,-n,16777216"), None);
+        assert_eq!(PeerCase::parse("ib_write_bw-q0-client,-q,0"), None);
+        assert_eq!(PeerCase::parse("ib_write_bw-x-sever,-q,2"), None);
+        assert_eq!(PeerCase::parse("write,-q,2"), None);
+        assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
+        assert_eq!(PeerCase::parse("ib_write_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
@@ -1042,9 +1985,79 @@ mod tests {
         assert_eq!(name("rc-server,-n,3"), Some("rc-server"));
         assert_eq!(name("atomic"), Some("atomic"));
         assert_eq!(name("ib_read_lat-client,-n,5"), Some("ib_read_lat-client"));
+        for n in [
+            "ib_write_lat-client",
+            "ib_write_lat-server",
+            "ib_send_lat-client",
+            "ib_send_lat-server",
+        ] {
+            assert_eq!(name(n), Some(n));
+        }
         assert_eq!(name("rping-client,-C,3"), Some("rping-client"));
         assert_eq!(name("udaddy-server,-C,10,-S,100"), Some("udaddy-server"));
         assert_eq!(name("ucmatose-client,-S,2000"), None);
+    }
+
+    #[test]
+    fn write_targets_overwritten_and_nothing_around_them() {
+        let agreed = Agreed {
+            peer_version: 606,
+            page_size: 4096,
+            cache_line: 64,
+            mtu: 3,
+        };
+        let half = 4096u32;
+        let fresh = || {
+            let mut b = [0u8; 3 * 4096];
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = j as u8;
+            }
+            b
+        };
+        // -q 2, WRITEs of 1000 bytes: at 0, 1024, 2048, 3072 of each QP's target (the cycle's
+        // four places of 1000 rounded up to the line).
+        let mut buf = fresh();
+        for q in 1..3 {
+            for place in 0..4 {
+                let at = q * half as usize + place * 1024;
+                buf[at..at + 1000].fill(0xA5);
+            }
+        }
+        assert_eq!(
+            check_write_targets(&buf, half, 1000, 10, 2, &agreed),
+            Ok(())
+        );
+        // A place not written: its pre-fill is still there.
+        let mut b = buf;
+        let at = 2 * half as usize + 3072;
+        for (j, x) in b[at..at + 1000].iter_mut().enumerate() {
+            *x = (at + j) as u8;
+        }
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Data {
+                bad: 1,
+                first: 1,
+                at: 3072
+            })
+        );
+        // A byte between two places, or in the source half, touched.
+        let mut b = buf;
+        b[half as usize + 1000] ^= 1;
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Changed(half + 1000))
+        );
+        let mut b = buf;
+        b[7] ^= 1;
+        assert_eq!(
+            check_write_targets(&b, half, 1000, 10, 2, &agreed),
+            Err(CaseError::Changed(7))
+        );
+        // Messages of more than half the cycle go to the start every time.
+        let mut b = fresh();
+        b[half as usize..half as usize + 3000].fill(0);
+        assert_eq!(check_write_targets(&b, half, 3000, 10, 1, &agreed), Ok(()));
     }
 
     #[test]
@@ -1057,21 +2070,48 @@ mod tests {
         let speak = "a program the peer does not speak";
         let take = "options the peer does not take";
         assert_eq!(
-            r("ib_send_lat-server,-s,2,-n,1000"),
-            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+            r("ib_send_bw-server,-x,1"),
+            ("ib_send_bw-server", take, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_write_lat-client"),
-            ("ib_write_lat-client", speak, Some(LinuxSide::Connects))
+            r("ib_atomic_bw-server,-s,8"),
+            ("ib_atomic_bw-server", speak, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_send_lat-server"),
-            ("ib_send_lat-server", speak, Some(LinuxSide::Listens))
+            r("ib_write_lat-client,-b"),
+            ("ib_write_lat-client", take, Some(LinuxSide::Connects))
         );
+        assert_eq!(
+            r("ib_send_lat-server,-q,2"),
+            ("ib_send_lat-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_send_lat-1m-x-server"),
+            ("ib_send_lat-1m-x-server", speak, Some(LinuxSide::Listens))
+        );
+        let lat_cm = "rdma_cm (-R) with a latency program, which the peer does not speak";
         assert_eq!(
             r("ib_write_lat-client,-R"),
-            ("ib_write_lat-client", speak, None)
+            ("ib_write_lat-client", lat_cm, None)
         );
+        // perftest's -R programs are told through the CM, in their role; the others are not.
+        let cm = |s| Refused::of(s).cm_side;
+        assert_eq!(
+            cm("ib_write_lat-cm-client,-R,-s,2"),
+            Some(LinuxSide::Connects)
+        );
+        assert_eq!(cm("ib_read_lat-cm-server,-R"), Some(LinuxSide::Listens));
+        assert_eq!(
+            Refused::of("ib_send_lat-cm-server,-R").why,
+            lat_cm,
+            "a tagged name"
+        );
+        assert_eq!(
+            cm("ib_write_bw-q2-server,-R,-q,2"),
+            Some(LinuxSide::Listens)
+        );
+        assert_eq!(cm("rping-client,-S,99999999"), None);
+        assert_eq!(cm("ib_write_lat-client,-b"), None);
         assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
         assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
         assert_eq!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bareverbs::verbs::Gid;
 use bareverbs_hal::{Link, LinkError};
-use bareverbs_lab_peers::tcp::perftest::{self, Agreed, Hooks, Key, Local, Report, Role};
+use bareverbs_lab_peers::tcp::perftest::{self, Agreed, Hooks, Key, Latency, Local, Report, Role};
 use bareverbs_lab_peers::tcp::pingpong::{self, Dest};
 use bareverbs_lab_peers::tcp::{
     Error, Field, FlowError, NetConfig, PORT, Retry, Stack, Step, Storage,
@@ -395,6 +395,8 @@ struct CPerf {
     cache: u32,
     mtu: [u8; 2],
     key: [u8; perftest::KEY_LEN],
+    /// `-q 2`: the second QP's key.
+    key2: Option<[u8; perftest::KEY_LEN]>,
     report: Report,
 }
 
@@ -444,6 +446,7 @@ fn c_perf(out_reads: u16) -> CPerf {
         // 2048: the agreed MTU is the unikernel's smaller 1024.
         mtu: *b"4\0",
         key: lnx_key(out_reads).encode().unwrap(),
+        key2: None,
         report: Report {
             size: 65536,
             iters: 5000,
@@ -507,7 +510,18 @@ fn c_perftest<L: Link>(
     assert_eq!(m[1], 0);
     let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
     let peer = Key::parse(&k).expect("C parses the key");
-    for _ in 0..3 {
+    // -q 2: each QP's key, before connecting and after; then the first's barriers.
+    let k2 = match &c.key2 {
+        Some(m) => Some(c_xchg(st, client, m, perftest::KEY_LEN, now)?),
+        None => None,
+    };
+    assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+    if let (Some(m), Some(k2)) = (&c.key2, &k2) {
+        assert_eq!(&c_xchg(st, client, m, perftest::KEY_LEN, now)?, k2);
+        let peer2 = Key::parse(k2).expect("C parses the second key");
+        assert_ne!(peer2.qpn, peer.qpn, "two QPs");
+    }
+    for _ in 0..2 {
         assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
     }
     let mut w = [0u64; 5];
@@ -550,13 +564,18 @@ struct Recorder {
     agreed: Option<Agreed>,
     report: Report,
     fail_connect: bool,
+    /// QPs connected.
+    qps: usize,
 }
 
 impl Hooks for Recorder {
     type Error = &'static str;
 
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), &'static str> {
-        assert_eq!(peer.gid, Gid::from_ipv4(LNX_IP));
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), &'static str> {
+        self.qps = peers.len();
+        for peer in peers {
+            assert_eq!(peer.gid, Gid::from_ipv4(LNX_IP));
+        }
         self.calls.push("connect");
         self.agreed = Some(*agreed);
         if self.fail_connect {
@@ -565,7 +584,8 @@ impl Hooks for Recorder {
         Ok(())
     }
 
-    fn data_phase(&mut self, _: &Key) -> Result<Report, &'static str> {
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, &'static str> {
+        assert_eq!(peers.len(), self.qps);
         self.calls.push("data");
         Ok(self.report)
     }
@@ -684,6 +704,183 @@ fn perftest_read_bw_linux_connects() {
             [16, 4, 2, perftest::KEY_LEN, 8, 5].contains(&n),
             "unikernel segment of {n} bytes"
         );
+    }
+}
+
+/// `ib_write_bw -q 2`: each QP's key before the QPs connect and again after, the barriers
+/// on the first's; the unikernel's hooks get both peers' keys, in order. With `-b` too (the
+/// same messages: a sync barrier where the "finished" one was, the data phase after it on
+/// both sides).
+#[test]
+fn perftest_two_qps_both_roles() {
+    for (uni_client, duplex) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (_seg, uni, lnx) = pair(None);
+        let mut c = c_perf(1);
+        let mut second = lnx_key(1);
+        second.qpn += 1;
+        second.vaddr += 0x1_0000;
+        c.key2 = Some(second.encode().unwrap());
+        let (listening, go) = mpsc::channel();
+        let u = thread::spawn(move || {
+            with_stack(uni, UNI_IP, 41, |st, now| {
+                let role = if uni_client {
+                    Role::Client {
+                        server: LNX_IP,
+                        retry: Retry {
+                            tries: 50,
+                            pause_ms: 100,
+                        },
+                    }
+                } else {
+                    st.listen(PORT).unwrap();
+                    Role::Server
+                };
+                listening.send(()).unwrap();
+                let mut hooks = Recorder {
+                    report: uni_report(),
+                    ..Recorder::default()
+                };
+                let mut k2 = uni_key(1);
+                k2.qpn += 1;
+                let local = Local::with_qps(&[uni_key(1), k2]).unwrap();
+                let deadline = now() + BUDGET;
+                let r = if duplex {
+                    perftest::run_bidirectional(st, role, PORT, &local, &mut hooks, deadline, now)
+                } else {
+                    perftest::run(st, role, PORT, &local, &mut hooks, deadline, now)
+                };
+                (r, hooks.calls, hooks.qps)
+            })
+        });
+        go.recv().unwrap();
+        let l = thread::spawn(move || {
+            with_stack(lnx, LNX_IP, 42, |st, now| {
+                c_perftest(st, now, !uni_client, &c, if uni_client { 700 } else { 0 })
+            })
+        });
+        let (r, calls, qps) = u.join().unwrap();
+        let o = r.expect("unikernel side");
+        assert_eq!((calls, qps), (vec!["connect", "data"], 2));
+        assert_eq!(&o.peers[..2], &[lnx_key(1), second]);
+        assert_eq!(l.join().unwrap().expect("C side").report, uni_report());
+    }
+    assert_eq!(Local::with_qps(&[]), None);
+    assert_eq!(Local::with_qps(&[uni_key(1); 5]), None);
+}
+
+/// `ib_send_bw` (6.06), `-q 2`, as the C client (connects once) or server: each QP's key, the
+/// first's, each QP's again, the sync, (`-b`: the five report words), the closing barrier and
+/// `done`. Returns the unikernel's keys and report words as the C side got them.
+fn c_send_bw<L: Link>(
+    st: &mut Stack<'_, L>,
+    now: Now,
+    client: bool,
+    keys: &[[u8; perftest::KEY_LEN]; 2],
+    duplex: bool,
+) -> Result<(Vec<Key>, [u64; 5]), Error> {
+    let deadline = now() + BUDGET;
+    if client {
+        let once = Retry {
+            tries: 1,
+            pause_ms: 0,
+        };
+        st.connect(UNI_IP, PORT, once, deadline, now)?;
+    } else {
+        st.accept(PORT, deadline, now)?;
+    }
+    let c = c_perf(1);
+    c_xchg(st, client, &c.version, 16, now)?;
+    c_xchg(st, client, &c.page.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
+    c_xchg(st, client, &c.mtu, 2, now)?;
+    let mut theirs = Vec::new();
+    for k in keys {
+        theirs.push(c_xchg(st, client, k, perftest::KEY_LEN, now)?);
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    for (k, t) in keys.iter().zip(&theirs) {
+        assert_eq!(&c_xchg(st, client, k, perftest::KEY_LEN, now)?, t);
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    let mut w = [0u64; 5];
+    if duplex {
+        for x in w.iter_mut() {
+            let b = c_xchg(st, client, &7u64.to_be_bytes(), 8, now)?;
+            *x = u64::from_be_bytes(b.try_into().unwrap());
+        }
+    }
+    assert_eq!(
+        c_xchg(st, client, &keys[0], perftest::KEY_LEN, now)?,
+        theirs[0]
+    );
+    c_write(st, b"done\0", now);
+    c_close(st, now);
+    Ok((theirs.iter().map(|k| Key::parse(k).unwrap()).collect(), w))
+}
+
+/// `ib_send_bw -q 2`, with and without `-b`, both roles: the unikernel's data phase runs on
+/// both sides after the sync; the reports go only with `-b`.
+#[test]
+fn perftest_send_bw_both_roles() {
+    for (uni_client, duplex) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (_seg, uni, lnx) = pair(None);
+        let mut second = lnx_key(1);
+        second.qpn += 1;
+        let lnx_keys = [lnx_key(1).encode().unwrap(), second.encode().unwrap()];
+        let (listening, go) = mpsc::channel();
+        let u = thread::spawn(move || {
+            with_stack(uni, UNI_IP, 51, |st, now| {
+                let role = if uni_client {
+                    Role::Client {
+                        server: LNX_IP,
+                        retry: Retry {
+                            tries: 50,
+                            pause_ms: 100,
+                        },
+                    }
+                } else {
+                    st.listen(PORT).unwrap();
+                    Role::Server
+                };
+                listening.send(()).unwrap();
+                let mut hooks = Recorder {
+                    report: uni_report(),
+                    ..Recorder::default()
+                };
+                let mut k2 = uni_key(1);
+                k2.qpn += 1;
+                let local = Local::with_qps(&[uni_key(1), k2]).unwrap();
+                let deadline = now() + BUDGET;
+                let r =
+                    perftest::run_send(st, role, PORT, &local, &mut hooks, duplex, deadline, now);
+                (r, hooks.calls, hooks.qps)
+            })
+        });
+        go.recv().unwrap();
+        let l = thread::spawn(move || {
+            with_stack(lnx, LNX_IP, 52, |st, now| {
+                c_send_bw(st, now, !uni_client, &lnx_keys, duplex)
+            })
+        });
+        let (r, calls, qps) = u.join().unwrap();
+        let o = r.unwrap_or_else(|e| panic!("{uni_client} {duplex}: {e:?}"));
+        assert_eq!((calls, qps), (vec!["connect", "data"], 2));
+        assert_eq!(&o.peers[..2], &[lnx_key(1), second]);
+        let (keys, words) = l.join().unwrap().expect("C side");
+        assert_eq!(keys[0], uni_key(1));
+        assert_eq!(keys[1].qpn, uni_key(1).qpn + 1);
+        if duplex {
+            assert_eq!(words, uni_report().words());
+            assert_eq!(o.peer_report.words(), [7; 5]);
+        } else {
+            assert_eq!(o.peer_report, Report::default());
+        }
     }
 }
 
@@ -1032,16 +1229,20 @@ fn a_refused_case_whose_linux_side_never_comes_times_out() {
     assert_eq!(r.1, Ok(()));
 }
 
-/// `ib_read_lat` / `ib_atomic_lat` (6.06), one QP, as the C client (connects once) or server:
-/// the key twice before the QPs connect, twice after, then (the client's test) the closing
-/// barrier and `done`; no "finished" barrier, no reports. `second_key`: what it sends as its
-/// second key message (its own key, unless a test makes it differ).
+/// A latency program (6.06), one QP, as the C client (connects once) or server:
+/// `ib_read_lat` / `ib_atomic_lat` send the key twice before the QPs connect, twice after,
+/// then (the client's test) the closing barrier and `done`; `ib_write_lat` the same without
+/// the closing barrier and `done` (it just ends); `ib_send_lat` once before, three times
+/// after, then the closing barrier and `done`. No "finished" barrier, no reports.
+/// `second_key`: what it sends as its second key message (its own key, unless a test makes it
+/// differ).
 fn c_perftest_lat<L: Link>(
     st: &mut Stack<'_, L>,
     now: Now,
     client: bool,
     c: &CPerf,
     second_key: &[u8],
+    which: Latency,
 ) -> Result<Key, Error> {
     let deadline = now() + BUDGET;
     if client {
@@ -1058,16 +1259,33 @@ fn c_perftest_lat<L: Link>(
     c_xchg(st, client, &c.cache.to_be_bytes(), 4, now)?;
     c_xchg(st, client, &c.mtu, 2, now)?;
     let k = c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?;
-    assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
-    for _ in 0..3 {
+    if which != Latency::Send {
+        assert_eq!(c_xchg(st, client, second_key, perftest::KEY_LEN, now)?, k);
+    }
+    let after = if which == Latency::Send { 3 } else { 2 };
+    for _ in 0..after {
         assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
     }
-    c_write(st, b"done\0", now);
+    if which == Latency::Write {
+        // No closing barrier: the unikernel's side ends with its connection, nothing more.
+        let mut rest = [0u8; 16];
+        assert_eq!(
+            st.read_once(&mut rest, now() + BUDGET, now),
+            Err(Error::Closed(Step::Read))
+        );
+    } else {
+        assert_eq!(c_xchg(st, client, &c.key, perftest::KEY_LEN, now)?, k);
+        c_write(st, b"done\0", now);
+    }
     c_close(st, now);
     Ok(Key::parse(&k).expect("C parses the key"))
 }
 
-fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result<Key, Error>) {
+fn perftest_lat_run(
+    uni_client: bool,
+    second_key: Vec<u8>,
+    which: Latency,
+) -> (UniResult, Result<Key, Error>) {
     let (_seg, uni, lnx) = pair(None);
     let (listening, go) = mpsc::channel();
     let u = thread::spawn(move || {
@@ -1088,14 +1306,18 @@ fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result
             let mut hooks = Recorder::default();
             let local = Local::new(uni_key(16));
             let deadline = now() + BUDGET;
-            let r = perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now);
+            let r = if which == Latency::ReadAtomic {
+                perftest::run_lat(st, role, PORT, &local, &mut hooks, deadline, now)
+            } else {
+                perftest::run_latency(st, role, PORT, &local, &mut hooks, which, deadline, now)
+            };
             (r, hooks.calls)
         })
     });
     go.recv().unwrap();
     let l = thread::spawn(move || {
         with_stack(lnx, LNX_IP, 32, |st, now| {
-            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key)
+            c_perftest_lat(st, now, !uni_client, &c_perf(16), &second_key, which)
         })
     });
     (u.join().unwrap(), l.join().unwrap())
@@ -1105,24 +1327,44 @@ fn perftest_lat_run(uni_client: bool, second_key: Vec<u8>) -> (UniResult, Result
 fn perftest_read_lat_both_roles() {
     let own = c_perf(16).key.to_vec();
     // The unikernel serves (ib_read_lat's client READs its buffer): no data phase of its own.
-    let ((r, calls), c) = perftest_lat_run(false, own.clone());
+    let ((r, calls), c) = perftest_lat_run(false, own.clone(), Latency::ReadAtomic);
     let o = r.expect("unikernel side");
     assert_eq!(calls, ["connect"]);
     assert_eq!(o.peer, lnx_key(16));
     assert_eq!(o.peer_report, Report::default());
     assert_eq!(c.expect("C side"), uni_key(16));
     // The unikernel as the client: its test runs before the closing barrier.
-    let ((r, calls), c) = perftest_lat_run(true, own);
+    let ((r, calls), c) = perftest_lat_run(true, own, Latency::ReadAtomic);
     assert_eq!(r.expect("unikernel side").peer, lnx_key(16));
     assert_eq!(calls, ["connect", "data"]);
     assert_eq!(c.expect("C side"), uni_key(16));
+}
+
+/// `ib_write_lat` and `ib_send_lat`: both sides ping-pong, so the unikernel's data phase runs
+/// in either role, after the last barrier; ib_write_lat ends without a closing barrier,
+/// ib_send_lat with one and `done` (the C side checks each: a message too many or too few
+/// fails its exact reads).
+#[test]
+fn perftest_write_and_send_lat_both_roles() {
+    let own = c_perf(16).key.to_vec();
+    for which in [Latency::Write, Latency::Send] {
+        for uni_client in [false, true] {
+            let ((r, calls), c) = perftest_lat_run(uni_client, own.clone(), which);
+            let o = r.unwrap_or_else(|e| panic!("{which:?} {uni_client}: {e:?}"));
+            assert_eq!(calls, ["connect", "data"], "{which:?} {uni_client}");
+            assert_eq!(o.peer, lnx_key(16));
+            assert_eq!(o.peer_report, Report::default());
+            assert_eq!(c.expect("C side"), uni_key(16));
+        }
+    }
 }
 
 #[test]
 fn perftest_lat_second_key_must_be_the_first() {
     let mut other = lnx_key(16);
     other.qpn += 1;
-    let ((r, calls), _) = perftest_lat_run(false, other.encode().unwrap().to_vec());
+    let ((r, calls), _) =
+        perftest_lat_run(false, other.encode().unwrap().to_vec(), Latency::ReadAtomic);
     assert!(
         matches!(r, Err(FlowError::Exchange(Error::Malformed(Field::Qpn)))),
         "{r:?}"

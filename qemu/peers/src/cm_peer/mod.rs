@@ -91,6 +91,12 @@ pub enum Program {
         /// Linux runs the server.
         linux_serves: bool,
     },
+    /// A perftest `-R` case this peer does not run (the latency programs'): it is told so on
+    /// perftest's control connection ([`refuse_perftest`]).
+    PerftestRefused {
+        /// Linux runs the server.
+        linux_serves: bool,
+    },
 }
 
 /// A CM case: the program, its `-S` and `-C` (perftest's `-s` and `-n`).
@@ -156,6 +162,7 @@ impl CmCase {
             Program::UdaddyServer => "udaddy-server",
             Program::UdaddyClient => "udaddy-client",
             Program::Perftest { verb, linux_serves } => verb.case_name(linux_serves),
+            Program::PerftestRefused { .. } => "perftest -R, refused",
         }
     }
 }
@@ -293,6 +300,27 @@ pub fn run_case<P: Provider>(
     }
 }
 
+/// Tells the Linux side of a perftest `-R` case this peer does not run that it is refused,
+/// on perftest's own control connection: the unikernel makes or accepts it as perftest
+/// does, and answers the version exchange with `"0"`, a version older than any perftest
+/// works with (it exits at once: "not compatible with versions older than 5.70"). Its
+/// kernel's DREQ then ends the connection. `Ok` once the version went out.
+pub fn refuse_perftest<P: Provider>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    linux: [u8; 4],
+    linux_serves: bool,
+    deadline: u64,
+    clock_ms: &dyn Fn() -> u64,
+) -> Result<(), CaseError> {
+    let case = CmCase {
+        program: Program::PerftestRefused { linux_serves },
+        size: 0,
+        count: 0,
+    };
+    run(ctx, pd, linux, &case, deadline, clock_ms).map(|_| ())
+}
+
 fn run<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
@@ -310,6 +338,7 @@ fn run<P: Provider>(
     let len = match case.program {
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
         Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
+        Program::PerftestRefused { .. } => perftest::REFUSE_LEN,
         _ => (case.count + 1) * cmatose::slot(case.size),
     };
     let mut mr = pd.register(len as usize, access).at("cm: register")?;
@@ -342,6 +371,7 @@ fn run<P: Provider>(
             Program::Perftest { verb, linux_serves } => {
                 s.perftest(pd, linux, case, verb, linux_serves)
             }
+            Program::PerftestRefused { linux_serves } => s.perftest_refuse(pd, linux, linux_serves),
         }
     };
     // The region and the CQs go when they drop (the session's borrows tie them to it).

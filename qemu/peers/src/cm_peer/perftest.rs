@@ -145,6 +145,11 @@ fn untagged(name: &str) -> Option<(&str, &str)> {
     Some((program, role))
 }
 
+/// Bytes of a refused case's region: the control messages only.
+pub(super) const REFUSE_LEN: u32 = DATA_AT;
+/// The version a refused case announces: below perftest's oldest peer ([`MIN_VERSION`]).
+const REFUSING_VERSION: &[u8] = b"0";
+
 /// A receive or READ slot: the message rounded up to a cache line.
 fn stride(size: u32) -> u32 {
     size.next_multiple_of(LINE)
@@ -268,6 +273,63 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             checked: tally.checked,
             connect_ms,
             how,
+        })
+    }
+
+    /// A refused `-R` case ([`super::refuse_perftest`]): perftest's control connection, and
+    /// the version exchange with a version perftest does not take.
+    pub(super) fn perftest_refuse(
+        &mut self,
+        pd: &'a ProtectionDomain<'a, P>,
+        linux: [u8; 4],
+        linux_serves: bool,
+    ) -> Result<Done, CaseError> {
+        let client = linux_serves;
+        let mut ctl = if client {
+            let params = ConnectParams {
+                responder_resources: 0,
+                initiator_depth: 0,
+                ..ConnectParams::default()
+            };
+            let qp = self.qp(pd)?;
+            self.connect_retrying_with(qp, linux, PT_PORT, &params)?.0
+        } else {
+            self.listen(PT_PORT)?;
+            let any_depths = |_: u8, _: u8| true;
+            let params = AcceptParams::default();
+            self.accept_next(pd, linux, PT_PORT, &any_depths, (7, 7), &params)?
+                .0
+        };
+        self.post_ctl_recv(&mut ctl)?;
+        let mut v = [0u8; VERSION_LEN];
+        v[..REFUSING_VERSION.len()].copy_from_slice(REFUSING_VERSION);
+        let r = match self.xchg(&mut ctl, client, &v, VERSION_LEN as u32, "the version") {
+            Ok(_) => Ok(()),
+            // As the server this side's version goes last: perftest may exit before its rxe
+            // acknowledged it, and its kernel's DREQ come first.
+            Err(CaseError::Disconnected(_)) if !client => Ok(()),
+            Err(e) => Err(e),
+        };
+        let ctl = ctl.to_error().at("cm: QP to ERROR")?;
+        let mut r = r;
+        if let Some(id) = self.id
+            && !self.disconnected
+            && let Err(e) = self.cm.disconnect(id)
+        {
+            r = r.and(Err(CaseError::Cm("disconnect", e)));
+        }
+        while !self.disconnected && self.now() <= self.deadline {
+            let _ = self.cm_event();
+        }
+        self.drain();
+        ctl.destroy().at("cm: destroy QP")?;
+        r.map(|()| Done {
+            count: 0,
+            unit: "refused",
+            size: 0,
+            checked: 0,
+            connect_ms: 0,
+            how: "",
         })
     }
 

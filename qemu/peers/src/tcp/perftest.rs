@@ -43,9 +43,15 @@
 //!   (no host), the unikernel is [`Role::Client`]; Linux is the client: the same plus the
 //!   unikernel's address (`… 10.0.0.2`), the unikernel is [`Role::Server`] (listening before
 //!   Linux starts: perftest's connect is tried once).
-//! - Not supported here: `-R`/`-z` (rdma_cm), `-b` (bidirectional: other barriers),
-//!   `-q` > 1 (one key message per QP), `--report-per-port` (four more doubles in step 9), and
-//!   `--dont_xchg_versions` (6.06 then compares an empty version with 5.70 and exits).
+//! - `-q N` ([`Local::with_qps`], up to [`MAX_QPS`]): step 5 is each QP's key message in
+//!   order, then after the QPs connect each QP's again (step 6) and the first's (step 7); the
+//!   other barriers are the first QP's (`write_bw.c` 179–229).
+//! - `-b` ([`run_bidirectional`]): both sides run the data phase, after a sync barrier where
+//!   step 8 was; the reports are each side's own.
+//! - The latency programs: [`run_latency`].
+//! - Not supported here: `-R`/`-z` (rdma_cm; `crate::cm_peer` speaks it), `--report-per-port`
+//!   (four more doubles in step 9), and `--dont_xchg_versions` (6.06 then compares an empty
+//!   version with 5.70 and exits).
 //! - `-m` is optional: the agreed MTU is the smaller of both ([`Agreed::mtu`]); rxe's active
 //!   MTU on a 1500-byte link is 1024 (`3`).
 //! - Sizes and counts are never exchanged: the unikernel runs what the Linux side was given.
@@ -161,11 +167,17 @@ pub fn parse_version(m: &[u8]) -> Result<u32, Error> {
     Ok(n(int) * 100 + f0 * 10 + f1)
 }
 
+/// QPs a bandwidth test may have (perftest's `-q`).
+pub const MAX_QPS: usize = 4;
+
 /// This side's part of the exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Local {
-    /// The key message.
-    pub key: Key,
+    /// The key message of each QP (the first `qps`), in order; the first QP's is the one
+    /// of the barriers.
+    pub keys: [Key; MAX_QPS],
+    /// QPs (`-q`, 1 to [`MAX_QPS`]; a latency test has one).
+    pub qps: usize,
     /// The path MTU as the `ibv_mtu` enum (1 = 256 … 5 = 4096).
     pub mtu: u8,
     /// Page size announced (perftest's `cycle_buffer`).
@@ -175,14 +187,28 @@ pub struct Local {
 }
 
 impl Local {
-    /// `key` with MTU 1024 (`3`), page size 4096 and a 64-byte cache line.
+    /// One QP's `key` with MTU 1024 (`3`), page size 4096 and a 64-byte cache line.
     pub fn new(key: Key) -> Self {
         Local {
-            key,
+            keys: [key; MAX_QPS],
+            qps: 1,
             mtu: 3,
             page_size: 4096,
             cache_line: 64,
         }
+    }
+
+    /// As [`Local::new`] with a QP per key (`-q keys.len()`); `None` for none or more than
+    /// [`MAX_QPS`].
+    pub fn with_qps(keys: &[Key]) -> Option<Self> {
+        let first = *keys.first()?;
+        if keys.len() > MAX_QPS {
+            return None;
+        }
+        let mut l = Local::new(first);
+        l.keys[..keys.len()].copy_from_slice(keys);
+        l.qps = keys.len();
+        Some(l)
     }
 }
 
@@ -247,13 +273,14 @@ pub trait Hooks {
     /// QPN and PSN, `max_dest_rd_atomic` = own out_reads, GRH to `peer.gid`) and RTS (own PSN,
     /// `max_rd_atomic` = `peer.out_reads`). The peer may send as soon as the next two
     /// barriers are through, so post receives / expose the buffer here too.
-    fn connect(&mut self, peer: &Key, agreed: &Agreed) -> Result<(), Self::Error>;
+    /// With `-q N` the peer's keys of all N QPs, in order: QP `i` connects to `peers[i]`.
+    fn connect(&mut self, peers: &[Key], agreed: &Agreed) -> Result<(), Self::Error>;
 
     /// The data phase. As the client: run the test (WRITEs, READs or atomics to
     /// `peer.vaddr` with `peer.rkey`) and return the report the Linux server prints. As the
     /// server: called once the client said it finished (step 8); return this side's report (the
     /// Linux client ignores it).
-    fn data_phase(&mut self, peer: &Key) -> Result<Report, Self::Error>;
+    fn data_phase(&mut self, peers: &[Key]) -> Result<Report, Self::Error>;
 }
 
 /// Which side the unikernel plays.
@@ -273,8 +300,10 @@ pub enum Role {
 /// What the exchange gave.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {
-    /// The peer's key message.
+    /// The peer's key message (its first QP's).
     pub peer: Key,
+    /// Its key messages of every QP (the first [`Local::qps`]).
+    pub peers: [Key; MAX_QPS],
     /// The settled parameters.
     pub agreed: Agreed,
     /// The peer's report.
@@ -312,16 +341,32 @@ pub fn run<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, false, deadline, now)
+    run_flow(
+        stack, role, port, local, hooks, None, false, false, deadline, now,
+    )
 }
 
-/// The exchange of `ib_read_lat` and `ib_atomic_lat` (`read_lat.c`, `atomic_lat.c` of the
-/// same tag, one QP), which differs from a bandwidth test's in two places: a key message
-/// more before the QPs connect (one for the test, one per QP: steps 5 and 5'), and no step 8
-/// or 9 (no "finished" barrier, no reports). The client runs its READs or atomics between
-/// step 7 and the closing barrier (step 10); the server goes straight to the closing barrier,
-/// which the client reaches once it finished, so the server's CPU does nothing meanwhile.
-/// [`Hooks::data_phase`] is called on the client only; [`Outcome::peer_report`] is empty.
+/// The exchange of a bidirectional bandwidth test (`-b`: `ib_write_bw -b`), where both sides
+/// run the test at once: as [`run`] to the barrier after the QPs reach RTR, then a barrier
+/// more (the duplex sync), [`Hooks::data_phase`] on both sides, no "finished" barrier (step
+/// 8), the five report words each way (each side's own; Linux prints the sum), the closing
+/// barrier and `done` (`write_bw.c`: the duplex sync before `run_iter_bw`, the finished
+/// barrier only for a client that is not duplex).
+pub fn run_bidirectional<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(
+        stack, role, port, local, hooks, None, true, false, deadline, now,
+    )
+}
+
+/// The exchange of `ib_read_lat` and `ib_atomic_lat` ([`Latency::ReadAtomic`]).
 pub fn run_lat<L: Link, H: Hooks>(
     stack: &mut Stack<'_, L>,
     role: Role,
@@ -331,7 +376,103 @@ pub fn run_lat<L: Link, H: Hooks>(
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    run_flow(stack, role, port, local, hooks, true, deadline, now)
+    run_latency(
+        stack,
+        role,
+        port,
+        local,
+        hooks,
+        Latency::ReadAtomic,
+        deadline,
+        now,
+    )
+}
+
+/// Which latency program's exchange (`read_lat.c`, `atomic_lat.c`, `write_lat.c`,
+/// `send_lat.c` of the same tag, one QP). They differ from a bandwidth test's in having no
+/// step 8 or 9 (no "finished" barrier, no reports), and among themselves in how many key
+/// messages go before and after the QPs connect, who runs a data phase, and whether a
+/// closing barrier and `done` end it.
+///
+/// | program | keys before connecting | keys after | data phase | closing barrier, `done` |
+/// |---|---|---|---|---|
+/// | `ib_read_lat`, `ib_atomic_lat` | 2 (the test's, then the QP's) | 2 | the client only | yes |
+/// | `ib_write_lat` | 2 | 2 | both sides (ping-pong) | no: each side just ends |
+/// | `ib_send_lat` | 1 (the QP's) | 3 (the last once the receives are posted) | both sides (ping-pong) | yes |
+///
+/// In the ping-pong of `ib_write_lat` the **server** writes first; in `ib_send_lat` the
+/// **client** sends first (`run_iter_lat_write` and `run_iter_lat_send` in
+/// `perftest_resources.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    /// `ib_read_lat`, `ib_atomic_lat`: the client READs or operates, the server's CPU waits.
+    ReadAtomic,
+    /// `ib_write_lat`: RDMA WRITEs each way, each side polling the last byte of its buffer.
+    Write,
+    /// `ib_send_lat`: SENDs each way.
+    Send,
+}
+
+impl Latency {
+    /// Key messages before and after the QPs connect.
+    fn keys(self) -> (usize, usize) {
+        match self {
+            Latency::ReadAtomic | Latency::Write => (2, 2),
+            Latency::Send => (1, 3),
+        }
+    }
+}
+
+/// The exchange of a latency program (see [`Latency`] for how they differ). The client's
+/// test (and with `ib_write_lat` and `ib_send_lat` the server's part of the ping-pong) runs in
+/// [`Hooks::data_phase`] after the last barrier; [`Outcome::peer_report`] is empty. With
+/// [`Latency::ReadAtomic`] the server goes straight to the closing barrier, which the client
+/// reaches once it finished, so the server's CPU does nothing meanwhile, and its
+/// [`Hooks::data_phase`] is not called.
+#[allow(clippy::too_many_arguments)]
+pub fn run_latency<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    which: Latency,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(
+        stack,
+        role,
+        port,
+        local,
+        hooks,
+        Some(which),
+        false,
+        false,
+        deadline,
+        now,
+    )
+}
+
+/// The exchange of `ib_send_bw` (`send_bw.c` of the same tag): each QP's key before the QPs
+/// connect, then the first's, each QP's again, and (the receives posted) a sync barrier on
+/// the first's; the data phase on both sides ([`Hooks::data_phase`]: the client SENDs, the
+/// server receives; with `duplex`, `-b`, both), the reports only with `duplex` (each side's
+/// own), the closing barrier and `done`. No "finished" barrier.
+#[allow(clippy::too_many_arguments)]
+pub fn run_send<L: Link, H: Hooks>(
+    stack: &mut Stack<'_, L>,
+    role: Role,
+    port: u16,
+    local: &Local,
+    hooks: &mut H,
+    duplex: bool,
+    deadline: u64,
+    now: &mut dyn FnMut() -> u64,
+) -> Result<Outcome, FlowError<H::Error>> {
+    run_flow(
+        stack, role, port, local, hooks, None, duplex, true, deadline, now,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -341,11 +482,22 @@ fn run_flow<L: Link, H: Hooks>(
     port: u16,
     local: &Local,
     hooks: &mut H,
-    lat: bool,
+    lat: Option<Latency>,
+    duplex: bool,
+    send: bool,
     deadline: u64,
     now: &mut dyn FnMut() -> u64,
 ) -> Result<Outcome, FlowError<H::Error>> {
-    let key = local.key.encode()?;
+    let n = local.qps;
+    // A latency test has one QP.
+    if !(1..=MAX_QPS).contains(&n) || (lat.is_some() && n != 1) {
+        return Err(Error::Malformed(Field::Qpn).into());
+    }
+    let mut keys = [[0u8; KEY_LEN]; MAX_QPS];
+    for (m, k) in keys.iter_mut().zip(&local.keys[..n]) {
+        *m = k.encode()?;
+    }
+    let key = keys[0];
     if !(1..=5).contains(&local.mtu) {
         return Err(Error::Malformed(Field::Mtu).into());
     }
@@ -387,48 +539,110 @@ fn run_flow<L: Link, H: Hooks>(
             cache_line,
             mtu: local.mtu.min(m[0] - b'0'),
         };
-        // 5. The key messages (a latency test: the test's, then the QP's); then connect.
+        // 5. The key messages (ib_read_lat, ib_atomic_lat, ib_write_lat: the test's, then
+        // the QP's; a bandwidth test: each QP's); then connect.
         let mut k = [0u8; KEY_LEN];
-        x(stack, &key, &mut k)?;
-        let peer = Key::parse(&k)?;
-        if lat {
+        let mut peers = [Key::parse(&key)?; MAX_QPS];
+        let peer = if let Some(which) = lat {
+            let (before, _) = which.keys();
             x(stack, &key, &mut k)?;
-            // The same QP's both times.
-            if Key::parse(&k)? != peer {
-                return Err(Error::Malformed(Field::Qpn).into());
+            let peer = Key::parse(&k)?;
+            for _ in 1..before {
+                x(stack, &key, &mut k)?;
+                // The same QP's every time.
+                if Key::parse(&k)? != peer {
+                    return Err(Error::Malformed(Field::Qpn).into());
+                }
             }
-        }
-        if is_ipv4_mapped(&peer.gid.0) != is_ipv4_mapped(&local.key.gid.0) {
+            peers[0] = peer;
+            peer
+        } else {
+            for (mine, theirs) in keys[..n].iter().zip(peers.iter_mut()) {
+                x(stack, mine, &mut k)?;
+                *theirs = Key::parse(&k)?;
+            }
+            peers[0]
+        };
+        if is_ipv4_mapped(&peer.gid.0) != is_ipv4_mapped(&local.keys[0].gid.0) {
             return Err(Error::GidFamily.into());
         }
-        hooks.connect(&peer, &agreed).map_err(FlowError::Hook)?;
-        // 6, 7. Barriers (the same message; it must still parse).
-        for _ in 0..2 {
+        hooks
+            .connect(&peers[..n], &agreed)
+            .map_err(FlowError::Hook)?;
+        if send {
+            // The first QP's key, each QP's, the sync (the receives are posted by now).
             x(stack, &key, &mut k)?;
             Key::parse(&k)?;
-        }
-        if lat {
-            // The client's test, then straight to the closing barrier: no step 8 or 9.
-            if client {
-                hooks.data_phase(&peer).map_err(FlowError::Hook)?;
+            for mine in &keys[..n] {
+                x(stack, mine, &mut k)?;
+                Key::parse(&k)?;
+            }
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+            let report = hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?;
+            let mut words = [0u64; 5];
+            if duplex {
+                for (mine, theirs) in report.words().iter().zip(words.iter_mut()) {
+                    let mut b = [0u8; 8];
+                    x(stack, &mine.to_be_bytes(), &mut b)?;
+                    *theirs = u64::from_be_bytes(b);
+                }
             }
             x(stack, &key, &mut k)?;
             Key::parse(&k)?;
             stack.write_message(DONE, deadline, now)?;
             return Ok(Outcome {
                 peer,
+                peers,
+                agreed,
+                peer_report: Report::from_words(words),
+            });
+        }
+        // 6, 7. Each QP's key again (a bandwidth test), then the barrier after RTR: the
+        // first QP's (the same messages; they must still parse).
+        let after = match lat {
+            Some(which) => which.keys().1,
+            None => {
+                for mine in &keys[..n] {
+                    x(stack, mine, &mut k)?;
+                    Key::parse(&k)?;
+                }
+                1
+            }
+        };
+        for _ in 0..after {
+            x(stack, &key, &mut k)?;
+            Key::parse(&k)?;
+        }
+        if let Some(which) = lat {
+            // The test, then straight to the closing barrier: no step 8 or 9.
+            if client || which != Latency::ReadAtomic {
+                hooks.data_phase(&peers[..1]).map_err(FlowError::Hook)?;
+            }
+            if which != Latency::Write {
+                x(stack, &key, &mut k)?;
+                Key::parse(&k)?;
+                stack.write_message(DONE, deadline, now)?;
+            }
+            return Ok(Outcome {
+                peer,
+                peers,
                 agreed,
                 peer_report: Report::default(),
             });
         }
-        // The data phase, and 8: the client's "finished".
-        let report = if client {
-            let r = hooks.data_phase(&peer).map_err(FlowError::Hook)?;
+        // The data phase, and 8: the client's "finished" (bidirectional: a sync before the
+        // data phase instead).
+        let report = if duplex {
+            x(stack, &key, &mut k)?;
+            hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?
+        } else if client {
+            let r = hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?;
             x(stack, &key, &mut k)?;
             r
         } else {
             x(stack, &key, &mut k)?;
-            hooks.data_phase(&peer).map_err(FlowError::Hook)?
+            hooks.data_phase(&peers[..n]).map_err(FlowError::Hook)?
         };
         Key::parse(&k)?;
         // 9. Reports, five words.
@@ -444,6 +658,7 @@ fn run_flow<L: Link, H: Hooks>(
         stack.write_message(DONE, deadline, now)?;
         Ok(Outcome {
             peer,
+            peers,
             agreed,
             peer_report: Report::from_words(words),
         })
