@@ -36,6 +36,7 @@ fn allowed_hosts_discovery_and_unknown_subsystems() {
             serial: "restricted",
             allowed_hosts: &allowed,
             namespaces: &mut n2,
+            multipath: Default::default(),
         },
     ];
     let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();

@@ -562,6 +562,7 @@ fn session(seed: u64, capsules: u64) -> Reach {
             serial: "good",
             allowed_hosts: &allowed,
             namespaces: &mut n2,
+            multipath: Default::default(),
         },
     ];
     let mut t: T = T::new(&sb.pd, &sb.dcq, l.clk.clone(), IP_B, tcfg(), &mut subs).unwrap();
