@@ -54,7 +54,7 @@ pub enum Problem {
     MibWithSubsystems,
     /// A subsystem without a namespace.
     NoNamespace,
-    /// A `blk:N` the machine does not have (it has the disks of [`Machine::disks`]).
+    /// A `blk:N` the machine does not have (it has the disks of [`Machine::disks`](super::Machine::disks)).
     NoSuchDisk {
         /// How many disks the machine has.
         disks: usize,
