@@ -40,7 +40,7 @@ ctrl_of() { # ADDRESS: the controller (nvmeN) of the path to it
   s=$(subsys) || return 1
   for c in "$s"/nvme[0-9]*; do
     c=${c##*/}
-    case "$c" in *n*) continue ;; esac
+    [[ "$c" =~ ^nvme[0-9]+$ ]] || continue
     grep -q "traddr=$1," "/sys/class/nvme/$c/address" 2>/dev/null && { echo "$c"; return 0; }
   done
   return 1
