@@ -80,13 +80,13 @@ kato=$(cat "/sys/class/nvme/$c1/kato" 2>/dev/null || echo 5)
 result multipath "PASS (nvme connect-all against 10.0.0.2 alone: subsystem ${s##*/} with 2 live paths, $c1 to 10.0.0.2 (controller ID $id1, $a1) and $c2 to 10.0.0.4 (controller ID $id2, $a2); one block device $dev of $mib MiB; iopolicy $(cat "$s/iopolicy"); keep-alive $kato s)"
 
 # --- 2. failover: appliance 1 killed in the middle of fio -------------------------------------
-out=/tmp/bvmp-fio.json
+out=$tmp/bvmp-fio.json
 fio --name=failover --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
   --bs=64k --size=32M --verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=0 \
-  --output-format=json > "$out" 2>/tmp/bvmp-fio.err &
+  --output-format=json > "$out" 2>$tmp/bvmp-fio.err &
 fio_pid=$!
 sleep 4
-kill -0 "$fio_pid" 2>/dev/null || fail failover "fio ended within 4 s, before the kill: $(tail -2 /tmp/bvmp-fio.err | tr '\n' ' ')"
+kill -0 "$fio_pid" 2>/dev/null || fail failover "fio ended within 4 s, before the kill: $(tail -2 $tmp/bvmp-fio.err | tr '\n' ' ')"
 w_before=$(writes_through "$c2")
 step kill
 tk=$(date +%s)
@@ -102,7 +102,7 @@ rios=$(jq -r '.jobs[0].read.total_ios' "$out" 2>/dev/null)
 w_after=$(writes_through "$c2")
 stall_ms=$(( ( (wmax > rmax ? wmax : rmax) ) / 1000000 ))
 say "fio exit $st error $err; writes $wios (max ${wmax} ns) reads $rios (max ${rmax} ns); path 1 down after $down_after s; writes through appliance 2: $w_before -> $w_after"
-[ "$st" = 0 ] && [ "$err" = 0 ] || fail failover "fio exit $st, error $err: $(tail -3 /tmp/bvmp-fio.err | tr '\n' ' ')"
+[ "$st" = 0 ] && [ "$err" = 0 ] || fail failover "fio exit $st, error $err: $(tail -3 $tmp/bvmp-fio.err | tr '\n' ' ')"
 [ "$wios" = 512 ] && [ "$rios" = 512 ] || fail failover "fio wrote $wios and verified $rios of 512 blocks of 64 KiB"
 [ "$w_after" -gt "$w_before" ] || fail failover "no write went through appliance 2 after the kill"
 limit_ms=$(( (kato + 5) * 1000 ))
@@ -120,7 +120,7 @@ id1b=$(cat "/sys/class/nvme/$c1/cntlid")
 b1=$(writes_through "$c1") b2=$(writes_through "$c2")
 fio --name=failback --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
   --bs=64k --size=4M --offset=32M --verify=crc32c --do_verify=1 --verify_fatal=1 \
-  --output-format=json > "$out" 2>/tmp/bvmp-fio.err || fail failback "fio after failback: $(tail -2 /tmp/bvmp-fio.err | tr '\n' ' ')"
+  --output-format=json > "$out" 2>$tmp/bvmp-fio.err || fail failback "fio after failback: $(tail -2 $tmp/bvmp-fio.err | tr '\n' ' ')"
 e1=$(writes_through "$c1") e2=$(writes_through "$c2")
 say "after failback: writes through appliance 1 $b1 -> $e1, appliance 2 $b2 -> $e2"
 [ $(( e1 - b1 )) -ge 64 ] || fail failback "$(( e1 - b1 )) of 64 writes went through appliance 1 (the optimized path), $(( e2 - b2 )) through appliance 2"
@@ -144,7 +144,7 @@ news_after=$(dmesg | grep -c "new ctrl")
 b1=$(writes_through "$c1") b2=$(writes_through "$c2")
 fio --name=ana --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
   --bs=64k --size=4M --offset=40M --verify=crc32c --do_verify=1 --verify_fatal=1 \
-  --output-format=json > "$out" 2>/tmp/bvmp-fio.err || fail ana "fio after the change: $(tail -2 /tmp/bvmp-fio.err | tr '\n' ' ')"
+  --output-format=json > "$out" 2>$tmp/bvmp-fio.err || fail ana "fio after the change: $(tail -2 $tmp/bvmp-fio.err | tr '\n' ' ')"
 e1=$(writes_through "$c1") e2=$(writes_through "$c2")
 [ $(( e2 - b2 )) -ge 64 ] || fail ana "$(( e2 - b2 )) of 64 writes went through appliance 2 (now optimized), $(( e1 - b1 )) through appliance 1"
 result ana "PASS (the consoles' change seen by Linux after $seen_s s without a reconnect (controller IDs $id1b and $id2 kept, no new controller): sysfs ana_state non-optimized for $c1, optimized for $c2; nvme ana-log $st1 (change count $chg1) and $st2; fio 4 MiB --verify=crc32c: $(( e2 - b2 )) writes through appliance 2, $(( e1 - b1 )) through appliance 1)"
