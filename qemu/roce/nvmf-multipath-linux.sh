@@ -11,6 +11,9 @@ nqn=$(arg nqn)
 disk_mib=$(arg disk)
 hostnqn=nqn.2026-11.io.bareverbs:lab-multipath hostid=0f000000-0000-4000-8000-0000000000a1
 t0=$(date +%s)
+# This machine's root is read-only here: scratch files go to TMPDIR (qemu/lab/init.sh).
+tmp=${TMPDIR:-/run/tmp}
+mkdir -p "$tmp"
 say() { echo "bvmp[+$(( $(date +%s) - t0 ))s]: $*"; }
 result() { echo "bvmp-result: $1 $2"; }
 step() { echo "bvmp-step: $1"; }
