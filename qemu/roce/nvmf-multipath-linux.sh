@@ -93,6 +93,7 @@ kill -0 "$fio_pid" 2>/dev/null || fail failover "fio ended within 4 s, before th
 w_before=$(writes_through "$c2")
 step kill
 tk=$(date +%s)
+up_kill=$(cut -d' ' -f1 /proc/uptime)
 wait_for 120 sh -c "[ \"\$(cat /sys/class/nvme/$c1/state 2>/dev/null)\" != live ]" || fail failover "the path to the killed appliance stays live"
 down_after=$(( $(date +%s) - tk ))
 alive_at_kill=yes
@@ -110,8 +111,14 @@ say "fio exit $st error $err; writes $wios (max ${wmax} ns) reads $rios (max ${r
 [ "$w_after" -gt "$w_before" ] || fail failover "no write went through appliance 2 after the kill"
 limit_ms=$(( (kato + 5) * 1000 ))
 stall=$(awk -v m="$stall_ms" 'BEGIN { printf "%.1f", m / 1000 }')
-[ "$stall_ms" -le "$limit_ms" ] || fail failover "longest stall $stall s, above the keep-alive timeout + 5 s ($(( kato + 5 )) s)"
+# What Linux's nvme-rdma did meanwhile, with its clock (the kill at $up_kill s).
+say "kill at uptime $up_kill s; $(dmesg | grep -a -E 'nvme|rdma' | tail -8 | tr '\n' ' ')"
+if [ "$stall_ms" -gt "$limit_ms" ]; then
+  # Reported, and the later steps still run.
+  result failover "FAIL (longest stall $stall s, above the keep-alive timeout + 5 s ($(( kato + 5 )) s); otherwise: fio exit 0, no I/O error, 512 written and 512 verified, the path to 10.0.0.2 left live after $down_after s, $(( w_after - w_before )) writes through appliance 2)"
+else
 result failover "PASS (SIGKILL to appliance 1 mid-fio (fio running $alive_at_kill); fio --verify=crc32c 32 MiB in 64 KiB writes at depth 4: exit 0, no I/O error, 512 written and 512 verified; the path to 10.0.0.2 left live after $down_after s; $(( w_after - w_before )) writes through appliance 2 meanwhile; stall ${stall} s (the longest completion), limit $(( kato + 5 )) s)"
+fi
 
 # --- 3. failback: appliance 1 boots again, its path comes back by itself ----------------------
 step restart
