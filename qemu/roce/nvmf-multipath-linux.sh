@@ -9,6 +9,7 @@ kroot=$1
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^bvmp.$1=//p"; }
 nqn=$(arg nqn)
 disk_mib=$(arg disk)
+kato=$(arg kato)
 hostnqn=nqn.2026-11.io.bareverbs:lab-multipath hostid=0f000000-0000-4000-8000-0000000000a1
 t0=$(date +%s)
 # This machine's root is read-only here: scratch files go to TMPDIR (qemu/lab/init.sh).
@@ -61,7 +62,8 @@ wait_for() { # SECONDS COMMAND…: until the command succeeds
 two_live() { [ "$(live_paths)" = 2 ]; }
 deadline=$(( $(date +%s) + 240 ))
 until two_live; do
-  timeout 90 nvme connect-all -t rdma -a 10.0.0.2 -s 4420 --hostnqn="$hostnqn" --hostid="$hostid" >/dev/null 2>&1
+  timeout 90 nvme connect-all -t rdma -a 10.0.0.2 -s 4420 --hostnqn="$hostnqn" --hostid="$hostid" \
+    --keep-alive-tmo="$kato" >/dev/null 2>&1
   wait_for 10 two_live && break
   [ "$(date +%s)" -ge "$deadline" ] && fail multipath "$(live_paths) live paths after 240 s of nvme connect-all: $(nvme list-subsys 2>&1 | tr '\n' ' ')"
 done
@@ -79,7 +81,7 @@ mib=$(( $(blockdev --getsize64 "$dev") / 1048576 ))
 a1=$(ana_of "$c1") a2=$(ana_of "$c2")
 say "$(nvme list-subsys 2>&1 | tr '\n' ' ')"
 [ "$a1/$a2" = "optimized/non-optimized" ] || fail multipath "ANA states $a1/$a2, optimized/non-optimized wanted"
-kato=$(cat "/sys/class/nvme/$c1/kato" 2>/dev/null || echo 5)
+kato=$(cat "/sys/class/nvme/$c1/kato" 2>/dev/null || echo "$kato")
 result multipath "PASS (nvme connect-all against 10.0.0.2 alone: subsystem ${s##*/} with 2 live paths, $c1 to 10.0.0.2 (controller ID $id1, $a1) and $c2 to 10.0.0.4 (controller ID $id2, $a2); one block device $dev of $mib MiB; iopolicy $(cat "$s/iopolicy"); keep-alive $kato s)"
 
 # --- 2. failover: appliance 1 killed in the middle of fio -------------------------------------

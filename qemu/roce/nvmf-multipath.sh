@@ -8,6 +8,8 @@
 #   BAREVERBS_APPLIANCE_KERNEL=path    another appliance image (default: cargo's release build)
 #   BAREVERBS_NVMF_TIMEOUT=900         seconds for the whole lab
 #   BAREVERBS_LAB_CACHE=dir            the lab's cache (default qemu/lab/.cache)
+#   BAREVERBS_NVMF_MP_KATO=2           Linux's keep-alive timeout for both paths (seconds; its
+#                                      nvme-rdma notices a dead path about two of them later)
 #
 # Appliance 1 (10.0.0.2, controller IDs 1-32767, group 1 optimized) and appliance 2 (10.0.0.4,
 # 32768-65519, group 1 non-optimized) boot on one disk image, shared through QEMU's share-rw
@@ -100,7 +102,7 @@ stage "booting Linux A (10.0.0.1), ${accel^^}, on mcast group port $port"
 timeout "$limit" "$qemu" \
   -accel "$accel" -machine q35 -cpu max -smp 1 -m 1024 -nographic -no-reboot \
   -kernel "$cache/kroot/boot/vmlinuz-$kver" -initrd "$cache/initramfs.cpio.gz" \
-  -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-multipath-linux.sh bvmp.nqn=$nqn bvmp.disk=$disk_mib" \
+  -append "console=ttyS0 panic=-1 quiet bvlab.kroot=$cache/kroot bvlab.inner=$here/nvmf-multipath-linux.sh bvmp.nqn=$nqn bvmp.disk=$disk_mib bvmp.kato=${BAREVERBS_NVMF_MP_KATO:-2}" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -netdev "$seg,id=n0" -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01,romfile=,rx_queue_size=1024 \
   < /dev/null > "$alog" 2>&1 &
