@@ -61,7 +61,7 @@ trap cleanup EXIT
 
 nqn=nqn.2026-11.io.bareverbs:lab-shared
 nguid=62617265766572627300000000000001
-disk_mib=64
+disk_mib=256
 img=$cache/nvmf-multipath-disk.img
 rm -f "$img"; truncate -s "${disk_mib}M" "$img"
 words="bvnvmf.subsys=$nqn bvnvmf.ns=blk:0 bvnvmf.nguid=$nguid"
