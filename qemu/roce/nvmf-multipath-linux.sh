@@ -52,9 +52,10 @@ ctrl_of() { # ADDRESS: the controller (nvmeN) of the path to it
 state_of() { cat "/sys/class/nvme/$1/state" 2>/dev/null || echo gone; }
 ana_of() { local p; for p in /sys/class/nvme/"$1"/nvme*c*n1; do cat "$p/ana_state" 2>/dev/null; return; done; echo none; }
 live_paths() { local s; s=$(subsys) || { echo 0; return; }; grep -l '^live$' "$s"/nvme[0-9]*/state 2>/dev/null | wc -l; }
-writes_through() { nvme smart-log "/dev/$1" -o json 2>/dev/null | jq -r '.host_write_commands // 0'; }
+# (nvme-cli's JSON gives the counters as strings.)
+writes_through() { nvme smart-log "/dev/$1" -o json 2>/dev/null | jq -r '(.host_write_commands // 0) | tonumber'; }
 # Reads and writes through the controller (its host's, as the appliance's SMART log counts them).
-ios_through() { nvme smart-log "/dev/$1" -o json 2>/dev/null | jq -r '(.host_read_commands // 0) + (.host_write_commands // 0)'; }
+ios_through() { nvme smart-log "/dev/$1" -o json 2>/dev/null | jq -r '((.host_read_commands // 0) | tonumber) + ((.host_write_commands // 0) | tonumber)'; }
 wait_for() { # SECONDS COMMAND…: until the command succeeds
   local deadline=$(( $(date +%s) + $1 )); shift
   until "$@"; do [ "$(date +%s)" -ge "$deadline" ] && return 1; sleep 0.5; done
