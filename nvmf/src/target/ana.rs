@@ -124,6 +124,22 @@ impl<'s> Multipath<'s> {
         self.chgcnt
     }
 
+    /// Puts group `grpid` in `state`, its change counts and the log's up by one; false (and
+    /// nothing changed) when the group is out of range, the state not one the target reports,
+    /// or the group's already.
+    pub(super) fn apply(&mut self, grpid: u32, state: AnaState) -> bool {
+        let Some(g) = group(grpid) else {
+            return false;
+        };
+        if !reported(state) || self.states[g] == state {
+            return false;
+        }
+        self.states[g] = state;
+        self.chgcnt = self.chgcnt.wrapping_add(1).max(1);
+        self.group_chgcnt[g] = self.group_chgcnt[g].wrapping_add(1).max(1);
+        true
+    }
+
     /// The state of namespace `nsid`'s group.
     pub fn ns_state(&self, nsid: u32) -> AnaState {
         self.state(self.ns(nsid).anagrpid)
@@ -296,7 +312,9 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
     /// (Asynchronous Event Configuration bit 11) gets one, on an asynchronous event request
     /// it holds or on the next it sends, unless one is already unread (the host has not read
     /// the ANA log since). Returns how many controllers were told or will be. Setting the
-    /// state a group already has changes nothing and tells nobody.
+    /// state a group already has changes nothing and tells nobody. Core 0 of poll groups
+    /// passes the state on to each group, whose queues then serve or refuse I/O by it (a
+    /// group whose message ring is full at that moment keeps the state it had).
     ///
     /// # Errors
     ///
@@ -317,12 +335,18 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             .get_mut(subsystem)
             .ok_or(TargetError::Config("subsystem"))?
             .multipath;
-        if mp.states[g] == state {
+        if mp.states[g] == state || !mp.apply(grpid, state) {
             return Ok(0);
         }
-        mp.states[g] = state;
-        mp.chgcnt = mp.chgcnt.wrapping_add(1).max(1);
-        mp.group_chgcnt[g] = mp.group_chgcnt[g].wrapping_add(1).max(1);
+        if let super::group::Role::Core0(links) = self.role.0 {
+            for l in links {
+                let _ = l.send_to_group(super::group::ToGroup::Ana {
+                    subsystem,
+                    grpid,
+                    state,
+                });
+            }
+        }
         let mut told = 0;
         for c in 0..Q {
             let Some(x) = self.ctrls[c].as_mut() else {
