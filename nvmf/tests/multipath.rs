@@ -12,7 +12,7 @@ use std::cell::Cell;
 use bareverbs::hal::Clock;
 
 use bareverbs_nvmf::block::{BlockDevice, SharedRam};
-use bareverbs_nvmf::host::{Data, HostError};
+use bareverbs_nvmf::host::{Data, HostConfig, HostError};
 use bareverbs_nvmf::target::{Multipath, NsIds, Peer, Subsystem, TargetConfig, TargetError};
 use bareverbs_nvmf::wire::ana::{self, AnaState};
 use bareverbs_nvmf::wire::fabrics::DISCOVERY_NQN;
@@ -112,8 +112,6 @@ macro_rules! rig {
             .unwrap();
     };
 }
-
-use bareverbs_nvmf::host::HostConfig;
 
 /// The namespace identification descriptors of a list, as `(type, value)`.
 fn descriptors(b: &[u8]) -> Vec<(u8, Vec<u8>)> {
@@ -433,7 +431,6 @@ fn an_ana_change_is_announced_to_hosts_that_enabled_the_notice() {
 /// Host A's multipath over its two controllers: each write goes to the first live path
 /// (B's, optimized); a path that times out, ends or answers with a path status is marked
 /// down and the write is sent down the next. Returns the writes that went through C.
-#[allow(clippy::too_many_arguments)]
 fn write_with_failover(
     paths: &mut [&mut H; 2],
     down: &mut [bool; 2],
