@@ -88,6 +88,8 @@ appliance() { # N LOG COMMAND-LINE
     -device virtio-blk-pci,drive=d0,addr=0x4.0,share-rw=on \
     -kernel "$kernel" -append "$3" >> "$cache/$name.qemu" 2>&1 &
   pids+=($!)
+  # Not a job of this shell's: the SIGKILL below is meant, and not worth a line of its own.
+  disown "$!"
   for _ in $(seq 1 50); do [ -s "$cache/$name.pid" ] && break; sleep 0.1; done
   uk_pid[$1]=$(cat "$cache/$name.pid" 2>/dev/null || echo 0)
 }
