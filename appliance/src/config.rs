@@ -25,6 +25,11 @@ use core::fmt;
 
 use heapless::Vec;
 
+mod multipath;
+mod problem;
+pub use multipath::{CNTLID_MAX, Multipath, Shared};
+pub use problem::Problem;
+
 /// Subsystems a configuration declares at most.
 pub const MAX_SUBSYSTEMS: usize = 8;
 /// Namespaces a subsystem has at most.
@@ -97,6 +102,8 @@ pub struct SubsystemConfig<'a> {
     pub namespaces: Vec<Medium, MAX_NAMESPACES>,
     /// The host NQNs it lets in; empty: any host.
     pub allow: Vec<&'a str, MAX_ALLOW>,
+    /// Its namespaces' identities and ANA groups' states.
+    pub shared: Shared,
 }
 
 /// What the appliance serves and where.
@@ -117,78 +124,8 @@ pub struct Config<'a> {
     pub subsystems: Vec<SubsystemConfig<'a>, MAX_SUBSYSTEMS>,
     /// Whether they are the built-in ones (no `bvnvmf.subsys=` word).
     pub built_in: bool,
-}
-
-/// What is wrong with a word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Problem {
-    /// A `bvnvmf…` word the appliance does not know.
-    UnknownWord,
-    /// A word that may appear once appears again.
-    Repeated,
-    /// Not an IPv4 address (`A.B.C.D`, each 0 to 255).
-    BadAddress,
-    /// A prefix length above 32.
-    BadPrefix,
-    /// A port that is not 1 to 65535.
-    BadPort,
-    /// A number of seconds that is not 1 to 4294967295.
-    BadSeconds,
-    /// A size that is not a number of bytes with an optional K, M or G (powers of 1024).
-    BadSize,
-    /// A size of zero or not a multiple of [`RAM_BLOCK`].
-    SizeNotBlocks,
-    /// `bvnvmf.mib=` outside 1 to the memory the machine has.
-    BadMib,
-    /// A namespace that is neither `ram:SIZE`, `blk:N`, `nvme:NSID` nor `nvme:C/NSID`.
-    BadMedium,
-    /// An NQN that is empty, longer than [`MAX_NQN`], does not start with `nqn.`, or holds a
-    /// control character.
-    BadNqn,
-    /// The discovery subsystem's NQN, which the target serves itself.
-    DiscoveryNqn,
-    /// A subsystem NQN declared twice.
-    DuplicateNqn,
-    /// A host NQN twice in one allow list.
-    DuplicateHost,
-    /// More than [`MAX_SUBSYSTEMS`] subsystems.
-    TooManySubsystems,
-    /// More than [`MAX_NAMESPACES`] namespaces in one subsystem.
-    TooManyNamespaces,
-    /// More than [`MAX_ALLOW`] host NQNs in one allow list.
-    TooManyHosts,
-    /// A `bvnvmf.ns=` word before any `bvnvmf.subsys=`.
-    NamespaceOutsideSubsystem,
-    /// A `bvnvmf.allow=` word before any `bvnvmf.subsys=` (the built-in subsystems' list) on a
-    /// command line that declares subsystems.
-    AllowOutsideSubsystem,
-    /// `bvnvmf.mib=` (the built-in RAM namespace's size) together with declared subsystems,
-    /// whose RAM namespaces give their own sizes.
-    MibWithSubsystems,
-    /// A subsystem without a namespace.
-    NoNamespace,
-    /// A `blk:N` the machine does not have (it has the disks of [`Machine::disks`]).
-    NoSuchDisk {
-        /// How many disks the machine has.
-        disks: usize,
-    },
-    /// A disk that backs a namespace already.
-    DiskTaken,
-    /// An NVMe namespace the machine does not have (no such controller, or the controller
-    /// does not serve that NSID).
-    NoSuchNvmeNamespace {
-        /// How many NVMe controllers serve namespaces.
-        controllers: usize,
-    },
-    /// An NVMe namespace that backs a namespace already.
-    NvmeNamespaceTaken,
-    /// RAM namespaces larger together than the memory the machine has for them.
-    RamTooLarge {
-        /// Bytes the namespaces ask for, up to and including this one.
-        asked: u64,
-        /// Bytes the machine has for them.
-        room: u64,
-    },
+    /// Its controller ID range, port ID and peers.
+    pub multipath: Multipath,
 }
 
 /// A refused configuration: the word and what is wrong with it.
@@ -199,75 +136,6 @@ pub struct ConfigError<'a> {
     pub word: &'a str,
     /// What is wrong.
     pub problem: Problem,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Problem::UnknownWord => write!(
-                f,
-                "unknown word (known: bvnvmf= .port= .host= .serve= .mib= .subsys= .ns= .allow=)"
-            ),
-            Problem::Repeated => write!(f, "given twice"),
-            Problem::BadAddress => write!(f, "not an IPv4 address A.B.C.D"),
-            Problem::BadPrefix => write!(f, "prefix length above 32"),
-            Problem::BadPort => write!(f, "not a port from 1 to 65535"),
-            Problem::BadSeconds => write!(f, "not a number of seconds from 1 to 4294967295"),
-            Problem::BadSize => write!(f, "not a size (bytes, or a number with K, M or G)"),
-            Problem::SizeNotBlocks => write!(f, "size zero or not a multiple of {RAM_BLOCK} bytes"),
-            Problem::BadMib => write!(f, "not a size in MiB the machine has room for"),
-            Problem::BadMedium => {
-                write!(
-                    f,
-                    "a namespace is ram:SIZE, blk:N, nvme:NSID or nvme:C/NSID"
-                )
-            }
-            Problem::BadNqn => write!(
-                f,
-                "not an NQN (1 to {MAX_NQN} bytes, starting with \"nqn.\", no control characters)"
-            ),
-            Problem::DiscoveryNqn => write!(f, "the discovery subsystem's NQN is the target's own"),
-            Problem::DuplicateNqn => write!(f, "a subsystem with this NQN is declared already"),
-            Problem::DuplicateHost => write!(f, "this host NQN is in the subsystem's list already"),
-            Problem::TooManySubsystems => write!(f, "more than {MAX_SUBSYSTEMS} subsystems"),
-            Problem::TooManyNamespaces => {
-                write!(f, "more than {MAX_NAMESPACES} namespaces in one subsystem")
-            }
-            Problem::TooManyHosts => write!(f, "more than {MAX_ALLOW} host NQNs in one subsystem"),
-            Problem::NamespaceOutsideSubsystem => {
-                write!(
-                    f,
-                    "a namespace before any bvnvmf.subsys= (it belongs to the subsystem before it)"
-                )
-            }
-            Problem::AllowOutsideSubsystem => write!(
-                f,
-                "a host list before any bvnvmf.subsys= is the built-in subsystems'; put it after the subsystem it is for"
-            ),
-            Problem::MibWithSubsystems => write!(
-                f,
-                "bvnvmf.mib= sizes the built-in RAM namespace; with bvnvmf.subsys= each ram:SIZE gives its own"
-            ),
-            Problem::NoNamespace => {
-                write!(f, "the subsystem has no namespace (bvnvmf.ns= after it)")
-            }
-            Problem::NoSuchDisk { disks } => {
-                write!(f, "no such virtio-blk disk (the machine has {disks})")
-            }
-            Problem::DiskTaken => write!(f, "the disk backs another namespace already"),
-            Problem::NoSuchNvmeNamespace { controllers } => write!(
-                f,
-                "no such NVMe namespace ({controllers} NVMe controllers with namespaces; NSIDs 1 to {MAX_NSID})"
-            ),
-            Problem::NvmeNamespaceTaken => {
-                write!(f, "the NVMe namespace backs another namespace already")
-            }
-            Problem::RamTooLarge { asked, room } => write!(
-                f,
-                "RAM namespaces need {asked} bytes together, the machine has {room} for them"
-            ),
-        }
-    }
 }
 
 impl fmt::Display for ConfigError<'_> {
@@ -333,6 +201,12 @@ struct Reader<'a> {
     /// The NVMe namespaces taken, per controller (bit `n`: NSID `n + 1`).
     nvme_taken: [u64; MAX_NVME],
     ram: u64,
+    /// The multipath words' settings so far.
+    mp: Multipath,
+    cntlid_set: bool,
+    port_id_set: bool,
+    /// The namespaces given an ANA group (bit `subsystem × 8 + namespace`).
+    groups_set: u64,
 }
 
 impl<'a> Config<'a> {
@@ -358,6 +232,10 @@ impl<'a> Config<'a> {
             disks_taken: 0,
             nvme_taken: [0; MAX_NVME],
             ram: 0,
+            mp: Multipath::default(),
+            cntlid_set: false,
+            port_id_set: false,
+            groups_set: 0,
         };
         for word in cmdline.split_ascii_whitespace() {
             if word.starts_with("bvnvmf") {
@@ -465,6 +343,7 @@ impl<'a> Reader<'a> {
                     nqn: value,
                     namespaces: Vec::new(),
                     allow: Vec::new(),
+                    shared: Shared::default(),
                 };
                 push(&mut self.subsystems, s, Problem::TooManySubsystems)?;
                 push(&mut self.opened_by, word, Problem::TooManySubsystems)?;
@@ -498,7 +377,11 @@ impl<'a> Reader<'a> {
                     push(list, nqn, Problem::TooManyHosts)?;
                 }
             }
-            _ => return Err(Problem::UnknownWord),
+            _ => {
+                return self
+                    .multipath_word(key, value)
+                    .unwrap_or(Err(Problem::UnknownWord));
+            }
         }
         Ok(())
     }
@@ -595,6 +478,7 @@ impl<'a> Reader<'a> {
                 serve_secs: self.serve,
                 subsystems: self.subsystems,
                 built_in: false,
+                multipath: self.mp,
             });
         }
         // The built-in configuration: a RAM subsystem and, with a disk, a virtio-blk one.
@@ -617,6 +501,7 @@ impl<'a> Reader<'a> {
             nqn: NQN_RAM,
             namespaces: ram,
             allow: allow.clone(),
+            shared: Shared::default(),
         });
         let mut blk = Vec::new();
         if self.machine.disks > 0 {
@@ -626,6 +511,7 @@ impl<'a> Reader<'a> {
             nqn: NQN_BLK,
             namespaces: blk,
             allow,
+            shared: Shared::default(),
         });
         Ok(Config {
             ip,
@@ -635,6 +521,7 @@ impl<'a> Reader<'a> {
             serve_secs: self.serve,
             subsystems,
             built_in: true,
+            multipath: self.mp,
         })
     }
 }

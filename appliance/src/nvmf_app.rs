@@ -34,7 +34,19 @@ use bareverbs_nvmf::{
 
 use bareverbs_platform::{Failure, Step};
 
-use crate::config::{Config, MAX_NAMESPACES, MAX_SUBSYSTEMS, Medium, RAM_BLOCK};
+use bareverbs_nvmf::wire::ana::AnaState;
+
+use crate::config::{Config, MAX_NAMESPACES, MAX_SUBSYSTEMS, Medium, RAM_BLOCK, SubsystemConfig};
+
+/// A declared subsystem's namespace identities and ANA states, as the target takes them.
+fn multipath_of<'s>(s: &'s SubsystemConfig<'_>) -> bareverbs_nvmf::target::Multipath<'s> {
+    let n = s.namespaces.len().min(s.shared.ids.len());
+    let mut m = bareverbs_nvmf::target::Multipath::new(&s.shared.ids[..n]);
+    for (g, &state) in (1..).zip(&s.shared.ana) {
+        m = m.with_state(g, state);
+    }
+    m
+}
 
 /// The subsystem Linux's nvmet-rdma serves the appliance's host mode (qemu/roce/nvmf.sh sets
 /// it up on a brd disk).
@@ -84,19 +96,35 @@ pub enum Command {
     Stats,
     /// `m` and four hex digits: run the instruction counter's mark of that code ([`mark`]).
     Mark(u16),
+    /// `a`, a group digit (1 to 4) and `o`, `n` or `i`: put that ANA group of every
+    /// subsystem in the optimized, non-optimized or inaccessible state, and tell the hosts.
+    Ana(u32, AnaState),
 }
 
-/// The console's commands, a byte at a time: `q`, `s`, and `mXXXX` (the lab's marks around a
-/// counted job). Anything else is ignored (and ends a mark being read).
+/// The console's commands, a byte at a time: `q`, `s`, `aGS` (an ANA state) and `mXXXX` (the
+/// lab's marks around a counted job). Anything else is ignored (and ends a mark or an ANA
+/// command being read).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Console {
     /// A mark being read: its digits so far, and how many.
     mark: Option<(u16, u8)>,
+    /// An ANA command being read: its group once given.
+    ana: Option<Option<u32>>,
 }
 
 impl Console {
     /// Takes one byte; the command it completes, if any.
     pub fn feed(&mut self, b: u8) -> Option<Command> {
+        if let Some(group) = self.ana.take() {
+            match (group, b) {
+                (None, b'1'..=b'4') => self.ana = Some(Some(u32::from(b - b'0'))),
+                (Some(g), b'o') => return Some(Command::Ana(g, AnaState::Optimized)),
+                (Some(g), b'n') => return Some(Command::Ana(g, AnaState::NonOptimized)),
+                (Some(g), b'i') => return Some(Command::Ana(g, AnaState::Inaccessible)),
+                _ => {}
+            }
+            return None;
+        }
         if let Some((code, n)) = self.mark.take()
             && let Some(d) = char::from(b).to_digit(16)
         {
@@ -110,6 +138,10 @@ impl Console {
         match b {
             b'q' => Some(Command::Quit),
             b's' => Some(Command::Stats),
+            b'a' => {
+                self.ana = Some(None);
+                None
+            }
             b'm' => {
                 self.mark = Some((0, 0));
                 None
@@ -505,6 +537,7 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
         *slot = Subsystem {
             allowed_hosts: &s.allow,
             core0_only: !shareable(s),
+            multipath: multipath_of(s),
             ..Subsystem::new(s.nqn, these)
         };
         rest = after;
@@ -560,15 +593,40 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
             }
         }
     }
+    // Where other appliances serve the same namespaces: this one's controller IDs and peers.
+    let mp = &config.multipath;
+    let _ = write!(
+        out,
+        "nvmf: controller IDs {}-{}, port ID {}, peers:",
+        mp.cntlid.0, mp.cntlid.1, mp.port_id
+    );
+    for p in mp.peers.iter().flatten() {
+        let [a, b, c, d] = p.addr;
+        let _ = write!(out, " {a}.{b}.{c}.{d}:{} (port ID {})", p.port, p.port_id);
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        if mp.peers.iter().all(Option::is_none) {
+            " none"
+        } else {
+            ""
+        }
+    );
     // The target's queue table is too large for the stack: it is built in the appliance's
     // static memory for it (one target a run).
     let slot = TARGET_MEMORY_CELL
         .take::<Target<'_, '_, P, Ms<'_>, QUEUES, DEPTH>>()
         .ok_or(AppError::TargetMemory)?;
+    let mp = config.multipath;
     let target_config = TargetConfig {
         port,
         io_depth: DEPTH as u16,
         max_io_queues: IO_QUEUES,
+        port_id: mp.port_id,
+        cntlid_min: mp.cntlid.0,
+        cntlid_max: mp.cntlid.1,
+        peers: mp.peers,
         ..TargetConfig::default()
     };
     let mut target = Target::new_in(slot, &pd, &cq, Ms(clock_ms), ip, target_config, subsystems)
@@ -682,6 +740,23 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
             match console() {
                 Some(Command::Quit) => break,
                 Some(Command::Stats) => report(out, &*target, clock_ms() - t0),
+                Some(Command::Ana(g, state)) => {
+                    for (k, s) in config.subsystems.iter().enumerate() {
+                        match target.set_ana_state(k, g, state) {
+                            Ok(told) => {
+                                let _ = writeln!(
+                                    out,
+                                    "nvmf: ANA group {g} of {}: {} ({told} controllers told)",
+                                    s.nqn,
+                                    state.name()
+                                );
+                            }
+                            Err(e) => {
+                                let _ = writeln!(out, "nvmf: ANA group {g} of {}: {e}", s.nqn);
+                            }
+                        }
+                    }
+                }
                 _ => {}
             }
             if work > 0 && groups > 0 {
@@ -754,6 +829,7 @@ fn serve_group<'a, P: Provider>(
         *slot = Subsystem {
             allowed_hosts: &s.allow,
             core0_only: !shareable(s),
+            multipath: multipath_of(s),
             ..Subsystem::new(s.nqn, these)
         };
         rest = after;
@@ -1123,6 +1199,20 @@ mod tests {
                 Command::Quit
             ],
             "a mark broken by a non-digit is dropped"
+        );
+        let got: Vec<_> = b"a2na1ia5oa3xa4oqa"
+            .iter()
+            .filter_map(|&b| c.feed(b))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Command::Ana(2, AnaState::NonOptimized),
+                Command::Ana(1, AnaState::Inaccessible),
+                Command::Ana(4, AnaState::Optimized),
+                Command::Quit
+            ],
+            "an ANA command with a group out of range or a bad state is dropped"
         );
         assert!(mark(0x0001) && mark(0x0103) && mark(0x0004) && mark(0x0106));
         assert!(!mark(0x0007) && !mark(0x0107) && !mark(0x0201));

@@ -226,8 +226,9 @@ pub(crate) fn appliance(
                 }
             }
         });
-    // The console: `q` stops, `s` prints the counters, `mXXXX` runs the instruction
-    // counter's mark XXXX (the lab's windows around a counted fio job).
+    // The console: `q` stops, `s` prints the counters, `aGS` sets an ANA group's state,
+    // `mXXXX` runs the instruction counter's mark XXXX (the lab's windows around a counted
+    // fio job).
     let mut commands = nvmf_app::Console::default();
     let stop_at = config
         .serve_secs
@@ -238,7 +239,7 @@ pub(crate) fn appliance(
         }
         while let Some(b) = console::try_get() {
             match commands.feed(b) {
-                Some(c @ nvmf_app::Command::Quit) => return Some(c),
+                Some(c @ (nvmf_app::Command::Quit | nvmf_app::Command::Ana(..))) => return Some(c),
                 Some(c @ nvmf_app::Command::Stats) => {
                     nvme_copies(&controllers);
                     return Some(c);

@@ -24,6 +24,8 @@
 //! | `max_transfer` | 128 KiB | | `io_depth` | 32 |
 //! | `data_slots` | 32 | | `kato_ms` | 5000 |
 //! | `default_kato_ms` | 0 (none) | | `max_transfer`, `inline`, `timeout_ms` | 32 KiB, on, 10 000 |
+//! | `cntlid_min`, `cntlid_max` | 1, 0xFFEF | | | |
+//! | `peers` | none | | | |
 //!
 //! ```
 //! use bareverbs::Context;

@@ -389,8 +389,20 @@ fn a_vanished_hosts_queue_on_a_group_ends_with_its_controller() {
     split(true);
 }
 
+/// An ANA group made inaccessible on core 0: the queue the group serves refuses I/O with the
+/// path status as core 0's does, and serves again once the group is optimized again.
+#[test]
+fn an_ana_state_set_on_core0_reaches_the_group() {
+    split_with(false, true);
+}
+
 /// The split target's run (`vanish`: the host vanishes instead of disconnecting).
 fn split(vanish: bool) {
+    split_with(vanish, false);
+}
+
+/// The same, with an ANA change after the I/O (`ana`).
+fn split_with(vanish: bool, ana: bool) {
     use bareverbs_nvmf::block::{BlockDevice, SharedRam};
     use bareverbs_nvmf::target::{CoreCounts, GroupLink, Subsystem, Target};
     use common::{H, NQN, T, hcfg, pattern, side, target_cm, tcfg};
@@ -488,6 +500,29 @@ fn split(vanish: bool) {
                 [17, 17],
                 "{cores:?}"
             );
+            if ana {
+                use bareverbs_nvmf::host::HostError;
+                use bareverbs_nvmf::wire::ana::AnaState;
+                let mut back = vec![0u8; 512];
+                let st = AnaState::Inaccessible;
+                assert_eq!(t.borrow_mut().set_ana_state(0, 1, st), Ok(0));
+                for _ in 0..4 {
+                    idle();
+                }
+                for q in [1, 2] {
+                    let r = h.read(q, 1, 0, 1, &mut back, &mut idle);
+                    let want = Err(HostError::Status(Status::ANA_INACCESSIBLE));
+                    assert_eq!(r, want, "queue {q}");
+                }
+                let st = AnaState::Optimized;
+                assert_eq!(t.borrow_mut().set_ana_state(0, 1, st), Ok(0));
+                for _ in 0..4 {
+                    idle();
+                }
+                for q in [1, 2] {
+                    h.read(q, 1, 0, 1, &mut back, &mut idle).unwrap();
+                }
+            }
             if vanish {
                 // The host says nothing more; the clock passes its keep-alive timeout (5 s)
                 // and its last I/O's report from the group (`idle` is done with).
@@ -513,8 +548,8 @@ fn split(vanish: bool) {
         assert!(work > 0);
         assert_eq!(
             commands,
-            16 + 1,
-            "the group's commands: 16 I/O and its queue's Connect"
+            16 + 1 + if ana { 2 } else { 0 },
+            "the group's commands: 16 I/O and its queue's Connect (and the two reads of the ANA change)"
         );
     });
     assert_eq!(
@@ -525,7 +560,7 @@ fn split(vanish: bool) {
     // The controller's counts on core 0 hold both queues' (the group's came back at its end).
     let t = t.into_inner();
     let io = t.io_counts();
-    assert_eq!((io.reads, io.writes), (16, 16));
+    assert_eq!((io.reads, io.writes), (16 + if ana { 2 } else { 0 }, 16));
     assert_eq!(t.counts().controllers, 1);
 }
 

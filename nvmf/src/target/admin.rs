@@ -5,13 +5,14 @@
 use bareverbs::hal::Clock;
 use bareverbs::verbs::Provider;
 
+use super::ana::{self, ANA_GROUPS, ANACAP, ANATT_S};
 use super::ctrl::{Ctrl, ERROR_LOG_ENTRIES, ErrorLog, Which};
 use super::exec::{Dir, Fail};
 use super::{ADMIN_DEPTH, AER_HELD, Subsystem, Target, TargetConfig};
 use crate::wire::fabrics::{
     CNTLID_DYNAMIC, Connect, ConnectData, DISCOVERY_NQN, Nqn, Property, invalid,
 };
-use crate::wire::identify::{self, IDENTIFY_LEN, IdCtrl, IdNs, cns, cntrltype, discovery};
+use crate::wire::identify::{IDENTIFY_LEN, IdCtrl, IdNs, cns, cntrltype};
 use crate::wire::{Sqe, Status, fctype, feature, le16, log, opcode, prop};
 
 /// NVMe version the controllers report (1.3).
@@ -34,8 +35,8 @@ pub(super) fn grant_kato(cfg: &TargetConfig, asked: u32, discovery: bool) -> u32
     };
     want.min(cfg.max_kato_ms).max(1)
 }
-/// Highest controller ID handed out (the range above is reserved).
-const CNTLID_MAX: u16 = 0xFFEF;
+/// Highest controller ID there is (the range above is reserved).
+pub(super) const CNTLID_MAX: u16 = 0xFFEF;
 
 /// What an admin command may touch.
 pub(super) struct Cx<'x, 's> {
@@ -168,7 +169,15 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 serial: sub.serial,
                 model: "bareverbs",
                 firmware: env!("CARGO_PKG_VERSION"),
-                cmic: 0x02,
+                // Several ports and controllers; ANA reported where there is a namespace
+                // (Linux wants MNAN, which is NN here, to be 1 or more with ANA).
+                cmic: if nn > 0 { 0x0B } else { 0x03 },
+                oaes: crate::wire::ana::AEN_ANA_CHANGE,
+                anatt: ANATT_S,
+                anacap: ANACAP,
+                anagrpmax: ANA_GROUPS,
+                nanagrpid: ANA_GROUPS,
+                mnan: nn,
                 mdts,
                 cntlid: cx.ctrl.cntlid,
                 ver: VERSION,
@@ -202,7 +211,11 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
                 ncap: blocks,
                 nuse: blocks,
                 lbads: dev.block_size().trailing_zeros() as u8,
-                nguid: nguid(sub.nqn, nsid),
+                // May be shared: several controllers (appliances) serve it.
+                nmic: 1,
+                anagrpid: ana::anagrpid(sub, nsid),
+                nguid: ns_nguid(sub, nsid),
+                eui64: sub.multipath.ns(nsid).eui64.unwrap_or_default(),
             }
             .write(buf);
         }
@@ -217,14 +230,7 @@ fn identify(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, Statu
         }
         cns::NS_DESC_LIST => {
             ns_index(nsid, nn)?;
-            let buf = &mut buf[..IDENTIFY_LEN];
-            buf.fill(0);
-            buf[0] = identify::nidt::NGUID;
-            buf[1] = 16;
-            buf[4..20].copy_from_slice(&nguid(sub.nqn, nsid));
-            buf[20] = identify::nidt::CSI;
-            buf[21] = 1;
-            // CSI 0: the NVM command set.
+            ana::ns_desc_list(sub, nsid, ns_nguid(sub, nsid), &mut buf[..IDENTIFY_LEN]);
         }
         _ => return Err(Status::INVALID_FIELD),
     }
@@ -237,6 +243,14 @@ pub(super) fn ns_index(nsid: u32, nn: u32) -> Result<usize, Status> {
         return Err(Status::INVALID_NS);
     }
     Ok((nsid - 1) as usize)
+}
+
+/// Namespace `nsid`'s GUID: the configured one, else [`nguid`]'s.
+fn ns_nguid(sub: &Subsystem<'_>, nsid: u32) -> [u8; 16] {
+    sub.multipath
+        .ns(nsid)
+        .nguid
+        .unwrap_or_else(|| nguid(sub.nqn, nsid))
 }
 
 /// A namespace GUID from the subsystem's NQN and the NSID (FNV-1a, both halves), stable
@@ -261,9 +275,10 @@ fn get_log_page(cx: &mut Cx<'_, '_>, sqe: &Sqe, buf: &mut [u8]) -> Result<u64, S
     }
     buf.fill(0);
     match (cx.ctrl.which, lid) {
-        (Which::Discovery, log::DISCOVERY) => discovery_log(cx, lpo, buf),
+        (Which::Discovery, log::DISCOVERY) => ana::discovery_log(cx, lpo, buf),
         (Which::Nvm(_), log::SMART) => copy_from(&smart_log(cx), lpo, buf),
         (Which::Nvm(_), log::ERROR) => error_log(&cx.ctrl.errors, lpo, buf),
+        (Which::Nvm(k), log::ANA) => ana::log_page(cx, k, sqe, lpo, buf),
         _ => Err(Status::INVALID_LOG_PAGE),
     }
 }
@@ -338,48 +353,6 @@ fn error_log(errors: &ErrorLog, lpo: u64, buf: &mut [u8]) -> Result<u64, Status>
         }
     }
     copy_from(&page, lpo, buf)
-}
-
-/// The discovery log page from byte `lpo`: the header, then one entry per subsystem this
-/// host may connect to.
-fn discovery_log(cx: &mut Cx<'_, '_>, lpo: u64, buf: &mut [u8]) -> Result<u64, Status> {
-    let host = cx.ctrl.hostnqn;
-    let visible = || cx.subsystems.iter().filter(|s| s.allows(host.as_str()));
-    let numrec = visible().count() as u64;
-    let total = (numrec + 1) * discovery::RECORD as u64;
-    if lpo > total {
-        return Err(Status::INVALID_FIELD);
-    }
-    let mut rec = [0u8; discovery::RECORD];
-    for k in 0..=numrec {
-        let start = k * discovery::RECORD as u64;
-        let end = start + discovery::RECORD as u64;
-        let want_end = lpo + buf.len() as u64;
-        if end <= lpo || start >= want_end {
-            continue;
-        }
-        if k == 0 {
-            // The generation counter: the subsystems are fixed for a target's life.
-            discovery::write_header(&mut rec, 1, numrec);
-        } else if let Some(s) = visible().nth((k - 1) as usize) {
-            discovery::Entry {
-                subtype: 2,
-                portid: cx.cfg.port_id,
-                cntlid: CNTLID_DYNAMIC,
-                asqsz: ADMIN_DEPTH,
-                trsvcid: cx.cfg.port,
-                subnqn: s.nqn.as_bytes(),
-                traddr: cx.ip,
-            }
-            .write(&mut rec);
-        }
-        let from = lpo.max(start);
-        let to = want_end.min(end);
-        let src = &rec[(from - start) as usize..(to - start) as usize];
-        let dst = (from - lpo) as usize;
-        buf[dst..dst + src.len()].copy_from_slice(src);
-    }
-    Ok(0)
 }
 
 fn set_features(cx: &mut Cx<'_, '_>, sqe: &Sqe) -> Result<u64, Status> {
@@ -551,15 +524,24 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             .iter()
             .position(|x| x.is_none())
             .ok_or(Status::CONNECT_BUSY)?;
-        let mut cntlid = self.next_cntlid;
-        // The next ID no live controller has (the table has Q entries: Q + 1 tries find one).
-        for _ in 0..=Q {
+        // The next ID of the configured range no live controller has (the table has Q
+        // entries: Q + 1 tries find one in a range that large; a smaller range may be full).
+        let (lo, hi) = (self.cfg.cntlid_min, self.cfg.cntlid_max);
+        let after = |id: u16| if id >= hi || id < lo { lo } else { id + 1 };
+        let mut cntlid = self.next_cntlid.clamp(lo, hi);
+        let tries = usize::from(hi - lo).saturating_add(1).min(Q + 1);
+        let mut found = false;
+        for _ in 0..tries {
             if !self.ctrls.iter().flatten().any(|x| x.cntlid == cntlid) {
+                found = true;
                 break;
             }
-            cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
+            cntlid = after(cntlid);
         }
-        self.next_cntlid = if cntlid >= CNTLID_MAX { 1 } else { cntlid + 1 };
+        if !found {
+            return Err(Status::CONNECT_BUSY.into());
+        }
+        self.next_cntlid = after(cntlid);
         // No timeout asked: the configured default for an I/O controller, two minutes for a
         // discovery controller (nvmet's); any timeout at most the configured maximum. So a
         // controller whose host vanished never stays beyond that.
@@ -583,6 +565,8 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
             io_queues: 0,
             aers: 0,
             aec: 0,
+            ana_pending: false,
+            ana_masked: false,
             errors: ErrorLog::default(),
             wce: true,
             outstanding: 0,

@@ -82,6 +82,11 @@ pub struct Ctrl {
     pub aers: u8,
     /// Asynchronous event configuration.
     pub aec: u32,
+    /// An ANA change notice waits for an asynchronous event request to carry it.
+    pub ana_pending: bool,
+    /// An ANA change notice was sent and its host has not read the ANA log since: further
+    /// changes are not announced until it does.
+    pub ana_masked: bool,
     /// The commands it answered with an error status.
     pub errors: ErrorLog,
     /// Volatile write cache enabled (Set Features, Volatile Write Cache; on at first). Off,

@@ -322,6 +322,10 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
                 .is_some();
             if held {
                 self.queues[q].cmds[usize::from(slot)] = Cmd::Held;
+                // A notice waiting for a request goes out on this one.
+                if let Some(c) = self.queues[q].ctrl {
+                    self.deliver_aen(c);
+                }
                 return;
             }
             Err(Status::AER_LIMIT.into())

@@ -142,6 +142,13 @@ pub(super) enum ToGroup<'a, P: Provider> {
     Adopt(Adopt<'a, P>),
     /// End this queue (core 0 decided: a disconnection, its controller lost or reset).
     End { id: (u8, u16) },
+    /// ANA group `grpid` of subsystem `subsystem` is now in `state` (core 0 changed it: the
+    /// group's queues refuse I/O or serve it as core 0's do).
+    Ana {
+        subsystem: usize,
+        grpid: u32,
+        state: crate::wire::ana::AnaState,
+    },
     /// The answer to a Connect the group passed on: the status, and the controller it is
     /// bound to (a copy: what the I/O path reads of it).
     Connected {
@@ -713,6 +720,15 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
             ToGroup::End { id } => {
                 if let Some(q) = self.by_origin(id) {
                     self.end_queue(q, false);
+                }
+            }
+            ToGroup::Ana {
+                subsystem,
+                grpid,
+                state,
+            } => {
+                if let Some(s) = self.subsystems.get_mut(subsystem) {
+                    s.multipath.apply(grpid, state);
                 }
             }
             ToGroup::Connected {

@@ -17,6 +17,8 @@ fn namespace<'x>(
     };
     let sub = subsystems.get(k).ok_or(Status::INTERNAL)?;
     let i = ns_index(nsid, sub.namespaces.len() as u32)?;
+    // Through this target the namespace's ANA group may be inaccessible.
+    super::ana::io_allowed(sub, nsid)?;
     Ok(&*sub.namespaces[i])
 }
 

@@ -21,6 +21,7 @@
 //! was the admin queue; other controllers keep theirs.
 
 mod admin;
+mod ana;
 mod counts;
 mod ctrl;
 mod exec;
@@ -42,6 +43,7 @@ use crate::block::BlockDevice;
 use crate::wire::cm::{CmRejStatus, CmRep, CmReq, RECFMT};
 use crate::wire::fabrics::Nqn;
 
+pub use ana::{ANA_GROUPS, ANACAP, ANATT_S, MAX_PEERS, Multipath, NsIds, Peer};
 use counts::RefusalLog;
 pub use counts::{
     Carried, HOST_HISTORIES, HostHistories, IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, Refusal,
@@ -90,6 +92,9 @@ pub struct Subsystem<'s> {
     /// is decided when a queue is accepted, by the controller ID NVMe/RDMA's connection
     /// request names (`docs/percore.md`).
     pub core0_only: bool,
+    /// Its namespaces' identities and ANA groups ([`Multipath::default`]: NGUIDs derived
+    /// from the NQN, every namespace in group 1, optimized).
+    pub multipath: Multipath<'s>,
 }
 
 impl<'s> Subsystem<'s> {
@@ -101,6 +106,7 @@ impl<'s> Subsystem<'s> {
             allowed_hosts: &[],
             namespaces,
             core0_only: false,
+            multipath: Multipath::default(),
         }
     }
     /// Whether `host` may connect.
@@ -157,6 +163,15 @@ pub struct TargetConfig {
     /// after its last command, its queues with it; Get Features (Keep Alive Timer) reports
     /// the value in force.
     pub max_kato_ms: u32,
+    /// Lowest controller ID handed out (1 or more). Several appliances serving one
+    /// subsystem each take IDs from a range of their own: a host refuses a second path whose
+    /// controller ID another path of the subsystem already has.
+    pub cntlid_min: u16,
+    /// Highest controller ID handed out (`cntlid_min..=0xFFEF`).
+    pub cntlid_max: u16,
+    /// Other appliances serving the same subsystems, which the discovery log lists beside
+    /// this target's port (`None`: unused).
+    pub peers: [Option<Peer>; MAX_PEERS],
 }
 
 impl Default for TargetConfig {
@@ -171,6 +186,9 @@ impl Default for TargetConfig {
             data_slots: 32,
             default_kato_ms: DEFAULT_KATO_MS,
             max_kato_ms: MAX_KATO_MS,
+            cntlid_min: 1,
+            cntlid_max: admin::CNTLID_MAX,
+            peers: [None; MAX_PEERS],
         }
     }
 }
@@ -321,6 +339,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         subsystems: &'s mut [Subsystem<'s>],
     ) -> Result<Self, TargetError> {
         let cfg = Self::checked(cfg)?;
+        subsystems.iter().try_for_each(ana::check)?;
         let now_us = clock.now_us();
         Ok(Target {
             pd,
@@ -332,7 +351,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             span: 0,
             touched: 0,
             ctrls: [const { None }; Q],
-            next_cntlid: 1,
+            next_cntlid: cfg.cntlid_min,
             dreq: [None; Q],
             dreq_any: false,
             kato_check_us: u64::MAX,
@@ -457,6 +476,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             } = t;
         };
         let cfg = Self::checked(cfg)?;
+        subsystems.iter().try_for_each(ana::check)?;
         let now_us = clock.now_us();
         let p = slot.as_mut_ptr();
         // SAFETY: `p` is valid for writes of a `Self` (the slot's memory, borrowed mutably
@@ -480,7 +500,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             }
             ptr::addr_of_mut!((*p).span).write(0);
             ptr::addr_of_mut!((*p).touched).write(0);
-            ptr::addr_of_mut!((*p).next_cntlid).write(1);
+            ptr::addr_of_mut!((*p).next_cntlid).write(cfg.cntlid_min);
             ptr::addr_of_mut!((*p).dreq).write([None; Q]);
             ptr::addr_of_mut!((*p).dreq_any).write(false);
             ptr::addr_of_mut!((*p).kato_check_us).write(u64::MAX);
@@ -519,6 +539,12 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
         if cfg.default_kato_ms == 0 || cfg.default_kato_ms > cfg.max_kato_ms {
             return Err(TargetError::Config("default_kato_ms"));
+        }
+        if cfg.cntlid_min == 0
+            || cfg.cntlid_min > cfg.cntlid_max
+            || cfg.cntlid_max > admin::CNTLID_MAX
+        {
+            return Err(TargetError::Config("cntlid range"));
         }
         Ok(TargetConfig {
             inline_data: cfg.inline_data & !15,
@@ -998,6 +1024,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             x.aers = 0;
             x.io_granted = 0;
             x.aec = 0;
+            x.ana_pending = false;
+            x.ana_masked = false;
             x.wce = true;
             self.counts.resets += 1;
         }

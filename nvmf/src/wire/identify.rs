@@ -35,7 +35,8 @@ pub struct IdCtrl<'n> {
     pub model: &'n str,
     /// Firmware revision (up to 8).
     pub firmware: &'n str,
-    /// Controller multi-path I/O and namespace sharing capabilities.
+    /// Controller multi-path I/O and namespace sharing capabilities (byte 76: bit 0 several
+    /// ports, bit 1 several controllers, bit 3 ANA reporting).
     pub cmic: u8,
     /// Maximum data transfer size, a power of two of 4 KiB (0: no limit).
     pub mdts: u8,
@@ -43,6 +44,8 @@ pub struct IdCtrl<'n> {
     pub cntlid: u16,
     /// Version (as the VS property).
     pub ver: u32,
+    /// Optional asynchronous events supported (bytes 92–95; bit 11 ANA change notices).
+    pub oaes: u32,
     /// Controller type (1 I/O, 2 discovery).
     pub cntrltype: u8,
     /// Abort limit (0's based).
@@ -55,6 +58,15 @@ pub struct IdCtrl<'n> {
     pub elpe: u8,
     /// Keep-alive granularity (100 ms units; 0: no keep-alive).
     pub kas: u16,
+    /// ANA transition time (byte 342, seconds).
+    pub anatt: u8,
+    /// ANA capabilities (byte 343: bits 0–4 the states it may report, bit 6 a namespace's
+    /// group never changes while attached).
+    pub anacap: u8,
+    /// Highest ANA group ID (bytes 344–347).
+    pub anagrpmax: u32,
+    /// Number of ANA group IDs supported (bytes 348–351).
+    pub nanagrpid: u32,
     /// Maximum outstanding commands.
     pub maxcmd: u16,
     /// Number of namespaces (highest NSID).
@@ -63,6 +75,9 @@ pub struct IdCtrl<'n> {
     pub oncs: u16,
     /// Volatile write cache (bit 0).
     pub vwc: u8,
+    /// Maximum number of allowed namespaces (bytes 540–543; Linux wants 1..=NN when ANA is
+    /// reported).
+    pub mnan: u32,
     /// SGL support (bits 1:0 = 01, bit 2 keyed, bit 20 offset/in-capsule).
     pub sgls: u32,
     /// Subsystem NQN.
@@ -95,12 +110,17 @@ impl IdCtrl<'_> {
         b[77] = self.mdts;
         put16(b, 78, self.cntlid);
         put32(b, 80, self.ver);
+        put32(b, 92, self.oaes);
         b[111] = self.cntrltype;
         b[258] = self.acl;
         b[259] = self.aerl;
         b[261] = self.lpa;
         b[262] = self.elpe;
         put16(b, 320, self.kas);
+        b[342] = self.anatt;
+        b[343] = self.anacap;
+        put32(b, 344, self.anagrpmax);
+        put32(b, 348, self.nanagrpid);
         b[512] = 0x66;
         b[513] = 0x44;
         put16(b, 514, self.maxcmd);
@@ -108,6 +128,7 @@ impl IdCtrl<'_> {
         put16(b, 520, self.oncs);
         b[525] = self.vwc;
         put32(b, 536, self.sgls);
+        put32(b, 540, self.mnan);
         let n = self.subnqn.len().min(255);
         b[768..768 + n].copy_from_slice(&self.subnqn[..n]);
         put32(b, 1792, self.ioccsz);
@@ -120,10 +141,22 @@ impl IdCtrl<'_> {
 /// What a host reads back from Identify Controller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtrlInfo {
+    /// Multi-path I/O and namespace sharing capabilities.
+    pub cmic: u8,
     /// Maximum data transfer size (power of two of 4 KiB; 0: no limit).
     pub mdts: u8,
     /// Controller ID.
     pub cntlid: u16,
+    /// Optional asynchronous events supported.
+    pub oaes: u32,
+    /// ANA capabilities.
+    pub anacap: u8,
+    /// Highest ANA group ID.
+    pub anagrpmax: u32,
+    /// Number of ANA group IDs.
+    pub nanagrpid: u32,
+    /// Maximum number of allowed namespaces.
+    pub mnan: u32,
     /// Controller type.
     pub cntrltype: u8,
     /// Keep-alive granularity.
@@ -147,8 +180,14 @@ impl CtrlInfo {
     pub fn parse(b: &[u8]) -> Option<CtrlInfo> {
         let b = b.get(..IDENTIFY_LEN)?;
         Some(CtrlInfo {
+            cmic: b[76],
             mdts: b[77],
             cntlid: le16(b, 78),
+            oaes: le32(b, 92),
+            anacap: b[343],
+            anagrpmax: le32(b, 344),
+            nanagrpid: le32(b, 348),
+            mnan: le32(b, 540),
             cntrltype: b[111],
             kas: le16(b, 320),
             maxcmd: le16(b, 514),
@@ -172,8 +211,14 @@ pub struct IdNs {
     pub nuse: u64,
     /// log2 of the block size (9: 512 bytes).
     pub lbads: u8,
+    /// Multi-path I/O and sharing capabilities (byte 30; bit 0: may be shared).
+    pub nmic: u8,
+    /// The namespace's ANA group (bytes 92–95; 0: none reported).
+    pub anagrpid: u32,
     /// Namespace GUID.
     pub nguid: [u8; 16],
+    /// IEEE extended unique identifier (bytes 120–127; zero: none).
+    pub eui64: [u8; 8],
 }
 
 impl IdNs {
@@ -184,7 +229,10 @@ impl IdNs {
         put64(b, 0, self.nsze);
         put64(b, 8, self.ncap);
         put64(b, 16, self.nuse);
+        b[30] = self.nmic;
+        put32(b, 92, self.anagrpid);
         b[104..120].copy_from_slice(&self.nguid);
+        b[120..128].copy_from_slice(&self.eui64);
         // LBA format 0: no metadata, the data size, best relative performance.
         b[128 + 2] = self.lbads;
     }
@@ -194,12 +242,17 @@ impl IdNs {
         let fmt = usize::from(b[26] & 0xF);
         let mut nguid = [0u8; 16];
         nguid.copy_from_slice(&b[104..120]);
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&b[120..128]);
         Some(IdNs {
             nsze: le64(b, 0),
             ncap: le64(b, 8),
             nuse: le64(b, 16),
             lbads: b[128 + fmt * 4 + 2],
+            nmic: b[30],
+            anagrpid: le32(b, 92),
             nguid,
+            eui64,
         })
     }
 }
@@ -308,5 +361,18 @@ pub mod discovery {
     pub fn parse_entry(b: &[u8]) -> Option<(u8, u8, &[u8])> {
         let b = b.get(..RECORD)?;
         Some((b[0], b[2], &b[256..512]))
+    }
+
+    /// `(port ID, transport address field, service ID field)` of an entry, the two fields
+    /// as the NUL-padded ASCII they are (`None` when shorter than 1024 bytes).
+    pub fn parse_address(b: &[u8]) -> Option<(u16, &[u8], &[u8])> {
+        let b = b.get(..RECORD)?;
+        let trim = |f: &'_ [u8]| -> usize { f.iter().position(|&c| c == 0).unwrap_or(f.len()) };
+        let (traddr, trsvcid) = (&b[512..768], &b[32..64]);
+        Some((
+            le16(b, 4),
+            &traddr[..trim(traddr)],
+            &trsvcid[..trim(trsvcid)],
+        ))
     }
 }

@@ -3,6 +3,7 @@
 //! little-endian (`docs/nvmeof.md`). Parsing is bounded: every reader checks the length first,
 //! and every field from the network is validated before it is used.
 
+pub mod ana;
 pub mod cm;
 pub mod fabrics;
 pub mod identify;
@@ -126,6 +127,14 @@ impl Status {
     /// failed a write or a flush. What its cache held may be lost, so a retry that succeeds
     /// must not hide it from the host.
     pub const WRITE_FAULT: Status = Status(0x280 | Self::DNR);
+    /// Asymmetric Access Inaccessible (path related, code 02h), retryable: the namespace's
+    /// ANA group is inaccessible through this controller; a multipath host sends the
+    /// command down another path.
+    pub const ANA_INACCESSIBLE: Status = Status(0x302);
+    /// Asymmetric Access Persistent Loss (path related, code 01h).
+    pub const ANA_PERSISTENT_LOSS: Status = Status(0x301);
+    /// Asymmetric Access Transition (path related, code 03h).
+    pub const ANA_TRANSITION: Status = Status(0x303);
 
     /// Whether this is success.
     pub fn is_ok(self) -> bool {
@@ -450,6 +459,8 @@ pub mod log {
     pub const ERROR: u8 = 0x01;
     /// SMART / health information.
     pub const SMART: u8 = 0x02;
+    /// Asymmetric namespace access (`wire::ana`).
+    pub const ANA: u8 = super::ana::LOG_ID;
     /// Discovery.
     pub const DISCOVERY: u8 = 0x70;
     /// Bytes of one Error Information log entry.

@@ -198,7 +198,10 @@ fn identify_structures_round_trip() {
         ncap: 100,
         nuse: 100,
         lbads: 12,
+        nmic: 1,
+        anagrpid: 2,
         nguid: [3; 16],
+        eui64: [4; 8],
     };
     n.write(&mut b);
     assert_eq!(IdNs::parse(&b), Some(n));
@@ -265,6 +268,14 @@ fn parsers_take_any_bytes() {
         }
         let _ = (CtrlInfo::parse(b), IdNs::parse(b));
         let _ = (discovery::parse_header(b), discovery::parse_entry(b));
+        let _ = discovery::parse_address(b);
+        // A hostile count and hostile descriptor lengths stay within the bytes read.
+        let mut walked = 0usize;
+        for (d, ids) in ana::groups(b) {
+            assert_eq!(ids.len() as u64, u64::from(d.nnsids) * 4);
+            walked += ana::DESC_LEN + ids.len();
+        }
+        assert!(walked <= b.len());
         let mut d = [0u8; 16];
         d.copy_from_slice(&buf[..16]);
         if let Ok(Sgl::Keyed { len, .. }) = Sgl::parse(&d) {
@@ -308,4 +319,111 @@ fn a_connect_refusal_names_its_field_as_linux_reads_it() {
     assert_eq!(invalid::data(invalid::HOSTNQN), 0x1_0200);
     // Clear: in the command ("Connect Invalid SQE Parameter, qid …").
     assert_eq!(invalid::sqe(invalid::QID), 42);
+}
+
+/// Identify Controller's and Namespace's multipath and ANA fields at the byte offsets of the
+/// base specification (and of Linux's `struct nvme_id_ctrl` / `nvme_id_ns`).
+#[test]
+fn multipath_identify_fields_at_their_offsets() {
+    let mut b = [0u8; 4096];
+    IdCtrl {
+        cmic: 0x0B,
+        oaes: ana::AEN_ANA_CHANGE,
+        anatt: 10,
+        anacap: 0x47,
+        anagrpmax: 0x0102_0304,
+        nanagrpid: 0x0506_0708,
+        mnan: 0x0A0B_0C0D,
+        ..IdCtrl::default()
+    }
+    .write(&mut b);
+    assert_eq!(b[76], 0x0B);
+    assert_eq!(&b[92..96], &[0x00, 0x08, 0, 0], "OAES bit 11");
+    assert_eq!((b[342], b[343]), (10, 0x47));
+    assert_eq!(&b[344..352], &[4, 3, 2, 1, 8, 7, 6, 5]);
+    assert_eq!(&b[540..544], &[0x0D, 0x0C, 0x0B, 0x0A]);
+    let c = CtrlInfo::parse(&b).unwrap();
+    assert_eq!(
+        (c.cmic, c.oaes, c.anacap, c.anagrpmax, c.nanagrpid, c.mnan),
+        (0x0B, 1 << 11, 0x47, 0x0102_0304, 0x0506_0708, 0x0A0B_0C0D)
+    );
+    IdNs {
+        nmic: 1,
+        anagrpid: 0x1122_3344,
+        eui64: [9; 8],
+        ..IdNs::default()
+    }
+    .write(&mut b);
+    assert_eq!(b[30], 1);
+    assert_eq!(&b[92..96], &[0x44, 0x33, 0x22, 0x11]);
+    assert_eq!(&b[120..128], &[9; 8]);
+}
+
+/// The ANA log: header and descriptor bytes, the walk over them, the notice's dword 0.
+#[test]
+fn ana_log_encodes_and_walks() {
+    let mut b = [0xEEu8; 16 + 32 + 8 + 32];
+    ana::write_header(&mut b, 0x0102_0304_0506_0708, 2);
+    assert_eq!(&b[..16], &[8, 7, 6, 5, 4, 3, 2, 1, 2, 0, 0, 0, 0, 0, 0, 0]);
+    let d = ana::GroupDesc {
+        grpid: 1,
+        nnsids: 2,
+        chgcnt: 5,
+        state: ana::AnaState::NonOptimized as u8,
+    };
+    d.write(&mut b[16..]);
+    assert_eq!(
+        &b[16..33],
+        &[1, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2]
+    );
+    assert!(b[33..48].iter().all(|&x| x == 0), "reserved bytes zero");
+    b[48..56].copy_from_slice(&[1, 0, 0, 0, 3, 0, 0, 0]);
+    ana::GroupDesc {
+        grpid: 2,
+        nnsids: 0,
+        chgcnt: 1,
+        state: 3,
+    }
+    .write(&mut b[56..]);
+    let mut walk = ana::groups(&b);
+    assert_eq!(walk.next(), Some((d, &[1, 0, 0, 0, 3, 0, 0, 0][..])));
+    let second = walk.next().map(|(g, ids)| (g.grpid, g.state, ids.len()));
+    assert_eq!(second, Some((2, 3, 0)));
+    assert_eq!(walk.next(), None);
+    drop(walk);
+    // A count beyond the bytes: the walk stops where they end.
+    ana::write_header(&mut b, 1, 9);
+    assert_eq!(ana::groups(&b).count(), 2);
+    assert_eq!(ana::AEN_RESULT, 0x000C_0302);
+    for s in [
+        ana::AnaState::Optimized,
+        ana::AnaState::NonOptimized,
+        ana::AnaState::Inaccessible,
+        ana::AnaState::PersistentLoss,
+        ana::AnaState::Change,
+    ] {
+        assert_eq!(ana::AnaState::from_code(s as u8), Some(s));
+        assert_eq!(ana::AnaState::from_name(s.name()), Some(s));
+    }
+    assert_eq!(ana::AnaState::from_code(0), None);
+    assert_eq!(ana::AnaState::from_name("optimised"), None);
+}
+
+#[test]
+fn discovery_entry_address_reads_back() {
+    let mut b = [0u8; 1024];
+    discovery::Entry {
+        subtype: 2,
+        portid: 7,
+        cntlid: 0xFFFF,
+        asqsz: 32,
+        trsvcid: 4420,
+        subnqn: b"nqn.sub",
+        traddr: [10, 0, 0, 4],
+    }
+    .write(&mut b);
+    assert_eq!(
+        discovery::parse_address(&b),
+        Some((7, &b"10.0.0.4"[..], &b"4420"[..]))
+    );
 }
