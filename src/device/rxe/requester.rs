@@ -10,11 +10,12 @@
 use bareverbs_hal::Link;
 
 use super::datagram::{BURST, payload, run_ud};
+use super::mem::MrTable;
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
-use super::wire::packet::{Template, View};
+use super::wire::packet::{Template, View, reth_bytes};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
@@ -281,13 +282,13 @@ fn request<L: Link>(
             // Packet `k` to the end of its part (`READ_PART`).
             let done = k.saturating_mul(mtu).min(e.len);
             let end = part_end(k, e_npkts).saturating_mul(mtu).min(e.len);
-            let mut h = Headers::new(bth);
-            h.reth = Some(Reth {
+            let reth = Reth {
                 va: e.remote_addr.wrapping_add(u64::from(done)),
                 rkey: e.rkey,
                 len: end - done.min(end),
-            });
-            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+            };
+            // At fixed offsets: the BTH and the RETH.
+            Some(net.send_ext(outer, bth, reth_bytes(&reth), 0, |_, _| Ok(())))
         }
         op::CMP_SWAP | op::FETCH_ADD => {
             let cas = e.op == op::CMP_SWAP;
@@ -321,8 +322,25 @@ fn request<L: Link>(
             let solicited =
                 SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED);
             bth.se = last && solicited && e.op != op::WRITE;
+            let write_first = k == 0 && matches!(kind, Kind::Write { .. });
+            let with_imm = last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM | op::SEND_INV);
+            if !with_imm {
+                // The packets without immediate data (most), at fixed offsets: a WRITE's first
+                // with its RETH, the others a BTH alone.
+                let fill = move |t: &MrTable, out: &mut [u8]| payload(t, pd, e, s.offset, out);
+                return Some(if write_first {
+                    let reth = Reth {
+                        va: e.remote_addr,
+                        rkey: e.rkey,
+                        len: e.len,
+                    };
+                    net.send_ext(outer, bth, reth_bytes(&reth), s.len as usize, fill)
+                } else {
+                    net.send_bth(outer, bth, s.len as usize, fill)
+                });
+            }
             let mut h = Headers::new(bth);
-            if k == 0 && matches!(kind, Kind::Write { .. }) {
+            if write_first {
                 h.reth = Some(Reth {
                     va: e.remote_addr,
                     rkey: e.rkey,

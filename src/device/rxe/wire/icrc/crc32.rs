@@ -373,27 +373,35 @@ mod clmul {
         }
         // The rest, where there is one (a short packet ends in its masked blocks).
         if i < blocks {
-            // Four at a time from eight blocks on: four running states, the first `x` (over
-            // the blocks as a slice: one pointer and one count a step), the last few one at a
+            // Four at a time from eight blocks on: four running states, the first `x`, over
+            // whole groups of four (one offset and one end a step), the last few one at a
             // time.
-            if blocks - i >= 8
-                && let Some([b1, b2, b3, more @ ..]) = data.as_chunks::<16>().0.get(i..)
-            {
-                let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
+            if blocks - i >= 8 {
+                let mut a = 16 * i;
+                // `a + 48 <= n - 16` (eight blocks left).
+                let (mut x1, mut x2, mut x3) = (at!(a), at!(a + 16), at!(a + 32));
+                a += 48;
+                // At least one group (five blocks left at least).
+                let end = a + (16 * blocks - a) / 64 * 64;
                 let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-                let mut rest = more;
-                while let [b0, b1, b2, b3, more @ ..] = rest {
-                    x = _mm_xor_si128(fold!(x, k4), load!(b0));
-                    x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
-                    x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
-                    x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
-                    rest = more;
+                loop {
+                    // `a + 64 <= end <= 16 * blocks <= n`.
+                    x = _mm_xor_si128(fold!(x, k4), at!(a));
+                    x1 = _mm_xor_si128(fold!(x1, k4), at!(a + 16));
+                    x2 = _mm_xor_si128(fold!(x2, k4), at!(a + 32));
+                    x3 = _mm_xor_si128(fold!(x3, k4), at!(a + 48));
+                    a += 64;
+                    if a == end {
+                        break;
+                    }
                 }
                 x = _mm_xor_si128(fold!(x, k1), x1);
                 x = _mm_xor_si128(fold!(x, k1), x2);
                 x = _mm_xor_si128(fold!(x, k1), x3);
-                for b in rest {
-                    x = _mm_xor_si128(fold!(x, k1), load!(b));
+                // `a + 16 <= 16 * blocks <= n`.
+                while a < 16 * blocks {
+                    x = _mm_xor_si128(fold!(x, k1), at!(a));
+                    a += 16;
                 }
             } else {
                 // Fewer: two at a time (`i + 2 <= blocks`), then the last one.
