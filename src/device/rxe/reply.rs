@@ -18,8 +18,8 @@ use super::mem::MrTable;
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{Kind, psn_add, psn_diff, segments_from};
-use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
-use super::wire::packet::aeth_bytes;
+use super::wire::bth::{AETH_LEN, Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
+use super::wire::packet::{EXT_MAX, aeth_bytes};
 use super::wire::template::Template;
 use super::wqe::RdResource;
 use crate::verbs::{AccessFlags, QpState};
@@ -202,15 +202,16 @@ fn respond_read<L: Link>(
             Ok::<(), Denied>(())
         };
         // At fixed offsets: the middle responses a BTH alone, the others with an AETH.
-        let r = if s.opcode == opcode::RC_READ_RESPONSE_MIDDLE {
-            net.send_bth(outer, bth, s.len as usize, fill)
+        let ext = if s.opcode == opcode::RC_READ_RESPONSE_MIDDLE {
+            ([0; EXT_MAX], 0)
         } else {
             let aeth = Aeth {
                 syndrome: syndrome::ACK,
                 msn: q.msn,
             };
-            net.send_ext(outer, bth, aeth_bytes(&aeth), s.len as usize, fill)
+            (aeth_bytes(&aeth), AETH_LEN)
         };
+        let r = net.send_ext(outer, bth, ext, s.len as usize, fill);
         match r {
             Err(Unsent::Busy) => {
                 q.backlog = Some((res.n, psn));

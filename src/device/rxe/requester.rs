@@ -10,12 +10,11 @@
 use bareverbs_hal::Link;
 
 use super::datagram::{BURST, payload, run_ud};
-use super::mem::MrTable;
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
-use super::wire::packet::{Template, View, reth_bytes};
+use super::wire::packet::{EXT_MAX, Template, View, reth_bytes};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
@@ -288,7 +287,8 @@ fn request<L: Link>(
                 len: end - done.min(end),
             };
             // At fixed offsets: the BTH and the RETH.
-            Some(net.send_ext(outer, bth, reth_bytes(&reth), 0, |_, _| Ok(())))
+            let ext = (reth_bytes(&reth), EXT_MAX);
+            Some(net.send_ext(outer, bth, ext, 0, |_, _| Ok(())))
         }
         op::CMP_SWAP | op::FETCH_ADD => {
             let cas = e.op == op::CMP_SWAP;
@@ -327,17 +327,19 @@ fn request<L: Link>(
             if !with_imm {
                 // The packets without immediate data (most), at fixed offsets: a WRITE's first
                 // with its RETH, the others a BTH alone.
-                let fill = move |t: &MrTable, out: &mut [u8]| payload(t, pd, e, s.offset, out);
-                return Some(if write_first {
+                let ext = if write_first {
                     let reth = Reth {
                         va: e.remote_addr,
                         rkey: e.rkey,
                         len: e.len,
                     };
-                    net.send_ext(outer, bth, reth_bytes(&reth), s.len as usize, fill)
+                    (reth_bytes(&reth), EXT_MAX)
                 } else {
-                    net.send_bth(outer, bth, s.len as usize, fill)
-                });
+                    ([0; EXT_MAX], 0)
+                };
+                return Some(net.send_ext(outer, bth, ext, s.len as usize, |t, out| {
+                    payload(t, pd, e, s.offset, out)
+                }));
             }
             let mut h = Headers::new(bth);
             if write_first {

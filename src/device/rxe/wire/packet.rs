@@ -357,23 +357,8 @@ pub fn begin_bth(
     bth: &Bth,
     payload_len: usize,
 ) -> Option<usize> {
-    begin_ext(buf, outer, id, bth, [], payload_len)
-}
-
-/// [`begin_bth`] with the `E` bytes `ext` after the BTH: the extended headers of `bth`'s
-/// opcode as [`Headers::write`] writes them ([`reth_bytes`], [`aeth_bytes`]; none for a BTH
-/// alone), at fixed offsets.
-#[inline(always)]
-pub fn begin_ext<const E: usize>(
-    buf: &mut [u8],
-    outer: &Template,
-    id: u16,
-    bth: &Bth,
-    ext: [u8; E],
-    payload_len: usize,
-) -> Option<usize> {
     let pad = payload_len.wrapping_neg() & 3;
-    let total = IPV4_LEN + UDP_LEN + BTH_LEN + E + payload_len + pad + ICRC_LEN;
+    let total = IPV4_LEN + UDP_LEN + BTH_LEN + payload_len + pad + ICRC_LEN;
     if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
         return None;
     }
@@ -385,26 +370,74 @@ pub fn begin_ext<const E: usize>(
     let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
     let b = t.first_chunk_mut::<BTH_LEN>()?;
     outer.write_bth(b, bth.opcode, flags, bth.ack_req, bth.psn);
-    // Within the frame (`total` counts them).
-    *buf.get_mut(ROCE_OFFSET + BTH_LEN..)?
-        .first_chunk_mut::<E>()? = ext;
-    Some(ROCE_OFFSET + BTH_LEN + E)
+    Some(ROCE_OFFSET + BTH_LEN)
+}
+
+/// Bytes of extended headers [`begin_ext`] writes at most (a RETH's).
+pub const EXT_MAX: usize = 16;
+
+/// [`begin_bth`] with the first `ext_len` bytes of `ext` after the BTH: the extended headers
+/// of `bth`'s opcode as [`Headers::write`] writes them ([`reth_bytes`], [`aeth_bytes`]; none
+/// for a BTH alone), at fixed offsets. `None` as [`begin_bth`], and when `ext_len` is over
+/// [`EXT_MAX`].
+#[inline(always)]
+pub fn begin_ext(
+    buf: &mut [u8],
+    outer: &Template,
+    id: u16,
+    bth: &Bth,
+    ext: &[u8; EXT_MAX],
+    ext_len: usize,
+    payload_len: usize,
+) -> Option<usize> {
+    if ext_len > EXT_MAX {
+        return None;
+    }
+    let pad = payload_len.wrapping_neg() & 3;
+    let total = IPV4_LEN + UDP_LEN + BTH_LEN + ext_len + payload_len + pad + ICRC_LEN;
+    if ETH_LEN + total > buf.len() || total > usize::from(u16::MAX) {
+        return None;
+    }
+    let (o, t) = buf
+        .first_chunk_mut::<{ ROCE_OFFSET + BTH_LEN }>()?
+        .split_first_chunk_mut::<ROCE_OFFSET>()?;
+    outer.write(o, id, total as u16);
+    let flags = u8::from(bth.se) << 7 | (pad as u8) << 4;
+    let b = t.first_chunk_mut::<BTH_LEN>()?;
+    outer.write_bth(b, bth.opcode, flags, bth.ack_req, bth.psn);
+    let room = buf.get_mut(ROCE_OFFSET + BTH_LEN..)?;
+    match room.first_chunk_mut::<EXT_MAX>() {
+        // All of `ext` in one store: the bytes past `ext_len` land where the payload, the pad
+        // and the ICRC are written after, or past the frame.
+        Some(w) => *w = *ext,
+        // A buffer that ends sooner (a short frame in a buffer of its size).
+        None => room
+            .get_mut(..ext_len)?
+            .copy_from_slice(ext.get(..ext_len)?),
+    }
+    Some(ROCE_OFFSET + BTH_LEN + ext_len)
 }
 
 /// A RETH's 16 bytes, as [`Headers::write`] writes them.
 #[inline(always)]
-pub fn reth_bytes(r: &Reth) -> [u8; 16] {
-    let mut b = [0; 16];
+pub fn reth_bytes(r: &Reth) -> [u8; EXT_MAX] {
+    let mut b = [0; EXT_MAX];
     put(&mut b, 0, r.va.to_be_bytes());
     put(&mut b, 8, r.rkey.to_be_bytes());
     put(&mut b, 12, r.len.to_be_bytes());
     b
 }
 
-/// An AETH's 4 bytes, as [`Headers::write`] writes them.
+/// An AETH's 4 bytes, as [`Headers::write`] writes them, first in [`begin_ext`]'s array.
 #[inline(always)]
-pub fn aeth_bytes(a: &Aeth) -> [u8; AETH_LEN] {
-    (u32::from(a.syndrome) << 24 | a.msn & 0xFF_FFFF).to_be_bytes()
+pub fn aeth_bytes(a: &Aeth) -> [u8; EXT_MAX] {
+    let mut b = [0; EXT_MAX];
+    put(
+        &mut b,
+        0,
+        (u32::from(a.syndrome) << 24 | a.msn & 0xFF_FFFF).to_be_bytes(),
+    );
+    b
 }
 
 /// Bytes of an acknowledgement's frame: the outer headers, BTH, AETH, ICRC (no payload, no
@@ -588,14 +621,14 @@ mod tests {
                 };
                 let mut h = Headers::new(bth);
                 let (mut a, mut b) = ([0xEEu8; 128], [0x55u8; 128]);
-                let at = if is_reth {
+                let (ext, ext_len) = if is_reth {
                     h.reth = Some(reth);
-                    begin_ext(&mut a, &outer, 5, &bth, reth_bytes(&reth), len)
+                    (reth_bytes(&reth), 16)
                 } else {
                     h.aeth = Some(aeth);
-                    begin_ext(&mut a, &outer, 5, &bth, aeth_bytes(&aeth), len)
+                    (aeth_bytes(&aeth), AETH_LEN)
                 };
-                let at = at.unwrap();
+                let at = begin_ext(&mut a, &outer, 5, &bth, &ext, ext_len, len).unwrap();
                 assert_eq!(begin_with(&mut b, &outer, 5, &h, len), Some(at), "{op:#x}");
                 a[at..at + len].fill(len as u8 ^ 0x5A);
                 b[at..at + len].fill(len as u8 ^ 0x5A);
@@ -610,13 +643,22 @@ mod tests {
                     }
                     other => panic!("{other:?}"),
                 }
+                // In a buffer of the frame's size exactly (shorter than the headers' array,
+                // for a short frame), the same frame.
+                let mut exact = std::vec![0xA5u8; n];
+                assert_eq!(
+                    begin_ext(&mut exact, &outer, 5, &bth, &ext, ext_len, len),
+                    Some(at)
+                );
+                exact[at..at + len].fill(len as u8 ^ 0x5A);
+                assert_eq!(finish(&mut exact), Some(n));
+                assert_eq!(exact[..], a[..n], "{op:#x} len {len} exact");
                 let short = &mut a[..n - 1];
-                let again = if is_reth {
-                    begin_ext(short, &outer, 5, &bth, reth_bytes(&reth), len)
-                } else {
-                    begin_ext(short, &outer, 5, &bth, aeth_bytes(&aeth), len)
-                };
-                assert_eq!(again, None);
+                assert_eq!(begin_ext(short, &outer, 5, &bth, &ext, ext_len, len), None);
+                assert_eq!(
+                    begin_ext(&mut b, &outer, 5, &bth, &ext, EXT_MAX + 1, len),
+                    None
+                );
             }
         }
     }
