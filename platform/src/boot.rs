@@ -3,8 +3,9 @@
 //! QEMU enters `_start32` in 32-bit protected mode, paging off, `ebx` = physical address of the
 //! `hvm_start_info`. The trampoline zeroes .bss, identity-maps 0–4 GiB with 2 MiB pages (the
 //! PCI hole at 3–4 GiB uncached: PCD|PWT), enables PAE, long mode, paging and SSE (the
-//! precompiled `core` uses it), loads a GDT with a 64-bit code segment, and calls
-//! `kmain(start_info)` on its own stack.
+//! precompiled `core` uses it), loads a GDT with a 64-bit code segment, turns the AVX state on
+//! where the processor has it (XSAVE and AVX: the driver's checksum uses the AVX encoding of
+//! its instructions then), and calls `kmain(start_info)` on its own stack.
 
 core::arch::global_asm!(
     r#"
@@ -80,7 +81,22 @@ _start64:
     movabsq $0x5AFE5AFE5AFE5AFE, %rax
     rep stosq
     movq $boot_stack_top, %rsp
-    movl %ebp, %edi
+    /* The AVX registers' state on where the processor has XSAVE and AVX (CPUID leaf 1, ECX
+       bits 26 and 28): CR4.OSXSAVE, then XCR0 = x87 | SSE | AVX. The driver's checksum
+       runs in the AVX encoding once it finds them on. */
+    movl $1, %eax
+    cpuid
+    andl $0x14000000, %ecx
+    cmpl $0x14000000, %ecx
+    jne 5f
+    movq %cr4, %rax
+    orq $0x40000, %rax
+    movq %rax, %cr4
+    xorl %ecx, %ecx
+    xorl %edx, %edx
+    movl $7, %eax
+    xsetbv
+5:  movl %ebp, %edi
     call kmain
 4:  hlt
     jmp 4b

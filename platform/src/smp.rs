@@ -222,8 +222,8 @@ pub(crate) fn load_tables(index: usize) {
 // The trampoline: copied to TRAMPOLINE and entered there in real mode by the start-up IPI
 // (CS = TRAMPOLINE >> 4, IP = 0). It claims the start (a CPU that comes late finds the claim
 // taken and parks), loads its GDT, enables PAE with the boot page tables, long mode, paging
-// and SSE in one step, jumps to its 64-bit code, and calls the entry with the index on the
-// stack the bootstrap CPU wrote. Addresses inside are TRAMPOLINE + offset (DS = 0).
+// and SSE in one step, jumps to its 64-bit code, turns the AVX state on as the bootstrap CPU
+// did, and calls the entry with the index on the stack the bootstrap CPU wrote. Addresses inside are TRAMPOLINE + offset (DS = 0).
 global_asm!(
     r#"
     .section .rodata.ap_trampoline, "a"
@@ -269,7 +269,20 @@ ap_tramp_long:
     movw %ax, %fs
     movw %ax, %gs
     movq (ap_tramp_stack - ap_tramp_start + T), %rsp
-    movq (ap_tramp_index - ap_tramp_start + T), %rdi
+    /* The AVX state on, as the first CPU turned it on (platform/src/boot.rs). */
+    movl $1, %eax
+    cpuid
+    andl $0x14000000, %ecx
+    cmpl $0x14000000, %ecx
+    jne 4f
+    movq %cr4, %rax
+    orq $0x40000, %rax
+    movq %rax, %cr4
+    xorl %ecx, %ecx
+    xorl %edx, %edx
+    movl $7, %eax
+    xsetbv
+4:  movq (ap_tramp_index - ap_tramp_start + T), %rdi
     movq (ap_tramp_entry - ap_tramp_start + T), %rax
     callq *%rax
 3:  cli

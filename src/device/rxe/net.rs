@@ -11,7 +11,7 @@ use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
 use super::wire::icrc::ICRC_LEN;
-use super::wire::packet::{Route, ack, begin_bth, begin_with, finish_at};
+use super::wire::packet::{EXT_MAX, Route, ack, begin_bth, begin_ext, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
 use crate::events::EventHub;
@@ -124,6 +124,23 @@ impl<L: Link> Net<'_, L> {
         // Captured by value (`move`): the frame's closure carries the header and the length,
         // not pointers to copies of them on the caller's stack.
         let begin = move |buf: &mut [u8], id: u16| begin_bth(buf, outer, id, &bth, len);
+        self.send_framed(outer, len, begin, fill)
+    }
+
+    /// [`Net::send_bth`] with the first `ext_len` bytes of `ext` after the BTH (the bytes of
+    /// the extended headers `bth`'s opcode has, in order: [`begin_ext`]): a RETH, an AETH or
+    /// nothing, at fixed offsets.
+    #[inline(always)]
+    pub(crate) fn send_ext(
+        &mut self,
+        outer: &Template,
+        bth: Bth,
+        (ext, ext_len): ([u8; EXT_MAX], usize),
+        len: usize,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> Result<(), Denied>,
+    ) -> Result<(), Unsent> {
+        let begin =
+            move |buf: &mut [u8], id: u16| begin_ext(buf, outer, id, &bth, &ext, ext_len, len);
         self.send_framed(outer, len, begin, fill)
     }
 

@@ -14,10 +14,12 @@ use bareverbs_hal::Link;
 
 use super::MAX_RD_ATOMIC;
 use super::mem::Denied;
+use super::mem::MrTable;
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{Kind, psn_add, psn_diff, segments_from};
-use super::wire::bth::{Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
+use super::wire::bth::{AETH_LEN, Aeth, Bth, DEFAULT_PKEY, Headers, opcode};
+use super::wire::packet::{EXT_MAX, aeth_bytes};
 use super::wire::template::Template;
 use super::wqe::RdResource;
 use crate::verbs::{AccessFlags, QpState};
@@ -188,10 +190,9 @@ fn respond_read<L: Link>(
             return false;
         }
         net.answers -= 1;
-        let syn = (s.opcode != opcode::RC_READ_RESPONSE_MIDDLE).then_some(syndrome::ACK);
-        let h = reply(q, s.opcode, psn, syn);
+        let bth = answer_bth(q, s.opcode, psn);
         let (pd, va) = (q.pd, res.va.wrapping_add(u64::from(s.offset)));
-        let r = net.send(outer, &h, s.len as usize, |t, out| {
+        let fill = move |t: &MrTable, out: &mut [u8]| {
             if out.is_empty() {
                 return Ok(());
             }
@@ -199,7 +200,18 @@ fn respond_read<L: Link>(
             // SAFETY: `check` found the bytes inside a region registered with remote read.
             unsafe { core::ptr::copy(src, out.as_mut_ptr(), out.len()) };
             Ok::<(), Denied>(())
-        });
+        };
+        // At fixed offsets: the middle responses a BTH alone, the others with an AETH.
+        let ext = if s.opcode == opcode::RC_READ_RESPONSE_MIDDLE {
+            ([0; EXT_MAX], 0)
+        } else {
+            let aeth = Aeth {
+                syndrome: syndrome::ACK,
+                msn: q.msn,
+            };
+            (aeth_bytes(&aeth), AETH_LEN)
+        };
+        let r = net.send_ext(outer, bth, ext, s.len as usize, fill);
         match r {
             Err(Unsent::Busy) => {
                 q.backlog = Some((res.n, psn));

@@ -14,7 +14,7 @@ use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
 use super::seq::{self, Kind, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
-use super::wire::packet::{Template, View};
+use super::wire::packet::{EXT_MAX, Template, View, reth_bytes};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
 
@@ -281,13 +281,14 @@ fn request<L: Link>(
             // Packet `k` to the end of its part (`READ_PART`).
             let done = k.saturating_mul(mtu).min(e.len);
             let end = part_end(k, e_npkts).saturating_mul(mtu).min(e.len);
-            let mut h = Headers::new(bth);
-            h.reth = Some(Reth {
+            let reth = Reth {
                 va: e.remote_addr.wrapping_add(u64::from(done)),
                 rkey: e.rkey,
                 len: end - done.min(end),
-            });
-            Some(net.send(outer, &h, 0, |_, _| Ok(())))
+            };
+            // At fixed offsets: the BTH and the RETH.
+            let ext = (reth_bytes(&reth), EXT_MAX);
+            Some(net.send_ext(outer, bth, ext, 0, |_, _| Ok(())))
         }
         op::CMP_SWAP | op::FETCH_ADD => {
             let cas = e.op == op::CMP_SWAP;
@@ -321,8 +322,27 @@ fn request<L: Link>(
             let solicited =
                 SendFlags::from_bits_truncate(u32::from(e.flags)).contains(SendFlags::SOLICITED);
             bth.se = last && solicited && e.op != op::WRITE;
+            let write_first = k == 0 && matches!(kind, Kind::Write { .. });
+            let with_imm = last && matches!(e.op, op::SEND_IMM | op::WRITE_IMM | op::SEND_INV);
+            if !with_imm {
+                // The packets without immediate data (most), at fixed offsets: a WRITE's first
+                // with its RETH, the others a BTH alone.
+                let ext = if write_first {
+                    let reth = Reth {
+                        va: e.remote_addr,
+                        rkey: e.rkey,
+                        len: e.len,
+                    };
+                    (reth_bytes(&reth), EXT_MAX)
+                } else {
+                    ([0; EXT_MAX], 0)
+                };
+                return Some(net.send_ext(outer, bth, ext, s.len as usize, |t, out| {
+                    payload(t, pd, e, s.offset, out)
+                }));
+            }
             let mut h = Headers::new(bth);
-            if k == 0 && matches!(kind, Kind::Write { .. }) {
+            if write_first {
                 h.reth = Some(Reth {
                     va: e.remote_addr,
                     rkey: e.rkey,

@@ -3,12 +3,16 @@
 //!
 //! - carry-less multiplication (PCLMULQDQ) folding 64 bytes per step (one or two blocks of
 //!   16 per step on short runs), a tail of `t` bytes folded on by x^(8t), then a Barrett
-//!   reduction, on x86_64 processors that have the instruction (about 0.4 instructions a byte);
+//!   reduction, on x86_64 processors that have the instruction (about 0.4 instructions a
+//!   byte); the same code in the AVX encoding where the processor has AVX and the system has
+//!   turned its register state on (three-operand forms: no register copy before each
+//!   multiplication, the data's unaligned loads folded into the XORs; about 0.3 a byte);
 //! - slice-by-16 everywhere else and for short runs: 16 tables of 256 words (16 KiB, built at
 //!   compile time), 16 bytes per step (about 3 instructions a byte).
 //!
-//! Which one runs is decided explicitly: at compile time when the target has `pclmulqdq`,
-//! otherwise by one CPUID query at the first CRC, remembered. Every constant is derived below
+//! Which one runs is decided explicitly: at compile time when the target has `pclmulqdq` (and
+//! `avx`), otherwise by one CPUID query (and XGETBV, for the AVX state) at the first CRC,
+//! remembered. Every constant is derived below
 //! from the polynomial by the definitions of the folding method, none typed in.
 //!
 //! The functions work on the raw register: start from [`INIT`], feed [`update`] (or
@@ -34,9 +38,15 @@ pub fn update(r: u32, data: &[u8]) -> u32 {
 #[inline(always)]
 pub fn update_masked<const B: usize>(r: u32, mask: &[[u8; 16]; B], data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= clmul::MIN.max(16 * B.saturating_sub(1)) && accelerated() {
-        // SAFETY: the processor has PCLMULQDQ (`accelerated`); SSE2 is part of x86_64.
-        return unsafe { clmul::update_masked(r, mask, data) };
+    if data.len() >= clmul::MIN.max(16 * B.saturating_sub(1)) {
+        match level() {
+            // SAFETY: the processor has PCLMULQDQ and AVX, and the system keeps the AVX
+            // state (`level`); SSE2 is part of x86_64.
+            AVX => return unsafe { clmul::update_masked_avx(r, mask, data) },
+            // SAFETY: the processor has PCLMULQDQ (`level`); SSE2 is part of x86_64.
+            CLMUL => return unsafe { clmul::update_masked(r, mask, data) },
+            _ => {}
+        }
     }
     soft_masked(r, mask, data)
 }
@@ -56,36 +66,71 @@ pub(super) fn soft_masked(mut r: u32, mask: &[[u8; 16]], data: &[u8]) -> u32 {
     }
 }
 
+/// [`level`]: the tables only.
+const TABLES_ONLY: u8 = 1;
+/// [`level`]: PCLMULQDQ.
+const CLMUL: u8 = 2;
+/// [`level`]: PCLMULQDQ, and AVX with its state kept by the system.
+const AVX: u8 = 3;
+
 /// Whether [`update`] folds with PCLMULQDQ on this processor.
 #[inline(always)]
 pub fn accelerated() -> bool {
-    /// 0: not asked yet, 1: no, 2: yes.
+    level() >= CLMUL
+}
+
+/// Whether [`update`] folds with PCLMULQDQ in the AVX encoding on this processor.
+#[inline(always)]
+pub fn accelerated_avx() -> bool {
+    level() == AVX
+}
+
+/// What the processor has: [`TABLES_ONLY`], [`CLMUL`] or [`AVX`].
+#[inline(always)]
+fn level() -> u8 {
+    /// 0: not asked yet, else the level.
     static HAS: AtomicU8 = AtomicU8::new(0);
-    if cfg!(all(target_arch = "x86_64", target_feature = "pclmulqdq")) {
-        return true;
+    if cfg!(all(
+        target_arch = "x86_64",
+        target_feature = "pclmulqdq",
+        target_feature = "avx"
+    )) {
+        return AVX;
     }
     match HAS.load(Ordering::Relaxed) {
         0 => {
             let has = detect();
-            HAS.store(if has { 2 } else { 1 }, Ordering::Relaxed);
+            HAS.store(has, Ordering::Relaxed);
             has
         }
-        v => v == 2,
+        v => v,
     }
 }
 
-/// CPUID leaf 1, ECX bit 1: PCLMULQDQ. Not under Miri, which runs no CPUID.
+/// CPUID leaf 1, ECX bit 1: PCLMULQDQ (or the target has it); then bit 28, AVX, with bit 27,
+/// OSXSAVE (the system turned XSAVE on: XGETBV may run), and XCR0 bits 1 and 2 (the system
+/// keeps the SSE and AVX registers' state). Not under Miri, which runs no CPUID.
 #[cold]
-fn detect() -> bool {
+fn detect() -> u8 {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         // CPUID exists on every x86_64 processor; leaf 1 always.
         let leaf1 = core::arch::x86_64::__cpuid(1);
-        leaf1.ecx & (1 << 1) != 0
+        let clmul = cfg!(target_feature = "pclmulqdq") || leaf1.ecx & (1 << 1) != 0;
+        if !clmul {
+            return TABLES_ONLY;
+        }
+        let (osxsave, avx) = (1 << 27, 1 << 28);
+        if leaf1.ecx & (osxsave | avx) != osxsave | avx {
+            return CLMUL;
+        }
+        // SAFETY: OSXSAVE is set: the system enabled XSAVE, so XGETBV (register 0) runs.
+        let xcr0 = unsafe { core::arch::x86_64::_xgetbv(0) };
+        if xcr0 & 0b110 == 0b110 { AVX } else { CLMUL }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
-        false
+        TABLES_ONLY
     }
 }
 
@@ -253,17 +298,17 @@ mod clmul {
     const K_64: u64 = key(64);
     const MU: u64 = mu();
 
-    /// [`super::update_masked`] by folding.
-    ///
-    /// # Safety
-    ///
-    /// The processor has PCLMULQDQ.
-    #[target_feature(enable = "pclmulqdq")]
-    pub(super) unsafe fn update_masked<const B: usize>(
-        r: u32,
-        mask: &[[u8; 16]; B],
-        data: &[u8],
-    ) -> u32 {
+    /// The folding function `$name`, compiled for the processor features `$features`: the
+    /// same source for the SSE and the AVX encodings.
+    macro_rules! folding {
+        ($(#[$doc:meta])* $name:ident, $features:literal) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const B: usize>(
+                r: u32,
+                mask: &[[u8; 16]; B],
+                data: &[u8],
+            ) -> u32 {
         let n = data.len();
         if n < 16 * B.saturating_sub(1).max(1) {
             return super::soft_masked(r, mask, data);
@@ -328,27 +373,35 @@ mod clmul {
         }
         // The rest, where there is one (a short packet ends in its masked blocks).
         if i < blocks {
-            // Four at a time from eight blocks on: four running states, the first `x` (over
-            // the blocks as a slice: one pointer and one count a step), the last few one at a
+            // Four at a time from eight blocks on: four running states, the first `x`, over
+            // whole groups of four (one offset and one end a step), the last few one at a
             // time.
-            if blocks - i >= 8
-                && let Some([b1, b2, b3, more @ ..]) = data.as_chunks::<16>().0.get(i..)
-            {
-                let (mut x1, mut x2, mut x3) = (load!(b1), load!(b2), load!(b3));
+            if blocks - i >= 8 {
+                let mut a = 16 * i;
+                // `a + 48 <= n - 16` (eight blocks left).
+                let (mut x1, mut x2, mut x3) = (at!(a), at!(a + 16), at!(a + 32));
+                a += 48;
+                // At least one group (five blocks left at least).
+                let end = a + (16 * blocks - a) / 64 * 64;
                 let k4 = _mm_set_epi64x(K_FOLD4.1 as i64, K_FOLD4.0 as i64);
-                let mut rest = more;
-                while let [b0, b1, b2, b3, more @ ..] = rest {
-                    x = _mm_xor_si128(fold!(x, k4), load!(b0));
-                    x1 = _mm_xor_si128(fold!(x1, k4), load!(b1));
-                    x2 = _mm_xor_si128(fold!(x2, k4), load!(b2));
-                    x3 = _mm_xor_si128(fold!(x3, k4), load!(b3));
-                    rest = more;
+                loop {
+                    // `a + 64 <= end <= 16 * blocks <= n`.
+                    x = _mm_xor_si128(fold!(x, k4), at!(a));
+                    x1 = _mm_xor_si128(fold!(x1, k4), at!(a + 16));
+                    x2 = _mm_xor_si128(fold!(x2, k4), at!(a + 32));
+                    x3 = _mm_xor_si128(fold!(x3, k4), at!(a + 48));
+                    a += 64;
+                    if a == end {
+                        break;
+                    }
                 }
                 x = _mm_xor_si128(fold!(x, k1), x1);
                 x = _mm_xor_si128(fold!(x, k1), x2);
                 x = _mm_xor_si128(fold!(x, k1), x3);
-                for b in rest {
-                    x = _mm_xor_si128(fold!(x, k1), load!(b));
+                // `a + 16 <= 16 * blocks <= n`.
+                while a < 16 * blocks {
+                    x = _mm_xor_si128(fold!(x, k1), at!(a));
+                    a += 16;
                 }
             } else {
                 // Fewer: two at a time (`i + 2 <= blocks`), then the last one.
@@ -395,6 +448,28 @@ mod clmul {
         let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
         _mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t2), 4)) as u32
     }
+        };
+    }
+
+    folding!(
+        /// [`super::update_masked`] by folding.
+        ///
+        /// # Safety
+        ///
+        /// The processor has PCLMULQDQ.
+        update_masked,
+        "pclmulqdq"
+    );
+
+    folding!(
+        /// [`super::update_masked`] by folding, in the AVX encoding.
+        ///
+        /// # Safety
+        ///
+        /// The processor has PCLMULQDQ and AVX, and the system keeps the AVX state (XCR0).
+        update_masked_avx,
+        "pclmulqdq,avx"
+    );
 }
 
 #[cfg(test)]
@@ -438,10 +513,10 @@ mod tests {
                     assert_eq!(slice16(r, d), want, "slice16 start {start} len {len}");
                     assert_eq!(update(r, d), want, "update start {start} len {len}");
                     #[cfg(target_arch = "x86_64")]
-                    if len >= 16 && accelerated() {
-                        // SAFETY: the processor has PCLMULQDQ.
-                        let folded = unsafe { clmul::update_masked(r, &[], d) };
-                        assert_eq!(folded, want, "clmul start {start} len {len}");
+                    if len >= 16 {
+                        let (sse, avx) = folded(r, &[], d);
+                        assert_eq!(sse.unwrap_or(want), want, "clmul start {start} len {len}");
+                        assert_eq!(avx.unwrap_or(want), want, "avx start {start} len {len}");
                     }
                 }
             }
@@ -482,19 +557,89 @@ mod tests {
             assert_eq!(soft_masked(r, m, d), want, "tables {what}");
             assert_eq!(update_masked(r, m, d), want, "update_masked {what}");
             #[cfg(target_arch = "x86_64")]
-            if d.len() >= 16 && accelerated() {
-                // SAFETY: the processor has PCLMULQDQ.
-                let folded = unsafe { clmul::update_masked(r, m, d) };
-                assert_eq!(folded, want, "clmul {what}");
+            if d.len() >= 16 * B.saturating_sub(1).max(1) {
+                let (sse, avx) = folded(r, m, d);
+                assert_eq!(sse.unwrap_or(want), want, "clmul {what}");
+                assert_eq!(avx.unwrap_or(want), want, "avx {what}");
             }
         }
     }
 
-    /// The folding runs wherever the processor has the instruction (here: the host's).
+    /// The register after `data` (`mask` ORed on) by each folding the processor runs: the
+    /// SSE encoding's, then the AVX encoding's (`None` for one it does not run).
+    #[cfg(target_arch = "x86_64")]
+    fn folded<const B: usize>(
+        r: u32,
+        mask: &[[u8; 16]; B],
+        data: &[u8],
+    ) -> (Option<u32>, Option<u32>) {
+        // SAFETY: each runs only where `level` found what it needs.
+        unsafe {
+            (
+                accelerated().then(|| clmul::update_masked(r, mask, data)),
+                accelerated_avx().then(|| clmul::update_masked_avx(r, mask, data)),
+            )
+        }
+    }
+
+    /// The folding runs wherever the processor has the instruction (here: the host's), in the
+    /// AVX encoding where it has AVX too and the system keeps its state.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn folding_where_the_processor_has_it() {
-        assert_eq!(accelerated(), std::is_x86_feature_detected!("pclmulqdq"));
+        let clmul = std::is_x86_feature_detected!("pclmulqdq");
+        assert_eq!(accelerated(), clmul);
+        assert_eq!(
+            accelerated_avx(),
+            clmul && std::is_x86_feature_detected!("avx")
+        );
+    }
+
+    /// Every length from nothing to past a jumbo frame's payload, at every start within 16
+    /// bytes (every alignment of the loads), from two registers: the dispatch and each folding
+    /// the processor runs equal the byte-at-a-time CRC (computed along, one byte more each
+    /// length).
+    #[test]
+    fn every_length_and_alignment() {
+        let longest = if cfg!(miri) { 64 } else { 4200 };
+        let mut s: u32 = 0x1234_5678;
+        let data: Vec<u8> = (0..longest + 16)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                s as u8
+            })
+            .collect();
+        let mut reached = 0;
+        for start in 0..16 {
+            for r in [INIT, 0x0BAD_F00D] {
+                let mut want = r;
+                for len in 0..=longest {
+                    let d = &data[start..start + len];
+                    assert_eq!(update(r, d), want, "update start {start} len {len}");
+                    #[cfg(target_arch = "x86_64")]
+                    if len >= 16 {
+                        let (sse, avx) = folded(r, &[], d);
+                        assert_eq!(sse.unwrap_or(want), want, "clmul start {start} len {len}");
+                        assert_eq!(avx.unwrap_or(want), want, "avx start {start} len {len}");
+                        reached += usize::from(sse.is_some()) + usize::from(avx.is_some());
+                    }
+                    if let Some(&b) = data.get(start + len) {
+                        want = step(want, b);
+                    }
+                }
+            }
+        }
+        // The foldings ran wherever the processor has them (the host's: both, on any x86_64
+        // processor of the last decade).
+        #[cfg(target_arch = "x86_64")]
+        if !cfg!(miri) {
+            let each = 16 * 2 * (longest + 1 - 16);
+            let runs = usize::from(accelerated()) + usize::from(accelerated_avx());
+            assert_eq!(reached, each * runs);
+        }
+        let _ = reached;
     }
 
     /// Against an independent implementation (`crc32fast`), over long runs of every length
