@@ -64,26 +64,36 @@ fn randwrite(
     let mut busy = [false; DISK / REGION];
     let mut done = 0u64;
     let mut seed = 0u32;
-    for _ in 0..ms {
-        for _ in 0..depth {
-            let r = (next() % (DISK / REGION) as u64) as usize;
-            if busy[r] {
-                continue;
-            }
-            // 1 to 16 blocks of 4 KiB, anywhere in the region.
-            let blocks = 1 + (next() % 16) as usize;
-            let at = r * REGION + (next() % (17 - blocks as u64)) as usize * 4096;
-            let at = at.min((r + 1) * REGION - blocks * 4096);
-            seed = seed.wrapping_add(1);
-            let data = pattern(blocks * 4096, seed);
-            let sqe = Sqe::rw(opcode::WRITE, 0, 1, (at / 512) as u64, (blocks * 8) as u32);
-            match h.submit(1, sqe, Data::Out(&data)) {
-                Ok(s) => {
-                    assert!(slots[usize::from(s)].is_none());
-                    slots[usize::from(s)] = Some((at, data));
-                    busy[r] = true;
+    // Writes for `ms` rounds on the damaging segment; then the ones still in flight finish on
+    // a clean one.
+    for round in 0..ms + 5_000 {
+        if round == ms {
+            l.seg.set_faults(Faults::default());
+        }
+        if round >= ms && slots.iter().all(Option::is_none) {
+            break;
+        }
+        if round < ms {
+            for _ in 0..depth {
+                let r = (next() % (DISK / REGION) as u64) as usize;
+                if busy[r] {
+                    continue;
                 }
-                Err(_) => break,
+                // 1 to 16 blocks of 4 KiB, anywhere in the region.
+                let blocks = 1 + (next() % 16) as usize;
+                let at = r * REGION + (next() % (17 - blocks as u64)) as usize * 4096;
+                let at = at.min((r + 1) * REGION - blocks * 4096);
+                seed = seed.wrapping_add(1);
+                let data = pattern(blocks * 4096, seed);
+                let sqe = Sqe::rw(opcode::WRITE, 0, 1, (at / 512) as u64, (blocks * 8) as u32);
+                match h.submit(1, sqe, Data::Out(&data)) {
+                    Ok(s) => {
+                        assert!(slots[usize::from(s)].is_none());
+                        slots[usize::from(s)] = Some((at, data));
+                        busy[r] = true;
+                    }
+                    Err(_) => break,
+                }
             }
         }
         l.clk.advance(1_000);
@@ -101,27 +111,6 @@ fn randwrite(
                 assert!(cqe.status.is_ok(), "write at {at}: {:?}", cqe.status);
                 want[at..at + data.len()].copy_from_slice(&data);
                 busy[at / REGION] = false;
-                done += 1;
-            }
-        }
-    }
-    // The writes still in flight finish on a clean segment.
-    l.seg.set_faults(Faults::default());
-    for _ in 0..5_000 {
-        if slots.iter().all(Option::is_none) {
-            break;
-        }
-        l.clk.advance(1_000);
-        t.poll(&mut cmb);
-        h.poll();
-        for s in 0..depth {
-            if slots[usize::from(s)].is_none() {
-                continue;
-            }
-            if let Some((cqe, _)) = h.take(1, s) {
-                let (at, data) = slots[usize::from(s)].take().unwrap();
-                assert!(cqe.status.is_ok(), "write at {at}: {:?}", cqe.status);
-                want[at..at + data.len()].copy_from_slice(&data);
                 done += 1;
             }
         }
