@@ -595,14 +595,14 @@ fi
 # more than one), and what each core served by its end (`nvmf-uk cores:`, when a poll group
 # served a queue). With BAREVERBS_NVMF_CPUS above 1, a first boot without the line is a failure.
 if [ "$appliance" = 1 ] && [ -s "$ulog" ]; then
-  cores_line=$(grep -a -m1 '^nvmf: cores:' "$ulog" | tr -d '\r')
+  cores_line=$({ grep -a -m1 '^nvmf: cores:' "$ulog" || true; } | tr -d '\r')
   # Each boot's last counters: the first two asked for (`s`) just before the restart steps
   # killed them, the last at its power-off (this run's logs only).
   boots=("$ulog")
   for f in "$rlog" "$cache/nvmf-unikernel-restarted-2.log"; do [ "$f" -nt "$ulog" ] && boots+=("$f"); done
   served=
   for f in "${boots[@]}"; do
-    l=$(grep -a '^nvmf-uk cores:' "$f" 2>/dev/null | tail -1 | tr -d '\r')
+    l=$({ grep -a '^nvmf-uk cores:' "$f" 2>/dev/null || true; } | tail -1 | tr -d '\r')
     [ -n "$l" ] && served+="${served:+; }${f##*/nvmf-}: ${l#nvmf-uk cores: }"
   done
   if [ "$uk_cpus" -gt 1 ] && [ -z "$cores_line" ]; then
