@@ -627,7 +627,7 @@ stage "done"
 skipped=
 [ ${#pending[@]} -gt 0 ] && skipped=", ${#pending[@]} unikernel steps pending"
 if [ ${#why[@]} -eq 0 ]; then
-  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, $uk_cpus CPUs$skipped)"
+  echo "[nvmf] verdict: PASS ($accel, appliance on $nic, -smp $uk_cpus$skipped)"
   exit 0
 fi
 msg=$(printf '%s; ' "${why[@]}")
