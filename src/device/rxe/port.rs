@@ -7,7 +7,9 @@
 use bareverbs_hal::Link;
 
 use super::wire::Discard;
-use super::wire::eth::{Arp, ArpOp, Mac, same_mac};
+use super::wire::eth::{Arp, ArpOp, ETH_LEN, Mac, same_mac};
+use super::wire::ip6::{ETHERTYPE_IPV6, Ip6, martian6};
+use super::wire::nd::{self, Nd};
 use super::wire::packet::{Packet, Seen, View, classify};
 use crate::error::{Error, Op, Result};
 use crate::verbs::Gid;
@@ -20,14 +22,65 @@ pub const ARP_RETRY_US: u64 = 200_000;
 /// about a second, `docs/roce-v2.md` §5).
 pub const ARP_TRIES: u8 = 5;
 
+/// IPv6 neighbours remembered (IPv6 → MAC), apart from the IPv4 ones.
+pub const NEIGHBOURS6: usize = 16;
+/// Global IPv6 addresses an interface may have besides its link-local one.
+pub const GLOBALS6: usize = 3;
+/// Entries of the GID table: the link-local GID, the IPv4-mapped one, the global IPv6 ones.
+pub const GIDS: u32 = 2 + GLOBALS6 as u32;
+
 /// GID `index` of an interface with `mac` and `ip`, as rxe lays the table out: 0 the
-/// link-local GID of the MAC, 1 the IPv4-mapped GID of the address (the one RoCEv2 uses).
+/// link-local GID of the MAC, 1 the IPv4-mapped GID of the address (the one RoCEv2 over
+/// IPv4 uses).
 pub fn gid(mac: Mac, ip: [u8; 4], index: u32) -> Option<Gid> {
     match index {
         0 => Some(Gid::link_local_from_mac(mac)),
         1 => Some(Gid::from_ipv4(ip)),
         _ => None,
     }
+}
+
+/// [`gid`] with the interface's global IPv6 addresses after the IPv4-mapped GID, in the
+/// order they were configured (indexes 2 to 1 + [`GLOBALS6`]).
+pub fn gid6(mac: Mac, ip: [u8; 4], globals: &[Option<Ip6>; GLOBALS6], index: u32) -> Option<Gid> {
+    match index {
+        0 | 1 => gid(mac, ip, index),
+        _ => globals
+            .get(usize::try_from(index).ok()? - 2)
+            .copied()
+            .flatten()
+            .map(Gid),
+    }
+}
+
+/// Why an IPv6 address cannot be given to an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddrRefused {
+    /// Not an address a station can have: unspecified, loopback, multicast, IPv4-mapped.
+    Martian,
+    /// A link-local address (fe80::/10): the interface has its own, from its MAC.
+    LinkLocal,
+    /// The interface has it already.
+    Duplicate,
+    /// Every one of the [`GLOBALS6`] places is taken.
+    Full,
+}
+
+/// Checks `a` as a global IPv6 address to add to `globals`: the index it would take there.
+pub fn check_global(globals: &[Option<Ip6>; GLOBALS6], a: &Ip6) -> Result<usize, AddrRefused> {
+    if martian6(a) {
+        return Err(AddrRefused::Martian);
+    }
+    if a[0] == 0xFE && a[1] & 0xC0 == 0x80 {
+        return Err(AddrRefused::LinkLocal);
+    }
+    if globals.contains(&Some(*a)) {
+        return Err(AddrRefused::Duplicate);
+    }
+    globals
+        .iter()
+        .position(Option::is_none)
+        .ok_or(AddrRefused::Full)
 }
 
 /// What became of a received frame.
@@ -84,6 +137,15 @@ pub struct PortCounts {
     pub arp_answered: u64,
     /// ARP requests sent.
     pub arp_sent: u64,
+    /// Neighbor Solicitations for this interface's IPv6 addresses answered.
+    pub nd_answered: u64,
+    /// Neighbor Solicitations sent.
+    pub nd_sent: u64,
+    /// Neighbour discovery messages that failed RFC 4861's checks, dropped.
+    pub nd_invalid: u64,
+    /// RoCEv2 packets over IPv6, checked, that the transport does not take yet (it speaks
+    /// IPv4): dropped.
+    pub roce6: u64,
     /// Frames to this interface's own address that found its loopback queue
     /// ([`LOOPBACK_FRAMES`](super::LOOPBACK_FRAMES)) full: not built then, their sender tries
     /// again at a later turn, as when the NIC has no transmit room (nothing is lost).
@@ -91,8 +153,8 @@ pub struct PortCounts {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Neighbour {
-    ip: [u8; 4],
+struct Neighbour<A> {
+    ip: A,
     /// `None` while a resolution is under way.
     mac: Option<Mac>,
     /// When it was learnt, or when the last request went out.
@@ -106,7 +168,11 @@ struct Neighbour {
 pub struct Port {
     mac: Mac,
     ip: [u8; 4],
-    neighbours: [Option<Neighbour>; NEIGHBOURS],
+    neighbours: [Option<Neighbour<[u8; 4]>>; NEIGHBOURS],
+    /// The link-local address (from the MAC) and the global ones.
+    link_local: Ip6,
+    globals: [Option<Ip6>; GLOBALS6],
+    neighbours6: [Option<Neighbour<Ip6>>; NEIGHBOURS6],
     counts: PortCounts,
 }
 
@@ -117,8 +183,30 @@ impl Port {
             mac,
             ip,
             neighbours: [None; NEIGHBOURS],
+            link_local: Gid::link_local_from_mac(mac).0,
+            globals: [None; GLOBALS6],
+            neighbours6: [None; NEIGHBOURS6],
             counts: PortCounts::default(),
         }
+    }
+
+    /// Gives the interface the global IPv6 address `a`: its GID index (2 and up, in the
+    /// order of addition). The NIC must take frames to the address's solicited-node group
+    /// ([`nd::multicast_mac`] of [`nd::solicited_node`]) for peers to resolve it.
+    pub fn add_ipv6(&mut self, a: Ip6) -> Result<u32, AddrRefused> {
+        let i = check_global(&self.globals, &a)?;
+        self.globals[i] = Some(a);
+        Ok(2 + i as u32)
+    }
+
+    /// The interface's IPv6 addresses: the link-local one first, then the global ones.
+    pub fn ipv6(&self) -> impl Iterator<Item = Ip6> + '_ {
+        core::iter::once(self.link_local).chain(self.globals.iter().flatten().copied())
+    }
+
+    /// Whether `a` is one of the interface's IPv6 addresses.
+    pub fn has_ipv6(&self, a: &Ip6) -> bool {
+        *a == self.link_local || self.globals.contains(&Some(*a))
     }
 
     /// The interface's MAC address.
@@ -132,9 +220,9 @@ impl Port {
     }
 
     /// The GID table as rxe lays it out: 0 the link-local GID of the MAC, 1 the IPv4-mapped
-    /// GID of the address (the one RoCEv2 traffic uses).
+    /// GID of the address (the one RoCEv2 over IPv4 uses), then the global IPv6 addresses.
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        gid(self.mac, self.ip, index)
+        gid6(self.mac, self.ip, &self.globals, index)
     }
 
     /// Frames handled so far.
@@ -202,11 +290,98 @@ impl Port {
                 self.counts.stack += 1;
                 Ok(None)
             }
-            Ok(Seen::Other) => {
-                self.counts.stack += 1;
-                Ok(None)
-            }
+            Ok(Seen::Other) => self.other(link, frame, now),
             Err(d) => self.drop(d),
+        }
+    }
+
+    /// A frame that is neither RoCEv2 over IPv4 nor ARP (to this interface's MAC or to a
+    /// group): IPv6 neighbour discovery is answered and learnt from, RoCEv2 over IPv6 is
+    /// checked and dropped (the transport speaks IPv4), the rest is the IP stack's. Out of
+    /// line: the IPv4 path does not pay for it.
+    #[inline(never)]
+    fn other<L: Link>(
+        &mut self,
+        link: &mut L,
+        frame: &[u8],
+        now: u64,
+    ) -> Result<Option<View<'static>>, Discard> {
+        let ipv6 = frame
+            .get(12..14)
+            .is_some_and(|t| t == ETHERTYPE_IPV6.to_be_bytes());
+        if ipv6 {
+            match super::wire::ip6::parse6(frame) {
+                Ok(Some(p)) if self.has_ipv6(&p.ip.dst) && !martian6(&p.ip.src) => {
+                    self.counts.roce6 += 1;
+                    return self.drop(Discard::NotRoce);
+                }
+                Ok(Some(_)) => return self.drop(Discard::NotRoce),
+                Err(d) => return self.drop(d),
+                Ok(None) => {}
+            }
+            let src_mac = frame.get(6..12).and_then(|m| m.first_chunk::<6>());
+            match (Nd::parse(frame.get(ETH_LEN..).unwrap_or(&[])), src_mac) {
+                (Ok(Some(m)), Some(&src_mac)) => self.neighbour_discovery(link, &m, src_mac, now),
+                (Err(_), _) => {
+                    self.counts.nd_invalid += 1;
+                    return self.drop(Discard::BadIp);
+                }
+                _ => {}
+            }
+        }
+        self.counts.stack += 1;
+        Ok(None)
+    }
+
+    /// Answers a solicitation for one of this interface's addresses, and learns as ARP
+    /// learns: the asker of our address (from its source link-layer option), or the target
+    /// of an advertisement when that address is being resolved or known. Nothing is learnt
+    /// about this interface's own addresses, nor about addresses no station has.
+    fn neighbour_discovery<L: Link>(&mut self, link: &mut L, m: &Nd, src_mac: Mac, now: u64) {
+        if m.kind == nd::NS {
+            if !self.has_ipv6(&m.target) {
+                return;
+            }
+            let dad = m.src == [0; 16];
+            if !dad && !martian6(&m.src) && !self.has_ipv6(&m.src) {
+                if let Some(mac) = m.lladdr {
+                    learn(&mut self.neighbours6, m.src, mac, now);
+                }
+            }
+            // To the asker: its option's MAC, else the frame's source; duplicate address
+            // detection is answered to all nodes, unsolicited.
+            let (dst, dst_mac, flags) = if dad {
+                (
+                    nd::ALL_NODES,
+                    nd::multicast_mac(&nd::ALL_NODES),
+                    nd::OVERRIDE,
+                )
+            } else if martian6(&m.src) {
+                return;
+            } else {
+                (
+                    m.src,
+                    m.lladdr.unwrap_or(src_mac),
+                    nd::SOLICITED | nd::OVERRIDE,
+                )
+            };
+            let na = Nd {
+                kind: nd::NA,
+                src: m.target,
+                dst,
+                target: m.target,
+                lladdr: Some(self.mac),
+                flags,
+            };
+            let (f, n) = na.frame(self.mac, dst_mac);
+            if link.transmit(&f[..n]).is_ok() {
+                self.counts.nd_answered += 1;
+            }
+        } else if !self.has_ipv6(&m.target)
+            && !martian6(&m.target)
+            && let Some(mac) = m.lladdr
+        {
+            refresh(&mut self.neighbours6, m.target, mac, now);
         }
     }
 
@@ -244,64 +419,49 @@ impl Port {
             // This interface: the device loops the frames back itself.
             return Ok(Some(self.mac));
         }
-        let i = match self.find(ip) {
-            Some(i) => i,
-            None => self.make_room(ip, now),
-        };
-        let Some(n) = self.neighbours[i].as_mut() else {
-            return Ok(None);
-        };
-        if let Some(mac) = n.mac {
-            return Ok(Some(mac));
-        }
-        if n.tries > 0 && now.wrapping_sub(n.at) < ARP_RETRY_US {
-            return Ok(None);
-        }
-        if n.tries >= ARP_TRIES {
-            self.neighbours[i] = None;
-            return Err(Error::Timeout {
-                op: Op::ResolveAddress,
-            });
-        }
-        let req = Arp {
-            op: ArpOp::Request,
-            sender_mac: self.mac,
-            sender_ip: self.ip,
-            target_mac: [0; 6],
-            target_ip: ip,
-        };
-        if link.transmit(&req.frame(self.mac)).is_ok() {
-            n.tries += 1;
-            n.at = now;
-            self.counts.arp_sent += 1;
-        }
-        Ok(None)
+        let (mac, me) = (self.mac, self.ip);
+        let sent = &mut self.counts.arp_sent;
+        step(&mut self.neighbours, ip, now, sent, |_| {
+            let req = Arp {
+                op: ArpOp::Request,
+                sender_mac: mac,
+                sender_ip: me,
+                target_mac: [0; 6],
+                target_ip: ip,
+            };
+            link.transmit(&req.frame(mac)).is_ok()
+        })
     }
 
-    fn find(&self, ip: [u8; 4]) -> Option<usize> {
-        self.neighbours
+    /// [`Port::resolve`] for an IPv6 address: a Neighbor Solicitation to its solicited-node
+    /// group (from the link-local address, or the global one on the same /64), the answer
+    /// learnt from the advertisement; the same retries and limit as ARP.
+    pub fn resolve6<L: Link>(&mut self, link: &mut L, ip: Ip6, now: u64) -> Result<Option<Mac>> {
+        if self.has_ipv6(&ip) {
+            return Ok(Some(self.mac));
+        }
+        let mac = self.mac;
+        let src = self
+            .globals
             .iter()
-            .position(|n| n.is_some_and(|n| n.ip == ip))
-    }
-
-    /// A slot for `ip`, pending: a free one, or the least recently learnt.
-    fn make_room(&mut self, ip: [u8; 4], now: u64) -> usize {
-        let i = self
-            .neighbours
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or_else(|| {
-                (0..NEIGHBOURS)
-                    .min_by_key(|&i| self.neighbours[i].map_or(0, |n| n.at))
-                    .unwrap_or(0)
-            });
-        self.neighbours[i] = Some(Neighbour {
-            ip,
-            mac: None,
-            at: now,
-            tries: 0,
-        });
-        i
+            .flatten()
+            .find(|g| g[..8] == ip[..8])
+            .copied()
+            .unwrap_or(self.link_local);
+        let sent = &mut self.counts.nd_sent;
+        step(&mut self.neighbours6, ip, now, sent, |_| {
+            let group = nd::solicited_node(&ip);
+            let ns = Nd {
+                kind: nd::NS,
+                src,
+                dst: group,
+                target: ip,
+                lladdr: Some(mac),
+                flags: 0,
+            };
+            let (f, n) = ns.frame(mac, nd::multicast_mac(&group));
+            link.transmit(&f[..n]).is_ok()
+        })
     }
 
     /// The MAC of `ip` when it is known (no ARP request is sent).
@@ -309,29 +469,128 @@ impl Port {
         if ip == self.ip {
             return Some(self.mac);
         }
-        self.find(ip).and_then(|i| self.neighbours[i]?.mac)
+        lookup(&self.neighbours, ip)
+    }
+
+    /// The MAC of the IPv6 address `ip` when it is known (no solicitation is sent).
+    pub fn lookup6(&self, ip: &Ip6) -> Option<Mac> {
+        if self.has_ipv6(ip) {
+            return Some(self.mac);
+        }
+        lookup(&self.neighbours6, *ip)
     }
 
     /// Records `ip` at `mac`, making room if needed.
     fn learn(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
-        let i = match self.find(ip) {
-            Some(i) => i,
-            None => self.make_room(ip, now),
-        };
-        self.neighbours[i] = Some(Neighbour {
-            ip,
-            mac: Some(mac),
-            at: now,
-            tries: 0,
-        });
+        learn(&mut self.neighbours, ip, mac, now);
     }
 
     /// Records `ip` at `mac` if `ip` is known or being resolved (nobody else's traffic fills
     /// the cache).
     fn refresh(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
-        if self.find(ip).is_some() {
-            self.learn(ip, mac, now);
-        }
+        refresh(&mut self.neighbours, ip, mac, now);
+    }
+}
+
+/// One step of the resolution of `ip` in `cache`: `Ok(Some)` known; `Ok(None)` pending (a
+/// request sent by `send` if none went out in the last [`ARP_RETRY_US`]); the timeout after
+/// [`ARP_TRIES`] unanswered requests. `sent` counts the requests that went out.
+fn step<A: Copy + PartialEq, const N: usize>(
+    cache: &mut [Option<Neighbour<A>>; N],
+    ip: A,
+    now: u64,
+    sent: &mut u64,
+    send: impl FnOnce(A) -> bool,
+) -> Result<Option<Mac>> {
+    let i = match find(cache, ip) {
+        Some(i) => i,
+        None => make_room(cache, ip, now),
+    };
+    let Some(n) = cache[i].as_mut() else {
+        return Ok(None);
+    };
+    if let Some(mac) = n.mac {
+        return Ok(Some(mac));
+    }
+    if n.tries > 0 && now.wrapping_sub(n.at) < ARP_RETRY_US {
+        return Ok(None);
+    }
+    if n.tries >= ARP_TRIES {
+        cache[i] = None;
+        return Err(Error::Timeout {
+            op: Op::ResolveAddress,
+        });
+    }
+    if send(ip) {
+        n.tries += 1;
+        n.at = now;
+        *sent += 1;
+    }
+    Ok(None)
+}
+
+fn find<A: Copy + PartialEq, const N: usize>(
+    cache: &[Option<Neighbour<A>>; N],
+    ip: A,
+) -> Option<usize> {
+    cache.iter().position(|n| n.is_some_and(|n| n.ip == ip))
+}
+
+/// A slot for `ip`, pending: a free one, or the least recently learnt.
+fn make_room<A: Copy + PartialEq, const N: usize>(
+    cache: &mut [Option<Neighbour<A>>; N],
+    ip: A,
+    now: u64,
+) -> usize {
+    let i = cache.iter().position(Option::is_none).unwrap_or_else(|| {
+        (0..N)
+            .min_by_key(|&i| cache[i].map_or(0, |n| n.at))
+            .unwrap_or(0)
+    });
+    cache[i] = Some(Neighbour {
+        ip,
+        mac: None,
+        at: now,
+        tries: 0,
+    });
+    i
+}
+
+fn lookup<A: Copy + PartialEq, const N: usize>(
+    cache: &[Option<Neighbour<A>>; N],
+    ip: A,
+) -> Option<Mac> {
+    find(cache, ip).and_then(|i| cache[i]?.mac)
+}
+
+/// Records `ip` at `mac`, making room if needed.
+fn learn<A: Copy + PartialEq, const N: usize>(
+    cache: &mut [Option<Neighbour<A>>; N],
+    ip: A,
+    mac: Mac,
+    now: u64,
+) {
+    let i = match find(cache, ip) {
+        Some(i) => i,
+        None => make_room(cache, ip, now),
+    };
+    cache[i] = Some(Neighbour {
+        ip,
+        mac: Some(mac),
+        at: now,
+        tries: 0,
+    });
+}
+
+/// Records `ip` at `mac` if `ip` is known or being resolved.
+fn refresh<A: Copy + PartialEq, const N: usize>(
+    cache: &mut [Option<Neighbour<A>>; N],
+    ip: A,
+    mac: Mac,
+    now: u64,
+) {
+    if find(cache, ip).is_some() {
+        learn(cache, ip, mac, now);
     }
 }
 

@@ -1,0 +1,367 @@
+//! The software RoCE device's port over IPv6 on an in-memory Ethernet segment: the GID
+//! table with the link-local and global addresses, neighbour discovery (solicitations
+//! answered, peers resolved with bounded retries), the trust rules ARP has (a stranger's
+//! advertisement teaches nothing unasked, our own addresses are never learnt, invalid
+//! messages are counted and dropped), and RoCEv2 over IPv6 checked at the port.
+
+use bareverbs::ErrorKind;
+use bareverbs::device::rxe::port::{
+    ARP_RETRY_US, ARP_TRIES, AddrRefused, GLOBALS6, NEIGHBOURS6, Port, Rx,
+};
+use bareverbs::device::rxe::wire::Discard;
+use bareverbs::device::rxe::wire::bth::{Bth, DEFAULT_PKEY, Deth, Headers, opcode};
+use bareverbs::device::rxe::wire::eth::ETH_LEN;
+use bareverbs::device::rxe::wire::ip6::{Ip6, Ipv6Route, build6, parse6};
+use bareverbs::device::rxe::wire::nd::{
+    self, ALL_NODES, NA, NS, Nd, OVERRIDE, SOLICITED, multicast_mac, solicited_node,
+};
+use bareverbs::hal::Link;
+use bareverbs::verbs::Gid;
+use bareverbs_model::link::{MemLink, Segment};
+
+const MAC_A: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xA];
+const MAC_B: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xB];
+const MAC_X: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0x66];
+const IP_A: [u8; 4] = [10, 0, 0, 1];
+const IP_B: [u8; 4] = [10, 0, 0, 2];
+
+fn ll(mac: [u8; 6]) -> Ip6 {
+    Gid::link_local_from_mac(mac).0
+}
+
+fn global(last: u8) -> Ip6 {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    a[15] = last;
+    a
+}
+
+fn recv(link: &mut MemLink) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 1600];
+    link.receive(&mut buf).map(|n| buf[..n].to_vec())
+}
+
+fn nd_of(frame: &[u8]) -> Nd {
+    Nd::parse(&frame[ETH_LEN..]).unwrap().unwrap()
+}
+
+/// Hands every frame waiting on `link` to `port`; returns how many.
+fn drain(port: &mut Port, link: &mut MemLink, now: u64) -> usize {
+    let mut n = 0;
+    while let Some(f) = recv(link) {
+        let _ = port.receive(link, &f, now);
+        n += 1;
+    }
+    n
+}
+
+/// The table as rxe lays it out: 0 the MAC's link-local GID, 1 the IPv4-mapped one, then
+/// the global addresses in the order given; what no station can have is refused.
+#[test]
+fn the_gid_table_holds_the_link_local_ipv4_and_global_addresses() {
+    let mut a = Port::new(MAC_A, IP_A);
+    let lla = ll(MAC_A);
+    assert_eq!(
+        lla,
+        [
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0, 0, 0xA
+        ]
+    );
+    assert_eq!(a.gid(0), Some(Gid(lla)));
+    assert_eq!(a.gid(1), Some(Gid::from_ipv4(IP_A)));
+    assert_eq!(a.gid(2), None);
+    assert_eq!(a.add_ipv6(global(1)), Ok(2));
+    assert_eq!(a.add_ipv6(global(2)), Ok(3));
+    assert_eq!(a.gid(2), Some(Gid(global(1))));
+    assert_eq!(a.gid(3), Some(Gid(global(2))));
+    assert_eq!(a.add_ipv6(global(1)), Err(AddrRefused::Duplicate));
+    assert_eq!(a.add_ipv6(ll(MAC_B)), Err(AddrRefused::LinkLocal));
+    assert_eq!(a.add_ipv6(ALL_NODES), Err(AddrRefused::Martian));
+    assert_eq!(a.add_ipv6([0; 16]), Err(AddrRefused::Martian));
+    assert_eq!(
+        a.add_ipv6(Gid::from_ipv4(IP_B).0),
+        Err(AddrRefused::Martian)
+    );
+    for i in 2..GLOBALS6 as u8 {
+        assert!(a.add_ipv6(global(10 + i)).is_ok());
+    }
+    assert_eq!(a.add_ipv6(global(99)), Err(AddrRefused::Full));
+    assert_eq!(a.gid(2 + GLOBALS6 as u32), None);
+    let all: Vec<Ip6> = a.ipv6().collect();
+    assert_eq!(all.len(), 1 + GLOBALS6);
+    assert_eq!(all[0], lla);
+    assert!(a.has_ipv6(&global(2)) && !a.has_ipv6(&global(99)));
+}
+
+/// Two ports resolve each other by link-local and by global address: one solicitation to
+/// the target's solicited-node group, one advertisement back to the asker's MAC, and the
+/// answerer learns the asker from its option.
+#[test]
+fn two_ports_resolve_each_other_by_ipv6() {
+    let seg = Segment::new();
+    let (mut la, mut lb) = (seg.attach(MAC_A, 1514), seg.attach(MAC_B, 1514));
+    let (mut a, mut b) = (Port::new(MAC_A, IP_A), Port::new(MAC_B, IP_B));
+    assert_eq!(b.add_ipv6(global(2)), Ok(2));
+    assert_eq!(a.add_ipv6(global(1)), Ok(2));
+    for (target, src) in [(ll(MAC_B), ll(MAC_A)), (global(2), global(1))] {
+        assert_eq!(a.resolve6(&mut la, target, 0).unwrap(), None);
+        let ns = recv(&mut lb).expect("a solicitation");
+        assert_eq!(&ns[..6], &multicast_mac(&solicited_node(&target)));
+        assert_eq!(&ns[..3], &[0x33, 0x33, 0xFF]);
+        let m = nd_of(&ns);
+        assert_eq!((m.kind, m.target, m.src), (NS, target, src));
+        assert_eq!(m.dst, solicited_node(&target));
+        assert_eq!(m.lladdr, Some(MAC_A));
+        assert_eq!(b.receive(&mut lb, &ns, 0), Rx::Stack);
+        assert_eq!(b.lookup6(&src), Some(MAC_A), "the asker learnt");
+        let na = recv(&mut la).expect("an advertisement");
+        assert_eq!(&na[..6], &MAC_A);
+        let m = nd_of(&na);
+        assert_eq!((m.kind, m.target, m.src, m.dst), (NA, target, target, src));
+        assert_eq!(m.flags, SOLICITED | OVERRIDE);
+        assert_eq!(m.lladdr, Some(MAC_B));
+        assert_eq!(a.receive(&mut la, &na, 1), Rx::Stack);
+        assert_eq!(a.resolve6(&mut la, target, 2).unwrap(), Some(MAC_B));
+        assert_eq!(a.lookup6(&target), Some(MAC_B));
+    }
+    assert_eq!((a.counts().nd_sent, b.counts().nd_answered), (2, 2));
+    assert_eq!(a.counts().arp_sent, 0);
+    // Our own addresses resolve to ourselves, with nothing sent.
+    assert_eq!(a.resolve6(&mut la, ll(MAC_A), 3).unwrap(), Some(MAC_A));
+    assert!(recv(&mut lb).is_none());
+}
+
+/// No answer: a solicitation every retry interval, [`ARP_TRIES`] of them, then a timeout,
+/// then a fresh start.
+#[test]
+fn ipv6_resolution_retries_then_times_out() {
+    let seg = Segment::new();
+    let (mut la, mut lb) = (seg.attach(MAC_A, 1514), seg.attach(MAC_B, 1514));
+    let mut a = Port::new(MAC_A, IP_A);
+    let ghost = global(0x99);
+    let mut t = 0;
+    for i in 1..=u64::from(ARP_TRIES) {
+        assert_eq!(a.resolve6(&mut la, ghost, t).unwrap(), None);
+        assert_eq!(a.counts().nd_sent, i);
+        assert_eq!(
+            a.resolve6(&mut la, ghost, t + ARP_RETRY_US - 1).unwrap(),
+            None
+        );
+        assert_eq!(a.counts().nd_sent, i, "not before the retry interval");
+        t += ARP_RETRY_US;
+    }
+    assert_eq!(
+        drain(&mut Port::new(MAC_B, IP_B), &mut lb, t),
+        ARP_TRIES as usize
+    );
+    let e = a.resolve6(&mut la, ghost, t).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    assert_eq!(
+        a.resolve6(&mut la, ghost, t + 1).unwrap(),
+        None,
+        "starts over"
+    );
+}
+
+/// What a stranger on the segment can do with neighbour discovery, against the ARP rules:
+/// an unasked advertisement teaches nothing; one for an address being resolved binds it (as
+/// ARP would: unauthenticated), and a later one re-binds it; no message teaches anything
+/// about our own addresses; a solicitation for another station's address gets no answer;
+/// a message from off the link (hop limit not 255) or with a bad checksum is counted and
+/// dropped; a solicitation from a multicast source is not answered.
+#[test]
+fn forged_neighbour_discovery_follows_the_arp_rules() {
+    let seg = Segment::new();
+    let (mut la, mut lx) = (seg.attach(MAC_A, 1514), seg.attach(MAC_X, 1514));
+    let mut a = Port::new(MAC_A, IP_A);
+    let send = |lx: &mut MemLink, m: Nd, dst_mac: [u8; 6]| {
+        let (f, n) = m.frame(MAC_X, dst_mac);
+        lx.transmit(&f[..n]).unwrap();
+    };
+    let na = |target: Ip6, mac: [u8; 6]| Nd {
+        kind: NA,
+        src: target,
+        dst: ALL_NODES,
+        target,
+        lladdr: Some(mac),
+        flags: OVERRIDE,
+    };
+    // Unasked: nothing learnt.
+    send(&mut lx, na(ll(MAC_B), MAC_X), multicast_mac(&ALL_NODES));
+    drain(&mut a, &mut la, 0);
+    assert_eq!(a.lookup6(&ll(MAC_B)), None);
+    // Our own address claimed: nothing learnt, and we still resolve to ourselves.
+    send(&mut lx, na(ll(MAC_A), MAC_X), multicast_mac(&ALL_NODES));
+    drain(&mut a, &mut la, 0);
+    assert_eq!(a.lookup6(&ll(MAC_A)), Some(MAC_A));
+    // A solicitation for another station's address: no answer.
+    let ns = |src: Ip6, target: Ip6| Nd {
+        kind: NS,
+        src,
+        dst: solicited_node(&target),
+        target,
+        lladdr: Some(MAC_X),
+        flags: 0,
+    };
+    send(
+        &mut lx,
+        ns(ll(MAC_X), ll(MAC_B)),
+        multicast_mac(&solicited_node(&ll(MAC_B))),
+    );
+    drain(&mut a, &mut la, 0);
+    assert!(recv(&mut lx).is_none());
+    assert_eq!(a.counts().nd_answered, 0);
+    // From a multicast source: neither answered nor learnt.
+    send(
+        &mut lx,
+        ns(ALL_NODES, ll(MAC_A)),
+        multicast_mac(&solicited_node(&ll(MAC_A))),
+    );
+    drain(&mut a, &mut la, 0);
+    assert!(recv(&mut lx).is_none());
+    assert_eq!(a.lookup6(&ALL_NODES), None);
+    // From off the link, and with a bad checksum: counted, dropped, not answered.
+    let (mut f, n) = ns(ll(MAC_X), ll(MAC_A)).frame(MAC_X, MAC_A);
+    f[ETH_LEN + 7] = 64;
+    assert_eq!(a.receive(&mut la, &f[..n], 0), Rx::Dropped(Discard::BadIp));
+    let (mut f, n) = ns(ll(MAC_X), ll(MAC_A)).frame(MAC_X, MAC_A);
+    f[n - 1] ^= 1;
+    assert_eq!(a.receive(&mut la, &f[..n], 0), Rx::Dropped(Discard::BadIp));
+    assert_eq!(a.counts().nd_invalid, 2);
+    assert!(recv(&mut lx).is_none());
+    // Being resolved: the advertisement binds it (as an ARP reply would), a later one
+    // re-binds it.
+    assert_eq!(a.resolve6(&mut la, ll(MAC_B), 0).unwrap(), None);
+    assert!(recv(&mut lx).is_some(), "the solicitation");
+    send(&mut lx, na(ll(MAC_B), MAC_X), multicast_mac(&ALL_NODES));
+    drain(&mut a, &mut la, 1);
+    assert_eq!(a.lookup6(&ll(MAC_B)), Some(MAC_X));
+    send(&mut lx, na(ll(MAC_B), MAC_B), multicast_mac(&ALL_NODES));
+    drain(&mut a, &mut la, 2);
+    assert_eq!(a.lookup6(&ll(MAC_B)), Some(MAC_B));
+    // A proper solicitation for our address is answered once, to the asker.
+    send(&mut lx, ns(ll(MAC_X), ll(MAC_A)), MAC_A);
+    drain(&mut a, &mut la, 3);
+    let ans = recv(&mut lx).expect("answered");
+    assert_eq!(&ans[..6], &MAC_X);
+    assert_eq!(nd_of(&ans).target, ll(MAC_A));
+    assert_eq!(a.counts().nd_answered, 1);
+    assert_eq!(a.lookup6(&ll(MAC_X)), Some(MAC_X), "the asker learnt");
+}
+
+/// Duplicate address detection (a solicitation from ::) for our address is answered to all
+/// nodes, unsolicited, and teaches nothing.
+#[test]
+fn duplicate_address_detection_is_answered_to_all_nodes() {
+    let seg = Segment::new();
+    let (mut la, mut lx) = (seg.attach(MAC_A, 1514), seg.attach(MAC_X, 1514));
+    let mut a = Port::new(MAC_A, IP_A);
+    let target = ll(MAC_A);
+    let dad = Nd {
+        kind: NS,
+        src: [0; 16],
+        dst: solicited_node(&target),
+        target,
+        lladdr: None,
+        flags: 0,
+    };
+    let (f, n) = dad.frame(MAC_X, multicast_mac(&dad.dst));
+    assert_eq!(a.receive(&mut la, &f[..n], 0), Rx::Stack);
+    let ans = recv(&mut lx).expect("answered");
+    assert_eq!(&ans[..6], &multicast_mac(&ALL_NODES));
+    let m = nd_of(&ans);
+    assert_eq!(
+        (m.dst, m.flags, m.lladdr),
+        (ALL_NODES, nd::OVERRIDE, Some(MAC_A))
+    );
+    assert_eq!(a.lookup6(&[0; 16]), None);
+}
+
+/// The IPv6 neighbour cache is bounded: more peers than it holds, the oldest forgotten.
+#[test]
+fn the_ipv6_neighbour_cache_is_bounded() {
+    let seg = Segment::new();
+    let (mut la, mut lx) = (seg.attach(MAC_A, 1514), seg.attach(MAC_X, 1514));
+    let mut a = Port::new(MAC_A, IP_A);
+    for i in 0..(NEIGHBOURS6 + 4) as u64 {
+        let peer = global(i as u8 + 1);
+        let ns = Nd {
+            kind: NS,
+            src: peer,
+            dst: solicited_node(&ll(MAC_A)),
+            target: ll(MAC_A),
+            lladdr: Some([2, 0, 0, 0, 1, i as u8]),
+            flags: 0,
+        };
+        let (f, n) = ns.frame(MAC_X, multicast_mac(&ns.dst));
+        assert_eq!(a.receive(&mut la, &f[..n], i), Rx::Stack);
+    }
+    assert_eq!(
+        drain(&mut Port::new(MAC_X, IP_B), &mut lx, 0),
+        NEIGHBOURS6 + 4
+    );
+    let known = (0..(NEIGHBOURS6 + 4) as u8)
+        .filter(|&i| a.lookup6(&global(i + 1)).is_some())
+        .count();
+    assert_eq!(known, NEIGHBOURS6);
+    assert_eq!(a.lookup6(&global(1)), None, "the oldest forgotten");
+    assert_eq!(
+        a.lookup6(&global(NEIGHBOURS6 as u8 + 4)),
+        Some([2, 0, 0, 0, 1, NEIGHBOURS6 as u8 + 3])
+    );
+}
+
+/// RoCEv2 over IPv6 reaches the port checked (counted when it is to one of our addresses
+/// from a station's address), and is dropped there: the transport speaks IPv4. Damaged ones
+/// are dropped with their reason.
+#[test]
+fn roce_over_ipv6_is_checked_at_the_port() {
+    let seg = Segment::new();
+    let mut la = seg.attach(MAC_A, 1514);
+    let mut a = Port::new(MAC_A, IP_A);
+    let mut h = Headers::new(Bth {
+        opcode: opcode::UD_SEND_ONLY,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: 0x11,
+        ack_req: false,
+        psn: 1,
+    });
+    h.deth = Some(Deth {
+        qkey: 0x1111_1111,
+        src_qp: 0x12,
+    });
+    let route = Ipv6Route {
+        src_mac: MAC_B,
+        dst_mac: MAC_A,
+        src: ll(MAC_B),
+        dst: ll(MAC_A),
+        traffic_class: 0x20,
+        flow_label: 0x12345,
+        hop_limit: 64,
+        src_port: 0xC001,
+    };
+    let mut buf = [0u8; 256];
+    let n = build6(&mut buf, &route, &h, b"hello").unwrap();
+    assert_eq!(parse6(&buf[..n]).unwrap().unwrap().payload, b"hello");
+    assert_eq!(
+        a.receive(&mut la, &buf[..n], 0),
+        Rx::Dropped(Discard::NotRoce)
+    );
+    assert_eq!(a.counts().roce6, 1);
+    let mut bad = buf;
+    bad[n - 1] ^= 1;
+    assert_eq!(
+        a.receive(&mut la, &bad[..n], 0),
+        Rx::Dropped(Discard::BadIcrc)
+    );
+    let mut other = route;
+    other.dst = global(5);
+    let n = build6(&mut buf, &other, &h, b"hello").unwrap();
+    assert_eq!(
+        a.receive(&mut la, &buf[..n], 0),
+        Rx::Dropped(Discard::NotRoce)
+    );
+    assert_eq!(a.counts().roce6, 1, "not to one of our addresses");
+}
