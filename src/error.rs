@@ -546,8 +546,9 @@ pub enum Feature {
     /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
     /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
     SrqModify,
-    /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address: the software device speaks
-    /// RoCEv2 over IPv4 only.
+    /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address, destination or source: the
+    /// software device's transport speaks RoCEv2 over IPv4 only (its port has IPv6 GIDs and
+    /// answers neighbour discovery for them).
     Ipv6,
     /// Changing a memory region in place (`ibv_rereg_mr`).
     ReregMr,

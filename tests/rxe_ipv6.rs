@@ -365,3 +365,81 @@ fn roce_over_ipv6_is_checked_at_the_port() {
     );
     assert_eq!(a.counts().roce6, 1, "not to one of our addresses");
 }
+
+mod device {
+    use super::*;
+    use bareverbs::Context;
+    use bareverbs::device::rxe::{Config, Rxe};
+    use bareverbs::error::{Error, Feature, Param, Unsupported};
+    use bareverbs::verbs::AddressVector;
+    use bareverbs_model::link::TestClock;
+    use bareverbs_model::{Model, ModelConfig};
+
+    /// A device's GID table lists the link-local, IPv4-mapped and global GIDs; the device
+    /// answers solicitations for its IPv6 addresses from its progress; an address vector
+    /// naming an IPv6 GID, as destination or source, is refused with `Feature::Ipv6` (the
+    /// transport speaks IPv4), and a source index past the table with the table's size.
+    #[test]
+    fn a_device_lists_its_ipv6_gids_and_answers_for_them() {
+        let model = Model::new(ModelConfig::default());
+        let seg = Segment::new();
+        let clk = TestClock::default();
+        let la = seg.attach(MAC_A, 1514);
+        let mut lx = seg.attach(MAC_X, 1514);
+        let dev = Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap();
+        assert_eq!(dev.add_ipv6(global(1)), Ok(2));
+        assert_eq!(dev.add_ipv6(ll(MAC_B)), Err(AddrRefused::LinkLocal));
+        assert_eq!(dev.gid(2), Some(Gid(global(1))));
+        let ctx = Context::new(dev);
+        assert_eq!(ctx.query_gid(1, 0).unwrap(), Gid(ll(MAC_A)));
+        assert_eq!(ctx.query_gid(1, 1).unwrap(), Gid::from_ipv4(IP_A));
+        assert_eq!(ctx.query_gid(1, 2).unwrap(), Gid(global(1)));
+        assert!(ctx.query_gid(1, 3).is_err());
+        let table: Vec<(u32, Gid)> = ctx.gid_table(1).unwrap().collect();
+        assert_eq!(
+            table,
+            vec![
+                (0, Gid(ll(MAC_A))),
+                (1, Gid::from_ipv4(IP_A)),
+                (2, Gid(global(1)))
+            ]
+        );
+        let binding = ctx.bind_gid(2, Gid(global(1))).unwrap();
+        assert_eq!(binding.gid(), Gid(global(1)));
+        assert!(ctx.bind_gid(2, Gid(global(2))).is_err());
+        // A station resolves both addresses of the device.
+        let mut x = Port::new(MAC_X, IP_B);
+        for (i, target) in [global(1), ll(MAC_A)].into_iter().enumerate() {
+            assert_eq!(x.resolve6(&mut lx, target, i as u64).unwrap(), None);
+            ctx.process_events();
+            assert!(drain(&mut x, &mut lx, i as u64) >= 1);
+            assert_eq!(x.lookup6(&target), Some(MAC_A), "{i}");
+        }
+        let counts = ctx.provider().port_counts();
+        assert_eq!((counts.nd_answered, counts.nd_invalid), (2, 0));
+        // The transport speaks IPv4: IPv6 GIDs in an address vector are refused.
+        let pd = ctx.alloc_pd().unwrap();
+        let ipv6 = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
+        let e = pd.create_ah(&AddressVector::new(Gid(ll(MAC_X)), 0)).err();
+        assert_eq!(e, Some(ipv6));
+        let e = pd
+            .create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 2))
+            .err();
+        assert_eq!(e, Some(ipv6));
+        let e = pd
+            .create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 9))
+            .err();
+        assert_eq!(
+            e,
+            Some(Error::InvalidInput {
+                param: Param::GidIndex,
+                value: 9,
+                max: 4
+            })
+        );
+        assert!(
+            pd.create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 1))
+                .is_ok()
+        );
+    }
+}

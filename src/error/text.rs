@@ -397,7 +397,9 @@ impl Display for Feature {
             Feature::UserMemory => "registering memory the HAL cannot translate",
             Feature::Interrupts => "interrupts: the device has no usable MSI-X vector",
             Feature::SrqModify => "modifying a shared receive queue on this device",
-            Feature::Ipv6 => "an IPv6 GID: the software device speaks RoCEv2 over IPv4",
+            Feature::Ipv6 => {
+                "an IPv6 GID in an address vector: the software device's transport speaks RoCEv2 over IPv4 (its IPv6 GIDs answer neighbour discovery only)"
+            }
             Feature::ReregMr => "changing a memory region in place on this device",
             Feature::MemoryWindows => {
                 "memory windows on this device: grant access through a region's own rkey"

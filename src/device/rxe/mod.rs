@@ -275,7 +275,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// # Ok(()) }
     /// ```
     pub fn new(hal: H, link: L, clock: C, config: Config) -> Result<Self> {
+        let mut link = link;
         let mac = link.mac();
+        // Solicitations for the link-local address (GID 0) come to its solicited-node group.
+        let ll = Gid::link_local_from_mac(mac).0;
+        link.join_multicast(wire::nd::multicast_mac(&wire::nd::solicited_node(&ll)));
         let max = link.max_frame();
         let self_paced = link.paces_itself();
         let Some(mtu) = seq::MTUS
@@ -341,9 +345,26 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         self.mtu
     }
 
-    /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 uses).
+    /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 over
+    /// IPv4 uses; 2 and up: the global IPv6 addresses given with [`Rxe::add_ipv6`]).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        port::gid(self.mac, self.ip, index)
+        match index {
+            0 | 1 => port::gid(self.mac, self.ip, index),
+            _ => self.core.lock().tables().port.gid(index),
+        }
+    }
+
+    /// Gives the interface the global IPv6 address `addr` (up to [`port::GLOBALS6`] of
+    /// them): its GID index, 2 and up in the order of addition. The NIC joins the address's
+    /// solicited-node group, and the port answers neighbour solicitations for it. The
+    /// transport itself speaks RoCEv2 over IPv4: an address vector with an IPv6 GID is
+    /// refused ([`Feature::Ipv6`](crate::error::Feature::Ipv6)).
+    pub fn add_ipv6(&self, addr: [u8; 16]) -> core::result::Result<u32, port::AddrRefused> {
+        let mut core = self.core.lock();
+        let (link, t) = core.parts();
+        let index = t.port.add_ipv6(addr)?;
+        link.join_multicast(wire::nd::multicast_mac(&wire::nd::solicited_node(&addr)));
+        Ok(index)
     }
 
     /// Frames the port handled, by outcome.

@@ -308,7 +308,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn create_ah(&self, _pd: &Pd, av: &AddressVector) -> Result<Ah> {
         if av.sgid_index > 1 {
-            return Err(Error::invalid(Param::GidIndex, av.sgid_index, 1u8));
+            return Err(sgid_refused(av.sgid_index));
         }
         let ip = av
             .dgid
@@ -527,6 +527,16 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 }
 
+/// Why an address vector's source GID index over 1 is refused: past the table, or a global
+/// IPv6 GID (the transport sends RoCEv2 over IPv4 only, from GIDs 0 and 1).
+pub(super) fn sgid_refused(index: u8) -> Error {
+    if u32::from(index) < super::port::GIDS {
+        Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
+    } else {
+        Error::invalid(Param::GidIndex, index, super::port::GIDS - 1)
+    }
+}
+
 /// The capabilities of the software device (fixed: the driver's tables).
 pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
     // The node GUID is the EUI-64 of the MAC: the interface id of its link-local GID.
@@ -552,7 +562,7 @@ pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
         max_srq: super::srq::MAX_SRQ,
         max_srq_wr: super::MAX_SRQ_WR,
         max_srq_sge: super::MAX_SGE,
-        gid_tbl_len: 2,
+        gid_tbl_len: super::port::GIDS,
         max_pkeys: 1,
         phys_port_cnt: 1,
         device_cap_flags: 0,

@@ -284,9 +284,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     .dgid
                     .ipv4()
                     .ok_or(Error::Unsupported(Unsupported::Feature(Feature::Ipv6)))?;
-                // Either GID sends from the interface's IPv4 address (RoCEv2 over IPv4).
+                // GIDs 0 and 1 send from the interface's IPv4 address (RoCEv2 over IPv4);
+                // a global IPv6 one would send over IPv6, which the transport does not.
                 if av.sgid_index > 1 {
-                    return Err(Error::invalid(Param::GidIndex, av.sgid_index, 1u8));
+                    return Err(super::provider::sgid_refused(av.sgid_index));
                 }
                 let mtu = attr.path_mtu.bytes();
                 if mtu > self.mtu {
