@@ -394,7 +394,12 @@ mod device {
         assert_eq!(ctx.query_gid(1, 0).unwrap(), Gid(ll(MAC_A)));
         assert_eq!(ctx.query_gid(1, 1).unwrap(), Gid::from_ipv4(IP_A));
         assert_eq!(ctx.query_gid(1, 2).unwrap(), Gid(global(1)));
-        assert!(ctx.query_gid(1, 3).is_err());
+        assert_eq!(
+            ctx.query_gid(1, 3).unwrap(),
+            Gid::default(),
+            "in the table, empty"
+        );
+        assert!(ctx.query_gid(1, 5).is_err());
         let table: Vec<(u32, Gid)> = ctx.gid_table(1).unwrap().collect();
         assert_eq!(
             table,

@@ -459,11 +459,16 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         if port != 1 {
             return Err(Error::invalid(Param::Port, port, 1u8));
         }
-        self.gid(index).ok_or(Error::invalid(
-            Param::GidIndex,
-            index,
-            self.caps.gid_tbl_len - 1,
-        ))
+        if index >= self.caps.gid_tbl_len {
+            return Err(Error::invalid(
+                Param::GidIndex,
+                index,
+                self.caps.gid_tbl_len - 1,
+            ));
+        }
+        // An entry of the table with no address given (a global IPv6 place) reads as the
+        // zero GID, as an unbound entry does.
+        Ok(self.gid(index).unwrap_or_default())
     }
 
     fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>> {
