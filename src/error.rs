@@ -373,6 +373,9 @@ pub enum Object {
     CqEventSlot,
     /// A completion channel.
     CompletionChannel,
+    /// An IPv6 path of the software device's connected queue pairs (its source and
+    /// destination addresses and flow label): a fixed number are held at once.
+    Ipv6Path,
 }
 
 /// An operation, as named in errors.

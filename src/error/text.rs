@@ -274,6 +274,7 @@ impl Display for Object {
             Object::Gid => "GID table entrie",
             Object::CqEventSlot => "completion queue event slot",
             Object::CompletionChannel => "completion channel",
+            Object::Ipv6Path => "IPv6 path",
         })
     }
 }

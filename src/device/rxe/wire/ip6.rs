@@ -7,9 +7,10 @@
 //! one is apart, so that IPv4 frames cost what they did.
 
 use super::bth::{BTH_LEN, Headers};
+use super::eth::ETHERTYPE_IPV4;
 use super::eth::{ETH_LEN, EthHeader, Mac};
-use super::icrc::{ICRC_LEN, icrc};
-use super::ip::{PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader, ones_sum};
+use super::icrc::{ICRC_LEN, icrc, icrc_v4};
+use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader, ones_sum};
 use super::{Discard, be16, be32, chunk, put};
 
 /// Bytes of an IPv6 header (extension headers apart; RoCE sends none).
@@ -256,6 +257,78 @@ pub fn parse6(frame: &[u8]) -> Result<Option<Packet6<'_>>, Discard> {
         headers,
         payload: transport.get(hlen..end - pad).ok_or(Discard::Truncated)?,
     }))
+}
+
+/// Bytes an IPv6 frame has beyond the IPv4 frame of the same packet.
+pub const V6_EXTRA: usize = IPV6_LEN - IPV4_LEN;
+
+/// Makes the RoCEv2 frame over IPv4 at `f[V6_EXTRA..V6_EXTRA + n]` (as the IPv4 builders
+/// write it, its UDP header and transport packet already where an IPv6 frame has them) the
+/// same packet over IPv6 from `src` to `dst` with flow label `flow`: the MACs kept, the
+/// IPv4 TOS as the traffic class and the TTL as the hop limit, the payload length the UDP
+/// length, the ICRC made again with IPv6's mask. Returns the frame's length (`n +
+/// V6_EXTRA`); `None` when `f` does not hold such a frame.
+pub fn ipv4_to_ipv6(f: &mut [u8], n: usize, src: &Ip6, dst: &Ip6, flow: u32) -> Option<usize> {
+    let v4 = f.get(V6_EXTRA..V6_EXTRA + n)?;
+    let head = v4.get(..ETH_LEN + IPV4_LEN + UDP_LEN)?;
+    let macs = *chunk::<12>(head, 0);
+    let (tos, ttl) = (head[ETH_LEN + 1], head[ETH_LEN + 8]);
+    let udp_len = be16(head, ETH_LEN + IPV4_LEN + 4);
+    let end = n + V6_EXTRA;
+    if ROCE6_OFFSET - UDP_LEN + usize::from(udp_len) != end {
+        return None;
+    }
+    put(f, 0, macs);
+    put(f, 12, ETHERTYPE_IPV6.to_be_bytes());
+    let mut ip = [0u8; IPV6_LEN];
+    Ipv6Header {
+        traffic_class: tos,
+        flow_label: flow,
+        payload_len: udp_len,
+        next_header: PROTO_UDP,
+        hop_limit: ttl,
+        src: *src,
+        dst: *dst,
+    }
+    .write(&mut ip);
+    put(f, ETH_LEN, ip);
+    let crc = icrc(f.get(ETH_LEN..end - ICRC_LEN)?)?;
+    put(f, end - ICRC_LEN, crc.to_le_bytes());
+    Some(end)
+}
+
+/// Makes the RoCEv2 frame over IPv6 of `f` (checked by [`parse6`]) the same packet over
+/// IPv4 from `src` to `dst`, in place: the traffic class as the TOS, the hop limit as the
+/// TTL, the UDP header and the transport packet moved up, the ICRC made again with IPv4's
+/// mask (the IPv6 one was checked). Returns the frame's length; `None` when `f` does not
+/// hold an IPv6 frame with a UDP datagram that long.
+pub fn ipv6_to_ipv4(f: &mut [u8], src: [u8; 4], dst: [u8; 4]) -> Option<usize> {
+    let h = f.get(..ROCE6_OFFSET)?;
+    let tos = (be32(h, ETH_LEN) >> 20) as u8;
+    let ttl = h[ETH_LEN + 7];
+    let udp_len = usize::from(be16(h, ETH_LEN + IPV6_LEN + 4));
+    let end6 = ETH_LEN + IPV6_LEN + udp_len;
+    if udp_len < UDP_LEN + BTH_LEN + ICRC_LEN || end6 > f.len() {
+        return None;
+    }
+    f.copy_within(ETH_LEN + IPV6_LEN..end6, ETH_LEN + IPV4_LEN);
+    put(f, 12, ETHERTYPE_IPV4.to_be_bytes());
+    let mut ip = [0u8; IPV4_LEN];
+    Ipv4Header {
+        tos,
+        total_len: (IPV4_LEN + udp_len) as u16,
+        id: 0,
+        ttl,
+        protocol: PROTO_UDP,
+        src,
+        dst,
+    }
+    .write(&mut ip);
+    put(f, ETH_LEN, ip);
+    let end = ETH_LEN + IPV4_LEN + udp_len;
+    let crc = icrc_v4(f.get(ETH_LEN..end - ICRC_LEN)?)?;
+    put(f, end - ICRC_LEN, crc.to_le_bytes());
+    Some(end)
 }
 
 /// Whether `ip` is an address no station on the segment sends from: unspecified (::),

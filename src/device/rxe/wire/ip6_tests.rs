@@ -229,3 +229,54 @@ fn martian_sources() {
     g[15] = 5;
     assert!(!martian6(&g));
 }
+
+/// The IPv4 frame of a packet made the IPv6 one is the frame built whole over IPv6, byte for
+/// byte (the V3 packet, and one with traffic class, flow label and hop limit set); made back
+/// it parses as the same headers and payload between the IPv4 addresses given.
+#[test]
+fn frames_convert_between_ipv4_and_ipv6() {
+    use crate::device::rxe::wire::packet::{Frame, Route, build, parse};
+    for (tc, flow, hop) in [(0u8, 0u32, 64u8), (0xB8, 0xABCDE, 3)] {
+        let mut r6 = v3_route();
+        (r6.traffic_class, r6.flow_label, r6.hop_limit) = (tc, flow, hop);
+        let r4 = Route {
+            src_mac: r6.src_mac,
+            dst_mac: r6.dst_mac,
+            src_ip: [10, 0, 0, 1],
+            dst_ip: [0, 0x86, 0xDD, 0],
+            tos: tc,
+            ttl: hop,
+            src_port: r6.src_port,
+        };
+        let mut want = [0u8; 256];
+        let n6 = build6(&mut want, &r6, &v3_headers(), b"ping").unwrap();
+        let mut f = [0x5Au8; 256];
+        let n4 = build(&mut f[V6_EXTRA..], &r4, 7, &v3_headers(), b"ping").unwrap();
+        let n = ipv4_to_ipv6(&mut f, n4, &r6.src, &r6.dst, flow).unwrap();
+        assert_eq!(n, n6);
+        assert_eq!(f[..n], want[..n6]);
+        // A length that disagrees with the UDP header is refused.
+        assert_eq!(
+            ipv4_to_ipv6(&mut f.clone(), n4 - 1, &r6.src, &r6.dst, flow),
+            None
+        );
+        let m = ipv6_to_ipv4(&mut f[..n], [0, 0x86, 0xDD, 3], [10, 0, 0, 9]).unwrap();
+        assert_eq!(m, n4);
+        match parse(&f[..m]) {
+            Ok(Frame::Roce(p)) => {
+                assert_eq!(p.headers, v3_headers());
+                assert_eq!(p.payload, b"ping");
+                assert_eq!((p.ip.src, p.ip.dst), ([0, 0x86, 0xDD, 3], [10, 0, 0, 9]));
+                assert_eq!((p.ip.tos, p.ip.ttl), (tc, hop));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A UDP length past the frame, or too short for a BTH: refused, nothing moved.
+    let mut f = v3_frame();
+    f[ETH_LEN + 45] = 0xFF;
+    assert_eq!(ipv6_to_ipv4(&mut f, [0; 4], [0; 4]), None);
+    f[ETH_LEN + 44] = 0;
+    f[ETH_LEN + 45] = 8;
+    assert_eq!(ipv6_to_ipv4(&mut f, [0; 4], [0; 4]), None);
+}
