@@ -371,7 +371,7 @@ mod device {
     use bareverbs::Context;
     use bareverbs::device::rxe::{Config, Rxe};
     use bareverbs::error::{Error, Feature, Param, Unsupported};
-    use bareverbs::verbs::AddressVector;
+    use bareverbs::verbs::*;
     use bareverbs_model::link::TestClock;
     use bareverbs_model::{Model, ModelConfig};
 
@@ -446,5 +446,207 @@ mod device {
             pd.create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 1))
                 .is_ok()
         );
+    }
+
+    type R = Rxe<Model, MemLink, TestClock>;
+
+    const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+        .union(AccessFlags::REMOTE_WRITE)
+        .union(AccessFlags::REMOTE_READ)
+        .union(AccessFlags::REMOTE_ATOMIC);
+
+    fn connect<'a>(
+        qp: QueuePair<'a, R, Rc, Reset>,
+        peer: u32,
+        av: AddressVector,
+        (sq, rq): (u32, u32),
+    ) -> QueuePair<'a, R, Rc, Rts> {
+        let init = ConnectedInit {
+            access: ALL,
+            ..Default::default()
+        };
+        let qp = qp.init(&init).map_err(|(_, e)| e).unwrap();
+        let mut rtr = ConnectedRtr::new(peer, rq, av);
+        (rtr.path_mtu, rtr.max_dest_rd_atomic) = (Mtu::Mtu1024, 4);
+        let qp = qp.rtr(&rtr).map_err(|(_, e)| e).unwrap();
+        let mut rts = ConnectedRts::new(sq);
+        (rts.max_rd_atomic, rts.timeout, rts.retry_cnt) = (4, 10, 7);
+        qp.rts(&rts).map_err(|(_, e)| e).unwrap()
+    }
+
+    /// Two devices connect RC queue pairs by IPv6 GIDs (the link-local ones, then the global
+    /// ones with a flow label): the peers are resolved by neighbour discovery, every frame
+    /// on the segment between them is RoCEv2 over IPv6 with the address vector's traffic
+    /// class, flow label and hop limit, and SEND, RDMA WRITE (several packets), RDMA READ
+    /// and an atomic complete with the bytes where they belong. A stranger's frames on the
+    /// same IPv6 path (its own MAC, or another source address) change nothing.
+    #[test]
+    fn rc_traffic_between_two_devices_by_ipv6_gids() {
+        let model = Model::new(ModelConfig::default());
+        let seg = Segment::new();
+        let clk = TestClock::default();
+        let la = seg.attach(MAC_A, 1514);
+        let lb = seg.attach(MAC_B, 1514);
+        let mut lx = seg.attach(MAC_X, 1514);
+        let da = Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap();
+        let db = Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap();
+        assert_eq!(da.add_ipv6(global(1)), Ok(2));
+        assert_eq!(db.add_ipv6(global(2)), Ok(2));
+        let (a, b) = (Context::new(da), Context::new(db));
+        let step = || {
+            clk.advance(100);
+            a.process_events();
+            b.process_events();
+        };
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut ma = pa.register(16384, ALL).unwrap();
+        let mut mb = pb.register(16384, ALL).unwrap();
+        for (round, (ga, gb, sgid, flow)) in [
+            (ll(MAC_A), ll(MAC_B), 0u8, 0u32),
+            (global(1), global(2), 2, 0x5_4321),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
+            let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
+            let (na, nb) = (qa.qp_num(), qb.qp_num());
+            let av = |dgid: Ip6| {
+                let mut v = AddressVector::new(Gid(dgid), sgid);
+                (v.hop_limit, v.traffic_class, v.flow_label) = (7, 0x28, flow);
+                v
+            };
+            let start = seg.sent_count();
+            let mut qa = connect(qa, nb, av(gb), (100, 200));
+            let mut qb = connect(qb, na, av(ga), (200, 100));
+            let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + round as u32) as u8).collect();
+            ma.as_mut_slice()[..5000].copy_from_slice(&data);
+            ma.as_mut_slice()[8000..8008].copy_from_slice(&41u64.to_ne_bytes());
+            mb.as_mut_slice()[12000..12100].fill(0xC3);
+            mb.as_mut_slice()[9200..9208].copy_from_slice(&1000u64.to_ne_bytes());
+            // SAFETY: the regions stay registered until the QPs are gone.
+            unsafe {
+                let mut r = qb.recv_batch();
+                r.recv(1, &[mb.sge(0, 2048).unwrap()]).unwrap();
+                r.finish();
+                let mut s = qa.send_batch();
+                s.send(2, SendFlags::SIGNALED, &[ma.sge(0, 1500).unwrap()])
+                    .unwrap();
+                s.rdma_write(
+                    3,
+                    SendFlags::SIGNALED,
+                    (mb.addr() + 4096, mb.rkey()),
+                    &[ma.sge(0, 5000).unwrap()],
+                )
+                .unwrap();
+                s.rdma_read(
+                    4,
+                    SendFlags::SIGNALED,
+                    (mb.addr() + 12000, mb.rkey()),
+                    &[ma.sge(10000, 100).unwrap()],
+                )
+                .unwrap();
+                s.atomic_fetch_add(
+                    5,
+                    SendFlags::SIGNALED,
+                    (mb.addr() + 9200, mb.rkey()),
+                    5,
+                    &ma.sge(8000, 8).unwrap(),
+                )
+                .unwrap();
+                s.finish();
+            }
+            let mut wc = [WorkCompletion::default(); 8];
+            let mut got = Vec::new();
+            for _ in 0..2000 {
+                step();
+                for cq in [&ca, &cb] {
+                    let n = cq.poll(&mut wc).unwrap();
+                    got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+                }
+                if got.len() == 5 {
+                    break;
+                }
+            }
+            got.sort_by_key(|g| g.0);
+            let ok = WcStatus::Success;
+            assert_eq!(
+                got,
+                vec![(1, ok), (2, ok), (3, ok), (4, ok), (5, ok)],
+                "round {round}"
+            );
+            assert!(mb.as_slice()[..1500] == data[..1500], "the SEND's bytes");
+            assert!(
+                mb.as_slice()[4096..4096 + 5000] == data[..],
+                "the WRITE's bytes"
+            );
+            assert_eq!(ma.as_slice()[10000..10100], [0xC3; 100]);
+            assert_eq!(ma.as_slice()[8000..8008], 1000u64.to_ne_bytes());
+            assert_eq!(mb.as_slice()[9200..9208], 1005u64.to_ne_bytes());
+            // What went on the wire between A and B: RoCEv2 over IPv6 only (and neighbour
+            // discovery), with the address vector's fields.
+            let (mut roce6, mut nd) = (0, 0);
+            for (from, f) in seg.sent_since(start) {
+                assert!(from < 2);
+                assert_ne!(&f[12..14], &[8, 0], "an IPv4 frame between IPv6 peers");
+                match parse6(&f) {
+                    Ok(Some(p)) => {
+                        roce6 += 1;
+                        let (src, dst) = if from == 0 { (ga, gb) } else { (gb, ga) };
+                        assert_eq!((p.ip.src, p.ip.dst), (src, dst));
+                        assert_eq!(
+                            (p.ip.traffic_class, p.ip.flow_label, p.ip.hop_limit),
+                            (0x28, flow, 7)
+                        );
+                    }
+                    Ok(None) => nd += 1,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            assert!(roce6 >= 10, "{roce6}");
+            assert!(nd >= 2 || round == 1, "{nd}");
+            // A stranger on the path: the peer's IPv6 source from its own MAC, and another
+            // source from the peer's MAC, each a SEND at the PSN B expects: both dropped.
+            let before = b.provider().port_counts();
+            let mut h = Headers::new(Bth {
+                opcode: opcode::RC_SEND_ONLY,
+                se: false,
+                pad: 0,
+                pkey: DEFAULT_PKEY,
+                dest_qp: nb,
+                ack_req: true,
+                psn: 100 + 4 + 5,
+            });
+            h.deth = None;
+            // SAFETY: as above.
+            unsafe {
+                let mut r = qb.recv_batch();
+                r.recv(9, &[mb.sge(0, 64).unwrap()]).unwrap();
+                r.finish();
+            }
+            for (mac, src) in [(MAC_X, ga), (MAC_A, global(0x66))] {
+                let route = Ipv6Route {
+                    src_mac: mac,
+                    dst_mac: MAC_B,
+                    src,
+                    dst: gb,
+                    traffic_class: 0,
+                    flow_label: flow,
+                    hop_limit: 64,
+                    src_port: 0xC000,
+                };
+                let mut buf = [0u8; 256];
+                let n = build6(&mut buf, &route, &h, b"forged").unwrap();
+                lx.transmit(&buf[..n]).unwrap();
+                for _ in 0..20 {
+                    step();
+                }
+            }
+            assert_eq!(cb.poll(&mut wc).unwrap(), 0, "a forged SEND was taken");
+            let after = b.provider().port_counts();
+            assert_eq!(after.roce6 - before.roce6, 2, "both checked at the port");
+            drop((qa, qb));
+        }
     }
 }

@@ -489,7 +489,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     }
                 }
                 Ok(None) => t.stack.push(frame),
-                Err(_) => {}
+                Err(_) => {
+                    // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
+                    if let Some(path) = t.port.take_pending6() {
+                        self.take_ipv6(core, rx.get_mut(..n).unwrap_or_default(), path, now);
+                    }
+                }
             }
         }
         self.run_timers(core, now);
@@ -528,6 +533,24 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
+    /// A RoCEv2 packet over IPv6 on the IPv6 path `path` (checked whole by the port): made
+    /// the same packet over IPv4 in place, from the address by which the transport names the
+    /// path to this interface's IPv4 address, and dispatched. One whose QP is locked
+    /// elsewhere is lost (as on a wire: its sender retries); out of line, so that IPv4
+    /// frames do not pay for it.
+    #[inline(never)]
+    fn take_ipv6(&self, core: &mut Core<L>, f: &mut [u8], path: usize, now: u64) {
+        let ip = core.tables().port.ip();
+        let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
+            return;
+        };
+        if let Some(Ok(wire::packet::Seen::Roce(p))) = f.get(..m).map(wire::packet::classify)
+            && !self.dispatch(core, &p, now)
+        {
+            core.tables().port.unhand();
+        }
+    }
+
     /// A RoCE packet for this interface: to the queue pair it names, as an answer to its
     /// requests or as a request to it. `false` when that QP's lock is held elsewhere (the
     /// frame is kept for the next progress: the progress never waits for a QP, so an
@@ -554,7 +577,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             && q.state != QpState::Reset
         {
             // The peer's MAC as ARP gave it, for the source check.
-            q.peer_mac = core.tables().port.lookup(q.peer_ip);
+            q.peer_mac = core.tables().port.lookup_any(q.peer_ip);
         }
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.

@@ -5,12 +5,14 @@
 use bareverbs_hal::{Link, LinkError};
 
 use super::mem::{Denied, MrTable};
+use super::port::{Port, alias_path, path_alias};
 use super::qp_state::QpCore;
 use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
 use super::wire::icrc::ICRC_LEN;
+use super::wire::ip6::{V6_EXTRA, ipv4_to_ipv6};
 use super::wire::packet::{EXT_MAX, Route, ack, begin_bth, begin_ext, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
@@ -86,13 +88,17 @@ impl<L: Link> Net<'_, L> {
         let Some(mac) = self.peer_mac(q)? else {
             return Ok(false);
         };
-        q.hdr = Some(Template::new(&self.route(q, mac), q.attr.dest_qpn));
+        let t = Template::new(&self.route(q, mac), q.attr.dest_qpn);
+        q.hdr = Some(match alias_path(q.peer_ip) {
+            Some(i) => t.over_path6(i),
+            None => t,
+        });
         Ok(true)
     }
 
     /// [`Net::peer_mac`] of a QP whose peer's MAC is not kept yet.
     fn resolve_peer(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
-        let m = self.t.port.resolve(self.link, q.peer_ip, self.now)?;
+        let m = self.t.port.resolve_any(self.link, q.peer_ip, self.now)?;
         q.peer_mac = m;
         Ok(m)
     }
@@ -176,6 +182,7 @@ impl<L: Link> Net<'_, L> {
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
+            &self.t.port,
             outer,
             build,
         );
@@ -199,6 +206,7 @@ impl<L: Link> Net<'_, L> {
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
+            &self.t.port,
             outer,
             build,
         )
@@ -206,41 +214,73 @@ impl<L: Link> Net<'_, L> {
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// with the outer headers `outer`: looped back when it is to this interface, else through
-/// the NIC. Room first: a frame is built only when it can go out now (`transmit_with` calls
-/// `build` only with a free transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: through the NIC, or, for a route that is not on the wire
+/// as built ([`Template::special`]), looped back or over IPv6 ([`transmit_special`]). Room
+/// first: a frame is built only when it can go out now (`transmit_with` calls `build` only
+/// with a free transmit slot). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,
     tx: &mut [u8],
     loopback: &mut Loopback,
     ip_id: &mut u16,
+    port: &Port,
     outer: &Template,
     build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
 ) -> Result<(), Unsent> {
-    let looped = outer.looped();
-    if looped && !loopback.has_room() {
-        loopback.full += 1;
-        return Err(Unsent::Busy);
+    if outer.special() {
+        return transmit_special(link, tx, loopback, ip_id, port, outer, build);
     }
     let build = |buf: &mut [u8]| {
         let id = *ip_id;
         *ip_id = id.wrapping_add(1);
         build(buf, id)
     };
-    if looped {
-        // To this interface: looped back, never on the wire.
-        let n = build(tx).ok_or(Unsent::Lost)?;
-        return if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
-            Ok(())
-        } else {
-            Err(Unsent::Busy)
-        };
-    }
     match link.transmit_with(tx, build) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(Unsent::Lost),
         Err(LinkError::Busy) => Err(Unsent::Busy),
         Err(_) => Err(Unsent::Lost),
+    }
+}
+
+/// [`transmit`] of a frame to this interface's own address (looped back, never on the
+/// wire), or along an IPv6 path: built in `tx` as over IPv4, [`V6_EXTRA`] bytes in, then
+/// made the IPv6 frame of the same packet ([`ipv4_to_ipv6`]) and sent (copied to the NIC).
+fn transmit_special<L: Link>(
+    link: &mut L,
+    tx: &mut [u8],
+    loopback: &mut Loopback,
+    ip_id: &mut u16,
+    port: &Port,
+    outer: &Template,
+    build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
+) -> Result<(), Unsent> {
+    let id = *ip_id;
+    if let Some(i) = outer.path6() {
+        if !link.tx_ready() {
+            return Err(Unsent::Busy);
+        }
+        let path = port.path6(path_alias(i)).ok_or(Unsent::Lost)?;
+        *ip_id = id.wrapping_add(1);
+        let n = build(tx.get_mut(V6_EXTRA..).ok_or(Unsent::Lost)?, id).ok_or(Unsent::Lost)?;
+        let n = ipv4_to_ipv6(tx, n, &path.src, &path.dst, path.flow).ok_or(Unsent::Lost)?;
+        return match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {
+            Ok(()) => Ok(()),
+            Err(LinkError::Busy) => Err(Unsent::Busy),
+            Err(_) => Err(Unsent::Lost),
+        };
+    }
+    if !loopback.has_room() {
+        loopback.full += 1;
+        return Err(Unsent::Busy);
+    }
+    *ip_id = id.wrapping_add(1);
+    // To this interface: looped back, never on the wire.
+    let n = build(tx, id).ok_or(Unsent::Lost)?;
+    if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
+        Ok(())
+    } else {
+        Err(Unsent::Busy)
     }
 }

@@ -28,6 +28,32 @@ pub const NEIGHBOURS6: usize = 16;
 pub const GLOBALS6: usize = 3;
 /// Entries of the GID table: the link-local GID, the IPv4-mapped one, the global IPv6 ones.
 pub const GIDS: u32 = 2 + GLOBALS6 as u32;
+/// IPv6 paths of connected queue pairs held at once (distinct source, destination and flow
+/// label; queue pairs on the same path share it).
+pub const PATHS6: usize = 16;
+
+/// The IPv4 address by which the transport names IPv6 path `i`: 0.134.221.`i`. No station
+/// sends from 0/8 (the port drops such sources from the wire as martian), so no IPv4 frame
+/// can pass for one of these paths.
+pub(crate) fn path_alias(i: usize) -> [u8; 4] {
+    [0, 0x86, 0xDD, i as u8]
+}
+
+/// The IPv6 path an address of [`path_alias`] names.
+pub(crate) fn alias_path(ip: [u8; 4]) -> Option<usize> {
+    let i = usize::from(ip[3]);
+    (ip[..3] == [0, 0x86, 0xDD] && i < PATHS6).then_some(i)
+}
+
+/// An IPv6 path of connected queue pairs: this interface's address, the peer's, the flow
+/// label, and how many queue pairs use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Path6 {
+    pub(crate) src: Ip6,
+    pub(crate) dst: Ip6,
+    pub(crate) flow: u32,
+    users: u32,
+}
 
 /// GID `index` of an interface with `mac` and `ip`, as rxe lays the table out: 0 the
 /// link-local GID of the MAC, 1 the IPv4-mapped GID of the address (the one RoCEv2 over
@@ -143,8 +169,9 @@ pub struct PortCounts {
     pub nd_sent: u64,
     /// Neighbour discovery messages that failed RFC 4861's checks, dropped.
     pub nd_invalid: u64,
-    /// RoCEv2 packets over IPv6, checked, that the transport does not take yet (it speaks
-    /// IPv4): dropped.
+    /// RoCEv2 packets over IPv6 to this interface, checked: those on a connected queue
+    /// pair's IPv6 path go on to the transport (and count in `roce` too), the others are
+    /// dropped (UD over IPv6 is not taken).
     pub roce6: u64,
     /// Frames to this interface's own address that found its loopback queue
     /// ([`LOOPBACK_FRAMES`](super::LOOPBACK_FRAMES)) full: not built then, their sender tries
@@ -173,6 +200,10 @@ pub struct Port {
     link_local: Ip6,
     globals: [Option<Ip6>; GLOBALS6],
     neighbours6: [Option<Neighbour<Ip6>>; NEIGHBOURS6],
+    paths6: [Option<Path6>; PATHS6],
+    /// The path of the RoCEv2 packet over IPv6 the port just passed on (`take` then says
+    /// `Err`: the device carries it to the transport as IPv4, [`Port::take_pending6`]).
+    pending6: Option<usize>,
     counts: PortCounts,
 }
 
@@ -186,6 +217,8 @@ impl Port {
             link_local: Gid::link_local_from_mac(mac).0,
             globals: [None; GLOBALS6],
             neighbours6: [None; NEIGHBOURS6],
+            paths6: [None; PATHS6],
+            pending6: None,
             counts: PortCounts::default(),
         }
     }
@@ -207,6 +240,81 @@ impl Port {
     /// Whether `a` is one of the interface's IPv6 addresses.
     pub fn has_ipv6(&self, a: &Ip6) -> bool {
         *a == self.link_local || self.globals.contains(&Some(*a))
+    }
+
+    /// Takes a use of the IPv6 path from `src` (one of this interface's addresses) to `dst`
+    /// with flow label `flow`: the address by which the transport names it
+    /// ([`path_alias`]); `None` when [`PATHS6`] other paths are in use.
+    pub(crate) fn hold_path6(&mut self, src: Ip6, dst: Ip6, flow: u32) -> Option<[u8; 4]> {
+        let flow = flow & 0xF_FFFF;
+        let same =
+            |e: &Option<Path6>| e.is_some_and(|e| (e.src, e.dst, e.flow) == (src, dst, flow));
+        let i = match self.paths6.iter().position(same) {
+            Some(i) => i,
+            None => {
+                let i = self.paths6.iter().position(Option::is_none)?;
+                self.paths6[i] = Some(Path6 {
+                    src,
+                    dst,
+                    flow,
+                    users: 0,
+                });
+                i
+            }
+        };
+        if let Some(e) = self.paths6[i].as_mut() {
+            e.users += 1;
+        }
+        Some(path_alias(i))
+    }
+
+    /// Gives back a use of the path `alias` names (nothing for any other address); the last
+    /// use frees it.
+    pub(crate) fn release_path6(&mut self, alias: [u8; 4]) {
+        let Some(i) = alias_path(alias) else { return };
+        if let Some(e) = self.paths6[i].as_mut() {
+            e.users = e.users.saturating_sub(1);
+            if e.users == 0 {
+                self.paths6[i] = None;
+            }
+        }
+    }
+
+    /// The IPv6 path `alias` names, when it is held.
+    pub(crate) fn path6(&self, alias: [u8; 4]) -> Option<Path6> {
+        self.paths6[alias_path(alias)?]
+    }
+
+    /// The path of the RoCEv2 packet over IPv6 the last `take` passed on, once.
+    pub(crate) fn take_pending6(&mut self) -> Option<usize> {
+        self.pending6.take()
+    }
+
+    /// [`Port::resolve`] of an address that is IPv4 or names an IPv6 path: the path's peer
+    /// resolved by neighbour discovery.
+    pub(crate) fn resolve_any<L: Link>(
+        &mut self,
+        link: &mut L,
+        ip: [u8; 4],
+        now: u64,
+    ) -> Result<Option<Mac>> {
+        match alias_path(ip) {
+            Some(i) => match self.paths6[i] {
+                Some(p) => self.resolve6(link, p.dst, now),
+                None => Err(Error::Timeout {
+                    op: Op::ResolveAddress,
+                }),
+            },
+            None => self.resolve(link, ip, now),
+        }
+    }
+
+    /// [`Port::lookup`] of an address that is IPv4 or names an IPv6 path.
+    pub(crate) fn lookup_any(&self, ip: [u8; 4]) -> Option<Mac> {
+        match alias_path(ip) {
+            Some(i) => self.lookup6(&self.paths6[i]?.dst),
+            None => self.lookup(ip),
+        }
     }
 
     /// The interface's MAC address.
@@ -239,7 +347,9 @@ impl Port {
     /// whatever the sender wrote). Frames to another station's MAC are dropped (a promiscuous
     /// NIC passes them up); broadcast and multicast ones go on (ARP, the IP stack's).
     pub fn receive<'a, L: Link>(&mut self, link: &mut L, frame: &'a [u8], now: u64) -> Rx<'a> {
-        match self.take(link, frame, now, false) {
+        let r = self.take(link, frame, now, false);
+        self.pending6 = None;
+        match r {
             Ok(Some(v)) => Rx::Roce(v.packet()),
             Ok(None) => Rx::Stack,
             Err(d) => Rx::Dropped(d),
@@ -311,8 +421,22 @@ impl Port {
             .is_some_and(|t| t == ETHERTYPE_IPV6.to_be_bytes());
         if ipv6 {
             match super::wire::ip6::parse6(frame) {
-                Ok(Some(p)) if self.has_ipv6(&p.ip.dst) && !martian6(&p.ip.src) => {
+                Ok(Some(p))
+                    if self.has_ipv6(&p.ip.dst)
+                        && !martian6(&p.ip.src)
+                        && !self.has_ipv6(&p.ip.src) =>
+                {
                     self.counts.roce6 += 1;
+                    // On a connected QP's path: for the transport (the device carries it).
+                    let path = self
+                        .paths6
+                        .iter()
+                        .position(|e| e.is_some_and(|e| e.src == p.ip.dst && e.dst == p.ip.src));
+                    if let Some(i) = path {
+                        self.counts.roce += 1;
+                        self.pending6 = Some(i);
+                        return Err(Discard::NotRoce);
+                    }
                     return self.drop(Discard::NotRoce);
                 }
                 Ok(Some(_)) => return self.drop(Discard::NotRoce),
