@@ -488,13 +488,15 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                         break;
                     }
                 }
-                Ok(None) => t.stack.push(frame),
-                Err(_) => {
+                Ok(None) => match t.port.take_ipv6(link, frame, now) {
+                    None | Some(port::Ipv6Rx::Stack) => t.stack.push(frame),
                     // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
-                    if let Some(path) = t.port.take_pending6() {
+                    Some(port::Ipv6Rx::Path(path)) => {
                         self.take_ipv6(core, rx.get_mut(..n).unwrap_or_default(), path, now);
                     }
-                }
+                    Some(port::Ipv6Rx::Dropped(_)) => {}
+                },
+                Err(_) => {}
             }
         }
         self.run_timers(core, now);

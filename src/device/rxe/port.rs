@@ -109,6 +109,17 @@ pub fn check_global(globals: &[Option<Ip6>; GLOBALS6], a: &Ip6) -> Result<usize,
         .ok_or(AddrRefused::Full)
 }
 
+/// What became of an IPv6 frame the port looked at ([`Port::take_ipv6`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ipv6Rx {
+    /// For the IP stack (neighbour discovery too, after the port answered and learnt).
+    Stack,
+    /// RoCEv2 over IPv6 on the device's IPv6 path `i`: for the transport.
+    Path(usize),
+    /// Dropped, with the reason.
+    Dropped(Discard),
+}
+
 /// What became of a received frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Rx<'a> {
@@ -201,9 +212,6 @@ pub struct Port {
     globals: [Option<Ip6>; GLOBALS6],
     neighbours6: [Option<Neighbour<Ip6>>; NEIGHBOURS6],
     paths6: [Option<Path6>; PATHS6],
-    /// The path of the RoCEv2 packet over IPv6 the port just passed on (`take` then says
-    /// `Err`: the device carries it to the transport as IPv4, [`Port::take_pending6`]).
-    pending6: Option<usize>,
     counts: PortCounts,
 }
 
@@ -218,7 +226,6 @@ impl Port {
             globals: [None; GLOBALS6],
             neighbours6: [None; NEIGHBOURS6],
             paths6: [None; PATHS6],
-            pending6: None,
             counts: PortCounts::default(),
         }
     }
@@ -285,11 +292,6 @@ impl Port {
         self.paths6[alias_path(alias)?]
     }
 
-    /// The path of the RoCEv2 packet over IPv6 the last `take` passed on, once.
-    pub(crate) fn take_pending6(&mut self) -> Option<usize> {
-        self.pending6.take()
-    }
-
     /// [`Port::resolve`] of an address that is IPv4 or names an IPv6 path: the path's peer
     /// resolved by neighbour discovery.
     pub(crate) fn resolve_any<L: Link>(
@@ -347,11 +349,14 @@ impl Port {
     /// whatever the sender wrote). Frames to another station's MAC are dropped (a promiscuous
     /// NIC passes them up); broadcast and multicast ones go on (ARP, the IP stack's).
     pub fn receive<'a, L: Link>(&mut self, link: &mut L, frame: &'a [u8], now: u64) -> Rx<'a> {
-        let r = self.take(link, frame, now, false);
-        self.pending6 = None;
-        match r {
+        match self.take(link, frame, now, false) {
             Ok(Some(v)) => Rx::Roce(v.packet()),
-            Ok(None) => Rx::Stack,
+            Ok(None) => match self.take_ipv6(link, frame, now) {
+                None | Some(Ipv6Rx::Stack) => Rx::Stack,
+                // On a connected QP's IPv6 path: the device carries it to the transport.
+                Some(Ipv6Rx::Path(_)) => Rx::Dropped(Discard::NotRoce),
+                Some(Ipv6Rx::Dropped(d)) => Rx::Dropped(d),
+            },
             Err(d) => Rx::Dropped(d),
         }
     }
@@ -400,61 +405,71 @@ impl Port {
                 self.counts.stack += 1;
                 Ok(None)
             }
-            Ok(Seen::Other) => self.other(link, frame, now),
+            Ok(Seen::Other) => {
+                self.counts.stack += 1;
+                Ok(None)
+            }
             Err(d) => self.drop(d),
         }
     }
 
-    /// A frame that is neither RoCEv2 over IPv4 nor ARP (to this interface's MAC or to a
-    /// group): IPv6 neighbour discovery is answered and learnt from, RoCEv2 over IPv6 is
-    /// checked and dropped (the transport speaks IPv4), the rest is the IP stack's. Out of
-    /// line: the IPv4 path does not pay for it.
+    /// A frame [`Port::take`] left to the IP stack, if it is IPv6 (`None` otherwise: it
+    /// goes to the stack): neighbour discovery is answered and learnt from (and goes to the
+    /// stack too, as ARP does), RoCEv2 over IPv6 to this interface is checked whole and
+    /// either carried on to the transport (on a connected QP's IPv6 path) or dropped, a
+    /// damaged one of either is dropped. The IPv4 path never comes here: the device asks
+    /// only about frames for the stack, out of line.
     #[inline(never)]
-    fn other<L: Link>(
+    pub(crate) fn take_ipv6<L: Link>(
         &mut self,
         link: &mut L,
         frame: &[u8],
         now: u64,
-    ) -> Result<Option<View<'static>>, Discard> {
-        let ipv6 = frame
-            .get(12..14)
-            .is_some_and(|t| t == ETHERTYPE_IPV6.to_be_bytes());
-        if ipv6 {
-            match super::wire::ip6::parse6(frame) {
-                Ok(Some(p))
-                    if self.has_ipv6(&p.ip.dst)
-                        && !martian6(&p.ip.src)
-                        && !self.has_ipv6(&p.ip.src) =>
-                {
-                    self.counts.roce6 += 1;
-                    // On a connected QP's path: for the transport (the device carries it).
-                    let path = self
-                        .paths6
-                        .iter()
-                        .position(|e| e.is_some_and(|e| e.src == p.ip.dst && e.dst == p.ip.src));
-                    if let Some(i) = path {
-                        self.counts.roce += 1;
-                        self.pending6 = Some(i);
-                        return Err(Discard::NotRoce);
-                    }
-                    return self.drop(Discard::NotRoce);
-                }
-                Ok(Some(_)) => return self.drop(Discard::NotRoce),
-                Err(d) => return self.drop(d),
-                Ok(None) => {}
-            }
-            let src_mac = frame.get(6..12).and_then(|m| m.first_chunk::<6>());
-            match (Nd::parse(frame.get(ETH_LEN..).unwrap_or(&[])), src_mac) {
-                (Ok(Some(m)), Some(&src_mac)) => self.neighbour_discovery(link, &m, src_mac, now),
-                (Err(_), _) => {
-                    self.counts.nd_invalid += 1;
-                    return self.drop(Discard::BadIp);
-                }
-                _ => {}
-            }
+    ) -> Option<Ipv6Rx> {
+        if frame.get(12..14) != Some(&ETHERTYPE_IPV6.to_be_bytes()[..]) {
+            return None;
         }
-        self.counts.stack += 1;
-        Ok(None)
+        match super::wire::ip6::parse6(frame) {
+            Ok(Some(p))
+                if self.has_ipv6(&p.ip.dst)
+                    && !martian6(&p.ip.src)
+                    && !self.has_ipv6(&p.ip.src) =>
+            {
+                self.counts.stack -= 1;
+                self.counts.roce6 += 1;
+                // On a connected QP's path: for the transport (the device carries it).
+                let path = self
+                    .paths6
+                    .iter()
+                    .position(|e| e.is_some_and(|e| e.src == p.ip.dst && e.dst == p.ip.src));
+                if let Some(i) = path {
+                    self.counts.roce += 1;
+                    return Some(Ipv6Rx::Path(i));
+                }
+                self.counts.dropped += 1;
+                return Some(Ipv6Rx::Dropped(Discard::NotRoce));
+            }
+            Ok(Some(_)) => return Some(self.unstack(Discard::NotRoce)),
+            Err(d) => return Some(self.unstack(d)),
+            Ok(None) => {}
+        }
+        let src_mac = frame.get(6..12).and_then(|m| m.first_chunk::<6>());
+        match (Nd::parse(frame.get(ETH_LEN..).unwrap_or(&[])), src_mac) {
+            (Ok(Some(m)), Some(&src_mac)) => self.neighbour_discovery(link, &m, src_mac, now),
+            (Err(_), _) => {
+                self.counts.nd_invalid += 1;
+                return Some(self.unstack(Discard::BadIp));
+            }
+            _ => {}
+        }
+        Some(Ipv6Rx::Stack)
+    }
+
+    /// A frame counted for the stack, dropped after all.
+    fn unstack(&mut self, d: Discard) -> Ipv6Rx {
+        self.counts.stack -= 1;
+        self.counts.dropped += 1;
+        Ipv6Rx::Dropped(d)
     }
 
     /// Answers a solicitation for one of this interface's addresses, and learns as ARP
