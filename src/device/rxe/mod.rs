@@ -488,14 +488,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                         break;
                     }
                 }
-                Ok(None) => match t.port.take_ipv6(link, frame, now) {
-                    None | Some(port::Ipv6Rx::Stack) => t.stack.push(frame),
-                    // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
-                    Some(port::Ipv6Rx::Path(path)) => {
-                        self.take_ipv6(core, rx.get_mut(..n).unwrap_or_default(), path, now);
-                    }
-                    Some(port::Ipv6Rx::Dropped(_)) => {}
-                },
+                Ok(None) => self.for_stack(core, n, now),
                 Err(_) => {}
             }
         }
@@ -532,6 +525,29 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             now,
             mtu: self.mtu,
             answers: reply::ANSWER_BURST,
+        }
+    }
+
+    /// The received frame of `n` bytes the port left to the IP stack: to the stack, unless
+    /// it is IPv6 the port takes itself ([`Port::take_ipv6`]: neighbour discovery answered,
+    /// RoCEv2 over IPv6 to the transport or dropped). Out of line: RoCE frames over IPv4 do
+    /// not come here.
+    #[inline(never)]
+    fn for_stack(&self, core: &mut Core<L>, n: usize, now: u64) {
+        // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
+        // through the locked core (`core` is borrowed mutably here).
+        let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
+        let Some(frame) = rx.get(..n) else { return };
+        let (link, t) = core.parts();
+        match t.port.take_ipv6(link, frame, now) {
+            None | Some(port::Ipv6Rx::Stack) => t.stack.push(frame),
+            // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
+            Some(port::Ipv6Rx::Path(path)) => {
+                if let Some(f) = rx.get_mut(..n) {
+                    self.take_ipv6(core, f, path, now);
+                }
+            }
+            Some(port::Ipv6Rx::Dropped(_)) => {}
         }
     }
 

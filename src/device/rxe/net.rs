@@ -214,10 +214,11 @@ impl<L: Link> Net<'_, L> {
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// with the outer headers `outer`: through the NIC, or, for a route that is not on the wire
-/// as built ([`Template::special`]), looped back or over IPv6 ([`transmit_special`]). Room
-/// first: a frame is built only when it can go out now (`transmit_with` calls `build` only
-/// with a free transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: looped back when it is to this interface, over IPv6 when
+/// the route is an IPv6 path (built as IPv4 [`V6_EXTRA`] bytes into `tx`, then made the IPv6
+/// frame of the same packet: [`send_ipv6`]), else through the NIC. Room first: a frame is
+/// built only when it can go out now (`transmit_with` calls `build` only with a free
+/// transmit slot). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,
@@ -228,14 +229,32 @@ fn transmit<L: Link>(
     outer: &Template,
     build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
 ) -> Result<(), Unsent> {
-    if outer.special() {
-        return transmit_special(link, tx, loopback, ip_id, port, outer, build);
+    // One test of the route's mode for the frames on the wire as built (as the looped flag
+    // it replaced was tested).
+    let special = outer.special();
+    if special && outer.looped() && !loopback.has_room() {
+        loopback.full += 1;
+        return Err(Unsent::Busy);
     }
     let build = |buf: &mut [u8]| {
         let id = *ip_id;
         *ip_id = id.wrapping_add(1);
         build(buf, id)
     };
+    if special {
+        let path = outer.path6();
+        if path.is_some() && !link.tx_ready() {
+            return Err(Unsent::Busy);
+        }
+        let at = if path.is_some() { V6_EXTRA } else { 0 };
+        let n = build(tx.get_mut(at..).ok_or(Unsent::Lost)?).ok_or(Unsent::Lost)?;
+        return match path {
+            Some(i) => send_ipv6(link, tx, n, port, i),
+            // To this interface: looped back, never on the wire.
+            None if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) => Ok(()),
+            None => Err(Unsent::Busy),
+        };
+    }
     match link.transmit_with(tx, build) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(Unsent::Lost),
@@ -244,43 +263,21 @@ fn transmit<L: Link>(
     }
 }
 
-/// [`transmit`] of a frame to this interface's own address (looped back, never on the
-/// wire), or along an IPv6 path: built in `tx` as over IPv4, [`V6_EXTRA`] bytes in, then
-/// made the IPv6 frame of the same packet ([`ipv4_to_ipv6`]) and sent (copied to the NIC).
-fn transmit_special<L: Link>(
+/// Sends the frame over IPv4 of `n` bytes at `tx[V6_EXTRA..]` as the IPv6 frame of the same
+/// packet along the device's IPv6 path `path` ([`ipv4_to_ipv6`]), copied to the NIC.
+#[inline(never)]
+fn send_ipv6<L: Link>(
     link: &mut L,
     tx: &mut [u8],
-    loopback: &mut Loopback,
-    ip_id: &mut u16,
+    n: usize,
     port: &Port,
-    outer: &Template,
-    build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
+    path: usize,
 ) -> Result<(), Unsent> {
-    let id = *ip_id;
-    if let Some(i) = outer.path6() {
-        if !link.tx_ready() {
-            return Err(Unsent::Busy);
-        }
-        let path = port.path6(path_alias(i)).ok_or(Unsent::Lost)?;
-        *ip_id = id.wrapping_add(1);
-        let n = build(tx.get_mut(V6_EXTRA..).ok_or(Unsent::Lost)?, id).ok_or(Unsent::Lost)?;
-        let n = ipv4_to_ipv6(tx, n, &path.src, &path.dst, path.flow).ok_or(Unsent::Lost)?;
-        return match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {
-            Ok(()) => Ok(()),
-            Err(LinkError::Busy) => Err(Unsent::Busy),
-            Err(_) => Err(Unsent::Lost),
-        };
-    }
-    if !loopback.has_room() {
-        loopback.full += 1;
-        return Err(Unsent::Busy);
-    }
-    *ip_id = id.wrapping_add(1);
-    // To this interface: looped back, never on the wire.
-    let n = build(tx, id).ok_or(Unsent::Lost)?;
-    if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
-        Ok(())
-    } else {
-        Err(Unsent::Busy)
+    let p = port.path6(path_alias(path)).ok_or(Unsent::Lost)?;
+    let n = ipv4_to_ipv6(tx, n, &p.src, &p.dst, p.flow).ok_or(Unsent::Lost)?;
+    match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {
+        Ok(()) => Ok(()),
+        Err(LinkError::Busy) => Err(Unsent::Busy),
+        Err(_) => Err(Unsent::Lost),
     }
 }

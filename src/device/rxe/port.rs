@@ -558,18 +558,94 @@ impl Port {
             // This interface: the device loops the frames back itself.
             return Ok(Some(self.mac));
         }
-        let (mac, me) = (self.mac, self.ip);
-        let sent = &mut self.counts.arp_sent;
-        step(&mut self.neighbours, ip, now, sent, |_| {
-            let req = Arp {
-                op: ArpOp::Request,
-                sender_mac: mac,
-                sender_ip: me,
-                target_mac: [0; 6],
-                target_ip: ip,
-            };
-            link.transmit(&req.frame(mac)).is_ok()
-        })
+        let i = match self.find(ip) {
+            Some(i) => i,
+            None => self.make_room(ip, now),
+        };
+        let Some(n) = self.neighbours[i].as_mut() else {
+            return Ok(None);
+        };
+        if let Some(mac) = n.mac {
+            return Ok(Some(mac));
+        }
+        if n.tries > 0 && now.wrapping_sub(n.at) < ARP_RETRY_US {
+            return Ok(None);
+        }
+        if n.tries >= ARP_TRIES {
+            self.neighbours[i] = None;
+            return Err(Error::Timeout {
+                op: Op::ResolveAddress,
+            });
+        }
+        let req = Arp {
+            op: ArpOp::Request,
+            sender_mac: self.mac,
+            sender_ip: self.ip,
+            target_mac: [0; 6],
+            target_ip: ip,
+        };
+        if link.transmit(&req.frame(self.mac)).is_ok() {
+            n.tries += 1;
+            n.at = now;
+            self.counts.arp_sent += 1;
+        }
+        Ok(None)
+    }
+
+    fn find(&self, ip: [u8; 4]) -> Option<usize> {
+        self.neighbours
+            .iter()
+            .position(|n| n.is_some_and(|n| n.ip == ip))
+    }
+
+    /// A slot for `ip`, pending: a free one, or the least recently learnt.
+    fn make_room(&mut self, ip: [u8; 4], now: u64) -> usize {
+        let i = self
+            .neighbours
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                (0..NEIGHBOURS)
+                    .min_by_key(|&i| self.neighbours[i].map_or(0, |n| n.at))
+                    .unwrap_or(0)
+            });
+        self.neighbours[i] = Some(Neighbour {
+            ip,
+            mac: None,
+            at: now,
+            tries: 0,
+        });
+        i
+    }
+
+    /// The MAC of `ip` when it is known (no ARP request is sent).
+    pub fn lookup(&self, ip: [u8; 4]) -> Option<Mac> {
+        if ip == self.ip {
+            return Some(self.mac);
+        }
+        self.find(ip).and_then(|i| self.neighbours[i]?.mac)
+    }
+
+    /// Records `ip` at `mac`, making room if needed.
+    fn learn(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
+        let i = match self.find(ip) {
+            Some(i) => i,
+            None => self.make_room(ip, now),
+        };
+        self.neighbours[i] = Some(Neighbour {
+            ip,
+            mac: Some(mac),
+            at: now,
+            tries: 0,
+        });
+    }
+
+    /// Records `ip` at `mac` if `ip` is known or being resolved (nobody else's traffic fills
+    /// the cache).
+    fn refresh(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
+        if self.find(ip).is_some() {
+            self.learn(ip, mac, now);
+        }
     }
 
     /// [`Port::resolve`] for an IPv6 address: a Neighbor Solicitation to its solicited-node
@@ -603,31 +679,12 @@ impl Port {
         })
     }
 
-    /// The MAC of `ip` when it is known (no ARP request is sent).
-    pub fn lookup(&self, ip: [u8; 4]) -> Option<Mac> {
-        if ip == self.ip {
-            return Some(self.mac);
-        }
-        lookup(&self.neighbours, ip)
-    }
-
     /// The MAC of the IPv6 address `ip` when it is known (no solicitation is sent).
     pub fn lookup6(&self, ip: &Ip6) -> Option<Mac> {
         if self.has_ipv6(ip) {
             return Some(self.mac);
         }
         lookup(&self.neighbours6, *ip)
-    }
-
-    /// Records `ip` at `mac`, making room if needed.
-    fn learn(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
-        learn(&mut self.neighbours, ip, mac, now);
-    }
-
-    /// Records `ip` at `mac` if `ip` is known or being resolved (nobody else's traffic fills
-    /// the cache).
-    fn refresh(&mut self, ip: [u8; 4], mac: Mac, now: u64) {
-        refresh(&mut self.neighbours, ip, mac, now);
     }
 }
 
