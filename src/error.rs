@@ -549,9 +549,10 @@ pub enum Feature {
     /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
     /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
     SrqModify,
-    /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address, destination or source: the
-    /// software device's transport speaks RoCEv2 over IPv4 only (its port has IPv6 GIDs and
-    /// answers neighbour discovery for them).
+    /// An IPv6 (non IPv4-mapped) GID where the software device takes none: in an address
+    /// handle (UD runs over IPv4 only), as the source of an IPv4-mapped destination or the
+    /// reverse, or as a destination that is this interface's own (loopback over IPv6) or no
+    /// station's. RC and UC queue pairs connect by IPv6 GIDs.
     Ipv6,
     /// Changing a memory region in place (`ibv_rereg_mr`).
     ReregMr,

@@ -376,9 +376,9 @@ mod device {
     use bareverbs_model::{Model, ModelConfig};
 
     /// A device's GID table lists the link-local, IPv4-mapped and global GIDs; the device
-    /// answers solicitations for its IPv6 addresses from its progress; an address vector
-    /// naming an IPv6 GID, as destination or source, is refused with `Feature::Ipv6` (the
-    /// transport speaks IPv4), and a source index past the table with the table's size.
+    /// answers solicitations for its IPv6 addresses from its progress; an address handle
+    /// (UD) naming an IPv6 GID, as destination or source, is refused with `Feature::Ipv6`
+    /// (UD runs over IPv4), and a source index past the table with the table's size.
     #[test]
     fn a_device_lists_its_ipv6_gids_and_answers_for_them() {
         let model = Model::new(ModelConfig::default());
@@ -648,5 +648,90 @@ mod device {
             assert_eq!(after.roce6 - before.roce6, 2, "both checked at the port");
             drop((qa, qb));
         }
+    }
+
+    /// What a connected QP is refused over IPv6, and the bounded paths: an IPv4-mapped
+    /// source for an IPv6 peer, loopback to an own IPv6 address, a multicast peer, a source
+    /// index with no address (`Feature::Ipv6` or the GID index); [`PATHS6`] distinct paths at
+    /// once, the next refused with `Ipv6Path`, one given back at reset and one at destroy.
+    #[test]
+    fn ipv6_paths_are_checked_and_bounded() {
+        use bareverbs::device::rxe::port::PATHS6;
+        use bareverbs::error::{Object, Resource};
+        let model = Model::new(ModelConfig::default());
+        let seg = Segment::new();
+        let clk = TestClock::default();
+        let la = seg.attach(MAC_A, 1514);
+        let a =
+            Context::new(Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap());
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(64).unwrap();
+        let ipv6 = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
+        type Connected<'a> = Result<QueuePair<'a, R, Rc, Rtr>, (QueuePair<'a, R, Rc, Init>, Error)>;
+        fn rtr<'a>(qp: QueuePair<'a, R, Rc, Reset>, av: AddressVector) -> Connected<'a> {
+            let qp = qp
+                .init(&ConnectedInit {
+                    access: ALL,
+                    ..Default::default()
+                })
+                .map_err(|(_, e)| e)
+                .unwrap();
+            let mut r = ConnectedRtr::new(0x11, 0, av);
+            r.path_mtu = Mtu::Mtu1024;
+            qp.rtr(&r)
+        }
+        for (av, want) in [
+            (AddressVector::new(Gid(ll(MAC_B)), 1), ipv6),
+            (AddressVector::new(Gid(ll(MAC_A)), 0), ipv6),
+            (AddressVector::new(Gid(ALL_NODES), 0), ipv6),
+            (
+                AddressVector::new(Gid(ll(MAC_B)), 3),
+                Error::InvalidInput {
+                    param: Param::GidIndex,
+                    value: 3,
+                    max: 4,
+                },
+            ),
+        ] {
+            let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+            assert_eq!(rtr(qp, av).err().map(|(_, e)| e), Some(want));
+        }
+        let to = |flow: u32| {
+            let mut v = AddressVector::new(Gid(ll(MAC_B)), 0);
+            v.flow_label = flow;
+            v
+        };
+        let mut held = Vec::new();
+        for flow in 0..PATHS6 as u32 {
+            let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+            held.push(rtr(qp, to(flow)).map_err(|(_, e)| e).unwrap());
+        }
+        // The same path again is shared, not a new one.
+        let same = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+        let same = rtr(same, to(0)).map_err(|(_, e)| e).unwrap();
+        let full = Error::Resource(Resource::Objects {
+            object: Object::Ipv6Path,
+            limit: PATHS6 as u32,
+        });
+        let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
+        let (qp, e) = rtr(qp, to(999)).err().unwrap();
+        assert_eq!(e, full);
+        // A path shared by two QPs stays until both give it back.
+        drop(same);
+        let (qp, e) = rtr(qp.reset().map_err(|(_, e)| e).unwrap(), to(999))
+            .err()
+            .unwrap();
+        assert_eq!(e, full);
+        // Reset gives one back; destroy another.
+        let first = held.remove(0).reset().map_err(|(_, e)| e).unwrap();
+        let qp = rtr(qp.reset().map_err(|(_, e)| e).unwrap(), to(999))
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let (first, e) = rtr(first, to(1000)).err().unwrap();
+        assert_eq!(e, full);
+        drop(held.remove(0));
+        let again = rtr(first.reset().map_err(|(_, e)| e).unwrap(), to(1000));
+        assert!(again.is_ok());
+        drop((qp, again, held));
     }
 }

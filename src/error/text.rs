@@ -399,7 +399,7 @@ impl Display for Feature {
             Feature::Interrupts => "interrupts: the device has no usable MSI-X vector",
             Feature::SrqModify => "modifying a shared receive queue on this device",
             Feature::Ipv6 => {
-                "an IPv6 GID in an address vector: the software device's transport speaks RoCEv2 over IPv4 (its IPv6 GIDs answer neighbour discovery only)"
+                "an IPv6 GID where the software device takes none: UD address handles, mixed IPv4 and IPv6 GIDs, loopback over IPv6 (RC and UC connect by IPv6 GIDs)"
             }
             Feature::ReregMr => "changing a memory region in place on this device",
             Feature::MemoryWindows => {

@@ -532,8 +532,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     }
 }
 
-/// Why an address vector's source GID index over 1 is refused: past the table, or a global
-/// IPv6 GID (the transport sends RoCEv2 over IPv4 only, from GIDs 0 and 1).
+/// Why an address vector's source GID index over 1 is refused where the destination is
+/// IPv4 (or the vector is an address handle's): past the table, or a global IPv6 GID (an
+/// IPv4 destination is reached from the IPv4 address; UD runs over IPv4 only).
 pub(super) fn sgid_refused(index: u8) -> Error {
     if u32::from(index) < super::port::GIDS {
         Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
