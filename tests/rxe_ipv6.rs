@@ -668,6 +668,7 @@ mod device {
         let cq = a.create_cq(64).unwrap();
         let ipv6 = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
         type Connected<'a> = Result<QueuePair<'a, R, Rc, Rtr>, (QueuePair<'a, R, Rc, Init>, Error)>;
+        #[allow(clippy::result_large_err)] // the QP comes back by value, as the verbs API does
         fn rtr<'a>(qp: QueuePair<'a, R, Rc, Reset>, av: AddressVector) -> Connected<'a> {
             let qp = qp
                 .init(&ConnectedInit {

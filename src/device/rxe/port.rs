@@ -11,7 +11,7 @@ use super::wire::eth::{Arp, ArpOp, ETH_LEN, Mac, same_mac};
 use super::wire::ip6::{ETHERTYPE_IPV6, Ip6, martian6};
 use super::wire::nd::{self, Nd};
 use super::wire::packet::{Packet, Seen, View, classify};
-use crate::error::{Error, Op, Result};
+use crate::error::{Error, Feature, Op, Param, Result, Unsupported};
 use crate::verbs::Gid;
 
 /// Neighbours remembered (IPv4 → MAC); the least recently learnt one makes room.
@@ -31,6 +31,17 @@ pub const GIDS: u32 = 2 + GLOBALS6 as u32;
 /// IPv6 paths of connected queue pairs held at once (distinct source, destination and flow
 /// label; queue pairs on the same path share it).
 pub const PATHS6: usize = 16;
+
+/// Why an address vector's source GID index over 1 is refused where the destination is
+/// IPv4 (or the vector is an address handle's): past the table, or a global IPv6 GID (an
+/// IPv4 destination is reached from the IPv4 address; UD runs over IPv4 only).
+pub(crate) fn sgid_refused(index: u8) -> Error {
+    if u32::from(index) < GIDS {
+        Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
+    } else {
+        Error::invalid(Param::GidIndex, index, GIDS - 1)
+    }
+}
 
 /// The IPv4 address by which the transport names IPv6 path `i`: 0.134.221.`i`. No station
 /// sends from 0/8 (the port drops such sources from the wire as martian), so no IPv4 frame
@@ -482,10 +493,12 @@ impl Port {
                 return;
             }
             let dad = m.src == [0; 16];
-            if !dad && !martian6(&m.src) && !self.has_ipv6(&m.src) {
-                if let Some(mac) = m.lladdr {
-                    learn(&mut self.neighbours6, m.src, mac, now);
-                }
+            if !dad
+                && !martian6(&m.src)
+                && !self.has_ipv6(&m.src)
+                && let Some(mac) = m.lladdr
+            {
+                learn(&mut self.neighbours6, m.src, mac, now);
             }
             // To the asker: its option's MAC, else the frame's source; duplicate address
             // detection is answered to all nodes, unsolicited.

@@ -308,7 +308,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn create_ah(&self, _pd: &Pd, av: &AddressVector) -> Result<Ah> {
         if av.sgid_index > 1 {
-            return Err(sgid_refused(av.sgid_index));
+            return Err(super::port::sgid_refused(av.sgid_index));
         }
         let ip = av
             .dgid
@@ -529,17 +529,6 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             key,
             pd_users: NonNull::from(&pd.users),
         })
-    }
-}
-
-/// Why an address vector's source GID index over 1 is refused where the destination is
-/// IPv4 (or the vector is an address handle's): past the table, or a global IPv6 GID (an
-/// IPv4 destination is reached from the IPv4 address; UD runs over IPv4 only).
-pub(super) fn sgid_refused(index: u8) -> Error {
-    if u32::from(index) < super::port::GIDS {
-        Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
-    } else {
-        Error::invalid(Param::GidIndex, index, super::port::GIDS - 1)
     }
 }
 

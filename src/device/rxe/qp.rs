@@ -306,7 +306,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 // address (GID 0 or 1). Another: over IPv6, from the source GID's address.
                 let ipv6 = match av.dgid.ipv4() {
                     Some(_) if av.sgid_index > 1 => {
-                        return Err(super::provider::sgid_refused(av.sgid_index));
+                        return Err(super::port::sgid_refused(av.sgid_index));
                     }
                     Some(_) => None,
                     None => Some(ipv6_path(&t.port, &av)?),
