@@ -735,4 +735,186 @@ mod device {
         assert!(again.is_ok());
         drop((qp, again, held));
     }
+
+    /// A live RC connection over IPv6 under a storm: copies of the frames A and B exchange,
+    /// mangled (bytes of the headers and the transport flipped, lengths changed), sent by a
+    /// stranger from the peer's MAC and address or its own, the ICRC made right again half
+    /// the time. Nothing panics, every request completes exactly once (successfully, or with
+    /// an error, or flushed once a QP is in error), and the counts say what was reached.
+    #[test]
+    fn a_storm_on_a_connection_over_ipv6() {
+        use bareverbs::device::rxe::wire::icrc::icrc;
+        use bareverbs_model::Rng;
+        use std::collections::HashMap;
+        for seed in [1u64, 2, 3] {
+            let model = Model::new(ModelConfig::default());
+            model.set_seed(seed);
+            let seg = Segment::new();
+            let clk = TestClock::default();
+            let la = seg.attach(MAC_A, 1514);
+            let lb = seg.attach(MAC_B, 1514);
+            let mut lx = seg.attach(MAC_X, 1514);
+            let a = Context::new(
+                Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap(),
+            );
+            let b = Context::new(
+                Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap(),
+            );
+            let step = || {
+                clk.advance(200);
+                a.process_events();
+                b.process_events();
+            };
+            let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+            let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
+            let ma = pa.register(8192, ALL).unwrap();
+            let mb = pb.register(8192, ALL).unwrap();
+            let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
+            let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
+            let (na, nb) = (qa.qp_num(), qb.qp_num());
+            let (psn_a, psn_b) = (a.random_psn(), b.random_psn());
+            let mut qa = connect(
+                qa,
+                nb,
+                AddressVector::new(Gid(ll(MAC_B)), 0),
+                (psn_a, psn_b),
+            );
+            let mut qb = connect(
+                qb,
+                na,
+                AddressVector::new(Gid(ll(MAC_A)), 0),
+                (psn_b, psn_a),
+            );
+            let mut rng = Rng::new(seed);
+            let mut posted: HashMap<u64, u32> = HashMap::new();
+            let mut done: HashMap<u64, u32> = HashMap::new();
+            let (mut ok, mut failed, mut injected, mut seen) = (0u64, 0u64, 0u64, 0usize);
+            let mut recorded: Vec<Vec<u8>> = Vec::new();
+            let mut wc = [WorkCompletion::default(); 32];
+            let mut id = 0u64;
+            let mut take = |cq: &CompletionQueue<'_, R>, done: &mut HashMap<u64, u32>| loop {
+                let n = cq.poll(&mut wc).unwrap();
+                if n == 0 {
+                    break;
+                }
+                for w in &wc[..n] {
+                    *done.entry(w.wr_id).or_default() += 1;
+                    if w.status == WcStatus::Success {
+                        ok += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            };
+            for _ in 0..60 {
+                // SAFETY: the regions stay registered until the QPs are gone.
+                unsafe {
+                    let mut r = qb.recv_batch();
+                    id += 1;
+                    if r.recv(id, &[mb.sge(0, 2048).unwrap()]).is_ok() {
+                        posted.insert(id, 1);
+                    }
+                    r.finish();
+                    let mut s = qa.send_batch();
+                    id += 1;
+                    let len = rng.below(1500) as u32;
+                    let r = if id % 3 == 0 {
+                        s.rdma_read(
+                            id,
+                            SendFlags::SIGNALED,
+                            (mb.addr(), mb.rkey()),
+                            &[ma.sge(4096, len).unwrap()],
+                        )
+                    } else if id % 3 == 1 {
+                        s.send(id, SendFlags::SIGNALED, &[ma.sge(0, len).unwrap()])
+                    } else {
+                        s.rdma_write(
+                            id,
+                            SendFlags::SIGNALED,
+                            (mb.addr() + 4096, mb.rkey()),
+                            &[ma.sge(0, len).unwrap()],
+                        )
+                    };
+                    if r.is_ok() {
+                        posted.insert(id, 1);
+                    }
+                    s.finish();
+                }
+                step();
+                for (from, f) in seg.sent_since(seen) {
+                    seen += 1;
+                    if from < 2 && parse6(&f).is_ok_and(|p| p.is_some()) && recorded.len() < 64 {
+                        recorded.push(f);
+                    }
+                }
+                for _ in 0..12 {
+                    let Some(f) = recorded.get(rng.below(recorded.len() as u64) as usize) else {
+                        break;
+                    };
+                    let mut g = f.clone();
+                    for _ in 0..1 + rng.below(3) {
+                        let at = 54 + rng.below(g.len().saturating_sub(54) as u64) as usize;
+                        if at < g.len() {
+                            g[at] = rng.next_u64() as u8;
+                        }
+                    }
+                    match rng.below(5) {
+                        0 => g.truncate(g.len().saturating_sub(rng.below(60) as usize).max(14)),
+                        1 => g.extend((0..rng.below(80)).map(|_| rng.next_u64() as u8)),
+                        2 => g[18 + rng.below(2) as usize] = rng.next_u64() as u8,
+                        _ => {}
+                    }
+                    if rng.one_in(2) {
+                        g[6..12].copy_from_slice(&MAC_X);
+                    }
+                    if rng.one_in(2) && g.len() > 66 {
+                        let end =
+                            (54 + usize::from(u16::from_be_bytes([g[18], g[19]]))).min(g.len());
+                        if end > 66
+                            && let Some(c) = icrc(&g[14..end - 4])
+                        {
+                            g[end - 4..end].copy_from_slice(&c.to_le_bytes());
+                        }
+                    }
+                    lx.transmit(&g).unwrap();
+                    injected += 1;
+                }
+                step();
+                take(&ca, &mut done);
+                take(&cb, &mut done);
+            }
+            for _ in 0..400 {
+                step();
+            }
+            let qa = qa.to_error().map_err(|(_, e)| e).unwrap();
+            let qb = qb.to_error().map_err(|(_, e)| e).unwrap();
+            for _ in 0..20 {
+                step();
+            }
+            take(&ca, &mut done);
+            take(&cb, &mut done);
+            let twice: Vec<_> = done.iter().filter(|(_, n)| **n > 1).collect();
+            assert!(twice.is_empty(), "seed {seed}: completed twice: {twice:?}");
+            let missing: Vec<_> = posted.keys().filter(|k| !done.contains_key(k)).collect();
+            assert!(
+                missing.is_empty(),
+                "seed {seed}: never completed: {missing:?}"
+            );
+            let (pa_, pb_) = (a.provider().port_counts(), b.provider().port_counts());
+            eprintln!(
+                "ipv6 storm seed {seed}: {injected} frames injected; completions {ok} ok, {failed} \
+                 failed or flushed; IPv6 RoCE checked {} and {}, dropped {} and {}",
+                pa_.roce6, pb_.roce6, pa_.dropped, pb_.dropped
+            );
+            assert!(
+                ok > 20,
+                "seed {seed}: the connection carried traffic ({ok})"
+            );
+            assert!(
+                pa_.dropped + pb_.dropped > injected / 4,
+                "seed {seed}: {pa_:?} {pb_:?}"
+            );
+            drop((qa, qb, ma, mb));
+        }
+    }
 }

@@ -553,18 +553,25 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
 
     /// A RoCEv2 packet over IPv6 on the IPv6 path `path` (checked whole by the port): made
     /// the same packet over IPv4 in place, from the address by which the transport names the
-    /// path to this interface's IPv4 address, and dispatched. One whose QP is locked
-    /// elsewhere is lost (as on a wire: its sender retries); out of line, so that IPv4
-    /// frames do not pay for it.
+    /// path to this interface's IPv4 address, and dispatched if it is RC or UC. One whose QP
+    /// is locked elsewhere is lost (as on a wire: its sender retries); out of line, so that
+    /// IPv4 frames do not pay for it.
     #[inline(never)]
     fn take_ipv6(&self, core: &mut Core<L>, f: &mut [u8], path: usize, now: u64) {
         let ip = core.tables().port.ip();
         let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
             return;
         };
-        if let Some(Ok(wire::packet::Seen::Roce(p))) = f.get(..m).map(wire::packet::classify)
-            && !self.dispatch(core, &p, now)
-        {
+        let Some(Ok(wire::packet::Seen::Roce(p))) = f.get(..m).map(wire::packet::classify) else {
+            return;
+        };
+        // RC and UC only (opcodes 0x00–0x3F): UD over IPv6 is not taken, so no datagram QP
+        // sees a source it could not report.
+        if p.opcode() >= 0x40 {
+            core.tables().port.unhand();
+            return;
+        }
+        if !self.dispatch(core, &p, now) {
             core.tables().port.unhand();
         }
     }
