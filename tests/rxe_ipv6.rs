@@ -818,7 +818,7 @@ mod device {
                     let mut s = qa.send_batch();
                     id += 1;
                     let len = rng.below(1500) as u32;
-                    let r = if id % 3 == 0 {
+                    let r = if id.is_multiple_of(3) {
                         s.rdma_read(
                             id,
                             SendFlags::SIGNALED,
