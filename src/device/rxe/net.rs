@@ -12,7 +12,7 @@ use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
 use super::wire::icrc::ICRC_LEN;
-use super::wire::ip6::{V6_EXTRA, ipv4_to_ipv6};
+use super::wire::ip6::ipv4_to_ipv6;
 use super::wire::packet::{EXT_MAX, Route, ack, begin_bth, begin_ext, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
@@ -214,11 +214,11 @@ impl<L: Link> Net<'_, L> {
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// with the outer headers `outer`: looped back when it is to this interface, over IPv6 when
-/// the route is an IPv6 path (built as IPv4 [`V6_EXTRA`] bytes into `tx`, then made the IPv6
-/// frame of the same packet: [`send_ipv6`]), else through the NIC. Room first: a frame is
-/// built only when it can go out now (`transmit_with` calls `build` only with a free
-/// transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: through the NIC, or, for a route that is not on the wire
+/// as built ([`Template::special`]), built in `tx` and looped back (to this interface) or
+/// made IPv6 ([`send_special`]). Room first: a frame is built only when it can go out now
+/// (`transmit_with` calls `build` only with a free transmit slot; the loopback queue's room
+/// is asked for both special routes). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,
@@ -229,10 +229,8 @@ fn transmit<L: Link>(
     outer: &Template,
     build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
 ) -> Result<(), Unsent> {
-    // One test of the route's mode for the frames on the wire as built (as the looped flag
-    // it replaced was tested).
     let special = outer.special();
-    if special && outer.looped() && !loopback.has_room() {
+    if special && !loopback.has_room() {
         loopback.full += 1;
         return Err(Unsent::Busy);
     }
@@ -242,18 +240,10 @@ fn transmit<L: Link>(
         build(buf, id)
     };
     if special {
-        let path = outer.path6();
-        if path.is_some() && !link.tx_ready() {
-            return Err(Unsent::Busy);
-        }
-        let at = if path.is_some() { V6_EXTRA } else { 0 };
+        // An IPv6 route's frame is built as over IPv4 `V6_EXTRA` bytes in (made IPv6 after).
+        let at = outer.ipv6_room();
         let n = build(tx.get_mut(at..).ok_or(Unsent::Lost)?).ok_or(Unsent::Lost)?;
-        return match path {
-            Some(i) => send_ipv6(link, tx, n, port, i),
-            // To this interface: looped back, never on the wire.
-            None if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) => Ok(()),
-            None => Err(Unsent::Busy),
-        };
+        return send_special(link, loopback, tx, n, port, outer);
     }
     match link.transmit_with(tx, build) {
         Ok(Some(_)) => Ok(()),
@@ -263,16 +253,26 @@ fn transmit<L: Link>(
     }
 }
 
-/// Sends the frame over IPv4 of `n` bytes at `tx[V6_EXTRA..]` as the IPv6 frame of the same
-/// packet along the device's IPv6 path `path` ([`ipv4_to_ipv6`]), copied to the NIC.
+/// Sends the frame [`transmit`] built in `tx` for a special route: looped back (`n` bytes at
+/// the start), or, along an IPv6 path, the frame over IPv4 of `n` bytes at `tx[V6_EXTRA..]`
+/// made the IPv6 frame of the same packet ([`ipv4_to_ipv6`]) and copied to the NIC.
 #[inline(never)]
-fn send_ipv6<L: Link>(
+fn send_special<L: Link>(
     link: &mut L,
+    loopback: &mut Loopback,
     tx: &mut [u8],
     n: usize,
     port: &Port,
-    path: usize,
+    outer: &Template,
 ) -> Result<(), Unsent> {
+    let Some(path) = outer.path6() else {
+        // To this interface: looped back, never on the wire.
+        return if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
+            Ok(())
+        } else {
+            Err(Unsent::Busy)
+        };
+    };
     let p = port.path6(path_alias(path)).ok_or(Unsent::Lost)?;
     let n = ipv4_to_ipv6(tx, n, &p.src, &p.dst, p.flow).ok_or(Unsent::Lost)?;
     match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {

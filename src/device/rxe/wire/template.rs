@@ -6,6 +6,7 @@
 use super::bth::{BTH_LEN, DEFAULT_PKEY};
 use super::eth::{ETH_LEN, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+use super::ip6::V6_EXTRA;
 use super::{be16, chunk, put};
 
 /// Bytes of the outer headers (Ethernet, IPv4, UDP): the packet module's `ROCE_OFFSET`.
@@ -134,6 +135,13 @@ impl Template {
     #[inline(always)]
     pub fn special(&self) -> bool {
         self.mode != 0
+    }
+
+    /// Where in the transmit buffer a frame of this route is built: [`V6_EXTRA`] bytes in
+    /// for an IPv6 path (its IPv6 header is that much longer), else at the start.
+    #[inline(always)]
+    pub fn ipv6_room(&self) -> usize {
+        if self.mode >= PATH6 { V6_EXTRA } else { 0 }
     }
 
     /// The IPv6 path the frames go along, if any.
