@@ -10,7 +10,7 @@ use super::bth::{BTH_LEN, Headers};
 use super::eth::ETHERTYPE_IPV4;
 use super::eth::{ETH_LEN, EthHeader, Mac};
 use super::icrc::{ICRC_LEN, icrc, icrc_v4};
-use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader, ones_sum};
+use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
 use super::{Discard, be16, be32, chunk, put};
 
 /// Bytes of an IPv6 header (extension headers apart; RoCE sends none).
@@ -81,13 +81,32 @@ impl Ipv6Header {
     }
 }
 
+/// The Internet checksum's ones'-complement sum of `bytes` (16-bit big-endian words, an odd
+/// last byte the high half of one) added to `sum`, folded to 16 bits, not complemented. The
+/// IPv6 path's own (the IPv4 path's [`super::ip::ones_sum`] stays inlined where it is used).
+pub fn sum16(sum: u32, bytes: &[u8]) -> u32 {
+    let mut s = u64::from(sum);
+    let mut words = bytes.chunks_exact(2);
+    for w in &mut words {
+        s += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        s += u64::from(*last) << 8;
+    }
+    // Bounded: each fold at least halves the bits above 16.
+    while s > 0xFFFF {
+        s = (s & 0xFFFF) + (s >> 16);
+    }
+    s as u32
+}
+
 /// The ones'-complement sum of the IPv6 pseudo-header (RFC 8200 §8.1) of an upper-layer
 /// packet of `len` bytes with next header `next` from `src` to `dst`, not complemented.
 pub fn pseudo_sum(src: &Ip6, dst: &Ip6, len: u32, next: u8) -> u32 {
-    let s = ones_sum(0, src);
-    let s = ones_sum(s, dst);
-    let s = ones_sum(s, &len.to_be_bytes());
-    ones_sum(s, &[0, 0, 0, next])
+    let s = sum16(0, src);
+    let s = sum16(s, dst);
+    let s = sum16(s, &len.to_be_bytes());
+    sum16(s, &[0, 0, 0, next])
 }
 
 /// Where a RoCEv2 frame over IPv6 goes and what its outer headers carry.
@@ -220,7 +239,7 @@ pub fn parse6(frame: &[u8]) -> Result<Option<Packet6<'_>>, Discard> {
     // RoCEv2 sends 0 (no checksum) over IPv6 too; a non-zero one must be right.
     if udp.checksum != 0 {
         let s = pseudo_sum(&ip.src, &ip.dst, udp_len as u32, PROTO_UDP);
-        if ones_sum(s, &datagram[..udp_len]) != 0xFFFF {
+        if sum16(s, &datagram[..udp_len]) != 0xFFFF {
             return Err(Discard::BadUdpChecksum);
         }
     }

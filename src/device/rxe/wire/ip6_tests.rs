@@ -135,7 +135,7 @@ fn hostile_frames_are_refused_with_their_reason() {
     assert_eq!(parse6(&g), Err(Discard::BadUdpChecksum));
     g[ETH_LEN + 46..ETH_LEN + 48].fill(0);
     let s = pseudo_sum(&v3_route().src, &v3_route().dst, 36, PROTO_UDP);
-    let sum = !(ones_sum(s, &g[ETH_LEN + 40..ETH_LEN + 76]) as u16);
+    let sum = !(sum16(s, &g[ETH_LEN + 40..ETH_LEN + 76]) as u16);
     g[ETH_LEN + 46..ETH_LEN + 48].copy_from_slice(&sum.to_be_bytes());
     assert!(parse6(&g).unwrap().is_some());
     // Transport version not 0; a P_Key not the default one.
@@ -279,4 +279,31 @@ fn frames_convert_between_ipv4_and_ipv6() {
     f[ETH_LEN + 44] = 0;
     f[ETH_LEN + 45] = 8;
     assert_eq!(ipv6_to_ipv4(&mut f, [0; 4], [0; 4]), None);
+}
+
+/// The IPv6 path's sum equals the IPv4 path's at every length and starting sum, all-ones
+/// bytes (the carries) included.
+#[test]
+fn the_two_sums_agree() {
+    use crate::device::rxe::wire::ip::ones_sum;
+    let mut x: u32 = 0x9E37_79B9;
+    let bytes: std::vec::Vec<u8> = (0..80)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    for data in [&bytes[..], &[0xFFu8; 80][..]] {
+        for len in 0..data.len() {
+            for start in [0, 1, 0x1234, 0xFFFF] {
+                assert_eq!(
+                    sum16(start, &data[..len]),
+                    ones_sum(start, &data[..len]),
+                    "{len}"
+                );
+            }
+        }
+    }
 }

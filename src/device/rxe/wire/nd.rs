@@ -4,8 +4,7 @@
 //! lengths not zero, targets not multicast) and built as a host sends them.
 
 use super::eth::{ETH_LEN, EthHeader, Mac};
-use super::ip::ones_sum;
-use super::ip6::{ETHERTYPE_IPV6, IPV6_LEN, Ip6, Ipv6Header, PROTO_ICMPV6, pseudo_sum};
+use super::ip6::{ETHERTYPE_IPV6, IPV6_LEN, Ip6, Ipv6Header, PROTO_ICMPV6, pseudo_sum, sum16};
 use super::{Discard, chunk, put};
 
 /// ICMPv6 type of a Neighbor Solicitation.
@@ -89,7 +88,7 @@ impl Nd {
             return Err(Discard::Truncated);
         }
         let sum = pseudo_sum(&ip.src, &ip.dst, msg.len() as u32, PROTO_ICMPV6);
-        if ones_sum(sum, msg) != 0xFFFF {
+        if sum16(sum, msg) != 0xFFFF {
             return Err(Discard::BadUdpChecksum);
         }
         let target: Ip6 = *chunk(msg, 8);
@@ -169,7 +168,7 @@ impl Nd {
             put(&mut f, m + ND_LEN + 2, mac);
         }
         let sum = pseudo_sum(&self.src, &self.dst, len as u32, PROTO_ICMPV6);
-        let sum = !(ones_sum(sum, &f[m..m + len]) as u16);
+        let sum = !(sum16(sum, &f[m..m + len]) as u16);
         put(&mut f, m + 2, sum.to_be_bytes());
         (f, m + len)
     }
@@ -254,7 +253,7 @@ mod tests {
         z[m + ND_LEN] = 1;
         z[m + 2..m + 4].fill(0);
         let s = pseudo_sum(&ns.src, &ns.dst, (ND_LEN + OPT_LEN) as u32, PROTO_ICMPV6);
-        let s = !(ones_sum(s, &z[m..m + ND_LEN + OPT_LEN]) as u16);
+        let s = !(sum16(s, &z[m..m + ND_LEN + OPT_LEN]) as u16);
         z[m + 2..m + 4].copy_from_slice(&s.to_be_bytes());
         assert_eq!(Nd::parse(&z[ETH_LEN..]), Err(Discard::BadIp));
         // Multicast target.
