@@ -562,7 +562,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
             return;
         };
-        let Some(Ok(wire::packet::Seen::Roce(p))) = f.get(..m).map(wire::packet::classify) else {
+        let Some(p) = f.get(..m).and_then(wire::packet::view_converted) else {
             return;
         };
         // RC and UC only (opcodes 0x00–0x3F): UD over IPv6 is not taken, so no datagram QP

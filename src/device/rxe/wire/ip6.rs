@@ -318,8 +318,8 @@ pub fn ipv4_to_ipv6(f: &mut [u8], n: usize, src: &Ip6, dst: &Ip6, flow: u32) -> 
 
 /// Makes the RoCEv2 frame over IPv6 of `f` (checked by [`parse6`]) the same packet over
 /// IPv4 from `src` to `dst`, in place: the traffic class as the TOS, the hop limit as the
-/// TTL, the UDP header and the transport packet moved up, the ICRC made again with IPv4's
-/// mask (the IPv6 one was checked). Returns the frame's length; `None` when `f` does not
+/// TTL, the UDP header (its checksum made 0) and the transport packet moved up, the ICRC
+/// made again with IPv4's mask (the IPv6 one was checked). Returns the frame's length; `None` when `f` does not
 /// hold an IPv6 frame with a UDP datagram that long.
 pub fn ipv6_to_ipv4(f: &mut [u8], src: [u8; 4], dst: [u8; 4]) -> Option<usize> {
     let h = f.get(..ROCE6_OFFSET)?;
@@ -331,6 +331,9 @@ pub fn ipv6_to_ipv4(f: &mut [u8], src: [u8; 4], dst: [u8; 4]) -> Option<usize> {
         return None;
     }
     f.copy_within(ETH_LEN + IPV6_LEN..end6, ETH_LEN + IPV4_LEN);
+    // The UDP checksum (0 as RoCEv2 sends it, or one checked over the IPv6 pseudo-header)
+    // made 0: the IPv4 frame carries none.
+    put(f, ETH_LEN + IPV4_LEN + 6, [0, 0]);
     put(f, 12, ETHERTYPE_IPV4.to_be_bytes());
     let mut ip = [0u8; IPV4_LEN];
     Ipv4Header {

@@ -272,6 +272,16 @@ fn frames_convert_between_ipv4_and_ipv6() {
             other => panic!("{other:?}"),
         }
     }
+    // A packet sent with a UDP checksum (over the IPv6 pseudo-header): the IPv4 frame has
+    // none, and parses.
+    let mut f = v3_frame();
+    let s = pseudo_sum(&v3_route().src, &v3_route().dst, 36, PROTO_UDP);
+    let sum = !(sum16(s, &f[ETH_LEN + 40..ETH_LEN + 76]) as u16);
+    f[ETH_LEN + 46..ETH_LEN + 48].copy_from_slice(&sum.to_be_bytes());
+    assert!(parse6(&f).unwrap().is_some());
+    let m = ipv6_to_ipv4(&mut f, [0, 0x86, 0xDD, 1], [10, 0, 0, 9]).unwrap();
+    assert_eq!(&f[ETH_LEN + 26..ETH_LEN + 28], &[0, 0]);
+    assert!(matches!(parse(&f[..m]), Ok(Frame::Roce(_))));
     // A UDP length past the frame, or too short for a BTH: refused, nothing moved.
     let mut f = v3_frame();
     f[ETH_LEN + 45] = 0xFF;
