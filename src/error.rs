@@ -373,6 +373,9 @@ pub enum Object {
     CqEventSlot,
     /// A completion channel.
     CompletionChannel,
+    /// An IPv6 path of the software device's connected queue pairs (its source and
+    /// destination addresses and flow label): a fixed number are held at once.
+    Ipv6Path,
 }
 
 /// An operation, as named in errors.
@@ -546,8 +549,10 @@ pub enum Feature {
     /// Modifying a shared receive queue (arming its limit): QEMU's PVRDMA runs another
     /// command's handler for it (its MODIFY_SRQ and QUERY_SRQ handlers are swapped).
     SrqModify,
-    /// An IPv6 (non IPv4-mapped) GID as a RoCEv2 address: the software device speaks
-    /// RoCEv2 over IPv4 only.
+    /// An IPv6 (non IPv4-mapped) GID where the software device takes none: in an address
+    /// handle (UD runs over IPv4 only), as the source of an IPv4-mapped destination or the
+    /// reverse, or as a destination that is this interface's own (loopback over IPv6) or no
+    /// station's. RC and UC queue pairs connect by IPv6 GIDs.
     Ipv6,
     /// Changing a memory region in place (`ibv_rereg_mr`).
     ReregMr,

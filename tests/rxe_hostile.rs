@@ -30,6 +30,9 @@ mod fuzz_budget;
 
 use bareverbs::Context;
 use bareverbs::device::rxe::wire::bth::{AtomicEth, Reth, opcode};
+use bareverbs::device::rxe::wire::icrc::icrc;
+use bareverbs::device::rxe::wire::ip6::{Ip6, Ipv6Route, build6};
+use bareverbs::device::rxe::wire::nd::{self, Nd, multicast_mac, solicited_node};
 use bareverbs::device::rxe::wire::packet::{Frame, ROCE_OFFSET, Route, build, finish, parse};
 use bareverbs::device::rxe::{Config, Rxe};
 use bareverbs::verbs::*;
@@ -70,6 +73,14 @@ struct Reach {
     rnr_naks: u64,
     /// Frames forged as the peer, at a live PSN.
     as_peer: u64,
+    /// IPv6 frames sent (RoCEv2 over IPv6 and neighbour discovery, mangled or not).
+    ipv6_sent: u64,
+    /// RoCEv2 packets over IPv6 the ports checked whole (to one of their addresses).
+    roce6_checked: u64,
+    /// Neighbor Solicitations the devices answered.
+    nd_answered: u64,
+    /// Neighbour discovery messages the ports refused (RFC 4861's checks).
+    nd_refused: u64,
 }
 
 impl Reach {
@@ -82,6 +93,10 @@ impl Reach {
         self.naks += o.naks;
         self.rnr_naks += o.rnr_naks;
         self.as_peer += o.as_peer;
+        self.ipv6_sent += o.ipv6_sent;
+        self.roce6_checked += o.roce6_checked;
+        self.nd_answered += o.nd_answered;
+        self.nd_refused += o.nd_refused;
     }
 }
 
@@ -390,8 +405,15 @@ fn the_mutation_fuzzer() {
     );
     println!(
         "rxe-fuzz: {done} frames, {failures} failures; QP errors {}, flushes {}, completions {}, \
-         NAKs {}, seed {seed}",
-        reach.qp_errors, reach.flushes, reach.completions, reach.naks
+         NAKs {}, IPv6 frames {}, IPv6 RoCE checked {}, ND answered {}, ND refused {}, seed {seed}",
+        reach.qp_errors,
+        reach.flushes,
+        reach.completions,
+        reach.naks,
+        reach.ipv6_sent,
+        reach.roce6_checked,
+        reach.nd_answered,
+        reach.nd_refused
     );
     assert_eq!(failures, 0, "rxe-fuzz: {failures} storms failed");
 }
@@ -434,6 +456,144 @@ impl Wire {
     }
 }
 
+/// The devices' MACs (A, B) and a global IPv6 address each has.
+const MACS: [[u8; 6]; 2] = [[0x52, 0x54, 0, 0, 0, 2], [0x52, 0x54, 0, 0, 0, 3]];
+
+fn global6(last: u8) -> Ip6 {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    a[15] = last;
+    a
+}
+
+/// An IPv6 address from the devices', the stranger's, or one no station has.
+fn addr6(rng: &mut Rng) -> Ip6 {
+    match rng.below(6) {
+        0 => Gid::link_local_from_mac(MACS[0]).0,
+        1 => Gid::link_local_from_mac(MACS[1]).0,
+        2 => global6(2 + rng.below(2) as u8),
+        3 => Gid::link_local_from_mac(EVIL_MAC).0,
+        4 => [[0; 16], nd::ALL_NODES, Gid::from_ipv4(EVIL_IP).0][rng.below(3) as usize],
+        _ => {
+            let mut a = global6(0);
+            a[8..].copy_from_slice(&rng.next_u64().to_be_bytes());
+            a
+        }
+    }
+}
+
+/// An IPv6 frame from the stranger: a recorded RoCEv2 frame carried over IPv6 between
+/// addresses [`addr6`] picks (with traffic class, flow label and hop limit at random), or a
+/// Neighbor Solicitation or Advertisement about them; then bytes flipped and lengths
+/// changed now and then, the ICRC or the ICMPv6 checksum made right again half the time.
+fn ipv6_frame(rng: &mut Rng, recorded: &[u8]) -> Vec<u8> {
+    let dst_mac = if rng.below(4) == 0 {
+        [0x33, 0x33, 0xFF, 0, 0, rng.below(4) as u8]
+    } else {
+        MACS[rng.below(2) as usize]
+    };
+    let src_mac = if rng.below(2) == 0 {
+        EVIL_MAC
+    } else {
+        MACS[rng.below(2) as usize]
+    };
+    let mut f = if rng.below(2) == 0 {
+        let Ok(Frame::Roce(p)) = parse(recorded) else {
+            return Vec::new();
+        };
+        let route = Ipv6Route {
+            src_mac,
+            dst_mac,
+            src: addr6(rng),
+            dst: addr6(rng),
+            traffic_class: rng.next_u64() as u8,
+            flow_label: rng.next_u64() as u32,
+            hop_limit: rng.next_u64() as u8,
+            src_port: p.udp.src_port,
+        };
+        let mut buf = vec![0u8; 2048];
+        let Some(n) = build6(&mut buf, &route, &p.headers, p.payload) else {
+            return Vec::new();
+        };
+        buf.truncate(n);
+        buf
+    } else {
+        let target = addr6(rng);
+        let m = Nd {
+            kind: if rng.below(2) == 0 { nd::NS } else { nd::NA },
+            src: addr6(rng),
+            dst: if rng.below(2) == 0 {
+                solicited_node(&target)
+            } else {
+                addr6(rng)
+            },
+            target,
+            lladdr: (rng.below(4) != 0).then_some(src_mac),
+            flags: (rng.next_u64() as u32) & 0xE000_0000,
+        };
+        let dst_mac = if rng.below(2) == 0 {
+            multicast_mac(&solicited_node(&target))
+        } else {
+            dst_mac
+        };
+        let (b, n) = m.frame(src_mac, dst_mac);
+        b[..n].to_vec()
+    };
+    let icmp = f.get(20) == Some(&58);
+    if rng.below(2) == 0 {
+        for _ in 0..1 + rng.below(3) {
+            let at = 14 + rng.below(f.len().saturating_sub(14) as u64) as usize;
+            if at < f.len() {
+                f[at] = rng.next_u64() as u8;
+            }
+        }
+        match rng.below(6) {
+            0 => f.truncate(f.len().saturating_sub(rng.below(40) as usize).max(14)),
+            1 => f.extend((0..rng.below(64)).map(|_| rng.next_u64() as u8)),
+            2 if f.len() > 60 => {
+                // The IPv6 payload length or the UDP (or ICMPv6) bytes after the addresses.
+                let at = [18, 19, 58, 59][rng.below(4) as usize];
+                f[at] = rng.next_u64() as u8;
+            }
+            _ => {}
+        }
+        if rng.below(2) == 0 {
+            reseal6(&mut f, icmp);
+        }
+    }
+    f
+}
+
+/// The ICRC (RoCEv2) or the ICMPv6 checksum (neighbour discovery) of an IPv6 frame made
+/// right again for what it now holds (by the IPv6 payload length, when the frame has it).
+fn reseal6(f: &mut [u8], icmp: bool) {
+    if f.len() < 54 + 8 {
+        return;
+    }
+    let end = (54 + usize::from(u16::from_be_bytes([f[18], f[19]]))).min(f.len());
+    if icmp {
+        f[56..58].fill(0);
+        let mut sum: u32 = 0;
+        let mut add = |b: &[u8]| {
+            for w in b.chunks(2) {
+                sum += u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0));
+            }
+        };
+        add(&f[22..54]);
+        add(&((end - 54) as u32).to_be_bytes());
+        add(&[0, 0, 0, 58]);
+        add(&f[54..end]);
+        while sum > 0xFFFF {
+            sum = (sum & 0xFFFF) + (sum >> 16);
+        }
+        f[56..58].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else if end >= 54 + 8 + 12 + 4
+        && let Some(c) = icrc(&f[14..end - 4])
+    {
+        f[end - 4..end].copy_from_slice(&c.to_le_bytes());
+    }
+}
+
 fn storm(seed: u64, frames: u32) -> Reach {
     let model = Model::new(ModelConfig::default());
     // The devices' seeds (keys, PSNs) follow the storm's.
@@ -449,6 +609,8 @@ fn storm(seed: u64, frames: u32) -> Reach {
     let b = Context::new(
         Rxe::new(model.clone(), lb, clk.clone(), Config { ip: [10, 0, 0, 3] }).unwrap(),
     );
+    assert_eq!(a.provider().add_ipv6(global6(2)), Ok(2));
+    assert_eq!(b.provider().add_ipv6(global6(3)), Ok(2));
     let mut reach = Reach::default();
     let mut wire = Wire::default();
     let pump = |n: u32| {
@@ -600,6 +762,15 @@ fn storm(seed: u64, frames: u32) -> Reach {
                     wire.look(&seg, &mut reach);
                 }
             }
+            // A few IPv6 frames a round: RoCEv2 over IPv6 and neighbour discovery.
+            for _ in 0..4 {
+                let i = rng.below(wire.recorded.len().max(1) as u64) as usize;
+                let f = ipv6_frame(&mut rng, wire.recorded.get(i).map_or(&[][..], |v| v));
+                if f.len() >= 14 {
+                    seg.inject(2, &f);
+                    reach.ipv6_sent += 1;
+                }
+            }
             pump(5);
             wire.look(&seg, &mut reach);
             take(&ca, &mut done, &mut reach);
@@ -632,6 +803,9 @@ fn storm(seed: u64, frames: u32) -> Reach {
         );
         // The storm reached the transports (a valid ICRC), not only the wire checks.
         let (ra, rb) = (a.provider().port_counts(), b.provider().port_counts());
+        reach.roce6_checked = ra.roce6 + rb.roce6;
+        reach.nd_answered = ra.nd_answered + rb.nd_answered;
+        reach.nd_refused = ra.nd_invalid + rb.nd_invalid;
         assert!(
             ra.roce + rb.roce > u64::from(frames / 8),
             "seed {seed}: {ra:?} {rb:?}"

@@ -61,6 +61,14 @@ pub trait Link {
         false
     }
 
+    /// Takes frames to the Ethernet multicast group `group` from now on (IPv6 neighbour
+    /// discovery's solicited-node groups, 33:33:ff:xx:xx:xx). A NIC that filters by group
+    /// (a multicast table) sets the group's entry; the default does nothing, for a NIC that
+    /// hands every group frame on (promiscuous, or one that takes all multicast).
+    fn join_multicast(&mut self, group: [u8; 6]) {
+        let _ = group;
+    }
+
     /// Moves the next received frame into `buf` and returns its length, or `None` when no
     /// frame has arrived. A frame longer than `buf` is dropped (and the next one looked at).
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize>;

@@ -14,8 +14,9 @@
 //!
 //! The receive filter: when the device offers the control queue and its receive-mode commands
 //! (`VIRTIO_NET_F_CTRL_VQ`, `VIRTIO_NET_F_CTRL_RX`), bring-up turns promiscuous mode off
-//! (`VIRTIO_NET_CTRL_RX_PROMISC`, 0), so the device hands on only frames to this MAC and
-//! broadcast ([`VirtioNet::filters`]). A virtio-net device starts promiscuous, and QEMU's socket
+//! (`VIRTIO_NET_CTRL_RX_PROMISC`, 0) and all-multicast on (`VIRTIO_NET_CTRL_RX_ALLMULTI`, 1),
+//! so the device hands on only frames to this MAC, broadcast and multicast (IPv6 neighbour
+//! discovery's solicited-node groups among them) ([`VirtioNet::filters`]). A virtio-net device starts promiscuous, and QEMU's socket
 //! and multicast netdevs echo every frame back to its sender: without the filter, each frame
 //! the link sends comes back as one more to receive and drop.
 //!
@@ -296,30 +297,41 @@ impl<S: StaticHal> VirtioNet<S> {
     }
 
     /// Turns promiscuous mode off (`VIRTIO_NET_CTRL_RX_PROMISC`, 0) through the control
-    /// queue, whose page holds the command past the queue's structures: whether the device
-    /// acknowledged it. Unanswered after [`CTRL_POLLS`] looks, the link stays promiscuous (the
-    /// command's buffers are never reused).
+    /// queue, then all-multicast on (`VIRTIO_NET_CTRL_RX_ALLMULTI`, 1: IPv6 neighbour
+    /// discovery comes to solicited-node groups, and the device keeps no group table here;
+    /// the transport drops the groups it did not join): whether the device acknowledged
+    /// both. Unanswered after [`CTRL_POLLS`] looks, the link stays promiscuous (the
+    /// commands' buffers are never reused).
     fn promiscuous_off(&mut self, ctrlq: &mut Ring) -> bool {
+        self.rx_mode(ctrlq, 0, 0, 0) && self.rx_mode(ctrlq, 1, 1, 1)
+    }
+
+    /// Sends the receive-mode command `command` (class `VIRTIO_NET_CTRL_RX`, 0) with `value`
+    /// through the control queue, in the command place `slot` (descriptors `2 * slot` and
+    /// `2 * slot + 1`, bytes of the queue's page past its structures): whether the device
+    /// acknowledged it.
+    fn rx_mode(&mut self, ctrlq: &mut Ring, slot: usize, command: u8, value: u8) -> bool {
+        let at = ring::END + 16 * slot;
         let (Some((cmd, cmd_paddr)), Some((ack, ack_paddr))) =
-            (ctrlq.spare(ring::END), ctrlq.spare(ring::END + 8))
+            (ctrlq.spare(at), ctrlq.spare(at + 8))
         else {
             return false;
         };
         // SAFETY: bytes of the control queue's page past its structures, the driver's until
         // the command is posted below; read back only after the device used the chain.
         unsafe {
-            // Class VIRTIO_NET_CTRL_RX (0), command PROMISC (0), value off (0).
-            cmd.cast::<[u8; 3]>().write_volatile([0, 0, 0]);
+            cmd.cast::<[u8; 3]>().write_volatile([0, command, value]);
             ack.write_volatile(0xff);
         }
-        ctrlq.describe(0, cmd_paddr, 3, ring::F_NEXT, 1);
-        ctrlq.describe(1, ack_paddr, 1, F_WRITE, 0);
-        ctrlq.publish(0);
+        let head = 2 * slot;
+        ctrlq.describe(head, cmd_paddr, 3, ring::F_NEXT, head as u16 + 1);
+        ctrlq.describe(head + 1, ack_paddr, 1, F_WRITE, 0);
+        ctrlq.publish(head as u16);
         self.transport.notify(CTRL_QUEUE);
         for _ in 0..CTRL_POLLS {
             match ctrlq.pop() {
                 None => core::hint::spin_loop(),
-                Some(Ok((0, _))) => {
+                Some(Ok((id, _))) if id as usize == head => {
                     // SAFETY: the device used the chain: the byte is the driver's again.
                     return unsafe { ack.read_volatile() } == 0;
                 }

@@ -289,6 +289,10 @@ impl Link for Nic {
         each!(self, n => n.paces_itself())
     }
 
+    fn join_multicast(&mut self, group: [u8; 6]) {
+        each!(self, n => Link::join_multicast(n, group))
+    }
+
     fn receive(&mut self, buf: &mut [u8]) -> Option<usize> {
         each!(self, n => n.receive(buf))
     }

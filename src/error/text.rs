@@ -274,6 +274,7 @@ impl Display for Object {
             Object::Gid => "GID table entrie",
             Object::CqEventSlot => "completion queue event slot",
             Object::CompletionChannel => "completion channel",
+            Object::Ipv6Path => "IPv6 path",
         })
     }
 }
@@ -397,7 +398,9 @@ impl Display for Feature {
             Feature::UserMemory => "registering memory the HAL cannot translate",
             Feature::Interrupts => "interrupts: the device has no usable MSI-X vector",
             Feature::SrqModify => "modifying a shared receive queue on this device",
-            Feature::Ipv6 => "an IPv6 GID: the software device speaks RoCEv2 over IPv4",
+            Feature::Ipv6 => {
+                "an IPv6 GID where the software device takes none: UD address handles, mixed IPv4 and IPv6 GIDs, loopback over IPv6 (RC and UC connect by IPv6 GIDs)"
+            }
             Feature::ReregMr => "changing a memory region in place on this device",
             Feature::MemoryWindows => {
                 "memory windows on this device: grant access through a region's own rkey"

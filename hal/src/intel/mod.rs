@@ -492,6 +492,10 @@ impl<H: Hal, F: Family> Link for IntelNic<H, F> {
         self.mac
     }
 
+    fn join_multicast(&mut self, group: [u8; 6]) {
+        IntelNic::join_multicast(self, group);
+    }
+
     fn max_frame(&self) -> usize {
         MAX_FRAME
     }

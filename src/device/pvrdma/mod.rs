@@ -172,7 +172,11 @@ impl<H: Hal> State<H> {
             Object::Qp => 2,
             Object::Srq => 3,
             // (Event slots and channels are the driver's, never counted here.)
-            Object::Mr | Object::Gid | Object::CqEventSlot | Object::CompletionChannel => 4,
+            Object::Mr
+            | Object::Gid
+            | Object::CqEventSlot
+            | Object::CompletionChannel
+            | Object::Ipv6Path => 4,
         }
     }
 

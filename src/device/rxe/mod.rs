@@ -275,7 +275,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// # Ok(()) }
     /// ```
     pub fn new(hal: H, link: L, clock: C, config: Config) -> Result<Self> {
+        let mut link = link;
         let mac = link.mac();
+        // Solicitations for the link-local address (GID 0) come to its solicited-node group.
+        let ll = Gid::link_local_from_mac(mac).0;
+        link.join_multicast(wire::nd::multicast_mac(&wire::nd::solicited_node(&ll)));
         let max = link.max_frame();
         let self_paced = link.paces_itself();
         let Some(mtu) = seq::MTUS
@@ -341,9 +345,26 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         self.mtu
     }
 
-    /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 uses).
+    /// The GID at `index` (0: link-local from the MAC; 1: the IPv4-mapped GID RoCEv2 over
+    /// IPv4 uses; 2 and up: the global IPv6 addresses given with [`Rxe::add_ipv6`]).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        port::gid(self.mac, self.ip, index)
+        match index {
+            0 | 1 => port::gid(self.mac, self.ip, index),
+            _ => self.core.lock().tables().port.gid(index),
+        }
+    }
+
+    /// Gives the interface the global IPv6 address `addr` (up to [`port::GLOBALS6`] of
+    /// them): its GID index, 2 and up in the order of addition. The NIC joins the address's
+    /// solicited-node group, and the port answers neighbour solicitations for it. RC and UC
+    /// queue pairs connect from it (source GID index) to an IPv6 peer; an address handle (UD)
+    /// with an IPv6 GID is refused ([`Feature::Ipv6`](crate::error::Feature::Ipv6)).
+    pub fn add_ipv6(&self, addr: [u8; 16]) -> core::result::Result<u32, port::AddrRefused> {
+        let mut core = self.core.lock();
+        let (link, t) = core.parts();
+        let index = t.port.add_ipv6(addr)?;
+        link.join_multicast(wire::nd::multicast_mac(&wire::nd::solicited_node(&addr)));
+        Ok(index)
     }
 
     /// Frames the port handled, by outcome.
@@ -467,7 +488,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                         break;
                     }
                 }
-                Ok(None) => t.stack.push(frame),
+                Ok(None) => self.for_stack(core, n, now),
                 Err(_) => {}
             }
         }
@@ -507,6 +528,54 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
+    /// The received frame of `n` bytes the port left to the IP stack: to the stack, unless
+    /// it is IPv6 the port takes itself ([`Port::take_ipv6`]: neighbour discovery answered,
+    /// RoCEv2 over IPv6 to the transport or dropped). Out of line: RoCE frames over IPv4 do
+    /// not come here.
+    #[inline(never)]
+    fn for_stack(&self, core: &mut Core<L>, n: usize, now: u64) {
+        // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
+        // through the locked core (`core` is borrowed mutably here).
+        let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
+        let Some(frame) = rx.get(..n) else { return };
+        let (link, t) = core.parts();
+        match t.port.take_ipv6(link, frame, now) {
+            None | Some(port::Ipv6Rx::Stack) => t.stack.push(frame),
+            // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
+            Some(port::Ipv6Rx::Path(path)) => {
+                if let Some(f) = rx.get_mut(..n) {
+                    self.take_ipv6(core, f, path, now);
+                }
+            }
+            Some(port::Ipv6Rx::Dropped(_)) => {}
+        }
+    }
+
+    /// A RoCEv2 packet over IPv6 on the IPv6 path `path` (checked whole by the port): made
+    /// the same packet over IPv4 in place, from the address by which the transport names the
+    /// path to this interface's IPv4 address, and dispatched if it is RC or UC. One whose QP
+    /// is locked elsewhere is lost (as on a wire: its sender retries); out of line, so that
+    /// IPv4 frames do not pay for it.
+    #[inline(never)]
+    fn take_ipv6(&self, core: &mut Core<L>, f: &mut [u8], path: usize, now: u64) {
+        let ip = core.tables().port.ip();
+        let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
+            return;
+        };
+        let Some(p) = f.get(..m).and_then(wire::packet::view_converted) else {
+            return;
+        };
+        // RC and UC only (opcodes 0x00–0x3F): UD over IPv6 is not taken, so no datagram QP
+        // sees a source it could not report.
+        if p.opcode() >= 0x40 {
+            core.tables().port.unhand();
+            return;
+        }
+        if !self.dispatch(core, &p, now) {
+            core.tables().port.unhand();
+        }
+    }
+
     /// A RoCE packet for this interface: to the queue pair it names, as an answer to its
     /// requests or as a request to it. `false` when that QP's lock is held elsewhere (the
     /// frame is kept for the next progress: the progress never waits for a QP, so an
@@ -533,7 +602,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             && q.state != QpState::Reset
         {
             // The peer's MAC as ARP gave it, for the source check.
-            q.peer_mac = core.tables().port.lookup(q.peer_ip);
+            q.peer_mac = core.tables().port.lookup_any(q.peer_ip);
         }
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.

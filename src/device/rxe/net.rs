@@ -5,12 +5,14 @@
 use bareverbs_hal::{Link, LinkError};
 
 use super::mem::{Denied, MrTable};
+use super::port::{Port, alias_path, path_alias};
 use super::qp_state::QpCore;
 use super::rings::Loopback;
 use super::tables::Tables;
 use super::wire::bth::{Aeth, Bth, Headers};
 use super::wire::eth::Mac;
 use super::wire::icrc::ICRC_LEN;
+use super::wire::ip6::ipv4_to_ipv6;
 use super::wire::packet::{EXT_MAX, Route, ack, begin_bth, begin_ext, begin_with, finish_at};
 use super::wire::template::Template;
 use crate::error::Result;
@@ -86,13 +88,17 @@ impl<L: Link> Net<'_, L> {
         let Some(mac) = self.peer_mac(q)? else {
             return Ok(false);
         };
-        q.hdr = Some(Template::new(&self.route(q, mac), q.attr.dest_qpn));
+        let t = Template::new(&self.route(q, mac), q.attr.dest_qpn);
+        q.hdr = Some(match alias_path(q.peer_ip) {
+            Some(i) => t.over_path6(i),
+            None => t,
+        });
         Ok(true)
     }
 
     /// [`Net::peer_mac`] of a QP whose peer's MAC is not kept yet.
     fn resolve_peer(&mut self, q: &mut QpCore) -> Result<Option<Mac>> {
-        let m = self.t.port.resolve(self.link, q.peer_ip, self.now)?;
+        let m = self.t.port.resolve_any(self.link, q.peer_ip, self.now)?;
         q.peer_mac = m;
         Ok(m)
     }
@@ -176,6 +182,7 @@ impl<L: Link> Net<'_, L> {
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
+            &self.t.port,
             outer,
             build,
         );
@@ -199,6 +206,7 @@ impl<L: Link> Net<'_, L> {
             self.tx,
             &mut self.t.loopback,
             &mut self.t.ip_id,
+            &self.t.port,
             outer,
             build,
         )
@@ -206,20 +214,23 @@ impl<L: Link> Net<'_, L> {
 }
 
 /// Sends the frame `build` writes (given the buffer and the IPv4 identification to use)
-/// with the outer headers `outer`: looped back when it is to this interface, else through
-/// the NIC. Room first: a frame is built only when it can go out now (`transmit_with` calls
-/// `build` only with a free transmit slot). `Lost` when `build` returns `None`.
+/// with the outer headers `outer`: through the NIC, or, for a route that is not on the wire
+/// as built ([`Template::special`]), built in `tx` and looped back (to this interface) or
+/// made IPv6 ([`send_special`]). Room first: a frame is built only when it can go out now
+/// (`transmit_with` calls `build` only with a free transmit slot; the loopback queue's room
+/// is asked for both special routes). `Lost` when `build` returns `None`.
 #[inline(always)]
 fn transmit<L: Link>(
     link: &mut L,
     tx: &mut [u8],
     loopback: &mut Loopback,
     ip_id: &mut u16,
+    port: &Port,
     outer: &Template,
     build: impl FnOnce(&mut [u8], u16) -> Option<usize>,
 ) -> Result<(), Unsent> {
-    let looped = outer.looped();
-    if looped && !loopback.has_room() {
+    let special = outer.special();
+    if special && !loopback.has_room() {
         loopback.full += 1;
         return Err(Unsent::Busy);
     }
@@ -228,18 +239,44 @@ fn transmit<L: Link>(
         *ip_id = id.wrapping_add(1);
         build(buf, id)
     };
-    if looped {
+    if special {
+        // An IPv6 route's frame is built as over IPv4 `V6_EXTRA` bytes in (made IPv6 after).
+        let at = outer.ipv6_room();
+        let n = build(tx.get_mut(at..).ok_or(Unsent::Lost)?).ok_or(Unsent::Lost)?;
+        return send_special(link, loopback, tx, n, port, outer);
+    }
+    match link.transmit_with(tx, build) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Unsent::Lost),
+        Err(LinkError::Busy) => Err(Unsent::Busy),
+        Err(_) => Err(Unsent::Lost),
+    }
+}
+
+/// Sends the frame [`transmit`] built in `tx` for a special route: looped back (`n` bytes at
+/// the start), or, along an IPv6 path, the frame over IPv4 of `n` bytes at `tx[V6_EXTRA..]`
+/// made the IPv6 frame of the same packet ([`ipv4_to_ipv6`]) and copied to the NIC.
+#[inline(never)]
+fn send_special<L: Link>(
+    link: &mut L,
+    loopback: &mut Loopback,
+    tx: &mut [u8],
+    n: usize,
+    port: &Port,
+    outer: &Template,
+) -> Result<(), Unsent> {
+    let Some(path) = outer.path6() else {
         // To this interface: looped back, never on the wire.
-        let n = build(tx).ok_or(Unsent::Lost)?;
         return if loopback.push(tx.get(..n).ok_or(Unsent::Lost)?) {
             Ok(())
         } else {
             Err(Unsent::Busy)
         };
-    }
-    match link.transmit_with(tx, build) {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(Unsent::Lost),
+    };
+    let p = port.path6(path_alias(path)).ok_or(Unsent::Lost)?;
+    let n = ipv4_to_ipv6(tx, n, &p.src, &p.dst, p.flow).ok_or(Unsent::Lost)?;
+    match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {
+        Ok(()) => Ok(()),
         Err(LinkError::Busy) => Err(Unsent::Busy),
         Err(_) => Err(Unsent::Lost),
     }

@@ -308,7 +308,7 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
 
     fn create_ah(&self, _pd: &Pd, av: &AddressVector) -> Result<Ah> {
         if av.sgid_index > 1 {
-            return Err(Error::invalid(Param::GidIndex, av.sgid_index, 1u8));
+            return Err(super::port::sgid_refused(av.sgid_index));
         }
         let ip = av
             .dgid
@@ -459,11 +459,16 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         if port != 1 {
             return Err(Error::invalid(Param::Port, port, 1u8));
         }
-        self.gid(index).ok_or(Error::invalid(
-            Param::GidIndex,
-            index,
-            self.caps.gid_tbl_len - 1,
-        ))
+        if index >= self.caps.gid_tbl_len {
+            return Err(Error::invalid(
+                Param::GidIndex,
+                index,
+                self.caps.gid_tbl_len - 1,
+            ));
+        }
+        // An entry of the table with no address given (a global IPv6 place) reads as the
+        // zero GID, as an unbound entry does.
+        Ok(self.gid(index).unwrap_or_default())
     }
 
     fn next_gid(&self, port: u8, from: u32) -> Result<Option<(u32, Gid)>> {
@@ -552,7 +557,7 @@ pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
         max_srq: super::srq::MAX_SRQ,
         max_srq_wr: super::MAX_SRQ_WR,
         max_srq_sge: super::MAX_SGE,
-        gid_tbl_len: 2,
+        gid_tbl_len: super::port::GIDS,
         max_pkeys: 1,
         phys_port_cnt: 1,
         device_cap_flags: 0,

@@ -8,15 +8,37 @@ use bareverbs_hal::{Clock, Hal, Link};
 
 use super::cq::Cq;
 use super::mem::Pd;
+use super::port::{PATHS6, Port};
 use super::qp_lock::{HEAD_BYTES, QpGuard};
 use super::qp_state::QpCore;
 use super::srq::Srq;
 use super::wire::addr::{rc_source_port, ud_source_port};
+use super::wire::ip6::{Ip6, V6_EXTRA, martian6};
 use super::wqe::{Inbound, RdResource, RqEntry, SqEntry};
 use super::{FIRST_QPN, GSI_QPN, MAX_INLINE, MAX_QP, MAX_RD_ATOMIC, MAX_SGE, MAX_WR, Rxe};
 use crate::dma::Dma;
 use crate::error::{Attr, Error, Feature, Object, Op, Param, Resource, Result, Unsupported};
 use crate::verbs::{ModifyAttr, QpAttr, QpCaps, QpInit, QpState, QpType};
+
+/// The IPv6 source and destination of a connected QP whose address vector names an IPv6
+/// destination GID: the source GID is the link-local one (index 0) or a global one (2 and
+/// up); the IPv4-mapped one (1) with an IPv6 peer, a destination no station has, and one of
+/// this interface's own addresses (loopback over IPv6) are refused (`Feature::Ipv6`).
+fn ipv6_path(port: &Port, av: &crate::verbs::AddressVector) -> Result<(Ip6, Ip6)> {
+    let refused = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
+    let dst = av.dgid.0;
+    if av.sgid_index == 1 || martian6(&dst) || port.has_ipv6(&dst) {
+        return Err(refused);
+    }
+    match port.gid(u32::from(av.sgid_index)) {
+        Some(g) => Ok((g.0, dst)),
+        None => Err(Error::invalid(
+            Param::GidIndex,
+            av.sgid_index,
+            super::port::GIDS - 1,
+        )),
+    }
+}
 
 /// A queue pair.
 pub struct Qp<H: Hal> {
@@ -280,20 +302,32 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     op: Op::ModifyQp,
                     attr: Attr::Address,
                 })?;
-                let ip = av
-                    .dgid
-                    .ipv4()
-                    .ok_or(Error::Unsupported(Unsupported::Feature(Feature::Ipv6)))?;
-                // Either GID sends from the interface's IPv4 address (RoCEv2 over IPv4).
-                if av.sgid_index > 1 {
-                    return Err(Error::invalid(Param::GidIndex, av.sgid_index, 1u8));
-                }
+                // An IPv4-mapped destination: RoCEv2 over IPv4, from the interface's IPv4
+                // address (GID 0 or 1). Another: over IPv6, from the source GID's address.
+                let ipv6 = match av.dgid.ipv4() {
+                    Some(_) if av.sgid_index > 1 => {
+                        return Err(super::port::sgid_refused(av.sgid_index));
+                    }
+                    Some(_) => None,
+                    None => Some(ipv6_path(&t.port, &av)?),
+                };
                 let mtu = attr.path_mtu.bytes();
                 if mtu > self.mtu {
                     return Err(Error::invalid(
                         Param::PathMtu,
                         attr.path_mtu as u8,
                         self.mtu / 256,
+                    ));
+                }
+                // Over IPv6 a frame is 20 bytes longer: the link must carry it.
+                let room = link.max_frame().min(super::FRAME);
+                if ipv6.is_some()
+                    && mtu as usize + super::wire::packet::MAX_OVERHEAD + V6_EXTRA > room
+                {
+                    return Err(Error::invalid(
+                        Param::PathMtu,
+                        attr.path_mtu as u8,
+                        self.mtu / 512,
                     ));
                 }
                 if attr.max_dest_rd_atomic as u32 > MAX_RD_ATOMIC {
@@ -303,6 +337,20 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                         MAX_RD_ATOMIC,
                     ));
                 }
+                let ip = match ipv6 {
+                    None => av.dgid.ipv4().unwrap_or_default(),
+                    Some((src, dst)) => {
+                        t.port
+                            .hold_path6(src, dst, av.flow_label)
+                            .ok_or(Error::Resource(Resource::Objects {
+                                object: Object::Ipv6Path,
+                                limit: PATHS6 as u32,
+                            }))?
+                    }
+                };
+                // The path of an earlier connection given back (the new one held first: the
+                // same path stays).
+                t.port.release_path6(q.peer_ip);
                 q.peer_ip = ip;
                 q.peer_mac = None;
                 q.mtu = mtu;
@@ -311,7 +359,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 q.msn = 0;
                 q.nak_sent = false;
                 // Start resolving the peer now: the requester needs its MAC.
-                if let Ok(Some(mac)) = t.port.resolve(link, ip, now) {
+                if let Ok(Some(mac)) = t.port.resolve_any(link, ip, now) {
                     q.peer_mac = Some(mac);
                 }
             }
@@ -340,6 +388,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             }
             QpState::Reset => {
                 q.discard();
+                t.port.release_path6(q.peer_ip);
+                q.peer_ip = [0; 4];
                 q.peer_mac = None;
                 q.msn = 0;
                 attr = ModifyAttr::to_state(QpState::Reset);
@@ -394,6 +444,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // SAFETY: the QP is alive (owned here); the device lock is held, no QP lock.
             let mut q = unsafe { QpGuard::lock(qp.core) };
             q.discard();
+            guard.tables().port.release_path6(q.peer_ip);
             q.send_cq().give(q.sq_pending);
             q.recv_cq().give(q.rq_pending);
             q.send_cq().users.fetch_sub(1, Ordering::Relaxed);

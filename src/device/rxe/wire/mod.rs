@@ -3,6 +3,8 @@
 //!
 //! - [`eth`]: MAC addresses, the Ethernet header, ARP;
 //! - [`ip`]: the IPv4 and UDP headers and their checksums;
+//! - [`ip6`]: RoCEv2 over IPv6, frames built and checked;
+//! - [`nd`]: IPv6 neighbour discovery messages;
 //! - [`bth`]: the base transport header, the opcodes and the extended headers;
 //! - [`icrc`]: the invariant CRC;
 //! - [`addr`]: GIDs and the UDP source ports derived from QPs;
@@ -14,6 +16,8 @@ pub mod bth;
 pub mod eth;
 pub mod icrc;
 pub mod ip;
+pub mod ip6;
+pub mod nd;
 pub mod packet;
 pub mod template;
 

@@ -306,6 +306,30 @@ pub(crate) fn classify(frame: &[u8]) -> Result<Seen<'_>, Discard> {
     }))
 }
 
+/// The [`View`] of a frame the device made from a RoCEv2 packet over IPv6 that the port
+/// checked whole ([`ipv6_to_ipv4`](super::ip6::ipv6_to_ipv4) of a frame
+/// [`parse6`](super::ip6::parse6) took): its lengths, BTH and ICRC were checked in the IPv6
+/// form, so only the bounds are looked at again. `None` when they do not hold. Out of line:
+/// [`classify`]'s IPv4 path is not duplicated for it.
+#[inline(never)]
+pub(crate) fn view_converted(frame: &[u8]) -> Option<View<'_>> {
+    let head = frame.first_chunk::<HEAD>()?;
+    let total = usize::from(be16(head, ETH_LEN + 2));
+    let transport = frame.get(ROCE_OFFSET..ETH_LEN + total)?;
+    let layout = Layout::lookup(*transport.first()?)?;
+    let hlen = layout.header_bytes();
+    let ext = transport.get(BTH_LEN..hlen)?;
+    let end = transport.len().checked_sub(ICRC_LEN)?;
+    let pad = usize::from((transport.get(1)? >> 4) & 3);
+    let payload = transport.get(hlen..end.checked_sub(pad)?)?;
+    Some(View {
+        head,
+        ext,
+        payload,
+        layout,
+    })
+}
+
 /// Writes the outer headers and the transport headers of a frame whose payload is
 /// `payload_len` bytes into `buf` (the BTH's pad count is set from the length; the IPv4
 /// identification is `id`). Returns where the payload goes; the caller writes it there and

@@ -6,6 +6,7 @@
 use super::bth::{BTH_LEN, DEFAULT_PKEY};
 use super::eth::{ETH_LEN, ETHERTYPE_IPV4, EthHeader, Mac};
 use super::ip::{IPV4_LEN, Ipv4Header, PROTO_UDP, ROCE_PORT, UDP_LEN, UdpHeader};
+use super::ip6::V6_EXTRA;
 use super::{be16, chunk, put};
 
 /// Bytes of the outer headers (Ethernet, IPv4, UDP): the packet module's `ROCE_OFFSET`.
@@ -54,9 +55,16 @@ pub struct Template {
     bth: u64,
     /// The IPv4 header sum of the constant fields, folded to 16 bits.
     sum: u16,
-    /// The route is to this interface's own address (the frame is looped back).
-    looped: bool,
+    /// How the frames leave: 0 on the wire as built; [`LOOPED`] to this interface's own
+    /// address (looped back); [`PATH6`] + `i` on the wire over IPv6, along the device's IPv6
+    /// path `i`. One byte tested once per frame, as the looped flag it holds was.
+    mode: u8,
 }
+
+/// [`Template`]'s mode of a route to this interface's own address.
+const LOOPED: u8 = 1;
+/// [`Template`]'s mode of the first IPv6 path.
+const PATH6: u8 = 2;
 
 impl Template {
     /// The template of the frames along `route` to the queue pair `dest_qp`.
@@ -107,15 +115,45 @@ impl Template {
             words,
             bth: u64::from_le_bytes([0, 0, p1, p0, 0, q2, q1, q0]),
             sum,
-            looped: route.dst_ip == route.src_ip,
+            mode: if route.dst_ip == route.src_ip {
+                LOOPED
+            } else {
+                0
+            },
         }
+    }
+
+    /// The template with its frames sent over IPv6 along the device's IPv6 path `path` (the
+    /// transport's frames stay IPv4 in shape until they leave: the device makes them IPv6).
+    pub fn over_path6(mut self, path: usize) -> Self {
+        self.mode = PATH6.saturating_add(path.min(usize::from(u8::MAX - PATH6)) as u8);
+        self
+    }
+
+    /// Whether the frames leave otherwise than on the wire as built: looped back, or over
+    /// IPv6 ([`Template::path6`]).
+    #[inline(always)]
+    pub fn special(&self) -> bool {
+        self.mode != 0
+    }
+
+    /// Where in the transmit buffer a frame of this route is built: [`V6_EXTRA`] bytes in
+    /// for an IPv6 path (its IPv6 header is that much longer), else at the start.
+    #[inline(always)]
+    pub fn ipv6_room(&self) -> usize {
+        if self.mode >= PATH6 { V6_EXTRA } else { 0 }
+    }
+
+    /// The IPv6 path the frames go along, if any.
+    pub fn path6(&self) -> Option<usize> {
+        self.mode.checked_sub(PATH6).map(usize::from)
     }
 
     /// Whether the frames go to this interface's own address (looped back, never on the
     /// wire).
     #[inline(always)]
     pub fn looped(&self) -> bool {
-        self.looped
+        self.mode == LOOPED
     }
 
     /// Writes the outer headers of a frame whose IP packet is `total` bytes, with IPv4
@@ -249,7 +287,12 @@ mod tests {
             src_port: 0xC000,
         };
         assert!(Template::new(&same, 1).looped());
+        assert!(Template::new(&same, 1).special());
         same.dst_ip[3] = 2;
-        assert!(!Template::new(&same, 1).looped());
+        let t = Template::new(&same, 1);
+        assert!(!t.looped() && !t.special() && t.path6().is_none());
+        let t = t.over_path6(5);
+        assert!(!t.looped() && t.special());
+        assert_eq!(t.path6(), Some(5));
     }
 }
