@@ -22,6 +22,12 @@
 # linux Y ratio r` (both on two vCPUs, summed) with the 1-core appliance's figure beside it
 # (target: 2 cores at most 1.10 times 1 core; said, not judged), the IOPS lines, and the
 # verdict.
+# BAREVERBS_NVMF_SMP_PROFILE=1 also profiles both appliances' counted window (the plugin's
+# prof=, its blocks summed over the vCPUs) and prints `nvmf profile smp2:` lines: per symbol,
+# the instructions per I/O on 2 cores and on 1 core and their difference, the largest
+# differences first. The profile's callbacks slow the guests: the IOPS lines of such a run
+# are not comparable.
+smp_prof() { echo "$cache/nvmf-smp-prof-$1.txt"; }
 smp_t0=$(date +%s)
 smp_log() { echo "$cache/nvmf-smp-unikernel-$1.log"; }
 smp_count() { echo "$cache/nvmf-smp-icount-$1.txt"; }
@@ -42,7 +48,7 @@ smp_linux_a() {
 smp_appliance() { # TAG(smp2|smp1) CPUS
   local name=$1 out=$cache/nvmf-console-$1.out acc=(-accel tcg,thread=multi)
   [ "$accel" = kvm ] && acc=(-accel kvm)
-  [ -n "$counter" ] && acc=(-accel tcg,thread=multi -plugin "$counter,out=$(smp_count "$1")")
+  [ -n "$counter" ] && acc=(-accel tcg,thread=multi -plugin "$counter,out=$(smp_count "$1")${BAREVERBS_NVMF_SMP_PROFILE:+,prof=$(smp_prof "$1"),from=0001,to=0101}")
   rm -f "$out"; mkfifo "$out"
   console_in "$name" > /dev/null
   cat "$out" > "$(smp_log "$1")" &
@@ -189,6 +195,36 @@ else
     echo "nvmf randread-4k efficiency smp2: FAIL (windows: 2 cores ${w2:--} instructions, ${i2:--} I/Os; 1 core ${w1:--}, ${i1:--}; linux ${wl:--}, ${il:--})"
     why+=("efficiency smp2")
   fi
+fi
+# The profile (BAREVERBS_NVMF_SMP_PROFILE): each block's instructions given to the symbol at or
+# below its first address, per I/O of its run, the two runs side by side.
+if [ -n "${BAREVERBS_NVMF_SMP_PROFILE:-}" ] && [ -s "$(smp_prof smp2)" ] && [ -s "$(smp_prof smp1)" ] &&
+  [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ] && command -v nm > /dev/null; then
+  by_symbol() { # PROF IOS: `<instructions per I/O> <symbol>` lines
+    { nm -C -n --defined-only "$uk_kernel" 2>/dev/null |
+        awk '$2 ~ /^[tTwW]$/ {a = $1; $1 = ""; $2 = ""; sub(/^ +/, ""); print "S", a, $0}'
+      awk '{print "P", $1, $2}' "$1"; } |
+      LC_ALL=C sort -k2,2 -k1,1r | awk '$1 == "S" {s = $0; sub(/^S [0-9a-f]+ /, "", s); next}
+        {by[s == "" ? "?" : s] += $3} END {for (k in by) print by[k], k}' |
+      awk -v n="$2" '{v = $1; $1 = ""; sub(/^ /, ""); printf "%.1f\t%s\n", v / n, $0}'
+  }
+  by_symbol "$(smp_prof smp2)" "$i2" > "$cache/nvmf-smp-prof-smp2.sym"
+  by_symbol "$(smp_prof smp1)" "$i1" > "$cache/nvmf-smp-prof-smp1.sym"
+  awk -F '\t' 'FNR == NR {two[$2] = $1; next} {one[$2] = $1}
+    END {for (k in two) if (!(k in one)) one[k] = 0
+      for (k in one) {d = two[k] - one[k]; t2 += two[k]; t1 += one[k]
+        printf "%.1f\t%.1f\t%.1f\t%s\n", d, two[k], one[k], substr(k, 1, 100)}
+      printf "TOTAL\t%.1f\t%.1f\n", t2, t1 > "/dev/stderr"}' \
+    "$cache/nvmf-smp-prof-smp2.sym" "$cache/nvmf-smp-prof-smp1.sym" 2> "$cache/nvmf-smp-prof-total.txt" |
+    sort -t "$(printf '\t')" -k1,1 -gr > "$cache/nvmf-smp-prof-diff.txt"
+  read -r _ p2 p1 < "$cache/nvmf-smp-prof-total.txt"
+  echo "nvmf profile smp2: instructions per I/O in the profiled windows: 2 cores $p2, 1 core $p1; by symbol (2 cores, 1 core, difference), the largest differences each way:"
+  { head -25 "$cache/nvmf-smp-prof-diff.txt"; echo "..."; tail -10 "$cache/nvmf-smp-prof-diff.txt"; } |
+    awk -F '\t' '$0 == "..." {print "nvmf profile smp2: ..."; next}
+      {printf "nvmf profile smp2: %9.1f %9.1f %+9.1f %s\n", $2, $3, $1, $4}'
+  echo "nvmf profile smp2: top symbols on 2 cores:"
+  sort -t "$(printf '\t')" -k1,1 -gr "$cache/nvmf-smp-prof-smp2.sym" | head -25 |
+    awk -F '\t' '{printf "nvmf profile smp2: %9.1f %s\n", $1, substr($2, 1, 100)}'
 fi
 for t in smp2 smp1; do
   [ "${smp_status[$t]:-}" = 0 ] || [ "${smp_status[$t]:-}" = 33 ] ||
