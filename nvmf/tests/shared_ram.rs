@@ -34,15 +34,27 @@ fn what_one_handle_writes_another_reads_back_at_any_alignment() {
     // Buffers at offsets 0..8 of an allocation: the copies take any alignment.
     let mut src = vec![0u8; 8 * 1024 + 8];
     let mut dst = vec![0u8; 8 * 1024 + 8];
-    for (lba, blocks, off) in [(0u64, 1usize, 0usize), (1, 8, 1), (17, 16, 3), (100, 5, 7), (127, 1, 5)] {
+    for (lba, blocks, off) in [
+        (0u64, 1usize, 0usize),
+        (1, 8, 1),
+        (17, 16, 3),
+        (100, 5, 7),
+        (127, 1, 5),
+    ] {
         let len = blocks * 512;
         fill(lba, &mut src[off..off + len], 0x5a);
         w.write(lba, &src[off..off + len]).unwrap();
         dst.fill(0xee);
         r.read(lba, &mut dst[off..off + len]).unwrap();
-        assert_eq!(&dst[off..off + len], &src[off..off + len], "lba {lba}, {blocks} blocks, offset {off}");
+        assert_eq!(
+            &dst[off..off + len],
+            &src[off..off + len],
+            "lba {lba}, {blocks} blocks, offset {off}"
+        );
         // Nothing past the request was written.
-        assert!(dst[..off].iter().all(|&b| b == 0xee) && dst[off + len..].iter().all(|&b| b == 0xee));
+        assert!(
+            dst[..off].iter().all(|&b| b == 0xee) && dst[off + len..].iter().all(|&b| b == 0xee)
+        );
     }
     // The blocks around a write are untouched: block 9 (after the 8 at 1) is still zero.
     let mut one = [0xffu8; 512];
@@ -62,7 +74,8 @@ fn what_one_handle_writes_another_reads_back_at_any_alignment() {
 fn two_threads_writing_their_own_blocks_at_once_each_read_their_own_bytes() {
     let mut mem = memory(256 * 1024);
     // SAFETY: the vector's bytes, borrowed mutably for as long as the view lives.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), 256 * 1024) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), 256 * 1024) };
     let ram = SharedRam::new(bytes, 512).unwrap();
     std::thread::scope(|s| {
         for t in 0..2u64 {

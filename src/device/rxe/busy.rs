@@ -76,7 +76,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             let (q, last) = if left != 0 {
                 let i = left.trailing_zeros() as usize;
                 left &= left - 1;
-                (t.qps.get(i).copied().unwrap_or(core::ptr::null_mut()), false)
+                (
+                    t.qps.get(i).copied().unwrap_or(core::ptr::null_mut()),
+                    false,
+                )
             } else if busy & tables::GSI_BIT != 0 {
                 (t.gsi, true)
             } else {
