@@ -312,6 +312,11 @@ pub trait Cores: Sync {
     /// Wakes every job's CPU that said it is sleeping (core 0, after a round that did work:
     /// completions may have gone to a group's CQ).
     fn wake(&self) {}
+    /// A job's round did work (called on its CPU): it may have posted requests, or sent core 0
+    /// a message, that only core 0's loop carries on (the device's progress, the link), so
+    /// core 0 is woken if it said it is halting. Nothing when it is awake (a read of a line
+    /// only core 0 writes).
+    fn posted(&self) {}
 }
 
 /// Whether every namespace of `s` can be served by several cores at once (RAM): its I/O
@@ -848,14 +853,22 @@ fn serve_group<'a, P: Provider>(
     )?;
     target.join_group(link)?;
     while !stop.load(Ordering::Acquire) {
-        if target.poll_group() == 0 {
+        let work = target.poll_group();
+        if work > 0 {
+            // Its posts go out in core 0's progress: core 0 must not sleep through them.
+            cores.posted();
+        } else {
             // Said before the last poll: core 0's wake after it adds a completion to this
             // CQ then either finds the flag or the poll finds the completion.
             cores.sleeping(k, true);
-            if target.poll_group() == 0 && !stop.load(Ordering::Acquire) {
+            let last = target.poll_group();
+            if last == 0 && !stop.load(Ordering::Acquire) {
                 cores.wait();
             }
             cores.sleeping(k, false);
+            if last > 0 {
+                cores.posted();
+            }
         }
     }
     Ok(())

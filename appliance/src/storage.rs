@@ -86,6 +86,34 @@ impl nvmf_app::Cores for SmpCores {
             }
         }
     }
+    fn posted(&self) {
+        // The round's posts (their QPs' state, the busy set) before core 0's flag is read:
+        // either core 0's check before it halts (`core0_halt`) sees them, or this sees the
+        // flag.
+        fence(Ordering::SeqCst);
+        if CORE0_SLEEPING.load(Ordering::Relaxed) {
+            irq::wake(0);
+        }
+    }
+}
+
+/// Whether core 0 is about to halt or halted while it runs the device's progress for poll
+/// groups (written by core 0 only; read by a group after a round that did work).
+static CORE0_SLEEPING: AtomicBool = AtomicBool::new(false);
+
+/// Core 0's idle halt with poll groups: says it is halting (the flag a group reads after it
+/// posts), then halts unless the device has frames to send (`sends_waiting`: a group's posts
+/// made before the flag was seen, which only core 0's progress transmits); a group that
+/// posts after the flag wakes it (`SmpCores::posted`), so a group's I/O never waits for the
+/// timer's tick (about 16 ms).
+fn core0_halt(sends_waiting: impl FnOnce() -> bool) {
+    CORE0_SLEEPING.store(true, Ordering::Relaxed);
+    // The flag before the device's state is read (paired with the fence in `posted`).
+    fence(Ordering::SeqCst);
+    if !sends_waiting() {
+        irq::wait();
+    }
+    CORE0_SLEEPING.store(false, Ordering::Relaxed);
 }
 
 /// Whether each poll group's CPU is about to halt or halted (written by that CPU only).
@@ -207,7 +235,8 @@ pub(crate) fn appliance(
     let ctx = bareverbs::Context::new(dev);
     // With poll groups on other CPUs, only core 0's loop runs the device's transport: a
     // group's posts and polls never take the device lock (docs/percore.md).
-    if nvmf_app::groups(config, &SmpCores) > 0 {
+    let with_groups = nvmf_app::groups(config, &SmpCores) > 0;
+    if with_groups {
         ctx.provider().set_progress_only(true);
     }
     // The virtio-blk disks in PCI order (`blk:N` is the Nth); one that does not come up is
@@ -292,7 +321,11 @@ pub(crate) fn appliance(
         if work > 0 || frames != seen {
             (seen, since) = (frames, now);
         } else if nic_interrupts || now.saturating_sub(since) >= IDLE_MS {
-            irq::wait();
+            if with_groups {
+                core0_halt(|| ctx.provider().sends_waiting());
+            } else {
+                irq::wait();
+            }
         }
     };
     let _ = writeln!(
@@ -358,7 +391,13 @@ pub(crate) fn appliance(
                 irq::count_on(cpu, irq::WAKE_VECTOR)
             );
         }
-        let _ = writeln!(Serial);
+        // And core 0 by the groups (their posts while it halted), beside its halts.
+        let _ = writeln!(
+            Serial,
+            "; core 0 woken by the groups {} (halts {})",
+            irq::count_on(0, irq::WAKE_VECTOR),
+            irq::halts_on(0)
+        );
     }
     // Every disk flushed before power-off, and what each did.
     type Flushed = Option<(Result<(), BlockError>, virtio_blk::BlkStats, bool)>;

@@ -37,13 +37,16 @@ pub const DEVICE_VECTORS: core::ops::Range<u8> = 0x30..0x33;
 pub const STORAGE_VECTOR: u8 = 0x34;
 /// The LAPIC timer's vector: bounds every halt (a lost wake-up costs one tick, not the run).
 pub const TIMER_VECTOR: u8 = 0x40;
+/// The vector [`wake`] sends: its handler only counts it ([`count_on`] gives the wake-ups a
+/// CPU took), on every CPU, CPU 0 included (no device is routed to it).
+pub const WAKE_VECTOR: u8 = 0x41;
 /// The spurious-interrupt vector (SVR): handled without an EOI.
 pub const SPURIOUS_VECTOR: u8 = 0xFF;
 
 // Entry stubs. Each IRQ stub pushes its vector and joins the common path, which saves the
 // System V caller-saved registers and the SSE state (fxsave64 into a 16-aligned area below
 // the frame), clears DF, calls `irq_dispatch(vector)` on a 16-aligned stack, restores and
-// returns with iretq. Vectors 0x30–0x40 and 0xFF push no error code.
+// returns with iretq. Vectors 0x30–0x41 and 0xFF push no error code.
 // Exception stubs call `irq_fatal(vector, error code, rip)`, which does not return.
 global_asm!(
     r#"
@@ -59,6 +62,7 @@ irq_stub_\vec:
     IRQ_STUB 32
     IRQ_STUB 34
     IRQ_STUB 40
+    IRQ_STUB 41
     IRQ_STUB ff
 
 irq_common:
@@ -129,6 +133,7 @@ unsafe extern "C" {
     fn irq_stub_32();
     fn irq_stub_34();
     fn irq_stub_40();
+    fn irq_stub_41();
     fn irq_stub_ff();
     fn exc_stub_0();
     fn exc_stub_6();
@@ -275,6 +280,7 @@ pub fn init() -> u8 {
         t[0x32].set_handler_addr(at(irq_stub_32));
         t[STORAGE_VECTOR].set_handler_addr(at(irq_stub_34));
         t[TIMER_VECTOR].set_handler_addr(at(irq_stub_40));
+        t[WAKE_VECTOR].set_handler_addr(at(irq_stub_41));
         t[SPURIOUS_VECTOR].set_handler_addr(at(irq_stub_ff));
         t.load_unsafe();
     }
@@ -407,15 +413,11 @@ pub fn self_ipi(vector: u8) {
     lapic_write(LAPIC_ICR_LOW, 0x4_0000 | vector as u32);
 }
 
-/// The vector [`wake`] sends: the first device vector, which only CPU 0 routes to a device
-/// (on another CPU its handler counts it: [`count_on`] gives the wake-ups).
-pub const WAKE_VECTOR: u8 = DEVICE_VECTORS.start;
-
-/// Wakes CPU `index` (not 0, and one [`smp::start`] started) from [`wait`], or keeps its next
-/// [`wait`] from halting: a fixed IPI of [`WAKE_VECTOR`]. For a CPU that polls what another
-/// produces. Nothing for CPU 0 or an index no CPU has.
+/// Wakes CPU `index` (0, the bootstrap CPU, or one [`smp::start`] started) from [`wait`], or
+/// keeps its next [`wait`] from halting: a fixed IPI of [`WAKE_VECTOR`]. For a CPU that polls
+/// what another produces. Nothing for the running CPU itself or an index no CPU has.
 pub fn wake(index: usize) {
-    let Some(apic) = smp::apic_id(index).filter(|_| index != 0) else {
+    let Some(apic) = smp::apic_id(index).filter(|_| index != cpu_id()) else {
         return;
     };
     // With interrupts off, so that nothing on this CPU writes the ICR between its halves.

@@ -390,9 +390,10 @@ restart() { # NQN [SIDE]
 # --- BAREVERBS_NVMF_SMP=2 (qemu/roce/nvmf-smp.sh): this guest has two CPUs ---------------------
 # The appliance with two vCPUs (smp2), then with one (smp1), then (counted) Linux B with two:
 # connect with two I/O queues, the
-# jobs with two fio jobs each (one per queue: blk-mq maps each CPU to a queue), one counted
-# randread run between the marks 0001 and 0101; on smp2 first a write with verify, and the
-# appliance's cores line read by the lab while connected.
+# jobs with two fio jobs each (one per queue: blk-mq maps each CPU to a queue), three counted
+# randread runs, run k between the marks 000k and 010k (`nvmf-count randread-4k TAG IOS k`;
+# the lab takes the median); on smp2 first a write with verify, and the appliance's cores
+# line read by the lab while connected.
 smp_jobs() { # TAG DEV
   local i j name rw bs depth kb
   for i in $(seq 1 "$perf"); do
@@ -404,16 +405,18 @@ smp_jobs() { # TAG DEV
         awk -F';' -v rw="$rw" 'NF > 50 {print (rw ~ /write/ ? $49 : $8); exit}')"
     done
   done
-  if [ "$count" = 1 ]; then
-    echo "nvmf-mark unikernel 0001"
-    wait_ack 0001 30 || return 1
+  [ "$count" = 1 ] || return 0
+  local k
+  for k in 1 2 3; do
+    echo "nvmf-mark unikernel 000$k"
+    wait_ack "000$k" 30 || return 1
     kb=$(timeout $((secs + 60)) fio --name=randread-4k --filename="$2" --direct=1 --ioengine=libaio \
       --iodepth=32 --numjobs=2 --rw=randread --bs=4k --time_based --runtime="$secs" --norandommap \
       --randrepeat=0 --group_reporting --minimal 2>/dev/null | awk -F';' 'NF > 50 {print $6; exit}')
-    echo "nvmf-mark unikernel 0101"
-    wait_ack 0101 30 || return 1
-    echo "nvmf-count randread-4k $1 $(( ${kb:-0} / 4 ))"
-  fi
+    echo "nvmf-mark unikernel 010$k"
+    wait_ack "010$k" 30 || return 1
+    echo "nvmf-count randread-4k $1 $(( ${kb:-0} / 4 )) $k"
+  done
 }
 smp_connect() { # TAG [IP NQN]: sets dev (the appliance's RAM subsystem by default)
   local out ip=${2:-$uk_ip} nqn=${3:-$nqn_ram}

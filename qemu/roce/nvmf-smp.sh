@@ -9,8 +9,8 @@
 # subsystems' queues on CPU 0), and those steps do not run in this mode. Two appliances, one after the other, same configuration, same jobs:
 #   smp2: `-smp 2 -accel tcg,thread=multi`; A connects with `nvme connect -i 2`, runs fio
 #         randwrite 4k with --verify=crc32c and --numjobs=2 (8 MiB each), the performance runs
-#         (randread 4k and randwrite 4k, depth 32, --numjobs=2), one counted randread run
-#         between the marks 0001 and 0101, and asks the lab (`nvmf-smp-cores`) to read the
+#         (randread 4k and randwrite 4k, depth 32, --numjobs=2), three counted randread runs
+#         (run k between the marks 000k and 010k), and asks the lab (`nvmf-smp-cores`) to read the
 #         appliance's `nvmf-uk cores:` line from its console (`s`) while it is connected;
 #   smp1: the same appliance with one CPU, the same connect and jobs (no verify, no cores line);
 #   linux: with the counter, Linux B with two CPUs (`-smp 2`, multi-threaded TCG, counted),
@@ -19,9 +19,15 @@
 # qemu/roce/icount.c), so the IOPS lines of both are taken under the counter too (informative).
 # Prints `nvmf smp2 <step>: PASS|FAIL`, `nvmf cores: …` (FAIL when a core served under 30 % of
 # the I/O commands or the line is missing), `nvmf randread-4k efficiency smp2: unikernel X
-# linux Y ratio r` (both on two vCPUs, summed) with the 1-core appliance's figure beside it
-# (target: 2 cores at most 1.10 times 1 core; said, not judged), the IOPS lines, and the
-# verdict.
+# linux Y ratio r` (both on two vCPUs, summed; each target's median over its three counted
+# runs, all printed) with the 1-core appliance's figure beside it (target: 2 cores at most
+# 1.10 times 1 core; said, not judged), the IOPS lines, and the verdict.
+# BAREVERBS_NVMF_SMP_PROFILE=1 also profiles both appliances' first counted window (the plugin's
+# prof=, its blocks summed over the vCPUs) and prints `nvmf profile smp2:` lines: per symbol,
+# the instructions per I/O on 2 cores and on 1 core and their difference, the largest
+# differences first. The profile's callbacks slow the guests: the IOPS lines of such a run
+# are not comparable.
+smp_prof() { echo "$cache/nvmf-smp-prof-$1.txt"; }
 smp_t0=$(date +%s)
 smp_log() { echo "$cache/nvmf-smp-unikernel-$1.log"; }
 smp_count() { echo "$cache/nvmf-smp-icount-$1.txt"; }
@@ -42,7 +48,7 @@ smp_linux_a() {
 smp_appliance() { # TAG(smp2|smp1) CPUS
   local name=$1 out=$cache/nvmf-console-$1.out acc=(-accel tcg,thread=multi)
   [ "$accel" = kvm ] && acc=(-accel kvm)
-  [ -n "$counter" ] && acc=(-accel tcg,thread=multi -plugin "$counter,out=$(smp_count "$1")")
+  [ -n "$counter" ] && acc=(-accel tcg,thread=multi -plugin "$counter,out=$(smp_count "$1")${BAREVERBS_NVMF_SMP_PROFILE:+,prof=$(smp_prof "$1"),from=0001,to=0101}")
   rm -f "$out"; mkfifo "$out"
   console_in "$name" > /dev/null
   cat "$out" > "$(smp_log "$1")" &
@@ -174,21 +180,67 @@ done
 if [ -z "$counter" ]; then
   echo "nvmf randread-4k efficiency smp2: SKIP (no instruction counter: $counter_why)"
 else
-  ios() { { grep -a "^nvmf-count randread-4k $1 [0-9]" "$alog" || true; } | tr -d '\r' | awk '{print $4; exit}'; }
-  i2=$(ios smp2) i1=$(ios smp1) il=$(ios linux)
-  w2=$(window_count "$(smp_count smp2)" 01) w1=$(window_count "$(smp_count smp1)" 01)
-  wl=$(window_count "$(smp_count linux)" 01)
-  if [ -n "$w2" ] && [ -n "$w1" ] && [ -n "$wl" ] && [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ] && [ "${il:-0}" -gt 0 ]; then
-    # The 2-core target (at most 1.10 times the 1-core figure) is reported, not a verdict:
-    # the figure includes the polls of a core waiting for work, which the host's load moves.
-    awk -v a="$w2" -v b="$w1" -v l="$wl" -v ia="$i2" -v ib="$i1" -v il="$il" 'BEGIN {
-      x = a / ia; y = b / ib; z = l / il; r = x / y
-      printf "nvmf randread-4k efficiency smp2: unikernel %.0f linux %.0f ratio %.2f (2 vCPUs each, summed); 1 core %.0f, 2 cores over 1 core %.3f, target at most 1.10: %s (instructions per I/O: %.1fM over %d I/Os, %.1fM over %d, linux %.1fM over %d; the same jobs, -i 2 and --numjobs=2, on all three)\n",
-        x, z, x / z, y, r, (r <= 1.10 ? "met" : "NOT MET"), a / 1e6, ia, b / 1e6, ib, l / 1e6, il }'
+  # Counted run K of TAG: its I/Os (A's line) and its window (the marks 000K and 010K).
+  ios() { { grep -a "^nvmf-count randread-4k $1 [0-9]* $2\b" "$alog" || true; } | tr -d '\r' | awk '{print $4; exit}'; }
+  # `<instructions> <I/Os>` of each counted run of TAG that has both.
+  runs() {
+    local k n w
+    for k in 1 2 3; do
+      n=$(ios "$1" "$k") w=$(window_count "$(smp_count "$1")" "0$k")
+      [ -n "$w" ] && [ "${n:-0}" -gt 0 ] && echo "$w $n"
+    done
+  }
+  i2=$(ios smp2 1) i1=$(ios smp1 1)
+  r2=$(runs smp2) r1=$(runs smp1) rl=$(runs linux)
+  if [ -n "$r2" ] && [ -n "$r1" ] && [ -n "$rl" ]; then
+    # Each target's median instructions per I/O over its counted runs. The 2-core target (at
+    # most 1.10 times the 1-core figure) is reported, not a verdict: the figure includes the
+    # polls of a core waiting for work, which the host's load moves.
+    { sed 's/^/a /' <<<"$r2"; sed 's/^/b /' <<<"$r1"; sed 's/^/l /' <<<"$rl"; } | awk '
+      function med(v, n,   i, j, t) {
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] > v[j]; j--) {t = v[j]; v[j] = v[j - 1]; v[j - 1] = t}
+        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      }
+      {n[$1]++; v[$1, n[$1]] = $2 / $3; s[$1] = s[$1] sprintf("%s%.0f (%.1fM over %d)", n[$1] > 1 ? ", " : "", $2 / $3, $2 / 1e6, $3)}
+      END {
+        for (t in n) {delete u; for (i = 1; i <= n[t]; i++) u[i] = v[t, i]; m[t] = med(u, n[t])}
+        x = m["a"]; y = m["b"]; z = m["l"]; r = x / y
+        printf "nvmf randread-4k efficiency smp2: unikernel %.0f linux %.0f ratio %.2f (2 vCPUs each, summed); 1 core %.0f, 2 cores over 1 core %.3f, target at most 1.10: %s (instructions per I/O, the median of each target'"'"'s counted runs: 2 cores %s; 1 core %s; linux %s; the same jobs, -i 2 and --numjobs=2, on all three)\n",
+          x, z, x / z, y, r, (r <= 1.10 ? "met" : "NOT MET"), s["a"], s["b"], s["l"] }'
   else
-    echo "nvmf randread-4k efficiency smp2: FAIL (windows: 2 cores ${w2:--} instructions, ${i2:--} I/Os; 1 core ${w1:--}, ${i1:--}; linux ${wl:--}, ${il:--})"
+    echo "nvmf randread-4k efficiency smp2: FAIL (counted runs with a window and I/Os: 2 cores '$(paste -sd, <<<"$r2")', 1 core '$(paste -sd, <<<"$r1")', linux '$(paste -sd, <<<"$rl")')"
     why+=("efficiency smp2")
   fi
+fi
+# The profile (BAREVERBS_NVMF_SMP_PROFILE): each block's instructions given to the symbol at or
+# below its first address, per I/O of its run, the two runs side by side.
+if [ -n "${BAREVERBS_NVMF_SMP_PROFILE:-}" ] && [ -s "$(smp_prof smp2)" ] && [ -s "$(smp_prof smp1)" ] &&
+  [ "${i2:-0}" -gt 0 ] && [ "${i1:-0}" -gt 0 ] && command -v nm > /dev/null; then
+  by_symbol() { # PROF IOS: `<instructions per I/O> <symbol>` lines
+    { nm -C -n --defined-only "$uk_kernel" 2>/dev/null |
+        awk '$2 ~ /^[tTwW]$/ {a = $1; $1 = ""; $2 = ""; sub(/^ +/, ""); print "S", a, $0}'
+      awk '{print "P", $1, $2}' "$1"; } |
+      LC_ALL=C sort -k2,2 -k1,1r | awk '$1 == "S" {s = $0; sub(/^S [0-9a-f]+ /, "", s); next}
+        {by[s == "" ? "?" : s] += $3} END {for (k in by) print by[k], k}' |
+      awk -v n="$2" '{v = $1; $1 = ""; sub(/^ /, ""); printf "%.1f\t%s\n", v / n, $0}'
+  }
+  by_symbol "$(smp_prof smp2)" "$i2" > "$cache/nvmf-smp-prof-smp2.sym"
+  by_symbol "$(smp_prof smp1)" "$i1" > "$cache/nvmf-smp-prof-smp1.sym"
+  awk -F '\t' 'FNR == NR {two[$2] = $1; next} {one[$2] = $1}
+    END {for (k in two) if (!(k in one)) one[k] = 0
+      for (k in one) {d = two[k] - one[k]; t2 += two[k]; t1 += one[k]
+        printf "%.1f\t%.1f\t%.1f\t%s\n", d, two[k], one[k], substr(k, 1, 100)}
+      printf "TOTAL\t%.1f\t%.1f\n", t2, t1 > "/dev/stderr"}' \
+    "$cache/nvmf-smp-prof-smp2.sym" "$cache/nvmf-smp-prof-smp1.sym" 2> "$cache/nvmf-smp-prof-total.txt" |
+    sort -t "$(printf '\t')" -k1,1 -gr > "$cache/nvmf-smp-prof-diff.txt"
+  read -r _ p2 p1 < "$cache/nvmf-smp-prof-total.txt"
+  echo "nvmf profile smp2: instructions per I/O in the profiled windows: 2 cores $p2, 1 core $p1; by symbol (2 cores, 1 core, difference), the largest differences each way:"
+  { head -25 "$cache/nvmf-smp-prof-diff.txt"; echo "..."; tail -10 "$cache/nvmf-smp-prof-diff.txt"; } |
+    awk -F '\t' '$0 == "..." {print "nvmf profile smp2: ..."; next}
+      {printf "nvmf profile smp2: %9.1f %9.1f %+9.1f %s\n", $2, $3, $1, $4}'
+  echo "nvmf profile smp2: top symbols on 2 cores:"
+  sort -t "$(printf '\t')" -k1,1 -gr "$cache/nvmf-smp-prof-smp2.sym" | head -25 |
+    awk -F '\t' '{printf "nvmf profile smp2: %9.1f %s\n", $1, substr($2, 1, 100)}'
 fi
 for t in smp2 smp1; do
   [ "${smp_status[$t]:-}" = 0 ] || [ "${smp_status[$t]:-}" = 33 ] ||

@@ -47,6 +47,59 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         self.busy.fetch_or(Tables::bit(qpn), Ordering::AcqRel);
     }
 
+    /// Whether the next [`progress`](Self::progress) has frames to send now: a queue pair of
+    /// the busy set with requests posted and not yet sent (and room in its window), answers
+    /// held back, or frames waiting for the NIC, and room on the NIC. A queue pair there only
+    /// for its timers (a request awaiting its acknowledgement) does not count, nor does a
+    /// full transmit ring: what ends those waits arrives through the NIC (or the timer). What
+    /// a core that runs the progress for other cores' posts (`set_progress_only`) asks before
+    /// it halts. With the set empty, one load; else the device lock and each busy queue
+    /// pair's lock are tried once, never waited for. A queue pair whose lock is held
+    /// elsewhere is passed over: its holder is mid-post or mid-poll, and a core that posts
+    /// must tell the progress's core after it (the appliance's poll groups wake core 0 after
+    /// every round that did work). The device lock held elsewhere counts as work.
+    pub fn sends_waiting(&self) -> bool {
+        let busy = self.busy.load(Ordering::Acquire);
+        if busy == 0 {
+            return false;
+        }
+        let Some(mut core) = self.core.try_lock() else {
+            return true;
+        };
+        if !core.parts().0.tx_ready() {
+            return false;
+        }
+        let t = core.tables();
+        let mut left = busy as u32;
+        // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
+        loop {
+            let (q, last) = if left != 0 {
+                let i = left.trailing_zeros() as usize;
+                left &= left - 1;
+                (
+                    t.qps.get(i).copied().unwrap_or(core::ptr::null_mut()),
+                    false,
+                )
+            } else if busy & tables::GSI_BIT != 0 {
+                (t.gsi, true)
+            } else {
+                return false;
+            };
+            if let Some(q) = NonNull::new(q) {
+                // SAFETY: as in `dispatch`: a QP in the table is alive (destroy removes it
+                // under the device lock, held here); no QP lock is held (the lock order).
+                if let Some(q) = unsafe { qp_lock::QpGuard::try_lock(q, 1) }
+                    && q.has_sends()
+                {
+                    return true;
+                }
+            }
+            if last {
+                return false;
+            }
+        }
+    }
+
     /// Runs the timers of the queue pairs that have work without a frame arriving (the
     /// busy set, `Rxe::busy`), and sends on their backlogs, a bounded turn each; the
     /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep

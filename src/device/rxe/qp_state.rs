@@ -416,6 +416,26 @@ impl QpCore {
                 && (self.deadline != 0 || self.rnr_until != 0 || self.sq_next != self.sq_head))
     }
 
+    /// Whether the progress would send for it now (`Rxe::sends_waiting`): frames held back
+    /// (a backlog, an answer due), or, ready to send, requests posted and not sent yet with
+    /// room in the window. A timer alone (a request awaiting its acknowledgement, an RNR
+    /// wait) is not.
+    pub(crate) fn has_sends(&self) -> bool {
+        if self.backlog.is_some() || self.ack_due.is_some() {
+            return true;
+        }
+        if self.state != QpState::Rts || self.rnr_until != 0 {
+            return false;
+        }
+        match self.qp_type {
+            QpType::Ud | QpType::Gsi => self.sq_tail != self.sq_head,
+            _ => {
+                self.sq_next != self.sq_head
+                    && super::seq::psn_diff(self.psn, self.una) < super::requester::WINDOW
+            }
+        }
+    }
+
     /// The ACK timeout in microseconds (0: none): 4.096 µs << `timeout`, from a table made
     /// at compile time (no division at every acknowledgement).
     #[inline(always)]
