@@ -703,11 +703,12 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
                     };
                     let _ = writeln!(
                         out,
-                        "nvmf: +{} ms: controller {} of {a}.{b}.{c}.{d} lost: {why}; its last command {} ms before, keep-alive timeout {} ms",
+                        "nvmf: +{} ms: controller {} of {a}.{b}.{c}.{d} lost: {why}; its last command {} ms before, keep-alive timeout {} ms; its longest silence before {} ms",
                         (l.at_us / 1000).saturating_sub(t0),
                         l.cntlid,
                         l.idle_us / 1000,
-                        l.kato_ms
+                        l.kato_ms,
+                        l.longest_idle_us / 1000
                     );
                 }
                 seen = now;

@@ -236,6 +236,10 @@ fn a_late_keep_alive_is_within_the_grace_and_each_loss_says_why() {
         (4_000_000..4_100_000).contains(&loss.idle_us),
         "lost just past 4 s of silence: {loss:?}"
     );
+    assert!(
+        (3_900_000..4_000_000).contains(&loss.longest_idle_us),
+        "its longest silence before, the 3.9 s one: {loss:?}"
+    );
     assert_eq!((t.loss(0), t.loss(2)), (None, None));
     // The host learns it, reconnects, and then disconnects: logged as a disconnection.
     settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 1000);

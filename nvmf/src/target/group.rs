@@ -640,6 +640,8 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
                 if let Some(q) = self.placeholder(g, id) {
                     self.queues[q].counts = counts;
                     if let Some(x) = self.queues[q].ctrl.and_then(|c| self.ctrls[c].as_mut()) {
+                        // (The gaps a group's queues saw are not told: core 0's own
+                        // queue, the admin queue, carries the Keep Alives.)
                         x.last_us = x.last_us.max(last_us);
                     }
                 }

@@ -274,6 +274,8 @@ pub struct Loss {
     pub idle_us: u64,
     /// Its keep-alive timeout (ms).
     pub kato_ms: u32,
+    /// The longest it went without a command before (µs; [`Ctrl::longest_idle_us`]).
+    pub longest_idle_us: u64,
 }
 
 /// Losses [`Target::loss`] keeps (the newest).
@@ -1134,6 +1136,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             cause: core::mem::replace(&mut self.loss_cause, LossCause::Other),
             idle_us: self.now_us.saturating_sub(x.last_us),
             kato_ms: x.kato_ms,
+            longest_idle_us: x.longest_idle_us,
         });
         if let Which::Nvm(k) = x.which {
             let mut carried = x.carried;
