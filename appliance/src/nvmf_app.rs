@@ -25,7 +25,7 @@ use bareverbs::verbs::Provider;
 use bareverbs::verbs::{CompletionQueue, ProtectionDomain};
 use bareverbs_nvmf::block::{SharedRam, SharedRamDisk};
 use bareverbs_nvmf::target::{
-    GroupLink, IoCounts, LATENCY_BUCKETS, REFUSALS_KEPT, TargetError, bucket_floor_us,
+    GroupLink, IoCounts, LATENCY_BUCKETS, LossCause, REFUSALS_KEPT, TargetError, bucket_floor_us,
 };
 use bareverbs_nvmf::{
     BlockDevice, Host, HostConfig, HostError, RamDisk, Subsystem, Target, TargetConfig,
@@ -696,6 +696,26 @@ pub fn serve<P: bareverbs::verbs::SharedProvider>(
                     now.errors,
                     now.invalidated
                 );
+                // Each controller lost since, with why (those the target still keeps).
+                for seq in seen.lost + 1..=now.lost {
+                    let Some(l) = target.loss(seq) else { continue };
+                    let [a, b, c, d] = l.station;
+                    let why = match l.cause {
+                        LossCause::KeepAlive => "its keep-alive timer expired",
+                        LossCause::Disconnected => "its admin queue was disconnected",
+                        LossCause::Transport => "its admin queue's QP failed",
+                        LossCause::Other => "its admin queue ended",
+                    };
+                    let _ = writeln!(
+                        out,
+                        "nvmf: +{} ms: controller {} of {a}.{b}.{c}.{d} lost: {why}; its last command {} ms before, keep-alive timeout {} ms; its longest silence before {} ms",
+                        (l.at_us / 1000).saturating_sub(t0),
+                        l.cntlid,
+                        l.idle_us / 1000,
+                        l.kato_ms,
+                        l.longest_idle_us / 1000
+                    );
+                }
                 seen = now;
             }
             // Every refusal, with its reason. The console is slow and the requests may come from

@@ -17,7 +17,9 @@ use bareverbs_model::link::MemLink;
 use bareverbs_model::link::TestClock;
 use bareverbs_nvmf::host::Host;
 use bareverbs_nvmf::host::{Data, HostError};
-use bareverbs_nvmf::target::{DEFAULT_KATO_MS, ERROR_LOG_ENTRIES, MAX_KATO_MS, TargetConfig};
+use bareverbs_nvmf::target::{
+    DEFAULT_KATO_MS, ERROR_LOG_ENTRIES, KATO_GRACE_MAX_MS, MAX_KATO_MS, TargetConfig, kato_grace_ms,
+};
 use bareverbs_nvmf::wire::fabrics::{CONNECT_DATA_LEN, Connect, ConnectData, Nqn, invalid};
 use bareverbs_nvmf::wire::identify::cns;
 use bareverbs_nvmf::wire::log::{self, ERROR_ENTRY_LEN, ErrorEntry, NO_LOCATION};
@@ -126,7 +128,7 @@ fn a_target_refuses_keep_alive_bounds_it_cannot_keep() {
 }
 
 /// An I/O controller whose host asked for no keep-alive, and then fell silent, is lost after
-/// the default timeout, not kept forever.
+/// the default timeout and its grace (10 s at that length), not kept forever.
 #[test]
 fn a_silent_host_that_asked_for_no_keep_alive_is_dropped_after_the_default() {
     let mut cfg = hcfg(HOST_A);
@@ -139,9 +141,14 @@ fn a_silent_host_that_asked_for_no_keep_alive_is_dropped_after_the_default() {
         &l.clk,
         &mut t,
         &mut cmb,
-        u64::from(DEFAULT_KATO_MS / 1000) - 1,
+        u64::from((DEFAULT_KATO_MS + kato_grace_ms(DEFAULT_KATO_MS)) / 1000) - 1,
     );
-    assert_eq!(t.controllers().count(), 1, "just before the timeout");
+    assert_eq!(kato_grace_ms(DEFAULT_KATO_MS), KATO_GRACE_MAX_MS);
+    assert_eq!(
+        t.controllers().count(),
+        1,
+        "just before the timeout and its grace"
+    );
     pass(&l.clk, &mut t, &mut cmb, 2);
     assert_eq!(t.controllers().count(), 0);
     assert_eq!(t.queues_in_use(), 0, "its three queues with it");
@@ -181,7 +188,8 @@ type VHost<'a, 'n> = Host<'a, 'n, V, TestClock, 3, 32>;
 /// `cycles` hosts, each a machine of its own (its own device, MAC, IPv4 address, QPs, CM),
 /// each asking for keep-alive `kato_ms`, connect (an
 /// admin and two I/O queues) and vanish: their QPs, CM and device gone without a word. The
-/// target (8 queues: room for two such hosts) frees each within the keep-alive bound, so
+/// target (8 queues: room for two such hosts) frees each within the keep-alive bound (the
+/// longest timeout and its grace), so
 /// every cycle gets its controller within that bound, and afterwards another host is served.
 fn connect_and_vanish(kato_ms: u32, cycles: u32) {
     let l = lab();
@@ -203,7 +211,7 @@ fn connect_and_vanish(kato_ms: u32, cycles: u32) {
     let pool: Vec<Arc<Mutex<MemLink>>> = (0..4u8)
         .map(|k| Arc::new(Mutex::new(l.seg.attach([0x52, 0x54, 0, 9, 0, k], 1514))))
         .collect();
-    let bound_us = u64::from(MAX_KATO_MS) * 1000;
+    let bound_us = u64::from(MAX_KATO_MS + kato_grace_ms(MAX_KATO_MS)) * 1000;
     let mut refused = 0u32;
     for cycle in 0..cycles {
         let start = l.clk.now_us();

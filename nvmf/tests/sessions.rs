@@ -184,6 +184,83 @@ fn keep_alive_expiry_loses_the_silent_host_only() {
     let _ = &disk;
 }
 
+/// A Keep Alive that comes late, past the timeout but within its grace (the timeout again,
+/// at most 10 s), keeps the controller; silence past both loses it, and the target's log of
+/// the loss says why and how long the host had been silent. A host that disconnects is
+/// logged as such.
+#[test]
+fn a_late_keep_alive_is_within_the_grace_and_each_loss_says_why() {
+    use bareverbs_nvmf::target::{LossCause, kato_grace_ms};
+    let mut quick = hcfg(HOST_A);
+    quick.kato_ms = 2000;
+    setup!(l, t, h, cma, cmb, disk, tcfg(), quick);
+    assert_eq!((kato_grace_ms(2000), kato_grace_ms(30_000)), (2000, 10_000));
+    let clk = l.clk.clone();
+    h.connect(&mut cma, &mut || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    })
+    .unwrap();
+    assert_eq!(t.controllers().next().map(|c| c.kato_ms), Some(2000));
+    // The host silent for 3.9 s (its Keep Alive due every second): past the timeout, within
+    // the grace. Then it polls again (a Keep Alive) for 2 s.
+    for _ in 0..3900 {
+        l.clk.advance(1000);
+        t.poll(&mut cmb);
+    }
+    assert_eq!(
+        t.controllers().count(),
+        1,
+        "3.9 s of silence, 2 s timeout and 2 s of grace"
+    );
+    for _ in 0..2000 {
+        l.clk.advance(1000);
+        t.poll(&mut cmb);
+        h.poll();
+    }
+    assert_eq!((t.controllers().count(), t.counts().lost), (1, 0));
+    let cntlid = h.cntlid();
+    // Silent for 4.2 s: lost, its three queues with it.
+    for _ in 0..4200 {
+        l.clk.advance(1000);
+        t.poll(&mut cmb);
+    }
+    assert_eq!(t.controllers().count(), 0);
+    assert_eq!(t.queues_in_use(), 0);
+    let c = t.counts();
+    assert_eq!((c.lost, c.kato_expired), (1, 1));
+    let loss = t.loss(1).expect("the loss is logged");
+    assert_eq!((loss.seq, loss.cntlid, loss.station), (1, cntlid, IP_A));
+    assert_eq!((loss.cause, loss.kato_ms), (LossCause::KeepAlive, 2000));
+    assert!(
+        (4_000_000..4_100_000).contains(&loss.idle_us),
+        "lost just past 4 s of silence: {loss:?}"
+    );
+    assert!(
+        (3_900_000..4_000_000).contains(&loss.longest_idle_us),
+        "its longest silence before, the 3.9 s one: {loss:?}"
+    );
+    assert_eq!((t.loss(0), t.loss(2)), (None, None));
+    // The host learns it, reconnects, and then disconnects: logged as a disconnection.
+    settle(&l.clk, &mut t, &mut cmb, &mut h, &mut cma, 1000);
+    let clk = l.clk.clone();
+    let mut idle = || {
+        clk.advance(20);
+        t.poll(&mut cmb);
+    };
+    h.connect(&mut cma, &mut idle).unwrap();
+    let again = h.cntlid();
+    h.disconnect(&mut cma, &mut idle).unwrap();
+    for _ in 0..100 {
+        idle();
+    }
+    let loss = t.loss(2).expect("the second loss is logged");
+    assert_eq!((loss.cntlid, loss.cause), (again, LossCause::Disconnected));
+    assert!(loss.idle_us < 1_000_000, "{loss:?}");
+    assert_eq!(t.loss(1).map(|l| l.cause), Some(LossCause::KeepAlive));
+    let _ = &disk;
+}
+
 #[test]
 fn asynchronous_event_requests_are_held_up_to_the_limit() {
     setup!(l, t, h, cma, cmb, disk, tcfg(), hcfg(HOST_A));
@@ -284,7 +361,7 @@ fn a_queue_of_128_in_capsule() {
 }
 
 /// A discovery controller whose host asked for no keep-alive is dropped after two minutes
-/// without a command (nvmet's default), not kept forever.
+/// without a command (nvmet's default) and the grace (10 s), not kept forever.
 #[test]
 fn a_forgotten_discovery_controller_expires_after_two_minutes() {
     let mut cfg = hcfg(HOST_A);
@@ -298,11 +375,11 @@ fn a_forgotten_discovery_controller_expires_after_two_minutes() {
         t.poll(&mut cmb);
     };
     h.connect(&mut cma, &mut idle).unwrap();
-    for _ in 0..119 {
+    for _ in 0..129 {
         l.clk.advance(1_000_000);
         t.poll(&mut cmb);
     }
-    assert_eq!(t.controllers().count(), 1, "119 s: still there");
+    assert_eq!(t.controllers().count(), 1, "129 s: still there");
     for _ in 0..2 {
         l.clk.advance(1_000_000);
         t.poll(&mut cmb);

@@ -15,12 +15,23 @@ t0=$(date +%s)
 # This machine's root is read-only here: scratch files go to TMPDIR (qemu/lab/init.sh).
 tmp=${TMPDIR:-/run/tmp}
 mkdir -p "$tmp"
-say() { echo "bvmp[+$(( $(date +%s) - t0 ))s]: $*"; }
+say() { echo "bvmp[+$(( $(date +%s) - t0 ))s, up $(cut -d' ' -f1 /proc/uptime) s]: $*"; }
 result() { echo "bvmp-result: $1 $2"; }
 step() { echo "bvmp-step: $1"; }
 # A failed step ends the run: the later steps' results are missing, which the outer script
 # reports as failures.
-fail() { result "$1" "FAIL ($2)"; nvme disconnect-all >/dev/null 2>&1; exit 1; }
+# Before it, what the outer script shows of a failure: the paths' states and every line the
+# kernel logged of nvme and rdma (the console shows only its errors).
+fail() {
+  result "$1" "FAIL ($2)"
+  local c
+  for c in /sys/class/nvme/nvme[0-9]*; do
+    echo "bvmp-dmesg: ${c##*/} $(cat "$c/address" 2>/dev/null | tr '\n' ' ')state $(cat "$c/state" 2>/dev/null) at up $(cut -d' ' -f1 /proc/uptime) s"
+  done
+  dmesg | grep -a -E 'nvme|rdma' | sed 's/^/bvmp-dmesg: /'
+  nvme disconnect-all >/dev/null 2>&1
+  exit 1
+}
 
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 for m in rdma_rxe rdma_cm nvme-fabrics; do modprobe -d "$kroot" "$m" || fail multipath "modprobe $m"; done
@@ -30,6 +41,15 @@ ip link set lo up
 ip link set eth0 mtu 1500 up
 ip addr add 10.0.0.1/24 dev eth0
 rdma link add rxe0 type rxe netdev eth0 || fail multipath "rdma link add"
+# fio's buffers in huge pages, so that each 64 KiB I/O is one contiguous piece: with
+# register_always=N nvme-rdma then describes it with the PD's global key and puts no memory
+# registration on the send queue. Debian 6.1's rxe stops a queue whose retry walks over a
+# registration (`rxe_reg_fast_mr: … not free`; the host times its commands out 30 s later and
+# reconnects: docs/testing.md, sections 9 and 11). A lab setting, as register_always=N is.
+echo 8 > /proc/sys/vm/nr_hugepages
+huge=$(awk '/^HugePages_Total/ {print $2}' /proc/meminfo)
+[ "${huge:-0}" -ge 1 ] || fail multipath "no huge pages for fio's buffers ($huge)"
+fio_mem="--iomem=shmhuge --hugepage-size=2m"
 say "rxe0 up on eth0; native multipath: $(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)"
 
 subsys() { # the subsystem's sysfs directory
@@ -60,6 +80,25 @@ wait_for() { # SECONDS COMMAND…: until the command succeeds
   local deadline=$(( $(date +%s) + $1 )); shift
   until "$@"; do [ "$(date +%s)" -ge "$deadline" ] && return 1; sleep 0.5; done
 }
+# The write commands a path's SMART log counts (what its appliance counted for this host over
+# its life, the controllers it lost included), into $count: waits for the path to be live
+# (bounded: a reconnect is 10 s away at most) and ends STEP when it is not, or has no log.
+count=0
+count_writes() { # STEP CTRL
+  local deadline=$(( $(date +%s) + 30 )) v
+  while :; do
+    if [ "$(state_of "$2")" = live ]; then
+      v=$(writes_through "$2")
+      [[ "$v" =~ ^[0-9]+$ ]] && { count=$v; return 0; }
+    fi
+    [ "$(date +%s)" -ge "$deadline" ] && break
+    sleep 0.5
+  done
+  fail "$1" "no SMART log from $2 ($(cat "/sys/class/nvme/$2/address" 2>/dev/null | tr '\n' ' ')state $(state_of "$2")) within 30 s"
+}
+both_live() { [ "$(state_of "$c1")/$(state_of "$c2")" = live/live ]; }
+# Controllers Linux made so far (a reconnect makes one).
+made() { dmesg | grep -c "new ctrl"; }
 
 # --- 1. connect-all against appliance 1: both paths, one device --------------------------------
 two_live() { [ "$(live_paths)" = 2 ]; }
@@ -92,7 +131,8 @@ result multipath "PASS (nvme connect-all against 10.0.0.2 alone: subsystem ${s##
 # and writes both cross the kill.
 out=$tmp/bvmp-fio.json
 fio_mib=192 blocks=$(( 192 * 16 ))
-fio --name=failover --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
+# shellcheck disable=SC2086
+fio --name=failover --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write $fio_mem \
   --bs=64k --size=${fio_mib}M --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_backlog=64 \
   --randrepeat=0 --output-format=json > "$out" 2>$tmp/bvmp-fio.err &
 fio_pid=$!
@@ -134,18 +174,27 @@ tr0=$(date +%s)
 wait_for 300 sh -c "[ \"\$(cat /sys/class/nvme/$c1/state 2>/dev/null)\" = live ]" || fail failback "the path to 10.0.0.2 is $(state_of "$c1") 300 s after the restart"
 back_s=$(( $(date +%s) - tr0 ))
 wait_for 30 sh -c "[ \"\$(cat /sys/class/nvme/$c1/nvme*c*n1/ana_state 2>/dev/null)\" = optimized ]" || fail failback "the path to 10.0.0.2 is live but $(ana_of "$c1")"
+# Both paths live before measuring (the other path may still be recovering from the kill).
+wait_for 60 both_live || fail failback "paths $c1/$c2 $(state_of "$c1")/$(state_of "$c2") 60 s after the path to 10.0.0.2 came back"
 id1b=$(cat "/sys/class/nvme/$c1/cntlid")
-b1=$(writes_through "$c1") b2=$(writes_through "$c2")
-fio --name=failback --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
+made0=$(made)
+count_writes failback "$c1"; b1=$count
+count_writes failback "$c2"; b2=$count
+# shellcheck disable=SC2086
+fio --name=failback --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write $fio_mem \
   --bs=64k --size=4M --offset=192M --verify=crc32c --do_verify=1 --verify_fatal=1 \
   --output-format=json > "$out" 2>$tmp/bvmp-fio.err || fail failback "fio after failback: $(tail -2 $tmp/bvmp-fio.err | tr '\n' ' ')"
-e1=$(writes_through "$c1") e2=$(writes_through "$c2")
-say "after failback: writes through appliance 1 $b1 -> $e1, appliance 2 $b2 -> $e2"
-[ $(( e1 - b1 )) -ge 64 ] || fail failback "$(( e1 - b1 )) of 64 writes went through appliance 1 (the optimized path), $(( e2 - b2 )) through appliance 2"
-result failback "PASS (appliance 1 booted again on the same image; its path $c1 live again after $back_s s by Linux's own reconnect (controller ID $id1b), ANA optimized; fio 4 MiB --verify=crc32c: $(( e1 - b1 )) writes through appliance 1, $(( e2 - b2 )) through appliance 2)"
+count_writes failback "$c1"; e1=$count
+count_writes failback "$c2"; e2=$count
+remade=$(( $(made) - made0 ))
+say "after failback: writes through appliance 1 $b1 -> $e1, appliance 2 $b2 -> $e2; controllers made meanwhile $remade"
+[ $(( e1 - b1 )) -ge 64 ] || fail failback "$(( e1 - b1 )) of 64 writes went through appliance 1 (the optimized path), $(( e2 - b2 )) through appliance 2; $remade controllers made meanwhile"
+[ "$remade" = 0 ] || fail failback "$remade controllers made while fio ran (a path reconnected)"
+result failback "PASS (appliance 1 booted again on the same image; its path $c1 live again after $back_s s by Linux's own reconnect (controller ID $id1b), ANA optimized; fio 4 MiB --verify=crc32c: $(( e1 - b1 )) writes through appliance 1, $(( e2 - b2 )) through appliance 2; no path reconnected meanwhile)"
 
 # --- 4. ANA: the states changed on the appliances' consoles -----------------------------------
-news_before=$(dmesg | grep -c "new ctrl")
+wait_for 60 both_live || fail ana "paths $c1/$c2 $(state_of "$c1")/$(state_of "$c2") before the change"
+news_before=$(made)
 step ana
 ta=$(date +%s)
 swapped() { [ "$(ana_of "$c1")/$(ana_of "$c2")" = "non-optimized/optimized" ]; }
@@ -156,14 +205,18 @@ st1=$(awk -F: '/^state/ {gsub(/[ \t]/, "", $2); print $2}' <<<"$log1" | tail -1)
 st2=$(awk -F: '/^state/ {gsub(/[ \t]/, "", $2); print $2}' <<<"$log2" | tail -1)
 chg1=$(awk -F: '/^chgcnt/ {gsub(/[ \t]/, "", $2); print $2; exit}' <<<"$log1")
 [ "$st1/$st2" = "non-optimized/optimized" ] || fail ana "nvme ana-log says $st1/$st2: $(tr '\n' ' ' <<<"$log1")"
-news_after=$(dmesg | grep -c "new ctrl")
+news_after=$(made)
 [ "$news_after" = "$news_before" ] || fail ana "$(( news_after - news_before )) controllers created meanwhile (a reconnect)"
 [ "$(cat "/sys/class/nvme/$c1/cntlid")/$(cat "/sys/class/nvme/$c2/cntlid")" = "$id1b/$id2" ] || fail ana "a controller ID changed"
-b1=$(writes_through "$c1") b2=$(writes_through "$c2")
-fio --name=ana --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write \
+count_writes ana "$c1"; b1=$count
+count_writes ana "$c2"; b2=$count
+# shellcheck disable=SC2086
+fio --name=ana --filename="$dev" --direct=1 --ioengine=libaio --iodepth=4 --rw=write $fio_mem \
   --bs=64k --size=4M --offset=200M --verify=crc32c --do_verify=1 --verify_fatal=1 \
   --output-format=json > "$out" 2>$tmp/bvmp-fio.err || fail ana "fio after the change: $(tail -2 $tmp/bvmp-fio.err | tr '\n' ' ')"
-e1=$(writes_through "$c1") e2=$(writes_through "$c2")
+count_writes ana "$c1"; e1=$count
+count_writes ana "$c2"; e2=$count
+[ "$(made)" = "$news_before" ] || fail ana "$(( $(made) - news_before )) controllers made while fio ran (a reconnect)"
 [ $(( e2 - b2 )) -ge 64 ] || fail ana "$(( e2 - b2 )) of 64 writes went through appliance 2 (now optimized), $(( e1 - b1 )) through appliance 1"
 result ana "PASS (the consoles' change seen by Linux after $seen_s s without a reconnect (controller IDs $id1b and $id2 kept, no new controller): sysfs ana_state non-optimized for $c1, optimized for $c2; nvme ana-log $st1 (change count $chg1) and $st2; fio 4 MiB --verify=crc32c: $(( e2 - b2 )) writes through appliance 2, $(( e1 - b1 )) through appliance 1)"
 nvme disconnect -n "$nqn" >/dev/null 2>&1

@@ -157,6 +157,15 @@ for n in 1 2; do
   l=log$n
   echo "  appliance $n said: $(grep -a -E 'nvmf: ANA|target: ok|FAIL|panic' "${!l}" | tail -4 | tr -d '\r' | tr '\n' ' ')"
 done
+# A failure's evidence: every controller an appliance lost and why, and Linux's kernel log of
+# nvme and rdma (from the Linux script's fail()).
+if [ ${#why[@]} -gt 0 ]; then
+  for n in 1 2; do
+    l=log$n
+    grep -a -E 'lost: |--- booted again' "${!l}" | tr -d '\r' | sed "s/^/  appliance $n: /"
+  done
+  grep -a '^bvmp-dmesg: ' "$alog" | tr -d '\r' | sed 's/^bvmp-dmesg: /  Linux A: /'
+fi
 [ -n "$killed_at" ] && [ -n "$restarted_at" ] && stage "appliance 1 was down $(( restarted_at - killed_at )) s"
 stage "done"
 [ ${#why[@]} -eq 0 ]

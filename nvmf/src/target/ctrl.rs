@@ -72,6 +72,9 @@ pub struct Ctrl {
     pub kato_ms: u32,
     /// When a command last arrived on one of its queues (µs).
     pub last_us: u64,
+    /// The longest time it went without a command so far (µs): how near its host's Keep Alives
+    /// came to its keep-alive timeout.
+    pub longest_idle_us: u64,
     /// Controller configuration.
     pub cc: u32,
     /// I/O queues granted (Set Features, Number of Queues).

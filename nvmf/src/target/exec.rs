@@ -100,6 +100,7 @@ impl<P: Provider, K: Clock, const Q: usize, const D: usize> Target<'_, '_, P, K,
         if let Some(c) = queue.ctrl
             && let Some(ctrl) = self.ctrls[c].as_mut()
         {
+            ctrl.longest_idle_us = ctrl.longest_idle_us.max(now.saturating_sub(ctrl.last_us));
             ctrl.last_us = now;
             // An I/O command of a controller: it is busy until the response.
             if queue.qid != 0

@@ -27,7 +27,7 @@ use super::counts::IoCounts;
 use super::ctrl::{Ctrl, Which};
 use super::exec::Fail;
 use super::queue::Cmd;
-use super::{CoreCounts, RefusalReason, Target, TargetError};
+use super::{CoreCounts, LossCause, RefusalReason, Target, TargetError};
 use crate::wire::cm::CmReq;
 use crate::wire::fabrics::{CONNECT_DATA_LEN, Nqn};
 use crate::wire::log::ErrorEntry;
@@ -618,10 +618,13 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
                     x.retired.add(&counts);
                 }
                 if let Some(q) = self.placeholder(g, id) {
-                    if by_group {
+                    let cause = if by_group {
                         self.counts.transport_errors += 1;
-                    }
-                    self.end_queue_as(q, true, true);
+                        LossCause::Transport
+                    } else {
+                        LossCause::Other
+                    };
+                    self.end_queue_for(q, true, true, cause);
                 }
             }
             ToCore0::Error { cntlid, entry } => {
@@ -637,6 +640,8 @@ impl<'a, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '_, P
                 if let Some(q) = self.placeholder(g, id) {
                     self.queues[q].counts = counts;
                     if let Some(x) = self.queues[q].ctrl.and_then(|c| self.ctrls[c].as_mut()) {
+                        // (The gaps a group's queues saw are not told: core 0's own
+                        // queue, the admin queue, carries the Keep Alives.)
                         x.last_us = x.last_us.max(last_us);
                     }
                 }

@@ -69,9 +69,28 @@ pub const CONNECT_WITHIN_US: u64 = 30_000_000;
 /// controller whose host asks for none).
 pub const DEFAULT_KATO_MS: u32 = 120_000;
 /// [`TargetConfig::max_kato_ms`]'s default: two minutes. Linux's host sends Keep Alive every
-/// half of its `keep_alive_tmo` (and asks for that plus 10 s), so any `keep_alive_tmo` below
-/// 240 s keeps its controller alive here.
+/// half of its `keep_alive_tmo` (and asks for it; older hosts asked for it plus 10 s),
+/// so any `keep_alive_tmo` up to 240 s keeps its controller alive here.
 pub const MAX_KATO_MS: u32 = 120_000;
+/// The longest grace a controller's keep-alive timer gets past its timeout (ms; see
+/// [`kato_grace_ms`]).
+pub const KATO_GRACE_MAX_MS: u32 = 10_000;
+
+/// The grace past a keep-alive timeout of `kato_ms` before a silent controller is lost: the
+/// timeout again, at most [`KATO_GRACE_MAX_MS`]. A host's Keep Alive may come late for reasons
+/// that do not grow with its timeout (its scheduler, a retransmission); Linux's nvmet loses a
+/// controller between one and two timeouts after its last command (its timer looks back over
+/// whole periods), and older Linux hosts asked for their timeout plus 10 s to cover the
+/// same delays. So a controller here is lost `kato_ms + kato_grace_ms(kato_ms)` after its last
+/// command: never before nvmet would lose it (`docs/nvmeof.md`, "Keep-alive bounds").
+pub const fn kato_grace_ms(kato_ms: u32) -> u32 {
+    if kato_ms < KATO_GRACE_MAX_MS {
+        kato_ms
+    } else {
+        KATO_GRACE_MAX_MS
+    }
+}
+
 /// Completions taken per poll.
 const BUDGET: usize = 64;
 
@@ -155,12 +174,12 @@ pub struct TargetConfig {
     pub data_slots: u16,
     /// Keep-alive timeout granted to an I/O controller whose Connect asks for none (ms,
     /// 1..=[`max_kato_ms`](Self::max_kato_ms)). A host that asks for none sends no Keep
-    /// Alive (Linux's host with `keep_alive_tmo=0`), so its controller lasts this long after
-    /// its last command.
+    /// Alive (Linux's host with `keep_alive_tmo=0`), so its controller lasts this long (and
+    /// the grace, [`kato_grace_ms`]) after its last command.
     pub default_kato_ms: u32,
     /// The longest keep-alive timeout granted (ms, 1 or more): a Connect or Set Features that
     /// asks for more gets this. A controller whose host vanished is lost at most this long
-    /// after its last command, its queues with it; Get Features (Keep Alive Timer) reports
+    /// and the grace ([`kato_grace_ms`]) after its last command, its queues with it; Get Features (Keep Alive Timer) reports
     /// the value in force.
     pub max_kato_ms: u32,
     /// Lowest controller ID handed out (1 or more). Several appliances serving one
@@ -221,6 +240,47 @@ pub struct TargetCounts {
     pub refusals: u64,
 }
 
+/// Why a controller was lost ([`Loss`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossCause {
+    /// Its keep-alive timer expired: no command came for longer than its timeout and the
+    /// grace ([`kato_grace_ms`]).
+    KeepAlive,
+    /// Its admin queue's connection ended on the CM's side (the host's DREQ, or the CM
+    /// gave the connection up).
+    Disconnected,
+    /// A work request of its admin queue completed in error (the QP went to the error
+    /// state: a retry count exceeded, a remote access error).
+    Transport,
+    /// Otherwise: its admin queue ended by the target for another reason (its receives
+    /// could not be posted, the target dropped).
+    Other,
+}
+
+/// A controller's end, as the target logs it ([`Target::loss`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loss {
+    /// Its number: 1 for the target's first loss ([`TargetCounts::lost`] is the newest's).
+    pub seq: u64,
+    /// When (the target's clock, µs).
+    pub at_us: u64,
+    /// The controller's ID.
+    pub cntlid: u16,
+    /// The station its admin queue came from.
+    pub station: [u8; 4],
+    /// Why.
+    pub cause: LossCause,
+    /// How long before its end its last command came (µs).
+    pub idle_us: u64,
+    /// Its keep-alive timeout (ms).
+    pub kato_ms: u32,
+    /// The longest it went without a command before (µs; [`Ctrl::longest_idle_us`]).
+    pub longest_idle_us: u64,
+}
+
+/// Losses [`Target::loss`] keeps (the newest).
+pub const LOSSES_KEPT: usize = 4;
+
 /// The target, with room for `Q` queues (admin and I/O, all controllers together) of at most
 /// `D` commands each.
 pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: usize = 128> {
@@ -267,6 +327,11 @@ pub struct Target<'a, 's, P: Provider, K: Clock, const Q: usize = 8, const D: us
     report_us: u64,
     /// Commands answered on I/O queues (the commands per core the appliance reports).
     io_commands: u64,
+    /// Why the next controller [`lose_ctrl`](Self::lose_ctrl) loses goes (set by the one
+    /// that ends its admin queue, back to [`LossCause::Other`] after).
+    loss_cause: LossCause,
+    /// The newest losses, number `seq` at `(seq - 1) % LOSSES_KEPT`.
+    losses: [Option<Loss>; LOSSES_KEPT],
 }
 
 /// What one core of a target serves ([`Target::cores`]).
@@ -366,6 +431,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             role: group::Member(Role::Alone),
             report_us: 0,
             io_commands: 0,
+            loss_cause: LossCause::Other,
+            losses: [None; LOSSES_KEPT],
         })
     }
 
@@ -473,6 +540,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 role: _,
                 report_us: _,
                 io_commands: _,
+                loss_cause: _,
+                losses: _,
             } = t;
         };
         let cfg = Self::checked(cfg)?;
@@ -515,6 +584,8 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
             ptr::addr_of_mut!((*p).role).write(group::Member(Role::Alone));
             ptr::addr_of_mut!((*p).report_us).write(0);
             ptr::addr_of_mut!((*p).io_commands).write(0);
+            ptr::addr_of_mut!((*p).loss_cause).write(LossCause::Other);
+            ptr::addr_of_mut!((*p).losses).write([None; LOSSES_KEPT]);
             slot.assume_init_mut()
         };
         Ok(InPlace(target))
@@ -634,6 +705,22 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         self.refusals.get(seq).copied()
     }
 
+    /// Loss number `seq` (1 for the first; [`TargetCounts::lost`] is the newest's), if it
+    /// is among the newest [`LOSSES_KEPT`]: when, which controller, why, and how long its
+    /// host had been silent.
+    pub fn loss(&self, seq: u64) -> Option<Loss> {
+        let at = (seq.checked_sub(1)? % LOSSES_KEPT as u64) as usize;
+        self.losses[at].filter(|l| l.seq == seq)
+    }
+
+    /// Ends queue `q` as [`end_queue`](Self::end_queue) does, a controller it loses lost for
+    /// `cause`.
+    fn end_queue_for(&mut self, q: usize, dreq: bool, by_group: bool, cause: LossCause) {
+        self.loss_cause = cause;
+        self.end_queue_as(q, dreq, by_group);
+        self.loss_cause = LossCause::Other;
+    }
+
     /// The target's clock as it last read it (µs).
     pub fn now_us(&self) -> u64 {
         self.now_us
@@ -709,7 +796,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
                 if self.by_conn(id).is_some() =>
             {
                 if let Some(q) = self.by_conn(id) {
-                    self.end_queue(q, false);
+                    self.end_queue_for(q, false, false, LossCause::Disconnected);
                 }
                 None
             }
@@ -1040,6 +1127,17 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         let Some(x) = self.ctrls[c].take() else {
             return;
         };
+        let seq = self.counts.lost + 1;
+        self.losses[((seq - 1) % LOSSES_KEPT as u64) as usize] = Some(Loss {
+            seq,
+            at_us: self.now_us,
+            cntlid: x.cntlid,
+            station: x.station,
+            cause: core::mem::replace(&mut self.loss_cause, LossCause::Other),
+            idle_us: self.now_us.saturating_sub(x.last_us),
+            kato_ms: x.kato_ms,
+            longest_idle_us: x.longest_idle_us,
+        });
         if let Which::Nvm(k) = x.which {
             let mut carried = x.carried;
             io.add(&carried.io);
@@ -1057,22 +1155,26 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
     }
 
-    /// Loses the controllers whose keep-alive timer expired (more than their timeout since
-    /// their last command), and sets the bound of the others' deadlines.
+    /// Loses the controllers whose keep-alive timer expired (more than their timeout and its
+    /// grace, [`kato_grace_ms`], since their last command), and sets the bound of the
+    /// others' deadlines.
     fn expire_keep_alive(&mut self) {
         let now = self.now_us;
         let mut next = u64::MAX;
         for c in 0..Q {
             // Every controller has a timeout (0 is never granted).
-            let Some(deadline) = self.ctrls[c]
-                .as_ref()
-                .map(|x| x.last_us.saturating_add(u64::from(x.kato_ms.max(1)) * 1000))
-            else {
+            let Some(deadline) = self.ctrls[c].as_ref().map(|x| {
+                let k = x.kato_ms.max(1);
+                x.last_us
+                    .saturating_add(u64::from(k.saturating_add(kato_grace_ms(k))) * 1000)
+            }) else {
                 continue;
             };
             if now > deadline {
                 self.counts.kato_expired += 1;
+                self.loss_cause = LossCause::KeepAlive;
                 self.lose_ctrl(c);
+                self.loss_cause = LossCause::Other;
             } else {
                 next = next.min(deadline);
             }
@@ -1113,7 +1215,7 @@ impl<'a, 's, P: Provider, K: Clock, const Q: usize, const D: usize> Target<'a, '
         }
         if w.status != bareverbs::verbs::WcStatus::Success {
             self.counts.transport_errors += 1;
-            self.end_queue(q, true);
+            self.end_queue_for(q, true, false, LossCause::Transport);
             return;
         }
         match kind {
