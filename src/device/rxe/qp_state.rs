@@ -431,7 +431,7 @@ impl QpCore {
             QpType::Ud | QpType::Gsi => self.sq_tail != self.sq_head,
             _ => {
                 self.sq_next != self.sq_head
-                    && super::seq::psn_diff(self.psn, self.una) < super::requester::WINDOW
+                    && super::seq::psn_diff(self.psn, self.una) < super::seq::WINDOW
             }
         }
     }

@@ -12,14 +12,11 @@ use bareverbs_hal::Link;
 use super::datagram::{BURST, payload, run_ud};
 use super::net::{Net, Unsent};
 use super::qp_state::QpCore;
-use super::seq::{self, Kind, psn_add, psn_diff};
+use super::seq::{self, Kind, WINDOW, psn_add, psn_diff};
 use super::wire::bth::{AtomicEth, Bth, DEFAULT_PKEY, Headers, Reth, opcode};
 use super::wire::packet::{EXT_MAX, Template, View, reth_bytes};
 use super::wqe::{SqEntry, op};
 use crate::verbs::{QpState, QpType, SendFlags, WcStatus};
-
-/// Unacknowledged PSNs a requester may have in flight (rxe's window).
-pub(crate) const WINDOW: i32 = 128;
 
 /// Response packets one READ request asks for at most. A longer READ is asked for in parts
 /// of this many packets (at fixed places: packet `k` belongs to the part from

@@ -18,6 +18,9 @@ pub fn psn_diff(a: u32, b: u32) -> i32 {
 /// The path MTUs RoCE uses, in bytes.
 pub const MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 
+/// Unacknowledged PSNs a requester may have in flight (rxe's window).
+pub(crate) const WINDOW: i32 = 128;
+
 /// An acknowledge request at least every this many packets of a long message (rxe: 64).
 pub const ACK_EVERY: u32 = 64;
 
