@@ -525,8 +525,9 @@ fn split_with(vanish: bool, ana: bool) {
             }
             if vanish {
                 // The host says nothing more; the clock passes its keep-alive timeout (5 s)
-                // and its last I/O's report from the group (`idle` is done with).
-                for _ in 0..100 {
+                // and the target's grace after it (5 s more), then as long again for the
+                // group's report of the ended queue's counts (`idle` is done with).
+                for _ in 0..200 {
                     clk.advance(100_000);
                     b.progress();
                     t.borrow_mut().poll(cmb);
