@@ -288,29 +288,44 @@ impl SharedRamDisk<'_> {
     }
 }
 
-/// Copies the first `min(src.len(), dst.len() / 8)` words of `src` into `dst`. On x86-64
-/// one string copy (`rep movsq`, the instruction the single-core [`RamDisk`]'s `memcpy`
-/// uses: a loop of relaxed loads costs 5 instructions a word); elsewhere a relaxed load
-/// each.
+/// Copies `words` 8-byte words forward from `src` to `dst` with one string copy (`rep
+/// movsq`: the instruction the single-core [`RamDisk`]'s `memcpy` uses, where a loop of
+/// relaxed loads or stores costs 5 instructions a word).
+///
+/// # Safety
+///
+/// `src` must be valid for reads and `dst` for writes of `words * 8` bytes. Where either side
+/// is atomic words other cores may access meanwhile, the copy's reads and writes of them are
+/// those of the relaxed loads or stores it stands for: each byte some core's value, the CPU
+/// choosing the order and width of a string copy's accesses (Intel SDM vol. 1 §7.3.9.3,
+/// vol. 3 §9.2.4); nothing else may reach a non-atomic side.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn copy_words(dst: *mut u8, src: *const u8, words: usize) {
+    // SAFETY: the caller's bounds; `rep movsq` copies forward (the direction flag is clear at
+    // every `asm!`'s entry) and uses no flag or stack.
+    unsafe {
+        core::arch::asm!(
+            "rep movsq",
+            inout("rcx") words => _,
+            inout("rsi") src => _,
+            inout("rdi") dst => _,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// Copies the first `min(src.len(), dst.len() / 8)` words of `src` into `dst`: on x86-64 one
+/// string copy ([`copy_words`]), elsewhere a relaxed load each.
 #[inline]
 fn load_words(dst: &mut [u8], src: &[AtomicU64]) {
     let n = src.len().min(dst.len() / 8);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `rep movsq` copies `n` 8-byte words forward (the direction flag is clear at
-    // every `asm!`'s entry) from `src`'s first `n` words to `dst`'s first `n * 8` bytes, both
-    // in bounds (`n` is the smaller length); `dst` is borrowed mutably, so nothing else
-    // reaches it. `src`'s words are atomics other cores may store to meanwhile: the copy
-    // reads them as the relaxed loads it stands for do, each byte some core's value (the CPU
-    // chooses the order and width of a string copy's accesses: Intel SDM vol. 1 §7.3.9.3,
-    // vol. 3 §9.2.4), and writes nothing of theirs. No flag or stack use.
+    // SAFETY: `n` words of `src` and `n * 8` bytes of `dst` are in bounds (`n` is the smaller
+    // length); `dst` is borrowed mutably, so nothing else reaches it; `src`'s words are
+    // atomics, read as relaxed loads would read them.
     unsafe {
-        core::arch::asm!(
-            "rep movsq",
-            inout("rcx") n => _,
-            inout("rsi") src.as_ptr() => _,
-            inout("rdi") dst.as_mut_ptr() => _,
-            options(nostack, preserves_flags)
-        );
+        copy_words(dst.as_mut_ptr(), src.as_ptr().cast(), n);
     }
     #[cfg(not(target_arch = "x86_64"))]
     for (b, w) in dst.chunks_exact_mut(8).zip(&src[..n]) {
@@ -324,21 +339,11 @@ fn load_words(dst: &mut [u8], src: &[AtomicU64]) {
 fn store_words(dst: &[AtomicU64], src: &[u8]) {
     let n = dst.len().min(src.len() / 8);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `rep movsq` copies `n` words forward (the direction flag is clear at every
-    // `asm!`'s entry) from `src`'s first `n * 8` bytes, only read, to `dst`'s first `n`
-    // words, both in bounds. `dst`'s words are atomics (shared mutability is theirs to
-    // allow): the copy stores them as the relaxed stores it stands for do, other cores'
-    // loads and stores of the same words racing only as theirs would (each byte some
-    // core's value; the CPU chooses the order and width of a string copy's accesses: Intel
-    // SDM vol. 1 §7.3.9.3, vol. 3 §9.2.4). No flag or stack use.
+    // SAFETY: `n * 8` bytes of `src` (only read) and `n` words of `dst` are in bounds;
+    // `dst`'s words are atomics (shared mutability is theirs to allow), stored as relaxed
+    // stores would store them, other cores' accesses racing only as theirs would.
     unsafe {
-        core::arch::asm!(
-            "rep movsq",
-            inout("rcx") n => _,
-            inout("rsi") src.as_ptr() => _,
-            inout("rdi") dst.as_ptr() => _,
-            options(nostack, preserves_flags)
-        );
+        copy_words(dst.as_ptr().cast_mut().cast(), src.as_ptr(), n);
     }
     #[cfg(not(target_arch = "x86_64"))]
     for (b, w) in src.chunks_exact(8).zip(&dst[..n]) {
