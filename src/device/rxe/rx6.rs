@@ -1,0 +1,58 @@
+//! Received IPv6 frames past the port's first look: those the port leaves to the IP stack
+//! are looked at for IPv6 (neighbour discovery, RoCEv2 over IPv6), and RoCEv2 over IPv6 on a
+//! connected queue pair's IPv6 path is made the same packet over IPv4 and dispatched
+//! (`docs/roce-v2.md` §5.1). Out of line: RoCE frames over IPv4 never come here.
+
+use bareverbs_hal::{Clock, Hal, Link};
+
+use super::{Core, FRAME, Rxe, port, wire};
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    /// The received frame of `n` bytes the port left to the IP stack: to the stack, unless
+    /// it is IPv6 the port takes itself ([`Port::take_ipv6`]: neighbour discovery answered,
+    /// RoCEv2 over IPv6 to the transport or dropped). Out of line: RoCE frames over IPv4 do
+    /// not come here.
+    #[inline(never)]
+    pub(super) fn for_stack(&self, core: &mut Core<L>, n: usize, now: u64) {
+        // SAFETY: the receive buffer is FRAME bytes of the device block, reached only
+        // through the locked core (`core` is borrowed mutably here).
+        let rx = unsafe { core::slice::from_raw_parts_mut(core.rx.as_ptr(), FRAME) };
+        let Some(frame) = rx.get(..n) else { return };
+        let (link, t) = core.parts();
+        match t.port.take_ipv6(link, frame, now) {
+            None | Some(port::Ipv6Rx::Stack) => t.stack.push(frame),
+            // RoCEv2 over IPv6 on a connected QP's path: carried on as IPv4.
+            Some(port::Ipv6Rx::Path(path)) => {
+                if let Some(f) = rx.get_mut(..n) {
+                    self.take_ipv6(core, f, path, now);
+                }
+            }
+            Some(port::Ipv6Rx::Dropped(_)) => {}
+        }
+    }
+
+    /// A RoCEv2 packet over IPv6 on the IPv6 path `path` (checked whole by the port): made
+    /// the same packet over IPv4 in place, from the address by which the transport names the
+    /// path to this interface's IPv4 address, and dispatched if it is RC or UC. One whose QP
+    /// is locked elsewhere is lost (as on a wire: its sender retries); out of line, so that
+    /// IPv4 frames do not pay for it.
+    #[inline(never)]
+    fn take_ipv6(&self, core: &mut Core<L>, f: &mut [u8], path: usize, now: u64) {
+        let ip = core.tables().port.ip();
+        let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
+            return;
+        };
+        let Some(p) = f.get(..m).and_then(wire::packet::view_converted) else {
+            return;
+        };
+        // RC and UC only (opcodes 0x00–0x3F): UD over IPv6 is not taken, so no datagram QP
+        // sees a source it could not report.
+        if p.opcode() >= 0x40 {
+            core.tables().port.unhand();
+            return;
+        }
+        if !self.dispatch(core, &p, now) {
+            core.tables().port.unhand();
+        }
+    }
+}
