@@ -3,12 +3,48 @@
 //! it may have gained such work and leaves it under its own lock once it has none.
 
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link};
 
-use super::tables::{self, Tables};
+use super::tables::{self, BUSY_WORDS, BusyBit, SLOT_WORDS, Tables};
 use super::{Core, MAX_QP, QP_SPINS, Rxe, qp_lock, qp_state, reply, requester};
+
+/// The busy set's words as they were read once (`Acquire`), and whether any bit was set.
+fn snapshot(busy: &[AtomicU64; BUSY_WORDS]) -> Option<[u64; BUSY_WORDS]> {
+    let mut words = [0; BUSY_WORDS];
+    let mut any = 0;
+    for (w, b) in words.iter_mut().zip(busy) {
+        *w = b.load(Ordering::Acquire);
+        any |= *w;
+    }
+    (any != 0).then_some(words)
+}
+
+/// The table slots of a snapshot in rotation from slot `first`: `first` and the slots after
+/// it, then those before it, each set bit once (at most [`MAX_QP`] items).
+fn rotation(words: &[u64; BUSY_WORDS], first: usize) -> impl Iterator<Item = usize> + '_ {
+    let (w0, b0) = (first / 64 % SLOT_WORDS, first % 64);
+    // SLOT_WORDS + 1 pieces: the first word from bit b0, the other words whole, the first
+    // word again below b0.
+    (0..=SLOT_WORDS).flat_map(move |k| {
+        let w = (w0 + k) % SLOT_WORDS;
+        let mask = match k {
+            0 => u64::MAX << b0,
+            _ if k == SLOT_WORDS => !(u64::MAX << b0),
+            _ => u64::MAX,
+        };
+        let mut left = words[w] & mask;
+        core::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            let j = left.trailing_zeros() as usize;
+            left &= left - 1;
+            Some(w * 64 + j)
+        })
+    })
+}
 
 impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// Puts queue pair `q` in the busy set when it has work for the progress (its lock is
@@ -17,9 +53,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// nor the set written.
     #[inline(always)]
     pub(crate) fn note(&self, q: &qp_state::QpCore) {
-        let bit = q.busy_bit;
-        if self.busy.load(Ordering::Relaxed) & bit == 0 && q.wants_progress() {
-            self.busy.fetch_or(bit, Ordering::AcqRel);
+        let BusyBit { word, mask } = q.busy_bit;
+        let w = &self.busy[word];
+        if w.load(Ordering::Relaxed) & mask == 0 && q.wants_progress() {
+            w.fetch_or(mask, Ordering::AcqRel);
         }
     }
 
@@ -33,18 +70,22 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             self.note(q);
             return;
         }
-        let busy = self.busy.load(Ordering::Relaxed);
-        if busy != 0 {
-            let bit = q.busy_bit;
-            if busy & bit != 0 {
-                self.busy.fetch_and(!bit, Ordering::AcqRel);
-            }
+        let BusyBit { word, mask } = q.busy_bit;
+        let w = &self.busy[word];
+        if w.load(Ordering::Relaxed) & mask != 0 {
+            w.fetch_and(!mask, Ordering::AcqRel);
         }
     }
 
     /// Puts queue pair `qpn` in the busy set (the progress looks at it once).
     pub(crate) fn mark(&self, qpn: u32) {
-        self.busy.fetch_or(Tables::bit(qpn), Ordering::AcqRel);
+        let BusyBit { word, mask } = Tables::bit(qpn);
+        self.busy[word].fetch_or(mask, Ordering::AcqRel);
+    }
+
+    /// Takes queue pair `bit` out of the busy set (under its lock, with no work left).
+    fn unmark(&self, bit: BusyBit) {
+        self.busy[bit.word].fetch_and(!bit.mask, Ordering::AcqRel);
     }
 
     /// Whether the next [`progress`](Self::progress) has frames to send now: a queue pair of
@@ -59,10 +100,9 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// must tell the progress's core after it (the appliance's poll groups wake core 0 after
     /// every round that did work). The device lock held elsewhere counts as work.
     pub fn sends_waiting(&self) -> bool {
-        let busy = self.busy.load(Ordering::Acquire);
-        if busy == 0 {
+        let Some(words) = snapshot(&self.busy) else {
             return false;
-        }
+        };
         let Some(mut core) = self.core.try_lock() else {
             return true;
         };
@@ -70,21 +110,11 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             return false;
         }
         let t = core.tables();
-        let mut left = busy as u32;
+        let gsi = (words[tables::GSI_BIT.word] & tables::GSI_BIT.mask != 0).then_some(t.gsi);
         // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
-        loop {
-            let (q, last) = if left != 0 {
-                let i = left.trailing_zeros() as usize;
-                left &= left - 1;
-                (
-                    t.qps.get(i).copied().unwrap_or(core::ptr::null_mut()),
-                    false,
-                )
-            } else if busy & tables::GSI_BIT != 0 {
-                (t.gsi, true)
-            } else {
-                return false;
-            };
+        let slots =
+            rotation(&words, 0).map(|i| t.qps.get(i).copied().unwrap_or(core::ptr::null_mut()));
+        for q in slots.chain(gsi) {
             if let Some(q) = NonNull::new(q) {
                 // SAFETY: as in `dispatch`: a QP in the table is alive (destroy removes it
                 // under the device lock, held here); no QP lock is held (the lock order).
@@ -94,10 +124,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                     return true;
                 }
             }
-            if last {
-                return false;
-            }
         }
+        false
     }
 
     /// Runs the timers of the queue pairs that have work without a frame arriving (the
@@ -105,57 +133,41 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// first turn goes to each queue pair in rotation, so that one QP's backlog cannot keep
     /// the NIC from the others. Idle QPs are not visited: a poll costs nothing per QP.
     pub(super) fn run_timers(&self, core: &mut Core<L>, now: u64) {
-        let busy = self.busy.load(Ordering::Acquire);
-        if busy == 0 {
+        let Some(words) = snapshot(&self.busy) else {
             return;
-        }
-        let first = core.tables().turn % MAX_QP as u32;
-        // Bit j of `slots` is slot (first + j) % MAX_QP: the rotation starts at `first`.
-        let slots = (busy as u32).rotate_right(first);
+        };
+        let first = core.tables().turn as usize % MAX_QP;
+        let gsi = words[tables::GSI_BIT.word] & tables::GSI_BIT.mask != 0;
         let mut next = None;
-        let mut left = slots;
         // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
-        loop {
-            let (slot, bit) = if left != 0 {
-                let j = left.trailing_zeros();
-                left &= left - 1;
-                let i = (first + j) % MAX_QP as u32;
-                (Some(i as usize), 1u64 << i)
-            } else if busy & tables::GSI_BIT != 0 {
-                (None, tables::GSI_BIT)
-            } else {
-                break;
+        let slots = rotation(&words, first).map(Some);
+        for slot in slots.chain(gsi.then_some(None)) {
+            let (q, bit) = match slot {
+                Some(i) => (
+                    core.tables().qps[i],
+                    Tables::bit(super::FIRST_QPN + i as u32),
+                ),
+                None => (core.tables().gsi, tables::GSI_BIT),
             };
-            let t = core.tables();
-            let q = match slot {
-                Some(i) => t.qps[i],
-                None => t.gsi,
+            let Some(q) = NonNull::new(q) else {
+                self.unmark(bit);
+                continue;
             };
-            if let Some(q) = NonNull::new(q) {
-                // The next progress starts after the first QP served now.
-                if let Some(i) = slot {
-                    next.get_or_insert(i + 1);
-                }
-                // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
-                // progress (it stays in the busy set).
-                let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
-                    if slot.is_none() {
-                        break;
-                    }
-                    continue;
-                };
-                let mut net = self.net(core, now);
-                reply::drain(&mut net, &mut q);
-                requester::on_timer(&mut net, &mut q);
-                if !q.wants_progress() {
-                    // Under the QP's lock: a post that adds work marks it again after this.
-                    self.busy.fetch_and(!bit, Ordering::AcqRel);
-                }
-            } else {
-                self.busy.fetch_and(!bit, Ordering::AcqRel);
+            // The next progress starts after the first QP served now.
+            if let Some(i) = slot {
+                next.get_or_insert(i + 1);
             }
-            if slot.is_none() {
-                break;
+            // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
+            // progress (it stays in the busy set).
+            let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+                continue;
+            };
+            let mut net = self.net(core, now);
+            reply::drain(&mut net, &mut q);
+            requester::on_timer(&mut net, &mut q);
+            if !q.wants_progress() {
+                // Under the QP's lock: a post that adds work marks it again after this.
+                self.unmark(bit);
             }
         }
         if let Some(n) = next {

@@ -95,7 +95,7 @@ use port::{Port, PortCounts};
 use tables::Tables;
 
 /// Queue pairs the device holds; numbered from [`FIRST_QPN`] (rxe's numbering: 1 is GSI).
-pub const MAX_QP: usize = 32;
+pub const MAX_QP: usize = 128;
 /// The number of the first queue pair.
 pub const FIRST_QPN: u32 = 16;
 /// The GSI queue pair's number (QP1: management datagrams, the CM's MADs).
@@ -148,11 +148,11 @@ pub struct Rxe<H: Hal, L: Link, C: Clock> {
     _block: Dma<H>,
     hub: NonNull<EventHub>,
     /// The queue pairs the progress visits: those that may have work without a frame
-    /// arriving (sends waiting, a timer running, answers held back); bit `i` is table slot
-    /// `i`, [`tables::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
+    /// arriving (sends waiting, a timer running, answers held back); bit `i % 64` of word
+    /// `i / 64` is table slot `i`, [`tables::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
     /// gained such work, and leaves it under its own lock (in the progress) once it has none:
     /// an idle QP costs a poll nothing, and no request is missed.
-    busy: AtomicU64,
+    busy: [AtomicU64; tables::BUSY_WORDS],
     /// Whether posts and polls leave the transport to [`progress`](Self::progress) calls
     /// ([`set_progress_only`](Self::set_progress_only)). Written once, before the device is
     /// shared; read on every post and poll (a line no post writes).
@@ -319,7 +319,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             mtu,
             _block: block,
             hub,
-            busy: AtomicU64::new(0),
+            busy: [const { AtomicU64::new(0) }; tables::BUSY_WORDS],
             progress_only: AtomicBool::new(false),
             core: dev_lock::DevLock::new(Core {
                 link,

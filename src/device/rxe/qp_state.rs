@@ -19,9 +19,9 @@ use crate::verbs::{
 /// A queue pair's whole state, at the start of its block (the rings follow).
 pub(crate) struct QpCore {
     pub(crate) qpn: u32,
-    /// Its bit in the device's busy set (`Tables::bit` of `qpn`), kept from creation: the
+    /// Its place in the device's busy set (`Tables::bit` of `qpn`), kept from creation: the
     /// marks read it on every post and every frame.
-    pub(crate) busy_bit: u64,
+    pub(crate) busy_bit: super::tables::BusyBit,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,
     pub(crate) sig_all: bool,

@@ -40,13 +40,31 @@ pub(crate) struct Tables {
     pub(crate) pace: super::pace::Pace,
 }
 
+/// Words of the busy set that hold the table's slots: slot `i` is bit `i % 64` of word
+/// `i / 64`.
+pub(crate) const SLOT_WORDS: usize = MAX_QP.div_ceil(64);
+/// Words of the busy set: the slots', then one for the GSI QP.
+pub(crate) const BUSY_WORDS: usize = SLOT_WORDS + 1;
+
 const _: () = assert!(
-    MAX_QP <= 32,
-    "the busy set holds the slots in 32 bits, then the GSI QP"
+    MAX_QP % 64 == 0,
+    "the busy set's slot words are full: a rotation visits every bit of them"
 );
 
-/// The bit of the GSI QP in the device's busy set (the slots take bits 0 to `MAX_QP - 1`).
-pub(crate) const GSI_BIT: u64 = 1 << 32;
+/// A queue pair's place in the device's busy set: a word and the bit in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BusyBit {
+    /// The word (below [`BUSY_WORDS`]).
+    pub(crate) word: usize,
+    /// The bit in it (0 for a number the device never gives).
+    pub(crate) mask: u64,
+}
+
+/// The GSI QP's place in the busy set: the word after the slots'.
+pub(crate) const GSI_BIT: BusyBit = BusyBit {
+    word: SLOT_WORDS,
+    mask: 1,
+};
 
 impl Tables {
     /// Sets up the tables at `t` (zeroed memory: every field but the port is valid zeroed).
@@ -62,15 +80,18 @@ impl Tables {
         unsafe { (*t.as_ptr()).mrs.seed(seed) };
     }
 
-    /// The bit of queue pair `qpn` in the device's busy set (0 for a number the device never
-    /// gives).
-    pub(crate) fn bit(qpn: u32) -> u64 {
+    /// The place of queue pair `qpn` in the device's busy set (an empty mask for a number
+    /// the device never gives).
+    pub(crate) fn bit(qpn: u32) -> BusyBit {
         if qpn == GSI_QPN {
             return GSI_BIT;
         }
         match qpn.checked_sub(FIRST_QPN) {
-            Some(i) if (i as usize) < MAX_QP => 1 << i,
-            _ => 0,
+            Some(i) if (i as usize) < MAX_QP => BusyBit {
+                word: i as usize / 64,
+                mask: 1 << (i % 64),
+            },
+            _ => BusyBit { word: 0, mask: 0 },
         }
     }
 
