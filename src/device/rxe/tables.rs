@@ -47,7 +47,7 @@ pub(crate) const SLOT_WORDS: usize = MAX_QP.div_ceil(64);
 pub(crate) const BUSY_WORDS: usize = SLOT_WORDS + 1;
 
 const _: () = assert!(
-    MAX_QP % 64 == 0,
+    MAX_QP.is_multiple_of(64),
     "the busy set's slot words are full: a rotation visits every bit of them"
 );
 
