@@ -46,13 +46,18 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     ucmatose-* | udaddy-*)
       cmd=("${name%%-*}" "$@")
       [ "$server" = 1 ] && cmd+=(-b "$ip") || cmd+=(-s "$peer") ;;
+    # cmtime through qemu/roce/cmtime.sh: its server never exits by itself, its client exits
+    # 0 even with connections refused (the script says what both did).
+    cmtime-*)
+      [ "$server" = 1 ] && cmd=(bash "$here/cmtime.sh" server "$ip" "$@") ||
+        cmd=(bash "$here/cmtime.sh" client "$peer" "$@") ;;
     # No program for this name: the case fails as such (cmd stays empty), it never runs
     # another case's program.
     *) ;;
   esac
   client=$((1 - server))
   if [ "$client" = 1 ] && [ ${#cmd[@]} -gt 0 ] &&
-     [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* ]]; then
+     [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* && "$name" != cmtime-* ]]; then
     cmd+=("$peer")
   fi
   return 0

@@ -144,6 +144,7 @@ for list in "$here/cases" "$here/cases-matrix"; do
       case "$name" in
         rc-*) want=ibv_rc_pingpong ;; ud-*) want=ibv_ud_pingpong ;;
         write) want=ib_write_bw ;; read) want=ib_read_bw ;; atomic) want=ib_atomic_bw ;;
+        cmtime-*) want=bash ;;
         *) want=${name%%-*} ;;
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"

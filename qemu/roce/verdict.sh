@@ -34,7 +34,7 @@ case_bytes() { # LABEL
 is_cm() { # LABEL
   local n
   n=$(label_name "$1")
-  [[ "$n" == rping-* || "$n" == ucmatose-* || "$n" == udaddy-* ]] && return 0
+  [[ "$n" == rping-* || "$n" == ucmatose-* || "$n" == udaddy-* || "$n" == cmtime-* ]] && return 0
   [[ "$n" == ib_*-* ]] && [[ " $(case_of "$1") " == *" -R "* ]]
 }
 # Linux A's result of a case in a phase (linux-linux, roce, bench-…): "exit S | summary", or

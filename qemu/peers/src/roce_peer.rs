@@ -241,10 +241,11 @@ impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
     /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
-    pub const CM_PROGRAMS: [&'static str; 6] = [
+    pub const CM_PROGRAMS: [&'static str; 7] = [
         "rping-",
         "ucmatose-",
         "udaddy-",
+        "cmtime-",
         "ib_send_bw-",
         "ib_write_bw-",
         "ib_read_bw-",
@@ -448,7 +449,7 @@ impl<'a> Refused<'a> {
     /// What the peer says of `spec`, a case [`PeerCase::parse`] does not take.
     pub fn of(spec: &'a str) -> Refused<'a> {
         let name = spec.split(',').next().unwrap_or(spec);
-        let cm = ["rping-", "ucmatose-", "udaddy-"]
+        let cm = ["rping-", "ucmatose-", "udaddy-", "cmtime-"]
             .iter()
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");

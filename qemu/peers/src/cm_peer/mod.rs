@@ -34,6 +34,7 @@ use bareverbs::verbs::*;
 use crate::{Failure, Step};
 
 mod cmatose;
+mod cmtime;
 mod perftest;
 mod rping;
 mod udaddy;
@@ -91,6 +92,12 @@ pub enum Program {
         /// Linux runs the server.
         linux_serves: bool,
     },
+    /// `cmtime`: the unikernel makes `-c` connections at once when Linux serves (`cmtime`),
+    /// else it accepts them (`cmtime -s`); `cmtime.rs`.
+    Cmtime {
+        /// Linux runs the server.
+        linux_serves: bool,
+    },
     /// A perftest `-R` case this peer does not run (the latency programs'): it is told so on
     /// perftest's control connection ([`refuse_perftest`]).
     PerftestRefused {
@@ -127,6 +134,9 @@ impl CmCase {
             "ucmatose-client" => Program::UcmatoseClient,
             "udaddy-server" => Program::UdaddyServer,
             "udaddy-client" => Program::UdaddyClient,
+            "cmtime-server" | "cmtime-client" => {
+                return cmtime_case(spec.starts_with("cmtime-server"), words);
+            }
             _ => return None,
         };
         let rping = matches!(program, Program::RpingServer | Program::RpingClient);
@@ -161,10 +171,30 @@ impl CmCase {
             Program::UcmatoseClient => "ucmatose-client",
             Program::UdaddyServer => "udaddy-server",
             Program::UdaddyClient => "udaddy-client",
+            Program::Cmtime { linux_serves: true } => "cmtime-server",
+            Program::Cmtime {
+                linux_serves: false,
+            } => "cmtime-client",
             Program::Perftest { verb, linux_serves } => verb.case_name(linux_serves),
             Program::PerftestRefused { .. } => "perftest -R, refused",
         }
     }
+}
+
+/// A cmtime case's options: `-c N` (100 by default, at most [`cmtime::MAX_CONNS`]).
+fn cmtime_case<'w>(linux_serves: bool, mut words: impl Iterator<Item = &'w str>) -> Option<CmCase> {
+    let mut count = 100;
+    while let Some(w) = words.next() {
+        match w {
+            "-c" => count = words.next()?.parse().ok()?,
+            _ => return None,
+        }
+    }
+    (1..=cmtime::MAX_CONNS).contains(&count).then_some(CmCase {
+        program: Program::Cmtime { linux_serves },
+        size: 0,
+        count,
+    })
 }
 
 /// Why a CM case failed.
@@ -285,6 +315,14 @@ pub fn run_case<P: Provider>(
     let r = run(ctx, pd, linux, case, deadline, clock_ms);
     let ms = clock_ms() - t0;
     match r {
+        Ok(d) if d.size == 0 => {
+            let _ = writeln!(
+                out,
+                "roce-uk {name}: ok {} {}, {}, all up in {} ms; {ms} ms in all",
+                d.count, d.unit, d.how, d.connect_ms
+            );
+            true
+        }
         Ok(d) => {
             let _ = writeln!(
                 out,
@@ -329,6 +367,9 @@ fn run<P: Provider>(
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
 ) -> Result<Done, CaseError> {
+    if let Program::Cmtime { linux_serves } = case.program {
+        return cmtime::run(ctx, pd, linux, case, linux_serves, deadline, clock_ms);
+    }
     let cm_cq = ctx.create_cq(32).at("cm: create CM CQ")?;
     // Room for every send and receive of the largest case.
     let cq = ctx
@@ -339,6 +380,7 @@ fn run<P: Provider>(
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
         Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
         Program::PerftestRefused { .. } => perftest::REFUSE_LEN,
+        Program::Cmtime { .. } => 0,
         _ => (case.count + 1) * cmatose::slot(case.size),
     };
     let mut mr = pd.register(len as usize, access).at("cm: register")?;
@@ -372,6 +414,7 @@ fn run<P: Provider>(
                 s.perftest(pd, linux, case, verb, linux_serves)
             }
             Program::PerftestRefused { linux_serves } => s.perftest_refuse(pd, linux, linux_serves),
+            Program::Cmtime { .. } => Err(CaseError::Request("cmtime outside its own run")),
         }
     };
     // The region and the CQs go when they drop (the session's borrows tie them to it).
@@ -680,5 +723,27 @@ mod tests {
         assert_eq!(CmCase::parse("rping-client,-C,0"), None);
         assert_eq!(CmCase::parse("rping-client,-x"), None);
         assert_eq!(CmCase::parse("rc-server"), None);
+    }
+
+    #[test]
+    fn cmtime_cases_take_a_connection_count_within_the_device() {
+        let c = CmCase::parse("cmtime-client").expect("defaults");
+        assert_eq!(
+            (c.program, c.count),
+            (
+                Program::Cmtime {
+                    linux_serves: false
+                },
+                100
+            )
+        );
+        let c = CmCase::parse("cmtime-server,-c,120").expect("the most");
+        assert_eq!(
+            (c.program, c.count, c.name()),
+            (Program::Cmtime { linux_serves: true }, 120, "cmtime-server")
+        );
+        assert_eq!(CmCase::parse("cmtime-server,-c,121"), None);
+        assert_eq!(CmCase::parse("cmtime-server,-c,0"), None);
+        assert_eq!(CmCase::parse("cmtime-server,-p,7000"), None);
     }
 }
