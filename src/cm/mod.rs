@@ -252,6 +252,14 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
     mtu: Mtu,
     hi_tid: u32,
     send_busy: u8,
+    /// Datagrams received and not handled yet, oldest first: (receive slot, length). Their
+    /// slots are not reposted, so their buffers still hold them. They are handled while a
+    /// send buffer is free: a burst of messages that each want an answer (a hundred DREQs)
+    /// waits in its buffers instead of losing the answers for want of a send buffer.
+    held: [(u8, u16); RECV_SLOTS],
+    /// Where the oldest held datagram is in `held`, and how many there are.
+    held_at: usize,
+    held_len: usize,
     listeners: [Option<Listener>; MAX_LISTEN],
     conns: [Conn<'a, P>; N],
     cursor: usize,
@@ -305,6 +313,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             mtu,
             hi_tid: entropy.next_u64() as u32,
             send_busy: 0,
+            held: [(0, 0); RECV_SLOTS],
+            held_at: 0,
+            held_len: 0,
             listeners: [None; MAX_LISTEN],
             conns: core::array::from_fn(|_| Conn::idle()),
             cursor: 0,
@@ -392,9 +403,33 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             for w in &wc[..n] {
                 self.completion(w);
             }
+            self.handle_held();
         }
         let now = self.clock.now_us();
         self.run_timers(now);
+    }
+
+    /// Handles the held datagrams, oldest first, while a send buffer is free (each is then
+    /// reposted).
+    fn handle_held(&mut self) {
+        const ALL_BUSY: u8 = u8::MAX >> (8 - SEND_SLOTS);
+        // Bounded: each held datagram once (at most RECV_SLOTS).
+        while self.held_len > 0 && self.send_busy != ALL_BUSY {
+            let (slot, len) = self.held[self.held_at];
+            self.held_at = (self.held_at + 1) % RECV_SLOTS;
+            self.held_len -= 1;
+            let (slot, len) = (slot as usize, len as usize);
+            let at = slot * RECV_STRIDE;
+            let mut buf = [0u8; RECV_LEN];
+            buf[..len].copy_from_slice(&self.mr.as_slice()[at..at + len]);
+            let now = self.clock.now_us();
+            match (source_ip(&buf[..len]), buf.get(40..len)) {
+                (Some(ip), Some(mad)) => self.on_datagram(ip, mad, now),
+                _ => self.counts.malformed += 1,
+            }
+            // A failed repost leaves one buffer fewer: QP1 keeps working with the others.
+            let _ = self.post_recv(slot);
+        }
     }
 
     fn completion(&mut self, w: &WorkCompletion) {
@@ -415,19 +450,18 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         else {
             return;
         };
-        if w.status == WcStatus::Success {
-            let at = slot * RECV_STRIDE;
+        // A slot completes once per posting, so at most RECV_SLOTS are held; a slot already
+        // held (a device that completed it twice) is not held again.
+        let held = (0..self.held_len)
+            .any(|k| usize::from(self.held[(self.held_at + k) % RECV_SLOTS].0) == slot);
+        if w.status == WcStatus::Success && !held && self.held_len < RECV_SLOTS {
             let len = (w.byte_len as usize).min(RECV_LEN);
-            let mut buf = [0u8; RECV_LEN];
-            buf[..len].copy_from_slice(&self.mr.as_slice()[at..at + len]);
-            let now = self.clock.now_us();
-            match (source_ip(&buf[..len]), buf.get(40..len)) {
-                (Some(ip), Some(mad)) => self.on_datagram(ip, mad, now),
-                _ => self.counts.malformed += 1,
-            }
+            self.held[(self.held_at + self.held_len) % RECV_SLOTS] = (slot as u8, len as u16);
+            self.held_len += 1;
+        } else if !held {
+            // A failed repost leaves one buffer fewer: QP1 keeps working with the others.
+            let _ = self.post_recv(slot);
         }
-        // A failed repost leaves one buffer fewer: QP1 keeps working with the others.
-        let _ = self.post_recv(slot);
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<(), Error> {
