@@ -7,7 +7,6 @@
 mod cm_common;
 
 use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnId, Service};
-use bareverbs::verbs::*;
 use bareverbs_model::link::{Faults, TestClock};
 use cm_common::*;
 
