@@ -85,8 +85,13 @@ use crate::verbs::{
 
 /// The Q_Key of QP1's datagrams.
 pub const GSI_QKEY: u32 = 0x8001_0000;
-/// Receive buffers posted to QP1.
-const RECV_SLOTS: usize = 16;
+/// Receive buffers QP1 may have posted: as many as its CQ leaves room for beside the send
+/// buffers (never fewer than 16, the count of a 24-entry CQ), up to this. A peer that makes
+/// a hundred connections at once sends its REQs in one burst; a REQ that finds no receive
+/// buffer is lost and comes again only after the peer's retry timer (seconds).
+const RECV_SLOTS: usize = 64;
+/// Receive buffers of a CQ with too little room for more.
+const MIN_RECV_SLOTS: usize = 16;
 /// Datagrams being sent at once.
 const SEND_SLOTS: usize = 8;
 /// Send buffers that answers to datagrams which open no connection may hold (a REJ to a
@@ -252,6 +257,8 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
     mtu: Mtu,
     hi_tid: u32,
     send_busy: u8,
+    /// Receive buffers posted (slots `0..recv_slots`): [`MIN_RECV_SLOTS`] to [`RECV_SLOTS`].
+    recv_slots: usize,
     /// Datagrams received and not handled yet, oldest first: (receive slot, length). Their
     /// slots are not reposted, so their buffers still hold them. They are handled while a
     /// send buffer is free: a burst of messages that each want an answer (a hundred DREQs)
@@ -268,7 +275,9 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
 
 impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// Opens QP1 on `pd`'s device, with `cq` (which the CM owns from now on: at least 24
-    /// entries) for its completions, and the clock its timers run on.
+    /// entries) for its completions, and the clock its timers run on. QP1 gets as many
+    /// receive buffers as `cq` holds beyond its 8 send buffers, from 16 to 64: a CQ of 72
+    /// entries or more takes a burst of 64 messages (`cmtime`'s hundred REQs at once).
     ///
     /// # Errors
     ///
@@ -285,9 +294,12 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         let (sgid_index, gid) = crate::verbs::local_gid(ctx, None)?;
         let ip = gid.ipv4().ok_or(CmError::NoAddress)?;
         let mtu = ctx.query_port(1)?.active_mtu;
+        let recv_slots = (cq.entries() as usize)
+            .saturating_sub(SEND_SLOTS)
+            .clamp(MIN_RECV_SLOTS, RECV_SLOTS);
         let caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
-            max_recv_wr: RECV_SLOTS as u32,
+            max_recv_wr: recv_slots as u32,
             max_send_sge: 2,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -313,6 +325,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             mtu,
             hi_tid: entropy.next_u64() as u32,
             send_busy: 0,
+            recv_slots,
             held: [(0, 0); RECV_SLOTS],
             held_at: 0,
             held_len: 0,
@@ -321,7 +334,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             cursor: 0,
             counts: CmCounts::default(),
         };
-        for slot in 0..RECV_SLOTS {
+        for slot in 0..recv_slots {
             cm.post_recv(slot)?;
         }
         Ok(cm)
@@ -446,7 +459,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .wr_id
             .checked_sub(RECV_TAG)
             .map(|s| s as usize)
-            .filter(|&s| s < RECV_SLOTS)
+            .filter(|&s| s < self.recv_slots)
         else {
             return;
         };

@@ -64,7 +64,8 @@ pub(super) fn run<P: Provider>(
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
 ) -> Result<Done, CaseError> {
-    let cm_cq = ctx.create_cq(32).at("cm: create CM CQ")?;
+    // 72 entries: QP1 takes 64 receive buffers, for Linux's hundred REQs in one burst.
+    let cm_cq = ctx.create_cq(72).at("cm: create CM CQ")?;
     // No request is ever posted on the connections' QPs: one small CQ for all, as cmtime.
     let cq = ctx.create_cq(4).at("cm: create CQ")?;
     let mut cm: Cm<'_, P, Ms<'_>, CMTIME_CONNS> =
