@@ -16,12 +16,16 @@
 //! The limits: the device's queue pairs ([`bareverbs::device::rxe::MAX_QP`], 128) and the
 //! CM's table of this case ([`CMTIME_CONNS`]); `-c` takes at most [`MAX_CONNS`].
 
+use core::fmt::Write;
+
+use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnectParams, Failure as CmFailure, Service,
+    AcceptParams, Cm, CmConfig, CmCounts, CmEvent, ConnId, ConnectParams, Failure as CmFailure,
+    Service,
 };
 use bareverbs::verbs::*;
 
-use super::{CaseError, Done, Ms, RETRY_MS};
+use super::{CaseError, Ms, RETRY_MS};
 use crate::Step;
 
 /// cmtime's port.
@@ -53,9 +57,69 @@ impl<P: Provider> Default for Slot<'_, P> {
     }
 }
 
-/// Runs a cmtime case: the unikernel connects `case.count` times when Linux serves, else it
-/// serves that many connections.
-pub(super) fn run<P: Provider>(
+/// Runs a cmtime case and prints its `roce-uk` line under `name` (with what the CM counted):
+/// the unikernel connects `case.count` times when Linux serves, else it serves that many
+/// connections. `true` if it passed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_case<P: Provider>(
+    ctx: &Context<P>,
+    pd: &ProtectionDomain<'_, P>,
+    linux: [u8; 4],
+    name: &str,
+    case: &super::CmCase,
+    linux_serves: bool,
+    deadline: u64,
+    clock_ms: &dyn Fn() -> u64,
+    out: &mut dyn Write,
+) -> bool {
+    let t0 = clock_ms();
+    let mut counts = CmCounts::default();
+    let r = run(
+        ctx,
+        pd,
+        linux,
+        case,
+        linux_serves,
+        deadline,
+        clock_ms,
+        &mut counts,
+    );
+    let ms = clock_ms() - t0;
+    let CmCounts {
+        received,
+        sent,
+        resent,
+        send_dropped,
+        ..
+    } = counts;
+    let cm = format_args!(
+        "CM messages {received} taken, {sent} sent, {resent} resent, {send_dropped} not sent for want of a buffer"
+    );
+    match r {
+        Ok(up_ms) => {
+            let _ = writeln!(
+                out,
+                "roce-uk {name}: ok {} connections, {}, all up in {up_ms} ms; {ms} ms in all; {cm}",
+                case.count,
+                if linux_serves {
+                    "each made, established and disconnected by this side (DREQ, DREP)"
+                } else {
+                    "each from Linux accepted, established (RTU) and ended by Linux's DREQ"
+                },
+            );
+            true
+        }
+        Err(e) => {
+            let _ = writeln!(out, "roce-uk {name}: FAIL {e} (after {ms} ms); {cm}");
+            false
+        }
+    }
+}
+
+/// The case: `Ok` with the milliseconds until the last connection came up; what the CM
+/// counted in `counts` either way.
+#[allow(clippy::too_many_arguments)]
+fn run<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
     linux: [u8; 4],
@@ -63,7 +127,8 @@ pub(super) fn run<P: Provider>(
     linux_serves: bool,
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
-) -> Result<Done, CaseError> {
+    counts: &mut CmCounts,
+) -> Result<u64, CaseError> {
     // 72 entries: QP1 takes 64 receive buffers, for Linux's hundred REQs in one burst.
     let cm_cq = ctx.create_cq(72).at("cm: create CM CQ")?;
     // No request is ever posted on the connections' QPs: one small CQ for all, as cmtime.
@@ -106,19 +171,8 @@ pub(super) fn run<P: Provider>(
             let _ = q.to_error().map(|q| q.destroy());
         }
     }
-    r?;
-    Ok(Done {
-        count: case.count,
-        unit: "connections",
-        size: 0,
-        checked: 0,
-        connect_ms: t.up - t.start,
-        how: if linux_serves {
-            "each made, established and disconnected by this side (DREQ, DREP)"
-        } else {
-            "each from Linux accepted, established (RTU) and ended by Linux's DREQ"
-        },
-    })
+    *counts = cm.counts();
+    r.map(|()| t.up - t.start)
 }
 
 /// When the case started and when the last connection came up (ms).
