@@ -10,8 +10,8 @@ use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnId, Service};
 use bareverbs_model::link::{Faults, TestClock};
 use cm_common::*;
 
-/// Connections of the burst: more than the CM's eight send buffers.
-const CONNS: usize = 14;
+/// Connections of the burst: more than the CM's 16 send buffers.
+const CONNS: usize = 24;
 
 type BigCm<'a> = Cm<'a, R, TestClock, 32>;
 
@@ -76,10 +76,10 @@ fn a_burst_of_dreqs_beyond_the_send_buffers_is_answered_at_once() {
     eb.clear();
     ea.clear();
     let dropped_before = cmb.counts().send_dropped;
-    // A sends every DREQ before B polls at all: eight, then (A's send buffers back) the rest.
+    // A sends every DREQ before B polls at all: 16, then (A's send buffers back) the rest.
     let mut a_qps: Vec<_> = a_qps.into_iter().map(|q| q.to_error().unwrap()).collect();
     for (k, id) in ids.iter().enumerate() {
-        if k == 8 {
+        if k == 16 {
             // A's sends complete (its device transmits): its buffers are free again.
             for _ in 0..4 {
                 poll_all(&mut cma, &mut ea);
@@ -91,7 +91,7 @@ fn a_burst_of_dreqs_beyond_the_send_buffers_is_answered_at_once() {
         poll_all(&mut cma, &mut ea);
     }
     assert_eq!(cma.counts().send_dropped, 0, "A sent every DREQ");
-    // B's one poll takes the 14 DREQs: each is answered.
+    // B's one poll takes the 24 DREQs: each is answered.
     let t0 = l.clk_now();
     let mut ended = 0;
     for _ in 0..200 {

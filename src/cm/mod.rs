@@ -86,14 +86,14 @@ use crate::verbs::{
 /// The Q_Key of QP1's datagrams.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 /// Receive buffers QP1 may have posted: as many as its CQ leaves room for beside the send
-/// buffers (never fewer than 16, the count of a 24-entry CQ), up to this. A peer that makes
+/// buffers (never fewer than 8, the count of a 24-entry CQ), up to this. A peer that makes
 /// a hundred connections at once sends its REQs in one burst; a REQ that finds no receive
 /// buffer is lost and comes again only after the peer's retry timer (seconds).
 const RECV_SLOTS: usize = 64;
 /// Receive buffers of a CQ with too little room for more.
-const MIN_RECV_SLOTS: usize = 16;
+const MIN_RECV_SLOTS: usize = 8;
 /// Datagrams being sent at once.
-const SEND_SLOTS: usize = 8;
+const SEND_SLOTS: usize = 16;
 /// Send buffers that answers to datagrams which open no connection may hold (a REJ to a
 /// request refused, a DREP to an unknown DREQ, an MRA to a duplicate REQ, SIDR answers): the
 /// others stay for the connections' own messages. A send holds its buffer until it leaves,
@@ -256,7 +256,7 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
     sgid_index: u32,
     mtu: Mtu,
     hi_tid: u32,
-    send_busy: u8,
+    send_busy: u16,
     /// Receive buffers posted (slots `0..recv_slots`): [`MIN_RECV_SLOTS`] to [`RECV_SLOTS`].
     recv_slots: usize,
     /// Datagrams received and not handled yet, oldest first: (receive slot, length). Their
@@ -276,7 +276,7 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
 impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// Opens QP1 on `pd`'s device, with `cq` (which the CM owns from now on: at least 24
     /// entries) for its completions, and the clock its timers run on. QP1 gets as many
-    /// receive buffers as `cq` holds beyond its 8 send buffers, from 16 to 64: a CQ of 72
+    /// receive buffers as `cq` holds beyond its 16 send buffers, from 8 to 64: a CQ of 80
     /// entries or more takes a burst of 64 messages (`cmtime`'s hundred REQs at once).
     ///
     /// # Errors
@@ -425,7 +425,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// Handles the held datagrams, oldest first, while a send buffer is free (each is then
     /// reposted).
     fn handle_held(&mut self) {
-        const ALL_BUSY: u8 = u8::MAX >> (8 - SEND_SLOTS);
+        const ALL_BUSY: u16 = u16::MAX >> (16 - SEND_SLOTS);
         // Bounded: each held datagram once (at most RECV_SLOTS).
         while self.held_len > 0 && self.send_busy != ALL_BUSY {
             let (slot, len) = self.held[self.held_at];
