@@ -21,24 +21,20 @@ fn snapshot(busy: &[AtomicU64; BUSY_WORDS]) -> Option<[u64; BUSY_WORDS]> {
     (any != 0).then_some(words)
 }
 
-/// The bits of piece `k` of a rotation that starts at bit `b0` of a word: SLOT_WORDS + 1
-/// pieces, the first word from bit `b0`, the other words whole, the first word again below
-/// `b0`.
-fn piece(k: usize, b0: usize) -> u64 {
-    match k {
-        0 => u64::MAX << b0,
-        _ if k == SLOT_WORDS => !(u64::MAX << b0),
-        _ => u64::MAX,
-    }
-}
-
 /// The table slots of a snapshot in rotation from slot `first`: `first` and the slots after
 /// it, then those before it, each set bit once (at most [`MAX_QP`] items).
 fn rotation(words: &[u64; BUSY_WORDS], first: usize) -> impl Iterator<Item = usize> + '_ {
     let (w0, b0) = (first / 64 % SLOT_WORDS, first % 64);
+    // SLOT_WORDS + 1 pieces: the first word from bit b0, the other words whole, the first
+    // word again below b0.
     (0..=SLOT_WORDS).flat_map(move |k| {
         let w = (w0 + k) % SLOT_WORDS;
-        let mut left = words[w] & piece(k, b0);
+        let mask = match k {
+            0 => u64::MAX << b0,
+            _ if k == SLOT_WORDS => !(u64::MAX << b0),
+            _ => u64::MAX,
+        };
+        let mut left = words[w] & mask;
         core::iter::from_fn(move || {
             if left == 0 {
                 return None;
@@ -141,56 +137,41 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             return;
         };
         let first = core.tables().turn as usize % MAX_QP;
-        let (w0, b0) = (first / 64, first % 64);
+        let gsi = words[tables::GSI_BIT.word] & tables::GSI_BIT.mask != 0;
         let mut next = None;
-        // Bounded: each set bit of the slots once (at most MAX_QP), in rotation from
-        // `first` (as `rotation`, unrolled here: the progress runs this every time).
-        for k in 0..=SLOT_WORDS {
-            let w = (w0 + k) % SLOT_WORDS;
-            let mut left = words[w] & piece(k, b0);
-            while left != 0 {
-                let i = w * 64 + left.trailing_zeros() as usize;
-                left &= left - 1;
-                // The next progress starts after the first QP served now.
-                if self.visit(core, now, Some(i)) {
-                    next.get_or_insert(i + 1);
-                }
+        // Bounded: each set bit of the slots once (at most MAX_QP), then the GSI QP.
+        let slots = rotation(&words, first).map(Some);
+        for slot in slots.chain(gsi.then_some(None)) {
+            let (q, bit) = match slot {
+                Some(i) => (
+                    core.tables().qps[i],
+                    Tables::bit(super::FIRST_QPN + i as u32),
+                ),
+                None => (core.tables().gsi, tables::GSI_BIT),
+            };
+            let Some(q) = NonNull::new(q) else {
+                self.unmark(bit);
+                continue;
+            };
+            // The next progress starts after the first QP served now.
+            if let Some(i) = slot {
+                next.get_or_insert(i + 1);
             }
-        }
-        if words[tables::GSI_BIT.word] & tables::GSI_BIT.mask != 0 {
-            self.visit(core, now, None);
+            // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next
+            // progress (it stays in the busy set).
+            let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+                continue;
+            };
+            let mut net = self.net(core, now);
+            reply::drain(&mut net, &mut q);
+            requester::on_timer(&mut net, &mut q);
+            if !q.wants_progress() {
+                // Under the QP's lock: a post that adds work marks it again after this.
+                self.unmark(bit);
+            }
         }
         if let Some(n) = next {
             core.tables().turn = n as u32;
         }
-    }
-
-    /// The progress's turn of table slot `slot` (`None`: the GSI QP): its held answers and
-    /// its timers; it leaves the busy set with no work left. `false` for an empty slot.
-    fn visit(&self, core: &mut Core<L>, now: u64, slot: Option<usize>) -> bool {
-        let (q, bit) = match slot {
-            Some(i) => (
-                core.tables().qps[i],
-                Tables::bit(super::FIRST_QPN + i as u32),
-            ),
-            None => (core.tables().gsi, tables::GSI_BIT),
-        };
-        let Some(q) = NonNull::new(q) else {
-            self.unmark(bit);
-            return false;
-        };
-        // SAFETY: as in `dispatch`. Held elsewhere: its turn waits for the next progress (it
-        // stays in the busy set).
-        let Some(mut q) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
-            return true;
-        };
-        let mut net = self.net(core, now);
-        reply::drain(&mut net, &mut q);
-        requester::on_timer(&mut net, &mut q);
-        if !q.wants_progress() {
-            // Under the QP's lock: a post that adds work marks it again after this.
-            self.unmark(bit);
-        }
-        true
     }
 }
