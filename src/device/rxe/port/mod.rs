@@ -40,8 +40,8 @@ pub const GIDS: u32 = 2 + GLOBALS6 as u32;
 pub const PATHS6: usize = 16;
 
 /// Why an address vector's source GID index over 1 is refused where the destination is
-/// IPv4 (or the vector is an address handle's): past the table, or a global IPv6 GID (an
-/// IPv4 destination is reached from the IPv4 address; UD runs over IPv4 only).
+/// IPv4: past the table, or a global IPv6 GID (an IPv4 destination is reached from the IPv4
+/// address).
 pub(crate) fn sgid_refused(index: u8) -> Error {
     if u32::from(index) < GIDS {
         Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
@@ -196,6 +196,11 @@ impl Port {
                 None | Some(Ipv6Rx::Stack) => Rx::Stack,
                 // On a connected QP's IPv6 path: the device carries it to the transport.
                 Some(Ipv6Rx::Path(_)) => Rx::Dropped(Discard::NotRoce),
+                // A stray datagram's path, held only while the device carries it.
+                Some(Ipv6Rx::Transient(i)) => {
+                    self.release_path6(path_alias(i));
+                    Rx::Dropped(Discard::NotRoce)
+                }
                 Some(Ipv6Rx::Dropped(d)) => Rx::Dropped(d),
             },
             Err(d) => Rx::Dropped(d),
