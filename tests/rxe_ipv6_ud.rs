@@ -337,3 +337,77 @@ fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     drop(to_x);
     drop((qb, gsi));
 }
+
+/// A send naming an address handle that is dropped before the send goes (its peer not
+/// resolved yet), its path slot then taken by a handle to another peer: the send never goes
+/// to the new peer; it completes in error (its path is gone), and the new handle's send goes
+/// to its own peer.
+#[test]
+fn a_send_outliving_its_address_handle_goes_nowhere() {
+    let lab = lab();
+    let a = &lab.a;
+    let pa = a.alloc_pd().unwrap();
+    let ca = a.create_cq(16).unwrap();
+    let qa = pa.qp_builder(&ca, &ca).caps(caps()).build::<Ud>().unwrap();
+    let mut qa = qa.ready(QKEY, 7).unwrap();
+    let ma = pa.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // Nobody answers for ::77: the send waits on neighbour discovery.
+    let gone = pa
+        .create_ah(&AddressVector::new(Gid(global(0x77)), 2))
+        .unwrap();
+    // SAFETY: the region stays registered until the completions.
+    unsafe {
+        let mut s = qa.send_batch();
+        s.send_to(
+            1,
+            SendFlags::SIGNALED,
+            (&gone, 0x42, QKEY),
+            &[ma.sge(0, 64).unwrap()],
+        )
+        .unwrap();
+        s.finish();
+    }
+    lab.step(1);
+    drop(gone);
+    // The same slot, the next generation: B's address.
+    let to_b = pa
+        .create_ah(&AddressVector::new(Gid(global(2)), 2))
+        .unwrap();
+    // SAFETY: as above.
+    unsafe {
+        let mut s = qa.send_batch();
+        s.send_to(
+            2,
+            SendFlags::SIGNALED,
+            (&to_b, 0x43, QKEY),
+            &[ma.sge(0, 64).unwrap()],
+        )
+        .unwrap();
+        s.finish();
+    }
+    let start = lab.seg.sent_count();
+    let mut wc = [WorkCompletion::default(); 4];
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        lab.step(1);
+        let n = ca.poll(&mut wc).unwrap();
+        got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+        if got.len() == 2 {
+            break;
+        }
+    }
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].0, 1);
+    assert_ne!(got[0].1, WcStatus::Success, "the orphaned send");
+    assert_eq!(got[1], (2, WcStatus::Success));
+    // One datagram on the wire to B: the second send's, to its QPN.
+    let to_b: Vec<_> = lab
+        .seg
+        .sent_since(start)
+        .into_iter()
+        .filter_map(|(_, f)| parse6(&f).ok().flatten().map(|p| p.headers.bth.dest_qp))
+        .collect();
+    assert_eq!(to_b, [0x43]);
+    drop(qa);
+}

@@ -58,7 +58,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 if let Some(f) = rx.get_mut(..n) {
                     self.take_ipv6(core, f, path, now);
                 }
-                core.tables().port.release_path6(port::path_alias(path));
+                let port = &mut core.tables().port;
+                port.release_path6(port.alias6(path));
             }
             Some(port::Ipv6Rx::Dropped(_)) => {}
         }
@@ -71,8 +72,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// IPv4 frames do not pay for it.
     #[inline(never)]
     fn take_ipv6(&self, core: &mut Core<L>, f: &mut [u8], path: usize, now: u64) {
-        let ip = core.tables().port.ip();
-        let Some(m) = wire::ip6::ipv6_to_ipv4(f, port::path_alias(path), ip) else {
+        let (ip, alias) = (core.tables().port.ip(), core.tables().port.alias6(path));
+        let Some(m) = wire::ip6::ipv6_to_ipv4(f, alias, ip) else {
             return;
         };
         let Some(p) = f.get(..m).and_then(wire::packet::view_converted) else {
