@@ -483,7 +483,10 @@ impl<'a> Refused<'a> {
             })
         });
         let known = matches!(name, "write" | "read" | "atomic")
-            || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || ["rc", "ud", "rc6", "ud6"].iter().any(|t| {
+                name.strip_prefix(t)
+                    .is_some_and(|r| r == "-server" || r == "-client")
+            })
             || (lat && !cm)
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
@@ -2182,6 +2185,14 @@ mod tests {
         assert_eq!(cm("rping-client,-S,99999999"), None);
         assert_eq!(cm("ib_write_lat-client,-b"), None);
         assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
+        assert_eq!(
+            r("rc6-server,-x"),
+            ("rc6-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ud6-client,-q"),
+            ("ud6-client", take, Some(LinuxSide::Connects))
+        );
         assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
         assert_eq!(
             r("atomic,-s,16"),
