@@ -9,6 +9,9 @@
 //! the destination QPN it uses, at the PSNs live on the connection (requests at the PSN the
 //! responder expects next, responses at the PSNs the requester has outstanding), so that they
 //! pass the peer check and reach the requester's and the responder's state machines.
+//! A few frames a round go over IPv6: recorded frames between IPv6 addresses, neighbour
+//! discovery, and UD SENDs to a UD QP of B's (and its GSI QP), which B takes on an IPv6 path
+//! held for each datagram's delivery alone: at the end of a storm no such path is held.
 //! Whatever it sends, the devices never panic, never write outside the memory they own (the
 //! model's guard pages), complete every posted request exactly once, and give every page back.
 //!
@@ -21,7 +24,7 @@
 //! suite; `the_mutation_fuzzer` runs the budget `RXE_FUZZ_FRAMES` from the seed
 //! `RXE_FUZZ_SEED` in storms of [`STORM`] frames (seeds SEED, SEED+1, ...), counts the
 //! storms that failed, and prints
-//! `rxe-fuzz: N frames, F failures; QP errors X, flushes Y, completions Z, NAKs W, seed S`
+//! `rxe-fuzz: N frames, F failures; QP errors X, flushes Y, completions Z, NAKs W, …, seed S`
 //! (`tests/rxe_fuzz.sh` runs it in release and holds the counts to its floors).
 
 use std::collections::HashMap;
@@ -29,7 +32,10 @@ use std::collections::HashMap;
 mod fuzz_budget;
 
 use bareverbs::Context;
-use bareverbs::device::rxe::wire::bth::{AtomicEth, Reth, opcode};
+use bareverbs::device::rxe::port::PATHS6;
+use bareverbs::device::rxe::wire::bth::{
+    AtomicEth, Bth, DEFAULT_PKEY, Deth, Headers, Reth, opcode,
+};
 use bareverbs::device::rxe::wire::icrc::icrc;
 use bareverbs::device::rxe::wire::ip6::{Ip6, Ipv6Route, build6};
 use bareverbs::device::rxe::wire::nd::{self, Nd, multicast_mac, solicited_node};
@@ -81,6 +87,10 @@ struct Reach {
     nd_answered: u64,
     /// Neighbour discovery messages the ports refused (RFC 4861's checks).
     nd_refused: u64,
+    /// UD SENDs over IPv6 forged to B's UD QP (or its GSI QP), mangled or not.
+    ud6_sent: u64,
+    /// Of those, the ones B's UD QP took (completed successfully).
+    ud6_taken: u64,
 }
 
 impl Reach {
@@ -97,6 +107,8 @@ impl Reach {
         self.roce6_checked += o.roce6_checked;
         self.nd_answered += o.nd_answered;
         self.nd_refused += o.nd_refused;
+        self.ud6_sent += o.ud6_sent;
+        self.ud6_taken += o.ud6_taken;
     }
 }
 
@@ -405,7 +417,8 @@ fn the_mutation_fuzzer() {
     );
     println!(
         "rxe-fuzz: {done} frames, {failures} failures; QP errors {}, flushes {}, completions {}, \
-         NAKs {}, IPv6 frames {}, IPv6 RoCE checked {}, ND answered {}, ND refused {}, seed {seed}",
+         NAKs {}, IPv6 frames {}, IPv6 RoCE checked {}, ND answered {}, ND refused {}, \
+         UD6 sent {}, UD6 taken {}, seed {seed}",
         reach.qp_errors,
         reach.flushes,
         reach.completions,
@@ -413,7 +426,9 @@ fn the_mutation_fuzzer() {
         reach.ipv6_sent,
         reach.roce6_checked,
         reach.nd_answered,
-        reach.nd_refused
+        reach.nd_refused,
+        reach.ud6_sent,
+        reach.ud6_taken
     );
     assert_eq!(failures, 0, "rxe-fuzz: {failures} storms failed");
 }
@@ -540,6 +555,57 @@ fn ipv6_frame(rng: &mut Rng, recorded: &[u8]) -> Vec<u8> {
         b[..n].to_vec()
     };
     let icmp = f.get(20) == Some(&58);
+    mangle6(rng, &mut f, icmp);
+    f
+}
+
+/// A UD SEND over IPv6 from the stranger to B's global address (now and then another
+/// [`addr6`]), to B's UD QP `qpn` or its GSI QP, with its Q_Key or another, from an address
+/// [`addr6`] picks; mangled as [`ipv6_frame`] mangles.
+fn ud6_frame(rng: &mut Rng, qpn: u32, qkey: u32) -> Vec<u8> {
+    let mut h = Headers::new(Bth {
+        opcode: [opcode::UD_SEND_ONLY, opcode::UD_SEND_ONLY_IMM][rng.below(2) as usize],
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: if rng.below(8) == 0 { 1 } else { qpn },
+        ack_req: false,
+        psn: rng.next_u64() as u32 & 0xFF_FFFF,
+    });
+    h.deth = Some(Deth {
+        qkey: if rng.below(4) == 0 { 0x8001_0000 } else { qkey },
+        src_qp: rng.next_u64() as u32 & 0xFF_FFFF,
+    });
+    h.imm = Some(rng.next_u64() as u32);
+    let route = Ipv6Route {
+        src_mac: EVIL_MAC,
+        dst_mac: MACS[1],
+        src: addr6(rng),
+        dst: if rng.below(4) == 0 {
+            addr6(rng)
+        } else {
+            global6(3)
+        },
+        traffic_class: rng.next_u64() as u8,
+        flow_label: rng.next_u64() as u32,
+        hop_limit: rng.next_u64() as u8,
+        src_port: 0xC000 | rng.next_u64() as u16,
+    };
+    let payload: Vec<u8> = (0..rng.below(600)).map(|i| i as u8).collect();
+    let mut buf = vec![0u8; 2048];
+    let Some(n) = build6(&mut buf, &route, &h, &payload) else {
+        return Vec::new();
+    };
+    buf.truncate(n);
+    if rng.below(2) == 0 {
+        mangle6(rng, &mut buf, false);
+    }
+    buf
+}
+
+/// Bytes flipped and lengths changed half the time, the ICRC or the ICMPv6 checksum made
+/// right again half of those.
+fn mangle6(rng: &mut Rng, f: &mut Vec<u8>, icmp: bool) {
     if rng.below(2) == 0 {
         for _ in 0..1 + rng.below(3) {
             let at = 14 + rng.below(f.len().saturating_sub(14) as u64) as usize;
@@ -558,10 +624,9 @@ fn ipv6_frame(rng: &mut Rng, recorded: &[u8]) -> Vec<u8> {
             _ => {}
         }
         if rng.below(2) == 0 {
-            reseal6(&mut f, icmp);
+            reseal6(f, icmp);
         }
     }
-    f
 }
 
 /// The ICRC (RoCEv2) or the ICMPv6 checksum (neighbour discovery) of an IPv6 frame made
@@ -657,6 +722,13 @@ fn storm(seed: u64, frames: u32) -> Reach {
         let mut qb = up(qb, na, [10, 0, 0, 2], (psn_b, psn_a));
         let ma = pa.register(8192, ALL).unwrap();
         let mb = pb.register(8192, ALL).unwrap();
+        // B's UD QP, on a CQ of its own, for the datagrams over IPv6 (no address handle: B
+        // holds no IPv6 path, each datagram goes by one of its own for its delivery).
+        let cu = b.create_cq(64).unwrap();
+        let ub = pb.qp_builder(&cu, &cu).caps(caps).build::<Ud>().unwrap();
+        let nu = ub.qp_num();
+        let mut ub = ub.ready(0x0DD6_0000, 0).unwrap();
+        let mu = pb.register(2048, ALL).unwrap();
         let mut wc = [WorkCompletion::default(); 16];
         let mut take =
             |cq: &CompletionQueue<'_, R>, done: &mut HashMap<u64, u32>, reach: &mut Reach| loop {
@@ -674,7 +746,33 @@ fn storm(seed: u64, frames: u32) -> Reach {
                 }
             };
         let mut id = 0u64;
+        let take_ud = |done: &mut HashMap<u64, u32>, reach: &mut Reach| {
+            let mut wu = [WorkCompletion::default(); 16];
+            loop {
+                let n = cu.poll(&mut wu).unwrap();
+                if n == 0 {
+                    break;
+                }
+                for w in &wu[..n] {
+                    *done.entry(w.wr_id).or_default() += 1;
+                    match w.status {
+                        WcStatus::Success => reach.ud6_taken += 1,
+                        WcStatus::WrFlushErr => reach.flushes += 1,
+                        _ => reach.error_completions += 1,
+                    }
+                }
+            }
+        };
         for round in 0..frames.div_ceil(50) {
+            // SAFETY: the region stays registered until the QP is destroyed.
+            unsafe {
+                let mut r = ub.recv_batch();
+                id += 1;
+                if r.recv(id, &[mu.sge(0, 2048).unwrap()]).is_ok() {
+                    posted.insert(id, 1);
+                }
+                r.finish();
+            }
             // Legitimate traffic, while the queues have room (an errored QP flushes it).
             // SAFETY: the regions stay registered until the QPs are destroyed.
             unsafe {
@@ -771,10 +869,17 @@ fn storm(seed: u64, frames: u32) -> Reach {
                     reach.ipv6_sent += 1;
                 }
             }
+            // And a UD SEND over IPv6 to B's UD QP.
+            let f = ud6_frame(&mut rng, nu, 0x0DD6_0000);
+            if f.len() >= 14 {
+                seg.inject(2, &f);
+                reach.ud6_sent += 1;
+            }
             pump(5);
             wire.look(&seg, &mut reach);
             take(&ca, &mut done, &mut reach);
             take(&cb, &mut done, &mut reach);
+            take_ud(&mut done, &mut reach);
             events(&mut reach);
             // A QP the storm put in error: flushed (its completions counted), reset, and
             // connected again, so that the storm keeps reaching live QPs.
@@ -810,13 +915,24 @@ fn storm(seed: u64, frames: u32) -> Reach {
             ra.roce + rb.roce > u64::from(frames / 8),
             "seed {seed}: {ra:?} {rb:?}"
         );
-        // The end: both QPs to ERROR; whatever is outstanding completes, flushed.
+        // No IPv6 path left held by the datagrams: B makes PATHS6 handles of its own.
+        let ahs: Vec<_> = (0..PATHS6 as u8)
+            .map(|i| pb.create_ah(&AddressVector::new(Gid(global6(100 + i)), 2)))
+            .collect();
+        assert!(
+            ahs.iter().all(Result::is_ok),
+            "seed {seed}: an IPv6 path was left held"
+        );
+        drop(ahs);
+        // The end: the QPs to ERROR; whatever is outstanding completes, flushed.
         let qa = qa.to_error().map_err(|(_, e)| e).unwrap();
         let qb = qb.to_error().map_err(|(_, e)| e).unwrap();
+        let ub = ub.to_error().map_err(|(_, e)| e).unwrap();
         pump(10);
         wire.look(&seg, &mut reach);
         take(&ca, &mut done, &mut reach);
         take(&cb, &mut done, &mut reach);
+        take_ud(&mut done, &mut reach);
         events(&mut reach);
         let twice: Vec<_> = done.iter().filter(|(_, n)| **n > 1).collect();
         assert!(
@@ -833,7 +949,7 @@ fn storm(seed: u64, frames: u32) -> Reach {
             extra.is_empty(),
             "seed {seed}: completions of nothing posted: {extra:?}"
         );
-        drop((qa, qb, ma, mb));
+        drop((qa, qb, ub, ma, mb, mu));
     }
     drop(a);
     drop(b);

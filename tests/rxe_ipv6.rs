@@ -377,8 +377,10 @@ mod device {
 
     /// A device's GID table lists the link-local, IPv4-mapped and global GIDs; the device
     /// answers solicitations for its IPv6 addresses from its progress; an address handle
-    /// (UD) naming an IPv6 GID, as destination or source, is refused with `Feature::Ipv6`
-    /// (UD runs over IPv4), and a source index past the table with the table's size.
+    /// (UD) to an IPv4-mapped GID from an IPv6 source, or to an IPv6 GID from the
+    /// IPv4-mapped source, is refused with `Feature::Ipv6`, and a source index past the table
+    /// with the table's size; one to an IPv6 GID from an IPv6 source is made
+    /// (`tests/rxe_ipv6_ud.rs`).
     #[test]
     fn a_device_lists_its_ipv6_gids_and_answers_for_them() {
         let model = Model::new(ModelConfig::default());
@@ -422,11 +424,12 @@ mod device {
         }
         let counts = ctx.provider().port_counts();
         assert_eq!((counts.nd_answered, counts.nd_invalid), (2, 0));
-        // The transport speaks IPv4: IPv6 GIDs in an address vector are refused.
+        // A mix of families in an address vector is refused.
         let pd = ctx.alloc_pd().unwrap();
         let ipv6 = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
-        let e = pd.create_ah(&AddressVector::new(Gid(ll(MAC_X)), 0)).err();
+        let e = pd.create_ah(&AddressVector::new(Gid(ll(MAC_X)), 1)).err();
         assert_eq!(e, Some(ipv6));
+        assert!(pd.create_ah(&AddressVector::new(Gid(ll(MAC_X)), 0)).is_ok());
         let e = pd
             .create_ah(&AddressVector::new(Gid::from_ipv4(IP_B), 2))
             .err();

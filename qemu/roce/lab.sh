@@ -186,7 +186,7 @@ unikernel() { # LOG CASES [COUNT]
     -netdev "$seg,id=nu" -device "$uk_nic",netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
     "${dump[@]}" \
     -kernel "$uk_kernel" \
-    -append "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=$2" \
+    -append "bvroce=10.0.0.2/24 bvroce.ip6=fd00::2 bvroce.peer=10.0.0.1 bvroce.cases=$2" \
     > "${log%.log}.qemu" 2>&1 &
   pids+=($!)
   last_pid=$!

@@ -5,7 +5,7 @@
 #   linux.sh KROOT      the rest from the kernel command line:
 #   bvroce.role=a|b     a: runs the cases against Linux B (the baseline), then against the
 #                       unikernel; b: Linux B, the baseline's other side
-#   bvroce.ip=A.B.C.D   this guest's address (/24)
+#   bvroce.ip=A.B.C.D   this guest's address (/24); its IPv6 one is fd00::D (/64)
 #   bvroce.only=a,b     only these cases (lab.sh's BAREVERBS_ROCE_ONLY)
 #   bvroce.cases=PATH   the case list (lab.sh's, default qemu/roce/cases next to this script)
 #   bvroce.timeout=S    seconds a program may take, its retries included (default 100)
@@ -33,18 +33,27 @@ ip link set eth0 mtu 1500 up
 ip addr add "$ip/24" dev eth0
 rdma link add rxe0 type rxe netdev eth0 || { say "rdma link add failed"; exit 1; }
 IFS=. read -r o1 o2 o3 o4 <<<"$ip"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$o1" "$o2" "$o3" "$o4")
-gid=
-for _ in $(seq 1 50); do
-  for n in $(seq 0 15); do
-    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/"$n" 2>/dev/null)" = "$want" ] || continue
-    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/"$n" 2>/dev/null)" = "RoCE v2" ] && gid=$n
+# The IPv6 cases' address: fd00::<the IPv4 address's last byte>/64 (no duplicate address
+# detection on the lab's own segment: usable at once).
+ip6=$(printf 'fd00::%x' "$o4")
+ip -6 addr add "$ip6/64" dev eth0 nodad
+# The RoCE v2 GID of an address, as sysfs writes it (eight groups of four hex digits).
+gid_of() { # SYSFS-FORM -> the index, or nothing
+  local n
+  for _ in $(seq 1 50); do
+    for n in $(seq 0 15); do
+      [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/"$n" 2>/dev/null)" = "$1" ] || continue
+      [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/"$n" 2>/dev/null)" = "RoCE v2" ] &&
+        { echo "$n"; return; }
+    done
+    sleep 0.2
   done
-  [ -n "$gid" ] && break
-  sleep 0.2
-done
+}
+gid=$(gid_of "$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$o1" "$o2" "$o3" "$o4")")
 [ -n "$gid" ] || { say "no RoCE v2 GID for $ip on rxe0"; exit 1; }
-say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print "active MTU " $2; exit}')"
+gid6=$(gid_of "$(printf 'fd00:0000:0000:0000:0000:0000:0000:%04x' "$o4")")
+[ -n "$gid6" ] || { say "no RoCE v2 GID for $ip6 on rxe0"; exit 1; }
+say "rxe0 up on eth0, $ip, RoCE v2 GID index $gid, $ip6 GID index $gid6, $(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print "active MTU " $2; exit}')"
 
 # One program of a case: run with a timeout; a client whose server is not listening yet is
 # run again (until the case's deadline). Prints the exit status and the program's output.

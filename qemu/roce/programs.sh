@@ -2,7 +2,8 @@
 # The Linux side's programs of the RoCE lab, sourced by qemu/roce/linux.sh in the Linux guests
 # (and by qemu/roce/verdict-selftest.sh on the host): the command of each case, perftest's
 # summary row, the case list with its labels. Needs $gid (the GID index of the guest's
-# IPv4-mapped RoCE v2 GID), $ip (its address), $only (case names, space-separated; empty:
+# IPv4-mapped RoCE v2 GID), $gid6 (its IPv6 one's, for the cases rc6-*, ud6-* and perftest's
+# *-v6-*), $ip (its address), $only (case names, space-separated; empty:
 # all) and $cases_file.
 
 # perftest's result row, labelled by its header: a bandwidth program's average (its 4th
@@ -23,15 +24,16 @@ summary() {
 program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   local side=$1 name=$2 peer=$3
   shift 3
-  local server=1
+  local server=1 g=$gid
   cmd=()
+  case "$name" in rc6-* | ud6-* | *-v6-*) g=$gid6 ;; esac
   case "$name" in
     rc-server | ud-server | write | *-server) [ "$side" = a ] && server=1 || server=0 ;;
     *) [ "$side" = a ] && server=0 || server=1 ;;
   esac
   case "$name" in
-    rc-*) cmd=(ibv_rc_pingpong -d rxe0 -g "$gid" "$@") ;;
-    ud-*) cmd=(ibv_ud_pingpong -d rxe0 -g "$gid" "$@") ;;
+    rc-* | rc6-*) cmd=(ibv_rc_pingpong -d rxe0 -g "$g" "$@") ;;
+    ud-* | ud6-*) cmd=(ibv_ud_pingpong -d rxe0 -g "$g" "$@") ;;
     write) cmd=(ib_write_bw -d rxe0 -x "$gid" "$@") ;;
     read) cmd=(ib_read_bw -d rxe0 -x "$gid" "$@") ;;
     atomic) cmd=(ib_atomic_bw -d rxe0 -x "$gid" "$@") ;;
@@ -40,7 +42,7 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     # the data QP (the GID only names the one the program prints as its own).
     ib_send_bw-* | ib_write_bw-* | ib_read_bw-* | ib_atomic_bw-* | \
     ib_send_lat-* | ib_write_lat-* | ib_read_lat-* | ib_atomic_lat-*)
-      cmd=("${name%%-*}" -d rxe0 -x "$gid" "$@") ;;
+      cmd=("${name%%-*}" -d rxe0 -x "$g" "$@") ;;
     # rdma_cm finds the device and the GID from the addresses.
     rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
     ucmatose-* | udaddy-*)

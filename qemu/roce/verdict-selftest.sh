@@ -128,7 +128,7 @@ expect "efficiency without both marks" \
   "$(efficiency_line write '' 6553600 '' 65536000)"
 
 # --- programs.sh: the command of every case ------------------------------------------------------
-gid=1 ip=10.0.0.1 only=
+gid=1 gid6=3 ip=10.0.0.1 only=
 # shellcheck source=qemu/roce/programs.sh
 source "$here/programs.sh"
 expect "linux.sh's labels are verdict.sh's" "$(case_labels | paste -sd' ')" \
@@ -142,12 +142,19 @@ for list in "$here/cases" "$here/cases-matrix"; do
       program "$side" "$name" 10.0.0.9 "${opt[@]}"
       want=
       case "$name" in
-        rc-*) want=ibv_rc_pingpong ;; ud-*) want=ibv_ud_pingpong ;;
+        rc-* | rc6-*) want=ibv_rc_pingpong ;; ud-* | ud6-*) want=ibv_ud_pingpong ;;
         write) want=ib_write_bw ;; read) want=ib_read_bw ;; atomic) want=ib_atomic_bw ;;
         cmtime-*) want=bash ;;
         *) want=${name%%-*} ;;
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"
+      # The IPv6 cases run with the IPv6 GID's index, the others with the IPv4-mapped one's.
+      case "$name" in rping-* | ucmatose-* | udaddy-*) ;; *)
+        g=1
+        case "$name" in rc6-* | ud6-* | *-v6-*) g=3 ;; esac
+        expect "$(basename "$list") $label ($side): its GID index" "1" \
+          "$([[ " ${cmd[*]} " == *" -g $g "* || " ${cmd[*]} " == *" -x $g "* ]] && echo 1 || echo 0)" ;;
+      esac
       # The options of the case, all of them, in order.
       expect "$(basename "$list") $label ($side): its options" "1" \
         "$([[ " ${cmd[*]} " == *" ${opts} "* ]] && echo 1 || echo 0)"

@@ -118,6 +118,47 @@ impl CmaHeader {
     }
 }
 
+/// The rdma_cm header over IPv6 (version 0, IP version 6): the active side's source port
+/// and both IPv6 addresses, each the whole 16 bytes of its field (`docs/cm.md`). The CM
+/// does not connect over IPv6 yet; this reads and writes the header only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmaHeader6 {
+    /// The active side's rdma_cm port.
+    pub src_port: u16,
+    /// The active side's IPv6 address.
+    pub src_ip: [u8; 16],
+    /// The address the active side connects to.
+    pub dst_ip: [u8; 16],
+}
+
+impl CmaHeader6 {
+    /// The 36 bytes: version 0, IP version 6 in the high nibble, the port, the addresses.
+    pub fn to_bytes(&self) -> [u8; CMA_HDR] {
+        let mut b = [0u8; CMA_HDR];
+        b[1] = 0x60;
+        b[2..4].copy_from_slice(&self.src_port.to_be_bytes());
+        b[4..20].copy_from_slice(&self.src_ip);
+        b[20..36].copy_from_slice(&self.dst_ip);
+        b
+    }
+
+    /// Reads the header; `None` for another version, IPv4, or a short area.
+    pub fn parse(b: &[u8]) -> Option<CmaHeader6> {
+        let b = b.get(..CMA_HDR)?;
+        if b[0] != 0 || b[1] >> 4 != 6 {
+            return None;
+        }
+        let mut h = CmaHeader6 {
+            src_port: u16::from_be_bytes([b[2], b[3]]),
+            src_ip: [0; 16],
+            dst_ip: [0; 16],
+        };
+        h.src_ip.copy_from_slice(&b[4..20]);
+        h.dst_ip.copy_from_slice(&b[20..36]);
+        Some(h)
+    }
+}
+
 /// REQ: the active side asks for a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Req {

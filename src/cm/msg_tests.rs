@@ -153,3 +153,32 @@ fn the_cma_header_pads_ipv4_with_zeroes() {
     assert_eq!(CmaHeader::parse(&v1), None);
     assert_eq!(CmaHeader::parse(&b[..35]), None);
 }
+
+#[test]
+fn the_cma_header_over_ipv6_holds_both_addresses_whole() {
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    (src[0], src[15], dst[0], dst[15]) = (0xfd, 1, 0xfd, 2);
+    let h = CmaHeader6 {
+        src_port: 0xC123,
+        src_ip: src,
+        dst_ip: dst,
+    };
+    let b = h.to_bytes();
+    assert_eq!(&b[..4], &[0, 0x60, 0xC1, 0x23]);
+    assert_eq!(&b[4..20], &src);
+    assert_eq!(&b[20..36], &dst);
+    assert_eq!(CmaHeader6::parse(&b), Some(h));
+    // Each family's reader takes its own only.
+    assert_eq!(CmaHeader::parse(&b), None);
+    let v4 = CmaHeader {
+        src_port: 1,
+        src_ip: [10, 0, 0, 2],
+        dst_ip: [10, 0, 0, 3],
+    };
+    assert_eq!(CmaHeader6::parse(&v4.to_bytes()), None);
+    let mut v1 = b;
+    v1[0] = 1;
+    assert_eq!(CmaHeader6::parse(&v1), None);
+    assert_eq!(CmaHeader6::parse(&b[..35]), None);
+}

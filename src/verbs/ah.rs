@@ -5,10 +5,18 @@ use super::{
 };
 use crate::error::{Attr, Error, Feature, NotFound, Op, Param, Result, Unsupported};
 
-/// A prepared UD destination. It borrows its protection domain.
+/// A prepared UD destination. It borrows its protection domain; dropping it gives back
+/// what the device held for it ([`Provider::destroy_ah`]).
 pub struct AddressHandle<'a, P: Provider> {
     raw: P::Ah,
+    ctx: &'a Context<P>,
     _pd: core::marker::PhantomData<&'a P::Pd>,
+}
+
+impl<P: Provider> Drop for AddressHandle<'_, P> {
+    fn drop(&mut self) {
+        self.ctx.provider().destroy_ah(&self.raw);
+    }
 }
 
 impl<'c, P: Provider> ProtectionDomain<'c, P> {
@@ -21,6 +29,7 @@ impl<'c, P: Provider> ProtectionDomain<'c, P> {
         let raw = self.context().provider().create_ah(self.raw(), av)?;
         Ok(AddressHandle {
             raw,
+            ctx: self.context(),
             _pd: core::marker::PhantomData,
         })
     }

@@ -155,6 +155,11 @@ pub trait Provider {
     type Ah;
     /// Prepares an address handle in `pd` (checks the source GID index).
     fn create_ah(&self, pd: &Self::Pd, av: &AddressVector) -> Result<Self::Ah>;
+    /// Gives back what the address handle `ah` held (it is being dropped); nothing by
+    /// default. Never fails.
+    fn destroy_ah(&self, ah: &Self::Ah) {
+        let _ = ah;
+    }
 
     /// A batch's copy of a work queue's posting state, kept in registers while the batch
     /// writes requests; written back when the batch is committed (dropping it forgets them).

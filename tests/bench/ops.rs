@@ -577,6 +577,7 @@ fn main() {
     drop(mr);
     drop(scq);
     drop(cq);
+    drop(ah);
     drop(pd);
     drop(gid);
     drop(ctx);

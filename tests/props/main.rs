@@ -815,6 +815,7 @@ fn session(model: &Model, ctx: &Ctx, case: &Case, known_bugs: Bugs) -> Result<()
     drop(pool2);
     drop(srq);
     drop(cqs);
+    drop(ah);
     drop(pd);
     drop(gid);
     let o = model.objects();

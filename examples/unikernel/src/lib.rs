@@ -395,7 +395,7 @@ pub fn run<H: Hal, C: ConfigRegionAccess, W: Write>(
             error,
         });
     }
-    drop(pool);
+    drop((pool, ah));
     recv_cq.destroy().at("destroy recv CQ")?;
     send_cq.destroy().at("destroy send CQ")?;
     pd.destroy().at("destroy PD")?;

@@ -304,7 +304,7 @@ pub fn demo<H: Hal, L: Link, C: Clock, K: Clock, W: Write>(
         "cm: connected to {}.{}.{}.{}:{CM_PORT} on the software RoCE device (loopback): SEND, WRITE, READ {CM_BYTES} B; {checked} bytes checked; disconnected",
         ip[0], ip[1], ip[2], ip[3]
     );
-    drop(mr);
+    drop((mr, ah));
     cq.destroy().at("destroy CQ")?;
     pd.destroy().at("destroy PD")?;
     Ok(())

@@ -19,6 +19,7 @@
 )]
 
 pub mod cm_peer;
+pub mod gids;
 pub mod peer;
 pub mod roce_peer;
 /// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.

@@ -78,6 +78,9 @@ pub struct Case {
     pub rx_depth: u32,
     /// `-c`: the client zeroes every page offset of its messages; the server checks them.
     pub chk: bool,
+    /// RoCEv2 over IPv6 (`rc6-server`, `ud6-client`): the Linux program runs with its global
+    /// IPv6 GID, and the unikernel connects from its own (see [`Gids::pick`](crate::gids::Gids::pick)).
+    pub v6: bool,
 }
 
 impl Case {
@@ -92,11 +95,18 @@ impl Case {
     /// and skipped).
     pub fn parse(s: &str) -> Option<Case> {
         let mut words = s.split_ascii_whitespace();
-        let (kind, linux_server) = match words.next()? {
-            "rc-server" => (Kind::Rc, true),
-            "rc-client" => (Kind::Rc, false),
-            "ud-server" => (Kind::Ud, true),
-            "ud-client" => (Kind::Ud, false),
+        let name = words.next()?;
+        let (program, role) = name.split_once('-')?;
+        let (kind, v6) = match program {
+            "rc" => (Kind::Rc, false),
+            "rc6" => (Kind::Rc, true),
+            "ud" => (Kind::Ud, false),
+            "ud6" => (Kind::Ud, true),
+            _ => return None,
+        };
+        let linux_server = match role {
+            "server" => true,
+            "client" => false,
             _ => return None,
         };
         let mut case = Case {
@@ -106,6 +116,7 @@ impl Case {
             iters: 1000,
             rx_depth: 500,
             chk: false,
+            v6,
         };
         while let Some(w) = words.next() {
             let mut num = || words.next().and_then(|v| v.parse::<u32>().ok());
@@ -129,11 +140,15 @@ impl Case {
 
     /// The case's name: the Linux program's transport and role.
     pub fn name(&self) -> &'static str {
-        match (self.kind, self.linux_server) {
-            (Kind::Rc, true) => "rc-server",
-            (Kind::Rc, false) => "rc-client",
-            (Kind::Ud, true) => "ud-server",
-            (Kind::Ud, false) => "ud-client",
+        match (self.kind, self.v6, self.linux_server) {
+            (Kind::Rc, false, true) => "rc-server",
+            (Kind::Rc, false, false) => "rc-client",
+            (Kind::Ud, false, true) => "ud-server",
+            (Kind::Ud, false, false) => "ud-client",
+            (Kind::Rc, true, true) => "rc6-server",
+            (Kind::Rc, true, false) => "rc6-client",
+            (Kind::Ud, true, true) => "ud6-server",
+            (Kind::Ud, true, false) => "ud6-client",
         }
     }
 
@@ -243,6 +258,9 @@ pub enum CaseError {
         /// The first one.
         first: u32,
     },
+    /// The case's GID family (IPv4-mapped or IPv6) is not the unikernel's (it has no IPv6
+    /// address) or not the one Linux sent.
+    GidFamily,
 }
 
 impl From<crate::tcp::Error> for CaseError {
@@ -282,6 +300,9 @@ impl core::fmt::Display for CaseError {
                 write!(f, "{bad} bad messages, first #{first} at byte {at}")
             }
             CaseError::Source(q) => write!(f, "UD receive from QP {q:#x}, not the peer's"),
+            CaseError::GidFamily => f.write_str(
+                "the GID family (IPv4-mapped or IPv6) is not Linux's, or the unikernel has none of it",
+            ),
             CaseError::Grh { bad, first } => {
                 write!(f, "{bad} UD receives with a wrong GRH area, first #{first}")
             }
@@ -401,7 +422,16 @@ pub fn serve<H: Hal, C: ConfigRegionAccess, L: Line>(
             lb: &mut lb,
             polls: 0,
         };
-        match run_case(&ctx, &pd, (gid.gid(), gid.index()), &case, &mut x) {
+        match run_case(
+            &ctx,
+            &pd,
+            &crate::gids::Gids {
+                v4: (gid.gid(), gid.index()),
+                v6: None,
+            },
+            &case,
+            &mut x,
+        ) {
             Ok(bytes) => {
                 let _ = writeln!(
                     line,
@@ -523,15 +553,42 @@ fn path_to(peer: &Dest, sgid_index: u32) -> AddressVector {
     }
 }
 
-/// Runs one case from the unikernel's GID `(gid, index)`, swapping the connection data
-/// through `x`; returns the bytes moved (size · iters · 2, as Linux's summary counts them).
+/// Runs one case from one of the unikernel's GIDs ([`Gids::pick`](crate::gids::Gids::pick)), swapping the connection
+/// data through `x`; returns the bytes moved (size · iters · 2, as Linux's summary counts
+/// them). Linux's GID must be of the family the unikernel connects from
+/// ([`CaseError::GidFamily`]).
 pub fn run_case<P: Provider, X: Exchange>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    (gid, gid_index): (Gid, u32),
+    gids: &crate::gids::Gids,
     case: &Case,
     x: &mut X,
 ) -> Result<u64, CaseError> {
+    // As the client the unikernel sends its GID first: the case's family; as the server it
+    // answers in Linux's.
+    let first = if case.linux_server {
+        Some(gids.pick(case.v6, None).ok_or(CaseError::GidFamily)?)
+    } else {
+        None
+    };
+    let exchange = |x: &mut X, me: &mut Dest| -> Result<(Dest, u32), CaseError> {
+        let peer = match first {
+            Some(_) => x.to_server(me)?,
+            None => x.client_data()?,
+        };
+        let (gid, index) = match first {
+            Some(f) => f,
+            None => gids
+                .pick(case.v6, Some(&peer.gid))
+                .ok_or(CaseError::GidFamily)?,
+        };
+        me.gid = gid;
+        if crate::tcp::is_ipv4_mapped(&peer.gid.0) != crate::tcp::is_ipv4_mapped(&gid.0) {
+            return Err(CaseError::GidFamily);
+        }
+        Ok((peer, index))
+    };
+    let gid = first.map_or(gids.v4.0, |f| f.0);
     // The programs' resources: a QP of 1 send and rx_depth receives of one SGE, on one CQ;
     // here the receive buffers come from a pool (rx_depth + the send buffer + one in hand),
     // each as large as a message (plus the GRH area on UD). The CQ is the programs' own,
@@ -564,17 +621,13 @@ pub fn run_case<P: Provider, X: Exchange>(
             };
             let mut qp = qp.init(&init).at("peer: RC INIT")?;
             let routs = post_recvs(&mut qp, &pool, case.rx_depth)?;
-            let me = Dest {
+            let mut me = Dest {
                 lid: 0,
                 qpn: qp.qp_num(),
                 psn,
                 gid,
             };
-            let peer = if case.linux_server {
-                x.to_server(&me)?
-            } else {
-                x.client_data()?
-            };
+            let (peer, gid_index) = exchange(x, &mut me)?;
             let rtr = ConnectedRtr {
                 dest_qpn: peer.qpn,
                 rq_psn: peer.psn,
@@ -605,7 +658,7 @@ pub fn run_case<P: Provider, X: Exchange>(
             let qp = builder().build::<Ud>().at("peer: create UD QP")?;
             let mut qp = qp.init(&DatagramInit::new(UD_QKEY)).at("peer: UD INIT")?;
             let routs = post_recvs(&mut qp, &pool, case.rx_depth)?;
-            let me = Dest {
+            let mut me = Dest {
                 lid: 0,
                 qpn: qp.qp_num(),
                 psn,
@@ -613,11 +666,7 @@ pub fn run_case<P: Provider, X: Exchange>(
             };
             // ud_pingpong: RTR with the state only, RTS with its PSN, then the AH; the
             // server does all of it before it answers (UD has no retransmission).
-            let peer = if case.linux_server {
-                x.to_server(&me)?
-            } else {
-                x.client_data()?
-            };
+            let (peer, gid_index) = exchange(x, &mut me)?;
             let qp = qp.rtr(&()).at("peer: UD RTR")?;
             let mut qp = qp.rts(&DatagramRts { sq_psn: psn }).at("peer: UD RTS")?;
             let ah = pd

@@ -9,6 +9,8 @@
 //! bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=rc-server,-s,4096,-n,200+read,-s,65536,-n,1000
 //! ```
 //!
+//! and `bvroce.ip6=fd00::2` a global IPv6 address for the IPv6 cases.
+//!
 //! A case is the Linux program's role and options, with `,` for spaces; cases are joined by
 //! `+` and run in that order, each printing one line: `roce-uk <case>: ok …`,
 //! `roce-uk <case>: FAIL …`, or `roce-uk <case>: REFUSED …` for a case the peer does not run
@@ -20,6 +22,7 @@
 //! | --- | --- | --- |
 //! | `rc-server`, `ud-server` | `ibv_{rc,ud}_pingpong` as the server | connects, then ping-pongs ([`crate::peer::run_case`]) |
 //! | `rc-client`, `ud-client` | the same as the client | listens, answers once at RTS |
+//! | `rc6-server`, `rc6-client`, and perftest's `…-v6-server`, `…-v6-client` | the same over IPv6: Linux's program with its IPv6 GID | the same from the IPv6 GID of `bvroce.ip6=` ([`crate::gids::Gids::pick`]) |
 //! | `write` | `ib_write_bw` as the server | the client: RDMA WRITEs `-n` × `-s` bytes into the server's buffer and sends the report Linux prints |
 //! | `read` | `ib_read_bw` as the client | the server: its buffer answers the READs |
 //! | `atomic` | `ib_atomic_bw` as the client | the server: its buffer takes the atomics; the words they changed are counted |
@@ -67,11 +70,14 @@ pub struct Options<'a> {
     pub peer: [u8; 4],
     /// The cases (`bvroce.cases=…`), as on the command line.
     pub cases: &'a str,
+    /// A global IPv6 address of the interface (`bvroce.ip6=fd00::2`): its GID is the one the
+    /// IPv6 cases connect from.
+    pub ip6: Option<[u8; 16]>,
 }
 
 impl<'a> Options<'a> {
-    /// Reads `bvroce=`, `bvroce.peer=` and `bvroce.cases=` from `cmdline`; `None` without
-    /// `bvroce=` or with a word that does not parse.
+    /// Reads `bvroce=`, `bvroce.peer=`, `bvroce.cases=` and `bvroce.ip6=` from `cmdline`;
+    /// `None` without `bvroce=` or with a word that does not parse.
     pub fn parse(cmdline: &'a str, seed: u64) -> Option<Options<'a>> {
         let word = |key: &str| {
             cmdline
@@ -83,6 +89,10 @@ impl<'a> Options<'a> {
                 .filter(|n| (1..=32).contains(&n.prefix))?,
             peer: tcp::stack::parse_ipv4(word("bvroce.peer=")?)?,
             cases: word("bvroce.cases=").unwrap_or(""),
+            ip6: match word("bvroce.ip6=") {
+                Some(a) => Some(tcp::parse_ipv6(a)?),
+                None => None,
+            },
         })
     }
 }
@@ -474,7 +484,10 @@ impl<'a> Refused<'a> {
             })
         });
         let known = matches!(name, "write" | "read" | "atomic")
-            || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
+            || ["rc", "ud", "rc6", "ud6"].iter().any(|t| {
+                name.strip_prefix(t)
+                    .is_some_and(|r| r == "-server" || r == "-client")
+            })
             || (lat && !cm)
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
@@ -515,6 +528,8 @@ pub enum SessionError {
     Verbs(Failure),
     /// The TCP stack refused the configuration.
     Net(tcp::Error),
+    /// The device refused the IPv6 address (`bvroce.ip6=`).
+    Ipv6(bareverbs::device::rxe::port::AddrRefused),
 }
 
 impl core::fmt::Display for SessionError {
@@ -522,6 +537,7 @@ impl core::fmt::Display for SessionError {
         match self {
             SessionError::Verbs(v) => write!(f, "{v}"),
             SessionError::Net(e) => write!(f, "TCP stack: {e}"),
+            SessionError::Ipv6(e) => write!(f, "the IPv6 address refused: {e:?}"),
         }
     }
 }
@@ -559,6 +575,10 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     clock_ms: &dyn Fn() -> u64,
     idle: Idle<'_>,
 ) -> Result<Outcome, SessionError> {
+    let ip6 = match opts.ip6 {
+        Some(a) => Some(dev.add_ipv6(a).map_err(SessionError::Ipv6)?),
+        None => None,
+    };
     let ctx = Context::new(dev);
     // Frames the device has taken from the NIC so far (RoCE, the IP stack's, ARP, dropped).
     let frames_in = || {
@@ -586,21 +606,29 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
     };
     let clock_ms: &dyn Fn() -> u64 = &idle_clock;
     let gid = ctx.query_gid(1, GID_INDEX).at("roce peer: query GID")?;
+    let gids = crate::gids::Gids {
+        v4: (gid, GID_INDEX),
+        v6: match ip6 {
+            Some(i) => Some((ctx.query_gid(1, i).at("roce peer: query GID")?, i)),
+            None => None,
+        },
+    };
     let pd = ctx.alloc_pd().at("roce peer: alloc PD")?;
     let mut storage = Storage::new();
     let mut stack = Stack::new(ctx.provider().stack(), &mut storage, opts.net, clock_ms())
         .map_err(SessionError::Net)?;
     let [a, b, c, d] = opts.net.ip;
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "roce peer: {a}.{b}.{c}.{d}/{} GID[{GID_INDEX}] {}, Linux at {}.{}.{}.{}",
+        "roce peer: {a}.{b}.{c}.{d}/{} GID[{GID_INDEX}] {}",
         opts.net.prefix,
         crate::DisplayGid(gid),
-        opts.peer[0],
-        opts.peer[1],
-        opts.peer[2],
-        opts.peer[3]
     );
+    if let Some((g6, i)) = gids.v6 {
+        let _ = write!(out, " GID[{i}] {}", crate::DisplayGid(g6));
+    }
+    let [a, b, c, d] = opts.peer;
+    let _ = writeln!(out, ", Linux at {a}.{b}.{c}.{d}");
     let mut outcome = Outcome::default();
     for spec in opts.cases.split('+').filter(|s| !s.is_empty()) {
         outcome.cases += 1;
@@ -684,16 +712,24 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                     clock_ms,
                     out: &mut *out,
                 };
-                let r = crate::peer::run_case(&ctx, &pd, (gid, GID_INDEX), &p, &mut x);
+                let r = crate::peer::run_case(&ctx, &pd, &gids, &p, &mut x);
                 r.map(|bytes| Detail::Ping(p.iters, p.size, bytes))
             }
             PeerCase::Cm(_) => continue,
             PeerCase::Perf(kind, size, iters) => {
+                // perftest's exchange sends the unikernel's GID before it has Linux's: the
+                // case's name says the family (`ib_send_bw-v6-server`).
+                let name = spec.split(',').next().unwrap_or(spec);
+                let Some(me) = gids.pick(name.contains("-v6-"), None) else {
+                    outcome.failed += 1;
+                    let _ = writeln!(out, "roce-uk {name}: FAIL {}", CaseError::GidFamily);
+                    continue;
+                };
                 window(kind, false);
                 let r = perf(
                     &ctx,
                     &pd,
-                    gid,
+                    me,
                     &mut stack,
                     opts.peer,
                     (kind, size, iters),
@@ -921,6 +957,8 @@ impl<P: Provider> Qp<'_, P> {
 /// The RoCE side of a perftest exchange.
 struct Perf<'a, 'm, 'r, P: Provider> {
     kind: PerfKind,
+    /// The GID index the QPs connect from.
+    gid_index: u8,
     size: u32,
     iters: u32,
     qp: Qp<'a, P>,
@@ -1050,12 +1088,12 @@ impl<'a, P: Provider> Perf<'a, '_, '_, P> {
     /// QP `i` to RTR and RTS, connected to `peer`.
     fn connect_one(&mut self, i: usize, peer: &Key, agreed: &Agreed) -> Result<(), CaseError> {
         let out_reads = self.out_reads;
-        let psn = self.psn;
+        let (psn, gid_index) = (self.psn, self.gid_index);
         let slot = self.qp_mut(i)?;
         let Qp::Init(qp) = core::mem::replace(slot, Qp::Gone) else {
             return Err(CaseError::OutOfOrder);
         };
-        let mut av = AddressVector::new(peer.gid, GID_INDEX as u8);
+        let mut av = AddressVector::new(peer.gid, gid_index);
         av.hop_limit = 1;
         let mut rtr = ConnectedRtr::new(peer.qpn, peer.psn, av);
         rtr.path_mtu = Mtu::from_raw(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024);
@@ -1556,7 +1594,7 @@ impl<P: Provider> Perf<'_, '_, '_, P> {
 fn perf<P: Provider, L: Link>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    gid: Gid,
+    (gid, gid_index): (Gid, u32),
     stack: &mut Stack<'_, L>,
     linux: [u8; 4],
     (kind, size, iters): (PerfKind, u32, u32),
@@ -1645,6 +1683,7 @@ fn perf<P: Provider, L: Link>(
     let [q0, q1, q2, q3] = { qps };
     let mut hooks = Perf {
         kind,
+        gid_index: u8::try_from(gid_index).map_err(|_| CaseError::GidFamily)?,
         size,
         iters,
         qp: q0,
@@ -1812,6 +1851,21 @@ mod tests {
         assert_eq!((o.net.ip, o.net.prefix), ([10, 0, 0, 2], 24));
         assert_eq!(o.peer, [10, 0, 0, 1]);
         assert_eq!(o.cases, "rc-server,-n,5+read");
+        assert_eq!(o.ip6, None);
+        let o6 = Options::parse(
+            "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.ip6=fd00::2",
+            7,
+        );
+        let mut fd2 = [0u8; 16];
+        (fd2[0], fd2[15]) = (0xFD, 2);
+        assert_eq!(o6.expect("parses").ip6, Some(fd2));
+        assert_eq!(
+            Options::parse(
+                "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.ip6=fd00:2",
+                7
+            ),
+            None
+        );
         assert_eq!(Options::parse("bvroce.peer=10.0.0.1", 7), None);
         assert_eq!(Options::parse("bvroce=10.0.0.2/24", 7), None);
         assert_eq!(
@@ -1830,9 +1884,27 @@ mod tests {
             panic!("a pingpong case")
         };
         assert_eq!(
-            (c.kind, c.linux_server, c.size, c.iters),
-            (Kind::Ud, false, 1024, 200)
+            (c.kind, c.linux_server, c.size, c.iters, c.v6),
+            (Kind::Ud, false, 1024, 200, false)
         );
+        // Over IPv6: the same programs, named apart.
+        for (spec, kind, server, name) in [
+            ("rc6-server,-n,5", Kind::Rc, true, "rc6-server"),
+            ("rc6-client", Kind::Rc, false, "rc6-client"),
+            ("ud6-server", Kind::Ud, true, "ud6-server"),
+            ("ud6-client,-s,512", Kind::Ud, false, "ud6-client"),
+        ] {
+            let Some(PeerCase::Ping(c)) = PeerCase::parse(spec) else {
+                panic!("{spec}: a pingpong case")
+            };
+            assert_eq!(
+                (c.kind, c.linux_server, c.v6, c.name()),
+                (kind, server, true, name)
+            );
+        }
+        for bad in ["rc7-server", "rc6-both", "rc6", "rc-6-server"] {
+            assert_eq!(PeerCase::parse(bad), None, "{bad}");
+        }
         assert_eq!(
             PeerCase::parse("write,-s,65536,-n,1000"),
             Some(PeerCase::Perf(PerfKind::Write, 65536, 1000))
@@ -2114,6 +2186,14 @@ mod tests {
         assert_eq!(cm("rping-client,-S,99999999"), None);
         assert_eq!(cm("ib_write_lat-client,-b"), None);
         assert_eq!(r("write,-q,2"), ("write", take, Some(LinuxSide::Listens)));
+        assert_eq!(
+            r("rc6-server,-x"),
+            ("rc6-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ud6-client,-q"),
+            ("ud6-client", take, Some(LinuxSide::Connects))
+        );
         assert_eq!(r("read,-b"), ("read", take, Some(LinuxSide::Connects)));
         assert_eq!(
             r("atomic,-s,16"),

@@ -60,7 +60,9 @@ pub(super) fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             q.retire(WcStatus::Success, net.hub);
             continue;
         }
-        let mac = match net.t.port.resolve(net.link, e.ud_ip, net.now) {
+        // (An address handle's IPv6 path: the alias of its peer, resolved by neighbour
+        // discovery, and its frames made IPv6 on the way out.)
+        let mac = match net.t.port.resolve_any(net.link, e.ud_ip, net.now) {
             Ok(Some(m)) => m,
             Ok(None) => return,
             Err(_) => {
@@ -80,6 +82,10 @@ pub(super) fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             },
             e.ud_qpn,
         );
+        let outer = match super::port::alias_path(e.ud_ip) {
+            Some(i) => outer.over_path6(i),
+            None => outer,
+        };
         let imm = e.op == op::SEND_IMM;
         let mut h = Headers::new(Bth {
             opcode: if imm {

@@ -358,8 +358,8 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// Gives the interface the global IPv6 address `addr` (up to [`port::GLOBALS6`] of
     /// them): its GID index, 2 and up in the order of addition. The NIC joins the address's
     /// solicited-node group, and the port answers neighbour solicitations for it. RC and UC
-    /// queue pairs connect from it (source GID index) to an IPv6 peer; an address handle (UD)
-    /// with an IPv6 GID is refused ([`Feature::Ipv6`](crate::error::Feature::Ipv6)).
+    /// queue pairs connect from it (source GID index) to an IPv6 peer, and address handles
+    /// (UD) to an IPv6 GID go from it.
     pub fn add_ipv6(&self, addr: [u8; 16]) -> core::result::Result<u32, port::AddrRefused> {
         let mut core = self.core.lock();
         let (link, t) = core.parts();

@@ -5,7 +5,7 @@
 use bareverbs_hal::{Link, LinkError};
 
 use super::mem::{Denied, MrTable};
-use super::port::{Port, alias_path, path_alias};
+use super::port::{Port, alias_path};
 use super::qp_state::QpCore;
 use super::rings::Loopback;
 use super::tables::Tables;
@@ -273,7 +273,7 @@ fn send_special<L: Link>(
             Err(Unsent::Busy)
         };
     };
-    let p = port.path6(path_alias(path)).ok_or(Unsent::Lost)?;
+    let p = port.path6(port.alias6(path)).ok_or(Unsent::Lost)?;
     let n = ipv4_to_ipv6(tx, n, &p.src, &p.dst, p.flow).ok_or(Unsent::Lost)?;
     match link.transmit(tx.get(..n).ok_or(Unsent::Lost)?) {
         Ok(()) => Ok(()),

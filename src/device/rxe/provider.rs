@@ -307,18 +307,22 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
     }
 
     fn create_ah(&self, _pd: &Pd, av: &AddressVector) -> Result<Ah> {
-        if av.sgid_index > 1 {
-            return Err(super::port::sgid_refused(av.sgid_index));
-        }
-        let ip = av
-            .dgid
-            .ipv4()
-            .ok_or(Error::Unsupported(Unsupported::Feature(Feature::Ipv6)))?;
+        let ip = match av.dgid.ipv4() {
+            Some(ip) if av.sgid_index <= 1 => ip,
+            Some(_) => return Err(super::port::sgid_refused(av.sgid_index)),
+            // An IPv6 destination: a use of the IPv6 path from the source GID, given back
+            // when the handle goes (`destroy_ah`).
+            None => self.hold_ah_path6(av)?,
+        };
         Ok(Ah {
             ip,
             tos: av.traffic_class,
             ttl: av.hop_limit,
         })
+    }
+
+    fn destroy_ah(&self, ah: &Ah) {
+        self.release_ah_path6(ah.ip);
     }
 
     fn sq_start(&self, qp: &Qp<H>) -> Cursor {

@@ -24,7 +24,7 @@ use crate::verbs::{ModifyAttr, QpAttr, QpCaps, QpInit, QpState, QpType};
 /// destination GID: the source GID is the link-local one (index 0) or a global one (2 and
 /// up); the IPv4-mapped one (1) with an IPv6 peer, a destination no station has, and one of
 /// this interface's own addresses (loopback over IPv6) are refused (`Feature::Ipv6`).
-fn ipv6_path(port: &Port, av: &crate::verbs::AddressVector) -> Result<(Ip6, Ip6)> {
+pub(super) fn ipv6_path(port: &Port, av: &crate::verbs::AddressVector) -> Result<(Ip6, Ip6)> {
     let refused = Error::Unsupported(Unsupported::Feature(Feature::Ipv6));
     let dst = av.dgid.0;
     if av.sgid_index == 1 || martian6(&dst) || port.has_ipv6(&dst) {

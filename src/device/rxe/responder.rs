@@ -444,9 +444,16 @@ fn ud_receive<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
     if super::mem::sge_bytes(e.sges()) < total as u64 {
         wc.status = WcStatus::LocLenErr;
     } else {
-        // For IPv4 the GRH slot is 20 zero bytes and the IPv4 header.
-        let mut grh = [0u8; GRH_LEN];
-        grh[20..].copy_from_slice(p.ip_header());
+        // For IPv4 the GRH slot is 20 zero bytes and the IPv4 header; over an IPv6 path
+        // (the source is its alias) the IPv6 header.
+        let grh = match net.t.port.path6(p.src_ip()) {
+            None => {
+                let mut grh = [0u8; GRH_LEN];
+                grh[20..].copy_from_slice(p.ip_header());
+                grh
+            }
+            Some(path) => super::wire::ip6::grh6(p.ip_header(), &path.dst, &path.src),
+        };
         let ok = net.t.mrs.scatter(q.pd, e.sges(), 0, &grh).is_ok()
             && net
                 .t

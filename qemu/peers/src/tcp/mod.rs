@@ -227,9 +227,79 @@ pub fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xFF && gid[11] == 0xFF
 }
 
+/// Parses an IPv6 address in text (`fd00::2`, `fd00:0:0:0:0:0:0:2`): eight groups of one to
+/// four hex digits, or fewer with one `::` standing for the zero groups left out. No
+/// embedded IPv4 form, no zone. `None` for anything else.
+pub fn parse_ipv6(s: &str) -> Option<[u8; 16]> {
+    fn groups(part: &str, out: &mut [u16; 8]) -> Option<usize> {
+        if part.is_empty() {
+            return Some(0);
+        }
+        let mut n = 0;
+        for g in part.split(':') {
+            let slot = out.get_mut(n)?;
+            if g.is_empty() || g.len() > 4 {
+                return None;
+            }
+            *slot = u16::from_str_radix(g, 16).ok()?;
+            n += 1;
+        }
+        Some(n)
+    }
+    let (mut head, mut tail) = ([0u16; 8], [0u16; 8]);
+    let words = match s.split_once("::") {
+        None => {
+            (groups(s, &mut head)? == 8).then_some(())?;
+            head
+        }
+        Some((h, t)) => {
+            let (nh, nt) = (groups(h, &mut head)?, groups(t, &mut tail)?);
+            (nh + nt <= 7).then_some(())?;
+            let mut w = head;
+            w[8 - nt..].copy_from_slice(&tail[..nt]);
+            w
+        }
+    };
+    let mut a = [0u8; 16];
+    for (b, w) in a.chunks_exact_mut(2).zip(words) {
+        b.copy_from_slice(&w.to_be_bytes());
+    }
+    Some(a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_text() {
+        let mut two = [0u8; 16];
+        two[0] = 0xFD;
+        two[15] = 2;
+        assert_eq!(parse_ipv6("fd00::2"), Some(two));
+        assert_eq!(parse_ipv6("FD00:0:0:0:0:0:0:2"), Some(two));
+        assert_eq!(parse_ipv6("fd00:0:0::0:2"), Some(two));
+        assert_eq!(parse_ipv6("::"), Some([0; 16]));
+        let mut one = [0u8; 16];
+        one[15] = 1;
+        assert_eq!(parse_ipv6("::1"), Some(one));
+        for bad in [
+            "",
+            "fd00",
+            "fd00::2::3",
+            ":::",
+            "fd00:0:0:0:0:0:0:0:2",
+            "1:2:3:4:5:6:7:8::",
+            "fd000::2",
+            "fd00::g",
+            "fd00:::2",
+            "fd00::2%eth0",
+            "::ffff:10.0.0.2",
+            "1:2:3:4:5:6:7",
+        ] {
+            assert_eq!(parse_ipv6(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn hex_round_trip_and_rejects() {

@@ -7,24 +7,27 @@ use bareverbs_hal::Link;
 
 use super::neighbours::{learn, lookup, refresh, step};
 use super::{GLOBALS6, PATHS6, Port, gid};
+use crate::device::rxe::GSI_QPN;
 use crate::device::rxe::wire::Discard;
+use crate::device::rxe::wire::bth::opcode;
 use crate::device::rxe::wire::eth::{ETH_LEN, Mac};
 use crate::device::rxe::wire::ip6::{ETHERTYPE_IPV6, Ip6, martian6, parse6};
 use crate::device::rxe::wire::nd::{self, Nd};
 use crate::error::{Error, Op, Result};
 use crate::verbs::Gid;
 
-/// The IPv4 address by which the transport names IPv6 path `i`: 0.134.221.`i`. No station
-/// sends from 0/8 (the port drops such sources from the wire as martian), so no IPv4 frame
-/// can pass for one of these paths.
-pub(crate) fn path_alias(i: usize) -> [u8; 4] {
-    [0, 0x86, 0xDD, i as u8]
+/// The IPv4 address by which the transport names IPv6 path `i` in its generation `gen`
+/// (counted up each time the slot is taken afresh): 0.134.`gen`.`i`. No station sends from
+/// 0/8 (the port drops such sources from the wire as martian), so no IPv4 frame can pass for
+/// one of these paths; an alias of an earlier generation names nothing ([`Port::path6`]).
+fn path_alias(i: usize, generation: u8) -> [u8; 4] {
+    [0, 0x86, generation, i as u8]
 }
 
-/// The IPv6 path an address of [`path_alias`] names.
+/// The slot of the IPv6 path an address of [`path_alias`] names, whatever its generation.
 pub(crate) fn alias_path(ip: [u8; 4]) -> Option<usize> {
     let i = usize::from(ip[3]);
-    (ip[..3] == [0, 0x86, 0xDD] && i < PATHS6).then_some(i)
+    (ip[..2] == [0, 0x86] && i < PATHS6).then_some(i)
 }
 
 /// An IPv6 path of connected queue pairs: this interface's address, the peer's, the flow
@@ -87,6 +90,10 @@ pub(crate) enum Ipv6Rx {
     Stack,
     /// RoCEv2 over IPv6 on the device's IPv6 path `i`: for the transport.
     Path(usize),
+    /// A UD SEND over IPv6 (not to the GSI QP) from a peer no path is held to, on the IPv6
+    /// path `i` taken for it alone: for the transport, then given back at once
+    /// ([`Port::release_path6`]), so that no stranger keeps a path.
+    Transient(usize),
     /// Dropped, with the reason.
     Dropped(Discard),
 }
@@ -122,6 +129,7 @@ impl Port {
             Some(i) => i,
             None => {
                 let i = self.paths6.iter().position(Option::is_none)?;
+                self.gens6[i] = self.gens6[i].wrapping_add(1);
                 self.paths6[i] = Some(Path6 {
                     src,
                     dst,
@@ -134,13 +142,21 @@ impl Port {
         if let Some(e) = self.paths6[i].as_mut() {
             e.users += 1;
         }
-        Some(path_alias(i))
+        Some(self.alias6(i))
+    }
+
+    /// The address by which the transport names the IPv6 path in slot `i` now.
+    pub(crate) fn alias6(&self, i: usize) -> [u8; 4] {
+        path_alias(i, self.gens6.get(i).copied().unwrap_or(0))
     }
 
     /// Gives back a use of the path `alias` names (nothing for any other address); the last
     /// use frees it.
     pub(crate) fn release_path6(&mut self, alias: [u8; 4]) {
         let Some(i) = alias_path(alias) else { return };
+        if alias != self.alias6(i) {
+            return;
+        }
         if let Some(e) = self.paths6[i].as_mut() {
             e.users = e.users.saturating_sub(1);
             if e.users == 0 {
@@ -149,9 +165,10 @@ impl Port {
         }
     }
 
-    /// The IPv6 path `alias` names, when it is held.
+    /// The IPv6 path `alias` names, when it is held (in the alias's generation).
     pub(crate) fn path6(&self, alias: [u8; 4]) -> Option<Path6> {
-        self.paths6[alias_path(alias)?]
+        let i = alias_path(alias)?;
+        self.paths6[i].filter(|_| alias == self.alias6(i))
     }
 
     /// [`Port::resolve`] of an address that is IPv4 or names an IPv6 path: the path's peer
@@ -163,7 +180,7 @@ impl Port {
         now: u64,
     ) -> Result<Option<Mac>> {
         match alias_path(ip) {
-            Some(i) => match self.paths6[i] {
+            Some(_) => match self.path6(ip) {
                 Some(p) => self.resolve6(link, p.dst, now),
                 None => Err(Error::Timeout {
                     op: Op::ResolveAddress,
@@ -176,7 +193,7 @@ impl Port {
     /// [`Port::lookup`] of an address that is IPv4 or names an IPv6 path.
     pub(crate) fn lookup_any(&self, ip: [u8; 4]) -> Option<Mac> {
         match alias_path(ip) {
-            Some(i) => self.lookup6(&self.paths6[i]?.dst),
+            Some(_) => self.lookup6(&self.path6(ip)?.dst),
             None => self.lookup(ip),
         }
     }
@@ -213,6 +230,17 @@ impl Port {
                 if let Some(i) = path {
                     self.counts.roce += 1;
                     return Some(Ipv6Rx::Path(i));
+                }
+                let ud = matches!(
+                    p.headers.bth.opcode,
+                    opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_IMM
+                );
+                if ud && p.headers.bth.dest_qp != GSI_QPN {
+                    // (The table full: dropped as any other.)
+                    if let Some(alias) = self.hold_path6(p.ip.dst, p.ip.src, 0) {
+                        self.counts.roce += 1;
+                        return alias_path(alias).map(Ipv6Rx::Transient);
+                    }
                 }
                 self.counts.dropped += 1;
                 return Some(Ipv6Rx::Dropped(Discard::NotRoce));

@@ -18,7 +18,7 @@ mod ipv6;
 mod neighbours;
 
 pub use ipv6::{AddrRefused, check_global, gid6};
-pub(crate) use ipv6::{Ipv6Rx, Path6, alias_path, path_alias};
+pub(crate) use ipv6::{Ipv6Rx, Path6, alias_path};
 use neighbours::Neighbour;
 
 /// Neighbours remembered (IPv4 → MAC); the least recently learnt one makes room.
@@ -40,8 +40,8 @@ pub const GIDS: u32 = 2 + GLOBALS6 as u32;
 pub const PATHS6: usize = 16;
 
 /// Why an address vector's source GID index over 1 is refused where the destination is
-/// IPv4 (or the vector is an address handle's): past the table, or a global IPv6 GID (an
-/// IPv4 destination is reached from the IPv4 address; UD runs over IPv4 only).
+/// IPv4: past the table, or a global IPv6 GID (an IPv4 destination is reached from the IPv4
+/// address).
 pub(crate) fn sgid_refused(index: u8) -> Error {
     if u32::from(index) < GIDS {
         Error::Unsupported(Unsupported::Feature(Feature::Ipv6))
@@ -142,6 +142,8 @@ pub struct Port {
     globals: [Option<Ip6>; GLOBALS6],
     neighbours6: [Option<Neighbour<Ip6>>; NEIGHBOURS6],
     paths6: [Option<Path6>; PATHS6],
+    /// Each path slot's generation (its aliases', [`Port::alias6`]).
+    gens6: [u8; PATHS6],
     counts: PortCounts,
 }
 
@@ -156,6 +158,7 @@ impl Port {
             globals: [None; GLOBALS6],
             neighbours6: [None; NEIGHBOURS6],
             paths6: [None; PATHS6],
+            gens6: [0; PATHS6],
             counts: PortCounts::default(),
         }
     }
@@ -196,6 +199,11 @@ impl Port {
                 None | Some(Ipv6Rx::Stack) => Rx::Stack,
                 // On a connected QP's IPv6 path: the device carries it to the transport.
                 Some(Ipv6Rx::Path(_)) => Rx::Dropped(Discard::NotRoce),
+                // A stray datagram's path, held only while the device carries it.
+                Some(Ipv6Rx::Transient(i)) => {
+                    self.release_path6(self.alias6(i));
+                    Rx::Dropped(Discard::NotRoce)
+                }
                 Some(Ipv6Rx::Dropped(d)) => Rx::Dropped(d),
             },
             Err(d) => Rx::Dropped(d),

@@ -353,6 +353,27 @@ pub fn ipv6_to_ipv4(f: &mut [u8], src: [u8; 4], dst: [u8; 4]) -> Option<usize> {
     Some(end)
 }
 
+/// The GRH slot of a UD datagram that came over IPv6 from `src` to `dst` and was made the
+/// IPv4 packet whose header is `v4` ([`ipv6_to_ipv4`]): the IPv6 header again, as rxe
+/// writes it into the receive buffer — the traffic class from the TOS, the hop limit from
+/// the TTL, the payload length from the total length; the flow label, which the IPv4 form
+/// does not keep, 0 (rxe sends 0).
+pub fn grh6(v4: &[u8; IPV4_LEN], src: &Ip6, dst: &Ip6) -> [u8; IPV6_LEN] {
+    let total = be16(v4, 2);
+    let mut out = [0u8; IPV6_LEN];
+    Ipv6Header {
+        traffic_class: v4[1],
+        flow_label: 0,
+        payload_len: total.saturating_sub(IPV4_LEN as u16),
+        next_header: PROTO_UDP,
+        hop_limit: v4[8],
+        src: *src,
+        dst: *dst,
+    }
+    .write(&mut out);
+    out
+}
+
 /// Whether `ip` is an address no station on the segment sends from: unspecified (::),
 /// loopback (::1), multicast (ff00::/8), or IPv4-mapped (::ffff:0:0/96, which goes as IPv4).
 pub fn martian6(ip: &Ip6) -> bool {
