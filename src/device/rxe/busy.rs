@@ -7,7 +7,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use bareverbs_hal::{Clock, Hal, Link};
 
-use super::tables::{self, BUSY_WORDS, BusyBit, SLOT_WORDS, Tables};
+use super::busy_bit::{self as tables, BUSY_WORDS, BusyBit, SLOT_WORDS};
+use super::tables::Tables;
 use super::{Core, MAX_QP, QP_SPINS, Rxe, qp_lock, qp_state, reply, requester};
 
 /// The busy set's words as they were read once (`Acquire`), and whether any bit was set.

@@ -44,6 +44,7 @@
 //! (ARP), for the acknowledgements that free its window, and for its retransmissions.
 
 mod busy;
+mod busy_bit;
 mod check;
 mod cq;
 mod cq_resize;
@@ -149,10 +150,10 @@ pub struct Rxe<H: Hal, L: Link, C: Clock> {
     hub: NonNull<EventHub>,
     /// The queue pairs the progress visits: those that may have work without a frame
     /// arriving (sends waiting, a timer running, answers held back); bit `i % 64` of word
-    /// `i / 64` is table slot `i`, [`tables::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
+    /// `i / 64` is table slot `i`, [`busy_bit::GSI_BIT`] the GSI QP. A QP joins it under its own lock when it may have
     /// gained such work, and leaves it under its own lock (in the progress) once it has none:
     /// an idle QP costs a poll nothing, and no request is missed.
-    busy: [AtomicU64; tables::BUSY_WORDS],
+    busy: [AtomicU64; busy_bit::BUSY_WORDS],
     /// Whether posts and polls leave the transport to [`progress`](Self::progress) calls
     /// ([`set_progress_only`](Self::set_progress_only)). Written once, before the device is
     /// shared; read on every post and poll (a line no post writes).
@@ -319,7 +320,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             mtu,
             _block: block,
             hub,
-            busy: [const { AtomicU64::new(0) }; tables::BUSY_WORDS],
+            busy: [const { AtomicU64::new(0) }; busy_bit::BUSY_WORDS],
             progress_only: AtomicBool::new(false),
             core: dev_lock::DevLock::new(Core {
                 link,

@@ -21,7 +21,7 @@ pub(crate) struct QpCore {
     pub(crate) qpn: u32,
     /// Its place in the device's busy set (`Tables::bit` of `qpn`), kept from creation: the
     /// marks read it on every post and every frame.
-    pub(crate) busy_bit: super::tables::BusyBit,
+    pub(crate) busy_bit: super::busy_bit::BusyBit,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,
     pub(crate) sig_all: bool,
