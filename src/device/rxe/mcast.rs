@@ -187,6 +187,15 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
     }
 
+    /// Has the NIC take frames to the Ethernet group `mac` from now on, for the embedder's
+    /// IP stack ([`Rxe::stack`]): for example IGMPv3's reports (224.0.0.22,
+    /// `01:00:5e:00:00:16`) for an embedder that watches who joins a group. A NIC with a
+    /// multicast filter sets its entry; the port hands every group frame that is not RoCE to
+    /// the stack.
+    pub fn join_ethernet_group(&self, mac: [u8; 6]) {
+        self.lock().link.join_multicast(mac);
+    }
+
     /// The multicast groups at least one queue pair of the device is attached to (the
     /// groups whose datagrams the device takes).
     pub fn mcast_groups(&self) -> usize {

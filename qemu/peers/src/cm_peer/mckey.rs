@@ -345,6 +345,15 @@ impl<'a, H: Hal, L: Link, C: Clock> Mc<'_, 'a, H, L, C> {
     ) -> Result<Did, CaseError> {
         let (count, size) = (self.case.count, self.case.size);
         // Linux's receiver posted its receives before it joined: its report says it is there.
+        // Its IGMPv3 reports go to 224.0.0.22, an IGMPv2 leave to 224.0.0.2 (a NIC with a
+        // multicast filter, the Intel ones, takes them only when asked).
+        let dev = self.ctx.provider();
+        dev.join_ethernet_group(bareverbs::device::rxe::wire::igmp::multicast_mac([
+            224, 0, 0, 22,
+        ]));
+        dev.join_ethernet_group(bareverbs::device::rxe::wire::igmp::multicast_mac([
+            224, 0, 0, 2,
+        ]));
         while self.igmp() != Some(true) {
             let mut wcs = [WorkCompletion::default(); 4];
             let _ = self.cq.poll(&mut wcs);
