@@ -118,6 +118,41 @@ pub fn igmp_news(frame: &[u8], from: [u8; 4], group: [u8; 4]) -> Option<bool> {
     }
 }
 
+/// Milliseconds between two queries while the sender waits for Linux's report.
+const QUERY_MS: u64 = 1000;
+
+/// An IGMPv3 group-specific query for `group` (RFC 3376 §4.1) from the station with `mac` and
+/// `ip`: to the group (its MAC), TTL 1, Router Alert, a maximum response time of one second,
+/// no source. A member answers with a report of the group's current state (exclude mode).
+pub fn query(mac: [u8; 6], ip: [u8; 4], group: [u8; 4]) -> [u8; 60] {
+    use bareverbs::device::rxe::wire::{igmp, ip::ones_sum};
+    let mut f = [0u8; 60];
+    f[..6].copy_from_slice(&igmp::multicast_mac(group));
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let h = &mut f[14..38];
+    h[0] = 0x46;
+    h[1] = 0xC0;
+    h[2..4].copy_from_slice(&36u16.to_be_bytes());
+    h[6] = 0x40;
+    h[8] = 1;
+    h[9] = igmp::PROTOCOL;
+    h[12..16].copy_from_slice(&ip);
+    h[16..20].copy_from_slice(&group);
+    h[20..24].copy_from_slice(&[0x94, 0x04, 0, 0]);
+    let sum = !(ones_sum(0, h) as u16);
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
+    let q = &mut f[38..50];
+    q[0] = 0x11;
+    q[1] = 10; // tenths of a second
+    q[4..8].copy_from_slice(&group);
+    q[8] = 2; // QRV 2, S 0
+    q[9] = 125; // QQIC: 125 s, the default
+    let sum = !(ones_sum(0, q) as u16);
+    q[2..4].copy_from_slice(&sum.to_be_bytes());
+    f
+}
+
 /// Runs an mckey case against Linux at `linux` and prints its `roce-uk` line; `true` if it
 /// passed.
 #[allow(clippy::too_many_arguments)]
@@ -354,7 +389,16 @@ impl<'a, H: Hal, L: Link, C: Clock> Mc<'_, 'a, H, L, C> {
         dev.join_ethernet_group(bareverbs::device::rxe::wire::igmp::multicast_mac([
             224, 0, 0, 2,
         ]));
+        // Its unsolicited reports may have come before this case (the unikernel still
+        // booting, or in its previous case): a query for the group, every QUERY_MS until a
+        // report answers, asks Linux for another.
+        let mut next_query = self.now();
         while self.igmp() != Some(true) {
+            if self.now() >= next_query {
+                let q = query(dev.mac(), dev.ip(), self.case.group);
+                let _ = dev.stack().transmit(&q);
+                next_query = self.now() + QUERY_MS;
+            }
             let mut wcs = [WorkCompletion::default(); 4];
             let _ = self.cq.poll(&mut wcs);
             if self.now() > self.deadline {
@@ -452,6 +496,21 @@ mod tests {
         f[26..30].copy_from_slice(&[10, 0, 0, 1]);
         f[34..34 + igmp.len()].copy_from_slice(igmp);
         f
+    }
+
+    #[test]
+    fn a_query_is_an_igmpv3_group_specific_query_to_the_group() {
+        use bareverbs::device::rxe::wire::ip::ones_sum;
+        let q = query([0x52, 0x54, 0, 0, 0, 2], [10, 0, 0, 2], [239, 192, 0, 1]);
+        assert_eq!(&q[..6], &[0x01, 0x00, 0x5E, 0x40, 0, 1]);
+        assert_eq!(ones_sum(0, &q[14..38]), 0xFFFF);
+        assert_eq!(ones_sum(0, &q[38..50]), 0xFFFF);
+        assert_eq!((q[22], q[23], q[38], q[39]), (1, 2, 0x11, 10));
+        assert_eq!(&q[30..34], &[239, 192, 0, 1]);
+        assert_eq!(&q[42..46], &[239, 192, 0, 1]);
+        // Twelve bytes of IGMP (a v3 query), no source.
+        assert_eq!(u16::from_be_bytes([q[16], q[17]]), 36);
+        assert_eq!(&q[48..50], &[0, 0]);
     }
 
     #[test]
