@@ -188,6 +188,8 @@ pub fn run_case<H: Hal, L: Link, C: Clock>(
 /// What a case that passed did, in words.
 struct Did {
     rounds: u32,
+    /// Queries sent before Linux's report came.
+    queries: u32,
     count: u32,
     size: u32,
     receiver: bool,
@@ -208,8 +210,8 @@ impl core::fmt::Display for Did {
         } else {
             write!(
                 f,
-                "{} rounds of {} datagrams of {} bytes sent between Linux's IGMP join and its leave",
-                self.rounds, self.count, self.size
+                "{} rounds of {} datagrams of {} bytes sent between Linux's IGMP join (its report after {} queries) and its leave",
+                self.rounds, self.count, self.size, self.queries
             )
         }
     }
@@ -364,6 +366,7 @@ impl<'a, H: Hal, L: Link, C: Clock> Mc<'_, 'a, H, L, C> {
         }
         Ok(Did {
             rounds: 1,
+            queries: 0,
             count,
             size,
             receiver: true,
@@ -392,12 +395,13 @@ impl<'a, H: Hal, L: Link, C: Clock> Mc<'_, 'a, H, L, C> {
         // Its unsolicited reports may have come before this case (the unikernel still
         // booting, or in its previous case): a query for the group, every QUERY_MS until a
         // report answers, asks Linux for another.
-        let mut next_query = self.now();
+        let (mut next_query, mut queries) = (self.now(), 0);
         while self.igmp() != Some(true) {
             if self.now() >= next_query {
                 let q = query(dev.mac(), dev.ip(), self.case.group);
                 let _ = dev.stack().transmit(&q);
                 next_query = self.now() + QUERY_MS;
+                queries += 1;
             }
             let mut wcs = [WorkCompletion::default(); 4];
             let _ = self.cq.poll(&mut wcs);
@@ -423,6 +427,7 @@ impl<'a, H: Hal, L: Link, C: Clock> Mc<'_, 'a, H, L, C> {
                 if self.igmp() == Some(false) {
                     return Ok(Did {
                         rounds,
+                        queries,
                         count,
                         size,
                         receiver: false,
