@@ -278,7 +278,7 @@ fn the_unikernel_sends_to_mckeys_group_from_its_join_to_its_leave() {
     assert!(line.starts_with("roce-uk mckey-server: ok "), "{line}");
     assert!(
         line.contains(
-            "rounds of 10 datagrams of 100 bytes sent between Linux's IGMP join (its report after"
+            "rounds of 10 datagrams of 100 bytes sent between Linux's IGMP join (a report after"
         ),
         "{line}"
     );

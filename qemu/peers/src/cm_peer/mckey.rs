@@ -210,7 +210,7 @@ impl core::fmt::Display for Did {
         } else {
             write!(
                 f,
-                "{} rounds of {} datagrams of {} bytes sent between Linux's IGMP join (its report after {} queries) and its leave",
+                "{} rounds of {} datagrams of {} bytes sent between Linux's IGMP join (a report after {} queries of ours) and its leave",
                 self.rounds, self.count, self.size, self.queries
             )
         }
