@@ -3,15 +3,45 @@
 //! attached to it. A frame to a group reaches only the queue pairs in its set (and each
 //! checks its Q_Key); a group nobody is in takes nothing.
 
-use super::MAX_QP;
+use bareverbs_hal::{Clock, Hal, Link};
+
+use super::qp::Qp;
+use super::wire::igmp;
+use super::{FIRST_QPN, MAX_QP, Rxe};
+use crate::error::{Error, Feature, NotFound, Object, Op, Param, Resource, Result, Unsupported};
+use crate::verbs::{Gid, QpType};
 
 /// Multicast groups the device's queue pairs are attached to at once (`max_mcast_grp`).
 pub const MAX_MCAST_GRP: usize = 8;
 
-const _: () = assert!(
-    MAX_QP <= 32,
-    "a group's members are a 32-bit set of QP slots"
-);
+/// Words of a group's member set (one bit per queue-pair slot).
+const WORDS: usize = MAX_QP.div_ceil(64);
+
+/// A group's members: bit `s` is the queue pair in table slot `s` (below [`MAX_QP`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Members([u64; WORDS]);
+
+impl Members {
+    /// Whether slot `s` is in the set (a slot past the table never is).
+    pub(crate) fn has(&self, s: usize) -> bool {
+        self.0.get(s / 64).is_some_and(|w| w & (1 << (s % 64)) != 0)
+    }
+
+    fn set(&mut self, s: usize, on: bool) {
+        if let Some(w) = self.0.get_mut(s / 64) {
+            if on {
+                *w |= 1 << (s % 64);
+            } else {
+                *w &= !(1 << (s % 64));
+            }
+        }
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+}
 
 /// What an attach or a detach changed on the segment's side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +65,11 @@ pub(crate) enum Refused {
     NotMember,
 }
 
-/// The table: entry `i` is the group `ip[i]` while `members[i]` is not empty (bit `s`: the
-/// queue pair in table slot `s`).
+/// The table: entry `i` is the group `ip[i]` while `members[i]` is not empty.
 #[derive(Debug)]
 pub(crate) struct Groups {
     ip: [[u8; 4]; MAX_MCAST_GRP],
-    members: [u32; MAX_MCAST_GRP],
+    members: [Members; MAX_MCAST_GRP],
 }
 
 impl Groups {
@@ -48,51 +77,54 @@ impl Groups {
     pub(crate) const fn new() -> Self {
         Groups {
             ip: [[0; 4]; MAX_MCAST_GRP],
-            members: [0; MAX_MCAST_GRP],
+            members: [Members([0; WORDS]); MAX_MCAST_GRP],
         }
     }
 
     fn find(&self, ip: [u8; 4]) -> Option<usize> {
-        (0..MAX_MCAST_GRP).find(|&i| self.members[i] != 0 && self.ip[i] == ip)
+        (0..MAX_MCAST_GRP).find(|&i| !self.members[i].is_empty() && self.ip[i] == ip)
     }
 
     /// The slots attached to `ip` (empty: none, or no such group).
-    pub(crate) fn members(&self, ip: [u8; 4]) -> u32 {
-        self.find(ip).map_or(0, |i| self.members[i])
+    pub(crate) fn members(&self, ip: [u8; 4]) -> Members {
+        self.find(ip)
+            .map_or_else(Members::default, |i| self.members[i])
     }
 
     /// Groups with at least one member.
     pub(crate) fn count(&self) -> usize {
-        self.members.iter().filter(|&&m| m != 0).count()
+        self.members.iter().filter(|m| !m.is_empty()).count()
     }
 
     /// Attaches slot `slot` (below [`MAX_QP`]) to `ip`.
     pub(crate) fn attach(&mut self, ip: [u8; 4], slot: usize) -> Result<Change, Refused> {
-        let bit = 1u32 << (slot % 32);
+        if slot >= MAX_QP {
+            // No queue pair has such a slot: nothing to attach.
+            return Err(Refused::NotMember);
+        }
         if let Some(i) = self.find(ip) {
-            if self.members[i] & bit != 0 {
+            if self.members[i].has(slot) {
                 return Err(Refused::Already);
             }
-            self.members[i] |= bit;
+            self.members[i].set(slot, true);
             return Ok(Change::Members);
         }
         let i = (0..MAX_MCAST_GRP)
-            .find(|&i| self.members[i] == 0)
+            .find(|&i| self.members[i].is_empty())
             .ok_or(Refused::Full)?;
         self.ip[i] = ip;
-        self.members[i] = bit;
+        self.members[i].set(slot, true);
         Ok(Change::Joined)
     }
 
     /// Detaches slot `slot` from `ip`.
     pub(crate) fn detach(&mut self, ip: [u8; 4], slot: usize) -> Result<Change, Refused> {
-        let bit = 1u32 << (slot % 32);
         let i = self.find(ip).ok_or(Refused::NotMember)?;
-        if self.members[i] & bit == 0 {
+        if !self.members[i].has(slot) {
             return Err(Refused::NotMember);
         }
-        self.members[i] &= !bit;
-        Ok(if self.members[i] == 0 {
+        self.members[i].set(slot, false);
+        Ok(if self.members[i].is_empty() {
             Change::Left
         } else {
             Change::Members
@@ -102,25 +134,16 @@ impl Groups {
     /// Detaches slot `slot` from every group (its queue pair is destroyed); `left` gets each
     /// group that lost its last member.
     pub(crate) fn forget(&mut self, slot: usize, mut left: impl FnMut([u8; 4])) {
-        let bit = 1u32 << (slot % 32);
         for i in 0..MAX_MCAST_GRP {
-            if self.members[i] & bit != 0 {
-                self.members[i] &= !bit;
-                if self.members[i] == 0 {
+            if self.members[i].has(slot) {
+                self.members[i].set(slot, false);
+                if self.members[i].is_empty() {
                     left(self.ip[i]);
                 }
             }
         }
     }
 }
-
-use bareverbs_hal::{Clock, Hal, Link};
-
-use super::qp::Qp;
-use super::wire::igmp;
-use super::{FIRST_QPN, Rxe};
-use crate::error::{Error, Feature, NotFound, Object, Op, Param, Resource, Result, Unsupported};
-use crate::verbs::{Gid, QpType};
 
 /// The IPv4 group a multicast GID names: the IPv4-mapped GID of a class D address (what
 /// Linux's CM makes of an IPv4 group for RoCEv2). An IPv6 group is not taken (Linux's CM
@@ -209,5 +232,30 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         groups.forget(slot, |ip| {
             let _ = link.transmit(&igmp::frame(igmp::LEAVE, self.mac, self.ip, ip));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_are_every_slot_of_the_table_and_none_beyond() {
+        let mut g = Groups::new();
+        let (a, b) = ([239, 0, 0, 1], [239, 0, 0, 2]);
+        assert_eq!(g.attach(a, 0), Ok(Change::Joined));
+        assert_eq!(g.attach(a, MAX_QP - 1), Ok(Change::Members));
+        assert_eq!(g.attach(a, MAX_QP - 1), Err(Refused::Already));
+        assert_eq!(g.attach(a, MAX_QP), Err(Refused::NotMember));
+        assert_eq!(g.attach(b, MAX_QP - 1), Ok(Change::Joined));
+        let m = g.members(a);
+        let slots: Vec<usize> = (0..MAX_QP + 64).filter(|&s| m.has(s)).collect();
+        assert_eq!(slots, [0, MAX_QP - 1]);
+        assert_eq!(g.detach(a, 0), Ok(Change::Members));
+        let mut left = Vec::new();
+        g.forget(MAX_QP - 1, |ip| left.push(ip));
+        assert_eq!(left, [a, b]);
+        assert_eq!((g.count(), g.members(a).is_empty()), (0, true));
+        assert_eq!(g.detach(a, 0), Err(Refused::NotMember));
     }
 }

@@ -592,7 +592,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let members = core.tables().port.groups.members(p.dst_ip());
         // Bounded: at most MAX_QP members, each looked at once.
         for slot in 0..MAX_QP {
-            if members & (1 << slot) == 0 {
+            if !members.has(slot) {
                 continue;
             }
             let Some(q) = core.tables().qps.get(slot).copied().and_then(NonNull::new) else {

@@ -288,7 +288,7 @@ impl Port {
             && p.dest_qp() == super::MCAST_QPN
             && !martian(p.src_ip())
             && (p.src_ip() != self.ip || looped)
-            && self.groups.members(dst) != 0
+            && !self.groups.members(dst).is_empty()
     }
 
     /// Whether the NIC should hand `frame` on: to this interface's MAC, or to a group
