@@ -153,7 +153,7 @@ for list in "$here/cases" "$here/cases-matrix"; do
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"
       # The IPv6 cases run with the IPv6 GID's index, the others with the IPv4-mapped one's.
-      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-*) ;; *)
+      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-*) ;; *)
         g=1
         case "$name" in rc6-* | ud6-* | *-v6-*) g=3 ;; esac
         expect "$(basename "$list") $label ($side): its GID index" "1" \

@@ -14,7 +14,7 @@ use super::qp::Qp;
 use super::srq::Srq;
 use super::{Ah, Rxe};
 use crate::dma::Dma;
-use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
+use crate::error::{Error, Holder, Object, Op, Param, Resource, Result};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
     AccessFlags, AddressVector, DeviceCaps, ExtWqe, Gid, KeyKind, LinkLayer, ModifyAttr, Mtu,
