@@ -292,6 +292,10 @@ pub enum Param {
     /// The GRH slot of a UD receive ([`Context::init_ah_from_wc`](crate::Context::init_ah_from_wc)):
     /// `value` the bytes given, `max` the 40 it takes.
     Grh,
+    /// A multicast group's GID (`ibv_attach_mcast`): RoCEv2 over IPv4 names a group by the
+    /// IPv4-mapped GID of a class D address; `value` the IPv4 address given (as a number),
+    /// `max` the last class D one (239.255.255.255).
+    McastGid,
 }
 
 /// An attribute named by [`Error::MissingAttribute`].
@@ -376,6 +380,8 @@ pub enum Object {
     /// An IPv6 path of the software device's connected queue pairs (its source and
     /// destination addresses and flow label): a fixed number are held at once.
     Ipv6Path,
+    /// A multicast group the software device's queue pairs are attached to.
+    McastGroup,
 }
 
 /// An operation, as named in errors.
@@ -408,6 +414,8 @@ pub enum Op {
     QueryQp,
     /// Destroying a queue pair.
     DestroyQp,
+    /// Attaching a queue pair to a multicast group.
+    AttachMcast,
     /// Creating a shared receive queue.
     CreateSrq,
     /// Destroying a shared receive queue.
@@ -593,6 +601,11 @@ pub enum NotFound {
         /// The port.
         port: u8,
         /// The GID looked for.
+        gid: crate::verbs::Gid,
+    },
+    /// The queue pair is not attached to this multicast group (`ibv_detach_mcast`).
+    McastMember {
+        /// The group's GID.
         gid: crate::verbs::Gid,
     },
     /// The port's P_Key table holds no such P_Key (`ibv_get_pkey_index`'s -1).

@@ -144,6 +144,9 @@ phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "
     fi
     delay=0
     [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ib_*-* ]] && [[ " $opts " == *" -R "* ]] && delay=1
+    # mckey's sender sends once, 3 s after its join: 2 s more for the receiver (started at
+    # about the same time on the other side) to have joined and attached first.
+    [[ "$name" == mckey-* ]] && [ "$client" = 1 ] && sleep 2
     window 0 "$label"
     [ "$delay" = 1 ] && cm_delay on
     run "$2 $label" "$client" "${cmd[@]}"

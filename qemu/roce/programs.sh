@@ -53,13 +53,20 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     cmtime-*)
       [ "$server" = 1 ] && cmd=(bash "$here/cmtime.sh" server "$ip" "$@") ||
         cmd=(bash "$here/cmtime.sh" client "$peer" "$@") ;;
+    # mckey: both sides join the group of -m from their own address; the client sends (-s),
+    # the server receives (mckey's own words for its roles).
+    mckey-*)
+      cmd=(mckey)
+      [ "$server" = 1 ] || cmd+=(-s)
+      cmd+=("$@" -b "$ip") ;;
     # No program for this name: the case fails as such (cmd stays empty), it never runs
     # another case's program.
     *) ;;
   esac
   client=$((1 - server))
   if [ "$client" = 1 ] && [ ${#cmd[@]} -gt 0 ] &&
-     [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* && "$name" != cmtime-* ]]; then
+     [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* && "$name" != cmtime-* &&
+        "$name" != mckey-* ]]; then
     cmd+=("$peer")
   fi
   return 0

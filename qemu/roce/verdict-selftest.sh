@@ -37,6 +37,7 @@ ib_write_lat-client -R -s 2 -n 100
 ib_write_bw-q2-server -q 2 -s 4096 -n 200
 ib_write_bw-server -R -s 4096 -n 200
 rping-client -S 64 -C 100 -V
+mckey-client -m 239.192.0.2 -C 10 -S 100
 CASES
 cat > "$alog" <<'LOG'
 bvroce[a +0s]: phase baseline (Linux B at 10.0.0.3)
@@ -59,6 +60,7 @@ bvroce-result roce ib_write_lat-client: exit 0 | bytes 2 iters 100 t_typical-us 
 bvroce-result roce ib_write_bw-q2-server: exit 0 | bytes 4096 iters 200 BW-average-MB/s 33.00
 bvroce-result roce ib_write_bw-server: exit 0 | bytes 4096 iters 200 BW-average-MB/s 32.00
 bvroce-result roce rping-client: exit 0
+bvroce-result roce mckey-client: exit 0
 LOG
 cat > "$ulog" <<'LOG'
 roce-uk write: ok 1000 RDMA WRITEs of 65536 bytes completed
@@ -70,17 +72,18 @@ roce-uk ib_write_lat-client: ok answered
 roce-uk ib_write_bw-q2-server: REFUSED options the peer does not take; Linux's program: connected to and the connection reset
 roce-uk ib_write_bw-server: ok wrote
 roce-uk rping-client: ok pinged
+roce-uk mckey-client: ok 10 datagrams
 LOG
 
 expect "labels: a name's second case is its own result" \
-  "write read write#2 ib_send_lat-server ib_read_lat-client ib_write_lat-client ib_write_bw-q2-server ib_write_bw-server rping-client" \
+  "write read write#2 ib_send_lat-server ib_read_lat-client ib_write_lat-client ib_write_bw-q2-server ib_write_bw-server rping-client mckey-client" \
   "$(case_labels | paste -sd' ')"
 expect "labels under a filter" "write write#2" "$(case_labels 'write' | paste -sd' ')"
 expect "a label's case line" "write -s 1048576 -n 20" "$(case_of 'write#2')"
 expect "a label's payload bytes" "65536000 20971520" "$(case_bytes write) $(case_bytes 'write#2')"
 expect "the unikernel's K-th line of a name" "ok 20 RDMA WRITEs of 1048576 bytes completed" "$(uk_result 'write#2')"
 expect "a case without a unikernel line" "" "$(uk_result 'write#3')"
-expect "cm: rdma_cm names and -R cases, not perftest without -R" "ib_write_lat-client ib_write_bw-server rping-client" \
+expect "cm: rdma_cm names and -R cases, not perftest without -R" "ib_write_lat-client ib_write_bw-server rping-client mckey-client" \
   "$(for n in $(case_labels); do if is_cm "$n"; then echo "$n"; fi; done | paste -sd' ')"
 expect "baseline: the second write failed, the first passed" \
   "linux-linux write: PASS bytes 65536 iters 1000 BW-average-MB/s 50.10|linux-linux write#2: FAIL (exit 1)" \
@@ -100,6 +103,7 @@ expect "a refused perftest case without -R" \
   "$(uk_line ib_write_bw-q2-server || true)"
 expect "a failed case" "roce read: FAIL (linux: exit 1; unikernel: FAIL deadline (after 120000 ms))" "$(uk_line read || true)"
 expect "a cm case" "cm rping-client: PASS (pinged; linux: exit 0)" "$(uk_line rping-client)"
+expect "mckey is a cm case" "cm mckey-client: PASS (10 datagrams; linux: exit 0)" "$(uk_line mckey-client)"
 expect "latency under a latency label" \
   "roce latency ib_read_lat-client: unikernel 90.00 us linux 200.00 us (typical, as perftest prints it)" \
   "$(latency_line ib_read_lat-client)"
@@ -149,7 +153,7 @@ for list in "$here/cases" "$here/cases-matrix"; do
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"
       # The IPv6 cases run with the IPv6 GID's index, the others with the IPv4-mapped one's.
-      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-*) ;; *)
+      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-*) ;; *)
         g=1
         case "$name" in rc6-* | ud6-* | *-v6-*) g=3 ;; esac
         expect "$(basename "$list") $label ($side): its GID index" "1" \

@@ -29,12 +29,13 @@ case_bytes() { # LABEL
     for (k = 2; k < NF; k++) { if ($k == "-s") s = $(k + 1); if ($k == "-n") i = $(k + 1) }
     print s * i}'
 }
-# The rdma_cm programs' cases (connected through the CM, perftest's -R ones too) are counted
-# apart: `cm <label>`.
+# The rdma_cm programs' cases (connected through the CM, perftest's -R ones too, and mckey's
+# multicast, joined through rdma_cm on Linux) are counted apart: `cm <label>`.
 is_cm() { # LABEL
   local n
   n=$(label_name "$1")
-  [[ "$n" == rping-* || "$n" == ucmatose-* || "$n" == udaddy-* || "$n" == cmtime-* ]] && return 0
+  [[ "$n" == rping-* || "$n" == ucmatose-* || "$n" == udaddy-* || "$n" == cmtime-* ||
+    "$n" == mckey-* ]] && return 0
   [[ "$n" == ib_*-* ]] && [[ " $(case_of "$1") " == *" -R "* ]]
 }
 # Linux A's result of a case in a phase (linux-linux, roce, bench-…): "exit S | summary", or

@@ -201,6 +201,7 @@ impl Display for Param {
             Param::GidTableBuffer => "GID table buffer entries",
             Param::CompVector => "completion vector",
             Param::Grh => "GRH bytes",
+            Param::McastGid => "multicast group address (IPv4 class D, as a number)",
         })
     }
 }
@@ -275,6 +276,7 @@ impl Display for Object {
             Object::CqEventSlot => "completion queue event slot",
             Object::CompletionChannel => "completion channel",
             Object::Ipv6Path => "IPv6 path",
+            Object::McastGroup => "multicast group",
         })
     }
 }
@@ -295,6 +297,7 @@ impl Display for Op {
             Op::ModifyQp => "modifying a queue pair",
             Op::QueryQp => "querying a queue pair",
             Op::DestroyQp => "destroying a queue pair",
+            Op::AttachMcast => "attaching a queue pair to a multicast group",
             Op::CreateSrq => "creating a shared receive queue",
             Op::DestroySrq => "destroying a shared receive queue",
             Op::CreateMr => "registering a memory region",
@@ -427,6 +430,11 @@ impl Display for NotFound {
             NotFound::GidEntry { port, index } => {
                 write!(f, "no GID is bound at index {index} of port {port}")
             }
+            NotFound::McastMember { gid } => write!(
+                f,
+                "the queue pair is not attached to the multicast group {:02x?}",
+                gid.0
+            ),
             NotFound::Gid { port, gid } => {
                 let g = gid.0;
                 match gid.ipv4() {

@@ -634,6 +634,15 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
         outcome.cases += 1;
         let t0 = clock_ms();
         let deadline = t0 + CASE_MS;
+        // mckey: multicast, no CM connection (cm_peer/mckey.rs).
+        if let Some(c) = crate::cm_peer::mckey::McCase::parse(spec) {
+            let name = spec.split(',').next().unwrap_or(spec);
+            let passed = crate::cm_peer::mckey::run_case(
+                &ctx, &pd, opts.peer, name, &c, deadline, clock_ms, out,
+            );
+            outcome.failed += u32::from(!passed);
+            continue;
+        }
         let Some(case) = PeerCase::parse(spec) else {
             outcome.failed += 1;
             outcome.refused += 1;

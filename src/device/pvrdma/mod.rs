@@ -176,7 +176,8 @@ impl<H: Hal> State<H> {
             | Object::Gid
             | Object::CqEventSlot
             | Object::CompletionChannel
-            | Object::Ipv6Path => 4,
+            | Object::Ipv6Path
+            | Object::McastGroup => 4,
         }
     }
 

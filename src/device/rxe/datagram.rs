@@ -60,9 +60,15 @@ pub(super) fn run_ud<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
             q.retire(WcStatus::Success, net.hub);
             continue;
         }
+        // A group's datagram goes to the group's MAC: nothing to resolve (RFC 1112 §6.4).
         // (An address handle's IPv6 path: the alias of its peer, resolved by neighbour
-        // discovery, and its frames made IPv6 on the way out.)
-        let mac = match net.t.port.resolve_any(net.link, e.ud_ip, net.now) {
+        // discovery, and its frames made IPv6 on the way out; an alias is never class D.)
+        let resolved = if super::wire::igmp::is_multicast(e.ud_ip) {
+            Ok(Some(super::wire::igmp::multicast_mac(e.ud_ip)))
+        } else {
+            net.t.port.resolve_any(net.link, e.ud_ip, net.now)
+        };
+        let mac = match resolved {
             Ok(Some(m)) => m,
             Ok(None) => return,
             Err(_) => {

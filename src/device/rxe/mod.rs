@@ -52,6 +52,7 @@ mod datagram;
 mod dev_lock;
 mod keys;
 mod local;
+mod mcast;
 mod mem;
 mod net;
 mod pace;
@@ -91,6 +92,7 @@ pub use post::Cursor;
 pub use qp::Qp;
 pub use srq::Srq;
 
+pub use mcast::MAX_MCAST_GRP;
 pub use port::TransportCounts;
 use port::{Port, PortCounts};
 use tables::Tables;
@@ -104,6 +106,9 @@ pub const GSI_QPN: u32 = 1;
 /// The Q_Key of every datagram to and from QP1 (`IB_QP1_QKEY`): the GSI QP sends with it
 /// whatever its work request names, and takes only datagrams that carry it.
 pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The destination QPN of a datagram to a multicast group (`IB_MULTICAST_QPN`): it reaches
+/// every queue pair of the device attached to the group of its destination address.
+pub const MCAST_QPN: u32 = 0xFF_FFFF;
 /// Memory regions the device holds.
 pub const MAX_MR: usize = 256;
 /// Work requests per queue.
@@ -536,6 +541,10 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
     /// interrupt handler that runs it cannot wait for the thread it preempted).
     fn dispatch(&self, core: &mut Core<L>, p: &wire::packet::View<'_>, now: u64) -> bool {
         let qpn = p.dest_qp();
+        if qpn == MCAST_QPN {
+            self.dispatch_group(core, p, now);
+            return true;
+        }
         let Some(&mut q) = core.tables().qp_slot(qpn) else {
             return true;
         };
@@ -571,6 +580,38 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         }
         self.note_frame(q);
         true
+    }
+}
+
+impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
+    /// A datagram to a multicast group (the port checked that a queue pair of the device is
+    /// in it): to each UD queue pair attached, which checks its Q_Key and takes a receive of
+    /// its own. A member whose lock is held elsewhere misses this datagram (the progress
+    /// never waits for a QP, and keeping the frame would give it twice to the others):
+    /// datagrams are unreliable, as when its receive queue is empty.
+    fn dispatch_group(&self, core: &mut Core<L>, p: &wire::packet::View<'_>, now: u64) {
+        let members = core.tables().port.groups.members(p.dst_ip());
+        // Bounded: at most MAX_QP members, each looked at once.
+        for slot in 0..MAX_QP {
+            if !members.has(slot) {
+                continue;
+            }
+            let Some(q) = core.tables().qps.get(slot).copied().and_then(NonNull::new) else {
+                continue;
+            };
+            // SAFETY: a QP in the table is alive (destroy removes it, and its memberships,
+            // under the device lock, held here); the device lock is held and no QP lock.
+            let Some(mut guard) = (unsafe { qp_lock::QpGuard::try_lock(q, QP_SPINS) }) else {
+                continue;
+            };
+            let q = &mut *guard;
+            if q.qp_type != crate::verbs::QpType::Ud || !check::admit(q, p) {
+                continue;
+            }
+            let mut net = self.net(core, now);
+            responder::on_request(&mut net, q, p);
+            self.note_frame(q);
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use super::qp::Qp;
 use super::srq::Srq;
 use super::{Ah, Rxe};
 use crate::dma::Dma;
-use crate::error::{Error, Feature, Holder, Object, Op, Param, Resource, Result, Unsupported};
+use crate::error::{Error, Holder, Object, Op, Param, Resource, Result};
 use crate::events::{AsyncEvent, ChannelId, CqId, EventHub, Slot};
 use crate::verbs::{
     AccessFlags, AddressVector, DeviceCaps, ExtWqe, Gid, KeyKind, LinkLayer, ModifyAttr, Mtu,
@@ -220,12 +220,12 @@ impl<H: Hal, L: Link, C: Clock> Provider for Rxe<H, L, C> {
         Ok(())
     }
 
-    fn attach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
-        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    fn attach_mcast(&self, qp: &Qp<H>, gid: Gid, _lid: u16) -> Result<()> {
+        self.attach_mcast_impl(qp, gid)
     }
 
-    fn detach_mcast(&self, _qp: &Qp<H>, _gid: Gid, _lid: u16) -> Result<()> {
-        Err(Error::Unsupported(Unsupported::Feature(Feature::Multicast)))
+    fn detach_mcast(&self, qp: &Qp<H>, gid: Gid, _lid: u16) -> Result<()> {
+        self.detach_mcast_impl(qp, gid)
     }
 
     fn plan_srq(&self, attr: &SrqAttr) -> Result<SrqAttr> {
@@ -556,7 +556,7 @@ pub(super) fn caps_of(mac: [u8; 6]) -> DeviceCaps {
         max_pd: super::mem::MAX_PD,
         max_qp_rd_atom: super::MAX_RD_ATOMIC,
         max_qp_init_rd_atom: super::MAX_RD_ATOMIC,
-        max_mcast_grp: 0,
+        max_mcast_grp: super::MAX_MCAST_GRP as u32,
         max_ah: u32::MAX,
         max_srq: super::srq::MAX_SRQ,
         max_srq_wr: super::MAX_SRQ_WR,

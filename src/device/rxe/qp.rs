@@ -439,6 +439,12 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         if let Some(slot) = guard.tables().qp_slot(qp.qpn) {
             *slot = core::ptr::null_mut();
         }
+        // Its memberships end with it (the verbs layer detaches first; a QP dropped while
+        // attached leaks none).
+        if let Some(slot) = qp.qpn.checked_sub(super::FIRST_QPN) {
+            let (link, t) = guard.parts();
+            self.forget_mcast(link, &mut t.port.groups, slot as usize);
+        }
         let me = qp.core.as_ptr();
         let (srq, recv_cq, reserved) = {
             // SAFETY: the QP is alive (owned here); the device lock is held, no QP lock.

@@ -10,6 +10,7 @@
 //! | `ucmatose-client` | `ucmatose -s <unikernel>` | the server: SENDs its messages, takes the answers, disconnects |
 //! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers (`udaddy.rs`) |
 //! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
+//! | `mckey-server`, `mckey-client` | `mckey`, `mckey -s` | multicast: sends to the group, or takes what Linux sends to it, its QP attached directly (`mckey.rs`) |
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
 //!
@@ -35,6 +36,7 @@ use crate::{Failure, Step};
 
 mod cmatose;
 mod cmtime;
+pub mod mckey;
 mod perftest;
 mod rping;
 mod udaddy;

@@ -7,6 +7,7 @@
 
 use bareverbs_hal::Link;
 
+use super::mcast::Groups;
 use super::wire::Discard;
 use super::wire::eth::{Arp, ArpOp, Mac, same_mac};
 use super::wire::ip6::Ip6;
@@ -144,6 +145,8 @@ pub struct Port {
     paths6: [Option<Path6>; PATHS6],
     /// Each path slot's generation (its aliases', [`Port::alias6`]).
     gens6: [u8; PATHS6],
+    /// The multicast groups the device's UD queue pairs are attached to.
+    pub(crate) groups: Groups,
     counts: PortCounts,
 }
 
@@ -159,6 +162,7 @@ impl Port {
             neighbours6: [None; NEIGHBOURS6],
             paths6: [None; PATHS6],
             gens6: [0; PATHS6],
+            groups: Groups::new(),
             counts: PortCounts::default(),
         }
     }
@@ -227,6 +231,15 @@ impl Port {
             .is_some_and(|d| same_mac(d, &self.mac));
         let group = frame.first().is_some_and(|d| d & 1 == 1);
         match classify(frame) {
+            // To a group MAC: a multicast datagram, taken only for a group a queue pair of
+            // the device is in (`take_group`).
+            Ok(Seen::Roce(p)) if group => match self.take_group(frame, &p, looped) {
+                true => {
+                    self.counts.roce += 1;
+                    Ok(Some(p))
+                }
+                false => self.drop(Discard::NotForUs),
+            },
             Ok(Seen::Roce(_)) if !to_us => self.drop(Discard::NotForUs),
             Ok(Seen::Roce(p)) if p.src_ip() == self.ip && !looped => self.drop(Discard::Martian),
             Ok(Seen::Roce(p)) if martian(p.src_ip()) => self.drop(Discard::Martian),
@@ -260,6 +273,22 @@ impl Port {
             }
             Err(d) => self.drop(d),
         }
+    }
+
+    /// Whether a RoCE packet to a group MAC is for the device's queue pairs: to a class D
+    /// address one of them is attached to, at that group's MAC, to the multicast QPN
+    /// (0xFFFFFF), from a source a station can have (this interface's own only looped back).
+    /// The Q_Key each member checks itself. (`docs/multicast.md`)
+    fn take_group(&self, frame: &[u8], p: &View<'_>, looped: bool) -> bool {
+        let dst = p.dst_ip();
+        super::wire::igmp::is_multicast(dst)
+            && frame
+                .first_chunk::<6>()
+                .is_some_and(|d| same_mac(d, &super::wire::igmp::multicast_mac(dst)))
+            && p.dest_qp() == super::MCAST_QPN
+            && !martian(p.src_ip())
+            && (p.src_ip() != self.ip || looped)
+            && !self.groups.members(dst).is_empty()
     }
 
     /// Whether the NIC should hand `frame` on: to this interface's MAC, or to a group

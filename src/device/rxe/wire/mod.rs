@@ -7,6 +7,7 @@
 //! - [`nd`]: IPv6 neighbour discovery messages;
 //! - [`bth`]: the base transport header, the opcodes and the extended headers;
 //! - [`icrc`]: the invariant CRC;
+//! - [`igmp`]: IPv4 multicast groups: their MACs, the IGMPv2 report and leave;
 //! - [`addr`]: GIDs and the UDP source ports derived from QPs;
 //! - [`packet`]: whole frames, parsed ([`packet::parse`]) and built ([`packet::build`], or [`packet::begin`] and [`packet::finish`] around a payload written in place).
 //! - [`template`]: a route's outer headers made once, patched per frame.
@@ -15,6 +16,7 @@ pub mod addr;
 pub mod bth;
 pub mod eth;
 pub mod icrc;
+pub mod igmp;
 pub mod ip;
 pub mod ip6;
 pub mod nd;
