@@ -88,6 +88,9 @@ run() { # TAG CLIENT(0|1) PROGRAM ARGS...
     echo "  [$tag] rxe counters: $(cd "$d/hw_counters" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
     echo "  [$tag] cm rx: $(cd "$d/cm_rx_msgs" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
     echo "  [$tag] cm tx: $(cd "$d/cm_tx_msgs" 2>/dev/null && grep -H . ./* 2>/dev/null | sed 's|^\./||' | grep -v ':0$' | tr '\n' ' ')"
+    # The kernel's first warning or oops whole (which function, its call trace), then the
+    # last lines.
+    dmesg 2>/dev/null | grep -m1 -A30 -E "WARNING:|BUG:|Oops" | sed "s/^/  [$tag] dmesg: /"
     dmesg 2>/dev/null | tail -5 | sed "s/^/  [$tag] dmesg: /"
   fi
   echo "bvroce-result $tag: exit $st${sum:+ | $sum}"
