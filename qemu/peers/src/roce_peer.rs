@@ -30,7 +30,7 @@
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 //! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
 //! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
-//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | refused on perftest's control connection through the CM ([`crate::cm_peer::refuse_perftest`]) |
+//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | the other role through the CM ([`crate::cm_peer`]); one with options the peer does not take is refused on perftest's control connection ([`crate::cm_peer::refuse_perftest`]) |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -250,6 +250,14 @@ impl PeerCase {
         "ib_read_bw-",
     ];
 
+    /// perftest's latency programs, which go through the CM with `-R`.
+    const LAT_PROGRAMS: [&'static str; 4] = [
+        "ib_read_lat-",
+        "ib_atomic_lat-",
+        "ib_write_lat-",
+        "ib_send_lat-",
+    ];
+
     /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
     /// Linux program's role.
     fn ping_pong_kind(name: &str) -> Option<PerfKind> {
@@ -279,7 +287,12 @@ impl PeerCase {
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
     pub fn parse(spec: &str) -> Option<PeerCase> {
         let mut words = spec.split(',').filter(|w| !w.is_empty());
+        let rdma_cm = spec.split(',').any(|o| o == "-R" || o == "--rdma_cm");
         let kind = match words.next()? {
+            // A latency program with -R: the CM's.
+            w if rdma_cm && Self::LAT_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
+                return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
+            }
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
@@ -453,14 +466,7 @@ impl<'a> Refused<'a> {
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
         // A latency program's name: the program, a word or none, the role.
-        let lat = [
-            "ib_read_lat-",
-            "ib_atomic_lat-",
-            "ib_write_lat-",
-            "ib_send_lat-",
-        ]
-        .iter()
-        .any(|p| {
+        let lat = PeerCase::LAT_PROGRAMS.iter().any(|p| {
             name.strip_prefix(p).is_some_and(|r| {
                 let word = r
                     .strip_suffix("client")
@@ -474,13 +480,11 @@ impl<'a> Refused<'a> {
         });
         let known = matches!(name, "write" | "read" | "atomic")
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
-            || (lat && !cm)
+            || lat
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
-        } else if lat && cm {
-            "rdma_cm (-R) with a latency program, which the peer does not speak"
         } else {
             "a program the peer does not speak"
         };
@@ -1974,8 +1978,17 @@ mod tests {
         assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
         assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
-        assert_eq!(PeerCase::parse("ib_write_lat-client,-R"), None);
-        assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
+        // The latency programs with -R go through the CM, with the options it takes.
+        assert!(matches!(
+            PeerCase::parse("ib_write_lat-client,-R"),
+            Some(PeerCase::Cm(_))
+        ));
+        assert!(matches!(
+            PeerCase::parse("ib_atomic_lat-cm-server,-R,-n,200"),
+            Some(PeerCase::Cm(_))
+        ));
+        assert_eq!(PeerCase::parse("ib_read_lat-client,-R,-q,2"), None);
+        assert_eq!(PeerCase::parse("ib_atomic_lat-client,-R,-s,2"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
         assert_eq!(PeerCase::parse("rc-server,-x"), None);
@@ -2089,10 +2102,9 @@ mod tests {
             r("ib_send_lat-1m-x-server"),
             ("ib_send_lat-1m-x-server", speak, Some(LinuxSide::Listens))
         );
-        let lat_cm = "rdma_cm (-R) with a latency program, which the peer does not speak";
         assert_eq!(
-            r("ib_write_lat-client,-R"),
-            ("ib_write_lat-client", lat_cm, None)
+            r("ib_write_lat-client,-R,-q,2"),
+            ("ib_write_lat-client", take, None)
         );
         // perftest's -R programs are told through the CM, in their role; the others are not.
         let cm = |s| Refused::of(s).cm_side;
@@ -2102,8 +2114,8 @@ mod tests {
         );
         assert_eq!(cm("ib_read_lat-cm-server,-R"), Some(LinuxSide::Listens));
         assert_eq!(
-            Refused::of("ib_send_lat-cm-server,-R").why,
-            lat_cm,
+            Refused::of("ib_send_lat-cm-server,-R,-b").why,
+            take,
             "a tagged name"
         );
         assert_eq!(

@@ -12,6 +12,7 @@
 //! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
+//! | `ib_send_lat-…`, `ib_write_lat-…`, `ib_read_lat-…`, `ib_atomic_lat-…` (`-server`, `-client`) | `ib_{send,write,read,atomic}_lat -R` | the other role, the same two connections: a SEND or WRITE each way per round, or the client's READs or fetch-and-adds one at a time (`perftest/lat.rs`) |
 //!
 //! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
 //! buffer's address (u64), rkey (u32) and size (u32), big-endian; per ping the client sends
@@ -83,7 +84,8 @@ pub enum Program {
     UdaddyServer,
     /// `udaddy -s`: the unikernel serves the UD port.
     UdaddyClient,
-    /// perftest with `-R`: `ib_send_bw`, `ib_write_bw` or `ib_read_bw`; the unikernel connects
+    /// perftest with `-R`: `ib_send_bw`, `ib_write_bw`, `ib_read_bw` or a latency program
+    /// (`ib_send_lat`, `ib_write_lat`, `ib_read_lat`, `ib_atomic_lat`); the unikernel connects
     /// when Linux serves (the `…-server` cases), else it listens.
     Perftest {
         /// The program.
@@ -91,8 +93,8 @@ pub enum Program {
         /// Linux runs the server.
         linux_serves: bool,
     },
-    /// A perftest `-R` case this peer does not run (the latency programs'): it is told so on
-    /// perftest's control connection ([`refuse_perftest`]).
+    /// A perftest `-R` case this peer does not run (options it does not take): it is told so
+    /// on perftest's control connection ([`refuse_perftest`]).
     PerftestRefused {
         /// Linux runs the server.
         linux_serves: bool,
@@ -334,7 +336,15 @@ fn run<P: Provider>(
     let cq = ctx
         .create_cq(2 * (16 + MAX_MESSAGES) + 4)
         .at("cm: create CQ")?;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let mut access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    if let Program::Perftest {
+        verb: PtVerb::AtomicLat,
+        ..
+    } = case.program
+    {
+        access |= AccessFlags::REMOTE_ATOMIC;
+    }
     let len = match case.program {
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
         Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
