@@ -29,6 +29,7 @@
 //! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 //! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
+//! | `ib_read_bw-<word>-client`, `ib_atomic_bw-<word>-client` (no `-R`), `-q N` (up to 4) | `ib_read_bw` / `ib_atomic_bw` as the client | the server: its buffer answers the READs on every QP (checked unchanged after), or takes the fetch-and-adds, which must add up to `-n` times the QPs |
 //! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
 //! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | the other role through the CM ([`crate::cm_peer`]); one with options the peer does not take is refused on perftest's control connection ([`crate::cm_peer::refuse_perftest`]) |
 
@@ -127,6 +128,19 @@ pub enum PerfKind {
         /// Both sides WRITE at once (`-b`).
         duplex: bool,
     },
+    /// `ib_read_bw` over TCP by its own name (`ib_read_bw-q2-client`), Linux the client, with
+    /// `-q`: its READs of the unikernel's buffer on each QP; the buffer unchanged after.
+    ReadBw {
+        /// QPs (`-q`).
+        qps: u8,
+    },
+    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), Linux the client,
+    /// with `-q`: its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
+    /// add up to `-n` times the QPs.
+    AtomicBw {
+        /// QPs (`-q`).
+        qps: u8,
+    },
     /// `ib_send_bw` over TCP (`ib_send_bw-q2-server`), with `-q` and `-b`: Linux serving, the
     /// unikernel SENDs `-n` × `-s` bytes on each QP; Linux the client, the unikernel receives
     /// them (with `-b` both).
@@ -145,7 +159,10 @@ impl PerfKind {
     fn atomics(self) -> bool {
         matches!(
             self,
-            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicLatReq
+            PerfKind::Atomic
+                | PerfKind::AtomicLat
+                | PerfKind::AtomicLatReq
+                | PerfKind::AtomicBw { .. }
         )
     }
 
@@ -161,6 +178,8 @@ impl PerfKind {
             PerfKind::Write
             | PerfKind::Read
             | PerfKind::Atomic
+            | PerfKind::ReadBw { .. }
+            | PerfKind::AtomicBw { .. }
             | PerfKind::WriteBw { .. }
             | PerfKind::SendBw { .. } => None,
         }
@@ -169,7 +188,10 @@ impl PerfKind {
     /// QPs (`-q`).
     fn qps(self) -> usize {
         match self {
-            PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. } => usize::from(qps),
+            PerfKind::WriteBw { qps, .. }
+            | PerfKind::SendBw { qps, .. }
+            | PerfKind::ReadBw { qps }
+            | PerfKind::AtomicBw { qps } => usize::from(qps),
             _ => 1,
         }
     }
@@ -221,7 +243,12 @@ impl PerfKind {
             | PerfKind::SendLat { linux_serves }
             | PerfKind::WriteBw { linux_serves, .. }
             | PerfKind::SendBw { linux_serves, .. } => linux_serves,
-            PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
+            PerfKind::Read
+            | PerfKind::Atomic
+            | PerfKind::ReadLat
+            | PerfKind::AtomicLat
+            | PerfKind::ReadBw { .. }
+            | PerfKind::AtomicBw { .. } => false,
         }
     }
 }
@@ -260,6 +287,16 @@ impl PeerCase {
 
     /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
     /// Linux program's role.
+    /// A perftest program's client case with a word between the program and the role
+    /// (`ib_read_bw-q2-client`).
+    fn tagged_client(name: &str) -> bool {
+        let Some((_, rest)) = name.split_once('-') else {
+            return false;
+        };
+        rest.strip_suffix("-client")
+            .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric()))
+    }
+
     fn ping_pong_kind(name: &str) -> Option<PerfKind> {
         let (program, rest) = name.split_once('-')?;
         let role = rest.rsplit('-').next()?;
@@ -303,6 +340,19 @@ impl PeerCase {
             // (A word between the program and the role only tells cases apart:
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
+            // ib_read_bw and ib_atomic_bw over TCP by their own names: Linux the client.
+            "ib_read_bw-client" => PerfKind::ReadBw { qps: 1 },
+            "ib_atomic_bw-client" => PerfKind::AtomicBw { qps: 1 },
+            w if (w.starts_with("ib_read_bw-") || w.starts_with("ib_atomic_bw-"))
+                && !rdma_cm
+                && Self::tagged_client(w) =>
+            {
+                if w.starts_with("ib_read_bw-") {
+                    PerfKind::ReadBw { qps: 1 }
+                } else {
+                    PerfKind::AtomicBw { qps: 1 }
+                }
+            }
             // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
             w if (w.starts_with("ib_write_bw-") || w.starts_with("ib_send_bw-"))
                 && !spec.split(',').any(|o| o == "-R" || o == "--rdma_cm") =>
@@ -340,7 +390,7 @@ impl PeerCase {
         };
         // (perftest's latency programs: 2 bytes, 1000 iterations.)
         let (mut size, mut iters) = match kind {
-            PerfKind::Atomic => (8, 5000),
+            PerfKind::Atomic | PerfKind::AtomicBw { .. } => (8, 5000),
             PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
             PerfKind::ReadLat
             | PerfKind::ReadLatReq
@@ -362,7 +412,13 @@ impl PeerCase {
             match (w, &mut kind) {
                 ("-s" | "--size", _) => size = v,
                 ("-n" | "--iters", _) => iters = v,
-                ("-q" | "--qp", PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. }) => {
+                (
+                    "-q" | "--qp",
+                    PerfKind::WriteBw { qps, .. }
+                    | PerfKind::SendBw { qps, .. }
+                    | PerfKind::ReadBw { qps }
+                    | PerfKind::AtomicBw { qps },
+                ) => {
                     *qps = u8::try_from(v)
                         .ok()
                         .filter(|&q| (1..=MAX_QPS as u8).contains(&q))?
@@ -385,6 +441,8 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Perf(PerfKind::ReadBw { .. }, ..) => "ib_read_bw-client",
+            PeerCase::Perf(PerfKind::AtomicBw { .. }, ..) => "ib_atomic_bw-client",
             PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
@@ -482,6 +540,10 @@ impl<'a> Refused<'a> {
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
             || lat
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
+            // (ib_read_bw and ib_atomic_bw over TCP: their clients only.)
+            || (!cm
+                && (name.starts_with("ib_read_bw-") || name.starts_with("ib_atomic_bw-"))
+                && name.ends_with("-client"))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
@@ -767,6 +829,8 @@ enum Detail {
     Atomics(u32, u64),
     /// `ib_read_lat`: the READs the Linux client was told to make (`-n`), bytes each.
     ReadLat(u32, u32),
+    /// `ib_read_bw` with `-q`: the READs the client reported, bytes each, QPs.
+    ReadQps(u64, u32, u8),
     /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
     /// median round trip (microseconds, the clock's resolution), what was checked.
     Requested(u32, u32, u64, &'static str),
@@ -797,6 +861,10 @@ impl core::fmt::Display for Detail {
                 "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
             ),
             Detail::Read(n, s) => write!(f, "answered the client's {n} RDMA READs of {s} bytes"),
+            Detail::ReadQps(n, s, q) => write!(
+                f,
+                "answered the client's {n} RDMA READs of {s} bytes on {q} QPs, the buffer unchanged"
+            ),
             Detail::ReadLat(n, s) => write!(
                 f,
                 "served the client's {n} RDMA READs of {s} bytes, the buffer unchanged"
@@ -1743,6 +1811,18 @@ fn perf<P: Provider, L: Link>(
                 }
             }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
+            PerfKind::ReadBw { qps } => {
+                // READs read; nothing of the buffer may have changed.
+                if let Some(at) = mr
+                    .as_slice()
+                    .iter()
+                    .enumerate()
+                    .position(|(i, &b)| b != i as u8)
+                {
+                    return Err(CaseError::Changed(at as u32));
+                }
+                Detail::ReadQps(o.peer_report.iters, size, qps)
+            }
             PerfKind::ReadLatReq => Detail::Requested(
                 iters,
                 size,
@@ -1779,7 +1859,7 @@ fn perf<P: Provider, L: Link>(
                 }
                 Detail::ReadLat(iters, size)
             }
-            PerfKind::Atomic | PerfKind::AtomicLat => {
+            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicBw { .. } => {
                 let words = mr
                     .as_slice()
                     .chunks_exact(8)
@@ -1788,7 +1868,8 @@ fn perf<P: Provider, L: Link>(
                     .filter(|&w| w != 0)
                     .fold((0u32, 0u64), |(n, s), w| (n + 1, s.wrapping_add(w)));
                 // ib_atomic_bw's fetch-and-add adds 1 each time: the words must hold
-                // exactly the client's count, each atomic executed once.
+                // exactly the client's count (on each QP), each atomic executed once.
+                let iters = iters.saturating_mul(kind.qps() as u32);
                 if sum != u64::from(iters) {
                     return Err(CaseError::Atomics { sum, iters });
                 }
@@ -1978,6 +2059,36 @@ mod tests {
         assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
         assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
+        // ib_read_bw and ib_atomic_bw over TCP by their names: Linux the client, -q up to 4.
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-client,-q,2,-s,4096,-n,200"),
+            Some(PeerCase::Perf(PerfKind::ReadBw { qps: 2 }, 4096, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_bw-q2-client,-q,2,-n,200"),
+            Some(PeerCase::Perf(PerfKind::AtomicBw { qps: 2 }, 8, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-client"),
+            Some(PeerCase::Perf(PerfKind::ReadBw { qps: 1 }, 65536, 5000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-client,-q,2").map(|c| c.name()),
+            Some("ib_read_bw-client")
+        );
+        for bad in [
+            "ib_read_bw-q5-client,-q,5",
+            "ib_atomic_bw-q2-client,-q,2,-s,16",
+            "ib_read_bw-b-client,-b",
+            "ib_read_bw-q2-server,-q,2",
+            "ib_atomic_bw-x-y-client,-q,2",
+        ] {
+            assert_eq!(PeerCase::parse(bad), None, "{bad}");
+        }
+        assert_eq!(
+            Refused::of("ib_read_bw-b-client,-b").why,
+            "options the peer does not take"
+        );
         // The latency programs with -R go through the CM, with the options it takes.
         assert!(matches!(
             PeerCase::parse("ib_write_lat-client,-R"),
