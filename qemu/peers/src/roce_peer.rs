@@ -128,11 +128,17 @@ pub enum PerfKind {
         /// Both sides WRITE at once (`-b`).
         duplex: bool,
     },
-    /// `ib_read_bw` over TCP by its own name (`ib_read_bw-q2-client`), Linux the client, with
-    /// `-q`: its READs of the unikernel's buffer on each QP; the buffer unchanged after.
+    /// `ib_read_bw` over TCP by its own name (`ib_read_bw-q2-client`), with `-q` and `-b`:
+    /// Linux the client, its READs of the unikernel's buffer on each QP (the buffer unchanged
+    /// after); Linux serving, the unikernel READs `-n` × `-s` bytes of its buffer on each QP,
+    /// each READ the first one's bytes (with `-b` both).
     ReadBw {
+        /// Linux serves.
+        linux_serves: bool,
         /// QPs (`-q`).
         qps: u8,
+        /// Both sides READ at once (`-b`).
+        duplex: bool,
     },
     /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), Linux the client,
     /// with `-q`: its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
@@ -190,7 +196,7 @@ impl PerfKind {
         match self {
             PerfKind::WriteBw { qps, .. }
             | PerfKind::SendBw { qps, .. }
-            | PerfKind::ReadBw { qps }
+            | PerfKind::ReadBw { qps, .. }
             | PerfKind::AtomicBw { qps } => usize::from(qps),
             _ => 1,
         }
@@ -235,6 +241,18 @@ impl PerfKind {
         }
     }
 
+    /// `ib_read_bw`: whether the unikernel READs, and whether Linux READs its buffer.
+    fn read_bw(self) -> Option<(bool, bool)> {
+        match self {
+            PerfKind::ReadBw {
+                linux_serves,
+                duplex,
+                ..
+            } => Some((linux_serves || duplex, !linux_serves || duplex)),
+            _ => None,
+        }
+    }
+
     /// Whether the unikernel plays perftest's client (Linux serves).
     fn uni_client(self) -> bool {
         match self {
@@ -247,8 +265,8 @@ impl PerfKind {
             | PerfKind::Atomic
             | PerfKind::ReadLat
             | PerfKind::AtomicLat
-            | PerfKind::ReadBw { .. }
             | PerfKind::AtomicBw { .. } => false,
+            PerfKind::ReadBw { linux_serves, .. } => linux_serves,
         }
     }
 }
@@ -287,14 +305,19 @@ impl PeerCase {
 
     /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
     /// Linux program's role.
-    /// A perftest program's client case with a word between the program and the role
-    /// (`ib_read_bw-q2-client`).
-    fn tagged_client(name: &str) -> bool {
+    /// A perftest program's case in `role`, with a word or none between the program and the
+    /// role (`ib_read_bw-q2-client`, `ib_read_bw-client`).
+    fn tagged(name: &str, role: &str) -> bool {
         let Some((_, rest)) = name.split_once('-') else {
             return false;
         };
-        rest.strip_suffix("-client")
-            .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric()))
+        match rest.strip_suffix(role) {
+            Some("") => true,
+            Some(w) => w
+                .strip_suffix('-')
+                .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric())),
+            None => false,
+        }
     }
 
     fn ping_pong_kind(name: &str) -> Option<PerfKind> {
@@ -341,16 +364,23 @@ impl PeerCase {
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
             // ib_read_bw and ib_atomic_bw over TCP by their own names: Linux the client.
-            "ib_read_bw-client" => PerfKind::ReadBw { qps: 1 },
             "ib_atomic_bw-client" => PerfKind::AtomicBw { qps: 1 },
-            w if (w.starts_with("ib_read_bw-") || w.starts_with("ib_atomic_bw-"))
-                && !rdma_cm
-                && Self::tagged_client(w) =>
-            {
-                if w.starts_with("ib_read_bw-") {
-                    PerfKind::ReadBw { qps: 1 }
-                } else {
-                    PerfKind::AtomicBw { qps: 1 }
+            w if w.starts_with("ib_atomic_bw-") && !rdma_cm && Self::tagged(w, "client") => {
+                PerfKind::AtomicBw { qps: 1 }
+            }
+            w if w.starts_with("ib_read_bw-") && !rdma_cm => {
+                let linux_serves = match w.rsplit('-').next() {
+                    Some("server") => true,
+                    Some("client") => false,
+                    _ => return None,
+                };
+                if !Self::tagged(w, if linux_serves { "server" } else { "client" }) {
+                    return None;
+                }
+                PerfKind::ReadBw {
+                    linux_serves,
+                    qps: 1,
+                    duplex: false,
                 }
             }
             // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
@@ -402,7 +432,9 @@ impl PeerCase {
         while let Some(w) = words.next() {
             if let (
                 "-b" | "--bidirectional",
-                PerfKind::WriteBw { duplex, .. } | PerfKind::SendBw { duplex, .. },
+                PerfKind::WriteBw { duplex, .. }
+                | PerfKind::SendBw { duplex, .. }
+                | PerfKind::ReadBw { duplex, .. },
             ) = (w, &mut kind)
             {
                 *duplex = true;
@@ -416,7 +448,7 @@ impl PeerCase {
                     "-q" | "--qp",
                     PerfKind::WriteBw { qps, .. }
                     | PerfKind::SendBw { qps, .. }
-                    | PerfKind::ReadBw { qps }
+                    | PerfKind::ReadBw { qps, .. }
                     | PerfKind::AtomicBw { qps },
                 ) => {
                     *qps = u8::try_from(v)
@@ -441,7 +473,13 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
-            PeerCase::Perf(PerfKind::ReadBw { .. }, ..) => "ib_read_bw-client",
+            PeerCase::Perf(PerfKind::ReadBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_read_bw-server"
+                } else {
+                    "ib_read_bw-client"
+                }
+            }
             PeerCase::Perf(PerfKind::AtomicBw { .. }, ..) => "ib_atomic_bw-client",
             PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
@@ -540,10 +578,10 @@ impl<'a> Refused<'a> {
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
             || lat
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
-            // (ib_read_bw and ib_atomic_bw over TCP: their clients only.)
+            // (ib_read_bw over TCP, and ib_atomic_bw's client.)
             || (!cm
-                && (name.starts_with("ib_read_bw-") || name.starts_with("ib_atomic_bw-"))
-                && name.ends_with("-client"))
+                && (name.starts_with("ib_read_bw-")
+                    || (name.starts_with("ib_atomic_bw-") && name.ends_with("-client"))))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
@@ -847,6 +885,9 @@ enum Detail {
     Both(u64, u32, f64, u8, u64),
     /// `ib_send_bw`: SENDs completed, Linux's received, bytes each, QPs.
     Sends(u64, u64, u32, u8),
+    /// `ib_read_bw` with Linux serving (or `-b`): READs completed, bytes each, the
+    /// bandwidth reported, QPs, and with `-b` the READs Linux reported.
+    ReadsDone(u64, u32, f64, u8, Option<u64>),
 }
 
 impl core::fmt::Display for Detail {
@@ -877,6 +918,19 @@ impl core::fmt::Display for Detail {
                 f,
                 "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
             ),
+            Detail::ReadsDone(n, s, bw, q, served) => {
+                write!(
+                    f,
+                    "{n} RDMA READs of {s} bytes completed on {q} QP(s), each the first one's bytes, {bw:.2} MiB/s reported"
+                )?;
+                match served {
+                    Some(m) => write!(
+                        f,
+                        "; answered Linux's {m} READs, the buffer unchanged (READs of Linux's buffer may bring these bytes back)"
+                    ),
+                    None => Ok(()),
+                }
+            }
             Detail::WroteQps(n, s, bw, q) => write!(
                 f,
                 "{n} RDMA WRITEs of {s} bytes completed on {q} QP(s), {bw:.2} MiB/s reported"
@@ -1019,9 +1073,15 @@ struct Perf<'a, 'm, 'r, P: Provider> {
     rx: [SendRx; MAX_QPS],
     /// `ib_send_bw`: receive slots per QP, and their stride.
     slots: (u32, u32),
+    /// `ib_read_bw`: where this side's READ slots start in the buffer.
+    read_at: u32,
     /// `ib_send_bw`: SENDs completed, messages received.
     sent: (u64, u64),
 }
+
+/// `ib_read_bw`'s READ slots per QP at most, and what a slot holds before its READ lands.
+const READ_SLOTS: u32 = 16;
+const READ_SENTINEL: u8 = 0xEE;
 
 /// Places of the sender's cycle whose first message is kept (as a digest).
 const MAX_PLACES: usize = 64;
@@ -1079,7 +1139,8 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         if let Some((send, recv)) = self.kind.send_bw() {
             return self.send_phase(peers.len(), send, recv);
         }
-        if !self.kind.writes() {
+        let reads = self.kind.read_bw().is_some_and(|(r, _)| r);
+        if !self.kind.writes() && !reads {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
                 size: self.size.into(),
@@ -1090,7 +1151,11 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         let t0 = (self.clock_ms)();
         let mut done = 0u64;
         for (i, peer) in peers.iter().enumerate() {
-            done += u64::from(self.write_all(i, peer)?);
+            done += u64::from(if reads {
+                self.read_all(i, peer)?
+            } else {
+                self.write_all(i, peer)?
+            });
         }
         // The clock ticks every 16 ms: a run shorter than a tick counts as one.
         let ms = ((self.clock_ms)() - t0).max(16);
@@ -1202,6 +1267,80 @@ impl<'a, P: Provider> Perf<'a, '_, '_, P> {
 }
 
 impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// `ib_read_bw`'s READs on QP `i` as perftest's client (Linux serving, or `-b`): `iters`
+    /// of `size` bytes from the start of `peer`'s buffer, up to the smaller of both sides'
+    /// outstanding reads (and [`READ_SLOTS`]) in flight, each into its slot after the halves
+    /// (the sentinel first). Every READ must bring the first one's bytes (nothing else of
+    /// Linux's writes that buffer); with `-b` a byte may also be this side's own at that place
+    /// (Linux's READs of this side's buffer may land where this side READs). Returns how many
+    /// completed.
+    fn read_all(&mut self, i: usize, peer: &Key) -> Result<u32, CaseError> {
+        let (size, iters, base) = (self.size as usize, self.iters, self.read_at as usize);
+        let stride = self.size.next_multiple_of(64) as usize;
+        let first = base + READ_SLOTS as usize * stride;
+        let window = u32::from(self.out_reads)
+            .min(u32::from(peer.out_reads))
+            .clamp(1, READ_SLOTS);
+        let duplex = matches!(self.kind, PerfKind::ReadBw { duplex: true, .. });
+        let (cq, deadline, clock) = (self.cq, self.deadline, self.clock_ms);
+        let (mut posted, mut done) = (0u32, 0u32);
+        let mut wcs = [WorkCompletion::default(); 16];
+        while done < iters {
+            while posted < iters && posted - done < window {
+                let at = base + (posted % window) as usize * stride;
+                self.mr.as_mut_slice()[at..at + size].fill(READ_SENTINEL);
+                let sge = self.mr.sge(at as u32, self.size).at("perftest: sge")?;
+                let Qp::Rts(qp) = self.qp_mut(i)? else {
+                    return Err(CaseError::OutOfOrder);
+                };
+                // `perf` destroys the QP before it drops the region, on every path; the CPU
+                // reads a slot only once its READ completed, and fills it again only then.
+                // SAFETY: the region stays registered and the slot untouched while it flies.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    b.rdma_read(
+                        u64::from(posted),
+                        SendFlags::SIGNALED,
+                        (peer.vaddr, peer.rkey),
+                        &[sge],
+                    )
+                    .at("perftest: post READ")?;
+                    b.finish();
+                }
+                posted += 1;
+            }
+            let got = cq.poll(&mut wcs).at("perftest: poll")?;
+            for w in &wcs[..got] {
+                if w.status != WcStatus::Success {
+                    return Err(CaseError::Status(w.status, w.wr_id));
+                }
+                // An RC QP completes its READs in order.
+                if w.wr_id != u64::from(done) {
+                    return Err(CaseError::OutOfOrder);
+                }
+                let at = base + (done % window) as usize * stride;
+                let buf = self.mr.as_mut_slice();
+                if done == 0 {
+                    buf.copy_within(at..at + size, first);
+                } else if let Some(j) = (0..size).find(|&j| {
+                    let b = buf[at + j];
+                    b != buf[first + j] && !(duplex && b == j as u8)
+                }) {
+                    return Err(CaseError::Data {
+                        bad: 1,
+                        first: done,
+                        at: j as u32,
+                    });
+                }
+                done += 1;
+            }
+            if got == 0 && clock() > deadline {
+                return Err(CaseError::Deadline);
+            }
+        }
+        Ok(done)
+    }
+
     /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
     /// to the Linux server's buffer, each posted once the one before completed. Checked: every
     /// READ brings the first one's bytes (the server's buffer does not change; compared by a
@@ -1645,6 +1784,10 @@ fn perf<P: Provider, L: Link>(
     let slots = (SEND_SLOT_BYTES / stride).clamp(1, SEND_SLOTS);
     let len = match kind.send_bw() {
         Some(_) => half as usize + n * (slots * stride) as usize,
+        // ib_read_bw's READ slots after the halves, and the first READ's bytes.
+        None if kind.read_bw().is_some_and(|(reads, _)| reads) => {
+            (n + 1) * half as usize + ((READ_SLOTS + 1) * stride) as usize
+        }
         None => (n + 1) * half as usize,
     };
     let access = AccessFlags::LOCAL_WRITE
@@ -1737,6 +1880,7 @@ fn perf<P: Provider, L: Link>(
             places: [0; MAX_PLACES],
         }; MAX_QPS],
         slots: (slots, stride),
+        read_at: (n as u32 + 1) * half,
         sent: (0, 0),
     };
     let local = Local::with_qps(&keys[..n]).ok_or(CaseError::OutOfOrder)?;
@@ -1761,7 +1905,11 @@ fn perf<P: Provider, L: Link>(
             deadline,
             &mut || clock_ms(),
         ),
-        None if matches!(kind, PerfKind::WriteBw { duplex: true, .. }) => {
+        None if matches!(
+            kind,
+            PerfKind::WriteBw { duplex: true, .. } | PerfKind::ReadBw { duplex: true, .. }
+        ) =>
+        {
             perftest::run_bidirectional(
                 stack,
                 role,
@@ -1811,17 +1959,28 @@ fn perf<P: Provider, L: Link>(
                 }
             }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
-            PerfKind::ReadBw { qps } => {
-                // READs read; nothing of the buffer may have changed.
-                if let Some(at) = mr
-                    .as_slice()
-                    .iter()
-                    .enumerate()
-                    .position(|(i, &b)| b != i as u8)
+            PerfKind::ReadBw { qps, .. } => {
+                let (reads, read_from) = kind.read_bw().unwrap_or((false, true));
+                // Linux's READs read; nothing of the halves may have changed.
+                let halves = (n + 1) * half as usize;
+                if read_from
+                    && let Some(at) = mr.as_slice()[..halves]
+                        .iter()
+                        .enumerate()
+                        .position(|(i, &b)| b != i as u8)
                 {
                     return Err(CaseError::Changed(at as u32));
                 }
-                Detail::ReadQps(o.peer_report.iters, size, qps)
+                match (reads, read_from) {
+                    (false, _) => Detail::ReadQps(o.peer_report.iters, size, qps),
+                    (true, served) => Detail::ReadsDone(
+                        wrote.0,
+                        size,
+                        wrote.1,
+                        qps,
+                        served.then_some(o.peer_report.iters),
+                    ),
+                }
             }
             PerfKind::ReadLatReq => Detail::Requested(
                 iters,
@@ -2059,34 +2218,50 @@ mod tests {
         assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
         assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
-        // ib_read_bw and ib_atomic_bw over TCP by their names: Linux the client, -q up to 4.
+        // ib_read_bw over TCP by its names, both roles, -q up to 4 and -b; ib_atomic_bw's
+        // client with -q.
+        let rb = |linux_serves, qps, duplex| PerfKind::ReadBw {
+            linux_serves,
+            qps,
+            duplex,
+        };
         assert_eq!(
             PeerCase::parse("ib_read_bw-q2-client,-q,2,-s,4096,-n,200"),
-            Some(PeerCase::Perf(PerfKind::ReadBw { qps: 2 }, 4096, 200))
+            Some(PeerCase::Perf(rb(false, 2, false), 4096, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-server,-q,2,-s,4096,-n,200"),
+            Some(PeerCase::Perf(rb(true, 2, false), 4096, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-b-server,-b"),
+            Some(PeerCase::Perf(rb(true, 1, true), 65536, 5000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-client"),
+            Some(PeerCase::Perf(rb(false, 1, false), 65536, 5000))
         );
         assert_eq!(
             PeerCase::parse("ib_atomic_bw-q2-client,-q,2,-n,200"),
             Some(PeerCase::Perf(PerfKind::AtomicBw { qps: 2 }, 8, 200))
         );
         assert_eq!(
-            PeerCase::parse("ib_read_bw-client"),
-            Some(PeerCase::Perf(PerfKind::ReadBw { qps: 1 }, 65536, 5000))
-        );
-        assert_eq!(
-            PeerCase::parse("ib_read_bw-q2-client,-q,2").map(|c| c.name()),
-            Some("ib_read_bw-client")
+            PeerCase::parse("ib_read_bw-q2-server,-q,2").map(|c| c.name()),
+            Some("ib_read_bw-server")
         );
         for bad in [
             "ib_read_bw-q5-client,-q,5",
             "ib_atomic_bw-q2-client,-q,2,-s,16",
-            "ib_read_bw-b-client,-b",
-            "ib_read_bw-q2-server,-q,2",
-            "ib_atomic_bw-x-y-client,-q,2",
+            "ib_atomic_bw-b-client,-b",
+            "ib_atomic_bw-q2-server,-q,2",
+            "ib_read_bw-x-y-client,-q,2",
+            "ib_read_bw-b-sever,-b",
+            "ib_read_bw-q2-client,-q,2,-R",
         ] {
             assert_eq!(PeerCase::parse(bad), None, "{bad}");
         }
         assert_eq!(
-            Refused::of("ib_read_bw-b-client,-b").why,
+            Refused::of("ib_atomic_bw-b-client,-b").why,
             "options the peer does not take"
         );
         // The latency programs with -R go through the CM, with the options it takes.
