@@ -140,10 +140,13 @@ pub enum PerfKind {
         /// Both sides READ at once (`-b`).
         duplex: bool,
     },
-    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), Linux the client,
-    /// with `-q`: its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
-    /// add up to `-n` times the QPs.
+    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), with `-q`: Linux
+    /// the client, its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
+    /// add up to `-n` times the QPs; Linux serving, the unikernel's fetch-and-adds of 1 on each
+    /// QP, each returning the one before plus one.
     AtomicBw {
+        /// Linux serves.
+        linux_serves: bool,
         /// QPs (`-q`).
         qps: u8,
     },
@@ -197,7 +200,7 @@ impl PerfKind {
             PerfKind::WriteBw { qps, .. }
             | PerfKind::SendBw { qps, .. }
             | PerfKind::ReadBw { qps, .. }
-            | PerfKind::AtomicBw { qps } => usize::from(qps),
+            | PerfKind::AtomicBw { qps, .. } => usize::from(qps),
             _ => 1,
         }
     }
@@ -261,12 +264,10 @@ impl PerfKind {
             | PerfKind::SendLat { linux_serves }
             | PerfKind::WriteBw { linux_serves, .. }
             | PerfKind::SendBw { linux_serves, .. } => linux_serves,
-            PerfKind::Read
-            | PerfKind::Atomic
-            | PerfKind::ReadLat
-            | PerfKind::AtomicLat
-            | PerfKind::AtomicBw { .. } => false,
-            PerfKind::ReadBw { linux_serves, .. } => linux_serves,
+            PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
+            PerfKind::ReadBw { linux_serves, .. } | PerfKind::AtomicBw { linux_serves, .. } => {
+                linux_serves
+            }
         }
     }
 }
@@ -363,12 +364,8 @@ impl PeerCase {
             // (A word between the program and the role only tells cases apart:
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
-            // ib_read_bw and ib_atomic_bw over TCP by their own names: Linux the client.
-            "ib_atomic_bw-client" => PerfKind::AtomicBw { qps: 1 },
-            w if w.starts_with("ib_atomic_bw-") && !rdma_cm && Self::tagged(w, "client") => {
-                PerfKind::AtomicBw { qps: 1 }
-            }
-            w if w.starts_with("ib_read_bw-") && !rdma_cm => {
+            // ib_read_bw and ib_atomic_bw over TCP by their own names, both roles.
+            w if (w.starts_with("ib_read_bw-") || w.starts_with("ib_atomic_bw-")) && !rdma_cm => {
                 let linux_serves = match w.rsplit('-').next() {
                     Some("server") => true,
                     Some("client") => false,
@@ -377,10 +374,17 @@ impl PeerCase {
                 if !Self::tagged(w, if linux_serves { "server" } else { "client" }) {
                     return None;
                 }
-                PerfKind::ReadBw {
-                    linux_serves,
-                    qps: 1,
-                    duplex: false,
+                if w.starts_with("ib_atomic_bw-") {
+                    PerfKind::AtomicBw {
+                        linux_serves,
+                        qps: 1,
+                    }
+                } else {
+                    PerfKind::ReadBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
                 }
             }
             // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
@@ -449,7 +453,7 @@ impl PeerCase {
                     PerfKind::WriteBw { qps, .. }
                     | PerfKind::SendBw { qps, .. }
                     | PerfKind::ReadBw { qps, .. }
-                    | PerfKind::AtomicBw { qps },
+                    | PerfKind::AtomicBw { qps, .. },
                 ) => {
                     *qps = u8::try_from(v)
                         .ok()
@@ -480,7 +484,13 @@ impl PeerCase {
                     "ib_read_bw-client"
                 }
             }
-            PeerCase::Perf(PerfKind::AtomicBw { .. }, ..) => "ib_atomic_bw-client",
+            PeerCase::Perf(PerfKind::AtomicBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_atomic_bw-server"
+                } else {
+                    "ib_atomic_bw-client"
+                }
+            }
             PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
@@ -578,10 +588,7 @@ impl<'a> Refused<'a> {
             || ["rc-server", "rc-client", "ud-server", "ud-client"].contains(&name)
             || lat
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
-            // (ib_read_bw over TCP, and ib_atomic_bw's client.)
-            || (!cm
-                && (name.starts_with("ib_read_bw-")
-                    || (name.starts_with("ib_atomic_bw-") && name.ends_with("-client"))))
+            || (!cm && (name.starts_with("ib_read_bw-") || name.starts_with("ib_atomic_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
@@ -885,6 +892,9 @@ enum Detail {
     Both(u64, u32, f64, u8, u64),
     /// `ib_send_bw`: SENDs completed, Linux's received, bytes each, QPs.
     Sends(u64, u64, u32, u8),
+    /// `ib_atomic_bw` with Linux serving: fetch-and-adds completed, QPs, the bandwidth
+    /// reported.
+    AtomicsDone(u64, u8, f64),
     /// `ib_read_bw` with Linux serving (or `-b`): READs completed, bytes each, the
     /// bandwidth reported, QPs, and with `-b` the READs Linux reported.
     ReadsDone(u64, u32, f64, u8, Option<u64>),
@@ -917,6 +927,10 @@ impl core::fmt::Display for Detail {
             Detail::Rounds(n, s, us, what) => write!(
                 f,
                 "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
+            ),
+            Detail::AtomicsDone(n, q, bw) => write!(
+                f,
+                "{n} fetch-and-adds of 1 completed on {q} QP(s), each returning the one before plus one, {bw:.2} MiB/s reported"
             ),
             Detail::ReadsDone(n, s, bw, q, served) => {
                 write!(
@@ -1139,7 +1153,14 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         if let Some((send, recv)) = self.kind.send_bw() {
             return self.send_phase(peers.len(), send, recv);
         }
-        let reads = self.kind.read_bw().is_some_and(|(r, _)| r);
+        let reads = self.kind.read_bw().is_some_and(|(r, _)| r)
+            || matches!(
+                self.kind,
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    ..
+                }
+            );
         if !self.kind.writes() && !reads {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
@@ -1274,7 +1295,11 @@ impl<P: Provider> Perf<'_, '_, '_, P> {
     /// Linux's writes that buffer); with `-b` a byte may also be this side's own at that place
     /// (Linux's READs of this side's buffer may land where this side READs). Returns how many
     /// completed.
+    ///
+    /// `ib_atomic_bw`'s fetch-and-adds of 1 the same way (Linux serving): each must return the
+    /// one before plus one (one QP at a time, each executed once, in order).
     fn read_all(&mut self, i: usize, peer: &Key) -> Result<u32, CaseError> {
+        let atomic = self.kind.atomics();
         let (size, iters, base) = (self.size as usize, self.iters, self.read_at as usize);
         let stride = self.size.next_multiple_of(64) as usize;
         let first = base + READ_SLOTS as usize * stride;
@@ -1298,13 +1323,13 @@ impl<P: Provider> Perf<'_, '_, '_, P> {
                 // SAFETY: the region stays registered and the slot untouched while it flies.
                 unsafe {
                     let mut b = qp.send_batch();
-                    b.rdma_read(
-                        u64::from(posted),
-                        SendFlags::SIGNALED,
-                        (peer.vaddr, peer.rkey),
-                        &[sge],
-                    )
-                    .at("perftest: post READ")?;
+                    let to = (peer.vaddr, peer.rkey);
+                    if atomic {
+                        b.atomic_fetch_add(u64::from(posted), SendFlags::SIGNALED, to, 1, &sge)
+                    } else {
+                        b.rdma_read(u64::from(posted), SendFlags::SIGNALED, to, &[sge])
+                    }
+                    .at("perftest: post READ or atomic")?;
                     b.finish();
                 }
                 posted += 1;
@@ -1320,7 +1345,21 @@ impl<P: Provider> Perf<'_, '_, '_, P> {
                 }
                 let at = base + (done % window) as usize * stride;
                 let buf = self.mr.as_mut_slice();
-                if done == 0 {
+                if atomic {
+                    let v = u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap_or([0; 8]));
+                    if done == 0 {
+                        buf[first..first + 8].copy_from_slice(&v.to_ne_bytes());
+                    } else {
+                        let v0 =
+                            u64::from_ne_bytes(buf[first..first + 8].try_into().unwrap_or([0; 8]));
+                        if v != v0.wrapping_add(u64::from(done)) {
+                            return Err(CaseError::Atomics {
+                                sum: v.wrapping_sub(v0),
+                                iters: done,
+                            });
+                        }
+                    }
+                } else if done == 0 {
                     buf.copy_within(at..at + size, first);
                 } else if let Some(j) = (0..size).find(|&j| {
                     let b = buf[at + j];
@@ -1785,7 +1824,15 @@ fn perf<P: Provider, L: Link>(
     let len = match kind.send_bw() {
         Some(_) => half as usize + n * (slots * stride) as usize,
         // ib_read_bw's READ slots after the halves, and the first READ's bytes.
-        None if kind.read_bw().is_some_and(|(reads, _)| reads) => {
+        None if kind.read_bw().is_some_and(|(reads, _)| reads)
+            || matches!(
+                kind,
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    ..
+                }
+            ) =>
+        {
             (n + 1) * half as usize + ((READ_SLOTS + 1) * stride) as usize
         }
         None => (n + 1) * half as usize,
@@ -2018,6 +2065,10 @@ fn perf<P: Provider, L: Link>(
                 }
                 Detail::ReadLat(iters, size)
             }
+            PerfKind::AtomicBw {
+                linux_serves: true,
+                qps,
+            } => Detail::AtomicsDone(wrote.0, qps, wrote.1),
             PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicBw { .. } => {
                 let words = mr
                     .as_slice()
@@ -2243,7 +2294,25 @@ mod tests {
         );
         assert_eq!(
             PeerCase::parse("ib_atomic_bw-q2-client,-q,2,-n,200"),
-            Some(PeerCase::Perf(PerfKind::AtomicBw { qps: 2 }, 8, 200))
+            Some(PeerCase::Perf(
+                PerfKind::AtomicBw {
+                    linux_serves: false,
+                    qps: 2
+                },
+                8,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_bw-q2-server,-q,2,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    qps: 2
+                },
+                8,
+                200
+            ))
         );
         assert_eq!(
             PeerCase::parse("ib_read_bw-q2-server,-q,2").map(|c| c.name()),
@@ -2253,7 +2322,6 @@ mod tests {
             "ib_read_bw-q5-client,-q,5",
             "ib_atomic_bw-q2-client,-q,2,-s,16",
             "ib_atomic_bw-b-client,-b",
-            "ib_atomic_bw-q2-server,-q,2",
             "ib_read_bw-x-y-client,-q,2",
             "ib_read_bw-b-sever,-b",
             "ib_read_bw-q2-client,-q,2,-R",
@@ -2373,8 +2441,12 @@ mod tests {
             ("ib_send_bw-server", take, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_atomic_bw-server,-s,8"),
-            ("ib_atomic_bw-server", speak, Some(LinuxSide::Listens))
+            r("ib_atomic_bw-server,-s,16"),
+            ("ib_atomic_bw-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_atomic_bw-server,-R"),
+            ("ib_atomic_bw-server", speak, None)
         );
         assert_eq!(
             r("ib_write_lat-client,-b"),

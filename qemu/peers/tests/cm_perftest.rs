@@ -420,7 +420,7 @@ fn a_latency_write_with_a_byte_before_the_round_s_number_fails_the_case() {
 }
 
 #[test]
-fn the_latency_programs_parse_with_rdma_cm_and_their_defaults() {
+fn the_latency_programs_and_write_bw_s_b_parse_with_rdma_cm() {
     use bareverbs_lab_peers::cm_peer::{Program, PtVerb};
     let c = CmCase::parse("ib_read_lat-cm-server,-R,-s,2,-n,200").unwrap();
     assert_eq!(
@@ -449,7 +449,25 @@ fn the_latency_programs_parse_with_rdma_cm_and_their_defaults() {
             1000
         )
     );
+    // ib_write_bw's -b: both sides WRITE.
+    let b = CmCase::parse("ib_write_bw-cmb-server,-R,-b,-s,4096,-n,200").unwrap();
+    assert_eq!(
+        (b.program, b.size, b.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::WriteBoth,
+                linux_serves: true
+            },
+            4096,
+            200
+        )
+    );
     for bad in [
+        // -b with -R: ib_write_bw's only.
+        "ib_send_bw-cmb-server,-R,-b",
+        "ib_read_bw-cmb-client,-R,-b",
+        // -q with -R: one data connection only.
+        "ib_write_bw-q2-client,-R,-q,2",
         // Without -R: the TCP exchange's case, not the CM's.
         "ib_write_lat-client,-s,2",
         // Atomics are 8 bytes.

@@ -88,6 +88,8 @@ pub enum PtVerb {
     ReadLat,
     /// `ib_atomic_lat`: the client's fetch-and-adds of 1 on the server's word, one at a time.
     AtomicLat,
+    /// `ib_write_bw -b`: both sides WRITE into each other's buffer at once.
+    WriteBoth,
 }
 
 impl PtVerb {
@@ -107,8 +109,8 @@ impl PtVerb {
         match (self, linux_serves) {
             (PtVerb::Send, true) => "ib_send_bw-server",
             (PtVerb::Send, false) => "ib_send_bw-client",
-            (PtVerb::Write, true) => "ib_write_bw-server",
-            (PtVerb::Write, false) => "ib_write_bw-client",
+            (PtVerb::Write | PtVerb::WriteBoth, true) => "ib_write_bw-server",
+            (PtVerb::Write | PtVerb::WriteBoth, false) => "ib_write_bw-client",
             (PtVerb::Read, true) => "ib_read_bw-server",
             (PtVerb::Read, false) => "ib_read_bw-client",
             (PtVerb::SendLat, true) => "ib_send_lat-server",
@@ -126,6 +128,7 @@ impl PtVerb {
         match self {
             PtVerb::Send => "SENDs",
             PtVerb::Write => "RDMA WRITEs",
+            PtVerb::WriteBoth => "RDMA WRITEs each way",
             PtVerb::Read => "RDMA READs",
             PtVerb::SendLat => "rounds of a SEND each way",
             PtVerb::WriteLat => "rounds of an RDMA WRITE each way",
@@ -170,10 +173,12 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
         .flat_map(|&v| [(v, true), (v, false)])
         .find(|&(v, s)| v.case_name(s).split_once('-') == Some(name))?;
     let (mut size, mut iters) = verb.defaults();
-    let mut rdma_cm = false;
+    let (mut rdma_cm, mut verb) = (false, verb);
     while let Some(w) = words.next() {
         match w {
             "-R" | "--rdma_cm" => rdma_cm = true,
+            // ib_write_bw's -b: both sides WRITE.
+            "-b" | "--bidirectional" if verb == PtVerb::Write => verb = PtVerb::WriteBoth,
             "-s" | "--size" => size = words.next()?.parse().ok()?,
             "-n" | "--iters" => iters = words.next()?.parse().ok()?,
             _ => return None,
@@ -230,6 +235,8 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32
         // READ slots and the first READ's bytes.
         (PtVerb::Read, true) => (slots(size) + 1) * stride(size),
         (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
+        // The target, then the source.
+        (PtVerb::WriteBoth, _) => size.max(MAX_CYCLE) + GUARD + size,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
         // What the unikernel SENDs or WRITEs.
         (PtVerb::Send | PtVerb::Write, true) => size,
@@ -604,16 +611,36 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 tally.checked += self.receive_all(qp, case, agreed)?;
             }
+            (PtVerb::WriteBoth, _) => {
+                // The area the peer WRITEs: the pre-fill; this side WRITEs from after it.
+                let at = DATA_AT as usize;
+                let len = case.size.max(MAX_CYCLE) + GUARD;
+                for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = msg::prefill(j);
+                }
+                // The sync before both sides WRITE.
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                let ms = self.now();
+                self.write_all(qp, case, &peer, DATA_AT + len)?;
+                // Each side's own report; the peer's WRITEs completed before it sent its own.
+                self.reports(ctl, client, true, case, self.now() - ms, tally)?;
+                let area = &self.mr.as_slice()[at..at + len as usize];
+                msg::check_write_target(area, case.size, case.count, agreed)?;
+                how = EVERY_DEFINED_AND_TARGET;
+            }
             (_, true) => {
                 let ms = self.now();
                 if verb == PtVerb::Write {
-                    self.write_all(qp, case, &peer)?;
+                    self.write_all(qp, case, &peer, DATA_AT)?;
                 } else {
                     let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
                     tally.checked += self.read_all(qp, case, &peer, window)?;
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, case, self.now() - ms, tally)?;
+                self.reports(ctl, client, false, case, self.now() - ms, tally)?;
             }
             (_, false) => {
                 // The area the peer WRITEs or READs: the pre-fill, then nothing touches it.
@@ -626,7 +653,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     *b = msg::prefill(j);
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, case, 0, tally)?;
+                self.reports(ctl, client, false, case, 0, tally)?;
                 if verb == PtVerb::Write {
                     let area = &self.mr.as_slice()[at..at + len as usize];
                     msg::check_write_target(area, case.size, case.count, agreed)?;
@@ -666,18 +693,20 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
 
     /// The five words of the report each way: the client's own (size, iterations, peak and
     /// average bandwidth in MiB/s, message rate in Mpps; `ms` its data phase), checked as
-    /// the server takes them; the server's are not perftest-defined.
+    /// the server takes them; the server's are not perftest-defined. With `duplex` (`-b`)
+    /// each side sends its own and checks the peer's.
     fn reports(
         &mut self,
         ctl: &mut QueuePair<'a, P, Rc, Rts>,
         client: bool,
+        duplex: bool,
         case: &CmCase,
         ms: u64,
         tally: &mut Tally,
     ) -> Result<(), CaseError> {
         let secs = ms.max(16) as f64 / 1000.0;
         let bw = f64::from(case.size) * f64::from(case.count) / secs / (1u64 << 20) as f64;
-        let mine = if client {
+        let mine = if client || duplex {
             Report {
                 size: case.size.into(),
                 iters: case.count.into(),
@@ -695,7 +724,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             b.copy_from_slice(&m[..8]);
             *theirs = u64::from_be_bytes(b);
         }
-        if !client {
+        if !client || duplex {
             msg::check_report(&Report::from_words(words), case)?;
             tally.checked += 40;
         }

@@ -94,7 +94,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
     ) -> Result<(), CaseError> {
-        self.fill_source(case.size);
+        self.fill_source(DATA_AT, case.size);
         let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
         self.pipeline(
             case.count,
@@ -117,15 +117,17 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         .map(|_| ())
     }
 
-    /// `ib_write_bw`'s client: `-n` WRITEs of `-s` bytes to the peer's buffer.
+    /// `ib_write_bw`'s client (with `-b` either side): `-n` WRITEs of `-s` bytes from `src`
+    /// in the region to the peer's buffer.
     pub(super) fn write_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
         peer: &super::Dest,
+        src: u32,
     ) -> Result<(), CaseError> {
-        self.fill_source(case.size);
-        let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
+        self.fill_source(src, case.size);
+        let sge = self.mr.sge(src, case.size).at("perftest: sge")?;
         let to = (peer.vaddr, peer.rkey);
         self.pipeline(
             case.count,
@@ -198,8 +200,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     }
 
     /// The bytes this side SENDs or WRITEs.
-    fn fill_source(&mut self, size: u32) {
-        let at = DATA_AT as usize;
+    fn fill_source(&mut self, at: u32, size: u32) {
+        let at = at as usize;
         for (j, b) in self.mr.as_mut_slice()[at..at + size as usize]
             .iter_mut()
             .enumerate()
