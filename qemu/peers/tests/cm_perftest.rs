@@ -420,7 +420,7 @@ fn a_latency_write_with_a_byte_before_the_round_s_number_fails_the_case() {
 }
 
 #[test]
-fn the_latency_programs_and_write_bw_s_b_parse_with_rdma_cm() {
+fn the_latency_programs_and_b_parse_with_rdma_cm() {
     use bareverbs_lab_peers::cm_peer::{Program, PtVerb};
     let c = CmCase::parse("ib_read_lat-cm-server,-R,-s,2,-n,200").unwrap();
     assert_eq!(
@@ -462,9 +462,21 @@ fn the_latency_programs_and_write_bw_s_b_parse_with_rdma_cm() {
             200
         )
     );
+    // ib_send_bw's -b: both sides SEND.
+    let s = CmCase::parse("ib_send_bw-cmb-client,-R,-b").unwrap();
+    assert_eq!(
+        (s.program, s.size, s.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::SendBoth,
+                linux_serves: false
+            },
+            65536,
+            1000
+        )
+    );
     for bad in [
-        // -b with -R: ib_write_bw's only.
-        "ib_send_bw-cmb-server,-R,-b",
+        // -b with -R: ib_write_bw's and ib_send_bw's only.
         "ib_read_bw-cmb-client,-R,-b",
         // -q with -R: one data connection only.
         "ib_write_bw-q2-client,-R,-q,2",

@@ -90,6 +90,8 @@ pub enum PtVerb {
     AtomicLat,
     /// `ib_write_bw -b`: both sides WRITE into each other's buffer at once.
     WriteBoth,
+    /// `ib_send_bw -b`: both sides SEND at once.
+    SendBoth,
 }
 
 impl PtVerb {
@@ -107,8 +109,8 @@ impl PtVerb {
     /// The case's name: the program, then the Linux side's role.
     pub fn case_name(self, linux_serves: bool) -> &'static str {
         match (self, linux_serves) {
-            (PtVerb::Send, true) => "ib_send_bw-server",
-            (PtVerb::Send, false) => "ib_send_bw-client",
+            (PtVerb::Send | PtVerb::SendBoth, true) => "ib_send_bw-server",
+            (PtVerb::Send | PtVerb::SendBoth, false) => "ib_send_bw-client",
             (PtVerb::Write | PtVerb::WriteBoth, true) => "ib_write_bw-server",
             (PtVerb::Write | PtVerb::WriteBoth, false) => "ib_write_bw-client",
             (PtVerb::Read, true) => "ib_read_bw-server",
@@ -129,6 +131,7 @@ impl PtVerb {
             PtVerb::Send => "SENDs",
             PtVerb::Write => "RDMA WRITEs",
             PtVerb::WriteBoth => "RDMA WRITEs each way",
+            PtVerb::SendBoth => "SENDs each way",
             PtVerb::Read => "RDMA READs",
             PtVerb::SendLat => "rounds of a SEND each way",
             PtVerb::WriteLat => "rounds of an RDMA WRITE each way",
@@ -179,6 +182,7 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
             "-R" | "--rdma_cm" => rdma_cm = true,
             // ib_write_bw's -b: both sides WRITE.
             "-b" | "--bidirectional" if verb == PtVerb::Write => verb = PtVerb::WriteBoth,
+            "-b" | "--bidirectional" if verb == PtVerb::Send => verb = PtVerb::SendBoth,
             "-s" | "--size" => size = words.next()?.parse().ok()?,
             "-n" | "--iters" => iters = words.next()?.parse().ok()?,
             _ => return None,
@@ -237,6 +241,8 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32
         (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
         // The target, then the source.
         (PtVerb::WriteBoth, _) => size.max(MAX_CYCLE) + GUARD + size,
+        // Receive slots, the image of the sender's cycle buffer, the source.
+        (PtVerb::SendBoth, _) => slots(size) * stride(size) + size.max(MAX_CYCLE) + size,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
         // What the unikernel SENDs or WRITEs.
         (PtVerb::Send | PtVerb::Write, true) => size,
@@ -604,7 +610,19 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         match (verb, client) {
             (PtVerb::Send, true) => {
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.send_all(qp, case)?;
+                self.send_all(qp, case, DATA_AT)?;
+            }
+            (PtVerb::SendBoth, _) => {
+                // Both sides' receives posted before the sync, then both SEND at once: the
+                // peer's SENDs wait in the receives (or for them: RNR, retried) while this
+                // side's go out, then are taken and checked in order.
+                self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                let ms = self.now();
+                let src = region_len(verb, client, case) - case.size;
+                self.send_all(qp, case, src)?;
+                tally.checked += self.receive_all(qp, case, agreed)?;
+                self.reports(ctl, client, true, case, self.now() - ms, tally)?;
             }
             (PtVerb::Send, false) => {
                 self.post_slots(qp, case.size, slots(case.size).min(case.count))?;

@@ -88,14 +88,16 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         Ok(u64::from(n) * u64::from(size))
     }
 
-    /// `ib_send_bw`'s client: `-n` SENDs of `-s` bytes from the start of the data area.
+    /// `ib_send_bw`'s client (with `-b` either side): `-n` SENDs of `-s` bytes from `src` in
+    /// the region.
     pub(super) fn send_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
+        src: u32,
     ) -> Result<(), CaseError> {
-        self.fill_source(DATA_AT, case.size);
-        let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
+        self.fill_source(src, case.size);
+        let sge = self.mr.sge(src, case.size).at("perftest: sge")?;
         self.pipeline(
             case.count,
             WINDOW,
