@@ -1,5 +1,6 @@
-//! The unikernel's perftest `-R` server (`cm_peer`, cases `ib_send_bw-client` and
-//! `ib_write_lat-client`) against a scripted `ib_send_bw -R` or `ib_write_lat -R` client
+//! The unikernel's perftest `-R` server (`cm_peer`, cases `ib_send_bw-client`,
+//! `ib_write_lat-client` and `ib_write_bw-client` with `-b`) against a scripted
+//! `ib_send_bw -R`, `ib_write_lat -R` or `ib_write_bw -R -b` client
 //! written from perftest 4.5-0.17's exchange as
 //! `docs/cm.md` gives it (the bytes here are spelled out, not taken from the module under
 //! test): two software RoCE devices on an in-memory segment, each side in its own thread on
@@ -50,6 +51,8 @@ enum Twist {
     /// `ib_write_lat`: the WRITE of the fifth round has a byte before the round's number
     /// that is not zero.
     BadWrite,
+    /// `ib_write_bw -b`: the client's report says one iteration less.
+    BadReport,
 }
 
 /// The Linux program the scripted client plays.
@@ -59,6 +62,8 @@ enum Prog {
     SendBw,
     /// `ib_write_lat -R -s 2 -n 20`.
     WriteLat,
+    /// `ib_write_bw -R -b -s 256 -n 20`.
+    WriteBoth,
 }
 
 /// `ib_write_lat`'s message size.
@@ -103,6 +108,10 @@ fn run(prog: Prog, twist: Twist) -> (String, bool) {
             let (spec, name) = match prog {
                 Prog::SendBw => ("ib_send_bw-client,-R,-s,256,-n,20", "ib_send_bw-client"),
                 Prog::WriteLat => ("ib_write_lat-client,-R,-s,2,-n,20", "ib_write_lat-client"),
+                Prog::WriteBoth => (
+                    "ib_write_bw-client,-R,-b,-s,256,-n,20",
+                    "ib_write_bw-client",
+                ),
             };
             let case = CmCase::parse(spec).unwrap();
             let t0 = Instant::now();
@@ -191,7 +200,8 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
     // fast, still held the first attempt (the case then waited out its deadline).
     let mut cm: Cm<'_, R, TestClock, 4> = Cm::new(&pd, &cm_cq, clk, CmConfig::default()).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mut mr = pd.register(128 + 4096, access).unwrap();
+    // (The second page: where ib_write_bw -b's peer WRITEs.)
+    let mut mr = pd.register(128 + 2 * 4096, access).unwrap();
     let (ctl_id, mut ctl) = connect(&mut cm, &pd, &cq, t0)?;
     // Region: 0 the receive, 64 the send, 128 the data buffer, a page (perftest's cycle
     // buffer, rand() bytes).
@@ -276,6 +286,9 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
         mr.as_mut_slice()[128..].fill(0);
         dest[24..32].copy_from_slice(&(mr.addr() + 192).to_be_bytes());
     }
+    if prog == Prog::WriteBoth {
+        dest[24..32].copy_from_slice(&(mr.addr() + 128 + 4096).to_be_bytes());
+    }
     let mut theirs = Vec::new();
     for k in 0..4 {
         let mut d = dest;
@@ -337,7 +350,45 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
         wait(100, &mut cm)?;
         mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
     }
-    if prog == Prog::SendBw {
+    if prog == Prog::WriteBoth {
+        // After the sync (the fourth pingpong_dest) both sides WRITE: this one from its cycle
+        // buffer to the same place of the peer's, one at a time.
+        let mut rkey = [0u8; 4];
+        rkey.copy_from_slice(&theirs[16..20]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&theirs[24..32]);
+        let (va, rk) = (u64::from_be_bytes(vaddr), u32::from_be_bytes(rkey));
+        for i in 0..ITERS {
+            let at = (i % 16) * SIZE;
+            let sge = mr.sge(128 + at, SIZE).unwrap();
+            // SAFETY: as above; one WRITE at a time.
+            unsafe {
+                let mut s = data.send_batch();
+                s.rdma_write(100, SendFlags::SIGNALED, (va + u64::from(at), rk), &[sge])
+                    .unwrap();
+                s.finish();
+            }
+            wait(100, &mut cm)?;
+        }
+        // The reports, each side's own: size, iterations, three figures (big-endian words).
+        let iters = u64::from(ITERS) - u64::from(twist == Twist::BadReport);
+        let words = [
+            u64::from(SIZE),
+            iters,
+            12.5f64.to_bits(),
+            12.0f64.to_bits(),
+            0.05f64.to_bits(),
+        ];
+        let mut got = [0u64; 5];
+        for (w, g) in words.iter().zip(got.iter_mut()) {
+            let m = xchg(&mut ctl, &mut mr, &mut cm, &w.to_be_bytes())?;
+            *g = u64::from_be_bytes(m[..8].try_into().unwrap());
+        }
+        // The unikernel's own report: its size and iterations.
+        assert_eq!(got[..2], [u64::from(SIZE), u64::from(ITERS)]);
+        assert!(f64::from_bits(got[3]).is_finite());
+    }
+    if prog != Prog::WriteLat {
         xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
     }
     // perftest's client disconnects its data connection and waits; its exit takes the control
@@ -498,4 +549,26 @@ fn the_latency_programs_and_b_parse_with_rdma_cm() {
     ] {
         assert_eq!(CmCase::parse(bad), None, "{bad}");
     }
+}
+
+#[test]
+fn both_sides_write_with_b_and_each_report_is_checked() {
+    let (line, ok) = run(Prog::WriteBoth, Twist::None);
+    assert!(
+        line.starts_with("roce-uk ib_write_bw-client: ok 20 RDMA WRITEs each way of 256 bytes"),
+        "{line}"
+    );
+    assert!(
+        line.contains("the WRITE target overwritten whole"),
+        "{line}"
+    );
+    // 16 + 4 + 4 + 2, two blanks and five pingpong_dest of 52 defined bytes, the report.
+    let checked = 26 + 7 * 52 + 40;
+    assert!(line.contains(&format!("({checked} bytes)")), "{line}");
+    assert!(ok);
+    let (line, _) = run(Prog::WriteBoth, Twist::BadReport);
+    assert!(
+        line.contains("FAIL the client's report, number 0: wrong byte at 8"),
+        "{line}"
+    );
 }
