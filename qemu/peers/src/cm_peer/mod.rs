@@ -591,8 +591,13 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         }
     }
 
-    /// Takes the completions there are (and one CM event); an error status ends the case.
+    /// Takes one CM event and the completions there are; an error status ends the case. (The
+    /// CM first: its poll reads the clock, and a read that follows one with no frame in
+    /// between may halt the CPU until the next interrupt (`roce_peer::serve`); so the poll of
+    /// the CQ after it runs the device once more, sending what the frames taken asked for,
+    /// before this round's own read of the clock.)
     fn poll_once(&mut self, what: &'static str) -> Result<(), CaseError> {
+        let _ = self.cm_event();
         let mut wcs = [WorkCompletion::default(); 4];
         let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
         for w in &wcs[..n] {
@@ -602,7 +607,6 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
                 _ => return Err(CaseError::Status(w.status, w.wr_id)),
             }
         }
-        let _ = self.cm_event();
         if n == 0 && self.disconnected {
             return Err(CaseError::Disconnected(what));
         }

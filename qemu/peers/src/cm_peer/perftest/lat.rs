@@ -267,7 +267,42 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         write: bool,
         r: &mut Rounds,
     ) -> Result<(), CaseError> {
-        self.poll_once("the peer's message of a round")?;
+        // The CM and the CQ (not `poll_once`): the clock is read only in a round that brought
+        // nothing, so that the peer's WRITE or SEND taken in this round is answered before
+        // the CPU may halt (a read of the clock that follows one with no frame in between
+        // halts until the next interrupt: `roce_peer::serve`).
+        let before = *r;
+        let _ = self.cm_event();
+        let mut wcs = [WorkCompletion::default(); 4];
+        let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
+        for w in &wcs[..n] {
+            let slot = seen_slot(w.wr_id).filter(|&s| self.seen[s].is_none());
+            match slot {
+                Some(s) if w.status == WcStatus::Success => self.seen[s] = Some(Seen::from(w)),
+                _ => return Err(CaseError::Status(w.status, w.wr_id)),
+            }
+        }
+        self.take_round(qp, case, write, r)?;
+        if n == 0 && (r.sent, r.received) == (before.sent, before.received) {
+            if self.disconnected {
+                return Err(CaseError::Disconnected("the peer's message of a round"));
+            }
+            if self.now() > self.deadline {
+                return Err(CaseError::Deadline("the peer's message of a round"));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the last poll brought: this side's message completed, the peer's WRITE of the
+    /// next round, or its SENDs.
+    fn take_round(
+        &mut self,
+        qp: &mut QueuePair<'a, P, Rc, Rts>,
+        case: &CmCase,
+        write: bool,
+        r: &mut Rounds,
+    ) -> Result<(), CaseError> {
         let size = case.size as usize;
         if self.take_seen(SEND_BASE).is_some() {
             r.sent += 1;
