@@ -32,8 +32,9 @@
 //! | `ib_write_lat-client`, `-server` | `ib_write_lat` as the client / server | the other role ([`perftest::Latency::Write`]): a WRITE each way per round, the server first; every WRITE Linux made has its count in its last byte and zeroes before it |
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 //! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
+//! | `ib_read_bw-<word>-client`, `ib_atomic_bw-<word>-client` (no `-R`), `-q N` (up to 4) | `ib_read_bw` / `ib_atomic_bw` as the client | the server: its buffer answers the READs on every QP (checked unchanged after), or takes the fetch-and-adds, which must add up to `-n` times the QPs |
 //! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
-//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | refused on perftest's control connection through the CM ([`crate::cm_peer::refuse_perftest`]) |
+//! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | the other role through the CM ([`crate::cm_peer`]); one with options the peer does not take is refused on perftest's control connection ([`crate::cm_peer::refuse_perftest`]) |
 
 use core::cell::Cell;
 use core::fmt::Write;
@@ -137,6 +138,28 @@ pub enum PerfKind {
         /// Both sides WRITE at once (`-b`).
         duplex: bool,
     },
+    /// `ib_read_bw` over TCP by its own name (`ib_read_bw-q2-client`), with `-q` and `-b`:
+    /// Linux the client, its READs of the unikernel's buffer on each QP (the buffer unchanged
+    /// after); Linux serving, the unikernel READs `-n` × `-s` bytes of its buffer on each QP,
+    /// each READ the first one's bytes (with `-b` both).
+    ReadBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+        /// Both sides READ at once (`-b`).
+        duplex: bool,
+    },
+    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), with `-q`: Linux
+    /// the client, its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
+    /// add up to `-n` times the QPs; Linux serving, the unikernel's fetch-and-adds of 1 on each
+    /// QP, each returning the one before plus one.
+    AtomicBw {
+        /// Linux serves.
+        linux_serves: bool,
+        /// QPs (`-q`).
+        qps: u8,
+    },
     /// `ib_send_bw` over TCP (`ib_send_bw-q2-server`), with `-q` and `-b`: Linux serving, the
     /// unikernel SENDs `-n` × `-s` bytes on each QP; Linux the client, the unikernel receives
     /// them (with `-b` both).
@@ -155,7 +178,10 @@ impl PerfKind {
     fn atomics(self) -> bool {
         matches!(
             self,
-            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicLatReq
+            PerfKind::Atomic
+                | PerfKind::AtomicLat
+                | PerfKind::AtomicLatReq
+                | PerfKind::AtomicBw { .. }
         )
     }
 
@@ -171,6 +197,8 @@ impl PerfKind {
             PerfKind::Write
             | PerfKind::Read
             | PerfKind::Atomic
+            | PerfKind::ReadBw { .. }
+            | PerfKind::AtomicBw { .. }
             | PerfKind::WriteBw { .. }
             | PerfKind::SendBw { .. } => None,
         }
@@ -179,7 +207,10 @@ impl PerfKind {
     /// QPs (`-q`).
     fn qps(self) -> usize {
         match self {
-            PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. } => usize::from(qps),
+            PerfKind::WriteBw { qps, .. }
+            | PerfKind::SendBw { qps, .. }
+            | PerfKind::ReadBw { qps, .. }
+            | PerfKind::AtomicBw { qps, .. } => usize::from(qps),
             _ => 1,
         }
     }
@@ -223,6 +254,18 @@ impl PerfKind {
         }
     }
 
+    /// `ib_read_bw`: whether the unikernel READs, and whether Linux READs its buffer.
+    fn read_bw(self) -> Option<(bool, bool)> {
+        match self {
+            PerfKind::ReadBw {
+                linux_serves,
+                duplex,
+                ..
+            } => Some((linux_serves || duplex, !linux_serves || duplex)),
+            _ => None,
+        }
+    }
+
     /// Whether the unikernel plays perftest's client (Linux serves).
     fn uni_client(self) -> bool {
         match self {
@@ -232,6 +275,9 @@ impl PerfKind {
             | PerfKind::WriteBw { linux_serves, .. }
             | PerfKind::SendBw { linux_serves, .. } => linux_serves,
             PerfKind::Read | PerfKind::Atomic | PerfKind::ReadLat | PerfKind::AtomicLat => false,
+            PerfKind::ReadBw { linux_serves, .. } | PerfKind::AtomicBw { linux_serves, .. } => {
+                linux_serves
+            }
         }
     }
 }
@@ -261,8 +307,31 @@ impl PeerCase {
         "ib_read_bw-",
     ];
 
+    /// perftest's latency programs, which go through the CM with `-R`.
+    const LAT_PROGRAMS: [&'static str; 4] = [
+        "ib_read_lat-",
+        "ib_atomic_lat-",
+        "ib_write_lat-",
+        "ib_send_lat-",
+    ];
+
     /// `ib_write_lat` / `ib_send_lat` by its case name: the program, a word or none, the
     /// Linux program's role.
+    /// A perftest program's case in `role`, with a word or none between the program and the
+    /// role (`ib_read_bw-q2-client`, `ib_read_bw-client`).
+    fn tagged(name: &str, role: &str) -> bool {
+        let Some((_, rest)) = name.split_once('-') else {
+            return false;
+        };
+        match rest.strip_suffix(role) {
+            Some("") => true,
+            Some(w) => w
+                .strip_suffix('-')
+                .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric())),
+            None => false,
+        }
+    }
+
     fn ping_pong_kind(name: &str) -> Option<PerfKind> {
         let (program, rest) = name.split_once('-')?;
         let role = rest.rsplit('-').next()?;
@@ -290,7 +359,12 @@ impl PeerCase {
     /// (perftest's defaults: 65536 bytes, 8 for atomics; 5000 iterations).
     pub fn parse(spec: &str) -> Option<PeerCase> {
         let mut words = spec.split(',').filter(|w| !w.is_empty());
+        let rdma_cm = spec.split(',').any(|o| o == "-R" || o == "--rdma_cm");
         let kind = match words.next()? {
+            // A latency program with -R: the CM's.
+            w if rdma_cm && Self::LAT_PROGRAMS.iter().any(|p| w.starts_with(p)) => {
+                return crate::cm_peer::CmCase::parse(spec).map(PeerCase::Cm);
+            }
             "write" => PerfKind::Write,
             "read" => PerfKind::Read,
             "atomic" => PerfKind::Atomic,
@@ -301,6 +375,29 @@ impl PeerCase {
             // (A word between the program and the role only tells cases apart:
             // ib_write_lat-1m-server.)
             w if Self::ping_pong_kind(w).is_some() => Self::ping_pong_kind(w)?,
+            // ib_read_bw and ib_atomic_bw over TCP by their own names, both roles.
+            w if (w.starts_with("ib_read_bw-") || w.starts_with("ib_atomic_bw-")) && !rdma_cm => {
+                let linux_serves = match w.rsplit('-').next() {
+                    Some("server") => true,
+                    Some("client") => false,
+                    _ => return None,
+                };
+                if !Self::tagged(w, if linux_serves { "server" } else { "client" }) {
+                    return None;
+                }
+                if w.starts_with("ib_atomic_bw-") {
+                    PerfKind::AtomicBw {
+                        linux_serves,
+                        qps: 1,
+                    }
+                } else {
+                    PerfKind::ReadBw {
+                        linux_serves,
+                        qps: 1,
+                        duplex: false,
+                    }
+                }
+            }
             // ib_write_bw and ib_send_bw over TCP (with -R: the CM's).
             w if (w.starts_with("ib_write_bw-") || w.starts_with("ib_send_bw-"))
                 && !spec.split(',').any(|o| o == "-R" || o == "--rdma_cm") =>
@@ -338,7 +435,7 @@ impl PeerCase {
         };
         // (perftest's latency programs: 2 bytes, 1000 iterations.)
         let (mut size, mut iters) = match kind {
-            PerfKind::Atomic => (8, 5000),
+            PerfKind::Atomic | PerfKind::AtomicBw { .. } => (8, 5000),
             PerfKind::AtomicLat | PerfKind::AtomicLatReq => (8, 1000),
             PerfKind::ReadLat
             | PerfKind::ReadLatReq
@@ -350,7 +447,9 @@ impl PeerCase {
         while let Some(w) = words.next() {
             if let (
                 "-b" | "--bidirectional",
-                PerfKind::WriteBw { duplex, .. } | PerfKind::SendBw { duplex, .. },
+                PerfKind::WriteBw { duplex, .. }
+                | PerfKind::SendBw { duplex, .. }
+                | PerfKind::ReadBw { duplex, .. },
             ) = (w, &mut kind)
             {
                 *duplex = true;
@@ -360,7 +459,13 @@ impl PeerCase {
             match (w, &mut kind) {
                 ("-s" | "--size", _) => size = v,
                 ("-n" | "--iters", _) => iters = v,
-                ("-q" | "--qp", PerfKind::WriteBw { qps, .. } | PerfKind::SendBw { qps, .. }) => {
+                (
+                    "-q" | "--qp",
+                    PerfKind::WriteBw { qps, .. }
+                    | PerfKind::SendBw { qps, .. }
+                    | PerfKind::ReadBw { qps, .. }
+                    | PerfKind::AtomicBw { qps, .. },
+                ) => {
                     *qps = u8::try_from(v)
                         .ok()
                         .filter(|&q| (1..=MAX_QPS as u8).contains(&q))?
@@ -383,6 +488,20 @@ impl PeerCase {
             PeerCase::Perf(PerfKind::Write, ..) => "write",
             PeerCase::Perf(PerfKind::Read, ..) => "read",
             PeerCase::Perf(PerfKind::Atomic, ..) => "atomic",
+            PeerCase::Perf(PerfKind::ReadBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_read_bw-server"
+                } else {
+                    "ib_read_bw-client"
+                }
+            }
+            PeerCase::Perf(PerfKind::AtomicBw { linux_serves, .. }, ..) => {
+                if *linux_serves {
+                    "ib_atomic_bw-server"
+                } else {
+                    "ib_atomic_bw-client"
+                }
+            }
             PeerCase::Perf(PerfKind::ReadLat, ..) => "ib_read_lat-client",
             PeerCase::Perf(PerfKind::AtomicLat, ..) => "ib_atomic_lat-client",
             PeerCase::Perf(PerfKind::ReadLatReq, ..) => "ib_read_lat-server",
@@ -464,14 +583,7 @@ impl<'a> Refused<'a> {
             .any(|p| name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
         // A latency program's name: the program, a word or none, the role.
-        let lat = [
-            "ib_read_lat-",
-            "ib_atomic_lat-",
-            "ib_write_lat-",
-            "ib_send_lat-",
-        ]
-        .iter()
-        .any(|p| {
+        let lat = PeerCase::LAT_PROGRAMS.iter().any(|p| {
             name.strip_prefix(p).is_some_and(|r| {
                 let word = r
                     .strip_suffix("client")
@@ -488,13 +600,12 @@ impl<'a> Refused<'a> {
                 name.strip_prefix(t)
                     .is_some_and(|r| r == "-server" || r == "-client")
             })
-            || (lat && !cm)
+            || lat
             || (!cm && (name.starts_with("ib_write_bw-") || name.starts_with("ib_send_bw-")))
+            || (!cm && (name.starts_with("ib_read_bw-") || name.starts_with("ib_atomic_bw-")))
             || (cm && PeerCase::CM_PROGRAMS.iter().any(|p| name.starts_with(p)));
         let why = if known {
             "options the peer does not take"
-        } else if lat && cm {
-            "rdma_cm (-R) with a latency program, which the peer does not speak"
         } else {
             "a program the peer does not speak"
         };
@@ -809,6 +920,8 @@ enum Detail {
     Atomics(u32, u64),
     /// `ib_read_lat`: the READs the Linux client was told to make (`-n`), bytes each.
     ReadLat(u32, u32),
+    /// `ib_read_bw` with `-q`: the READs the client reported, bytes each, QPs.
+    ReadQps(u64, u32, u8),
     /// `ib_read_lat` / `ib_atomic_lat` with Linux serving: the operations, bytes each, the
     /// median round trip (microseconds, the clock's resolution), what was checked.
     Requested(u32, u32, u64, &'static str),
@@ -825,6 +938,12 @@ enum Detail {
     Both(u64, u32, f64, u8, u64),
     /// `ib_send_bw`: SENDs completed, Linux's received, bytes each, QPs.
     Sends(u64, u64, u32, u8),
+    /// `ib_atomic_bw` with Linux serving: fetch-and-adds completed, QPs, the bandwidth
+    /// reported.
+    AtomicsDone(u64, u8, f64),
+    /// `ib_read_bw` with Linux serving (or `-b`): READs completed, bytes each, the
+    /// bandwidth reported, QPs, and with `-b` the READs Linux reported.
+    ReadsDone(u64, u32, f64, u8, Option<u64>),
 }
 
 impl core::fmt::Display for Detail {
@@ -839,6 +958,10 @@ impl core::fmt::Display for Detail {
                 "{n} RDMA WRITEs of {s} bytes completed, {bw:.2} MiB/s reported"
             ),
             Detail::Read(n, s) => write!(f, "answered the client's {n} RDMA READs of {s} bytes"),
+            Detail::ReadQps(n, s, q) => write!(
+                f,
+                "answered the client's {n} RDMA READs of {s} bytes on {q} QPs, the buffer unchanged"
+            ),
             Detail::ReadLat(n, s) => write!(
                 f,
                 "served the client's {n} RDMA READs of {s} bytes, the buffer unchanged"
@@ -851,6 +974,23 @@ impl core::fmt::Display for Detail {
                 f,
                 "{n} rounds of {s} bytes, one at a time, {us} us a round on average (the clock ticks every 16 ms), {what}"
             ),
+            Detail::AtomicsDone(n, q, bw) => write!(
+                f,
+                "{n} fetch-and-adds of 1 completed on {q} QP(s), each returning the one before plus one, {bw:.2} MiB/s reported"
+            ),
+            Detail::ReadsDone(n, s, bw, q, served) => {
+                write!(
+                    f,
+                    "{n} RDMA READs of {s} bytes completed on {q} QP(s), each the first one's bytes, {bw:.2} MiB/s reported"
+                )?;
+                match served {
+                    Some(m) => write!(
+                        f,
+                        "; answered Linux's {m} READs, the buffer unchanged (READs of Linux's buffer may bring these bytes back)"
+                    ),
+                    None => Ok(()),
+                }
+            }
             Detail::WroteQps(n, s, bw, q) => write!(
                 f,
                 "{n} RDMA WRITEs of {s} bytes completed on {q} QP(s), {bw:.2} MiB/s reported"
@@ -995,9 +1135,15 @@ struct Perf<'a, 'm, 'r, P: Provider> {
     rx: [SendRx; MAX_QPS],
     /// `ib_send_bw`: receive slots per QP, and their stride.
     slots: (u32, u32),
+    /// `ib_read_bw`: where this side's READ slots start in the buffer.
+    read_at: u32,
     /// `ib_send_bw`: SENDs completed, messages received.
     sent: (u64, u64),
 }
+
+/// `ib_read_bw`'s READ slots per QP at most, and what a slot holds before its READ lands.
+const READ_SLOTS: u32 = 16;
+const READ_SENTINEL: u8 = 0xEE;
 
 /// Places of the sender's cycle whose first message is kept (as a digest).
 const MAX_PLACES: usize = 64;
@@ -1055,7 +1201,15 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         if let Some((send, recv)) = self.kind.send_bw() {
             return self.send_phase(peers.len(), send, recv);
         }
-        if !self.kind.writes() {
+        let reads = self.kind.read_bw().is_some_and(|(r, _)| r)
+            || matches!(
+                self.kind,
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    ..
+                }
+            );
+        if !self.kind.writes() && !reads {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
                 size: self.size.into(),
@@ -1066,7 +1220,11 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
         let t0 = (self.clock_ms)();
         let mut done = 0u64;
         for (i, peer) in peers.iter().enumerate() {
-            done += u64::from(self.write_all(i, peer)?);
+            done += u64::from(if reads {
+                self.read_all(i, peer)?
+            } else {
+                self.write_all(i, peer)?
+            });
         }
         // The clock ticks every 16 ms: a run shorter than a tick counts as one.
         let ms = ((self.clock_ms)() - t0).max(16);
@@ -1178,6 +1336,98 @@ impl<'a, P: Provider> Perf<'a, '_, '_, P> {
 }
 
 impl<P: Provider> Perf<'_, '_, '_, P> {
+    /// `ib_read_bw`'s READs on QP `i` as perftest's client (Linux serving, or `-b`): `iters`
+    /// of `size` bytes from the start of `peer`'s buffer, up to the smaller of both sides'
+    /// outstanding reads (and [`READ_SLOTS`]) in flight, each into its slot after the halves
+    /// (the sentinel first). Every READ must bring the first one's bytes (nothing else of
+    /// Linux's writes that buffer); with `-b` a byte may also be this side's own at that place
+    /// (Linux's READs of this side's buffer may land where this side READs). Returns how many
+    /// completed.
+    ///
+    /// `ib_atomic_bw`'s fetch-and-adds of 1 the same way (Linux serving): each must return the
+    /// one before plus one (one QP at a time, each executed once, in order).
+    fn read_all(&mut self, i: usize, peer: &Key) -> Result<u32, CaseError> {
+        let atomic = self.kind.atomics();
+        let (size, iters, base) = (self.size as usize, self.iters, self.read_at as usize);
+        let stride = self.size.next_multiple_of(64) as usize;
+        let first = base + READ_SLOTS as usize * stride;
+        let window = u32::from(self.out_reads)
+            .min(u32::from(peer.out_reads))
+            .clamp(1, READ_SLOTS);
+        let duplex = matches!(self.kind, PerfKind::ReadBw { duplex: true, .. });
+        let (cq, deadline, clock) = (self.cq, self.deadline, self.clock_ms);
+        let (mut posted, mut done) = (0u32, 0u32);
+        let mut wcs = [WorkCompletion::default(); 16];
+        while done < iters {
+            while posted < iters && posted - done < window {
+                let at = base + (posted % window) as usize * stride;
+                self.mr.as_mut_slice()[at..at + size].fill(READ_SENTINEL);
+                let sge = self.mr.sge(at as u32, self.size).at("perftest: sge")?;
+                let Qp::Rts(qp) = self.qp_mut(i)? else {
+                    return Err(CaseError::OutOfOrder);
+                };
+                // `perf` destroys the QP before it drops the region, on every path; the CPU
+                // reads a slot only once its READ completed, and fills it again only then.
+                // SAFETY: the region stays registered and the slot untouched while it flies.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    let to = (peer.vaddr, peer.rkey);
+                    if atomic {
+                        b.atomic_fetch_add(u64::from(posted), SendFlags::SIGNALED, to, 1, &sge)
+                    } else {
+                        b.rdma_read(u64::from(posted), SendFlags::SIGNALED, to, &[sge])
+                    }
+                    .at("perftest: post READ or atomic")?;
+                    b.finish();
+                }
+                posted += 1;
+            }
+            let got = cq.poll(&mut wcs).at("perftest: poll")?;
+            for w in &wcs[..got] {
+                if w.status != WcStatus::Success {
+                    return Err(CaseError::Status(w.status, w.wr_id));
+                }
+                // An RC QP completes its READs in order.
+                if w.wr_id != u64::from(done) {
+                    return Err(CaseError::OutOfOrder);
+                }
+                let at = base + (done % window) as usize * stride;
+                let buf = self.mr.as_mut_slice();
+                if atomic {
+                    let v = u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap_or([0; 8]));
+                    if done == 0 {
+                        buf[first..first + 8].copy_from_slice(&v.to_ne_bytes());
+                    } else {
+                        let v0 =
+                            u64::from_ne_bytes(buf[first..first + 8].try_into().unwrap_or([0; 8]));
+                        if v != v0.wrapping_add(u64::from(done)) {
+                            return Err(CaseError::Atomics {
+                                sum: v.wrapping_sub(v0),
+                                iters: done,
+                            });
+                        }
+                    }
+                } else if done == 0 {
+                    buf.copy_within(at..at + size, first);
+                } else if let Some(j) = (0..size).find(|&j| {
+                    let b = buf[at + j];
+                    b != buf[first + j] && !(duplex && b == j as u8)
+                }) {
+                    return Err(CaseError::Data {
+                        bad: 1,
+                        first: done,
+                        at: j as u32,
+                    });
+                }
+                done += 1;
+            }
+            if got == 0 && clock() > deadline {
+                return Err(CaseError::Deadline);
+            }
+        }
+        Ok(done)
+    }
+
     /// The latency programs' client: `iters` READs of `size` bytes (or fetch-and-adds of 1)
     /// to the Linux server's buffer, each posted once the one before completed. Checked: every
     /// READ brings the first one's bytes (the server's buffer does not change; compared by a
@@ -1621,6 +1871,18 @@ fn perf<P: Provider, L: Link>(
     let slots = (SEND_SLOT_BYTES / stride).clamp(1, SEND_SLOTS);
     let len = match kind.send_bw() {
         Some(_) => half as usize + n * (slots * stride) as usize,
+        // ib_read_bw's READ slots after the halves, and the first READ's bytes.
+        None if kind.read_bw().is_some_and(|(reads, _)| reads)
+            || matches!(
+                kind,
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    ..
+                }
+            ) =>
+        {
+            (n + 1) * half as usize + ((READ_SLOTS + 1) * stride) as usize
+        }
         None => (n + 1) * half as usize,
     };
     let access = AccessFlags::LOCAL_WRITE
@@ -1714,6 +1976,7 @@ fn perf<P: Provider, L: Link>(
             places: [0; MAX_PLACES],
         }; MAX_QPS],
         slots: (slots, stride),
+        read_at: (n as u32 + 1) * half,
         sent: (0, 0),
     };
     let local = Local::with_qps(&keys[..n]).ok_or(CaseError::OutOfOrder)?;
@@ -1738,7 +2001,11 @@ fn perf<P: Provider, L: Link>(
             deadline,
             &mut || clock_ms(),
         ),
-        None if matches!(kind, PerfKind::WriteBw { duplex: true, .. }) => {
+        None if matches!(
+            kind,
+            PerfKind::WriteBw { duplex: true, .. } | PerfKind::ReadBw { duplex: true, .. }
+        ) =>
+        {
             perftest::run_bidirectional(
                 stack,
                 role,
@@ -1788,6 +2055,29 @@ fn perf<P: Provider, L: Link>(
                 }
             }
             PerfKind::Read => Detail::Read(o.peer_report.iters, size),
+            PerfKind::ReadBw { qps, .. } => {
+                let (reads, read_from) = kind.read_bw().unwrap_or((false, true));
+                // Linux's READs read; nothing of the halves may have changed.
+                let halves = (n + 1) * half as usize;
+                if read_from
+                    && let Some(at) = mr.as_slice()[..halves]
+                        .iter()
+                        .enumerate()
+                        .position(|(i, &b)| b != i as u8)
+                {
+                    return Err(CaseError::Changed(at as u32));
+                }
+                match (reads, read_from) {
+                    (false, _) => Detail::ReadQps(o.peer_report.iters, size, qps),
+                    (true, served) => Detail::ReadsDone(
+                        wrote.0,
+                        size,
+                        wrote.1,
+                        qps,
+                        served.then_some(o.peer_report.iters),
+                    ),
+                }
+            }
             PerfKind::ReadLatReq => Detail::Requested(
                 iters,
                 size,
@@ -1824,7 +2114,11 @@ fn perf<P: Provider, L: Link>(
                 }
                 Detail::ReadLat(iters, size)
             }
-            PerfKind::Atomic | PerfKind::AtomicLat => {
+            PerfKind::AtomicBw {
+                linux_serves: true,
+                qps,
+            } => Detail::AtomicsDone(wrote.0, qps, wrote.1),
+            PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicBw { .. } => {
                 let words = mr
                     .as_slice()
                     .chunks_exact(8)
@@ -1833,7 +2127,8 @@ fn perf<P: Provider, L: Link>(
                     .filter(|&w| w != 0)
                     .fold((0u32, 0u64), |(n, s), w| (n + 1, s.wrapping_add(w)));
                 // ib_atomic_bw's fetch-and-add adds 1 each time: the words must hold
-                // exactly the client's count, each atomic executed once.
+                // exactly the client's count (on each QP), each atomic executed once.
+                let iters = iters.saturating_mul(kind.qps() as u32);
                 if sum != u64::from(iters) {
                     return Err(CaseError::Atomics { sum, iters });
                 }
@@ -2056,8 +2351,80 @@ mod tests {
         assert_eq!(PeerCase::parse("ib_send_lat-client,-q,2"), None);
         assert_eq!(PeerCase::parse("ib_write_lat--server"), None);
         assert_eq!(PeerCase::parse("ib_write_lat-serve"), None);
-        assert_eq!(PeerCase::parse("ib_write_lat-client,-R"), None);
-        assert_eq!(PeerCase::parse("ib_read_lat-client,-R"), None);
+        // ib_read_bw over TCP by its names, both roles, -q up to 4 and -b; ib_atomic_bw's
+        // client with -q.
+        let rb = |linux_serves, qps, duplex| PerfKind::ReadBw {
+            linux_serves,
+            qps,
+            duplex,
+        };
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-client,-q,2,-s,4096,-n,200"),
+            Some(PeerCase::Perf(rb(false, 2, false), 4096, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-server,-q,2,-s,4096,-n,200"),
+            Some(PeerCase::Perf(rb(true, 2, false), 4096, 200))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-b-server,-b"),
+            Some(PeerCase::Perf(rb(true, 1, true), 65536, 5000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-client"),
+            Some(PeerCase::Perf(rb(false, 1, false), 65536, 5000))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_bw-q2-client,-q,2,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::AtomicBw {
+                    linux_serves: false,
+                    qps: 2
+                },
+                8,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_atomic_bw-q2-server,-q,2,-n,200"),
+            Some(PeerCase::Perf(
+                PerfKind::AtomicBw {
+                    linux_serves: true,
+                    qps: 2
+                },
+                8,
+                200
+            ))
+        );
+        assert_eq!(
+            PeerCase::parse("ib_read_bw-q2-server,-q,2").map(|c| c.name()),
+            Some("ib_read_bw-server")
+        );
+        for bad in [
+            "ib_read_bw-q5-client,-q,5",
+            "ib_atomic_bw-q2-client,-q,2,-s,16",
+            "ib_atomic_bw-b-client,-b",
+            "ib_read_bw-x-y-client,-q,2",
+            "ib_read_bw-b-sever,-b",
+            "ib_read_bw-q2-client,-q,2,-R",
+        ] {
+            assert_eq!(PeerCase::parse(bad), None, "{bad}");
+        }
+        assert_eq!(
+            Refused::of("ib_atomic_bw-b-client,-b").why,
+            "options the peer does not take"
+        );
+        // The latency programs with -R go through the CM, with the options it takes.
+        assert!(matches!(
+            PeerCase::parse("ib_write_lat-client,-R"),
+            Some(PeerCase::Cm(_))
+        ));
+        assert!(matches!(
+            PeerCase::parse("ib_atomic_lat-cm-server,-R,-n,200"),
+            Some(PeerCase::Cm(_))
+        ));
+        assert_eq!(PeerCase::parse("ib_read_lat-client,-R,-q,2"), None);
+        assert_eq!(PeerCase::parse("ib_atomic_lat-client,-R,-s,2"), None);
         assert_eq!(PeerCase::parse("write,-s,0"), None);
         assert_eq!(PeerCase::parse("write,-b"), None);
         assert_eq!(PeerCase::parse("rc-server,-x"), None);
@@ -2156,8 +2523,12 @@ mod tests {
             ("ib_send_bw-server", take, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_atomic_bw-server,-s,8"),
-            ("ib_atomic_bw-server", speak, Some(LinuxSide::Listens))
+            r("ib_atomic_bw-server,-s,16"),
+            ("ib_atomic_bw-server", take, Some(LinuxSide::Listens))
+        );
+        assert_eq!(
+            r("ib_atomic_bw-server,-R"),
+            ("ib_atomic_bw-server", speak, None)
         );
         assert_eq!(
             r("ib_write_lat-client,-b"),
@@ -2171,10 +2542,9 @@ mod tests {
             r("ib_send_lat-1m-x-server"),
             ("ib_send_lat-1m-x-server", speak, Some(LinuxSide::Listens))
         );
-        let lat_cm = "rdma_cm (-R) with a latency program, which the peer does not speak";
         assert_eq!(
-            r("ib_write_lat-client,-R"),
-            ("ib_write_lat-client", lat_cm, None)
+            r("ib_write_lat-client,-R,-q,2"),
+            ("ib_write_lat-client", take, None)
         );
         // perftest's -R programs are told through the CM, in their role; the others are not.
         let cm = |s| Refused::of(s).cm_side;
@@ -2184,8 +2554,8 @@ mod tests {
         );
         assert_eq!(cm("ib_read_lat-cm-server,-R"), Some(LinuxSide::Listens));
         assert_eq!(
-            Refused::of("ib_send_lat-cm-server,-R").why,
-            lat_cm,
+            Refused::of("ib_send_lat-cm-server,-R,-b").why,
+            take,
             "a tagged name"
         );
         assert_eq!(

@@ -1,5 +1,7 @@
-//! The unikernel's perftest `-R` server (`cm_peer`, case `ib_send_bw-client`) against a
-//! scripted `ib_send_bw -R` client written from perftest 4.5-0.17's exchange as
+//! The unikernel's perftest `-R` server (`cm_peer`, cases `ib_send_bw-client`,
+//! `ib_write_lat-client` and `ib_write_bw-client` with `-b`) against a scripted
+//! `ib_send_bw -R`, `ib_write_lat -R` or `ib_write_bw -R -b` client
+//! written from perftest 4.5-0.17's exchange as
 //! `docs/cm.md` gives it (the bytes here are spelled out, not taken from the module under
 //! test): two software RoCE devices on an in-memory segment, each side in its own thread on
 //! a real millisecond clock (a third thread moves the devices' clock along).
@@ -46,11 +48,31 @@ enum Twist {
     BadSend,
     /// The third `pingpong_dest` names another QP.
     BadDest,
+    /// `ib_write_lat`: the WRITE of the fifth round has a byte before the round's number
+    /// that is not zero.
+    BadWrite,
+    /// `ib_write_bw -b`: the client's report says one iteration less.
+    BadReport,
 }
 
-/// Runs the unikernel's case `ib_send_bw-client -R -s 256 -n 20` against the scripted
-/// client; returns the unikernel's line and whether the client got through its part.
-fn run(twist: Twist) -> (String, bool) {
+/// The Linux program the scripted client plays.
+#[derive(Clone, Copy, PartialEq)]
+enum Prog {
+    /// `ib_send_bw -R -s 256 -n 20`.
+    SendBw,
+    /// `ib_write_lat -R -s 2 -n 20`.
+    WriteLat,
+    /// `ib_write_bw -R -b -s 256 -n 20`.
+    WriteBoth,
+}
+
+/// `ib_write_lat`'s message size.
+const LAT_SIZE: u32 = 2;
+
+/// Runs the unikernel's case `ib_send_bw-client -R -s 256 -n 20` (or `ib_write_lat-client
+/// -R -s 2 -n 20`) against the scripted client; returns the unikernel's line and whether the
+/// client got through its part.
+fn run(prog: Prog, twist: Twist) -> (String, bool) {
     // One case at a time: each runs three threads that poll against the unikernel's real-time
     // deadlines, and under valgrind (which runs one thread at a time) three cases at once
     // starved each other past them.
@@ -83,11 +105,18 @@ fn run(twist: Twist) -> (String, bool) {
             let dev = Rxe::new(model, lu, clk, Config { ip: UNI_IP }).unwrap();
             let ctx: Context<R> = Context::new(dev);
             let pd = ctx.alloc_pd().unwrap();
-            let case = CmCase::parse("ib_send_bw-client,-R,-s,256,-n,20").unwrap();
+            let (spec, name) = match prog {
+                Prog::SendBw => ("ib_send_bw-client,-R,-s,256,-n,20", "ib_send_bw-client"),
+                Prog::WriteLat => ("ib_write_lat-client,-R,-s,2,-n,20", "ib_write_lat-client"),
+                Prog::WriteBoth => (
+                    "ib_write_bw-client,-R,-b,-s,256,-n,20",
+                    "ib_write_bw-client",
+                ),
+            };
+            let case = CmCase::parse(spec).unwrap();
             let t0 = Instant::now();
             let mut out = String::new();
             let clock = move || ms_since(t0);
-            let name = "ib_send_bw-client";
             run_case(&ctx, &pd, LNX_IP, name, &case, 20_000, &clock, &mut out);
             tx.send(out).unwrap();
         })
@@ -98,7 +127,7 @@ fn run(twist: Twist) -> (String, bool) {
             model.set_seed(9);
             let dev = Rxe::new(model, ll, clk.clone(), Config { ip: LNX_IP }).unwrap();
             let ctx: Context<R> = Context::new(dev);
-            client(&ctx, clk, twist)
+            client(&ctx, clk, prog, twist)
         })
     };
     let line = rx
@@ -158,8 +187,9 @@ fn connect<'a>(
     Err("never connected".into())
 }
 
-/// The client's side, as `ib_send_bw -R -s 256 -n 20 10.0.0.2` runs it.
-fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> {
+/// The client's side, as `ib_send_bw -R -s 256 -n 20 10.0.0.2` (or `ib_write_lat -R -s 2
+/// -n 20 10.0.0.2`) runs it.
+fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<(), String> {
     let pd = ctx.alloc_pd().unwrap();
     let cm_cq = ctx.create_cq(32).unwrap();
     let cq = ctx.create_cq(128).unwrap();
@@ -169,7 +199,9 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
     // clock, under valgrind, its REQ retries ran out while the unikernel's CM, a tenth as
     // fast, still held the first attempt (the case then waited out its deadline).
     let mut cm: Cm<'_, R, TestClock, 4> = Cm::new(&pd, &cm_cq, clk, CmConfig::default()).unwrap();
-    let mut mr = pd.register(128 + 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    // (The second page: where ib_write_bw -b's peer WRITEs.)
+    let mut mr = pd.register(128 + 2 * 4096, access).unwrap();
     let (ctl_id, mut ctl) = connect(&mut cm, &pd, &cq, t0)?;
     // Region: 0 the receive, 64 the send, 128 the data buffer, a page (perftest's cycle
     // buffer, rand() bytes).
@@ -249,6 +281,14 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
     dest[24..32].copy_from_slice(&(mr.addr() + 128).to_be_bytes());
     dest[32..48].copy_from_slice(&Gid::from_ipv4(LNX_IP).0);
     dest[52..56].copy_from_slice(&1u32.to_be_bytes());
+    if prog == Prog::WriteLat {
+        // ib_write_lat: its buffer (zeroes), and where the peer WRITEs, 64 bytes on.
+        mr.as_mut_slice()[128..].fill(0);
+        dest[24..32].copy_from_slice(&(mr.addr() + 192).to_be_bytes());
+    }
+    if prog == Prog::WriteBoth {
+        dest[24..32].copy_from_slice(&(mr.addr() + 128 + 4096).to_be_bytes());
+    }
     let mut theirs = Vec::new();
     for k in 0..4 {
         let mut d = dest;
@@ -260,9 +300,43 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
     // The unikernel's pingpong_dest: its data QP, its GID.
     assert_eq!(theirs[8..12], peer_qpn.to_be_bytes());
     assert_eq!(theirs[32..48], Gid::from_ipv4(UNI_IP).0);
+    if prog == Prog::WriteLat {
+        // The ping-pong: the server WRITEs first; each side polls the last byte of its
+        // buffer for the round's number, then WRITEs its own (zeroes, the number last).
+        let mut rkey = [0u8; 4];
+        rkey.copy_from_slice(&theirs[16..20]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&theirs[24..32]);
+        let to = (u64::from_be_bytes(vaddr), u32::from_be_bytes(rkey));
+        let last = (192 + LAT_SIZE - 1) as usize;
+        let mut wc = [WorkCompletion::default(); 1];
+        for k in 1..=ITERS {
+            while mr.as_slice()[last] != k as u8 {
+                cq.poll(&mut wc).unwrap();
+                // The unikernel ends a case that failed by disconnecting.
+                if let Some(CmEvent::Disconnected { .. }) = cm.poll() {
+                    return Err(format!("disconnected before round {k}"));
+                }
+                if t0.elapsed() > deadline {
+                    return Err(format!("no WRITE of round {k}"));
+                }
+            }
+            let src = 128 + LAT_SIZE as usize - 1;
+            mr.as_mut_slice()[src] = k as u8;
+            mr.as_mut_slice()[128] = u8::from(twist == Twist::BadWrite && k == 5);
+            let sge = mr.sge(128, LAT_SIZE).unwrap();
+            // SAFETY: as above; one WRITE at a time (the buffer changes only between them).
+            unsafe {
+                let mut s = data.send_batch();
+                s.rdma_write(100, SendFlags::SIGNALED, to, &[sge]).unwrap();
+                s.finish();
+            }
+            wait(100, &mut cm)?;
+        }
+    }
     // The SENDs from the cycle buffer: 256 bytes are at most half a page, so perftest moves
     // on by 256 (a multiple of the 64-byte cache line) each time, back to the start after 16.
-    for i in 0..ITERS {
+    for i in 0..ITERS * u32::from(prog == Prog::SendBw) {
         let at = 128 + (i % 16) * SIZE;
         let bad = twist == Twist::BadSend && i == 17;
         mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
@@ -276,16 +350,62 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
         wait(100, &mut cm)?;
         mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
     }
-    xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
+    if prog == Prog::WriteBoth {
+        // After the sync (the fourth pingpong_dest) both sides WRITE: this one from its cycle
+        // buffer to the same place of the peer's, one at a time.
+        let mut rkey = [0u8; 4];
+        rkey.copy_from_slice(&theirs[16..20]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&theirs[24..32]);
+        let (va, rk) = (u64::from_be_bytes(vaddr), u32::from_be_bytes(rkey));
+        for i in 0..ITERS {
+            let at = (i % 16) * SIZE;
+            let sge = mr.sge(128 + at, SIZE).unwrap();
+            // SAFETY: as above; one WRITE at a time.
+            unsafe {
+                let mut s = data.send_batch();
+                s.rdma_write(100, SendFlags::SIGNALED, (va + u64::from(at), rk), &[sge])
+                    .unwrap();
+                s.finish();
+            }
+            wait(100, &mut cm)?;
+        }
+        // The reports, each side's own: size, iterations, three figures (big-endian words).
+        let iters = u64::from(ITERS) - u64::from(twist == Twist::BadReport);
+        let words = [
+            u64::from(SIZE),
+            iters,
+            12.5f64.to_bits(),
+            12.0f64.to_bits(),
+            0.05f64.to_bits(),
+        ];
+        let mut got = [0u64; 5];
+        for (w, g) in words.iter().zip(got.iter_mut()) {
+            let m = xchg(&mut ctl, &mut mr, &mut cm, &w.to_be_bytes())?;
+            *g = u64::from_be_bytes(m[..8].try_into().unwrap());
+        }
+        // The unikernel's own report: its size and iterations.
+        assert_eq!(got[..2], [u64::from(SIZE), u64::from(ITERS)]);
+        assert!(f64::from_bits(got[3]).is_finite());
+    }
+    if prog != Prog::WriteLat {
+        xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
+    }
     // perftest's client disconnects its data connection and waits; its exit takes the control
     // connection down.
     let data = data.to_error().unwrap();
     let ctl = ctl.to_error().unwrap();
+    // (Once its data connection is down the unikernel takes the control connection down
+    // itself: its DREQ may come while this side still waits for the data connection's DREP.)
+    let mut down = Vec::new();
     for id in [data_id, ctl_id] {
-        cm.disconnect(id).unwrap();
-        loop {
+        // (A refused DREQ: the peer's came first, its event still to be taken below.)
+        if !down.contains(&id) {
+            let _ = cm.disconnect(id);
+        }
+        while !down.contains(&id) {
             match cm.poll() {
-                Some(CmEvent::Disconnected { id: i }) if i == id => break,
+                Some(CmEvent::Disconnected { id: i }) => down.push(i),
                 _ if t0.elapsed() > deadline => return Err("no DREP".into()),
                 _ => thread::sleep(Duration::from_micros(50)),
             }
@@ -297,7 +417,7 @@ fn client(ctx: &Context<R>, clk: TestClock, twist: Twist) -> Result<(), String> 
 
 #[test]
 fn the_server_takes_a_perftest_client_and_checks_every_send() {
-    let (line, ok) = run(Twist::None);
+    let (line, ok) = run(Prog::SendBw, Twist::None);
     assert!(
         line.starts_with("roce-uk ib_send_bw-client: ok 20 SENDs of 256 bytes"),
         "{line}"
@@ -310,7 +430,7 @@ fn the_server_takes_a_perftest_client_and_checks_every_send() {
 
 #[test]
 fn a_send_with_a_wrong_byte_fails_the_case() {
-    let (line, _) = run(Twist::BadSend);
+    let (line, _) = run(Prog::SendBw, Twist::BadSend);
     assert!(
         line.contains(
             "FAIL a SEND (not the bytes the first one at its place had), number 17: wrong byte at 7"
@@ -321,11 +441,134 @@ fn a_send_with_a_wrong_byte_fails_the_case() {
 
 #[test]
 fn a_pingpong_dest_that_changes_fails_the_case() {
-    let (line, _) = run(Twist::BadDest);
+    let (line, _) = run(Prog::SendBw, Twist::BadDest);
     assert!(
         line.contains(
             "FAIL a pingpong_dest (not the first one's bytes), number 2: wrong byte at 11"
         ),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_server_plays_ib_write_lat_s_ping_pong_and_checks_every_write() {
+    let (line, ok) = run(Prog::WriteLat, Twist::None);
+    assert!(
+        line.starts_with(
+            "roce-uk ib_write_lat-client: ok 20 rounds of an RDMA WRITE each way of 2 bytes"
+        ),
+        "{line}"
+    );
+    // 16 + 4 + 4 + 2, two blanks and four pingpong_dest of 52 defined bytes, 20 × 2.
+    let checked = 26 + 6 * 52 + 20 * 2;
+    assert!(line.contains(&format!("({checked} bytes)")), "{line}");
+    assert!(ok);
+}
+
+#[test]
+fn a_latency_write_with_a_byte_before_the_round_s_number_fails_the_case() {
+    let (line, _) = run(Prog::WriteLat, Twist::BadWrite);
+    assert!(
+        line.contains(
+            "FAIL a WRITE of the peer's (not zeroes before its round's number), number 4: wrong byte at 0"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_latency_programs_and_b_parse_with_rdma_cm() {
+    use bareverbs_lab_peers::cm_peer::{Program, PtVerb};
+    let c = CmCase::parse("ib_read_lat-cm-server,-R,-s,2,-n,200").unwrap();
+    assert_eq!(
+        (c.program, c.size, c.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::ReadLat,
+                linux_serves: true
+            },
+            2,
+            200
+        )
+    );
+    // perftest's defaults: 2 bytes (8 for atomics), 1000 iterations.
+    let d = CmCase::parse("ib_send_lat-client,-R").unwrap();
+    assert_eq!((d.size, d.count), (2, 1000));
+    let a = CmCase::parse("ib_atomic_lat-client,--rdma_cm").unwrap();
+    assert_eq!(
+        (a.program, a.size, a.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::AtomicLat,
+                linux_serves: false
+            },
+            8,
+            1000
+        )
+    );
+    // ib_write_bw's -b: both sides WRITE.
+    let b = CmCase::parse("ib_write_bw-cmb-server,-R,-b,-s,4096,-n,200").unwrap();
+    assert_eq!(
+        (b.program, b.size, b.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::WriteBoth,
+                linux_serves: true
+            },
+            4096,
+            200
+        )
+    );
+    // ib_send_bw's -b: both sides SEND.
+    let s = CmCase::parse("ib_send_bw-cmb-client,-R,-b").unwrap();
+    assert_eq!(
+        (s.program, s.size, s.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::SendBoth,
+                linux_serves: false
+            },
+            65536,
+            1000
+        )
+    );
+    for bad in [
+        // -b with -R: ib_write_bw's and ib_send_bw's only.
+        "ib_read_bw-cmb-client,-R,-b",
+        // -q with -R: one data connection only.
+        "ib_write_bw-q2-client,-R,-q,2",
+        // Without -R: the TCP exchange's case, not the CM's.
+        "ib_write_lat-client,-s,2",
+        // Atomics are 8 bytes.
+        "ib_atomic_lat-client,-R,-s,2",
+        // Options the latency exchange does not take here.
+        "ib_send_lat-client,-R,-q,2",
+        "ib_write_lat-server,-R,-b",
+        "ib_read_lat-server,-R,-n,0",
+        "ib_read_lat-x-y-server,-R",
+    ] {
+        assert_eq!(CmCase::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn both_sides_write_with_b_and_each_report_is_checked() {
+    let (line, ok) = run(Prog::WriteBoth, Twist::None);
+    assert!(
+        line.starts_with("roce-uk ib_write_bw-client: ok 20 RDMA WRITEs each way of 256 bytes"),
+        "{line}"
+    );
+    assert!(
+        line.contains("the WRITE target overwritten whole"),
+        "{line}"
+    );
+    // 16 + 4 + 4 + 2, two blanks and five pingpong_dest of 52 defined bytes, the report.
+    let checked = 26 + 7 * 52 + 40;
+    assert!(line.contains(&format!("({checked} bytes)")), "{line}");
+    assert!(ok);
+    let (line, _) = run(Prog::WriteBoth, Twist::BadReport);
+    assert!(
+        line.contains("FAIL the client's report, number 0: wrong byte at 8"),
         "{line}"
     );
 }

@@ -13,6 +13,8 @@
 //! | `mckey-server`, `mckey-client` | `mckey`, `mckey -s` | multicast: sends to the group, or takes what Linux sends to it, its QP attached directly (`mckey.rs`) |
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
+//! | `ib_write_bw-<word>-server`, `-client` with `-b` | `ib_write_bw -R -b` | the other role: both sides WRITE at once, each sends its own report; Linux's WRITE target overwritten whole and nothing around it touched |
+//! | `ib_send_lat-…`, `ib_write_lat-…`, `ib_read_lat-…`, `ib_atomic_lat-…` (`-server`, `-client`) | `ib_{send,write,read,atomic}_lat -R` | the other role, the same two connections: a SEND or WRITE each way per round, or the client's READs or fetch-and-adds one at a time (`perftest/lat.rs`) |
 //!
 //! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
 //! buffer's address (u64), rkey (u32) and size (u32), big-endian; per ping the client sends
@@ -86,7 +88,8 @@ pub enum Program {
     UdaddyServer,
     /// `udaddy -s`: the unikernel serves the UD port.
     UdaddyClient,
-    /// perftest with `-R`: `ib_send_bw`, `ib_write_bw` or `ib_read_bw`; the unikernel connects
+    /// perftest with `-R`: `ib_send_bw`, `ib_write_bw`, `ib_read_bw` or a latency program
+    /// (`ib_send_lat`, `ib_write_lat`, `ib_read_lat`, `ib_atomic_lat`); the unikernel connects
     /// when Linux serves (the `…-server` cases), else it listens.
     Perftest {
         /// The program.
@@ -100,8 +103,8 @@ pub enum Program {
         /// Linux runs the server.
         linux_serves: bool,
     },
-    /// A perftest `-R` case this peer does not run (the latency programs'): it is told so on
-    /// perftest's control connection ([`refuse_perftest`]).
+    /// A perftest `-R` case this peer does not run (options it does not take): it is told so
+    /// on perftest's control connection ([`refuse_perftest`]).
     PerftestRefused {
         /// Linux runs the server.
         linux_serves: bool,
@@ -379,7 +382,15 @@ fn run<P: Provider>(
     let cq = ctx
         .create_cq(2 * (16 + MAX_MESSAGES) + 4)
         .at("cm: create CQ")?;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let mut access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    if let Program::Perftest {
+        verb: PtVerb::AtomicLat,
+        ..
+    } = case.program
+    {
+        access |= AccessFlags::REMOTE_ATOMIC;
+    }
     let len = match case.program {
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
         Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
@@ -627,8 +638,13 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         }
     }
 
-    /// Takes the completions there are (and one CM event); an error status ends the case.
+    /// Takes one CM event and the completions there are; an error status ends the case. (The
+    /// CM first: its poll reads the clock, and a read that follows one with no frame in
+    /// between may halt the CPU until the next interrupt (`roce_peer::serve`); so the poll of
+    /// the CQ after it runs the device once more, sending what the frames taken asked for,
+    /// before this round's own read of the clock.)
     fn poll_once(&mut self, what: &'static str) -> Result<(), CaseError> {
+        let _ = self.cm_event();
         let mut wcs = [WorkCompletion::default(); 4];
         let n = self.cq.poll(&mut wcs).at("cm: poll CQ")?;
         for w in &wcs[..n] {
@@ -638,7 +654,6 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
                 _ => return Err(CaseError::Status(w.status, w.wr_id)),
             }
         }
-        let _ = self.cm_event();
         if n == 0 && self.disconnected {
             return Err(CaseError::Disconnected(what));
         }

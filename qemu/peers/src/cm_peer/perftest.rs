@@ -33,6 +33,7 @@ use crate::tcp::perftest::{MIN_VERSION, Report, VERSION, VERSION_LEN, parse_vers
 
 mod ctl;
 mod data;
+mod lat;
 mod msg;
 
 pub use msg::{DEST_LEN, Dest};
@@ -79,18 +80,49 @@ pub enum PtVerb {
     Write,
     /// `ib_read_bw`: the client READs the server's buffer.
     Read,
+    /// `ib_send_lat`: a SEND each way per round, the client first.
+    SendLat,
+    /// `ib_write_lat`: a WRITE each way per round, the server first.
+    WriteLat,
+    /// `ib_read_lat`: the client READs the server's buffer, one at a time.
+    ReadLat,
+    /// `ib_atomic_lat`: the client's fetch-and-adds of 1 on the server's word, one at a time.
+    AtomicLat,
+    /// `ib_write_bw -b`: both sides WRITE into each other's buffer at once.
+    WriteBoth,
+    /// `ib_send_bw -b`: both sides SEND at once.
+    SendBoth,
 }
 
 impl PtVerb {
+    /// Every program, in the order [`parse`] tries them.
+    const ALL: [PtVerb; 7] = [
+        PtVerb::Send,
+        PtVerb::Write,
+        PtVerb::Read,
+        PtVerb::SendLat,
+        PtVerb::WriteLat,
+        PtVerb::ReadLat,
+        PtVerb::AtomicLat,
+    ];
+
     /// The case's name: the program, then the Linux side's role.
     pub fn case_name(self, linux_serves: bool) -> &'static str {
         match (self, linux_serves) {
-            (PtVerb::Send, true) => "ib_send_bw-server",
-            (PtVerb::Send, false) => "ib_send_bw-client",
-            (PtVerb::Write, true) => "ib_write_bw-server",
-            (PtVerb::Write, false) => "ib_write_bw-client",
+            (PtVerb::Send | PtVerb::SendBoth, true) => "ib_send_bw-server",
+            (PtVerb::Send | PtVerb::SendBoth, false) => "ib_send_bw-client",
+            (PtVerb::Write | PtVerb::WriteBoth, true) => "ib_write_bw-server",
+            (PtVerb::Write | PtVerb::WriteBoth, false) => "ib_write_bw-client",
             (PtVerb::Read, true) => "ib_read_bw-server",
             (PtVerb::Read, false) => "ib_read_bw-client",
+            (PtVerb::SendLat, true) => "ib_send_lat-server",
+            (PtVerb::SendLat, false) => "ib_send_lat-client",
+            (PtVerb::WriteLat, true) => "ib_write_lat-server",
+            (PtVerb::WriteLat, false) => "ib_write_lat-client",
+            (PtVerb::ReadLat, true) => "ib_read_lat-server",
+            (PtVerb::ReadLat, false) => "ib_read_lat-client",
+            (PtVerb::AtomicLat, true) => "ib_atomic_lat-server",
+            (PtVerb::AtomicLat, false) => "ib_atomic_lat-client",
         }
     }
 
@@ -98,31 +130,68 @@ impl PtVerb {
         match self {
             PtVerb::Send => "SENDs",
             PtVerb::Write => "RDMA WRITEs",
+            PtVerb::WriteBoth => "RDMA WRITEs each way",
+            PtVerb::SendBoth => "SENDs each way",
             PtVerb::Read => "RDMA READs",
+            PtVerb::SendLat => "rounds of a SEND each way",
+            PtVerb::WriteLat => "rounds of an RDMA WRITE each way",
+            PtVerb::ReadLat => "RDMA READs one at a time",
+            PtVerb::AtomicLat => "fetch-and-adds one at a time",
+        }
+    }
+
+    /// A latency program.
+    pub fn latency(self) -> bool {
+        matches!(
+            self,
+            PtVerb::SendLat | PtVerb::WriteLat | PtVerb::ReadLat | PtVerb::AtomicLat
+        )
+    }
+
+    /// The program READs or operates on the peer's memory: its data connection asks for
+    /// perftest's outstanding reads both ways (`out_reads`), the others for none.
+    fn reads(self) -> bool {
+        matches!(self, PtVerb::Read | PtVerb::ReadLat | PtVerb::AtomicLat)
+    }
+
+    /// perftest's default `-s` and `-n`: 65536 bytes and 1000 iterations for the bandwidth
+    /// programs, 2 bytes (8 for atomics) and 1000 for the latency ones.
+    fn defaults(self) -> (u32, u32) {
+        match self {
+            PtVerb::AtomicLat => (8, 1000),
+            v if v.latency() => (2, 1000),
+            _ => (65536, 1000),
         }
     }
 }
 
 /// Parses `ib_send_bw-server,-R,-s,4096,-n,200` (`,` for spaces): `None` for another
-/// program, without `-R`, or with options that do not parse. perftest's defaults: 65536
-/// bytes, 1000 iterations.
+/// program, without `-R`, or with options that do not parse ([`PtVerb::defaults`] where
+/// none is given; `ib_atomic_lat` takes 8 bytes only, as perftest's atomics are).
 pub(super) fn parse(spec: &str) -> Option<CmCase> {
     let mut words = spec.split(',').filter(|w| !w.is_empty());
     let name = untagged(words.next()?)?;
-    let (verb, linux_serves) = [PtVerb::Send, PtVerb::Write, PtVerb::Read]
+    let (verb, linux_serves) = PtVerb::ALL
         .iter()
         .flat_map(|&v| [(v, true), (v, false)])
         .find(|&(v, s)| v.case_name(s).split_once('-') == Some(name))?;
-    let (mut size, mut iters, mut rdma_cm) = (65536u32, 1000u32, false);
+    let (mut size, mut iters) = verb.defaults();
+    let (mut rdma_cm, mut verb) = (false, verb);
     while let Some(w) = words.next() {
         match w {
             "-R" | "--rdma_cm" => rdma_cm = true,
+            // ib_write_bw's -b: both sides WRITE.
+            "-b" | "--bidirectional" if verb == PtVerb::Write => verb = PtVerb::WriteBoth,
+            "-b" | "--bidirectional" if verb == PtVerb::Send => verb = PtVerb::SendBoth,
             "-s" | "--size" => size = words.next()?.parse().ok()?,
             "-n" | "--iters" => iters = words.next()?.parse().ok()?,
             _ => return None,
         }
     }
-    let ok = rdma_cm && (1..=MAX_PT_SIZE).contains(&size) && (1..=1_000_000).contains(&iters);
+    let ok = rdma_cm
+        && (1..=MAX_PT_SIZE).contains(&size)
+        && (1..=1_000_000).contains(&iters)
+        && (verb != PtVerb::AtomicLat || size == 8);
     ok.then_some(CmCase {
         program: Program::Perftest { verb, linux_serves },
         size,
@@ -170,9 +239,20 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32
         // READ slots and the first READ's bytes.
         (PtVerb::Read, true) => (slots(size) + 1) * stride(size),
         (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
+        // The target, then the source.
+        (PtVerb::WriteBoth, _) => size.max(MAX_CYCLE) + GUARD + size,
+        // Receive slots, the image of the sender's cycle buffer, the source.
+        (PtVerb::SendBoth, _) => slots(size) * stride(size) + size.max(MAX_CYCLE) + size,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
         // What the unikernel SENDs or WRITEs.
         (PtVerb::Send | PtVerb::Write, true) => size,
+        // The source, the target (the peer's WRITE) or two receive slots, the first SEND's
+        // bytes.
+        (PtVerb::SendLat | PtVerb::WriteLat, _) => 4 * stride(size),
+        // The READ slot and the first READ's bytes, or the buffer the peer READs.
+        (PtVerb::ReadLat, _) => 2 * stride(size),
+        // The fetch-and-add's result, or the word the peer's land on (and a line around it).
+        (PtVerb::AtomicLat, _) => LINE,
     };
     DATA_AT + data
 }
@@ -186,6 +266,16 @@ pub fn cycle_steps(size: u32, cycle: u32, line: u32) -> (u32, u32) {
         ((cycle / step).max(1), step)
     } else {
         (1, 0)
+    }
+}
+
+/// Where in the region the peer's WRITEs or READs or atomics go (what this side's
+/// `pingpong_dest` names): `ib_write_lat`'s target follows its source; the others' the data
+/// area's start.
+fn target_at(verb: PtVerb, size: u32) -> u32 {
+    match verb {
+        PtVerb::WriteLat => DATA_AT + stride(size),
+        _ => DATA_AT,
     }
 }
 
@@ -350,7 +440,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let agreed = self.preamble(ctl, client, tally)?;
         // The first blank pingpong_dest, then the data connection.
         self.blank(ctl, client, tally, "the first blank pingpong_dest")?;
-        let depth = if verb == PtVerb::Read { DEPTH } else { 0 };
+        let depth = if verb.reads() { DEPTH } else { 0 };
         let ctl_id = self.id.take();
         let data = if client {
             let params = ConnectParams {
@@ -367,7 +457,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 initiator_depth: depth,
                 ..AcceptParams::default()
             };
-            // ib_read_bw asks for its outstanding reads both ways, the others for none.
+            // ib_read_bw, ib_read_lat and ib_atomic_lat ask for their outstanding reads both
+            // ways, the others for none.
             let depths_ok = move |r: u8, i: u8| {
                 if depth == 0 {
                     (r, i) == (0, 0)
@@ -476,7 +567,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let attr = qp.query().at("perftest: query QP")?;
         let mine = Dest {
             lid: 0,
-            out_reads: if verb == PtVerb::Read {
+            out_reads: if verb.reads() {
                 u32::from(attr.max_dest_rd_atomic.max(1))
             } else {
                 1
@@ -484,7 +575,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             qpn: qp.qp_num(),
             psn: attr.rq_psn & 0xFF_FFFF,
             rkey: self.mr.rkey(),
-            vaddr: self.mr.addr() + u64::from(DATA_AT),
+            vaddr: self.mr.addr() + u64::from(target_at(verb, case.size)),
             gid: Gid::from_ipv4(self.cm.ip()).0,
             srqn: 0,
             gid_index: GID_INDEX,
@@ -493,9 +584,9 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         let expect = msg::Expect {
             qpn: attr.dest_qpn,
             gid: Gid::from_ipv4(linux).0,
-            out_reads: match (verb, req_depth) {
-                (PtVerb::Read, Some(d)) => Some(u32::from(d)),
-                (PtVerb::Read, None) => None,
+            out_reads: match (verb.reads(), req_depth) {
+                (true, Some(d)) => Some(u32::from(d)),
+                (true, None) => None,
                 _ => Some(1),
             },
         };
@@ -506,27 +597,68 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             peer = Some(d);
         }
         let peer = peer.ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
+        if verb.latency() {
+            let mut next = |s: &mut Self, k| {
+                s.dest(ctl, client, &mine, &expect, &mut first, k, tally)
+                    .map(|_| ())
+            };
+            let (checked, how) = self.latency(qp, (case, verb, client), &peer, &mut next)?;
+            tally.checked += checked;
+            return Ok(how);
+        }
         let mut how = EVERY_DEFINED;
         match (verb, client) {
             (PtVerb::Send, true) => {
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.send_all(qp, case)?;
+                self.send_all(qp, case, DATA_AT)?;
+            }
+            (PtVerb::SendBoth, _) => {
+                // Both sides' receives posted before the sync, then both SEND at once: the
+                // peer's SENDs wait in the receives (or for them: RNR, retried) while this
+                // side's go out, then are taken and checked in order.
+                self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                let ms = self.now();
+                let src = region_len(verb, client, case) - case.size;
+                self.send_all(qp, case, src)?;
+                tally.checked += self.receive_all(qp, case, agreed)?;
+                self.reports(ctl, client, true, case, self.now() - ms, tally)?;
             }
             (PtVerb::Send, false) => {
                 self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 tally.checked += self.receive_all(qp, case, agreed)?;
             }
+            (PtVerb::WriteBoth, _) => {
+                // The area the peer WRITEs: the pre-fill; this side WRITEs from after it.
+                let at = DATA_AT as usize;
+                let len = case.size.max(MAX_CYCLE) + GUARD;
+                for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = msg::prefill(j);
+                }
+                // The sync before both sides WRITE.
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                let ms = self.now();
+                self.write_all(qp, case, &peer, DATA_AT + len)?;
+                // Each side's own report; the peer's WRITEs completed before it sent its own.
+                self.reports(ctl, client, true, case, self.now() - ms, tally)?;
+                let area = &self.mr.as_slice()[at..at + len as usize];
+                msg::check_write_target(area, case.size, case.count, agreed)?;
+                how = EVERY_DEFINED_AND_TARGET;
+            }
             (_, true) => {
                 let ms = self.now();
                 if verb == PtVerb::Write {
-                    self.write_all(qp, case, &peer)?;
+                    self.write_all(qp, case, &peer, DATA_AT)?;
                 } else {
                     let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
                     tally.checked += self.read_all(qp, case, &peer, window)?;
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, case, self.now() - ms, tally)?;
+                self.reports(ctl, client, false, case, self.now() - ms, tally)?;
             }
             (_, false) => {
                 // The area the peer WRITEs or READs: the pre-fill, then nothing touches it.
@@ -539,7 +671,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     *b = msg::prefill(j);
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, case, 0, tally)?;
+                self.reports(ctl, client, false, case, 0, tally)?;
                 if verb == PtVerb::Write {
                     let area = &self.mr.as_slice()[at..at + len as usize];
                     msg::check_write_target(area, case.size, case.count, agreed)?;
@@ -579,18 +711,20 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
 
     /// The five words of the report each way: the client's own (size, iterations, peak and
     /// average bandwidth in MiB/s, message rate in Mpps; `ms` its data phase), checked as
-    /// the server takes them; the server's are not perftest-defined.
+    /// the server takes them; the server's are not perftest-defined. With `duplex` (`-b`)
+    /// each side sends its own and checks the peer's.
     fn reports(
         &mut self,
         ctl: &mut QueuePair<'a, P, Rc, Rts>,
         client: bool,
+        duplex: bool,
         case: &CmCase,
         ms: u64,
         tally: &mut Tally,
     ) -> Result<(), CaseError> {
         let secs = ms.max(16) as f64 / 1000.0;
         let bw = f64::from(case.size) * f64::from(case.count) / secs / (1u64 << 20) as f64;
-        let mine = if client {
+        let mine = if client || duplex {
             Report {
                 size: case.size.into(),
                 iters: case.count.into(),
@@ -608,7 +742,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             b.copy_from_slice(&m[..8]);
             *theirs = u64::from_be_bytes(b);
         }
-        if !client {
+        if !client || duplex {
             msg::check_report(&Report::from_words(words), case)?;
             tally.checked += 40;
         }
@@ -658,6 +792,60 @@ mod tests {
         assert_eq!(parse("ib_send_bw-server,-R,-n,0"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-x,1"), None);
         assert_eq!(parse("ib_atomic_bw-server,-R"), None);
+        // The latency programs: their defaults, atomics of 8 bytes only.
+        let l = parse("ib_write_lat-cm-client,-R").expect("latency");
+        assert_eq!(
+            (l.program, l.size, l.count),
+            (
+                Program::Perftest {
+                    verb: PtVerb::WriteLat,
+                    linux_serves: false
+                },
+                2,
+                1000
+            )
+        );
+        assert_eq!(parse("ib_atomic_lat-server,-R").map(|c| c.size), Some(8));
+        assert_eq!(parse("ib_atomic_lat-server,-R,-s,16"), None);
+        assert_eq!(parse("ib_read_lat-server,-s,2"), None);
+        // Every program's names parse back to it, in both roles.
+        for v in PtVerb::ALL {
+            for serves in [true, false] {
+                let name = v.case_name(serves);
+                let mut buf = [0u8; 32];
+                buf[..name.len()].copy_from_slice(name.as_bytes());
+                buf[name.len()..name.len() + 3].copy_from_slice(b",-R");
+                let spec = core::str::from_utf8(&buf[..name.len() + 3]).expect("text");
+                let c = parse(spec).expect("name");
+                assert_eq!(
+                    c.program,
+                    Program::Perftest {
+                        verb: v,
+                        linux_serves: serves
+                    }
+                );
+            }
+        }
+        // The regions hold what each role touches.
+        let case = |size| CmCase {
+            program: Program::Perftest {
+                verb: PtVerb::SendLat,
+                linux_serves: true,
+            },
+            size,
+            count: 1,
+        };
+        assert_eq!(
+            region_len(PtVerb::SendLat, true, &case(2)),
+            DATA_AT + 4 * 64
+        );
+        assert_eq!(
+            region_len(PtVerb::ReadLat, false, &case(100)),
+            DATA_AT + 2 * 128
+        );
+        assert_eq!(region_len(PtVerb::AtomicLat, true, &case(8)), DATA_AT + 64);
+        assert_eq!(target_at(PtVerb::WriteLat, 2), DATA_AT + 64);
+        assert_eq!(target_at(PtVerb::Write, 2), DATA_AT);
         assert_eq!(
             CmCase::parse("ib_write_bw-server,-R,-s,4096,-n,200").map(|c| c.program),
             Some(Program::Perftest {

@@ -88,14 +88,16 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         Ok(u64::from(n) * u64::from(size))
     }
 
-    /// `ib_send_bw`'s client: `-n` SENDs of `-s` bytes from the start of the data area.
+    /// `ib_send_bw`'s client (with `-b` either side): `-n` SENDs of `-s` bytes from `src` in
+    /// the region.
     pub(super) fn send_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
+        src: u32,
     ) -> Result<(), CaseError> {
-        self.fill_source(case.size);
-        let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
+        self.fill_source(src, case.size);
+        let sge = self.mr.sge(src, case.size).at("perftest: sge")?;
         self.pipeline(
             case.count,
             WINDOW,
@@ -117,15 +119,17 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         .map(|_| ())
     }
 
-    /// `ib_write_bw`'s client: `-n` WRITEs of `-s` bytes to the peer's buffer.
+    /// `ib_write_bw`'s client (with `-b` either side): `-n` WRITEs of `-s` bytes from `src`
+    /// in the region to the peer's buffer.
     pub(super) fn write_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
         peer: &super::Dest,
+        src: u32,
     ) -> Result<(), CaseError> {
-        self.fill_source(case.size);
-        let sge = self.mr.sge(DATA_AT, case.size).at("perftest: sge")?;
+        self.fill_source(src, case.size);
+        let sge = self.mr.sge(src, case.size).at("perftest: sge")?;
         let to = (peer.vaddr, peer.rkey);
         self.pipeline(
             case.count,
@@ -198,8 +202,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     }
 
     /// The bytes this side SENDs or WRITEs.
-    fn fill_source(&mut self, size: u32) {
-        let at = DATA_AT as usize;
+    fn fill_source(&mut self, at: u32, size: u32) {
+        let at = at as usize;
         for (j, b) in self.mr.as_mut_slice()[at..at + size as usize]
             .iter_mut()
             .enumerate()

@@ -206,6 +206,44 @@ pub fn prefill(j: usize) -> u8 {
     (j * 13 + 5) as u8
 }
 
+/// `area` holds its pre-fill still (the buffer the peer READs); `what` names it otherwise.
+pub fn check_prefill(area: &[u8], what: &'static str) -> Result<(), CaseError> {
+    match (0..area.len()).find(|&j| area[j] != prefill(j)) {
+        Some(j) => Err(wrong(what, 0, j)),
+        None => Ok(()),
+    }
+}
+
+/// `ib_atomic_lat`'s target after the peer's `iters` fetch-and-adds of 1 on a zeroed area:
+/// its 8-byte words (in this machine's order, as the device stores them) add up to `iters`,
+/// each executed once.
+pub fn check_added(area: &[u8], iters: u32) -> Result<(), CaseError> {
+    let sum = area
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+        .fold(0u64, u64::wrapping_add);
+    if sum == u64::from(iters) {
+        Ok(())
+    } else {
+        Err(wrong("the word the fetch-and-adds land on (not -n)", 0, 0))
+    }
+}
+
+/// The peer's `ib_write_lat` WRITE of round `round` (from 0), once its last byte shows the
+/// round's number: the bytes before it zero (perftest's buffer is zeroed and only its last
+/// byte changes).
+pub fn check_round_write(buf: &[u8], round: u32) -> Result<(), CaseError> {
+    let body = buf.len().saturating_sub(1);
+    match buf[..body].iter().position(|&b| b != 0) {
+        Some(at) => Err(wrong(
+            "a WRITE of the peer's (not zeroes before its round's number)",
+            round,
+            at,
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The longest run of pre-fill bytes a WRITE target may still hold by chance (perftest
 /// writes `rand()` bytes: a run of 8 has odds of 2^-64 at each place).
 const RUN: usize = 8;
@@ -430,6 +468,36 @@ mod tests {
                 &case
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn latency_targets_prefills_and_round_writes() {
+        // ib_atomic_lat's word: -n fetch-and-adds of 1 on a zeroed area.
+        let mut area = [0u8; 64];
+        area[..8].copy_from_slice(&200u64.to_ne_bytes());
+        assert_eq!(check_added(&area, 200), Ok(()));
+        assert!(check_added(&area, 199).is_err());
+        area[8] = 1;
+        assert!(check_added(&area, 200).is_err(), "one add too many");
+        // ib_read_lat's buffer: its pre-fill untouched.
+        let mut buf = [0u8; 128];
+        buf.iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = prefill(j));
+        assert_eq!(check_prefill(&buf, "b"), Ok(()));
+        buf[77] ^= 0x10;
+        assert_eq!(check_prefill(&buf, "b"), Err(wrong("b", 0, 77)));
+        // ib_write_lat's WRITE: zeroes, then the round's number.
+        assert_eq!(check_round_write(&[0, 0, 0, 9], 8), Ok(()));
+        assert_eq!(check_round_write(&[9], 8), Ok(()), "a 1-byte WRITE");
+        assert_eq!(
+            check_round_write(&[0, 3, 0, 9], 8),
+            Err(wrong(
+                "a WRITE of the peer's (not zeroes before its round's number)",
+                8,
+                1
+            ))
         );
     }
 
