@@ -855,6 +855,35 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_takes_the_labs_new_cases_and_refuses_more_connections() {
+        use crate::roce_peer::{PeerCase, Refused};
+        // The lines of qemu/roce/cases, as the lab hands them over (`,` for spaces).
+        for (spec, name) in [
+            ("rping-server,-S,65535,-C,10,-V", "rping-server"),
+            ("rping-client,-S,65535,-C,10,-V", "rping-client"),
+            ("ucmatose-server,-c,4,-C,10,-S,100", "ucmatose-server"),
+            ("ucmatose-client,-c,4,-C,10,-S,100", "ucmatose-client"),
+            ("udaddy-server,-c,4,-C,10,-S,100", "udaddy-server"),
+            ("udaddy-client,-c,4,-C,10,-S,100", "udaddy-client"),
+        ] {
+            let c = PeerCase::parse(spec).expect(spec);
+            assert_eq!(c.name(), name, "{spec}");
+            assert!(matches!(c, PeerCase::Cm(_)), "{spec}");
+        }
+        // More connections than the peer holds: refused as options it does not take, the
+        // Linux program left to its own time (it goes through the CM, not over TCP).
+        for spec in ["ucmatose-server,-c,9,-C,10,-S,100", "udaddy-client,-c,64"] {
+            assert_eq!(PeerCase::parse(spec), None, "{spec}");
+            let r = Refused::of(spec);
+            assert_eq!(
+                (r.why, r.side, r.cm_side),
+                ("options the peer does not take", None, None),
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
     fn cmtime_cases_take_a_connection_count_within_the_device() {
         let c = CmCase::parse("cmtime-client").expect("defaults");
         assert_eq!(
