@@ -35,7 +35,7 @@ use bareverbs::verbs::*;
 use super::cmatose::{GRH, UCMATOSE_PORT, pattern, slot};
 use super::cmtime::WINDOW;
 use super::udaddy::{GID_INDEX, LINGER_MS, SIDR_UNSUPPORTED, UDADDY_PORT};
-use super::{CaseError, CmCase, Done, MAX_MESSAGES, Ms, Program, RETRY_MS};
+use super::{CaseError, CmCase, Done, MAX_MESSAGE, MAX_MESSAGES, Ms, Program, RETRY_MS};
 use crate::Step;
 use crate::peer::grh_ok;
 
@@ -129,6 +129,13 @@ pub(super) fn run<P: Provider>(
     else {
         return Err(CaseError::Request("a case of one connection"));
     };
+    // What the parser lets through, again: the tables below are sized by these bounds.
+    let bounded = (2..=MAX_CONNS).contains(&conns)
+        && (1..=MAX_MESSAGES).contains(&case.count)
+        && (1..=MAX_MESSAGE).contains(&case.size);
+    if !bounded {
+        return Err(CaseError::Request("-c, -C or -S beyond the peer's bounds"));
+    }
     let n = conns as usize;
     let cm_cq = ctx.create_cq(32).at("cm: create CM CQ")?;
     // Every send and receive of every connection.
