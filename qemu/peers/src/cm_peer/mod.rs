@@ -11,6 +11,7 @@
 //! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers (`udaddy.rs`) |
 //! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
 //! | `mckey-server`, `mckey-client` | `mckey`, `mckey -s` | multicast: sends to the group, or takes what Linux sends to it, its QP attached directly (`mckey.rs`) |
+//! | `ucmatose-…`, `udaddy-…` with `-c N` | the same with `-c N` | the same on N connections (UD endpoints) at once, each its own QP and message slots (`many.rs`) |
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
 //! | `ib_write_bw-<word>-server`, `-client` with `-b` | `ib_write_bw -R -b` | the other role: both sides WRITE at once, each sends its own report; Linux's WRITE target overwritten whole and nothing around it touched |
@@ -38,6 +39,7 @@ use crate::{Failure, Step};
 
 mod cmatose;
 mod cmtime;
+mod many;
 pub mod mckey;
 mod perftest;
 mod rping;
@@ -103,6 +105,17 @@ pub enum Program {
         /// Linux runs the server.
         linux_serves: bool,
     },
+    /// `ucmatose -c N` or `udaddy -c N` (N from 2 to 8, `many.rs`'s `MAX_CONNS`): the
+    /// unikernel connects (or resolves) N times when Linux serves, else it serves N
+    /// connections; `many.rs`.
+    Many {
+        /// udaddy's (UD through SIDR), else ucmatose's (RC).
+        udaddy: bool,
+        /// Linux runs the server.
+        linux_serves: bool,
+        /// Connections.
+        conns: u32,
+    },
     /// A perftest `-R` case this peer does not run (options it does not take): it is told so
     /// on perftest's control connection ([`refuse_perftest`]).
     PerftestRefused {
@@ -146,14 +159,28 @@ impl CmCase {
         };
         let rping = matches!(program, Program::RpingServer | Program::RpingClient);
         let (mut size, mut count) = if rping { (64, 1) } else { (100, 10) };
+        let mut conns = 1;
         while let Some(w) = words.next() {
             match w {
                 "-V" | "-v" => continue,
                 "-S" => size = words.next()?.parse().ok()?,
                 "-C" => count = words.next()?.parse().ok()?,
+                // Connections: ucmatose's and udaddy's (`many.rs`).
+                "-c" if !rping => conns = words.next()?.parse().ok()?,
                 _ => return None,
             }
         }
+        if !(1..=many::MAX_CONNS).contains(&conns) {
+            return None;
+        }
+        let program = match program {
+            _ if conns == 1 => program,
+            p => Program::Many {
+                udaddy: matches!(p, Program::UdaddyServer | Program::UdaddyClient),
+                linux_serves: matches!(p, Program::UcmatoseServer | Program::UdaddyServer),
+                conns,
+            },
+        };
         let ok = if rping {
             (MIN_SIZE..=MAX_SIZE).contains(&size) && count >= 1
         } else {
@@ -174,6 +201,16 @@ impl CmCase {
             Program::RpingClient => "rping-client",
             Program::UcmatoseServer => "ucmatose-server",
             Program::UcmatoseClient => "ucmatose-client",
+            Program::Many {
+                udaddy,
+                linux_serves,
+                ..
+            } => match (udaddy, linux_serves) {
+                (false, true) => "ucmatose-server",
+                (false, false) => "ucmatose-client",
+                (true, true) => "udaddy-server",
+                (true, false) => "udaddy-client",
+            },
             Program::UdaddyServer => "udaddy-server",
             Program::UdaddyClient => "udaddy-client",
             Program::Cmtime { linux_serves: true } => "cmtime-server",
@@ -330,9 +367,20 @@ pub fn run_case<P: Provider>(
         );
     }
     let t0 = clock_ms();
-    let r = run(ctx, pd, linux, case, deadline, clock_ms);
+    let (r, conns) = match case.program {
+        Program::Many { conns, .. } => (many::run(ctx, pd, linux, case, deadline, clock_ms), conns),
+        _ => (run(ctx, pd, linux, case, deadline, clock_ms), 1),
+    };
     let ms = clock_ms() - t0;
     match r {
+        Ok(d) if conns > 1 => {
+            let _ = writeln!(
+                out,
+                "roce-uk {name}: ok {conns} connections, {} {} of {} bytes each way on each, {} ({} bytes), all up {} ms after the first request; {ms} ms in all",
+                d.count, d.unit, d.size, d.how, d.checked, d.connect_ms
+            );
+            true
+        }
         Ok(d) => {
             let _ = writeln!(
                 out,
@@ -430,6 +478,7 @@ fn run<P: Provider>(
             }
             Program::PerftestRefused { linux_serves } => s.perftest_refuse(pd, linux, linux_serves),
             Program::Cmtime { .. } => Err(CaseError::Request("cmtime outside its own run")),
+            Program::Many { .. } => Err(CaseError::Request("-c outside its own run")),
         }
     };
     // The region and the CQs go when they drop (the session's borrows tie them to it).
@@ -739,9 +788,116 @@ mod tests {
         assert_eq!((c.program, c.size, c.count), (Program::RpingClient, 64, 1));
         assert_eq!(CmCase::parse("rping-client,-S,8"), None);
         assert_eq!(CmCase::parse("rping-client,-S,65536"), None);
+        // rping's largest ping, both roles.
+        for (spec, program) in [
+            ("rping-server,-S,65535,-C,10,-V", Program::RpingServer),
+            ("rping-client,-S,65535,-C,10,-V", Program::RpingClient),
+        ] {
+            assert_eq!(
+                CmCase::parse(spec),
+                Some(CmCase {
+                    program,
+                    size: MAX_SIZE,
+                    count: 10
+                })
+            );
+        }
         assert_eq!(CmCase::parse("rping-client,-C,0"), None);
         assert_eq!(CmCase::parse("rping-client,-x"), None);
         assert_eq!(CmCase::parse("rc-server"), None);
+    }
+
+    #[test]
+    fn ucmatose_cases_take_a_connection_count() {
+        assert_eq!(
+            CmCase::parse("ucmatose-server,-c,4,-C,10,-S,100"),
+            Some(CmCase {
+                program: Program::Many {
+                    udaddy: false,
+                    linux_serves: true,
+                    conns: 4
+                },
+                size: 100,
+                count: 10
+            })
+        );
+        let c = CmCase::parse("ucmatose-client,-c,8").expect("the most, default messages");
+        assert_eq!(
+            (c.program, c.size, c.count, c.name()),
+            (
+                Program::Many {
+                    udaddy: false,
+                    linux_serves: false,
+                    conns: 8
+                },
+                100,
+                10,
+                "ucmatose-client"
+            )
+        );
+        // One connection is the single-connection case.
+        let c = CmCase::parse("ucmatose-client,-c,1,-C,10,-S,100").expect("one");
+        assert_eq!(c.program, Program::UcmatoseClient);
+        assert_eq!(CmCase::parse("ucmatose-client,-c,9"), None);
+        assert_eq!(CmCase::parse("ucmatose-server,-c,0"), None);
+        assert_eq!(CmCase::parse("ucmatose-server,-c"), None);
+        assert_eq!(CmCase::parse("ucmatose-server,-c,4,-C,33"), None);
+        // -c is ucmatose's and udaddy's, not rping's.
+        assert_eq!(CmCase::parse("rping-client,-c,4"), None);
+        let c = CmCase::parse("udaddy-server,-c,4,-C,10,-S,100").expect("udaddy");
+        assert_eq!(
+            (c.program, c.name()),
+            (
+                Program::Many {
+                    udaddy: true,
+                    linux_serves: true,
+                    conns: 4
+                },
+                "udaddy-server"
+            )
+        );
+        let c = CmCase::parse("udaddy-client,-c,2").expect("udaddy");
+        assert_eq!(
+            (c.program, c.name()),
+            (
+                Program::Many {
+                    udaddy: true,
+                    linux_serves: false,
+                    conns: 2
+                },
+                "udaddy-client"
+            )
+        );
+        assert_eq!(CmCase::parse("udaddy-client,-c,9"), None);
+    }
+
+    #[test]
+    fn the_peer_takes_the_labs_new_cases_and_refuses_more_connections() {
+        use crate::roce_peer::{PeerCase, Refused};
+        // The lines of qemu/roce/cases, as the lab hands them over (`,` for spaces).
+        for (spec, name) in [
+            ("rping-server,-S,65535,-C,10,-V", "rping-server"),
+            ("rping-client,-S,65535,-C,10,-V", "rping-client"),
+            ("ucmatose-server,-c,4,-C,10,-S,100", "ucmatose-server"),
+            ("ucmatose-client,-c,4,-C,10,-S,100", "ucmatose-client"),
+            ("udaddy-server,-c,4,-C,10,-S,100", "udaddy-server"),
+            ("udaddy-client,-c,4,-C,10,-S,100", "udaddy-client"),
+        ] {
+            let c = PeerCase::parse(spec).expect(spec);
+            assert_eq!(c.name(), name, "{spec}");
+            assert!(matches!(c, PeerCase::Cm(_)), "{spec}");
+        }
+        // More connections than the peer holds: refused as options it does not take, the
+        // Linux program left to its own time (it goes through the CM, not over TCP).
+        for spec in ["ucmatose-server,-c,9,-C,10,-S,100", "udaddy-client,-c,64"] {
+            assert_eq!(PeerCase::parse(spec), None, "{spec}");
+            let r = Refused::of(spec);
+            assert_eq!(
+                (r.why, r.side, r.cm_side),
+                ("options the peer does not take", None, None),
+                "{spec}"
+            );
+        }
     }
 
     #[test]

@@ -18,11 +18,11 @@ use crate::peer::grh_ok;
 /// udaddy's port.
 pub const UDADDY_PORT: u16 = 7174;
 /// The GID index of the device's IPv4-mapped GID.
-const GID_INDEX: u32 = 1;
+pub(super) const GID_INDEX: u32 = 1;
 /// How long the UD service keeps the NIC going after its last answer (ms).
-const LINGER_MS: u64 = 200;
+pub(super) const LINGER_MS: u64 = 200;
 /// SIDR_REP status "no such service": Linux's udaddy is not listening yet.
-const SIDR_UNSUPPORTED: u8 = 1;
+pub(super) const SIDR_UNSUPPORTED: u8 = 1;
 
 impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     /// A UD QP with rdma_cm's Q_Key, and one receive per message (with its GRH area).
