@@ -10,11 +10,10 @@
 //! - Port 7471 (ucmatose's), depths 1/1, no private data but rdma_cm's header.
 //!
 //! Here the unikernel plays either side. As the client it keeps at most [`WINDOW`]
-//! connections between REQ and RTU, and as many disconnections between DREQ and DREP: the
-//! CM holds eight messages in flight and rdma_cm's retry timer is seconds long, so a burst of
-//! a hundred would wait for it. As the server it takes the requests as they come.
+//! connections between REQ and RTU, and as many disconnections between DREQ and DREP, as
+//! rdma_cm's applications pace themselves; as the server it takes the requests as they come.
 //! The limits: the device's queue pairs ([`bareverbs::device::rxe::MAX_QP`], 128) and the
-//! CM's table of this case ([`CMTIME_CONNS`]); `-c` takes at most [`MAX_CONNS`].
+//! CM's table of the lab's cases ([`super::CONNS`], 128); `-c` takes at most [`MAX_CONNS`].
 
 use core::fmt::Write;
 
@@ -25,16 +24,13 @@ use bareverbs::cm::{
 };
 use bareverbs::verbs::*;
 
-use super::{CaseError, Ms, RETRY_MS};
+use super::{CONNS, CaseError, Ms, RETRY_MS};
 use crate::Step;
 
 /// cmtime's port.
 pub const CMTIME_PORT: u16 = 7471;
 /// Connections of a case, at most (`-c`): the device's 128 queue pairs with room to spare.
 pub const MAX_CONNS: u32 = 120;
-/// The CM's entries in a cmtime case: every connection, and entries in TIME_WAIT while the
-/// next ones are made.
-const CMTIME_CONNS: usize = 128;
 /// Connections between REQ and RTU (or DREQ and DREP) at once, when the unikernel connects.
 pub const WINDOW: usize = 4;
 
@@ -133,9 +129,8 @@ fn run<P: Provider>(
     let cm_cq = ctx.create_cq(80).at("cm: create CM CQ")?;
     // No request is ever posted on the connections' QPs: one small CQ for all, as cmtime.
     let cq = ctx.create_cq(4).at("cm: create CQ")?;
-    let mut cm: Cm<'_, P, Ms<'_>, CMTIME_CONNS> =
-        Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
-            .map_err(|e| CaseError::Cm("CM over QP1", e))?;
+    let mut cm: Cm<'_, P, Ms<'_>, CONNS> = Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
+        .map_err(|e| CaseError::Cm("CM over QP1", e))?;
     let n = case.count as usize;
     let mut slots: [Slot<'_, P>; MAX_CONNS as usize] = core::array::from_fn(|_| Slot::default());
     let mut t = Times {

@@ -41,9 +41,10 @@ use crate::peer::grh_ok;
 
 /// Connections of a case, at most (`-c`).
 pub const MAX_CONNS: u32 = 8;
-/// The CM's entries: every connection, and as many again for the ones a retried REQ or a
-/// TIME_WAIT holds.
-const CM_CONNS: usize = 2 * MAX_CONNS as usize;
+/// The CM's entries: the lab's cases' one size ([`super::CONNS`], far more than every
+/// connection and as many again for the ones a retried REQ or a TIME_WAIT holds).
+const CM_CONNS: usize = super::CONNS;
+const _: () = assert!(CM_CONNS >= 2 * MAX_CONNS as usize);
 /// Work request IDs: the kind, the connection, the message.
 const RECV: u64 = 0x1_0000;
 const SEND: u64 = 0x2_0000;
