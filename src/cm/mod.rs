@@ -263,10 +263,7 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
     /// slots are not reposted, so their buffers still hold them. They are handled while a
     /// send buffer is free: a burst of messages that each want an answer (a hundred DREQs)
     /// waits in its buffers instead of losing the answers for want of a send buffer.
-    held: [(u8, u16); RECV_SLOTS],
-    /// Where the oldest held datagram is in `held`, and how many there are.
-    held_at: usize,
-    held_len: usize,
+    held: heapless::Deque<(u8, u16), RECV_SLOTS>,
     listeners: [Option<Listener>; MAX_LISTEN],
     conns: [Conn<'a, P>; N],
     cursor: usize,
@@ -326,9 +323,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             hi_tid: entropy.next_u64() as u32,
             send_busy: 0,
             recv_slots,
-            held: [(0, 0); RECV_SLOTS],
-            held_at: 0,
-            held_len: 0,
+            held: heapless::Deque::new(),
             listeners: [None; MAX_LISTEN],
             conns: core::array::from_fn(|_| Conn::idle()),
             cursor: 0,
@@ -427,10 +422,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     fn handle_held(&mut self) {
         const ALL_BUSY: u16 = u16::MAX >> (16 - SEND_SLOTS);
         // Bounded: each held datagram once (at most RECV_SLOTS).
-        while self.held_len > 0 && self.send_busy != ALL_BUSY {
-            let (slot, len) = self.held[self.held_at];
-            self.held_at = (self.held_at + 1) % RECV_SLOTS;
-            self.held_len -= 1;
+        while self.send_busy != ALL_BUSY {
+            let Some((slot, len)) = self.held.pop_front() else {
+                break;
+            };
             let (slot, len) = (slot as usize, len as usize);
             let at = slot * RECV_STRIDE;
             let mut buf = [0u8; RECV_LEN];
@@ -465,13 +460,11 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         };
         // A slot completes once per posting, so at most RECV_SLOTS are held; a slot already
         // held (a device that completed it twice) is not held again.
-        let held = (0..self.held_len)
-            .any(|k| usize::from(self.held[(self.held_at + k) % RECV_SLOTS].0) == slot);
-        if w.status == WcStatus::Success && !held && self.held_len < RECV_SLOTS {
-            let len = (w.byte_len as usize).min(RECV_LEN);
-            self.held[(self.held_at + self.held_len) % RECV_SLOTS] = (slot as u8, len as u16);
-            self.held_len += 1;
-        } else if !held {
+        if self.held.iter().any(|&(s, _)| usize::from(s) == slot) {
+            return;
+        }
+        let len = (w.byte_len as usize).min(RECV_LEN);
+        if w.status != WcStatus::Success || self.held.push_back((slot as u8, len as u16)).is_err() {
             // A failed repost leaves one buffer fewer: QP1 keeps working with the others.
             let _ = self.post_recv(slot);
         }
