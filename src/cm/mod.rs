@@ -367,9 +367,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         self.local6.and_then(|(_, a)| a.ipv6())
     }
 
-    /// The GID index and address this side speaks from to `peer` (of `peer`'s family): an
-    /// IPv6 address the device got after [`Cm::new`] is looked up here.
-    pub(crate) fn local_for(&mut self, peer: CmAddr) -> Option<(u32, CmAddr)> {
+    /// The GID index and address this side speaks from to `peer` (of `peer`'s family: its
+    /// IPv4-mapped GID, or its first global IPv6 GID), `None` without one. An IPv6 address
+    /// the device got after [`Cm::new`] is looked up here.
+    pub fn local_for(&mut self, peer: CmAddr) -> Option<(u32, CmAddr)> {
         if !peer.is_ipv6() {
             return self.local4;
         }
