@@ -220,7 +220,11 @@ fn over_ipv6(rng: &mut Rng, frame: &[u8], reach: &mut Reach) -> Vec<u8> {
         };
         let (src, to) = (pick(rng), if rng.below(4) == 0 { pick(rng) } else { dst });
         mad[at] = 0;
-        mad[at + 1] = if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0x60 };
+        mad[at + 1] = if rng.below(8) == 0 {
+            rng.next_u64() as u8
+        } else {
+            0x60
+        };
         mad[at + 4..at + 20].copy_from_slice(&src);
         mad[at + 20..at + 36].copy_from_slice(&to);
         reach.v6_headers += 1;

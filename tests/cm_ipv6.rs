@@ -743,3 +743,45 @@ fn a_third_stations_dreq_and_rej_over_ipv6_are_ignored() {
     assert!(matches!(eb[0], CmEvent::Disconnected { id } if id == b_id));
     drop((qa, qb));
 }
+
+/// `CmAddr`: IPv4 kept as its IPv4-mapped GID (one comparison for both families), printed as
+/// each family is written.
+#[test]
+fn addresses_compare_by_family_and_print_as_written() {
+    let four = CmAddr::from([10, 0, 0, 3]);
+    assert_eq!(four, CmAddr::from(Gid::from_ipv4([10, 0, 0, 3])));
+    let mut mapped = [0u8; 16];
+    mapped[10..].copy_from_slice(&[0xFF, 0xFF, 10, 0, 0, 3]);
+    assert_eq!(
+        four,
+        CmAddr::from(mapped),
+        "an IPv4-mapped IPv6 address is the IPv4 one"
+    );
+    assert_eq!(
+        (four.ipv4(), four.ipv6(), four.is_ipv6()),
+        (Some([10, 0, 0, 3]), None, false)
+    );
+    assert!(four == [10, 0, 0, 3] && four != v6(3));
+    let six = CmAddr::from(v6(3));
+    assert_eq!(
+        (six.ipv4(), six.ipv6(), six.is_ipv6()),
+        (None, Some(v6(3)), true)
+    );
+    assert!(six == v6(3) && six != [0, 0, 0, 3] && six != four);
+    assert_eq!(six.gid(), Gid(v6(3)));
+    let mut fe80 = [0u8; 16];
+    fe80[..2].copy_from_slice(&[0xfe, 0x80]);
+    fe80[8..].copy_from_slice(&[0x50, 0x54, 0, 0xff, 0xfe, 0, 0, 2]);
+    let mut mid = v6(1);
+    mid[7] = 0xab;
+    for (a, text) in [
+        (four, "10.0.0.3"),
+        (six, "fd00::3"),
+        (CmAddr::from([0u8; 16]), "::"),
+        (CmAddr::from(fe80), "fe80::5054:ff:fe00:2"),
+        (CmAddr::from(mid), "fd00:0:0:ab::1"),
+        (CmAddr::UNSPECIFIED, "0.0.0.0"),
+    ] {
+        assert_eq!(a.to_string(), text);
+    }
+}

@@ -30,8 +30,8 @@ use core::fmt::Write;
 
 use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmAddr, CmConfig, CmError, CmEvent, ConnId, ConnectRequest, Failure as CmFailure,
-    Service,
+    AcceptParams, Cm, CmAddr, CmConfig, CmError, CmEvent, ConnId, ConnectRequest,
+    Failure as CmFailure, Service,
 };
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
@@ -965,7 +965,10 @@ mod tests {
             assert_eq!(c.program, program, "{spec}");
             assert!(over_ipv6(name), "{spec}");
             assert!(!over_ipv6(plain_name(name)), "{spec}");
-            assert!(matches!(PeerCase::parse(spec), Some(PeerCase::Cm(_))), "{spec}");
+            assert!(
+                matches!(PeerCase::parse(spec), Some(PeerCase::Cm(_))),
+                "{spec}"
+            );
         }
         // Several connections at once: IPv4 only; other names are not IPv6 cases.
         assert_eq!(CmCase::parse("ucmatose6-client,-c,4"), None);
