@@ -200,8 +200,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     ///
     /// [`CmError::UnknownConnection`] / [`CmError::WrongState`] when `id` is not a request
     /// waiting for an answer; [`CmError::PrivateDataTooLong`]; [`CmError::Verbs`] when the QP
-    /// cannot be moved (then the request is rejected with reason 28). The QP comes back in
-    /// RESET on every error.
+    /// cannot be moved (then the request is rejected with reason 28); [`CmError::NoAddress`]
+    /// when this side has no address of the request's family (it had one when the request
+    /// came). The QP comes back in RESET on every error.
     #[allow(clippy::type_complexity)]
     pub fn accept(
         &mut self,
