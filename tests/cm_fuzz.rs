@@ -7,7 +7,11 @@
 //! - in a stranger's episode, from the stranger's own addresses (or martian ones), to A or
 //!   B, naming any connection, the bystander's too;
 //! - in a peer's episode, from the peer's own addresses (its MAC and IP: what a station that
-//!   spoofs the peer can send), never naming the bystander.
+//!   spoofs the peer can send), never naming the bystander;
+//! - in a stranger's episode, a quarter of them over IPv6 (every station has an IPv6 address
+//!   beside its IPv4 one), from the stranger's IPv6 address or one nobody has, their REQs and
+//!   SIDR_REQs often given rdma_cm's IPv6 header (addresses the stranger's, the peers', or
+//!   any; the IP version mangled now and then).
 //!
 //! The oracles: no panic; every wait bounded (each episode ends within a bound of the test
 //! clock: its connection established and disconnected, rejected, or timed out); nothing a
@@ -26,6 +30,8 @@ mod fuzz_budget;
 use std::collections::HashMap;
 
 use bareverbs::cm::{AcceptParams, CmConfig, CmEvent, ConnId, ConnectParams, Failure, Service};
+use bareverbs::device::rxe::wire::bth::{Bth, DEFAULT_PKEY, Deth, Headers, opcode};
+use bareverbs::device::rxe::wire::ip6::{Ipv6Route, build6};
 use bareverbs::device::rxe::wire::packet::finish;
 use bareverbs::verbs::*;
 use bareverbs_model::Rng;
@@ -42,6 +48,13 @@ const ROUNDS: u32 = 10_000;
 /// asks for at most 2^23 ms, about 2.3 h; the retries after it a few minutes).
 const DRAIN: u32 = 4 * 3600;
 const MAC_C: [u8; 6] = [0x52, 0x54, 0, 0, 0, 4];
+
+/// The stations' IPv6 addresses: `fd00::` and the last byte of their IPv4 one.
+fn v6(last: u8) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    (a[0], a[15]) = (0xfd, last);
+    a
+}
 
 /// What the fuzzer reached, counted from the CMs' events and counters.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,6 +85,14 @@ struct Reach {
     /// Episodes that waited for free entries in A's or B's table.
     table_full: u64,
     resent: u64,
+    /// The stranger's MADs sent over IPv6, and the REQs and SIDR_REQs among them given an
+    /// rdma_cm header of IP version 6 (or a mangled one).
+    over_ipv6: u64,
+    v6_headers: u64,
+    /// Requests over IPv6 B reported (a stranger's REQ whose header fitted: refused).
+    ipv6_requests: u64,
+    /// Requests the CMs refused for their rdma_cm header (`CmCounts::bad_header`).
+    bad_header: u64,
 }
 
 impl Reach {
@@ -93,6 +114,10 @@ impl Reach {
         self.starved += o.starved;
         self.table_full += o.table_full;
         self.resent += o.resent;
+        self.over_ipv6 += o.over_ipv6;
+        self.v6_headers += o.v6_headers;
+        self.ipv6_requests += o.ipv6_requests;
+        self.bad_header += o.bad_header;
     }
 }
 
@@ -164,6 +189,81 @@ fn mangle(rng: &mut Rng, template: &[u8]) -> Vec<u8> {
     f
 }
 
+/// The MAD of `frame` (a mangled IPv4 CM frame) as the stranger sends it over IPv6, to A's or
+/// B's IPv6 address as the frame was addressed, from the stranger's own IPv6 address (or one
+/// nobody has, or a martian one the port drops); a REQ's or SIDR_REQ's rdma_cm header made
+/// one of IP version 6 more often than not. Counts what it sent in `reach`.
+fn over_ipv6(rng: &mut Rng, frame: &[u8], reach: &mut Reach) -> Vec<u8> {
+    let mut mad = frame[62..62 + 256].to_vec();
+    let to_b = frame[30..34] == IP_B;
+    let (dst_mac, dst) = if to_b {
+        ([0x52, 0x54, 0, 0, 0, 3], v6(3))
+    } else {
+        ([0x52, 0x54, 0, 0, 0, 2], v6(2))
+    };
+    // The private data of a REQ (at 164) or a SIDR_REQ (at 40): rdma_cm's header.
+    let hdr_at = match u16::from_be_bytes([mad[16], mad[17]]) {
+        0x10 => Some(164),
+        0x17 => Some(40),
+        _ => None,
+    };
+    if let Some(at) = hdr_at.filter(|_| rng.below(4) != 0) {
+        let pick = |rng: &mut Rng| match rng.below(5) {
+            0 => v6(2),
+            1 => v6(3),
+            2 => {
+                let mut a = [0u8; 16];
+                a.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+                a
+            }
+            _ => v6(4),
+        };
+        let (src, to) = (pick(rng), if rng.below(4) == 0 { pick(rng) } else { dst });
+        mad[at] = 0;
+        mad[at + 1] = if rng.below(8) == 0 {
+            rng.next_u64() as u8
+        } else {
+            0x60
+        };
+        mad[at + 4..at + 20].copy_from_slice(&src);
+        mad[at + 20..at + 36].copy_from_slice(&to);
+        reach.v6_headers += 1;
+    }
+    let src = match rng.below(8) {
+        0 => v6(99),
+        1 => [0; 16],
+        _ => v6(4),
+    };
+    let mut h = Headers::new(Bth {
+        opcode: opcode::UD_SEND_ONLY,
+        se: false,
+        pad: 0,
+        pkey: DEFAULT_PKEY,
+        dest_qp: 1,
+        ack_req: false,
+        psn: rng.next_u64() as u32 & 0xFF_FFFF,
+    });
+    h.deth = Some(Deth {
+        qkey: bareverbs::cm::GSI_QKEY,
+        src_qp: 1,
+    });
+    let route = Ipv6Route {
+        src_mac: MAC_C,
+        dst_mac,
+        src,
+        dst,
+        traffic_class: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        src_port: 0xC000 | rng.below(0x4000) as u16,
+    };
+    let mut buf = vec![0u8; 512];
+    let n = build6(&mut buf, &route, &h, &mad).expect("a MAD fits a frame");
+    buf.truncate(n);
+    reach.over_ipv6 += 1;
+    buf
+}
+
 #[test]
 fn a_hostile_station_cannot_disturb_the_cm() {
     let mut reach = Reach::default();
@@ -172,6 +272,8 @@ fn a_hostile_station_cannot_disturb_the_cm() {
     }
     assert!(reach.established > 0 && reach.rejected > 0, "{reach:?}");
     assert!(reach.disconnected > 0 && reach.dropped > 0, "{reach:?}");
+    assert!(reach.over_ipv6 > 0 && reach.v6_headers > 0, "{reach:?}");
+    assert!(reach.bad_header > 0, "{reach:?}");
 }
 
 /// The fuzzer: `CM_FUZZ_MADS` MADs (default 4,000) from `CM_FUZZ_SEED` (default 1), in
@@ -199,7 +301,9 @@ fn the_cm_fuzzer() {
         "cm-fuzz: {:.0} MADs/s ({done} MADs in {secs:.1} s); from the stranger {}, from the \
          peer's addresses {}; episodes {}, drained {}; requests refused as not the episode's {}, \
          other failures {}, MADs taken {}, sends deferred for lack of a buffer {}, resends {}, \
-         stranger's episodes late for lack of a send buffer {}, waits for a free entry {}",
+         stranger's episodes late for lack of a send buffer {}, waits for a free entry {}; \
+         over IPv6 {}, of which REQs/SIDR_REQs with an IPv6 rdma_cm header {}, requests over \
+         IPv6 reported {}, requests refused for their rdma_cm header {}",
         done as f64 / secs.max(1e-9),
         reach.from_stranger,
         reach.from_peer,
@@ -212,6 +316,10 @@ fn the_cm_fuzzer() {
         reach.resent,
         reach.starved,
         reach.table_full,
+        reach.over_ipv6,
+        reach.v6_headers,
+        reach.ipv6_requests,
+        reach.bad_header,
     );
     println!(
         "cm-fuzz: {} MADs, {failures} failures; established {}, rejected {}, disconnected {}, \
@@ -242,6 +350,9 @@ fn session(seed: u64, mads: u64) -> Reach {
         Faults::default(),
         (seed.wrapping_mul(2) | 1, seed.wrapping_mul(2) + 2),
     );
+    for (d, last) in [(&l.a, 2), (&l.b, 3), (&l.c, 4)] {
+        d.provider().add_ipv6(v6(last)).unwrap();
+    }
     let (pa, pb, ma, mb, da, db) = sides(&l);
     let mut cma = cm(&pa, &ma, &l.clk, CmConfig::default());
     let mut cmb = cm(&pb, &mb, &l.clk, CmConfig::default());
@@ -383,6 +494,14 @@ fn session(seed: u64, mads: u64) -> Reach {
                     if !stranger && (x_ids(&f) || x_qpn(&f)) {
                         continue;
                     }
+                    if stranger && rng.below(4) == 0 {
+                        // Over IPv6, from the stranger's IPv6 address (or nobody's).
+                        let f6 = over_ipv6(&mut rng, &f, &mut reach);
+                        reach.from_stranger += 1;
+                        l.seg.inject(2, &f6);
+                        reach.mads += 1;
+                        continue;
+                    }
                     if stranger {
                         // From the stranger (or a martian source), to either side.
                         f[6..12].copy_from_slice(&MAC_C);
@@ -478,6 +597,7 @@ fn session(seed: u64, mads: u64) -> Reach {
                     }
                     CmEvent::ConnectRequest(r) => {
                         reach.strange_requests += 1;
+                        reach.ipv6_requests += u64::from(r.src_addr.is_ipv6());
                         let _ = cmb.reject(r.id, &[]);
                     }
                     CmEvent::Established { id, qp, .. } if Some(id) == b.id => {
@@ -601,6 +721,7 @@ fn session(seed: u64, mads: u64) -> Reach {
     reach.send_dropped =
         ca.send_dropped + cb.send_dropped - base.0.send_dropped - base.1.send_dropped;
     reach.resent = ca.resent + cb.resent - base.0.resent - base.1.resent;
+    reach.bad_header = ca.bad_header + cb.bad_header - base.0.bad_header - base.1.bad_header;
     // The bystander still carries data, and disconnects cleanly.
     let mut m1 = pa.register(4096, ALL).unwrap();
     let m2 = pb.register(4096, ALL).unwrap();

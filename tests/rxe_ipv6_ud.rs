@@ -2,8 +2,9 @@
 //! segment: an address handle to an IPv6 GID holds an IPv6 path (bounded, given back when the
 //! handle is dropped), its datagrams go as RoCEv2 over IPv6, and a datagram that comes over
 //! IPv6 on a held path lands with the IPv6 header in its GRH slot (the answer's address
-//! handle made from it reaches the sender). Datagrams over IPv6 from an address with no held
-//! path, and to the GSI QP, are dropped at the port.
+//! handle made from it reaches the sender). A datagram over IPv6 from an address with no held
+//! path is delivered on a path held for its delivery alone (the GSI QP's too: the CM speaks
+//! IPv6), or dropped when the path table is full.
 
 use bareverbs::Context;
 use bareverbs::device::rxe::port::PATHS6;
@@ -246,8 +247,9 @@ fn address_handles_give_their_ipv6_paths_back() {
 /// Datagrams over IPv6 from X, a station B holds no path to, as any peer may send them
 /// (UD takes a datagram from anyone with the Q_Key, as rxe does): to the UD QP it lands, its
 /// GRH slot naming X, and leaves no path held (B can still hold [`PATHS6`] paths of its
-/// own); with B's path table full it is dropped; to the GSI QP (the CM speaks IPv4 only) it
-/// is dropped, from X with a path or without.
+/// own); with B's path table full it is dropped, to the UD QP and to the GSI QP alike; with
+/// room again, the GSI QP takes X's datagram (the CM's MADs over IPv6), from X with a path
+/// held or without, its GRH slot naming X.
 #[test]
 fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     let mut lab = lab();
@@ -316,7 +318,7 @@ fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     // With the table full, X's next datagram has no path to go by: dropped.
     let before = b.provider().port_counts();
     forge(&mut lab.lx, nb, QKEY);
-    // To QP1: dropped, without a path and (below) with one.
+    // To QP1: dropped too, the table full.
     forge(&mut lab.lx, 1, 0x8001_0000);
     lab.step(20);
     assert_eq!(cb.poll(&mut wc).unwrap(), 0, "a datagram was taken");
@@ -324,17 +326,48 @@ fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     assert_eq!(after.roce6 - before.roce6, 2, "both checked at the port");
     assert_eq!(after.dropped - before.dropped, 2, "both dropped");
     drop(ahs);
-    let to_x = pb
-        .create_ah(&AddressVector::new(Gid(global(0x66)), 2))
-        .unwrap();
+    // Room again: QP1 takes X's datagram on a path of its own, then (with a receive posted
+    // again) on the path B holds to X.
     forge(&mut lab.lx, 1, 0x8001_0000);
     lab.step(20);
     assert_eq!(
         cb.poll(&mut wc).unwrap(),
-        0,
-        "QP1 took a datagram over IPv6"
+        1,
+        "QP1 took no datagram over IPv6"
     );
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+    assert_eq!(&mb.as_slice()[1024 + 8..1024 + 24], &global(0x66));
+    let to_x = pb
+        .create_ah(&AddressVector::new(Gid(global(0x66)), 2))
+        .unwrap();
+    // SAFETY: as above.
+    unsafe {
+        let mut r = gsi.recv_batch();
+        r.recv(4, &[mb.sge(1536, 512).unwrap()]).unwrap();
+        r.finish();
+    }
+    forge(&mut lab.lx, 1, 0x8001_0000);
+    lab.step(20);
+    assert_eq!(
+        cb.poll(&mut wc).unwrap(),
+        1,
+        "QP1 took no datagram on a path"
+    );
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].src_qp),
+        (4, WcStatus::Success, 0x77)
+    );
+    assert_eq!(&mb.as_slice()[1536 + 8..1536 + 24], &global(0x66));
+    assert_eq!(&mb.as_slice()[1536 + 40..1536 + 48], b"datagram");
     drop(to_x);
+    // No path left behind by the datagram taken without one: all PATHS6 fit again.
+    let ahs: Vec<_> = (0..PATHS6 as u8)
+        .map(|i| {
+            pb.create_ah(&AddressVector::new(Gid(global(10 + i)), 2))
+                .unwrap()
+        })
+        .collect();
+    drop(ahs);
     drop((qb, gsi));
 }
 

@@ -4,7 +4,9 @@
 # summary row, the case list with its labels. Needs $gid (the GID index of the guest's
 # IPv4-mapped RoCE v2 GID), $gid6 (its IPv6 one's, for the cases rc6-*, ud6-* and perftest's
 # *-v6-*), $ip (its address), $only (case names, space-separated; empty:
-# all) and $cases_file.
+# all) and $cases_file. The rdma_cm programs' IPv6 cases (rping6-*, ucmatose6-*, udaddy6-*)
+# name each side by its IPv6 address, fd00::D (D the last byte of its IPv4 address, as
+# linux.sh gives it; the unikernel's fd00::2).
 
 # perftest's result row, labelled by its header: a bandwidth program's average (its 4th
 # column, "BW average[MB/sec]"), a latency program's typical and average round trip (the
@@ -24,8 +26,14 @@ summary() {
 program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   local side=$1 name=$2 peer=$3
   shift 3
-  local server=1 g=$gid
+  local server=1 g=$gid me=$ip
   cmd=()
+  # The rdma_cm programs' IPv6 cases: both addresses IPv6, the program's name without the 6.
+  case "$name" in
+    rping6-* | ucmatose6-* | udaddy6-*)
+      me=$(printf 'fd00::%x' "${ip##*.}") peer=$(printf 'fd00::%x' "${peer##*.}")
+      name=${name/6-/-} ;;
+  esac
   case "$name" in rc6-* | ud6-* | *-v6-*) g=$gid6 ;; esac
   case "$name" in
     rc-server | ud-server | write | *-server) [ "$side" = a ] && server=1 || server=0 ;;
@@ -44,10 +52,10 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     ib_send_lat-* | ib_write_lat-* | ib_read_lat-* | ib_atomic_lat-*)
       cmd=("${name%%-*}" -d rxe0 -x "$g" "$@") ;;
     # rdma_cm finds the device and the GID from the addresses.
-    rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$ip" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
+    rping-*) [ "$server" = 1 ] && cmd=(rping -s -a "$me" "$@") || cmd=(rping -c -a "$peer" "$@") ;;
     ucmatose-* | udaddy-*)
       cmd=("${name%%-*}" "$@")
-      [ "$server" = 1 ] && cmd+=(-b "$ip") || cmd+=(-s "$peer") ;;
+      [ "$server" = 1 ] && cmd+=(-b "$me") || cmd+=(-s "$peer") ;;
     # cmtime through qemu/roce/cmtime.sh: its server never exits by itself, its client exits
     # 0 even with connections refused (the script says what both did).
     cmtime-*)

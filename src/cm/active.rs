@@ -6,14 +6,13 @@ use bareverbs_hal::Clock;
 use super::event::SIDR_TIMEOUT;
 use super::mad::{Mad, attr};
 use super::msg::{
-    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
-    sidr_status,
+    self, CMA_HDR, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason, sidr_status,
 };
 use super::table::Failure;
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
-use super::{Cm, CmError, ConnId, REQ_USER_DATA, SIDR_USER_DATA};
-use crate::verbs::{Endpoint, Gid, Provider, QueuePair, Rc, Reset};
+use super::{Cm, CmAddr, CmError, ConnId, REQ_USER_DATA, SIDR_USER_DATA};
+use crate::verbs::{Endpoint, Provider, QueuePair, Rc, Reset};
 
 /// What [`Cm::connect`] asks for; the defaults are rping's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,25 +46,31 @@ impl Default for ConnectParams<'_> {
 const EPHEMERAL: (u16, u16) = (32768, 60999);
 
 impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
-    /// Connects `qp` (RESET) to port `port` at `dst`: sends a REQ advertising the QP's
+    /// Connects `qp` (RESET) to port `port` at `dst` (IPv4 or IPv6: RoCEv2 over that
+    /// family, from this side's address of it): sends a REQ advertising the QP's
     /// starting PSN ([`QueuePair::local_psn`]) and `params`, resent until the REP or the
     /// retry count. The CM holds the QP until [`CmEvent::Established`](super::CmEvent) hands
     /// it back in RTS, or [`CmEvent::Failed`](super::CmEvent) in RESET.
     ///
     /// # Errors
     ///
-    /// [`CmError::PrivateDataTooLong`], [`CmError::TableFull`]; the QP comes back.
+    /// [`CmError::PrivateDataTooLong`], [`CmError::TableFull`], [`CmError::NoAddress`] (no
+    /// address of `dst`'s family on this side); the QP comes back.
     #[allow(clippy::type_complexity)]
     pub fn connect(
         &mut self,
         qp: QueuePair<'a, P, Rc, Reset>,
-        dst: [u8; 4],
+        dst: impl Into<CmAddr>,
         port: u16,
         params: &ConnectParams<'_>,
     ) -> Result<ConnId, (QueuePair<'a, P, Rc, Reset>, CmError)> {
+        let dst = dst.into();
         if params.private_data.len() > REQ_USER_DATA {
             return Err((qp, CmError::PrivateDataTooLong(REQ_USER_DATA)));
         }
+        let Some((_, me)) = self.local_for(dst) else {
+            return Err((qp, CmError::NoAddress));
+        };
         let Some(i) = self.conns.free() else {
             return Err((qp, CmError::TableFull));
         };
@@ -79,12 +84,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .initiator_depth
             .min(caps.max_qp_init_rd_atom.min(255) as u8);
         let mut private = [0u8; pdata::REQ];
-        let hdr = CmaHeader {
-            src_port,
-            src_ip: self.ip,
-            dst_ip: dst,
-        };
-        private[..CMA_HDR].copy_from_slice(&hdr.to_bytes());
+        private[..CMA_HDR].copy_from_slice(&msg::cma_header(src_port, me, dst));
         private[CMA_HDR..CMA_HDR + params.private_data.len()].copy_from_slice(params.private_data);
         let tid = self.tid_for(local_id);
         let req = Req {
@@ -105,8 +105,8 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             rnr_retry_count: params.rnr_retry_count.min(7),
             max_cm_retries: self.cfg.max_retries,
             srq: false,
-            local_gid: Gid::from_ipv4(self.ip).0,
-            remote_gid: Gid::from_ipv4(dst).0,
+            local_gid: me.gid().0,
+            remote_gid: dst.gid().0,
             flow_label: flow_label(src_port, port),
             traffic_class: 0,
             hop_limit: self.cfg.hop_limit,
@@ -144,7 +144,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     /// A REP from `ip`.
-    pub(super) fn on_rep(&mut self, ip: [u8; 4], m: &Mad) -> bool {
+    pub(super) fn on_rep(&mut self, ip: CmAddr, m: &Mad) -> bool {
         let rep = Rep::decode(m);
         let Some(i) = self.conns.by_local(rep.remote_comm_id) else {
             return false;
@@ -196,6 +196,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             self.fail(i, Failure::Stale);
             return true;
         }
+        // The peer's address came in a REQ this side sent: it has an address of its family.
+        let Some((sgid_index, _)) = self.local_for(ip) else {
+            return false;
+        };
         let Some(qp) = self.conns[i].qp.take() else {
             return false;
         };
@@ -204,11 +208,12 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         let (retry, _) = c.retries;
         let remote = Endpoint {
             qpn: rep.local_qpn,
-            gid: Gid::from_ipv4(ip),
+            gid: ip.gid(),
             psn: rep.starting_psn,
             mtu: self.mtu,
         };
         let opts = self.qp_options(
+            sgid_index,
             resp.min(rep.initiator_depth),
             init.min(rep.responder_resources),
             retry,
@@ -248,32 +253,31 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         true
     }
 
-    /// Asks which QP serves UD port `port` at `dst` (SIDR_REQ, with rdma_cm's header and
+    /// Asks which QP serves UD port `port` at `dst`, IPv4 or IPv6 (SIDR_REQ, with rdma_cm's
+    /// header and
     /// `private_data`, at most 180 bytes); the answer comes as
     /// [`CmEvent::SidrResolved`](super::CmEvent).
     ///
     /// # Errors
     ///
-    /// [`CmError::PrivateDataTooLong`], [`CmError::TableFull`].
+    /// [`CmError::PrivateDataTooLong`], [`CmError::TableFull`], [`CmError::NoAddress`] (no
+    /// address of `dst`'s family on this side).
     pub fn sidr_resolve(
         &mut self,
-        dst: [u8; 4],
+        dst: impl Into<CmAddr>,
         port: u16,
         private_data: &[u8],
     ) -> Result<ConnId, CmError> {
+        let dst = dst.into();
         if private_data.len() > SIDR_USER_DATA {
             return Err(CmError::PrivateDataTooLong(SIDR_USER_DATA));
         }
+        let (_, me) = self.local_for(dst).ok_or(CmError::NoAddress)?;
         let i = self.conns.free().ok_or(CmError::TableFull)?;
         let local_id = self.new_id();
         let src_port = self.ephemeral_port();
         let mut private = [0u8; pdata::SIDR_REQ];
-        let hdr = CmaHeader {
-            src_port,
-            src_ip: self.ip,
-            dst_ip: dst,
-        };
-        private[..CMA_HDR].copy_from_slice(&hdr.to_bytes());
+        private[..CMA_HDR].copy_from_slice(&msg::cma_header(src_port, me, dst));
         private[CMA_HDR..CMA_HDR + private_data.len()].copy_from_slice(private_data);
         let tid = self.tid_for(local_id);
         let m = SidrReq {
@@ -307,7 +311,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     /// A SIDR_REP from `ip`.
-    pub(super) fn on_sidr_rep(&mut self, ip: [u8; 4], m: &Mad) -> bool {
+    pub(super) fn on_sidr_rep(&mut self, ip: CmAddr, m: &Mad) -> bool {
         let r = SidrRep::decode(m);
         let Some(i) = self.conns.by_local(r.request_id) else {
             return false;

@@ -8,7 +8,7 @@ use super::mad::{Mad, attr};
 use super::msg::{self, Ids};
 use super::table::{Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
-use super::{Cm, CmError, ConnId};
+use super::{Cm, CmAddr, CmError, ConnId};
 use crate::verbs::Provider;
 
 impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
@@ -66,7 +66,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     }
 
     /// A DREQ from `ip`.
-    pub(super) fn on_dreq(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    pub(super) fn on_dreq(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let ids = Ids::decode(m);
         let drep = |ids: Ids| msg::encode_simple(attr::DREP, ids, &[], m.tid());
         let Some(i) = self.conns.by_pair(ids.remote, ids.local, ip) else {
@@ -110,7 +110,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     }
 
     /// A DREP from `ip`.
-    pub(super) fn on_drep(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    pub(super) fn on_drep(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let ids = Ids::decode(m);
         let Some(i) = self.conns.by_pair(ids.remote, ids.local, ip) else {
             return false;

@@ -3,9 +3,9 @@
 
 use bareverbs_hal::Clock;
 
-use super::Cm;
 use super::msg::{self, Private, pdata};
 use super::table::{Conn, Failure, St, pend};
+use super::{Cm, CmAddr};
 use crate::verbs::{Provider, QueuePair, Rc, Reset, Rts};
 
 /// A connection, by the communication ID this side gave it (unique among the live ones).
@@ -22,12 +22,17 @@ pub const SIDR_USER_DATA: usize = pdata::SIDR_REQ - super::msg::CMA_HDR;
 pub struct ConnectRequest {
     /// The connection, to [`accept`](super::Cm::accept) or [`reject`](super::Cm::reject).
     pub id: ConnId,
-    /// The active side's address (from the datagram, checked against rdma_cm's header).
+    /// The active side's IPv4 address (from the datagram, checked against rdma_cm's
+    /// header); `0.0.0.0` for a request over IPv6 ([`src_addr`](Self::src_addr) has it).
     pub src_ip: [u8; 4],
     /// The active side's rdma_cm port.
     pub src_port: u16,
-    /// The address connected to.
+    /// The IPv4 address connected to; `0.0.0.0` for a request over IPv6.
     pub dst_ip: [u8; 4],
+    /// The active side's address, IPv4 or IPv6.
+    pub src_addr: CmAddr,
+    /// The address connected to, IPv4 or IPv6.
+    pub dst_addr: CmAddr,
     /// The port connected to.
     pub dst_port: u16,
     /// READs/atomics the active side accepts at once.
@@ -48,8 +53,11 @@ pub struct ConnectRequest {
 pub struct SidrRequest {
     /// The request, to answer with [`sidr_reply`](super::Cm::sidr_reply).
     pub id: ConnId,
-    /// The asking side's address.
+    /// The asking side's IPv4 address; `0.0.0.0` for a request over IPv6
+    /// ([`src_addr`](Self::src_addr) has it).
     pub src_ip: [u8; 4],
+    /// The asking side's address, IPv4 or IPv6.
+    pub src_addr: CmAddr,
     /// The asking side's rdma_cm port.
     pub src_port: u16,
     /// The port asked for.
@@ -166,14 +174,18 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             pend::REQUEST => {
                 // The REQ is stored with the bit; without it there is nothing to report.
                 let r = c.req?;
-                let hdr = msg::CmaHeader::parse(r.private.as_slice());
+                // Checked when the REQ came: its destination is this side's address.
+                let dst = msg::CmaAddrs::parse(r.private.as_slice()).map(|h| h.dst);
+                let dst = dst.unwrap_or(CmAddr::UNSPECIFIED);
                 let mut data = [0u8; REQ_USER_DATA];
                 data.copy_from_slice(&r.private.bytes[msg::CMA_HDR..]);
                 CmEvent::ConnectRequest(ConnectRequest {
                     id,
-                    src_ip: c.peer_ip,
+                    src_ip: c.peer_ip.ipv4_or_zero(),
                     src_port: c.ports.0,
-                    dst_ip: hdr.map_or(self.ip, |h| h.dst_ip),
+                    dst_ip: dst.ipv4_or_zero(),
+                    src_addr: c.peer_ip,
+                    dst_addr: dst,
                     dst_port: c.ports.1,
                     responder_resources: r.responder_resources,
                     initiator_depth: r.initiator_depth,
@@ -205,7 +217,8 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                 data[..n].copy_from_slice(&p[..n]);
                 CmEvent::SidrRequest(SidrRequest {
                     id,
-                    src_ip: c.peer_ip,
+                    src_ip: c.peer_ip.ipv4_or_zero(),
+                    src_addr: c.peer_ip,
                     src_port: c.ports.0,
                     dst_port: c.ports.1,
                     private_data: Private {

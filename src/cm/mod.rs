@@ -10,7 +10,10 @@
 //! [`Clock`], and hands out one [`CmEvent`] at a time ([`Cm::next_event`]: the same as a
 //! future).
 //!
-//! - passive: [`Cm::listen`] on an IPv4 address (or any) and a port, as rdma_cm's service ID
+//! - IPv4 and IPv6 ([`CmAddr`]): RoCEv2 over either, as the device's GID table has an
+//!   IPv4-mapped GID, a global IPv6 GID, or both; rdma_cm's private-data header of either IP
+//!   version;
+//! - passive: [`Cm::listen`] on an address (or any) and a port, as rdma_cm's service ID
 //!   `0x0106_PPPP` (RC) or `0x0111_PPPP` (UD); [`CmEvent::ConnectRequest`] with the request's
 //!   values and private data; [`Cm::accept`] takes a RESET QP to RTS from the REQ's values,
 //!   then sends the REP; [`Cm::reject`];
@@ -53,6 +56,7 @@
 //! ```
 
 mod active;
+mod addr;
 mod disconnect;
 mod event;
 pub mod mad;
@@ -66,6 +70,7 @@ mod wait;
 use bareverbs_hal::Clock;
 
 pub use active::ConnectParams;
+pub use addr::CmAddr;
 pub use event::{
     CmEvent, ConnId, ConnectRequest, REQ_USER_DATA, SIDR_TIMEOUT, SIDR_USER_DATA, SidrRequest,
 };
@@ -79,7 +84,7 @@ use table::Conn;
 
 use crate::error::Error;
 use crate::verbs::{
-    AccessFlags, AddressVector, CompletionQueue, Context, Gid, Gsi, MemoryRegion, Mtu,
+    AccessFlags, AddressHandle, AddressVector, CompletionQueue, Context, Gsi, MemoryRegion, Mtu,
     ProtectionDomain, Provider, QpCaps, QueuePair, Rts, SendFlags, WcStatus, WorkCompletion,
 };
 
@@ -160,7 +165,8 @@ pub enum CmError {
     PortInUse,
     /// More private data than the message carries (the most it carries).
     PrivateDataTooLong(usize),
-    /// The device has no IPv4-mapped GID on port 1: RoCEv2 over IPv4 needs one.
+    /// The device has no GID on port 1 for the address family: an IPv4-mapped GID for
+    /// IPv4, a global IPv6 GID for IPv6 ([`Cm::new`] wants one or the other).
     NoAddress,
 }
 
@@ -173,7 +179,7 @@ impl core::fmt::Display for CmError {
             CmError::WrongState => f.write_str("CM: not in a state where this is done"),
             CmError::PortInUse => f.write_str("CM: the port has a listener"),
             CmError::PrivateDataTooLong(n) => write!(f, "CM: private data over {n} bytes"),
-            CmError::NoAddress => f.write_str("CM: no IPv4-mapped GID on port 1"),
+            CmError::NoAddress => f.write_str("CM: no GID of the address's family on port 1"),
         }
     }
 }
@@ -215,7 +221,7 @@ pub enum Service {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Listener {
-    ip: Option<[u8; 4]>,
+    ip: Option<CmAddr>,
     port: u16,
     service: Service,
 }
@@ -239,6 +245,11 @@ pub struct CmCounts {
     pub send_dropped: u64,
     /// Half-open requests dropped to make room for a new one.
     pub evicted: u64,
+    /// REQs and SIDR_REQs to a listener refused (REJ "consumer defined", SIDR_REP
+    /// "unsupported") for their rdma_cm header: too short, another version or IP version,
+    /// a source address other than the datagram's, a destination other than this side's
+    /// (or the listener's).
+    pub bad_header: u64,
 }
 
 /// The connection manager over QP1 of one device, with room for `N` connections.
@@ -248,12 +259,18 @@ pub struct Cm<'a, P: Provider, C: Clock, const N: usize = 16> {
     cq: &'a CompletionQueue<'a, P>,
     // Declared before the region: the QP (which may still use the buffers) goes first.
     gsi: QueuePair<'a, P, Gsi, Rts>,
+    /// Each send buffer's address handle, kept until the send completes: one to an IPv6
+    /// address holds an IPv6 path of the device, which the send goes by (and which waits
+    /// for neighbour discovery).
+    ahs: [Option<AddressHandle<'a, P>>; SEND_SLOTS],
     mr: MemoryRegion<'a, P>,
     clock: C,
     cfg: CmConfig,
     guid: u64,
-    ip: [u8; 4],
-    sgid_index: u32,
+    /// This side's IPv4 address and its GID's index, if it has one.
+    local4: Option<(u32, CmAddr)>,
+    /// This side's (first) global IPv6 address and its GID's index, if it has one.
+    local6: Option<(u32, CmAddr)>,
     mtu: Mtu,
     hi_tid: u32,
     send_busy: u16,
@@ -278,7 +295,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     ///
     /// # Errors
     ///
-    /// [`CmError::NoAddress`] without an IPv4-mapped GID on port 1; [`CmError::Verbs`] when
+    /// [`CmError::NoAddress`] with neither an IPv4-mapped nor a global IPv6 GID on port 1
+    /// (an IPv6 address given to the device later is found when first needed);
+    /// [`CmError::Verbs`] when
     /// QP1, its region or its receives cannot be set up (a device has one QP1: one CM per
     /// device).
     pub fn new(
@@ -288,8 +307,10 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         cfg: CmConfig,
     ) -> Result<Self, CmError> {
         let ctx = pd.context();
-        let (sgid_index, gid) = crate::verbs::local_gid(ctx, None)?;
-        let ip = gid.ipv4().ok_or(CmError::NoAddress)?;
+        let (local4, local6) = local_addrs(ctx)?;
+        if local4.is_none() && local6.is_none() {
+            return Err(CmError::NoAddress);
+        }
         let mtu = ctx.query_port(1)?.active_mtu;
         let recv_slots = (cq.entries() as usize)
             .saturating_sub(SEND_SLOTS)
@@ -310,6 +331,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             pd,
             cq,
             gsi,
+            ahs: core::array::from_fn(|_| None),
             mr,
             clock,
             cfg: CmConfig {
@@ -317,8 +339,8 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                 ..cfg
             },
             guid: u64::from_be_bytes(ctx.caps().node_guid.to_ne_bytes()),
-            ip,
-            sgid_index,
+            local4,
+            local6,
             mtu,
             hi_tid: entropy.next_u64() as u32,
             send_busy: 0,
@@ -335,9 +357,27 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         Ok(cm)
     }
 
-    /// This side's IPv4 address (from its GID).
+    /// This side's IPv4 address (from its GID), `0.0.0.0` on a device with IPv6 only.
     pub fn ip(&self) -> [u8; 4] {
-        self.ip
+        self.local4.map_or([0; 4], |(_, a)| a.ipv4_or_zero())
+    }
+
+    /// This side's global IPv6 address (its first global IPv6 GID), if it has one.
+    pub fn ip6(&self) -> Option<[u8; 16]> {
+        self.local6.and_then(|(_, a)| a.ipv6())
+    }
+
+    /// The GID index and address this side speaks from to `peer` (of `peer`'s family: its
+    /// IPv4-mapped GID, or its first global IPv6 GID), `None` without one. An IPv6 address
+    /// the device got after [`Cm::new`] is looked up here.
+    pub fn local_for(&mut self, peer: CmAddr) -> Option<(u32, CmAddr)> {
+        if !peer.is_ipv6() {
+            return self.local4;
+        }
+        if self.local6.is_none() {
+            self.local6 = local_addrs(self.ctx).ok().and_then(|(_, six)| six);
+        }
+        self.local6
     }
 
     /// What the CM counted so far.
@@ -350,8 +390,8 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         self.conns.iter().filter(|c| !c.is_free()).count()
     }
 
-    /// Listens on `port` of `service`'s port space, at `ip` (`None`: any address of this
-    /// device).
+    /// Listens on `port` of `service`'s port space, at IPv4 address `ip` (`None`: any
+    /// address of this device, IPv4 or IPv6).
     ///
     /// # Errors
     ///
@@ -359,6 +399,21 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     pub fn listen(
         &mut self,
         ip: Option<[u8; 4]>,
+        port: u16,
+        service: Service,
+    ) -> Result<(), CmError> {
+        self.listen_at(ip.map(CmAddr::from), port, service)
+    }
+
+    /// Listens on `port` of `service`'s port space, at `addr`, IPv4 or IPv6 (`None`: any
+    /// address of this device).
+    ///
+    /// # Errors
+    ///
+    /// [`CmError::PortInUse`], [`CmError::TableFull`] (at most [`MAX_LISTEN`] listeners).
+    pub fn listen_at(
+        &mut self,
+        ip: Option<CmAddr>,
         port: u16,
         service: Service,
     ) -> Result<(), CmError> {
@@ -448,6 +503,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .filter(|&s| s < SEND_SLOTS as u64)
         {
             self.send_busy &= !(1 << slot);
+            self.ahs[slot as usize] = None;
             return;
         }
         let Some(slot) = w
@@ -484,7 +540,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
 
     /// Sends a connection's message `m` to QP1 at `ip`; dropped (and counted) when every
     /// send buffer is in flight. It takes the buffers answers may not first.
-    fn send(&mut self, ip: [u8; 4], m: &Mad) {
+    fn send(&mut self, ip: CmAddr, m: &Mad) {
         let free = (0..SEND_SLOTS)
             .rev()
             .find(|s| self.send_busy & (1 << s) == 0);
@@ -494,21 +550,22 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// Sends `m`, an answer to a datagram that opens no connection, to QP1 at `ip`, in one
     /// of the [`ANSWER_SLOTS`] buffers answers may hold; dropped (and counted) when those are
     /// in flight.
-    fn answer(&mut self, ip: [u8; 4], m: &Mad) {
+    fn answer(&mut self, ip: CmAddr, m: &Mad) {
         let free = (0..ANSWER_SLOTS).find(|s| self.send_busy & (1 << s) == 0);
         self.send_in(free, ip, m);
     }
 
-    fn send_in(&mut self, free: Option<usize>, ip: [u8; 4], m: &Mad) {
-        let Some(slot) = free else {
+    fn send_in(&mut self, free: Option<usize>, ip: CmAddr, m: &Mad) {
+        // From this side's address of the peer's family (none: nothing to send from).
+        let (Some(slot), Some((sgid_index, _))) = (free, self.local_for(ip)) else {
             self.counts.send_dropped += 1;
             return;
         };
         let at = SEND_AT + slot * MAD_LEN;
         self.mr.as_mut_slice()[at..at + MAD_LEN].copy_from_slice(&m.0);
-        let mut av = AddressVector::new(Gid::from_ipv4(ip), self.sgid_index as u8);
+        let mut av = AddressVector::new(ip.gid(), sgid_index as u8);
         av.hop_limit = self.cfg.hop_limit;
-        let sent = (|| -> Result<(), Error> {
+        let sent = (|| -> Result<AddressHandle<'a, P>, Error> {
             let ah = self.pd.create_ah(&av)?;
             // Two pieces, the header and the rest, as QEMU's PVRDMA wants a GSI send (one
             // gather list either way on other devices).
@@ -527,10 +584,11 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
                 )?;
                 s.finish();
             }
-            Ok(())
+            Ok(ah)
         })();
         match sent {
-            Ok(()) => {
+            Ok(ah) => {
+                self.ahs[slot] = Some(ah);
                 self.send_busy |= 1 << slot;
                 self.counts.sent += 1;
             }
@@ -557,17 +615,40 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 }
 
-/// The sender's IPv4 address from the 40-byte GRH slot of a received datagram: the IPv4
-/// header in its last 20 bytes after 20 zero bytes (RoCEv2 over IPv4, as rxe and Linux
-/// report it), or an IPv4-mapped source GID in a GRH (QEMU's PVRDMA, whose GRH has its
-/// version field 0: byte 20 is then the source address's first octet, and 64.0.0.0/4 must
-/// not read as an IPv4 header).
-fn source_ip(buf: &[u8]) -> Option<[u8; 4]> {
+/// The sender's address from the 40-byte GRH slot of a received datagram: the IPv4 header
+/// in its last 20 bytes after 20 zero bytes (RoCEv2 over IPv4, as rxe and Linux report it),
+/// or the source GID of a GRH — the IPv6 header of RoCEv2 over IPv6, or QEMU's PVRDMA's GRH
+/// (its version field 0: byte 20 is then the source address's first octet, and 64.0.0.0/4
+/// must not read as an IPv4 header). No answer goes to a source no station may have: the
+/// unspecified address, a multicast one (`ff00::/8`), `0.0.0.0`.
+fn source_ip(buf: &[u8]) -> Option<CmAddr> {
     let grh = buf.get(..40)?;
     if grh[20] >> 4 == 4 && grh[..20].iter().all(|&b| b == 0) {
-        return Some([grh[32], grh[33], grh[34], grh[35]]);
+        let ip = [grh[32], grh[33], grh[34], grh[35]];
+        return (ip != [0; 4]).then(|| CmAddr::from(ip));
     }
     let mut g = [0u8; 16];
     g.copy_from_slice(&grh[8..24]);
-    Gid(g).ipv4()
+    let a = CmAddr::from(g);
+    let nobody = g == [0; 16] || g[0] == 0xFF || a == CmAddr::UNSPECIFIED;
+    (!nobody).then_some(a)
+}
+
+/// This side's addresses from port 1's GID table: the first IPv4-mapped GID and the first
+/// global IPv6 GID (not link-local `fe80::/10`, not multicast), each with its index.
+#[allow(clippy::type_complexity)]
+fn local_addrs<P: Provider>(
+    ctx: &Context<P>,
+) -> Result<(Option<(u32, CmAddr)>, Option<(u32, CmAddr)>), Error> {
+    let (mut four, mut six) = (None, None);
+    for (i, g) in ctx.gid_table(1)? {
+        let a = CmAddr::from(g);
+        let link_local = g.0[0] == 0xFE && g.0[1] & 0xC0 == 0x80;
+        if !a.is_ipv6() {
+            four = four.or(Some((i, a)));
+        } else if !link_local && g.0[0] != 0xFF && g.0 != [0; 16] {
+            six = six.or(Some((i, a)));
+        }
+    }
+    Ok((four, six))
 }

@@ -2,6 +2,7 @@
 //! uses (`docs/cm.md` has the tables), read from a checked [`Mad`] and written into a new one;
 //! and the rdma_cm header that starts a REQ's or SIDR_REQ's private data.
 
+use super::CmAddr;
 use super::mad::{Mad, attr};
 
 /// Private-data bytes of each message.
@@ -119,8 +120,7 @@ impl CmaHeader {
 }
 
 /// The rdma_cm header over IPv6 (version 0, IP version 6): the active side's source port
-/// and both IPv6 addresses, each the whole 16 bytes of its field (`docs/cm.md`). The CM
-/// does not connect over IPv6 yet; this reads and writes the header only.
+/// and both IPv6 addresses, each the whole 16 bytes of its field (`docs/cm.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CmaHeader6 {
     /// The active side's rdma_cm port.
@@ -156,6 +156,94 @@ impl CmaHeader6 {
         h.src_ip.copy_from_slice(&b[4..20]);
         h.dst_ip.copy_from_slice(&b[20..36]);
         Some(h)
+    }
+}
+
+/// Why an rdma_cm header was not read ([`CmaAddrs::parse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmaHeaderError {
+    /// The private data is shorter than the header's 36 bytes.
+    Short,
+    /// The header's version is not 0 (the value).
+    Version(u8),
+    /// The IP version is neither 4 nor 6 (the value).
+    IpVersion(u8),
+    /// An IPv6 header whose addresses are unspecified or multicast, which no station has.
+    NoStation,
+}
+
+impl core::fmt::Display for CmaHeaderError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CmaHeaderError::Short => f.write_str("rdma_cm header: short"),
+            CmaHeaderError::Version(v) => write!(f, "rdma_cm header: version {v}"),
+            CmaHeaderError::IpVersion(v) => write!(f, "rdma_cm header: IP version {v}"),
+            CmaHeaderError::NoStation => f.write_str("rdma_cm header: no station's address"),
+        }
+    }
+}
+
+/// The rdma_cm header of either IP version, its addresses as [`CmAddr`]s (an IPv4-mapped
+/// address in an IPv6 header is the IPv4 address, as RoCEv2 carries it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmaAddrs {
+    /// The active side's rdma_cm port.
+    pub src_port: u16,
+    /// The active side's address.
+    pub src: CmAddr,
+    /// The address the active side connects to.
+    pub dst: CmAddr,
+}
+
+impl CmaAddrs {
+    /// Reads the header of either IP version.
+    ///
+    /// # Errors
+    ///
+    /// [`CmaHeaderError`]: short, another version, another IP version, or IPv6 addresses
+    /// of no station.
+    pub fn parse(b: &[u8]) -> Result<CmaAddrs, CmaHeaderError> {
+        let b = b.get(..CMA_HDR).ok_or(CmaHeaderError::Short)?;
+        if b[0] != 0 {
+            return Err(CmaHeaderError::Version(b[0]));
+        }
+        if let Some(h) = CmaHeader::parse(b) {
+            return Ok(CmaAddrs {
+                src_port: h.src_port,
+                src: h.src_ip.into(),
+                dst: h.dst_ip.into(),
+            });
+        }
+        let h = CmaHeader6::parse(b).ok_or(CmaHeaderError::IpVersion(b[1] >> 4))?;
+        let nobody = |a: &[u8; 16]| *a == [0; 16] || a[0] == 0xFF;
+        if nobody(&h.src_ip) || nobody(&h.dst_ip) {
+            return Err(CmaHeaderError::NoStation);
+        }
+        Ok(CmaAddrs {
+            src_port: h.src_port,
+            src: h.src_ip.into(),
+            dst: h.dst_ip.into(),
+        })
+    }
+}
+
+/// The rdma_cm header of a request from `src` to `dst` at rdma_cm port `src_port`: of IP
+/// version 4 when `dst` is IPv4 (then `src` is too: this side's address of that family),
+/// else of IP version 6, as Linux writes it for each family.
+pub fn cma_header(src_port: u16, src: CmAddr, dst: CmAddr) -> [u8; CMA_HDR] {
+    match (src.ipv4(), dst.ipv4()) {
+        (Some(src_ip), Some(dst_ip)) => CmaHeader {
+            src_port,
+            src_ip,
+            dst_ip,
+        }
+        .to_bytes(),
+        _ => CmaHeader6 {
+            src_port,
+            src_ip: src.gid().0,
+            dst_ip: dst.gid().0,
+        }
+        .to_bytes(),
     }
 }
 

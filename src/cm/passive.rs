@@ -6,16 +6,14 @@ use bareverbs_hal::Clock;
 
 use super::mad::Mad;
 use super::msg::{
-    self, CMA_HDR, CmaHeader, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
+    self, CMA_HDR, CmaAddrs, Ids, Private, Rej, Rep, Req, SidrRep, SidrReq, about, pdata, reason,
     sidr_status,
 };
 use super::table::Failure;
 use super::table::{Conn, Lookup, St, pend};
 use super::timer::{Timer, timeout_us};
-use super::{Cm, CmError, ConnId, Service};
-use crate::verbs::{
-    AccessFlags, Endpoint, Gid, Handshake, Mtu, Provider, QueuePair, Rc, Reset, Rts,
-};
+use super::{Cm, CmAddr, CmError, ConnId, Service};
+use crate::verbs::{AccessFlags, Endpoint, Handshake, Mtu, Provider, QueuePair, Rc, Reset, Rts};
 
 /// The MRA service timeout rdma_cm sends while its user decides (24: about 69 s).
 const MRA_TIMEOUT: u8 = 24;
@@ -48,7 +46,7 @@ impl Default for AcceptParams<'_> {
 
 impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// A REQ from `ip`.
-    pub(super) fn on_req(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    pub(super) fn on_req(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let req = Req::decode(m);
         let reject = |reason: u16| Rej {
             ids: Ids {
@@ -117,13 +115,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             self.answer(ip, &reject(reason::INVALID_SERVICE_ID).encode(m.tid()));
             return true;
         };
-        // rdma_cm's checks: its header, IPv4, the address connected to is this one (and
-        // the listener's), the sender is who the header says, an RC request.
-        let hdr = CmaHeader::parse(req.private.as_slice());
-        let fits = hdr.is_some_and(|h| {
-            h.dst_ip == self.ip && l.ip.is_none_or(|a| a == h.dst_ip) && h.src_ip == ip
-        });
+        // rdma_cm's checks: its header (IPv4 or IPv6), the address connected to is this
+        // side's of the sender's family (and the listener's), the sender is who the header
+        // says, an RC request.
+        let hdr = CmaAddrs::parse(req.private.as_slice());
+        let fits = hdr.is_ok_and(|h| self.header_fits(&h, ip, l.ip));
         if !fits || req.transport != 0 {
+            self.counts.bad_header += u64::from(!fits);
             self.answer(ip, &reject(reason::CONSUMER).encode(m.tid()));
             return true;
         }
@@ -177,6 +175,13 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
         Some(i)
     }
 
+    /// Whether a request's rdma_cm header fits: from `ip` (the datagram's source) to this
+    /// side's address of that family, and to the listener's address `at` if it has one.
+    fn header_fits(&mut self, h: &CmaAddrs, ip: CmAddr, at: Option<CmAddr>) -> bool {
+        let mine = self.local_for(ip).map(|(_, a)| a);
+        h.src == ip && mine == Some(h.dst) && at.is_none_or(|a| a == h.dst)
+    }
+
     fn listener(&self, port: u16, service: Service) -> Option<super::Listener> {
         self.listeners
             .iter()
@@ -195,8 +200,9 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     ///
     /// [`CmError::UnknownConnection`] / [`CmError::WrongState`] when `id` is not a request
     /// waiting for an answer; [`CmError::PrivateDataTooLong`]; [`CmError::Verbs`] when the QP
-    /// cannot be moved (then the request is rejected with reason 28). The QP comes back in
-    /// RESET on every error.
+    /// cannot be moved (then the request is rejected with reason 28); [`CmError::NoAddress`]
+    /// when this side has no address of the request's family (it had one when the request
+    /// came). The QP comes back in RESET on every error.
     #[allow(clippy::type_complexity)]
     pub fn accept(
         &mut self,
@@ -222,14 +228,18 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             .initiator_depth
             .min(req.responder_resources)
             .min(caps.max_qp_init_rd_atom.min(255) as u8);
-        let c = &self.conns[i];
+        let peer = self.conns[i].peer_ip;
+        let Some((sgid_index, _)) = self.local_for(peer) else {
+            return Err((qp, CmError::NoAddress));
+        };
         let remote = Endpoint {
             qpn: req.local_qpn,
-            gid: Gid::from_ipv4(c.peer_ip),
+            gid: peer.gid(),
             psn: req.starting_psn,
             mtu: Mtu::from_raw(u32::from(req.mtu)).map_or(self.mtu, |m| m.min(self.mtu)),
         };
         let opts = self.qp_options(
+            sgid_index,
             resp,
             init,
             req.retry_count,
@@ -280,6 +290,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     /// The options of a connected QP's handshake from a connection's negotiated values.
     pub(super) fn qp_options(
         &self,
+        sgid_index: u32,
         responder: u8,
         initiator: u8,
         retry: u8,
@@ -294,7 +305,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             access,
             max_rd_atomic: Some(initiator),
             max_dest_rd_atomic: Some(responder),
-            sgid_index: Some(self.sgid_index),
+            sgid_index: Some(sgid_index),
             path_mtu: None,
             timeout: self.cfg.ack_timeout,
             retry_cnt: retry.min(7),
@@ -345,7 +356,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     /// An RTU: the passive connection is up.
-    pub(super) fn on_rtu(&mut self, ip: [u8; 4], m: &Mad) -> bool {
+    pub(super) fn on_rtu(&mut self, ip: CmAddr, m: &Mad) -> bool {
         let ids = Ids::decode(m);
         let Some(i) = self.conns.by_pair(ids.remote, ids.local, ip) else {
             return false;
@@ -362,7 +373,7 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
     }
 
     /// A SIDR_REQ from `ip`.
-    pub(super) fn on_sidr_req(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    pub(super) fn on_sidr_req(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let r = SidrReq::decode(m);
         let dup = self
             .conns
@@ -372,15 +383,16 @@ impl<'a, P: Provider, C: Clock, const N: usize> Cm<'a, P, C, N> {
             return true;
         }
         let sid = r.service_id;
-        let hdr = CmaHeader::parse(r.private.as_slice());
+        let hdr = CmaAddrs::parse(r.private.as_slice());
         let listener = (sid >> 32 == 0 && (sid >> 16) as u16 == msg::PS_UDP)
             .then(|| self.listener(sid as u16, Service::Ud))
-            .flatten()
-            .filter(|l| {
-                hdr.is_some_and(|h| {
-                    h.dst_ip == self.ip && l.ip.is_none_or(|a| a == h.dst_ip) && h.src_ip == ip
-                })
-            });
+            .flatten();
+        let fits = match (listener, hdr) {
+            (Some(l), Ok(h)) => self.header_fits(&h, ip, l.ip),
+            _ => false,
+        };
+        self.counts.bad_header += u64::from(listener.is_some() && !fits);
+        let listener = listener.filter(|_| fits);
         let answer = |status| {
             SidrRep {
                 request_id: r.request_id,

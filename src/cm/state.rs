@@ -3,17 +3,17 @@
 
 use bareverbs_hal::Clock;
 
-use super::Cm;
 use super::mad::{Mad, attr};
 use super::msg::{Ids, Mra, Private, Rej, about, reason};
 use super::table::Failure;
 use super::table::{Lookup, St, pend};
 use super::timer::timeout_us;
+use super::{Cm, CmAddr};
 use crate::verbs::Provider;
 
 impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     /// One received datagram (the MAD after the GRH slot) from `ip`.
-    pub(super) fn on_datagram(&mut self, ip: [u8; 4], bytes: &[u8], now: u64) {
+    pub(super) fn on_datagram(&mut self, ip: CmAddr, bytes: &[u8], now: u64) {
         let Ok(m) = Mad::parse(bytes) else {
             self.counts.malformed += 1;
             return;
@@ -37,7 +37,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
 
     /// A REJ: of this side's REQ (matched by this side's ID alone, as the passive side may
     /// not have given one) or of its REP (by both IDs).
-    fn on_rej(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    fn on_rej(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let rej = Rej::decode(m);
         if rej.rejected == about::REQ && rej.reason == reason::TIMEOUT {
             // The active side gave up waiting for the REP: matched, as Linux matches it, by
@@ -91,7 +91,7 @@ impl<P: Provider, C: Clock, const N: usize> Cm<'_, P, C, N> {
     }
 
     /// An MRA: the peer needs more time to answer this side's REQ or REP.
-    fn on_mra(&mut self, ip: [u8; 4], m: &Mad, now: u64) -> bool {
+    fn on_mra(&mut self, ip: CmAddr, m: &Mad, now: u64) -> bool {
         let mra = Mra::decode(m);
         let i = match mra.mraed {
             about::REQ => self

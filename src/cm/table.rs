@@ -2,6 +2,7 @@
 //! timer, the message it retransmits and the events it has to report. No heap: the table is
 //! an array inside the [`Cm`](super::Cm).
 
+use super::CmAddr;
 use super::mad::Mad;
 use super::msg::{Private, Req, pdata};
 use super::timer::Timer;
@@ -84,7 +85,7 @@ pub struct Conn<'a, P: Provider> {
     /// This side's data QP.
     pub local_qpn: u32,
     /// The peer's IPv4 address: every message matched to this entry must come from it.
-    pub peer_ip: [u8; 4],
+    pub peer_ip: CmAddr,
     /// The peer's rdma_cm port, and the port on this side.
     pub ports: (u16, u16),
     /// The transaction ID of the REQ/REP/RTU exchange (or of the SIDR exchange).
@@ -126,7 +127,7 @@ impl<P: Provider> Conn<'_, P> {
             remote_guid: 0,
             remote_qpn: 0,
             local_qpn: 0,
-            peer_ip: [0; 4],
+            peer_ip: CmAddr::UNSPECIFIED,
             ports: (0, 0),
             tid: 0,
             timer: Timer::default(),
@@ -183,7 +184,7 @@ pub trait Lookup {
     /// The index of the live entry whose ID is `local_id`.
     fn by_local(&self, local_id: u32) -> Option<usize>;
     /// The index of the live entry with this pair of IDs, whose peer is `ip`.
-    fn by_pair(&self, local_id: u32, remote_id: u32, ip: [u8; 4]) -> Option<usize>;
+    fn by_pair(&self, local_id: u32, remote_id: u32, ip: CmAddr) -> Option<usize>;
     /// A free entry.
     fn free(&self) -> Option<usize>;
     /// The oldest entry still waiting for its user's decision (half-open).
@@ -196,7 +197,7 @@ impl<P: Provider> Lookup for [Conn<'_, P>] {
             .position(|c| c.live() && c.local_id == local_id && local_id != 0)
     }
 
-    fn by_pair(&self, local_id: u32, remote_id: u32, ip: [u8; 4]) -> Option<usize> {
+    fn by_pair(&self, local_id: u32, remote_id: u32, ip: CmAddr) -> Option<usize> {
         self.iter().position(|c| {
             c.live()
                 && local_id != 0

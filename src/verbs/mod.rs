@@ -86,7 +86,6 @@ pub use mr::MemoryRegion;
 pub use mw::{FastReg, FastRegMr, MemoryWindow, MwBind};
 pub use pool::{Buf, BufferPool};
 pub use provider::{PollCq, Provider};
-pub(crate) use qp::local_gid;
 pub use qp::{
     CanRecv, CanSend, Completion, ConnectedInit, ConnectedRtr, ConnectedRts, DEFAULT_RD_ATOMIC,
     Datagram, DatagramInit, DatagramRts, Endpoint, ErrState, Gsi, Handshake, Init, QpBuilder,

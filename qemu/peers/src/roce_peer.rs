@@ -297,10 +297,13 @@ impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
     /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
-    pub const CM_PROGRAMS: [&'static str; 7] = [
+    pub const CM_PROGRAMS: [&'static str; 10] = [
         "rping-",
+        "rping6-",
         "ucmatose-",
+        "ucmatose6-",
         "udaddy-",
+        "udaddy6-",
         "cmtime-",
         "ib_send_bw-",
         "ib_write_bw-",

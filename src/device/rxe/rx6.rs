@@ -79,14 +79,14 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
         let Some(p) = f.get(..m).and_then(wire::packet::view_converted) else {
             return;
         };
-        // RC and UC (opcodes 0x00–0x3F), and UD's SENDs to a UD QP: their GRH slot is made
-        // the IPv6 header again from the path (the responder). Not the GSI QP's yet: the CM
-        // does not speak IPv6.
+        // RC and UC (opcodes 0x00–0x3F), and UD's SENDs to a UD QP or the GSI QP (the CM's
+        // datagrams over IPv6): their GRH slot is made the IPv6 header again from the path
+        // (the responder).
         let ud = matches!(
             p.opcode(),
             wire::bth::opcode::UD_SEND_ONLY | wire::bth::opcode::UD_SEND_ONLY_IMM
         );
-        if (p.opcode() >= 0x40 && !ud) || (ud && p.dest_qp() == super::GSI_QPN) {
+        if p.opcode() >= 0x40 && !ud {
             core.tables().port.unhand();
             return;
         }

@@ -16,7 +16,6 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 
 pub use builder::QpBuilder;
-pub(crate) use handshake::local_gid;
 pub use handshake::{DEFAULT_RD_ATOMIC, Endpoint, Handshake};
 pub use post::{RecvBatch, SendBatch};
 pub use safe::Completion;

@@ -7,7 +7,7 @@
 //!   server sends the same bytes each time (whatever its buffer held) and the client's answers
 //!   are the server's last message. The server disconnects.
 
-use bareverbs::cm::{CmEvent, ConnectParams};
+use bareverbs::cm::{CmAddr, CmEvent, ConnectParams};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -88,7 +88,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn ucmatose_client(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let qp = self.qp(pd)?;
@@ -184,7 +184,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn connect_retrying(
         &mut self,
         qp: QueuePair<'a, P, Rc, Reset>,
-        linux: [u8; 4],
+        linux: CmAddr,
         port: u16,
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
         self.connect_retrying_with(qp, linux, port, &ConnectParams::default())
@@ -194,10 +194,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn connect_retrying_with(
         &mut self,
         qp: QueuePair<'a, P, Rc, Reset>,
-        linux: [u8; 4],
+        linux: impl Into<CmAddr>,
         port: u16,
         params: &ConnectParams<'_>,
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
+        let linux = linux.into();
         let mut qp = Some(qp);
         loop {
             let Some(q) = qp.take() else {
@@ -250,7 +251,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn ucmatose_server(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         // ucmatose's request: depths 1/1, retry count 5, RNR retry 0, no private data.

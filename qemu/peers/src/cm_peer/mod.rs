@@ -11,6 +11,7 @@
 //! | `udaddy-server` | `udaddy` | the client: resolves the UD service through SIDR, sends its datagrams, takes the answers (`udaddy.rs`) |
 //! | `udaddy-client` | `udaddy -s <unikernel>` | the UD service: answers the SIDR_REQ, takes the datagrams, answers each |
 //! | `mckey-server`, `mckey-client` | `mckey`, `mckey -s` | multicast: sends to the group, or takes what Linux sends to it, its QP attached directly (`mckey.rs`) |
+//! | `rping6-…`, `ucmatose6-…`, `udaddy6-…` | the same by IPv6 address (`rping -a fd00::…`, `-s`/`-b`) | the same over RoCEv2 over IPv6, Linux at `fd00::D` in this side's /64 (D its IPv4 address's last byte), the CM's datagrams and the data both |
 //! | `ucmatose-…`, `udaddy-…` with `-c N` | the same with `-c N` | the same on N connections (UD endpoints) at once, each its own QP and message slots (`many.rs`) |
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
@@ -29,8 +30,8 @@ use core::fmt::Write;
 
 use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnectRequest, Failure as CmFailure,
-    Service,
+    AcceptParams, Cm, CmAddr, CmConfig, CmError, CmEvent, ConnId, ConnectRequest,
+    Failure as CmFailure, Service,
 };
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
@@ -147,7 +148,9 @@ impl CmCase {
             return Some(c);
         }
         let mut words = spec.split(',').filter(|w| !w.is_empty());
-        let program = match words.next()? {
+        let first = words.next()?;
+        let v6 = over_ipv6(first);
+        let program = match if v6 { plain_name(first) } else { first } {
             "rping-server" => Program::RpingServer,
             "rping-client" => Program::RpingClient,
             "ucmatose-server" => Program::UcmatoseServer,
@@ -172,7 +175,8 @@ impl CmCase {
                 _ => return None,
             }
         }
-        if !(1..=many::MAX_CONNS).contains(&conns) {
+        // Several connections at once: over IPv4 only.
+        if !(1..=many::MAX_CONNS).contains(&conns) || (v6 && conns != 1) {
             return None;
         }
         let program = match program {
@@ -223,6 +227,40 @@ impl CmCase {
             Program::PerftestRefused { .. } => "perftest -R, refused",
         }
     }
+}
+
+/// The IPv6 cases of the single-connection programs: the same exchange as the case without
+/// the `6`, by IPv6 address.
+const V6_CASES: [(&str, &str); 6] = [
+    ("rping6-server", "rping-server"),
+    ("rping6-client", "rping-client"),
+    ("ucmatose6-server", "ucmatose-server"),
+    ("ucmatose6-client", "ucmatose-client"),
+    ("udaddy6-server", "udaddy-server"),
+    ("udaddy6-client", "udaddy-client"),
+];
+
+/// Whether the case named `name` (`rping6-server` …) runs over IPv6.
+pub fn over_ipv6(name: &str) -> bool {
+    V6_CASES.iter().any(|(six, _)| *six == name)
+}
+
+/// The name of an IPv6 case's IPv4 twin (`rping6-server`: `rping-server`), or `name`.
+fn plain_name(name: &str) -> &str {
+    V6_CASES
+        .iter()
+        .find(|(six, _)| *six == name)
+        .map_or(name, |(_, four)| four)
+}
+
+/// Linux's IPv6 address in the lab: in this side's /64, the interface identifier its IPv4
+/// address's last byte (`fd00::1` for 10.0.0.1 beside the unikernel's `fd00::2`;
+/// `qemu/roce/linux.sh` gives each guest that address).
+fn linux_ipv6(me: [u8; 16], linux: [u8; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[..8].copy_from_slice(&me[..8]);
+    a[15] = linux[3];
+    a
 }
 
 /// A cmtime case's options: `-c N` (100 by default, at most [`cmtime::MAX_CONNS`]).
@@ -369,9 +407,10 @@ pub fn run_case<P: Provider>(
         );
     }
     let t0 = clock_ms();
+    let v6 = over_ipv6(name);
     let (r, conns) = match case.program {
         Program::Many { conns, .. } => (many::run(ctx, pd, linux, case, deadline, clock_ms), conns),
-        _ => (run(ctx, pd, linux, case, deadline, clock_ms), 1),
+        _ => (run(ctx, pd, (linux, v6), case, deadline, clock_ms), 1),
     };
     let ms = clock_ms() - t0;
     match r {
@@ -416,13 +455,15 @@ pub fn refuse_perftest<P: Provider>(
         size: 0,
         count: 0,
     };
-    run(ctx, pd, linux, &case, deadline, clock_ms).map(|_| ())
+    run(ctx, pd, (linux, false), &case, deadline, clock_ms).map(|_| ())
 }
 
+/// Runs a single-connection case against Linux at `linux`, by its IPv6 address (in the lab's
+/// plan, [`linux_ipv6`]) when `v6`.
 fn run<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    linux: [u8; 4],
+    (linux, v6): ([u8; 4], bool),
     case: &CmCase,
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
@@ -453,6 +494,11 @@ fn run<P: Provider>(
         let mut cm: Cm<'_, P, Ms<'_>, CONNS> =
             Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
                 .map_err(|e| CaseError::Cm("CM over QP1", e))?;
+        let peer = match (v6, cm.ip6()) {
+            (false, _) => CmAddr::from(linux),
+            (true, Some(me)) => CmAddr::from(linux_ipv6(me, linux)),
+            (true, None) => return Err(CaseError::Request("an IPv6 address of this side")),
+        };
         let mut s = Session {
             cm: &mut cm,
             cq: &cq,
@@ -469,12 +515,12 @@ fn run<P: Provider>(
             request: None,
         };
         match case.program {
-            Program::RpingServer => s.rping_client(pd, linux, case),
-            Program::RpingClient => s.rping_server(pd, linux, case),
-            Program::UcmatoseServer => s.ucmatose_client(pd, linux, case),
-            Program::UcmatoseClient => s.ucmatose_server(pd, linux, case),
-            Program::UdaddyServer => s.udaddy_client(pd, linux, case),
-            Program::UdaddyClient => s.udaddy_server(pd, linux, case),
+            Program::RpingServer => s.rping_client(pd, peer, case),
+            Program::RpingClient => s.rping_server(pd, peer, case),
+            Program::UcmatoseServer => s.ucmatose_client(pd, peer, case),
+            Program::UcmatoseClient => s.ucmatose_server(pd, peer, case),
+            Program::UdaddyServer => s.udaddy_client(pd, peer, case),
+            Program::UdaddyClient => s.udaddy_server(pd, peer, case),
             Program::Perftest { verb, linux_serves } => {
                 s.perftest(pd, linux, case, verb, linux_serves)
             }
@@ -569,7 +615,7 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
     fn accept_checked(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         port: u16,
         retries: (u8, u8),
     ) -> Result<(QueuePair<'a, P, Rc, Rts>, u64), CaseError> {
@@ -599,12 +645,13 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
     fn accept_next(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: impl Into<CmAddr>,
         port: u16,
         depths_ok: &dyn Fn(u8, u8) -> bool,
         retries: (u8, u8),
         params: &AcceptParams<'_>,
     ) -> Result<Accepted<'a, P>, CaseError> {
+        let linux = linux.into();
         let (req, t_req) = loop {
             if let Some(r) = self.request.take() {
                 break r;
@@ -616,7 +663,7 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
         };
         self.id = Some(req.id);
         let checks = [
-            (req.src_ip == linux, "source address"),
+            (req.src_addr == linux, "source address"),
             (req.dst_port == port, "port"),
             (
                 depths_ok(req.responder_resources, req.initiator_depth),
@@ -900,6 +947,40 @@ mod tests {
                 "{spec}"
             );
         }
+    }
+
+    #[test]
+    fn ipv6_cases_are_their_ipv4_twins_by_ipv6_address() {
+        use crate::roce_peer::PeerCase;
+        for (spec, program) in [
+            ("rping6-server,-S,64,-C,100,-V", Program::RpingServer),
+            ("rping6-client,-S,64,-C,100,-V", Program::RpingClient),
+            ("ucmatose6-server,-C,10,-S,100", Program::UcmatoseServer),
+            ("ucmatose6-client,-C,10,-S,100", Program::UcmatoseClient),
+            ("udaddy6-server,-C,10,-S,100", Program::UdaddyServer),
+            ("udaddy6-client,-C,10,-S,100", Program::UdaddyClient),
+        ] {
+            let name = spec.split(',').next().unwrap();
+            let c = CmCase::parse(spec).expect(spec);
+            assert_eq!(c.program, program, "{spec}");
+            assert!(over_ipv6(name), "{spec}");
+            assert!(!over_ipv6(plain_name(name)), "{spec}");
+            assert!(
+                matches!(PeerCase::parse(spec), Some(PeerCase::Cm(_))),
+                "{spec}"
+            );
+        }
+        // Several connections at once: IPv4 only; other names are not IPv6 cases.
+        assert_eq!(CmCase::parse("ucmatose6-client,-c,4"), None);
+        assert_eq!(CmCase::parse("udaddy6-server,-c,2"), None);
+        assert_eq!(CmCase::parse("cmtime6-server"), None);
+        assert!(!over_ipv6("rping-server") && !over_ipv6("rc6-server"));
+        // Linux's address: this side's /64, its IPv4 address's last byte.
+        let mut me = [0u8; 16];
+        (me[0], me[1], me[15]) = (0xfd, 0, 2);
+        let mut want = me;
+        want[15] = 1;
+        assert_eq!(linux_ipv6(me, [10, 0, 0, 1]), want);
     }
 
     #[test]

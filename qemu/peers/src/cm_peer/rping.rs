@@ -3,6 +3,7 @@
 
 use core::fmt::Write;
 
+use bareverbs::cm::CmAddr;
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -79,7 +80,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn rping_client(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let qp = self.qp(pd)?;
@@ -155,7 +156,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn rping_server(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         // rping's request: from the Linux side to this port, depths 1/1, retries 7/7, no

@@ -6,7 +6,7 @@
 //! first `-S` − 40 bytes of its payload.
 
 use bareverbs::cm::msg::UDP_QKEY;
-use bareverbs::cm::{CmEvent, Service};
+use bareverbs::cm::{CmAddr, CmEvent, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
@@ -17,7 +17,8 @@ use crate::peer::grh_ok;
 
 /// udaddy's port.
 pub const UDADDY_PORT: u16 = 7174;
-/// The GID index of the device's IPv4-mapped GID.
+/// The GID index of the device's IPv4-mapped GID (the IPv6 cases' is the CM's,
+/// [`bareverbs::cm::Cm::local_for`]).
 pub(super) const GID_INDEX: u32 = 1;
 /// How long the UD service keeps the NIC going after its last answer (ms).
 pub(super) const LINGER_MS: u64 = 200;
@@ -25,6 +26,13 @@ pub(super) const LINGER_MS: u64 = 200;
 pub(super) const SIDR_UNSUPPORTED: u8 = 1;
 
 impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
+    /// This side's GID index and address towards `linux` (of its family).
+    pub(super) fn me(&mut self, linux: CmAddr) -> Result<(u32, CmAddr), CaseError> {
+        self.cm
+            .local_for(linux)
+            .ok_or(CaseError::Request("an address of the peer's family"))
+    }
+
     /// A UD QP with rdma_cm's Q_Key, and one receive per message (with its GRH area).
     fn ud_qp(
         &mut self,
@@ -54,11 +62,12 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         &mut self,
         qp: &mut QueuePair<'a, P, Ud, Rts>,
         pd: &'a ProtectionDomain<'a, P>,
-        (linux, qpn): ([u8; 4], u32),
+        (linux, qpn): (CmAddr, u32),
         imm: Option<u32>,
         case: &CmCase,
     ) -> Result<(), CaseError> {
-        let mut av = AddressVector::new(Gid::from_ipv4(linux), GID_INDEX as u8);
+        let (index, _) = self.me(linux)?;
+        let mut av = AddressVector::new(linux.gid(), index as u8);
         av.hop_limit = 64;
         let ah = pd.create_ah(&av).at("cm: create AH")?;
         for i in 0..case.count {
@@ -89,11 +98,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     /// Checks a UD receive: its length, its GRH area (from `linux` to this side) and its
     /// sender (`qpn`, and the immediate when `imm`).
     fn check_datagram(
-        &self,
+        &mut self,
         w: Option<Seen>,
         i: u32,
         case: &CmCase,
-        (linux, qpn): ([u8; 4], Option<u32>),
+        (linux, qpn): (CmAddr, Option<u32>),
     ) -> Result<u32, CaseError> {
         let bad = |what| CaseError::Bytes {
             what,
@@ -107,9 +116,9 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         if qpn.is_some_and(|q| q != w.src_qp) {
             return Err(bad("a datagram's source QP"));
         }
+        let (_, me) = self.me(linux)?;
         let grh = self.slot_bytes(i, case.size, GRH);
-        let me = Gid::from_ipv4(self.cm.ip());
-        if !grh_ok(grh, &Gid::from_ipv4(linux), &me) {
+        if !grh_ok(grh, &linux.gid(), &me.gid()) {
             return Err(bad("a datagram's GRH area"));
         }
         Ok(w.src_qp)
@@ -119,7 +128,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn udaddy_client(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let mut qp = self.ud_qp(pd, case)?;
@@ -133,7 +142,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         &mut self,
         qp: &mut QueuePair<'a, P, Ud, Rts>,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let (qpn, connect_ms) = loop {
@@ -168,12 +177,13 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         // Each answer is the start of the server's receive buffer after our last datagram:
         // its GRH area (from us to the server), then our last message.
         let size = case.size;
-        let us = Gid::from_ipv4(self.cm.ip());
+        let (_, us) = self.me(linux)?;
+        let us = us.gid();
         for i in 0..case.count {
             let m = self.slot_bytes(i, size, size + GRH);
             let body = &m[GRH as usize..];
             let head = GRH.min(size) as usize;
-            let area_ok = head < GRH as usize || grh_ok(&body[..head], &us, &Gid::from_ipv4(linux));
+            let area_ok = head < GRH as usize || grh_ok(&body[..head], &us, &linux.gid());
             let rest = body.get(head..).unwrap_or(&[]);
             let wrong = rest
                 .iter()
@@ -201,7 +211,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     pub(super) fn udaddy_server(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         self.cm
@@ -218,7 +228,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         &mut self,
         qp: &mut QueuePair<'a, P, Ud, Rts>,
         pd: &'a ProtectionDomain<'a, P>,
-        linux: [u8; 4],
+        linux: CmAddr,
         case: &CmCase,
     ) -> Result<Done, CaseError> {
         let (req, t_req) = loop {
@@ -230,7 +240,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 _ => {}
             }
         };
-        if req.src_ip != linux || req.dst_port != UDADDY_PORT {
+        if req.src_addr != linux || req.dst_port != UDADDY_PORT {
             return Err(CaseError::Request("SIDR_REQ's address or port"));
         }
         self.cm

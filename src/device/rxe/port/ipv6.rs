@@ -7,7 +7,6 @@ use bareverbs_hal::Link;
 
 use super::neighbours::{learn, lookup, refresh, step};
 use super::{GLOBALS6, PATHS6, Port, gid};
-use crate::device::rxe::GSI_QPN;
 use crate::device::rxe::wire::Discard;
 use crate::device::rxe::wire::bth::opcode;
 use crate::device::rxe::wire::eth::{ETH_LEN, Mac};
@@ -90,7 +89,7 @@ pub(crate) enum Ipv6Rx {
     Stack,
     /// RoCEv2 over IPv6 on the device's IPv6 path `i`: for the transport.
     Path(usize),
-    /// A UD SEND over IPv6 (not to the GSI QP) from a peer no path is held to, on the IPv6
+    /// A UD SEND over IPv6 (the GSI QP's too) from a peer no path is held to, on the IPv6
     /// path `i` taken for it alone: for the transport, then given back at once
     /// ([`Port::release_path6`]), so that no stranger keeps a path.
     Transient(usize),
@@ -235,7 +234,7 @@ impl Port {
                     p.headers.bth.opcode,
                     opcode::UD_SEND_ONLY | opcode::UD_SEND_ONLY_IMM
                 );
-                if ud && p.headers.bth.dest_qp != GSI_QPN {
+                if ud {
                     // (The table full: dropped as any other.)
                     if let Some(alias) = self.hold_path6(p.ip.dst, p.ip.src, 0) {
                         self.counts.roce += 1;
