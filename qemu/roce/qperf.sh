@@ -1,0 +1,30 @@
+#!/bin/bash
+# qperf (Debian's 0.4.11-3) for qemu/roce/linux.sh, in a Linux guest:
+#   qperf.sh server                     qperf's server (port 19765) until a client's `quit`
+#   qperf.sh client PEER TEST [OPTS…]   one test against PEER, then `quit` to end its server
+# qperf's server never exits by itself: it forks a child for every request and goes on
+# listening; its `quit` request (a client's `qperf PEER quit`) makes it exit 0. So the client
+# runs its test, then `quit`, and the server side is a plain `qperf`. The client exits 0 only
+# if the test exited 0 and printed its result (`bw =` or `latency =`), and the quit was taken.
+# docs/qperf.md has qperf's protocol and what each test does.
+set -u
+role=$1
+if [ "$role" = server ]; then
+  exec qperf
+fi
+peer=$2 test=$3
+shift 3
+# -ws: qperf tries its connection again for that many seconds while nobody listens yet.
+out=$(qperf "$peer" -ws 30 "$@" "$test" 2>&1)
+st=$?
+echo "$out"
+q=$(qperf "$peer" -ws 10 quit 2>&1)
+qst=$?
+[ -z "$q" ] || echo "quit: $q"
+if [ "$st" = 0 ] && ! grep -qE "^ *(bw|latency|msg_rate) += " <<<"$out"; then
+  echo "qperf.sh: $test printed no result"
+  exit 1
+fi
+[ "$st" = 0 ] || exit "$st"
+[ "$qst" = 0 ] || { echo "qperf.sh: quit failed ($qst)"; exit "$qst"; }
+exit 0
