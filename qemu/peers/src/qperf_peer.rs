@@ -150,19 +150,19 @@ pub fn run_case<P: Provider, L: Link>(
     let ms = clock_ms() - t0;
     match (r, quit) {
         (Ok((req, stat, checked)), Ok(())) => {
-            let c = if stat.received.msgs > 0 {
-                stat.received
-            } else {
-                stat.sent
+            let what = match case.test {
+                Test::RcRdmaReadBw => "its buffer READ, nothing on its CQ",
+                Test::RcLat => "SENDs answered",
+                _ => "messages received",
             };
             let _ = writeln!(
                 out,
-                "roce-uk {name}: ok {} -m {} -t {}: {} messages ({} bytes) in {} ms, {checked} bytes checked, quit taken; {ms} ms in all",
+                "roce-uk {name}: ok {} -m {} -t {}: {} {what} ({} bytes) in {} ms, {checked} bytes checked, quit taken; {ms} ms in all",
                 case.test.name(),
                 req.msg_size,
                 req.time,
-                c.msgs,
-                c.bytes,
+                stat.received.msgs,
+                stat.received.bytes,
                 stat.elapsed_ms
             );
             true

@@ -673,7 +673,10 @@ mod tests {
         };
         let b = n.encode();
         assert_eq!(&b[..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
-        assert_eq!(&b[28..32], &[0xDD, 0xCC, 0xBB, 0xAA]);
+        // LID, QPN, PSN, SRQN, then the R_Key at 24.
+        assert_eq!(&b[12..16], &[0x11, 0, 0, 0]);
+        assert_eq!(&b[24..28], &[0xDD, 0xCC, 0xBB, 0xAA]);
+        assert_eq!(&b[32..36], &[128, 0, 0, 0]);
         assert_eq!(&b[36..], &[0; 4]);
         let mut padded = b;
         padded[36..].copy_from_slice(&[0xFF; 4]);
