@@ -5,12 +5,20 @@
 # qperf's server never exits by itself: it forks a child for every request and goes on
 # listening; its `quit` request (a client's `qperf PEER quit`) makes it exit 0. So the client
 # runs its test, then `quit`, and the server side is a plain `qperf`. The client exits 0 only
-# if the test exited 0 and printed its result (`bw =` or `latency =`), and the quit was taken.
+# if the test exited 0 and printed its result (`bw =` or `latency =`), and the quit was taken;
+# the server only if it printed nothing (qperf's server is silent unless a test failed).
 # docs/qperf.md has qperf's protocol and what each test does.
 set -u
 role=$1
 if [ "$role" = server ]; then
-  exec qperf
+  # The server prints nothing unless a test failed (its child's error, e.g. `failed to
+  # receive synchronization after test: timed out`); it exits 0 on `quit` either way.
+  out=$(qperf 2>&1)
+  st=$?
+  echo "$out"
+  [ "$st" = 0 ] || exit "$st"
+  [ -z "$out" ] || { echo "qperf.sh: the server's test failed (above)"; exit 1; }
+  exit 0
 fi
 peer=$2 test=$3
 shift 3

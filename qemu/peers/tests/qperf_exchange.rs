@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bareverbs_hal::Link;
 use bareverbs_lab_peers::tcp::qperf::{
-    self, Counts, Error as QError, Failure, Hooks, Node, Request, Stat, Test,
+    self, ClientHooks, Counts, Error as QError, Failure, Hooks, Node, Request, Stat, Test,
 };
 use bareverbs_lab_peers::tcp::{Error, NetConfig, Retry, Stack, Step, Storage};
 use bareverbs_model::link::{MemLink, Segment};
@@ -263,4 +263,120 @@ fn a_synchronization_that_is_not_qperfs_fails_the_test() {
     assert_eq!(r, Err(Failure::Qperf(QError::Sync)));
     // The test never ran.
     assert_eq!(rec.calls, ["rc_lat", "accept"]);
+}
+
+/// The unikernel's hooks as qperf's client.
+struct ClientRecorder {
+    calls: Vec<String>,
+    peer: Option<Node>,
+    now: Box<dyn FnMut() -> u64 + Send>,
+}
+
+impl ClientHooks for ClientRecorder {
+    type Error = ();
+    fn now(&mut self) -> u64 {
+        (self.now)()
+    }
+    fn connect(&mut self, port: u16) -> Result<Node, ()> {
+        self.calls.push(format!("connect {port}"));
+        Ok(UNI_NODE)
+    }
+    fn run(&mut self, peer: &Node) -> Result<Stat, ()> {
+        self.calls.push("run".into());
+        self.peer = Some(*peer);
+        Ok(Stat::default())
+    }
+    fn finish(&mut self) -> Result<(), ()> {
+        self.calls.push("finish".into());
+        Ok(())
+    }
+}
+
+/// qperf's server for one test: accept, the request, the CM port (`port`), the nodes, the
+/// sync, its statistics, the last sync.
+fn c_server<L: Link>(st: &mut Stack<'_, L>, now: Now, port: u32) -> Request {
+    let deadline = now() + BUDGET;
+    st.accept(qperf::PORT, deadline, now).expect("accept");
+    let req = c_read(st, qperf::REQ_LEN, now).unwrap();
+    let req = Request::decode(&req.try_into().unwrap());
+    c_write(st, &port.to_le_bytes(), now);
+    c_write(st, &LNX_NODE.encode(), now);
+    let node = c_read(st, qperf::NODE_LEN, now).unwrap();
+    assert_eq!(node, UNI_NODE.encode());
+    c_write(st, qperf::SYNC_BEFORE, now);
+    assert_eq!(
+        c_read(st, qperf::SYNC_BEFORE.len(), now).unwrap(),
+        qperf::SYNC_BEFORE
+    );
+    c_write(st, &uni_stat().encode(), now);
+    assert_eq!(
+        c_read(st, qperf::SYNC_AFTER.len(), now).unwrap(),
+        qperf::SYNC_AFTER
+    );
+    let deadline = now() + 3_000;
+    let _ = st.close(deadline, now);
+    req
+}
+
+/// What the unikernel's client returned, its hooks' record, the request the server took.
+type ClientRun = (
+    Result<(Stat, Stat), Failure<()>>,
+    ClientRecorder,
+    Option<Request>,
+);
+
+/// The unikernel as the client against `c_server` naming CM port `port`.
+fn client_pair(port: u32) -> ClientRun {
+    let (_seg, uni, lnx) = pair();
+    let (listening, go) = mpsc::channel();
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 2, |st, now| {
+            st.listen(qperf::PORT).unwrap();
+            listening.send(()).unwrap();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c_server(st, now, port))).ok()
+        })
+    });
+    go.recv().unwrap();
+    let (r, rec) = with_stack(uni, UNI_IP, 1, |st, _| {
+        let mut rec = ClientRecorder {
+            calls: Vec::new(),
+            peer: None,
+            now: Box::new(clock()),
+        };
+        let deadline = rec.now() + BUDGET;
+        let req = Request::new(Test::RcRdmaWriteBw, 4096, 3, 20);
+        let retry = Retry {
+            tries: 5,
+            pause_ms: 200,
+        };
+        let r = qperf::run_client(st, LNX_IP, retry, &req, &mut rec, deadline);
+        (r, rec)
+    });
+    (r, rec, l.join().unwrap())
+}
+
+#[test]
+fn as_the_client_it_sends_qperfs_request_and_takes_the_servers_statistics() {
+    let (r, rec, req) = client_pair(40_000);
+    assert_eq!(r, Ok((Stat::default(), uni_stat())));
+    assert_eq!(rec.calls, ["connect 40000", "run", "finish"]);
+    assert_eq!(rec.peer, Some(LNX_NODE));
+    // What qperf's server decodes: 0.4.11, rc_rdma_write_bw (19), -m, -t, -to, -cm1.
+    let req = req.expect("the server's side");
+    assert_eq!(req.version, (0, 4, 11));
+    assert_eq!(req.index, 19);
+    assert_eq!(
+        (req.msg_size, req.time, req.timeout, req.use_cm),
+        (4096, 3, 20, 1)
+    );
+    assert_eq!(req.test(), Ok(Test::RcRdmaWriteBw));
+}
+
+#[test]
+fn a_cm_port_that_is_no_port_ends_the_test_before_any_hook() {
+    for port in [0, 65_536] {
+        let (r, rec, _) = client_pair(port);
+        assert_eq!(r, Err(Failure::Qperf(QError::Port(port))));
+        assert!(rec.calls.is_empty());
+    }
 }

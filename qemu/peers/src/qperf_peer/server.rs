@@ -1,212 +1,22 @@
-//! qperf's RC tests against the unikernel as qperf's server: Linux runs
-//! `qperf <unikernel> -cm1 -t 2 rc_bw` (or `rc_lat`, `rc_rdma_write_bw`, `rc_rdma_read_bw`),
-//! then `qperf <unikernel> quit` (`qemu/roce/qperf.sh`). qperf's control connection is
-//! [`crate::tcp::qperf`]; its QP comes through the CM ([`bareverbs::cm`]) to the port the
-//! unikernel names there. `docs/qperf.md` has the protocol and the tests.
-//!
-//! | case | the unikernel, for `-t` seconds | what it checks |
-//! | --- | --- | --- |
-//! | `qperf-rc_bw-client` | takes the client's SENDs (receives posted, each reposted once checked) | every message `-m` bytes, every byte zero (qperf's client sends its zeroed buffer) |
-//! | `qperf-rc_rdma_write_bw-client` | takes the WRITEs with immediate into its buffer (a receive each) | each a receive of `-m` bytes with immediate 0; the buffer overwritten with the client's zeros, the bytes after it untouched |
-//! | `qperf-rc_rdma_read_bw-client` | lets the client READ its buffer | nothing completes on its CQ; its buffer and the bytes after it unchanged |
-//! | `qperf-rc_lat-client` | answers each SEND with one, as qperf's server does | every message `-m` bytes, every byte zero |
-//!
-//! Every case also checks the request (the test its name says, `-cm1`, the options it takes:
-//! [`Request::test`](crate::tcp::qperf::Request::test)), the CM's REQ (from Linux, to the port
-//! named, depths 1/1, retries 7/7, no private data) and qperf's synchronizations, and ends
-//! with the client's DREQ and its `quit`. A request the peer does not run is refused with a
-//! typed error and the connection reset; the case fails and the next one goes on.
-
-use core::fmt::Write;
+//! The unikernel as qperf's server: [`serve_test`] takes the Linux client's request and runs
+//! its test through [`Server`]'s hooks, then [`quit`] takes the client's `quit`.
 
 use bareverbs::Context;
-use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnectRequest, Service,
-};
+use bareverbs::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnectRequest, Service};
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 use bareverbs_hal::Link;
 
+use super::{
+    CM_PORT, CONNS, CaseError, Error, GUARD, MAX_RECVS, Ms, QperfCase, RECV_BASE, RECV_BYTES,
+    SEND_ID, SENTINEL,
+};
+use crate::Step;
 use crate::tcp::Stack;
-use crate::tcp::qperf::{self, Failure as QFailure, Hooks, Node, Request, Stat, Test};
-use crate::{Failure, Step};
-
-/// The port the unikernel's CM listens on for qperf's QP (qperf's server takes any free one
-/// and names it on the control connection).
-pub const CM_PORT: u16 = 19766;
-/// Receives posted at once (`rc_bw`, `rc_rdma_write_bw`).
-const MAX_RECVS: u32 = 16;
-/// Bytes the receive slots take at most.
-const RECV_BYTES: u32 = 1 << 20;
-/// Bytes after the buffer that must stay untouched.
-const GUARD: u32 = 64;
-/// What the guard and unreceived slots hold.
-const SENTINEL: u8 = 0xEE;
-/// Connection entries of the CM (the CM cases' one size: the kernel keeps one copy of it).
-const CONNS: usize = 128;
-/// Work request IDs: receives from `RECV_BASE` (+ slot), the one send.
-const RECV_BASE: u64 = 0x100;
-const SEND_ID: u64 = 1;
-/// Milliseconds the client's `quit` may take to come after the test.
-const QUIT_MS: u64 = 30_000;
-
-/// A qperf case: the test the Linux client runs against the unikernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QperfCase {
-    /// The test.
-    pub test: Test,
-}
-
-impl QperfCase {
-    /// A case of `bvroce.cases=` (`qperf-rc_bw-client,-cm1,-t,2`; a word may come between
-    /// the test and the role): `None` for anything else, a case with Linux as the server
-    /// included (the unikernel is not qperf's client).
-    pub fn parse(spec: &str) -> Option<QperfCase> {
-        let name = spec.split(',').next()?;
-        let rest = name.strip_prefix("qperf-")?.strip_suffix("-client")?;
-        let test = Test::from_name(rest.split('-').next()?)?;
-        (test != Test::Quit).then_some(QperfCase { test })
-    }
-}
-
-/// Why a qperf case failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CaseError {
-    /// A verbs call failed.
-    Verbs(Failure),
-    /// The CM refused a call.
-    Cm(&'static str, CmError),
-    /// The case's deadline passed while waiting for this.
-    Deadline(&'static str),
-    /// The client disconnected while the test ran.
-    Disconnected,
-    /// A connection request that is not qperf's (which field).
-    Request(&'static str),
-    /// A completion with an error status (and its work request).
-    Status(WcStatus, u64),
-    /// A completion the test does not expect (its opcode, its work request).
-    Unexpected(WcOpcode, u64),
-    /// A message of another length than `-m` (its length).
-    Length(u32),
-    /// Bytes not what the client sends, or changed where nobody may write (what, offset).
-    Bytes(&'static str, u32),
-    /// The client asked for another test than the case's (its name).
-    OtherTest(&'static str),
-}
-
-impl From<Failure> for CaseError {
-    fn from(f: Failure) -> Self {
-        CaseError::Verbs(f)
-    }
-}
-
-impl core::fmt::Display for CaseError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            CaseError::Verbs(v) => write!(f, "{v}"),
-            CaseError::Cm(step, e) => write!(f, "{step}: {e}"),
-            CaseError::Deadline(what) => write!(f, "deadline passed waiting for {what}"),
-            CaseError::Disconnected => f.write_str("the client disconnected during the test"),
-            CaseError::Request(what) => write!(f, "connection request: unexpected {what}"),
-            CaseError::Status(s, id) => write!(f, "completion {s:?} for work request {id}"),
-            CaseError::Unexpected(op, id) => {
-                write!(f, "unexpected completion {op:?} for work request {id}")
-            }
-            CaseError::Length(n) => write!(f, "a message of {n} bytes, not -m"),
-            CaseError::Bytes(what, at) => write!(f, "{what}: wrong byte at {at}"),
-            CaseError::OtherTest(t) => write!(f, "the client asked for {t}"),
-        }
-    }
-}
-
-/// The CM's clock: the case's millisecond clock.
-struct Ms<'c>(&'c dyn Fn() -> u64);
-
-impl Clock for Ms<'_> {
-    fn now_us(&self) -> u64 {
-        (self.0)().saturating_mul(1000)
-    }
-}
-
-/// Runs one qperf case: serves the test (then the client's `quit`) and prints its `roce-uk`
-/// line under `name`; `true` if it passed.
-#[allow(clippy::too_many_arguments)]
-pub fn run_case<P: Provider, L: Link>(
-    ctx: &Context<P>,
-    pd: &ProtectionDomain<'_, P>,
-    stack: &mut Stack<'_, L>,
-    linux: [u8; 4],
-    name: &str,
-    case: &QperfCase,
-    deadline: u64,
-    clock_ms: &dyn Fn() -> u64,
-    out: &mut dyn Write,
-) -> bool {
-    let t0 = clock_ms();
-    let r = serve_test(ctx, pd, stack, linux, case, deadline, clock_ms);
-    // The client's `quit` comes after its test whatever happened to it: taken here, so that
-    // the next case's listener does not get it.
-    let quit = quit(stack, deadline.max(clock_ms() + QUIT_MS), clock_ms);
-    let ms = clock_ms() - t0;
-    match (r, quit) {
-        (Ok((req, stat, checked)), Ok(())) => {
-            let what = match case.test {
-                Test::RcRdmaReadBw => "its buffer READ, nothing on its CQ",
-                Test::RcLat => "SENDs answered",
-                _ => "messages received",
-            };
-            let _ = writeln!(
-                out,
-                "roce-uk {name}: ok {} -m {} -t {}: {} {what} ({} bytes) in {} ms, {checked} bytes checked, quit taken; {ms} ms in all",
-                case.test.name(),
-                req.msg_size,
-                req.time,
-                stat.received.msgs,
-                stat.received.bytes,
-                stat.elapsed_ms
-            );
-            true
-        }
-        (Err(e), _) => {
-            let _ = writeln!(out, "roce-uk {name}: FAIL {e} (after {ms} ms)");
-            false
-        }
-        (Ok(_), Err(e)) => {
-            let _ = writeln!(out, "roce-uk {name}: FAIL quit: {e} (after {ms} ms)");
-            false
-        }
-    }
-}
-
-/// A case's failure: qperf's exchange or the verbs side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Error {
-    /// qperf's exchange failed, or its request was refused.
-    Qperf(qperf::Error),
-    /// The verbs / CM side failed.
-    Case(CaseError),
-}
-
-impl core::fmt::Display for Error {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Error::Qperf(e) => write!(f, "{e}"),
-            Error::Case(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<QFailure<CaseError>> for Error {
-    fn from(f: QFailure<CaseError>) -> Self {
-        match f {
-            QFailure::Qperf(e) => Error::Qperf(e),
-            QFailure::Hook(e) => Error::Case(e),
-        }
-    }
-}
+use crate::tcp::qperf::{self, Hooks, Node, Request, Stat, Test};
 
 /// Takes the client's `quit` (a test request meanwhile is refused: the case is over).
-fn quit<L: Link>(
+pub(super) fn quit<L: Link>(
     stack: &mut Stack<'_, L>,
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
@@ -242,7 +52,7 @@ impl Hooks for NoTest<'_> {
 }
 
 /// Serves the case's test (a leftover `quit` of an earlier case taken first).
-fn serve_test<P: Provider, L: Link>(
+pub(super) fn serve_test<P: Provider, L: Link>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
     stack: &mut Stack<'_, L>,
@@ -540,7 +350,7 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
 }
 
 /// Byte `i` of the buffer `rc_rdma_read_bw`'s client READs.
-fn pattern(i: usize) -> u8 {
+pub(super) fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8
 }
 
@@ -663,35 +473,5 @@ impl<'a, P: Provider, C: Clock> Hooks for Server<'_, 'a, P, C> {
         }
         self.cleanup();
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cases_name_the_test_and_linux_as_the_client() {
-        for (spec, test) in [
-            ("qperf-rc_bw-client,-cm1,-t,2", Test::RcBw),
-            ("qperf-rc_lat-client", Test::RcLat),
-            (
-                "qperf-rc_rdma_write_bw-4k-client,-m,4096",
-                Test::RcRdmaWriteBw,
-            ),
-            ("qperf-rc_rdma_read_bw-client", Test::RcRdmaReadBw),
-        ] {
-            assert_eq!(QperfCase::parse(spec), Some(QperfCase { test }), "{spec}");
-        }
-        for spec in [
-            "qperf-rc_bw-server",
-            "qperf-ud_bw-client",
-            "qperf-quit-client",
-            "qperf-client",
-            "rc_bw-client",
-            "ib_write_bw-client",
-        ] {
-            assert_eq!(QperfCase::parse(spec), None, "{spec}");
-        }
     }
 }

@@ -17,10 +17,11 @@
 //! here depends on how the peer's messages are cut into segments. `quit` (`qperf <host> quit`)
 //! is step 1, then step 4, then the client closes.
 
-use bareverbs_hal::Link;
-
 use super::Error as TcpError;
-use super::stack::Stack;
+
+mod flow;
+
+pub use flow::{ClientHooks, Failure, Hooks, quit, run_client, serve};
 
 /// qperf's TCP port (`-lp`).
 pub const PORT: u16 = 19765;
@@ -140,6 +141,8 @@ pub enum Error {
     Option(&'static str),
     /// A synchronization message that is not qperf's.
     Sync,
+    /// A CM port of 0 or beyond 16 bits from the server.
+    Port(u32),
 }
 
 impl core::fmt::Display for Error {
@@ -152,6 +155,7 @@ impl core::fmt::Display for Error {
             Error::NoCm => f.write_str("RC test without -cm1 (no GID on RoCE without the CM)"),
             Error::Option(o) => write!(f, "option {o} not taken"),
             Error::Sync => f.write_str("synchronization message not qperf's"),
+            Error::Port(p) => write!(f, "CM port {p} from the server"),
         }
     }
 }
@@ -231,6 +235,34 @@ pub struct Request {
 }
 
 impl Request {
+    /// What qperf 0.4.11's client sends for `test` with `-cm1 -m msg_size -t time -to
+    /// timeout`: every other parameter zero (its defaults), the strings empty.
+    pub fn new(test: Test, msg_size: u32, time: u32, timeout: u32) -> Request {
+        let index = TESTS.iter().position(|&t| t == test.name()).unwrap_or(0);
+        Request {
+            version: (0, 4, 11),
+            index: index as u16,
+            access_recv: 0,
+            affinity: 0,
+            alt_port: 0,
+            flip: 0,
+            msg_size,
+            mtu_size: 0,
+            no_msgs: 0,
+            poll_mode: 0,
+            port: 0,
+            rd_atomic: 0,
+            sl: 0,
+            sock_buf_size: 0,
+            src_path_bits: 0,
+            time,
+            timeout,
+            use_cm: u32::from(test != Test::Quit),
+            id: [0; 64],
+            static_rate: [0; 64],
+        }
+    }
+
     /// Decodes the 200 bytes (every one has a meaning; nothing to reject here).
     pub fn decode(b: &[u8; REQ_LEN]) -> Request {
         let mut r = Le(b);
@@ -437,132 +469,38 @@ impl Stat {
         }
         b
     }
-}
 
-/// What the server does for an RC test once the request was taken: the verbs side of
-/// [`serve`].
-pub trait Hooks {
-    /// The hook's failure.
-    type Error;
-    /// The time in milliseconds; polls whatever must go on meanwhile (the device, the CM).
-    fn now(&mut self) -> u64;
-    /// Starts listening through the CM for the test's QP; returns the port.
-    fn listen(&mut self, test: Test, req: &Request) -> Result<u16, Self::Error>;
-    /// Accepts the client's connection (its REQ to that port); returns this side's node.
-    fn accept(&mut self) -> Result<Node, Self::Error>;
-    /// Runs the test for the request's time against the client's node; returns the stats.
-    fn run(&mut self, peer: &Node) -> Result<Stat, Self::Error>;
-    /// Waits for the client's disconnection and frees the QP.
-    fn finish(&mut self) -> Result<(), Self::Error>;
-}
-
-/// A served connection's failure: qperf's exchange, or the hooks'.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure<E> {
-    /// The exchange (or the request) failed.
-    Qperf(Error),
-    /// A hook failed.
-    Hook(E),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(e: Error) -> Self {
-        Failure::Qperf(e)
-    }
-}
-
-impl<E> From<TcpError> for Failure<E> {
-    fn from(e: TcpError) -> Self {
-        Failure::Qperf(Error::Tcp(e))
-    }
-}
-
-/// Reads the two bytes strings of a synchronization and compares.
-fn sync<L: Link>(
-    stack: &mut Stack<'_, L>,
-    msg: &[u8],
-    write_first: bool,
-    deadline: u64,
-    now: &mut dyn FnMut() -> u64,
-) -> Result<(), Error> {
-    if write_first {
-        stack.write_message(msg, deadline, now)?;
-    }
-    let mut got = [0u8; 32];
-    let got = &mut got[..msg.len()];
-    stack.read_exact(got, deadline, now)?;
-    if got != msg {
-        return Err(Error::Sync);
-    }
-    Ok(())
-}
-
-/// Serves one connection on [`PORT`]: accepts it, takes the request; `quit` is answered (its
-/// synchronization, then the client's close); an RC test runs through `hooks` (steps 2 to 6
-/// of the table above). Returns the request and, for a test, the stats sent. A request the
-/// peer does not run resets the connection (qperf's client then exits with an error).
-pub fn serve<L: Link, H: Hooks>(
-    stack: &mut Stack<'_, L>,
-    hooks: &mut H,
-    deadline: u64,
-) -> Result<(Request, Test, Option<Stat>), Failure<H::Error>> {
-    stack.accept(PORT, deadline, &mut || hooks.now())?;
-    let mut b = [0u8; REQ_LEN];
-    stack.read_exact(&mut b, deadline, &mut || hooks.now())?;
-    let req = Request::decode(&b);
-    let test = match req.test() {
-        Ok(t) => t,
-        Err(e) => {
-            stack.abort();
-            let t = hooks.now();
-            stack.poll(t);
-            return Err(e.into());
+    /// Decodes a peer's statistics: its most CQEs per poll, its real time (its end less its
+    /// start, in its own ticks: 0 when it gives no ticks), what it sent and received. Every
+    /// value is the peer's: nothing here is sized or looped by them.
+    pub fn decode(b: &[u8; STAT_LEN]) -> Stat {
+        let mut r = Le(b);
+        let _cpus = r.u32();
+        let ticks = r.u32();
+        let max_cqes = r.u32();
+        // Packed, as qperf encodes it: the start times from byte 12, the end times from 84.
+        let start = r.u64();
+        let mut e = Le(&b[12 + 9 * 8..]);
+        let end = e.u64();
+        let mut c = Le(&b[12 + 18 * 8..]);
+        let mut counts = || Counts {
+            bytes: c.u64(),
+            msgs: c.u64(),
+            errs: c.u64(),
+        };
+        let sent = counts();
+        let received = counts();
+        let elapsed_ms = match ticks {
+            0 => 0,
+            t => end.saturating_sub(start).saturating_mul(1000) / u64::from(t),
+        };
+        Stat {
+            max_cqes,
+            elapsed_ms,
+            sent,
+            received,
         }
-    };
-    if test == Test::Quit {
-        sync(stack, SYNC_BEFORE, true, deadline, &mut || hooks.now())?;
-        // The client exits: its close (or reset) ends the connection.
-        let mut sink = [0u8; 16];
-        while stack
-            .read_once(&mut sink, deadline, &mut || hooks.now())
-            .is_ok()
-        {}
-        let _ = stack.close(deadline, &mut || hooks.now());
-        return Ok((req, test, None));
     }
-    let r = rc_test(stack, hooks, &req, test, deadline);
-    if r.is_err() {
-        stack.abort();
-        let t = hooks.now();
-        stack.poll(t);
-        return r.map(|s| (req, test, Some(s)));
-    }
-    let _ = stack.close(deadline, &mut || hooks.now());
-    r.map(|s| (req, test, Some(s)))
-}
-
-fn rc_test<L: Link, H: Hooks>(
-    stack: &mut Stack<'_, L>,
-    hooks: &mut H,
-    req: &Request,
-    test: Test,
-    deadline: u64,
-) -> Result<Stat, Failure<H::Error>> {
-    let port = hooks.listen(test, req).map_err(Failure::Hook)?;
-    stack.write_message(&u32::from(port).to_le_bytes(), deadline, &mut || {
-        hooks.now()
-    })?;
-    let me = hooks.accept().map_err(Failure::Hook)?;
-    stack.write_message(&me.encode(), deadline, &mut || hooks.now())?;
-    let mut b = [0u8; NODE_LEN];
-    stack.read_exact(&mut b, deadline, &mut || hooks.now())?;
-    let peer = Node::decode(&b);
-    sync(stack, SYNC_BEFORE, true, deadline, &mut || hooks.now())?;
-    let stat = hooks.run(&peer).map_err(Failure::Hook)?;
-    stack.write_message(&stat.encode(), deadline, &mut || hooks.now())?;
-    sync(stack, SYNC_AFTER, false, deadline, &mut || hooks.now())?;
-    hooks.finish().map_err(Failure::Hook)?;
-    Ok(stat)
 }
 
 #[cfg(test)]
