@@ -290,12 +290,15 @@ mod tests {
     fn cases_name_the_test_the_roles_and_qperfs_options() {
         for (spec, test) in [
             ("qperf-rc_bw-client,-cm1,-t,2", Test::RcBw),
-            ("qperf-rc_lat-client", Test::RcLat),
+            ("qperf-rc_lat-client,-cm1", Test::RcLat),
             (
-                "qperf-rc_rdma_write_bw-4k-client,-m,4096",
+                "qperf-rc_rdma_write_bw-4k-client,-cm1,-m,4096",
                 Test::RcRdmaWriteBw,
             ),
-            ("qperf-rc_rdma_read_bw-client", Test::RcRdmaReadBw),
+            (
+                "qperf-rc_rdma_read_bw-client,-cm1,-to,20",
+                Test::RcRdmaReadBw,
+            ),
         ] {
             let c = QperfCase::parse(spec).expect(spec);
             assert_eq!((c.test, c.linux_serves), (test, false), "{spec}");

@@ -227,7 +227,13 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
             }
             return Ok(());
         }
-        let slot = (w.wr_id - RECV_BASE) as u32;
+        // A slot this side posted (the work request ID is the device's to return: bounded
+        // before it places anything).
+        let slot = w.wr_id.wrapping_sub(RECV_BASE);
+        if slot >= u64::from(self.slots()) {
+            return Err(CaseError::Unexpected(w.opcode, w.wr_id));
+        }
+        let slot = slot as u32;
         self.expect(slot * size, size, 0, "a message")?;
         let at = (slot * size) as usize;
         self.mr.as_mut_slice()[at..at + size as usize].fill(SENTINEL);
