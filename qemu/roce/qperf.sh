@@ -28,7 +28,8 @@ st=$?
 echo "$out"
 q=$(qperf "$peer" -ws 10 quit 2>&1)
 qst=$?
-[ -z "$q" ] || echo "quit: $q"
+# (qperf prints the test's name, `quit:`, and nothing else when the quit went well.)
+[ "$q" = "quit:" ] || echo "quit: $q"
 if [ "$st" = 0 ] && ! grep -qE "^ *(bw|latency|msg_rate) += " <<<"$out"; then
   echo "qperf.sh: $test printed no result"
   exit 1

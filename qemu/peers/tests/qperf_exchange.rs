@@ -1,7 +1,9 @@
 //! qperf's control connection (`tcp::qperf`) end to end: two smoltcp stacks on an in-memory
-//! Ethernet segment, the unikernel serving with recording hooks, a test-only client that
-//! sends and expects what qperf 0.4.11's client does (`docs/qperf.md`): the 200-byte request,
-//! the CM port, the nodes, the synchronizations, the statistics; `quit`; requests refused.
+//! Ethernet segment, the unikernel with recording hooks against a test-only peer that sends
+//! and expects what qperf 0.4.11 does (`docs/qperf.md`): as the server, the 200-byte request,
+//! the CM port, the nodes, the synchronizations, the statistics, `quit`, requests refused; as
+//! the client, the request it sends, the server's statistics, a CM port that is no port,
+//! `quit`.
 
 use std::sync::mpsc;
 use std::thread;
@@ -379,4 +381,44 @@ fn a_cm_port_that_is_no_port_ends_the_test_before_any_hook() {
         assert_eq!(r, Err(Failure::Qperf(QError::Port(port))));
         assert!(rec.calls.is_empty());
     }
+}
+
+#[test]
+fn as_the_client_it_ends_the_server_with_quit() {
+    let (_seg, uni, lnx) = pair();
+    let (listening, go) = mpsc::channel();
+    // qperf's server child for `quit`: the request, the synchronization, then a read that
+    // ends with the client's close.
+    let l = thread::spawn(move || {
+        with_stack(lnx, LNX_IP, 2, |st, now| {
+            st.listen(qperf::PORT).unwrap();
+            listening.send(()).unwrap();
+            let deadline = now() + BUDGET;
+            st.accept(qperf::PORT, deadline, now).expect("accept");
+            let req = c_read(st, qperf::REQ_LEN, now).unwrap();
+            let req = Request::decode(&req.try_into().unwrap());
+            c_write(st, qperf::SYNC_BEFORE, now);
+            let sync = c_read(st, qperf::SYNC_BEFORE.len(), now).unwrap();
+            let mut b = [0u8; 8];
+            let end = st.read_once(&mut b, deadline, now);
+            let _ = st.close(now() + 3_000, now);
+            (req, sync, end)
+        })
+    });
+    go.recv().unwrap();
+    let r = with_stack(uni, UNI_IP, 1, |st, now| {
+        let deadline = now() + BUDGET;
+        let retry = Retry {
+            tries: 5,
+            pause_ms: 200,
+        };
+        qperf::quit(st, LNX_IP, retry, deadline, now)
+    });
+    assert_eq!(r, Ok(()));
+    let (req, sync, end) = l.join().unwrap();
+    assert_eq!(req.version, (0, 4, 11));
+    assert_eq!(req.test(), Ok(Test::Quit));
+    assert_eq!(sync, qperf::SYNC_BEFORE);
+    // Nothing more came: the client closed.
+    assert_eq!(end, Err(Error::Closed(Step::Read)));
 }
