@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The RoCE lab: the bareverbs unikernel's software RoCEv2 against Linux's rdma_rxe, with
-# Debian's unmodified ibverbs-utils and perftest programs, on one virtual Ethernet segment
+# Debian's unmodified ibverbs-utils, perftest and qperf programs, on one virtual Ethernet segment
 # (QEMU's socket netdev on a multicast group of this host's loopback: no nesting, no bridge,
 # no root network setup; it runs on any QEMU).
 #
@@ -72,7 +72,7 @@ stage() { echo "[roce +$(( $(date +%s) - t0 ))s] $*"; }
 
 # shellcheck source=qemu/lab/host.sh
 source "$lab_dir/host.sh"
-install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest rdmacm-utils \
+install_missing qemu-system-x86 busybox-static kmod rdma-core iproute2 cpio ibverbs-utils perftest rdmacm-utils qperf \
   gcc libglib2.0-dev pkg-config xz-utils
 # shellcheck source=qemu/lab/guest.sh
 source "$lab_dir/guest.sh"

@@ -11,9 +11,11 @@
 # perftest's result row, labelled by its header: a bandwidth program's average (its 4th
 # column, "BW average[MB/sec]"), a latency program's typical and average round trip (the
 # columns under "t_typical[usec]" and "t_avg[usec]"; perftest's latency is half of it for
-# ib_send_lat and ib_write_lat, as it prints it).
+# ib_send_lat and ib_write_lat, as it prints it). qperf's: its first result line (`bw  =
+# 12.3 MB/sec`, `latency  =  45.6 us`) as `qperf bw 12.3 MB/sec`.
 summary() {
-  awk '/#bytes/ { h = 1; lat = 0
+  awk '/^ *(bw|latency|msg_rate) += / { print "qperf " $1 " " $3 " " $4; exit }
+    /#bytes/ { h = 1; lat = 0
       for (i = 1; i <= NF; i++) { if ($i ~ /^t_typical/) lat = i; if ($i ~ /^t_avg/) avg = i }
       next }
     h && NF >= 4 && $1 ~ /^[0-9]+$/ {
@@ -67,6 +69,14 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
       cmd=(mckey)
       [ "$server" = 1 ] || cmd+=(-s)
       cmd+=("$@" -b "$ip") ;;
+    # qperf: the case's name is qperf-TEST-ROLE (qperf-rc_bw-client; a word may come between, as
+    # with perftest: qperf-rc_bw-4k-client); through qemu/roce/qperf.sh
+    # (qperf's server runs until a client's `quit`; the client sends it after its test).
+    qperf-*)
+      local t=${name#qperf-}
+      t=${t%%-*}
+      [ "$server" = 1 ] && cmd=(bash "$here/qperf.sh" server) ||
+        cmd=(bash "$here/qperf.sh" client "$peer" "$t" "$@") ;;
     # No program for this name: the case fails as such (cmd stays empty), it never runs
     # another case's program.
     *) ;;
@@ -74,7 +84,7 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   client=$((1 - server))
   if [ "$client" = 1 ] && [ ${#cmd[@]} -gt 0 ] &&
      [[ "$name" != rping-* && "$name" != ucmatose-* && "$name" != udaddy-* && "$name" != cmtime-* &&
-        "$name" != mckey-* ]]; then
+        "$name" != mckey-* && "$name" != qperf-* ]]; then
     cmd+=("$peer")
   fi
   return 0

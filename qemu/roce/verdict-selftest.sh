@@ -148,18 +148,32 @@ for list in "$here/cases" "$here/cases-matrix"; do
       case "$name" in
         rc-* | rc6-*) want=ibv_rc_pingpong ;; ud-* | ud6-*) want=ibv_ud_pingpong ;;
         write) want=ib_write_bw ;; read) want=ib_read_bw ;; atomic) want=ib_atomic_bw ;;
-        cmtime-*) want=bash ;;
+        cmtime-* | qperf-*) want=bash ;;
         rping6-* | ucmatose6-* | udaddy6-*) want=${name%%6-*} ;;
         *) want=${name%%-*} ;;
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"
       # The IPv6 cases run with the IPv6 GID's index, the others with the IPv4-mapped one's.
-      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-* | rping6-* | ucmatose6-* | udaddy6-*) ;; *)
+      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-* | rping6-* | ucmatose6-* | udaddy6-* | qperf-*) ;; *)
         g=1
         case "$name" in rc6-* | ud6-* | *-v6-*) g=3 ;; esac
         expect "$(basename "$list") $label ($side): its GID index" "1" \
           "$([[ " ${cmd[*]} " == *" -g $g "* || " ${cmd[*]} " == *" -x $g "* ]] && echo 1 || echo 0)" ;;
       esac
+      # qperf's server takes no options (its client sends them in its request); its client
+      # runs the case's test against the peer.
+      if [[ "$name" == qperf-* ]]; then
+        t=${name#qperf-}
+        if { [ "$side" = a ] && [[ "$name" == *-server ]]; } ||
+          { [ "$side" = other ] && [[ "$name" == *-client ]]; }; then
+          expect "$(basename "$list") $label ($side): qperf's server" \
+            "bash $here/qperf.sh server" "${cmd[*]}"
+        else
+          expect "$(basename "$list") $label ($side): qperf's test and options" \
+            "bash $here/qperf.sh client 10.0.0.9 ${t%%-*} $opts" "${cmd[*]}"
+        fi
+        continue
+      fi
       # The options of the case, all of them, in order.
       expect "$(basename "$list") $label ($side): its options" "1" \
         "$([[ " ${cmd[*]} " == *" ${opts} "* ]] && echo 1 || echo 0)"
@@ -196,6 +210,19 @@ expect "perftest's bandwidth row" "bytes 65536 iters 1000 BW-average-MB/s 48.51"
  65536      1000             50.02              48.51                0.000776
 OUT
 )"
+expect "qperf's bandwidth line" "qperf bw 24.5 MB/sec" "$(summary <<'OUT'
+rc_bw:
+    bw  =  24.5 MB/sec
+OUT
+)"
+expect "qperf's latency line" "qperf latency 169 us" "$(summary <<'OUT'
+rc_lat:
+    latency  =  169 us
+OUT
+)"
+program a qperf-rc_rdma_write_bw-4k-client 10.0.0.9 -cm1 -m 4096
+expect "a word between qperf's test and the role" \
+  "bash $here/qperf.sh client 10.0.0.9 rc_rdma_write_bw -cm1 -m 4096" "${cmd[*]}"
 
 if [ "$failed" = 0 ]; then
   echo "[roce-selftest] verdict: PASS ($checks checks)"

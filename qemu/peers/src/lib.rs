@@ -21,6 +21,7 @@
 pub mod cm_peer;
 pub mod gids;
 pub mod peer;
+pub mod qperf_peer;
 pub mod roce_peer;
 /// The TCP exchange with the unmodified Linux test programs (pingpong, perftest), over smoltcp.
 pub mod tcp;

@@ -757,6 +757,19 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
             outcome.failed += u32::from(!passed);
             continue;
         }
+        // qperf: its TCP control connection, its QP through the CM (qperf_peer.rs).
+        if let Some(c) = crate::qperf_peer::QperfCase::parse(spec) {
+            let name = spec.split(',').next().unwrap_or(spec);
+            let passed = crate::qperf_peer::run_case(
+                &ctx, &pd, &mut stack, opts.peer, name, &c, deadline, clock_ms, out,
+            );
+            if !passed {
+                stack.abort();
+                stack.poll(clock_ms());
+            }
+            outcome.failed += u32::from(!passed);
+            continue;
+        }
         let Some(case) = PeerCase::parse(spec) else {
             outcome.failed += 1;
             outcome.refused += 1;

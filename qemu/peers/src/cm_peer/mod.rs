@@ -73,8 +73,8 @@ pub const MAX_MESSAGE: u32 = 1024;
 pub const MAX_MESSAGES: u32 = 32;
 /// Connection entries of every case's CM: cmtime's connections (at most
 /// [`cmtime::MAX_CONNS`]) and those still in TIME_WAIT. One size for every case, so that the
-/// kernel holds one copy of the CM's code, not one per table size.
-const CONNS: usize = 128;
+/// kernel holds one copy of the CM's code, not one per table size (qperf's peer uses it too).
+pub(crate) const CONNS: usize = 128;
 /// Milliseconds between two connection attempts while Linux's server is not listening yet.
 const RETRY_MS: u64 = 500;
 

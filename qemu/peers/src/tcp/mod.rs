@@ -72,6 +72,7 @@
 pub mod device;
 pub mod perftest;
 pub mod pingpong;
+pub mod qperf;
 pub mod refuse;
 pub mod stack;
 

@@ -431,6 +431,21 @@ impl<'a, L: Link> Stack<'a, L> {
         Ok(())
     }
 
+    /// Waits until the peer acknowledged everything written (a frame the transmit ring
+    /// deferred goes out meanwhile): for a last message before a wait that does not poll
+    /// the stack. [`Error::Closed`] when the connection ends first.
+    pub fn flush(&mut self, deadline: u64, now: &mut dyn FnMut() -> u64) -> Result<(), Error> {
+        self.wait(Step::Write, deadline, now, |s, _| {
+            if s.send_queue() == 0 {
+                Some(Ok(()))
+            } else if !s.may_send() {
+                Some(Err(Error::Closed(Step::Write)))
+            } else {
+                None
+            }
+        })
+    }
+
     /// Closes the connection: what was written goes out first, then a FIN; waits until the
     /// peer closed its side too (or reset). At the deadline the connection is reset
     /// ([`Error::Timeout`]). The socket can listen or connect again afterwards.
