@@ -313,7 +313,7 @@ impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
     /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
-    pub const CM_PROGRAMS: [&'static str; 7] = [
+    pub const CM_PROGRAMS: [&'static str; 8] = [
         "rping-",
         "ucmatose-",
         "udaddy-",
@@ -321,6 +321,7 @@ impl PeerCase {
         "ib_send_bw-",
         "ib_write_bw-",
         "ib_read_bw-",
+        "ib_atomic_bw-",
     ];
 
     /// perftest's latency programs, which go through the CM with `-R`.
@@ -2585,8 +2586,12 @@ mod tests {
             ("ib_atomic_bw-server", take, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_atomic_bw-server,-R"),
-            ("ib_atomic_bw-server", speak, None)
+            r("ib_atomic_bw-server,-R,-s,16"),
+            ("ib_atomic_bw-server", take, None)
+        );
+        assert_eq!(
+            r("ib_bogus_bw-server,-R"),
+            ("ib_bogus_bw-server", speak, None)
         );
         assert_eq!(
             r("ib_write_lat-client,-b"),

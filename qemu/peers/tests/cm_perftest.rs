@@ -193,6 +193,9 @@ fn connect<'a>(
     Err("never connected".into())
 }
 
+/// A connection the scripted side made: its ID and its QP.
+type Connected<'a> = (ConnId, QueuePair<'a, R, Rc, Rts>);
+
 /// Connects two new QPs to the unikernel's port 18515 at once, as perftest's client does with
 /// `-q 2` (both REQs out before either REP came); returns them in the order they were asked.
 fn connect_two<'a>(
@@ -200,7 +203,7 @@ fn connect_two<'a>(
     pd: &'a ProtectionDomain<'a, R>,
     cq: &'a CompletionQueue<'a, R>,
     t0: Instant,
-) -> Result<[(ConnId, QueuePair<'a, R, Rc, Rts>); 2], String> {
+) -> Result<[Connected<'a>; 2], String> {
     let caps = QpCaps {
         max_send_wr: 32,
         max_recv_wr: 4,

@@ -15,7 +15,8 @@
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
 //! | `ib_write_bw-<word>-server`, `-client` with `-b` | `ib_write_bw -R -b` | the other role: both sides WRITE at once, each sends its own report; Linux's WRITE target overwritten whole and nothing around it touched |
-//! | `ib_send_bw-<word>-…`, `ib_read_bw-<word>-…` with `-b` | `ib_send_bw -R -b`, `ib_read_bw -R -b` | the other role: both sides SEND or READ at once, each sends its own report; Linux's SENDs checked, or this side's READs and its buffer unchanged by Linux's |
+//! | `ib_atomic_bw-server`, `ib_atomic_bw-client` | `ib_atomic_bw -R` | the other role: the unikernel's fetch-and-adds each returning the one before plus one, or Linux's adding up to `-n` on its zeroed buffer |
+//! | `ib_send_bw-<word>-…`, `ib_read_bw-<word>-…`, `ib_atomic_bw-<word>-…` with `-b` | `ib_send_bw -R -b`, `ib_read_bw -R -b`, `ib_atomic_bw -R -b` | the other role: both sides SEND or READ at once, each sends its own report; Linux's SENDs checked, or this side's READs and its buffer unchanged by Linux's |
 //! | `ib_send_bw-<word>-…`, `ib_write_bw-<word>-…`, `ib_read_bw-<word>-…` with `-q N` (up to 4) | the same with `-R -q N` | the other role on N data connections at once (one per QP, all to perftest's port), each QP's data checked as with one |
 //! | `ib_send_lat-…`, `ib_write_lat-…`, `ib_read_lat-…`, `ib_atomic_lat-…` (`-server`, `-client`) | `ib_{send,write,read,atomic}_lat -R` | the other role, the same two connections: a SEND or WRITE each way per round, or the client's READs or fetch-and-adds one at a time (`perftest/lat.rs`) |
 //!
@@ -120,8 +121,8 @@ pub enum Program {
         /// Connections.
         conns: u32,
     },
-    /// perftest with `-R` and `-q N` (N from 2 to [`perftest::MAX_QPS`]): `ib_send_bw`,
-    /// `ib_write_bw` or `ib_read_bw`, each data QP its own connection to perftest's port.
+    /// perftest with `-R` and `-q N` (N from 2 to 4): `ib_send_bw`, `ib_write_bw`,
+    /// `ib_read_bw` or `ib_atomic_bw`, each data QP its own connection to perftest's port.
     PerftestQps {
         /// The program.
         verb: PtVerb,
@@ -449,10 +450,8 @@ fn run<P: Provider>(
         .at("cm: create CQ")?;
     let mut access =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    if let Program::Perftest {
-        verb: PtVerb::AtomicLat,
-        ..
-    } = case.program
+    if let Program::Perftest { verb, .. } | Program::PerftestQps { verb, .. } = case.program
+        && verb.atomics()
     {
         access |= AccessFlags::REMOTE_ATOMIC;
     }

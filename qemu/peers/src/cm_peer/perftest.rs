@@ -1,6 +1,7 @@
-//! perftest's `-R` mode (`ib_send_bw`, `ib_write_bw`, `ib_read_bw` of perftest 4.5-0.17,
-//! Debian 12's), both roles: everything goes through rdma_cm, nothing over TCP
-//! (`docs/cm.md`, "perftest -R", has the exchange as read from perftest's source).
+//! perftest's `-R` mode (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` and the
+//! latency programs of perftest 4.5-0.17, Debian 12's), both roles: everything goes through
+//! rdma_cm, nothing over TCP (`docs/cm.md`, "perftest -R", has the exchange as read from
+//! perftest's source).
 //!
 //! - A control connection to port 18515 (RC, depths 0, retry and RNR retry counts 7, no
 //!   private data) carries every exchange as a SEND into the peer's one 56-byte receive; the
@@ -80,6 +81,8 @@ const SENTINEL: u8 = 0xEE;
 /// What the cases say they checked.
 const EVERY_DEFINED: &str = "every byte received that perftest defines checked";
 const EVERY_DEFINED_AND_UNCHANGED: &str = "every byte received that perftest defines checked, every READ the first one's bytes, the buffer the peer READs unchanged";
+const EVERY_DEFINED_AND_ADDED: &str = "every byte received that perftest defines checked, the peer's fetch-and-adds adding up to its count";
+const EVERY_DEFINED_AND_RETURNED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one";
 const EVERY_DEFINED_AND_TARGET: &str = "every byte received that perftest defines checked, the WRITE target overwritten whole and nothing around it touched";
 
 /// The perftest program.
@@ -105,14 +108,19 @@ pub enum PtVerb {
     SendBoth,
     /// `ib_read_bw -b`: both sides READ each other's buffer at once.
     ReadBoth,
+    /// `ib_atomic_bw`: the client's fetch-and-adds of 1 on the server's buffer.
+    AtomicBw,
+    /// `ib_atomic_bw -b`: both sides fetch-and-add on each other's buffer at once.
+    AtomicBoth,
 }
 
 impl PtVerb {
     /// Every program, in the order [`parse`] tries them.
-    const ALL: [PtVerb; 7] = [
+    const ALL: [PtVerb; 8] = [
         PtVerb::Send,
         PtVerb::Write,
         PtVerb::Read,
+        PtVerb::AtomicBw,
         PtVerb::SendLat,
         PtVerb::WriteLat,
         PtVerb::ReadLat,
@@ -128,6 +136,8 @@ impl PtVerb {
             (PtVerb::Write | PtVerb::WriteBoth, false) => "ib_write_bw-client",
             (PtVerb::Read | PtVerb::ReadBoth, true) => "ib_read_bw-server",
             (PtVerb::Read | PtVerb::ReadBoth, false) => "ib_read_bw-client",
+            (PtVerb::AtomicBw | PtVerb::AtomicBoth, true) => "ib_atomic_bw-server",
+            (PtVerb::AtomicBw | PtVerb::AtomicBoth, false) => "ib_atomic_bw-client",
             (PtVerb::SendLat, true) => "ib_send_lat-server",
             (PtVerb::SendLat, false) => "ib_send_lat-client",
             (PtVerb::WriteLat, true) => "ib_write_lat-server",
@@ -147,6 +157,8 @@ impl PtVerb {
             PtVerb::SendBoth => "SENDs each way",
             PtVerb::Read => "RDMA READs",
             PtVerb::ReadBoth => "RDMA READs each way",
+            PtVerb::AtomicBw => "fetch-and-adds",
+            PtVerb::AtomicBoth => "fetch-and-adds each way",
             PtVerb::SendLat => "rounds of a SEND each way",
             PtVerb::WriteLat => "rounds of an RDMA WRITE each way",
             PtVerb::ReadLat => "RDMA READs one at a time",
@@ -168,6 +180,14 @@ impl PtVerb {
         matches!(
             self,
             PtVerb::Read | PtVerb::ReadBoth | PtVerb::ReadLat | PtVerb::AtomicLat
+        ) || self.atomics()
+    }
+
+    /// The program's operations are 8-byte atomics.
+    pub fn atomics(self) -> bool {
+        matches!(
+            self,
+            PtVerb::AtomicLat | PtVerb::AtomicBw | PtVerb::AtomicBoth
         )
     }
 
@@ -175,7 +195,7 @@ impl PtVerb {
     /// programs, 2 bytes (8 for atomics) and 1000 for the latency ones.
     fn defaults(self) -> (u32, u32) {
         match self {
-            PtVerb::AtomicLat => (8, 1000),
+            v if v.atomics() => (8, 1000),
             v if v.latency() => (2, 1000),
             _ => (65536, 1000),
         }
@@ -209,6 +229,7 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
             "-b" | "--bidirectional" if verb == PtVerb::Write => verb = PtVerb::WriteBoth,
             "-b" | "--bidirectional" if verb == PtVerb::Send => verb = PtVerb::SendBoth,
             "-b" | "--bidirectional" if verb == PtVerb::Read => verb = PtVerb::ReadBoth,
+            "-b" | "--bidirectional" if verb == PtVerb::AtomicBw => verb = PtVerb::AtomicBoth,
             "-s" | "--size" => size = words.next()?.parse().ok()?,
             "-n" | "--iters" => iters = words.next()?.parse().ok()?,
             _ => return None,
@@ -217,11 +238,13 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
     let ok = rdma_cm
         && (1..=MAX_PT_SIZE).contains(&size)
         && (1..=1_000_000).contains(&iters)
-        && (verb != PtVerb::AtomicLat || size == 8)
+        && (!verb.atomics() || size == 8)
         && (1..=MAX_QPS as u8).contains(&qps)
         && (qps == 1
-            || (matches!(verb, PtVerb::Send | PtVerb::Write | PtVerb::Read)
-                && u64::from(qps) * u64::from(size) <= u64::from(SLOT_BYTES / 4)));
+            || (matches!(
+                verb,
+                PtVerb::Send | PtVerb::Write | PtVerb::Read | PtVerb::AtomicBw
+            ) && u64::from(qps) * u64::from(size) <= u64::from(SLOT_BYTES / 4)));
     let program = if qps == 1 {
         Program::Perftest { verb, linux_serves }
     } else {
@@ -288,8 +311,15 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase, qps: u
         // Receive slots, the image of the sender's cycle buffer, the source.
         (PtVerb::SendBoth, _) => slots(size) * stride(size) + size.max(MAX_CYCLE) + size,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
-        // The buffer the peer READs, then the READ slots and the first READ's bytes.
-        (PtVerb::ReadBoth, _) => size.max(MAX_CYCLE) + (slots(size) + 1) * stride(size),
+        // The buffer the peer READs (or adds to), then the READ (result) slots and the first
+        // one's bytes.
+        (PtVerb::ReadBoth | PtVerb::AtomicBoth, _) => {
+            size.max(MAX_CYCLE) + (slots(size) + 1) * stride(size)
+        }
+        // The words the peer's fetch-and-adds land on (a cache line each, through its cycle),
+        // or the results' slots and the first result.
+        (PtVerb::AtomicBw, false) => MAX_CYCLE,
+        (PtVerb::AtomicBw, true) => (slots(size) + 1) * stride(size),
         // What the unikernel SENDs or WRITEs.
         (PtVerb::Send | PtVerb::Write, true) => size,
         // The source, the target (the peer's WRITE) or two receive slots, the first SEND's
@@ -801,25 +831,35 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 msg::check_write_target(area, case.size, case.count, agreed)?;
                 how = EVERY_DEFINED_AND_TARGET;
             }
-            (PtVerb::ReadBoth, _) => {
-                // The buffer the peer READs: the pre-fill, then nothing touches it; this side's
-                // READ slots follow it.
+            (PtVerb::ReadBoth | PtVerb::AtomicBoth, _) => {
+                // The buffer the peer READs (the pre-fill) or adds to (zero), then nothing of
+                // this side's touches it; this side's READ or result slots follow it.
+                let atomic = verb.atomics();
                 let at = DATA_AT as usize;
                 let len = case.size.max(MAX_CYCLE);
                 for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
                     .iter_mut()
                     .enumerate()
                 {
-                    *b = msg::prefill(j);
+                    *b = if atomic { 0 } else { msg::prefill(j) };
                 }
-                // The sync before both sides READ.
+                // The sync before both sides operate.
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 let ms = self.now();
                 let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
-                tally.checked += self.read_all(qp, case, &peer, window, DATA_AT + len)?;
-                // Each side's own report; the peer's READs completed before it sent its own.
+                tally.checked += if atomic {
+                    self.add_all(qp, case, &peer, window, DATA_AT + len)?
+                } else {
+                    self.read_all(qp, case, &peer, window, DATA_AT + len)?
+                };
+                // Each side's own report; the peer's operations completed before it sent its
+                // own.
                 self.reports(ctl, client, true, case, self.now() - ms, tally)?;
-                if let Some(j) =
+                if atomic {
+                    let area = &self.mr.as_slice()[at..at + len as usize];
+                    msg::check_added(area, case.count)?;
+                    how = EVERY_DEFINED_AND_ADDED;
+                } else if let Some(j) =
                     (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
                 {
                     return Err(CaseError::Message {
@@ -827,8 +867,9 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                         index: 0,
                         at: j as u32,
                     });
+                } else {
+                    how = EVERY_DEFINED_AND_UNCHANGED;
                 }
-                how = EVERY_DEFINED_AND_UNCHANGED;
             }
             (_, true) => {
                 // Each QP's WRITEs or READs in turn, to the buffer its peer QP named.
@@ -837,6 +878,10 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     let peer = peer.ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
                     if verb == PtVerb::Write {
                         self.write_all(qp_k!(k), case, &peer, DATA_AT)?;
+                    } else if verb.atomics() {
+                        let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
+                        tally.checked += self.add_all(qp_k!(k), case, &peer, window, DATA_AT)?;
+                        how = EVERY_DEFINED_AND_RETURNED;
                     } else {
                         let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
                         tally.checked += self.read_all(qp_k!(k), case, &peer, window, DATA_AT)?;
@@ -859,7 +904,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     .iter_mut()
                     .enumerate()
                 {
-                    *b = msg::prefill(j % each as usize);
+                    *b = if verb.atomics() {
+                        0
+                    } else {
+                        msg::prefill(j % each as usize)
+                    };
                 }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 self.reports(ctl, client, false, &total, 0, tally)?;
@@ -870,6 +919,11 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                         msg::check_write_target(area, case.size, case.count, agreed)?;
                     }
                     how = EVERY_DEFINED_AND_TARGET;
+                } else if verb.atomics() {
+                    // Every QP's fetch-and-adds land in the one area: -n times the QPs.
+                    let area = &self.mr.as_slice()[at..at + len as usize];
+                    msg::check_added(area, total.count)?;
+                    how = EVERY_DEFINED_AND_ADDED;
                 } else if let Some(j) =
                     (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
                 {
@@ -985,7 +1039,37 @@ mod tests {
         assert_eq!(parse("ib_write_bw--server,-R"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-n,0"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-x,1"), None);
-        assert_eq!(parse("ib_atomic_bw-server,-R"), None);
+        // ib_atomic_bw: 8 bytes only, -b and -q too.
+        assert_eq!(parse("ib_atomic_bw-server,-R,-s,16"), None);
+        let a = parse("ib_atomic_bw-cmb-client,-R,-b,-n,200").expect("atomics");
+        assert_eq!(
+            (a.program, a.size, a.count),
+            (
+                Program::Perftest {
+                    verb: PtVerb::AtomicBoth,
+                    linux_serves: false
+                },
+                8,
+                200
+            )
+        );
+        assert_eq!(
+            parse("ib_atomic_bw-cmq2-server,-R,-q,2").map(|c| c.program),
+            Some(Program::PerftestQps {
+                verb: PtVerb::AtomicBw,
+                linux_serves: true,
+                qps: 2
+            })
+        );
+        assert_eq!(
+            region_len(
+                PtVerb::AtomicBoth,
+                true,
+                &parse("ib_atomic_bw-server,-R").unwrap(),
+                1
+            ),
+            DATA_AT + MAX_CYCLE + 17 * 64
+        );
         // The latency programs: their defaults, atomics of 8 bytes only.
         let l = parse("ib_write_lat-cm-client,-R").expect("latency");
         assert_eq!(

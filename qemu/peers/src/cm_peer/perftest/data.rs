@@ -227,6 +227,59 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         )
     }
 
+    /// `ib_atomic_bw`'s client (with `-b` either side): `-n` fetch-and-adds of 1 on the word
+    /// the peer named, `window` in flight, each result into its slot from `base` on (the
+    /// sentinel first); each must return the one before plus one (each executed once, in
+    /// order; the first kept after the slots). Returns the bytes checked.
+    pub(super) fn add_all(
+        &mut self,
+        qp: &mut QueuePair<'a, P, Rc, Rts>,
+        case: &CmCase,
+        peer: &super::Dest,
+        window: u32,
+        base: u32,
+    ) -> Result<u64, CaseError> {
+        let to = (peer.vaddr, peer.rkey);
+        let first = (base + slots(8) * stride(8)) as usize;
+        let word = |buf: &[u8], at: usize| {
+            u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap_or([0; 8]))
+        };
+        self.pipeline(
+            case.count,
+            window,
+            "a fetch-and-add's completion",
+            |s, qp, id| {
+                let at = base + (id - SEND_BASE) as u32 * stride(8);
+                s.mr.as_mut_slice()[at as usize..at as usize + 8].fill(SENTINEL);
+                let sge = s.mr.sge(at, 8).at("perftest: sge")?;
+                // SAFETY: as in `post_slot`; the CPU reads the slot only after the atomic
+                // completed.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    b.atomic_fetch_add(id, SendFlags::SIGNALED, to, 1, &sge)
+                        .at("perftest: post fetch-and-add")?;
+                    b.finish();
+                }
+                Ok(())
+            },
+            qp,
+            |s, i| {
+                let slot = (base + (i % window) * stride(8)) as usize;
+                let buf = s.mr.as_mut_slice();
+                if i == 0 {
+                    buf.copy_within(slot..slot + 8, first);
+                } else if word(buf, slot) != word(buf, first).wrapping_add(u64::from(i)) {
+                    return Err(CaseError::Message {
+                        what: "a fetch-and-add's result (not the one before plus one)",
+                        index: i,
+                        at: 0,
+                    });
+                }
+                Ok(8)
+            },
+        )
+    }
+
     /// The bytes this side SENDs or WRITEs.
     fn fill_source(&mut self, at: u32, size: u32) {
         let at = at as usize;
