@@ -83,6 +83,7 @@ const EVERY_DEFINED: &str = "every byte received that perftest defines checked";
 const EVERY_DEFINED_AND_UNCHANGED: &str = "every byte received that perftest defines checked, every READ the first one's bytes, the buffer the peer READs unchanged";
 const EVERY_DEFINED_AND_ADDED: &str = "every byte received that perftest defines checked, the peer's fetch-and-adds adding up to its count";
 const EVERY_DEFINED_AND_RETURNED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one";
+const EVERY_DEFINED_RETURNED_AND_ADDED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one, the peer's adding up to its count";
 const EVERY_DEFINED_AND_TARGET: &str = "every byte received that perftest defines checked, the WRITE target overwritten whole and nothing around it touched";
 
 /// The perftest program.
@@ -858,7 +859,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 if atomic {
                     let area = &self.mr.as_slice()[at..at + len as usize];
                     msg::check_added(area, case.count)?;
-                    how = EVERY_DEFINED_AND_ADDED;
+                    how = EVERY_DEFINED_RETURNED_AND_ADDED;
                 } else if let Some(j) =
                     (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
                 {
