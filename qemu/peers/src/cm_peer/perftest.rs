@@ -84,6 +84,8 @@ const EVERY_DEFINED_AND_UNCHANGED: &str = "every byte received that perftest def
 const EVERY_DEFINED_AND_ADDED: &str = "every byte received that perftest defines checked, the peer's fetch-and-adds adding up to its count";
 const EVERY_DEFINED_AND_RETURNED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one";
 const EVERY_DEFINED_RETURNED_AND_ADDED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one, the peer's adding up to its count";
+const EVERY_DEFINED_AND_READ_FROM: &str =
+    "every byte received that perftest defines checked, the buffer the peer READs unchanged";
 const EVERY_DEFINED_AND_TARGET: &str = "every byte received that perftest defines checked, the WRITE target overwritten whole and nothing around it touched";
 
 /// The perftest program.
@@ -933,6 +935,8 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                         index: 0,
                         at: j as u32,
                     });
+                } else {
+                    how = EVERY_DEFINED_AND_READ_FROM;
                 }
             }
         }
