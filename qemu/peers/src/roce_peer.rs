@@ -33,6 +33,7 @@
 //! | `ib_send_lat-client`, `-server` | `ib_send_lat` as the client / server | the other role ([`perftest::Latency::Send`]): a SEND each way per round, the client first; every SEND Linux made has `-s` bytes, the first one's |
 //! | `ib_write_bw-<word>-server`, `-client` (no `-R`), `-q N` (up to 4), `-b` | `ib_write_bw` as the server / client | the other role: the unikernel WRITEs `-n` × `-s` bytes on every QP, and where Linux WRITEs (its client, or `-b`), every QP's target is overwritten and nothing around the targets touched |
 //! | `ib_read_bw-<word>-client`, `ib_atomic_bw-<word>-client` (no `-R`), `-q N` (up to 4) | `ib_read_bw` / `ib_atomic_bw` as the client | the server: its buffer answers the READs on every QP (checked unchanged after), or takes the fetch-and-adds, which must add up to `-n` times the QPs |
+//! | `ib_read_bw-<word>-server`, `ib_atomic_bw-<word>-server` (no `-R`), `-q N`, `-b` | `ib_read_bw` / `ib_atomic_bw` as the server | the client: READs on every QP (each bringing the first one's bytes) or fetch-and-adds of 1 (each returning the one before plus one); with `-b` also the server's part above, both at once |
 //! | `ib_send_bw-<word>-server`, `-client` (no `-R`), `-q N`, `-b` | `ib_send_bw` as the server / client | the other role ([`perftest::run_send`]): the unikernel SENDs `-n` × `-s` bytes on every QP, and where Linux SENDs, every message has its size and the bytes of the first at its place of perftest's cycle |
 //! | `…-server,-R`, `…-client,-R` of a latency program | `ib_*_lat -R` | the other role through the CM ([`crate::cm_peer`]); one with options the peer does not take is refused on perftest's control connection ([`crate::cm_peer::refuse_perftest`]) |
 
@@ -150,15 +151,17 @@ pub enum PerfKind {
         /// Both sides READ at once (`-b`).
         duplex: bool,
     },
-    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), with `-q`: Linux
-    /// the client, its fetch-and-adds on the unikernel's zeroed buffer on each QP, which must
-    /// add up to `-n` times the QPs; Linux serving, the unikernel's fetch-and-adds of 1 on each
-    /// QP, each returning the one before plus one.
+    /// `ib_atomic_bw` over TCP by its own name (`ib_atomic_bw-q2-client`), with `-q` and `-b`:
+    /// Linux the client, its fetch-and-adds on the unikernel's zeroed buffer on each QP, which
+    /// must add up to `-n` times the QPs; Linux serving, the unikernel's fetch-and-adds of 1 on
+    /// each QP, each returning the one before plus one (with `-b` both).
     AtomicBw {
         /// Linux serves.
         linux_serves: bool,
         /// QPs (`-q`).
         qps: u8,
+        /// Both sides operate at once (`-b`).
+        duplex: bool,
     },
     /// `ib_send_bw` over TCP (`ib_send_bw-q2-server`), with `-q` and `-b`: Linux serving, the
     /// unikernel SENDs `-n` × `-s` bytes on each QP; Linux the client, the unikernel receives
@@ -266,6 +269,19 @@ impl PerfKind {
         }
     }
 
+    /// `ib_atomic_bw`: whether the unikernel operates on Linux's buffer, and whether Linux
+    /// operates on its own.
+    fn atomic_bw(self) -> Option<(bool, bool)> {
+        match self {
+            PerfKind::AtomicBw {
+                linux_serves,
+                duplex,
+                ..
+            } => Some((linux_serves || duplex, !linux_serves || duplex)),
+            _ => None,
+        }
+    }
+
     /// Whether the unikernel plays perftest's client (Linux serves).
     fn uni_client(self) -> bool {
         match self {
@@ -297,7 +313,7 @@ impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
     /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
-    pub const CM_PROGRAMS: [&'static str; 10] = [
+    pub const CM_PROGRAMS: [&'static str; 11] = [
         "rping-",
         "rping6-",
         "ucmatose-",
@@ -308,6 +324,7 @@ impl PeerCase {
         "ib_send_bw-",
         "ib_write_bw-",
         "ib_read_bw-",
+        "ib_atomic_bw-",
     ];
 
     /// perftest's latency programs, which go through the CM with `-R`.
@@ -392,6 +409,7 @@ impl PeerCase {
                     PerfKind::AtomicBw {
                         linux_serves,
                         qps: 1,
+                        duplex: false,
                     }
                 } else {
                     PerfKind::ReadBw {
@@ -452,7 +470,8 @@ impl PeerCase {
                 "-b" | "--bidirectional",
                 PerfKind::WriteBw { duplex, .. }
                 | PerfKind::SendBw { duplex, .. }
-                | PerfKind::ReadBw { duplex, .. },
+                | PerfKind::ReadBw { duplex, .. }
+                | PerfKind::AtomicBw { duplex, .. },
             ) = (w, &mut kind)
             {
                 *duplex = true;
@@ -957,6 +976,8 @@ enum Detail {
     /// `ib_atomic_bw` with Linux serving: fetch-and-adds completed, QPs, the bandwidth
     /// reported.
     AtomicsDone(u64, u8, f64),
+    /// `ib_atomic_bw -b`: as [`Detail::AtomicsDone`] and [`Detail::Atomics`] at once.
+    AtomicsBoth(u64, u8, f64, u32, u64),
     /// `ib_read_bw` with Linux serving (or `-b`): READs completed, bytes each, the
     /// bandwidth reported, QPs, and with `-b` the READs Linux reported.
     ReadsDone(u64, u32, f64, u8, Option<u64>),
@@ -993,6 +1014,10 @@ impl core::fmt::Display for Detail {
             Detail::AtomicsDone(n, q, bw) => write!(
                 f,
                 "{n} fetch-and-adds of 1 completed on {q} QP(s), each returning the one before plus one, {bw:.2} MiB/s reported"
+            ),
+            Detail::AtomicsBoth(n, q, bw, words, sum) => write!(
+                f,
+                "both ways at once on {q} QP(s): {n} fetch-and-adds of 1 completed, each returning the one before plus one, {bw:.2} MiB/s reported; Linux's changed {words} words of the buffer, adding {sum} in all"
             ),
             Detail::ReadsDone(n, s, bw, q, served) => {
                 write!(
@@ -1218,13 +1243,7 @@ impl<P: Provider> Hooks for Perf<'_, '_, '_, P> {
             return self.send_phase(peers.len(), send, recv);
         }
         let reads = self.kind.read_bw().is_some_and(|(r, _)| r)
-            || matches!(
-                self.kind,
-                PerfKind::AtomicBw {
-                    linux_serves: true,
-                    ..
-                }
-            );
+            || self.kind.atomic_bw().is_some_and(|(r, _)| r);
         if !self.kind.writes() && !reads {
             // The server's part ran while the exchange waited for the client's "finished".
             return Ok(Report {
@@ -1889,13 +1908,7 @@ fn perf<P: Provider, L: Link>(
         Some(_) => half as usize + n * (slots * stride) as usize,
         // ib_read_bw's READ slots after the halves, and the first READ's bytes.
         None if kind.read_bw().is_some_and(|(reads, _)| reads)
-            || matches!(
-                kind,
-                PerfKind::AtomicBw {
-                    linux_serves: true,
-                    ..
-                }
-            ) =>
+            || kind.atomic_bw().is_some_and(|(ops, _)| ops) =>
         {
             (n + 1) * half as usize + ((READ_SLOTS + 1) * stride) as usize
         }
@@ -2019,7 +2032,9 @@ fn perf<P: Provider, L: Link>(
         ),
         None if matches!(
             kind,
-            PerfKind::WriteBw { duplex: true, .. } | PerfKind::ReadBw { duplex: true, .. }
+            PerfKind::WriteBw { duplex: true, .. }
+                | PerfKind::ReadBw { duplex: true, .. }
+                | PerfKind::AtomicBw { duplex: true, .. }
         ) =>
         {
             perftest::run_bidirectional(
@@ -2133,10 +2148,15 @@ fn perf<P: Provider, L: Link>(
             PerfKind::AtomicBw {
                 linux_serves: true,
                 qps,
+                duplex: false,
             } => Detail::AtomicsDone(wrote.0, qps, wrote.1),
             PerfKind::Atomic | PerfKind::AtomicLat | PerfKind::AtomicBw { .. } => {
+                // Linux's fetch-and-adds land in the halves; with -b this side's own results
+                // land after them (its READ slots), and are not Linux's.
                 let words = mr
                     .as_slice()
+                    .get(..(n + 1) * half as usize)
+                    .unwrap_or(mr.as_slice())
                     .chunks_exact(8)
                     .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])));
                 let (n, sum) = words
@@ -2148,7 +2168,12 @@ fn perf<P: Provider, L: Link>(
                 if sum != u64::from(iters) {
                     return Err(CaseError::Atomics { sum, iters });
                 }
-                Detail::Atomics(n, sum)
+                match kind {
+                    PerfKind::AtomicBw {
+                        duplex: true, qps, ..
+                    } => Detail::AtomicsBoth(wrote.0, qps, wrote.1, n, sum),
+                    _ => Detail::Atomics(n, sum),
+                }
             }
         },
         Err(FlowError::Exchange(e)) => return Err(e.into()),
@@ -2395,7 +2420,8 @@ mod tests {
             Some(PeerCase::Perf(
                 PerfKind::AtomicBw {
                     linux_serves: false,
-                    qps: 2
+                    qps: 2,
+                    duplex: false
                 },
                 8,
                 200
@@ -2406,7 +2432,8 @@ mod tests {
             Some(PeerCase::Perf(
                 PerfKind::AtomicBw {
                     linux_serves: true,
-                    qps: 2
+                    qps: 2,
+                    duplex: false
                 },
                 8,
                 200
@@ -2416,18 +2443,50 @@ mod tests {
             PeerCase::parse("ib_read_bw-q2-server,-q,2").map(|c| c.name()),
             Some("ib_read_bw-server")
         );
+        // ib_atomic_bw -b: both sides operate, in either role, with -q too.
+        for (spec, linux_serves, qps) in [
+            ("ib_atomic_bw-b-client,-b,-n,200", false, 1),
+            ("ib_atomic_bw-b-server,-b,-n,200", true, 1),
+            ("ib_atomic_bw-q2b-server,-q,2,-b,-n,200", true, 2),
+        ] {
+            let kind = PerfKind::AtomicBw {
+                linux_serves,
+                qps,
+                duplex: true,
+            };
+            assert_eq!(
+                PeerCase::parse(spec),
+                Some(PeerCase::Perf(kind, 8, 200)),
+                "{spec}"
+            );
+            assert_eq!(kind.atomic_bw(), Some((true, true)));
+        }
+        assert_eq!(
+            PerfKind::AtomicBw {
+                linux_serves: true,
+                qps: 1,
+                duplex: false
+            }
+            .atomic_bw(),
+            Some((true, false))
+        );
         for bad in [
             "ib_read_bw-q5-client,-q,5",
             "ib_atomic_bw-q2-client,-q,2,-s,16",
-            "ib_atomic_bw-b-client,-b",
+            "ib_atomic_bw-b-client,-b,-s,16",
             "ib_read_bw-x-y-client,-q,2",
             "ib_read_bw-b-sever,-b",
-            "ib_read_bw-q2-client,-q,2,-R",
+            "ib_read_bw-q5-client,-q,5,-R",
         ] {
             assert_eq!(PeerCase::parse(bad), None, "{bad}");
         }
+        // -q with -R: the CM's, a data connection per QP.
+        assert!(matches!(
+            PeerCase::parse("ib_read_bw-q2-client,-q,2,-R"),
+            Some(PeerCase::Cm(_))
+        ));
         assert_eq!(
-            Refused::of("ib_atomic_bw-b-client,-b").why,
+            Refused::of("ib_atomic_bw-b-client,-b,-s,16").why,
             "options the peer does not take"
         );
         // The latency programs with -R go through the CM, with the options it takes.
@@ -2543,8 +2602,12 @@ mod tests {
             ("ib_atomic_bw-server", take, Some(LinuxSide::Listens))
         );
         assert_eq!(
-            r("ib_atomic_bw-server,-R"),
-            ("ib_atomic_bw-server", speak, None)
+            r("ib_atomic_bw-server,-R,-s,16"),
+            ("ib_atomic_bw-server", take, None)
+        );
+        assert_eq!(
+            r("ib_bogus_bw-server,-R"),
+            ("ib_bogus_bw-server", speak, None)
         );
         assert_eq!(
             r("ib_write_lat-client,-b"),
@@ -2575,7 +2638,7 @@ mod tests {
             "a tagged name"
         );
         assert_eq!(
-            cm("ib_write_bw-q2-server,-R,-q,2"),
+            cm("ib_write_bw-q5-server,-R,-q,5"),
             Some(LinuxSide::Listens)
         );
         assert_eq!(cm("rping-client,-S,99999999"), None);
@@ -2603,8 +2666,8 @@ mod tests {
             ("ud-client", take, Some(LinuxSide::Connects))
         );
         assert_eq!(
-            r("ib_write_bw-q2-server,-R,-q,2"),
-            ("ib_write_bw-q2-server", take, None)
+            r("ib_write_bw-q5-server,-R,-q,5"),
+            ("ib_write_bw-q5-server", take, None)
         );
         assert_eq!(r("rping-client,-S,99999999"), ("rping-client", take, None));
         assert_eq!(r("lat"), ("lat", speak, None));

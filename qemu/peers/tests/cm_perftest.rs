@@ -64,6 +64,8 @@ enum Prog {
     WriteLat,
     /// `ib_write_bw -R -b -s 256 -n 20`.
     WriteBoth,
+    /// `ib_send_bw -R -q 2 -s 256 -n 20`: two data connections, asked for at once.
+    SendQ2,
 }
 
 /// `ib_write_lat`'s message size.
@@ -111,6 +113,10 @@ fn run(prog: Prog, twist: Twist) -> (String, bool) {
                 Prog::WriteBoth => (
                     "ib_write_bw-client,-R,-b,-s,256,-n,20",
                     "ib_write_bw-client",
+                ),
+                Prog::SendQ2 => (
+                    "ib_send_bw-client,-R,-q,2,-s,256,-n,20",
+                    "ib_send_bw-client",
                 ),
             };
             let case = CmCase::parse(spec).unwrap();
@@ -185,6 +191,60 @@ fn connect<'a>(
         }
     }
     Err("never connected".into())
+}
+
+/// A connection the scripted side made: its ID and its QP.
+type Connected<'a> = (ConnId, QueuePair<'a, R, Rc, Rts>);
+
+/// Connects two new QPs to the unikernel's port 18515 at once, as perftest's client does with
+/// `-q 2` (both REQs out before either REP came); returns them in the order they were asked.
+fn connect_two<'a>(
+    cm: &mut Cm<'a, R, TestClock, 4>,
+    pd: &'a ProtectionDomain<'a, R>,
+    cq: &'a CompletionQueue<'a, R>,
+    t0: Instant,
+) -> Result<[Connected<'a>; 2], String> {
+    let caps = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let params = ConnectParams {
+        responder_resources: 0,
+        initiator_depth: 0,
+        ..ConnectParams::default()
+    };
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let q = pd.qp_builder(cq, cq).caps(caps).build::<Rc>().unwrap();
+        let id = cm
+            .connect(q, UNI_IP, 18515, &params)
+            .map_err(|(_, e)| format!("{e:?}"))?;
+        ids.push(id);
+    }
+    let mut up: [Option<QueuePair<'a, R, Rc, Rts>>; 2] = [None, None];
+    while up.iter().any(Option::is_none) {
+        match cm.poll() {
+            Some(CmEvent::Established {
+                id: i, qp: Some(q), ..
+            }) => {
+                let k = ids
+                    .iter()
+                    .position(|&d| d == i)
+                    .ok_or("an unknown connection")?;
+                up[k] = Some(q);
+            }
+            Some(CmEvent::Failed { id: i, failure, .. }) => {
+                return Err(format!("connection {i:?} failed: {failure:?}"));
+            }
+            _ if t0.elapsed() > REAL_DEADLINE => return Err("no REP".into()),
+            _ => thread::sleep(Duration::from_micros(50)),
+        }
+    }
+    let [a, b] = up;
+    Ok([(ids[0], a.unwrap()), (ids[1], b.unwrap())])
 }
 
 /// The client's side, as `ib_send_bw -R -s 256 -n 20 10.0.0.2` (or `ib_write_lat -R -s 2
@@ -270,7 +330,13 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
     let mut blank = [0u8; 56];
     blank[20..24].copy_from_slice(&[0xDE, 0xAD, 0xBE, 0xEF]);
     assert_eq!(xchg(&mut ctl, &mut mr, &mut cm, &blank)?[..20], [0; 20]);
-    let (data_id, mut data) = connect(&mut cm, &pd, &cq, t0)?;
+    let (data_id, mut data, mut second) = if prog == Prog::SendQ2 {
+        let [(a, qa), b] = connect_two(&mut cm, &pd, &cq, t0)?;
+        (a, qa, Some(b))
+    } else {
+        let (a, qa) = connect(&mut cm, &pd, &cq, t0)?;
+        (a, qa, None)
+    };
     assert_eq!(xchg(&mut ctl, &mut mr, &mut cm, &blank)?[24..], [0; 32]);
     let peer_qpn = data.query().unwrap().dest_qpn;
     let mut dest = [0u8; 56];
@@ -290,7 +356,25 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
         dest[24..32].copy_from_slice(&(mr.addr() + 128 + 4096).to_be_bytes());
     }
     let mut theirs = Vec::new();
-    for k in 0..4 {
+    if let Some((_, q)) = &second {
+        // -q 2 (send_bw.c's order): each QP's pingpong_dest (the unikernel's naming its QP
+        // of the same place), the first QP's, each QP's again, and the first QP's once the
+        // receives are posted; the second names its own part of the buffer.
+        let mut d2 = dest;
+        d2[8..12].copy_from_slice(&q.qp_num().to_be_bytes());
+        d2[24..32].copy_from_slice(&(mr.addr() + 128 + 4096).to_be_bytes());
+        let qpn2 = q.query().unwrap().dest_qpn;
+        for step in 0..3 {
+            let t = xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
+            assert_eq!(t[8..12], peer_qpn.to_be_bytes());
+            if step != 1 {
+                let t = xchg(&mut ctl, &mut mr, &mut cm, &d2)?;
+                assert_eq!(t[8..12], qpn2.to_be_bytes());
+            }
+        }
+        theirs = xchg(&mut ctl, &mut mr, &mut cm, &dest)?;
+    }
+    for k in 0..4 * u32::from(second.is_none()) {
         let mut d = dest;
         if twist == Twist::BadDest && k == 2 {
             d[11] ^= 1;
@@ -350,6 +434,39 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
         wait(100, &mut cm)?;
         mr.as_mut_slice()[at as usize + 7] ^= u8::from(bad);
     }
+    if let Some((_, q2)) = &mut second {
+        // -q 2: every SEND of both QPs posted at once, as perftest posts on each QP while it
+        // has room; the unikernel takes one QP's after the other's (the other's wait, or are
+        // refused with RNR and sent again). Both QPs send the same cycle buffer.
+        for i in 0..ITERS {
+            let at = 128 + (i % 16) * SIZE;
+            let sge = mr.sge(at, SIZE).unwrap();
+            for q in [&mut data, &mut *q2] {
+                // SAFETY: as above; the buffer does not change while the SENDs fly.
+                unsafe {
+                    let mut s = q.send_batch();
+                    s.send(200 + u64::from(i), SendFlags::SIGNALED, &[sge])
+                        .unwrap();
+                    s.finish();
+                }
+            }
+        }
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut done = 0;
+        while done < 2 * ITERS {
+            let n = cq.poll(&mut wc).unwrap();
+            if let Some(w) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
+                return Err(format!("completion {w:?}"));
+            }
+            done += n as u32;
+            if let Some(CmEvent::Disconnected { .. }) = cm.poll() {
+                return Err("disconnected".into());
+            }
+            if t0.elapsed() > deadline {
+                return Err(format!("{done} SENDs completed"));
+            }
+        }
+    }
     if prog == Prog::WriteBoth {
         // After the sync (the fourth pingpong_dest) both sides WRITE: this one from its cycle
         // buffer to the same place of the peer's, one at a time.
@@ -395,10 +512,17 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
     // connection down.
     let data = data.to_error().unwrap();
     let ctl = ctl.to_error().unwrap();
+    let (second_id, second) = match second {
+        Some((id, q)) => (Some(id), Some(q.to_error().unwrap())),
+        None => (None, None),
+    };
     // (Once its data connection is down the unikernel takes the control connection down
     // itself: its DREQ may come while this side still waits for the data connection's DREP.)
     let mut down = Vec::new();
-    for id in [data_id, ctl_id] {
+    for id in [Some(data_id), second_id, Some(ctl_id)]
+        .into_iter()
+        .flatten()
+    {
         // (A refused DREQ: the peer's came first, its event still to be taken below.)
         if !down.contains(&id) {
             let _ = cm.disconnect(id);
@@ -411,7 +535,7 @@ fn client(ctx: &Context<R>, clk: TestClock, prog: Prog, twist: Twist) -> Result<
             }
         }
     }
-    drop((data, ctl));
+    drop((data, second, ctl));
     Ok(())
 }
 
@@ -532,11 +656,24 @@ fn the_latency_programs_and_b_parse_with_rdma_cm() {
             1000
         )
     );
+    // ib_read_bw's -b: both sides READ.
+    let s = CmCase::parse("ib_read_bw-cmb-server,-R,-b,-s,4096").unwrap();
+    assert_eq!(
+        (s.program, s.size, s.count),
+        (
+            Program::Perftest {
+                verb: PtVerb::ReadBoth,
+                linux_serves: true
+            },
+            4096,
+            1000
+        )
+    );
     for bad in [
-        // -b with -R: ib_write_bw's and ib_send_bw's only.
-        "ib_read_bw-cmb-client,-R,-b",
-        // -q with -R: one data connection only.
-        "ib_write_bw-q2-client,-R,-q,2",
+        // -b with -R: the bandwidth programs' only.
+        "ib_read_lat-cmb-client,-R,-b",
+        // -q with -R: four data connections at most, bandwidth programs only.
+        "ib_write_bw-q5-client,-R,-q,5",
         // Without -R: the TCP exchange's case, not the CM's.
         "ib_write_lat-client,-s,2",
         // Atomics are 8 bytes.
@@ -571,4 +708,18 @@ fn both_sides_write_with_b_and_each_report_is_checked() {
         line.contains("FAIL the client's report, number 0: wrong byte at 8"),
         "{line}"
     );
+}
+
+#[test]
+fn two_data_connections_asked_for_at_once_each_send_checked() {
+    let (line, ok) = run(Prog::SendQ2, Twist::None);
+    assert!(
+        line.starts_with("roce-uk ib_send_bw-client: ok 40 SENDs of 256 bytes"),
+        "{line}"
+    );
+    // 16 + 4 + 4 + 2, two blanks and seven pingpong_dest of 52 defined bytes, both QPs' 20
+    // SENDs.
+    let checked = 26 + 9 * 52 + 2 * 20 * 256;
+    assert!(line.contains(&format!("({checked} bytes)")), "{line}");
+    assert!(ok);
 }

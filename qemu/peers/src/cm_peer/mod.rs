@@ -16,6 +16,9 @@
 //! | `ib_send_bw-server`, `ib_write_bw-server`, `ib_read_bw-server` | `ib_{send,write,read}_bw -R` | the client: perftest's control connection and its data connection through the CM, then SENDs, WRITEs or READs (`perftest.rs`) |
 //! | `ib_send_bw-client`, `ib_write_bw-client`, `ib_read_bw-client` | the same with `<unikernel>` | the server: takes the SENDs, the WRITEs or the READs |
 //! | `ib_write_bw-<word>-server`, `-client` with `-b` | `ib_write_bw -R -b` | the other role: both sides WRITE at once, each sends its own report; Linux's WRITE target overwritten whole and nothing around it touched |
+//! | `ib_atomic_bw-server`, `ib_atomic_bw-client` | `ib_atomic_bw -R` | the other role: the unikernel's fetch-and-adds each returning the one before plus one, or Linux's adding up to `-n` on its zeroed buffer |
+//! | `ib_send_bw-<word>-…`, `ib_read_bw-<word>-…`, `ib_atomic_bw-<word>-…` with `-b` | `ib_send_bw -R -b`, `ib_read_bw -R -b`, `ib_atomic_bw -R -b` | the other role: both sides SEND or READ at once, each sends its own report; Linux's SENDs checked, or this side's READs and its buffer unchanged by Linux's |
+//! | `ib_send_bw-<word>-…`, `ib_write_bw-<word>-…`, `ib_read_bw-<word>-…` with `-q N` (up to 4) | the same with `-R -q N` | the other role on N data connections at once (one per QP, all to perftest's port), each QP's data checked as with one |
 //! | `ib_send_lat-…`, `ib_write_lat-…`, `ib_read_lat-…`, `ib_atomic_lat-…` (`-server`, `-client`) | `ib_{send,write,read,atomic}_lat -R` | the other role, the same two connections: a SEND or WRITE each way per round, or the client's READs or fetch-and-adds one at a time (`perftest/lat.rs`) |
 //!
 //! rping's exchange (librdmacm-utils' `rping.c`): every message is a SEND of 16 bytes, the
@@ -118,6 +121,16 @@ pub enum Program {
         linux_serves: bool,
         /// Connections.
         conns: u32,
+    },
+    /// perftest with `-R` and `-q N` (N from 2 to 4): `ib_send_bw`, `ib_write_bw`,
+    /// `ib_read_bw` or `ib_atomic_bw`, each data QP its own connection to perftest's port.
+    PerftestQps {
+        /// The program.
+        verb: PtVerb,
+        /// Linux runs the server.
+        linux_serves: bool,
+        /// Data QPs (`-q`).
+        qps: u8,
     },
     /// A perftest `-R` case this peer does not run (options it does not take): it is told so
     /// on perftest's control connection ([`refuse_perftest`]).
@@ -223,7 +236,10 @@ impl CmCase {
             Program::Cmtime {
                 linux_serves: false,
             } => "cmtime-client",
-            Program::Perftest { verb, linux_serves } => verb.case_name(linux_serves),
+            Program::Perftest { verb, linux_serves }
+            | Program::PerftestQps {
+                verb, linux_serves, ..
+            } => verb.case_name(linux_serves),
             Program::PerftestRefused { .. } => "perftest -R, refused",
         }
     }
@@ -475,16 +491,21 @@ fn run<P: Provider>(
         .at("cm: create CQ")?;
     let mut access =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    if let Program::Perftest {
-        verb: PtVerb::AtomicLat,
-        ..
-    } = case.program
+    if let Program::Perftest { verb, .. } | Program::PerftestQps { verb, .. } = case.program
+        && verb.atomics()
     {
         access |= AccessFlags::REMOTE_ATOMIC;
     }
     let len = match case.program {
         Program::RpingServer | Program::RpingClient => DATA_AT + 2 * case.size,
-        Program::Perftest { verb, linux_serves } => perftest::region_len(verb, linux_serves, case),
+        Program::Perftest { verb, linux_serves } => {
+            perftest::region_len(verb, linux_serves, case, 1)
+        }
+        Program::PerftestQps {
+            verb,
+            linux_serves,
+            qps,
+        } => perftest::region_len(verb, linux_serves, case, qps),
         Program::PerftestRefused { .. } => perftest::REFUSE_LEN,
         Program::Cmtime { .. } => 0,
         _ => (case.count + 1) * cmatose::slot(case.size),
@@ -509,10 +530,11 @@ fn run<P: Provider>(
             id: None,
             established: None,
             disconnected: false,
-            data: None,
-            data_established: None,
-            data_disconnected: false,
-            request: None,
+            data: [None; perftest::MAX_QPS],
+            data_established: [None; perftest::MAX_QPS],
+            data_disconnected: [false; perftest::MAX_QPS],
+            request: [None; perftest::MAX_QPS],
+            backlog: 1,
         };
         match case.program {
             Program::RpingServer => s.rping_client(pd, peer, case),
@@ -522,8 +544,13 @@ fn run<P: Provider>(
             Program::UdaddyServer => s.udaddy_client(pd, peer, case),
             Program::UdaddyClient => s.udaddy_server(pd, peer, case),
             Program::Perftest { verb, linux_serves } => {
-                s.perftest(pd, linux, case, verb, linux_serves)
+                s.perftest(pd, linux, case, (verb, 1), linux_serves)
             }
+            Program::PerftestQps {
+                verb,
+                linux_serves,
+                qps,
+            } => s.perftest(pd, linux, case, (verb, qps), linux_serves),
             Program::PerftestRefused { linux_serves } => s.perftest_refuse(pd, linux, linux_serves),
             Program::Cmtime { .. } => Err(CaseError::Request("cmtime outside its own run")),
             Program::Many { .. } => Err(CaseError::Request("-c outside its own run")),
@@ -551,14 +578,18 @@ struct Session<'s, 'a, P: Provider, C: Clock> {
     established: Option<u64>,
     /// The peer's DREQ (or the answer to this side's).
     disconnected: bool,
-    /// A second connection (perftest's data QP; `id` is its control connection).
-    data: Option<ConnId>,
-    /// When the passive side saw the second connection's RTU (ms).
-    data_established: Option<u64>,
-    /// The second connection's DREQ (or the answer to this side's).
-    data_disconnected: bool,
-    /// A connection request not taken yet, and when it came (ms).
-    request: Option<(ConnectRequest, u64)>,
+    /// Further connections (perftest's data QPs, one per `-q`; `id` is its control
+    /// connection).
+    data: [Option<ConnId>; perftest::MAX_QPS],
+    /// When the passive side saw each further connection's RTU (ms).
+    data_established: [Option<u64>; perftest::MAX_QPS],
+    /// Each further connection's DREQ (or the answer to this side's).
+    data_disconnected: [bool; perftest::MAX_QPS],
+    /// Connection requests not taken yet, oldest first, and when each came (ms).
+    request: [Option<(ConnectRequest, u64)>; perftest::MAX_QPS],
+    /// How many requests may wait at once (perftest's `-q` on a listening side); one more is
+    /// rejected.
+    backlog: usize,
 }
 
 impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
@@ -582,15 +613,18 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
 
     /// One CM event, if any; the connection's own ones are noted. A connection request is
     /// kept for [`Self::accept_next`] (whatever wait polls the CM when it comes: perftest's
-    /// client connects its data QP while this side still waits for a SEND's completion), a
-    /// second one meanwhile rejected.
+    /// client connects its data QPs while this side still waits for a SEND's completion), up
+    /// to [`Self::backlog`] at once; one more meanwhile is rejected.
     fn cm_event(&mut self) -> Option<CmEvent<'a, P>> {
         let ev = self.cm.poll()?;
         if let CmEvent::ConnectRequest(r) = ev {
-            if self.request.is_none() {
-                self.request = Some((r, self.now()));
-            } else {
-                let _ = self.cm.reject(r.id, &[]);
+            let now = self.now();
+            let backlog = self.backlog.clamp(1, self.request.len());
+            match self.request[..backlog].iter_mut().find(|q| q.is_none()) {
+                Some(free) => *free = Some((r, now)),
+                None => {
+                    let _ = self.cm.reject(r.id, &[]);
+                }
             }
             return None;
         }
@@ -599,10 +633,16 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
                 self.established = Some(self.now());
             }
             CmEvent::Disconnected { id } if Some(*id) == self.id => self.disconnected = true,
-            CmEvent::Established { id, qp: None, .. } if Some(*id) == self.data => {
-                self.data_established = Some(self.now());
+            CmEvent::Established { id, qp: None, .. } => {
+                if let Some(k) = self.data.iter().position(|d| *d == Some(*id)) {
+                    self.data_established[k] = Some(self.now());
+                }
             }
-            CmEvent::Disconnected { id } if Some(*id) == self.data => self.data_disconnected = true,
+            CmEvent::Disconnected { id } => {
+                if let Some(k) = self.data.iter().position(|d| *d == Some(*id)) {
+                    self.data_disconnected[k] = true;
+                }
+            }
             _ => {}
         }
         Some(ev)
@@ -653,7 +693,9 @@ impl<'s, 'a, P: Provider, C: Clock> Session<'s, 'a, P, C> {
     ) -> Result<Accepted<'a, P>, CaseError> {
         let linux = linux.into();
         let (req, t_req) = loop {
-            if let Some(r) = self.request.take() {
+            if let Some(r) = self.request[0].take() {
+                // The next oldest first.
+                self.request.rotate_left(1);
                 break r;
             }
             let _ = self.cm_event();

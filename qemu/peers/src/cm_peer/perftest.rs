@@ -1,6 +1,7 @@
-//! perftest's `-R` mode (`ib_send_bw`, `ib_write_bw`, `ib_read_bw` of perftest 4.5-0.17,
-//! Debian 12's), both roles: everything goes through rdma_cm, nothing over TCP
-//! (`docs/cm.md`, "perftest -R", has the exchange as read from perftest's source).
+//! perftest's `-R` mode (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw` and the
+//! latency programs of perftest 4.5-0.17, Debian 12's), both roles: everything goes through
+//! rdma_cm, nothing over TCP (`docs/cm.md`, "perftest -R", has the exchange as read from
+//! perftest's source).
 //!
 //! - A control connection to port 18515 (RC, depths 0, retry and RNR retry counts 7, no
 //!   private data) carries every exchange as a SEND into the peer's one 56-byte receive; the
@@ -15,6 +16,13 @@
 //!   own; the server's are uninitialized memory in perftest), a fifth.
 //! - The end: the client disconnects the data connection, the server's exit takes both
 //!   down (DREQs from its kernel).
+//! - `-b` (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`): a fourth `pingpong_dest` before both
+//!   sides run the data phase at once, then both reports (each side's own), a fifth.
+//! - `-q N`: N data connections, asked for at once by the client, accepted in the order they
+//!   come; each QP's `pingpong_dest` in turn, each again, then the first QP's (`ib_send_bw`:
+//!   the first QP's between the two rounds); the client's
+//!   report counts every QP's operations. The QPs' data phases run one after the other here
+//!   (a QP's SENDs wait in their receives, or are refused with RNR and sent again).
 //!
 //! Checked here: every byte of every control message but the four bytes of a
 //! `pingpong_dest`'s padding and the words of a Linux server's report; the SENDs each the
@@ -36,10 +44,13 @@ mod data;
 mod lat;
 mod msg;
 
+use data::Lane;
 pub use msg::{DEST_LEN, Dest};
 
-/// perftest's port (both connections).
+/// perftest's port (every connection).
 pub const PT_PORT: u16 = 18515;
+/// The most data QPs (`-q`) a case takes: each its own connection.
+pub const MAX_QPS: usize = 4;
 /// The largest `-s` a case may ask for.
 pub const MAX_PT_SIZE: u32 = 8 * 1024 * 1024;
 /// The largest page size (perftest's cycle buffer) taken from the peer.
@@ -69,6 +80,12 @@ const GUARD: u32 = 4096;
 const SENTINEL: u8 = 0xEE;
 /// What the cases say they checked.
 const EVERY_DEFINED: &str = "every byte received that perftest defines checked";
+const EVERY_DEFINED_AND_UNCHANGED: &str = "every byte received that perftest defines checked, every READ the first one's bytes, the buffer the peer READs unchanged";
+const EVERY_DEFINED_AND_ADDED: &str = "every byte received that perftest defines checked, the peer's fetch-and-adds adding up to its count";
+const EVERY_DEFINED_AND_RETURNED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one";
+const EVERY_DEFINED_RETURNED_AND_ADDED: &str = "every byte received that perftest defines checked, every fetch-and-add returning the one before plus one, the peer's adding up to its count";
+const EVERY_DEFINED_AND_READ_FROM: &str =
+    "every byte received that perftest defines checked, the buffer the peer READs unchanged";
 const EVERY_DEFINED_AND_TARGET: &str = "every byte received that perftest defines checked, the WRITE target overwritten whole and nothing around it touched";
 
 /// The perftest program.
@@ -92,14 +109,21 @@ pub enum PtVerb {
     WriteBoth,
     /// `ib_send_bw -b`: both sides SEND at once.
     SendBoth,
+    /// `ib_read_bw -b`: both sides READ each other's buffer at once.
+    ReadBoth,
+    /// `ib_atomic_bw`: the client's fetch-and-adds of 1 on the server's buffer.
+    AtomicBw,
+    /// `ib_atomic_bw -b`: both sides fetch-and-add on each other's buffer at once.
+    AtomicBoth,
 }
 
 impl PtVerb {
     /// Every program, in the order [`parse`] tries them.
-    const ALL: [PtVerb; 7] = [
+    const ALL: [PtVerb; 8] = [
         PtVerb::Send,
         PtVerb::Write,
         PtVerb::Read,
+        PtVerb::AtomicBw,
         PtVerb::SendLat,
         PtVerb::WriteLat,
         PtVerb::ReadLat,
@@ -113,8 +137,10 @@ impl PtVerb {
             (PtVerb::Send | PtVerb::SendBoth, false) => "ib_send_bw-client",
             (PtVerb::Write | PtVerb::WriteBoth, true) => "ib_write_bw-server",
             (PtVerb::Write | PtVerb::WriteBoth, false) => "ib_write_bw-client",
-            (PtVerb::Read, true) => "ib_read_bw-server",
-            (PtVerb::Read, false) => "ib_read_bw-client",
+            (PtVerb::Read | PtVerb::ReadBoth, true) => "ib_read_bw-server",
+            (PtVerb::Read | PtVerb::ReadBoth, false) => "ib_read_bw-client",
+            (PtVerb::AtomicBw | PtVerb::AtomicBoth, true) => "ib_atomic_bw-server",
+            (PtVerb::AtomicBw | PtVerb::AtomicBoth, false) => "ib_atomic_bw-client",
             (PtVerb::SendLat, true) => "ib_send_lat-server",
             (PtVerb::SendLat, false) => "ib_send_lat-client",
             (PtVerb::WriteLat, true) => "ib_write_lat-server",
@@ -133,6 +159,9 @@ impl PtVerb {
             PtVerb::WriteBoth => "RDMA WRITEs each way",
             PtVerb::SendBoth => "SENDs each way",
             PtVerb::Read => "RDMA READs",
+            PtVerb::ReadBoth => "RDMA READs each way",
+            PtVerb::AtomicBw => "fetch-and-adds",
+            PtVerb::AtomicBoth => "fetch-and-adds each way",
             PtVerb::SendLat => "rounds of a SEND each way",
             PtVerb::WriteLat => "rounds of an RDMA WRITE each way",
             PtVerb::ReadLat => "RDMA READs one at a time",
@@ -151,14 +180,25 @@ impl PtVerb {
     /// The program READs or operates on the peer's memory: its data connection asks for
     /// perftest's outstanding reads both ways (`out_reads`), the others for none.
     fn reads(self) -> bool {
-        matches!(self, PtVerb::Read | PtVerb::ReadLat | PtVerb::AtomicLat)
+        matches!(
+            self,
+            PtVerb::Read | PtVerb::ReadBoth | PtVerb::ReadLat | PtVerb::AtomicLat
+        ) || self.atomics()
+    }
+
+    /// The program's operations are 8-byte atomics.
+    pub fn atomics(self) -> bool {
+        matches!(
+            self,
+            PtVerb::AtomicLat | PtVerb::AtomicBw | PtVerb::AtomicBoth
+        )
     }
 
     /// perftest's default `-s` and `-n`: 65536 bytes and 1000 iterations for the bandwidth
     /// programs, 2 bytes (8 for atomics) and 1000 for the latency ones.
     fn defaults(self) -> (u32, u32) {
         match self {
-            PtVerb::AtomicLat => (8, 1000),
+            v if v.atomics() => (8, 1000),
             v if v.latency() => (2, 1000),
             _ => (65536, 1000),
         }
@@ -176,13 +216,23 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
         .flat_map(|&v| [(v, true), (v, false)])
         .find(|&(v, s)| v.case_name(s).split_once('-') == Some(name))?;
     let (mut size, mut iters) = verb.defaults();
-    let (mut rdma_cm, mut verb) = (false, verb);
+    let (mut rdma_cm, mut verb, mut qps) = (false, verb, 1u8);
     while let Some(w) = words.next() {
         match w {
             "-R" | "--rdma_cm" => rdma_cm = true,
+            // The bandwidth programs' -q: a data connection per QP.
+            "-q" | "--qp" => qps = words.next()?.parse().ok()?,
+            // perftest's outstanding READs (its data connection's depths both ways), within
+            // what this side offers: the connection's own depths are checked as they come.
+            "-o" | "--outs" if verb.reads() => {
+                let o: u8 = words.next()?.parse().ok()?;
+                (1..=DEPTH).contains(&o).then_some(())?
+            }
             // ib_write_bw's -b: both sides WRITE.
             "-b" | "--bidirectional" if verb == PtVerb::Write => verb = PtVerb::WriteBoth,
             "-b" | "--bidirectional" if verb == PtVerb::Send => verb = PtVerb::SendBoth,
+            "-b" | "--bidirectional" if verb == PtVerb::Read => verb = PtVerb::ReadBoth,
+            "-b" | "--bidirectional" if verb == PtVerb::AtomicBw => verb = PtVerb::AtomicBoth,
             "-s" | "--size" => size = words.next()?.parse().ok()?,
             "-n" | "--iters" => iters = words.next()?.parse().ok()?,
             _ => return None,
@@ -191,9 +241,24 @@ pub(super) fn parse(spec: &str) -> Option<CmCase> {
     let ok = rdma_cm
         && (1..=MAX_PT_SIZE).contains(&size)
         && (1..=1_000_000).contains(&iters)
-        && (verb != PtVerb::AtomicLat || size == 8);
+        && (!verb.atomics() || size == 8)
+        && (1..=MAX_QPS as u8).contains(&qps)
+        && (qps == 1
+            || (matches!(
+                verb,
+                PtVerb::Send | PtVerb::Write | PtVerb::Read | PtVerb::AtomicBw
+            ) && u64::from(qps) * u64::from(size) <= u64::from(SLOT_BYTES / 4)));
+    let program = if qps == 1 {
+        Program::Perftest { verb, linux_serves }
+    } else {
+        Program::PerftestQps {
+            verb,
+            linux_serves,
+            qps,
+        }
+    };
     ok.then_some(CmCase {
-        program: Program::Perftest { verb, linux_serves },
+        program,
         size,
         count: iters,
     })
@@ -230,20 +295,34 @@ fn slots(size: u32) -> u32 {
     (SLOT_BYTES / stride(size)).clamp(1, WINDOW)
 }
 
-/// Bytes of the case's region: the control messages, then the data area of the role.
-pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32 {
+/// Bytes of the case's region: the control messages, then the data area of the role (with
+/// `qps` data QPs: the receive slots shared among them, an image of the sender's cycle
+/// buffer and a WRITE target each).
+pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase, qps: u8) -> u32 {
     let size = case.size;
+    let qps = u32::from(qps.max(1));
     let data = match (verb, linux_serves) {
-        // Receive slots and the image of the sender's cycle buffer.
-        (PtVerb::Send, false) => slots(size) * stride(size) + size.max(MAX_CYCLE),
+        // Receive slots and the image of the sender's cycle buffer (one per QP).
+        (PtVerb::Send, false) => {
+            qps * lane_slots(size, qps) * stride(size) + qps * size.max(MAX_CYCLE)
+        }
         // READ slots and the first READ's bytes.
         (PtVerb::Read, true) => (slots(size) + 1) * stride(size),
-        (PtVerb::Write, false) => size.max(MAX_CYCLE) + GUARD,
+        (PtVerb::Write, false) => qps * target_len(size),
         // The target, then the source.
         (PtVerb::WriteBoth, _) => size.max(MAX_CYCLE) + GUARD + size,
         // Receive slots, the image of the sender's cycle buffer, the source.
         (PtVerb::SendBoth, _) => slots(size) * stride(size) + size.max(MAX_CYCLE) + size,
         (PtVerb::Read, false) => size.max(MAX_CYCLE),
+        // The buffer the peer READs (or adds to), then the READ (result) slots and the first
+        // one's bytes.
+        (PtVerb::ReadBoth | PtVerb::AtomicBoth, _) => {
+            size.max(MAX_CYCLE) + (slots(size) + 1) * stride(size)
+        }
+        // The words the peer's fetch-and-adds land on (a cache line each, through its cycle),
+        // or the results' slots and the first result.
+        (PtVerb::AtomicBw, false) => MAX_CYCLE,
+        (PtVerb::AtomicBw, true) => (slots(size) + 1) * stride(size),
         // What the unikernel SENDs or WRITEs.
         (PtVerb::Send | PtVerb::Write, true) => size,
         // The source, the target (the peer's WRITE) or two receive slots, the first SEND's
@@ -255,6 +334,16 @@ pub(super) fn region_len(verb: PtVerb, linux_serves: bool, case: &CmCase) -> u32
         (PtVerb::AtomicLat, _) => LINE,
     };
     DATA_AT + data
+}
+
+/// Receive slots of each of `qps` data QPs: [`slots`] shared among them, one each at least.
+fn lane_slots(size: u32, qps: u32) -> u32 {
+    (slots(size) / qps.max(1)).max(1)
+}
+
+/// Bytes of a WRITE target and the guard after it.
+fn target_len(size: u32) -> u32 {
+    size.max(MAX_CYCLE) + GUARD
 }
 
 /// Where perftest's sender puts operation `i` in its cycle buffer: with messages of at most
@@ -272,9 +361,11 @@ pub fn cycle_steps(size: u32, cycle: u32, line: u32) -> (u32, u32) {
 /// Where in the region the peer's WRITEs or READs or atomics go (what this side's
 /// `pingpong_dest` names): `ib_write_lat`'s target follows its source; the others' the data
 /// area's start.
-fn target_at(verb: PtVerb, size: u32) -> u32 {
+/// With `-q`, `ib_write_bw`'s QP `k` has its own target, after QP `k - 1`'s guard.
+fn target_at(verb: PtVerb, size: u32, k: u32) -> u32 {
     match verb {
         PtVerb::WriteLat => DATA_AT + stride(size),
+        PtVerb::Write => DATA_AT + k * target_len(size),
         _ => DATA_AT,
     }
 }
@@ -302,14 +393,17 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         pd: &'a ProtectionDomain<'a, P>,
         linux: [u8; 4],
         case: &CmCase,
-        verb: PtVerb,
+        (verb, qps): (PtVerb, u8),
         linux_serves: bool,
     ) -> Result<Done, CaseError> {
         let client = linux_serves;
         let mut tally = Tally::default();
         if !client {
-            // Both connections come to this port: listen once, before anything is sent.
+            // Every connection comes to this port: listen once, before anything is sent.
+            // perftest's client asks for its data connections all at once: as many requests
+            // may wait (its rdma_listen's backlog is its -q).
             self.listen(PT_PORT)?;
+            self.backlog = usize::from(qps.max(1));
         }
         let ctl_params = ConnectParams {
             responder_resources: 0,
@@ -332,7 +426,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             (q, Err(t))
         };
         self.post_ctl_recv(&mut ctl)?;
-        let r = self.perftest_on(pd, linux, case, verb, client, &mut ctl, &mut tally);
+        let r = self.perftest_on(pd, linux, case, (verb, qps), client, &mut ctl, &mut tally);
         // The control connection's end: Linux's kernel sends a DREQ when the program exits;
         // this side's DREQ crosses it or finds it gone (then a DREP for the unknown ID).
         let r = r.and_then(|(data_ms, data_qp)| {
@@ -357,7 +451,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         ctl.destroy().at("cm: destroy QP")?;
         let (connect_ms, how) = r?;
         Ok(Done {
-            count: case.count,
+            count: case.count * u32::from(qps.max(1)),
             unit: verb.op(),
             size: case.size,
             checked: tally.checked,
@@ -423,92 +517,125 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         })
     }
 
-    /// The exchange after the control connection is up: the data connection, the data
-    /// phase, the data connection's end. Returns the data connection's connect time and what
-    /// the case checked.
+    /// The exchange after the control connection is up: the data connections (one per data
+    /// QP, `-q`), the data phase, the data connections' end. Returns the data connections'
+    /// connect times (their sum) and what the case checked.
     #[allow(clippy::too_many_arguments)]
     fn perftest_on(
         &mut self,
         pd: &'a ProtectionDomain<'a, P>,
         linux: [u8; 4],
         case: &CmCase,
-        verb: PtVerb,
+        (verb, qps): (PtVerb, u8),
         client: bool,
         ctl: &mut QueuePair<'a, P, Rc, Rts>,
         tally: &mut Tally,
     ) -> Result<(u64, &'static str), CaseError> {
         let agreed = self.preamble(ctl, client, tally)?;
-        // The first blank pingpong_dest, then the data connection.
+        // The first blank pingpong_dest, then the data connections.
         self.blank(ctl, client, tally, "the first blank pingpong_dest")?;
+        let n = usize::from(qps).clamp(1, MAX_QPS);
         let depth = if verb.reads() { DEPTH } else { 0 };
         let ctl_id = self.id.take();
-        let data = if client {
-            let params = ConnectParams {
-                responder_resources: depth,
-                initiator_depth: depth,
-                ..ConnectParams::default()
-            };
-            let qp = self.qp(pd)?;
-            self.connect_retrying_with(qp, linux, PT_PORT, &params)
-                .map(|(q, ms)| (q, Ok(ms), None))
-        } else {
-            let params = AcceptParams {
-                responder_resources: depth,
-                initiator_depth: depth,
-                ..AcceptParams::default()
-            };
-            // ib_read_bw, ib_read_lat and ib_atomic_lat ask for their outstanding reads both
-            // ways, the others for none.
-            let depths_ok = move |r: u8, i: u8| {
-                if depth == 0 {
-                    (r, i) == (0, 0)
-                } else {
-                    r == i && r >= 1
+        let mut data: [Option<QueuePair<'a, P, Rc, Rts>>; MAX_QPS] = core::array::from_fn(|_| None);
+        // The client's connect times, or when the server saw each request.
+        let mut t = [0u64; MAX_QPS];
+        let mut req_depth = None;
+        let mut r = Ok(());
+        // perftest's client connects its QPs in order, each as its route resolves (all at
+        // once); its server accepts the requests as they come, QP `k` the `k`-th.
+        for (k, (slot, t)) in data.iter_mut().zip(&mut t).take(n).enumerate() {
+            let c = if client {
+                let params = ConnectParams {
+                    responder_resources: depth,
+                    initiator_depth: depth,
+                    ..ConnectParams::default()
+                };
+                match self.qp(pd) {
+                    Ok(qp) => self.connect_retrying_with(qp, linux, PT_PORT, &params),
+                    Err(e) => Err(e.into()),
                 }
+            } else {
+                let params = AcceptParams {
+                    responder_resources: depth,
+                    initiator_depth: depth,
+                    ..AcceptParams::default()
+                };
+                // ib_read_bw, ib_read_lat and ib_atomic_lat ask for their outstanding reads
+                // both ways, the others for none; every QP the same.
+                let depths_ok = move |r: u8, i: u8| {
+                    if depth == 0 {
+                        (r, i) == (0, 0)
+                    } else {
+                        r == i && r >= 1 && req_depth.is_none_or(|d| d == i)
+                    }
+                };
+                self.accept_next(pd, linux, PT_PORT, &depths_ok, (7, 7), &params)
+                    .map(|(q, t, req)| {
+                        req_depth = Some(req.initiator_depth);
+                        (q, t)
+                    })
             };
-            self.accept_next(pd, linux, PT_PORT, &depths_ok, (7, 7), &params)
-                .map(|(q, t, req)| (q, Err(t), Some(req.initiator_depth)))
-        };
-        self.data = self.id;
-        self.id = ctl_id;
-        let (mut qp, data_t, req_depth) = data?;
-        let r = self.perftest_data(
-            ctl,
-            &mut qp,
-            (case, verb, client, linux),
-            agreed,
-            req_depth,
-            tally,
-        );
-        // The client disconnects the data connection; the server's comes down with its exit.
-        let r = r.and_then(|how| {
-            let data_ms = match data_t {
-                Ok(ms) => ms,
-                Err(t) => {
-                    self.data_established
-                        .ok_or(CaseError::Deadline("the RTU"))?
-                        - t
+            self.data[k] = self.id.take();
+            match c {
+                Ok((q, ms)) => {
+                    *slot = Some(q);
+                    *t = ms;
                 }
-            };
-            Ok((data_ms, how))
-        });
-        let qp = qp.to_error().at("cm: QP to ERROR")?;
-        let mut r = r;
-        if client
-            && let Some(id) = self.data
-            && !self.data_disconnected
-            && let Err(e) = self.cm.disconnect(id)
-        {
-            r = r.and(Err(CaseError::Cm("disconnect", e)));
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
         }
-        while r.is_ok() && !self.data_disconnected {
+        self.id = ctl_id;
+        let r = r.and_then(|()| {
+            self.perftest_data(
+                ctl,
+                &mut data[..n],
+                (case, verb, client, linux),
+                agreed,
+                req_depth,
+                tally,
+            )
+        });
+        // The client disconnects the data connections; the server's come down with its exit.
+        let mut r = r.and_then(|how| {
+            let mut ms = 0;
+            for (k, &t) in t.iter().enumerate().take(n) {
+                ms += if client {
+                    t
+                } else {
+                    self.data_established[k].ok_or(CaseError::Deadline("the RTU"))? - t
+                };
+            }
+            Ok((ms, how))
+        });
+        let mut dead: [Option<_>; MAX_QPS] = core::array::from_fn(|_| None);
+        for (d, q) in dead.iter_mut().zip(&mut data) {
+            if let Some(q) = q.take() {
+                *d = Some(q.to_error().at("cm: QP to ERROR")?);
+            }
+        }
+        for k in 0..n {
+            if client
+                && let Some(id) = self.data[k]
+                && !self.data_disconnected[k]
+                && let Err(e) = self.cm.disconnect(id)
+            {
+                r = r.and(Err(CaseError::Cm("disconnect", e)));
+            }
+        }
+        while r.is_ok() && (0..n).any(|k| !self.data_disconnected[k]) {
             let _ = self.cm_event();
             if self.now() > self.deadline {
-                r = Err(CaseError::Deadline("the data connection's end"));
+                r = Err(CaseError::Deadline("the data connections' end"));
             }
         }
         self.drain();
-        qp.destroy().at("cm: destroy QP")?;
+        for q in dead.into_iter().flatten() {
+            q.destroy().at("cm: destroy QP")?;
+        }
         r
     }
 
@@ -557,46 +684,91 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     fn perftest_data(
         &mut self,
         ctl: &mut QueuePair<'a, P, Rc, Rts>,
-        qp: &mut QueuePair<'a, P, Rc, Rts>,
+        qps: &mut [Option<QueuePair<'a, P, Rc, Rts>>],
         (case, verb, client, linux): (&CmCase, PtVerb, bool, [u8; 4]),
         agreed: Agreed,
         req_depth: Option<u8>,
         tally: &mut Tally,
     ) -> Result<&'static str, CaseError> {
         self.blank(ctl, client, tally, "the second blank pingpong_dest")?;
-        let attr = qp.query().at("perftest: query QP")?;
-        let mine = Dest {
-            lid: 0,
-            out_reads: if verb.reads() {
-                u32::from(attr.max_dest_rd_atomic.max(1))
-            } else {
-                1
-            },
-            qpn: qp.qp_num(),
-            psn: attr.rq_psn & 0xFF_FFFF,
-            rkey: self.mr.rkey(),
-            vaddr: self.mr.addr() + u64::from(target_at(verb, case.size)),
-            gid: Gid::from_ipv4(self.cm.ip()).0,
-            srqn: 0,
-            gid_index: GID_INDEX,
+        let n = qps.len().clamp(1, MAX_QPS);
+        let mut mines = [[0u8; DEST_LEN]; MAX_QPS];
+        let mut expects = [None; MAX_QPS];
+        let mut attr = None;
+        for (k, q) in qps.iter_mut().enumerate().take(n) {
+            let qp = q.as_mut().ok_or(CaseError::Deadline("a data QP"))?;
+            let a = qp.query().at("perftest: query QP")?;
+            mines[k] = Dest {
+                lid: 0,
+                out_reads: if verb.reads() {
+                    u32::from(a.max_dest_rd_atomic.max(1))
+                } else {
+                    1
+                },
+                qpn: qp.qp_num(),
+                psn: a.rq_psn & 0xFF_FFFF,
+                rkey: self.mr.rkey(),
+                vaddr: self.mr.addr() + u64::from(target_at(verb, case.size, k as u32)),
+                gid: Gid::from_ipv4(self.cm.ip()).0,
+                srqn: 0,
+                gid_index: GID_INDEX,
+            }
+            .encode();
+            expects[k] = Some(msg::Expect {
+                qpn: a.dest_qpn,
+                gid: Gid::from_ipv4(linux).0,
+                out_reads: match (verb.reads(), req_depth) {
+                    (true, Some(d)) => Some(u32::from(d)),
+                    (true, None) => None,
+                    _ => Some(1),
+                },
+            });
+            attr = attr.or(Some(a));
         }
-        .encode();
-        let expect = msg::Expect {
-            qpn: attr.dest_qpn,
-            gid: Gid::from_ipv4(linux).0,
-            out_reads: match (verb.reads(), req_depth) {
-                (true, Some(d)) => Some(u32::from(d)),
-                (true, None) => None,
-                _ => Some(1),
-            },
+        let attr = attr.ok_or(CaseError::Deadline("a data QP"))?;
+        // Each QP's pingpong_dest in turn, then each again, then the first QP's; ib_send_bw
+        // sends the first QP's between the two rounds instead.
+        let once = if matches!(verb, PtVerb::Send | PtVerb::SendBoth) {
+            1
+        } else {
+            2
         };
-        let mut first: Option<[u8; DEST_LEN]> = None;
-        let mut peer = None;
-        for k in 0..3 {
-            let d = self.dest(ctl, client, &mine, &expect, &mut first, k, tally)?;
-            peer = Some(d);
+        let mut firsts: [Option<[u8; DEST_LEN]>; MAX_QPS] = [None; MAX_QPS];
+        let mut peers = [None; MAX_QPS];
+        for step in 0..3 {
+            for k in 0..if step == once { 1 } else { n } {
+                let expect = expects[k].ok_or(CaseError::Deadline("a data QP"))?;
+                let d = self.dest(ctl, client, &mines[k], &expect, &mut firsts[k], step, tally)?;
+                peers[k] = Some(d);
+            }
         }
-        let peer = peer.ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
+        let (mine, expect) = (
+            mines[0],
+            expects[0].ok_or(CaseError::Deadline("a data QP"))?,
+        );
+        let mut first = firsts[0];
+        let peer = peers[0].ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
+        // The report counts every QP's operations.
+        let total = CmCase {
+            count: case.count * n as u32,
+            ..*case
+        };
+        let (qp, rest) = qps
+            .split_first_mut()
+            .ok_or(CaseError::Deadline("a data QP"))?;
+        let qp = qp.as_mut().ok_or(CaseError::Deadline("a data QP"))?;
+        // QP `k` of the `n`.
+        macro_rules! qp_k {
+            ($k:expr) => {
+                match $k {
+                    0 => &mut *qp,
+                    k => rest
+                        .get_mut(k - 1)
+                        .and_then(Option::as_mut)
+                        .ok_or(CaseError::Deadline("a data QP"))?,
+                }
+            };
+        }
         if verb.latency() {
             let mut next = |s: &mut Self, k| {
                 s.dest(ctl, client, &mine, &expect, &mut first, k, tally)
@@ -610,24 +782,37 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         match (verb, client) {
             (PtVerb::Send, true) => {
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.send_all(qp, case, DATA_AT)?;
+                // Each QP's SENDs in turn: perftest's server has its receives posted on all.
+                for k in 0..n {
+                    self.send_all(qp_k!(k), case, DATA_AT)?;
+                }
             }
             (PtVerb::SendBoth, _) => {
                 // Both sides' receives posted before the sync, then both SEND at once: the
                 // peer's SENDs wait in the receives (or for them: RNR, retried) while this
                 // side's go out, then are taken and checked in order.
-                self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
+                let lane = Lane::of(case.size, 0, 1);
+                self.post_slots(qp, case.size, lane, case.count)?;
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
                 let ms = self.now();
-                let src = region_len(verb, client, case) - case.size;
+                let src = region_len(verb, client, case, 1) - case.size;
                 self.send_all(qp, case, src)?;
-                tally.checked += self.receive_all(qp, case, agreed)?;
+                tally.checked += self.receive_all(qp, case, agreed, lane)?;
                 self.reports(ctl, client, true, case, self.now() - ms, tally)?;
             }
             (PtVerb::Send, false) => {
-                self.post_slots(qp, case.size, slots(case.size).min(case.count))?;
+                // Every QP's receives before the sync; then the QPs' SENDs taken one QP after
+                // the other (the peer's SENDs on the others wait in their receives, or for
+                // them: RNR, retried).
+                for k in 0..n {
+                    let lane = Lane::of(case.size, k as u32, n as u32);
+                    self.post_slots(qp_k!(k), case.size, lane, case.count)?;
+                }
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                tally.checked += self.receive_all(qp, case, agreed)?;
+                for k in 0..n {
+                    let lane = Lane::of(case.size, k as u32, n as u32);
+                    tally.checked += self.receive_all(qp_k!(k), case, agreed, lane)?;
+                }
             }
             (PtVerb::WriteBoth, _) => {
                 // The area the peer WRITEs: the pre-fill; this side WRITEs from after it.
@@ -649,33 +834,34 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 msg::check_write_target(area, case.size, case.count, agreed)?;
                 how = EVERY_DEFINED_AND_TARGET;
             }
-            (_, true) => {
-                let ms = self.now();
-                if verb == PtVerb::Write {
-                    self.write_all(qp, case, &peer, DATA_AT)?;
-                } else {
-                    let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
-                    tally.checked += self.read_all(qp, case, &peer, window)?;
-                }
-                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, false, case, self.now() - ms, tally)?;
-            }
-            (_, false) => {
-                // The area the peer WRITEs or READs: the pre-fill, then nothing touches it.
+            (PtVerb::ReadBoth | PtVerb::AtomicBoth, _) => {
+                // The buffer the peer READs (the pre-fill) or adds to (zero), then nothing of
+                // this side's touches it; this side's READ or result slots follow it.
+                let atomic = verb.atomics();
                 let at = DATA_AT as usize;
-                let len = region_len(verb, false, case) - DATA_AT;
+                let len = case.size.max(MAX_CYCLE);
                 for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
                     .iter_mut()
                     .enumerate()
                 {
-                    *b = msg::prefill(j);
+                    *b = if atomic { 0 } else { msg::prefill(j) };
                 }
+                // The sync before both sides operate.
                 self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
-                self.reports(ctl, client, false, case, 0, tally)?;
-                if verb == PtVerb::Write {
+                let ms = self.now();
+                let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
+                tally.checked += if atomic {
+                    self.add_all(qp, case, &peer, window, DATA_AT + len)?
+                } else {
+                    self.read_all(qp, case, &peer, window, DATA_AT + len)?
+                };
+                // Each side's own report; the peer's operations completed before it sent its
+                // own.
+                self.reports(ctl, client, true, case, self.now() - ms, tally)?;
+                if atomic {
                     let area = &self.mr.as_slice()[at..at + len as usize];
-                    msg::check_write_target(area, case.size, case.count, agreed)?;
-                    how = EVERY_DEFINED_AND_TARGET;
+                    msg::check_added(area, case.count)?;
+                    how = EVERY_DEFINED_RETURNED_AND_ADDED;
                 } else if let Some(j) =
                     (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
                 {
@@ -684,6 +870,73 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                         index: 0,
                         at: j as u32,
                     });
+                } else {
+                    how = EVERY_DEFINED_AND_UNCHANGED;
+                }
+            }
+            (_, true) => {
+                // Each QP's WRITEs or READs in turn, to the buffer its peer QP named.
+                let ms = self.now();
+                for (k, peer) in peers.iter().enumerate().take(n) {
+                    let peer = peer.ok_or(CaseError::Deadline("the peer's pingpong_dest"))?;
+                    if verb == PtVerb::Write {
+                        self.write_all(qp_k!(k), case, &peer, DATA_AT)?;
+                    } else if verb.atomics() {
+                        let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
+                        tally.checked += self.add_all(qp_k!(k), case, &peer, window, DATA_AT)?;
+                        how = EVERY_DEFINED_AND_RETURNED;
+                    } else {
+                        let window = slots(case.size).min(u32::from(attr.max_rd_atomic.max(1)));
+                        tally.checked += self.read_all(qp_k!(k), case, &peer, window, DATA_AT)?;
+                    }
+                }
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                self.reports(ctl, client, false, &total, self.now() - ms, tally)?;
+            }
+            (_, false) => {
+                // The areas the peer WRITEs (a target per QP) or READs: the pre-fill, then
+                // nothing touches them.
+                let at = DATA_AT as usize;
+                let len = region_len(verb, false, case, n as u8) - DATA_AT;
+                let each = if verb == PtVerb::Write {
+                    target_len(case.size)
+                } else {
+                    len
+                };
+                for (j, b) in self.mr.as_mut_slice()[at..at + len as usize]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = if verb.atomics() {
+                        0
+                    } else {
+                        msg::prefill(j % each as usize)
+                    };
+                }
+                self.dest(ctl, client, &mine, &expect, &mut first, 3, tally)?;
+                self.reports(ctl, client, false, &total, 0, tally)?;
+                if verb == PtVerb::Write {
+                    for k in 0..n {
+                        let at = at + k * each as usize;
+                        let area = &self.mr.as_slice()[at..at + each as usize];
+                        msg::check_write_target(area, case.size, case.count, agreed)?;
+                    }
+                    how = EVERY_DEFINED_AND_TARGET;
+                } else if verb.atomics() {
+                    // Every QP's fetch-and-adds land in the one area: -n times the QPs.
+                    let area = &self.mr.as_slice()[at..at + len as usize];
+                    msg::check_added(area, total.count)?;
+                    how = EVERY_DEFINED_AND_ADDED;
+                } else if let Some(j) =
+                    (0..len as usize).find(|&j| self.mr.as_slice()[at + j] != msg::prefill(j))
+                {
+                    return Err(CaseError::Message {
+                        what: "the buffer the peer READs (changed)",
+                        index: 0,
+                        at: j as u32,
+                    });
+                } else {
+                    how = EVERY_DEFINED_AND_READ_FROM;
                 }
             }
         }
@@ -791,7 +1044,37 @@ mod tests {
         assert_eq!(parse("ib_write_bw--server,-R"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-n,0"), None);
         assert_eq!(parse("ib_send_bw-server,-R,-x,1"), None);
-        assert_eq!(parse("ib_atomic_bw-server,-R"), None);
+        // ib_atomic_bw: 8 bytes only, -b and -q too.
+        assert_eq!(parse("ib_atomic_bw-server,-R,-s,16"), None);
+        let a = parse("ib_atomic_bw-cmb-client,-R,-b,-n,200").expect("atomics");
+        assert_eq!(
+            (a.program, a.size, a.count),
+            (
+                Program::Perftest {
+                    verb: PtVerb::AtomicBoth,
+                    linux_serves: false
+                },
+                8,
+                200
+            )
+        );
+        assert_eq!(
+            parse("ib_atomic_bw-cmq2-server,-R,-q,2").map(|c| c.program),
+            Some(Program::PerftestQps {
+                verb: PtVerb::AtomicBw,
+                linux_serves: true,
+                qps: 2
+            })
+        );
+        assert_eq!(
+            region_len(
+                PtVerb::AtomicBoth,
+                true,
+                &parse("ib_atomic_bw-server,-R").unwrap(),
+                1
+            ),
+            DATA_AT + MAX_CYCLE + 17 * 64
+        );
         // The latency programs: their defaults, atomics of 8 bytes only.
         let l = parse("ib_write_lat-cm-client,-R").expect("latency");
         assert_eq!(
@@ -836,16 +1119,62 @@ mod tests {
             count: 1,
         };
         assert_eq!(
-            region_len(PtVerb::SendLat, true, &case(2)),
+            region_len(PtVerb::SendLat, true, &case(2), 1),
             DATA_AT + 4 * 64
         );
         assert_eq!(
-            region_len(PtVerb::ReadLat, false, &case(100)),
+            region_len(PtVerb::ReadLat, false, &case(100), 1),
             DATA_AT + 2 * 128
         );
-        assert_eq!(region_len(PtVerb::AtomicLat, true, &case(8)), DATA_AT + 64);
-        assert_eq!(target_at(PtVerb::WriteLat, 2), DATA_AT + 64);
-        assert_eq!(target_at(PtVerb::Write, 2), DATA_AT);
+        assert_eq!(
+            region_len(PtVerb::AtomicLat, true, &case(8), 1),
+            DATA_AT + 64
+        );
+        assert_eq!(target_at(PtVerb::WriteLat, 2, 0), DATA_AT + 64);
+        assert_eq!(target_at(PtVerb::Write, 2, 0), DATA_AT);
+        // -q: a WRITE target and its guard per QP; the receive slots shared, an image each.
+        assert_eq!(target_at(PtVerb::Write, 2, 1), DATA_AT + 64 * 1024 + GUARD);
+        assert_eq!(
+            region_len(PtVerb::Write, false, &case(4096), 2),
+            DATA_AT + 2 * (64 * 1024 + GUARD)
+        );
+        assert_eq!(
+            region_len(PtVerb::Send, false, &case(4096), 2),
+            DATA_AT + 2 * 8 * 4096 + 2 * 64 * 1024
+        );
+        assert_eq!(lane_slots(4096, 2), 8);
+        assert_eq!(lane_slots(8 << 20, 2), 1);
+        // -o: within the depth this side offers, for the programs that READ.
+        assert!(CmCase::parse("ib_read_bw-cmb-server,-R,-b,-o,16").is_some());
+        assert!(CmCase::parse("ib_read_bw-cmb-server,-R,-b,-o,17").is_none());
+        assert!(CmCase::parse("ib_write_bw-server,-R,-o,16").is_none());
+        // -q: ib_send_bw, ib_write_bw and ib_read_bw, up to four QPs.
+        for (spec, verb) in [
+            (
+                "ib_write_bw-cmq2-client,-R,-q,2,-s,4096,-n,200",
+                PtVerb::Write,
+            ),
+            (
+                "ib_send_bw-cmq2-server,-R,-q,2,-s,4096,-n,200",
+                PtVerb::Send,
+            ),
+            ("ib_read_bw-cmq4-client,-R,-q,4", PtVerb::Read),
+        ] {
+            let c = CmCase::parse(spec).expect(spec);
+            let Program::PerftestQps { verb: v, qps, .. } = c.program else {
+                panic!("{spec}: {:?}", c.program);
+            };
+            assert_eq!(v, verb, "{spec}");
+            assert_eq!(qps, if spec.contains("-q,4") { 4 } else { 2 }, "{spec}");
+        }
+        for bad in [
+            "ib_write_bw-cmq5-client,-R,-q,5",
+            "ib_write_bw-cmq0-client,-R,-q,0",
+            "ib_write_bw-cmqb-client,-R,-q,2,-b",
+            "ib_write_bw-cmq2-client,-R,-q,2,-s,8388608",
+        ] {
+            assert_eq!(CmCase::parse(bad), None, "{bad}");
+        }
         assert_eq!(
             CmCase::parse("ib_write_bw-server,-R,-s,4096,-n,200").map(|c| c.program),
             Some(Program::Perftest {

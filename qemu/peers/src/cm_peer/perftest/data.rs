@@ -6,8 +6,31 @@ use bareverbs::verbs::*;
 
 use super::super::{CaseError, CmCase, RECV_BASE, SEND_BASE, Session};
 use super::msg::prefill;
-use super::{Agreed, DATA_AT, SENTINEL, WINDOW, cycle_steps, slots, stride};
+use super::{Agreed, DATA_AT, MAX_CYCLE, SENTINEL, WINDOW, cycle_steps, lane_slots, slots, stride};
 use crate::Step;
+
+/// One data QP's receive slots (perftest's `-q`: the slots shared among the QPs): the first
+/// one's index among all, how many, and where the image of the sender's cycle buffer the QP
+/// checks against sits in the region.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lane {
+    from: u32,
+    slots: u32,
+    image: u32,
+}
+
+impl Lane {
+    /// QP `k` of `qps` for messages of `size` bytes: its share of the slots, its image after
+    /// all the slots (and the images of the QPs before it). One QP has every slot.
+    pub(super) fn of(size: u32, k: u32, qps: u32) -> Lane {
+        let per = lane_slots(size, qps);
+        Lane {
+            from: k * per,
+            slots: per,
+            image: DATA_AT + qps.max(1) * per * stride(size) + k * size.max(MAX_CYCLE),
+        }
+    }
+}
 
 impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     /// Posts the receive of slot `k` (`size` bytes at its place of the data area), the slot
@@ -32,32 +55,34 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
         Ok(())
     }
 
-    /// Posts the receives of the first `n` slots.
+    /// Posts the receives of `lane`'s slots (of `count` messages at most).
     pub(super) fn post_slots(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         size: u32,
-        n: u32,
+        lane: Lane,
+        count: u32,
     ) -> Result<(), CaseError> {
-        (0..n).try_for_each(|k| self.post_slot(qp, size, k))
+        (lane.from..lane.from + lane.slots.min(count)).try_for_each(|k| self.post_slot(qp, size, k))
     }
 
-    /// `ib_send_bw`'s server: takes the client's `-n` SENDs (the first [`slots`] receives
+    /// `ib_send_bw`'s server: takes the client's `-n` SENDs on `qp` (`lane`'s receives
     /// posted by the caller), each `-s` bytes and the bytes the client's cycle buffer holds at
-    /// its place: the first message at each place is kept (after the slots), the later ones
-    /// compared with it. Returns the bytes checked.
+    /// its place: the first message at each place is kept (in the lane's image), the later
+    /// ones compared with it. Returns the bytes checked.
     pub(super) fn receive_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
         agreed: Agreed,
+        lane: Lane,
     ) -> Result<u64, CaseError> {
         let (size, n) = (case.size, case.count);
         let (period, step) = cycle_steps(size, agreed.cycle, agreed.line);
-        let slots = slots(size);
-        let image = (DATA_AT + slots * stride(size)) as usize;
+        let slots = lane.slots;
+        let image = lane.image as usize;
         for i in 0..n {
-            let k = i % slots;
+            let k = lane.from + i % slots;
             let w = self.wait(RECV_BASE + u64::from(k), "a SEND")?;
             if w.byte_len != size
                 || w.opcode != WcOpcode::Recv
@@ -152,24 +177,25 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
     }
 
     /// `ib_read_bw`'s client: `-n` READs of `-s` bytes from the start of the peer's buffer,
-    /// `window` in flight, each into its slot (the sentinel first); every one must bring the
-    /// first one's bytes (kept after the slots). Returns the bytes checked.
+    /// `window` in flight, each into its slot from `base` on (the sentinel first); every one
+    /// must bring the first one's bytes (kept after the slots). Returns the bytes checked.
     pub(super) fn read_all(
         &mut self,
         qp: &mut QueuePair<'a, P, Rc, Rts>,
         case: &CmCase,
         peer: &super::Dest,
         window: u32,
+        base: u32,
     ) -> Result<u64, CaseError> {
         let size = case.size;
         let from = (peer.vaddr, peer.rkey);
-        let first = (DATA_AT + slots(size) * stride(size)) as usize;
+        let first = (base + slots(size) * stride(size)) as usize;
         self.pipeline(
             case.count,
             window,
             "a READ's completion",
             |s, qp, id| {
-                let at = DATA_AT + (id - SEND_BASE) as u32 * stride(size);
+                let at = base + (id - SEND_BASE) as u32 * stride(size);
                 s.mr.as_mut_slice()[at as usize..(at + size) as usize].fill(SENTINEL);
                 let sge = s.mr.sge(at, size).at("perftest: sge")?;
                 // SAFETY: as in `post_slot`; the CPU reads the slot only after the READ completed.
@@ -183,7 +209,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
             },
             qp,
             |s, i| {
-                let slot = (DATA_AT + (i % window) * stride(size)) as usize;
+                let slot = (base + (i % window) * stride(size)) as usize;
                 let buf = s.mr.as_mut_slice();
                 if i == 0 {
                     buf.copy_within(slot..slot + size as usize, first);
@@ -197,6 +223,59 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                     });
                 }
                 Ok(u64::from(size))
+            },
+        )
+    }
+
+    /// `ib_atomic_bw`'s client (with `-b` either side): `-n` fetch-and-adds of 1 on the word
+    /// the peer named, `window` in flight, each result into its slot from `base` on (the
+    /// sentinel first); each must return the one before plus one (each executed once, in
+    /// order; the first kept after the slots). Returns the bytes checked.
+    pub(super) fn add_all(
+        &mut self,
+        qp: &mut QueuePair<'a, P, Rc, Rts>,
+        case: &CmCase,
+        peer: &super::Dest,
+        window: u32,
+        base: u32,
+    ) -> Result<u64, CaseError> {
+        let to = (peer.vaddr, peer.rkey);
+        let first = (base + slots(8) * stride(8)) as usize;
+        let word = |buf: &[u8], at: usize| {
+            u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap_or([0; 8]))
+        };
+        self.pipeline(
+            case.count,
+            window,
+            "a fetch-and-add's completion",
+            |s, qp, id| {
+                let at = base + (id - SEND_BASE) as u32 * stride(8);
+                s.mr.as_mut_slice()[at as usize..at as usize + 8].fill(SENTINEL);
+                let sge = s.mr.sge(at, 8).at("perftest: sge")?;
+                // SAFETY: as in `post_slot`; the CPU reads the slot only after the atomic
+                // completed.
+                unsafe {
+                    let mut b = qp.send_batch();
+                    b.atomic_fetch_add(id, SendFlags::SIGNALED, to, 1, &sge)
+                        .at("perftest: post fetch-and-add")?;
+                    b.finish();
+                }
+                Ok(())
+            },
+            qp,
+            |s, i| {
+                let slot = (base + (i % window) * stride(8)) as usize;
+                let buf = s.mr.as_mut_slice();
+                if i == 0 {
+                    buf.copy_within(slot..slot + 8, first);
+                } else if word(buf, slot) != word(buf, first).wrapping_add(u64::from(i)) {
+                    return Err(CaseError::Message {
+                        what: "a fetch-and-add's result (not the one before plus one)",
+                        index: i,
+                        at: 0,
+                    });
+                }
+                Ok(8)
             },
         )
     }

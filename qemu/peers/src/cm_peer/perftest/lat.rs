@@ -69,7 +69,7 @@ impl<'a, P: Provider, C: Clock> Session<'_, 'a, P, C> {
                 }
                 // The buffer the peer READs (the pre-fill) or adds to (zero), then nothing
                 // of this side's touches it.
-                let len = (region_len(verb, false, case) - DATA_AT) as usize;
+                let len = (region_len(verb, false, case, 1) - DATA_AT) as usize;
                 let at = DATA_AT as usize;
                 for (j, b) in self.mr.as_mut_slice()[at..at + len].iter_mut().enumerate() {
                     *b = if atomic { 0 } else { prefill(j) };
