@@ -134,30 +134,31 @@ pub(super) fn check_stats(
     if got.bytes != got.msgs.saturating_mul(u64::from(size)) {
         return Err(CaseError::Stats("bytes received", got.bytes));
     }
-    match test {
+    let bad = match test {
         Test::RcBw | Test::RcRdmaWriteBw | Test::RcBiBw => {
             if got.msgs == 0 || got.msgs > mine.sent.msgs {
-                return Err(CaseError::Stats("messages received", got.msgs));
-            }
-            if test == Test::RcBiBw
+                Some(("messages received", got.msgs))
+            } else if test == Test::RcBiBw
                 && (mine.received.msgs == 0 || mine.received.msgs > theirs.sent.msgs)
             {
-                return Err(CaseError::Stats("SENDs sent", theirs.sent.msgs));
+                Some(("SENDs sent", theirs.sent.msgs))
+            } else {
+                None
             }
         }
         _ if into_slot(test) => {
-            if got.msgs != 0 || theirs.sent.msgs != 0 {
-                return Err(CaseError::Stats("messages counted", got.msgs));
-            }
+            (got.msgs != 0 || theirs.sent.msgs != 0).then_some(("messages counted", got.msgs))
         }
         Test::RcLat | Test::RcRdmaWriteLat | Test::RcRdmaWritePollLat => {
-            if got.msgs == 0 || got.msgs > mine.sent.msgs || got.msgs + 1 < mine.sent.msgs {
-                return Err(CaseError::Stats("messages received", got.msgs));
-            }
+            (got.msgs == 0 || got.msgs > mine.sent.msgs || got.msgs + 1 < mine.sent.msgs)
+                .then_some(("messages received", got.msgs))
         }
-        _ => {}
+        _ => None,
+    };
+    match bad {
+        Some((what, n)) => Err(CaseError::Stats(what, n)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
