@@ -56,12 +56,19 @@ fn pair() -> (Segment, MemLink, MemLink) {
     (seg, uni, lnx)
 }
 
-/// What qperf's client sends for `qperf -cm1 -t 2 <test>` (index in qperf's table).
+/// What qperf's client sends for `qperf -cm1 -t 2 <test>` (index in qperf's table), with
+/// the bandwidth tests' message size.
 fn request(index: u16) -> Request {
+    sized(index, 65536)
+}
+
+/// As [`request`], with `msg_size` (1 for the latency tests, 0 for the atomics: qperf's
+/// client sends no size for them).
+fn sized(index: u16, msg_size: u32) -> Request {
     let mut b = [0u8; qperf::REQ_LEN];
     b[..8].copy_from_slice(&[0, 0, 4, 0, 11, 0, index as u8, (index >> 8) as u8]);
     let mut put = |i: usize, v: u32| b[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
-    put(4, 65536); // msg_size
+    put(4, msg_size);
     put(13, 2); // time
     put(14, 5); // timeout
     put(15, 1); // use_cm
@@ -183,11 +190,24 @@ fn c_read<L: Link>(st: &mut Stack<'_, L>, len: usize, now: Now) -> Result<Vec<u8
 
 #[test]
 fn an_rc_test_runs_every_step_in_qperfs_order() {
+    // rc_bw; rc_bi_bw (both send); rc_fetch_add_mr, whose request has no message size;
+    // rc_rdma_write_poll_lat (1 byte).
+    for (req, test) in [
+        (request(13), Test::RcBw),
+        (request(12), Test::RcBiBw),
+        (sized(15, 0), Test::RcFetchAddMr),
+        (sized(21, 1), Test::RcRdmaWritePollLat),
+    ] {
+        runs_every_step(req, test);
+    }
+}
+
+fn runs_every_step(req: Request, test: Test) {
     let (_seg, uni, lnx) = pair();
     let u = serve(uni);
     let saw = with_stack(lnx, LNX_IP, 2, |st, now| {
         c_connect(st, now);
-        c_write(st, &request(13).encode(), now);
+        c_write(st, &req.encode(), now);
         let port = c_read(st, 4, now).unwrap();
         c_write(st, &LNX_NODE.encode(), now);
         let node = c_read(st, qperf::NODE_LEN, now).unwrap();
@@ -200,13 +220,13 @@ fn an_rc_test_runs_every_step_in_qperfs_order() {
         (port, node, sync, stat)
     });
     let (port, node, sync, stat) = saw;
-    assert_eq!(port, 19766u32.to_le_bytes());
+    assert_eq!(port, 19766u32.to_le_bytes(), "{test:?}");
     assert_eq!(node, UNI_NODE.encode());
     assert_eq!(sync, qperf::SYNC_BEFORE);
     assert_eq!(stat, uni_stat().encode());
     let (r, rec) = u.join().unwrap();
-    assert_eq!(r, Ok((request(13), Test::RcBw, Some(uni_stat()))));
-    assert_eq!(rec.calls, ["rc_bw", "accept", "run", "finish"]);
+    assert_eq!(r, Ok((req, test, Some(uni_stat()))));
+    assert_eq!(rec.calls, [test.name(), "accept", "run", "finish"]);
     assert_eq!(rec.peer, Some(LNX_NODE));
 }
 
@@ -231,7 +251,12 @@ fn quit_is_its_synchronization_then_the_clients_close() {
 
 #[test]
 fn a_request_it_does_not_run_resets_the_connection_and_calls_no_hook() {
-    for (index, want) in [(29, QError::Unsupported("ud_bw")), (40, QError::Index(40))] {
+    for (index, want) in [
+        (29, QError::Unsupported("ud_bw")),
+        (22, QError::Unsupported("uc_bi_bw")),
+        (31, QError::Unsupported("ver_rc_compare_swap")),
+        (40, QError::Index(40)),
+    ] {
         let (_seg, uni, lnx) = pair();
         let u = serve(uni);
         let got = with_stack(lnx, LNX_IP, 2, |st, now| {

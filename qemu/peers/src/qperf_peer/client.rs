@@ -1,5 +1,6 @@
 //! The unikernel as qperf's client, against Linux's `qperf` server (`…-server` cases): it
-//! sends the request qperf 0.4.11's client would for `qperf <linux> -cm1 -t T -m M TEST`,
+//! sends the request qperf 0.4.11's client would for `qperf <linux> -cm1 -t T -m M TEST`
+//! (no size for the atomics),
 //! connects its QP through the CM to the port the server names, runs the test for `-t`
 //! seconds, checks the server's statistics against what it did, disconnects, and ends the
 //! Linux server with `quit`.
@@ -10,6 +11,11 @@
 //! | `rc_rdma_write_bw` | WRITEs with immediate 0 into the server's buffer | as `rc_bw` (each WRITE consumes a receive of the server's) |
 //! | `rc_rdma_read_bw` | READs the server's buffer, up to [`DEPTH`] posted | every READ brought `-m` zeros (qperf's buffer), into a slot that held a sentinel; the server counted nothing |
 //! | `rc_lat` | a SEND, then waits for the server's, round after round | every answer `-m` zeros; the server received as many SENDs as were sent, or one less |
+//! | `rc_bi_bw` | SENDs as for `rc_bw` while taking the server's SENDs into [`DEPTH`] receive slots | every message received `-m` zeros; as `rc_bw`, and no more received than the server SENT |
+//! | `rc_rdma_write_lat` | a WRITE with immediate 0, then waits for the server's (into a slot after its send buffer) | every answer `-m` zeros with immediate 0; as `rc_lat` |
+//! | `rc_rdma_write_poll_lat` | a WRITE (its mark `0x55` at both ends), then polls its slot for the server's (`0xAA`) | zeros between the server's marks; as `rc_lat` |
+//! | `rc_rdma_read_lat` | READs the server's buffer, one READ at a time | as `rc_rdma_read_bw` |
+//! | `rc_compare_swap_mr`, `rc_fetch_add_mr` | qperf's atomics on the server's word: compare 0 swap 0, add 0, [`DEPTH`] posted | every atomic returned 0 (qperf's zeroed word, which these atomics leave zero), into a slot that held a sentinel; the server counted nothing |
 
 use core::fmt::Write;
 
@@ -19,11 +25,14 @@ use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 use bareverbs_hal::Link;
 
-use super::{CONNS, CaseError, Error, Ms, QperfCase, SENTINEL};
+use super::{CLIENT_MARK, CONNS, CaseError, Error, Ms, QperfCase, SENTINEL};
 use crate::roce_peer::CONNECT_RETRY;
 use crate::tcp::Stack;
 use crate::tcp::qperf::{self, ClientHooks, Node, Request, Stat, Test};
 use crate::{Failure, Step};
+
+mod more;
+use more::check_stats;
 
 /// Work requests in flight at most (SENDs, WRITEs, READs).
 pub const DEPTH: u32 = 8;
@@ -31,8 +40,10 @@ pub const DEPTH: u32 = 8;
 const READ_BYTES: u32 = 1 << 20;
 /// Milliseconds between two connection attempts while the server does not listen yet.
 const RETRY_MS: u64 = 100;
-/// Work request IDs: `rc_lat`'s receive; the SENDs, WRITEs and READs from `WR_BASE` (+ slot).
-const WR_RECV: u64 = 1;
+/// Work request IDs: the receives from `WR_RECV` (+ slot: `rc_lat`'s and
+/// `rc_rdma_write_lat`'s one, `rc_bi_bw`'s); the SENDs, WRITEs, READs and atomics from
+/// `WR_BASE` (+ slot).
+const WR_RECV: u64 = 0x1000;
 const WR_BASE: u64 = 0x100;
 
 /// Runs a `…-server` case: the test, then `quit`; prints its `roce-uk` line.
@@ -56,8 +67,12 @@ pub(super) fn run_case<P: Provider, L: Link>(
     match (r, q) {
         (Ok((req, mine, theirs, checked)), Ok(())) => {
             let (what, n) = match case.test {
-                Test::RcRdmaReadBw => ("READs", mine.received.msgs),
-                Test::RcLat => ("rounds", mine.received.msgs),
+                Test::RcRdmaReadBw | Test::RcRdmaReadLat => ("READs", mine.received.msgs),
+                Test::RcCompareSwapMr => ("compare-and-swaps", mine.received.msgs),
+                Test::RcFetchAddMr => ("fetch-and-adds", mine.received.msgs),
+                Test::RcLat | Test::RcRdmaWriteLat | Test::RcRdmaWritePollLat => {
+                    ("rounds", mine.received.msgs)
+                }
                 _ => ("messages taken by the server", theirs.received.msgs),
             };
             let _ = writeln!(
@@ -102,8 +117,9 @@ fn run<P: Provider, L: Link>(
         .at("qperf: create CQ")
         .map_err(v)?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    // The send buffer (zeros, -m bytes), then the receive or READ slots.
-    let size = req.msg_size;
+    // The send buffer (zeros, -m bytes: 8 for the atomics), then the receive, READ or
+    // atomic slots.
+    let size = more::size(case.test, req.msg_size);
     let slots = reads(size);
     let len = size + slots.max(1) * size;
     let mut mr = pd
@@ -140,38 +156,6 @@ fn reads(size: u32) -> u32 {
     (READ_BYTES / size.max(1)).clamp(1, DEPTH)
 }
 
-/// The server's statistics against this side's: for the SENDs and WRITEs, it received some,
-/// at most as many as were posted, `-m` bytes each, no errors; for READs, nothing; for
-/// `rc_lat`, as many SENDs as were sent, or one less (the last may have come after its end).
-fn check_stats(test: Test, size: u32, mine: &Stat, theirs: &Stat) -> Result<(), CaseError> {
-    let got = theirs.received;
-    if got.errs != 0 || theirs.sent.errs != 0 {
-        return Err(CaseError::Stats("errors", got.errs + theirs.sent.errs));
-    }
-    if got.bytes != got.msgs.saturating_mul(u64::from(size)) {
-        return Err(CaseError::Stats("bytes received", got.bytes));
-    }
-    match test {
-        Test::RcBw | Test::RcRdmaWriteBw => {
-            if got.msgs == 0 || got.msgs > mine.sent.msgs {
-                return Err(CaseError::Stats("messages received", got.msgs));
-            }
-        }
-        Test::RcRdmaReadBw => {
-            if got.msgs != 0 || theirs.sent.msgs != 0 {
-                return Err(CaseError::Stats("messages counted", got.msgs));
-            }
-        }
-        Test::RcLat => {
-            if got.msgs == 0 || got.msgs > mine.sent.msgs || got.msgs + 1 < mine.sent.msgs {
-                return Err(CaseError::Stats("SENDs received", got.msgs));
-            }
-        }
-        Test::Quit => {}
-    }
-    Ok(())
-}
-
 /// The verbs and CM side of the test.
 struct Client<'s, 'a, P: Provider, C: Clock> {
     cm: &'s mut Cm<'a, P, C, CONNS>,
@@ -195,7 +179,7 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
     }
 
     fn size(&self) -> u32 {
-        self.req.msg_size
+        more::size(self.test, self.req.msg_size)
     }
 
     /// Runs the CM once; the server's DREQ (or the answer to ours) noted.
@@ -213,7 +197,7 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
         let size = self.size();
         let test = self.test;
         let sge = match test {
-            Test::RcRdmaReadBw => self.mr.sge(size + slot * size, size),
+            _ if more::into_slot(test) => self.mr.sge(size + slot * size, size),
             _ => self.mr.sge(0, size),
         }
         .at("qperf: sge")?;
@@ -224,10 +208,17 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
         // goes); the send buffer is never written, a READ slot only after its completion.
         unsafe {
             let mut s = qp.send_batch();
+            let f = SendFlags::SIGNALED;
+            // qperf's atomics: compare 0 and swap 0, add 0.
             match test {
-                Test::RcRdmaWriteBw => s.rdma_write_imm(id, SendFlags::SIGNALED, remote, 0, &[sge]),
-                Test::RcRdmaReadBw => s.rdma_read(id, SendFlags::SIGNALED, remote, &[sge]),
-                _ => s.send(id, SendFlags::SIGNALED, &[sge]),
+                Test::RcRdmaWriteBw | Test::RcRdmaWriteLat => {
+                    s.rdma_write_imm(id, f, remote, 0, &[sge])
+                }
+                Test::RcRdmaWritePollLat => s.rdma_write(id, f, remote, &[sge]),
+                Test::RcRdmaReadBw | Test::RcRdmaReadLat => s.rdma_read(id, f, remote, &[sge]),
+                Test::RcCompareSwapMr => s.atomic_cmp_swp(id, f, remote, (0, 0), &sge),
+                Test::RcFetchAddMr => s.atomic_fetch_add(id, f, remote, 0, &sge),
+                _ => s.send(id, f, &[sge]),
             }
             .at("qperf: post")?;
             s.finish();
@@ -235,15 +226,16 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
         Ok(())
     }
 
-    /// `rc_lat`'s one receive, into the slot after the send buffer.
-    fn post_recv(&mut self) -> Result<(), CaseError> {
+    /// A receive into slot `slot` after the send buffer (`rc_lat`'s one is slot 0).
+    fn post_recv(&mut self, slot: u32) -> Result<(), CaseError> {
         let size = self.size();
-        let sge = self.mr.sge(size, size).at("qperf: sge")?;
+        let sge = self.mr.sge(size + slot * size, size).at("qperf: sge")?;
         let qp = self.qp.as_mut().ok_or(CaseError::Disconnected)?;
         // SAFETY: as in `post`; the slot is read only after the receive completed.
         unsafe {
             let mut r = qp.recv_batch();
-            r.recv(WR_RECV, &[sge]).at("qperf: post receive")?;
+            r.recv(WR_RECV + u64::from(slot), &[sge])
+                .at("qperf: post receive")?;
             r.finish();
         }
         Ok(())
@@ -264,16 +256,16 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
     }
 
     fn test_loop(&mut self, peer: &Node) -> Result<Stat, CaseError> {
+        if self.test == Test::RcRdmaWritePollLat {
+            return self.poll_lat_loop(peer);
+        }
         let t0 = self.time();
         let end = t0 + u64::from(self.req.time) * 1000;
         let size = u64::from(self.size());
         let mut stat = Stat::default();
-        let lat = self.test == Test::RcLat;
-        let depth = match self.test {
-            Test::RcRdmaReadBw => reads(self.size()),
-            Test::RcLat => 1,
-            _ => DEPTH,
-        };
+        let test = self.test;
+        let lat = matches!(test, Test::RcLat | Test::RcRdmaWriteLat);
+        let depth = more::depth(test, self.size());
         for slot in 0..depth {
             self.post(peer, slot)?;
             stat.sent.msgs += 1;
@@ -312,30 +304,45 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
                     return Err(CaseError::Status(w.status, w.wr_id));
                 }
                 let slot = w.wr_id.wrapping_sub(WR_BASE);
-                match (self.test, w.opcode) {
-                    (Test::RcLat, WcOpcode::Recv) if w.wr_id == WR_RECV => {
-                        if w.byte_len != self.size() {
-                            return Err(CaseError::Length(w.byte_len));
-                        }
-                        self.take_slot(0, "the server's answer")?;
+                let rslot = w.wr_id.wrapping_sub(WR_RECV);
+                match (test, w.opcode) {
+                    (Test::RcLat | Test::RcBiBw, WcOpcode::Recv)
+                    | (Test::RcRdmaWriteLat, WcOpcode::RecvRdmaWithImm)
+                        if rslot < u64::from(more::recvs(test, self.size())) =>
+                    {
+                        more::answer(test, w, self.size())?;
+                        self.take_slot(rslot as u32, "the server's message")?;
                         stat.received.msgs += 1;
                         stat.received.bytes += size;
-                        self.post_recv()?;
+                        self.post_recv(rslot as u32)?;
                         posted = true;
                         done |= 2;
                     }
-                    (Test::RcLat, WcOpcode::Send) if slot == 0 => done |= 1,
-                    (Test::RcRdmaReadBw, WcOpcode::RdmaRead) if slot < u64::from(depth) => {
-                        if w.byte_len != self.size() {
+                    (Test::RcLat, WcOpcode::Send) | (Test::RcRdmaWriteLat, WcOpcode::RdmaWrite)
+                        if slot == 0 =>
+                    {
+                        done |= 1
+                    }
+                    (Test::RcRdmaReadBw | Test::RcRdmaReadLat, WcOpcode::RdmaRead)
+                    | (Test::RcCompareSwapMr, WcOpcode::CompSwap)
+                    | (Test::RcFetchAddMr, WcOpcode::FetchAdd)
+                        if slot < u64::from(depth) =>
+                    {
+                        if !test.atomic() && w.byte_len != self.size() {
                             return Err(CaseError::Length(w.byte_len));
                         }
-                        self.take_slot(slot as u32, "a READ's bytes")?;
+                        let what = match test.atomic() {
+                            true => "the value an atomic returned",
+                            false => "a READ's bytes",
+                        };
+                        self.take_slot(slot as u32, what)?;
                         stat.received.msgs += 1;
                         stat.received.bytes += size;
                         self.post(peer, slot as u32)?;
                         posted = true;
                     }
-                    (Test::RcBw, WcOpcode::Send) | (Test::RcRdmaWriteBw, WcOpcode::RdmaWrite)
+                    (Test::RcBw | Test::RcBiBw, WcOpcode::Send)
+                    | (Test::RcRdmaWriteBw, WcOpcode::RdmaWrite)
                         if slot < u64::from(depth) =>
                     {
                         self.post(peer, slot as u32)?;
@@ -354,8 +361,8 @@ impl<'a, P: Provider, C: Clock> Client<'_, 'a, P, C> {
                 done = 0;
             }
         }
-        if self.test == Test::RcRdmaReadBw {
-            // READs count as received here, as qperf's client counts them.
+        if more::into_slot(test) {
+            // READs and atomics count as received here, as qperf's client counts them.
             stat.sent = qperf::Counts::default();
         }
         stat.elapsed_ms = self.time() - t0;
@@ -401,7 +408,7 @@ impl<'a, P: Provider, C: Clock> ClientHooks for Client<'_, 'a, P, C> {
     fn connect(&mut self, port: u16) -> Result<Node, CaseError> {
         let caps = QpCaps {
             max_send_wr: DEPTH,
-            max_recv_wr: 2,
+            max_recv_wr: DEPTH,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -463,15 +470,25 @@ impl<'a, P: Provider, C: Clock> ClientHooks for Client<'_, 'a, P, C> {
         };
         self.qp = Some(rts);
         // The send buffer zeros (what qperf's client sends), the slots the sentinel.
+        // (rc_rdma_write_poll_lat: this side's mark at both ends, as qperf's client writes.)
         let size = self.size() as usize;
         let buf = self.mr.as_mut_slice();
         buf[..size].fill(0);
         buf[size..].fill(SENTINEL);
-        if self.test == Test::RcLat {
-            self.post_recv()?;
+        if self.test == Test::RcRdmaWritePollLat {
+            buf[0] = CLIENT_MARK;
+            buf[size - 1] = CLIENT_MARK;
         }
+        for slot in 0..more::recvs(self.test, size as u32) {
+            self.post_recv(slot)?;
+        }
+        // The server's WRITEs (the latency tests) land in slot 0, after the send buffer.
+        let into = match self.test {
+            Test::RcRdmaWriteLat | Test::RcRdmaWritePollLat => size as u64,
+            _ => 0,
+        };
         Ok(Node {
-            vaddr: self.mr.addr(),
+            vaddr: self.mr.addr() + into,
             rkey: self.mr.rkey(),
             rd_atomic: 1,
             ..Node::default()
@@ -502,61 +519,6 @@ impl<'a, P: Provider, C: Clock> ClientHooks for Client<'_, 'a, P, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tcp::qperf::Counts;
-
-    fn stat(sent: u64, received: u64, size: u64) -> Stat {
-        Stat {
-            max_cqes: 1,
-            elapsed_ms: 2000,
-            sent: Counts {
-                bytes: sent * size,
-                msgs: sent,
-                errs: 0,
-            },
-            received: Counts {
-                bytes: received * size,
-                msgs: received,
-                errs: 0,
-            },
-        }
-    }
-
-    #[test]
-    fn the_servers_statistics_must_match_what_was_done() {
-        let k = 65536;
-        // rc_bw: the server took some of what was posted.
-        assert_eq!(
-            check_stats(Test::RcBw, 65536, &stat(100, 0, k), &stat(0, 90, k)),
-            Ok(())
-        );
-        assert!(check_stats(Test::RcBw, 65536, &stat(100, 0, k), &stat(0, 0, k)).is_err());
-        assert!(check_stats(Test::RcBw, 65536, &stat(100, 0, k), &stat(0, 101, k)).is_err());
-        let mut wrong_size = stat(0, 90, k);
-        wrong_size.received.bytes += 1;
-        assert!(check_stats(Test::RcBw, 65536, &stat(100, 0, k), &wrong_size).is_err());
-        let mut errs = stat(0, 90, k);
-        errs.received.errs = 1;
-        assert!(check_stats(Test::RcRdmaWriteBw, 65536, &stat(100, 0, k), &errs).is_err());
-        // READs: the server counts nothing.
-        assert_eq!(
-            check_stats(Test::RcRdmaReadBw, 65536, &stat(0, 50, k), &stat(0, 0, k)),
-            Ok(())
-        );
-        assert!(check_stats(Test::RcRdmaReadBw, 65536, &stat(0, 50, k), &stat(0, 1, k)).is_err());
-        // rc_lat: as many as sent, or one less.
-        for (sent, got, ok) in [
-            (10, 10, true),
-            (10, 9, true),
-            (10, 8, false),
-            (10, 11, false),
-        ] {
-            assert_eq!(
-                check_stats(Test::RcLat, 1, &stat(sent, sent, 1), &stat(got, got, 1)).is_ok(),
-                ok,
-                "{sent} {got}"
-            );
-        }
-    }
 
     #[test]
     fn reads_in_flight_stay_within_their_bytes() {

@@ -1,6 +1,6 @@
 //! qperf's RC tests against the unikernel in both roles. As qperf's server (`…-client`
-//! cases): Linux runs `qperf <unikernel> -cm1 -t 2 rc_bw` (or `rc_lat`, `rc_rdma_write_bw`,
-//! `rc_rdma_read_bw`), then `qperf <unikernel> quit` (`qemu/roce/qperf.sh`); as its client
+//! cases): Linux runs `qperf <unikernel> -cm1 -t 2 rc_bw` (or any other of qperf's ten RC
+//! tests), then `qperf <unikernel> quit` (`qemu/roce/qperf.sh`); as its client
 //! (`…-server` cases, `client.rs`): Linux runs `qperf`, the unikernel the test and `quit`.
 //! qperf's control connection is [`crate::tcp::qperf`]; its QP comes through the CM
 //! ([`bareverbs::cm`]) to the port the server names there. `docs/qperf.md` has the protocol
@@ -12,6 +12,11 @@
 //! | `qperf-rc_rdma_write_bw-client` | takes the WRITEs with immediate into its buffer (a receive each) | each a receive of `-m` bytes with immediate 0; the buffer overwritten with the client's zeros, the bytes after it untouched |
 //! | `qperf-rc_rdma_read_bw-client` | lets the client READ its buffer | nothing completes on its CQ; its buffer and the bytes after it unchanged |
 //! | `qperf-rc_lat-client` | answers each SEND with one, as qperf's server does | every message `-m` bytes, every byte zero |
+//! | `qperf-rc_bi_bw-client` | takes the client's SENDs as for `rc_bw` while SENDing its own zeros (4 in flight) | as `rc_bw` |
+//! | `qperf-rc_rdma_write_lat-client` | answers each WRITE with immediate with one into the client's buffer | each a receive of `-m` bytes with immediate 0; its buffer the client's zeros, the bytes after it untouched |
+//! | `qperf-rc_rdma_write_poll_lat-client` | polls its buffer for the client's mark (`0x55`) at both ends, then WRITEs its own (`0xAA`) into the client's | zeros between the marks; nothing else on its CQ; the bytes after the buffer untouched |
+//! | `qperf-rc_rdma_read_lat-client` | lets the client READ its buffer, one READ at a time | as `rc_rdma_read_bw` |
+//! | `qperf-rc_compare_swap_mr-client`, `qperf-rc_fetch_add_mr-client` | lets the client's atomics (compare 0 swap 0, add 0) work on its 8-byte word | nothing completes on its CQ; the word still zero (what qperf's atomics leave), the bytes after it untouched |
 //!
 //! Every case also checks the request (the test its name says, `-cm1`, the options it takes:
 //! [`Request::test`](crate::tcp::qperf::Request::test)), the CM's REQ (from Linux, to the port
@@ -45,6 +50,14 @@ const RECV_BYTES: u32 = 1 << 20;
 const GUARD: u32 = 64;
 /// What the guard and unreceived slots hold.
 const SENTINEL: u8 = 0xEE;
+/// Where the send buffer starts at the latest: after a message of up to 1 MiB (or the
+/// receive slots) and its guard.
+const SEND_AT_MOST: u32 = qperf::MAX_MSG + GUARD;
+/// The byte qperf's client writes at both ends of its message in `rc_rdma_write_poll_lat`
+/// (any other than the server's: qperf's are these).
+const CLIENT_MARK: u8 = 0x55;
+/// The server's byte there.
+const SERVER_MARK: u8 = 0xAA;
 // Connection entries of the CM: the CM cases' one size, so the kernel keeps one copy of it.
 use crate::cm_peer::CONNS;
 /// Work request IDs: receives from `RECV_BASE` (+ slot), the one send.
@@ -61,7 +74,8 @@ pub struct QperfCase {
     pub test: Test,
     /// Linux runs qperf's server (`…-server`): the unikernel is the client.
     pub linux_serves: bool,
-    /// `-m` (the test's default without it: 64 KiB, 1 byte for `rc_lat`).
+    /// `-m` (the test's default without it: 64 KiB for the bandwidth tests, 1 byte for the
+    /// latency ones, none for the atomics: [`Test::default_size`]).
     pub msg_size: u32,
     /// `-t` (2 s without it).
     pub time: u32,
@@ -88,7 +102,7 @@ impl QperfCase {
         let mut c = QperfCase {
             test,
             linux_serves,
-            msg_size: if test == Test::RcLat { 1 } else { 64 * 1024 },
+            msg_size: test.default_size(),
             time: 2,
             timeout: 5,
         };
@@ -206,10 +220,18 @@ pub fn run_case<P: Provider, L: Link>(
     let ms = clock_ms() - t0;
     match (r, quit) {
         (Ok((req, stat, checked)), Ok(())) => {
+            let n = stat.received.msgs;
             let what = match case.test {
-                Test::RcRdmaReadBw => "its buffer READ, nothing on its CQ".into(),
-                Test::RcLat => Line::Counted(stat.received.msgs, "SENDs answered"),
-                _ => Line::Counted(stat.received.msgs, "messages received"),
+                Test::RcRdmaReadBw | Test::RcRdmaReadLat => {
+                    "its buffer READ, nothing on its CQ".into()
+                }
+                t if t.atomic() => "its word's atomics done, nothing on its CQ".into(),
+                Test::RcLat => Line::Counted(n, "SENDs answered"),
+                Test::RcRdmaWriteLat | Test::RcRdmaWritePollLat => {
+                    Line::Counted(n, "WRITEs answered")
+                }
+                Test::RcBiBw => Line::Both(n, stat.sent.msgs),
+                _ => Line::Counted(n, "messages received"),
             };
             let _ = writeln!(
                 out,
@@ -238,6 +260,8 @@ enum Line {
     Counted(u64, &'static str),
     /// Words.
     Said(&'static str),
+    /// Messages received and SENT (`rc_bi_bw`).
+    Both(u64, u64),
 }
 
 impl From<&'static str> for Line {
@@ -251,6 +275,7 @@ impl core::fmt::Display for Line {
         match self {
             Line::Counted(n, what) => write!(f, "{n} {what}"),
             Line::Said(s) => f.write_str(s),
+            Line::Both(r, s) => write!(f, "{r} messages received, {s} SENT"),
         }
     }
 }
@@ -299,6 +324,18 @@ mod tests {
                 "qperf-rc_rdma_read_bw-client,-cm1,-to,20",
                 Test::RcRdmaReadBw,
             ),
+            ("qperf-rc_bi_bw-client,-cm1", Test::RcBiBw),
+            ("qperf-rc_rdma_read_lat-client,-cm1", Test::RcRdmaReadLat),
+            ("qperf-rc_rdma_write_lat-client,-cm1", Test::RcRdmaWriteLat),
+            (
+                "qperf-rc_rdma_write_poll_lat-client,-cm1",
+                Test::RcRdmaWritePollLat,
+            ),
+            (
+                "qperf-rc_compare_swap_mr-client,-cm1",
+                Test::RcCompareSwapMr,
+            ),
+            ("qperf-rc_fetch_add_mr-client,-cm1", Test::RcFetchAddMr),
         ] {
             let c = QperfCase::parse(spec).expect(spec);
             assert_eq!((c.test, c.linux_serves), (test, false), "{spec}");
@@ -314,7 +351,19 @@ mod tests {
                 timeout: 20
             }
         );
+        // qperf's defaults: 64 KiB, 1 byte, no size for the atomics.
+        for (spec, size) in [
+            ("qperf-rc_bi_bw-server,-cm1", 65536),
+            ("qperf-rc_rdma_write_poll_lat-server,-cm1", 1),
+            ("qperf-rc_fetch_add_mr-server,-cm1,-t,2", 0),
+        ] {
+            assert_eq!(QperfCase::parse(spec).map(|c| c.msg_size), Some(size));
+        }
         for spec in [
+            "qperf-rc_bi_bw-server,-cm1,-m,0",
+            "qperf-rc_rdma_read_lat-client,-cm1,-m,0",
+            "qperf-uc_bi_bw-client,-cm1",
+            "qperf-ver_rc_fetch_add-client,-cm1",
             "qperf-rc_bw-client",
             "qperf-rc_bw-client,-t,2",
             "qperf-rc_bw-server,-cm1,-t,0",

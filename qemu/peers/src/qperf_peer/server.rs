@@ -9,11 +9,13 @@ use bareverbs_hal::Link;
 
 use super::{
     CM_PORT, CONNS, CaseError, Error, GUARD, MAX_RECVS, Ms, QperfCase, RECV_BASE, RECV_BYTES,
-    SEND_ID, SENTINEL,
+    SEND_ID, SENTINEL, SERVER_MARK,
 };
 use crate::Step;
 use crate::tcp::Stack;
 use crate::tcp::qperf::{self, Hooks, Node, Request, Stat, Test};
+
+mod more;
 
 /// Takes the client's `quit` (a test request meanwhile is refused: the case is over).
 pub(super) fn quit<L: Link>(
@@ -69,9 +71,12 @@ pub(super) fn serve_test<P: Provider, L: Link>(
         .create_cq(2 * MAX_RECVS + 4)
         .at("qperf: create CQ")
         .map_err(|f| Error::Case(f.into()))?;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC;
     // The largest layout: 16 receive slots of up to 1 MiB in all, or a buffer of -m (up to
-    // 1 MiB) with its guard and a second one (rc_lat's send buffer).
+    // 1 MiB) with its guard and a second one (the send buffer: `send_at`).
     let len = 2 * qperf::MAX_MSG + 2 * GUARD;
     let mut mr = pd
         .register(len as usize, access)
@@ -94,6 +99,8 @@ pub(super) fn serve_test<P: Provider, L: Link>(
         listening: false,
         id: None,
         qp: None,
+        peer: Node::default(),
+        sends: 0,
         disconnected: false,
         checked: 0,
     };
@@ -128,6 +135,10 @@ struct Server<'s, 'a, P: Provider, C: Clock> {
     listening: bool,
     id: Option<ConnId>,
     qp: Option<QueuePair<'a, P, Rc, Rts>>,
+    /// The client's node (its buffer, for the WRITEs of the latency tests).
+    peer: Node,
+    /// This side's SENDs or WRITEs in flight.
+    sends: u32,
     disconnected: bool,
     /// Bytes received (or left in the buffer) checked.
     checked: u64,
@@ -138,8 +149,12 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
         (self.clock_ms)()
     }
 
+    /// The buffer's bytes: `-m`, 8 for the atomics (whatever the request says).
     fn size(&self) -> u32 {
-        self.test.map_or(1, |(_, r)| r.msg_size)
+        match self.test {
+            Some((t, _)) if t.atomic() => 8,
+            t => t.map_or(1, |(_, r)| r.msg_size),
+        }
     }
 
     /// Receive slots (`rc_bw`): as many `-m` slots as fit, at most [`MAX_RECVS`].
@@ -166,7 +181,7 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
     fn post_recv(&mut self, slot: u32) -> Result<(), CaseError> {
         let size = self.size();
         let (at, len) = match self.test {
-            Some((Test::RcRdmaWriteBw, _)) => (size + GUARD, GUARD),
+            Some((Test::RcRdmaWriteBw | Test::RcRdmaWriteLat, _)) => (size + GUARD, GUARD),
             _ => (slot * size, size),
         };
         let sge = self.mr.sge(at, len).at("qperf: sge")?;
@@ -178,21 +193,6 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
             r.recv(RECV_BASE + u64::from(slot), &[sge])
                 .at("qperf: post receive")?;
             r.finish();
-        }
-        Ok(())
-    }
-
-    fn post_send(&mut self) -> Result<(), CaseError> {
-        let size = self.size();
-        // rc_lat's send buffer: after the receive slot and its guard, zeros.
-        let sge = self.mr.sge(size + GUARD, size).at("qperf: sge")?;
-        let qp = self.qp.as_mut().ok_or(CaseError::Disconnected)?;
-        // SAFETY: as in `post_recv`; the send buffer is never written while a SEND is posted.
-        unsafe {
-            let mut s = qp.send_batch();
-            s.send(SEND_ID, SendFlags::SIGNALED, &[sge])
-                .at("qperf: post SEND")?;
-            s.finish();
         }
         Ok(())
     }
@@ -211,8 +211,9 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
     /// slot, which then holds the sentinel again).
     fn received(&mut self, test: Test, w: &WorkCompletion) -> Result<(), CaseError> {
         let size = self.size();
+        let write = matches!(test, Test::RcRdmaWriteBw | Test::RcRdmaWriteLat);
         let want = match test {
-            Test::RcRdmaWriteBw => WcOpcode::RecvRdmaWithImm,
+            _ if write => WcOpcode::RecvRdmaWithImm,
             _ => WcOpcode::Recv,
         };
         if w.opcode != want {
@@ -221,7 +222,7 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
         if w.byte_len != size {
             return Err(CaseError::Length(w.byte_len));
         }
-        if test == Test::RcRdmaWriteBw {
+        if write {
             if w.imm != 0 || !w.flags.contains(WcFlags::WITH_IMM) {
                 return Err(CaseError::Bytes("the WRITE's immediate", 0));
             }
@@ -242,6 +243,11 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
 
     /// The test's loop, until its time is over (or `-n` messages came).
     fn test_loop(&mut self, test: Test, req: &Request) -> Result<Stat, CaseError> {
+        if test == Test::RcRdmaWritePollLat {
+            let stat = self.poll_lat_loop(req)?;
+            self.after(test, &stat)?;
+            return Ok(stat);
+        }
         let t0 = self.time();
         let end = if req.no_msgs == 0 {
             t0 + u64::from(req.time) * 1000
@@ -252,7 +258,14 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
         // rc_lat: 1 once this side's SEND completed, 2 once the client's came (the server
         // starts with its "send" done, as qperf's does).
         let mut done = 1u8;
+        let lat = matches!(test, Test::RcLat | Test::RcRdmaWriteLat);
+        let receives = lat || matches!(test, Test::RcBw | Test::RcRdmaWriteBw | Test::RcBiBw);
         let mut wcs = [WorkCompletion::default(); 16];
+        if test == Test::RcBiBw {
+            while self.sends < more::SENDS {
+                self.post_out(test, &mut stat)?;
+            }
+        }
         loop {
             let now = self.time();
             if now >= end {
@@ -272,9 +285,16 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
                     return Err(CaseError::Status(w.status, w.wr_id));
                 }
                 match (test, w.wr_id) {
-                    (Test::RcLat, SEND_ID) => done |= 1,
-                    (Test::RcBw | Test::RcRdmaWriteBw | Test::RcLat, id)
-                        if (RECV_BASE..RECV_BASE + u64::from(MAX_RECVS)).contains(&id) =>
+                    (_, SEND_ID) if self.sends > 0 && (lat || test == Test::RcBiBw) => {
+                        self.sent(test, w)?;
+                        done |= 1;
+                        if test == Test::RcBiBw {
+                            self.post_out(test, &mut stat)?;
+                        }
+                    }
+                    (_, id)
+                        if receives
+                            && (RECV_BASE..RECV_BASE + u64::from(MAX_RECVS)).contains(&id) =>
                     {
                         self.received(test, w)?;
                         stat.received.msgs += 1;
@@ -287,10 +307,8 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
                     _ => return Err(CaseError::Unexpected(w.opcode, w.wr_id)),
                 }
             }
-            if test == Test::RcLat && done == 3 {
-                self.post_send()?;
-                stat.sent.msgs += 1;
-                stat.sent.bytes += u64::from(self.size());
+            if lat && done == 3 {
+                self.post_out(test, &mut stat)?;
                 done = 0;
             }
             if req.no_msgs != 0 && stat.received.msgs >= u64::from(req.no_msgs) {
@@ -298,13 +316,22 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
             }
         }
         stat.elapsed_ms = self.time() - t0;
+        self.after(test, &stat)?;
+        Ok(stat)
+    }
+
+    /// What the buffer holds after the test: the client's zeros over the sentinel (once a
+    /// WRITE came), the READ pattern unchanged, the atomics' zeros (compare-and-swap of 0
+    /// with 0, fetch-and-add of 0), the guard untouched (its slots fill the bytes after
+    /// `rc_bw`'s and `rc_bi_bw`'s first).
+    fn after(&mut self, test: Test, stat: &Stat) -> Result<(), CaseError> {
         let size = self.size();
         match test {
-            // The client's zeros over the sentinel (once a WRITE came), the guard untouched.
-            Test::RcRdmaWriteBw if stat.received.msgs > 0 => {
+            Test::RcRdmaWriteBw | Test::RcRdmaWriteLat if stat.received.msgs > 0 => {
                 self.expect(0, size, 0, "the WRITE target")?
             }
-            Test::RcRdmaReadBw => {
+            _ if test.atomic() => self.expect(0, size, 0, "the atomics' target")?,
+            Test::RcRdmaReadBw | Test::RcRdmaReadLat => {
                 let b = &self.mr.as_slice()[..size as usize];
                 if let Some(i) = b.iter().enumerate().position(|(i, &x)| x != pattern(i)) {
                     return Err(CaseError::Bytes("the READ buffer", i as u32));
@@ -313,10 +340,10 @@ impl<'a, P: Provider, C: Clock> Server<'_, 'a, P, C> {
             }
             _ => {}
         }
-        if test != Test::RcBw {
+        if !matches!(test, Test::RcBw | Test::RcBiBw) {
             self.expect(size, GUARD, SENTINEL, "the guard after the buffer")?;
         }
-        Ok(stat)
+        Ok(())
     }
 
     /// The QP to ERROR, its flushed work requests taken, destroyed; the listener gone.
@@ -435,23 +462,30 @@ impl<'a, P: Provider, C: Clock> Hooks for Server<'_, 'a, P, C> {
         // qperf's server posts them.
         let (test, _) = self.test.ok_or(CaseError::Deadline("the request"))?;
         let size = self.size();
+        let at = more::send_at(test, size) as usize;
         let buf = self.mr.as_mut_slice();
         buf.fill(SENTINEL);
         match test {
-            Test::RcRdmaReadBw => {
+            Test::RcRdmaReadBw | Test::RcRdmaReadLat => {
                 for (i, b) in buf[..size as usize].iter_mut().enumerate() {
                     *b = pattern(i);
                 }
             }
-            Test::RcLat => {
-                let at = (size + GUARD) as usize;
-                buf[at..at + size as usize].fill(0);
-            }
+            // qperf's zeroed buffer, which the atomics leave as it is.
+            _ if test.atomic() => buf[..size as usize].fill(0),
             _ => {}
         }
+        // The send buffer: zeros (for rc_rdma_write_poll_lat with this side's mark at both
+        // ends, as qperf's server writes it).
+        buf[at..at + size as usize].fill(0);
+        if test == Test::RcRdmaWritePollLat {
+            buf[at] = SERVER_MARK;
+            buf[at + size as usize - 1] = SERVER_MARK;
+        }
+        self.sends = 0;
         let recvs = match test {
-            Test::RcBw | Test::RcRdmaWriteBw => self.slots(),
-            Test::RcLat => 1,
+            Test::RcBw | Test::RcRdmaWriteBw | Test::RcBiBw => self.slots(),
+            Test::RcLat | Test::RcRdmaWriteLat => 1,
             _ => 0,
         };
         for slot in 0..recvs {
@@ -465,8 +499,9 @@ impl<'a, P: Provider, C: Clock> Hooks for Server<'_, 'a, P, C> {
         })
     }
 
-    fn run(&mut self, _peer: &Node) -> Result<Stat, CaseError> {
+    fn run(&mut self, peer: &Node) -> Result<Stat, CaseError> {
         let (test, req) = self.test.ok_or(CaseError::Deadline("the request"))?;
+        self.peer = *peer;
         self.test_loop(test, &req)
     }
 

@@ -58,6 +58,20 @@ pub enum Test {
     RcRdmaReadBw,
     /// `rc_rdma_write_bw`: the client WRITEs (with immediate) into the server's buffer.
     RcRdmaWriteBw,
+    /// `rc_bi_bw`: both sides SEND at once, each receiving the other's.
+    RcBiBw,
+    /// `rc_rdma_write_lat`: one WRITE with immediate each way per round, the client first.
+    RcRdmaWriteLat,
+    /// `rc_rdma_write_poll_lat`: one WRITE each way per round, each side polling its buffer
+    /// for the other's mark (no receives, no immediate).
+    RcRdmaWritePollLat,
+    /// `rc_rdma_read_lat`: the client READs the server's buffer, one READ at a time.
+    RcRdmaReadLat,
+    /// `rc_compare_swap_mr`: the client's compare-and-swaps (compare 0, swap 0) on the
+    /// server's 8-byte buffer.
+    RcCompareSwapMr,
+    /// `rc_fetch_add_mr`: the client's fetch-and-adds (of 0) on the server's 8-byte buffer.
+    RcFetchAddMr,
 }
 
 /// qperf's tests in the order of its table (a request carries the index): 0.4.11 built with
@@ -107,6 +121,12 @@ impl Test {
             "rc_lat" => Test::RcLat,
             "rc_rdma_read_bw" => Test::RcRdmaReadBw,
             "rc_rdma_write_bw" => Test::RcRdmaWriteBw,
+            "rc_bi_bw" => Test::RcBiBw,
+            "rc_rdma_write_lat" => Test::RcRdmaWriteLat,
+            "rc_rdma_write_poll_lat" => Test::RcRdmaWritePollLat,
+            "rc_rdma_read_lat" => Test::RcRdmaReadLat,
+            "rc_compare_swap_mr" => Test::RcCompareSwapMr,
+            "rc_fetch_add_mr" => Test::RcFetchAddMr,
             _ => return None,
         })
     }
@@ -119,6 +139,28 @@ impl Test {
             Test::RcLat => "rc_lat",
             Test::RcRdmaReadBw => "rc_rdma_read_bw",
             Test::RcRdmaWriteBw => "rc_rdma_write_bw",
+            Test::RcBiBw => "rc_bi_bw",
+            Test::RcRdmaWriteLat => "rc_rdma_write_lat",
+            Test::RcRdmaWritePollLat => "rc_rdma_write_poll_lat",
+            Test::RcRdmaReadLat => "rc_rdma_read_lat",
+            Test::RcCompareSwapMr => "rc_compare_swap_mr",
+            Test::RcFetchAddMr => "rc_fetch_add_mr",
+        }
+    }
+
+    /// An atomic test: qperf's client sends no message size (`-m` is not one of its
+    /// options), both sides use an 8-byte buffer.
+    pub fn atomic(self) -> bool {
+        matches!(self, Test::RcCompareSwapMr | Test::RcFetchAddMr)
+    }
+
+    /// The message size qperf's client sends without `-m`: 64 KiB for the bandwidth tests,
+    /// 1 byte for the latency ones, none (0) for the atomics.
+    pub fn default_size(self) -> u32 {
+        match self {
+            Test::RcBw | Test::RcBiBw | Test::RcRdmaReadBw | Test::RcRdmaWriteBw => 64 * 1024,
+            Test::RcCompareSwapMr | Test::RcFetchAddMr | Test::Quit => 0,
+            _ => 1,
         }
     }
 }
@@ -328,7 +370,8 @@ impl Request {
 
     /// The test it asks for, if the peer runs it with these parameters: version 0.4, an RC
     /// test with `-cm1` (or `quit`), no flip (`-f`), no alternate path, a message of 1 byte
-    /// to [`MAX_MSG`], 1 to [`MAX_TIME_S`] seconds unless counted (`-n`, `rc_bw` only).
+    /// to [`MAX_MSG`] (any up to it for the atomics, whose buffer is 8 bytes whatever it
+    /// says), 1 to [`MAX_TIME_S`] seconds unless counted (`-n`, `rc_bw` only).
     pub fn test(&self) -> Result<Test, Error> {
         let (maj, min, inc) = self.version;
         if (maj, min) != VERSION {
@@ -350,7 +393,8 @@ impl Request {
         if self.alt_port != 0 {
             return Err(Error::Option("-ap (alternate path)"));
         }
-        if !(1..=MAX_MSG).contains(&self.msg_size) {
+        let least = u32::from(!test.atomic());
+        if !(least..=MAX_MSG).contains(&self.msg_size) {
             return Err(Error::Option("-m (message size)"));
         }
         if self.no_msgs != 0 && test != Test::RcBw {

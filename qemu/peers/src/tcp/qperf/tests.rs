@@ -48,10 +48,41 @@ fn the_table_names_each_test_the_peer_runs() {
         (16, Test::RcLat),
         (17, Test::RcRdmaReadBw),
         (19, Test::RcRdmaWriteBw),
+        (12, Test::RcBiBw),
+        (14, Test::RcCompareSwapMr),
+        (15, Test::RcFetchAddMr),
+        (18, Test::RcRdmaReadLat),
+        (20, Test::RcRdmaWriteLat),
+        (21, Test::RcRdmaWritePollLat),
     ] {
         assert_eq!(request(i).test(), Ok(want));
         assert_eq!(TESTS[usize::from(i)], want.name());
+        assert_eq!(Test::from_name(want.name()), Some(want));
+        // What the peer's client sends without -m: qperf's client's default size.
+        let mine = Request::new(want, want.default_size(), 2, 5);
+        assert_eq!((mine.index, mine.test()), (i, Ok(want)));
     }
+}
+
+#[test]
+fn the_atomics_request_carries_no_size_the_others_need_one() {
+    for (i, size, ok) in [
+        (14, 0, true),
+        (15, 0, true),
+        (15, 8, true),
+        (12, 0, false),
+        (18, 0, false),
+        (21, 0, false),
+        (15, MAX_MSG + 1, false),
+    ] {
+        let mut r = request(i);
+        r.msg_size = size;
+        assert_eq!(r.test().is_ok(), ok, "{} -m {size}", TESTS[usize::from(i)]);
+    }
+    assert_eq!(Test::RcFetchAddMr.default_size(), 0);
+    assert_eq!(Test::RcBiBw.default_size(), 65536);
+    assert_eq!(Test::RcRdmaWritePollLat.default_size(), 1);
+    assert!(Test::RcCompareSwapMr.atomic() && !Test::RcRdmaReadLat.atomic());
 }
 
 #[test]
@@ -60,6 +91,11 @@ fn requests_the_peer_does_not_run_are_refused_by_kind() {
     r.version = (0, 5, 0);
     assert_eq!(r.test(), Err(Error::Version(0, 5, 0)));
     assert_eq!(request(29).test(), Err(Error::Unsupported("ud_bw")));
+    assert_eq!(request(22).test(), Err(Error::Unsupported("uc_bi_bw")));
+    assert_eq!(
+        request(32).test(),
+        Err(Error::Unsupported("ver_rc_fetch_add"))
+    );
     assert_eq!(request(8).test(), Err(Error::Unsupported("tcp_bw")));
     assert_eq!(request(33).test(), Err(Error::Index(33)));
     assert_eq!(request(u16::MAX).test(), Err(Error::Index(u16::MAX)));
@@ -83,9 +119,11 @@ fn requests_the_peer_does_not_run_are_refused_by_kind() {
     let mut r = request(13);
     (r.no_msgs, r.time) = (100, 0);
     assert_eq!(r.test(), Ok(Test::RcBw));
-    let mut r = request(19);
-    r.no_msgs = 100;
-    assert!(matches!(r.test(), Err(Error::Option(_))));
+    for i in [19, 12] {
+        let mut r = request(i);
+        r.no_msgs = 100;
+        assert!(matches!(r.test(), Err(Error::Option(_))));
+    }
     // quit needs nothing else.
     let mut q = request(1);
     (q.use_cm, q.msg_size, q.time) = (0, 0, 0);
