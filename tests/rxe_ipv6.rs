@@ -763,7 +763,8 @@ mod device {
     /// What a connected QP is refused over IPv6, and the bounded paths: an IPv4-mapped
     /// source for an IPv6 peer, loopback to an own IPv6 address, a multicast peer, a source
     /// index with no address (`Feature::Ipv6` or the GID index); [`PATHS6`] distinct paths at
-    /// once, the next refused with `Ipv6Path`, one given back at reset and one at destroy.
+    /// once (more than the device's QPs: every QP may have one of its own), the next refused
+    /// with `Ipv6Path`, one given back at reset and one at destroy.
     #[test]
     fn ipv6_paths_are_checked_and_bounded() {
         use bareverbs::device::rxe::port::PATHS6;
@@ -812,11 +813,17 @@ mod device {
             v.flow_label = flow;
             v
         };
+        // Every path held: by the device's QPs but two (each on a flow label of its own, as
+        // rdma_cm gives each connection), the rest by address handles.
+        let qps = bareverbs::device::rxe::MAX_QP as u32 - 2;
         let mut held = Vec::new();
-        for flow in 0..PATHS6 as u32 {
+        for flow in 0..qps {
             let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
             held.push(rtr(qp, to(flow)).map_err(|(_, e)| e).unwrap());
         }
+        let ahs: Vec<_> = (qps..PATHS6 as u32)
+            .map(|flow| pd.create_ah(&to(flow)).unwrap())
+            .collect();
         // The same path again is shared, not a new one.
         let same = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
         let same = rtr(same, to(0)).map_err(|(_, e)| e).unwrap();
@@ -843,7 +850,7 @@ mod device {
         drop(held.remove(0));
         let again = rtr(first.reset().map_err(|(_, e)| e).unwrap(), to(1000));
         assert!(again.is_ok());
-        drop((qp, again, held));
+        drop((qp, again, held, ahs));
     }
 
     /// A live RC connection over IPv6 under a storm: copies of the frames A and B exchange,
