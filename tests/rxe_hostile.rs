@@ -916,8 +916,12 @@ fn storm(seed: u64, frames: u32) -> Reach {
             "seed {seed}: {ra:?} {rb:?}"
         );
         // No IPv6 path left held by the datagrams: B makes PATHS6 handles of its own.
-        let ahs: Vec<_> = (0..PATHS6 as u8)
-            .map(|i| pb.create_ah(&AddressVector::new(Gid(global6(100 + i)), 2)))
+        let ahs: Vec<_> = (0..PATHS6 as u32)
+            .map(|i| {
+                let mut v = AddressVector::new(Gid(global6(200)), 2);
+                v.flow_label = i;
+                pb.create_ah(&v)
+            })
             .collect();
         assert!(
             ahs.iter().all(Result::is_ok),

@@ -653,10 +653,118 @@ mod device {
         }
     }
 
+    /// Several connections between the same two IPv6 addresses, each with its own flow
+    /// label on A (A holds a path per flow label), while B sends every frame with flow label
+    /// 0 (as Linux's rxe does, whatever the QP's address vector says): A's port names each
+    /// frame by its first path to B, and each of A's QPs still takes its own peer's frames,
+    /// on the other path between the same two addresses. SENDs both ways on every
+    /// connection complete, their bytes where they belong.
+    #[test]
+    fn connections_on_paths_differing_by_flow_label_take_their_peers_frames() {
+        let model = Model::new(ModelConfig::default());
+        let seg = Segment::new();
+        let clk = TestClock::default();
+        let la = seg.attach(MAC_A, 1514);
+        let lb = seg.attach(MAC_B, 1514);
+        let da = Rxe::new(model.clone(), la, clk.clone(), Config { ip: IP_A }).unwrap();
+        let db = Rxe::new(model.clone(), lb, clk.clone(), Config { ip: IP_B }).unwrap();
+        assert_eq!(da.add_ipv6(global(1)), Ok(2));
+        assert_eq!(db.add_ipv6(global(2)), Ok(2));
+        let (a, b) = (Context::new(da), Context::new(db));
+        let step = || {
+            clk.advance(100);
+            a.process_events();
+            b.process_events();
+        };
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut ma = pa.register(16384, ALL).unwrap();
+        let mut mb = pb.register(16384, ALL).unwrap();
+        let av = |dgid: Ip6, flow: u32| {
+            let mut v = AddressVector::new(Gid(dgid), 2);
+            v.flow_label = flow;
+            v
+        };
+        const N: usize = 4;
+        let mut conns = Vec::new();
+        for k in 0..N {
+            let qa = pa.qp_builder(&ca, &ca).build::<Rc>().unwrap();
+            let qb = pb.qp_builder(&cb, &cb).build::<Rc>().unwrap();
+            let (na, nb) = (qa.qp_num(), qb.qp_num());
+            // A's flow labels 1..=N: N paths to B; B's all 0: one path to A.
+            let qa = connect(qa, nb, av(global(2), 1 + k as u32), (100, 200));
+            let qb = connect(qb, na, av(global(1), 0), (200, 100));
+            conns.push((qa, qb));
+        }
+        for (k, (qa, qb)) in conns.iter_mut().enumerate() {
+            let (at, k64) = (k as u32 * 1024, k as u64);
+            ma.as_mut_slice()[at as usize + 8192..][..512].fill(0xA0 + k as u8);
+            mb.as_mut_slice()[at as usize + 8192..][..512].fill(0xB0 + k as u8);
+            // SAFETY: the regions stay registered until the QPs are gone.
+            unsafe {
+                let mut r = qa.recv_batch();
+                r.recv(100 + k64, &[ma.sge(at, 1024).unwrap()]).unwrap();
+                r.finish();
+                let mut r = qb.recv_batch();
+                r.recv(200 + k64, &[mb.sge(at, 1024).unwrap()]).unwrap();
+                r.finish();
+                let mut s = qa.send_batch();
+                s.send(
+                    300 + k64,
+                    SendFlags::SIGNALED,
+                    &[ma.sge(at + 8192, 512).unwrap()],
+                )
+                .unwrap();
+                s.finish();
+                let mut s = qb.send_batch();
+                s.send(
+                    400 + k64,
+                    SendFlags::SIGNALED,
+                    &[mb.sge(at + 8192, 512).unwrap()],
+                )
+                .unwrap();
+                s.finish();
+            }
+        }
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut got = Vec::new();
+        for _ in 0..4000 {
+            step();
+            for cq in [&ca, &cb] {
+                let n = cq.poll(&mut wc).unwrap();
+                got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+            }
+            if got.len() == 4 * N {
+                break;
+            }
+        }
+        got.sort_by_key(|g| g.0);
+        let want: Vec<_> = [100u64, 200, 300, 400]
+            .iter()
+            .flat_map(|&base| (0..N as u64).map(move |k| (base + k, WcStatus::Success)))
+            .collect();
+        assert_eq!(got, want, "every SEND and receive of every connection");
+        for k in 0..N {
+            let at = k * 1024;
+            assert_eq!(
+                mb.as_slice()[at..at + 512],
+                [0xA0 + k as u8; 512],
+                "A's SEND {k}"
+            );
+            assert_eq!(
+                ma.as_slice()[at..at + 512],
+                [0xB0 + k as u8; 512],
+                "B's SEND {k}"
+            );
+        }
+        drop(conns);
+    }
+
     /// What a connected QP is refused over IPv6, and the bounded paths: an IPv4-mapped
     /// source for an IPv6 peer, loopback to an own IPv6 address, a multicast peer, a source
     /// index with no address (`Feature::Ipv6` or the GID index); [`PATHS6`] distinct paths at
-    /// once, the next refused with `Ipv6Path`, one given back at reset and one at destroy.
+    /// once (more than the device's QPs: every QP may have one of its own), the next refused
+    /// with `Ipv6Path`, one given back at reset and one at destroy.
     #[test]
     fn ipv6_paths_are_checked_and_bounded() {
         use bareverbs::device::rxe::port::PATHS6;
@@ -705,11 +813,17 @@ mod device {
             v.flow_label = flow;
             v
         };
+        // Every path held: by the device's QPs but two (each on a flow label of its own, as
+        // rdma_cm gives each connection), the rest by address handles.
+        let qps = bareverbs::device::rxe::MAX_QP as u32 - 2;
         let mut held = Vec::new();
-        for flow in 0..PATHS6 as u32 {
+        for flow in 0..qps {
             let qp = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
             held.push(rtr(qp, to(flow)).map_err(|(_, e)| e).unwrap());
         }
+        let ahs: Vec<_> = (qps..PATHS6 as u32)
+            .map(|flow| pd.create_ah(&to(flow)).unwrap())
+            .collect();
         // The same path again is shared, not a new one.
         let same = pd.qp_builder(&cq, &cq).build::<Rc>().unwrap();
         let same = rtr(same, to(0)).map_err(|(_, e)| e).unwrap();
@@ -736,7 +850,7 @@ mod device {
         drop(held.remove(0));
         let again = rtr(first.reset().map_err(|(_, e)| e).unwrap(), to(1000));
         assert!(again.is_ok());
-        drop((qp, again, held));
+        drop((qp, again, held, ahs));
     }
 
     /// A live RC connection over IPv6 under a storm: copies of the frames A and B exchange,

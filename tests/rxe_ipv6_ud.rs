@@ -202,6 +202,14 @@ fn datagrams_go_both_ways_by_ipv6_gids() {
     drop((qa, qb));
 }
 
+/// An address vector to `dgid` from the global source GID with flow label `flow` (a path of
+/// its own per flow label).
+fn flow_to(dgid: Ip6, flow: u32) -> AddressVector {
+    let mut v = AddressVector::new(Gid(dgid), 2);
+    v.flow_label = flow;
+    v
+}
+
 /// An address handle's IPv6 path is held while it lives: [`PATHS6`] handles to distinct
 /// peers at once, the next refused with `Ipv6Path`; dropping one lets the next in, and once
 /// all are dropped the table is whole again. Handles to the same path share it.
@@ -209,34 +217,41 @@ fn datagrams_go_both_ways_by_ipv6_gids() {
 fn address_handles_give_their_ipv6_paths_back() {
     let lab = lab();
     let pd = lab.a.alloc_pd().unwrap();
-    let to = |last: u8| AddressVector::new(Gid(global(last)), 2);
+    // Distinct paths by flow label, to one peer (PATHS6 is more than a byte's worth of
+    // addresses past the lab's own).
+    let to = |flow: u32| {
+        let mut v = AddressVector::new(Gid(global(200)), 2);
+        v.flow_label = flow;
+        v
+    };
     let full = Error::Resource(Resource::Objects {
         object: Object::Ipv6Path,
         limit: PATHS6 as u32,
     });
     for round in 0..2 {
-        let mut ahs: Vec<_> = (0..PATHS6 as u8)
+        let mut ahs: Vec<_> = (0..PATHS6 as u32)
             .map(|i| pd.create_ah(&to(10 + i)).unwrap())
             .collect();
-        // The same peers again: the same paths, nothing more taken.
-        let shared: Vec<_> = (0..4u8)
+        // The same paths again: nothing more taken.
+        let shared: Vec<_> = (0..4u32)
             .map(|i| pd.create_ah(&to(10 + i)).unwrap())
             .collect();
-        assert_eq!(pd.create_ah(&to(99)).err(), Some(full), "round {round}");
+        assert_eq!(pd.create_ah(&to(9999)).err(), Some(full), "round {round}");
         drop(ahs.pop());
-        let next = pd.create_ah(&to(99)).unwrap();
-        assert_eq!(pd.create_ah(&to(98)).err(), Some(full));
+        let next = pd.create_ah(&to(9999)).unwrap();
+        assert_eq!(pd.create_ah(&to(9998)).err(), Some(full));
         // A shared path stays while one handle holds it.
         drop(ahs.remove(0));
-        assert_eq!(pd.create_ah(&to(98)).err(), Some(full));
+        assert_eq!(pd.create_ah(&to(9998)).err(), Some(full));
         drop(shared);
-        let last = pd.create_ah(&to(98)).unwrap();
+        let last = pd.create_ah(&to(9998)).unwrap();
         drop((ahs, next, last));
     }
     // IPv4 handles hold no path.
-    let v4: Vec<_> = (0..2 * PATHS6 as u8)
+    let v4: Vec<_> = (0..PATHS6 + 8)
         .map(|i| {
-            pd.create_ah(&AddressVector::new(Gid::from_ipv4([10, 0, 0, 20 + i]), 1))
+            let ip = [10, 1, (i / 200) as u8, (i % 200) as u8 + 20];
+            pd.create_ah(&AddressVector::new(Gid::from_ipv4(ip), 1))
                 .unwrap()
         })
         .collect();
@@ -309,11 +324,8 @@ fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     assert_eq!(&mb.as_slice()[24..40], &global(2));
     assert_eq!(&mb.as_slice()[40..48], b"datagram");
     // No path left behind: B's own PATHS6 handles all fit.
-    let ahs: Vec<_> = (0..PATHS6 as u8)
-        .map(|i| {
-            pb.create_ah(&AddressVector::new(Gid(global(10 + i)), 2))
-                .unwrap()
-        })
+    let ahs: Vec<_> = (0..PATHS6 as u32)
+        .map(|i| pb.create_ah(&flow_to(global(200), i)).unwrap())
         .collect();
     // With the table full, X's next datagram has no path to go by: dropped.
     let before = b.provider().port_counts();
@@ -361,11 +373,8 @@ fn datagrams_over_ipv6_from_a_peer_without_a_path() {
     assert_eq!(&mb.as_slice()[1536 + 40..1536 + 48], b"datagram");
     drop(to_x);
     // No path left behind by the datagram taken without one: all PATHS6 fit again.
-    let ahs: Vec<_> = (0..PATHS6 as u8)
-        .map(|i| {
-            pb.create_ah(&AddressVector::new(Gid(global(10 + i)), 2))
-                .unwrap()
-        })
+    let ahs: Vec<_> = (0..PATHS6 as u32)
+        .map(|i| pb.create_ah(&flow_to(global(200), i)).unwrap())
         .collect();
     drop(ahs);
     drop((qb, gsi));

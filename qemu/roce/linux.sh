@@ -150,11 +150,12 @@ phase() { # SIDE(a|other) PREFIX PEER_IP: every case against the peer, results "
     # mckey's sender sends once, 3 s after its join: 2 s more for the receiver (started at
     # about the same time on the other side) to have joined and attached first.
     [[ "$name" == mckey-* ]] && [ "$client" = 1 ] && sleep 2
-    # ucmatose and udaddy with several connections (-c): a client run whose requests straddle
+    # ucmatose and udaddy with several connections (-c, over IPv4 or IPv6): a client run whose requests straddle
     # the moment Linux B's server starts listening has some rejected and exits; a request of
     # that run the server takes after ("failure accepting: Invalid argument") ends the server,
     # and every later run is rejected. The same head start for the server makes that unlikely.
-    [ "$2" != roce ] && [ "$client" = 1 ] && [[ "$name" == ucmatose-* || "$name" == udaddy-* ]] &&
+    [ "$2" != roce ] && [ "$client" = 1 ] &&
+      [[ "$name" == ucmatose-* || "$name" == udaddy-* || "$name" == ucmatose6-* || "$name" == udaddy6-* ]] &&
       [[ " $opts " == *" -c "* ]] && delay=1
     window 0 "$label"
     [ "$delay" = 1 ] && cm_delay on

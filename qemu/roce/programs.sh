@@ -4,9 +4,9 @@
 # summary row, the case list with its labels. Needs $gid (the GID index of the guest's
 # IPv4-mapped RoCE v2 GID), $gid6 (its IPv6 one's, for the cases rc6-*, ud6-* and perftest's
 # *-v6-*), $ip (its address), $only (case names, space-separated; empty:
-# all) and $cases_file. The rdma_cm programs' IPv6 cases (rping6-*, ucmatose6-*, udaddy6-*)
-# name each side by its IPv6 address, fd00::D (D the last byte of its IPv4 address, as
-# linux.sh gives it; the unikernel's fd00::2).
+# all) and $cases_file. The rdma_cm programs' IPv6 cases (rping6-*, ucmatose6-*, udaddy6-*,
+# cmtime6-*) name each side by its IPv6 address, fd00::D (D the last byte of its IPv4 address,
+# as linux.sh gives it; the unikernel's fd00::2).
 
 # perftest's result row, labelled by its header: a bandwidth program's average (its 4th
 # column, "BW average[MB/sec]"), a latency program's typical and average round trip (the
@@ -32,7 +32,7 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
   cmd=()
   # The rdma_cm programs' IPv6 cases: both addresses IPv6, the program's name without the 6.
   case "$name" in
-    rping6-* | ucmatose6-* | udaddy6-*)
+    rping6-* | ucmatose6-* | udaddy6-* | cmtime6-*)
       me=$(printf 'fd00::%x' "${ip##*.}") peer=$(printf 'fd00::%x' "${peer##*.}")
       name=${name/6-/-} ;;
   esac
@@ -61,7 +61,7 @@ program() { # SIDE(a|other) CASE PEER_IP OPTIONS...  -> sets cmd[] and client
     # cmtime through qemu/roce/cmtime.sh: its server never exits by itself, its client exits
     # 0 even with connections refused (the script says what both did).
     cmtime-*)
-      [ "$server" = 1 ] && cmd=(bash "$here/cmtime.sh" server "$ip" "$@") ||
+      [ "$server" = 1 ] && cmd=(bash "$here/cmtime.sh" server "$me" "$@") ||
         cmd=(bash "$here/cmtime.sh" client "$peer" "$@") ;;
     # mckey: both sides join the group of -m from their own address; the client sends (-s),
     # the server receives (mckey's own words for its roles).

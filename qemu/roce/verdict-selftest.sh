@@ -148,13 +148,13 @@ for list in "$here/cases" "$here/cases-matrix"; do
       case "$name" in
         rc-* | rc6-*) want=ibv_rc_pingpong ;; ud-* | ud6-*) want=ibv_ud_pingpong ;;
         write) want=ib_write_bw ;; read) want=ib_read_bw ;; atomic) want=ib_atomic_bw ;;
-        cmtime-* | qperf-*) want=bash ;;
+        cmtime-* | cmtime6-* | qperf-*) want=bash ;;
         rping6-* | ucmatose6-* | udaddy6-*) want=${name%%6-*} ;;
         *) want=${name%%-*} ;;
       esac
       expect "$(basename "$list") $label ($side): its own program" "$want" "${cmd[0]:-none}"
       # The IPv6 cases run with the IPv6 GID's index, the others with the IPv4-mapped one's.
-      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-* | rping6-* | ucmatose6-* | udaddy6-* | qperf-*) ;; *)
+      case "$name" in rping-* | ucmatose-* | udaddy-* | cmtime-* | mckey-* | rping6-* | ucmatose6-* | udaddy6-* | cmtime6-* | qperf-*) ;; *)
         g=1
         case "$name" in rc6-* | ud6-* | *-v6-*) g=3 ;; esac
         expect "$(basename "$list") $label ($side): its GID index" "1" \
@@ -187,7 +187,9 @@ for c in "rping6-server|rping -s -a fd00::1 -C 1|rping -c -a fd00::1 -C 1" \
   "ucmatose6-server|ucmatose -C 1 -b fd00::1|ucmatose -C 1 -s fd00::1" \
   "ucmatose6-client|ucmatose -C 1 -s fd00::9|ucmatose -C 1 -b fd00::3" \
   "udaddy6-server|udaddy -C 1 -b fd00::1|udaddy -C 1 -s fd00::1" \
-  "udaddy6-client|udaddy -C 1 -s fd00::9|udaddy -C 1 -b fd00::3"; do
+  "udaddy6-client|udaddy -C 1 -s fd00::9|udaddy -C 1 -b fd00::3" \
+  "cmtime6-server|bash $here/cmtime.sh server fd00::1 -C 1|bash $here/cmtime.sh client fd00::1 -C 1" \
+  "cmtime6-client|bash $here/cmtime.sh client fd00::9 -C 1|bash $here/cmtime.sh server fd00::3 -C 1"; do
   IFS="|" read -r name on_a on_other <<<"$c"
   program a "$name" 10.0.0.9 -C 1
   expect "$name (a): by IPv6 address" "$on_a" "${cmd[*]}"
@@ -195,6 +197,7 @@ for c in "rping6-server|rping -s -a fd00::1 -C 1|rping -c -a fd00::1 -C 1" \
   expect "$name (other): by IPv6 address" "$on_other" "${cmd[*]}"
 done
 expect "an IPv6 case is a cm case" "1" "$(is_cm rping6-client && echo 1 || echo 0)"
+expect "cmtime over IPv6 is a cm case" "1" "$(is_cm cmtime6-server && echo 1 || echo 0)"
 cmd=(ib_write_bw -d rxe0)
 program a no_such_program 10.0.0.9 -s 2
 expect "a name without a program: no command, not the previous case's" "0" "${#cmd[@]}"

@@ -35,7 +35,8 @@ is_cm() { # LABEL
   local n
   n=$(label_name "$1")
   [[ "$n" == rping-* || "$n" == ucmatose-* || "$n" == udaddy-* || "$n" == cmtime-* ||
-    "$n" == mckey-* || "$n" == rping6-* || "$n" == ucmatose6-* || "$n" == udaddy6-* ]] && return 0
+    "$n" == mckey-* || "$n" == rping6-* || "$n" == ucmatose6-* || "$n" == udaddy6-* || "$n" == cmtime6-* ]] &&
+    return 0
   [[ "$n" == ib_*-* ]] && [[ " $(case_of "$1") " == *" -R "* ]]
 }
 # Linux A's result of a case in a phase (linux-linux, roce, bench-…): "exit S | summary", or

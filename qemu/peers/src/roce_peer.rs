@@ -313,7 +313,7 @@ impl PeerCase {
     /// Largest `-s` of a perftest case (the buffer is twice that).
     pub const MAX_PERF_SIZE: u32 = 1 << 20;
     /// The rdma_cm programs' name prefixes ([`crate::cm_peer`]).
-    pub const CM_PROGRAMS: [&'static str; 11] = [
+    pub const CM_PROGRAMS: [&'static str; 12] = [
         "rping-",
         "rping6-",
         "ucmatose-",
@@ -321,6 +321,7 @@ impl PeerCase {
         "udaddy-",
         "udaddy6-",
         "cmtime-",
+        "cmtime6-",
         "ib_send_bw-",
         "ib_write_bw-",
         "ib_read_bw-",
@@ -600,9 +601,9 @@ impl<'a> Refused<'a> {
     /// What the peer says of `spec`, a case [`PeerCase::parse`] does not take.
     pub fn of(spec: &'a str) -> Refused<'a> {
         let name = spec.split(',').next().unwrap_or(spec);
-        let cm = ["rping-", "ucmatose-", "udaddy-", "cmtime-"]
+        let cm = PeerCase::CM_PROGRAMS
             .iter()
-            .any(|p| name.starts_with(p))
+            .any(|p| !p.starts_with("ib_") && name.starts_with(p))
             || spec.split(',').any(|w| w == "-R" || w == "--rdma_cm");
         // A latency program's name: the program, a word or none, the role.
         let lat = PeerCase::LAT_PROGRAMS.iter().any(|p| {

@@ -18,8 +18,10 @@ use crate::verbs::{QpState, QpType};
 
 /// Whether `p` may reach the transport of `q`: the QP receives, the opcode's transport (its
 /// top three bits) is the QP's, and a connected QP's packet comes from its peer's address
-/// (and MAC, once known).
-pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
+/// (and MAC, once known). `src` is the packet's source address as the device names it
+/// (`p.src_ip()`, or over IPv6 the QP's own path when the packet came on another path
+/// between the same two addresses: [`Port::same_peer6`](super::port::Port::same_peer6)).
+pub(crate) fn admit(q: &QpCore, p: &View<'_>, src: [u8; 4]) -> bool {
     if !matches!(q.state, QpState::Rtr | QpState::Rts) {
         return false;
     }
@@ -35,14 +37,15 @@ pub(crate) fn admit(q: &QpCore, p: &View<'_>) -> bool {
         t
     };
     let want = TRANSPORT.get(q.qp_type as usize).copied().unwrap_or(8);
-    p.opcode() >> 5 == want && (!matches!(q.qp_type, QpType::Rc | QpType::Uc) || from_peer(q, p))
+    p.opcode() >> 5 == want
+        && (!matches!(q.qp_type, QpType::Rc | QpType::Uc) || from_peer(q, p, src))
 }
 
 /// A connected QP's packet comes from its peer's address (and MAC, once known).
 #[inline(always)]
-fn from_peer(q: &QpCore, p: &View<'_>) -> bool {
+fn from_peer(q: &QpCore, p: &View<'_>, src: [u8; 4]) -> bool {
     // Compared where the MAC lies in the QP (not the `Option` copied out first).
-    p.src_ip() == q.peer_ip
+    src == q.peer_ip
         && match &q.peer_mac {
             Some(m) => same_mac(m, &p.src_mac()),
             None => true,

@@ -7,7 +7,7 @@ use core::ptr::NonNull;
 use bareverbs_hal::{Clock, Hal, Link};
 
 use super::{
-    Core, FRAME, MAX_QP, MCAST_QPN, QP_SPINS, Rxe, check, net, qp_lock, reply, requester,
+    Core, FRAME, MAX_QP, MCAST_QPN, QP_SPINS, Rxe, check, net, port, qp_lock, reply, requester,
     responder, wire,
 };
 use crate::verbs::QpState;
@@ -67,9 +67,20 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
             // The peer's MAC as ARP gave it, for the source check.
             q.peer_mac = core.tables().port.lookup_any(q.peer_ip);
         }
+        // Over IPv6 the port names a frame's sender by the first of its paths between the
+        // two addresses; paths differ by their flow label, which a peer need not send back
+        // (Linux's rxe sends 0): a frame on another path between the QP's two addresses is
+        // the QP's own path's.
+        let mut src = p.src_ip();
+        if src != q.peer_ip
+            && port::alias_path(src).is_some()
+            && core.tables().port.same_peer6(src, q.peer_ip)
+        {
+            src = q.peer_ip;
+        }
         // Not the peer's, not for this QP's transport, or the QP does not receive: dropped,
         // nothing changed.
-        if !check::admit(q, p) {
+        if !check::admit(q, p, src) {
             return true;
         }
         let mut net = self.net(core, now);
@@ -105,7 +116,7 @@ impl<H: Hal, L: Link, C: Clock> Rxe<H, L, C> {
                 continue;
             };
             let q = &mut *guard;
-            if q.qp_type != crate::verbs::QpType::Ud || !check::admit(q, p) {
+            if q.qp_type != crate::verbs::QpType::Ud || !check::admit(q, p, p.src_ip()) {
                 continue;
             }
             let mut net = self.net(core, now);

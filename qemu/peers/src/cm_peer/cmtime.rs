@@ -19,8 +19,8 @@ use core::fmt::Write;
 
 use bareverbs::Context;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmCounts, CmEvent, ConnId, ConnectParams, Failure as CmFailure,
-    Service,
+    AcceptParams, Cm, CmAddr, CmConfig, CmCounts, CmEvent, ConnId, ConnectParams,
+    Failure as CmFailure, Service,
 };
 use bareverbs::verbs::*;
 
@@ -60,7 +60,7 @@ impl<P: Provider> Default for Slot<'_, P> {
 pub(super) fn run_case<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    linux: [u8; 4],
+    linux: ([u8; 4], bool),
     name: &str,
     case: &super::CmCase,
     linux_serves: bool,
@@ -118,7 +118,7 @@ pub(super) fn run_case<P: Provider>(
 fn run<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    linux: [u8; 4],
+    (linux, v6): ([u8; 4], bool),
     case: &super::CmCase,
     linux_serves: bool,
     deadline: u64,
@@ -131,6 +131,7 @@ fn run<P: Provider>(
     let cq = ctx.create_cq(4).at("cm: create CQ")?;
     let mut cm: Cm<'_, P, Ms<'_>, CONNS> = Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
         .map_err(|e| CaseError::Cm("CM over QP1", e))?;
+    let linux = super::linux_addr(&cm, linux, v6)?;
     let n = case.count as usize;
     let mut slots: [Slot<'_, P>; MAX_CONNS as usize] = core::array::from_fn(|_| Slot::default());
     let mut t = Times {
@@ -205,7 +206,7 @@ fn connect_all<'a, P: Provider, const N: usize>(
     cm: &mut Cm<'a, P, Ms<'_>, N>,
     pd: &'a ProtectionDomain<'a, P>,
     cq: &'a CompletionQueue<'a, P>,
-    linux: [u8; 4],
+    linux: CmAddr,
     slots: &mut [Slot<'a, P>],
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
@@ -290,7 +291,7 @@ fn serve_all<'a, P: Provider, const N: usize>(
     cm: &mut Cm<'a, P, Ms<'_>, N>,
     pd: &'a ProtectionDomain<'a, P>,
     cq: &'a CompletionQueue<'a, P>,
-    linux: [u8; 4],
+    linux: CmAddr,
     slots: &mut [Slot<'a, P>],
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
@@ -314,7 +315,7 @@ fn serve_all<'a, P: Provider, const N: usize>(
             Some(CmEvent::ConnectRequest(r)) => {
                 // Another station's, another port's, or one beyond -c (a REQ Linux sent
                 // again after its first one's connection had come and gone): rejected.
-                if r.src_ip != linux || r.dst_port != CMTIME_PORT || taken == n {
+                if r.src_addr != linux || r.dst_port != CMTIME_PORT || taken == n {
                     let _ = cm.reject(r.id, &[]);
                     continue;
                 }

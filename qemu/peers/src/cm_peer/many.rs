@@ -27,14 +27,15 @@
 use bareverbs::Context;
 use bareverbs::cm::msg::UDP_QKEY;
 use bareverbs::cm::{
-    AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnectParams, Failure as CmFailure, Service,
+    AcceptParams, Cm, CmAddr, CmConfig, CmEvent, ConnId, ConnectParams, Failure as CmFailure,
+    Service,
 };
 use bareverbs::hal::Clock;
 use bareverbs::verbs::*;
 
 use super::cmatose::{GRH, UCMATOSE_PORT, pattern, slot};
 use super::cmtime::WINDOW;
-use super::udaddy::{GID_INDEX, LINGER_MS, SIDR_UNSUPPORTED, UDADDY_PORT};
+use super::udaddy::{LINGER_MS, SIDR_UNSUPPORTED, UDADDY_PORT};
 use super::{CaseError, CmCase, Done, MAX_MESSAGE, MAX_MESSAGES, Ms, Program, RETRY_MS};
 use crate::Step;
 use crate::peer::grh_ok;
@@ -117,7 +118,7 @@ impl<P: Provider> Default for Conn<'_, P> {
 pub(super) fn run<P: Provider>(
     ctx: &Context<P>,
     pd: &ProtectionDomain<'_, P>,
-    linux: [u8; 4],
+    (linux, v6): ([u8; 4], bool),
     case: &CmCase,
     deadline: u64,
     clock_ms: &dyn Fn() -> u64,
@@ -151,6 +152,7 @@ pub(super) fn run<P: Provider>(
     let mut cm: Cm<'_, P, Ms<'_>, CM_CONNS> =
         Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
             .map_err(|e| CaseError::Cm("CM over QP1", e))?;
+    let linux = super::linux_addr(&cm, linux, v6)?;
     let mut conns: [Conn<'_, P>; MAX_CONNS as usize] = core::array::from_fn(|_| Conn::default());
     let mut m = Many {
         cm: &mut cm,
@@ -203,7 +205,8 @@ struct Many<'s, 'a, P: Provider, C: Clock> {
     pd: &'a ProtectionDomain<'a, P>,
     cq: &'a CompletionQueue<'a, P>,
     mr: &'s mut MemoryRegion<'a, P>,
-    linux: [u8; 4],
+    /// Linux's address, IPv4 or IPv6 (the case's family).
+    linux: CmAddr,
     case: CmCase,
     /// udaddy's case (UD), else ucmatose's (RC).
     udaddy: bool,
@@ -226,6 +229,13 @@ impl<'a, P: Provider, C: Clock> Many<'_, 'a, P, C> {
             return Err(CaseError::Deadline(what));
         }
         Ok(())
+    }
+
+    /// This side's GID index and address towards Linux (of its family).
+    fn me(&mut self) -> Result<(u32, CmAddr), CaseError> {
+        self.cm
+            .local_for(self.linux)
+            .ok_or(CaseError::Request("an address of the peer's family"))
     }
 
     fn conn_of(&self, id: ConnId) -> Option<usize> {
@@ -301,7 +311,8 @@ impl<'a, P: Provider, C: Clock> Many<'_, 'a, P, C> {
     /// udaddy: the address handle of Linux's endpoints, made once.
     fn make_ah(&mut self) -> Result<(), CaseError> {
         if self.ah.is_none() {
-            let mut av = AddressVector::new(Gid::from_ipv4(self.linux), GID_INDEX as u8);
+            let (index, _) = self.me()?;
+            let mut av = AddressVector::new(self.linux.gid(), index as u8);
             av.hop_limit = 64;
             self.ah = Some(self.pd.create_ah(&av).at("cm: create AH")?);
         }
@@ -548,7 +559,7 @@ impl<'a, P: Provider, C: Clock> Many<'_, 'a, P, C> {
             if let Some(CmEvent::ConnectRequest(r)) = self.cm_event()? {
                 // ucmatose's request: depths 1/1, retry count 5, RNR retry 0, no private
                 // data; from Linux to ucmatose's port; and at most -c of them.
-                let ok = r.src_ip == self.linux
+                let ok = r.src_addr == self.linux
                     && r.dst_port == UCMATOSE_PORT
                     && (r.responder_resources, r.initiator_depth) == (1, 1)
                     && (r.retry_count, r.rnr_retry_count) == (5, 0)
@@ -626,7 +637,7 @@ impl<'a, P: Provider, C: Clock> Many<'_, 'a, P, C> {
     /// sending QP is noted as the endpoint's peer. The bytes checked.
     fn check_ud(&mut self, answer: bool) -> Result<u64, CaseError> {
         let (size, count) = (self.case.size, self.case.count);
-        let (linux, me) = (Gid::from_ipv4(self.linux), Gid::from_ipv4(self.cm.ip()));
+        let (linux, me) = (self.linux.gid(), self.me()?.1.gid());
         let n = self.conns.len();
         for k in 0..n {
             let mut src = if answer { self.conns[k].remote } else { None };
@@ -782,7 +793,7 @@ impl<'a, P: Provider, C: Clock> Many<'_, 'a, P, C> {
             self.late("the SIDR_REQs")?;
             self.poll_cq()?;
             if let Some(CmEvent::SidrRequest(r)) = self.cm_event()? {
-                if r.src_ip != self.linux || r.dst_port != UDADDY_PORT {
+                if r.src_addr != self.linux || r.dst_port != UDADDY_PORT {
                     return Err(CaseError::Request("SIDR_REQ's address or port"));
                 }
                 first_req.get_or_insert(self.now());

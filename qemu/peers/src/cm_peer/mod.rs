@@ -170,8 +170,8 @@ impl CmCase {
             "ucmatose-client" => Program::UcmatoseClient,
             "udaddy-server" => Program::UdaddyServer,
             "udaddy-client" => Program::UdaddyClient,
-            "cmtime-server" | "cmtime-client" => {
-                return cmtime_case(spec.starts_with("cmtime-server"), words);
+            plain @ ("cmtime-server" | "cmtime-client") => {
+                return cmtime_case(plain == "cmtime-server", words);
             }
             _ => return None,
         };
@@ -188,8 +188,7 @@ impl CmCase {
                 _ => return None,
             }
         }
-        // Several connections at once: over IPv4 only.
-        if !(1..=many::MAX_CONNS).contains(&conns) || (v6 && conns != 1) {
+        if !(1..=many::MAX_CONNS).contains(&conns) {
             return None;
         }
         let program = match program {
@@ -245,15 +244,17 @@ impl CmCase {
     }
 }
 
-/// The IPv6 cases of the single-connection programs: the same exchange as the case without
-/// the `6`, by IPv6 address.
-const V6_CASES: [(&str, &str); 6] = [
+/// The IPv6 cases of the rdma_cm programs: the same exchange as the case without the `6`
+/// (with the same options, `-c N` included), by IPv6 address.
+const V6_CASES: [(&str, &str); 8] = [
     ("rping6-server", "rping-server"),
     ("rping6-client", "rping-client"),
     ("ucmatose6-server", "ucmatose-server"),
     ("ucmatose6-client", "ucmatose-client"),
     ("udaddy6-server", "udaddy-server"),
     ("udaddy6-client", "udaddy-client"),
+    ("cmtime6-server", "cmtime-server"),
+    ("cmtime6-client", "cmtime-client"),
 ];
 
 /// Whether the case named `name` (`rping6-server` …) runs over IPv6.
@@ -277,6 +278,20 @@ fn linux_ipv6(me: [u8; 16], linux: [u8; 4]) -> [u8; 16] {
     a[..8].copy_from_slice(&me[..8]);
     a[15] = linux[3];
     a
+}
+
+/// Linux's address in a case: its IPv4 address, or when `v6` its IPv6 one beside this
+/// side's ([`linux_ipv6`]); an error if this side has no IPv6 address.
+fn linux_addr<P: Provider, C: Clock, const N: usize>(
+    cm: &Cm<'_, P, C, N>,
+    linux: [u8; 4],
+    v6: bool,
+) -> Result<CmAddr, CaseError> {
+    match (v6, cm.ip6()) {
+        (false, _) => Ok(CmAddr::from(linux)),
+        (true, Some(me)) => Ok(CmAddr::from(linux_ipv6(me, linux))),
+        (true, None) => Err(CaseError::Request("an IPv6 address of this side")),
+    }
 }
 
 /// A cmtime case's options: `-c N` (100 by default, at most [`cmtime::MAX_CONNS`]).
@@ -409,11 +424,12 @@ pub fn run_case<P: Provider>(
     clock_ms: &dyn Fn() -> u64,
     out: &mut dyn Write,
 ) -> bool {
+    let v6 = over_ipv6(name);
     if let Program::Cmtime { linux_serves } = case.program {
         return cmtime::run_case(
             ctx,
             pd,
-            linux,
+            (linux, v6),
             name,
             case,
             linux_serves,
@@ -423,9 +439,11 @@ pub fn run_case<P: Provider>(
         );
     }
     let t0 = clock_ms();
-    let v6 = over_ipv6(name);
     let (r, conns) = match case.program {
-        Program::Many { conns, .. } => (many::run(ctx, pd, linux, case, deadline, clock_ms), conns),
+        Program::Many { conns, .. } => (
+            many::run(ctx, pd, (linux, v6), case, deadline, clock_ms),
+            conns,
+        ),
         _ => (run(ctx, pd, (linux, v6), case, deadline, clock_ms), 1),
     };
     let ms = clock_ms() - t0;
@@ -515,11 +533,7 @@ fn run<P: Provider>(
         let mut cm: Cm<'_, P, Ms<'_>, CONNS> =
             Cm::new(pd, &cm_cq, Ms(clock_ms), CmConfig::default())
                 .map_err(|e| CaseError::Cm("CM over QP1", e))?;
-        let peer = match (v6, cm.ip6()) {
-            (false, _) => CmAddr::from(linux),
-            (true, Some(me)) => CmAddr::from(linux_ipv6(me, linux)),
-            (true, None) => return Err(CaseError::Request("an IPv6 address of this side")),
-        };
+        let peer = linux_addr(&cm, linux, v6)?;
         let mut s = Session {
             cm: &mut cm,
             cq: &cq,
@@ -1012,11 +1026,65 @@ mod tests {
                 "{spec}"
             );
         }
-        // Several connections at once: IPv4 only; other names are not IPv6 cases.
-        assert_eq!(CmCase::parse("ucmatose6-client,-c,4"), None);
-        assert_eq!(CmCase::parse("udaddy6-server,-c,2"), None);
-        assert_eq!(CmCase::parse("cmtime6-server"), None);
+        // Several connections at once and cmtime: the IPv4 twin's program and options.
+        for (spec, program, count) in [
+            (
+                "ucmatose6-client,-c,4,-C,10,-S,100",
+                Program::Many {
+                    udaddy: false,
+                    linux_serves: false,
+                    conns: 4,
+                },
+                10,
+            ),
+            (
+                "udaddy6-server,-c,4,-C,10,-S,100",
+                Program::Many {
+                    udaddy: true,
+                    linux_serves: true,
+                    conns: 4,
+                },
+                10,
+            ),
+            (
+                "cmtime6-server,-c,100",
+                Program::Cmtime { linux_serves: true },
+                100,
+            ),
+            (
+                "cmtime6-client,-c,100",
+                Program::Cmtime {
+                    linux_serves: false,
+                },
+                100,
+            ),
+        ] {
+            let c = CmCase::parse(spec).expect(spec);
+            assert_eq!((c.program, c.count), (program, count), "{spec}");
+            assert!(over_ipv6(spec.split(',').next().unwrap()), "{spec}");
+            assert!(
+                matches!(PeerCase::parse(spec), Some(PeerCase::Cm(_))),
+                "{spec}"
+            );
+        }
+        // The same bounds as over IPv4: refused, and told so through the CM (no TCP side).
+        for spec in [
+            "ucmatose6-client,-c,9",
+            "udaddy6-server,-c,0",
+            "cmtime6-server,-c,129",
+            "rping6-client,-c,4",
+        ] {
+            assert_eq!(CmCase::parse(spec), None, "{spec}");
+            let r = crate::roce_peer::Refused::of(spec);
+            assert_eq!(
+                (r.why, r.side, r.cm_side),
+                ("options the peer does not take", None, None),
+                "{spec}"
+            );
+        }
+        // Other names are not IPv6 cases.
         assert!(!over_ipv6("rping-server") && !over_ipv6("rc6-server"));
+        assert!(!over_ipv6("cmtime-client") && !over_ipv6("ib_write_bw-cm6-server"));
         // Linux's address: this side's /64, its IPv4 address's last byte.
         let mut me = [0u8; 16];
         (me[0], me[1], me[15]) = (0xfd, 0, 2);

@@ -17,9 +17,6 @@ use crate::peer::grh_ok;
 
 /// udaddy's port.
 pub const UDADDY_PORT: u16 = 7174;
-/// The GID index of the device's IPv4-mapped GID (the IPv6 cases' is the CM's,
-/// [`bareverbs::cm::Cm::local_for`]).
-pub(super) const GID_INDEX: u32 = 1;
 /// How long the UD service keeps the NIC going after its last answer (ms).
 pub(super) const LINGER_MS: u64 = 200;
 /// SIDR_REP status "no such service": Linux's udaddy is not listening yet.

@@ -164,6 +164,15 @@ impl Port {
         }
     }
 
+    /// Whether `a` and `b` name held IPv6 paths between the same two addresses (paths that
+    /// differ by their flow label only).
+    pub(crate) fn same_peer6(&self, a: [u8; 4], b: [u8; 4]) -> bool {
+        match (self.path6(a), self.path6(b)) {
+            (Some(x), Some(y)) => (x.src, x.dst) == (y.src, y.dst),
+            _ => false,
+        }
+    }
+
     /// The IPv6 path `alias` names, when it is held (in the alias's generation).
     pub(crate) fn path6(&self, alias: [u8; 4]) -> Option<Path6> {
         let i = alias_path(alias)?;

@@ -37,8 +37,12 @@ pub const GLOBALS6: usize = 3;
 /// Entries of the GID table: the link-local GID, the IPv4-mapped one, the global IPv6 ones.
 pub const GIDS: u32 = 2 + GLOBALS6 as u32;
 /// IPv6 paths of connected queue pairs held at once (distinct source, destination and flow
-/// label; queue pairs on the same path share it).
-pub const PATHS6: usize = 16;
+/// label; queue pairs on the same path share it): one for every queue pair the device holds
+/// ([`MAX_QP`](crate::device::rxe::MAX_QP): rdma_cm gives each connection a flow label of
+/// its own, from its ports), and 16 more for address handles and stray datagrams. At most
+/// 256 (an alias names the slot in one byte).
+pub const PATHS6: usize = crate::device::rxe::MAX_QP + 16;
+const _: () = assert!(PATHS6 <= 256);
 
 /// Why an address vector's source GID index over 1 is refused where the destination is
 /// IPv4: past the table, or a global IPv6 GID (an IPv4 destination is reached from the IPv4
