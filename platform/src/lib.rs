@@ -1,7 +1,8 @@
 //! What the bareverbs kernels share: the machine they boot on (QEMU's `-kernel` PVH entry,
 //! the boot stack, the PVH memory map and command line, the DMA region), the serial console
 //! and QEMU's exit device, the local APIC's interrupts and the idle halt, the waits that
-//! halt between interrupts, the virtio-blk driver, ARP, and the steps' error type.
+//! halt between interrupts, the virtio-blk driver, ARP, the fw_cfg device's files (what does
+//! not fit on the command line), and the steps' error type.
 //!
 //! Three binaries link it: the example kernel (`examples/unikernel`), the storage appliance
 //! (`appliance/`) and the lab peers (`qemu/peers/`). Each compiles `src/rt.rs` into itself
@@ -18,6 +19,7 @@ pub mod acpi;
 pub mod arp;
 pub mod block;
 pub mod console;
+pub mod fw_cfg;
 pub mod irq;
 pub mod machine;
 pub mod nic;

@@ -193,8 +193,10 @@ pub fn stack_used() -> (usize, usize) {
     (size - untouched * 8, size)
 }
 
-/// Bytes of the PVH command line read at most (the RoCE lab's list of every case is some
-/// 1,100 bytes).
+/// Bytes of the PVH command line read at most. QEMU's PVH option ROM copies the command line
+/// into a 4,096-byte buffer of its own, and a longer one does not boot (`docs/testing.md`):
+/// what may grow past that (the RoCE lab's case list, some 4,700 bytes for its whole matrix)
+/// goes in a fw_cfg file instead ([`crate::fw_cfg`]).
 pub const CMDLINE: usize = 4096;
 
 /// The PVH command line, read into `buf`.

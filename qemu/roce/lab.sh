@@ -164,14 +164,17 @@ linux() { # NAME ROLE IP MAC EXTRA-KERNEL-ARGUMENTS [COUNT]
   pids+=($!)
   last_pid=$!
 }
-# The cases as the unikernel's command line takes them (`,` for spaces, `+` between cases);
-# with `first`, only the first case of each name (the throughput runs' `read` and `write`).
+# The cases as the unikernel takes them (`,` for spaces, `+` between cases); with `first`,
+# only the first case of each name (the throughput runs' `read` and `write`).
 uk_cases() { # [CASE-NAMES-RE] [first]
   case_lines | { grep -E "^(${only_re:-.*})( |$)" || true; } | { grep -E "^(${1:-.*})( |$)" || true; } |
     awk -v first="${2:-}" 'first == "" || !seen[$1]++' | sed 's/ *$//; s/ \+/,/g' | paste -sd+
 }
+# The list goes in a fw_cfg file, not on the command line: QEMU's PVH boot takes 4 KiB of
+# command line at most, and the whole matrix's list is longer (docs/testing.md).
 unikernel() { # LOG CASES [COUNT]
-  local log=$1 dump=()
+  local log=$1 dump=() list=${1%.log}.cases
+  printf '%s\n' "$2" > "$list"
   accel_of "${3:-}"
   [ -n "${3:-}" ] && [ -n "$prof_kk" ] && acc[-1]+=",prof=$uk_prof,from=00$prof_kk,to=01$prof_kk"
   [ -n "${BAREVERBS_ROCE_PCAP:-}" ] && [ -z "${uk_pid:-}" ] &&
@@ -186,7 +189,8 @@ unikernel() { # LOG CASES [COUNT]
     -netdev "$seg,id=nu" -device "$uk_nic",netdev=nu,addr=0x3.0,mac=52:54:00:00:00:02,romfile= \
     "${dump[@]}" \
     -kernel "$uk_kernel" \
-    -append "bvroce=10.0.0.2/24 bvroce.ip6=fd00::2 bvroce.peer=10.0.0.1 bvroce.cases=$2" \
+    -fw_cfg "name=opt/bareverbs/roce-cases,file=$list" \
+    -append "bvroce=10.0.0.2/24 bvroce.ip6=fd00::2 bvroce.peer=10.0.0.1 bvroce.cases.fw_cfg=opt/bareverbs/roce-cases" \
     > "${log%.log}.qemu" 2>&1 &
   pids+=($!)
   last_pid=$!

@@ -18,10 +18,10 @@ use bareverbs::device::pvrdma::Config;
 use bareverbs::hal::{DmaRegion, IdentityHal, x86::PortIoConfig};
 use bareverbs_lab_peers::{peer, roce_peer};
 use bareverbs_platform::console::{Exit, Serial, exit};
-use bareverbs_platform::irq;
 use bareverbs_platform::machine::{
     self, CMDLINE, clock_ms, dma_left, ipv4, pass, roce_device, route_nic_interrupts,
 };
+use bareverbs_platform::{fw_cfg, irq};
 use bareverbs_unikernel::Verdict;
 use bareverbs_unikernel::kernel::{fail, fail_dma_left, run_demo};
 
@@ -81,6 +81,36 @@ fn roce_peers(
     }
 }
 
+/// The case list in fw_cfg file `name` (`bvroce.cases.fw_cfg=`), read into `buf`; ends the
+/// run with FAIL when it cannot be read or is not one word.
+fn cases_from_fw_cfg<'b>(name: &str, buf: &'b mut [u8]) -> &'b str {
+    // SAFETY: this kernel is the only user of the fw_cfg ports, and only here.
+    let mut ports = unsafe { fw_cfg::IoPorts::new() };
+    match fw_cfg::read_text(&mut ports, name, buf) {
+        Ok(t) if !t.bytes().any(|b| b.is_ascii_whitespace()) => {
+            let _ = writeln!(
+                Serial,
+                "roce peer: the cases from fw_cfg {name}: {} bytes, {} cases",
+                t.len(),
+                t.split('+').filter(|c| !c.is_empty()).count()
+            );
+            t
+        }
+        Ok(_) => {
+            let _ = writeln!(
+                Serial,
+                "bareverbs: FAIL bvroce.cases.fw_cfg={name}: the list has whitespace (`,` for a \
+                 space, `+` between cases)"
+            );
+            exit(Exit::Fail)
+        }
+        Err(e) => {
+            let _ = writeln!(Serial, "bareverbs: FAIL bvroce.cases.fw_cfg={name}: {e}");
+            exit(Exit::Fail)
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 extern "C" fn kmain(start_info: u32) -> ! {
     let m = machine::start(
@@ -93,7 +123,13 @@ extern "C" fn kmain(start_info: u32) -> ! {
         Ok(Verdict::NoDevice) => {
             let seed = u64::from(irq::count(irq::TIMER_VECTOR)) ^ peer::rdtsc();
             match roce_peer::Options::parse(text, seed) {
-                Some(opts) => roce_peers(&m.pci, m.hal, m.dma, &opts),
+                Some(mut opts) => {
+                    let mut cases = [0u8; roce_peer::CASES_MAX];
+                    if let Some(name) = opts.cases_fw_cfg {
+                        opts.cases = cases_from_fw_cfg(name, &mut cases);
+                    }
+                    roce_peers(&m.pci, m.hal, m.dma, &opts)
+                }
                 None => {
                     let _ = writeln!(
                         Serial,

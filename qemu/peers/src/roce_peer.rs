@@ -9,7 +9,11 @@
 //! bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=rc-server,-s,4096,-n,200+read,-s,65536,-n,1000
 //! ```
 //!
-//! and `bvroce.ip6=fd00::2` a global IPv6 address for the IPv6 cases.
+//! and `bvroce.ip6=fd00::2` a global IPv6 address for the IPv6 cases. The lab passes the
+//! cases another way, since its whole list outgrows the 4 KiB that QEMU's PVH boot takes on a
+//! command line: `bvroce.cases.fw_cfg=opt/bareverbs/roce-cases` names a fw_cfg file (QEMU's
+//! `-fw_cfg name=opt/bareverbs/roce-cases,file=PATH`) that holds the list in the same form, up
+//! to [`CASES_MAX`] bytes (`bareverbs_platform::fw_cfg`; `docs/testing.md`).
 //!
 //! A case is the Linux program's role and options, with `,` for spaces; cases are joined by
 //! `+` and run in that order, each printing one line: `roce-uk <case>: ok …`,
@@ -51,6 +55,9 @@ use crate::tcp::refuse::{LinuxSide, refuse};
 use crate::tcp::{self, FlowError, NetConfig, Retry, Stack, Storage};
 use crate::{Failure, Step};
 
+/// Bytes of a case list read from a fw_cfg file at most (the lab's whole matrix is some
+/// 4,700).
+pub const CASES_MAX: usize = 64 * 1024;
 /// Milliseconds one case may take at most, its exchange and data phase together.
 pub const CASE_MS: u64 = 120_000;
 /// How long the unikernel keeps trying to reach a Linux server (it may start later).
@@ -72,25 +79,35 @@ pub struct Options<'a> {
     pub peer: [u8; 4],
     /// The cases (`bvroce.cases=…`), as on the command line.
     pub cases: &'a str,
+    /// The fw_cfg file that holds the cases instead (`bvroce.cases.fw_cfg=opt/…`): a list in
+    /// the same form, of any length (the command line ends at 4 KiB; `docs/testing.md`).
+    pub cases_fw_cfg: Option<&'a str>,
     /// A global IPv6 address of the interface (`bvroce.ip6=fd00::2`): its GID is the one the
     /// IPv6 cases connect from.
     pub ip6: Option<[u8; 16]>,
 }
 
 impl<'a> Options<'a> {
-    /// Reads `bvroce=`, `bvroce.peer=`, `bvroce.cases=` and `bvroce.ip6=` from `cmdline`;
-    /// `None` without `bvroce=` or with a word that does not parse.
+    /// Reads `bvroce=`, `bvroce.peer=`, `bvroce.cases=`, `bvroce.cases.fw_cfg=` and
+    /// `bvroce.ip6=` from `cmdline`; `None` without `bvroce=`, with a word that does not parse,
+    /// or with both forms of the cases.
     pub fn parse(cmdline: &'a str, seed: u64) -> Option<Options<'a>> {
         let word = |key: &str| {
             cmdline
                 .split_ascii_whitespace()
                 .find_map(|w| w.strip_prefix(key))
         };
+        let cases_fw_cfg = word("bvroce.cases.fw_cfg=");
+        let cases = word("bvroce.cases=");
+        if cases.is_some() && cases_fw_cfg.is_some() {
+            return None;
+        }
         Some(Options {
             net: NetConfig::from_cidr(word("bvroce=")?, seed)
                 .filter(|n| (1..=32).contains(&n.prefix))?,
             peer: tcp::stack::parse_ipv4(word("bvroce.peer=")?)?,
-            cases: word("bvroce.cases=").unwrap_or(""),
+            cases: cases.unwrap_or(""),
+            cases_fw_cfg,
             ip6: match word("bvroce.ip6=") {
                 Some(a) => Some(tcp::parse_ipv6(a)?),
                 None => None,
@@ -2197,7 +2214,26 @@ mod tests {
         assert_eq!((o.net.ip, o.net.prefix), ([10, 0, 0, 2], 24));
         assert_eq!(o.peer, [10, 0, 0, 1]);
         assert_eq!(o.cases, "rc-server,-n,5+read");
+        assert_eq!(o.cases_fw_cfg, None);
         assert_eq!(o.ip6, None);
+        // The cases in a fw_cfg file: its name, and no list on the command line.
+        let f = Options::parse(
+            "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases.fw_cfg=opt/bareverbs/roce-cases",
+            7,
+        )
+        .expect("parses");
+        assert_eq!(
+            (f.cases, f.cases_fw_cfg),
+            ("", Some("opt/bareverbs/roce-cases"))
+        );
+        // Both forms at once: which list runs would be a guess.
+        assert_eq!(
+            Options::parse(
+                "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.cases=read bvroce.cases.fw_cfg=opt/x",
+                7
+            ),
+            None
+        );
         let o6 = Options::parse(
             "bvroce=10.0.0.2/24 bvroce.peer=10.0.0.1 bvroce.ip6=fd00::2",
             7,
