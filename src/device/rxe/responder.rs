@@ -56,6 +56,18 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
     };
     match r {
         Ok(()) => {}
+        Err(Fail::Full) => {
+            // Not taken: the PSN stays expected, and a sequence NAK of it follows the answers
+            // to the READs and atomics before it (held behind them while they wait), so the
+            // requester sends it again from there once those are in; the requests behind it
+            // are out of sequence until then (one NAK per gap).
+            net.t.transport.rd_atomic_deferred += 1;
+            if !q.nak_sent {
+                net.t.transport.seq_naks_sent += 1;
+                q.nak_sent = true;
+                answer_in_order(net, q, syndrome::SEQ, psn);
+            }
+        }
         Err(Fail::Rnr) => {
             net.t.transport.rnr_naks_sent += 1;
             let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
@@ -90,6 +102,9 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
 enum Fail {
     /// No receive posted: RNR NAK, the packet dropped.
     Rnr,
+    /// A READ or atomic beyond the responder's depth: dropped unexecuted, the requester sent
+    /// back to it with a sequence NAK behind the answers before it.
+    Full,
     /// Malformed, out of order, or not allowed on the QP: NAK invalid request.
     Invalid,
     /// Key, bounds or rights of a remote access: NAK remote access error.
@@ -293,16 +308,17 @@ fn depth(q: &QpCore) -> u32 {
 }
 
 /// A new READ or atomic may start: the QP takes them, and fewer than `max_dest_rd_atomic`
-/// are in flight (not yet answered in full once). A requester keeps to the limit it was
-/// given; one beyond it is refused with NAK invalid request, as rxe refuses READs and atomics
-/// it has no resource for, instead of a kept request being overwritten before it was
-/// answered (and a flood of READs growing the backlog without bound).
+/// are in flight (not yet answered in full once). A requester that keeps more in flight than
+/// it was given (Linux's passive rdma_cm gives its QP its own initiator depth, not the
+/// responder resources offered: `docs/cm.md`) gets the one beyond back with `Fail::Full`:
+/// not executed, not kept, so no kept request is overwritten before it is answered and a
+/// flood of READs grows nothing; it is asked for again once the answers before it are out.
 fn may_start(q: &QpCore) -> Result<(), Fail> {
     if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
         return Err(Fail::Invalid);
     }
     if q.res_next.wrapping_sub(q.res_sent) >= depth(q) {
-        return Err(Fail::Invalid);
+        return Err(Fail::Full);
     }
     Ok(())
 }
