@@ -595,6 +595,48 @@ fn a_read_beyond_max_dest_rd_atomic_waits_for_the_answers_before_it() {
 }
 
 #[test]
+fn an_error_nak_follows_the_answers_to_the_reads_taken_before_it() {
+    let l = lab();
+    connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
+    let epsn = seen(&qb).2;
+    let psn = |k: u32| (epsn + k) & 0xFF_FFFF;
+    // Two READs B takes while its NIC is full, then one with a key B never gave.
+    l.seg.set_tx_credit(l.lb, Some(0));
+    for k in 0..2 {
+        let h = read_request(qb.qp_num(), epsn + k, (mb.addr(), mb.rkey()), 64);
+        l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    }
+    let h = read_request(qb.qp_num(), epsn + 2, (mb.addr(), mb.rkey() ^ 0x100), 64);
+    l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    l.b.process_events();
+    assert_eq!(seen(&qb).0, QpState::Err);
+    let start = l.mark();
+    l.seg.set_tx_credit(l.lb, None);
+    l.b.process_events();
+    l.b.process_events();
+    let got: Vec<(u8, u32, u8)> = l
+        .roce_sent(start, l.lb)
+        .iter()
+        .map(|f| (f.1, f.3, f.4))
+        .collect();
+    // Ahead of the responses, the NAK would tell a requester they were lost (Linux's rxe
+    // then asks again rather than failing the READ, and the QP in ERROR never answers).
+    assert_eq!(
+        got,
+        [
+            (opcode::RC_READ_RESPONSE_ONLY, psn(0), 0x1F),
+            (opcode::RC_READ_RESPONSE_ONLY, psn(1), 0x1F),
+            (opcode::RC_ACK, psn(2), 0x62),
+        ]
+    );
+    // Nothing more: the QP is in ERROR.
+    let start = l.mark();
+    l.run(10, 10);
+    assert!(l.roce_sent(start, l.lb).is_empty());
+    drop((qa, qb, ma, mb));
+}
+
+#[test]
 fn fetch_adds_beyond_max_dest_rd_atomic_are_not_executed_until_taken() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);

@@ -10,7 +10,7 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::reply::{ack, answer_from, answer_in_order, answered, syndrome};
+use super::reply::{answer_from, answer_in_order, answered, syndrome};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
 use super::wire::packet::View;
@@ -80,7 +80,11 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
                 Fail::Local => (syndrome::OPERATIONAL, WcStatus::LocProtErr),
                 _ => (syndrome::INVALID, WcStatus::RemInvReqErr),
             };
-            ack(net, q, syn, psn);
+            // Behind the answers to the READs and atomics taken before it (still waiting for
+            // room): ahead of them it would tell the requester their responses were lost, and
+            // it would ask again instead of failing the request (`reply::drain` sends them,
+            // then this, once the QP is in ERROR).
+            answer_in_order(net, q, syn, psn);
             if q.inbound == Inbound::Send {
                 // The receive the failed SEND was landing in completes in error.
                 let e = q.wqe;
