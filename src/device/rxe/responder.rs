@@ -423,13 +423,11 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
             if reth.rkey != r.rkey {
                 return;
             }
-            // The requester asks again from here: answers go out from here on, in order
-            // (what was waiting behind follows through `drain`).
-            answer_from(net, q, r, psn);
+            replay(net, q, r, psn);
         }
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
             if let Some(r) = found(2) {
-                answer_from(net, q, r, psn);
+                replay(net, q, r, psn);
             }
         }
         _ => {
@@ -437,6 +435,22 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
             answer_in_order(net, q, syndrome::ACK, last);
         }
     }
+}
+
+/// The requester asks again for `r` from `psn`: answers go out from there on, in order (what
+/// was waiting behind follows through `drain`). Unless the backlog already waits to answer
+/// something before that point: its walk reaches `psn` in order. A requester's retry sends
+/// its requests back to back, and moving the walk on to each in turn would skip the answers
+/// between them that the turn had no room for (the requester, seeing a later READ answered
+/// before an earlier one, would take them as lost and ask again, round after round).
+fn replay<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, r: RdResource, psn: u32) {
+    if let Some((n, at)) = q.backlog {
+        let ahead = r.n.wrapping_sub(n) as i32;
+        if ahead > 0 || (ahead == 0 && psn_diff(psn, at) >= 0) {
+            return;
+        }
+    }
+    answer_from(net, q, r, psn);
 }
 
 /// A UD datagram: its Q_Key checked, its payload after a GRH slot in the next receive.
