@@ -9,7 +9,9 @@
 //!
 //! The backlog walks the kept READs and atomics by the order they came in (their count), not
 //! by PSN: each is answered once per walk (IBTA 9.7.5.1.3), and the walk ends at the newest
-//! (`res_next`), whatever PSNs the requests carried.
+//! (`res_next`), whatever PSNs the requests carried. A requester's retry restarts the walk
+//! at the request it asks for again only when that comes before where the walk waits
+//! (`responder.rs`, `replay`).
 
 use bareverbs_hal::Link;
 
