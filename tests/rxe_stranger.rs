@@ -532,32 +532,282 @@ fn repeated_sequence_naks_start_one_retry_at_a_time() {
 }
 
 #[test]
-fn a_read_beyond_max_dest_rd_atomic_is_refused_with_nak_invalid_request() {
+fn a_read_beyond_max_dest_rd_atomic_waits_for_the_answers_before_it() {
     let l = lab();
     connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
     let epsn = seen(&qb).2;
-    // B's NIC full: nothing it answers goes out, so the READs stay in flight at B.
+    let deferred0 = l.b.provider().transport_counts().rd_atomic_deferred;
+    // B's NIC full: nothing it answers goes out, so the READs stay in flight at B. Then a
+    // flood of READs beyond its 4 (a requester deeper than it was given, or a hostile one).
     l.seg.set_tx_credit(l.lb, Some(0));
-    for k in 0..5 {
-        let h = read_request(qb.qp_num(), epsn + k, (mb.addr(), mb.rkey()), 64);
+    for k in 0..1000 {
+        let h = read_request(
+            qb.qp_num(),
+            epsn + k,
+            (mb.addr() + 64 * (k % 4) as u64, mb.rkey()),
+            64,
+        );
         l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+        if k % 64 == 0 {
+            l.b.process_events();
+        }
     }
     l.b.process_events();
+    let t = l.b.provider().transport_counts();
+    assert_eq!(
+        t.rd_atomic_deferred - deferred0,
+        1,
+        "the fifth is not taken"
+    );
+    assert_eq!(seen(&qb).0, QpState::Rts, "the QP goes on");
+    assert_eq!(
+        seen(&qb).2,
+        (epsn + 4) & 0xFF_FFFF,
+        "the fifth's PSN still expected"
+    );
     let start = l.mark();
     l.seg.set_tx_credit(l.lb, None);
     l.b.process_events();
+    l.b.process_events();
     let sent = l.roce_sent(start, l.lb);
-    let fifth = (epsn + 4) & 0xFF_FFFF;
-    assert!(
-        sent.iter()
-            .any(|f| f.1 == opcode::RC_ACK && f.3 == fifth && f.4 == 0x61),
-        "the fifth READ is refused: {sent:x?}"
+    let psn = |k: u32| (epsn + k) & 0xFF_FFFF;
+    let expect: Vec<(u8, u32, u8)> = (0..4)
+        .map(|k| (opcode::RC_READ_RESPONSE_ONLY, psn(k), 0x1F))
+        .chain([(opcode::RC_ACK, psn(4), 0x60)])
+        .collect();
+    let got: Vec<(u8, u32, u8)> = sent.iter().map(|f| (f.1, f.3, f.4)).collect();
+    assert_eq!(
+        got, expect,
+        "the four kept READs answered once each, in order, then one sequence NAK of the fifth"
     );
-    assert!(
-        !sent.iter().any(|f| f.3 == fifth && f.1 != opcode::RC_ACK),
-        "and not answered"
+    // Asked for again, the fifth is taken and answered.
+    let start = l.mark();
+    let h = read_request(qb.qp_num(), epsn + 4, (mb.addr(), mb.rkey()), 64);
+    l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    l.b.process_events();
+    let sent = l.roce_sent(start, l.lb);
+    assert_eq!(
+        sent.iter().map(|f| (f.1, f.3)).collect::<Vec<_>>(),
+        [(opcode::RC_READ_RESPONSE_ONLY, psn(4))]
     );
+    assert_eq!(seen(&qb).2, psn(5));
+    drop((qa, qb, ma, mb));
+}
+
+#[test]
+fn an_error_nak_follows_the_answers_to_the_reads_taken_before_it() {
+    let l = lab();
+    connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
+    let epsn = seen(&qb).2;
+    let psn = |k: u32| (epsn + k) & 0xFF_FFFF;
+    // Two READs B takes while its NIC is full, then one with a key B never gave.
+    l.seg.set_tx_credit(l.lb, Some(0));
+    for k in 0..2 {
+        let h = read_request(qb.qp_num(), epsn + k, (mb.addr(), mb.rkey()), 64);
+        l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    }
+    let h = read_request(qb.qp_num(), epsn + 2, (mb.addr(), mb.rkey() ^ 0x100), 64);
+    l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    l.b.process_events();
     assert_eq!(seen(&qb).0, QpState::Err);
+    let start = l.mark();
+    l.seg.set_tx_credit(l.lb, None);
+    l.b.process_events();
+    l.b.process_events();
+    let got: Vec<(u8, u32, u8)> = l
+        .roce_sent(start, l.lb)
+        .iter()
+        .map(|f| (f.1, f.3, f.4))
+        .collect();
+    // Ahead of the responses, the NAK would tell a requester they were lost (Linux's rxe
+    // then asks again rather than failing the READ, and the QP in ERROR never answers).
+    assert_eq!(
+        got,
+        [
+            (opcode::RC_READ_RESPONSE_ONLY, psn(0), 0x1F),
+            (opcode::RC_READ_RESPONSE_ONLY, psn(1), 0x1F),
+            (opcode::RC_ACK, psn(2), 0x62),
+        ]
+    );
+    // Nothing more: the QP is in ERROR.
+    let start = l.mark();
+    l.run(10, 10);
+    assert!(l.roce_sent(start, l.lb).is_empty());
+    drop((qa, qb, ma, mb));
+}
+
+#[test]
+fn a_retry_of_many_reads_at_once_has_each_answered_again_in_order() {
+    let l = lab();
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ca, cb) = (l.a.create_cq(64).unwrap(), l.b.create_cq(64).unwrap());
+    let qa = pa.qp_builder(&ca, &ca).caps(caps(8)).build::<Rc>().unwrap();
+    let qb = pb.qp_builder(&cb, &cb).caps(caps(8)).build::<Rc>().unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let (p1, p2) = (l.a.random_psn(), l.b.random_psn());
+    let qa = up(qa, nb, IP_B, Mtu::Mtu256, 16, (p1, p2));
+    let qb = up(qb, na, IP_A, Mtu::Mtu256, 16, (p2, p1));
+    let mb = pb.register(16 * 1024, ALL).unwrap();
+    l.run(5, 10);
+    let e = seen(&qb).2;
+    // 12 READs of 4 packets each, answered (more than one turn's 32 answers).
+    let read = |k: u32| {
+        let h = read_request(
+            nb,
+            e + 4 * k,
+            (mb.addr() + 1024 * u64::from(k), mb.rkey()),
+            1024,
+        );
+        l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    };
+    (0..12).for_each(read);
+    for _ in 0..4 {
+        l.b.process_events();
+    }
+    assert_eq!(seen(&qb).2, (e + 48) & 0xFF_FFFF);
+    // The requester asks for all 12 again, back to back (a retry from the first), while B's
+    // NIC has room for 6 frames: the second READ's answers stop half way.
+    let start = l.mark();
+    l.seg.set_tx_credit(l.lb, Some(6));
+    (0..12).for_each(read);
+    l.b.process_events();
+    l.seg.set_tx_credit(l.lb, None);
+    for _ in 0..4 {
+        l.b.process_events();
+    }
+    let firsts: Vec<u32> = l
+        .roce_sent(start, l.lb)
+        .iter()
+        .filter(|f| f.1 == opcode::RC_READ_RESPONSE_FIRST)
+        .map(|f| f.3.wrapping_sub(e) & 0xFF_FFFF)
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..12).map(|k| 4 * k).collect::<Vec<_>>(),
+        "each READ answered again once, in order"
+    );
+    drop((qa, qb, mb));
+}
+
+#[test]
+fn fetch_adds_beyond_max_dest_rd_atomic_are_not_executed_until_taken() {
+    let l = lab();
+    connected!(l, pa, pb, ca, cb, qa, qb, ma, mb);
+    let epsn = seen(&qb).2;
+    let word = mb.addr() + 4096;
+    // SAFETY: the region is registered and nothing else touches it now.
+    unsafe { (word as *mut u64).write_volatile(0) };
+    let add = |psn: u32| {
+        let mut h = bth(opcode::RC_FETCH_ADD, qb.qp_num(), psn);
+        h.atomic = Some(AtomicEth {
+            va: word,
+            rkey: mb.rkey(),
+            swap_add: 1,
+            compare: 0,
+        });
+        l.forge((MAC_A, IP_A), (MAC_B, IP_B), &h, &[]);
+    };
+    l.seg.set_tx_credit(l.lb, Some(0));
+    // A flood of 500 fetch-and-adds, then those beyond the depth again: only the 4 B has
+    // room for are executed, once each.
+    for k in (0..500).chain(4..500) {
+        add(epsn + k);
+        if k % 32 == 0 {
+            l.b.process_events();
+        }
+    }
+    l.b.process_events();
+    // SAFETY: as above.
+    let v = unsafe { (word as *const u64).read_volatile() };
+    assert_eq!(v, 4, "four taken, none beyond");
+    let start = l.mark();
+    l.seg.set_tx_credit(l.lb, None);
+    l.b.process_events();
+    l.b.process_events();
+    let sent = l.roce_sent(start, l.lb);
+    let acks = sent.iter().filter(|f| f.1 == opcode::RC_ATOMIC_ACK).count();
+    let naks: Vec<_> = sent.iter().filter(|f| f.1 == opcode::RC_ACK).collect();
+    assert_eq!(acks, 4);
+    assert_eq!(naks.len(), 1, "{naks:x?}");
+    assert_eq!((naks[0].3, naks[0].4), ((epsn + 4) & 0xFF_FFFF, 0x60));
+    // The requester goes on from the fifth: it is executed now.
+    for k in 4..8 {
+        add(epsn + k);
+    }
+    l.b.process_events();
+    // SAFETY: as above.
+    let v = unsafe { (word as *const u64).read_volatile() };
+    assert_eq!(v, 8);
+    assert_eq!(seen(&qb).0, QpState::Rts);
+    drop((qa, qb, ma, mb));
+}
+
+#[test]
+fn a_requester_deeper_than_the_responder_gets_every_read_answered() {
+    let l = lab();
+    let (pa, pb) = (l.a.alloc_pd().unwrap(), l.b.alloc_pd().unwrap());
+    let (ca, cb) = (l.a.create_cq(256).unwrap(), l.b.create_cq(256).unwrap());
+    let qa = pa
+        .qp_builder(&ca, &ca)
+        .caps(caps(64))
+        .build::<Rc>()
+        .unwrap();
+    let qb = pb
+        .qp_builder(&cb, &cb)
+        .caps(caps(64))
+        .build::<Rc>()
+        .unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    let (p1, p2) = (l.a.random_psn(), l.b.random_psn());
+    // A keeps 16 READs in flight; B takes 4 (as Linux's passive rdma_cm against the device).
+    let mut qa = up(qa, nb, IP_B, Mtu::Mtu256, 16, (p1, p2));
+    let qb = up(qb, na, IP_A, Mtu::Mtu256, 4, (p2, p1));
+    let ma = pa.register(32 * 512, ALL).unwrap();
+    let mb = pb.register(32 * 512, ALL).unwrap();
+    // SAFETY: B's region is registered and nothing else touches it now.
+    unsafe {
+        for i in 0..32 * 512 {
+            (mb.addr() as *mut u8).add(i).write((i * 7 % 251) as u8);
+        }
+    }
+    l.run(5, 10);
+    let deferred0 = l.b.provider().transport_counts().rd_atomic_deferred;
+    // SAFETY: the regions outlive the requests (completed below).
+    unsafe {
+        let mut s = qa.send_batch();
+        for i in 0..32u32 {
+            s.rdma_read(
+                u64::from(i),
+                SIG,
+                (mb.addr() + u64::from(i) * 512, mb.rkey()),
+                &[ma.sge(i * 512, 512).unwrap()],
+            )
+            .unwrap();
+        }
+        s.finish();
+    }
+    // B's NIC takes 3 frames a round: its answers fall behind, the READs beyond 4 wait.
+    let mut got = Vec::new();
+    for _ in 0..3000 {
+        l.seg.set_tx_credit(l.lb, Some(3));
+        l.run(1, 10);
+        got.extend(drain(&ca));
+        if got.len() == 32 {
+            break;
+        }
+    }
+    l.seg.set_tx_credit(l.lb, None);
+    assert_eq!(got.len(), 32, "{got:?}");
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    let mut ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..32).collect::<Vec<_>>(), "each READ once");
+    // SAFETY: the READs completed; A's region holds what they brought.
+    let a = unsafe { std::slice::from_raw_parts(ma.addr() as *const u8, 32 * 512) };
+    assert!(a.iter().enumerate().all(|(i, &b)| b == (i * 7 % 251) as u8));
+    let deferred = l.b.provider().transport_counts().rd_atomic_deferred - deferred0;
+    assert!(deferred > 0, "B had READs beyond its depth to send back");
+    assert_eq!(seen(&qb).0, QpState::Rts);
     drop((qa, qb, ma, mb));
 }
 

@@ -863,14 +863,18 @@ pub fn serve<H: Hal, L: Link, C: Clock>(
                 crate::cm_peer::run_case(&ctx, &pd, opts.peer, name, &c, deadline, clock_ms, out);
             outcome.failed += u32::from(!passed);
             // What the transport did meanwhile: requests the peer asked again (its
-            // retransmissions), and the READ answers the pace held back.
+            // retransmissions), the READ answers the pace held back, and the READs and
+            // atomics beyond the depth the peer was given, sent back with a sequence NAK.
             let t1 = ctx.provider().transport_counts();
             let _ = writeln!(
                 out,
-                "roce-uk-transport {name}: duplicate requests {}, out of sequence {}, READs paced {}",
+                "roce-uk-transport {name}: duplicate requests {}, out of sequence {}, READs paced {}, \
+                 READs/atomics beyond the depth {}, sequence NAKs {}",
                 t1.duplicates - t0.duplicates,
                 t1.out_of_sequence - t0.out_of_sequence,
-                t1.reads_paced - t0.reads_paced
+                t1.reads_paced - t0.reads_paced,
+                t1.rd_atomic_deferred - t0.rd_atomic_deferred,
+                t1.seq_naks_sent - t0.seq_naks_sent
             );
             continue;
         }

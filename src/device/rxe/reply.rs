@@ -2,13 +2,16 @@
 //! all along the queue pair's path (its address vector and the peer's MAC from ARP, never the
 //! addresses of the frame being answered: a spoofer of the peer's IP stays blind, and the
 //! device reflects nothing to a MAC of the sender's choosing); and the answers the NIC had no
-//! room for, kept in the QP's backlog and sent from the device's progress, with any ACK (or
-//! RNR or sequence NAK) of a later request held behind them (an acknowledgement past an
-//! outstanding READ tells the requester its responses were lost: it would ask again).
+//! room for, kept in the QP's backlog and sent from the device's progress, with any ACK or
+//! NAK of a later request held behind them (an acknowledgement past an outstanding READ tells
+//! the requester its responses were lost: it would ask again; an error NAK there would not
+//! fail the request it names, and the QP it moved to ERROR answers no retry).
 //!
 //! The backlog walks the kept READs and atomics by the order they came in (their count), not
 //! by PSN: each is answered once per walk (IBTA 9.7.5.1.3), and the walk ends at the newest
-//! (`res_next`), whatever PSNs the requests carried.
+//! (`res_next`), whatever PSNs the requests carried. A requester's retry restarts the walk
+//! at the request it asks for again only when that comes before where the walk waits
+//! (`responder.rs`, `replay`).
 
 use bareverbs_hal::Link;
 
@@ -282,17 +285,18 @@ pub(super) fn answer_from<L: Link>(
 /// Sends on the answers the NIC had no room for (`q.backlog`): the rest of a READ's
 /// responses, then the READs and atomics that came in behind it, in order, until the NIC or
 /// the turn is full again; then the acknowledgement held behind them. Called from the
-/// device's progress.
+/// device's progress. A QP the responder moved to ERROR (an error NAK held) still sends the
+/// answers to the requests it took before the one it refused, then the NAK; any other QP
+/// out of RTR and RTS sends nothing more.
 pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
-    if !matches!(q.state, QpState::Rtr | QpState::Rts) {
+    let live = matches!(q.state, QpState::Rtr | QpState::Rts);
+    // The NAK that moved the QP to ERROR still tells the peer why, once there is room.
+    let nak = q
+        .ack_due
+        .filter(|&(_, syn)| q.state == QpState::Err && is_error_nak(syn));
+    if !live && nak.is_none() {
         q.backlog = None;
-        // The NAK that moved the QP to ERROR still tells the peer why, once there is room.
-        let nak = q.ack_due.filter(|&(_, syn)| syn != syndrome::ACK);
-        if q.state != QpState::Err || nak.is_some_and(|(psn, syn)| ack_now(net, q, syn, psn)) {
-            q.ack_due = None;
-        } else {
-            q.ack_due = nak;
-        }
+        q.ack_due = None;
         return;
     }
     // Bounded by the kept requests: each turn answers one and moves to the next newer one,
@@ -314,6 +318,15 @@ pub(crate) fn drain<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore) {
     {
         q.ack_due = None;
     }
+}
+
+/// Whether `syn` is a NAK that ends the connection (invalid request, remote access or
+/// remote operational error), not a sequence or RNR NAK.
+fn is_error_nak(syn: u8) -> bool {
+    matches!(
+        syn,
+        syndrome::INVALID | syndrome::ACCESS | syndrome::OPERATIONAL
+    )
 }
 
 /// Sends the atomic acknowledge of `psn` with the original value; whether the NIC took it.

@@ -10,7 +10,7 @@ use bareverbs_hal::Link;
 use super::MAX_RD_ATOMIC;
 use super::net::Net;
 use super::qp_state::{QpCore, qp_allows};
-use super::reply::{ack, answer_from, answer_in_order, answered, syndrome};
+use super::reply::{answer_from, answer_in_order, answered, syndrome};
 use super::seq::{psn_add, psn_diff};
 use super::wire::bth::{PSN_MASK, Reth, opcode};
 use super::wire::packet::View;
@@ -56,6 +56,18 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
     };
     match r {
         Ok(()) => {}
+        Err(Fail::Full) => {
+            // Not taken: the PSN stays expected, and a sequence NAK of it follows the answers
+            // to the READs and atomics before it (held behind them while they wait), so the
+            // requester sends it again from there once those are in; the requests behind it
+            // are out of sequence until then (one NAK per gap).
+            net.t.transport.rd_atomic_deferred += 1;
+            if !q.nak_sent {
+                net.t.transport.seq_naks_sent += 1;
+                q.nak_sent = true;
+                answer_in_order(net, q, syndrome::SEQ, psn);
+            }
+        }
         Err(Fail::Rnr) => {
             net.t.transport.rnr_naks_sent += 1;
             let syn = syndrome::RNR | (q.attr.min_rnr_timer & 0x1F);
@@ -68,7 +80,11 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
                 Fail::Local => (syndrome::OPERATIONAL, WcStatus::LocProtErr),
                 _ => (syndrome::INVALID, WcStatus::RemInvReqErr),
             };
-            ack(net, q, syn, psn);
+            // Behind the answers to the READs and atomics taken before it (still waiting for
+            // room): ahead of them it would tell the requester their responses were lost, and
+            // it would ask again instead of failing the request (`reply::drain` sends them,
+            // then this, once the QP is in ERROR).
+            answer_in_order(net, q, syn, psn);
             if q.inbound == Inbound::Send {
                 // The receive the failed SEND was landing in completes in error.
                 let e = q.wqe;
@@ -90,6 +106,9 @@ pub(crate) fn on_request<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View
 enum Fail {
     /// No receive posted: RNR NAK, the packet dropped.
     Rnr,
+    /// A READ or atomic beyond the responder's depth: dropped unexecuted, the requester sent
+    /// back to it with a sequence NAK behind the answers before it.
+    Full,
     /// Malformed, out of order, or not allowed on the QP: NAK invalid request.
     Invalid,
     /// Key, bounds or rights of a remote access: NAK remote access error.
@@ -293,16 +312,17 @@ fn depth(q: &QpCore) -> u32 {
 }
 
 /// A new READ or atomic may start: the QP takes them, and fewer than `max_dest_rd_atomic`
-/// are in flight (not yet answered in full once). A requester keeps to the limit it was
-/// given; one beyond it is refused with NAK invalid request, as rxe refuses READs and atomics
-/// it has no resource for, instead of a kept request being overwritten before it was
-/// answered (and a flood of READs growing the backlog without bound).
+/// are in flight (not yet answered in full once). A requester that keeps more in flight than
+/// it was given (Linux's passive rdma_cm gives its QP its own initiator depth, not the
+/// responder resources offered: `docs/cm.md`) gets the one beyond back with `Fail::Full`:
+/// not executed, not kept, so no kept request is overwritten before it is answered and a
+/// flood of READs grows nothing; it is asked for again once the answers before it are out.
 fn may_start(q: &QpCore) -> Result<(), Fail> {
     if q.inbound != Inbound::Idle || q.attr.max_dest_rd_atomic == 0 {
         return Err(Fail::Invalid);
     }
     if q.res_next.wrapping_sub(q.res_sent) >= depth(q) {
-        return Err(Fail::Invalid);
+        return Err(Fail::Full);
     }
     Ok(())
 }
@@ -403,13 +423,11 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
             if reth.rkey != r.rkey {
                 return;
             }
-            // The requester asks again from here: answers go out from here on, in order
-            // (what was waiting behind follows through `drain`).
-            answer_from(net, q, r, psn);
+            replay(net, q, r, psn);
         }
         opcode::RC_COMPARE_SWAP | opcode::RC_FETCH_ADD => {
             if let Some(r) = found(2) {
-                answer_from(net, q, r, psn);
+                replay(net, q, r, psn);
             }
         }
         _ => {
@@ -417,6 +435,22 @@ fn duplicate<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, p: &View<'_>) {
             answer_in_order(net, q, syndrome::ACK, last);
         }
     }
+}
+
+/// The requester asks again for `r` from `psn`: answers go out from there on, in order (what
+/// was waiting behind follows through `drain`). Unless the backlog already waits to answer
+/// something before that point: its walk reaches `psn` in order. A requester's retry sends
+/// its requests back to back, and moving the walk on to each in turn would skip the answers
+/// between them that the turn had no room for (the requester, seeing a later READ answered
+/// before an earlier one, would take them as lost and ask again, round after round).
+fn replay<L: Link>(net: &mut Net<'_, L>, q: &mut QpCore, r: RdResource, psn: u32) {
+    if let Some((n, at)) = q.backlog {
+        let ahead = r.n.wrapping_sub(n) as i32;
+        if ahead > 0 || (ahead == 0 && psn_diff(psn, at) >= 0) {
+            return;
+        }
+    }
+    answer_from(net, q, r, psn);
 }
 
 /// A UD datagram: its Q_Key checked, its payload after a GRH slot in the next receive.

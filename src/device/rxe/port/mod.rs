@@ -105,6 +105,10 @@ pub struct TransportCounts {
     /// Times the responder held a READ's responses back for its pace (a burst to another
     /// station is bounded, and so is its rate: the rest goes at a later progress).
     pub reads_paced: u64,
+    /// READs and atomics that came while the responder already had as many in flight as it
+    /// takes (`max_dest_rd_atomic`): dropped unexecuted, their PSN not taken, and a sequence
+    /// NAK of it sent behind the answers before it (the requester sends it again).
+    pub rd_atomic_deferred: u64,
 }
 
 /// Frames the port handled, by outcome.
