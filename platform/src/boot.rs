@@ -117,7 +117,7 @@ boot_pml4: .skip 4096
 boot_pdpt: .skip 4096
 boot_pd:   .skip 4096 * 4
     .globl boot_pd, boot_stack, boot_stack_top
-    .set BOOT_STACK_SIZE, 1024 * 1024
+    .set BOOT_STACK_SIZE, 2 * 1024 * 1024
 boot_stack: .skip BOOT_STACK_SIZE
 boot_stack_top:
 "#,

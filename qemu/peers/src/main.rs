@@ -111,6 +111,9 @@ fn cases_from_fw_cfg<'b>(name: &str, buf: &'b mut [u8]) -> &'b str {
     }
 }
 
+/// The case list read from fw_cfg (`roce_peer::CASES_MAX` bytes at most).
+static CASES: spin::Mutex<[u8; roce_peer::CASES_MAX]> = spin::Mutex::new([0; roce_peer::CASES_MAX]);
+
 #[unsafe(no_mangle)]
 extern "C" fn kmain(start_info: u32) -> ! {
     let m = machine::start(
@@ -124,9 +127,10 @@ extern "C" fn kmain(start_info: u32) -> ! {
             let seed = u64::from(irq::count(irq::TIMER_VECTOR)) ^ peer::rdtsc();
             match roce_peer::Options::parse(text, seed) {
                 Some(mut opts) => {
-                    let mut cases = [0u8; roce_peer::CASES_MAX];
+                    // A static, not a local: the boot stack is the peers' scarcest memory.
+                    let mut cases = CASES.lock();
                     if let Some(name) = opts.cases_fw_cfg {
-                        opts.cases = cases_from_fw_cfg(name, &mut cases);
+                        opts.cases = cases_from_fw_cfg(name, &mut cases[..]);
                     }
                     roce_peers(&m.pci, m.hal, m.dma, &opts)
                 }
