@@ -57,6 +57,7 @@
 
 mod active;
 mod addr;
+mod cma;
 mod disconnect;
 mod event;
 pub mod mad;
