@@ -57,7 +57,6 @@
 
 mod active;
 mod addr;
-mod cma;
 mod disconnect;
 mod event;
 pub mod mad;
